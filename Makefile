@@ -1,0 +1,33 @@
+# Two entry points: `make demo` and `make test`. Both create the virtual
+# environment from requirements.lock when it is missing.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WORKDIR ?= runs/demo
+
+.PHONY: demo test smoke bench clean-venv
+
+$(STAMP): requirements.lock setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m memjax.demo --workdir=$(WORKDIR)
+
+smoke: $(STAMP)
+	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/train_throughput.py --config=configs/trime_wt103.py:demo
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,33 @@
+"""memjax: memory-augmented language models in JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name="memjax",
+    version="0.1.0",
+    description=(
+        "Memory-augmented language models (TRIME, Transformer-XL, LaMemo, "
+        "product-key memory, retrieval) in JAX/Flax."
+    ),
+    packages=setuptools.find_packages(include=["memjax", "memjax.*"]),
+    python_requires=">=3.11",
+    # Ranges that work; the exact tested set is requirements.lock.
+    install_requires=[
+        "absl-py>=2.1",
+        "bm25s>=0.2",
+        "clu>=0.0.12",
+        "flax>=0.10",
+        "jax>=0.5",
+        "matplotlib>=3.8",
+        "ml_collections>=0.1.1",
+        "numpy>=1.26",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "scann==1.4.2",
+        "seqio>=0.0.19",
+        "tensorflow>=2.20,<2.21",
+        "tensorflow-datasets>=4.9",
+        "tensorflow-text>=2.20,<2.21",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+)
