@@ -1,0 +1,10 @@
+"""Test set-up: eight fake CPU devices, so sharding tests can build meshes.
+
+The flag must be set before jax is imported anywhere in the test process.
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
