@@ -1,0 +1,210 @@
+"""Adaptive input embeddings and adaptive softmax (Baevski & Auli, 2019).
+
+The vocabulary, sorted by descending frequency, is cut into clusters at
+``cutoffs``. Cluster ``i`` has an embedding table of dimension
+``d_model // factor**i`` and a projection to ``d_model``. The output layer
+reuses both (tied weights and tied projections): the head scores the tokens of
+cluster 0 plus one logit per tail cluster, and each tail cluster has its own
+softmax over its tokens.
+
+With ``cutoffs=()`` the module is an ordinary tied embedding and softmax, which
+is what byte-level models (enwik8, text8) use.
+
+Log-normaliser convention (it matters for the TRIME loss): ``log_z`` is the
+log-normaliser of the head softmax, and ``target_logprob`` the full adaptive
+log-probability of the target, so ``log_z + target_logprob`` plays the role of
+the target's logit. With one cluster this is exactly the plain softmax's
+``logsumexp(logits)`` and ``logits[y]``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list[tuple[int, int]]:
+  """Returns the [start, end) token range of each cluster.
+
+  Args:
+    vocab_size: V, the number of tokens.
+    cutoffs: increasing cluster boundaries strictly inside (0, V).
+
+  Raises:
+    ValueError: if the cut-offs are not increasing or fall outside (0, V).
+  """
+  cuts = list(cutoffs)
+  if cuts and (sorted(set(cuts)) != cuts or cuts[0] <= 0 or cuts[-1] >= vocab_size):
+    raise ValueError(
+        f"adaptive cutoffs {cuts} must increase strictly inside (0, "
+        f"{vocab_size}); set model.cutoffs to fit the vocabulary")
+  edges = [0] + cuts + [vocab_size]
+  return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+class AdaptiveEmbed(nn.Module):
+  """Tied adaptive input embedding and adaptive softmax.
+
+  Attributes:
+    vocab_size: V.
+    d_model: D, the model width.
+    cutoffs: cluster boundaries (empty: one cluster, a plain softmax).
+    factor: each cluster's embedding dimension is D // factor**i.
+    scale: multiply input embeddings by sqrt(D) (fairseq's embed_scale).
+    chunk_size: tokens scored at a time in the tail softmaxes; bounds the
+      [chunk, V_i] logits kept alive instead of [B*T, V_i].
+    dtype: compute dtype of the projections; log-probabilities are float32.
+  """
+
+  vocab_size: int
+  d_model: int
+  cutoffs: Sequence[int] = ()
+  factor: int = 4
+  scale: bool = False
+  chunk_size: int = 4096
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.bounds = cluster_bounds(self.vocab_size, self.cutoffs)
+    tables, projs = [], []
+    for i, (lo, hi) in enumerate(self.bounds):
+      dim = max(1, self.d_model // (self.factor**i))
+      tables.append(self.param(
+          f"embed_{i}",
+          nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=dim**-0.5), ("vocab", "embed")),
+          (hi - lo, dim)))
+      if len(self.bounds) > 1:
+        projs.append(self.param(
+            f"proj_{i}",
+            nn.with_logical_partitioning(
+                nn.initializers.xavier_uniform(), (None, "embed")),
+            (dim, self.d_model)))
+    self.tables = tables
+    self.projs = projs
+    if len(self.bounds) > 1:
+      self.cluster_weight = self.param(
+          "cluster_weight",
+          nn.with_logical_partitioning(nn.initializers.zeros, ("embed", None)),
+          (self.d_model, len(self.bounds) - 1))
+
+  def _project_in(self, i: int, e: Array) -> Array:
+    if not self.projs:
+      return e
+    return jnp.dot(e.astype(self.dtype), self.projs[i].astype(self.dtype))
+
+  def _project_out(self, i: int, h: Array) -> Array:
+    if not self.projs:
+      return h
+    return jnp.dot(h.astype(self.dtype), self.projs[i].astype(self.dtype).T)
+
+  def embed(self, ids: Array) -> Array:
+    """Embeds token ids.
+
+    Args:
+      ids: [...] int token ids.
+
+    Returns:
+      [..., D] embeddings in the compute dtype.
+    """
+    out = jnp.zeros(ids.shape + (self.d_model,), self.dtype)
+    for i, (lo, hi) in enumerate(self.bounds):
+      in_cluster = (ids >= lo) & (ids < hi)
+      local = jnp.clip(ids - lo, 0, hi - lo - 1)
+      e = self._project_in(i, jnp.take(self.tables[i], local, axis=0))
+      out = out + jnp.where(in_cluster[..., None], e.astype(self.dtype), 0)
+    if self.scale:
+      out = out * jnp.sqrt(jnp.asarray(self.d_model, self.dtype))
+    return out
+
+  def _head_logits(self, h: Array) -> Array:
+    """[N, D] -> [N, V_0 + n_tail] float32 head logits."""
+    h0 = self._project_out(0, h)
+    logits = jnp.dot(h0, self.tables[0].astype(self.dtype).T)
+    if len(self.bounds) > 1:
+      clusters = jnp.dot(h.astype(self.dtype),
+                         self.cluster_weight.astype(self.dtype))
+      logits = jnp.concatenate([logits, clusters], axis=-1)
+    return logits.astype(jnp.float32)
+
+  def _tail_log_softmax(self, i: int, h: Array) -> Array:
+    """[N, D] -> [N, V_i] float32 log-softmax within tail cluster i."""
+    hi_ = self._project_out(i, h)
+    logits = jnp.dot(hi_, self.tables[i].astype(self.dtype).T)
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+  def _score_chunk(self, h: Array, y: Array) -> tuple[Array, Array]:
+    """Scores one chunk: h [N, D], y [N] -> (log p(y) [N], log Z_head [N])."""
+    head = self._head_logits(h)
+    log_z = jax.nn.logsumexp(head, axis=-1)
+    head_lp = head - log_z[:, None]
+    lo0, hi0 = self.bounds[0]
+    in_head = y < hi0
+    lp = jnp.take_along_axis(
+        head_lp, jnp.clip(y, 0, hi0 - 1)[:, None], axis=-1)[:, 0]
+    lp = jnp.where(in_head, lp, 0.0)
+    for i in range(1, len(self.bounds)):
+      lo, hi = self.bounds[i]
+      in_c = (y >= lo) & (y < hi)
+      tail = self._tail_log_softmax(i, h)
+      tail_lp = jnp.take_along_axis(
+          tail, jnp.clip(y - lo, 0, hi - lo - 1)[:, None], axis=-1)[:, 0]
+      lp = jnp.where(in_c, head_lp[:, hi0 + i - 1] + tail_lp, lp)
+    return lp, log_z
+
+  def score(self, h: Array, targets: Array) -> tuple[Array, Array]:
+    """Log-probability of the targets and the head log-normaliser.
+
+    Args:
+      h: [..., D] final hidden states.
+      targets: [...] int target ids.
+
+    Returns:
+      (target_logprob, log_z), each [...] float32.
+    """
+    lead = targets.shape
+    hf = h.reshape(-1, h.shape[-1])
+    yf = targets.reshape(-1)
+    n = yf.shape[0]
+    chunk = min(self.chunk_size, n)
+    if n <= chunk:
+      lp, lz = self._score_chunk(hf, yf)
+      return lp.reshape(lead), lz.reshape(lead)
+    # Chunk the positions so only [chunk, V_i] tail logits are alive at once;
+    # rematerialised in the backward pass for the same reason.
+    pad = (-n) % chunk
+    hf = jnp.pad(hf, ((0, pad), (0, 0)))
+    yf = jnp.pad(yf, (0, pad))
+    hs = hf.reshape(-1, chunk, hf.shape[-1])
+    ys = yf.reshape(-1, chunk)
+    fn = nn.remat(lambda mdl, hy: mdl._score_chunk(*hy))
+    def body(mdl, carry, hy):
+      return carry, fn(mdl, hy)
+    _, (lp, lz) = nn.scan(
+        body, variable_broadcast="params", split_rngs={"params": False},
+        length=hs.shape[0])(self, None, (hs, ys))
+    return lp.reshape(-1)[:n].reshape(lead), lz.reshape(-1)[:n].reshape(lead)
+
+  def log_probs(self, h: Array) -> Array:
+    """Full log-distribution over the vocabulary.
+
+    Args:
+      h: [..., D] hidden states (keep the leading size small: this
+        materialises [..., V]).
+
+    Returns:
+      [..., V] float32 log-probabilities.
+    """
+    lead = h.shape[:-1]
+    hf = h.reshape(-1, h.shape[-1])
+    head = jax.nn.log_softmax(self._head_logits(hf), axis=-1)
+    hi0 = self.bounds[0][1]
+    parts = [head[:, :hi0]]
+    for i in range(1, len(self.bounds)):
+      parts.append(head[:, hi0 + i - 1:hi0 + i] + self._tail_log_softmax(i, hf))
+    return jnp.concatenate(parts, axis=-1).reshape(lead + (self.vocab_size,))
