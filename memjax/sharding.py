@@ -1,0 +1,122 @@
+"""Device mesh and logical-axis rules.
+
+Models name logical axes only; this module maps them onto a
+``jax.sharding.Mesh`` with axes ``('data', 'fsdp', 'tensor')``:
+
+* ``batch`` is split over ``data`` and ``fsdp`` (both are data-parallel for
+  activations);
+* parameters' ``embed`` axis is split over ``fsdp`` (ZeRO-3 style: each fsdp
+  shard owns a slice of every weight, gathered for use);
+* ``heads``, ``mlp`` and ``vocab`` are split over ``tensor`` (Megatron style).
+
+Flax resolves a mesh axis used twice in one array by keeping its first use,
+so activations [batch, length, embed] are split on batch only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("kv", None),
+    ("length", None),
+    ("mem", None),
+)
+
+
+class MeshError(ValueError):
+  """A mesh that does not fit the devices or the batch."""
+
+
+def mesh_shape(spec: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
+  """Resolves a {'data', 'fsdp', 'tensor'} spec with at most one -1.
+
+  Args:
+    spec: sizes per mesh axis; -1 means "all remaining devices".
+    num_devices: devices available.
+
+  Returns:
+    (data, fsdp, tensor) sizes whose product is num_devices.
+
+  Raises:
+    MeshError: unknown axis, several -1, or a product that does not match.
+  """
+  unknown = set(spec) - set(MESH_AXES)
+  if unknown:
+    raise MeshError(f"unknown mesh axes {sorted(unknown)}; use {MESH_AXES}")
+  sizes = [int(spec.get(a, 1)) for a in MESH_AXES]
+  free = [i for i, s in enumerate(sizes) if s == -1]
+  if len(free) > 1:
+    raise MeshError("at most one mesh axis may be -1 (fill)")
+  fixed = int(np.prod([s for s in sizes if s != -1]))
+  if free:
+    if num_devices % fixed:
+      raise MeshError(
+          f"mesh {dict(zip(MESH_AXES, sizes))} cannot fill {num_devices} "
+          f"devices: {num_devices} is not a multiple of {fixed}")
+    sizes[free[0]] = num_devices // fixed
+  if int(np.prod(sizes)) != num_devices:
+    raise MeshError(
+        f"mesh {dict(zip(MESH_AXES, sizes))} has {int(np.prod(sizes))} "
+        f"devices but {num_devices} are available; set --config.mesh.* so "
+        f"the product is {num_devices}")
+  return tuple(sizes)
+
+
+def make_mesh(spec: Mapping[str, int],
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds the ('data', 'fsdp', 'tensor') mesh from a config spec."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(spec, len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def check_batch(mesh: Mesh, batch_size: int, what: str = "batch size") -> None:
+  """Raises MeshError unless the data-parallel size divides the batch."""
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  if batch_size % dp:
+    raise MeshError(
+        f"{what} {batch_size} is not divisible by the data-parallel mesh size "
+        f"{dp} (data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}); change "
+        "the batch size or --config.mesh")
+
+
+def logical_sharding(mesh: Mesh, logical_spec: Any,
+                     rules=LOGICAL_RULES) -> Any:
+  """Maps a pytree of logical PartitionSpecs to NamedShardings."""
+  return nn.logical_to_mesh_sharding(logical_spec, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Sharding of an array whose leading axis is the batch."""
+  return NamedSharding(mesh, P(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def put_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
+  """Places a host batch (the same global batch on every host) on the mesh.
+
+  Every process computes the global batch deterministically from the step, so
+  each device simply takes its slice; this works on one host and on many.
+  """
+  out = {}
+  for k, v in batch.items():
+    v = np.asarray(v)
+    sharding = batch_sharding(mesh, v.ndim) if v.ndim else replicated(mesh)
+    out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
+  return out
