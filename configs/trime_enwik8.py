@@ -1,0 +1,47 @@
+"""Character-level models on enwik8 or text8 (TRIME paper, Table 4 and 9).
+
+Usage: ``--config=configs/trime_enwik8.py:VARIANT`` with VARIANT = SIZE or
+METHOD_SIZE, SIZE in ``smoke``, ``demo``, ``38m``, METHOD in ``vanilla``.
+Add ``--config.data.corpus=text8`` for text8 (same model, same bytes
+vocabulary). Byte vocabulary: no adaptive softmax.
+"""
+
+from memjax import config as base
+
+SIZES = ("smoke", "demo", "38m")
+METHODS = ("vanilla",)
+
+
+def get_config(arg: str = "demo"):
+  method, size = base.parse_variant(arg, SIZES, METHODS)
+  c = base.base_config()
+  c.name = f"enwik8_{method}_{size}"
+  c.data.corpus = "enwik8"
+  m, d, o, t, e = c.model, c.data, c.optim, c.train, c.eval
+  m.cutoffs = ()
+  m.scale_embedding = True
+
+  if size == "smoke":
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 2, 32, 2, 16, 64
+    d.seq_len, d.batch_size = 64, 8
+    o.learning_rate, o.warmup_steps = 2e-3, 5
+    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 20, 5, 10, 10
+    t.eval_max_windows = 8
+    e.window_len, e.score_len, e.batch_size, e.max_windows = 64, 32, 16, 32
+  elif size == "demo":
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 4, 128, 4, 32, 512
+    d.seq_len, d.batch_size = 256, 16
+    o.learning_rate, o.warmup_steps = 1e-3, 100
+    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 1000, 100, 500, 500
+    e.window_len, e.score_len, e.batch_size, e.max_windows = 256, 128, 64, 0
+  elif size == "38m":
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 12, 512, 8, 64, 2048
+    m.dropout = 0.1
+    d.seq_len, d.batch_size = 512, 96
+    t.grad_accum = 4
+    o.optimizer, o.learning_rate, o.schedule, o.warmup_steps = "adam", 2.5e-4, "cosine", 0
+    t.num_steps = 400000
+    t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
+    e.window_len, e.score_len, e.batch_size = 512, 80, 32
+  m.max_len = max(m.max_len, d.seq_len, e.window_len)
+  return c

@@ -1,0 +1,102 @@
+"""The base experiment configuration every ``configs/*.py`` file starts from.
+
+Every key a run understands is defined here, so an unknown
+``--config.x=...`` override is rejected by ml_collections instead of being
+silently ignored. Experiment files set values and named variants.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Returns the default configuration (a small vanilla LM on the demo corpus)."""
+  c = ml_collections.ConfigDict()
+  c.name = "vanilla"
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.corpus = "wikitext103"     # wikitext103 | enwik8 | text8
+  c.data.data_dir = ""              # "" = the demo copy shipped in demo_data/
+  c.data.cache_dir = ""             # "" = <workdir>/cache
+  c.data.seq_len = 128              # L, tokens per training segment
+  c.data.batch_size = 16            # segments per update (all micro-batches)
+  c.data.batching = "random"        # random | consecutive
+  c.data.segments_per_lane = 1      # m, consecutive segments per document/lane
+
+  c.model = ml_collections.ConfigDict()
+  c.model.num_layers = 4
+  c.model.d_model = 128
+  c.model.num_heads = 4
+  c.model.head_dim = 32
+  c.model.d_ff = 512
+  c.model.cutoffs = (2000, 6000)    # adaptive input/softmax; () = plain softmax
+  c.model.adaptive_factor = 4
+  c.model.scale_embedding = False
+  c.model.dropout = 0.1
+  c.model.attention_dropout = 0.0
+  c.model.attention = "vanilla"     # vanilla | rpe | xl | lamemo
+  c.model.attention_options = ml_collections.ConfigDict()
+  c.model.mem_len = 0
+  c.model.max_len = 4096
+  c.model.remat = False
+  c.model.dtype = "float32"         # float32 | bfloat16
+  c.model.softmax_chunk = 4096
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.name = "lm"                # lm (the plain objective)
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.optimizer = "adam"        # adam | nag | sgd
+  c.optim.learning_rate = 5e-4
+  c.optim.schedule = "cosine"       # cosine | inverse_sqrt | constant
+  c.optim.warmup_steps = 100
+  c.optim.min_lr_ratio = 0.0
+  c.optim.clip_norm = 0.0
+  c.optim.weight_decay = 0.0
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.98
+  c.optim.eps = 1e-8
+  c.optim.momentum = 0.99
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_steps = 1000
+  c.train.grad_accum = 1            # micro-batches per update
+  c.train.log_every = 50
+  c.train.eval_every = 500
+  c.train.eval_max_windows = 64     # windows per split for periodic evaluation
+  c.train.checkpoint_every = 500
+  c.train.keep_checkpoints = 3
+  c.train.init_from = ""            # checkpoint directory to take params from
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.splits = ("valid", "test")
+  c.eval.window_len = 128           # context + scored tokens per window
+  c.eval.score_len = 64             # scored tokens at the end of each window
+  c.eval.batch_size = 32
+  c.eval.max_windows = 0            # 0 = the whole split
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  return c
+
+
+def parse_variant(arg: str, sizes: tuple[str, ...], methods: tuple[str, ...]
+                  ) -> tuple[str, str]:
+  """Splits a config argument 'method_size' (method optional) into parts.
+
+  Raises:
+    ValueError: naming the accepted variants.
+  """
+  arg = (arg or "demo").strip()
+  for size in sorted(sizes, key=len, reverse=True):
+    if arg == size:
+      return methods[0], size
+    if arg.endswith("_" + size) and arg[: -len(size) - 1] in methods:
+      return arg[: -len(size) - 1], size
+  raise ValueError(
+      f"unknown config variant {arg!r}; use SIZE or METHOD_SIZE with SIZE in "
+      f"{sizes} and METHOD in {methods}")
