@@ -1,0 +1,76 @@
+"""Command-line entry point.
+
+    python -m memjax.main --config=configs/trime_wt103.py:demo --workdir=runs/demo
+    python -m memjax.main --config=configs/trime_wt103.py:demo --workdir=runs/demo --mode=eval
+
+Any config value can be overridden with ``--config.key=value``; unknown keys
+are rejected. Bad input (missing data, a mesh that does not fit, a checkpoint
+of another model) exits with status 2 and one line naming what to fix; files
+already in the workdir are left as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file, e.g. configs/trime_wt103.py:demo.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
+                          "train (resumes if the workdir has checkpoints) or "
+                          "eval (evaluates the latest checkpoint).")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "Call jax.distributed.initialize() (TPU pods, "
+    "multi-node GPU); coordinator and process ids come from the environment.")
+
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+class UsageError(Exception):
+  """An error the user can fix; reported as one line."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+  """Exception types that are reported as one line and exit status 2."""
+  from memjax import checkpointing  # pylint: disable=g-import-not-at-top
+  from memjax import sharding  # pylint: disable=g-import-not-at-top
+  from memjax import train  # pylint: disable=g-import-not-at-top
+  from memjax.data import sources  # pylint: disable=g-import-not-at-top
+  return (sources.DataError, sharding.MeshError,
+          checkpointing.CheckpointMismatchError, train.NonFiniteLossError,
+          FileNotFoundError, ValueError, UsageError)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.INFO)
+  import jax  # pylint: disable=g-import-not-at-top
+  if _MULTIHOST.value:
+    jax.distributed.initialize()
+  from memjax import train  # pylint: disable=g-import-not-at-top
+  errors = user_errors()
+  try:
+    results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, _MODE.value)
+  except errors as e:  # pylint: disable=catching-non-exception
+    print(f"memjax: error: {e}", file=sys.stderr)
+    sys.exit(2)
+  unit = results["unit"]
+  for split in _CONFIG.value.eval.splits:
+    r = results[split]
+    print(f"{split}: {unit} {r[unit]:.4f} (nll {r['nll']:.4f} over "
+          f"{int(r['tokens'])} tokens; unigram {results['unigram'][split][unit]:.2f})")
+  print(f"results: {os.path.join(_WORKDIR.value, 'results.json')}")
+
+
+if __name__ == "__main__":
+  app.run(main)
