@@ -24,7 +24,7 @@ from memjax.data import streams
 Array = jax.Array
 
 
-def make_eval_step(model, *, param_shardings: Any = None) -> Callable:
+def make_eval_step(model) -> Callable:
   """Jitted (params, batch) -> {'nll_sum', 'tokens'} over the weighted targets."""
 
   def step(params, batch):
@@ -33,7 +33,6 @@ def make_eval_step(model, *, param_shardings: Any = None) -> Callable:
     w = batch["weights"]
     return {"nll_sum": -jnp.sum(out.target_logprob * w), "tokens": jnp.sum(w)}
 
-  del param_shardings
   return jax.jit(step)
 
 

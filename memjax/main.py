@@ -32,6 +32,12 @@ _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "Call jax.distributed.initialize() (TPU pods, "
     "multi-node GPU); coordinator and process ids come from the environment.")
 
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (with --multihost, "
+    "where the cluster is not detected automatically).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "With --multihost.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --multihost.")
+
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -56,7 +62,9 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   import jax  # pylint: disable=g-import-not-at-top
   if _MULTIHOST.value:
-    jax.distributed.initialize()
+    jax.distributed.initialize(
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   from memjax import train  # pylint: disable=g-import-not-at-top
   errors = user_errors()
   try:

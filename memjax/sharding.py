@@ -15,6 +15,7 @@ so activations [batch, length, embed] are split on batch only.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
@@ -120,3 +121,24 @@ def put_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
     sharding = batch_sharding(mesh, v.ndim) if v.ndim else replicated(mesh)
     out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
   return out
+
+
+@contextlib.contextmanager
+def mesh_rules(mesh: Mesh, rules=LOGICAL_RULES):
+  """Activates the mesh and the logical-axis rules while tracing.
+
+  Inside, the models' ``nn.with_logical_constraint`` annotations become
+  sharding constraints on ``mesh``; outside, they are no-ops.
+  """
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
+
+
+def under_mesh(fn, mesh: Mesh, rules=LOGICAL_RULES):
+  """Wraps a (jitted) function so every call traces under ``mesh_rules``."""
+
+  def wrapped(*args, **kwargs):
+    with mesh_rules(mesh, rules):
+      return fn(*args, **kwargs)
+
+  return wrapped

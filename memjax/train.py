@@ -188,7 +188,9 @@ def create_state(model, tx, mesh: Mesh, sample: dict[str, np.ndarray],
     mem_shard = jax.tree.map(
         lambda x: sharding_lib.batch_sharding(mesh, x.ndim), nn.meta.unbox(abstract.memory))
     shardings = shardings.replace(memory=mem_shard)
-  state = jax.jit(lambda k: nn.meta.unbox(init_fn(k)), out_shardings=shardings)(rng)
+  with sharding_lib.mesh_rules(mesh):
+    state = jax.jit(lambda k: nn.meta.unbox(init_fn(k)),
+                    out_shardings=shardings)(rng)
   return state, shardings
 
 
@@ -274,10 +276,9 @@ def make_train_step(model, tx, loss_fn: losses.LossFn, *, grad_accum: int,
     out.update(loss=loss, grad_norm=gnorm, finite=finite.astype(jnp.float32))
     return new_state, out
 
-  batch_shard = lambda nd: sharding_lib.batch_sharding(mesh, nd)
-  del batch_shard
-  return jax.jit(step_fn, donate_argnums=(0,),
-                 out_shardings=(state_shardings, None))
+  return sharding_lib.under_mesh(
+      jax.jit(step_fn, donate_argnums=(0,),
+              out_shardings=(state_shardings, None)), mesh)
 
 
 # ----------------------------------------------------------------------------
@@ -391,7 +392,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0)
-  eval_step = evaluate.make_eval_step(model)
+  eval_step = sharding_lib.under_mesh(evaluate.make_eval_step(model), mesh)
 
   def run_eval(step: int, max_windows: int, prefix: str) -> dict[str, Any]:
     res = {}

@@ -1,0 +1,86 @@
+"""Adaptive input and softmax: distributions, one-cluster case, chunking."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memjax.models import adaptive
+
+
+def _init(module, h, y):
+  return nn.meta.unbox(module.init(jax.random.PRNGKey(0), h, y, method=module.score))
+
+
+@pytest.mark.parametrize("cutoffs", [(), (5,), (10, 30), (3, 20, 60)])
+def test_probabilities_sum_to_one_and_match_score(cutoffs):
+  m = adaptive.AdaptiveEmbed(vocab_size=80, d_model=16, cutoffs=cutoffs, factor=2)
+  h = jax.random.normal(jax.random.PRNGKey(1), (3, 7, 16))
+  y = jax.random.randint(jax.random.PRNGKey(2), (3, 7), 0, 80)
+  v = _init(m, h, y)
+  lp = m.apply(v, h, method=m.log_probs)
+  np.testing.assert_allclose(np.exp(lp).sum(-1), 1.0, rtol=1e-5)
+  score, log_z = m.apply(v, h, y, method=m.score)
+  np.testing.assert_allclose(
+      score, np.take_along_axis(np.asarray(lp), np.asarray(y)[..., None], -1)[..., 0],
+      rtol=1e-5, atol=1e-5)
+  assert np.all(np.isfinite(log_z))
+
+
+def test_one_cluster_is_plain_tied_softmax():
+  m = adaptive.AdaptiveEmbed(vocab_size=40, d_model=8, cutoffs=())
+  h = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
+  y = jax.random.randint(jax.random.PRNGKey(2), (2, 5), 0, 40)
+  v = _init(m, h, y)
+  table = np.asarray(v["params"]["embed_0"], np.float64)
+  logits = np.asarray(h, np.float64) @ table.T
+  log_z = np.log(np.exp(logits).sum(-1))
+  expected = np.take_along_axis(logits, np.asarray(y)[..., None], -1)[..., 0] - log_z
+  score, lz = m.apply(v, h, y, method=m.score)
+  np.testing.assert_allclose(score, expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(lz, log_z, rtol=1e-5)
+  # Embedding is the same tied table.
+  e = m.apply(v, y, method=m.embed)
+  np.testing.assert_allclose(e, table[np.asarray(y)], rtol=1e-6)
+
+
+def test_head_and_tail_factorisation_by_hand():
+  """log p(y) for a tail token = head log-prob of its cluster + tail log-prob."""
+  m = adaptive.AdaptiveEmbed(vocab_size=12, d_model=4, cutoffs=(4, 8), factor=2)
+  h = jax.random.normal(jax.random.PRNGKey(3), (1, 1, 4))
+  y = jnp.array([[9]])
+  v = _init(m, h, y)
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), v["params"])
+  hv = np.asarray(h, np.float64)[0, 0]
+  head = np.concatenate([(hv @ p["proj_0"].T) @ p["embed_0"].T, hv @ p["cluster_weight"]])
+  head_lp = head - np.log(np.exp(head).sum())
+  tail = (hv @ p["proj_2"].T) @ p["embed_2"].T
+  tail_lp = tail - np.log(np.exp(tail).sum())
+  expected = head_lp[4 + 1] + tail_lp[9 - 8]
+  score, _ = m.apply(v, h, y, method=m.score)
+  np.testing.assert_allclose(score[0, 0], expected, rtol=1e-5)
+
+
+def test_chunked_scoring_equals_unchunked_with_gradients():
+  kw = dict(vocab_size=50, d_model=8, cutoffs=(10, 30), factor=2)
+  big = adaptive.AdaptiveEmbed(**kw, chunk_size=1000)
+  small = adaptive.AdaptiveEmbed(**kw, chunk_size=7)
+  h = jax.random.normal(jax.random.PRNGKey(1), (3, 11, 8))
+  y = jax.random.randint(jax.random.PRNGKey(2), (3, 11), 0, 50)
+  v = _init(big, h, y)
+
+  def loss(params, mod):
+    return -mod.apply({"params": params}, h, y, method=mod.score)[0].sum()
+
+  l1, g1 = jax.value_and_grad(loss)(v["params"], big)
+  l2, g2 = jax.value_and_grad(loss)(v["params"], small)
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g2)
+
+
+def test_bad_cutoffs_raise():
+  with pytest.raises(ValueError, match="cutoffs"):
+    adaptive.cluster_bounds(10, (5, 3))
+  with pytest.raises(ValueError, match="cutoffs"):
+    adaptive.cluster_bounds(10, (10,))
