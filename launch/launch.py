@@ -36,7 +36,7 @@ def main_command(config: str, workdir: str, overrides: list[str],
 
 def tpu_command(tpu: str, zone: str, repo_dir: str, cmd: list[str]) -> list[str]:
   """gcloud command that runs ``cmd`` on every worker of a TPU VM slice."""
-  remote = f"cd {shlex.quote(repo_dir)} && {shlex.join(cmd)}"
+  remote = f"cd {repo_dir} && {shlex.join(cmd)}"  # unquoted: ~ must expand remotely
   return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu, f"--zone={zone}",
           "--worker=all", f"--command={remote}"]
 
