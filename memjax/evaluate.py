@@ -15,9 +15,9 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from jax.sharding import Mesh
 
+from memjax import console
 from memjax import sharding as sharding_lib
 from memjax.data import streams
 
@@ -87,7 +87,7 @@ def evaluate_tokens(eval_step: Callable, params: Any, tokens: np.ndarray, *,
     nll_sum += float(m["nll_sum"])
     count += float(m["tokens"])
   res = summarize(nll_sum, count, unit)
-  logging.info("%s: %d predictions in %.1fs: %s", desc, int(count),
+  console.info("%s: %d predictions in %.1fs: %s", desc, int(count),
                time.time() - start,
                ", ".join(f"{k}={v:.4f}" for k, v in res.items()))
   return res

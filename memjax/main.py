@@ -59,7 +59,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.INFO)
+  if not flags.FLAGS["verbosity"].present:
+    # Library chatter (Orbax, CLU, TensorFlow) only at WARNING by default; our
+    # own progress lines go to stdout. --verbosity=0 shows it all.
+    logging.set_verbosity(logging.WARNING)
   import jax  # pylint: disable=g-import-not-at-top
   if _MULTIHOST.value:
     jax.distributed.initialize(

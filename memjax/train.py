@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import logging
 from clu import metric_writers
 from jax.sharding import Mesh
 
 from memjax import checkpointing
+from memjax import console
 from memjax import evaluate
 from memjax import losses
 from memjax import optim
@@ -261,7 +261,7 @@ def make_train_step(model, tx, loss_fn: losses.LossFn, *, grad_accum: int,
     tokens = jnp.maximum(metrics["tokens"], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grads)
     loss = metrics["nll_sum"] / tokens
-    gnorm = optax.global_norm(grads)
+    gnorm = optax.tree.norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
@@ -295,7 +295,7 @@ def init_params_from(directory: str, state: TrainState, shardings: Any
   """Replaces ``state.params`` with those of another run's checkpoint."""
   abstract = checkpointing.abstract_with_sharding(state.params, shardings.params)
   params, step = checkpointing.restore_params(directory, abstract)
-  logging.info("initialised parameters from %s (step %d)", directory, step)
+  console.info("initialised parameters from %s (step %d)", directory, step)
   return state.replace(params=params)
 
 
@@ -346,13 +346,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     raise ValueError(
         f"data.batch_size {config.data.batch_size} is not divisible by "
         f"train.grad_accum {config.train.grad_accum}")
-  logging.info("mesh: %s over %d %s devices", dict(mesh.shape), mesh.size,
+  console.info("mesh: %s over %d %s devices", dict(mesh.shape), mesh.size,
                jax.devices()[0].platform)
 
   # ---------------------------------------------------------------- data
   data = load_data(config, workdir)
   unit = evaluate.metric_unit(data.corpus)
-  logging.info("corpus %s: vocab %d, train %d tokens, %s", data.corpus,
+  console.info("corpus %s: vocab %d, train %d tokens, %s", data.corpus,
                data.vocab_size, len(data.train.tokens),
                ", ".join(f"{k} {len(v.tokens)}" for k, v in data.splits.items()))
 
@@ -367,7 +367,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   rng = jax.random.PRNGKey(config.seed)
   state, shardings = create_state(model, tx, mesh, sample, rng)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
-  logging.info("model: %s parameters", f"{n_params:,}")
+  console.info("model: %s parameters", f"{n_params:,}")
 
   # ---------------------------------------------------------------- ckpt
   signature = model_signature(config, data.vocab_size)
@@ -380,7 +380,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     abstract = checkpointing.abstract_with_sharding(state, shardings)
     state, position = ckpt.restore(latest, abstract)
     start_step = int(position["step"])
-    logging.info("resumed from %s at step %d", ckpt.directory, start_step)
+    console.info("resumed from %s at step %d", ckpt.directory, start_step)
   elif config.train.init_from:
     state = init_params_from(config.train.init_from, state, shardings)
   elif mode == "eval":
@@ -417,7 +417,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     meter = ProgressMeter(num_steps, tokens_per_step, start_step)
     step_rng = jax.random.PRNGKey(config.seed + 1)
     pending: list[tuple[int, dict]] = []
-    logging.info("training from step %d to %d (%d tokens per step)",
+    console.info("training from step %d to %d (%d tokens per step)",
                  start_step, num_steps, tokens_per_step)
     for step in range(start_step, num_steps):
       batch = sharding_lib.put_global_batch(host_batch(data.batcher, step), mesh)
@@ -446,7 +446,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           if k.startswith("aux_"):
             scalars[f"train/{k[4:]}"] = float(v)
         writer.write_scalars(done, scalars)
-        logging.info(
+        console.info(
             "step %d/%d  loss %.4f  ppl %.1f  lr %.2e  %.0f tok/s  ETA %s",
             done, num_steps, mean_loss, np.exp(min(mean_loss, 50)),
             scalars["train/lr"], speed["tokens_per_s"],

@@ -16,12 +16,36 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def dense_general(features, axes, name, dtype, in_axis=-1):
-  """A DenseGeneral whose kernel carries logical axis names."""
-  return nn.DenseGeneral(
-      features=features, axis=in_axis, use_bias=False, dtype=dtype, name=name,
-      kernel_init=nn.with_logical_partitioning(
-          nn.initializers.xavier_uniform(), axes))
+def qkv_init() -> nn.initializers.Initializer:
+  """Glorot-uniform for a [D, H, d_h] input projection."""
+  return nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2))
+
+
+def out_init() -> nn.initializers.Initializer:
+  """Glorot-uniform for a [H, d_h, D] output projection."""
+  return nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2)
+
+
+def head_projection(module: nn.Module, name: str, d_model: int,
+                    num_heads: int, head_dim: int) -> jax.Array:
+  """A [D, H, d_h] projection parameter named with logical axes.
+
+  Declared directly rather than through nn.DenseGeneral, whose initialiser
+  boxes a flattened 2-D kernel and so cannot carry 3-D axis names.
+  """
+  return module.param(
+      name, nn.with_logical_partitioning(qkv_init(), ("embed", "heads", "kv")),
+      (d_model, num_heads, head_dim))
+
+
+def output_projection(module: nn.Module, name: str, d_model: int,
+                      num_heads: int, head_dim: int) -> jax.Array:
+  """A [H, d_h, D] output projection parameter named with logical axes."""
+  return module.param(
+      name, nn.with_logical_partitioning(out_init(), ("heads", "kv", "embed")),
+      (num_heads, head_dim, d_model))
 
 
 class CausalSelfAttention(nn.Module):
@@ -56,10 +80,12 @@ class CausalSelfAttention(nn.Module):
       ([B, T, D] output after the output projection, None).
     """
     del memory
-    hd = (self.num_heads, self.head_dim)
-    q = dense_general(hd, ("embed", "heads", "kv"), "query", self.dtype)(x)
-    k = dense_general(hd, ("embed", "heads", "kv"), "key", self.dtype)(x)
-    v = dense_general(hd, ("embed", "heads", "kv"), "value", self.dtype)(x)
+    dims = (self.d_model, self.num_heads, self.head_dim)
+    x = x.astype(self.dtype)
+    q, k, v = (
+        jnp.einsum("btd,dhk->bthk", x,
+                   head_projection(self, n, *dims).astype(self.dtype))
+        for n in ("query", "key", "value"))
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
     k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
@@ -70,9 +96,5 @@ class CausalSelfAttention(nn.Module):
     probs = jax.nn.softmax(scores, axis=-1)
     probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v)
-    out = nn.DenseGeneral(
-        features=self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
-        name="out",
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("heads", "kv", "embed")))(ctx)
-    return out, None
+    wo = output_projection(self, "out", *dims).astype(self.dtype)
+    return jnp.einsum("bthk,hkd->btd", ctx, wo), None

@@ -1,0 +1,21 @@
+"""Console progress lines for long work (training, evaluation, indexing).
+
+Library logs (Orbax, CLU, TensorFlow) go through absl logging at its own
+verbosity; the lines a researcher watches go to stdout from process 0 only.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import jax
+
+
+def info(msg: str, *args) -> None:
+  """Prints one timestamped line on process 0."""
+  if jax.process_index() != 0:
+    return
+  text = msg % args if args else msg
+  sys.stdout.write(f"[memjax {time.strftime('%H:%M:%S')}] {text}\n")
+  sys.stdout.flush()
