@@ -202,7 +202,9 @@ class WordVocabulary(seqio.Vocabulary):
                 if not fields:
                     continue
                 if len(fields) > 2:
-                    raise ValueError(f"{path}:{line_no}: expected 'token count'.")
+                    raise ValueError(
+                        f"{path}:{line_no}: expected 'token' or 'token count'."
+                    )
                 tokens.append(fields[0])
                 counts.append(int(fields[1]) if len(fields) == 2 else None)
         has_counts = all(c is not None for c in counts)
@@ -290,7 +292,11 @@ class WordVocabulary(seqio.Vocabulary):
         return "".join(parts)
 
     def _tables(self) -> tuple[Any, Any]:
-        """Lookup tables, built once, eagerly (also when first used in a graph)."""
+        """Returns (word -> id table, id -> string tensor), built once.
+
+        They are built eagerly (``tf.init_scope``) even when first needed
+        while tracing a tf.data map function, so every graph shares them.
+        """
         with self._tf_lock:
             if self._tf_tables is None:
                 with tf.init_scope():
@@ -438,7 +444,9 @@ def get_vocabulary(
         if os.path.isfile(path):
             vocab = WordVocabulary.load(path)
         else:
-            print(f"memjax.data: building the vocabulary of {train}", flush=True)
+            print(
+                f"memjax.data: building the vocabulary of {train}", flush=True
+            )
             vocab = WordVocabulary.build(train, min_count=min_count)
             vocab.save(path)
         _VOCAB_MEMO[memo_key] = vocab
