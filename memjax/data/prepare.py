@@ -3,7 +3,7 @@ r"""Downloads and unpacks the official corpus releases.
 Usage::
 
     python -m memjax.data.prepare --corpus=wikitext103 --data_dir=DIR
-    python -m memjax.data.prepare --corpus=enwik8 --data_dir=DIR [--write_splits]
+    python -m memjax.data.prepare --corpus=enwik8 --data_dir=DIR --write_splits
     python -m memjax.data.prepare --corpus=text8 --data_dir=DIR
 
 WikiText-103 ends up as ``DIR/wiki.{train,valid,test}.tokens``; enwik8 and

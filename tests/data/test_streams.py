@@ -165,11 +165,10 @@ def test_eval_windows_reject_bad_lengths():
         streams.eval_windows(10, 4, 0)
 
 
-@pytest.mark.parametrize("n,window_len,score_len,batch_size", [
-    (101, 16, 4, 3),
-    (10, 16, 4, 2),
-    (257, 32, 32, 4),
-])
+@pytest.mark.parametrize(
+    "n,window_len,score_len,batch_size",
+    [(101, 16, 4, 3), (10, 16, 4, 2), (257, 32, 32, 4)],
+)
 def test_eval_batches_score_each_prediction_once(
     n, window_len, score_len, batch_size
 ):
@@ -205,7 +204,9 @@ def test_eval_batches_score_each_prediction_once(
 # --- SegmentStream ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("n,seq_len,lanes", [(101, 8, 3), (50, 7, 1), (5, 8, 4)])
+@pytest.mark.parametrize(
+    "n,seq_len,lanes", [(101, 8, 3), (50, 7, 1), (5, 8, 4)]
+)
 def test_segment_stream_covers_every_prediction_once(n, seq_len, lanes):
     tokens = _arange_stream(n)
     stream = streams.SegmentStream(tokens, seq_len, lanes)
