@@ -56,6 +56,35 @@ def user_errors() -> tuple[type[BaseException], ...]:
           FileNotFoundError, ValueError, UsageError)
 
 
+def _root_cause(e: BaseException) -> BaseException:
+  while e.__cause__ is not None or e.__context__ is not None:
+    e = e.__cause__ or e.__context__
+  return e
+
+
+def _one_line(e: BaseException) -> str:
+  """The innermost error's message, without traceback, on one line."""
+  root = _root_cause(e)
+  lines = [l.strip() for l in str(root).strip("\"'").splitlines() if l.strip()]
+  lines = [l for l in lines if not l.startswith(("Traceback", "File ", "Attempted"))]
+  msg = " ".join(lines) or type(root).__name__
+  if isinstance(root, (KeyError, AttributeError)):
+    msg = (f"unknown config key {msg}: check the --config.* overrides against "
+           "memjax/config.py")
+  return msg
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """Parses flags and loads the config; any problem is reported as one line."""
+  try:
+    rest = flags.FLAGS(argv)
+    _ = _CONFIG.value.name  # The config file loads lazily: load it now.
+    return rest
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"memjax: error: {_one_line(e)}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -84,4 +113,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

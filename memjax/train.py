@@ -324,8 +324,50 @@ class ProgressMeter:
     return (step - self.first_step) * self.tokens_per_step / dt
 
 
+def _log_steps(pending: list[tuple[int, dict]], meter: ProgressMeter,
+               writer: Any, schedule: Callable, log_path: str, num_steps: int,
+               ckpt: checkpointing.Checkpointer) -> None:
+  """Fetches the metrics of the steps since the last log and reports them.
+
+  Raises:
+    NonFiniteLossError: naming the first step whose loss or gradient was not
+      finite (that update was skipped; checkpoints are left as they were).
+  """
+  fetched = jax.device_get([m for _, m in pending])
+  with open(log_path, "a") as f:
+    for (s, _), m in zip(pending, fetched):
+      if not m["finite"]:
+        ckpt.close()
+        raise NonFiniteLossError(
+            f"non-finite loss or gradient at step {s + 1} (loss "
+            f"{float(m['loss'])}, grad norm {float(m['grad_norm'])}); the "
+            f"update was skipped and the checkpoints in {ckpt.directory} are "
+            "intact: lower optim.learning_rate or set optim.clip_norm")
+      f.write(json.dumps({"step": s + 1, "loss": float(m["loss"]),
+                          "grad_norm": float(m["grad_norm"])}) + "\n")
+  done = pending[-1][0] + 1
+  last = fetched[-1]
+  mean_loss = float(np.mean([m["loss"] for m in fetched]))
+  speed = meter.update(done)
+  scalars = {"train/loss": mean_loss,
+             "train/grad_norm": float(last["grad_norm"]),
+             "train/lr": float(schedule(done - 1)),
+             "train/tokens_per_s": speed["tokens_per_s"]}
+  for k, v in last.items():
+    if k.startswith("aux_"):
+      scalars[f"train/{k[4:]}"] = float(v)
+  writer.write_scalars(done, scalars)
+  console.info(
+      "step %d/%d  loss %.4f  ppl %.1f  lr %.2e  %.0f tok/s  ETA %s",
+      done, num_steps, mean_loss, np.exp(min(mean_loss, 50)),
+      scalars["train/lr"], speed["tokens_per_s"],
+      time.strftime("%H:%M:%S", time.gmtime(speed["eta_s"])))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       mode: str = "train") -> dict[str, Any]:
+                       mode: str = "train",
+                       hooks: tuple[Callable[[int, TrainState], None], ...] = ()
+                       ) -> dict[str, Any]:
   """Trains (``mode='train'``) or only evaluates (``mode='eval'``).
 
   Args:
@@ -333,6 +375,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     workdir: output directory (checkpoints, TensorBoard events, results.json).
     mode: 'train' or 'eval' (restores the latest checkpoint of the workdir,
       or of ``train.init_from`` if the workdir has none).
+    hooks: callables ``hook(step, state)`` run after each update and its
+      checkpoint (profilers, custom logging, tests that interrupt a run).
 
   Returns:
     The results written to ``results.json``.
@@ -419,44 +463,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     pending: list[tuple[int, dict]] = []
     console.info("training from step %d to %d (%d tokens per step)",
                  start_step, num_steps, tokens_per_step)
-    for step in range(start_step, num_steps):
-      batch = sharding_lib.put_global_batch(host_batch(data.batcher, step), mesh)
-      state, metrics = train_step(state, batch, step_rng)
-      pending.append((step, metrics))
-      done = step + 1
-      if done % config.train.log_every == 0 or done == num_steps:
-        fetched = jax.device_get([m for _, m in pending])
-        for (s, _), m in zip(pending, fetched):
-          if not m["finite"]:
-            ckpt.close()
-            raise NonFiniteLossError(
-                f"non-finite loss or gradient at step {s + 1} (loss "
-                f"{float(m['loss'])}, grad norm {float(m['grad_norm'])}); the "
-                "update was skipped and the last checkpoint in "
-                f"{ckpt.directory} is intact: lower optim.learning_rate or set "
-                "optim.clip_norm")
-        last = fetched[-1]
-        mean_loss = float(np.mean([m["loss"] for m in fetched]))
-        speed = meter.update(done)
-        scalars = {"train/loss": mean_loss,
-                   "train/grad_norm": float(last["grad_norm"]),
-                   "train/lr": float(schedule(done - 1)),
-                   "train/tokens_per_s": speed["tokens_per_s"]}
-        for k, v in last.items():
-          if k.startswith("aux_"):
-            scalars[f"train/{k[4:]}"] = float(v)
-        writer.write_scalars(done, scalars)
-        console.info(
-            "step %d/%d  loss %.4f  ppl %.1f  lr %.2e  %.0f tok/s  ETA %s",
-            done, num_steps, mean_loss, np.exp(min(mean_loss, 50)),
-            scalars["train/lr"], speed["tokens_per_s"],
-            time.strftime("%H:%M:%S", time.gmtime(speed["eta_s"])))
-        pending = []
-      if config.train.eval_every and done % config.train.eval_every == 0 and done < num_steps:
-        run_eval(done, config.train.eval_max_windows, "periodic_")
-      if done % config.train.checkpoint_every == 0 or done == num_steps:
-        ckpt.save(done, state, {"step": done, "batching": config.data.batching,
-                                "seed": config.seed})
+    log_path = os.path.join(workdir, "train_log.jsonl")
+    try:
+      for step in range(start_step, num_steps):
+        batch = sharding_lib.put_global_batch(host_batch(data.batcher, step), mesh)
+        state, metrics = train_step(state, batch, step_rng)
+        pending.append((step, metrics))
+        done = step + 1
+        if done % config.train.log_every == 0 or done == num_steps:
+          _log_steps(pending, meter, writer, schedule, log_path, num_steps, ckpt)
+          pending = []
+        if (config.train.eval_every and done % config.train.eval_every == 0
+            and done < num_steps):
+          run_eval(done, config.train.eval_max_windows, "periodic_")
+        if done % config.train.checkpoint_every == 0 or done == num_steps:
+          ckpt.save(done, state, {"step": done, "batching": config.data.batching,
+                                  "seed": config.seed})
+        for hook in hooks:
+          hook(done, state)
+    except BaseException:
+      # Let checkpoints already started finish writing before leaving.
+      ckpt.close()
+      writer.flush()
+      raise
     train_tps = meter.overall_tokens_per_s(num_steps)
     ckpt.wait()
 
