@@ -37,8 +37,8 @@ def get_config(arg: str = "demo"):
     m.cutoffs = (2000, 6000)
     m.dropout = 0.1
     d.seq_len, d.batch_size = 128, 16
-    o.learning_rate, o.warmup_steps, o.schedule = 1e-3, 100, "cosine"
-    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 1200, 100, 600, 600
+    o.learning_rate, o.warmup_steps, o.schedule = 2e-3, 50, "cosine"
+    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 800, 50, 400, 400
     e.window_len, e.score_len, e.batch_size = 128, 64, 64
   elif size == "247m":
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 16, 1024, 8, 128, 4096

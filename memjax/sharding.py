@@ -134,11 +134,31 @@ def mesh_rules(mesh: Mesh, rules=LOGICAL_RULES):
     yield
 
 
-def under_mesh(fn, mesh: Mesh, rules=LOGICAL_RULES):
-  """Wraps a (jitted) function so every call traces under ``mesh_rules``."""
+class MeshFunction:
+  """A jitted function whose every trace runs under ``mesh_rules``.
 
-  def wrapped(*args, **kwargs):
-    with mesh_rules(mesh, rules):
-      return fn(*args, **kwargs)
+  Calling it runs the function; ``memory_bytes`` compiles it for the given
+  arguments and returns XLA's estimate of the device memory one call needs.
+  """
 
-  return wrapped
+  def __init__(self, jitted, mesh: Mesh, rules=LOGICAL_RULES):
+    self.jitted = jitted
+    self.mesh = mesh
+    self.rules = rules
+
+  def __call__(self, *args, **kwargs):
+    with mesh_rules(self.mesh, self.rules):
+      return self.jitted(*args, **kwargs)
+
+  def memory_bytes(self, *args, **kwargs) -> int:
+    """Arguments + outputs + temporaries - donated aliases, in bytes."""
+    with mesh_rules(self.mesh, self.rules):
+      compiled = self.jitted.lower(*args, **kwargs).compile()
+    ma = compiled.memory_analysis()
+    return int(ma.argument_size_in_bytes + ma.output_size_in_bytes
+               + ma.temp_size_in_bytes - ma.alias_size_in_bytes)
+
+
+def under_mesh(jitted, mesh: Mesh, rules=LOGICAL_RULES) -> MeshFunction:
+  """Wraps a jitted function so every call traces under ``mesh_rules``."""
+  return MeshFunction(jitted, mesh, rules)
