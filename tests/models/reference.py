@@ -137,6 +137,7 @@ def lamemo_layer(
         scheme: str,
         eps: float,
         mem_len: int,
+        interpolate_memory: bool = True,
 ) -> dict[str, np.ndarray]:
     """One LaMemo layer from the paper (Eq. 6/12 and Eq. 7-11).
 
@@ -149,6 +150,8 @@ def lamemo_layer(
         scheme: 'xl' or 'disentangled'.
         eps: Eq. 11 epsilon.
         mem_len: slots in the new memory.
+        interpolate_memory: False sets alpha = 0 (the memory becomes the
+            look-ahead vectors and their log-normaliser).
 
     Returns:
         dict with y [B, M + T, D], alpha [B, M, H] and the new memory c, lse,
@@ -176,7 +179,10 @@ def lamemo_layer(
         p, x[:, :m], pos[:m], x[:, window], window,
         lambda b, i, w: window[w] > i and key_ok(b, window[w]), scheme)
 
-    c_mem, d_mem, alpha = interpolate(c_old, d_old, c_la, d_la, eps)
+    if interpolate_memory:
+        c_mem, d_mem, alpha = interpolate(c_old, d_old, c_la, d_la, eps)
+    else:
+        c_mem, d_mem, alpha = c_la, d_la, np.zeros_like(d_la)
     c_mem = np.where(valid[:, :, None, None], c_mem, 0.0)
     d_mem = np.where(valid[:, :, None], d_mem, 0.0)
     alpha = np.where(valid[:, :, None], alpha, 0.0)
