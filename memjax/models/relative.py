@@ -119,6 +119,51 @@ def masked_softmax(
     return probs, lse
 
 
+class HeadProjection(nn.Module):
+    """Bias-free projection to heads: [..., D] -> [..., H, dh].
+
+    Parameter: kernel [D, H, dh], logical axes ('embed', 'heads', 'kv').
+    """
+
+    num_heads: int
+    head_dim: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2)),
+                ("embed", "heads", "kv")),
+            (x.shape[-1], self.num_heads, self.head_dim), self.param_dtype)
+        return jnp.einsum("...d,dhk->...hk", x.astype(self.dtype),
+                          kernel.astype(self.dtype))
+
+
+class OutputProjection(nn.Module):
+    """Bias-free projection from heads: [..., H, dh] -> [..., D].
+
+    Parameter: kernel [H, dh, D], logical axes ('heads', 'kv', 'embed').
+    """
+
+    d_model: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
+                ("heads", "kv", "embed")),
+            x.shape[-2:] + (self.d_model,), self.param_dtype)
+        return jnp.einsum("...hk,hkd->...d", x.astype(self.dtype),
+                          kernel.astype(self.dtype))
+
+
 class RelativeAttentionBase(nn.Module):
     """Parameters and score computation shared by the relative attentions.
 
@@ -156,29 +201,15 @@ class RelativeAttentionBase(nn.Module):
             raise ValueError(
                 f"position scheme must be one of {POSITION_SCHEMES}, got "
                 f"{scheme!r}")
-        in_proj = functools.partial(
-            nn.DenseGeneral,
-            features=(self.num_heads, self.head_dim),
-            axis=-1,
-            use_bias=False,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.lecun_normal(), ("embed", "heads", "kv")),
-        )
-        self.query = in_proj()
-        self.key = in_proj()
-        self.value = in_proj()
-        self.pos_key = in_proj()
-        self.out = nn.DenseGeneral(
-            features=self.d_model,
-            axis=(-2, -1),
-            use_bias=False,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.lecun_normal(), ("heads", "kv", "embed")),
-        )
+        proj = functools.partial(
+            HeadProjection, num_heads=self.num_heads, head_dim=self.head_dim,
+            dtype=self.dtype, param_dtype=self.param_dtype)
+        self.query = proj()
+        self.key = proj()
+        self.value = proj()
+        self.pos_key = proj()
+        self.out = OutputProjection(d_model=self.d_model, dtype=self.dtype,
+                                    param_dtype=self.param_dtype)
         bias_init = nn.with_logical_partitioning(
             nn.initializers.normal(stddev=0.02), ("heads", "kv"))
         shape = (self.num_heads, self.head_dim)

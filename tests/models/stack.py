@@ -112,7 +112,8 @@ class Stack(nn.Module):
             return h, None
         inputs, layers = memory
         mem_len = inputs.x.shape[1]
-        h = jnp.concatenate([inputs.x.astype(self.dtype), x], axis=1)
+        rows = jax.lax.stop_gradient(inputs.x).astype(self.dtype)
+        h = jnp.concatenate([rows, x], axis=1)
         new_layers = []
         for i in range(self.num_layers):
             h, new_mem = self._block(i)(h, layers[i], deterministic)
@@ -121,12 +122,9 @@ class Stack(nn.Module):
         return h[:, mem_len:], (new_inputs, tuple(new_layers))
 
 
-def run_loop(model: Stack, params, segments, memory):
-    """Python loop over segments [S, B, T, D]; returns (ys, memories).
-
-    ys: [S, B, T, D]; memories: list of the memory after each segment.
-    """
-    step = jax.jit(lambda mem, seg: model.apply(params, seg, mem))
+def run_loop(step, segments, memory):
+    """Python loop of ``step(memory, segment) -> (y, memory)`` over segments
+    [S, B, T, D]; returns (ys [S, B, T, D], list of memories after each)."""
     ys, memories = [], []
     for s in range(segments.shape[0]):
         y, memory = step(memory, segments[s])

@@ -87,9 +87,12 @@ def test_look_ahead_window_tiles_the_stream():
     assert covered == list(range(seg_len - mem_len + start, 4 * seg_len + 1))
 
 
-@pytest.mark.parametrize("scheme", ["disentangled", "xl"])
-@pytest.mark.parametrize("mem_len,seg_len,new_len", [(5, 3, 5), (3, 5, 4),
-                                                      (4, 4, 4)])
+@pytest.mark.parametrize("scheme,mem_len,seg_len,new_len", [
+    ("disentangled", 5, 3, 5),
+    ("xl", 5, 3, 5),
+    ("disentangled", 3, 5, 4),  # M < T, and fewer slots kept than given
+    ("xl", 4, 4, 4),
+])
 def test_lamemo_layer_matches_paper(scheme, mem_len, seg_len, new_len):
     batch, eps = 2, 1e-6
     module = lamemo.LaMemoAttention(d_model=D, num_heads=H, head_dim=DH,
