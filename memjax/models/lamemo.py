@@ -220,7 +220,8 @@ class LaMemoAttention(relative.RelativeAttentionBase):
             c_mem, lse_mem = c_old, lse_old
         c_mem = jnp.where(mem_valid[:, :, None, None], c_mem, 0.0)
         lse_mem = jnp.where(mem_valid[:, :, None], lse_mem, 0.0)
-        c_mem = nn.with_logical_constraint(c_mem, ("batch", "mem", "heads", "kv"))
+        c_mem = nn.with_logical_constraint(
+            c_mem, ("batch", "mem", "heads", "kv"))
         lse_mem = nn.with_logical_constraint(lse_mem, ("batch", "mem", "heads"))
 
         y = self._project(jnp.concatenate([c_mem, c_seg], axis=1))

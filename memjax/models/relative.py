@@ -1,4 +1,4 @@
-"""Multi-head attention with relative positions: Transformer-XL and disentangled.
+"""Multi-head attention with relative positions (Transformer-XL, disentangled).
 
 Both layers attend from the current segment over ``concat(memory, segment)``
 and score a query at absolute position i against a key at position j with the
@@ -15,8 +15,8 @@ biases (per head). The two schemes differ in R and b:
   i >= j else v_minus, so distance and direction are separate.
 
 For causal attention (every visible key has i >= j) the two schemes compute
-the same function; they differ when a query looks to its right (LaMemo's
-look-ahead, or ``causal=False``).
+the same function (v_plus playing v); they differ when a query looks to its
+right (LaMemo's look-ahead, or ``causal=False``).
 
 Scores are scaled by 1/sqrt(head_dim), masked and normalised in float32 even
 when the compute dtype is bfloat16. Parameters (names and logical axes):
@@ -62,7 +62,8 @@ def sinusoid_positions(positions: jax.Array, dim: int) -> jax.Array:
     """
     if dim % 2:
         raise ValueError(f"sinusoid dimension must be even, got {dim}")
-    inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
+    inv_freq = 1.0 / (10000.0 ** exponents)
     angles = jnp.asarray(positions, jnp.float32)[:, None] * inv_freq[None, :]
     return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
 
@@ -281,12 +282,16 @@ class RelativeAttentionBase(nn.Module):
         f32 = jnp.float32
         u = jnp.asarray(self.u, f32)
         # Terms (a) + (c): content score and global content bias.
-        content = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=f32)
-        content += jnp.einsum("hd,bkhd->bhk", u, k.astype(f32))[:, :, None, :]
+        content = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                             preferred_element_type=f32)
+        content += jnp.einsum("hd,bkhd->bhk", u,
+                              k.astype(f32))[:, :, None, :]
         # Terms (b) + (d): position score and global position bias, per
         # distance column, then shifted to per-key columns.
-        position = jnp.einsum("bqhd,phd->bhqp", q, r, preferred_element_type=f32)
-        position += jnp.einsum("phd,phd->hp", bias, r.astype(f32))[None, :, None]
+        position = jnp.einsum("bqhd,phd->bhqp", q, r,
+                              preferred_element_type=f32)
+        position += jnp.einsum("phd,phd->hp", bias,
+                               r.astype(f32))[None, :, None]
         position = rel_shift(position)[..., :k_len]
         return (content + position) * (1.0 / math.sqrt(self.head_dim))
 
