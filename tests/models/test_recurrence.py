@@ -252,6 +252,10 @@ def test_carried_state_shards_over_data_axis(kind):
         sharded_memory = jax.device_put(memory, batch_sharded)
         sharded_segments = jax.device_put(segments, seg_sharding)
         ys_sh, mems_sh = run(params, sharded_memory, sharded_segments)
+        # The layers' logical constraints are live under the mesh and rules.
+        jaxpr = str(jax.make_jaxpr(run)(params, sharded_memory,
+                                        sharded_segments))
+        assert "sharding_constraint" in jaxpr
     assert ys_sh.sharding.is_equivalent_to(
         NamedSharding(mesh, P(None, "data")), ys_sh.ndim)
     final = step_memory(mems_sh, S - 1)
