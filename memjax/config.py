@@ -45,7 +45,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.softmax_chunk = 4096
 
   c.loss = ml_collections.ConfigDict()
-  c.loss.name = "lm"                # lm (the plain objective)
+  c.loss.name = "lm"                # lm (the plain objective) | trime
+  c.loss.memory = "local"           # trime training memory: local | long | external
+  c.loss.lm_warmup_fraction = 0.05  # trime: first updates use the plain LM loss
+  c.loss.local_hide_prob = 0.9      # trime external: p of hiding the local memory
+  c.loss.stop_gradient_memory = False  # trime ablation: no gradient into memory keys
+  c.loss.block_size = 1024          # trime: keys per block of the blockwise loss
 
   c.optim = ml_collections.ConfigDict()
   c.optim.optimizer = "adam"        # adam | nag | sgd

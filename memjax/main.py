@@ -25,9 +25,16 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/trime_wt103.py:demo.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
-                          "train (resumes if the workdir has checkpoints) or "
-                          "eval (evaluates the latest checkpoint).")
+# Each mode maps to "module:function", called as function(config, workdir)
+# and returning a results dict. Modules import lazily (TensorFlow is slow).
+MODES = {
+    "train": "memjax.train:train_and_evaluate",
+    "eval": "memjax.train:evaluate_only",
+}
+_MODE = flags.DEFINE_enum(
+    "mode", "train", list(MODES),
+    "train (resumes if the workdir has checkpoints), eval (evaluates the "
+    "latest checkpoint), or an analysis mode of a memory method.")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "Call jax.distributed.initialize() (TPU pods, "
     "multi-node GPU); coordinator and process ids come from the environment.")
@@ -97,13 +104,18 @@ def main(argv):
     jax.distributed.initialize(
         coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-  from memjax import train  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
   errors = user_errors()
+  module, fn = MODES[_MODE.value].split(":")
   try:
-    results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, _MODE.value)
+    results = getattr(importlib.import_module(module), fn)(
+        _CONFIG.value, _WORKDIR.value)
   except errors as e:  # pylint: disable=catching-non-exception
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
+  if "unit" not in results:
+    print(f"results: {os.path.join(_WORKDIR.value, 'results.json')}")
+    return
   unit = results["unit"]
   for split in _CONFIG.value.eval.splits:
     r = results[split]

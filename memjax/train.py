@@ -504,3 +504,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2, sort_keys=True)
   return results
+
+
+def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Evaluates the latest checkpoint of ``workdir`` (``--mode=eval``)."""
+  return train_and_evaluate(config, workdir, mode="eval")
