@@ -9,7 +9,9 @@ tokens/s and peak-memory ratios against it. Prints one JSON object with the
 machine it ran on. Peak memory is the device's peak bytes in use where the
 runtime reports it (GPU, TPU); on CPU it is XLA's compiled memory analysis of
 the train step (arguments + outputs + temporaries - aliased), plus the
-process's peak resident set for context.
+process's peak resident set for context. Configs alternate within each round
+and the median round is reported, so changes in machine load during the run
+affect every config alike.
 """
 
 from __future__ import annotations
@@ -69,39 +71,52 @@ def peak_device_bytes() -> int | None:
   return None
 
 
-def measure(cfg, steps: int, warmup: int, workdir: str) -> dict:
-  """Times ``steps`` updates after ``warmup`` (compilation included there)."""
-  mesh = sharding_lib.make_mesh(cfg.mesh.to_dict())
-  data = train.load_data(cfg, workdir)
-  model = train.build_model(cfg.model, data.vocab_size)
-  tx, _ = optim.make_optimizer(cfg.optim, cfg.train.num_steps)
-  loss_fn = losses.make_loss(cfg.loss, cfg.train.num_steps)
-  sample = train.host_batch(data.batcher, 0)
-  state, shardings = train.create_state(model, tx, mesh, sample, jax.random.PRNGKey(0))
-  step = train.make_train_step(model, tx, loss_fn, grad_accum=cfg.train.grad_accum,
-                               state_shardings=shardings, mesh=mesh)
-  batches = [sharding_lib.put_global_batch(train.host_batch(data.batcher, i), mesh)
-             for i in range(warmup + steps)]
-  rng = jax.random.PRNGKey(1)
-  t0 = time.time()
-  for i in range(warmup):
-    state, m = step(state, batches[i], rng)
-  jax.block_until_ready(m)
-  compile_s = time.time() - t0
-  t0 = time.time()
-  for i in range(warmup, warmup + steps):
-    state, m = step(state, batches[i], rng)
-  jax.block_until_ready(m)
-  dt = time.time() - t0
-  tokens = steps * cfg.data.batch_size * cfg.data.seq_len
-  out = {"config": cfg.name, "tokens_per_step": cfg.data.batch_size * cfg.data.seq_len,
-         "steps": steps, "seconds_per_step": dt / steps, "tokens_per_s": tokens / dt,
-         "warmup_s": compile_s, "final_loss": float(m["loss"]),
-         "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params)))}
-  out["step_memory_bytes"] = step.memory_bytes(state, batches[0], rng)
-  out["device_peak_bytes"] = peak_device_bytes()
-  out["process_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-  return out
+class Runner:
+  """One config's model, state, compiled step and batches."""
+
+  def __init__(self, spec: str, cfg, steps: int, workdir: str):
+    self.spec, self.cfg = spec, cfg
+    mesh = sharding_lib.make_mesh(cfg.mesh.to_dict())
+    data = train.load_data(cfg, workdir)
+    model = train.build_model(cfg.model, data.vocab_size)
+    tx, _ = optim.make_optimizer(cfg.optim, cfg.train.num_steps)
+    loss_fn = losses.make_loss(cfg.loss, cfg.train.num_steps)
+    sample = train.host_batch(data.batcher, 0)
+    self.state, shardings = train.create_state(model, tx, mesh, sample,
+                                               jax.random.PRNGKey(0))
+    self.step = train.make_train_step(
+        model, tx, loss_fn, grad_accum=cfg.train.grad_accum,
+        state_shardings=shardings, mesh=mesh)
+    self.batches = [sharding_lib.put_global_batch(
+        train.host_batch(data.batcher, i), mesh) for i in range(steps)]
+    self.rng = jax.random.PRNGKey(1)
+    self.num_params = int(sum(np.prod(x.shape)
+                              for x in jax.tree.leaves(self.state.params)))
+    self.memory_bytes = self.step.memory_bytes(self.state, self.batches[0], self.rng)
+    t0 = time.time()
+    self.run(1)
+    self.warmup_s = time.time() - t0
+    self.times: list[float] = []
+
+  def run(self, steps: int) -> float:
+    """Runs ``steps`` updates; returns seconds per step."""
+    t0 = time.time()
+    for i in range(steps):
+      self.state, m = self.step(self.state, self.batches[i % len(self.batches)],
+                                self.rng)
+    jax.block_until_ready(m)
+    self.last_loss = float(m["loss"])
+    return (time.time() - t0) / steps
+
+  def report(self) -> dict:
+    sps = float(np.median(self.times))
+    tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
+    return {"spec": self.spec, "config": self.cfg.name, "tokens_per_step": tokens,
+            "seconds_per_step_median": sps,
+            "seconds_per_step_all_rounds": self.times,
+            "tokens_per_s": tokens / sps, "warmup_s": self.warmup_s,
+            "num_params": self.num_params, "step_memory_bytes": self.memory_bytes,
+            "device_peak_bytes": peak_device_bytes()}
 
 
 def main(argv=None) -> int:
@@ -109,19 +124,23 @@ def main(argv=None) -> int:
   p.add_argument("--config", action="append", required=True)
   p.add_argument("--set", action="append", default=[],
                  help="key=value override applied to every config")
-  p.add_argument("--steps", type=int, default=20)
-  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--steps", type=int, default=10, help="steps per round")
+  p.add_argument("--rounds", type=int, default=3,
+                 help="rounds; configs alternate within each round so that "
+                 "drifts in machine load hit all of them alike")
   p.add_argument("--out", default="", help="also write the JSON here")
   args = p.parse_args(argv)
-  results = []
   with tempfile.TemporaryDirectory() as tmp:
-    for spec in args.config:
-      cfg = load_config(spec, args.set)
-      r = measure(cfg, args.steps, args.warmup, tmp)
-      r["spec"] = spec
-      results.append(r)
-      print(f"{spec}: {r['tokens_per_s']:.0f} tokens/s, "
-            f"{r['step_memory_bytes'] / 2**20:.1f} MiB step memory", file=sys.stderr)
+    runners = [Runner(spec, load_config(spec, args.set), args.steps, tmp)
+               for spec in args.config]
+  for r in range(args.rounds):
+    for runner in runners:
+      runner.times.append(runner.run(args.steps))
+    print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+        f"{x.spec} {x.times[-1]:.3f}s/step" for x in runners), file=sys.stderr)
+  results = [x.report() for x in runners]
+  results[0]["process_peak_rss_bytes"] = (
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
   base = results[0]
   for r in results[1:]:
     r["speed_ratio_vs_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]

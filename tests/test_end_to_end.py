@@ -115,3 +115,15 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
   np.testing.assert_allclose([a[s] for s in range(1, 9)],
                              [b[s] for s in range(1, 9)], rtol=1e-6)
   assert res_parts["valid"]["nll"] == pytest.approx(res_whole["valid"]["nll"], rel=1e-6)
+
+
+def test_init_from_restores_parameters_of_another_run(smoke_run, tmp_path):
+  workdir, _ = smoke_run
+  with open(os.path.join(workdir, "results.json")) as f:
+    source = json.load(f)
+  config = trime_wt103.get_config("smoke")
+  config.train.init_from = workdir
+  # The source run trained on one device; this one restores onto eight.
+  res = train.train_and_evaluate(config, str(tmp_path / "from"), mode="eval")
+  assert res["step"] == 0  # A fresh state whose parameters came from elsewhere.
+  assert res["valid"]["nll"] == pytest.approx(source["valid"]["nll"], rel=1e-5)
