@@ -23,6 +23,17 @@ from memjax.memory import trime
 SIZES = (1024, 2048, 4096, 8192, 16384, 24576)
 
 
+def cpu_model() -> str:
+    """platform.processor(), or the model name from /proc/cpuinfo when empty."""
+    name = platform.processor()
+    if not name and os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return name
+
+
 def _analysis(n: int, d: int, seq_len: int, block_size) -> dict[str, int]:
     b = n // seq_len
     spec = trime.MemorySpec.external(jnp.asarray(False))
@@ -77,6 +88,7 @@ def main() -> None:
     print(json.dumps({
         "machine": {
             "processor": platform.processor(),
+            "cpu_model": cpu_model(),
             "cpu_count": os.cpu_count(),
             "backend": jax.default_backend(),
             "device": str(jax.devices()[0].device_kind),
