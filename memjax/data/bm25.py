@@ -46,6 +46,13 @@ Offline entry point:
 
     python -m memjax.data.bm25 --segments_npz=segments.npz --batch_size=240 \
         --out=order.npy [--k=20] [--seed=0]
+
+Split over processes or machines (the search is the expensive part):
+
+    python -m memjax.data.bm25 --segments_npz=segments.npz --num_shards=16 \
+        --shard_id=$i --out=neighbours_$i.npy        # for i in 0..15
+    python -m memjax.data.bm25 --neighbours=neighbours_0.npy,...,neighbours_15.npy \
+        --seed=0 --out=order.npy
 """
 
 from __future__ import annotations
@@ -239,6 +246,7 @@ def bm25_neighbours(
     k1: float = 1.5,
     b: float = 0.75,
     show_progress: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """SimSeg(I, c, k) for every segment c: its top-k BM25 hits.
 
@@ -252,24 +260,37 @@ def bm25_neighbours(
         k1: BM25 k1.
         b: BM25 b.
         show_progress: show progress bars.
+        shard: optional (shard_id, num_shards): search only the queries of
+            np.array_split(range(S), num_shards)[shard_id], so the search can
+            be split over processes or machines; concatenating the shards'
+            results in shard order gives the full table.
 
     Returns:
-        [S, k] int64 segment indices, best first; -1 pads rows with fewer
-        than k hits (segments sharing no term with the query are not hits).
+        [S, k] int64 segment indices (only the shard's rows with `shard`),
+        best first; -1 pads rows with fewer than k hits (segments sharing no
+        term with the query are not hits).
     """
     segs = _as_segment_list(segments)
     num = len(segs)
     if k <= 0:
         raise ValueError(f"k must be positive; got {k}.")
+    queries = np.arange(num)
+    if shard is not None:
+        shard_id, num_shards = shard
+        if not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard must be (shard_id, num_shards) with 0 <= shard_id < "
+                             f"num_shards; got {shard}.")
+        queries = np.array_split(queries, num_shards)[shard_id]
     index = _Index(segs, stopword_ids, dense_terms, k1, b, show_progress)
-    out = np.full((num, k), -1, np.int64)
+    out = np.full((len(queries), k), -1, np.int64)
     chunk = int(min(max(_CHUNK_ENTRIES // max(num, 1), 16), 4096))
-    starts = range(0, num, chunk)
+    starts = range(0, len(queries), chunk)
     if show_progress and tqdm is not None:
-        starts = tqdm(starts, desc="BM25 search", unit="chunk", total=-(-num // chunk))
+        starts = tqdm(starts, desc="BM25 search", unit="chunk",
+                      total=-(-len(queries) // chunk))
     for start in starts:
-        rows = np.arange(start, min(start + chunk, num))
-        out[rows] = _top_k_rows(index.scores(rows), k)
+        rows = slice(start, min(start + chunk, len(queries)))
+        out[rows] = _top_k_rows(index.scores(queries[rows]), k)
     return out
 
 
@@ -418,25 +439,47 @@ def _load_segments(path: str, key: str | None) -> np.ndarray:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="BM25 packing of segments (TRIME Algorithm 1).")
-    parser.add_argument("--segments_npz", required=True,
+    parser.add_argument("--segments_npz", default=None,
                         help=".npz with an [S, L] int array of segments.")
     parser.add_argument("--key", default=None, help="array name in the .npz (if several).")
-    parser.add_argument("--batch_size", type=int, required=True)
+    parser.add_argument("--batch_size", type=int, default=1,
+                        help="B (the order does not depend on it; logged only).")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output .npy for the [S] order.")
     parser.add_argument("--no_progress", action="store_true")
+    parser.add_argument("--num_shards", type=int, default=1,
+                        help="with --shard_id: search one shard of the queries and "
+                             "write its [rows, k] neighbour table to --out.")
+    parser.add_argument("--shard_id", type=int, default=None)
+    parser.add_argument("--neighbours", default=None,
+                        help="comma-separated neighbour tables of all shards, in "
+                             "order: skip the search and pack from them.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if not os.path.exists(args.segments_npz):
-        raise SystemExit(f"--segments_npz: no such file {args.segments_npz}")
-    segments = _load_segments(args.segments_npz, args.key)
-    order = bm25_pack(segments, args.batch_size, args.k, args.seed,
-                      show_progress=not args.no_progress)
     out_dir = os.path.dirname(os.path.abspath(args.out))
+    if args.neighbours:
+        paths = args.neighbours.split(",")
+        for path in paths:
+            if not os.path.exists(path):
+                raise SystemExit(f"--neighbours: no such file {path}")
+        order, restarts = pack_from_neighbours(
+            np.concatenate([np.load(p) for p in paths]), args.seed)
+        logging.info("packed %d segments, %d random restarts", len(order), restarts)
+        result = order
+    else:
+        if not os.path.exists(args.segments_npz or ""):
+            raise SystemExit(f"--segments_npz: no such file {args.segments_npz}")
+        segments = _load_segments(args.segments_npz, args.key)
+        if args.shard_id is not None:
+            result = bm25_neighbours(segments, args.k, show_progress=not args.no_progress,
+                                     shard=(args.shard_id, args.num_shards))
+        else:
+            result = bm25_pack(segments, args.batch_size, args.k, args.seed,
+                               show_progress=not args.no_progress)
     os.makedirs(out_dir, exist_ok=True)
-    np.save(args.out, order)
-    logging.info("wrote %s (%d segments)", args.out, len(order))
+    np.save(args.out, result)
+    logging.info("wrote %s %s", args.out, result.shape)
 
 
 if __name__ == "__main__":

@@ -179,3 +179,19 @@ def test_command_line(tmp_path):
     with pytest.raises(SystemExit):
         bm25.main([f"--segments_npz={tmp_path / 'missing.npz'}", "--batch_size=8",
                    f"--out={out}"])
+
+
+def test_sharded_search_and_merge(tmp_path):
+    segs = zipf_segments(50, 12, 100, seed=9)
+    full = bm25.bm25_neighbours(segs, 4, show_progress=False)
+    parts = [bm25.bm25_neighbours(segs, 4, show_progress=False, shard=(i, 3)) for i in range(3)]
+    np.testing.assert_array_equal(np.concatenate(parts), full)
+    np.savez(tmp_path / "segments.npz", segments=segs)
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"neighbours_{i}.npy"))
+        bm25.main([f"--segments_npz={tmp_path / 'segments.npz'}", "--k=4", "--num_shards=3",
+                   f"--shard_id={i}", f"--out={paths[-1]}", "--no_progress"])
+    bm25.main([f"--neighbours={','.join(paths)}", "--seed=5", f"--out={tmp_path / 'order.npy'}"])
+    np.testing.assert_array_equal(np.load(tmp_path / "order.npy"),
+                                  bm25.bm25_pack(segs, 8, k=4, seed=5, show_progress=False))
