@@ -126,7 +126,8 @@ def main() -> None:
         slope, intercept = np.polyfit(x, y, 1)
         fit = {
             "time_exponent": round(float(slope), 2),
-            "extrapolated_total_s_at_690k": round(float(math.exp(intercept) * WT103_SEGMENTS ** slope)),
+            "extrapolated_total_s_at_690k": round(
+                float(math.exp(intercept) * WT103_SEGMENTS ** slope)),
             "note": "total_s ~ c * S^exponent fitted on the zipf cases",
         }
     print(json.dumps({"machine": machine, "k": args.k, "seq_len": args.seq_len,

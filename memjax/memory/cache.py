@@ -44,9 +44,9 @@ def interpolate_log_prob(lm_log_prob: Array, memory_log_prob: Array, lam: float 
     lm = lm_log_prob.astype(jnp.float32)
     lam = jnp.asarray(lam, jnp.float32)
     a = lm + jnp.log1p(-lam)
-    # log(lam) is -inf for lam = 0; then b is -inf and logaddexp returns a.
-    b = jnp.where(lam > 0, memory_log_prob.astype(jnp.float32) + jnp.log(jnp.where(lam > 0, lam, 1.0)),
-                  float("-inf"))
+    # For lam = 0, b is -inf and logaddexp returns a exactly.
+    log_lam = jnp.log(jnp.where(lam > 0, lam, 1.0))
+    b = jnp.where(lam > 0, memory_log_prob.astype(jnp.float32) + log_lam, float("-inf"))
     return blockwise.logaddexp(a, b)
 
 

@@ -219,7 +219,7 @@ def trime_loss(
     denom = jnp.where(total > 0, total, 1.0)
 
     def wmean(x):
-        return jnp.sum(jnp.where(mask, w * x, 0.0)) / denom
+        return jnp.sum(jnp.where(mask, w * x.astype(jnp.float32), 0.0)) / denom
 
     loss = wmean(-logp)
     tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
@@ -231,8 +231,8 @@ def trime_loss(
         "loss": loss,
         "lm_loss": wmean(-tlp),
         "num_tokens": total,
-        "frac_with_memory": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_all).astype(jnp.float32))),
-        "frac_with_positive": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_pos).astype(jnp.float32))),
+        "frac_with_memory": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_all))),
+        "frac_with_positive": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_pos))),
         "memory_target_share": jax.lax.stop_gradient(wmean(share)),
     }
     return loss, aux

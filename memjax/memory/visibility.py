@@ -13,16 +13,17 @@ N^2 booleans:
 Modes (Section 4 of the paper):
 
     'none':     no memory at all (plain language-model loss).
-    'local':    group = row, stream = position in the row. The entry is visible
-                            iff same row and pos_j < pos_i (Section 4.1).
+    'local':    group = row, stream = position in the row. The entry is
+                visible iff same row and pos_j < pos_i (Section 4.1).
     'long':     group = doc_id[row], stream = segment_index[row] * T + pos.
-                            Visible iff same document and earlier in the flattened document
-                            stream (Section 4.2). Segment indices must be distinct within a
-                            document.
-    'external': every entry of every other row is visible; the query's own row
-                            is visible causally (the local memory) unless `hide_local` is
-                            true, which the caller draws once per step for the whole batch
-                            with probability p (0.9 in the paper, Section 4.3, Appendix H).
+                Visible iff same document and earlier in the flattened
+                document stream (Section 4.2). Segment indices must be
+                distinct within a document.
+    'external': every entry of every other row is visible; the query's own
+                row is visible causally (the local memory) unless
+                `hide_local` is true, which the caller draws once per step for
+                the whole batch with probability p (0.9 in the paper,
+                Section 4.3, Appendix H).
 
 Positions with weight 0 (padding) are never memory entries; the loss ignores
 them as queries.

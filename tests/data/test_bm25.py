@@ -39,7 +39,8 @@ def check_algorithm_1(order, neighbours, seed):
     used = set()
     restarts = 0
     for i, c in enumerate(order.tolist()):
-        prev_hits = [] if i == 0 else [n for n in neighbours[order[i - 1]] if n >= 0 and n not in used]
+        prev_hits = [] if i == 0 else [
+            n for n in neighbours[order[i - 1]] if n >= 0 and n not in used]
         if prev_hits:
             assert c == prev_hits[0], f"step {i}: expected the best unused hit"
         else:

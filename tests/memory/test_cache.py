@@ -99,8 +99,10 @@ def test_interpolation_edges_and_gradients_are_finite():
     mem = jnp.array([-0.5, -jnp.inf, -4.0])
     np.testing.assert_array_equal(np.asarray(cache.interpolate_log_prob(lm, mem, 0.0)), lm)
     np.testing.assert_allclose(np.asarray(cache.interpolate_log_prob(lm, mem, 1.0)), mem)
-    want = np.log(0.75 * np.exp(np.asarray(lm, np.float64)) + 0.25 * np.exp(np.asarray(mem, np.float64)))
-    np.testing.assert_allclose(np.asarray(cache.interpolate_log_prob(lm, mem, 0.25)), want, rtol=1e-6)
+    lm64, mem64 = np.asarray(lm, np.float64), np.asarray(mem, np.float64)
+    want = np.log(0.75 * np.exp(lm64) + 0.25 * np.exp(mem64))
+    got = cache.interpolate_log_prob(lm, mem, 0.25)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
     grads = jax.grad(lambda a, b: jnp.sum(cache.interpolate_log_prob(a, b, 0.25)),
                      argnums=(0, 1))(lm, mem)
     for g in grads:
