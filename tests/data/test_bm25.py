@@ -196,3 +196,17 @@ def test_sharded_search_and_merge(tmp_path):
     bm25.main([f"--neighbours={','.join(paths)}", "--seed=5", f"--out={tmp_path / 'order.npy'}"])
     np.testing.assert_array_equal(np.load(tmp_path / "order.npy"),
                                   bm25.bm25_pack(segs, 8, k=4, seed=5, show_progress=False))
+
+
+def test_top_k_rows_with_ties_and_zeros():
+    rng = np.random.default_rng(10)
+    for _ in range(20):
+        rows, cols, k = int(rng.integers(1, 8)), int(rng.integers(1, 3000)), int(rng.integers(1, 25))
+        scores = rng.integers(0, 50, size=(rows, cols)).astype(np.float32) * 0.5
+        got = bm25._top_k_rows(scores, k)
+        for i in range(rows):
+            best = np.lexsort((np.arange(cols), -scores[i]))  # score desc, index asc
+            best = best[scores[i][best] > 0][:k]
+            want = np.full(k, -1)
+            want[:len(best)] = best
+            np.testing.assert_array_equal(got[i], want)
