@@ -114,13 +114,16 @@ class _Index:
 
     Attributes:
         num_segments: S.
-        term_of: dict-free remap, sorted unique token ids of the corpus.
-        dense_terms: [F] remapped ids of the most frequent terms.
+        vocab: [V - 1] sorted distinct token ids of the (stop-word-free)
+            corpus; term i is vocab[i] (term V - 1 never occurs).
+        remapped: S int32 arrays, the segments as term indices.
+        num_terms: V.
+        dense_terms: [F] the most frequent terms (by document frequency).
         dense_weights: [F, S] float32 weights of those terms.
-        sparse_weights: [V, S] CSR weights of the other terms (rows of the
-            dense terms are empty).
+        sparse_weights: [V, S] CSR weights of the other terms (the rows of
+            the dense terms are empty).
         is_dense: [V] bool.
-        dense_slot: [V] int, row of a dense term in dense_weights.
+        retriever: the bm25s.BM25 the weights come from.
     """
 
     def __init__(self, segments: list[np.ndarray], stopword_ids: Iterable[int] | None,
@@ -129,7 +132,6 @@ class _Index:
         if stopword_ids is not None:
             stop = np.unique(np.asarray(list(stopword_ids), np.int64))
             segments = [s[~np.isin(s, stop)] for s in segments]
-        self.segments = segments
         flat = np.concatenate(segments) if segments else np.zeros(0, np.int64)
         self.vocab = np.unique(flat)
         # An extra never-occurring term so an all-stop-word corpus still indexes.
@@ -159,8 +161,6 @@ class _Index:
         self.dense_terms = np.sort(order[:dense_terms])
         self.is_dense = np.zeros(num_terms, bool)
         self.is_dense[self.dense_terms] = True
-        self.dense_slot = np.full(num_terms, -1, np.int64)
-        self.dense_slot[self.dense_terms] = np.arange(dense_terms)
         self.dense_weights = np.asarray(by_term[self.dense_terms].toarray(), np.float32)
         keep = sp.diags((~self.is_dense).astype(np.float32))
         self.sparse_weights = (keep @ by_term).tocsr()
