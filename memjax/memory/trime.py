@@ -1,0 +1,297 @@
+"""The TRIME training objective with in-batch memories (Zhong et al. 2022, Eq. 5).
+
+For a query context c with target y, memory features g and a memory of
+(g_j, x_j) pairs (the feature at position j and the token that follows it):
+
+    p(y | c) = (exp(s_y) + sum_{j visible, x_j = y} exp(sim(g_c, g_j)))
+               / (Z_vocab + sum_{j visible} exp(sim(g_c, g_j))),
+
+    sim(q, k) = q . k / (sqrt(d) * temperature).
+
+Conventions:
+
+* Vocabulary term. The model supplies `target_logprob` = log p_vocab(y) and
+  `log_z` = the log-normaliser of its output softmax. The token term is
+  exp(log_z + target_logprob) and the vocabulary normaliser is exp(log_z).
+  For a full softmax this is exp(s_y) and Z_vocab exactly. For the adaptive
+  softmax (Baevski & Auli 2019) we follow the authors' code: `log_z` is the
+  log-normaliser of the head (logsumexp of the head logits) and the token
+  term is exp(log Z_head + log p_AS(y)), where log p_AS(y) is the full
+  adaptive-softmax log-probability (head plus tail cluster for rare words).
+  Any log_z gives a proper combination; the head's is what the published
+  models were trained with.
+* Temperature divides the memory logits only (Appendix A); training uses 1.
+* No memory (nothing visible, or no positive): the memory sums are exactly
+  zero, so a query with nothing visible gets exactly `target_logprob`. The
+  result is computed as
+
+      log p = target_logprob + softplus(lse_pos - log_z - target_logprob)
+                             - softplus(lse_all - log_z),
+
+  which is exact in that case and has zero (not NaN) gradient into the
+  empty sums.
+* Padding (weight 0) positions are neither queries nor memory entries; their
+  returned log-probabilities are finite but meaningless.
+* Gradients flow into every memory entry's g (the paper's Table 11 shows this
+  matters); `stop_gradient_memory=True` stops them on the key side only, for
+  the ablation, while queries keep their gradient.
+
+Sharding: the functions are pure jnp code; call them under jax.jit on arrays
+sharded over a data axis on the batch dimension and GSPMD gathers keys and
+their tokens across shards, so every query sees the memories of all shards
+as the mode says, and the result equals the unsharded one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from memjax.memory import blockwise
+from memjax.memory.visibility import MemorySpec, draw_hide_local, position_meta, visible
+
+Array = jax.Array
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "MemorySpec",
+    "combine_log_prob",
+    "draw_hide_local",
+    "log_prob_with_memory",
+    "trime_log_prob",
+    "trime_loss",
+]
+
+# Query and key block size of the blockwise path. A [1024, 1024] float32 tile
+# is 4 MiB; the paper's largest batch (24,576 memories) is 24 x 24 tiles.
+DEFAULT_BLOCK_SIZE = 1024
+
+
+def combine_log_prob(
+    target_logprob: Array, log_z: Array, lse_all: Array, lse_pos: Array
+) -> Array:
+    """Combines the vocabulary term and the memory sums into log p(y | c).
+
+    Args:
+        target_logprob: [...] float, log p_vocab(y).
+        log_z: [...] float, log-normaliser of the vocabulary softmax.
+        lse_all: [...] float32, log of the sum over visible memories, -inf if
+            none.
+        lse_pos: [...] float32, log of the sum over visible memories whose
+            token is y, -inf if none.
+
+    Returns:
+        [...] float32 log p(y | c); exactly target_logprob where lse_all is
+        -inf.
+    """
+    tlp = target_logprob.astype(jnp.float32)
+    lz = log_z.astype(jnp.float32)
+    return (tlp + blockwise.softplus(lse_pos - (lz + tlp))
+            - blockwise.softplus(lse_all - lz))
+
+
+def _memory_terms(
+    features: Array,
+    target_logprob: Array,
+    log_z: Array,
+    targets: Array,
+    weights: Array,
+    spec: MemorySpec,
+    temperature: float | Array,
+    stop_gradient_memory: bool,
+    block_size: blockwise.BlockSize,
+    precision: Any,
+) -> tuple[Array, Array, Array]:
+    """Returns (log p [B,T], lse_all [B,T], lse_pos [B,T]), all float32."""
+    if features.ndim != 3:
+        raise ValueError(f"features must be [B, T, D]; got shape {features.shape}.")
+    b, t, d = features.shape
+    for name, x in (("target_logprob", target_logprob), ("log_z", log_z),
+                    ("targets", targets), ("weights", weights)):
+        if x.shape != (b, t):
+            raise ValueError(f"{name} must have shape [B, T]=({b}, {t}); got {x.shape}.")
+    valid = weights.reshape(b * t) > 0
+    # Padded queries get harmless inputs so nothing there can turn into NaN.
+    mask = weights > 0
+    tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
+    lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
+    if spec.mode == "none":
+        empty = jnp.full((b, t), float("-inf"), jnp.float32)
+        return target_logprob.astype(jnp.float32), empty, empty
+
+    meta = position_meta(spec, b, t)
+    g = features.reshape(b * t, d)
+    keys = jax.lax.stop_gradient(g) if stop_gradient_memory else g
+    tgt = targets.reshape(b * t)
+    lse_all, lse_pos = blockwise.memory_logsumexp(
+        g, keys, tgt, tgt, valid,
+        scale=1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32)),
+        query_meta=meta,
+        key_meta=meta,
+        visible_fn=lambda qm, km: visible(spec, qm, km),
+        block_size=block_size,
+        precision=precision,
+    )
+    lse_all = lse_all.reshape(b, t)
+    lse_pos = lse_pos.reshape(b, t)
+    return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
+
+
+def trime_log_prob(
+    features: Array,
+    target_logprob: Array,
+    log_z: Array,
+    targets: Array,
+    weights: Array,
+    *,
+    spec: MemorySpec,
+    temperature: float | Array = 1.0,
+    stop_gradient_memory: bool = False,
+    block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
+    precision: Any = None,
+) -> Array:
+    """log p(y_t | c_t) under Eq. 5 with the in-batch memory given by `spec`.
+
+    Args:
+        features: [B, T, D] any float dtype, the memory features g (the input
+            of the last feed-forward block after its LayerNorm).
+        target_logprob: [B, T] float32, log p_vocab(y_t) from the (adaptive)
+            softmax.
+        log_z: [B, T] float32, log-normaliser of the vocabulary softmax (the
+            head's for the adaptive softmax; see the module docstring).
+        targets: [B, T] int32, y_t; also the token of memory entry t.
+        weights: [B, T] float32, 0 for padding.
+        spec: which entries each query sees (see visibility.MemorySpec).
+        temperature: divides the memory logits only (1 in training).
+        stop_gradient_memory: stop the gradient on the key side (ablation).
+        block_size: None for the dense [N, N] reference path, else the query
+            and key block size (int or pair) of the blockwise path.
+        precision: precision of the similarity matmul.
+
+    Returns:
+        [B, T] float32 log-probabilities of the targets.
+    """
+    logp, _, _ = _memory_terms(features, target_logprob, log_z, targets, weights,
+                               spec, temperature, stop_gradient_memory,
+                               block_size, precision)
+    return logp
+
+
+def trime_loss(
+    features: Array,
+    target_logprob: Array,
+    log_z: Array,
+    targets: Array,
+    weights: Array,
+    *,
+    spec: MemorySpec,
+    temperature: float | Array = 1.0,
+    stop_gradient_memory: bool = False,
+    block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
+    precision: Any = None,
+) -> tuple[Array, dict[str, Array]]:
+    """Mean TRIME negative log-likelihood over weighted positions.
+
+    Args: as trime_log_prob.
+
+    Returns:
+        (loss, aux): loss is the scalar float32 sum(w * nll) / sum(w) (0 if
+        every weight is 0). aux holds float32 scalars:
+          'loss': the same value;
+          'lm_loss': the plain cross-entropy -target_logprob, same weighting
+            (what the model would pay without memory; the paper trains on it
+            for the first 5% of updates, e.g. with spec=MemorySpec.none());
+          'num_tokens': sum of weights;
+          'frac_with_memory': share of weighted queries with a visible memory;
+          'frac_with_positive': share with a visible entry of their target;
+          'memory_target_share': mean share of the target's probability that
+            comes from memory entries rather than the vocabulary term.
+    """
+    logp, lse_all, lse_pos = _memory_terms(
+        features, target_logprob, log_z, targets, weights, spec, temperature,
+        stop_gradient_memory, block_size, precision)
+    w = weights.astype(jnp.float32)
+    mask = w > 0
+    total = jnp.sum(w)
+    denom = jnp.where(total > 0, total, 1.0)
+
+    def wmean(x):
+        return jnp.sum(jnp.where(mask, w * x.astype(jnp.float32), 0.0)) / denom
+
+    loss = wmean(-logp)
+    tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
+    lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
+    # p_mem(y) / p(y) = exp(lse_pos - log(exp(token) + exp(lse_pos))).
+    token = lz + tlp
+    share = jnp.exp(lse_pos - blockwise.logaddexp(token, lse_pos))
+    aux = {
+        "loss": loss,
+        "lm_loss": wmean(-tlp),
+        "num_tokens": total,
+        "frac_with_memory": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_all))),
+        "frac_with_positive": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_pos))),
+        "memory_target_share": jax.lax.stop_gradient(wmean(share)),
+    }
+    return loss, aux
+
+
+def log_prob_with_memory(
+    queries: Array,
+    keys: Array,
+    key_tokens: Array,
+    key_valid: Array,
+    targets: Array,
+    target_logprob: Array,
+    log_z: Array,
+    *,
+    query_positions: Array | None = None,
+    key_positions: Array | None = None,
+    temperature: float | Array = 1.0,
+    block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
+    precision: Any = None,
+) -> Array:
+    """Eq. 6 over an explicit memory (e.g. a long-term memory bank).
+
+    The evaluation with long-term memories keeps (g, token) pairs across
+    windows of a document stream and calls this with those keys rather than
+    the batch's. Only the memory logits are divided by `temperature`.
+
+    Args:
+        queries: [Q, D] float, g of the query positions.
+        keys: [K, D] float, g of the memory entries.
+        key_tokens: [K] int32, the token that followed each memory entry.
+        key_valid: [K] bool, false for empty slots of the bank.
+        targets: [Q] int32.
+        target_logprob: [Q] float32, log p_vocab(target).
+        log_z: [Q] float32, log-normaliser of the vocabulary softmax.
+        query_positions: optional [Q] int32 stream positions; with
+            key_positions, entry j is visible to query i only if
+            key_positions[j] < query_positions[i] (so the current window can
+            be passed as keys together with the bank, causally).
+        key_positions: optional [K] int32 stream positions.
+        temperature: divides the memory logits (tuned on the dev set).
+        block_size: as in trime_log_prob.
+        precision: precision of the similarity matmul.
+
+    Returns:
+        [Q] float32 log p(target).
+    """
+    if (query_positions is None) != (key_positions is None):
+        raise ValueError("Pass both query_positions and key_positions, or neither.")
+    d = queries.shape[-1]
+    visible_fn = None
+    if query_positions is not None:
+        visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
+    lse_all, lse_pos = blockwise.memory_logsumexp(
+        queries, keys, targets, key_tokens, key_valid,
+        scale=1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32)),
+        query_meta=query_positions,
+        key_meta=key_positions,
+        visible_fn=visible_fn,
+        block_size=block_size,
+        precision=precision,
+    )
+    return combine_log_prob(target_logprob, log_z, lse_all, lse_pos)
