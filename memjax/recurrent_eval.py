@@ -173,13 +173,10 @@ class StreamEvaluator:
       out[k] = padded
     return out, chunk
 
-  def score_segments(self, params: Any, segments: dict[str, np.ndarray],
-                     desc: str = "") -> dict[str, np.ndarray]:
-    """Scores stacked segments ([S, lanes, L], see ``stacked_segments``).
-
-    Returns:
-      {'nll_sum', 'tokens'}: [S, lanes] float64 sums per segment and lane.
-    """
+  def run_segments(self, params: Any, segments: dict[str, np.ndarray],
+                   desc: str = "") -> dict[str, np.ndarray]:
+    """Runs ``_step`` over stacked segments ([S, lanes, L]) from an empty
+    memory; returns its outputs stacked: [S, ...] (padded lanes included)."""
     num, lanes = segments["inputs"].shape[:2]
     if lanes != self.lanes:
       raise ValueError(f"segments have {lanes} lanes, evaluator {self.lanes}")
@@ -189,19 +186,28 @@ class StreamEvaluator:
     start = time.time()
     for i, first in enumerate(range(0, padded["inputs"].shape[0], chunk)):
       part = {k: v[first:first + chunk] for k, v in padded.items()}
-      memory, sums = self._scan(params, memory, self._put(part))
-      results.append(sums)
+      memory, outputs = self._scan(params, memory, self._put(part))
+      results.append(outputs)
       if desc and i and i % 10 == 0:
-        jax.block_until_ready(sums)
+        jax.block_until_ready(outputs)
         console.info("%s: %d/%d segments, %.0fs", desc, first + chunk, num,
                      time.time() - start)
     fetched = jax.device_get(results)
-    out = {}
-    for k in ("nll_sum", "tokens"):
-      arr = (np.concatenate([np.asarray(r[k], np.float64) for r in fetched])
-             if fetched else np.zeros((0, self.padded_lanes)))
-      out[k] = arr[:num, :lanes]
-    return out
+    return {k: np.concatenate([np.asarray(r[k]) for r in fetched])[:num]
+            for k in (fetched[0] if fetched else {})}
+
+  def score_segments(self, params: Any, segments: dict[str, np.ndarray],
+                     desc: str = "") -> dict[str, np.ndarray]:
+    """Scores stacked segments ([S, lanes, L], see ``stacked_segments``).
+
+    Returns:
+      {'nll_sum', 'tokens'}: [S, lanes] float64 sums per segment and lane.
+    """
+    num, lanes = segments["inputs"].shape[:2]
+    out = self.run_segments(params, segments, desc)
+    return {k: (np.asarray(out[k], np.float64)[:, :lanes] if out
+                else np.zeros((num, lanes)))
+            for k in ("nll_sum", "tokens")}
 
   def evaluate(self, params: Any, tokens: np.ndarray, *, unit: str,
                max_segments: int = 0, desc: str = "eval") -> dict[str, float]:
