@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,32 +100,43 @@ class Sampler:
     self.temperature = float(temperature)
     self.recurrent = model.carries_memory()
 
-    def predict(params, memory, segment, k, key):
+    def log_probs(params, memory, segment, k):
       def fn(mdl, segment, memory):
         out = mdl(segment, None, memory, deterministic=True)
         h = jax.lax.dynamic_index_in_dim(out.hidden, k - 1, axis=1,
                                          keepdims=False)     # [1, D]
-        return mdl.log_probs(h)
-      logp = model.apply({"params": params}, segment, memory, method=fn)
-      return sample_token(logp, key, self.top_p, self.temperature)[0]
+        return mdl.log_probs(h)[0]
+      return model.apply({"params": params}, segment, memory, method=fn)
 
     def commit(params, memory, segment):
       return model.apply({"params": params}, segment, None, memory,
                          deterministic=True).memory
 
-    self._predict = jax.jit(predict)
+    self._log_probs = jax.jit(log_probs)
     self._commit = jax.jit(commit)
+    self._sample = jax.jit(lambda logp, key: sample_token(
+        logp, key, self.top_p, self.temperature))
 
-  def generate(self, params: Any, prompt: np.ndarray, num_tokens: int,
-               seed: int) -> np.ndarray:
-    """Returns [num_tokens] int32 tokens that continue ``prompt`` [n >= 1]."""
-    prompt = [int(t) for t in np.asarray(prompt).reshape(-1)]
-    if not prompt:
+  def run(self, params: Any, prompt: Sequence[int], num_steps: int,
+          choose: Callable[[int, Array], int]) -> list[Array]:
+    """Predicts ``num_steps`` next tokens after ``prompt``, one at a time.
+
+    Args:
+      params: model parameters.
+      prompt: n >= 1 token ids.
+      num_steps: how many next tokens to predict.
+      choose: ``choose(t, log_probs [V]) -> token`` picks token t (sampling,
+        or the known next token for scoring).
+
+    Returns:
+      The ``num_steps`` log-probability vectors [V] the choices were made
+      from.
+    """
+    buffer = [int(t) for t in prompt]
+    if not buffer:
       raise ValueError("generate.prompt_len must be >= 1")
     t_len = self.segment_len
     memory = self.model.init_memory(1)
-    buffer = list(prompt)
-    base_key = jax.random.PRNGKey(seed)
 
     def settle(buffer, memory):
       """Commits full segments so that 1 <= len(buffer) <= T."""
@@ -140,15 +151,37 @@ class Sampler:
 
     buffer, memory = settle(buffer, memory)
     out = []
-    for t in range(num_tokens):
+    for t in range(num_steps):
       k = len(buffer)
       segment = np.zeros((1, t_len), np.int32)
       segment[0, :k] = buffer
-      token = int(self._predict(params, memory, jnp.asarray(segment),
-                                jnp.int32(k), jax.random.fold_in(base_key, t)))
-      out.append(token)
-      buffer, memory = settle(buffer + [token], memory)
-    return np.asarray(out, np.int32)
+      logp = self._log_probs(params, memory, jnp.asarray(segment),
+                             jnp.int32(k))
+      out.append(logp)
+      buffer, memory = settle(buffer + [int(choose(t, logp))], memory)
+    return out
+
+  def generate(self, params: Any, prompt: np.ndarray, num_tokens: int,
+               seed: int) -> np.ndarray:
+    """Returns [num_tokens] int32 tokens that continue ``prompt`` [n >= 1]."""
+    key = jax.random.PRNGKey(seed)
+    tokens = []
+
+    def choose(t, logp):
+      tokens.append(int(self._sample(logp, jax.random.fold_in(key, t))))
+      return tokens[-1]
+
+    self.run(params, np.asarray(prompt).reshape(-1), num_tokens, choose)
+    return np.asarray(tokens, np.int32)
+
+  def score(self, params: Any, tokens: np.ndarray) -> np.ndarray:
+    """[n - 1] float32 log p(tokens[i + 1] | tokens[:i + 1]), predicted the
+    way ``generate`` predicts (for checking it against evaluation)."""
+    tokens = np.asarray(tokens).reshape(-1)
+    logps = self.run(params, tokens[:1], len(tokens) - 1,
+                     lambda t, _: int(tokens[t + 1]))
+    return np.asarray([float(lp[tokens[t + 1]]) for t, lp in enumerate(logps)],
+                      np.float32)
 
 
 def decode(vocab: Any, ids: np.ndarray) -> str:
