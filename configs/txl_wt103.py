@@ -74,9 +74,9 @@ def recurrent_config(size: str, attention: str,
   elif size == "demo":
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 4, 128, 4, 32, 512
     m.cutoffs = (2000, 6000)
-    d.seq_len, d.batch_size, mem = 64, 16, 64
-    o.learning_rate, o.warmup_steps = 1e-3, 50
-    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 1200, 50, 0, 600
+    d.seq_len, d.batch_size, mem = 64, 8, 64
+    o.learning_rate, o.warmup_steps = 2e-3, 50
+    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 800, 50, 0, 400
     e.lanes = 8
     e.window_len, e.score_len, e.batch_size = 64, 32, 64
   elif size == "base":
