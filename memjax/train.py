@@ -156,8 +156,6 @@ def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
 
 def init_memory(model: transformer.TransformerLM, batch_size: int) -> Any:
   """Initial recurrent memory for models that carry one, else None."""
-  if model.mem_len <= 0 or model.attention not in ("xl", "lamemo"):
-    return None
   return model.init_memory(batch_size)
 
 
