@@ -81,6 +81,34 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.score_len = 64             # scored tokens at the end of each window
   c.eval.batch_size = 32
   c.eval.max_windows = 0            # 0 = the whole split
+  # Models with recurrent memory (xl, lamemo) are scored over whole streams
+  # in lanes, carrying the memory (memjax/recurrent_eval.py); max_windows
+  # then counts segments per lane.
+  c.eval.segment_len = 0            # segment length (0 = data.seq_len)
+  c.eval.mem_len = 0                # memory length (0 = model.mem_len)
+  c.eval.lanes = 1                  # contiguous lanes the split is cut into
+
+  # --mode=extrapolate: memories of m x segment length (LaMemo, Figure 5).
+  c.extrapolate = ml_collections.ConfigDict()
+  c.extrapolate.ratios = tuple(range(1, 11))
+  c.extrapolate.split = "valid"
+  c.extrapolate.max_segments = 0    # segments per lane (0 = whole split)
+
+  # --mode=analyze: alpha by layer and memory slot, attention by distance.
+  c.analyze = ml_collections.ConfigDict()
+  c.analyze.split = "valid"
+  c.analyze.num_segments = 100      # segments per lane averaged over
+
+  # --mode=generate: top-p sampling after a prompt from a split.
+  c.generate = ml_collections.ConfigDict()
+  c.generate.split = "test"
+  c.generate.prompt_offset = 0      # first prompt token in the split
+  c.generate.prompt_len = 512
+  c.generate.num_tokens = 256
+  c.generate.top_p = 0.95
+  c.generate.temperature = 1.0
+  c.generate.mem_len = 0            # memory length (0 = model.mem_len)
+  c.generate.seed = 0
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1

@@ -30,6 +30,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 MODES = {
     "train": "memjax.train:train_and_evaluate",
     "eval": "memjax.train:evaluate_only",
+    # Recurrent-memory models (Transformer-XL, LaMemo); see docs/lamemo.md.
+    "extrapolate": "memjax.recurrent_eval:extrapolate",
+    "analyze": "memjax.analysis.recurrence:analyze",
+    "generate": "memjax.generate:generate",
 }
 _MODE = flags.DEFINE_enum(
     "mode", "train", list(MODES),
@@ -113,6 +117,10 @@ def main(argv):
   except errors as e:  # pylint: disable=catching-non-exception
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
+  if "files" in results:
+    for path in results["files"]:
+      print(f"written: {path}")
+    return
   if "unit" not in results:
     print(f"results: {os.path.join(_WORKDIR.value, 'results.json')}")
     return

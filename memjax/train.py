@@ -29,6 +29,7 @@ from memjax import console
 from memjax import evaluate
 from memjax import losses
 from memjax import optim
+from memjax import recurrent_eval
 from memjax import sharding as sharding_lib
 from memjax.data import sources
 from memjax.data import streams
@@ -155,8 +156,6 @@ def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
 
 def init_memory(model: transformer.TransformerLM, batch_size: int) -> Any:
   """Initial recurrent memory for models that carry one, else None."""
-  if model.mem_len <= 0 or model.attention not in ("xl", "lamemo"):
-    return None
   return model.init_memory(batch_size)
 
 
@@ -170,7 +169,9 @@ def create_state(model, tx, mesh: Mesh, sample: dict[str, np.ndarray],
   """
   inputs = jnp.asarray(sample["inputs"][:1])
   targets = jnp.asarray(sample["targets"][:1])
-  batch = sample["inputs"].shape[0]
+  # The carried memory has one row per lane ('reset' is [lanes]).
+  batch = (sample["reset"].shape[0] if "reset" in sample
+           else sample["inputs"].shape[0])
 
   def init_fn(key):
     variables = model.init({"params": key, "dropout": key}, inputs, targets,
@@ -203,21 +204,76 @@ def _split_micro(x: Array, n: int) -> Array:
   return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
 
+def run_lane_segments(model, params: Any, batch: dict[str, Array],
+                      memory: Any, segments_per_lane: int, *, rng: Array,
+                      deterministic: bool = False) -> transformer.LMOutput:
+  """Runs the m consecutive segments of every lane in order, carrying memory.
+
+  A consecutive batch holds ``lanes * m`` rows, lane-major (lane 0's m
+  segments, then lane 1's, ...). Segment k of every lane is run with the
+  memory left by segment k - 1 (``jax.lax.scan`` over the m segments), and
+  the outputs are stacked back into the batch's row order, so a loss sees
+  each lane's whole stream with gradients into every segment's outputs.
+
+  Args:
+    model: a ``TransformerLM`` that carries memory.
+    params: its parameters.
+    batch: 'inputs', 'targets' [lanes * m, L] int32.
+    memory: the memory of the lanes ([lanes, ...] leaves).
+    segments_per_lane: m.
+    rng: dropout key; segment k uses ``fold_in(rng, k)``.
+    deterministic: disables dropout.
+
+  Returns:
+    ``LMOutput`` with [lanes * m, L(, D)] arrays in the batch's row order
+    and the memory after each lane's last segment.
+  """
+  m = segments_per_lane
+
+  def to_segments(x):  # [lanes * m, ...] -> [m, lanes, ...]
+    return jnp.swapaxes(x.reshape((-1, m) + x.shape[1:]), 0, 1)
+
+  def to_rows(x):  # [m, lanes, ...] -> [lanes * m, ...]
+    x = jnp.swapaxes(x, 0, 1)
+    return x.reshape((-1,) + x.shape[2:])
+
+  def body(mem, xs):
+    inputs, targets, k = xs
+    out = model.apply({"params": params}, inputs, targets, memory=mem,
+                      deterministic=deterministic,
+                      rngs={"dropout": jax.random.fold_in(rng, k)})
+    return out.memory, out.replace(memory=None)
+
+  new_memory, outs = jax.lax.scan(
+      body, memory, (to_segments(batch["inputs"]),
+                     to_segments(batch["targets"]), jnp.arange(m)))
+  return jax.tree.map(to_rows, outs).replace(memory=new_memory)
+
+
 def make_train_step(model, tx, loss_fn: losses.LossFn, *, grad_accum: int,
-                    state_shardings: Any, mesh: Mesh) -> Callable:
+                    state_shardings: Any, mesh: Mesh,
+                    segments_per_lane: int = 1) -> Callable:
   """Builds the jitted ``(state, batch, rng) -> (state, metrics)``.
 
   Gradients are accumulated over ``grad_accum`` micro-batches with
   ``lax.scan``. A step whose loss or gradient norm is not finite leaves the
   state unchanged and reports ``finite = 0``, so the host can stop and name
-  the step. The state argument is donated.
+  the step. The state argument is donated. When the state carries a memory
+  and ``segments_per_lane`` m > 1, the m segments of each lane run in order
+  (``run_lane_segments``); micro-batches then hold whole lanes.
   """
+
+  def forward(p, mb, memory, rng):
+    if memory is not None and segments_per_lane > 1:
+      return run_lane_segments(model, p, mb, memory, segments_per_lane,
+                               rng=rng)
+    return model.apply({"params": p}, mb["inputs"], mb["targets"],
+                       memory=memory, deterministic=False,
+                       rngs={"dropout": rng})
 
   def micro_grads(params, mb, memory, rng, step):
     def f(p):
-      out = model.apply({"params": p}, mb["inputs"], mb["targets"],
-                        memory=memory, deterministic=False,
-                        rngs={"dropout": rng})
+      out = forward(p, mb, memory, rng)
       loss, metrics = loss_fn(out, mb, step=step, rng=rng)
       # Scale so that summing micro-batch gradients gives the batch mean.
       return loss * metrics["tokens"], (metrics, out.memory)
@@ -364,6 +420,33 @@ def _log_steps(pending: list[tuple[int, dict]], meter: ProgressMeter,
       time.strftime("%H:%M:%S", time.gmtime(speed["eta_s"])))
 
 
+def check_recurrent_config(config: ml_collections.ConfigDict, mesh: Mesh
+                           ) -> None:
+  """Raises ValueError/MeshError for a memory model the data cannot feed.
+
+  A model that carries memory needs consecutive batches (each row continues
+  a lane), micro-batches of whole lanes, and lanes that split evenly over the
+  data-parallel devices (the memory is sharded with the batch).
+  """
+  m = config.model
+  if m.attention not in transformer.RECURRENT_KINDS or m.mem_len <= 0:
+    return
+  d = config.data
+  if d.batching != "consecutive":
+    raise ValueError(
+        f"model.attention={m.attention!r} with model.mem_len={m.mem_len} "
+        f"carries memory across steps: set data.batching='consecutive' (got "
+        f"{d.batching!r})")
+  lanes = d.batch_size // max(int(d.segments_per_lane), 1)
+  accum = int(config.train.grad_accum)
+  if lanes % accum:
+    raise ValueError(
+        f"{lanes} lanes (data.batch_size / data.segments_per_lane) are not "
+        f"divisible by train.grad_accum {accum}: micro-batches must hold "
+        "whole lanes")
+  sharding_lib.check_batch(mesh, lanes // accum, "lanes per micro-batch")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        mode: str = "train",
                        hooks: tuple[Callable[[int, TrainState], None], ...] = ()
@@ -392,6 +475,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         f"train.grad_accum {config.train.grad_accum}")
   console.info("mesh: %s over %d %s devices", dict(mesh.shape), mesh.size,
                jax.devices()[0].platform)
+  check_recurrent_config(config, mesh)
 
   # ---------------------------------------------------------------- data
   data = load_data(config, workdir)
@@ -437,15 +521,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0)
   eval_step = sharding_lib.under_mesh(evaluate.make_eval_step(model), mesh)
+  # Models with memory are scored over whole streams, carrying it.
+  stream_eval = (recurrent_eval.evaluator_for(config, model, mesh)
+                 if model.carries_memory() else None)
 
   def run_eval(step: int, max_windows: int, prefix: str) -> dict[str, Any]:
     res = {}
     for split, stream in data.splits.items():
-      r = evaluate.evaluate_tokens(
-          eval_step, state.params, stream.tokens,
-          window_len=config.eval.window_len, score_len=config.eval.score_len,
-          batch_size=config.eval.batch_size, mesh=mesh, unit=unit,
-          max_windows=max_windows, desc=f"{prefix}{split} @ step {step}")
+      desc = f"{prefix}{split} @ step {step}"
+      if stream_eval is not None:
+        r = stream_eval.evaluate(state.params, stream.tokens, unit=unit,
+                                 max_segments=max_windows, desc=desc)
+      else:
+        r = evaluate.evaluate_tokens(
+            eval_step, state.params, stream.tokens,
+            window_len=config.eval.window_len, score_len=config.eval.score_len,
+            batch_size=config.eval.batch_size, mesh=mesh, unit=unit,
+            max_windows=max_windows, desc=desc)
       res[split] = r
       writer.write_scalars(step, {f"{prefix}{split}/{k}": v for k, v in r.items()
                                   if k != "tokens"})
@@ -455,9 +547,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   tokens_per_step = config.data.batch_size * config.data.seq_len
   train_tps = None
   if mode == "train" and start_step < num_steps:
-    train_step = make_train_step(model, tx, loss_fn,
-                                 grad_accum=config.train.grad_accum,
-                                 state_shardings=shardings, mesh=mesh)
+    train_step = make_train_step(
+        model, tx, loss_fn, grad_accum=config.train.grad_accum,
+        state_shardings=shardings, mesh=mesh,
+        segments_per_lane=int(config.data.segments_per_lane))
     meter = ProgressMeter(num_steps, tokens_per_step, start_step)
     step_rng = jax.random.PRNGKey(config.seed + 1)
     pending: list[tuple[int, dict]] = []
@@ -509,3 +602,55 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Evaluates the latest checkpoint of ``workdir`` (``--mode=eval``)."""
   return train_and_evaluate(config, workdir, mode="eval")
+
+
+@dataclasses.dataclass
+class Restored:
+  """A model with the parameters of a run's latest checkpoint."""
+
+  model: transformer.TransformerLM
+  params: Any
+  data: Data
+  mesh: Mesh
+  step: int
+  unit: str
+
+
+def restore_latest(config: ml_collections.ConfigDict, workdir: str,
+                   mode: str) -> Restored:
+  """Builds the model of ``config`` and restores the latest checkpoint.
+
+  Args:
+    config: the run's configuration.
+    workdir: the run's directory (``<workdir>/checkpoints``).
+    mode: the mode asking, for the error message.
+
+  Raises:
+    FileNotFoundError: the workdir has no checkpoint.
+    checkpointing.CheckpointMismatchError: it holds another model.
+  """
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(ckpt_dir):
+    raise FileNotFoundError(
+        f"--mode={mode} needs a trained run: no checkpoints in {ckpt_dir}")
+  mesh = sharding_lib.make_mesh(config.mesh.to_dict())
+  data = load_data(config, workdir)
+  model = build_model(config.model, data.vocab_size)
+  ckpt = checkpointing.Checkpointer(
+      ckpt_dir, keep=config.train.keep_checkpoints,
+      signature=model_signature(config, data.vocab_size))
+  try:
+    latest = ckpt.latest_step()
+    if latest is None:
+      raise FileNotFoundError(
+          f"--mode={mode} needs a trained run: no checkpoint steps in {ckpt_dir}")
+    tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
+    state, shardings = create_state(model, tx, mesh, host_batch(data.batcher, 0),
+                                    jax.random.PRNGKey(config.seed))
+    abstract = checkpointing.abstract_with_sharding(state, shardings)
+    state, _ = ckpt.restore(latest, abstract)
+  finally:
+    ckpt.close()
+  console.info("restored %s step %d", ckpt_dir, latest)
+  return Restored(model, state.params, data, mesh, int(latest),
+                  evaluate.metric_unit(data.corpus))

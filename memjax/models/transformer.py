@@ -10,6 +10,20 @@ LayerNorm.
 Block: ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``.
 Attention modules share one signature,
 ``attn(x_normed [B,T,D], memory | None, deterministic=...) -> (y [B,T,D], new_memory)``.
+
+Recurrent memory (``attention`` 'xl' or 'lamemo' with ``mem_len > 0``):
+
+* 'xl': a tuple with one ``recurrence.XLMemory`` per layer (the last M normed
+  inputs of that layer's attention).
+* 'lamemo': ``(inputs, layers)``: an ``XLMemory`` of the last M layer-0 inputs
+  and one ``recurrence.LaMemoMemory`` per layer. The M memory rows are
+  prepended to the segment and run through every block with it
+  ([B, M + T, D]); ``features`` and ``hidden`` keep only the T segment rows.
+  See docs/lamemo.md.
+
+``init_memory(batch_size)`` makes an empty memory (None for models without
+recurrence) and ``reset_memory(memory, reset)`` empties the lanes where
+``reset`` is set.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ import numpy as np
 
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
+from memjax.models import recurrence
 
 Array = jax.Array
 
@@ -48,6 +63,8 @@ class LMOutput:
 
 
 ATTENTION_KINDS = ("vanilla", "rpe", "xl", "lamemo")
+# Kinds that carry a memory across segments when mem_len > 0.
+RECURRENT_KINDS = ("xl", "lamemo")
 
 
 def make_attention(kind: str, **kwargs) -> nn.Module:
@@ -177,7 +194,8 @@ class TransformerLM(nn.Module):
     attention_dropout_rate: dropout on attention probabilities.
     attention: attention kind (see ``make_attention``).
     attention_options: kind-specific attention attributes (a dict).
-    mem_len: recurrent memory length per layer (xl, lamemo).
+    mem_len: recurrent memory length M (xl, lamemo; 0 = no memory). Changing
+      it changes no parameter, so a model can be evaluated with another M.
     max_len: longest segment, for the absolute position table.
     remat: rematerialise each block in the backward pass.
     dtype: compute dtype (float32 or bfloat16); parameters stay float32.
@@ -223,6 +241,37 @@ class TransformerLM(nn.Module):
     self.final_norm = layer_norm("final_norm", self.dtype)
     self.embed_dropout = nn.Dropout(self.dropout_rate)
 
+  def carries_memory(self) -> bool:
+    """Whether the model carries a recurrent memory across segments."""
+    return self.attention in RECURRENT_KINDS and self.mem_len > 0
+
+  def init_memory(self, batch_size: int) -> Any:
+    """An empty memory for ``batch_size`` lanes (all slots invalid).
+
+    Works on an unbound module. Returns None for models without recurrence.
+    'xl': a tuple of ``num_layers`` ``XLMemory`` (x [B, M, D] compute dtype).
+    'lamemo': (``XLMemory`` of the layer-0 inputs, x [B, M, D] compute dtype;
+    a tuple of ``num_layers`` ``LaMemoMemory`` with float32 c [B, M, H, dh]
+    and lse [B, M, H]).
+    """
+    if not self.carries_memory():
+      return None
+    inputs = recurrence.init_xl_memory(batch_size, self.mem_len, self.d_model,
+                                       self.dtype)
+    if self.attention == "xl":
+      return tuple(inputs for _ in range(self.num_layers))
+    layers = tuple(
+        recurrence.init_lamemo_memory(batch_size, self.mem_len, self.num_heads,
+                                      self.head_dim)
+        for _ in range(self.num_layers))
+    return inputs, layers
+
+  def reset_memory(self, memory: Any, reset: Array) -> Any:
+    """Empties the memory of the lanes where ``reset`` ([B] bool) is True."""
+    if memory is None:
+      return None
+    return recurrence.reset_memory(memory, reset)
+
   def __call__(self, inputs: Array, targets: Optional[Array] = None,
                memory: Any = None, *, deterministic: bool = True) -> LMOutput:
     """Runs the LM on one segment.
@@ -230,11 +279,13 @@ class TransformerLM(nn.Module):
     Args:
       inputs: [B, T] int32 token ids.
       targets: [B, T] int32 next-token ids, or None (then no scores).
-      memory: tuple of per-layer memories from the previous segment, or None.
+      memory: the memory from the previous segment (see ``init_memory``), or
+        None (no memory: each segment on its own).
       deterministic: disables dropout.
 
     Returns:
-      An ``LMOutput``.
+      An ``LMOutput`` whose arrays cover the T segment positions; ``memory``
+      is the memory for the next segment (None if ``memory`` was None).
     """
     h = self.hidden_states(inputs, memory, deterministic=deterministic)
     hidden, g, new_memory = h
@@ -255,6 +306,8 @@ class TransformerLM(nn.Module):
       x = x + jnp.asarray(sinusoid_table(t, self.d_model), self.dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    if self.attention == "lamemo" and memory is not None:
+      return self._lamemo_stack(x, memory, deterministic)
     mems = memory if memory is not None else (None,) * self.num_layers
     new_mems = []
     g = x
@@ -264,6 +317,26 @@ class TransformerLM(nn.Module):
     hidden = self.final_norm(x)
     new_memory = tuple(new_mems) if memory is not None else None
     return hidden, g, new_memory
+
+  def _lamemo_stack(self, x: Array, memory: Any, deterministic: bool
+                    ) -> tuple[Array, Array, Any]:
+    """LaMemo blocks over concat(memory rows, segment) [B, M + T, D].
+
+    The memory rows are the stored layer-0 inputs of the last M tokens; every
+    block refreshes them (look-ahead) and the next block reads them.
+    """
+    inputs, layers = memory
+    mem_len = inputs.x.shape[1]
+    rows = jax.lax.stop_gradient(inputs.x).astype(x.dtype)
+    h = jnp.concatenate([rows, x], axis=1)
+    new_layers = []
+    g = h
+    for block, mem in zip(self.blocks, layers):
+      h, g, new_mem = block(h, mem, deterministic)
+      new_layers.append(new_mem)
+    hidden = self.final_norm(h[:, mem_len:])
+    new_inputs = recurrence.push_xl_memory(inputs, x, self.mem_len or mem_len)
+    return hidden, g[:, mem_len:], (new_inputs, tuple(new_layers))
 
   def log_probs(self, hidden: Array) -> Array:
     """[..., D] final hidden states -> [..., V] float32 log-probabilities."""
