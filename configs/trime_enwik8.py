@@ -1,15 +1,27 @@
 """Character-level models on enwik8 or text8 (TRIME paper, Table 4 and 9).
 
 Usage: ``--config=configs/trime_enwik8.py:VARIANT`` with VARIANT = SIZE or
-METHOD_SIZE, SIZE in ``smoke``, ``demo``, ``38m``, METHOD in ``vanilla``.
+METHOD_SIZE, SIZE in ``smoke``, ``demo``, ``38m``, METHOD in ``vanilla``,
+``trime``, ``trime_long``, ``trime_ext`` (as in ``configs/trime_wt103.py``;
+Table 4 has vanilla, + continuous cache, TRIMELM and TRIMELM_long, with
+m = 24 consecutive segments and a 24,576-token long-term memory for 38M).
 Add ``--config.data.corpus=text8`` for text8 (same model, same bytes
-vocabulary). Byte vocabulary: no adaptive softmax.
+vocabulary). Byte vocabulary: no adaptive softmax. BM25 over bytes
+(trime_ext) treats each byte as a term.
 """
 
+from configs import trime_wt103
 from memjax import config as base
 
 SIZES = ("smoke", "demo", "38m")
-METHODS = ("vanilla",)
+METHODS = trime_wt103.METHODS
+
+# (m consecutive segments for trime_long, long-term memory tokens at eval).
+MEMORY = {
+    "smoke": (4, 128),
+    "demo": (4, 2048),
+    "38m": (24, 24576),
+}
 
 
 def get_config(arg: str = "demo"):
@@ -44,4 +56,12 @@ def get_config(arg: str = "demo"):
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     e.window_len, e.score_len, e.batch_size = 512, 80, 32
   m.max_len = max(m.max_len, d.seq_len, e.window_len)
+  trime_wt103.apply_method(c, method, *MEMORY[size])
+  if size == "smoke":
+    c.eval_memory.sweep_tokens = (0, 64, 128, 256)
+    c.eval_memory.batch_size = 4
+  elif size == "demo":
+    c.eval_memory.sweep_tokens = (0, 512, 1024, 2048, 4096)
+  else:
+    c.eval_memory.sweep_tokens = (0, 3072, 6144, 12288, 24576)
   return c

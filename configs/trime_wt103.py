@@ -5,8 +5,23 @@ METHOD_SIZE:
 
 * SIZE: ``smoke`` (seconds on a CPU), ``demo`` (minutes on a CPU, demo
   corpus), ``247m``, ``150m``, ``7m`` (the paper's sizes, Table 9).
-* METHOD: ``vanilla`` (default; the plain LM objective).
+* METHOD (TRIME paper, Tables 1-3 and 9):
 
+  - ``vanilla`` (default): the plain LM objective, random segments. Its
+    ``--mode=tune`` tunes the continuous-cache baseline (lambda, theta, and
+    the long-term memory size: 0 or Table 9's).
+  - ``trime``: TRIMELM, the TRIME loss with the local memory, random
+    segments; evaluated with M_local (tau tuned on valid).
+  - ``trime_long``: TRIMELM_long, b random blocks of m consecutive segments
+    per batch (m from Table 9's "#Consecutive segments"), long-term in-batch
+    memory; evaluated with M_local u M_long (Table 9's "#Optimal long-term
+    memories" by default; ``--mode=tune`` also tries 0 and half of it).
+  - ``trime_ext``: TRIMELM_ext, BM25-packed batches (k = 20, m = 1), memory
+    = the other segments plus the local memory, hidden with p = 0.9 per
+    step; evaluated here with M_local u M_long (M_ext is a later issue).
+
+Every method keeps Table 9's model, batch, segment length and optimiser of
+its size, so the rows of a size differ only in the objective and batching.
 Dropout values are not in Table 9; those below follow Baevski & Auli (247M)
 and Transformer-XL (150M).
 """
@@ -14,7 +29,17 @@ and Transformer-XL (150M).
 from memjax import config as base
 
 SIZES = ("smoke", "demo", "247m", "150m", "7m")
-METHODS = ("vanilla",)
+METHODS = ("vanilla", "trime", "trime_long", "trime_ext")
+
+# Per size: (m consecutive segments per lane for trime_long, long-term memory
+# tokens at evaluation), Table 9 for the paper's sizes.
+MEMORY = {
+    "smoke": (4, 64),
+    "demo": (4, 1024),
+    "247m": (4, 12288),
+    "150m": (60, 15000),
+    "7m": (8, 12288),
+}
 
 
 def get_config(arg: str = "demo"):
@@ -76,4 +101,48 @@ def get_config(arg: str = "demo"):
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     t.keep_checkpoints = 3
   m.max_len = max(m.max_len, d.seq_len, e.window_len)
+  apply_method(c, method, *MEMORY[size])
+  if size == "smoke":
+    c.eval_memory.sweep_tokens = (0, 32, 64, 128)
+    c.eval_memory.batch_size = 4
+  elif size == "demo":
+    c.eval_memory.sweep_tokens = (0, 256, 512, 1024, 2048, 4096)
   return c
+
+
+def apply_method(c, method: str, segments_per_lane: int, long_mem: int) -> None:
+  """Sets the objective, batching and evaluation memory of a method.
+
+  Args:
+    c: the config of a size (modified in place).
+    method: one of METHODS.
+    segments_per_lane: m, consecutive segments per block (trime_long).
+    long_mem: long-term memory tokens at evaluation (Table 9).
+  """
+  em = c.eval_memory
+  if method == "vanilla":
+    em.kind = "cache"
+    em.long_mem_tokens = 0
+    em.long_mem_grid = (0, long_mem)
+    return
+  c.loss.name = "trime"
+  em.kind = "trime"
+  if method == "trime":
+    c.loss.memory = "local"
+    em.long_mem_tokens = 0
+  elif method == "trime_long":
+    c.loss.memory = "long"
+    c.data.batching = "blocks"
+    c.data.segments_per_lane = segments_per_lane
+    em.long_mem_tokens = long_mem
+    em.long_mem_grid = (0, long_mem // 2, long_mem)
+  elif method == "trime_ext":
+    c.loss.memory = "external"
+    c.loss.local_hide_prob = 0.9
+    c.data.batching = "bm25"
+    c.data.bm25_k = 20
+    c.data.segments_per_lane = 1
+    em.long_mem_tokens = long_mem
+    em.long_mem_grid = (0, long_mem // 2, long_mem)
+  else:
+    raise ValueError(f"unknown method {method!r}; use one of {METHODS}")

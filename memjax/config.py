@@ -22,8 +22,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.cache_dir = ""             # "" = <workdir>/cache
   c.data.seq_len = 128              # L, tokens per training segment
   c.data.batch_size = 16            # segments per update (all micro-batches)
-  c.data.batching = "random"        # random | consecutive
+  c.data.batching = "random"        # random | consecutive | blocks | bm25
   c.data.segments_per_lane = 1      # m, consecutive segments per document/lane
+  c.data.bm25_k = 20                # bm25 batching: hits per query (Algorithm 1)
+  c.data.bm25_seed = 0              # bm25 batching: seeds the chain's random starts
+  c.data.bm25_stopwords = False     # bm25 batching: drop English stop words (word corpora)
 
   c.model = ml_collections.ConfigDict()
   c.model.num_layers = 4
@@ -109,6 +112,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.generate.temperature = 1.0
   c.generate.mem_len = 0            # memory length (0 = model.mem_len)
   c.generate.seed = 0
+
+  # Evaluation with testing memories (modes memeval, tune, memsweep, buckets;
+  # memjax/evaluate_memory.py). The windows are eval.window_len / score_len.
+  c.eval_memory = ml_collections.ConfigDict()
+  c.eval_memory.kind = "none"       # none | trime (Eq. 6) | cache (Grave et al.)
+  c.eval_memory.long_mem_tokens = 0  # N: (g, next token) pairs before the window
+  c.eval_memory.temperature = 1.0   # tau: divides the memory logits only
+  c.eval_memory.cache_lambda = 0.1  # cache interpolation weight
+  c.eval_memory.cache_theta = 0.05  # cache inverse temperature (no 1/sqrt(d))
+  c.eval_memory.temperature_grid = (0.6, 0.8, 1.0, 1.2, 1.5)
+  c.eval_memory.cache_lambda_grid = (0.05, 0.1, 0.15, 0.2, 0.3)
+  c.eval_memory.cache_theta_grid = (0.01, 0.02, 0.05, 0.1, 0.2)
+  c.eval_memory.long_mem_grid = ()  # tune: sizes N to try; () = long_mem_tokens only
+  c.eval_memory.sweep_tokens = (0, 1024, 2048, 4096, 8192, 12288, 16384, 24576)
+  c.eval_memory.sweep_kinds = ("trime", "cache")
+  c.eval_memory.cache_workdir = ""  # memsweep: run whose checkpoint the cache uses
+  c.eval_memory.batch_size = 8      # windows per evaluation batch
+  c.eval_memory.block_size = 1024   # keys per block of the long-memory sums
+  c.eval_memory.bucket_counts = "valid"  # buckets: count frequencies on valid | train
+  c.eval_memory.bucket_edges = (10000, 1000, 100, 10)  # Table 14's bucket edges
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1

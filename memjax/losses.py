@@ -4,7 +4,9 @@ Every objective has the signature
 ``loss_fn(output: LMOutput, batch: dict, *, step, rng) -> (loss, metrics)``
 where ``loss`` is the mean negative log-likelihood per weighted target and
 ``metrics`` holds float32 scalars summed over the batch (``nll_sum``,
-``tokens``) so that micro-batches and hosts can be added up.
+``tokens``) so that micro-batches and hosts can be added up. Extra metrics
+start with ``aux_``; those ending in ``_sum`` are token-weighted sums that
+the training loop divides by ``tokens`` before logging them.
 """
 
 from __future__ import annotations
@@ -15,10 +17,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from memjax.memory import trime
 from memjax.models.transformer import LMOutput
 
 Array = jax.Array
 LossFn = Callable[..., tuple[Array, dict[str, Array]]]
+
+LOSSES = ("lm", "trime")
+TRIME_MEMORIES = ("local", "long", "external")
+
+# Folded into the run's seed for the per-step draw that hides the local memory
+# (TRIMELM_ext), so it never shares a key with dropout.
+_HIDE_LOCAL_STREAM = 0x7E1A
 
 
 def batch_weights(batch: dict[str, Array]) -> Array:
@@ -39,11 +49,155 @@ def lm_loss(output: LMOutput, batch: dict[str, Array], *, step: Array,
   return loss, {"nll_sum": nll_sum, "tokens": tokens}
 
 
-def make_loss(cfg: ml_collections.ConfigDict, num_steps: int) -> LossFn:
-  """Builds the objective named by ``config.loss.name``."""
-  del num_steps
+def long_memory_spec(lane_id: Array) -> trime.MemorySpec:
+  """The long-term memory of a batch of lanes of consecutive segments.
+
+  Rows of one lane (``lane_id`` [B]) are consecutive segments of one stream in
+  row order (``streams.ConsecutiveSegments`` and ``streams.RandomBlocks``
+  yield them lane-major), so the row index orders them: a token sees every
+  earlier token of its lane in the batch (and on any shard).
+
+  Args:
+    lane_id: [B] int, the lane (document) of each row.
+
+  Returns:
+    A 'long' MemorySpec with doc_id = lane_id and segment_index = row index.
+  """
+  rows = lane_id.shape[0]
+  return trime.MemorySpec.long(lane_id, jnp.arange(rows, dtype=jnp.int32))
+
+
+def hide_local_draw(seed: int, step: Array, p: float) -> Array:
+  """Scalar bool: hide the local memory at ``step`` (TRIMELM_ext).
+
+  Drawn once per update from (seed, step) only, so every micro-batch and
+  every host of a step agrees, and a resumed run draws the same values.
+  """
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), _HIDE_LOCAL_STREAM)
+  return trime.draw_hide_local(jax.random.fold_in(key, step), p)
+
+
+def make_trime_loss(cfg: ml_collections.ConfigDict, num_steps: int,
+                    seed: int = 0) -> LossFn:
+  """The TRIME objective (Eq. 5) with the training memory of ``cfg.memory``.
+
+  * 'local': earlier tokens of the same segment (TRIMELM);
+  * 'long': earlier tokens of the same lane in the batch, across its
+    consecutive segments (TRIMELM_long; needs ``lane_id`` in the batch);
+  * 'external': every token of the other segments of the batch, plus the
+    local memory unless it is hidden for the whole step with probability
+    ``cfg.local_hide_prob`` (TRIMELM_ext, with BM25-packed batches).
+
+  The first ``round(cfg.lm_warmup_fraction * num_steps)`` updates use the
+  plain LM loss (``lax.cond`` on the step, so the memory sums are not
+  computed then). ``cfg.stop_gradient_memory`` stops the gradient into the
+  memory keys; ``cfg.block_size`` (0 = dense) sets the blockwise tiles.
+
+  Args:
+    cfg: ``config.loss``.
+    num_steps: total updates of the run (for the warm-up).
+    seed: the run's seed (for the external mode's per-step draw).
+
+  Returns:
+    A LossFn.
+
+  Raises:
+    ValueError: for an unknown memory or a hide probability outside [0, 1].
+  """
+  memory = cfg.memory
+  if memory not in TRIME_MEMORIES:
+    raise ValueError(f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}")
+  p = float(cfg.local_hide_prob)
+  if not 0.0 <= p <= 1.0:
+    raise ValueError(f"loss.local_hide_prob must be in [0, 1], got {p}")
+  frac = float(cfg.lm_warmup_fraction)
+  if not 0.0 <= frac <= 1.0:
+    raise ValueError(f"loss.lm_warmup_fraction must be in [0, 1], got {frac}")
+  warmup_steps = int(round(frac * num_steps))
+  block_size = int(cfg.block_size) or None
+  stop_memory = bool(cfg.stop_gradient_memory)
+
+  def loss_fn(output: LMOutput, batch: dict[str, Array], *, step: Array,
+              rng: Array) -> tuple[Array, dict[str, Array]]:
+    del rng
+    w = batch_weights(batch)
+    tokens = jnp.sum(w)
+    hide = jnp.asarray(False)
+    if memory == "long":
+      if "lane_id" not in batch:
+        raise ValueError(
+            "loss.memory='long' needs batches of lanes ('lane_id'): use "
+            "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1")
+      spec = long_memory_spec(batch["lane_id"])
+    elif memory == "external":
+      hide = hide_local_draw(seed, step, p)
+      spec = trime.MemorySpec.external(hide)
+    else:
+      spec = trime.MemorySpec.local()
+    args = (output.features, output.target_logprob, output.log_z,
+            batch["targets"], w)
+
+    def with_memory(operands):
+      loss, aux = trime.trime_loss(*operands, spec=spec, block_size=block_size,
+                                   stop_gradient_memory=stop_memory)
+      return loss, (aux["lm_loss"], aux["memory_target_share"],
+                    aux["frac_with_positive"], jnp.float32(1.0))
+
+    def plain(operands):
+      tlp, weights = operands[1], operands[4]
+      loss = -jnp.sum(tlp * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+      zero = jnp.float32(0.0)
+      return loss, (loss, zero, zero, zero)
+
+    if warmup_steps > 0:
+      loss, (lm, share, positive, active) = jax.lax.cond(
+          step >= warmup_steps, with_memory, plain, args)
+    else:
+      loss, (lm, share, positive, active) = with_memory(args)
+    stop = jax.lax.stop_gradient
+    metrics = {
+        "nll_sum": loss * tokens,
+        "tokens": tokens,
+        # Token-weighted sums; the loop logs them divided by 'tokens'.
+        "aux_lm_loss_sum": stop(lm * tokens),
+        "aux_memory_share_sum": stop(share * tokens),
+        "aux_with_positive_sum": stop(positive * tokens),
+        "aux_memory_on_sum": stop(active * tokens),
+        "aux_hide_local_sum": stop(active * hide.astype(jnp.float32) * tokens),
+    }
+    return loss, metrics
+
+  return loss_fn
+
+
+def make_loss(cfg: ml_collections.ConfigDict, num_steps: int,
+              seed: int = 0) -> LossFn:
+  """Builds the objective named by ``config.loss``.
+
+  Args:
+    cfg: ``config.loss``.
+    num_steps: total updates of the run.
+    seed: the run's seed (``config.seed``).
+
+  Raises:
+    ValueError: an unknown loss name or bad loss settings.
+  """
   if cfg.name == "lm":
     return lm_loss
-  raise ValueError(f"unknown loss.name {cfg.name!r}; use one of: lm")
+  if cfg.name == "trime":
+    return make_trime_loss(cfg, num_steps, seed)
+  raise ValueError(f"unknown loss.name {cfg.name!r}; use one of {LOSSES}")
 
 
+def summarize_aux(metrics: dict[str, Any]) -> dict[str, float]:
+  """Loggable aux values: '_sum' keys divided by 'tokens', prefix dropped."""
+  out = {}
+  tokens = max(float(metrics.get("tokens", 1.0)), 1.0)
+  for k, v in metrics.items():
+    if not k.startswith("aux_"):
+      continue
+    if k.endswith("_sum"):
+      out[k[4:-4]] = float(v) / tokens
+    else:
+      out[k[4:]] = float(v)
+  return out

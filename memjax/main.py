@@ -35,6 +35,14 @@ MODES = {
     "analyze": "memjax.analysis.recurrence:analyze",
     "generate": "memjax.generate:generate",
 }
+# TRIME: evaluation with testing memories and the offline BM25 packing job.
+MODES.update({
+    "memeval": "memjax.evaluate_memory:memeval",
+    "tune": "memjax.evaluate_memory:tune",
+    "memsweep": "memjax.evaluate_memory:memsweep",
+    "buckets": "memjax.evaluate_memory:buckets",
+    "pack": "memjax.data.packing:pack",
+})
 _MODE = flags.DEFINE_enum(
     "mode", "train", list(MODES),
     "train (resumes if the workdir has checkpoints), eval (evaluates the "
@@ -122,7 +130,9 @@ def main(argv):
       print(f"written: {path}")
     return
   if "unit" not in results:
-    print(f"results: {os.path.join(_WORKDIR.value, 'results.json')}")
+    for line in results.get("summary_lines", ()):
+      print(line)
+    print(f"results: {results.get('results_path', os.path.join(_WORKDIR.value, 'results.json'))}")
     return
   unit = results["unit"]
   for split in _CONFIG.value.eval.splits:

@@ -31,6 +31,7 @@ from memjax import losses
 from memjax import optim
 from memjax import recurrent_eval
 from memjax import sharding as sharding_lib
+from memjax.data import packing
 from memjax.data import sources
 from memjax.data import streams
 from memjax.data import tasks
@@ -120,13 +121,17 @@ def load_data(config: ml_collections.ConfigDict, workdir: str) -> Data:
   train = tasks.load_token_stream(dcfg.corpus, data_dir, "train", cache_dir)
   splits = {s: tasks.load_token_stream(dcfg.corpus, data_dir, s, cache_dir)
             for s in config.eval.splits}
-  batcher = make_batcher(config, train)
+  batcher = make_batcher(config, train, cache_dir)
   return Data(dcfg.corpus, train.vocab_size, train, splits, batcher)
 
 
-def make_batcher(config: ml_collections.ConfigDict, train: Any) -> Any:
+def make_batcher(config: ml_collections.ConfigDict, train: Any,
+                 cache_dir: Optional[str] = None) -> Any:
   """Stateless-by-step batcher of ``config.data.batching``."""
   d = config.data
+  packing.check_trime_batching(config)
+  if d.batching in packing.BATCHINGS:
+    return packing.make_batcher(config, train, cache_dir or "")
   if d.batching == "random":
     return streams.RandomSegments(train.tokens, d.seq_len, d.batch_size,
                                   seed=config.seed)
@@ -139,7 +144,8 @@ def make_batcher(config: ml_collections.ConfigDict, train: Any) -> Any:
     return streams.ConsecutiveSegments(
         train.tokens, d.seq_len, lanes=d.batch_size // m, segments_per_lane=m,
         seed=config.seed, doc_starts=train.doc_starts)
-  raise ValueError(f"unknown data.batching {d.batching!r}; use random or consecutive")
+  raise ValueError(f"unknown data.batching {d.batching!r}; use random, "
+                   f"consecutive or one of {packing.BATCHINGS}")
 
 
 def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
@@ -409,9 +415,8 @@ def _log_steps(pending: list[tuple[int, dict]], meter: ProgressMeter,
              "train/grad_norm": float(last["grad_norm"]),
              "train/lr": float(schedule(done - 1)),
              "train/tokens_per_s": speed["tokens_per_s"]}
-  for k, v in last.items():
-    if k.startswith("aux_"):
-      scalars[f"train/{k[4:]}"] = float(v)
+  for k, v in losses.summarize_aux(last).items():
+    scalars[f"train/{k}"] = v
   writer.write_scalars(done, scalars)
   console.info(
       "step %d/%d  loss %.4f  ppl %.1f  lr %.2e  %.0f tok/s  ETA %s",
@@ -488,7 +493,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   model = build_model(config.model, data.vocab_size)
   num_steps = int(config.train.num_steps)
   tx, schedule = optim.make_optimizer(config.optim, num_steps)
-  loss_fn = losses.make_loss(config.loss, num_steps)
+  loss_fn = losses.make_loss(config.loss, num_steps, seed=config.seed)
 
   # ---------------------------------------------------------------- state
   sample = host_batch(data.batcher, 0)

@@ -22,6 +22,10 @@ Samplers:
   recurrence (TRIME's in-batch memory, product-key memory).
 * :class:`ConsecutiveSegments`: Transformer-XL's lane layout, where each row
   continues the row of the previous step (recurrent memory, TRIME_long).
+* :class:`RandomBlocks`: b random blocks of m consecutive segments per step
+  (TRIME_long's in-batch long-term memory, batches independent across steps).
+* :class:`PackedSegments`: segments in a precomputed order, B per step (the
+  BM25 packing of TRIME_ext).
 * :func:`eval_windows` / :func:`eval_batches`: overlapping windows, the
   sliding-window evaluation of Baevski & Auli (fairseq --context-window).
 * :class:`SegmentStream`: consecutive evaluation segments in lanes, for a
@@ -260,6 +264,164 @@ class ConsecutiveSegments:
         return out
 
 
+class RandomBlocks:
+    """b random blocks of m consecutive segments per step, lane-major rows.
+
+    The stream is cut into blocks of m * L tokens at multiples of m * L and
+    visited as :class:`RandomSegments` visits segments (an order drawn from
+    ``(seed, epoch)``, b blocks per step); each block is returned as m
+    consecutive rows of L tokens, so a step holds b "documents" of m
+    consecutive segments (TRIME paper, Sec. 4.2, Figure 2(b)) and the rows of
+    one block share a 'lane_id'. Unlike :class:`ConsecutiveSegments`, the
+    blocks of successive steps are unrelated, so the batches are as
+    independent across steps as :class:`RandomSegments`'s.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        blocks: int,
+        segments_per_block: int,
+        seed: int,
+    ):
+        """Creates the sampler.
+
+        Args:
+            tokens: [N] int token stream.
+            seq_len: segment length L.
+            blocks: blocks (lanes) per step, b.
+            segments_per_block: consecutive segments per block, m.
+            seed: non-negative random seed.
+
+        Raises:
+            ValueError: the stream is shorter than m * L + 1 tokens.
+        """
+        _check_positive(
+            seq_len=seq_len, blocks=blocks, segments_per_block=segments_per_block
+        )
+        self.seq_len = seq_len
+        self.blocks = blocks
+        self.segments_per_block = segments_per_block
+        self._blocks = RandomSegments(
+            tokens, seq_len * segments_per_block, blocks, seed=seed
+        )
+
+    @property
+    def rows(self) -> int:
+        """Rows per batch: blocks * segments_per_block."""
+        return self.blocks * self.segments_per_block
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._blocks.steps_per_epoch
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """Returns the batch of ``step``.
+
+        Returns:
+            'inputs', 'targets': [b * m, L] int32, lane-major.
+            'position': [b * m, L] int64 stream offsets of the inputs.
+            'lane_id': [b * m] int32 block of each row.
+        """
+        block = self._blocks.batch(step)
+        shape = (self.rows, self.seq_len)
+        return {
+            "inputs": block["inputs"].reshape(shape),
+            "targets": block["targets"].reshape(shape),
+            "position": block["position"].reshape(shape),
+            "lane_id": np.repeat(
+                np.arange(self.blocks, dtype=np.int32), self.segments_per_block
+            ),
+        }
+
+
+class PackedSegments:
+    """Aligned segments served in a given order, B per step (BM25 packing).
+
+    Segment i covers predictions [i * L, (i + 1) * L) of the stream (inputs
+    tokens[i*L : i*L + L], targets one token later), as in
+    :class:`RandomSegments` with ``aligned=True``. ``order`` (e.g. from
+    ``memjax.data.bm25.cached_bm25_order``) lists segment indices; indices of
+    segments without L + 1 tokens are dropped, the rest is cut into batches
+    of B consecutive entries (a short last batch is dropped), so batch j of
+    the packing holds order[j*B : (j+1)*B]. Every epoch serves each batch
+    once, the batches in an order drawn from ``(seed, epoch)``; the rows of
+    a batch are never separated. ``batch(step)`` depends only on (tokens,
+    settings, order, seed, step).
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        order: np.ndarray,
+        seed: int,
+    ):
+        """Creates the sampler.
+
+        Args:
+            tokens: [N] int token stream.
+            seq_len: segment length L.
+            batch_size: rows per step B.
+            order: [S] int segment indices in packing order.
+            seed: non-negative random seed for the order of the batches.
+
+        Raises:
+            ValueError: fewer than B usable segments in ``order``.
+        """
+        _check_positive(seq_len=seq_len, batch_size=batch_size)
+        self._tokens = _as_stream(tokens)
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.seed = seed
+        order = np.asarray(order, np.int64).reshape(-1)
+        usable = (len(self._tokens) - 1) // seq_len
+        order = order[(order >= 0) & (order < usable)]
+        self.num_batches = len(order) // batch_size
+        if self.num_batches < 1:
+            raise ValueError(
+                f"The packing order holds {len(order)} usable segments of "
+                f"{seq_len} tokens, fewer than one batch of {batch_size}."
+            )
+        self.batches = order[: self.num_batches * batch_size].reshape(
+            self.num_batches, batch_size
+        )
+        self._perm_cache: dict[int, np.ndarray] = {}
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_batches
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """[num_batches] int64: order of the packed batches in ``epoch``."""
+        if epoch not in self._perm_cache:
+            if len(self._perm_cache) >= 2:
+                self._perm_cache.pop(min(self._perm_cache))
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perm_cache[epoch] = rng.permutation(self.num_batches)
+        return self._perm_cache[epoch]
+
+    def segments(self, step: int) -> np.ndarray:
+        """[B] int64 segment indices of ``step``."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}.")
+        epoch, k = divmod(step, self.num_batches)
+        return self.batches[self.epoch_order(epoch)[k]]
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """Returns 'inputs', 'targets' [B, L] int32, 'position' [B, L] int64."""
+        position = self.segments(step)[:, None] * self.seq_len + np.arange(
+            self.seq_len
+        )
+        return {
+            "inputs": self._tokens[position].astype(np.int32),
+            "targets": self._tokens[position + 1].astype(np.int32),
+            "position": position,
+        }
+
+
 def eval_windows(
     num_tokens: int, window_len: int, score_len: int
 ) -> np.ndarray:
@@ -422,3 +584,87 @@ class SegmentStream:
                 "reset": np.zeros([0, self.lanes], bool),
             }
         return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
+
+def memory_eval_windows(
+    num_tokens: int, window_len: int, score_len: int
+) -> np.ndarray:
+    """The windows of :func:`eval_windows`, each scoring <= score_len tokens.
+
+    Evaluation with testing memories scores a fixed number of queries per
+    window, so the first window of :func:`eval_windows` (which scores all of
+    its up to ``window_len`` predictions) is repeated, each copy scoring the
+    next ``score_len`` of them; the other windows are unchanged. Every
+    prediction is scored exactly once and with exactly the context it has
+    under :func:`eval_windows` (the model is causal, so the copies of the
+    first window give the same outputs), so the plain model scores equal
+    :func:`eval_batches`'s.
+
+    Args:
+        num_tokens: number of predictions P >= 0.
+        window_len: tokens per window.
+        score_len: scored tokens per window.
+
+    Returns:
+        [W, 4] int64 rows (start, length, score_from, score_to): the window
+        covers predictions [start, start + length) and scores window offsets
+        [score_from, score_to), at most score_len of them.
+    """
+    windows = eval_windows(num_tokens, window_len, score_len)
+    rows = []
+    for start, length, score_from in windows:
+        for lo in range(int(score_from), int(length), score_len):
+            rows.append((start, length, lo, min(lo + score_len, length)))
+    if not rows:
+        return np.zeros([0, 4], np.int64)
+    return np.asarray(rows, np.int64)
+
+
+def memory_eval_batches(
+    tokens: np.ndarray, window_len: int, score_len: int, batch_size: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of :func:`memory_eval_windows`, in stream order.
+
+    Args:
+        tokens: [N] int token stream.
+        window_len: window length T.
+        score_len: scored predictions per window S.
+        batch_size: windows per batch W; the last batch is padded with rows
+            that score nothing.
+
+    Yields:
+        'inputs', 'targets': [W, T] int32 (0 beyond a window's end).
+        'position': [W, T] int32 prediction index, -1 on padding.
+        'start': [W] int32 first prediction of each window (-1 on padding).
+        'score_from': [W] int32 first scored offset in the window.
+        'score_count': [W] int32 scored predictions (0 on padding rows); the
+            scored offsets are score_from + [0, score_count).
+    """
+    _check_positive(batch_size=batch_size)
+    tokens = _as_stream(tokens)
+    windows = memory_eval_windows(max(len(tokens) - 1, 0), window_len, score_len)
+    offsets = np.arange(window_len)
+    for first in range(0, len(windows), batch_size):
+        rows = windows[first : first + batch_size]
+        n = len(rows)
+        start, length = rows[:, 0:1], rows[:, 1:2]
+        valid = np.zeros([batch_size, window_len], bool)
+        valid[:n] = offsets < length
+        position = np.full([batch_size, window_len], -1, np.int64)
+        position[:n] = start + offsets
+        position[~valid] = -1
+        safe = np.where(valid, position, 0)
+        starts = np.full([batch_size], -1, np.int64)
+        starts[:n] = rows[:, 0]
+        score_from = np.zeros([batch_size], np.int64)
+        score_from[:n] = rows[:, 2]
+        count = np.zeros([batch_size], np.int64)
+        count[:n] = rows[:, 3] - rows[:, 2]
+        yield {
+            "inputs": np.where(valid, tokens[safe], 0).astype(np.int32),
+            "targets": np.where(valid, tokens[safe + 1], 0).astype(np.int32),
+            "position": position.astype(np.int32),
+            "start": starts.astype(np.int32),
+            "score_from": score_from.astype(np.int32),
+            "score_count": count.astype(np.int32),
+        }

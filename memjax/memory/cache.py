@@ -50,7 +50,19 @@ def interpolate_log_prob(lm_log_prob: Array, memory_log_prob: Array, lam: float 
     return blockwise.logaddexp(a, b)
 
 
-def _cache_from_sums(lm_log_prob: Array, lse_all: Array, lse_pos: Array, lam) -> Array:
+def cache_from_sums(lm_log_prob: Array, lse_all: Array, lse_pos: Array, lam) -> Array:
+    """log p(target) from the model and the cache's log-sum-exps.
+
+    Args:
+        lm_log_prob: [...] float32, log p_lm(target).
+        lse_all: [...] float32, log sum over the visible cache entries of
+            exp(theta * h . h_i); -inf where the cache is empty.
+        lse_pos: [...] float32, the same over entries whose token is the target.
+        lam: interpolation weight.
+
+    Returns:
+        [...] float32; exactly lm_log_prob where the cache is empty or lam = 0.
+    """
     has_cache = jnp.isfinite(lse_all)
     log_p_cache = jnp.where(has_cache & jnp.isfinite(lse_pos),
                             lse_pos - jnp.where(has_cache, lse_all, 0.0), float("-inf"))
@@ -109,7 +121,7 @@ def cache_log_prob(
         block_size=block_size,
         precision=precision,
     )
-    return _cache_from_sums(lm_log_prob, lse_all, lse_pos, lam)
+    return cache_from_sums(lm_log_prob, lse_all, lse_pos, lam)
 
 
 def cache_log_prob_batch(
@@ -159,4 +171,4 @@ def cache_log_prob_batch(
         block_size=block_size,
         precision=precision,
     )
-    return _cache_from_sums(lm_log_prob.reshape(b * t), lse_all, lse_pos, lam).reshape(b, t)
+    return cache_from_sums(lm_log_prob.reshape(b * t), lse_all, lse_pos, lam).reshape(b, t)

@@ -93,6 +93,11 @@ def combine_log_prob(
             - blockwise.softplus(lse_all - lz))
 
 
+def _causal(query_positions: Array, key_positions: Array) -> Array:
+    """[Q, K] bool: key strictly earlier than query."""
+    return key_positions[None, :] < query_positions[:, None]
+
+
 def _memory_terms(
     features: Array,
     target_logprob: Array,
@@ -122,13 +127,30 @@ def _memory_terms(
         empty = jnp.full((b, t), float("-inf"), jnp.float32)
         return target_logprob.astype(jnp.float32), empty, empty
 
+    scale = 1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32))
+    if spec.mode == "local" and block_size is not None:
+        # Rows never see each other's entries: score each row against its own
+        # keys only (B tiles of [T, T] work instead of one [N, N]). vmap keeps
+        # the batch axis, so a batch sharded over rows stays sharded.
+        pos = jnp.arange(t, dtype=jnp.int32)
+        row_keys = jax.lax.stop_gradient(features) if stop_gradient_memory else features
+
+        def one_row(q, k, tgt, val):
+            return blockwise.memory_logsumexp(
+                q, k, tgt, tgt, val, scale=scale, query_meta=pos, key_meta=pos,
+                visible_fn=_causal, block_size=block_size, precision=precision)
+
+        lse_all, lse_pos = jax.vmap(one_row)(features, row_keys, targets,
+                                             valid.reshape(b, t))
+        return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
+
     meta = position_meta(spec, b, t)
     g = features.reshape(b * t, d)
     keys = jax.lax.stop_gradient(g) if stop_gradient_memory else g
     tgt = targets.reshape(b * t)
     lse_all, lse_pos = blockwise.memory_logsumexp(
         g, keys, tgt, tgt, valid,
-        scale=1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32)),
+        scale=scale,
         query_meta=meta,
         key_meta=meta,
         visible_fn=lambda qm, km: visible(spec, qm, km),

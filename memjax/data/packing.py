@@ -1,0 +1,163 @@
+"""Training batchers of the TRIME memories: random blocks and BM25 packing.
+
+* ``data.batching='blocks'``: b random blocks of m = ``data.segments_per_lane``
+  consecutive segments per step (``streams.RandomBlocks``), the in-batch
+  long-term memory of TRIMELM_long.
+* ``data.batching='bm25'``: segments packed by BM25 (Algorithm 1, k =
+  ``data.bm25_k``), served B per step in the packed order
+  (``streams.PackedSegments``), for TRIMELM_ext.
+
+BM25 packing is an offline job whose output the batcher reads. The order is
+a pure function of the training tokens, L, k, the seed and the stop words;
+``memjax.data.bm25.cached_bm25_order`` stores it in
+``<cache_dir>/bm25/bm25_order_<sha256 of tokens and settings>.npy``. Run the
+job ahead of training (progress bars on the console):
+
+    python -m memjax.main --config=configs/trime_wt103.py:trime_ext_7m \
+        --workdir=runs/ext --mode=pack
+
+or let the first training step compute it (same cache file); every later
+run, and every host of a multi-host run, reads the file. For WikiText-103
+the search is the expensive part (hours on two CPU cores, see
+docs/trime.md); it splits over machines with
+``python -m memjax.data.bm25 --num_shards=...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from memjax import console
+from memjax.data import sources
+from memjax.data import streams
+
+BATCHINGS = ("blocks", "bm25")
+
+
+def check_trime_batching(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError where the loss's memory cannot work with the batches.
+
+  'long' needs lanes of m > 1 consecutive segments, and every micro-batch
+  must hold whole lanes (each micro-batch is its own in-batch memory).
+  """
+  loss, d = config.loss, config.data
+  if loss.name != "trime" or loss.memory != "long":
+    return
+  m = int(d.segments_per_lane)
+  if d.batching not in ("blocks", "consecutive") or m < 2:
+    raise ValueError(
+        "loss.memory='long' needs lanes of consecutive segments: set "
+        "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1")
+  micro = d.batch_size // max(int(config.train.grad_accum), 1)
+  if micro % m:
+    raise ValueError(
+        f"loss.memory='long': the micro-batch of {micro} rows (data.batch_size / "
+        f"train.grad_accum) is not a multiple of data.segments_per_lane {m}, so "
+        "lanes would be split between micro-batches")
+
+
+def stopword_ids(config: ml_collections.ConfigDict, cache_dir: str) -> list[int] | None:
+  """Ids of bm25s's English stop words in the word vocabulary, if enabled."""
+  d = config.data
+  if not d.bm25_stopwords:
+    return None
+  if sources.corpus_spec(d.corpus).level != "word":
+    raise ValueError("data.bm25_stopwords needs a word-level corpus (wikitext103)")
+  import bm25s  # pylint: disable=g-import-not-at-top
+  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
+  vocab = vocab_lib.get_vocabulary(d.corpus, data_dir, cache_dir)
+  ids = {vocab.token_to_id(w) for w in bm25s.stopwords.STOPWORDS_EN}
+  ids.discard(vocab.unk_id)
+  return sorted(ids)
+
+
+def bm25_order(config: ml_collections.ConfigDict, tokens: np.ndarray,
+               cache_dir: str) -> np.ndarray:
+  """The packed order of the training segments, computed once and cached.
+
+  Args:
+    config: the experiment config (data.seq_len, batch_size, bm25_*).
+    tokens: [N] training token stream.
+    cache_dir: the run's cache directory; the order goes to ``<cache_dir>/bm25``.
+
+  Returns:
+    [ceil(N / L)] int64 segment indices in packing order.
+  """
+  from memjax.data import bm25  # pylint: disable=g-import-not-at-top
+  d = config.data
+  if int(d.bm25_k) < 1:
+    raise ValueError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
+  start = time.time()
+  console.info("BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
+               -(-len(tokens) // d.seq_len), d.seq_len, d.bm25_k,
+               os.path.join(cache_dir, "bm25"))
+  order = bm25.cached_bm25_order(
+      tokens, d.seq_len, d.batch_size, k=int(d.bm25_k), seed=int(d.bm25_seed),
+      cache_dir=os.path.join(cache_dir, "bm25"),
+      stopword_ids=stopword_ids(config, cache_dir), show_progress=True)
+  console.info("BM25 order ready: %d segments in %.1fs", len(order),
+               time.time() - start)
+  return order
+
+
+def make_batcher(config: ml_collections.ConfigDict, train: Any,
+                 cache_dir: str) -> Any:
+  """The batcher of ``data.batching`` in ('blocks', 'bm25').
+
+  Args:
+    config: the experiment config.
+    train: the training ``tasks.TokenStream``.
+    cache_dir: the run's cache directory (for the BM25 order).
+  """
+  d = config.data
+  if d.batching == "blocks":
+    m = int(d.segments_per_lane)
+    if d.batch_size % m:
+      raise ValueError(f"data.batch_size {d.batch_size} is not a multiple of "
+                       f"data.segments_per_lane {m}")
+    return streams.RandomBlocks(train.tokens, d.seq_len, d.batch_size // m, m,
+                                seed=config.seed)
+  if d.batching == "bm25":
+    order = bm25_order(config, train.tokens, cache_dir)
+    return streams.PackedSegments(train.tokens, d.seq_len, d.batch_size, order,
+                                  seed=config.seed)
+  raise ValueError(f"unknown data.batching {d.batching!r}; use one of {BATCHINGS}")
+
+
+def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """The offline packing job (``--mode=pack``): writes the BM25 order.
+
+  Reads the training split through its SeqIO task, runs Algorithm 1 into the
+  cache directory that training reads, and writes ``<workdir>/bm25_pack.json``
+  (counts and timing).
+  """
+  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
+  d = config.data
+  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
+  cache_dir = d.cache_dir or os.path.join(workdir, "cache")
+  os.makedirs(cache_dir, exist_ok=True)
+  train = tasks.load_token_stream(d.corpus, data_dir, "train", cache_dir)
+  start = time.time()
+  order = bm25_order(config, train.tokens, cache_dir)
+  batcher = streams.PackedSegments(train.tokens, d.seq_len, d.batch_size, order,
+                                   seed=config.seed)
+  summary = {"segments": int(len(order)), "batches_per_epoch": batcher.num_batches,
+             "seq_len": int(d.seq_len), "batch_size": int(d.batch_size),
+             "k": int(d.bm25_k), "seed": int(d.bm25_seed),
+             "stopwords": bool(d.bm25_stopwords), "seconds": time.time() - start,
+             "cache_dir": os.path.join(cache_dir, "bm25")}
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "bm25_pack.json")
+  with open(path, "w") as f:
+    json.dump(summary, f, indent=2, sort_keys=True)
+  return {**summary, "results_path": path,
+          "summary_lines": [f"BM25 order of {len(order)} segments "
+                            f"({batcher.num_batches} batches of {d.batch_size}) in "
+                            f"{summary['cache_dir']}"]}
