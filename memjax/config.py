@@ -121,9 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_memory.temperature = 1.0   # tau: divides the memory logits only
   c.eval_memory.cache_lambda = 0.1  # cache interpolation weight
   c.eval_memory.cache_theta = 0.05  # cache inverse temperature (no 1/sqrt(d))
-  c.eval_memory.temperature_grid = (0.6, 0.8, 1.0, 1.2, 1.5)
-  c.eval_memory.cache_lambda_grid = (0.05, 0.1, 0.15, 0.2, 0.3)
-  c.eval_memory.cache_theta_grid = (0.01, 0.02, 0.05, 0.1, 0.2)
+  c.eval_memory.temperature_grid = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
+  c.eval_memory.cache_lambda_grid = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
+  c.eval_memory.cache_theta_grid = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
   c.eval_memory.long_mem_grid = ()  # tune: sizes N to try; () = long_mem_tokens only
   c.eval_memory.sweep_tokens = (0, 1024, 2048, 4096, 8192, 12288, 16384, 24576)
   c.eval_memory.sweep_kinds = ("trime", "cache")

@@ -267,6 +267,7 @@ def load(config: ml_collections.ConfigDict, workdir: str,
     FileNotFoundError: no checkpoint to evaluate.
     checkpointing.CheckpointMismatchError: a checkpoint of another model.
   """
+  os.makedirs(workdir, exist_ok=True)
   mesh = sharding_lib.make_mesh(config.mesh.to_dict())
   dcfg = config.data
   data_dir = dcfg.data_dir or sources.default_data_dir(dcfg.corpus)
