@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
 
-.PHONY: demo test smoke bench clean-venv
+.PHONY: demo test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,15 @@ demo: $(STAMP)
 smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
 
-test: $(STAMP)
+test: $(STAMP) format-check
 	$(PY) -m pytest -q tests
+
+# Google style, 2-space indentation; configuration in pyproject.toml.
+format: $(STAMP)
+	$(VENV)/bin/pyink .
+
+format-check: $(STAMP)
+	$(VENV)/bin/pyink --check .
 
 bench: $(STAMP)
 	$(PY) benchmarks/train_throughput.py --config=configs/trime_wt103.py:demo

@@ -29,5 +29,5 @@ setuptools.setup(
         "tensorflow-datasets>=4.9",
         "tensorflow-text>=2.20,<2.21",
     ],
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={"test": ["pytest>=8", "pyink>=24"]},
 )

@@ -29,119 +29,144 @@ WT103_SEGMENTS = 690_000  # WikiText-103 train at L = 150 (103M tokens)
 
 
 def cpu_model() -> str:
-    """platform.processor(), or the model name from /proc/cpuinfo when empty."""
-    name = platform.processor()
-    if not name and os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return name
+  """platform.processor(), or the model name from /proc/cpuinfo when empty."""
+  name = platform.processor()
+  if not name and os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  return name
 
 
 def wikitext_ids(path: str) -> tuple[np.ndarray, dict[str, int]]:
-    """Word ids of a WikiText file: whitespace words plus <eos> per line,
-    ids by descending frequency (a stand-in for the project's vocabulary)."""
-    words = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            words.extend(line.split())
-            words.append("<eos>")
-    vocab, inverse, counts = np.unique(np.array(words), return_inverse=True, return_counts=True)
-    rank = np.empty(len(vocab), np.int64)
-    rank[np.argsort(-counts, kind="stable")] = np.arange(len(vocab))
-    return rank[inverse].astype(np.int32), {w: int(rank[i]) for i, w in enumerate(vocab)}
+  """Word ids of a WikiText file: whitespace words plus <eos> per line,
+  ids by descending frequency (a stand-in for the project's vocabulary)."""
+  words = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      words.extend(line.split())
+      words.append("<eos>")
+  vocab, inverse, counts = np.unique(
+      np.array(words), return_inverse=True, return_counts=True
+  )
+  rank = np.empty(len(vocab), np.int64)
+  rank[np.argsort(-counts, kind="stable")] = np.arange(len(vocab))
+  return rank[inverse].astype(np.int32), {
+      w: int(rank[i]) for i, w in enumerate(vocab)
+  }
 
 
-def zipf_segments(num: int, length: int = 150, vocab: int = 50_000, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, vocab + 1)
-    return rng.choice(vocab, size=(num, length), p=p / p.sum()).astype(np.int32)
+def zipf_segments(
+    num: int, length: int = 150, vocab: int = 50_000, seed: int = 0
+) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  p = 1.0 / np.arange(1, vocab + 1)
+  return rng.choice(vocab, size=(num, length), p=p / p.sum()).astype(np.int32)
 
 
 def time_case(name: str, segments, k: int, stopword_ids=None) -> dict:
-    segs = bm25._as_segment_list(segments)
-    t0 = time.perf_counter()
-    index = bm25._Index(segs, stopword_ids, None, 1.5, 0.75, show_progress=False)
-    t1 = time.perf_counter()
-    neighbours = np.full((len(segs), k), -1, np.int64)
-    chunk = int(min(max(bm25._CHUNK_ENTRIES // len(segs), 16), 4096))
-    for start in range(0, len(segs), chunk):
-        rows = np.arange(start, min(start + chunk, len(segs)))
-        neighbours[rows] = bm25._top_k_rows(index.scores(rows), k)
-    t2 = time.perf_counter()
-    order, restarts = bm25.pack_from_neighbours(neighbours, seed=0)
-    t3 = time.perf_counter()
-    assert np.array_equal(np.sort(order), np.arange(len(segs)))
-    # Baseline in the same run: bm25s's own retrieve, one query at a time
-    # (numpy backend), on the same index, for a sample of queries.
-    sample = [index.remapped[i].tolist() for i in range(min(200, len(segs)))]
-    index.retriever.retrieve(sample[:5], k=k, show_progress=False, backend_selection="numpy")
-    t4 = time.perf_counter()
-    index.retriever.retrieve(sample, k=k, show_progress=False, backend_selection="numpy")
-    baseline_ms = (time.perf_counter() - t4) / len(sample) * 1e3
-    return {
-        "case": name,
-        "segments": len(segs),
-        "tokens": int(sum(len(s) for s in segs)),
-        "dense_terms": int(len(index.dense_terms)),
-        "index_s": round(t1 - t0, 2),
-        "search_s": round(t2 - t1, 2),
-        "pack_loop_s": round(t3 - t2, 2),
-        "total_s": round(t3 - t0, 2),
-        "search_ms_per_query": round((t2 - t1) / len(segs) * 1e3, 3),
-        "bm25s_retrieve_ms_per_query": round(baseline_ms, 3),
-        "speedup_vs_bm25s_retrieve": round(baseline_ms / ((t2 - t1) / len(segs) * 1e3), 2),
-        "random_restarts": int(restarts),
-    }
+  segs = bm25._as_segment_list(segments)
+  t0 = time.perf_counter()
+  index = bm25._Index(segs, stopword_ids, None, 1.5, 0.75, show_progress=False)
+  t1 = time.perf_counter()
+  neighbours = np.full((len(segs), k), -1, np.int64)
+  chunk = int(min(max(bm25._CHUNK_ENTRIES // len(segs), 16), 4096))
+  for start in range(0, len(segs), chunk):
+    rows = np.arange(start, min(start + chunk, len(segs)))
+    neighbours[rows] = bm25._top_k_rows(index.scores(rows), k)
+  t2 = time.perf_counter()
+  order, restarts = bm25.pack_from_neighbours(neighbours, seed=0)
+  t3 = time.perf_counter()
+  assert np.array_equal(np.sort(order), np.arange(len(segs)))
+  # Baseline in the same run: bm25s's own retrieve, one query at a time
+  # (numpy backend), on the same index, for a sample of queries.
+  sample = [index.remapped[i].tolist() for i in range(min(200, len(segs)))]
+  index.retriever.retrieve(
+      sample[:5], k=k, show_progress=False, backend_selection="numpy"
+  )
+  t4 = time.perf_counter()
+  index.retriever.retrieve(
+      sample, k=k, show_progress=False, backend_selection="numpy"
+  )
+  baseline_ms = (time.perf_counter() - t4) / len(sample) * 1e3
+  return {
+      "case": name,
+      "segments": len(segs),
+      "tokens": int(sum(len(s) for s in segs)),
+      "dense_terms": int(len(index.dense_terms)),
+      "index_s": round(t1 - t0, 2),
+      "search_s": round(t2 - t1, 2),
+      "pack_loop_s": round(t3 - t2, 2),
+      "total_s": round(t3 - t0, 2),
+      "search_ms_per_query": round((t2 - t1) / len(segs) * 1e3, 3),
+      "bm25s_retrieve_ms_per_query": round(baseline_ms, 3),
+      "speedup_vs_bm25s_retrieve": round(
+          baseline_ms / ((t2 - t1) / len(segs) * 1e3), 2
+      ),
+      "random_restarts": int(restarts),
+  }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", default="12500,25000,50000,100000")
-    parser.add_argument("--k", type=int, default=20)
-    parser.add_argument("--seq_len", type=int, default=150)
-    args = parser.parse_args()
-    machine = {
-        "processor": platform.processor(),
-        "cpu_model": cpu_model(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "bm25s": bm25s.__version__,
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--sizes", default="12500,25000,50000,100000")
+  parser.add_argument("--k", type=int, default=20)
+  parser.add_argument("--seq_len", type=int, default=150)
+  args = parser.parse_args()
+  machine = {
+      "processor": platform.processor(),
+      "cpu_model": cpu_model(),
+      "machine": platform.machine(),
+      "cpu_count": os.cpu_count(),
+      "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+      "python": sys.version.split()[0],
+      "numpy": np.__version__,
+      "bm25s": bm25s.__version__,
+  }
+  rows = []
+
+  def report(row):
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+  if os.path.exists(DEMO_TRAIN):
+    tokens, vocab = wikitext_ids(DEMO_TRAIN)
+    segs = bm25.split_segments(tokens, args.seq_len)
+    report(time_case("demo_wikitext", segs, args.k))
+    stop = [vocab[w] for w in bm25s.stopwords.STOPWORDS_EN if w in vocab]
+    report(
+        time_case("demo_wikitext_en_stopwords", segs, args.k, stopword_ids=stop)
+    )
+  for num in (int(s) for s in args.sizes.split(",") if s):
+    report(time_case(f"zipf_{num}", zipf_segments(num, args.seq_len), args.k))
+
+  zipf = [r for r in rows if r["case"].startswith("zipf_")]
+  fit = {}
+  if len(zipf) >= 2:
+    x = np.log([r["segments"] for r in zipf])
+    y = np.log([r["total_s"] for r in zipf])
+    slope, intercept = np.polyfit(x, y, 1)
+    fit = {
+        "time_exponent": round(float(slope), 2),
+        "extrapolated_total_s_at_690k": round(
+            float(math.exp(intercept) * WT103_SEGMENTS**slope)
+        ),
+        "note": "total_s ~ c * S^exponent fitted on the zipf cases",
     }
-    rows = []
-
-    def report(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-
-    if os.path.exists(DEMO_TRAIN):
-        tokens, vocab = wikitext_ids(DEMO_TRAIN)
-        segs = bm25.split_segments(tokens, args.seq_len)
-        report(time_case("demo_wikitext", segs, args.k))
-        stop = [vocab[w] for w in bm25s.stopwords.STOPWORDS_EN if w in vocab]
-        report(time_case("demo_wikitext_en_stopwords", segs, args.k, stopword_ids=stop))
-    for num in (int(s) for s in args.sizes.split(",") if s):
-        report(time_case(f"zipf_{num}", zipf_segments(num, args.seq_len), args.k))
-
-    zipf = [r for r in rows if r["case"].startswith("zipf_")]
-    fit = {}
-    if len(zipf) >= 2:
-        x = np.log([r["segments"] for r in zipf])
-        y = np.log([r["total_s"] for r in zipf])
-        slope, intercept = np.polyfit(x, y, 1)
-        fit = {
-            "time_exponent": round(float(slope), 2),
-            "extrapolated_total_s_at_690k": round(
-                float(math.exp(intercept) * WT103_SEGMENTS ** slope)),
-            "note": "total_s ~ c * S^exponent fitted on the zipf cases",
-        }
-    print(json.dumps({"machine": machine, "k": args.k, "seq_len": args.seq_len,
-                      "results": rows, "fit": fit}, indent=2))
+  print(
+      json.dumps(
+          {
+              "machine": machine,
+              "k": args.k,
+              "seq_len": args.seq_len,
+              "results": rows,
+              "fit": fit,
+          },
+          indent=2,
+      )
+  )
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -58,10 +58,15 @@ def load_config(spec: str, overrides: list[str]):
 
 def machine() -> dict:
   dev = jax.devices()[0]
-  return {"platform": dev.platform, "device_kind": dev.device_kind,
-          "device_count": jax.device_count(), "cpu": platform.processor() or platform.machine(),
-          "cpu_count": os.cpu_count(), "jax": jax.__version__,
-          "python": platform.python_version()}
+  return {
+      "platform": dev.platform,
+      "device_kind": dev.device_kind,
+      "device_count": jax.device_count(),
+      "cpu": platform.processor() or platform.machine(),
+      "cpu_count": os.cpu_count(),
+      "jax": jax.__version__,
+      "python": platform.python_version(),
+  }
 
 
 def peak_device_bytes() -> int | None:
@@ -82,17 +87,28 @@ class Runner:
     tx, _ = optim.make_optimizer(cfg.optim, cfg.train.num_steps)
     loss_fn = losses.make_loss(cfg.loss, cfg.train.num_steps)
     sample = train.host_batch(data.batcher, 0)
-    self.state, shardings = train.create_state(model, tx, mesh, sample,
-                                               jax.random.PRNGKey(0))
+    self.state, shardings = train.create_state(
+        model, tx, mesh, sample, jax.random.PRNGKey(0)
+    )
     self.step = train.make_train_step(
-        model, tx, loss_fn, grad_accum=cfg.train.grad_accum,
-        state_shardings=shardings, mesh=mesh)
-    self.batches = [sharding_lib.put_global_batch(
-        train.host_batch(data.batcher, i), mesh) for i in range(steps)]
+        model,
+        tx,
+        loss_fn,
+        grad_accum=cfg.train.grad_accum,
+        state_shardings=shardings,
+        mesh=mesh,
+    )
+    self.batches = [
+        sharding_lib.put_global_batch(train.host_batch(data.batcher, i), mesh)
+        for i in range(steps)
+    ]
     self.rng = jax.random.PRNGKey(1)
-    self.num_params = int(sum(np.prod(x.shape)
-                              for x in jax.tree.leaves(self.state.params)))
-    self.memory_bytes = self.step.memory_bytes(self.state, self.batches[0], self.rng)
+    self.num_params = int(
+        sum(np.prod(x.shape) for x in jax.tree.leaves(self.state.params))
+    )
+    self.memory_bytes = self.step.memory_bytes(
+        self.state, self.batches[0], self.rng
+    )
     t0 = time.time()
     self.run(1)
     self.warmup_s = time.time() - t0
@@ -102,8 +118,9 @@ class Runner:
     """Runs ``steps`` updates; returns seconds per step."""
     t0 = time.time()
     for i in range(steps):
-      self.state, m = self.step(self.state, self.batches[i % len(self.batches)],
-                                self.rng)
+      self.state, m = self.step(
+          self.state, self.batches[i % len(self.batches)], self.rng
+      )
     jax.block_until_ready(m)
     self.last_loss = float(m["loss"])
     return (time.time() - t0) / steps
@@ -111,42 +128,66 @@ class Runner:
   def report(self) -> dict:
     sps = float(np.median(self.times))
     tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
-    return {"spec": self.spec, "config": self.cfg.name, "tokens_per_step": tokens,
-            "seconds_per_step_median": sps,
-            "seconds_per_step_all_rounds": self.times,
-            "tokens_per_s": tokens / sps, "warmup_s": self.warmup_s,
-            "num_params": self.num_params, "step_memory_bytes": self.memory_bytes,
-            "device_peak_bytes": peak_device_bytes()}
+    return {
+        "spec": self.spec,
+        "config": self.cfg.name,
+        "tokens_per_step": tokens,
+        "seconds_per_step_median": sps,
+        "seconds_per_step_all_rounds": self.times,
+        "tokens_per_s": tokens / sps,
+        "warmup_s": self.warmup_s,
+        "num_params": self.num_params,
+        "step_memory_bytes": self.memory_bytes,
+        "device_peak_bytes": peak_device_bytes(),
+    }
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--config", action="append", required=True)
-  p.add_argument("--set", action="append", default=[],
-                 help="key=value override applied to every config")
+  p.add_argument(
+      "--set",
+      action="append",
+      default=[],
+      help="key=value override applied to every config",
+  )
   p.add_argument("--steps", type=int, default=10, help="steps per round")
-  p.add_argument("--rounds", type=int, default=3,
-                 help="rounds; configs alternate within each round so that "
-                 "drifts in machine load hit all of them alike")
+  p.add_argument(
+      "--rounds",
+      type=int,
+      default=3,
+      help="rounds; configs alternate within each round so that "
+      "drifts in machine load hit all of them alike",
+  )
   p.add_argument("--out", default="", help="also write the JSON here")
   args = p.parse_args(argv)
   with tempfile.TemporaryDirectory() as tmp:
-    runners = [Runner(spec, load_config(spec, args.set), args.steps, tmp)
-               for spec in args.config]
+    runners = [
+        Runner(spec, load_config(spec, args.set), args.steps, tmp)
+        for spec in args.config
+    ]
   for r in range(args.rounds):
     for runner in runners:
       runner.times.append(runner.run(args.steps))
-    print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-        f"{x.spec} {x.times[-1]:.3f}s/step" for x in runners), file=sys.stderr)
+    print(
+        f"round {r + 1}/{args.rounds}: "
+        + ", ".join(f"{x.spec} {x.times[-1]:.3f}s/step" for x in runners),
+        file=sys.stderr,
+    )
   results = [x.report() for x in runners]
   results[0]["process_peak_rss_bytes"] = (
-      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  )
   base = results[0]
   for r in results[1:]:
     r["speed_ratio_vs_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
-    r["memory_ratio_vs_baseline"] = r["step_memory_bytes"] / base["step_memory_bytes"]
+    r["memory_ratio_vs_baseline"] = (
+        r["step_memory_bytes"] / base["step_memory_bytes"]
+    )
     if r["device_peak_bytes"] and base["device_peak_bytes"]:
-      r["device_peak_ratio_vs_baseline"] = r["device_peak_bytes"] / base["device_peak_bytes"]
+      r["device_peak_ratio_vs_baseline"] = (
+          r["device_peak_bytes"] / base["device_peak_bytes"]
+      )
   report = {"machine": machine(), "baseline": base["spec"], "results": results}
   text = json.dumps(report, indent=2)
   print(text)

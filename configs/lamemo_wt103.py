@@ -33,7 +33,8 @@ try:
   from configs import txl_wt103  # pylint: disable=g-import-not-at-top
 except ImportError:  # Loaded by path from outside the repository root.
   _spec = importlib.util.spec_from_file_location(
-      "txl_wt103", os.path.join(os.path.dirname(__file__), "txl_wt103.py"))
+      "txl_wt103", os.path.join(os.path.dirname(__file__), "txl_wt103.py")
+  )
   txl_wt103 = importlib.util.module_from_spec(_spec)
   _spec.loader.exec_module(txl_wt103)
 
@@ -53,8 +54,12 @@ TRIME_LONG_SEGMENTS = 4
 
 def get_config(arg: str = "demo"):
   method, size = base.parse_variant(arg, SIZES, METHODS)
-  options = {"position": "disentangled", "look_ahead": True,
-             "interpolate": True, "eps": 1e-6}
+  options = {
+      "position": "disentangled",
+      "look_ahead": True,
+      "interpolate": True,
+      "eps": 1e-6,
+  }
   options.update(OPTIONS[method])
   c = txl_wt103.recurrent_config(size, "lamemo", options)
   c.name = f"{c.data.corpus}_{method}_{size}"

@@ -41,17 +41,39 @@ def get_config(arg: str = "demo"):
     t.eval_max_windows = 8
     e.window_len, e.score_len, e.batch_size, e.max_windows = 64, 32, 16, 32
   elif size == "demo":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 4, 128, 4, 32, 512
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        4,
+        128,
+        4,
+        32,
+        512,
+    )
     d.seq_len, d.batch_size = 256, 16
     o.learning_rate, o.warmup_steps = 1e-3, 100
-    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 1000, 100, 500, 500
+    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = (
+        1000,
+        100,
+        500,
+        500,
+    )
     e.window_len, e.score_len, e.batch_size, e.max_windows = 256, 128, 64, 0
   elif size == "38m":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 12, 512, 8, 64, 2048
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        12,
+        512,
+        8,
+        64,
+        2048,
+    )
     m.dropout = 0.1
     d.seq_len, d.batch_size = 512, 96
     t.grad_accum = 4
-    o.optimizer, o.learning_rate, o.schedule, o.warmup_steps = "adam", 2.5e-4, "cosine", 0
+    o.optimizer, o.learning_rate, o.schedule, o.warmup_steps = (
+        "adam",
+        2.5e-4,
+        "cosine",
+        0,
+    )
     t.num_steps = 400000
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     e.window_len, e.score_len, e.batch_size = 512, 80, 32

@@ -58,17 +58,34 @@ def get_config(arg: str = "demo"):
     t.eval_max_windows = 8
     e.window_len, e.score_len, e.batch_size, e.max_windows = 32, 16, 16, 32
   elif size == "demo":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 4, 128, 4, 32, 512
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        4,
+        128,
+        4,
+        32,
+        512,
+    )
     m.cutoffs = (2000, 6000)
     m.dropout = 0.1
     d.seq_len, d.batch_size = 128, 16
     o.learning_rate, o.warmup_steps, o.schedule = 2e-3, 50, "cosine"
     # 400 steps keep `make demo` (three trainings and the tuning) at about
     # ten minutes on two idle CPU cores.
-    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = 400, 50, 400, 400
+    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = (
+        400,
+        50,
+        400,
+        400,
+    )
     e.window_len, e.score_len, e.batch_size = 128, 64, 64
   elif size == "247m":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 16, 1024, 8, 128, 4096
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        16,
+        1024,
+        8,
+        128,
+        4096,
+    )
     m.cutoffs = (20000, 60000)
     m.scale_embedding = True
     m.dropout, m.attention_dropout = 0.3, 0.1
@@ -81,16 +98,33 @@ def get_config(arg: str = "demo"):
     t.num_steps = 286000
     e.window_len, e.score_len, e.batch_size = 3072, 512, 8
   elif size == "150m":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 16, 410, 10, 41, 2100
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        16,
+        410,
+        10,
+        41,
+        2100,
+    )
     m.cutoffs = (20000, 40000, 200000)
     m.dropout = 0.1
     d.seq_len, d.batch_size = 150, 240
     t.grad_accum = 4
-    o.optimizer, o.learning_rate, o.schedule, o.warmup_steps = "adam", 2.5e-4, "cosine", 0
+    o.optimizer, o.learning_rate, o.schedule, o.warmup_steps = (
+        "adam",
+        2.5e-4,
+        "cosine",
+        0,
+    )
     t.num_steps = 400000
     e.window_len, e.score_len, e.batch_size = 150, 64, 64
   elif size == "7m":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 8, 128, 4, 32, 512
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        8,
+        128,
+        4,
+        32,
+        512,
+    )
     m.cutoffs = (20000, 60000)
     m.dropout = 0.1
     d.seq_len, d.batch_size = 3072, 8

@@ -33,9 +33,12 @@ SIZES = ("smoke", "demo", "base", "enwik8", "text8")
 METHODS = ("txl", "rpe")
 
 
-def recurrent_config(size: str, attention: str,
-                     options: Optional[dict[str, Any]] = None,
-                     name: str = ""):
+def recurrent_config(
+    size: str,
+    attention: str,
+    options: Optional[dict[str, Any]] = None,
+    name: str = "",
+):
   """The config of a relative-attention model of ``size``.
 
   Args:
@@ -72,7 +75,13 @@ def recurrent_config(size: str, attention: str,
     e.lanes, e.max_windows = 2, 16
     e.window_len, e.score_len, e.batch_size = 16, 8, 16
   elif size == "demo":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 4, 128, 4, 32, 512
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        4,
+        128,
+        4,
+        32,
+        512,
+    )
     m.cutoffs = (2000, 6000)
     d.seq_len, d.batch_size, mem = 64, 8, 64
     o.learning_rate, o.warmup_steps = 2e-3, 50
@@ -80,7 +89,13 @@ def recurrent_config(size: str, attention: str,
     e.lanes = 8
     e.window_len, e.score_len, e.batch_size = 64, 32, 64
   elif size == "base":
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 16, 410, 10, 41, 2100
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        16,
+        410,
+        10,
+        41,
+        2100,
+    )
     m.cutoffs = (20000, 40000, 200000)
     m.adaptive_factor = 1  # Transformer-XL's div_val 1: full-width clusters.
     d.seq_len, d.batch_size, mem = 150, 64, 150
@@ -89,7 +104,13 @@ def recurrent_config(size: str, attention: str,
     e.lanes = 10  # Transformer-XL's evaluation batch.
     e.window_len, e.score_len, e.batch_size = 150, 75, 64
   else:  # enwik8, text8
-    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 12, 512, 8, 64, 2048
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
+        12,
+        512,
+        8,
+        64,
+        2048,
+    )
     m.cutoffs = ()
     d.seq_len, d.batch_size, mem = 512, 40, 512
     o.learning_rate = 2.5e-4

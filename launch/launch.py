@@ -27,47 +27,87 @@ import subprocess
 import sys
 
 
-def main_command(config: str, workdir: str, overrides: list[str],
-                 python: str = ".venv/bin/python") -> list[str]:
+def main_command(
+    config: str,
+    workdir: str,
+    overrides: list[str],
+    python: str = ".venv/bin/python",
+) -> list[str]:
   """The per-host training command."""
-  return [python, "-m", "memjax.main", f"--config={config}",
-          f"--workdir={workdir}", "--multihost", *overrides]
+  return [
+      python,
+      "-m",
+      "memjax.main",
+      f"--config={config}",
+      f"--workdir={workdir}",
+      "--multihost",
+      *overrides,
+  ]
 
 
-def tpu_command(tpu: str, zone: str, repo_dir: str, cmd: list[str]) -> list[str]:
+def tpu_command(
+    tpu: str, zone: str, repo_dir: str, cmd: list[str]
+) -> list[str]:
   """gcloud command that runs ``cmd`` on every worker of a TPU VM slice."""
-  remote = f"cd {repo_dir} && {shlex.join(cmd)}"  # unquoted: ~ must expand remotely
-  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu, f"--zone={zone}",
-          "--worker=all", f"--command={remote}"]
+  remote = (
+      f"cd {repo_dir} && {shlex.join(cmd)}"  # unquoted: ~ must expand remotely
+  )
+  return [
+      "gcloud",
+      "compute",
+      "tpus",
+      "tpu-vm",
+      "ssh",
+      tpu,
+      f"--zone={zone}",
+      "--worker=all",
+      f"--command={remote}",
+  ]
 
 
-def slurm_script(nodes: int, gpus_per_node: int, repo_dir: str, cmd: list[str],
-                 job_name: str = "memjax", time: str = "72:00:00") -> str:
+def slurm_script(
+    nodes: int,
+    gpus_per_node: int,
+    repo_dir: str,
+    cmd: list[str],
+    job_name: str = "memjax",
+    time: str = "72:00:00",
+) -> str:
   """An sbatch script: one task per node, each task sees all its GPUs.
 
   jax.distributed.initialize() reads SLURM_* variables, so no addresses are
   needed; XLA's NCCL settings are left to the cluster's defaults.
   """
-  return "\n".join([
-      "#!/bin/bash",
-      f"#SBATCH --job-name={job_name}",
-      f"#SBATCH --nodes={nodes}",
-      "#SBATCH --ntasks-per-node=1",
-      f"#SBATCH --gpus-per-node={gpus_per_node}",
-      f"#SBATCH --time={time}",
-      "#SBATCH --output=%x-%j.out",
-      "set -euo pipefail",
-      f"cd {shlex.quote(repo_dir)}",
-      f"srun {shlex.join(cmd)}",
-      "",
-  ])
+  return "\n".join(
+      [
+          "#!/bin/bash",
+          f"#SBATCH --job-name={job_name}",
+          f"#SBATCH --nodes={nodes}",
+          "#SBATCH --ntasks-per-node=1",
+          f"#SBATCH --gpus-per-node={gpus_per_node}",
+          f"#SBATCH --time={time}",
+          "#SBATCH --output=%x-%j.out",
+          "set -euo pipefail",
+          f"cd {shlex.quote(repo_dir)}",
+          f"srun {shlex.join(cmd)}",
+          "",
+      ]
+  )
 
 
-def manual_commands(nodes: int, coordinator: str, cmd: list[str]) -> list[list[str]]:
+def manual_commands(
+    nodes: int, coordinator: str, cmd: list[str]
+) -> list[list[str]]:
   """One command per node with explicit coordinator and process ids."""
-  return [cmd + [f"--coordinator_address={coordinator}",
-                 f"--num_processes={nodes}", f"--process_id={i}"]
-          for i in range(nodes)]
+  return [
+      cmd
+      + [
+          f"--coordinator_address={coordinator}",
+          f"--num_processes={nodes}",
+          f"--process_id={i}",
+      ]
+      for i in range(nodes)
+  ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
       return subprocess.call(full)
   elif args.target == "slurm":
-    sys.stdout.write(slurm_script(args.nodes, args.gpus_per_node, args.repo_dir, cmd))
+    sys.stdout.write(
+        slurm_script(args.nodes, args.gpus_per_node, args.repo_dir, cmd)
+    )
   else:
     if not args.coordinator:
       p.error("manual needs --coordinator=HOST:PORT")

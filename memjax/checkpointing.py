@@ -34,8 +34,9 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def compare_signatures(saved: Mapping[str, Any], current: Mapping[str, Any]
-                       ) -> list[str]:
+def compare_signatures(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> list[str]:
   """Returns 'key: saved -> current' lines for every differing model key."""
   a, b = _flatten(saved), _flatten(current)
   diffs = []
@@ -48,14 +49,21 @@ def compare_signatures(saved: Mapping[str, Any], current: Mapping[str, Any]
 class Checkpointer:
   """Saves and restores train states under ``<workdir>/checkpoints``."""
 
-  def __init__(self, directory: str, *, keep: int, signature: Mapping[str, Any],
-               create: bool = True):
+  def __init__(
+      self,
+      directory: str,
+      *,
+      keep: int,
+      signature: Mapping[str, Any],
+      create: bool = True,
+  ):
     self.directory = os.path.abspath(directory)
     self.signature = dict(signature)
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create),
-        item_names=("state", "data", "meta"))
+        item_names=("state", "data", "meta"),
+    )
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -65,28 +73,43 @@ class Checkpointer:
 
   def read_meta(self, step: int) -> dict[str, Any]:
     return self._manager.restore(
-        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+    ).meta
 
-  def check_compatible(self, step: int, *, ignore: tuple[str, ...] = ()) -> None:
+  def check_compatible(
+      self, step: int, *, ignore: tuple[str, ...] = ()
+  ) -> None:
     """Raises CheckpointMismatchError if ``step`` holds another model."""
     saved = self.read_meta(step).get("model", {})
-    diffs = [d for d in compare_signatures(saved, self.signature.get("model", {}))
-             if d.split(":")[0] not in ignore]
+    diffs = [
+        d
+        for d in compare_signatures(saved, self.signature.get("model", {}))
+        if d.split(":")[0] not in ignore
+    ]
     if diffs:
       raise CheckpointMismatchError(
           f"checkpoint {self.directory} step {step} was written by a different "
           f"model ({'; '.join(diffs[:6])}{' ...' if len(diffs) > 6 else ''}); "
-          "use another --workdir or restore the matching --config")
+          "use another --workdir or restore the matching --config"
+      )
 
-  def save(self, step: int, state: Any, data_position: Mapping[str, Any], *,
-           force: bool = False) -> bool:
+  def save(
+      self,
+      step: int,
+      state: Any,
+      data_position: Mapping[str, Any],
+      *,
+      force: bool = False,
+  ) -> bool:
     saved = self._manager.save(
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(dict(data_position)),
-            meta=ocp.args.JsonSave(self.signature)),
-        force=force)
+            meta=ocp.args.JsonSave(self.signature),
+        ),
+        force=force,
+    )
     return bool(saved)
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
@@ -96,7 +119,9 @@ class Checkpointer:
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
-            data=ocp.args.JsonRestore()))
+            data=ocp.args.JsonRestore(),
+        ),
+    )
     return restored.state, dict(restored.data)
 
   def wait(self) -> None:
@@ -107,8 +132,9 @@ class Checkpointer:
     self._manager.close()
 
 
-def restore_params(directory: str, abstract_params: Any,
-                   step: Optional[int] = None) -> tuple[Any, int]:
+def restore_params(
+    directory: str, abstract_params: Any, step: Optional[int] = None
+) -> tuple[Any, int]:
   """Restores only the parameters of another run (``train.init_from``).
 
   Parameters present in ``abstract_params`` but absent from the checkpoint
@@ -131,19 +157,30 @@ def restore_params(directory: str, abstract_params: Any,
   if os.path.isdir(os.path.join(directory, "checkpoints")):
     directory = os.path.join(directory, "checkpoints")
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f"train.init_from: no checkpoint directory {directory}")
-  mngr = ocp.CheckpointManager(directory, item_names=("state", "data", "meta"),
-                               options=ocp.CheckpointManagerOptions(create=False))
+    raise FileNotFoundError(
+        f"train.init_from: no checkpoint directory {directory}"
+    )
+  mngr = ocp.CheckpointManager(
+      directory,
+      item_names=("state", "data", "meta"),
+      options=ocp.CheckpointManagerOptions(create=False),
+  )
   step = mngr.latest_step() if step is None else step
   if step is None:
-    raise FileNotFoundError(f"train.init_from: no checkpoint steps in {directory}")
+    raise FileNotFoundError(
+        f"train.init_from: no checkpoint steps in {directory}"
+    )
   restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
   restored = mngr.restore(
       step,
-      args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-          item={"params": abstract_params},
-          restore_args={"params": restore_args},
-          partial_restore=True)))
+      args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              item={"params": abstract_params},
+              restore_args={"params": restore_args},
+              partial_restore=True,
+          )
+      ),
+  )
   mngr.close()
   return restored.state["params"], step
 
@@ -152,4 +189,6 @@ def abstract_with_sharding(tree: Any, shardings: Any) -> Any:
   """Pairs a pytree of shapes with shardings as jax.ShapeDtypeStructs."""
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      tree, shardings)
+      tree,
+      shardings,
+  )

@@ -17,16 +17,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   c.data = ml_collections.ConfigDict()
-  c.data.corpus = "wikitext103"     # wikitext103 | enwik8 | text8
-  c.data.data_dir = ""              # "" = the demo copy shipped in demo_data/
-  c.data.cache_dir = ""             # "" = <workdir>/cache
-  c.data.seq_len = 128              # L, tokens per training segment
-  c.data.batch_size = 16            # segments per update (all micro-batches)
-  c.data.batching = "random"        # random | consecutive | blocks | bm25
-  c.data.segments_per_lane = 1      # m, consecutive segments per document/lane
-  c.data.bm25_k = 20                # bm25 batching: hits per query (Algorithm 1)
-  c.data.bm25_seed = 0              # bm25 batching: seeds the chain's random starts
-  c.data.bm25_stopwords = False     # bm25 batching: drop English stop words (word corpora)
+  c.data.corpus = "wikitext103"  # wikitext103 | enwik8 | text8
+  c.data.data_dir = ""  # "" = the demo copy shipped in demo_data/
+  c.data.cache_dir = ""  # "" = <workdir>/cache
+  c.data.seq_len = 128  # L, tokens per training segment
+  c.data.batch_size = 16  # segments per update (all micro-batches)
+  c.data.batching = "random"  # random | consecutive | blocks | bm25
+  c.data.segments_per_lane = 1  # m, consecutive segments per document/lane
+  c.data.bm25_k = 20  # bm25 batching: hits per query (Algorithm 1)
+  c.data.bm25_seed = 0  # bm25 batching: seeds the chain's random starts
+  c.data.bm25_stopwords = (
+      False  # bm25 batching: drop English stop words (word corpora)
+  )
 
   c.model = ml_collections.ConfigDict()
   c.model.num_layers = 4
@@ -34,31 +36,33 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.num_heads = 4
   c.model.head_dim = 32
   c.model.d_ff = 512
-  c.model.cutoffs = (2000, 6000)    # adaptive input/softmax; () = plain softmax
+  c.model.cutoffs = (2000, 6000)  # adaptive input/softmax; () = plain softmax
   c.model.adaptive_factor = 4
   c.model.scale_embedding = False
   c.model.dropout = 0.1
   c.model.attention_dropout = 0.0
-  c.model.attention = "vanilla"     # vanilla | rpe | xl | lamemo
+  c.model.attention = "vanilla"  # vanilla | rpe | xl | lamemo
   c.model.attention_options = ml_collections.ConfigDict()
   c.model.mem_len = 0
   c.model.max_len = 4096
   c.model.remat = False
-  c.model.dtype = "float32"         # float32 | bfloat16
+  c.model.dtype = "float32"  # float32 | bfloat16
   c.model.softmax_chunk = 4096
 
   c.loss = ml_collections.ConfigDict()
-  c.loss.name = "lm"                # lm (the plain objective) | trime
-  c.loss.memory = "local"           # trime training memory: local | long | external
+  c.loss.name = "lm"  # lm (the plain objective) | trime
+  c.loss.memory = "local"  # trime training memory: local | long | external
   c.loss.lm_warmup_fraction = 0.05  # trime: first updates use the plain LM loss
-  c.loss.local_hide_prob = 0.9      # trime external: p of hiding the local memory
-  c.loss.stop_gradient_memory = False  # trime ablation: no gradient into memory keys
-  c.loss.block_size = 1024          # trime: keys per block of the blockwise loss
+  c.loss.local_hide_prob = 0.9  # trime external: p of hiding the local memory
+  c.loss.stop_gradient_memory = (
+      False  # trime ablation: no gradient into memory keys
+  )
+  c.loss.block_size = 1024  # trime: keys per block of the blockwise loss
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.optimizer = "adam"        # adam | nag | sgd
+  c.optim.optimizer = "adam"  # adam | nag | sgd
   c.optim.learning_rate = 5e-4
-  c.optim.schedule = "cosine"       # cosine | inverse_sqrt | constant
+  c.optim.schedule = "cosine"  # cosine | inverse_sqrt | constant
   c.optim.warmup_steps = 100
   c.optim.min_lr_ratio = 0.0
   c.optim.clip_norm = 0.0
@@ -70,55 +74,57 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 1000
-  c.train.grad_accum = 1            # micro-batches per update
+  c.train.grad_accum = 1  # micro-batches per update
   c.train.log_every = 50
   c.train.eval_every = 500
-  c.train.eval_max_windows = 64     # windows per split for periodic evaluation
+  c.train.eval_max_windows = 64  # windows per split for periodic evaluation
   c.train.checkpoint_every = 500
   c.train.keep_checkpoints = 3
-  c.train.init_from = ""            # checkpoint directory to take params from
+  c.train.init_from = ""  # checkpoint directory to take params from
 
   c.eval = ml_collections.ConfigDict()
   c.eval.splits = ("valid", "test")
-  c.eval.window_len = 128           # context + scored tokens per window
-  c.eval.score_len = 64             # scored tokens at the end of each window
+  c.eval.window_len = 128  # context + scored tokens per window
+  c.eval.score_len = 64  # scored tokens at the end of each window
   c.eval.batch_size = 32
-  c.eval.max_windows = 0            # 0 = the whole split
+  c.eval.max_windows = 0  # 0 = the whole split
   # Models with recurrent memory (xl, lamemo) are scored over whole streams
   # in lanes, carrying the memory (memjax/recurrent_eval.py); max_windows
   # then counts segments per lane.
-  c.eval.segment_len = 0            # segment length (0 = data.seq_len)
-  c.eval.mem_len = 0                # memory length (0 = model.mem_len)
-  c.eval.lanes = 1                  # contiguous lanes the split is cut into
+  c.eval.segment_len = 0  # segment length (0 = data.seq_len)
+  c.eval.mem_len = 0  # memory length (0 = model.mem_len)
+  c.eval.lanes = 1  # contiguous lanes the split is cut into
 
   # --mode=extrapolate: memories of m x segment length (LaMemo, Figure 5).
   c.extrapolate = ml_collections.ConfigDict()
   c.extrapolate.ratios = tuple(range(1, 11))
   c.extrapolate.split = "valid"
-  c.extrapolate.max_segments = 0    # segments per lane (0 = whole split)
+  c.extrapolate.max_segments = 0  # segments per lane (0 = whole split)
 
   # --mode=analyze: alpha by layer and memory slot, attention by distance.
   c.analyze = ml_collections.ConfigDict()
   c.analyze.split = "valid"
-  c.analyze.num_segments = 100      # segments per lane averaged over
+  c.analyze.num_segments = 100  # segments per lane averaged over
 
   # --mode=generate: top-p sampling after a prompt from a split.
   c.generate = ml_collections.ConfigDict()
   c.generate.split = "test"
-  c.generate.prompt_offset = 0      # first prompt token in the split
+  c.generate.prompt_offset = 0  # first prompt token in the split
   c.generate.prompt_len = 512
   c.generate.num_tokens = 256
   c.generate.top_p = 0.95
   c.generate.temperature = 1.0
-  c.generate.mem_len = 0            # memory length (0 = model.mem_len)
+  c.generate.mem_len = 0  # memory length (0 = model.mem_len)
   c.generate.seed = 0
 
   # Evaluation with testing memories (modes memeval, tune, memsweep, buckets;
   # memjax/evaluate_memory.py). The windows are eval.window_len / score_len.
   c.eval_memory = ml_collections.ConfigDict()
-  c.eval_memory.kind = "none"       # none | trime (Eq. 6) | cache (Grave et al.)
-  c.eval_memory.long_mem_tokens = 0  # N: (g, next token) pairs before the window
-  c.eval_memory.temperature = 1.0   # tau: divides the memory logits only
+  c.eval_memory.kind = "none"  # none | trime (Eq. 6) | cache (Grave et al.)
+  c.eval_memory.long_mem_tokens = (
+      0  # N: (g, next token) pairs before the window
+  )
+  c.eval_memory.temperature = 1.0  # tau: divides the memory logits only
   c.eval_memory.cache_lambda = 0.1  # cache interpolation weight
   c.eval_memory.cache_theta = 0.05  # cache inverse temperature (no 1/sqrt(d))
   c.eval_memory.temperature_grid = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
@@ -127,10 +133,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_memory.long_mem_grid = ()  # tune: sizes N to try; () = long_mem_tokens only
   c.eval_memory.sweep_tokens = (0, 1024, 2048, 4096, 8192, 12288, 16384, 24576)
   c.eval_memory.sweep_kinds = ("trime", "cache")
-  c.eval_memory.cache_workdir = ""  # memsweep: run whose checkpoint the cache uses
-  c.eval_memory.batch_size = 8      # windows per evaluation batch
-  c.eval_memory.block_size = 1024   # keys per block of the long-memory sums
-  c.eval_memory.bucket_counts = "valid"  # buckets: count frequencies on valid | train
+  c.eval_memory.cache_workdir = (
+      ""  # memsweep: run whose checkpoint the cache uses
+  )
+  c.eval_memory.batch_size = 8  # windows per evaluation batch
+  c.eval_memory.block_size = 1024  # keys per block of the long-memory sums
+  c.eval_memory.bucket_counts = (
+      "valid"  # buckets: count frequencies on valid | train
+  )
   c.eval_memory.bucket_edges = (10000, 1000, 100, 10)  # Table 14's bucket edges
 
   c.mesh = ml_collections.ConfigDict()
@@ -140,8 +150,9 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def parse_variant(arg: str, sizes: tuple[str, ...], methods: tuple[str, ...]
-                  ) -> tuple[str, str]:
+def parse_variant(
+    arg: str, sizes: tuple[str, ...], methods: tuple[str, ...]
+) -> tuple[str, str]:
   """Splits a config argument 'method_size' (method optional) into parts.
 
   Raises:
@@ -155,4 +166,5 @@ def parse_variant(arg: str, sizes: tuple[str, ...], methods: tuple[str, ...]
       return arg[: -len(size) - 1], size
   raise ValueError(
       f"unknown config variant {arg!r}; use SIZE or METHOD_SIZE with SIZE in "
-      f"{sizes} and METHOD in {methods}")
+      f"{sizes} and METHOD in {methods}"
+  )

@@ -28,8 +28,12 @@ def make_eval_step(model) -> Callable:
   """Jitted (params, batch) -> {'nll_sum', 'tokens'} over the weighted targets."""
 
   def step(params, batch):
-    out = model.apply({"params": params}, batch["inputs"], batch["targets"],
-                      deterministic=True)
+    out = model.apply(
+        {"params": params},
+        batch["inputs"],
+        batch["targets"],
+        deterministic=True,
+    )
     w = batch["weights"]
     return {"nll_sum": -jnp.sum(out.target_logprob * w), "tokens": jnp.sum(w)}
 
@@ -51,10 +55,19 @@ def metric_unit(corpus: str) -> str:
   return "bpc" if corpus in ("enwik8", "text8") else "ppl"
 
 
-def evaluate_tokens(eval_step: Callable, params: Any, tokens: np.ndarray, *,
-                    window_len: int, score_len: int, batch_size: int,
-                    mesh: Mesh, unit: str, max_windows: int = 0,
-                    desc: str = "eval") -> dict[str, float]:
+def evaluate_tokens(
+    eval_step: Callable,
+    params: Any,
+    tokens: np.ndarray,
+    *,
+    window_len: int,
+    score_len: int,
+    batch_size: int,
+    mesh: Mesh,
+    unit: str,
+    max_windows: int = 0,
+    desc: str = "eval",
+) -> dict[str, float]:
   """Scores a token stream with sliding windows.
 
   Args:
@@ -82,23 +95,33 @@ def evaluate_tokens(eval_step: Callable, params: Any, tokens: np.ndarray, *,
   start = time.time()
   pending = []
   for batch in streams.eval_batches(tokens, window_len, score_len, batch_size):
-    pending.append(eval_step(params, sharding_lib.put_global_batch(batch, mesh)))
+    pending.append(
+        eval_step(params, sharding_lib.put_global_batch(batch, mesh))
+    )
   for m in jax.device_get(pending):
     nll_sum += float(m["nll_sum"])
     count += float(m["tokens"])
   res = summarize(nll_sum, count, unit)
-  console.info("%s: %d predictions in %.1fs: %s", desc, int(count),
-               time.time() - start,
-               ", ".join(f"{k}={v:.4f}" for k, v in res.items()))
+  console.info(
+      "%s: %d predictions in %.1fs: %s",
+      desc,
+      int(count),
+      time.time() - start,
+      ", ".join(f"{k}={v:.4f}" for k, v in res.items()),
+  )
   return res
 
 
-def unigram_baseline(train_tokens: np.ndarray, eval_tokens: np.ndarray,
-                     vocab_size: int, unit: str) -> dict[str, float]:
+def unigram_baseline(
+    train_tokens: np.ndarray,
+    eval_tokens: np.ndarray,
+    vocab_size: int,
+    unit: str,
+) -> dict[str, float]:
   """Add-one smoothed unigram model of the training split, scored on a split."""
-  counts = np.bincount(train_tokens, minlength=vocab_size).astype(np.float64) + 1
+  counts = (
+      np.bincount(train_tokens, minlength=vocab_size).astype(np.float64) + 1
+  )
   logp = np.log(counts / counts.sum())
   nll = -logp[eval_tokens[1:]].sum()
   return summarize(float(nll), float(len(eval_tokens) - 1), unit)
-
-

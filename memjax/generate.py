@@ -72,20 +72,23 @@ def top_p_filter(logits: Array, top_p: float) -> Array:
   return jnp.where(keep, logits, -jnp.inf)
 
 
-def sample_token(log_probs: Array, key: Array, top_p: float,
-                 temperature: float = 1.0) -> Array:
+def sample_token(
+    log_probs: Array, key: Array, top_p: float, temperature: float = 1.0
+) -> Array:
   """Draws one token per row from top-p filtered ``log_probs`` [..., V]."""
   if temperature <= 0:
     raise ValueError(f"generate.temperature must be > 0, got {temperature}")
-  return jax.random.categorical(key, top_p_filter(log_probs / temperature,
-                                                  top_p))
+  return jax.random.categorical(
+      key, top_p_filter(log_probs / temperature, top_p)
+  )
 
 
 class Sampler:
   """Token-by-token sampling with the memory carried by segments."""
 
-  def __init__(self, model, segment_len: int, *, top_p: float,
-               temperature: float = 1.0):
+  def __init__(
+      self, model, segment_len: int, *, top_p: float, temperature: float = 1.0
+  ):
     """Creates the sampler.
 
     Args:
@@ -103,22 +106,31 @@ class Sampler:
     def log_probs(params, memory, segment, k):
       def fn(mdl, segment, memory):
         out = mdl(segment, None, memory, deterministic=True)
-        h = jax.lax.dynamic_index_in_dim(out.hidden, k - 1, axis=1,
-                                         keepdims=False)     # [1, D]
+        h = jax.lax.dynamic_index_in_dim(
+            out.hidden, k - 1, axis=1, keepdims=False
+        )  # [1, D]
         return mdl.log_probs(h)[0]
+
       return model.apply({"params": params}, segment, memory, method=fn)
 
     def commit(params, memory, segment):
-      return model.apply({"params": params}, segment, None, memory,
-                         deterministic=True).memory
+      return model.apply(
+          {"params": params}, segment, None, memory, deterministic=True
+      ).memory
 
     self._log_probs = jax.jit(log_probs)
     self._commit = jax.jit(commit)
-    self._sample = jax.jit(lambda logp, key: sample_token(
-        logp, key, self.top_p, self.temperature))
+    self._sample = jax.jit(
+        lambda logp, key: sample_token(logp, key, self.top_p, self.temperature)
+    )
 
-  def run(self, params: Any, prompt: Sequence[int], num_steps: int,
-          choose: Callable[[int, Array], int]) -> list[Array]:
+  def run(
+      self,
+      params: Any,
+      prompt: Sequence[int],
+      num_steps: int,
+      choose: Callable[[int, Array], int],
+  ) -> list[Array]:
     """Predicts ``num_steps`` next tokens after ``prompt``, one at a time.
 
     Args:
@@ -142,8 +154,9 @@ class Sampler:
       """Commits full segments so that 1 <= len(buffer) <= T."""
       while len(buffer) > t_len:
         if self.recurrent:
-          memory = self._commit(params, memory,
-                                jnp.asarray([buffer[:t_len]], jnp.int32))
+          memory = self._commit(
+              params, memory, jnp.asarray([buffer[:t_len]], jnp.int32)
+          )
           buffer = buffer[t_len:]
         else:
           buffer = buffer[-t_len:]
@@ -155,14 +168,14 @@ class Sampler:
       k = len(buffer)
       segment = np.zeros((1, t_len), np.int32)
       segment[0, :k] = buffer
-      logp = self._log_probs(params, memory, jnp.asarray(segment),
-                             jnp.int32(k))
+      logp = self._log_probs(params, memory, jnp.asarray(segment), jnp.int32(k))
       out.append(logp)
       buffer, memory = settle(buffer + [int(choose(t, logp))], memory)
     return out
 
-  def generate(self, params: Any, prompt: np.ndarray, num_tokens: int,
-               seed: int) -> np.ndarray:
+  def generate(
+      self, params: Any, prompt: np.ndarray, num_tokens: int, seed: int
+  ) -> np.ndarray:
     """Returns [num_tokens] int32 tokens that continue ``prompt`` [n >= 1]."""
     key = jax.random.PRNGKey(seed)
     tokens = []
@@ -178,10 +191,12 @@ class Sampler:
     """[n - 1] float32 log p(tokens[i + 1] | tokens[:i + 1]), predicted the
     way ``generate`` predicts (for checking it against evaluation)."""
     tokens = np.asarray(tokens).reshape(-1)
-    logps = self.run(params, tokens[:1], len(tokens) - 1,
-                     lambda t, _: int(tokens[t + 1]))
-    return np.asarray([float(lp[tokens[t + 1]]) for t, lp in enumerate(logps)],
-                      np.float32)
+    logps = self.run(
+        params, tokens[:1], len(tokens) - 1, lambda t, _: int(tokens[t + 1])
+    )
+    return np.asarray(
+        [float(lp[tokens[t + 1]]) for t, lp in enumerate(logps)], np.float32
+    )
 
 
 def decode(vocab: Any, ids: np.ndarray) -> str:
@@ -192,54 +207,80 @@ def decode(vocab: Any, ids: np.ndarray) -> str:
   return vocab_lib.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
-def generate(config: ml_collections.ConfigDict, workdir: str
-             ) -> dict[str, Any]:
+def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """``--mode=generate``: continues a prompt from a split (see module doc)."""
   from memjax import train  # pylint: disable=g-import-not-at-top
+
   g = config.generate
   restored = train.restore_latest(config, workdir, "generate")
   if g.split not in restored.data.splits:
-    raise ValueError(f"generate.split {g.split!r} is not in eval.splits "
-                     f"{tuple(config.eval.splits)}")
+    raise ValueError(
+        f"generate.split {g.split!r} is not in eval.splits "
+        f"{tuple(config.eval.splits)}"
+    )
   tokens = restored.data.splits[g.split].tokens
   start, length = int(g.prompt_offset), int(g.prompt_len)
   if length < 1 or start < 0 or start + length > len(tokens):
     raise ValueError(
         f"generate.prompt_offset {start} + prompt_len {length} must lie "
-        f"within the {g.split} split's {len(tokens)} tokens")
-  prompt = np.asarray(tokens[start:start + length])
+        f"within the {g.split} split's {len(tokens)} tokens"
+    )
+  prompt = np.asarray(tokens[start : start + length])
   model = restored.model
   mem_len = int(g.mem_len or config.model.mem_len)
   if model.carries_memory() and mem_len != model.mem_len:
     model = model.clone(mem_len=mem_len)
   seg = recurrent_eval.segment_len_of(config)
-  sampler = Sampler(model, seg, top_p=float(g.top_p),
-                    temperature=float(g.temperature))
-  console.info("generating %d tokens after a %d-token prompt (%s[%d:%d]), "
-               "top-p %.2f, segments of %d, memory %d", int(g.num_tokens),
-               length, g.split, start, start + length, float(g.top_p), seg,
-               model.mem_len if model.carries_memory() else 0)
-  new = sampler.generate(restored.params, prompt, int(g.num_tokens),
-                         int(g.seed))
+  sampler = Sampler(
+      model, seg, top_p=float(g.top_p), temperature=float(g.temperature)
+  )
+  console.info(
+      "generating %d tokens after a %d-token prompt (%s[%d:%d]), "
+      "top-p %.2f, segments of %d, memory %d",
+      int(g.num_tokens),
+      length,
+      g.split,
+      start,
+      start + length,
+      float(g.top_p),
+      seg,
+      model.mem_len if model.carries_memory() else 0,
+  )
+  new = sampler.generate(
+      restored.params, prompt, int(g.num_tokens), int(g.seed)
+  )
   data_dir = config.data.data_dir or sources.default_data_dir(
-      config.data.corpus)
+      config.data.corpus
+  )
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
   vocab = vocab_lib.get_vocabulary(config.data.corpus, data_dir, cache_dir)
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
-  header = (f"model {config.name}, step {restored.step}; prompt "
-            f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
-            f"top-p {float(g.top_p)}, temperature {float(g.temperature)}, "
-            f"seed {int(g.seed)}, segments of {seg}, memory "
-            f"{model.mem_len if model.carries_memory() else 0}")
-  text = (f"{header}\n\n=== prompt ===\n{prompt_text}\n\n"
-          f"=== continuation ===\n{new_text}\n")
-  paths = [os.path.join(workdir, "generation.txt"),
-           os.path.join(workdir, "generation.json")]
+  header = (
+      f"model {config.name}, step {restored.step}; prompt "
+      f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
+      f"top-p {float(g.top_p)}, temperature {float(g.temperature)}, "
+      f"seed {int(g.seed)}, segments of {seg}, memory "
+      f"{model.mem_len if model.carries_memory() else 0}"
+  )
+  text = (
+      f"{header}\n\n=== prompt ===\n{prompt_text}\n\n"
+      f"=== continuation ===\n{new_text}\n"
+  )
+  paths = [
+      os.path.join(workdir, "generation.txt"),
+      os.path.join(workdir, "generation.json"),
+  ]
   with open(paths[0], "w") as f:
     f.write(text)
-  result = {"name": config.name, "step": restored.step, "header": header,
-            "prompt": prompt_text, "continuation": new_text,
-            "prompt_ids": prompt.tolist(), "ids": new.tolist()}
+  result = {
+      "name": config.name,
+      "step": restored.step,
+      "header": header,
+      "prompt": prompt_text,
+      "continuation": new_text,
+      "prompt_ids": prompt.tolist(),
+      "ids": new.tolist(),
+  }
   with open(paths[1], "w") as f:
     json.dump(result, f, indent=2)
   print(text, flush=True)

@@ -34,14 +34,23 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/lamemo_demo", "Output directory.")
-_STEPS = flags.DEFINE_integer("steps", None, "Override the training steps of every row.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "runs/lamemo_demo", "Output directory."
+)
+_STEPS = flags.DEFINE_integer(
+    "steps", None, "Override the training steps of every row."
+)
 _ROWS = flags.DEFINE_list("rows", None, "Subset of rows (rpe, xl, lamemo).")
-_RATIOS = flags.DEFINE_list("ratios", None, "Memory / segment length ratios "
-                            "for the extrapolation (default: 1..10).")
+_RATIOS = flags.DEFINE_list(
+    "ratios",
+    None,
+    "Memory / segment length ratios " "for the extrapolation (default: 1..10).",
+)
 _EXTRAPOLATE_SEGMENTS = flags.DEFINE_integer(
-    "extrapolate_segments", 0, "Segments per lane for the extrapolation "
-    "(0 = the whole valid split).")
+    "extrapolate_segments",
+    0,
+    "Segments per lane for the extrapolation " "(0 = the whole valid split).",
+)
 _ANALYZE = flags.DEFINE_bool("analyze", True, "Run the attention analyses.")
 
 # (key, row name, config file, variant)
@@ -54,23 +63,30 @@ ROWS = (
 
 def load_config(module: str, variant: str):
   import importlib  # pylint: disable=g-import-not-at-top
+
   return importlib.import_module(f"configs.{module}").get_config(variant)
 
 
 def format_table(rows: list[dict]) -> str:
   """Markdown table: one line per model, then the unigram floor."""
   unit = rows[0]["unit"]
-  lines = [f"| model | params | memory | valid {unit} | test {unit} | "
-           "train tokens/s |", "|---|---:|---:|---:|---:|---:|"]
+  lines = [
+      f"| model | params | memory | valid {unit} | test {unit} | "
+      "train tokens/s |",
+      "|---|---:|---:|---:|---:|---:|",
+  ]
   for r in rows:
     tps = r.get("train_tokens_per_s")
     lines.append(
         f"| {r['row']} | {r['num_params']:,} | {r['mem_len']} | "
         f"{r['valid'][unit]:.2f} | {r['test'][unit]:.2f} | "
-        f"{f'{tps:.0f}' if tps else '-'} |")
+        f"{f'{tps:.0f}' if tps else '-'} |"
+    )
   u = rows[0]["unigram"]
-  lines.append(f"| unigram (train counts, add-one) | - | - | "
-               f"{u['valid'][unit]:.2f} | {u['test'][unit]:.2f} | - |")
+  lines.append(
+      f"| unigram (train counts, add-one) | - | - | "
+      f"{u['valid'][unit]:.2f} | {u['test'][unit]:.2f} | - |"
+  )
   return "\n".join(lines)
 
 
@@ -82,6 +98,7 @@ def main(argv):
   from memjax import train
   from memjax.analysis import recurrence as analysis
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   out_dir = _WORKDIR.value
   os.makedirs(out_dir, exist_ok=True)
   cache = os.path.join(out_dir, "cache")
@@ -107,8 +124,11 @@ def main(argv):
     f.write(table + "\n")
   with open(os.path.join(out_dir, "table.json"), "w") as f:
     json.dump(rows, f, indent=2, sort_keys=True)
-  print(f"\nDemo corpus ({len(rows)} rows, {time.time() - start:.0f}s):\n"
-        f"{table}\n", flush=True)
+  print(
+      f"\nDemo corpus ({len(rows)} rows, {time.time() - start:.0f}s):\n"
+      f"{table}\n",
+      flush=True,
+  )
 
   recurrent = [(r["key"], r["row"]) for r in rows if r["mem_len"] > 0]
   if not recurrent:
@@ -121,35 +141,56 @@ def main(argv):
   unit = rows[0]["unit"]
   recurrent_eval.write_csv(os.path.join(out_dir, "extrapolation.csv"), csv_rows)
   recurrent_eval.plot_extrapolation(
-      os.path.join(out_dir, "extrapolation.png"), curves, unit,
+      os.path.join(out_dir, "extrapolation.png"),
+      curves,
+      unit,
       f"demo corpus, segments of {csv_rows[0]['segment_len']}, trained with "
-      f"memory {configs[recurrent[0][0]].model.mem_len}")
-  lines = [f"| m | memory | " + " | ".join(curves) + " |",
-           "|---:|---:|" + "---:|" * len(curves)]
+      f"memory {configs[recurrent[0][0]].model.mem_len}",
+  )
+  lines = [
+      f"| m | memory | " + " | ".join(curves) + " |",
+      "|---:|---:|" + "---:|" * len(curves),
+  ]
   for i, r in enumerate(next(iter(curves.values()))):
-    lines.append(f"| {r['m']} | {r['mem_len']} | " + " | ".join(
-        f"{c[i][unit]:.2f}" for c in curves.values()) + " |")
+    lines.append(
+        f"| {r['m']} | {r['mem_len']} | "
+        + " | ".join(f"{c[i][unit]:.2f}" for c in curves.values())
+        + " |"
+    )
   extrapolation_table = "\n".join(lines)
   with open(os.path.join(out_dir, "extrapolation.md"), "w") as f:
     f.write(extrapolation_table + "\n")
-  print(f"\nValid {unit} with memory m x segment length:\n"
-        f"{extrapolation_table}\n", flush=True)
+  print(
+      f"\nValid {unit} with memory m x segment length:\n"
+      f"{extrapolation_table}\n",
+      flush=True,
+  )
 
   if _ANALYZE.value:
     dist = {}
     for key, name in recurrent:
       summary = analysis.analyze(configs[key], os.path.join(out_dir, key))
-      dist[name] = np.nanmean(np.load(os.path.join(
-          out_dir, key, "attention_by_distance.npy")), axis=0)
-      print(f"{name}: attention mass on the memory by layer "
-            f"{[round(x, 3) for x in summary['memory_share_by_layer']]}"
-            + (f"; mean alpha by layer "
-               f"{[round(x, 3) for x in summary['alpha_mean_by_layer']]}"
-               if "alpha_mean_by_layer" in summary else ""), flush=True)
+      dist[name] = np.nanmean(
+          np.load(os.path.join(out_dir, key, "attention_by_distance.npy")),
+          axis=0,
+      )
+      print(
+          f"{name}: attention mass on the memory by layer "
+          f"{[round(x, 3) for x in summary['memory_share_by_layer']]}"
+          + (
+              f"; mean alpha by layer "
+              f"{[round(x, 3) for x in summary['alpha_mean_by_layer']]}"
+              if "alpha_mean_by_layer" in summary
+              else ""
+          ),
+          flush=True,
+      )
     analysis.plot_attention_by_distance(
-        os.path.join(out_dir, "attention_by_distance.png"), dist,
+        os.path.join(out_dir, "attention_by_distance.png"),
+        dist,
         configs[recurrent[0][0]].data.seq_len,
-        "demo corpus, valid: mean over layers")
+        "demo corpus, valid: mean over layers",
+    )
   print(f"written: {out_dir} ({time.time() - start:.0f}s)")
   sys.stdout.flush()
 

@@ -38,8 +38,9 @@ def batch_weights(batch: dict[str, Array]) -> Array:
   return jnp.ones(batch["targets"].shape, jnp.float32)
 
 
-def lm_loss(output: LMOutput, batch: dict[str, Array], *, step: Array,
-            rng: Array) -> tuple[Array, dict[str, Array]]:
+def lm_loss(
+    output: LMOutput, batch: dict[str, Array], *, step: Array, rng: Array
+) -> tuple[Array, dict[str, Array]]:
   """The plain language-modelling objective: mean NLL of the targets."""
   del step, rng
   w = batch_weights(batch)
@@ -77,8 +78,9 @@ def hide_local_draw(seed: int, step: Array, p: float) -> Array:
   return trime.draw_hide_local(jax.random.fold_in(key, step), p)
 
 
-def make_trime_loss(cfg: ml_collections.ConfigDict, num_steps: int,
-                    seed: int = 0) -> LossFn:
+def make_trime_loss(
+    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+) -> LossFn:
   """The TRIME objective (Eq. 5) with the training memory of ``cfg.memory``.
 
   * 'local': earlier tokens of the same segment (TRIMELM);
@@ -106,7 +108,9 @@ def make_trime_loss(cfg: ml_collections.ConfigDict, num_steps: int,
   """
   memory = cfg.memory
   if memory not in TRIME_MEMORIES:
-    raise ValueError(f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}")
+    raise ValueError(
+        f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
+    )
   p = float(cfg.local_hide_prob)
   if not 0.0 <= p <= 1.0:
     raise ValueError(f"loss.local_hide_prob must be in [0, 1], got {p}")
@@ -117,8 +121,9 @@ def make_trime_loss(cfg: ml_collections.ConfigDict, num_steps: int,
   block_size = int(cfg.block_size) or None
   stop_memory = bool(cfg.stop_gradient_memory)
 
-  def loss_fn(output: LMOutput, batch: dict[str, Array], *, step: Array,
-              rng: Array) -> tuple[Array, dict[str, Array]]:
+  def loss_fn(
+      output: LMOutput, batch: dict[str, Array], *, step: Array, rng: Array
+  ) -> tuple[Array, dict[str, Array]]:
     del rng
     w = batch_weights(batch)
     tokens = jnp.sum(w)
@@ -127,21 +132,35 @@ def make_trime_loss(cfg: ml_collections.ConfigDict, num_steps: int,
       if "lane_id" not in batch:
         raise ValueError(
             "loss.memory='long' needs batches of lanes ('lane_id'): use "
-            "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1")
+            "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1"
+        )
       spec = long_memory_spec(batch["lane_id"])
     elif memory == "external":
       hide = hide_local_draw(seed, step, p)
       spec = trime.MemorySpec.external(hide)
     else:
       spec = trime.MemorySpec.local()
-    args = (output.features, output.target_logprob, output.log_z,
-            batch["targets"], w)
+    args = (
+        output.features,
+        output.target_logprob,
+        output.log_z,
+        batch["targets"],
+        w,
+    )
 
     def with_memory(operands):
-      loss, aux = trime.trime_loss(*operands, spec=spec, block_size=block_size,
-                                   stop_gradient_memory=stop_memory)
-      return loss, (aux["lm_loss"], aux["memory_target_share"],
-                    aux["frac_with_positive"], jnp.float32(1.0))
+      loss, aux = trime.trime_loss(
+          *operands,
+          spec=spec,
+          block_size=block_size,
+          stop_gradient_memory=stop_memory,
+      )
+      return loss, (
+          aux["lm_loss"],
+          aux["memory_target_share"],
+          aux["frac_with_positive"],
+          jnp.float32(1.0),
+      )
 
     def plain(operands):
       tlp, weights = operands[1], operands[4]
@@ -151,7 +170,8 @@ def make_trime_loss(cfg: ml_collections.ConfigDict, num_steps: int,
 
     if warmup_steps > 0:
       loss, (lm, share, positive, active) = jax.lax.cond(
-          step >= warmup_steps, with_memory, plain, args)
+          step >= warmup_steps, with_memory, plain, args
+      )
     else:
       loss, (lm, share, positive, active) = with_memory(args)
     stop = jax.lax.stop_gradient
@@ -170,8 +190,9 @@ def make_trime_loss(cfg: ml_collections.ConfigDict, num_steps: int,
   return loss_fn
 
 
-def make_loss(cfg: ml_collections.ConfigDict, num_steps: int,
-              seed: int = 0) -> LossFn:
+def make_loss(
+    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+) -> LossFn:
   """Builds the objective named by ``config.loss``.
 
   Args:

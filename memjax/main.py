@@ -22,8 +22,11 @@ from absl import logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file, e.g. configs/trime_wt103.py:demo.",
-    lock_config=True)
+    "config",
+    None,
+    "Experiment config file, e.g. configs/trime_wt103.py:demo.",
+    lock_config=True,
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 # Each mode maps to "module:function", called as function(config, workdir)
 # and returning a results dict. Modules import lazily (TensorFlow is slow).
@@ -36,25 +39,38 @@ MODES = {
     "generate": "memjax.generate:generate",
 }
 # TRIME: evaluation with testing memories and the offline BM25 packing job.
-MODES.update({
-    "memeval": "memjax.evaluate_memory:memeval",
-    "tune": "memjax.evaluate_memory:tune",
-    "memsweep": "memjax.evaluate_memory:memsweep",
-    "buckets": "memjax.evaluate_memory:buckets",
-    "pack": "memjax.data.packing:pack",
-})
+MODES.update(
+    {
+        "memeval": "memjax.evaluate_memory:memeval",
+        "tune": "memjax.evaluate_memory:tune",
+        "memsweep": "memjax.evaluate_memory:memsweep",
+        "buckets": "memjax.evaluate_memory:buckets",
+        "pack": "memjax.data.packing:pack",
+    }
+)
 _MODE = flags.DEFINE_enum(
-    "mode", "train", list(MODES),
+    "mode",
+    "train",
+    list(MODES),
     "train (resumes if the workdir has checkpoints), eval (evaluates the "
-    "latest checkpoint), or an analysis mode of a memory method.")
+    "latest checkpoint), or an analysis mode of a memory method.",
+)
 _MULTIHOST = flags.DEFINE_bool(
-    "multihost", False, "Call jax.distributed.initialize() (TPU pods, "
-    "multi-node GPU); coordinator and process ids come from the environment.")
+    "multihost",
+    False,
+    "Call jax.distributed.initialize() (TPU pods, "
+    "multi-node GPU); coordinator and process ids come from the environment.",
+)
 
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "host:port of process 0 (with --multihost, "
-    "where the cluster is not detected automatically).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "With --multihost.")
+    "coordinator_address",
+    None,
+    "host:port of process 0 (with --multihost, "
+    "where the cluster is not detected automatically).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "With --multihost."
+)
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --multihost.")
 
 flags.mark_flags_as_required(["config", "workdir"])
@@ -70,9 +86,16 @@ def user_errors() -> tuple[type[BaseException], ...]:
   from memjax import sharding  # pylint: disable=g-import-not-at-top
   from memjax import train  # pylint: disable=g-import-not-at-top
   from memjax.data import sources  # pylint: disable=g-import-not-at-top
-  return (sources.DataError, sharding.MeshError,
-          checkpointing.CheckpointMismatchError, train.NonFiniteLossError,
-          FileNotFoundError, ValueError, UsageError)
+
+  return (
+      sources.DataError,
+      sharding.MeshError,
+      checkpointing.CheckpointMismatchError,
+      train.NonFiniteLossError,
+      FileNotFoundError,
+      ValueError,
+      UsageError,
+  )
 
 
 def _root_cause(e: BaseException) -> BaseException:
@@ -85,11 +108,15 @@ def _one_line(e: BaseException) -> str:
   """The innermost error's message, without traceback, on one line."""
   root = _root_cause(e)
   lines = [l.strip() for l in str(root).strip("\"'").splitlines() if l.strip()]
-  lines = [l for l in lines if not l.startswith(("Traceback", "File ", "Attempted"))]
+  lines = [
+      l for l in lines if not l.startswith(("Traceback", "File ", "Attempted"))
+  ]
   msg = " ".join(lines) or type(root).__name__
   if isinstance(root, (KeyError, AttributeError)):
-    msg = (f"unknown config key {msg}: check the --config.* overrides against "
-           "memjax/config.py")
+    msg = (
+        f"unknown config key {msg}: check the --config.* overrides against "
+        "memjax/config.py"
+    )
   return msg
 
 
@@ -112,16 +139,21 @@ def main(argv):
     # own progress lines go to stdout. --verbosity=0 shows it all.
     logging.set_verbosity(logging.WARNING)
   import jax  # pylint: disable=g-import-not-at-top
+
   if _MULTIHOST.value:
     jax.distributed.initialize(
         coordinator_address=_COORDINATOR.value,
-        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+        num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value,
+    )
   import importlib  # pylint: disable=g-import-not-at-top
+
   errors = user_errors()
   module, fn = MODES[_MODE.value].split(":")
   try:
     results = getattr(importlib.import_module(module), fn)(
-        _CONFIG.value, _WORKDIR.value)
+        _CONFIG.value, _WORKDIR.value
+    )
   except errors as e:  # pylint: disable=catching-non-exception
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -132,13 +164,17 @@ def main(argv):
   if "unit" not in results:
     for line in results.get("summary_lines", ()):
       print(line)
-    print(f"results: {results.get('results_path', os.path.join(_WORKDIR.value, 'results.json'))}")
+    print(
+        f"results: {results.get('results_path', os.path.join(_WORKDIR.value, 'results.json'))}"
+    )
     return
   unit = results["unit"]
   for split in _CONFIG.value.eval.splits:
     r = results[split]
-    print(f"{split}: {unit} {r[unit]:.4f} (nll {r['nll']:.4f} over "
-          f"{int(r['tokens'])} tokens; unigram {results['unigram'][split][unit]:.2f})")
+    print(
+        f"{split}: {unit} {r[unit]:.4f} (nll {r['nll']:.4f} over "
+        f"{int(r['tokens'])} tokens; unigram {results['unigram'][split][unit]:.2f})"
+    )
   print(f"results: {os.path.join(_WORKDIR.value, 'results.json')}")
 
 

@@ -8,7 +8,9 @@ import ml_collections
 import optax
 
 
-def make_schedule(cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
+def make_schedule(
+    cfg: ml_collections.ConfigDict, num_steps: int
+) -> optax.Schedule:
   """Learning-rate schedule with linear warm-up.
 
   * ``cosine``: warm-up then cosine decay to ``min_lr_ratio * lr`` at
@@ -20,16 +22,24 @@ def make_schedule(cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sched
   warm = int(cfg.warmup_steps)
   if cfg.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
-        init_value=0.0 if warm else lr, peak_value=lr, warmup_steps=warm,
+        init_value=0.0 if warm else lr,
+        peak_value=lr,
+        warmup_steps=warm,
         decay_steps=max(num_steps, warm + 1),
-        end_value=lr * float(cfg.min_lr_ratio))
+        end_value=lr * float(cfg.min_lr_ratio),
+    )
   if cfg.schedule == "inverse_sqrt":
+
     def sched(step):
       import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
       step = jnp.maximum(step, 1).astype(jnp.float32)
       if warm == 0:
         return lr / jnp.sqrt(step)
-      return jnp.where(step < warm, lr * step / warm, lr * jnp.sqrt(warm / step))
+      return jnp.where(
+          step < warm, lr * step / warm, lr * jnp.sqrt(warm / step)
+      )
+
     return sched
   if cfg.schedule == "constant":
     if warm:
@@ -37,11 +47,13 @@ def make_schedule(cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Sched
     return optax.constant_schedule(lr)
   raise ValueError(
       f"unknown optim.schedule {cfg.schedule!r}; use cosine, inverse_sqrt or "
-      "constant")
+      "constant"
+  )
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    cfg: ml_collections.ConfigDict, num_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Builds the optimiser from ``config.optim``.
 
   Returns:
@@ -51,13 +63,17 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
   sched = make_schedule(cfg, num_steps)
   name = cfg.optimizer
   if name == "adam":
-    opt = optax.adamw(sched, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                      weight_decay=cfg.weight_decay)
+    opt = optax.adamw(
+        sched, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
   elif name == "nag":
     # fairseq's NAG with momentum 0.99, as in Baevski & Auli.
     opt = optax.chain(
-        optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
-        optax.sgd(sched, momentum=cfg.momentum, nesterov=True))
+        optax.add_decayed_weights(cfg.weight_decay)
+        if cfg.weight_decay
+        else optax.identity(),
+        optax.sgd(sched, momentum=cfg.momentum, nesterov=True),
+    )
   elif name == "sgd":
     opt = optax.sgd(sched, momentum=cfg.momentum or None)
   else:

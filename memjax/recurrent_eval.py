@@ -53,8 +53,9 @@ def mem_len_of(config: ml_collections.ConfigDict) -> int:
   return int(config.eval.mem_len or config.model.mem_len)
 
 
-def stacked_segments(tokens: np.ndarray, segment_len: int, lanes: int,
-                     max_segments: int = 0) -> dict[str, np.ndarray]:
+def stacked_segments(
+    tokens: np.ndarray, segment_len: int, lanes: int, max_segments: int = 0
+) -> dict[str, np.ndarray]:
   """The split's segments in lanes, stacked: [S, lanes, L] arrays.
 
   Args:
@@ -83,9 +84,16 @@ class StreamEvaluator:
   evaluator across calls (periodic evaluation) to compile once.
   """
 
-  def __init__(self, model, mesh: Mesh, *, segment_len: int,
-               mem_len: Optional[int] = None, lanes: int = 1,
-               chunk: int = 64):
+  def __init__(
+      self,
+      model,
+      mesh: Mesh,
+      *,
+      segment_len: int,
+      mem_len: Optional[int] = None,
+      lanes: int = 1,
+      chunk: int = 64,
+  ):
     """Creates the evaluator.
 
     Args:
@@ -106,11 +114,13 @@ class StreamEvaluator:
       raise ValueError(
           f"recurrent evaluation needs a model that carries memory (attention "
           f"'xl' or 'lamemo' with mem_len > 0); got attention "
-          f"{model.attention!r}, mem_len {model.mem_len}")
+          f"{model.attention!r}, mem_len {model.mem_len}"
+      )
     if segment_len < 1 or lanes < 1 or chunk < 1:
       raise ValueError(
           f"eval segment_len, lanes and chunk must be >= 1; got {segment_len}, "
-          f"{lanes}, {chunk}")
+          f"{lanes}, {chunk}"
+      )
     self.model = model
     self.mesh = mesh
     self.segment_len = int(segment_len)
@@ -121,28 +131,36 @@ class StreamEvaluator:
     self.chunk = int(chunk)
     self._scan = sharding_lib.under_mesh(jax.jit(self._run_chunk), mesh)
 
-  def _step(self, params: Any, memory: Any, segment: dict[str, Array]
-            ) -> tuple[Any, dict[str, Array]]:
+  def _step(
+      self, params: Any, memory: Any, segment: dict[str, Array]
+  ) -> tuple[Any, dict[str, Array]]:
     """One segment: [lanes, L] arrays -> (new memory, per-lane sums)."""
     memory = self.model.reset_memory(memory, segment["reset"])
-    out = self.model.apply({"params": params}, segment["inputs"],
-                           segment["targets"], memory=memory,
-                           deterministic=True)
+    out = self.model.apply(
+        {"params": params},
+        segment["inputs"],
+        segment["targets"],
+        memory=memory,
+        deterministic=True,
+    )
     w = segment["weights"]
-    return out.memory, {"nll_sum": -jnp.sum(out.target_logprob * w, axis=1),
-                        "tokens": jnp.sum(w, axis=1)}
+    return out.memory, {
+        "nll_sum": -jnp.sum(out.target_logprob * w, axis=1),
+        "tokens": jnp.sum(w, axis=1),
+    }
 
-  def _run_chunk(self, params: Any, memory: Any, segments: dict[str, Array]
-                 ) -> tuple[Any, dict[str, Array]]:
+  def _run_chunk(
+      self, params: Any, memory: Any, segments: dict[str, Array]
+  ) -> tuple[Any, dict[str, Array]]:
     """Scans ``_step`` over [chunk, lanes, L] segments."""
-    return jax.lax.scan(lambda m, s: self._step(params, m, s), memory,
-                        segments)
+    return jax.lax.scan(lambda m, s: self._step(params, m, s), memory, segments)
 
   def init_memory(self) -> Any:
     """An empty memory of the padded lanes, sharded over the data axes."""
     memory = self.model.init_memory(self.padded_lanes)
     shardings = jax.tree.map(
-        lambda x: sharding_lib.batch_sharding(self.mesh, x.ndim), memory)
+        lambda x: sharding_lib.batch_sharding(self.mesh, x.ndim), memory
+    )
     return jax.device_put(memory, shardings)
 
   def _put(self, chunk: dict[str, np.ndarray]) -> dict[str, Array]:
@@ -151,11 +169,13 @@ class StreamEvaluator:
       spec = P(None, ("data", "fsdp"), *([None] * (v.ndim - 2)))
       sharding = NamedSharding(self.mesh, spec)
       out[k] = jax.make_array_from_callback(
-          v.shape, sharding, lambda idx, v=v: v[idx])
+          v.shape, sharding, lambda idx, v=v: v[idx]
+      )
     return out
 
-  def _pad(self, segments: dict[str, np.ndarray]
-           ) -> tuple[dict[str, np.ndarray], int]:
+  def _pad(
+      self, segments: dict[str, np.ndarray]
+  ) -> tuple[dict[str, np.ndarray], int]:
     """Pads lanes to ``padded_lanes`` and segments to a multiple of the
     chunk; returns (padded segments, chunk)."""
     num = segments["inputs"].shape[0]
@@ -169,12 +189,13 @@ class StreamEvaluator:
       padded = np.pad(v, pad, constant_values=fill)
       if k == "reset":  # Padded segments continue their lanes.
         padded[num:] = False
-        padded[:num, v.shape[1]:] = True
+        padded[:num, v.shape[1] :] = True
       out[k] = padded
     return out, chunk
 
-  def run_segments(self, params: Any, segments: dict[str, np.ndarray],
-                   desc: str = "") -> dict[str, np.ndarray]:
+  def run_segments(
+      self, params: Any, segments: dict[str, np.ndarray], desc: str = ""
+  ) -> dict[str, np.ndarray]:
     """Runs ``_step`` over stacked segments ([S, lanes, L]) from an empty
     memory; returns its outputs stacked: [S, ...] (padded lanes included)."""
     num, lanes = segments["inputs"].shape[:2]
@@ -185,19 +206,27 @@ class StreamEvaluator:
     results = []
     start = time.time()
     for i, first in enumerate(range(0, padded["inputs"].shape[0], chunk)):
-      part = {k: v[first:first + chunk] for k, v in padded.items()}
+      part = {k: v[first : first + chunk] for k, v in padded.items()}
       memory, outputs = self._scan(params, memory, self._put(part))
       results.append(outputs)
       if desc and i and i % 10 == 0:
         jax.block_until_ready(outputs)
-        console.info("%s: %d/%d segments, %.0fs", desc, first + chunk, num,
-                     time.time() - start)
+        console.info(
+            "%s: %d/%d segments, %.0fs",
+            desc,
+            first + chunk,
+            num,
+            time.time() - start,
+        )
     fetched = jax.device_get(results)
-    return {k: np.concatenate([np.asarray(r[k]) for r in fetched])[:num]
-            for k in (fetched[0] if fetched else {})}
+    return {
+        k: np.concatenate([np.asarray(r[k]) for r in fetched])[:num]
+        for k in (fetched[0] if fetched else {})
+    }
 
-  def score_segments(self, params: Any, segments: dict[str, np.ndarray],
-                     desc: str = "") -> dict[str, np.ndarray]:
+  def score_segments(
+      self, params: Any, segments: dict[str, np.ndarray], desc: str = ""
+  ) -> dict[str, np.ndarray]:
     """Scores stacked segments ([S, lanes, L], see ``stacked_segments``).
 
     Returns:
@@ -205,12 +234,24 @@ class StreamEvaluator:
     """
     num, lanes = segments["inputs"].shape[:2]
     out = self.run_segments(params, segments, desc)
-    return {k: (np.asarray(out[k], np.float64)[:, :lanes] if out
-                else np.zeros((num, lanes)))
-            for k in ("nll_sum", "tokens")}
+    return {
+        k: (
+            np.asarray(out[k], np.float64)[:, :lanes]
+            if out
+            else np.zeros((num, lanes))
+        )
+        for k in ("nll_sum", "tokens")
+    }
 
-  def evaluate(self, params: Any, tokens: np.ndarray, *, unit: str,
-               max_segments: int = 0, desc: str = "eval") -> dict[str, float]:
+  def evaluate(
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      *,
+      unit: str,
+      max_segments: int = 0,
+      desc: str = "eval",
+  ) -> dict[str, float]:
     """Scores a token stream.
 
     Args:
@@ -225,25 +266,41 @@ class StreamEvaluator:
       {'nll', 'tokens', 'ppl' | 'bpc'}.
     """
     start = time.time()
-    segments = stacked_segments(tokens, self.segment_len, self.lanes,
-                                max_segments)
+    segments = stacked_segments(
+        tokens, self.segment_len, self.lanes, max_segments
+    )
     sums = self.score_segments(params, segments, desc)
-    res = evaluate.summarize(float(sums["nll_sum"].sum()),
-                             float(sums["tokens"].sum()), unit)
-    console.info("%s (segments of %d, memory %d, %d lanes): %d predictions in "
-                 "%.1fs: %s", desc, self.segment_len, self.mem_len, self.lanes,
-                 int(res["tokens"]), time.time() - start,
-                 ", ".join(f"{k}={v:.4f}" for k, v in res.items()))
+    res = evaluate.summarize(
+        float(sums["nll_sum"].sum()), float(sums["tokens"].sum()), unit
+    )
+    console.info(
+        "%s (segments of %d, memory %d, %d lanes): %d predictions in "
+        "%.1fs: %s",
+        desc,
+        self.segment_len,
+        self.mem_len,
+        self.lanes,
+        int(res["tokens"]),
+        time.time() - start,
+        ", ".join(f"{k}={v:.4f}" for k, v in res.items()),
+    )
     return res
 
 
-def evaluator_for(config: ml_collections.ConfigDict, model, mesh: Mesh,
-                  mem_len: Optional[int] = None) -> StreamEvaluator:
+def evaluator_for(
+    config: ml_collections.ConfigDict,
+    model,
+    mesh: Mesh,
+    mem_len: Optional[int] = None,
+) -> StreamEvaluator:
   """The ``StreamEvaluator`` of ``config.eval`` (memory ``mem_len`` if given)."""
   return StreamEvaluator(
-      model, mesh, segment_len=segment_len_of(config),
+      model,
+      mesh,
+      segment_len=segment_len_of(config),
       mem_len=mem_len_of(config) if mem_len is None else mem_len,
-      lanes=int(config.eval.lanes))
+      lanes=int(config.eval.lanes),
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -259,16 +316,23 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
     writer.writerows(rows)
 
 
-def plot_extrapolation(path: str, curves: dict[str, Sequence[dict[str, Any]]],
-                       unit: str, title: str = "") -> None:
+def plot_extrapolation(
+    path: str,
+    curves: dict[str, Sequence[dict[str, Any]]],
+    unit: str,
+    title: str = "",
+) -> None:
   """Plots metric against m = M / T, one line per model, into a PNG."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, ax = plt.subplots(figsize=(5, 3.6), dpi=120)
   for name, rows in curves.items():
-    ax.plot([r["m"] for r in rows], [r[unit] for r in rows], marker="o",
-            label=name)
+    ax.plot(
+        [r["m"] for r in rows], [r[unit] for r in rows], marker="o", label=name
+    )
   ax.set_xlabel("m = memory length / segment length")
   ax.set_ylabel(f"{rows[0]['split']} {unit}")
   ax.set_xticks([r["m"] for r in rows])
@@ -281,29 +345,48 @@ def plot_extrapolation(path: str, curves: dict[str, Sequence[dict[str, Any]]],
   plt.close(fig)
 
 
-def extrapolation_rows(config: ml_collections.ConfigDict, model, params: Any,
-                       tokens: np.ndarray, mesh: Mesh, unit: str
-                       ) -> list[dict[str, Any]]:
+def extrapolation_rows(
+    config: ml_collections.ConfigDict,
+    model,
+    params: Any,
+    tokens: np.ndarray,
+    mesh: Mesh,
+    unit: str,
+) -> list[dict[str, Any]]:
   """Evaluates with memory m * T for every m of ``config.extrapolate.ratios``."""
   seg = segment_len_of(config)
   ratios = [int(m) for m in config.extrapolate.ratios]
   if not ratios or min(ratios) < 1:
     raise ValueError(
-        f"extrapolate.ratios must be positive integers, got {ratios}")
+        f"extrapolate.ratios must be positive integers, got {ratios}"
+    )
   rows = []
   for m in ratios:
     ev = evaluator_for(config, model, mesh, mem_len=m * seg)
-    r = ev.evaluate(params, tokens, unit=unit,
-                    max_segments=int(config.extrapolate.max_segments),
-                    desc=f"{config.extrapolate.split} m={m}")
-    rows.append({"m": m, "mem_len": m * seg, "segment_len": seg,
-                 "split": config.extrapolate.split, "nll": r["nll"],
-                 unit: r[unit], "tokens": int(r["tokens"])})
+    r = ev.evaluate(
+        params,
+        tokens,
+        unit=unit,
+        max_segments=int(config.extrapolate.max_segments),
+        desc=f"{config.extrapolate.split} m={m}",
+    )
+    rows.append(
+        {
+            "m": m,
+            "mem_len": m * seg,
+            "segment_len": seg,
+            "split": config.extrapolate.split,
+            "nll": r["nll"],
+            unit: r[unit],
+            "tokens": int(r["tokens"]),
+        }
+    )
   return rows
 
 
-def extrapolate(config: ml_collections.ConfigDict, workdir: str
-                ) -> dict[str, Any]:
+def extrapolate(
+    config: ml_collections.ConfigDict, workdir: str
+) -> dict[str, Any]:
   """``--mode=extrapolate``: the latest checkpoint with longer memories.
 
   Evaluates ``config.extrapolate.split`` with segments of ``eval.segment_len``
@@ -313,24 +396,47 @@ def extrapolate(config: ml_collections.ConfigDict, workdir: str
   ``extrapolation.json`` and ``extrapolation.png``.
   """
   from memjax import train  # pylint: disable=g-import-not-at-top
+
   restored = train.restore_latest(config, workdir, "extrapolate")
   split = config.extrapolate.split
   if split not in restored.data.splits:
-    raise ValueError(f"extrapolate.split {split!r} is not in eval.splits "
-                     f"{tuple(config.eval.splits)}")
-  rows = extrapolation_rows(config, restored.model, restored.params,
-                            restored.data.splits[split].tokens, restored.mesh,
-                            restored.unit)
-  paths = {k: os.path.join(workdir, f"extrapolation.{k}")
-           for k in ("csv", "json", "png")}
+    raise ValueError(
+        f"extrapolate.split {split!r} is not in eval.splits "
+        f"{tuple(config.eval.splits)}"
+    )
+  rows = extrapolation_rows(
+      config,
+      restored.model,
+      restored.params,
+      restored.data.splits[split].tokens,
+      restored.mesh,
+      restored.unit,
+  )
+  paths = {
+      k: os.path.join(workdir, f"extrapolation.{k}")
+      for k in ("csv", "json", "png")
+  }
   write_csv(paths["csv"], rows)
-  result = {"name": config.name, "step": restored.step, "rows": rows,
-            "files": list(paths.values())}
+  result = {
+      "name": config.name,
+      "step": restored.step,
+      "rows": rows,
+      "files": list(paths.values()),
+  }
   with open(paths["json"], "w") as f:
     json.dump(result, f, indent=2)
-  plot_extrapolation(paths["png"], {config.name: rows}, restored.unit,
-                     f"{config.name}, step {restored.step}")
+  plot_extrapolation(
+      paths["png"],
+      {config.name: rows},
+      restored.unit,
+      f"{config.name}, step {restored.step}",
+  )
   for r in rows:
-    console.info("m=%d (memory %d): %s %.4f", r["m"], r["mem_len"],
-                 restored.unit, r[restored.unit])
+    console.info(
+        "m=%d (memory %d): %s %.4f",
+        r["m"],
+        r["mem_len"],
+        restored.unit,
+        r[restored.unit],
+    )
   return result

@@ -66,18 +66,21 @@ def mesh_shape(spec: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
     if num_devices % fixed:
       raise MeshError(
           f"mesh {dict(zip(MESH_AXES, sizes))} cannot fill {num_devices} "
-          f"devices: {num_devices} is not a multiple of {fixed}")
+          f"devices: {num_devices} is not a multiple of {fixed}"
+      )
     sizes[free[0]] = num_devices // fixed
   if int(np.prod(sizes)) != num_devices:
     raise MeshError(
         f"mesh {dict(zip(MESH_AXES, sizes))} has {int(np.prod(sizes))} "
         f"devices but {num_devices} are available; set --config.mesh.* so "
-        f"the product is {num_devices}")
+        f"the product is {num_devices}"
+    )
   return tuple(sizes)
 
 
-def make_mesh(spec: Mapping[str, int],
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    spec: Mapping[str, int], devices: Sequence[jax.Device] | None = None
+) -> Mesh:
   """Builds the ('data', 'fsdp', 'tensor') mesh from a config spec."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(spec, len(devices))
@@ -91,11 +94,11 @@ def check_batch(mesh: Mesh, batch_size: int, what: str = "batch size") -> None:
     raise MeshError(
         f"{what} {batch_size} is not divisible by the data-parallel mesh size "
         f"{dp} (data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}); change "
-        "the batch size or --config.mesh")
+        "the batch size or --config.mesh"
+    )
 
 
-def logical_sharding(mesh: Mesh, logical_spec: Any,
-                     rules=LOGICAL_RULES) -> Any:
+def logical_sharding(mesh: Mesh, logical_spec: Any, rules=LOGICAL_RULES) -> Any:
   """Maps a pytree of logical PartitionSpecs to NamedShardings."""
   return nn.logical_to_mesh_sharding(logical_spec, mesh, rules)
 
@@ -119,7 +122,9 @@ def put_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
   for k, v in batch.items():
     v = np.asarray(v)
     sharding = batch_sharding(mesh, v.ndim) if v.ndim else replicated(mesh)
-    out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
+    out[k] = jax.make_array_from_callback(
+        v.shape, sharding, lambda idx, v=v: v[idx]
+    )
   return out
 
 
@@ -155,8 +160,12 @@ class MeshFunction:
     with mesh_rules(self.mesh, self.rules):
       compiled = self.jitted.lower(*args, **kwargs).compile()
     ma = compiled.memory_analysis()
-    return int(ma.argument_size_in_bytes + ma.output_size_in_bytes
-               + ma.temp_size_in_bytes - ma.alias_size_in_bytes)
+    return int(
+        ma.argument_size_in_bytes
+        + ma.output_size_in_bytes
+        + ma.temp_size_in_bytes
+        - ma.alias_size_in_bytes
+    )
 
 
 def under_mesh(jitted, mesh: Mesh, rules=LOGICAL_RULES) -> MeshFunction:

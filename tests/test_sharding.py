@@ -14,8 +14,15 @@ from memjax.models import transformer
 
 def _model():
   return transformer.TransformerLM(
-      vocab_size=64, num_layers=2, d_model=32, num_heads=4, head_dim=8,
-      d_ff=64, cutoffs=(8, 24), dropout_rate=0.0)
+      vocab_size=64,
+      num_layers=2,
+      d_model=32,
+      num_heads=4,
+      head_dim=8,
+      d_ff=64,
+      cutoffs=(8, 24),
+      dropout_rate=0.0,
+  )
 
 
 def _batch(batch_size=8, seq_len=12):
@@ -28,6 +35,7 @@ def _loss_and_grads(model, params, batch):
   def f(p):
     out = model.apply({"params": p}, batch["inputs"], batch["targets"])
     return losses.lm_loss(out, batch, step=0, rng=None)[0]
+
   return jax.value_and_grad(f)(params)
 
 
@@ -36,26 +44,34 @@ def reference():
   model = _model()
   batch = _batch()
   one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  state, _ = train.create_state(model, optax.sgd(0.1), one, batch,
-                                jax.random.PRNGKey(0))
+  state, _ = train.create_state(
+      model, optax.sgd(0.1), one, batch, jax.random.PRNGKey(0)
+  )
   params = jax.device_get(state.params)
   loss, grads = jax.jit(_loss_and_grads, static_argnums=0)(model, params, batch)
   return model, batch, params, loss, jax.device_get(grads)
 
 
-@pytest.mark.parametrize("mesh_spec", [
-    {"data": 4, "fsdp": 1, "tensor": 2},
-    {"data": 2, "fsdp": 2, "tensor": 2},
-])
+@pytest.mark.parametrize(
+    "mesh_spec",
+    [
+        {"data": 4, "fsdp": 1, "tensor": 2},
+        {"data": 2, "fsdp": 2, "tensor": 2},
+    ],
+)
 def test_loss_and_grads_equal_sharded(reference, mesh_spec):
   assert len(jax.devices()) == 8
   model, batch, params, ref_loss, ref_grads = reference
   mesh = sharding_lib.make_mesh(mesh_spec)
-  state, shardings = train.create_state(model, optax.sgd(0.1), mesh, batch,
-                                        jax.random.PRNGKey(0))
+  state, shardings = train.create_state(
+      model, optax.sgd(0.1), mesh, batch, jax.random.PRNGKey(0)
+  )
   # The parameters really are split over the mesh.
   kernel = state.params["layer_0"]["ffn"]["wi"]["kernel"]
-  assert kernel.sharding.spec == shardings.params["layer_0"]["ffn"]["wi"]["kernel"].spec
+  assert (
+      kernel.sharding.spec
+      == shardings.params["layer_0"]["ffn"]["wi"]["kernel"].spec
+  )
   assert len(kernel.addressable_shards) == 8
   assert kernel.addressable_shards[0].data.shape != kernel.shape
   sharded_params = jax.device_put(params, shardings.params)
@@ -63,8 +79,11 @@ def test_loss_and_grads_equal_sharded(reference, mesh_spec):
   fn = sharding_lib.under_mesh(jax.jit(_loss_and_grads, static_argnums=0), mesh)
   loss, grads = fn(model, sharded_params, sharded_batch)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
-               jax.device_get(grads), ref_grads)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
+      jax.device_get(grads),
+      ref_grads,
+  )
 
 
 def test_train_step_sharded_with_accumulation_equals_unsharded():
@@ -72,18 +91,32 @@ def test_train_step_sharded_with_accumulation_equals_unsharded():
   batch = _batch()
   tx = optax.adam(1e-3)
   results = []
-  for spec, accum, devices in [({"data": 1}, 1, jax.devices()[:1]),
-                               ({"data": 2, "fsdp": 2, "tensor": 2}, 2, None)]:
+  for spec, accum, devices in [
+      ({"data": 1}, 1, jax.devices()[:1]),
+      ({"data": 2, "fsdp": 2, "tensor": 2}, 2, None),
+  ]:
     mesh = sharding_lib.make_mesh(spec, devices)
-    state, shardings = train.create_state(model, tx, mesh, batch, jax.random.PRNGKey(0))
-    step = train.make_train_step(model, tx, losses.lm_loss, grad_accum=accum,
-                                 state_shardings=shardings, mesh=mesh)
-    state, m = step(state, sharding_lib.put_global_batch(batch, mesh),
-                    jax.random.PRNGKey(1))
+    state, shardings = train.create_state(
+        model, tx, mesh, batch, jax.random.PRNGKey(0)
+    )
+    step = train.make_train_step(
+        model,
+        tx,
+        losses.lm_loss,
+        grad_accum=accum,
+        state_shardings=shardings,
+        mesh=mesh,
+    )
+    state, m = step(
+        state, sharding_lib.put_global_batch(batch, mesh), jax.random.PRNGKey(1)
+    )
     results.append((float(m["loss"]), jax.device_get(state.params)))
   assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-               results[0][1], results[1][1])
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+      results[0][1],
+      results[1][1],
+  )
 
 
 def test_mesh_errors_name_the_problem():

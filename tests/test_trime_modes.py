@@ -32,9 +32,14 @@ def _config(variant, **eval_memory):
 @pytest.fixture(scope="module")
 def long_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("trime_long"))
-  config = _config("trime_long_smoke", long_mem_grid=(0, 32), sweep_tokens=(0, 32, 64),
-                   temperature_grid=(0.8, 1.2), cache_theta_grid=(0.05,),
-                   cache_lambda_grid=(0.1, 0.2))
+  config = _config(
+      "trime_long_smoke",
+      long_mem_grid=(0, 32),
+      sweep_tokens=(0, 32, 64),
+      temperature_grid=(0.8, 1.2),
+      cache_theta_grid=(0.05,),
+      cache_lambda_grid=(0.1, 0.2),
+  )
   res = train.train_and_evaluate(config, workdir)
   return config, workdir, res
 
@@ -57,8 +62,12 @@ def test_tune_writes_best_setting_and_test_at_it(long_run):
   assert saved["valid"]["memory"]["nll"] == best_nll
   assert len(saved["grid_valid"]) == 4
   # The plain scores of the same pass equal the training run's evaluation.
-  assert saved["valid"]["plain"]["nll"] == pytest.approx(res["valid"]["nll"], rel=1e-5)
-  assert saved["test"]["plain"]["nll"] == pytest.approx(res["test"]["nll"], rel=1e-5)
+  assert saved["valid"]["plain"]["nll"] == pytest.approx(
+      res["valid"]["nll"], rel=1e-5
+  )
+  assert saved["test"]["plain"]["nll"] == pytest.approx(
+      res["test"]["nll"], rel=1e-5
+  )
   with open(os.path.join(workdir, "tune.csv")) as f:
     assert len(list(csv.DictReader(f))) == 4
   assert any(line.startswith("test: ppl") for line in out["summary_lines"])
@@ -70,7 +79,13 @@ def test_memsweep_writes_csv_and_plot(long_run):
   with open(os.path.join(workdir, "memsweep.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [(r["kind"], int(r["long_mem_tokens"])) for r in rows] == [
-      ("trime", 0), ("trime", 32), ("trime", 64), ("cache", 0), ("cache", 32), ("cache", 64)]
+      ("trime", 0),
+      ("trime", 32),
+      ("trime", 64),
+      ("cache", 0),
+      ("cache", 32),
+      ("cache", 64),
+  ]
   assert os.path.getsize(os.path.join(workdir, "memsweep.png")) > 1000
 
 
@@ -85,25 +100,37 @@ def test_buckets_and_memeval(long_run):
   with open(os.path.join(workdir, "tune.json")) as f:
     tuned = json.load(f)
   # Buckets use the tuned setting; their average is the tuned valid score.
-  assert rows[-1][names[1]] == pytest.approx(tuned["valid"]["memory"]["ppl"], rel=1e-5)
+  assert rows[-1][names[1]] == pytest.approx(
+      tuned["valid"]["memory"]["ppl"], rel=1e-5
+  )
   assert "| tokens |" in frequency.merge([workdir, workdir])
   out = evaluate_memory.memeval(config, workdir)
-  assert out["valid"]["memory"]["long_mem_tokens"] == config.eval_memory.long_mem_tokens
+  assert (
+      out["valid"]["memory"]["long_mem_tokens"]
+      == config.eval_memory.long_mem_tokens
+  )
 
 
 def test_frequency_buckets_by_count():
   counts = np.array([20000, 10000, 5000, 1000, 150, 100, 50, 10, 0])
-  np.testing.assert_array_equal(frequency.bucket_of(counts, (10000, 1000, 100, 10)),
-                                [0, 1, 1, 2, 2, 3, 3, 4, 4])
+  np.testing.assert_array_equal(
+      frequency.bucket_of(counts, (10000, 1000, 100, 10)),
+      [0, 1, 1, 2, 2, 3, 3, 4, 4],
+  )
   assert frequency.bucket_labels((10000, 1000, 100, 10)) == [
-      "> 10k", "1k-10k", "100-1k", "10-100", "<= 10"]
+      "> 10k",
+      "1k-10k",
+      "100-1k",
+      "10-100",
+      "<= 10",
+  ]
   with pytest.raises(ValueError, match="decreasing"):
     frequency.bucket_of(counts, (10, 100))
 
 
 def test_trime_ext_packs_offline_then_trains(tmp_path):
   config = _config("trime_ext_smoke")
-  config.data.seq_len = 256            # ~1.9k segments: a quick BM25 search
+  config.data.seq_len = 256  # ~1.9k segments: a quick BM25 search
   config.eval.window_len, config.eval.score_len = 256, 128
   config.model.max_len = 256
   config.data.cache_dir = str(tmp_path / "cache")
@@ -119,9 +146,24 @@ def test_tune_without_a_checkpoint_is_one_line_error(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run(
-      [sys.executable, "-m", "memjax.main", "--config=configs/trime_wt103.py:trime_smoke",
-       f"--workdir={tmp_path}", "--mode=tune"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          "-m",
+          "memjax.main",
+          "--config=configs/trime_wt103.py:trime_smoke",
+          f"--workdir={tmp_path}",
+          "--mode=tune",
+      ],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode == 2
-  lines = [l for l in proc.stderr.splitlines() if l.startswith("memjax: error:")]
-  assert len(lines) == 1 and "no checkpoint to evaluate" in lines[0], proc.stderr[-2000:]
+  lines = [
+      l for l in proc.stderr.splitlines() if l.startswith("memjax: error:")
+  ]
+  assert (
+      len(lines) == 1 and "no checkpoint to evaluate" in lines[0]
+  ), proc.stderr[-2000:]

@@ -45,13 +45,19 @@ def bucket_of(counts: np.ndarray, edges: Sequence[int]) -> np.ndarray:
   """
   edges = np.asarray(edges, np.int64)
   if edges.size == 0 or np.any(np.diff(edges) >= 0):
-    raise ValueError(f"bucket edges must be strictly decreasing, got {edges.tolist()}")
+    raise ValueError(
+        f"bucket edges must be strictly decreasing, got {edges.tolist()}"
+    )
   # Number of edges a count is <= to: count > e0 -> 0, e1 < count <= e0 -> 1, ...
   return np.sum(np.asarray(counts)[:, None] <= edges[None, :], axis=1)
 
 
-def bucket_table(targets: np.ndarray, columns: Mapping[str, np.ndarray],
-                 counts: np.ndarray, edges: Sequence[int]) -> list[dict]:
+def bucket_table(
+    targets: np.ndarray,
+    columns: Mapping[str, np.ndarray],
+    counts: np.ndarray,
+    edges: Sequence[int],
+) -> list[dict]:
   """Perplexity of each column's log-probabilities per frequency bucket.
 
   Args:
@@ -80,10 +86,14 @@ def markdown(rows: Sequence[Mapping], title: str = "") -> str:
   names = [k for k in rows[0] if k not in ("bucket", "tokens")]
   head = "| model | " + " | ".join(r["bucket"] for r in rows) + " |"
   lines = [head, "|---|" + "---:|" * len(rows)]
-  lines.append("| tokens | " + " | ".join(f"{r['tokens']:,}" for r in rows) + " |")
+  lines.append(
+      "| tokens | " + " | ".join(f"{r['tokens']:,}" for r in rows) + " |"
+  )
   for n in names:
     label = f"{title}: {n}" if title else n
-    lines.append(f"| {label} | " + " | ".join(f"{r[n]:.2f}" for r in rows) + " |")
+    lines.append(
+        f"| {label} | " + " | ".join(f"{r[n]:.2f}" for r in rows) + " |"
+    )
   return "\n".join(lines)
 
 
@@ -102,8 +112,10 @@ def merge(run_dirs: Sequence[str]) -> str:
 def main(argv: Sequence[str]) -> int:
   if len(argv) < 2:
     print(__doc__.strip().splitlines()[0], file=sys.stderr)
-    print("usage: python -m memjax.analysis.frequency RUN_DIR [RUN_DIR ...]",
-          file=sys.stderr)
+    print(
+        "usage: python -m memjax.analysis.frequency RUN_DIR [RUN_DIR ...]",
+        file=sys.stderr,
+    )
     return 2
   print(merge(argv[1:]))
   return 0

@@ -36,8 +36,9 @@ from memjax import recurrent_eval
 Array = jax.Array
 
 
-def attention_by_distance(probs: Array, key_valid: Array, query_weight: Array,
-                          mem_len: int) -> tuple[Array, Array]:
+def attention_by_distance(
+    probs: Array, key_valid: Array, query_weight: Array, mem_len: int
+) -> tuple[Array, Array]:
   """Sums of attention weights per relative distance.
 
   Args:
@@ -58,9 +59,10 @@ def attention_by_distance(probs: Array, key_valid: Array, query_weight: Array,
   exists = (key >= 0) & (key < total)
   key = jnp.clip(key, 0, total - 1)
   gathered = jnp.take_along_axis(
-      probs, jnp.broadcast_to(key, probs.shape), axis=-1)     # [B, H, T, K]
+      probs, jnp.broadcast_to(key, probs.shape), axis=-1
+  )  # [B, H, T, K]
   mask = (exists[None] & key_valid[:, key]).astype(jnp.float32)
-  mask = mask * query_weight[:, :, None]                      # [B, T, K]
+  mask = mask * query_weight[:, :, None]  # [B, T, K]
   sums = jnp.einsum("bhtk,btk->k", gathered, mask)
   counts = heads * jnp.sum(mask, axis=(0, 1))
   return sums, counts
@@ -69,73 +71,98 @@ def attention_by_distance(probs: Array, key_valid: Array, query_weight: Array,
 class AttentionAnalyzer(recurrent_eval.StreamEvaluator):
   """Runs a model over segments and sums alpha and attention by distance."""
 
-  def _step(self, params: Any, memory: Any, segment: dict[str, Array]
-            ) -> tuple[Any, dict[str, Array]]:
+  def _step(
+      self, params: Any, memory: Any, segment: dict[str, Array]
+  ) -> tuple[Any, dict[str, Array]]:
     memory = self.model.reset_memory(memory, segment["reset"])
     out, state = self.model.apply(
-        {"params": params}, segment["inputs"], segment["targets"],
-        memory=memory, deterministic=True, mutable=["intermediates"])
+        {"params": params},
+        segment["inputs"],
+        segment["targets"],
+        memory=memory,
+        deterministic=True,
+        mutable=["intermediates"],
+    )
     inter = state["intermediates"]
-    mem_valid = memory[0].valid                       # [B, M]
+    mem_valid = memory[0].valid  # [B, M]
     batch, seg_len = segment["inputs"].shape
     key_valid = jnp.concatenate(
-        [mem_valid, jnp.ones((batch, seg_len), jnp.bool_)], axis=1)
+        [mem_valid, jnp.ones((batch, seg_len), jnp.bool_)], axis=1
+    )
     weight = segment["weights"]
-    lane = (weight.sum(axis=1) > 0).astype(jnp.float32)   # real lanes
+    lane = (weight.sum(axis=1) > 0).astype(jnp.float32)  # real lanes
     dist_sums, dist_counts, alpha_sums, alpha_counts = [], [], [], []
     mem_mass = []
     for i in range(self.model.num_layers):
       layer = inter[f"layer_{i}"]["attention"]
-      probs = layer["attention_probs"][0]             # [B, H, T, M + T]
+      probs = layer["attention_probs"][0]  # [B, H, T, M + T]
       s, c = attention_by_distance(probs, key_valid, weight, self.mem_len)
       dist_sums.append(s)
       dist_counts.append(c)
-      mem_mass.append(jnp.einsum("bhtm,bt->", probs[..., :self.mem_len],
-                                 weight))
+      mem_mass.append(
+          jnp.einsum("bhtm,bt->", probs[..., : self.mem_len], weight)
+      )
       if "alpha" in layer:
-        alpha = layer["alpha"][0]                     # [B, M, H]
+        alpha = layer["alpha"][0]  # [B, M, H]
         slot = mem_valid.astype(jnp.float32) * lane[:, None]
         alpha_sums.append(jnp.einsum("bmh,bm->m", alpha, slot))
         alpha_counts.append(alpha.shape[-1] * jnp.sum(slot, axis=0))
-    outputs = {"dist_sums": jnp.stack(dist_sums),
-               "dist_counts": jnp.stack(dist_counts),
-               "memory_mass": jnp.stack(mem_mass),
-               "queries": jnp.sum(weight) * probs.shape[1]}
+    outputs = {
+        "dist_sums": jnp.stack(dist_sums),
+        "dist_counts": jnp.stack(dist_counts),
+        "memory_mass": jnp.stack(mem_mass),
+        "queries": jnp.sum(weight) * probs.shape[1],
+    }
     if alpha_sums:
       outputs["alpha_sums"] = jnp.stack(alpha_sums)
       outputs["alpha_counts"] = jnp.stack(alpha_counts)
     return out.memory, outputs
 
-  def analyze(self, params: Any, tokens: np.ndarray, num_segments: int,
-              desc: str = "analyze") -> dict[str, np.ndarray]:
+  def analyze(
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      num_segments: int,
+      desc: str = "analyze",
+  ) -> dict[str, np.ndarray]:
     """Returns 'attention_by_distance' [layers, M + T], 'memory_share'
     [layers] (mean attention mass of a query on the memory) and, for LaMemo,
     'alpha' [layers, M] (NaN where nothing was counted)."""
     segments = recurrent_eval.stacked_segments(
-        tokens, self.segment_len, self.lanes, num_segments)
+        tokens, self.segment_len, self.lanes, num_segments
+    )
     out = self.run_segments(params, segments, desc)
     res = {}
     with np.errstate(invalid="ignore", divide="ignore"):
-      res["memory_share"] = (out["memory_mass"].astype(np.float64).sum(0)
-                             / out["queries"].astype(np.float64).sum())
-      res["attention_by_distance"] = (
-          out["dist_sums"].astype(np.float64).sum(0)
-          / out["dist_counts"].astype(np.float64).sum(0))
+      res["memory_share"] = (
+          out["memory_mass"].astype(np.float64).sum(0)
+          / out["queries"].astype(np.float64).sum()
+      )
+      res["attention_by_distance"] = out["dist_sums"].astype(np.float64).sum(
+          0
+      ) / out["dist_counts"].astype(np.float64).sum(0)
       if "alpha_sums" in out:
-        res["alpha"] = (out["alpha_sums"].astype(np.float64).sum(0)
-                        / out["alpha_counts"].astype(np.float64).sum(0))
+        res["alpha"] = out["alpha_sums"].astype(np.float64).sum(0) / out[
+            "alpha_counts"
+        ].astype(np.float64).sum(0)
     return res
 
 
 def _plot_alpha(path: str, alpha: np.ndarray, title: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, ax = plt.subplots(figsize=(5, 3.6), dpi=120)
   cmap = plt.get_cmap("viridis")
   for i, row in enumerate(alpha):
-    ax.plot(np.arange(len(row)), row, color=cmap(i / max(len(alpha) - 1, 1)),
-            label=f"layer {i}")
+    ax.plot(
+        np.arange(len(row)),
+        row,
+        color=cmap(i / max(len(alpha) - 1, 1)),
+        label=f"layer {i}",
+    )
   ax.set_xlabel("memory index (0 = oldest)")
   ax.set_ylabel("alpha (weight of the old memory)")
   ax.set_ylim(0, 1.02)
@@ -147,12 +174,15 @@ def _plot_alpha(path: str, alpha: np.ndarray, title: str) -> None:
   plt.close(fig)
 
 
-def plot_attention_by_distance(path: str, curves: dict[str, np.ndarray],
-                               seg_len: int, title: str) -> None:
+def plot_attention_by_distance(
+    path: str, curves: dict[str, np.ndarray], seg_len: int, title: str
+) -> None:
   """Mean attention weight by distance, one line per curve ([K] arrays)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, ax = plt.subplots(figsize=(5, 3.6), dpi=120)
   for name, curve in curves.items():
     ax.plot(np.arange(len(curve)), curve, label=name)
@@ -171,19 +201,29 @@ def plot_attention_by_distance(path: str, curves: dict[str, np.ndarray],
 def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """``--mode=analyze``: alpha and attention by distance (see module doc)."""
   from memjax import train  # pylint: disable=g-import-not-at-top
+
   restored = train.restore_latest(config, workdir, "analyze")
   split = config.analyze.split
   if split not in restored.data.splits:
-    raise ValueError(f"analyze.split {split!r} is not in eval.splits "
-                     f"{tuple(config.eval.splits)}")
+    raise ValueError(
+        f"analyze.split {split!r} is not in eval.splits "
+        f"{tuple(config.eval.splits)}"
+    )
   model = restored.model.clone(remat=False)  # sow outside remat
   analyzer = AttentionAnalyzer(
-      model, restored.mesh, segment_len=recurrent_eval.segment_len_of(config),
+      model,
+      restored.mesh,
+      segment_len=recurrent_eval.segment_len_of(config),
       mem_len=recurrent_eval.mem_len_of(config),
-      lanes=int(config.eval.lanes))
+      lanes=int(config.eval.lanes),
+  )
   num = int(config.analyze.num_segments)
-  res = analyzer.analyze(restored.params, restored.data.splits[split].tokens,
-                         num, desc=f"analyze {split}")
+  res = analyzer.analyze(
+      restored.params,
+      restored.data.splits[split].tokens,
+      num,
+      desc=f"analyze {split}",
+  )
   title = f"{config.name}, step {restored.step}, {split}"
   files = []
   dist = res["attention_by_distance"]
@@ -196,9 +236,13 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   plot_attention_by_distance(path, curves, analyzer.segment_len, title)
   files.append(path)
   summary: dict[str, Any] = {
-      "name": config.name, "step": restored.step, "split": split,
-      "segments_per_lane": num, "lanes": analyzer.lanes,
-      "segment_len": analyzer.segment_len, "mem_len": analyzer.mem_len,
+      "name": config.name,
+      "step": restored.step,
+      "split": split,
+      "segments_per_lane": num,
+      "lanes": analyzer.lanes,
+      "segment_len": analyzer.segment_len,
+      "mem_len": analyzer.mem_len,
       # Mean attention mass a query puts on the memory, per layer.
       "memory_share_by_layer": [float(x) for x in res["memory_share"]],
   }
@@ -209,8 +253,9 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     path = os.path.join(workdir, "alpha.png")
     _plot_alpha(path, res["alpha"], title)
     files.append(path)
-    summary["alpha_mean_by_layer"] = [float(np.nanmean(r))
-                                      for r in res["alpha"]]
+    summary["alpha_mean_by_layer"] = [
+        float(np.nanmean(r)) for r in res["alpha"]
+    ]
     for i, a in enumerate(summary["alpha_mean_by_layer"]):
       console.info("layer %d: mean alpha %.3f", i, a)
   path = os.path.join(workdir, "analysis.json")

@@ -53,24 +53,31 @@ def check_trime_batching(config: ml_collections.ConfigDict) -> None:
   if d.batching not in ("blocks", "consecutive") or m < 2:
     raise ValueError(
         "loss.memory='long' needs lanes of consecutive segments: set "
-        "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1")
+        "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1"
+    )
   micro = d.batch_size // max(int(config.train.grad_accum), 1)
   if micro % m:
     raise ValueError(
         f"loss.memory='long': the micro-batch of {micro} rows (data.batch_size / "
         f"train.grad_accum) is not a multiple of data.segments_per_lane {m}, so "
-        "lanes would be split between micro-batches")
+        "lanes would be split between micro-batches"
+    )
 
 
-def stopword_ids(config: ml_collections.ConfigDict, cache_dir: str) -> list[int] | None:
+def stopword_ids(
+    config: ml_collections.ConfigDict, cache_dir: str
+) -> list[int] | None:
   """Ids of bm25s's English stop words in the word vocabulary, if enabled."""
   d = config.data
   if not d.bm25_stopwords:
     return None
   if sources.corpus_spec(d.corpus).level != "word":
-    raise ValueError("data.bm25_stopwords needs a word-level corpus (wikitext103)")
+    raise ValueError(
+        "data.bm25_stopwords needs a word-level corpus (wikitext103)"
+    )
   import bm25s  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
   vocab = vocab_lib.get_vocabulary(d.corpus, data_dir, cache_dir)
   ids = {vocab.token_to_id(w) for w in bm25s.stopwords.STOPWORDS_EN}
@@ -78,8 +85,9 @@ def stopword_ids(config: ml_collections.ConfigDict, cache_dir: str) -> list[int]
   return sorted(ids)
 
 
-def bm25_order(config: ml_collections.ConfigDict, tokens: np.ndarray,
-               cache_dir: str) -> np.ndarray:
+def bm25_order(
+    config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
+) -> np.ndarray:
   """The packed order of the training segments, computed once and cached.
 
   Args:
@@ -91,24 +99,37 @@ def bm25_order(config: ml_collections.ConfigDict, tokens: np.ndarray,
     [ceil(N / L)] int64 segment indices in packing order.
   """
   from memjax.data import bm25  # pylint: disable=g-import-not-at-top
+
   d = config.data
   if int(d.bm25_k) < 1:
     raise ValueError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
   start = time.time()
-  console.info("BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
-               -(-len(tokens) // d.seq_len), d.seq_len, d.bm25_k,
-               os.path.join(cache_dir, "bm25"))
+  console.info(
+      "BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
+      -(-len(tokens) // d.seq_len),
+      d.seq_len,
+      d.bm25_k,
+      os.path.join(cache_dir, "bm25"),
+  )
   order = bm25.cached_bm25_order(
-      tokens, d.seq_len, d.batch_size, k=int(d.bm25_k), seed=int(d.bm25_seed),
+      tokens,
+      d.seq_len,
+      d.batch_size,
+      k=int(d.bm25_k),
+      seed=int(d.bm25_seed),
       cache_dir=os.path.join(cache_dir, "bm25"),
-      stopword_ids=stopword_ids(config, cache_dir), show_progress=True)
-  console.info("BM25 order ready: %d segments in %.1fs", len(order),
-               time.time() - start)
+      stopword_ids=stopword_ids(config, cache_dir),
+      show_progress=True,
+  )
+  console.info(
+      "BM25 order ready: %d segments in %.1fs", len(order), time.time() - start
+  )
   return order
 
 
-def make_batcher(config: ml_collections.ConfigDict, train: Any,
-                 cache_dir: str) -> Any:
+def make_batcher(
+    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+) -> Any:
   """The batcher of ``data.batching`` in ('blocks', 'bm25').
 
   Args:
@@ -120,15 +141,21 @@ def make_batcher(config: ml_collections.ConfigDict, train: Any,
   if d.batching == "blocks":
     m = int(d.segments_per_lane)
     if d.batch_size % m:
-      raise ValueError(f"data.batch_size {d.batch_size} is not a multiple of "
-                       f"data.segments_per_lane {m}")
-    return streams.RandomBlocks(train.tokens, d.seq_len, d.batch_size // m, m,
-                                seed=config.seed)
+      raise ValueError(
+          f"data.batch_size {d.batch_size} is not a multiple of "
+          f"data.segments_per_lane {m}"
+      )
+    return streams.RandomBlocks(
+        train.tokens, d.seq_len, d.batch_size // m, m, seed=config.seed
+    )
   if d.batching == "bm25":
     order = bm25_order(config, train.tokens, cache_dir)
-    return streams.PackedSegments(train.tokens, d.seq_len, d.batch_size, order,
-                                  seed=config.seed)
-  raise ValueError(f"unknown data.batching {d.batching!r}; use one of {BATCHINGS}")
+    return streams.PackedSegments(
+        train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
+    )
+  raise ValueError(
+      f"unknown data.batching {d.batching!r}; use one of {BATCHINGS}"
+  )
 
 
 def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -139,6 +166,7 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   (counts and timing).
   """
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
+
   d = config.data
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
   cache_dir = d.cache_dir or os.path.join(workdir, "cache")
@@ -146,18 +174,30 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   train = tasks.load_token_stream(d.corpus, data_dir, "train", cache_dir)
   start = time.time()
   order = bm25_order(config, train.tokens, cache_dir)
-  batcher = streams.PackedSegments(train.tokens, d.seq_len, d.batch_size, order,
-                                   seed=config.seed)
-  summary = {"segments": int(len(order)), "batches_per_epoch": batcher.num_batches,
-             "seq_len": int(d.seq_len), "batch_size": int(d.batch_size),
-             "k": int(d.bm25_k), "seed": int(d.bm25_seed),
-             "stopwords": bool(d.bm25_stopwords), "seconds": time.time() - start,
-             "cache_dir": os.path.join(cache_dir, "bm25")}
+  batcher = streams.PackedSegments(
+      train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
+  )
+  summary = {
+      "segments": int(len(order)),
+      "batches_per_epoch": batcher.num_batches,
+      "seq_len": int(d.seq_len),
+      "batch_size": int(d.batch_size),
+      "k": int(d.bm25_k),
+      "seed": int(d.bm25_seed),
+      "stopwords": bool(d.bm25_stopwords),
+      "seconds": time.time() - start,
+      "cache_dir": os.path.join(cache_dir, "bm25"),
+  }
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, "bm25_pack.json")
   with open(path, "w") as f:
     json.dump(summary, f, indent=2, sort_keys=True)
-  return {**summary, "results_path": path,
-          "summary_lines": [f"BM25 order of {len(order)} segments "
-                            f"({batcher.num_batches} batches of {d.batch_size}) in "
-                            f"{summary['cache_dir']}"]}
+  return {
+      **summary,
+      "results_path": path,
+      "summary_lines": [
+          f"BM25 order of {len(order)} segments "
+          f"({batcher.num_batches} batches of {d.batch_size}) in "
+          f"{summary['cache_dir']}"
+      ],
+  }

@@ -30,145 +30,146 @@ _CHUNK_BYTES = 1 << 20
 
 
 def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
-    """Downloads ``url`` to the file ``dest``, showing one progress line.
+  """Downloads ``url`` to the file ``dest``, showing one progress line.
 
-    Args:
-        url: http(s) or file URL.
-        dest: destination file; written atomically.
-        timeout_s: socket timeout.
+  Args:
+      url: http(s) or file URL.
+      dest: destination file; written atomically.
+      timeout_s: socket timeout.
 
-    Returns:
-        ``dest``.
+  Returns:
+      ``dest``.
 
-    Raises:
-        sources.DataError: the download failed (no network, HTTP error).
-    """
-    tmp = f"{dest}.part"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            total = int(response.headers.get("Content-Length") or 0)
-            done = 0
-            with open(tmp, "wb") as f:
-                while chunk := response.read(_CHUNK_BYTES):
-                    f.write(chunk)
-                    done += len(chunk)
-                    of_total = f" of {total / 1e6:.1f}" if total else ""
-                    print(
-                        f"\rdownloading {url}: {done / 1e6:.1f}{of_total} MB",
-                        end="",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            print(file=sys.stderr)
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        reason = getattr(e, "reason", None) or e
-        raise sources.DataError(
-            f"Could not download {url} ({reason}); download it by other means "
-            f"and pass its path with --zip, or copy the unpacked files into "
-            f"{os.path.dirname(dest)}."
-        ) from e
-    os.replace(tmp, dest)
-    return dest
+  Raises:
+      sources.DataError: the download failed (no network, HTTP error).
+  """
+  tmp = f"{dest}.part"
+  try:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+      total = int(response.headers.get("Content-Length") or 0)
+      done = 0
+      with open(tmp, "wb") as f:
+        while chunk := response.read(_CHUNK_BYTES):
+          f.write(chunk)
+          done += len(chunk)
+          of_total = f" of {total / 1e6:.1f}" if total else ""
+          print(
+              f"\rdownloading {url}: {done / 1e6:.1f}{of_total} MB",
+              end="",
+              file=sys.stderr,
+              flush=True,
+          )
+      print(file=sys.stderr)
+  except (urllib.error.URLError, OSError, ValueError) as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    reason = getattr(e, "reason", None) or e
+    raise sources.DataError(
+        f"Could not download {url} ({reason}); download it by other means "
+        f"and pass its path with --zip, or copy the unpacked files into "
+        f"{os.path.dirname(dest)}."
+    ) from e
+  os.replace(tmp, dest)
+  return dest
 
 
 def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
-    """Extracts the corpus files of a release zip into ``data_dir``.
+  """Extracts the corpus files of a release zip into ``data_dir``.
 
-    Folders inside the zip are dropped (``wikitext-103/wiki.train.tokens``
-    becomes ``data_dir/wiki.train.tokens``).
+  Folders inside the zip are dropped (``wikitext-103/wiki.train.tokens``
+  becomes ``data_dir/wiki.train.tokens``).
 
-    Args:
-        corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
-        zip_path: the release zip.
-        data_dir: destination directory (created if missing).
+  Args:
+      corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
+      zip_path: the release zip.
+      data_dir: destination directory (created if missing).
 
-    Returns:
-        The extracted paths.
+  Returns:
+      The extracted paths.
 
-    Raises:
-        sources.DataError: not a zip, or a corpus file is missing from it.
-    """
-    spec = sources.corpus_spec(corpus)
-    os.makedirs(data_dir, exist_ok=True)
-    try:
-        archive = zipfile.ZipFile(zip_path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise sources.DataError(
-            f"{zip_path} is not a readable zip file ({e}); delete it and run "
-            "again."
-        ) from e
-    with archive:
-        by_name = {
-            os.path.basename(info.filename): info
-            for info in archive.infolist()
-            if not info.is_dir()
-        }
-        missing = [m for m in spec.release_members if m not in by_name]
-        if missing:
-            raise sources.DataError(
-                f"{zip_path} has no {', '.join(missing)}; is it the "
-                f"{spec.name} release ({spec.url})?"
-            )
-        paths = []
-        for member in spec.release_members:
-            path = os.path.join(data_dir, member)
-            with archive.open(by_name[member]) as src, open(
-                f"{path}.part", "wb"
-            ) as dst:
-                shutil.copyfileobj(src, dst, _CHUNK_BYTES)
-            os.replace(f"{path}.part", path)
-            paths.append(path)
-    return paths
+  Raises:
+      sources.DataError: not a zip, or a corpus file is missing from it.
+  """
+  spec = sources.corpus_spec(corpus)
+  os.makedirs(data_dir, exist_ok=True)
+  try:
+    archive = zipfile.ZipFile(zip_path)
+  except (zipfile.BadZipFile, OSError) as e:
+    raise sources.DataError(
+        f"{zip_path} is not a readable zip file ({e}); delete it and run "
+        "again."
+    ) from e
+  with archive:
+    by_name = {
+        os.path.basename(info.filename): info
+        for info in archive.infolist()
+        if not info.is_dir()
+    }
+    missing = [m for m in spec.release_members if m not in by_name]
+    if missing:
+      raise sources.DataError(
+          f"{zip_path} has no {', '.join(missing)}; is it the "
+          f"{spec.name} release ({spec.url})?"
+      )
+    paths = []
+    for member in spec.release_members:
+      path = os.path.join(data_dir, member)
+      with (
+          archive.open(by_name[member]) as src,
+          open(f"{path}.part", "wb") as dst,
+      ):
+        shutil.copyfileobj(src, dst, _CHUNK_BYTES)
+      os.replace(f"{path}.part", path)
+      paths.append(path)
+  return paths
 
 
 def write_split_files(corpus: str, data_dir: str) -> list[str]:
-    """Writes the train/valid/test split files of a single-file release.
+  """Writes the train/valid/test split files of a single-file release.
 
-    Args:
-        corpus: 'enwik8' or 'text8'.
-        data_dir: directory holding the release file.
+  Args:
+      corpus: 'enwik8' or 'text8'.
+      data_dir: directory holding the release file.
 
-    Returns:
-        The written paths.
+  Returns:
+      The written paths.
 
-    Raises:
-        sources.DataError: not a byte corpus, missing or too small release.
-    """
-    spec = sources.corpus_spec(corpus)
-    if not spec.release_file:
-        raise sources.DataError(
-            f"{spec.name} ships split files; there is nothing to split."
-        )
-    release = os.path.join(data_dir, spec.release_file)
-    if not os.path.isfile(release):
-        raise sources.DataError(
-            f"Release file {release} not found: "
-            f"{sources.how_to_get(spec.name, data_dir)}."
-        )
-    size = os.path.getsize(release)
-    paths = []
-    with open(release, "rb") as src:
-        for split in sources.SPLITS:
-            start, end = sources.release_split_range(size, split)
-            path = os.path.join(data_dir, spec.split_files[split])
-            src.seek(start)
-            with open(f"{path}.part", "wb") as dst:
-                dst.write(src.read(end - start))
-            os.replace(f"{path}.part", path)
-            paths.append(path)
-    return paths
+  Raises:
+      sources.DataError: not a byte corpus, missing or too small release.
+  """
+  spec = sources.corpus_spec(corpus)
+  if not spec.release_file:
+    raise sources.DataError(
+        f"{spec.name} ships split files; there is nothing to split."
+    )
+  release = os.path.join(data_dir, spec.release_file)
+  if not os.path.isfile(release):
+    raise sources.DataError(
+        f"Release file {release} not found: "
+        f"{sources.how_to_get(spec.name, data_dir)}."
+    )
+  size = os.path.getsize(release)
+  paths = []
+  with open(release, "rb") as src:
+    for split in sources.SPLITS:
+      start, end = sources.release_split_range(size, split)
+      path = os.path.join(data_dir, spec.split_files[split])
+      src.seek(start)
+      with open(f"{path}.part", "wb") as dst:
+        dst.write(src.read(end - start))
+      os.replace(f"{path}.part", path)
+      paths.append(path)
+  return paths
 
 
 def is_prepared(corpus: str, data_dir: str) -> bool:
-    """Whether every split of ``corpus`` can be read from ``data_dir``."""
-    try:
-        for split in sources.SPLITS:
-            sources.split_byte_range(corpus, data_dir, split)
-    except sources.DataError:
-        return False
-    return True
+  """Whether every split of ``corpus`` can be read from ``data_dir``."""
+  try:
+    for split in sources.SPLITS:
+      sources.split_byte_range(corpus, data_dir, split)
+  except sources.DataError:
+    return False
+  return True
 
 
 def prepare(
@@ -179,80 +180,80 @@ def prepare(
     write_splits: bool = False,
     keep_zip: bool = False,
 ) -> list[str]:
-    """Downloads (unless present) and unpacks ``corpus`` into ``data_dir``.
+  """Downloads (unless present) and unpacks ``corpus`` into ``data_dir``.
 
-    Args:
-        corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
-        data_dir: destination directory.
-        url: release URL; defaults to the official one.
-        zip_path: an already downloaded release zip; skips the download.
-        write_splits: for enwik8/text8, also write the split files.
-        keep_zip: keep the downloaded zip in ``data_dir``.
+  Args:
+      corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
+      data_dir: destination directory.
+      url: release URL; defaults to the official one.
+      zip_path: an already downloaded release zip; skips the download.
+      write_splits: for enwik8/text8, also write the split files.
+      keep_zip: keep the downloaded zip in ``data_dir``.
 
-    Returns:
-        The corpus files now in ``data_dir``.
+  Returns:
+      The corpus files now in ``data_dir``.
 
-    Raises:
-        sources.DataError: download or unpacking failed.
-    """
-    spec = sources.corpus_spec(corpus)
-    data_dir = os.path.abspath(os.path.expanduser(data_dir))
-    os.makedirs(data_dir, exist_ok=True)
-    if not is_prepared(spec.name, data_dir):
-        downloaded = None
-        if zip_path is None:
-            url = url or spec.url
-            downloaded = os.path.join(data_dir, os.path.basename(url))
-            zip_path = download(url, downloaded)
-        unpack(spec.name, zip_path, data_dir)
-        if downloaded and not keep_zip:
-            os.remove(downloaded)
-    if write_splits and spec.release_file:
-        release = os.path.join(data_dir, spec.release_file)
-        if os.path.isfile(release):
-            write_split_files(spec.name, data_dir)
-    return sorted(
-        {sources.split_path(spec.name, data_dir, s) for s in sources.SPLITS}
-    )
+  Raises:
+      sources.DataError: download or unpacking failed.
+  """
+  spec = sources.corpus_spec(corpus)
+  data_dir = os.path.abspath(os.path.expanduser(data_dir))
+  os.makedirs(data_dir, exist_ok=True)
+  if not is_prepared(spec.name, data_dir):
+    downloaded = None
+    if zip_path is None:
+      url = url or spec.url
+      downloaded = os.path.join(data_dir, os.path.basename(url))
+      zip_path = download(url, downloaded)
+    unpack(spec.name, zip_path, data_dir)
+    if downloaded and not keep_zip:
+      os.remove(downloaded)
+  if write_splits and spec.release_file:
+    release = os.path.join(data_dir, spec.release_file)
+    if os.path.isfile(release):
+      write_split_files(spec.name, data_dir)
+  return sorted(
+      {sources.split_path(spec.name, data_dir, s) for s in sources.SPLITS}
+  )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m memjax.data.prepare", description=__doc__.split("\n")[0]
+  """Command line entry point; returns the exit status."""
+  parser = argparse.ArgumentParser(
+      prog="python -m memjax.data.prepare", description=__doc__.split("\n")[0]
+  )
+  parser.add_argument(
+      "--corpus", required=True, help="wikitext103, enwik8 or text8"
+  )
+  parser.add_argument("--data_dir", required=True, help="target directory")
+  parser.add_argument("--url", default=None, help="release zip URL")
+  parser.add_argument(
+      "--zip", default=None, help="use this release zip, do not download"
+  )
+  parser.add_argument(
+      "--write_splits",
+      action="store_true",
+      help="enwik8/text8: also write {train,valid,test} split files",
+  )
+  parser.add_argument(
+      "--keep_zip", action="store_true", help="keep the downloaded zip"
+  )
+  args = parser.parse_args(argv)
+  try:
+    paths = prepare(
+        args.corpus,
+        args.data_dir,
+        url=args.url,
+        zip_path=args.zip,
+        write_splits=args.write_splits,
+        keep_zip=args.keep_zip,
     )
-    parser.add_argument(
-        "--corpus", required=True, help="wikitext103, enwik8 or text8"
-    )
-    parser.add_argument("--data_dir", required=True, help="target directory")
-    parser.add_argument("--url", default=None, help="release zip URL")
-    parser.add_argument(
-        "--zip", default=None, help="use this release zip, do not download"
-    )
-    parser.add_argument(
-        "--write_splits",
-        action="store_true",
-        help="enwik8/text8: also write {train,valid,test} split files",
-    )
-    parser.add_argument(
-        "--keep_zip", action="store_true", help="keep the downloaded zip"
-    )
-    args = parser.parse_args(argv)
-    try:
-        paths = prepare(
-            args.corpus,
-            args.data_dir,
-            url=args.url,
-            zip_path=args.zip,
-            write_splits=args.write_splits,
-            keep_zip=args.keep_zip,
-        )
-    except sources.DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"{sources.canonical_corpus(args.corpus)} ready: {', '.join(paths)}")
-    return 0
+  except sources.DataError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  print(f"{sources.canonical_corpus(args.corpus)} ready: {', '.join(paths)}")
+  return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+  sys.exit(main())

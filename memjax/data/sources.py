@@ -44,34 +44,34 @@ CACHE_SUBDIR: str = "memjax_cache"
 
 
 class DataError(ValueError):
-    """Bad data input: unknown corpus, or a missing data directory or file."""
+  """Bad data input: unknown corpus, or a missing data directory or file."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CorpusSpec:
-    """How one corpus is laid out on disk.
+  """How one corpus is laid out on disk.
 
-    Attributes:
-        name: canonical corpus name.
-        level: 'word' (word vocabulary; documents are str) or 'byte' (byte
-            vocabulary; documents are bytes).
-        split_files: file name of each split ('train', 'valid', 'test') in the
-            data directory.
-        release_file: for byte corpora, the single file of the official
-            release that holds all splits; None when the release ships split
-            files.
-        release_members: files of the release zip that make up the corpus.
-        url: where the official release zip is downloaded from.
-        demo_subdir: folder of the corpus under ``DEMO_DATA_DIR``.
-    """
+  Attributes:
+      name: canonical corpus name.
+      level: 'word' (word vocabulary; documents are str) or 'byte' (byte
+          vocabulary; documents are bytes).
+      split_files: file name of each split ('train', 'valid', 'test') in the
+          data directory.
+      release_file: for byte corpora, the single file of the official
+          release that holds all splits; None when the release ships split
+          files.
+      release_members: files of the release zip that make up the corpus.
+      url: where the official release zip is downloaded from.
+      demo_subdir: folder of the corpus under ``DEMO_DATA_DIR``.
+  """
 
-    name: str
-    level: str
-    split_files: dict[str, str]
-    release_file: str | None
-    release_members: tuple[str, ...]
-    url: str
-    demo_subdir: str
+  name: str
+  level: str
+  split_files: dict[str, str]
+  release_file: str | None
+  release_members: tuple[str, ...]
+  url: str
+  demo_subdir: str
 
 
 CORPORA: dict[str, CorpusSpec] = {
@@ -127,268 +127,268 @@ _TOP_HEADING = re.compile(r"^ = [^=](?:.*[^=])? = $")
 
 
 def canonical_corpus(corpus: str) -> str:
-    """Returns the canonical name of ``corpus`` ('wikitext' -> 'wikitext103').
+  """Returns the canonical name of ``corpus`` ('wikitext' -> 'wikitext103').
 
-    Raises:
-        DataError: ``corpus`` names no known corpus.
-    """
-    name = CORPUS_ALIASES.get(corpus.lower(), corpus.lower())
-    if name not in CORPORA:
-        aliases = ", ".join(f"{a} -> {c}" for a, c in CORPUS_ALIASES.items())
-        raise DataError(
-            f"Unknown corpus {corpus!r}; expected one of "
-            f"{', '.join(CORPORA)} (aliases: {aliases})."
-        )
-    return name
+  Raises:
+      DataError: ``corpus`` names no known corpus.
+  """
+  name = CORPUS_ALIASES.get(corpus.lower(), corpus.lower())
+  if name not in CORPORA:
+    aliases = ", ".join(f"{a} -> {c}" for a, c in CORPUS_ALIASES.items())
+    raise DataError(
+        f"Unknown corpus {corpus!r}; expected one of "
+        f"{', '.join(CORPORA)} (aliases: {aliases})."
+    )
+  return name
 
 
 def corpus_spec(corpus: str) -> CorpusSpec:
-    """Returns the :class:`CorpusSpec` of ``corpus`` (aliases allowed)."""
-    return CORPORA[canonical_corpus(corpus)]
+  """Returns the :class:`CorpusSpec` of ``corpus`` (aliases allowed)."""
+  return CORPORA[canonical_corpus(corpus)]
 
 
 def canonical_split(split: str) -> str:
-    """Maps 'train'/'valid'/'validation'/'test' to 'train'/'valid'/'test'.
+  """Maps 'train'/'valid'/'validation'/'test' to 'train'/'valid'/'test'.
 
-    Raises:
-        DataError: ``split`` names no known split.
-    """
-    if split not in _SPLIT_ALIASES:
-        raise DataError(
-            f"Unknown split {split!r}; expected one of train, valid (or "
-            "validation), test."
-        )
-    return _SPLIT_ALIASES[split]
+  Raises:
+      DataError: ``split`` names no known split.
+  """
+  if split not in _SPLIT_ALIASES:
+    raise DataError(
+        f"Unknown split {split!r}; expected one of train, valid (or "
+        "validation), test."
+    )
+  return _SPLIT_ALIASES[split]
 
 
 def default_data_dir(corpus: str) -> str:
-    """Returns the demo data directory of ``corpus`` inside the repository."""
-    return os.path.join(DEMO_DATA_DIR, corpus_spec(corpus).demo_subdir)
+  """Returns the demo data directory of ``corpus`` inside the repository."""
+  return os.path.join(DEMO_DATA_DIR, corpus_spec(corpus).demo_subdir)
 
 
 def resolve_cache_dir(cache_dir: str | None, data_dir: str) -> str:
-    """Returns (and creates) the directory for cached vocabularies and streams.
+  """Returns (and creates) the directory for cached vocabularies and streams.
 
-    Args:
-        cache_dir: explicit cache directory, or None.
-        data_dir: the corpus directory.
+  Args:
+      cache_dir: explicit cache directory, or None.
+      data_dir: the corpus directory.
 
-    Returns:
-        ``cache_dir`` if given; else ``<data_dir>/memjax_cache`` when
-        ``data_dir`` is writable; else a folder under the system temp dir
-        named by a hash of ``data_dir``.
-    """
-    if cache_dir:
-        path = os.path.abspath(os.path.expanduser(cache_dir))
+  Returns:
+      ``cache_dir`` if given; else ``<data_dir>/memjax_cache`` when
+      ``data_dir`` is writable; else a folder under the system temp dir
+      named by a hash of ``data_dir``.
+  """
+  if cache_dir:
+    path = os.path.abspath(os.path.expanduser(cache_dir))
+  else:
+    data_dir = os.path.abspath(os.path.expanduser(data_dir))
+    if os.access(data_dir, os.W_OK):
+      path = os.path.join(data_dir, CACHE_SUBDIR)
     else:
-        data_dir = os.path.abspath(os.path.expanduser(data_dir))
-        if os.access(data_dir, os.W_OK):
-            path = os.path.join(data_dir, CACHE_SUBDIR)
-        else:
-            digest = hashlib.sha1(data_dir.encode()).hexdigest()[:8]
-            path = os.path.join(tempfile.gettempdir(), CACHE_SUBDIR, digest)
-    os.makedirs(path, exist_ok=True)
-    return path
+      digest = hashlib.sha1(data_dir.encode()).hexdigest()[:8]
+      path = os.path.join(tempfile.gettempdir(), CACHE_SUBDIR, digest)
+  os.makedirs(path, exist_ok=True)
+  return path
 
 
 def how_to_get(corpus: str, data_dir: str) -> str:
-    """The advice that error messages give for a missing corpus."""
-    spec = corpus_spec(corpus)
-    wanted = spec.split_files["train"]
-    if spec.release_file:
-        wanted = (
-            f"{spec.split_files['train']} (and the valid/test files) or the "
-            f"release file {spec.release_file}"
-        )
-    return (
-        f"run `python -m memjax.data.prepare --corpus={spec.name} "
-        f"--data_dir={data_dir}` or point --config.data.data_dir at a "
-        f"directory containing {wanted}"
+  """The advice that error messages give for a missing corpus."""
+  spec = corpus_spec(corpus)
+  wanted = spec.split_files["train"]
+  if spec.release_file:
+    wanted = (
+        f"{spec.split_files['train']} (and the valid/test files) or the "
+        f"release file {spec.release_file}"
     )
+  return (
+      f"run `python -m memjax.data.prepare --corpus={spec.name} "
+      f"--data_dir={data_dir}` or point --config.data.data_dir at a "
+      f"directory containing {wanted}"
+  )
 
 
 def release_split_range(
     total_bytes: int, split: str, eval_bytes: int = EVAL_SPLIT_BYTES
 ) -> tuple[int, int]:
-    """Byte range [start, end) of a split inside a single-file release.
+  """Byte range [start, end) of a split inside a single-file release.
 
-    The last ``2 * eval_bytes`` bytes are validation then test; everything
-    before them is training data.
+  The last ``2 * eval_bytes`` bytes are validation then test; everything
+  before them is training data.
 
-    Args:
-        total_bytes: size of the release file.
-        split: 'train', 'valid' (or 'validation') or 'test'.
-        eval_bytes: size of each of the validation and test splits.
+  Args:
+      total_bytes: size of the release file.
+      split: 'train', 'valid' (or 'validation') or 'test'.
+      eval_bytes: size of each of the validation and test splits.
 
-    Returns:
-        (start, end) byte offsets.
+  Returns:
+      (start, end) byte offsets.
 
-    Raises:
-        DataError: the file is too small to hold both evaluation splits and a
-            non-empty training split.
-    """
-    split = canonical_split(split)
-    if total_bytes <= 2 * eval_bytes:
-        raise DataError(
-            f"A single-file release of {total_bytes} bytes is too small for "
-            f"the standard split (the last {2 * eval_bytes} bytes are "
-            f"{eval_bytes} valid + {eval_bytes} test bytes); give split files "
-            "for train/valid/test instead."
-        )
-    valid_start = total_bytes - 2 * eval_bytes
-    test_start = total_bytes - eval_bytes
-    return {
-        "train": (0, valid_start),
-        "valid": (valid_start, test_start),
-        "test": (test_start, total_bytes),
-    }[split]
+  Raises:
+      DataError: the file is too small to hold both evaluation splits and a
+          non-empty training split.
+  """
+  split = canonical_split(split)
+  if total_bytes <= 2 * eval_bytes:
+    raise DataError(
+        f"A single-file release of {total_bytes} bytes is too small for "
+        f"the standard split (the last {2 * eval_bytes} bytes are "
+        f"{eval_bytes} valid + {eval_bytes} test bytes); give split files "
+        "for train/valid/test instead."
+    )
+  valid_start = total_bytes - 2 * eval_bytes
+  test_start = total_bytes - eval_bytes
+  return {
+      "train": (0, valid_start),
+      "valid": (valid_start, test_start),
+      "test": (test_start, total_bytes),
+  }[split]
 
 
 def split_path(corpus: str, data_dir: str, split: str) -> str:
-    """Returns the file that holds ``split`` of ``corpus`` in ``data_dir``.
+  """Returns the file that holds ``split`` of ``corpus`` in ``data_dir``.
 
-    For byte corpora this is the split file when present, otherwise the single
-    release file (:func:`split_byte_range` gives the bytes of the split).
+  For byte corpora this is the split file when present, otherwise the single
+  release file (:func:`split_byte_range` gives the bytes of the split).
 
-    Args:
-        corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
-        data_dir: directory with the corpus files.
-        split: 'train', 'valid' (or 'validation') or 'test'.
+  Args:
+      corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
+      data_dir: directory with the corpus files.
+      split: 'train', 'valid' (or 'validation') or 'test'.
 
-    Returns:
-        Absolute path of an existing file.
+  Returns:
+      Absolute path of an existing file.
 
-    Raises:
-        DataError: unknown corpus or split, missing directory or file.
-    """
-    spec = corpus_spec(corpus)
-    split = canonical_split(split)
-    data_dir = os.path.abspath(os.path.expanduser(data_dir))
-    if not os.path.isdir(data_dir):
-        raise DataError(
-            f"Data directory {data_dir} (corpus {spec.name}) does not exist: "
-            f"{how_to_get(spec.name, data_dir)}."
-        )
-    path = os.path.join(data_dir, spec.split_files[split])
-    if os.path.isfile(path):
-        return path
-    if spec.release_file:
-        release = os.path.join(data_dir, spec.release_file)
-        if os.path.isfile(release):
-            return release
-        raise DataError(
-            f"Neither {path} nor the release file {release} exists (corpus "
-            f"{spec.name}, split {split}): {how_to_get(spec.name, data_dir)}."
-        )
+  Raises:
+      DataError: unknown corpus or split, missing directory or file.
+  """
+  spec = corpus_spec(corpus)
+  split = canonical_split(split)
+  data_dir = os.path.abspath(os.path.expanduser(data_dir))
+  if not os.path.isdir(data_dir):
     raise DataError(
-        f"File {path} not found (corpus {spec.name}, split {split}): "
+        f"Data directory {data_dir} (corpus {spec.name}) does not exist: "
         f"{how_to_get(spec.name, data_dir)}."
     )
+  path = os.path.join(data_dir, spec.split_files[split])
+  if os.path.isfile(path):
+    return path
+  if spec.release_file:
+    release = os.path.join(data_dir, spec.release_file)
+    if os.path.isfile(release):
+      return release
+    raise DataError(
+        f"Neither {path} nor the release file {release} exists (corpus "
+        f"{spec.name}, split {split}): {how_to_get(spec.name, data_dir)}."
+    )
+  raise DataError(
+      f"File {path} not found (corpus {spec.name}, split {split}): "
+      f"{how_to_get(spec.name, data_dir)}."
+  )
 
 
 def split_byte_range(
     corpus: str, data_dir: str, split: str
 ) -> tuple[str, int, int]:
-    """Returns (path, start, end): ``split`` is bytes [start, end) of path.
+  """Returns (path, start, end): ``split`` is bytes [start, end) of path.
 
-    A split file is used whole; a single release file is cut by
-    :func:`release_split_range`.
+  A split file is used whole; a single release file is cut by
+  :func:`release_split_range`.
 
-    Raises:
-        DataError: as :func:`split_path`, or a release file too small to split.
-    """
-    spec = corpus_spec(corpus)
-    path = split_path(spec.name, data_dir, split)
-    size = os.path.getsize(path)
-    if spec.release_file and os.path.basename(path) == spec.release_file:
-        start, end = release_split_range(size, split)
-        return path, start, end
-    return path, 0, size
+  Raises:
+      DataError: as :func:`split_path`, or a release file too small to split.
+  """
+  spec = corpus_spec(corpus)
+  path = split_path(spec.name, data_dir, split)
+  size = os.path.getsize(path)
+  if spec.release_file and os.path.basename(path) == spec.release_file:
+    start, end = release_split_range(size, split)
+    return path, start, end
+  return path, 0, size
 
 
 def read_split_bytes(corpus: str, data_dir: str, split: str) -> bytes:
-    """Returns the raw bytes of ``split``, every byte of the file preserved."""
-    path, start, end = split_byte_range(corpus, data_dir, split)
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(end - start)
+  """Returns the raw bytes of ``split``, every byte of the file preserved."""
+  path, start, end = split_byte_range(corpus, data_dir, split)
+  with open(path, "rb") as f:
+    f.seek(start)
+    return f.read(end - start)
 
 
 def split_lines(text: str) -> list[str]:
-    """Splits ``text`` after each '\\n', keeping the '\\n'.
+  """Splits ``text`` after each '\\n', keeping the '\\n'.
 
-    Unlike ``str.splitlines``, which also breaks at '\\r', '\\x1c', '\\x85',
-    '\\u2028' and others, only '\\n' ends a line here, as in the EOS rule of
-    the word vocabulary. ``''.join(split_lines(text)) == text``.
-    """
-    lines = text.split("\n")
-    out = [line + "\n" for line in lines[:-1]]
-    if lines[-1]:
-        out.append(lines[-1])
-    return out
+  Unlike ``str.splitlines``, which also breaks at '\\r', '\\x1c', '\\x85',
+  '\\u2028' and others, only '\\n' ends a line here, as in the EOS rule of
+  the word vocabulary. ``''.join(split_lines(text)) == text``.
+  """
+  lines = text.split("\n")
+  out = [line + "\n" for line in lines[:-1]]
+  if lines[-1]:
+    out.append(lines[-1])
+  return out
 
 
 def split_wikitext_articles(text: str) -> list[str]:
-    """Cuts WikiText text into articles at top-level headings.
+  """Cuts WikiText text into articles at top-level headings.
 
-    A new article starts at each line `` = Title = `` (exactly one '=' on
-    each side); section headings `` = = Section = = `` stay inside their
-    article. Lines before the first heading (the blank line that opens every
-    WikiText file) belong to the first article. Lines are kept exactly,
-    newlines and empty lines included, so
-    ``''.join(split_wikitext_articles(text)) == text``.
+  A new article starts at each line `` = Title = `` (exactly one '=' on
+  each side); section headings `` = = Section = = `` stay inside their
+  article. Lines before the first heading (the blank line that opens every
+  WikiText file) belong to the first article. Lines are kept exactly,
+  newlines and empty lines included, so
+  ``''.join(split_wikitext_articles(text)) == text``.
 
-    Args:
-        text: the contents of a ``wiki.*.tokens`` file.
+  Args:
+      text: the contents of a ``wiki.*.tokens`` file.
 
-    Returns:
-        The articles in file order; empty if ``text`` is empty.
-    """
-    docs: list[list[str]] = []
-    current: list[str] = []
-    seen_heading = False
-    for line in split_lines(text):
-        if _TOP_HEADING.match(line.rstrip("\r\n")):
-            if seen_heading and current:
-                docs.append(current)
-                current = []
-            seen_heading = True
-        current.append(line)
-    if current:
+  Returns:
+      The articles in file order; empty if ``text`` is empty.
+  """
+  docs: list[list[str]] = []
+  current: list[str] = []
+  seen_heading = False
+  for line in split_lines(text):
+    if _TOP_HEADING.match(line.rstrip("\r\n")):
+      if seen_heading and current:
         docs.append(current)
-    return ["".join(d) for d in docs]
+        current = []
+      seen_heading = True
+    current.append(line)
+  if current:
+    docs.append(current)
+  return ["".join(d) for d in docs]
 
 
 def read_text(corpus: str, data_dir: str, split: str) -> str:
-    """Returns the text of a word-level ``split`` exactly as in the file."""
-    path = split_path(corpus, data_dir, split)
-    # newline="" keeps the file's line endings: only '\n' ends a line (EOS).
-    with open(path, encoding="utf-8", newline="") as f:
-        return f.read()
+  """Returns the text of a word-level ``split`` exactly as in the file."""
+  path = split_path(corpus, data_dir, split)
+  # newline="" keeps the file's line endings: only '\n' ends a line (EOS).
+  with open(path, encoding="utf-8", newline="") as f:
+    return f.read()
 
 
 def read_documents(
     corpus: str, data_dir: str, split: str
 ) -> list[str] | list[bytes]:
-    """Reads ``split`` of ``corpus`` as a list of documents.
+  """Reads ``split`` of ``corpus`` as a list of documents.
 
-    Args:
-        corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
-        data_dir: directory with the corpus files.
-        split: 'train', 'valid' (or 'validation') or 'test'.
+  Args:
+      corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
+      data_dir: directory with the corpus files.
+      split: 'train', 'valid' (or 'validation') or 'test'.
 
-    Returns:
-        WikiText: one str per article (see :func:`split_wikitext_articles`);
-        their concatenation equals the file. Byte corpora: a single bytes
-        document holding the whole split. It stays bytes, not str, because a
-        split need not be valid UTF-8 (a cut can fall inside a character) and
-        seqio's ``ByteVocabulary.encode_tf`` maps each byte of a tf.string to
-        one id, while its Python ``encode`` would re-encode a str as UTF-8.
+  Returns:
+      WikiText: one str per article (see :func:`split_wikitext_articles`);
+      their concatenation equals the file. Byte corpora: a single bytes
+      document holding the whole split. It stays bytes, not str, because a
+      split need not be valid UTF-8 (a cut can fall inside a character) and
+      seqio's ``ByteVocabulary.encode_tf`` maps each byte of a tf.string to
+      one id, while its Python ``encode`` would re-encode a str as UTF-8.
 
-    Raises:
-        DataError: unknown corpus or split, missing directory or file.
-    """
-    spec = corpus_spec(corpus)
-    if spec.level == "byte":
-        return [read_split_bytes(spec.name, data_dir, split)]
-    return split_wikitext_articles(read_text(spec.name, data_dir, split))
+  Raises:
+      DataError: unknown corpus or split, missing directory or file.
+  """
+  spec = corpus_spec(corpus)
+  if spec.level == "byte":
+    return [read_split_bytes(spec.name, data_dir, split)]
+  return split_wikitext_articles(read_text(spec.name, data_dir, split))

@@ -40,631 +40,628 @@ import numpy as np
 
 
 def _as_stream(tokens: np.ndarray) -> np.ndarray:
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}.")
-    return tokens
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 1:
+    raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}.")
+  return tokens
 
 
 def _check_positive(**kwargs: int) -> None:
-    for name, value in kwargs.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}.")
+  for name, value in kwargs.items():
+    if value < 1:
+      raise ValueError(f"{name} must be >= 1, got {value}.")
 
 
 class RandomSegments:
-    """Segments of length L at random starts, B per step.
+  """Segments of length L at random starts, B per step.
 
-    Two sampling modes:
+  Two sampling modes:
 
-    * ``aligned=True`` (default): the stream is cut into the
-      ``(N - 1) // L`` segments starting at multiples of L (fairseq's
-      ``--sample-break-mode none``); the segments are visited in an order
-      drawn from ``(seed, epoch)``, B per step, epochs following each other
-      without gaps, so each token is trained once per epoch. A batch may
-      straddle two epochs.
-    * ``aligned=False``: each row starts at an independent uniform offset in
-      [0, N - L - 1], drawn from ``(seed, step)``.
+  * ``aligned=True`` (default): the stream is cut into the
+    ``(N - 1) // L`` segments starting at multiples of L (fairseq's
+    ``--sample-break-mode none``); the segments are visited in an order
+    drawn from ``(seed, epoch)``, B per step, epochs following each other
+    without gaps, so each token is trained once per epoch. A batch may
+    straddle two epochs.
+  * ``aligned=False``: each row starts at an independent uniform offset in
+    [0, N - L - 1], drawn from ``(seed, step)``.
 
-    Either way ``batch(step)`` depends only on (tokens, settings, seed, step).
+  Either way ``batch(step)`` depends only on (tokens, settings, seed, step).
+  """
+
+  def __init__(
+      self,
+      tokens: np.ndarray,
+      seq_len: int,
+      batch_size: int,
+      seed: int,
+      aligned: bool = True,
+  ):
+    """Creates the sampler.
+
+    Args:
+        tokens: [N] int token stream.
+        seq_len: segment length L.
+        batch_size: rows per step B.
+        seed: non-negative random seed.
+        aligned: sampling mode (see the class docstring).
+
+    Raises:
+        ValueError: the stream is shorter than L + 1 tokens.
     """
+    _check_positive(seq_len=seq_len, batch_size=batch_size)
+    self._tokens = _as_stream(tokens)
+    self.seq_len = seq_len
+    self.batch_size = batch_size
+    self.seed = seed
+    self.aligned = aligned
+    self.num_segments = (len(self._tokens) - 1) // seq_len
+    if self.num_segments < 1:
+      raise ValueError(
+          f"A stream of {len(self._tokens)} tokens is too short for "
+          f"segments of {seq_len} (needs at least {seq_len + 1})."
+      )
+    self._perm_cache: dict[int, np.ndarray] = {}
 
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        seq_len: int,
-        batch_size: int,
-        seed: int,
-        aligned: bool = True,
-    ):
-        """Creates the sampler.
+  @property
+  def steps_per_epoch(self) -> int:
+    """Steps that cover the stream about once (at least 1)."""
+    return max(self.num_segments // self.batch_size, 1)
 
-        Args:
-            tokens: [N] int token stream.
-            seq_len: segment length L.
-            batch_size: rows per step B.
-            seed: non-negative random seed.
-            aligned: sampling mode (see the class docstring).
+  def epoch_order(self, epoch: int) -> np.ndarray:
+    """[num_segments] int64: order of aligned segments in ``epoch``."""
+    if epoch not in self._perm_cache:
+      if len(self._perm_cache) >= 2:
+        self._perm_cache.pop(min(self._perm_cache))
+      rng = np.random.default_rng([self.seed, epoch])
+      self._perm_cache[epoch] = rng.permutation(self.num_segments)
+    return self._perm_cache[epoch]
 
-        Raises:
-            ValueError: the stream is shorter than L + 1 tokens.
-        """
-        _check_positive(seq_len=seq_len, batch_size=batch_size)
-        self._tokens = _as_stream(tokens)
-        self.seq_len = seq_len
-        self.batch_size = batch_size
-        self.seed = seed
-        self.aligned = aligned
-        self.num_segments = (len(self._tokens) - 1) // seq_len
-        if self.num_segments < 1:
-            raise ValueError(
-                f"A stream of {len(self._tokens)} tokens is too short for "
-                f"segments of {seq_len} (needs at least {seq_len + 1})."
-            )
-        self._perm_cache: dict[int, np.ndarray] = {}
+  def starts(self, step: int) -> np.ndarray:
+    """[B] int64 stream offsets of the segments of ``step``."""
+    if step < 0:
+      raise ValueError(f"step must be >= 0, got {step}.")
+    if not self.aligned:
+      rng = np.random.default_rng([self.seed, step])
+      high = len(self._tokens) - self.seq_len  # s + L + 1 <= N.
+      return rng.integers(0, high, size=self.batch_size, dtype=np.int64)
+    index = step * self.batch_size + np.arange(self.batch_size)
+    epochs, within = np.divmod(index, self.num_segments)
+    out = np.empty(self.batch_size, np.int64)
+    for epoch in np.unique(epochs):
+      rows = epochs == epoch
+      out[rows] = self.epoch_order(int(epoch))[within[rows]]
+    return out * self.seq_len
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps that cover the stream about once (at least 1)."""
-        return max(self.num_segments // self.batch_size, 1)
-
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """[num_segments] int64: order of aligned segments in ``epoch``."""
-        if epoch not in self._perm_cache:
-            if len(self._perm_cache) >= 2:
-                self._perm_cache.pop(min(self._perm_cache))
-            rng = np.random.default_rng([self.seed, epoch])
-            self._perm_cache[epoch] = rng.permutation(self.num_segments)
-        return self._perm_cache[epoch]
-
-    def starts(self, step: int) -> np.ndarray:
-        """[B] int64 stream offsets of the segments of ``step``."""
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}.")
-        if not self.aligned:
-            rng = np.random.default_rng([self.seed, step])
-            high = len(self._tokens) - self.seq_len  # s + L + 1 <= N.
-            return rng.integers(0, high, size=self.batch_size, dtype=np.int64)
-        index = step * self.batch_size + np.arange(self.batch_size)
-        epochs, within = np.divmod(index, self.num_segments)
-        out = np.empty(self.batch_size, np.int64)
-        for epoch in np.unique(epochs):
-            rows = epochs == epoch
-            out[rows] = self.epoch_order(int(epoch))[within[rows]]
-        return out * self.seq_len
-
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """Returns 'inputs', 'targets' [B, L] int32, 'position' [B, L] int64."""
-        position = self.starts(step)[:, None] + np.arange(self.seq_len)
-        return {
-            "inputs": self._tokens[position].astype(np.int32),
-            "targets": self._tokens[position + 1].astype(np.int32),
-            "position": position,
-        }
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """Returns 'inputs', 'targets' [B, L] int32, 'position' [B, L] int64."""
+    position = self.starts(step)[:, None] + np.arange(self.seq_len)
+    return {
+        "inputs": self._tokens[position].astype(np.int32),
+        "targets": self._tokens[position + 1].astype(np.int32),
+        "position": position,
+    }
 
 
 class ConsecutiveSegments:
-    """Transformer-XL's training layout: consecutive segments in lanes.
+  """Transformer-XL's training layout: consecutive segments in lanes.
 
-    The stream is cut into ``lanes`` contiguous lanes of ``N // lanes``
-    tokens (Transformer-XL's ``batchify``; the last ``N % lanes`` tokens are
-    left out). Each step takes the next ``segments_per_lane`` segments of
-    length L of every lane, so row r of step k + 1 continues row r of step k
-    (with ``segments_per_lane`` S > 1, the first segment of a lane continues
-    the last one of that lane in the previous step). Rows are lane-major:
-    lane 0's S consecutive segments, then lane 1's, and so on.
+  The stream is cut into ``lanes`` contiguous lanes of ``N // lanes``
+  tokens (Transformer-XL's ``batchify``; the last ``N % lanes`` tokens are
+  left out). Each step takes the next ``segments_per_lane`` segments of
+  length L of every lane, so row r of step k + 1 continues row r of step k
+  (with ``segments_per_lane`` S > 1, the first segment of a lane continues
+  the last one of that lane in the previous step). Rows are lane-major:
+  lane 0's S consecutive segments, then lane 1's, and so on.
 
-    A lane holds ``(N // lanes - 1) // L`` full segments; an epoch is
-    ``steps_per_epoch`` steps and the partial tail of each lane is skipped.
-    After an epoch every lane starts over ('reset' is True). With ``seed=0``
-    every epoch has the same layout; with ``seed > 0`` the stream of each
-    epoch (the first included) is rotated by an offset drawn from
-    ``(seed, epoch)``, which moves lane and segment boundaries (offsets wrap
-    around the end of the stream, so a lane may run from the stream's end
-    into its start).
+  A lane holds ``(N // lanes - 1) // L`` full segments; an epoch is
+  ``steps_per_epoch`` steps and the partial tail of each lane is skipped.
+  After an epoch every lane starts over ('reset' is True). With ``seed=0``
+  every epoch has the same layout; with ``seed > 0`` the stream of each
+  epoch (the first included) is rotated by an offset drawn from
+  ``(seed, epoch)``, which moves lane and segment boundaries (offsets wrap
+  around the end of the stream, so a lane may run from the stream's end
+  into its start).
+  """
+
+  def __init__(
+      self,
+      tokens: np.ndarray,
+      seq_len: int,
+      lanes: int,
+      segments_per_lane: int = 1,
+      seed: int = 0,
+      doc_starts: np.ndarray | None = None,
+  ):
+    """Creates the sampler.
+
+    Args:
+        tokens: [N] int token stream.
+        seq_len: segment length L.
+        lanes: number of lanes (the batch size of Transformer-XL).
+        segments_per_lane: consecutive segments of a lane per step (S).
+        seed: 0 for the fixed layout, > 0 for a rotation per epoch.
+        doc_starts: optional [D] int64 document start offsets; when given,
+            batches also hold 'doc_id'.
+
+    Raises:
+        ValueError: the lanes are too short for one step.
     """
+    _check_positive(
+        seq_len=seq_len, lanes=lanes, segments_per_lane=segments_per_lane
+    )
+    self._tokens = _as_stream(tokens)
+    self.seq_len = seq_len
+    self.lanes = lanes
+    self.segments_per_lane = segments_per_lane
+    self.seed = seed
+    self.doc_starts = None if doc_starts is None else np.asarray(doc_starts)
+    self.lane_len = len(self._tokens) // lanes
+    self.segments_per_epoch = max(self.lane_len - 1, 0) // seq_len
+    self._steps_per_epoch = self.segments_per_epoch // segments_per_lane
+    if self._steps_per_epoch < 1:
+      raise ValueError(
+          f"A stream of {len(self._tokens)} tokens in {lanes} lanes has "
+          f"lanes of {self.lane_len} tokens, too short for "
+          f"{segments_per_lane} segment(s) of {seq_len} (needs "
+          f"{segments_per_lane * seq_len + 1} per lane)."
+      )
 
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        seq_len: int,
-        lanes: int,
-        segments_per_lane: int = 1,
-        seed: int = 0,
-        doc_starts: np.ndarray | None = None,
-    ):
-        """Creates the sampler.
+  @property
+  def steps_per_epoch(self) -> int:
+    """Steps until every lane starts over."""
+    return self._steps_per_epoch
 
-        Args:
-            tokens: [N] int token stream.
-            seq_len: segment length L.
-            lanes: number of lanes (the batch size of Transformer-XL).
-            segments_per_lane: consecutive segments of a lane per step (S).
-            seed: 0 for the fixed layout, > 0 for a rotation per epoch.
-            doc_starts: optional [D] int64 document start offsets; when given,
-                batches also hold 'doc_id'.
+  @property
+  def rows(self) -> int:
+    """Rows per batch: lanes * segments_per_lane."""
+    return self.lanes * self.segments_per_lane
 
-        Raises:
-            ValueError: the lanes are too short for one step.
-        """
-        _check_positive(
-            seq_len=seq_len, lanes=lanes, segments_per_lane=segments_per_lane
-        )
-        self._tokens = _as_stream(tokens)
-        self.seq_len = seq_len
-        self.lanes = lanes
-        self.segments_per_lane = segments_per_lane
-        self.seed = seed
-        self.doc_starts = None if doc_starts is None else np.asarray(doc_starts)
-        self.lane_len = len(self._tokens) // lanes
-        self.segments_per_epoch = max(self.lane_len - 1, 0) // seq_len
-        self._steps_per_epoch = self.segments_per_epoch // segments_per_lane
-        if self._steps_per_epoch < 1:
-            raise ValueError(
-                f"A stream of {len(self._tokens)} tokens in {lanes} lanes has "
-                f"lanes of {self.lane_len} tokens, too short for "
-                f"{segments_per_lane} segment(s) of {seq_len} (needs "
-                f"{segments_per_lane * seq_len + 1} per lane)."
-            )
+  def epoch_offset(self, epoch: int) -> int:
+    """Rotation of the stream in ``epoch`` (0 when seed == 0)."""
+    if self.seed == 0:
+      return 0
+    rng = np.random.default_rng([self.seed, epoch])
+    return int(rng.integers(0, len(self._tokens)))
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps until every lane starts over."""
-        return self._steps_per_epoch
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """Returns the batch of ``step``.
 
-    @property
-    def rows(self) -> int:
-        """Rows per batch: lanes * segments_per_lane."""
-        return self.lanes * self.segments_per_lane
-
-    def epoch_offset(self, epoch: int) -> int:
-        """Rotation of the stream in ``epoch`` (0 when seed == 0)."""
-        if self.seed == 0:
-            return 0
-        rng = np.random.default_rng([self.seed, epoch])
-        return int(rng.integers(0, len(self._tokens)))
-
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """Returns the batch of ``step``.
-
-        Returns:
-            'inputs', 'targets': [R, L] int32 with R = lanes * S, lane-major.
-            'position': [R, L] int64 stream offsets of the inputs (targets are
-                at position + 1, modulo N).
-            'reset': [lanes] bool, True where the lane starts over (step 0 and
-                the first step of every epoch).
-            'lane_id': [R] int32 lane of each row.
-            'doc_id': [R, L] int32 document of each input token (only with
-                doc_starts).
-        """
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}.")
-        n = len(self._tokens)
-        epoch, k = divmod(step, self._steps_per_epoch)
-        lane_start = self.epoch_offset(epoch) + np.arange(
-            self.lanes, dtype=np.int64
-        ) * self.lane_len
-        segment = k * self.segments_per_lane + np.arange(self.segments_per_lane)
-        row_start = lane_start[:, None] + segment[None, :] * self.seq_len
-        position = row_start.reshape(-1, 1) + np.arange(self.seq_len)
-        position %= n
-        out = {
-            "inputs": self._tokens[position].astype(np.int32),
-            "targets": self._tokens[(position + 1) % n].astype(np.int32),
-            "position": position,
-            "reset": np.full(self.lanes, k == 0),
-            "lane_id": np.repeat(
-                np.arange(self.lanes, dtype=np.int32), self.segments_per_lane
-            ),
-        }
-        if self.doc_starts is not None:
-            out["doc_id"] = (
-                np.searchsorted(self.doc_starts, position, side="right") - 1
-            ).astype(np.int32)
-        return out
+    Returns:
+        'inputs', 'targets': [R, L] int32 with R = lanes * S, lane-major.
+        'position': [R, L] int64 stream offsets of the inputs (targets are
+            at position + 1, modulo N).
+        'reset': [lanes] bool, True where the lane starts over (step 0 and
+            the first step of every epoch).
+        'lane_id': [R] int32 lane of each row.
+        'doc_id': [R, L] int32 document of each input token (only with
+            doc_starts).
+    """
+    if step < 0:
+      raise ValueError(f"step must be >= 0, got {step}.")
+    n = len(self._tokens)
+    epoch, k = divmod(step, self._steps_per_epoch)
+    lane_start = (
+        self.epoch_offset(epoch)
+        + np.arange(self.lanes, dtype=np.int64) * self.lane_len
+    )
+    segment = k * self.segments_per_lane + np.arange(self.segments_per_lane)
+    row_start = lane_start[:, None] + segment[None, :] * self.seq_len
+    position = row_start.reshape(-1, 1) + np.arange(self.seq_len)
+    position %= n
+    out = {
+        "inputs": self._tokens[position].astype(np.int32),
+        "targets": self._tokens[(position + 1) % n].astype(np.int32),
+        "position": position,
+        "reset": np.full(self.lanes, k == 0),
+        "lane_id": np.repeat(
+            np.arange(self.lanes, dtype=np.int32), self.segments_per_lane
+        ),
+    }
+    if self.doc_starts is not None:
+      out["doc_id"] = (
+          np.searchsorted(self.doc_starts, position, side="right") - 1
+      ).astype(np.int32)
+    return out
 
 
 class RandomBlocks:
-    """b random blocks of m consecutive segments per step, lane-major rows.
+  """b random blocks of m consecutive segments per step, lane-major rows.
 
-    The stream is cut into blocks of m * L tokens at multiples of m * L and
-    visited as :class:`RandomSegments` visits segments (an order drawn from
-    ``(seed, epoch)``, b blocks per step); each block is returned as m
-    consecutive rows of L tokens, so a step holds b "documents" of m
-    consecutive segments (TRIME paper, Sec. 4.2, Figure 2(b)) and the rows of
-    one block share a 'lane_id'. Unlike :class:`ConsecutiveSegments`, the
-    blocks of successive steps are unrelated, so the batches are as
-    independent across steps as :class:`RandomSegments`'s.
+  The stream is cut into blocks of m * L tokens at multiples of m * L and
+  visited as :class:`RandomSegments` visits segments (an order drawn from
+  ``(seed, epoch)``, b blocks per step); each block is returned as m
+  consecutive rows of L tokens, so a step holds b "documents" of m
+  consecutive segments (TRIME paper, Sec. 4.2, Figure 2(b)) and the rows of
+  one block share a 'lane_id'. Unlike :class:`ConsecutiveSegments`, the
+  blocks of successive steps are unrelated, so the batches are as
+  independent across steps as :class:`RandomSegments`'s.
+  """
+
+  def __init__(
+      self,
+      tokens: np.ndarray,
+      seq_len: int,
+      blocks: int,
+      segments_per_block: int,
+      seed: int,
+  ):
+    """Creates the sampler.
+
+    Args:
+        tokens: [N] int token stream.
+        seq_len: segment length L.
+        blocks: blocks (lanes) per step, b.
+        segments_per_block: consecutive segments per block, m.
+        seed: non-negative random seed.
+
+    Raises:
+        ValueError: the stream is shorter than m * L + 1 tokens.
     """
+    _check_positive(
+        seq_len=seq_len, blocks=blocks, segments_per_block=segments_per_block
+    )
+    self.seq_len = seq_len
+    self.blocks = blocks
+    self.segments_per_block = segments_per_block
+    self._blocks = RandomSegments(
+        tokens, seq_len * segments_per_block, blocks, seed=seed
+    )
 
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        seq_len: int,
-        blocks: int,
-        segments_per_block: int,
-        seed: int,
-    ):
-        """Creates the sampler.
+  @property
+  def rows(self) -> int:
+    """Rows per batch: blocks * segments_per_block."""
+    return self.blocks * self.segments_per_block
 
-        Args:
-            tokens: [N] int token stream.
-            seq_len: segment length L.
-            blocks: blocks (lanes) per step, b.
-            segments_per_block: consecutive segments per block, m.
-            seed: non-negative random seed.
+  @property
+  def steps_per_epoch(self) -> int:
+    return self._blocks.steps_per_epoch
 
-        Raises:
-            ValueError: the stream is shorter than m * L + 1 tokens.
-        """
-        _check_positive(
-            seq_len=seq_len, blocks=blocks, segments_per_block=segments_per_block
-        )
-        self.seq_len = seq_len
-        self.blocks = blocks
-        self.segments_per_block = segments_per_block
-        self._blocks = RandomSegments(
-            tokens, seq_len * segments_per_block, blocks, seed=seed
-        )
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """Returns the batch of ``step``.
 
-    @property
-    def rows(self) -> int:
-        """Rows per batch: blocks * segments_per_block."""
-        return self.blocks * self.segments_per_block
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self._blocks.steps_per_epoch
-
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """Returns the batch of ``step``.
-
-        Returns:
-            'inputs', 'targets': [b * m, L] int32, lane-major.
-            'position': [b * m, L] int64 stream offsets of the inputs.
-            'lane_id': [b * m] int32 block of each row.
-        """
-        block = self._blocks.batch(step)
-        shape = (self.rows, self.seq_len)
-        return {
-            "inputs": block["inputs"].reshape(shape),
-            "targets": block["targets"].reshape(shape),
-            "position": block["position"].reshape(shape),
-            "lane_id": np.repeat(
-                np.arange(self.blocks, dtype=np.int32), self.segments_per_block
-            ),
-        }
+    Returns:
+        'inputs', 'targets': [b * m, L] int32, lane-major.
+        'position': [b * m, L] int64 stream offsets of the inputs.
+        'lane_id': [b * m] int32 block of each row.
+    """
+    block = self._blocks.batch(step)
+    shape = (self.rows, self.seq_len)
+    return {
+        "inputs": block["inputs"].reshape(shape),
+        "targets": block["targets"].reshape(shape),
+        "position": block["position"].reshape(shape),
+        "lane_id": np.repeat(
+            np.arange(self.blocks, dtype=np.int32), self.segments_per_block
+        ),
+    }
 
 
 class PackedSegments:
-    """Aligned segments served in a given order, B per step (BM25 packing).
+  """Aligned segments served in a given order, B per step (BM25 packing).
 
-    Segment i covers predictions [i * L, (i + 1) * L) of the stream (inputs
-    tokens[i*L : i*L + L], targets one token later), as in
-    :class:`RandomSegments` with ``aligned=True``. ``order`` (e.g. from
-    ``memjax.data.bm25.cached_bm25_order``) lists segment indices; indices of
-    segments without L + 1 tokens are dropped, the rest is cut into batches
-    of B consecutive entries (a short last batch is dropped), so batch j of
-    the packing holds order[j*B : (j+1)*B]. Every epoch serves each batch
-    once, the batches in an order drawn from ``(seed, epoch)``; the rows of
-    a batch are never separated. ``batch(step)`` depends only on (tokens,
-    settings, order, seed, step).
+  Segment i covers predictions [i * L, (i + 1) * L) of the stream (inputs
+  tokens[i*L : i*L + L], targets one token later), as in
+  :class:`RandomSegments` with ``aligned=True``. ``order`` (e.g. from
+  ``memjax.data.bm25.cached_bm25_order``) lists segment indices; indices of
+  segments without L + 1 tokens are dropped, the rest is cut into batches
+  of B consecutive entries (a short last batch is dropped), so batch j of
+  the packing holds order[j*B : (j+1)*B]. Every epoch serves each batch
+  once, the batches in an order drawn from ``(seed, epoch)``; the rows of
+  a batch are never separated. ``batch(step)`` depends only on (tokens,
+  settings, order, seed, step).
+  """
+
+  def __init__(
+      self,
+      tokens: np.ndarray,
+      seq_len: int,
+      batch_size: int,
+      order: np.ndarray,
+      seed: int,
+  ):
+    """Creates the sampler.
+
+    Args:
+        tokens: [N] int token stream.
+        seq_len: segment length L.
+        batch_size: rows per step B.
+        order: [S] int segment indices in packing order.
+        seed: non-negative random seed for the order of the batches.
+
+    Raises:
+        ValueError: fewer than B usable segments in ``order``.
     """
+    _check_positive(seq_len=seq_len, batch_size=batch_size)
+    self._tokens = _as_stream(tokens)
+    self.seq_len = seq_len
+    self.batch_size = batch_size
+    self.seed = seed
+    order = np.asarray(order, np.int64).reshape(-1)
+    usable = (len(self._tokens) - 1) // seq_len
+    order = order[(order >= 0) & (order < usable)]
+    self.num_batches = len(order) // batch_size
+    if self.num_batches < 1:
+      raise ValueError(
+          f"The packing order holds {len(order)} usable segments of "
+          f"{seq_len} tokens, fewer than one batch of {batch_size}."
+      )
+    self.batches = order[: self.num_batches * batch_size].reshape(
+        self.num_batches, batch_size
+    )
+    self._perm_cache: dict[int, np.ndarray] = {}
 
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        seq_len: int,
-        batch_size: int,
-        order: np.ndarray,
-        seed: int,
-    ):
-        """Creates the sampler.
+  @property
+  def steps_per_epoch(self) -> int:
+    return self.num_batches
 
-        Args:
-            tokens: [N] int token stream.
-            seq_len: segment length L.
-            batch_size: rows per step B.
-            order: [S] int segment indices in packing order.
-            seed: non-negative random seed for the order of the batches.
+  def epoch_order(self, epoch: int) -> np.ndarray:
+    """[num_batches] int64: order of the packed batches in ``epoch``."""
+    if epoch not in self._perm_cache:
+      if len(self._perm_cache) >= 2:
+        self._perm_cache.pop(min(self._perm_cache))
+      rng = np.random.default_rng([self.seed, epoch])
+      self._perm_cache[epoch] = rng.permutation(self.num_batches)
+    return self._perm_cache[epoch]
 
-        Raises:
-            ValueError: fewer than B usable segments in ``order``.
-        """
-        _check_positive(seq_len=seq_len, batch_size=batch_size)
-        self._tokens = _as_stream(tokens)
-        self.seq_len = seq_len
-        self.batch_size = batch_size
-        self.seed = seed
-        order = np.asarray(order, np.int64).reshape(-1)
-        usable = (len(self._tokens) - 1) // seq_len
-        order = order[(order >= 0) & (order < usable)]
-        self.num_batches = len(order) // batch_size
-        if self.num_batches < 1:
-            raise ValueError(
-                f"The packing order holds {len(order)} usable segments of "
-                f"{seq_len} tokens, fewer than one batch of {batch_size}."
-            )
-        self.batches = order[: self.num_batches * batch_size].reshape(
-            self.num_batches, batch_size
-        )
-        self._perm_cache: dict[int, np.ndarray] = {}
+  def segments(self, step: int) -> np.ndarray:
+    """[B] int64 segment indices of ``step``."""
+    if step < 0:
+      raise ValueError(f"step must be >= 0, got {step}.")
+    epoch, k = divmod(step, self.num_batches)
+    return self.batches[self.epoch_order(epoch)[k]]
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.num_batches
-
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """[num_batches] int64: order of the packed batches in ``epoch``."""
-        if epoch not in self._perm_cache:
-            if len(self._perm_cache) >= 2:
-                self._perm_cache.pop(min(self._perm_cache))
-            rng = np.random.default_rng([self.seed, epoch])
-            self._perm_cache[epoch] = rng.permutation(self.num_batches)
-        return self._perm_cache[epoch]
-
-    def segments(self, step: int) -> np.ndarray:
-        """[B] int64 segment indices of ``step``."""
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}.")
-        epoch, k = divmod(step, self.num_batches)
-        return self.batches[self.epoch_order(epoch)[k]]
-
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """Returns 'inputs', 'targets' [B, L] int32, 'position' [B, L] int64."""
-        position = self.segments(step)[:, None] * self.seq_len + np.arange(
-            self.seq_len
-        )
-        return {
-            "inputs": self._tokens[position].astype(np.int32),
-            "targets": self._tokens[position + 1].astype(np.int32),
-            "position": position,
-        }
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """Returns 'inputs', 'targets' [B, L] int32, 'position' [B, L] int64."""
+    position = self.segments(step)[:, None] * self.seq_len + np.arange(
+        self.seq_len
+    )
+    return {
+        "inputs": self._tokens[position].astype(np.int32),
+        "targets": self._tokens[position + 1].astype(np.int32),
+        "position": position,
+    }
 
 
 def eval_windows(
     num_tokens: int, window_len: int, score_len: int
 ) -> np.ndarray:
-    """Sliding evaluation windows over a stream of ``num_tokens`` predictions.
+  """Sliding evaluation windows over a stream of ``num_tokens`` predictions.
 
-    ``num_tokens`` counts predictions (inputs tokens[i], targets
-    tokens[i + 1]), i.e. ``len(tokens) - 1``. Window w covers predictions
-    [start, start + length) and scores those at offsets >= score_from within
-    it. The first window covers up to ``window_len`` predictions and scores
-    all of them; each later window scores the next ``score_len`` predictions
-    (fewer in the last window) after a context of exactly
-    ``window_len - score_len`` predictions. Every prediction is scored
-    exactly once. This is the protocol of Baevski & Auli (fairseq eval_lm
-    with --context-window): ``window_len`` tokens per window, the last
-    ``score_len`` scored. ``score_len == window_len`` gives disjoint blocks.
+  ``num_tokens`` counts predictions (inputs tokens[i], targets
+  tokens[i + 1]), i.e. ``len(tokens) - 1``. Window w covers predictions
+  [start, start + length) and scores those at offsets >= score_from within
+  it. The first window covers up to ``window_len`` predictions and scores
+  all of them; each later window scores the next ``score_len`` predictions
+  (fewer in the last window) after a context of exactly
+  ``window_len - score_len`` predictions. Every prediction is scored
+  exactly once. This is the protocol of Baevski & Auli (fairseq eval_lm
+  with --context-window): ``window_len`` tokens per window, the last
+  ``score_len`` scored. ``score_len == window_len`` gives disjoint blocks.
 
-    Args:
-        num_tokens: number of predictions P >= 0.
-        window_len: tokens per window.
-        score_len: scored tokens per window (1 <= score_len <= window_len).
+  Args:
+      num_tokens: number of predictions P >= 0.
+      window_len: tokens per window.
+      score_len: scored tokens per window (1 <= score_len <= window_len).
 
-    Returns:
-        [W, 3] int64 rows (start, length, score_from); W = 0 when P = 0.
-    """
-    _check_positive(window_len=window_len, score_len=score_len)
-    if score_len > window_len:
-        raise ValueError(
-            f"score_len ({score_len}) must be <= window_len ({window_len})."
-        )
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}.")
-    if num_tokens == 0:
-        return np.zeros([0, 3], np.int64)
-    context = window_len - score_len
-    first = [(0, min(window_len, num_tokens), 0)]
-    score_start = np.arange(window_len, num_tokens, score_len, dtype=np.int64)
-    score_end = np.minimum(score_start + score_len, num_tokens)
-    start = score_start - context
-    rest = np.stack(
-        [start, score_end - start, np.full_like(start, context)], axis=1
+  Returns:
+      [W, 3] int64 rows (start, length, score_from); W = 0 when P = 0.
+  """
+  _check_positive(window_len=window_len, score_len=score_len)
+  if score_len > window_len:
+    raise ValueError(
+        f"score_len ({score_len}) must be <= window_len ({window_len})."
     )
-    return np.concatenate([np.asarray(first, np.int64), rest], axis=0)
+  if num_tokens < 0:
+    raise ValueError(f"num_tokens must be >= 0, got {num_tokens}.")
+  if num_tokens == 0:
+    return np.zeros([0, 3], np.int64)
+  context = window_len - score_len
+  first = [(0, min(window_len, num_tokens), 0)]
+  score_start = np.arange(window_len, num_tokens, score_len, dtype=np.int64)
+  score_end = np.minimum(score_start + score_len, num_tokens)
+  start = score_start - context
+  rest = np.stack(
+      [start, score_end - start, np.full_like(start, context)], axis=1
+  )
+  return np.concatenate([np.asarray(first, np.int64), rest], axis=0)
 
 
 def eval_batches(
     tokens: np.ndarray, window_len: int, score_len: int, batch_size: int
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Batches of the windows of :func:`eval_windows` over ``tokens``.
+  """Batches of the windows of :func:`eval_windows` over ``tokens``.
 
-    Args:
-        tokens: [N] int token stream.
-        window_len: window length L.
-        score_len: scored predictions per window (after the first).
-        batch_size: windows per batch B; the last batch is padded with
-            all-padding rows.
+  Args:
+      tokens: [N] int token stream.
+      window_len: window length L.
+      score_len: scored predictions per window (after the first).
+      batch_size: windows per batch B; the last batch is padded with
+          all-padding rows.
 
-    Yields:
-        'inputs', 'targets': [B, L] int32 (0 = PAD beyond a window's end).
-        'weights': [B, L] float32, 1 on scored predictions, 0 on context and
-            padding; over all batches the weights sum to N - 1.
-        'position': [B, L] int64 prediction index of each input, -1 on
-            padding.
-    """
-    _check_positive(batch_size=batch_size)
-    tokens = _as_stream(tokens)
-    windows = eval_windows(max(len(tokens) - 1, 0), window_len, score_len)
-    offsets = np.arange(window_len)
-    for first in range(0, len(windows), batch_size):
-        rows = windows[first : first + batch_size]
-        start, length, score_from = rows[:, 0:1], rows[:, 1:2], rows[:, 2:3]
-        valid = np.zeros([batch_size, window_len], bool)
-        valid[: len(rows)] = offsets < length
-        scored = np.zeros([batch_size, window_len], bool)
-        scored[: len(rows)] = (offsets >= score_from) & (offsets < length)
-        position = np.full([batch_size, window_len], -1, np.int64)
-        position[: len(rows)] = start + offsets
-        position[~valid] = -1
-        safe = np.where(valid, position, 0)
-        yield {
-            "inputs": np.where(valid, tokens[safe], 0).astype(np.int32),
-            "targets": np.where(valid, tokens[safe + 1], 0).astype(
-                np.int32
-            ),
-            "weights": scored.astype(np.float32),
-            "position": position,
-        }
+  Yields:
+      'inputs', 'targets': [B, L] int32 (0 = PAD beyond a window's end).
+      'weights': [B, L] float32, 1 on scored predictions, 0 on context and
+          padding; over all batches the weights sum to N - 1.
+      'position': [B, L] int64 prediction index of each input, -1 on
+          padding.
+  """
+  _check_positive(batch_size=batch_size)
+  tokens = _as_stream(tokens)
+  windows = eval_windows(max(len(tokens) - 1, 0), window_len, score_len)
+  offsets = np.arange(window_len)
+  for first in range(0, len(windows), batch_size):
+    rows = windows[first : first + batch_size]
+    start, length, score_from = rows[:, 0:1], rows[:, 1:2], rows[:, 2:3]
+    valid = np.zeros([batch_size, window_len], bool)
+    valid[: len(rows)] = offsets < length
+    scored = np.zeros([batch_size, window_len], bool)
+    scored[: len(rows)] = (offsets >= score_from) & (offsets < length)
+    position = np.full([batch_size, window_len], -1, np.int64)
+    position[: len(rows)] = start + offsets
+    position[~valid] = -1
+    safe = np.where(valid, position, 0)
+    yield {
+        "inputs": np.where(valid, tokens[safe], 0).astype(np.int32),
+        "targets": np.where(valid, tokens[safe + 1], 0).astype(np.int32),
+        "weights": scored.astype(np.float32),
+        "position": position,
+    }
 
 
 class SegmentStream:
-    """Consecutive, non-overlapping evaluation segments of a stream in lanes.
+  """Consecutive, non-overlapping evaluation segments of a stream in lanes.
 
-    The N - 1 predictions are cut into ``lanes`` contiguous lanes of
-    ``ceil((N - 1) / lanes)`` predictions (the last lane may be shorter or
-    empty); segment t of every lane covers the next L predictions of the
-    lane, padded at the lane's end with zero weight. Every prediction is
-    scored exactly once. Row r of segment t + 1 continues row r of segment t,
-    so a recurrent model (Transformer-XL memory, long-term memories) can scan
-    over ``stacked()`` carrying its state per lane.
+  The N - 1 predictions are cut into ``lanes`` contiguous lanes of
+  ``ceil((N - 1) / lanes)`` predictions (the last lane may be shorter or
+  empty); segment t of every lane covers the next L predictions of the
+  lane, padded at the lane's end with zero weight. Every prediction is
+  scored exactly once. Row r of segment t + 1 continues row r of segment t,
+  so a recurrent model (Transformer-XL memory, long-term memories) can scan
+  over ``stacked()`` carrying its state per lane.
+  """
+
+  def __init__(self, tokens: np.ndarray, seq_len: int, lanes: int = 1):
+    """Creates the stream.
+
+    Args:
+        tokens: [N] int token stream.
+        seq_len: segment length L.
+        lanes: rows per segment.
     """
+    _check_positive(seq_len=seq_len, lanes=lanes)
+    self._tokens = _as_stream(tokens)
+    self.seq_len = seq_len
+    self.lanes = lanes
+    self.num_predictions = max(len(self._tokens) - 1, 0)
+    self.lane_len = -(-self.num_predictions // lanes)
+    self.num_segments = -(-self.lane_len // seq_len)
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, lanes: int = 1):
-        """Creates the stream.
+  def __len__(self) -> int:
+    return self.num_segments
 
-        Args:
-            tokens: [N] int token stream.
-            seq_len: segment length L.
-            lanes: rows per segment.
-        """
-        _check_positive(seq_len=seq_len, lanes=lanes)
-        self._tokens = _as_stream(tokens)
-        self.seq_len = seq_len
-        self.lanes = lanes
-        self.num_predictions = max(len(self._tokens) - 1, 0)
-        self.lane_len = -(-self.num_predictions // lanes)
-        self.num_segments = -(-self.lane_len // seq_len)
+  def batch(self, t: int) -> dict[str, np.ndarray]:
+    """Returns segment ``t`` (0 <= t < len(self)).
 
-    def __len__(self) -> int:
-        return self.num_segments
+    Returns:
+        'inputs', 'targets': [lanes, L] int32 (0 on padding).
+        'weights': [lanes, L] float32, 1 on real predictions.
+        'position': [lanes, L] int64 prediction index, -1 on padding.
+        'reset': [lanes] bool, True for t == 0 (start of every lane).
+    """
+    if not 0 <= t < self.num_segments:
+      raise IndexError(f"segment {t} out of range [0, {len(self)}).")
+    in_lane = t * self.seq_len + np.arange(self.seq_len)
+    lane_start = np.arange(self.lanes, dtype=np.int64)[:, None]
+    position = lane_start * self.lane_len + in_lane
+    valid = (in_lane < self.lane_len) & (position < self.num_predictions)
+    safe = np.where(valid, position, 0)
+    return {
+        "inputs": np.where(valid, self._tokens[safe], 0).astype(np.int32),
+        "targets": np.where(valid, self._tokens[safe + 1], 0).astype(np.int32),
+        "weights": valid.astype(np.float32),
+        "position": np.where(valid, position, -1),
+        "reset": np.full(self.lanes, t == 0),
+    }
 
-    def batch(self, t: int) -> dict[str, np.ndarray]:
-        """Returns segment ``t`` (0 <= t < len(self)).
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    for t in range(self.num_segments):
+      yield self.batch(t)
 
-        Returns:
-            'inputs', 'targets': [lanes, L] int32 (0 on padding).
-            'weights': [lanes, L] float32, 1 on real predictions.
-            'position': [lanes, L] int64 prediction index, -1 on padding.
-            'reset': [lanes] bool, True for t == 0 (start of every lane).
-        """
-        if not 0 <= t < self.num_segments:
-            raise IndexError(f"segment {t} out of range [0, {len(self)}).")
-        in_lane = t * self.seq_len + np.arange(self.seq_len)
-        lane_start = np.arange(self.lanes, dtype=np.int64)[:, None]
-        position = lane_start * self.lane_len + in_lane
-        valid = (in_lane < self.lane_len) & (position < self.num_predictions)
-        safe = np.where(valid, position, 0)
-        return {
-            "inputs": np.where(valid, self._tokens[safe], 0).astype(np.int32),
-            "targets": np.where(valid, self._tokens[safe + 1], 0).astype(
-                np.int32
-            ),
-            "weights": valid.astype(np.float32),
-            "position": np.where(valid, position, -1),
-            "reset": np.full(self.lanes, t == 0),
-        }
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for t in range(self.num_segments):
-            yield self.batch(t)
-
-    def stacked(self) -> dict[str, np.ndarray]:
-        """All segments stacked: each array gets a leading [T] axis."""
-        batches = list(self)
-        if not batches:
-            empty = np.zeros([0, self.lanes, self.seq_len])
-            return {
-                "inputs": empty.astype(np.int32),
-                "targets": empty.astype(np.int32),
-                "weights": empty.astype(np.float32),
-                "position": empty.astype(np.int64),
-                "reset": np.zeros([0, self.lanes], bool),
-            }
-        return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+  def stacked(self) -> dict[str, np.ndarray]:
+    """All segments stacked: each array gets a leading [T] axis."""
+    batches = list(self)
+    if not batches:
+      empty = np.zeros([0, self.lanes, self.seq_len])
+      return {
+          "inputs": empty.astype(np.int32),
+          "targets": empty.astype(np.int32),
+          "weights": empty.astype(np.float32),
+          "position": empty.astype(np.int64),
+          "reset": np.zeros([0, self.lanes], bool),
+      }
+    return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
 def memory_eval_windows(
     num_tokens: int, window_len: int, score_len: int
 ) -> np.ndarray:
-    """The windows of :func:`eval_windows`, each scoring <= score_len tokens.
+  """The windows of :func:`eval_windows`, each scoring <= score_len tokens.
 
-    Evaluation with testing memories scores a fixed number of queries per
-    window, so the first window of :func:`eval_windows` (which scores all of
-    its up to ``window_len`` predictions) is repeated, each copy scoring the
-    next ``score_len`` of them; the other windows are unchanged. Every
-    prediction is scored exactly once and with exactly the context it has
-    under :func:`eval_windows` (the model is causal, so the copies of the
-    first window give the same outputs), so the plain model scores equal
-    :func:`eval_batches`'s.
+  Evaluation with testing memories scores a fixed number of queries per
+  window, so the first window of :func:`eval_windows` (which scores all of
+  its up to ``window_len`` predictions) is repeated, each copy scoring the
+  next ``score_len`` of them; the other windows are unchanged. Every
+  prediction is scored exactly once and with exactly the context it has
+  under :func:`eval_windows` (the model is causal, so the copies of the
+  first window give the same outputs), so the plain model scores equal
+  :func:`eval_batches`'s.
 
-    Args:
-        num_tokens: number of predictions P >= 0.
-        window_len: tokens per window.
-        score_len: scored tokens per window.
+  Args:
+      num_tokens: number of predictions P >= 0.
+      window_len: tokens per window.
+      score_len: scored tokens per window.
 
-    Returns:
-        [W, 4] int64 rows (start, length, score_from, score_to): the window
-        covers predictions [start, start + length) and scores window offsets
-        [score_from, score_to), at most score_len of them.
-    """
-    windows = eval_windows(num_tokens, window_len, score_len)
-    rows = []
-    for start, length, score_from in windows:
-        for lo in range(int(score_from), int(length), score_len):
-            rows.append((start, length, lo, min(lo + score_len, length)))
-    if not rows:
-        return np.zeros([0, 4], np.int64)
-    return np.asarray(rows, np.int64)
+  Returns:
+      [W, 4] int64 rows (start, length, score_from, score_to): the window
+      covers predictions [start, start + length) and scores window offsets
+      [score_from, score_to), at most score_len of them.
+  """
+  windows = eval_windows(num_tokens, window_len, score_len)
+  rows = []
+  for start, length, score_from in windows:
+    for lo in range(int(score_from), int(length), score_len):
+      rows.append((start, length, lo, min(lo + score_len, length)))
+  if not rows:
+    return np.zeros([0, 4], np.int64)
+  return np.asarray(rows, np.int64)
 
 
 def memory_eval_batches(
     tokens: np.ndarray, window_len: int, score_len: int, batch_size: int
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Batches of :func:`memory_eval_windows`, in stream order.
+  """Batches of :func:`memory_eval_windows`, in stream order.
 
-    Args:
-        tokens: [N] int token stream.
-        window_len: window length T.
-        score_len: scored predictions per window S.
-        batch_size: windows per batch W; the last batch is padded with rows
-            that score nothing.
+  Args:
+      tokens: [N] int token stream.
+      window_len: window length T.
+      score_len: scored predictions per window S.
+      batch_size: windows per batch W; the last batch is padded with rows
+          that score nothing.
 
-    Yields:
-        'inputs', 'targets': [W, T] int32 (0 beyond a window's end).
-        'position': [W, T] int32 prediction index, -1 on padding.
-        'start': [W] int32 first prediction of each window (-1 on padding).
-        'score_from': [W] int32 first scored offset in the window.
-        'score_count': [W] int32 scored predictions (0 on padding rows); the
-            scored offsets are score_from + [0, score_count).
-    """
-    _check_positive(batch_size=batch_size)
-    tokens = _as_stream(tokens)
-    windows = memory_eval_windows(max(len(tokens) - 1, 0), window_len, score_len)
-    offsets = np.arange(window_len)
-    for first in range(0, len(windows), batch_size):
-        rows = windows[first : first + batch_size]
-        n = len(rows)
-        start, length = rows[:, 0:1], rows[:, 1:2]
-        valid = np.zeros([batch_size, window_len], bool)
-        valid[:n] = offsets < length
-        position = np.full([batch_size, window_len], -1, np.int64)
-        position[:n] = start + offsets
-        position[~valid] = -1
-        safe = np.where(valid, position, 0)
-        starts = np.full([batch_size], -1, np.int64)
-        starts[:n] = rows[:, 0]
-        score_from = np.zeros([batch_size], np.int64)
-        score_from[:n] = rows[:, 2]
-        count = np.zeros([batch_size], np.int64)
-        count[:n] = rows[:, 3] - rows[:, 2]
-        yield {
-            "inputs": np.where(valid, tokens[safe], 0).astype(np.int32),
-            "targets": np.where(valid, tokens[safe + 1], 0).astype(np.int32),
-            "position": position.astype(np.int32),
-            "start": starts.astype(np.int32),
-            "score_from": score_from.astype(np.int32),
-            "score_count": count.astype(np.int32),
-        }
+  Yields:
+      'inputs', 'targets': [W, T] int32 (0 beyond a window's end).
+      'position': [W, T] int32 prediction index, -1 on padding.
+      'start': [W] int32 first prediction of each window (-1 on padding).
+      'score_from': [W] int32 first scored offset in the window.
+      'score_count': [W] int32 scored predictions (0 on padding rows); the
+          scored offsets are score_from + [0, score_count).
+  """
+  _check_positive(batch_size=batch_size)
+  tokens = _as_stream(tokens)
+  windows = memory_eval_windows(max(len(tokens) - 1, 0), window_len, score_len)
+  offsets = np.arange(window_len)
+  for first in range(0, len(windows), batch_size):
+    rows = windows[first : first + batch_size]
+    n = len(rows)
+    start, length = rows[:, 0:1], rows[:, 1:2]
+    valid = np.zeros([batch_size, window_len], bool)
+    valid[:n] = offsets < length
+    position = np.full([batch_size, window_len], -1, np.int64)
+    position[:n] = start + offsets
+    position[~valid] = -1
+    safe = np.where(valid, position, 0)
+    starts = np.full([batch_size], -1, np.int64)
+    starts[:n] = rows[:, 0]
+    score_from = np.zeros([batch_size], np.int64)
+    score_from[:n] = rows[:, 2]
+    count = np.zeros([batch_size], np.int64)
+    count[:n] = rows[:, 3] - rows[:, 2]
+    yield {
+        "inputs": np.where(valid, tokens[safe], 0).astype(np.int32),
+        "targets": np.where(valid, tokens[safe + 1], 0).astype(np.int32),
+        "position": position.astype(np.int32),
+        "start": starts.astype(np.int32),
+        "score_from": score_from.astype(np.int32),
+        "score_count": count.astype(np.int32),
+    }

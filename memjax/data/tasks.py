@@ -34,14 +34,14 @@ _STREAM_CACHE_VERSION = 1
 
 
 def task_name(corpus: str, data_dir: str) -> str:
-    """Name of the task of ``corpus`` in ``data_dir``: memjax_<corpus>_<hash>.
+  """Name of the task of ``corpus`` in ``data_dir``: memjax_<corpus>_<hash>.
 
-    The hash is the first 8 hex digits of the SHA-1 of the absolute data_dir.
-    """
-    corpus = sources.canonical_corpus(corpus)
-    data_dir = os.path.abspath(os.path.expanduser(data_dir))
-    digest = hashlib.sha1(data_dir.encode()).hexdigest()[:8]
-    return f"memjax_{corpus}_{digest}"
+  The hash is the first 8 hex digits of the SHA-1 of the absolute data_dir.
+  """
+  corpus = sources.canonical_corpus(corpus)
+  data_dir = os.path.abspath(os.path.expanduser(data_dir))
+  digest = hashlib.sha1(data_dir.encode()).hexdigest()[:8]
+  return f"memjax_{corpus}_{digest}"
 
 
 def _documents_dataset(
@@ -52,175 +52,171 @@ def _documents_dataset(
     corpus: str,
     data_dir: str,
 ) -> tf.data.Dataset:
-    """Dataset of {'text': scalar tf.string}, one per document, in order."""
-    del shuffle_files, seed  # Order is kept; the batchers do the shuffling.
-    docs = sources.read_documents(corpus, data_dir, SEQIO_SPLITS[split])
-    return tf.data.Dataset.from_generator(
-        lambda: ({"text": d} for d in docs),
-        output_signature={"text": tf.TensorSpec([], tf.string)},
-    )
+  """Dataset of {'text': scalar tf.string}, one per document, in order."""
+  del shuffle_files, seed  # Order is kept; the batchers do the shuffling.
+  docs = sources.read_documents(corpus, data_dir, SEQIO_SPLITS[split])
+  return tf.data.Dataset.from_generator(
+      lambda: ({"text": d} for d in docs),
+      output_signature={"text": tf.TensorSpec([], tf.string)},
+  )
 
 
 def register_lm_task(
     corpus: str, data_dir: str, cache_dir: str | None = None
 ) -> seqio.Task:
-    """Registers (once) and returns the seqio.Task of ``corpus`` in data_dir.
+  """Registers (once) and returns the seqio.Task of ``corpus`` in data_dir.
 
-    Args:
-        corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
-        data_dir: directory with the corpus files.
-        cache_dir: where the word vocabulary is cached (see
-            ``vocab.get_vocabulary``).
+  Args:
+      corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
+      data_dir: directory with the corpus files.
+      cache_dir: where the word vocabulary is cached (see
+          ``vocab.get_vocabulary``).
 
-    Returns:
-        The task named :func:`task_name`, with splits train / validation /
-        test, features {'targets': int32 [num_tokens]}, one example per
-        document. Registering again returns the registered task.
+  Returns:
+      The task named :func:`task_name`, with splits train / validation /
+      test, features {'targets': int32 [num_tokens]}, one example per
+      document. Registering again returns the registered task.
 
-    Raises:
-        sources.DataError: unknown corpus, missing directory or train file.
-    """
-    corpus = sources.canonical_corpus(corpus)
-    data_dir = os.path.abspath(os.path.expanduser(data_dir))
-    name = task_name(corpus, data_dir)
-    if name in seqio.TaskRegistry.names():
-        return seqio.TaskRegistry.get(name)
-    sources.split_path(corpus, data_dir, "train")  # Fail early, clearly.
-    vocabulary = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
-    source = seqio.FunctionDataSource(
-        dataset_fn=functools.partial(
-            _documents_dataset, corpus=corpus, data_dir=data_dir
-        ),
-        splits=tuple(SEQIO_SPLITS),
-    )
-    return seqio.TaskRegistry.add(
-        name,
-        source=source,
-        preprocessors=[
-            functools.partial(
-                seqio.preprocessors.rekey, key_map={"targets": "text"}
-            ),
-            functools.partial(
-                seqio.preprocessors.tokenize,
-                copy_pretokenized=False,
-                with_eos=False,
-            ),
-        ],
-        output_features={
-            "targets": seqio.Feature(
-                vocabulary, add_eos=False, dtype=tf.int32
-            ),
-        },
-        metric_fns=[],
-    )
+  Raises:
+      sources.DataError: unknown corpus, missing directory or train file.
+  """
+  corpus = sources.canonical_corpus(corpus)
+  data_dir = os.path.abspath(os.path.expanduser(data_dir))
+  name = task_name(corpus, data_dir)
+  if name in seqio.TaskRegistry.names():
+    return seqio.TaskRegistry.get(name)
+  sources.split_path(corpus, data_dir, "train")  # Fail early, clearly.
+  vocabulary = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
+  source = seqio.FunctionDataSource(
+      dataset_fn=functools.partial(
+          _documents_dataset, corpus=corpus, data_dir=data_dir
+      ),
+      splits=tuple(SEQIO_SPLITS),
+  )
+  return seqio.TaskRegistry.add(
+      name,
+      source=source,
+      preprocessors=[
+          functools.partial(
+              seqio.preprocessors.rekey, key_map={"targets": "text"}
+          ),
+          functools.partial(
+              seqio.preprocessors.tokenize,
+              copy_pretokenized=False,
+              with_eos=False,
+          ),
+      ],
+      output_features={
+          "targets": seqio.Feature(vocabulary, add_eos=False, dtype=tf.int32),
+      },
+      metric_fns=[],
+  )
 
 
 @dataclasses.dataclass
 class TokenStream:
-    """A split as one stream of token ids.
+  """A split as one stream of token ids.
 
-    Attributes:
-        tokens: [N] int32 ids, documents concatenated in file order.
-        doc_starts: [D] int64 offset of each document's first token.
-        vocab_size: size of the vocabulary the ids come from.
-    """
+  Attributes:
+      tokens: [N] int32 ids, documents concatenated in file order.
+      doc_starts: [D] int64 offset of each document's first token.
+      vocab_size: size of the vocabulary the ids come from.
+  """
 
-    tokens: np.ndarray
-    doc_starts: np.ndarray
-    vocab_size: int
+  tokens: np.ndarray
+  doc_starts: np.ndarray
+  vocab_size: int
 
-    @property
-    def num_predictions(self) -> int:
-        """Number of next-token predictions in the stream: N - 1."""
-        return max(len(self.tokens) - 1, 0)
+  @property
+  def num_predictions(self) -> int:
+    """Number of next-token predictions in the stream: N - 1."""
+    return max(len(self.tokens) - 1, 0)
 
 
 def _source_key(corpus: str, data_dir: str, split: str) -> str:
-    """Identifies the bytes of a split and of the training file on disk."""
-    parts = []
-    for s in (split, "train"):  # The vocabulary comes from the train split.
-        path, start, end = sources.split_byte_range(corpus, data_dir, s)
-        st = os.stat(path)
-        parts.append(f"{path}|{st.st_size}|{st.st_mtime_ns}|{start}|{end}")
-    return "||".join(parts)
+  """Identifies the bytes of a split and of the training file on disk."""
+  parts = []
+  for s in (split, "train"):  # The vocabulary comes from the train split.
+    path, start, end = sources.split_byte_range(corpus, data_dir, s)
+    st = os.stat(path)
+    parts.append(f"{path}|{st.st_size}|{st.st_mtime_ns}|{start}|{end}")
+  return "||".join(parts)
 
 
 def token_stream_path(
     corpus: str, data_dir: str, split: str, cache_dir: str | None = None
 ) -> str:
-    """Cache file of the token stream of ``split``.
+  """Cache file of the token stream of ``split``.
 
-    Its name holds the corpus, split, vocabulary size and a hash of the
-    source files' paths, sizes and mtimes.
-    """
-    corpus = sources.canonical_corpus(corpus)
-    split = sources.canonical_split(split)
-    vocabulary = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
-    key = hashlib.sha1(
-        f"{_STREAM_CACHE_VERSION}|{corpus}|{split}|{vocabulary.vocab_size}|"
-        f"{_source_key(corpus, data_dir, split)}".encode()
-    ).hexdigest()[:12]
-    directory = sources.resolve_cache_dir(cache_dir, data_dir)
-    return os.path.join(
-        directory, f"{corpus}.{split}.v{vocabulary.vocab_size}.{key}.npz"
-    )
+  Its name holds the corpus, split, vocabulary size and a hash of the
+  source files' paths, sizes and mtimes.
+  """
+  corpus = sources.canonical_corpus(corpus)
+  split = sources.canonical_split(split)
+  vocabulary = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
+  key = hashlib.sha1(
+      f"{_STREAM_CACHE_VERSION}|{corpus}|{split}|{vocabulary.vocab_size}|"
+      f"{_source_key(corpus, data_dir, split)}".encode()
+  ).hexdigest()[:12]
+  directory = sources.resolve_cache_dir(cache_dir, data_dir)
+  return os.path.join(
+      directory, f"{corpus}.{split}.v{vocabulary.vocab_size}.{key}.npz"
+  )
 
 
 def load_token_stream(
     corpus: str, data_dir: str, split: str, cache_dir: str | None = None
 ) -> TokenStream:
-    """Returns ``split`` of ``corpus`` as a :class:`TokenStream`.
+  """Returns ``split`` of ``corpus`` as a :class:`TokenStream`.
 
-    The first call runs the seqio task over the split and writes an .npz
-    cache file (see :func:`token_stream_path`); later calls read that file.
+  The first call runs the seqio task over the split and writes an .npz
+  cache file (see :func:`token_stream_path`); later calls read that file.
 
-    Args:
-        corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
-        data_dir: directory with the corpus files.
-        split: 'train', 'valid' (or 'validation') or 'test'.
-        cache_dir: cache directory (see ``sources.resolve_cache_dir``).
+  Args:
+      corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
+      data_dir: directory with the corpus files.
+      split: 'train', 'valid' (or 'validation') or 'test'.
+      cache_dir: cache directory (see ``sources.resolve_cache_dir``).
 
-    Raises:
-        sources.DataError: unknown corpus or split, missing directory or file.
-    """
-    corpus = sources.canonical_corpus(corpus)
-    split = sources.canonical_split(split)
-    path = token_stream_path(corpus, data_dir, split, cache_dir)
-    if os.path.isfile(path):
-        with np.load(path) as f:
-            return TokenStream(
-                tokens=f["tokens"],
-                doc_starts=f["doc_starts"],
-                vocab_size=int(f["vocab_size"]),
-            )
-    seqio_split = {v: k for k, v in SEQIO_SPLITS.items()}[split]
-    print(
-        f"memjax.data: tokenizing {corpus} {split} of {data_dir} into {path}",
-        flush=True,
+  Raises:
+      sources.DataError: unknown corpus or split, missing directory or file.
+  """
+  corpus = sources.canonical_corpus(corpus)
+  split = sources.canonical_split(split)
+  path = token_stream_path(corpus, data_dir, split, cache_dir)
+  if os.path.isfile(path):
+    with np.load(path) as f:
+      return TokenStream(
+          tokens=f["tokens"],
+          doc_starts=f["doc_starts"],
+          vocab_size=int(f["vocab_size"]),
+      )
+  seqio_split = {v: k for k, v in SEQIO_SPLITS.items()}[split]
+  print(
+      f"memjax.data: tokenizing {corpus} {split} of {data_dir} into {path}",
+      flush=True,
+  )
+  task = register_lm_task(corpus, data_dir, cache_dir)
+  ds = task.get_dataset(
+      sequence_length=None,
+      split=seqio_split,
+      shuffle=False,
+      use_cached=False,
+  )
+  docs = [ex["targets"] for ex in ds.as_numpy_iterator()]
+  lengths = np.array([len(d) for d in docs], dtype=np.int64)
+  stream = TokenStream(
+      tokens=np.concatenate([np.zeros([0], np.int32)] + docs).astype(np.int32),
+      doc_starts=(np.cumsum(lengths) - lengths).astype(np.int64),
+      vocab_size=task.output_features["targets"].vocabulary.vocab_size,
+  )
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    np.savez(
+        f,
+        tokens=stream.tokens,
+        doc_starts=stream.doc_starts,
+        vocab_size=np.int64(stream.vocab_size),
     )
-    task = register_lm_task(corpus, data_dir, cache_dir)
-    ds = task.get_dataset(
-        sequence_length=None,
-        split=seqio_split,
-        shuffle=False,
-        use_cached=False,
-    )
-    docs = [ex["targets"] for ex in ds.as_numpy_iterator()]
-    lengths = np.array([len(d) for d in docs], dtype=np.int64)
-    stream = TokenStream(
-        tokens=np.concatenate([np.zeros([0], np.int32)] + docs).astype(
-            np.int32
-        ),
-        doc_starts=(np.cumsum(lengths) - lengths).astype(np.int64),
-        vocab_size=task.output_features["targets"].vocabulary.vocab_size,
-    )
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(
-            f,
-            tokens=stream.tokens,
-            doc_starts=stream.doc_starts,
-            vocab_size=np.int64(stream.vocab_size),
-        )
-    os.replace(tmp, path)
-    return stream
+  os.replace(tmp, path)
+  return stream

@@ -49,9 +49,35 @@ BYTE_VOCAB_SIZE: int = 256 + BYTE_OFFSET
 # str.isspace()), spelled out so that the TensorFlow encoder splits on the
 # same set: tf.strings.split splits on ASCII whitespace only.
 WHITESPACE_CODEPOINTS: tuple[int, ...] = (
-    0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20, 0x85, 0xA0,
-    0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006, 0x2007,
-    0x2008, 0x2009, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000,
+    0x09,
+    0x0A,
+    0x0B,
+    0x0C,
+    0x0D,
+    0x1C,
+    0x1D,
+    0x1E,
+    0x1F,
+    0x20,
+    0x85,
+    0xA0,
+    0x1680,
+    0x2000,
+    0x2001,
+    0x2002,
+    0x2003,
+    0x2004,
+    0x2005,
+    0x2006,
+    0x2007,
+    0x2008,
+    0x2009,
+    0x200A,
+    0x2028,
+    0x2029,
+    0x202F,
+    0x205F,
+    0x3000,
 )  # pyformat: disable
 _WHITESPACE_RE2 = (
     "[" + "".join(f"\\x{{{c:x}}}" for c in WHITESPACE_CODEPOINTS) + "]+"
@@ -59,328 +85,323 @@ _WHITESPACE_RE2 = (
 
 
 def count_words(lines: Iterable[str]) -> tuple[list[str], list[int]]:
-    """Counts words and EOS symbols of text lines.
+  """Counts words and EOS symbols of text lines.
 
-    Args:
-        lines: text pieces, each ending in at most one '\\n' (e.g. the lines
-            of a file opened with ``newline='\\n'``).
+  Args:
+      lines: text pieces, each ending in at most one '\\n' (e.g. the lines
+          of a file opened with ``newline='\\n'``).
 
-    Returns:
-        (tokens, counts): the vocabulary in id order (specials first, then
-        words by descending count, ties by first appearance) and the count of
-        each token. The EOS count is the number of '\\n'; literal '<unk>'
-        words count towards UNK.
-    """
-    counter: collections.Counter[str] = collections.Counter()
-    num_eos = 0
-    for line in lines:
-        counter.update(line.split())
-        if line.endswith("\n"):
-            num_eos += 1
-    special_counts = [counter.pop(t, 0) for t in SPECIAL_TOKENS]
-    special_counts[EOS_ID] += num_eos
-    # Counter keeps first-appearance order and sorted() is stable, so ties
-    # keep the order in which the words first appear.
-    words = sorted(counter.items(), key=lambda kv: -kv[1])
-    tokens = list(SPECIAL_TOKENS) + [w for w, _ in words]
-    counts = special_counts + [c for _, c in words]
-    return tokens, counts
+  Returns:
+      (tokens, counts): the vocabulary in id order (specials first, then
+      words by descending count, ties by first appearance) and the count of
+      each token. The EOS count is the number of '\\n'; literal '<unk>'
+      words count towards UNK.
+  """
+  counter: collections.Counter[str] = collections.Counter()
+  num_eos = 0
+  for line in lines:
+    counter.update(line.split())
+    if line.endswith("\n"):
+      num_eos += 1
+  special_counts = [counter.pop(t, 0) for t in SPECIAL_TOKENS]
+  special_counts[EOS_ID] += num_eos
+  # Counter keeps first-appearance order and sorted() is stable, so ties
+  # keep the order in which the words first appear.
+  words = sorted(counter.items(), key=lambda kv: -kv[1])
+  tokens = list(SPECIAL_TOKENS) + [w for w, _ in words]
+  counts = special_counts + [c for _, c in words]
+  return tokens, counts
 
 
 class WordVocabulary(seqio.Vocabulary):
-    """Whitespace-split word vocabulary with one EOS per line.
+  """Whitespace-split word vocabulary with one EOS per line.
 
-    ``encode(text)`` splits each line on whitespace (Python ``str.split``
-    semantics) and maps every '\\n' to EOS; a last line without '\\n' gets no
-    EOS. Unknown words map to UNK. ``decode(ids)`` joins words with single
-    spaces, turns EOS into '\\n' and drops PAD, so decoding an encoding gives
-    the text with each line's whitespace normalised. Unlike the seqio base
-    class, decoding does not stop at the first EOS: EOS is a line break here,
-    not the end of a sequence.
+  ``encode(text)`` splits each line on whitespace (Python ``str.split``
+  semantics) and maps every '\\n' to EOS; a last line without '\\n' gets no
+  EOS. Unknown words map to UNK. ``decode(ids)`` joins words with single
+  spaces, turns EOS into '\\n' and drops PAD, so decoding an encoding gives
+  the text with each line's whitespace normalised. Unlike the seqio base
+  class, decoding does not stop at the first EOS: EOS is a line break here,
+  not the end of a sequence.
+  """
+
+  def __init__(
+      self, tokens: Sequence[str], counts: Sequence[int] | None = None
+  ):
+    """Creates the vocabulary.
+
+    Args:
+        tokens: all tokens in id order; the first three must be '<pad>',
+            '<eos>', '<unk>'. Tokens must be unique and free of whitespace.
+        counts: optional training count of each token.
+
+    Raises:
+        ValueError: malformed token list or counts.
     """
-
-    def __init__(
-        self, tokens: Sequence[str], counts: Sequence[int] | None = None
-    ):
-        """Creates the vocabulary.
-
-        Args:
-            tokens: all tokens in id order; the first three must be '<pad>',
-                '<eos>', '<unk>'. Tokens must be unique and free of whitespace.
-            counts: optional training count of each token.
-
-        Raises:
-            ValueError: malformed token list or counts.
-        """
-        tokens = tuple(tokens)
-        if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
-            raise ValueError(
-                f"A word vocabulary must start with {SPECIAL_TOKENS}, got "
-                f"{tokens[:len(SPECIAL_TOKENS)]}."
-            )
-        self._tokens = tokens
-        self._ids = {t: i for i, t in enumerate(tokens)}
-        if len(self._ids) != len(tokens):
-            raise ValueError("Vocabulary tokens are not unique.")
-        for t in tokens:
-            if not t or len(t.split()) != 1 or t.split()[0] != t:
-                raise ValueError(f"Token {t!r} is empty or has whitespace.")
-        self._counts = None
-        if counts is not None:
-            self._counts = np.asarray(counts, dtype=np.int64)
-            if self._counts.shape != (len(tokens),):
-                raise ValueError(
-                    f"Got {self._counts.shape[0]} counts for {len(tokens)} "
-                    "tokens."
-                )
-        self._hash = hash(self._tokens)
-        self._tf_lock = threading.Lock()
-        self._tf_tables: tuple[Any, Any] | None = None
-        super().__init__(extra_ids=0)
-
-    # --- construction and files -------------------------------------------
-
-    @classmethod
-    def build(cls, train_path: str, min_count: int = 1) -> WordVocabulary:
-        """Builds the vocabulary of a training file.
-
-        Args:
-            train_path: UTF-8 text file (e.g. ``wiki.train.tokens``).
-            min_count: words seen fewer times are left out (they encode as
-                UNK and their counts are added to UNK's).
-
-        Returns:
-            The vocabulary, with training counts.
-        """
-        with open(train_path, encoding="utf-8", newline="\n") as f:
-            tokens, counts = count_words(f)
-        return cls._from_counts(tokens, counts, min_count)
-
-    @classmethod
-    def from_text(cls, text: str, min_count: int = 1) -> WordVocabulary:
-        """Builds the vocabulary of ``text`` (as :meth:`build` on a file)."""
-        tokens, counts = count_words(sources.split_lines(text))
-        return cls._from_counts(tokens, counts, min_count)
-
-    @classmethod
-    def _from_counts(
-        cls, tokens: list[str], counts: list[int], min_count: int
-    ) -> WordVocabulary:
-        n = len(SPECIAL_TOKENS)
-        keep = [i for i in range(n, len(tokens)) if counts[i] >= min_count]
-        dropped = sum(counts[n:]) - sum(counts[i] for i in keep)
-        counts = list(counts[:n]) + [counts[i] for i in keep]
-        counts[UNK_ID] += dropped
-        return cls(list(tokens[:n]) + [tokens[i] for i in keep], counts)
-
-    def save(self, path: str) -> None:
-        """Writes one token per line, followed by a tab and its count if known.
-
-        The write is atomic (temporary file, then rename).
-        """
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            if self._counts is None:
-                f.writelines(f"{t}\n" for t in self._tokens)
-            else:
-                f.writelines(
-                    f"{t}\t{c}\n" for t, c in zip(self._tokens, self._counts)
-                )
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: str) -> WordVocabulary:
-        """Reads a file written by :meth:`save`.
-
-        Lines are ``token`` or ``token<whitespace>count`` (so fairseq-style
-        ``dict.txt`` lines parse too, given the three special tokens first).
-        """
-        tokens, counts = [], []
-        with open(path, encoding="utf-8", newline="\n") as f:
-            for line_no, line in enumerate(f, 1):
-                fields = line.split()
-                if not fields:
-                    continue
-                if len(fields) > 2:
-                    raise ValueError(
-                        f"{path}:{line_no}: expected 'token' or 'token count'."
-                    )
-                tokens.append(fields[0])
-                counts.append(int(fields[1]) if len(fields) == 2 else None)
-        has_counts = all(c is not None for c in counts)
-        return cls(tokens, counts if has_counts else None)
-
-    # --- seqio.Vocabulary API ---------------------------------------------
-
-    @property
-    def bos_id(self) -> int | None:
-        return None
-
-    @property
-    def eos_id(self) -> int:
-        return EOS_ID
-
-    @property
-    def unk_id(self) -> int:
-        return UNK_ID
-
-    @property
-    def pad_id(self) -> int:
-        return PAD_ID
-
-    @property
-    def _base_vocab_size(self) -> int:
-        return len(self._tokens)
-
-    @property
-    def tokens(self) -> tuple[str, ...]:
-        """All tokens in id order."""
-        return self._tokens
-
-    def token_counts(self) -> np.ndarray:
-        """Training count of each id: [V] int64 (EOS = number of lines).
-
-        Raises:
-            ValueError: the vocabulary was loaded from a file without counts.
-        """
-        if self._counts is None:
-            raise ValueError("This vocabulary has no training counts.")
-        return self._counts.copy()
-
-    def token_to_id(self, token: str) -> int:
-        """Id of ``token``; UNK for unknown tokens."""
-        return self._ids.get(token, UNK_ID)
-
-    def id_to_token(self, token_id: int) -> str:
-        """Token of ``token_id``; '<unk>' for ids out of range."""
-        if 0 <= token_id < len(self._tokens):
-            return self._tokens[token_id]
-        return UNK_TOKEN
-
-    def _encode(self, s: str | bytes) -> list[int]:
-        if isinstance(s, bytes):
-            s = s.decode("utf-8")
-        lookup = self._ids.get
-        lines = s.split("\n")
-        ids: list[int] = []
-        for line in lines[:-1]:
-            ids.extend(lookup(w, UNK_ID) for w in line.split())
-            ids.append(EOS_ID)
-        ids.extend(lookup(w, UNK_ID) for w in lines[-1].split())
-        return ids
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """Detokenizes ids to text; EOS -> '\\n', PAD dropped, no truncation."""
-        if isinstance(ids, (tf.Tensor, np.ndarray)):
-            ids = np.asarray(ids).reshape(-1).tolist()
-        return self._decode(ids)
-
-    def _decode(self, ids: Iterable[int]) -> str:
-        parts: list[str] = []
-        line: list[str] = []
-        for i in ids:
-            i = int(i)
-            if i == PAD_ID:
-                continue
-            if i == EOS_ID:
-                parts.append(" ".join(line) + "\n")
-                line = []
-            else:
-                line.append(self.id_to_token(i))
-        if line:
-            parts.append(" ".join(line))
-        return "".join(parts)
-
-    def _tables(self) -> tuple[Any, Any]:
-        """Returns (word -> id table, id -> string tensor), built once.
-
-        They are built eagerly (``tf.init_scope``) even when first needed
-        while tracing a tf.data map function, so every graph shares them.
-        """
-        with self._tf_lock:
-            if self._tf_tables is None:
-                with tf.init_scope():
-                    keys = tf.constant(self._tokens, dtype=tf.string)
-                    table = tf.lookup.StaticHashTable(
-                        tf.lookup.KeyValueTensorInitializer(
-                            keys, tf.range(len(self._tokens), dtype=tf.int32)
-                        ),
-                        default_value=UNK_ID,
-                    )
-                    # Decode strings: EOS becomes a newline, PAD nothing.
-                    out = list(self._tokens)
-                    out[PAD_ID], out[EOS_ID] = "", "\n"
-                    self._tf_tables = (table, tf.constant(out, tf.string))
-            return self._tf_tables
-
-    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        """Encodes a scalar tf.string into a [N] int32 tensor."""
-        table, _ = self._tables()
-        s = tf.convert_to_tensor(s, dtype=tf.string)
-        lines = tf.strings.split(s, "\n")  # [num_lines]
-        lines = tf.strings.regex_replace(lines, _WHITESPACE_RE2, " ")
-        words = tf.strings.split(lines)  # ragged [num_lines, None]
-        ids = tf.ragged.map_flat_values(table.lookup, words)
-        eos = tf.fill(tf.stack([tf.shape(lines, tf.int64)[0], 1]), EOS_ID)
-        ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
-        # Every line is followed by EOS except the last (no '\n' after it).
-        return ids.flat_values[:-1]
-
-    def decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
-        """Detokenizes [..., N] ids to [...] strings (no truncation at EOS)."""
-        ids = tf.convert_to_tensor(ids)
-        if ids.shape == (0,):
-            return tf.constant(b"", dtype=tf.string)
-        in_range = tf.logical_and(ids >= 0, ids < self._base_vocab_size)
-        ids = tf.where(in_range, ids, tf.cast(UNK_ID, ids.dtype))
-        return self._decode_tf(ids)
-
-    def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
-        _, strings = self._tables()
-        text = tf.strings.reduce_join(
-            tf.gather(strings, ids), axis=-1, separator=" "
+    tokens = tuple(tokens)
+    if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+      raise ValueError(
+          f"A word vocabulary must start with {SPECIAL_TOKENS}, got "
+          f"{tokens[:len(SPECIAL_TOKENS)]}."
+      )
+    self._tokens = tokens
+    self._ids = {t: i for i, t in enumerate(tokens)}
+    if len(self._ids) != len(tokens):
+      raise ValueError("Vocabulary tokens are not unique.")
+    for t in tokens:
+      if not t or len(t.split()) != 1 or t.split()[0] != t:
+        raise ValueError(f"Token {t!r} is empty or has whitespace.")
+    self._counts = None
+    if counts is not None:
+      self._counts = np.asarray(counts, dtype=np.int64)
+      if self._counts.shape != (len(tokens),):
+        raise ValueError(
+            f"Got {self._counts.shape[0]} counts for {len(tokens)} " "tokens."
         )
-        text = tf.strings.regex_replace(text, " +", " ")  # dropped PADs
-        text = tf.strings.regex_replace(text, " ?\n ?", "\n")
-        return tf.strings.regex_replace(text, "^ | $", "")
+    self._hash = hash(self._tokens)
+    self._tf_lock = threading.Lock()
+    self._tf_tables: tuple[Any, Any] | None = None
+    super().__init__(extra_ids=0)
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, WordVocabulary) and self._tokens == other._tokens
-        )
+  # --- construction and files -------------------------------------------
 
-    def __hash__(self) -> int:
-        return self._hash
+  @classmethod
+  def build(cls, train_path: str, min_count: int = 1) -> WordVocabulary:
+    """Builds the vocabulary of a training file.
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_tf_tables"] = None
-        del state["_tf_lock"]
-        return state
+    Args:
+        train_path: UTF-8 text file (e.g. ``wiki.train.tokens``).
+        min_count: words seen fewer times are left out (they encode as
+            UNK and their counts are added to UNK's).
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._tf_lock = threading.Lock()
+    Returns:
+        The vocabulary, with training counts.
+    """
+    with open(train_path, encoding="utf-8", newline="\n") as f:
+      tokens, counts = count_words(f)
+    return cls._from_counts(tokens, counts, min_count)
 
-    def __repr__(self) -> str:
-        return f"WordVocabulary(vocab_size={self.vocab_size})"
+  @classmethod
+  def from_text(cls, text: str, min_count: int = 1) -> WordVocabulary:
+    """Builds the vocabulary of ``text`` (as :meth:`build` on a file)."""
+    tokens, counts = count_words(sources.split_lines(text))
+    return cls._from_counts(tokens, counts, min_count)
+
+  @classmethod
+  def _from_counts(
+      cls, tokens: list[str], counts: list[int], min_count: int
+  ) -> WordVocabulary:
+    n = len(SPECIAL_TOKENS)
+    keep = [i for i in range(n, len(tokens)) if counts[i] >= min_count]
+    dropped = sum(counts[n:]) - sum(counts[i] for i in keep)
+    counts = list(counts[:n]) + [counts[i] for i in keep]
+    counts[UNK_ID] += dropped
+    return cls(list(tokens[:n]) + [tokens[i] for i in keep], counts)
+
+  def save(self, path: str) -> None:
+    """Writes one token per line, followed by a tab and its count if known.
+
+    The write is atomic (temporary file, then rename).
+    """
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+      if self._counts is None:
+        f.writelines(f"{t}\n" for t in self._tokens)
+      else:
+        f.writelines(f"{t}\t{c}\n" for t, c in zip(self._tokens, self._counts))
+    os.replace(tmp, path)
+
+  @classmethod
+  def load(cls, path: str) -> WordVocabulary:
+    """Reads a file written by :meth:`save`.
+
+    Lines are ``token`` or ``token<whitespace>count`` (so fairseq-style
+    ``dict.txt`` lines parse too, given the three special tokens first).
+    """
+    tokens, counts = [], []
+    with open(path, encoding="utf-8", newline="\n") as f:
+      for line_no, line in enumerate(f, 1):
+        fields = line.split()
+        if not fields:
+          continue
+        if len(fields) > 2:
+          raise ValueError(
+              f"{path}:{line_no}: expected 'token' or 'token count'."
+          )
+        tokens.append(fields[0])
+        counts.append(int(fields[1]) if len(fields) == 2 else None)
+    has_counts = all(c is not None for c in counts)
+    return cls(tokens, counts if has_counts else None)
+
+  # --- seqio.Vocabulary API ---------------------------------------------
+
+  @property
+  def bos_id(self) -> int | None:
+    return None
+
+  @property
+  def eos_id(self) -> int:
+    return EOS_ID
+
+  @property
+  def unk_id(self) -> int:
+    return UNK_ID
+
+  @property
+  def pad_id(self) -> int:
+    return PAD_ID
+
+  @property
+  def _base_vocab_size(self) -> int:
+    return len(self._tokens)
+
+  @property
+  def tokens(self) -> tuple[str, ...]:
+    """All tokens in id order."""
+    return self._tokens
+
+  def token_counts(self) -> np.ndarray:
+    """Training count of each id: [V] int64 (EOS = number of lines).
+
+    Raises:
+        ValueError: the vocabulary was loaded from a file without counts.
+    """
+    if self._counts is None:
+      raise ValueError("This vocabulary has no training counts.")
+    return self._counts.copy()
+
+  def token_to_id(self, token: str) -> int:
+    """Id of ``token``; UNK for unknown tokens."""
+    return self._ids.get(token, UNK_ID)
+
+  def id_to_token(self, token_id: int) -> str:
+    """Token of ``token_id``; '<unk>' for ids out of range."""
+    if 0 <= token_id < len(self._tokens):
+      return self._tokens[token_id]
+    return UNK_TOKEN
+
+  def _encode(self, s: str | bytes) -> list[int]:
+    if isinstance(s, bytes):
+      s = s.decode("utf-8")
+    lookup = self._ids.get
+    lines = s.split("\n")
+    ids: list[int] = []
+    for line in lines[:-1]:
+      ids.extend(lookup(w, UNK_ID) for w in line.split())
+      ids.append(EOS_ID)
+    ids.extend(lookup(w, UNK_ID) for w in lines[-1].split())
+    return ids
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Detokenizes ids to text; EOS -> '\\n', PAD dropped, no truncation."""
+    if isinstance(ids, (tf.Tensor, np.ndarray)):
+      ids = np.asarray(ids).reshape(-1).tolist()
+    return self._decode(ids)
+
+  def _decode(self, ids: Iterable[int]) -> str:
+    parts: list[str] = []
+    line: list[str] = []
+    for i in ids:
+      i = int(i)
+      if i == PAD_ID:
+        continue
+      if i == EOS_ID:
+        parts.append(" ".join(line) + "\n")
+        line = []
+      else:
+        line.append(self.id_to_token(i))
+    if line:
+      parts.append(" ".join(line))
+    return "".join(parts)
+
+  def _tables(self) -> tuple[Any, Any]:
+    """Returns (word -> id table, id -> string tensor), built once.
+
+    They are built eagerly (``tf.init_scope``) even when first needed
+    while tracing a tf.data map function, so every graph shares them.
+    """
+    with self._tf_lock:
+      if self._tf_tables is None:
+        with tf.init_scope():
+          keys = tf.constant(self._tokens, dtype=tf.string)
+          table = tf.lookup.StaticHashTable(
+              tf.lookup.KeyValueTensorInitializer(
+                  keys, tf.range(len(self._tokens), dtype=tf.int32)
+              ),
+              default_value=UNK_ID,
+          )
+          # Decode strings: EOS becomes a newline, PAD nothing.
+          out = list(self._tokens)
+          out[PAD_ID], out[EOS_ID] = "", "\n"
+          self._tf_tables = (table, tf.constant(out, tf.string))
+      return self._tf_tables
+
+  def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
+    """Encodes a scalar tf.string into a [N] int32 tensor."""
+    table, _ = self._tables()
+    s = tf.convert_to_tensor(s, dtype=tf.string)
+    lines = tf.strings.split(s, "\n")  # [num_lines]
+    lines = tf.strings.regex_replace(lines, _WHITESPACE_RE2, " ")
+    words = tf.strings.split(lines)  # ragged [num_lines, None]
+    ids = tf.ragged.map_flat_values(table.lookup, words)
+    eos = tf.fill(tf.stack([tf.shape(lines, tf.int64)[0], 1]), EOS_ID)
+    ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
+    # Every line is followed by EOS except the last (no '\n' after it).
+    return ids.flat_values[:-1]
+
+  def decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+    """Detokenizes [..., N] ids to [...] strings (no truncation at EOS)."""
+    ids = tf.convert_to_tensor(ids)
+    if ids.shape == (0,):
+      return tf.constant(b"", dtype=tf.string)
+    in_range = tf.logical_and(ids >= 0, ids < self._base_vocab_size)
+    ids = tf.where(in_range, ids, tf.cast(UNK_ID, ids.dtype))
+    return self._decode_tf(ids)
+
+  def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+    _, strings = self._tables()
+    text = tf.strings.reduce_join(
+        tf.gather(strings, ids), axis=-1, separator=" "
+    )
+    text = tf.strings.regex_replace(text, " +", " ")  # dropped PADs
+    text = tf.strings.regex_replace(text, " ?\n ?", "\n")
+    return tf.strings.regex_replace(text, "^ | $", "")
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, WordVocabulary) and self._tokens == other._tokens
+
+  def __hash__(self) -> int:
+    return self._hash
+
+  def __getstate__(self) -> dict[str, Any]:
+    state = self.__dict__.copy()
+    state["_tf_tables"] = None
+    del state["_tf_lock"]
+    return state
+
+  def __setstate__(self, state: dict[str, Any]) -> None:
+    self.__dict__.update(state)
+    self._tf_lock = threading.Lock()
+
+  def __repr__(self) -> str:
+    return f"WordVocabulary(vocab_size={self.vocab_size})"
 
 
 def byte_vocabulary() -> seqio.ByteVocabulary:
-    """The byte vocabulary of enwik8/text8: byte b -> id b + 3 (259 ids)."""
-    return seqio.ByteVocabulary()
+  """The byte vocabulary of enwik8/text8: byte b -> id b + 3 (259 ids)."""
+  return seqio.ByteVocabulary()
 
 
 def encode_bytes(data: bytes) -> np.ndarray:
-    """Byte ids of raw bytes, as ``ByteVocabulary.encode_tf``: [N] int32."""
-    return np.frombuffer(data, dtype=np.uint8).astype(np.int32) + BYTE_OFFSET
+  """Byte ids of raw bytes, as ``ByteVocabulary.encode_tf``: [N] int32."""
+  return np.frombuffer(data, dtype=np.uint8).astype(np.int32) + BYTE_OFFSET
 
 
 def decode_bytes(ids: np.ndarray | Sequence[int]) -> bytes:
-    """Raw bytes of byte ids; special ids (PAD/EOS/UNK) are dropped."""
-    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    ids = ids[(ids >= BYTE_OFFSET) & (ids < BYTE_VOCAB_SIZE)]
-    return (ids - BYTE_OFFSET).astype(np.uint8).tobytes()
+  """Raw bytes of byte ids; special ids (PAD/EOS/UNK) are dropped."""
+  ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+  ids = ids[(ids >= BYTE_OFFSET) & (ids < BYTE_VOCAB_SIZE)]
+  return (ids - BYTE_OFFSET).astype(np.uint8).tobytes()
 
 
 # Built vocabularies by (train path, size, mtime, min_count), so that tasks
@@ -392,19 +413,19 @@ _VOCAB_MEMO_LOCK = threading.Lock()
 def word_vocabulary_path(
     corpus: str, data_dir: str, cache_dir: str | None, min_count: int = 1
 ) -> str:
-    """Cache file of the word vocabulary of ``corpus`` in ``data_dir``.
+  """Cache file of the word vocabulary of ``corpus`` in ``data_dir``.
 
-    The name holds a hash of the training file's path, size and mtime and of
-    ``min_count``, so a changed training file gets a new vocabulary.
-    """
-    corpus = sources.canonical_corpus(corpus)
-    train = sources.split_path(corpus, data_dir, "train")
-    st = os.stat(train)
-    key = hashlib.sha1(
-        f"{train}|{st.st_size}|{st.st_mtime_ns}|{min_count}".encode()
-    ).hexdigest()[:10]
-    directory = sources.resolve_cache_dir(cache_dir, data_dir)
-    return os.path.join(directory, f"{corpus}.vocab.{key}.txt")
+  The name holds a hash of the training file's path, size and mtime and of
+  ``min_count``, so a changed training file gets a new vocabulary.
+  """
+  corpus = sources.canonical_corpus(corpus)
+  train = sources.split_path(corpus, data_dir, "train")
+  st = os.stat(train)
+  key = hashlib.sha1(
+      f"{train}|{st.st_size}|{st.st_mtime_ns}|{min_count}".encode()
+  ).hexdigest()[:10]
+  directory = sources.resolve_cache_dir(cache_dir, data_dir)
+  return os.path.join(directory, f"{corpus}.vocab.{key}.txt")
 
 
 def get_vocabulary(
@@ -413,41 +434,39 @@ def get_vocabulary(
     cache_dir: str | None = None,
     min_count: int = 1,
 ) -> seqio.Vocabulary:
-    """Returns the vocabulary of ``corpus``.
+  """Returns the vocabulary of ``corpus``.
 
-    Args:
-        corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
-        data_dir: directory with the corpus files.
-        cache_dir: where the word vocabulary file is cached; None uses
-            ``<data_dir>/memjax_cache`` if ``data_dir`` is writable, else a
-            folder in the system temp dir.
-        min_count: minimum training count of a word (word corpora only).
+  Args:
+      corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
+      data_dir: directory with the corpus files.
+      cache_dir: where the word vocabulary file is cached; None uses
+          ``<data_dir>/memjax_cache`` if ``data_dir`` is writable, else a
+          folder in the system temp dir.
+      min_count: minimum training count of a word (word corpora only).
 
-    Returns:
-        A :class:`WordVocabulary` built from the training split (read from the
-        cache file when present) for WikiText, ``byte_vocabulary()`` for
-        enwik8 and text8.
+  Returns:
+      A :class:`WordVocabulary` built from the training split (read from the
+      cache file when present) for WikiText, ``byte_vocabulary()`` for
+      enwik8 and text8.
 
-    Raises:
-        sources.DataError: unknown corpus, missing directory or training file.
-    """
-    spec = sources.corpus_spec(corpus)
-    if spec.level == "byte":
-        return byte_vocabulary()
-    train = sources.split_path(spec.name, data_dir, "train")
-    st = os.stat(train)
-    memo_key = (train, st.st_size, st.st_mtime_ns, min_count)
-    with _VOCAB_MEMO_LOCK:
-        if memo_key in _VOCAB_MEMO:
-            return _VOCAB_MEMO[memo_key]
-        path = word_vocabulary_path(spec.name, data_dir, cache_dir, min_count)
-        if os.path.isfile(path):
-            vocab = WordVocabulary.load(path)
-        else:
-            print(
-                f"memjax.data: building the vocabulary of {train}", flush=True
-            )
-            vocab = WordVocabulary.build(train, min_count=min_count)
-            vocab.save(path)
-        _VOCAB_MEMO[memo_key] = vocab
-        return vocab
+  Raises:
+      sources.DataError: unknown corpus, missing directory or training file.
+  """
+  spec = sources.corpus_spec(corpus)
+  if spec.level == "byte":
+    return byte_vocabulary()
+  train = sources.split_path(spec.name, data_dir, "train")
+  st = os.stat(train)
+  memo_key = (train, st.st_size, st.st_mtime_ns, min_count)
+  with _VOCAB_MEMO_LOCK:
+    if memo_key in _VOCAB_MEMO:
+      return _VOCAB_MEMO[memo_key]
+    path = word_vocabulary_path(spec.name, data_dir, cache_dir, min_count)
+    if os.path.isfile(path):
+      vocab = WordVocabulary.load(path)
+    else:
+      print(f"memjax.data: building the vocabulary of {train}", flush=True)
+      vocab = WordVocabulary.build(train, min_count=min_count)
+      vocab.save(path)
+    _VOCAB_MEMO[memo_key] = vocab
+    return vocab

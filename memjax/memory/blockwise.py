@@ -49,53 +49,59 @@ BlockSize = int | Sequence[int] | None
 _NEG_INF = float("-inf")
 
 
-def _block_sizes(block_size: BlockSize, num_q: int, num_k: int) -> tuple[int, int]:
-    """Returns (bq, bk), clipped to the problem size."""
-    if isinstance(block_size, int):
-        bq = bk = block_size
-    else:
-        bq, bk = block_size
-    if bq <= 0 or bk <= 0:
-        raise ValueError(f"block sizes must be positive; got {block_size}.")
-    return max(1, min(bq, num_q)), max(1, min(bk, num_k))
+def _block_sizes(
+    block_size: BlockSize, num_q: int, num_k: int
+) -> tuple[int, int]:
+  """Returns (bq, bk), clipped to the problem size."""
+  if isinstance(block_size, int):
+    bq = bk = block_size
+  else:
+    bq, bk = block_size
+  if bq <= 0 or bk <= 0:
+    raise ValueError(f"block sizes must be positive; got {block_size}.")
+  return max(1, min(bq, num_q)), max(1, min(bk, num_k))
 
 
 def _pad_to(x: Array, size: int, value: Any = 0) -> Array:
-    """Pads the leading axis of x to `size` with `value`."""
-    pad = size - x.shape[0]
-    if pad == 0:
-        return x
-    widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
-    return jnp.pad(x, widths, constant_values=value)
+  """Pads the leading axis of x to `size` with `value`."""
+  pad = size - x.shape[0]
+  if pad == 0:
+    return x
+  widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
+  return jnp.pad(x, widths, constant_values=value)
 
 
-def _online_update(m: Array, l: Array, s: Array, mask: Array) -> tuple[Array, Array]:
-    """One step of a masked online log-sum-exp.
+def _online_update(
+    m: Array, l: Array, s: Array, mask: Array
+) -> tuple[Array, Array]:
+  """One step of a masked online log-sum-exp.
 
-    Args:
-        m: [Q] f32 running max (stop-gradient), -inf where nothing seen yet.
-        l: [Q] f32 running sum of exp(s - m) over the visible entries so far.
-        s: [Q, K] f32 scores of this block.
-        mask: [Q, K] bool, which scores count.
+  Args:
+      m: [Q] f32 running max (stop-gradient), -inf where nothing seen yet.
+      l: [Q] f32 running sum of exp(s - m) over the visible entries so far.
+      s: [Q, K] f32 scores of this block.
+      mask: [Q, K] bool, which scores count.
 
-    Returns:
-        The updated (m, l).
-    """
-    block_max = jnp.max(jnp.where(mask, s, _NEG_INF), axis=-1)
-    m_new = lax.stop_gradient(jnp.maximum(m, block_max))
-    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    # m <= m_safe wherever m is finite, and exp(-inf) = 0 otherwise.
-    alpha = jnp.exp(m - m_safe)
-    shifted = jnp.where(mask, s, m_safe[:, None]) - m_safe[:, None]
-    p = jnp.where(mask, jnp.exp(shifted), 0.0)
-    return m_new, l * alpha + jnp.sum(p, axis=-1)
+  Returns:
+      The updated (m, l).
+  """
+  block_max = jnp.max(jnp.where(mask, s, _NEG_INF), axis=-1)
+  m_new = lax.stop_gradient(jnp.maximum(m, block_max))
+  m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+  # m <= m_safe wherever m is finite, and exp(-inf) = 0 otherwise.
+  alpha = jnp.exp(m - m_safe)
+  shifted = jnp.where(mask, s, m_safe[:, None]) - m_safe[:, None]
+  p = jnp.where(mask, jnp.exp(shifted), 0.0)
+  return m_new, l * alpha + jnp.sum(p, axis=-1)
 
 
 def _finalize(m: Array, l: Array) -> Array:
-    """log-sum-exp from the online state: -inf (zero gradient) where empty."""
-    nonempty = l > 0
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    return jnp.where(nonempty, m_safe + jnp.log(jnp.where(nonempty, l, 1.0)), _NEG_INF)
+  """log-sum-exp from the online state: -inf (zero gradient) where empty."""
+  nonempty = l > 0
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  return jnp.where(
+      nonempty, m_safe + jnp.log(jnp.where(nonempty, l, 1.0)), _NEG_INF
+  )
 
 
 def _tile(
@@ -110,18 +116,21 @@ def _tile(
     scale: Array,
     precision: Any,
 ) -> tuple[Array, Array, Array]:
-    """Scores and masks of one [bq, bk] tile (similarities in float32)."""
-    s = jnp.dot(
-        q.astype(jnp.float32),
-        k.astype(jnp.float32).T,
-        precision=precision,
-        preferred_element_type=jnp.float32,
-    ) * scale
-    vis = jnp.broadcast_to(k_valid[None, :], s.shape)
-    if visible_fn is not None:
-        vis = vis & visible_fn(q_meta, k_meta)
-    pos = vis & (q_tgt[:, None] == k_tok[None, :])
-    return s, vis, pos
+  """Scores and masks of one [bq, bk] tile (similarities in float32)."""
+  s = (
+      jnp.dot(
+          q.astype(jnp.float32),
+          k.astype(jnp.float32).T,
+          precision=precision,
+          preferred_element_type=jnp.float32,
+      )
+      * scale
+  )
+  vis = jnp.broadcast_to(k_valid[None, :], s.shape)
+  if visible_fn is not None:
+    vis = vis & visible_fn(q_meta, k_meta)
+  pos = vis & (q_tgt[:, None] == k_tok[None, :])
+  return s, vis, pos
 
 
 def memory_logsumexp(
@@ -138,139 +147,154 @@ def memory_logsumexp(
     block_size: BlockSize = 1024,
     precision: Any = None,
 ) -> tuple[Array, Array]:
-    """Masked log-sum-exp of scaled similarities over all and positive keys.
+  """Masked log-sum-exp of scaled similarities over all and positive keys.
 
-    Args:
-        queries: [Q, D] float (any float dtype; similarities are computed in
-            float32).
-        keys: [K, D] float.
-        query_targets: [Q] int, the token each query must predict.
-        key_tokens: [K] int, the token stored with each key (a key is a
-            positive for a query iff its token equals the query's target).
-        key_valid: [K] bool, false for keys that are not memory entries
-            (padding).
-        scale: scalar multiplying q . k (e.g. 1 / (sqrt(D) * temperature)).
-        query_meta: pytree of [Q] arrays passed (block-sliced) to visible_fn.
-        key_meta: pytree of [K] arrays passed (block-sliced) to visible_fn.
-        visible_fn: (query_meta_block, key_meta_block) -> [bq, bk] bool; None
-            means every valid key is visible to every query.
-        block_size: None for the dense reference path (materialises [Q, K]);
-            an int or a (query_block, key_block) pair for the blockwise path.
-        precision: passed to the similarity matmul (e.g.
-            jax.lax.Precision.HIGHEST for full float32 on TPU/GPU).
+  Args:
+      queries: [Q, D] float (any float dtype; similarities are computed in
+          float32).
+      keys: [K, D] float.
+      query_targets: [Q] int, the token each query must predict.
+      key_tokens: [K] int, the token stored with each key (a key is a
+          positive for a query iff its token equals the query's target).
+      key_valid: [K] bool, false for keys that are not memory entries
+          (padding).
+      scale: scalar multiplying q . k (e.g. 1 / (sqrt(D) * temperature)).
+      query_meta: pytree of [Q] arrays passed (block-sliced) to visible_fn.
+      key_meta: pytree of [K] arrays passed (block-sliced) to visible_fn.
+      visible_fn: (query_meta_block, key_meta_block) -> [bq, bk] bool; None
+          means every valid key is visible to every query.
+      block_size: None for the dense reference path (materialises [Q, K]);
+          an int or a (query_block, key_block) pair for the blockwise path.
+      precision: passed to the similarity matmul (e.g.
+          jax.lax.Precision.HIGHEST for full float32 on TPU/GPU).
 
-    Returns:
-        (lse_all, lse_pos), each [Q] float32, -inf where the sum is empty.
-    """
-    num_q, num_k = queries.shape[0], keys.shape[0]
-    scale = jnp.asarray(scale, jnp.float32)
-    query_targets = query_targets.astype(jnp.int32)
-    key_tokens = key_tokens.astype(jnp.int32)
-    key_valid = key_valid.astype(jnp.bool_)
+  Returns:
+      (lse_all, lse_pos), each [Q] float32, -inf where the sum is empty.
+  """
+  num_q, num_k = queries.shape[0], keys.shape[0]
+  scale = jnp.asarray(scale, jnp.float32)
+  query_targets = query_targets.astype(jnp.int32)
+  key_tokens = key_tokens.astype(jnp.int32)
+  key_valid = key_valid.astype(jnp.bool_)
 
-    if num_k == 0:
-        empty = jnp.full((num_q,), _NEG_INF, jnp.float32)
-        return empty, empty
+  if num_k == 0:
+    empty = jnp.full((num_q,), _NEG_INF, jnp.float32)
+    return empty, empty
 
-    if block_size is None:
-        s, vis, pos = _tile(queries, query_targets, query_meta, keys, key_tokens,
-                            key_valid, key_meta, visible_fn, scale, precision)
-        init_m = jnp.full((num_q,), _NEG_INF, jnp.float32)
-        init_l = jnp.zeros((num_q,), jnp.float32)
-        lse_all = _finalize(*_online_update(init_m, init_l, s, vis))
-        lse_pos = _finalize(*_online_update(init_m, init_l, s, pos))
-        return lse_all, lse_pos
-
-    bq, bk = _block_sizes(block_size, num_q, num_k)
-    nq = -(-num_q // bq)
-    nk = -(-num_k // bk)
-
-    # Queries: pad to nq * bq, then strided blocks [nq, bq, ...].
-    def to_q_blocks(x):
-        x = _pad_to(x, nq * bq)
-        x = x.reshape((bq, nq) + x.shape[1:])
-        return jnp.moveaxis(x, 1, 0)
-
-    # Keys: pad (invalid) to nk * bk, then contiguous blocks [nk, bk, ...].
-    def to_k_blocks(x, value=0):
-        x = _pad_to(x, nk * bk, value)
-        return x.reshape((nk, bk) + x.shape[1:])
-
-    q_blocks = (
-        to_q_blocks(queries),
-        to_q_blocks(query_targets),
-        jax.tree_util.tree_map(to_q_blocks, query_meta),
+  if block_size is None:
+    s, vis, pos = _tile(
+        queries,
+        query_targets,
+        query_meta,
+        keys,
+        key_tokens,
+        key_valid,
+        key_meta,
+        visible_fn,
+        scale,
+        precision,
     )
-    k_blocks = (
-        to_k_blocks(keys),
-        to_k_blocks(key_tokens),
-        to_k_blocks(key_valid, False),
-        jax.tree_util.tree_map(to_k_blocks, key_meta),
+    init_m = jnp.full((num_q,), _NEG_INF, jnp.float32)
+    init_l = jnp.zeros((num_q,), jnp.float32)
+    lse_all = _finalize(*_online_update(init_m, init_l, s, vis))
+    lse_pos = _finalize(*_online_update(init_m, init_l, s, pos))
+    return lse_all, lse_pos
+
+  bq, bk = _block_sizes(block_size, num_q, num_k)
+  nq = -(-num_q // bq)
+  nk = -(-num_k // bk)
+
+  # Queries: pad to nq * bq, then strided blocks [nq, bq, ...].
+  def to_q_blocks(x):
+    x = _pad_to(x, nq * bq)
+    x = x.reshape((bq, nq) + x.shape[1:])
+    return jnp.moveaxis(x, 1, 0)
+
+  # Keys: pad (invalid) to nk * bk, then contiguous blocks [nk, bk, ...].
+  def to_k_blocks(x, value=0):
+    x = _pad_to(x, nk * bk, value)
+    return x.reshape((nk, bk) + x.shape[1:])
+
+  q_blocks = (
+      to_q_blocks(queries),
+      to_q_blocks(query_targets),
+      jax.tree_util.tree_map(to_q_blocks, query_meta),
+  )
+  k_blocks = (
+      to_k_blocks(keys),
+      to_k_blocks(key_tokens),
+      to_k_blocks(key_valid, False),
+      jax.tree_util.tree_map(to_k_blocks, key_meta),
+  )
+
+  def key_step(carry, k_blk, q_blk):
+    m_all, l_all, m_pos, l_pos = carry
+    q, q_tgt, q_meta = q_blk
+    k, k_tok, k_val, k_meta = k_blk
+    s, vis, pos = _tile(
+        q, q_tgt, q_meta, k, k_tok, k_val, k_meta, visible_fn, scale, precision
     )
+    m_all, l_all = _online_update(m_all, l_all, s, vis)
+    m_pos, l_pos = _online_update(m_pos, l_pos, s, pos)
+    return (m_all, l_all, m_pos, l_pos)
 
-    def key_step(carry, k_blk, q_blk):
-        m_all, l_all, m_pos, l_pos = carry
-        q, q_tgt, q_meta = q_blk
-        k, k_tok, k_val, k_meta = k_blk
-        s, vis, pos = _tile(q, q_tgt, q_meta, k, k_tok, k_val, k_meta,
-                            visible_fn, scale, precision)
-        m_all, l_all = _online_update(m_all, l_all, s, vis)
-        m_pos, l_pos = _online_update(m_pos, l_pos, s, pos)
-        return (m_all, l_all, m_pos, l_pos)
-
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def query_block(q_blk, k_blks):
     @functools.partial(jax.checkpoint, prevent_cse=False)
-    def query_block(q_blk, k_blks):
-        @functools.partial(jax.checkpoint, prevent_cse=False)
-        def body(carry, k_blk):
-            return key_step(carry, k_blk, q_blk), None
+    def body(carry, k_blk):
+      return key_step(carry, k_blk, q_blk), None
 
-        init = (
-            jnp.full((bq,), _NEG_INF, jnp.float32),
-            jnp.zeros((bq,), jnp.float32),
-            jnp.full((bq,), _NEG_INF, jnp.float32),
-            jnp.zeros((bq,), jnp.float32),
-        )
-        (m_all, l_all, m_pos, l_pos), _ = lax.scan(body, init, k_blks)
-        return _finalize(m_all, l_all), _finalize(m_pos, l_pos)
+    init = (
+        jnp.full((bq,), _NEG_INF, jnp.float32),
+        jnp.zeros((bq,), jnp.float32),
+        jnp.full((bq,), _NEG_INF, jnp.float32),
+        jnp.zeros((bq,), jnp.float32),
+    )
+    (m_all, l_all, m_pos, l_pos), _ = lax.scan(body, init, k_blks)
+    return _finalize(m_all, l_all), _finalize(m_pos, l_pos)
 
-    def outer(carry, q_blk):
-        return carry, query_block(q_blk, k_blocks)
+  def outer(carry, q_blk):
+    return carry, query_block(q_blk, k_blocks)
 
-    _, (lse_all, lse_pos) = lax.scan(outer, None, q_blocks)
+  _, (lse_all, lse_pos) = lax.scan(outer, None, q_blocks)
 
-    def from_q_blocks(x):  # [nq, bq] -> [Q]
-        return jnp.moveaxis(x, 0, 1).reshape(nq * bq)[:num_q]
+  def from_q_blocks(x):  # [nq, bq] -> [Q]
+    return jnp.moveaxis(x, 0, 1).reshape(nq * bq)[:num_q]
 
-    return from_q_blocks(lse_all), from_q_blocks(lse_pos)
+  return from_q_blocks(lse_all), from_q_blocks(lse_pos)
 
 
 def softplus(x: Array) -> Array:
-    """log(1 + exp(x)), exactly 0 with zero gradient at x = -inf.
+  """log(1 + exp(x)), exactly 0 with zero gradient at x = -inf.
 
-    jax.nn.softplus goes through jnp.logaddexp, whose derivative rule replaces
-    infinities by 0 and so reports slope 1 at -inf; here both branches of the
-    `where` get finite arguments.
-    """
-    big = x > 0
-    x_pos = jnp.where(big, x, 0.0)
-    x_neg = jnp.where(big, 0.0, x)
-    return jnp.where(big, x_pos + jnp.log1p(jnp.exp(-x_pos)), jnp.log1p(jnp.exp(x_neg)))
+  jax.nn.softplus goes through jnp.logaddexp, whose derivative rule replaces
+  infinities by 0 and so reports slope 1 at -inf; here both branches of the
+  `where` get finite arguments.
+  """
+  big = x > 0
+  x_pos = jnp.where(big, x, 0.0)
+  x_neg = jnp.where(big, 0.0, x)
+  return jnp.where(
+      big, x_pos + jnp.log1p(jnp.exp(-x_pos)), jnp.log1p(jnp.exp(x_neg))
+  )
 
 
 def logaddexp(a: Array, b: Array) -> Array:
-    """log(exp(a) + exp(b)), NaN-free in value and gradient when either is -inf.
+  """log(exp(a) + exp(b)), NaN-free in value and gradient when either is -inf.
 
-    Args:
-        a: float array.
-        b: float array of the same shape.
+  Args:
+      a: float array.
+      b: float array of the same shape.
 
-    Returns:
-        Elementwise log(exp(a) + exp(b)); exactly a where b is -inf (and vice
-        versa), -inf where both are, with zero gradient into -inf arguments.
-    """
-    hi = jnp.maximum(a, b)
-    lo = jnp.minimum(a, b)
-    finite = jnp.isfinite(hi)
-    hi_safe = jnp.where(finite, hi, 0.0)
-    lo_safe = jnp.where(finite, lo, 0.0)
-    return jnp.where(finite, hi_safe + softplus(lo_safe - hi_safe), jax.lax.stop_gradient(hi))
+  Returns:
+      Elementwise log(exp(a) + exp(b)); exactly a where b is -inf (and vice
+      versa), -inf where both are, with zero gradient into -inf arguments.
+  """
+  hi = jnp.maximum(a, b)
+  lo = jnp.minimum(a, b)
+  finite = jnp.isfinite(hi)
+  hi_safe = jnp.where(finite, hi, 0.0)
+  lo_safe = jnp.where(finite, lo, 0.0)
+  return jnp.where(
+      finite, hi_safe + softplus(lo_safe - hi_safe), jax.lax.stop_gradient(hi)
+  )

@@ -30,44 +30,53 @@ Array = jax.Array
 DEFAULT_BLOCK_SIZE = 1024
 
 
-def interpolate_log_prob(lm_log_prob: Array, memory_log_prob: Array, lam: float | Array) -> Array:
-    """log((1 - lam) * exp(lm_log_prob) + lam * exp(memory_log_prob)).
+def interpolate_log_prob(
+    lm_log_prob: Array, memory_log_prob: Array, lam: float | Array
+) -> Array:
+  """log((1 - lam) * exp(lm_log_prob) + lam * exp(memory_log_prob)).
 
-    Args:
-        lm_log_prob: [...] float, finite.
-        memory_log_prob: [...] float, may be -inf (no mass on the target).
-        lam: scalar in [0, 1].
+  Args:
+      lm_log_prob: [...] float, finite.
+      memory_log_prob: [...] float, may be -inf (no mass on the target).
+      lam: scalar in [0, 1].
 
-    Returns:
-        [...] float32; exactly lm_log_prob when lam == 0.
-    """
-    lm = lm_log_prob.astype(jnp.float32)
-    lam = jnp.asarray(lam, jnp.float32)
-    a = lm + jnp.log1p(-lam)
-    # For lam = 0, b is -inf and logaddexp returns a exactly.
-    log_lam = jnp.log(jnp.where(lam > 0, lam, 1.0))
-    b = jnp.where(lam > 0, memory_log_prob.astype(jnp.float32) + log_lam, float("-inf"))
-    return blockwise.logaddexp(a, b)
+  Returns:
+      [...] float32; exactly lm_log_prob when lam == 0.
+  """
+  lm = lm_log_prob.astype(jnp.float32)
+  lam = jnp.asarray(lam, jnp.float32)
+  a = lm + jnp.log1p(-lam)
+  # For lam = 0, b is -inf and logaddexp returns a exactly.
+  log_lam = jnp.log(jnp.where(lam > 0, lam, 1.0))
+  b = jnp.where(
+      lam > 0, memory_log_prob.astype(jnp.float32) + log_lam, float("-inf")
+  )
+  return blockwise.logaddexp(a, b)
 
 
-def cache_from_sums(lm_log_prob: Array, lse_all: Array, lse_pos: Array, lam) -> Array:
-    """log p(target) from the model and the cache's log-sum-exps.
+def cache_from_sums(
+    lm_log_prob: Array, lse_all: Array, lse_pos: Array, lam
+) -> Array:
+  """log p(target) from the model and the cache's log-sum-exps.
 
-    Args:
-        lm_log_prob: [...] float32, log p_lm(target).
-        lse_all: [...] float32, log sum over the visible cache entries of
-            exp(theta * h . h_i); -inf where the cache is empty.
-        lse_pos: [...] float32, the same over entries whose token is the target.
-        lam: interpolation weight.
+  Args:
+      lm_log_prob: [...] float32, log p_lm(target).
+      lse_all: [...] float32, log sum over the visible cache entries of
+          exp(theta * h . h_i); -inf where the cache is empty.
+      lse_pos: [...] float32, the same over entries whose token is the target.
+      lam: interpolation weight.
 
-    Returns:
-        [...] float32; exactly lm_log_prob where the cache is empty or lam = 0.
-    """
-    has_cache = jnp.isfinite(lse_all)
-    log_p_cache = jnp.where(has_cache & jnp.isfinite(lse_pos),
-                            lse_pos - jnp.where(has_cache, lse_all, 0.0), float("-inf"))
-    mixed = interpolate_log_prob(lm_log_prob, log_p_cache, lam)
-    return jnp.where(has_cache, mixed, lm_log_prob.astype(jnp.float32))
+  Returns:
+      [...] float32; exactly lm_log_prob where the cache is empty or lam = 0.
+  """
+  has_cache = jnp.isfinite(lse_all)
+  log_p_cache = jnp.where(
+      has_cache & jnp.isfinite(lse_pos),
+      lse_pos - jnp.where(has_cache, lse_all, 0.0),
+      float("-inf"),
+  )
+  mixed = interpolate_log_prob(lm_log_prob, log_p_cache, lam)
+  return jnp.where(has_cache, mixed, lm_log_prob.astype(jnp.float32))
 
 
 def cache_log_prob(
@@ -85,43 +94,47 @@ def cache_log_prob(
     block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
     precision: Any = None,
 ) -> Array:
-    """log p(target) of the model interpolated with a continuous cache.
+  """log p(target) of the model interpolated with a continuous cache.
 
-    Args:
-        queries: [Q, D] float, h at the query positions.
-        keys: [K, D] float, h_i of the cache entries.
-        key_tokens: [K] int32, x_i, the token that followed entry i.
-        key_valid: [K] bool, false for empty slots.
-        targets: [Q] int32.
-        lm_log_prob: [Q] float32, log p_lm(target).
-        lam: interpolation weight of the cache.
-        theta: inverse temperature of the cache (multiplies h . h_i; no
-            1/sqrt(d) here, as in Grave et al.).
-        query_positions: optional [Q] int32 stream positions; with
-            key_positions, entry j is in query i's cache only if
-            key_positions[j] < query_positions[i].
-        key_positions: optional [K] int32.
-        block_size: None for the dense path, else the (query, key) block size.
-        precision: precision of the similarity matmul.
+  Args:
+      queries: [Q, D] float, h at the query positions.
+      keys: [K, D] float, h_i of the cache entries.
+      key_tokens: [K] int32, x_i, the token that followed entry i.
+      key_valid: [K] bool, false for empty slots.
+      targets: [Q] int32.
+      lm_log_prob: [Q] float32, log p_lm(target).
+      lam: interpolation weight of the cache.
+      theta: inverse temperature of the cache (multiplies h . h_i; no
+          1/sqrt(d) here, as in Grave et al.).
+      query_positions: optional [Q] int32 stream positions; with
+          key_positions, entry j is in query i's cache only if
+          key_positions[j] < query_positions[i].
+      key_positions: optional [K] int32.
+      block_size: None for the dense path, else the (query, key) block size.
+      precision: precision of the similarity matmul.
 
-    Returns:
-        [Q] float32 log p(target).
-    """
-    if (query_positions is None) != (key_positions is None):
-        raise ValueError("Pass both query_positions and key_positions, or neither.")
-    visible_fn = None
-    if query_positions is not None:
-        visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
-    lse_all, lse_pos = blockwise.memory_logsumexp(
-        queries, keys, targets, key_tokens, key_valid,
-        scale=theta,
-        query_meta=query_positions,
-        key_meta=key_positions,
-        visible_fn=visible_fn,
-        block_size=block_size,
-        precision=precision,
-    )
-    return cache_from_sums(lm_log_prob, lse_all, lse_pos, lam)
+  Returns:
+      [Q] float32 log p(target).
+  """
+  if (query_positions is None) != (key_positions is None):
+    raise ValueError("Pass both query_positions and key_positions, or neither.")
+  visible_fn = None
+  if query_positions is not None:
+    visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
+  lse_all, lse_pos = blockwise.memory_logsumexp(
+      queries,
+      keys,
+      targets,
+      key_tokens,
+      key_valid,
+      scale=theta,
+      query_meta=query_positions,
+      key_meta=key_positions,
+      visible_fn=visible_fn,
+      block_size=block_size,
+      precision=precision,
+  )
+  return cache_from_sums(lm_log_prob, lse_all, lse_pos, lam)
 
 
 def cache_log_prob_batch(
@@ -136,39 +149,45 @@ def cache_log_prob_batch(
     block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
     precision: Any = None,
 ) -> Array:
-    """Continuous cache over a [B, T] batch, the cache given by a MemorySpec.
+  """Continuous cache over a [B, T] batch, the cache given by a MemorySpec.
 
-    'local' is Grave et al.'s cache over the segment; 'long' over the earlier
-    segments of the same document in the batch as well (the paper's "cache
-    adapted to long-term memory").
+  'local' is Grave et al.'s cache over the segment; 'long' over the earlier
+  segments of the same document in the batch as well (the paper's "cache
+  adapted to long-term memory").
 
-    Args:
-        features: [B, T, D] float.
-        lm_log_prob: [B, T] float32, log p_lm(y_t).
-        targets: [B, T] int32.
-        weights: [B, T] float32, 0 for padding (never a cache entry).
-        spec: visibility, as for the TRIME loss.
-        lam: interpolation weight.
-        theta: inverse temperature.
-        block_size: as in cache_log_prob.
-        precision: precision of the similarity matmul.
+  Args:
+      features: [B, T, D] float.
+      lm_log_prob: [B, T] float32, log p_lm(y_t).
+      targets: [B, T] int32.
+      weights: [B, T] float32, 0 for padding (never a cache entry).
+      spec: visibility, as for the TRIME loss.
+      lam: interpolation weight.
+      theta: inverse temperature.
+      block_size: as in cache_log_prob.
+      precision: precision of the similarity matmul.
 
-    Returns:
-        [B, T] float32 log p(y_t).
-    """
-    b, t, d = features.shape
-    if spec.mode == "none":
-        return lm_log_prob.astype(jnp.float32)
-    meta = position_meta(spec, b, t)
-    g = features.reshape(b * t, d)
-    tgt = targets.reshape(b * t)
-    lse_all, lse_pos = blockwise.memory_logsumexp(
-        g, g, tgt, tgt, weights.reshape(b * t) > 0,
-        scale=theta,
-        query_meta=meta,
-        key_meta=meta,
-        visible_fn=lambda qm, km: visible(spec, qm, km),
-        block_size=block_size,
-        precision=precision,
-    )
-    return cache_from_sums(lm_log_prob.reshape(b * t), lse_all, lse_pos, lam).reshape(b, t)
+  Returns:
+      [B, T] float32 log p(y_t).
+  """
+  b, t, d = features.shape
+  if spec.mode == "none":
+    return lm_log_prob.astype(jnp.float32)
+  meta = position_meta(spec, b, t)
+  g = features.reshape(b * t, d)
+  tgt = targets.reshape(b * t)
+  lse_all, lse_pos = blockwise.memory_logsumexp(
+      g,
+      g,
+      tgt,
+      tgt,
+      weights.reshape(b * t) > 0,
+      scale=theta,
+      query_meta=meta,
+      key_meta=meta,
+      visible_fn=lambda qm, km: visible(spec, qm, km),
+      block_size=block_size,
+      precision=precision,
+  )
+  return cache_from_sums(
+      lm_log_prob.reshape(b * t), lse_all, lse_pos, lam
+  ).reshape(b, t)

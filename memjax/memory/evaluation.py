@@ -51,243 +51,310 @@ KINDS = ("none", "trime", "cache")
 
 @flax.struct.dataclass
 class Bank:
-    """A FIFO long-term memory of (g, next token) pairs.
+  """A FIFO long-term memory of (g, next token) pairs.
 
-    Attributes:
-        keys: [C, D] float32 memory features g.
-        tokens: [C] int32 the token that followed each entry.
-        positions: [C] int32 stream position (prediction index) of each
-            entry, ascending; -1 marks an empty slot (empty slots come first).
-    """
+  Attributes:
+      keys: [C, D] float32 memory features g.
+      tokens: [C] int32 the token that followed each entry.
+      positions: [C] int32 stream position (prediction index) of each
+          entry, ascending; -1 marks an empty slot (empty slots come first).
+  """
 
-    keys: Array
-    tokens: Array
-    positions: Array
+  keys: Array
+  tokens: Array
+  positions: Array
 
-    @property
-    def capacity(self) -> int:
-        return self.positions.shape[0]
+  @property
+  def capacity(self) -> int:
+    return self.positions.shape[0]
 
 
 def init_bank(capacity: int, dim: int) -> Bank:
-    """An empty bank of ``capacity`` slots of dimension ``dim``."""
-    return Bank(keys=jnp.zeros((capacity, dim), jnp.float32),
-                tokens=jnp.zeros((capacity,), jnp.int32),
-                positions=jnp.full((capacity,), -1, jnp.int32))
+  """An empty bank of ``capacity`` slots of dimension ``dim``."""
+  return Bank(
+      keys=jnp.zeros((capacity, dim), jnp.float32),
+      tokens=jnp.zeros((capacity,), jnp.int32),
+      positions=jnp.full((capacity,), -1, jnp.int32),
+  )
 
 
 def push(bank: Bank, keys: Array, tokens: Array, positions: Array) -> Bank:
-    """Adds entries and keeps the ``capacity`` with the largest positions.
+  """Adds entries and keeps the ``capacity`` with the largest positions.
 
-    Args:
-        bank: the bank.
-        keys: [M, D] float features of the new entries.
-        tokens: [M] int tokens.
-        positions: [M] int stream positions, -1 for entries to drop. Positions
-            must be distinct from each other and from the bank's.
+  Args:
+      bank: the bank.
+      keys: [M, D] float features of the new entries.
+      tokens: [M] int tokens.
+      positions: [M] int stream positions, -1 for entries to drop. Positions
+          must be distinct from each other and from the bank's.
 
-    Returns:
-        The bank of the last ``capacity`` pairs of the stream so far
-        (positions ascending).
-    """
-    cap = bank.capacity
-    if cap == 0:
-        return bank
-    all_pos = jnp.concatenate([bank.positions, positions.astype(jnp.int32)])
-    all_keys = jnp.concatenate([bank.keys, keys.astype(jnp.float32)])
-    all_tok = jnp.concatenate([bank.tokens, tokens.astype(jnp.int32)])
-    _, idx = jax.lax.top_k(all_pos, cap)      # descending positions
-    idx = idx[::-1]                           # ascending; empties first
-    return Bank(keys=all_keys[idx], tokens=all_tok[idx], positions=all_pos[idx])
+  Returns:
+      The bank of the last ``capacity`` pairs of the stream so far
+      (positions ascending).
+  """
+  cap = bank.capacity
+  if cap == 0:
+    return bank
+  all_pos = jnp.concatenate([bank.positions, positions.astype(jnp.int32)])
+  all_keys = jnp.concatenate([bank.keys, keys.astype(jnp.float32)])
+  all_tok = jnp.concatenate([bank.tokens, tokens.astype(jnp.int32)])
+  _, idx = jax.lax.top_k(all_pos, cap)  # descending positions
+  idx = idx[::-1]  # ascending; empties first
+  return Bank(keys=all_keys[idx], tokens=all_tok[idx], positions=all_pos[idx])
 
 
 def _take_scored(x: Array, score_from: Array, score_len: int) -> Array:
-    """[W, T, ...] -> [W, S, ...]: offsets score_from + [0, S) of each row."""
-    t = x.shape[1]
-    idx = jnp.minimum(score_from[:, None] + jnp.arange(score_len)[None, :], t - 1)
-    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
-    return jnp.take_along_axis(x, idx, axis=1)
+  """[W, T, ...] -> [W, S, ...]: offsets score_from + [0, S) of each row."""
+  t = x.shape[1]
+  idx = jnp.minimum(score_from[:, None] + jnp.arange(score_len)[None, :], t - 1)
+  idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, idx, axis=1)
 
 
-def local_sums(queries: Array, query_offsets: Array, query_targets: Array,
-               keys: Array, key_tokens: Array, key_valid: Array,
-               scales: Array) -> tuple[Array, Array]:
-    """Log-sum-exps over each window's own earlier positions (M_local).
+def local_sums(
+    queries: Array,
+    query_offsets: Array,
+    query_targets: Array,
+    keys: Array,
+    key_tokens: Array,
+    key_valid: Array,
+    scales: Array,
+) -> tuple[Array, Array]:
+  """Log-sum-exps over each window's own earlier positions (M_local).
 
-    Args:
-        queries: [W, S, D] g of the scored positions.
-        query_offsets: [W, S] int offsets of the queries in their window.
-        query_targets: [W, S] int targets.
-        keys: [W, T, D] g of every position of the window.
-        key_tokens: [W, T] int next token of every position.
-        key_valid: [W, T] bool.
-        scales: [G] float32 similarity scales (one per grid setting).
+  Args:
+      queries: [W, S, D] g of the scored positions.
+      query_offsets: [W, S] int offsets of the queries in their window.
+      query_targets: [W, S] int targets.
+      keys: [W, T, D] g of every position of the window.
+      key_tokens: [W, T] int next token of every position.
+      key_valid: [W, T] bool.
+      scales: [G] float32 similarity scales (one per grid setting).
 
-    Returns:
-        (lse_all, lse_pos), each [G, W, S] float32, -inf where empty.
-    """
-    t = keys.shape[1]
-    sim = jnp.einsum("wsd,wtd->wst", queries.astype(jnp.float32),
-                     keys.astype(jnp.float32))
-    vis = key_valid[:, None, :] & (jnp.arange(t)[None, None, :]
-                                   < query_offsets[:, :, None])
-    pos = vis & (key_tokens[:, None, :] == query_targets[:, :, None])
+  Returns:
+      (lse_all, lse_pos), each [G, W, S] float32, -inf where empty.
+  """
+  t = keys.shape[1]
+  sim = jnp.einsum(
+      "wsd,wtd->wst", queries.astype(jnp.float32), keys.astype(jnp.float32)
+  )
+  vis = key_valid[:, None, :] & (
+      jnp.arange(t)[None, None, :] < query_offsets[:, :, None]
+  )
+  pos = vis & (key_tokens[:, None, :] == query_targets[:, :, None])
 
-    def lse(mask, s):
-        m = jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1, keepdims=True)
-        m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-        total = jnp.sum(jnp.where(mask, jnp.exp(jnp.where(mask, s, m) - m), 0.0), -1)
-        ok = total > 0
-        return jnp.where(ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)
+  def lse(mask, s):
+    m = jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1, keepdims=True)
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    total = jnp.sum(
+        jnp.where(mask, jnp.exp(jnp.where(mask, s, m) - m), 0.0), -1
+    )
+    ok = total > 0
+    return jnp.where(
+        ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf
+    )
 
-    def one(scale):
-        s = sim * scale
-        return lse(vis, s), lse(pos, s)
+  def one(scale):
+    s = sim * scale
+    return lse(vis, s), lse(pos, s)
 
-    return jax.vmap(one)(scales)
-
-
-def long_sums(queries: Array, query_targets: Array, query_starts: Array,
-              keys: Array, key_tokens: Array, key_positions: Array,
-              long_tokens: int, scales: Array, block_size: int | None
-              ) -> tuple[Array, Array]:
-    """Log-sum-exps over M_long: keys at positions [start - N, start).
-
-    Args:
-        queries: [Q, D] g.
-        query_targets: [Q] int.
-        query_starts: [Q] int first position of each query's window.
-        keys: [K, D] candidate long-term entries.
-        key_tokens: [K] int.
-        key_positions: [K] int, -1 for empty entries.
-        long_tokens: N.
-        scales: [G] float32 similarity scales.
-        block_size: blockwise key/query block (None: dense).
-
-    Returns:
-        (lse_all, lse_pos), each [G, Q] float32.
-    """
-
-    def visible(q_start, k_pos):
-        return ((k_pos[None, :] < q_start[:, None])
-                & (k_pos[None, :] >= q_start[:, None] - long_tokens))
-
-    def one(scale):
-        return blockwise.memory_logsumexp(
-            queries, keys, query_targets, key_tokens, key_positions >= 0,
-            scale=scale, query_meta=query_starts, key_meta=key_positions,
-            visible_fn=visible, block_size=block_size)
-
-    return jax.vmap(one)(scales)
+  return jax.vmap(one)(scales)
 
 
-def make_eval_step(model: Any, *, window_len: int, score_len: int, kind: str,
-                   long_sizes: Sequence[int] = (0,),
-                   temperatures: Sequence[float] = (1.0,),
-                   thetas: Sequence[float] = (),
-                   lambdas: Sequence[float] = (),
-                   block_size: int | None = 1024) -> Callable:
-    """Builds ``step(params, bank, batch) -> (bank, outputs)`` (not jitted).
+def long_sums(
+    queries: Array,
+    query_targets: Array,
+    query_starts: Array,
+    keys: Array,
+    key_tokens: Array,
+    key_positions: Array,
+    long_tokens: int,
+    scales: Array,
+    block_size: int | None,
+) -> tuple[Array, Array]:
+  """Log-sum-exps over M_long: keys at positions [start - N, start).
 
-    Args:
-        model: a TransformerLM (its outputs supply g, log p_vocab, log Z).
-        window_len: T.
-        score_len: S.
-        kind: 'none', 'trime' or 'cache'.
-        long_sizes: memory sizes N to score (static; the bank holds
-            max(N) + T - S pairs).
-        temperatures: tau values ('trime').
-        thetas: cache inverse temperatures ('cache').
-        lambdas: cache weights ('cache').
-        block_size: blockwise block of the long-memory sums.
+  Args:
+      queries: [Q, D] g.
+      query_targets: [Q] int.
+      query_starts: [Q] int first position of each query's window.
+      keys: [K, D] candidate long-term entries.
+      key_tokens: [K] int.
+      key_positions: [K] int, -1 for empty entries.
+      long_tokens: N.
+      scales: [G] float32 similarity scales.
+      block_size: blockwise key/query block (None: dense).
 
-    Returns:
-        The step. ``batch`` is from ``streams.memory_eval_batches``. Outputs:
-        'lm' [W, S] log p of the plain model; 'weights' [W, S] float32 (1 on
-        scored queries); 'targets', 'positions' [W, S] int32; and 'trime'
-        [len(long_sizes), len(temperatures), W, S] or 'cache'
-        [len(long_sizes), len(thetas), len(lambdas), W, S] log-probabilities.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"unknown eval_memory.kind {kind!r}; use one of {KINDS}")
-    long_sizes = tuple(int(n) for n in long_sizes)
-    if any(n < 0 for n in long_sizes):
-        raise ValueError(f"long-term memory sizes must be >= 0, got {long_sizes}")
-    if kind == "trime" and not temperatures:
-        raise ValueError("trime evaluation needs at least one temperature")
-    if kind == "cache" and (not thetas or not lambdas):
-        raise ValueError("cache evaluation needs at least one theta and one lambda")
-    context = window_len - score_len
-    capacity = bank_capacity(kind, long_sizes, window_len, score_len)
+  Returns:
+      (lse_all, lse_pos), each [G, Q] float32.
+  """
 
-    def step(params, bank: Bank, batch: dict[str, Array]):
-        out = model.apply({"params": params}, batch["inputs"], batch["targets"],
-                          deterministic=True)
-        g = out.features
-        d = g.shape[-1]
-        w_rows = g.shape[0]
-        count = batch["score_count"]
-        sfrom = batch["score_from"]
-        take = lambda x: _take_scored(x, sfrom, score_len)  # noqa: E731
-        weights = (jnp.arange(score_len)[None, :] < count[:, None])
-        q = take(g)
-        q_tgt = take(batch["targets"])
-        q_pos = jnp.where(weights, take(batch["position"]), -1)
-        q_off = sfrom[:, None] + jnp.arange(score_len)[None, :]
-        lm = take(out.target_logprob).astype(jnp.float32)
-        log_z = take(out.log_z).astype(jnp.float32)
-        result = {"lm": jnp.where(weights, lm, 0.0),
-                  "weights": weights.astype(jnp.float32),
-                  "targets": q_tgt, "positions": q_pos}
-        if kind == "none":
-            return bank, result
-        if kind == "trime":
-            scales = jnp.asarray([1.0 / (math.sqrt(d) * tau) for tau in temperatures],
-                                 jnp.float32)
-        else:
-            scales = jnp.asarray(thetas, jnp.float32)
-        key_valid = batch["position"] >= 0
-        loc_all, loc_pos = local_sums(q, q_off, q_tgt, g, batch["targets"],
-                                      key_valid, scales)       # [G, W, S]
-        flat = lambda x: x.reshape((w_rows * score_len,) + x.shape[2:])  # noqa: E731
-        starts = jnp.broadcast_to(batch["start"][:, None], q_pos.shape)
-        per_size = []
-        for n in long_sizes:
-            if n == 0:
-                all_, pos_ = loc_all, loc_pos
-            else:
-                keep = n + context
-                keys = jnp.concatenate([bank.keys[-keep:], flat(q).astype(jnp.float32)])
-                ktok = jnp.concatenate([bank.tokens[-keep:], flat(q_tgt)])
-                kpos = jnp.concatenate([bank.positions[-keep:], flat(q_pos)])
-                l_all, l_pos = long_sums(flat(q), flat(q_tgt), flat(starts), keys,
-                                         ktok, kpos, n, scales, block_size)
-                shape = loc_all.shape
-                all_ = blockwise.logaddexp(loc_all, l_all.reshape(shape))
-                pos_ = blockwise.logaddexp(loc_pos, l_pos.reshape(shape))
-            per_size.append((all_, pos_))
-        if kind == "trime":
-            logp = jnp.stack([trime.combine_log_prob(lm[None], log_z[None], a, p)
-                              for a, p in per_size])            # [N, G, W, S]
-            result["trime"] = jnp.where(weights, logp, 0.0)
-        else:
-            lam = jnp.asarray(lambdas, jnp.float32)
-            logp = jnp.stack([
-                jax.vmap(lambda l: cache_lib.cache_from_sums(  # noqa: B023
-                    lm[None], a, p, l))(lam)                   # [L, G, W, S]
-                for a, p in per_size])                          # [N, L, G, W, S]
-            result["cache"] = jnp.where(weights, jnp.swapaxes(logp, 1, 2), 0.0)
-        new_bank = push(bank, flat(q), flat(q_tgt), flat(q_pos))
-        return new_bank, result
+  def visible(q_start, k_pos):
+    return (k_pos[None, :] < q_start[:, None]) & (
+        k_pos[None, :] >= q_start[:, None] - long_tokens
+    )
 
-    step.capacity = capacity
-    return step
+  def one(scale):
+    return blockwise.memory_logsumexp(
+        queries,
+        keys,
+        query_targets,
+        key_tokens,
+        key_positions >= 0,
+        scale=scale,
+        query_meta=query_starts,
+        key_meta=key_positions,
+        visible_fn=visible,
+        block_size=block_size,
+    )
+
+  return jax.vmap(one)(scales)
 
 
-def bank_capacity(kind: str, long_sizes: Sequence[int], window_len: int,
-                  score_len: int) -> int:
-    """Slots the bank needs: max(N) + T - S (0 without a long memory)."""
-    n = max([int(x) for x in long_sizes] or [0])
-    if kind == "none" or n == 0:
-        return 0
-    return n + window_len - score_len
+def make_eval_step(
+    model: Any,
+    *,
+    window_len: int,
+    score_len: int,
+    kind: str,
+    long_sizes: Sequence[int] = (0,),
+    temperatures: Sequence[float] = (1.0,),
+    thetas: Sequence[float] = (),
+    lambdas: Sequence[float] = (),
+    block_size: int | None = 1024,
+) -> Callable:
+  """Builds ``step(params, bank, batch) -> (bank, outputs)`` (not jitted).
+
+  Args:
+      model: a TransformerLM (its outputs supply g, log p_vocab, log Z).
+      window_len: T.
+      score_len: S.
+      kind: 'none', 'trime' or 'cache'.
+      long_sizes: memory sizes N to score (static; the bank holds
+          max(N) + T - S pairs).
+      temperatures: tau values ('trime').
+      thetas: cache inverse temperatures ('cache').
+      lambdas: cache weights ('cache').
+      block_size: blockwise block of the long-memory sums.
+
+  Returns:
+      The step. ``batch`` is from ``streams.memory_eval_batches``. Outputs:
+      'lm' [W, S] log p of the plain model; 'weights' [W, S] float32 (1 on
+      scored queries); 'targets', 'positions' [W, S] int32; and 'trime'
+      [len(long_sizes), len(temperatures), W, S] or 'cache'
+      [len(long_sizes), len(thetas), len(lambdas), W, S] log-probabilities.
+  """
+  if kind not in KINDS:
+    raise ValueError(f"unknown eval_memory.kind {kind!r}; use one of {KINDS}")
+  long_sizes = tuple(int(n) for n in long_sizes)
+  if any(n < 0 for n in long_sizes):
+    raise ValueError(f"long-term memory sizes must be >= 0, got {long_sizes}")
+  if kind == "trime" and not temperatures:
+    raise ValueError("trime evaluation needs at least one temperature")
+  if kind == "cache" and (not thetas or not lambdas):
+    raise ValueError("cache evaluation needs at least one theta and one lambda")
+  context = window_len - score_len
+  capacity = bank_capacity(kind, long_sizes, window_len, score_len)
+
+  def step(params, bank: Bank, batch: dict[str, Array]):
+    out = model.apply(
+        {"params": params},
+        batch["inputs"],
+        batch["targets"],
+        deterministic=True,
+    )
+    g = out.features
+    d = g.shape[-1]
+    w_rows = g.shape[0]
+    count = batch["score_count"]
+    sfrom = batch["score_from"]
+    take = lambda x: _take_scored(x, sfrom, score_len)  # noqa: E731
+    weights = jnp.arange(score_len)[None, :] < count[:, None]
+    q = take(g)
+    q_tgt = take(batch["targets"])
+    q_pos = jnp.where(weights, take(batch["position"]), -1)
+    q_off = sfrom[:, None] + jnp.arange(score_len)[None, :]
+    lm = take(out.target_logprob).astype(jnp.float32)
+    log_z = take(out.log_z).astype(jnp.float32)
+    result = {
+        "lm": jnp.where(weights, lm, 0.0),
+        "weights": weights.astype(jnp.float32),
+        "targets": q_tgt,
+        "positions": q_pos,
+    }
+    if kind == "none":
+      return bank, result
+    if kind == "trime":
+      scales = jnp.asarray(
+          [1.0 / (math.sqrt(d) * tau) for tau in temperatures], jnp.float32
+      )
+    else:
+      scales = jnp.asarray(thetas, jnp.float32)
+    key_valid = batch["position"] >= 0
+    loc_all, loc_pos = local_sums(
+        q, q_off, q_tgt, g, batch["targets"], key_valid, scales
+    )  # [G, W, S]
+    flat = lambda x: x.reshape((w_rows * score_len,) + x.shape[2:])  # noqa: E731
+    starts = jnp.broadcast_to(batch["start"][:, None], q_pos.shape)
+    per_size = []
+    for n in long_sizes:
+      if n == 0:
+        all_, pos_ = loc_all, loc_pos
+      else:
+        keep = n + context
+        keys = jnp.concatenate([bank.keys[-keep:], flat(q).astype(jnp.float32)])
+        ktok = jnp.concatenate([bank.tokens[-keep:], flat(q_tgt)])
+        kpos = jnp.concatenate([bank.positions[-keep:], flat(q_pos)])
+        l_all, l_pos = long_sums(
+            flat(q),
+            flat(q_tgt),
+            flat(starts),
+            keys,
+            ktok,
+            kpos,
+            n,
+            scales,
+            block_size,
+        )
+        shape = loc_all.shape
+        all_ = blockwise.logaddexp(loc_all, l_all.reshape(shape))
+        pos_ = blockwise.logaddexp(loc_pos, l_pos.reshape(shape))
+      per_size.append((all_, pos_))
+    if kind == "trime":
+      logp = jnp.stack(
+          [
+              trime.combine_log_prob(lm[None], log_z[None], a, p)
+              for a, p in per_size
+          ]
+      )  # [N, G, W, S]
+      result["trime"] = jnp.where(weights, logp, 0.0)
+    else:
+      lam = jnp.asarray(lambdas, jnp.float32)
+      logp = jnp.stack(
+          [
+              jax.vmap(
+                  lambda l: cache_lib.cache_from_sums(  # noqa: B023
+                      lm[None], a, p, l
+                  )
+              )(
+                  lam
+              )  # [L, G, W, S]
+              for a, p in per_size
+          ]
+      )  # [N, L, G, W, S]
+      result["cache"] = jnp.where(weights, jnp.swapaxes(logp, 1, 2), 0.0)
+    new_bank = push(bank, flat(q), flat(q_tgt), flat(q_pos))
+    return new_bank, result
+
+  step.capacity = capacity
+  return step
+
+
+def bank_capacity(
+    kind: str, long_sizes: Sequence[int], window_len: int, score_len: int
+) -> int:
+  """Slots the bank needs: max(N) + T - S (0 without a long memory)."""
+  n = max([int(x) for x in long_sizes] or [0])
+  if kind == "none" or n == 0:
+    return 0
+  return n + window_len - score_len

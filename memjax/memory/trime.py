@@ -73,29 +73,32 @@ DEFAULT_BLOCK_SIZE = 1024
 def combine_log_prob(
     target_logprob: Array, log_z: Array, lse_all: Array, lse_pos: Array
 ) -> Array:
-    """Combines the vocabulary term and the memory sums into log p(y | c).
+  """Combines the vocabulary term and the memory sums into log p(y | c).
 
-    Args:
-        target_logprob: [...] float, log p_vocab(y).
-        log_z: [...] float, log-normaliser of the vocabulary softmax.
-        lse_all: [...] float32, log of the sum over visible memories, -inf if
-            none.
-        lse_pos: [...] float32, log of the sum over visible memories whose
-            token is y, -inf if none.
+  Args:
+      target_logprob: [...] float, log p_vocab(y).
+      log_z: [...] float, log-normaliser of the vocabulary softmax.
+      lse_all: [...] float32, log of the sum over visible memories, -inf if
+          none.
+      lse_pos: [...] float32, log of the sum over visible memories whose
+          token is y, -inf if none.
 
-    Returns:
-        [...] float32 log p(y | c); exactly target_logprob where lse_all is
-        -inf.
-    """
-    tlp = target_logprob.astype(jnp.float32)
-    lz = log_z.astype(jnp.float32)
-    return (tlp + blockwise.softplus(lse_pos - (lz + tlp))
-            - blockwise.softplus(lse_all - lz))
+  Returns:
+      [...] float32 log p(y | c); exactly target_logprob where lse_all is
+      -inf.
+  """
+  tlp = target_logprob.astype(jnp.float32)
+  lz = log_z.astype(jnp.float32)
+  return (
+      tlp
+      + blockwise.softplus(lse_pos - (lz + tlp))
+      - blockwise.softplus(lse_all - lz)
+  )
 
 
 def _causal(query_positions: Array, key_positions: Array) -> Array:
-    """[Q, K] bool: key strictly earlier than query."""
-    return key_positions[None, :] < query_positions[:, None]
+  """[Q, K] bool: key strictly earlier than query."""
+  return key_positions[None, :] < query_positions[:, None]
 
 
 def _memory_terms(
@@ -110,56 +113,79 @@ def _memory_terms(
     block_size: blockwise.BlockSize,
     precision: Any,
 ) -> tuple[Array, Array, Array]:
-    """Returns (log p [B,T], lse_all [B,T], lse_pos [B,T]), all float32."""
-    if features.ndim != 3:
-        raise ValueError(f"features must be [B, T, D]; got shape {features.shape}.")
-    b, t, d = features.shape
-    for name, x in (("target_logprob", target_logprob), ("log_z", log_z),
-                    ("targets", targets), ("weights", weights)):
-        if x.shape != (b, t):
-            raise ValueError(f"{name} must have shape [B, T]=({b}, {t}); got {x.shape}.")
-    valid = weights.reshape(b * t) > 0
-    # Padded queries get harmless inputs so nothing there can turn into NaN.
-    mask = weights > 0
-    tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
-    lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
-    if spec.mode == "none":
-        empty = jnp.full((b, t), float("-inf"), jnp.float32)
-        return target_logprob.astype(jnp.float32), empty, empty
+  """Returns (log p [B,T], lse_all [B,T], lse_pos [B,T]), all float32."""
+  if features.ndim != 3:
+    raise ValueError(f"features must be [B, T, D]; got shape {features.shape}.")
+  b, t, d = features.shape
+  for name, x in (
+      ("target_logprob", target_logprob),
+      ("log_z", log_z),
+      ("targets", targets),
+      ("weights", weights),
+  ):
+    if x.shape != (b, t):
+      raise ValueError(
+          f"{name} must have shape [B, T]=({b}, {t}); got {x.shape}."
+      )
+  valid = weights.reshape(b * t) > 0
+  # Padded queries get harmless inputs so nothing there can turn into NaN.
+  mask = weights > 0
+  tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
+  lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
+  if spec.mode == "none":
+    empty = jnp.full((b, t), float("-inf"), jnp.float32)
+    return target_logprob.astype(jnp.float32), empty, empty
 
-    scale = 1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32))
-    if spec.mode == "local" and block_size is not None:
-        # Rows never see each other's entries: score each row against its own
-        # keys only (B tiles of [T, T] work instead of one [N, N]). vmap keeps
-        # the batch axis, so a batch sharded over rows stays sharded.
-        pos = jnp.arange(t, dtype=jnp.int32)
-        row_keys = jax.lax.stop_gradient(features) if stop_gradient_memory else features
-
-        def one_row(q, k, tgt, val):
-            return blockwise.memory_logsumexp(
-                q, k, tgt, tgt, val, scale=scale, query_meta=pos, key_meta=pos,
-                visible_fn=_causal, block_size=block_size, precision=precision)
-
-        lse_all, lse_pos = jax.vmap(one_row)(features, row_keys, targets,
-                                             valid.reshape(b, t))
-        return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
-
-    meta = position_meta(spec, b, t)
-    g = features.reshape(b * t, d)
-    keys = jax.lax.stop_gradient(g) if stop_gradient_memory else g
-    tgt = targets.reshape(b * t)
-    lse_all, lse_pos = blockwise.memory_logsumexp(
-        g, keys, tgt, tgt, valid,
-        scale=scale,
-        query_meta=meta,
-        key_meta=meta,
-        visible_fn=lambda qm, km: visible(spec, qm, km),
-        block_size=block_size,
-        precision=precision,
+  scale = 1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32))
+  if spec.mode == "local" and block_size is not None:
+    # Rows never see each other's entries: score each row against its own
+    # keys only (B tiles of [T, T] work instead of one [N, N]). vmap keeps
+    # the batch axis, so a batch sharded over rows stays sharded.
+    pos = jnp.arange(t, dtype=jnp.int32)
+    row_keys = (
+        jax.lax.stop_gradient(features) if stop_gradient_memory else features
     )
-    lse_all = lse_all.reshape(b, t)
-    lse_pos = lse_pos.reshape(b, t)
+
+    def one_row(q, k, tgt, val):
+      return blockwise.memory_logsumexp(
+          q,
+          k,
+          tgt,
+          tgt,
+          val,
+          scale=scale,
+          query_meta=pos,
+          key_meta=pos,
+          visible_fn=_causal,
+          block_size=block_size,
+          precision=precision,
+      )
+
+    lse_all, lse_pos = jax.vmap(one_row)(
+        features, row_keys, targets, valid.reshape(b, t)
+    )
     return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
+
+  meta = position_meta(spec, b, t)
+  g = features.reshape(b * t, d)
+  keys = jax.lax.stop_gradient(g) if stop_gradient_memory else g
+  tgt = targets.reshape(b * t)
+  lse_all, lse_pos = blockwise.memory_logsumexp(
+      g,
+      keys,
+      tgt,
+      tgt,
+      valid,
+      scale=scale,
+      query_meta=meta,
+      key_meta=meta,
+      visible_fn=lambda qm, km: visible(spec, qm, km),
+      block_size=block_size,
+      precision=precision,
+  )
+  lse_all = lse_all.reshape(b, t)
+  lse_pos = lse_pos.reshape(b, t)
+  return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
 
 
 def trime_log_prob(
@@ -175,31 +201,40 @@ def trime_log_prob(
     block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
     precision: Any = None,
 ) -> Array:
-    """log p(y_t | c_t) under Eq. 5 with the in-batch memory given by `spec`.
+  """log p(y_t | c_t) under Eq. 5 with the in-batch memory given by `spec`.
 
-    Args:
-        features: [B, T, D] any float dtype, the memory features g (the input
-            of the last feed-forward block after its LayerNorm).
-        target_logprob: [B, T] float32, log p_vocab(y_t) from the (adaptive)
-            softmax.
-        log_z: [B, T] float32, log-normaliser of the vocabulary softmax (the
-            head's for the adaptive softmax; see the module docstring).
-        targets: [B, T] int32, y_t; also the token of memory entry t.
-        weights: [B, T] float32, 0 for padding.
-        spec: which entries each query sees (see visibility.MemorySpec).
-        temperature: divides the memory logits only (1 in training).
-        stop_gradient_memory: stop the gradient on the key side (ablation).
-        block_size: None for the dense [N, N] reference path, else the query
-            and key block size (int or pair) of the blockwise path.
-        precision: precision of the similarity matmul.
+  Args:
+      features: [B, T, D] any float dtype, the memory features g (the input
+          of the last feed-forward block after its LayerNorm).
+      target_logprob: [B, T] float32, log p_vocab(y_t) from the (adaptive)
+          softmax.
+      log_z: [B, T] float32, log-normaliser of the vocabulary softmax (the
+          head's for the adaptive softmax; see the module docstring).
+      targets: [B, T] int32, y_t; also the token of memory entry t.
+      weights: [B, T] float32, 0 for padding.
+      spec: which entries each query sees (see visibility.MemorySpec).
+      temperature: divides the memory logits only (1 in training).
+      stop_gradient_memory: stop the gradient on the key side (ablation).
+      block_size: None for the dense [N, N] reference path, else the query
+          and key block size (int or pair) of the blockwise path.
+      precision: precision of the similarity matmul.
 
-    Returns:
-        [B, T] float32 log-probabilities of the targets.
-    """
-    logp, _, _ = _memory_terms(features, target_logprob, log_z, targets, weights,
-                               spec, temperature, stop_gradient_memory,
-                               block_size, precision)
-    return logp
+  Returns:
+      [B, T] float32 log-probabilities of the targets.
+  """
+  logp, _, _ = _memory_terms(
+      features,
+      target_logprob,
+      log_z,
+      targets,
+      weights,
+      spec,
+      temperature,
+      stop_gradient_memory,
+      block_size,
+      precision,
+  )
+  return logp
 
 
 def trime_loss(
@@ -215,49 +250,58 @@ def trime_loss(
     block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
     precision: Any = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Mean TRIME negative log-likelihood over weighted positions.
+  """Mean TRIME negative log-likelihood over weighted positions.
 
-    Args: as trime_log_prob.
+  Args: as trime_log_prob.
 
-    Returns:
-        (loss, aux): loss is the scalar float32 sum(w * nll) / sum(w) (0 if
-        every weight is 0). aux holds float32 scalars:
-          'loss': the same value;
-          'lm_loss': the plain cross-entropy -target_logprob, same weighting
-            (what the model would pay without memory; the paper trains on it
-            for the first 5% of updates, e.g. with spec=MemorySpec.none());
-          'num_tokens': sum of weights;
-          'frac_with_memory': share of weighted queries with a visible memory;
-          'frac_with_positive': share with a visible entry of their target;
-          'memory_target_share': mean share of the target's probability that
-            comes from memory entries rather than the vocabulary term.
-    """
-    logp, lse_all, lse_pos = _memory_terms(
-        features, target_logprob, log_z, targets, weights, spec, temperature,
-        stop_gradient_memory, block_size, precision)
-    w = weights.astype(jnp.float32)
-    mask = w > 0
-    total = jnp.sum(w)
-    denom = jnp.where(total > 0, total, 1.0)
+  Returns:
+      (loss, aux): loss is the scalar float32 sum(w * nll) / sum(w) (0 if
+      every weight is 0). aux holds float32 scalars:
+        'loss': the same value;
+        'lm_loss': the plain cross-entropy -target_logprob, same weighting
+          (what the model would pay without memory; the paper trains on it
+          for the first 5% of updates, e.g. with spec=MemorySpec.none());
+        'num_tokens': sum of weights;
+        'frac_with_memory': share of weighted queries with a visible memory;
+        'frac_with_positive': share with a visible entry of their target;
+        'memory_target_share': mean share of the target's probability that
+          comes from memory entries rather than the vocabulary term.
+  """
+  logp, lse_all, lse_pos = _memory_terms(
+      features,
+      target_logprob,
+      log_z,
+      targets,
+      weights,
+      spec,
+      temperature,
+      stop_gradient_memory,
+      block_size,
+      precision,
+  )
+  w = weights.astype(jnp.float32)
+  mask = w > 0
+  total = jnp.sum(w)
+  denom = jnp.where(total > 0, total, 1.0)
 
-    def wmean(x):
-        return jnp.sum(jnp.where(mask, w * x.astype(jnp.float32), 0.0)) / denom
+  def wmean(x):
+    return jnp.sum(jnp.where(mask, w * x.astype(jnp.float32), 0.0)) / denom
 
-    loss = wmean(-logp)
-    tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
-    lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
-    # p_mem(y) / p(y) = exp(lse_pos - log(exp(token) + exp(lse_pos))).
-    token = lz + tlp
-    share = jnp.exp(lse_pos - blockwise.logaddexp(token, lse_pos))
-    aux = {
-        "loss": loss,
-        "lm_loss": wmean(-tlp),
-        "num_tokens": total,
-        "frac_with_memory": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_all))),
-        "frac_with_positive": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_pos))),
-        "memory_target_share": jax.lax.stop_gradient(wmean(share)),
-    }
-    return loss, aux
+  loss = wmean(-logp)
+  tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
+  lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
+  # p_mem(y) / p(y) = exp(lse_pos - log(exp(token) + exp(lse_pos))).
+  token = lz + tlp
+  share = jnp.exp(lse_pos - blockwise.logaddexp(token, lse_pos))
+  aux = {
+      "loss": loss,
+      "lm_loss": wmean(-tlp),
+      "num_tokens": total,
+      "frac_with_memory": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_all))),
+      "frac_with_positive": jax.lax.stop_gradient(wmean(jnp.isfinite(lse_pos))),
+      "memory_target_share": jax.lax.stop_gradient(wmean(share)),
+  }
+  return loss, aux
 
 
 def log_prob_with_memory(
@@ -275,45 +319,49 @@ def log_prob_with_memory(
     block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
     precision: Any = None,
 ) -> Array:
-    """Eq. 6 over an explicit memory (e.g. a long-term memory bank).
+  """Eq. 6 over an explicit memory (e.g. a long-term memory bank).
 
-    The evaluation with long-term memories keeps (g, token) pairs across
-    windows of a document stream and calls this with those keys rather than
-    the batch's. Only the memory logits are divided by `temperature`.
+  The evaluation with long-term memories keeps (g, token) pairs across
+  windows of a document stream and calls this with those keys rather than
+  the batch's. Only the memory logits are divided by `temperature`.
 
-    Args:
-        queries: [Q, D] float, g of the query positions.
-        keys: [K, D] float, g of the memory entries.
-        key_tokens: [K] int32, the token that followed each memory entry.
-        key_valid: [K] bool, false for empty slots of the bank.
-        targets: [Q] int32.
-        target_logprob: [Q] float32, log p_vocab(target).
-        log_z: [Q] float32, log-normaliser of the vocabulary softmax.
-        query_positions: optional [Q] int32 stream positions; with
-            key_positions, entry j is visible to query i only if
-            key_positions[j] < query_positions[i] (so the current window can
-            be passed as keys together with the bank, causally).
-        key_positions: optional [K] int32 stream positions.
-        temperature: divides the memory logits (tuned on the dev set).
-        block_size: as in trime_log_prob.
-        precision: precision of the similarity matmul.
+  Args:
+      queries: [Q, D] float, g of the query positions.
+      keys: [K, D] float, g of the memory entries.
+      key_tokens: [K] int32, the token that followed each memory entry.
+      key_valid: [K] bool, false for empty slots of the bank.
+      targets: [Q] int32.
+      target_logprob: [Q] float32, log p_vocab(target).
+      log_z: [Q] float32, log-normaliser of the vocabulary softmax.
+      query_positions: optional [Q] int32 stream positions; with
+          key_positions, entry j is visible to query i only if
+          key_positions[j] < query_positions[i] (so the current window can
+          be passed as keys together with the bank, causally).
+      key_positions: optional [K] int32 stream positions.
+      temperature: divides the memory logits (tuned on the dev set).
+      block_size: as in trime_log_prob.
+      precision: precision of the similarity matmul.
 
-    Returns:
-        [Q] float32 log p(target).
-    """
-    if (query_positions is None) != (key_positions is None):
-        raise ValueError("Pass both query_positions and key_positions, or neither.")
-    d = queries.shape[-1]
-    visible_fn = None
-    if query_positions is not None:
-        visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
-    lse_all, lse_pos = blockwise.memory_logsumexp(
-        queries, keys, targets, key_tokens, key_valid,
-        scale=1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32)),
-        query_meta=query_positions,
-        key_meta=key_positions,
-        visible_fn=visible_fn,
-        block_size=block_size,
-        precision=precision,
-    )
-    return combine_log_prob(target_logprob, log_z, lse_all, lse_pos)
+  Returns:
+      [Q] float32 log p(target).
+  """
+  if (query_positions is None) != (key_positions is None):
+    raise ValueError("Pass both query_positions and key_positions, or neither.")
+  d = queries.shape[-1]
+  visible_fn = None
+  if query_positions is not None:
+    visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
+  lse_all, lse_pos = blockwise.memory_logsumexp(
+      queries,
+      keys,
+      targets,
+      key_tokens,
+      key_valid,
+      scale=1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32)),
+      query_meta=query_positions,
+      key_meta=key_positions,
+      visible_fn=visible_fn,
+      block_size=block_size,
+      precision=precision,
+  )
+  return combine_log_prob(target_logprob, log_z, lse_all, lse_pos)

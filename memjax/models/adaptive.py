@@ -28,7 +28,9 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list[tuple[int, int]]:
+def cluster_bounds(
+    vocab_size: int, cutoffs: Sequence[int]
+) -> list[tuple[int, int]]:
   """Returns the [start, end) token range of each cluster.
 
   Args:
@@ -39,10 +41,13 @@ def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list[tuple[int, i
     ValueError: if the cut-offs are not increasing or fall outside (0, V).
   """
   cuts = list(cutoffs)
-  if cuts and (sorted(set(cuts)) != cuts or cuts[0] <= 0 or cuts[-1] >= vocab_size):
+  if cuts and (
+      sorted(set(cuts)) != cuts or cuts[0] <= 0 or cuts[-1] >= vocab_size
+  ):
     raise ValueError(
         f"adaptive cutoffs {cuts} must increase strictly inside (0, "
-        f"{vocab_size}); set model.cutoffs to fit the vocabulary")
+        f"{vocab_size}); set model.cutoffs to fit the vocabulary"
+    )
   edges = [0] + cuts + [vocab_size]
   return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 
@@ -74,24 +79,33 @@ class AdaptiveEmbed(nn.Module):
     tables, projs = [], []
     for i, (lo, hi) in enumerate(self.bounds):
       dim = max(1, self.d_model // (self.factor**i))
-      tables.append(self.param(
-          f"embed_{i}",
-          nn.with_logical_partitioning(
-              nn.initializers.normal(stddev=dim**-0.5), ("vocab", "embed")),
-          (hi - lo, dim)))
+      tables.append(
+          self.param(
+              f"embed_{i}",
+              nn.with_logical_partitioning(
+                  nn.initializers.normal(stddev=dim**-0.5), ("vocab", "embed")
+              ),
+              (hi - lo, dim),
+          )
+      )
       if len(self.bounds) > 1:
-        projs.append(self.param(
-            f"proj_{i}",
-            nn.with_logical_partitioning(
-                nn.initializers.xavier_uniform(), (None, "embed")),
-            (dim, self.d_model)))
+        projs.append(
+            self.param(
+                f"proj_{i}",
+                nn.with_logical_partitioning(
+                    nn.initializers.xavier_uniform(), (None, "embed")
+                ),
+                (dim, self.d_model),
+            )
+        )
     self.tables = tables
     self.projs = projs
     if len(self.bounds) > 1:
       self.cluster_weight = self.param(
           "cluster_weight",
           nn.with_logical_partitioning(nn.initializers.zeros, ("embed", None)),
-          (self.d_model, len(self.bounds) - 1))
+          (self.d_model, len(self.bounds) - 1),
+      )
 
   def _project_in(self, i: int, e: Array) -> Array:
     if not self.projs:
@@ -127,8 +141,9 @@ class AdaptiveEmbed(nn.Module):
     h0 = self._project_out(0, h)
     logits = jnp.dot(h0, self.tables[0].astype(self.dtype).T)
     if len(self.bounds) > 1:
-      clusters = jnp.dot(h.astype(self.dtype),
-                         self.cluster_weight.astype(self.dtype))
+      clusters = jnp.dot(
+          h.astype(self.dtype), self.cluster_weight.astype(self.dtype)
+      )
       logits = jnp.concatenate([logits, clusters], axis=-1)
     return logits.astype(jnp.float32)
 
@@ -146,14 +161,16 @@ class AdaptiveEmbed(nn.Module):
     lo0, hi0 = self.bounds[0]
     in_head = y < hi0
     lp = jnp.take_along_axis(
-        head_lp, jnp.clip(y, 0, hi0 - 1)[:, None], axis=-1)[:, 0]
+        head_lp, jnp.clip(y, 0, hi0 - 1)[:, None], axis=-1
+    )[:, 0]
     lp = jnp.where(in_head, lp, 0.0)
     for i in range(1, len(self.bounds)):
       lo, hi = self.bounds[i]
       in_c = (y >= lo) & (y < hi)
       tail = self._tail_log_softmax(i, h)
       tail_lp = jnp.take_along_axis(
-          tail, jnp.clip(y - lo, 0, hi - lo - 1)[:, None], axis=-1)[:, 0]
+          tail, jnp.clip(y - lo, 0, hi - lo - 1)[:, None], axis=-1
+      )[:, 0]
       lp = jnp.where(in_c, head_lp[:, hi0 + i - 1] + tail_lp, lp)
     return lp, log_z
 
@@ -183,11 +200,16 @@ class AdaptiveEmbed(nn.Module):
     hs = hf.reshape(-1, chunk, hf.shape[-1])
     ys = yf.reshape(-1, chunk)
     fn = nn.remat(lambda mdl, hy: mdl._score_chunk(*hy))
+
     def body(mdl, carry, hy):
       return carry, fn(mdl, hy)
+
     _, (lp, lz) = nn.scan(
-        body, variable_broadcast="params", split_rngs={"params": False},
-        length=hs.shape[0])(self, None, (hs, ys))
+        body,
+        variable_broadcast="params",
+        split_rngs={"params": False},
+        length=hs.shape[0],
+    )(self, None, (hs, ys))
     return lp.reshape(-1)[:n].reshape(lead), lz.reshape(-1)[:n].reshape(lead)
 
   def log_probs(self, h: Array) -> Array:
@@ -206,5 +228,7 @@ class AdaptiveEmbed(nn.Module):
     hi0 = self.bounds[0][1]
     parts = [head[:, :hi0]]
     for i in range(1, len(self.bounds)):
-      parts.append(head[:, hi0 + i - 1:hi0 + i] + self._tail_log_softmax(i, hf))
+      parts.append(
+          head[:, hi0 + i - 1 : hi0 + i] + self._tail_log_softmax(i, hf)
+      )
     return jnp.concatenate(parts, axis=-1).reshape(lead + (self.vocab_size,))

@@ -19,33 +19,41 @@ Array = jax.Array
 def qkv_init() -> nn.initializers.Initializer:
   """Glorot-uniform for a [D, H, d_h] input projection."""
   return nn.initializers.variance_scaling(
-      1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2))
+      1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2)
+  )
 
 
 def out_init() -> nn.initializers.Initializer:
   """Glorot-uniform for a [H, d_h, D] output projection."""
   return nn.initializers.variance_scaling(
-      1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2)
+      1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2
+  )
 
 
-def head_projection(module: nn.Module, name: str, d_model: int,
-                    num_heads: int, head_dim: int) -> jax.Array:
+def head_projection(
+    module: nn.Module, name: str, d_model: int, num_heads: int, head_dim: int
+) -> jax.Array:
   """A [D, H, d_h] projection parameter named with logical axes.
 
   Declared directly rather than through nn.DenseGeneral, whose initialiser
   boxes a flattened 2-D kernel and so cannot carry 3-D axis names.
   """
   return module.param(
-      name, nn.with_logical_partitioning(qkv_init(), ("embed", "heads", "kv")),
-      (d_model, num_heads, head_dim))
+      name,
+      nn.with_logical_partitioning(qkv_init(), ("embed", "heads", "kv")),
+      (d_model, num_heads, head_dim),
+  )
 
 
-def output_projection(module: nn.Module, name: str, d_model: int,
-                      num_heads: int, head_dim: int) -> jax.Array:
+def output_projection(
+    module: nn.Module, name: str, d_model: int, num_heads: int, head_dim: int
+) -> jax.Array:
   """A [H, d_h, D] output projection parameter named with logical axes."""
   return module.param(
-      name, nn.with_logical_partitioning(out_init(), ("heads", "kv", "embed")),
-      (num_heads, head_dim, d_model))
+      name,
+      nn.with_logical_partitioning(out_init(), ("heads", "kv", "embed")),
+      (num_heads, head_dim, d_model),
+  )
 
 
 class CausalSelfAttention(nn.Module):
@@ -67,8 +75,9 @@ class CausalSelfAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array, memory: Any = None, *,
-               deterministic: bool = True) -> tuple[Array, None]:
+  def __call__(
+      self, x: Array, memory: Any = None, *, deterministic: bool = True
+  ) -> tuple[Array, None]:
     """Attends causally within the segment.
 
     Args:
@@ -83,9 +92,13 @@ class CausalSelfAttention(nn.Module):
     dims = (self.d_model, self.num_heads, self.head_dim)
     x = x.astype(self.dtype)
     q, k, v = (
-        jnp.einsum("btd,dhk->bthk", x,
-                   head_projection(self, n, *dims).astype(self.dtype))
-        for n in ("query", "key", "value"))
+        jnp.einsum(
+            "btd,dhk->bthk",
+            x,
+            head_projection(self, n, *dims).astype(self.dtype),
+        )
+        for n in ("query", "key", "value")
+    )
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
     k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)

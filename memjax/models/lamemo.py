@@ -55,234 +55,251 @@ from memjax.models import relative
 
 
 def interpolate_memory(
-        c_old: jax.Array,
-        lse_old: jax.Array,
-        c_new: jax.Array,
-        lse_new: jax.Array,
-        eps: float = 1e-6,
+    c_old: jax.Array,
+    lse_old: jax.Array,
+    c_new: jax.Array,
+    lse_new: jax.Array,
+    eps: float = 1e-6,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Memory interpolation (Eq. 10-11) in log space.
+  """Memory interpolation (Eq. 10-11) in log space.
 
-    Args:
-        c_old: [..., H, dh] float32 old memory vectors C_old (stop-gradient).
-        lse_old: [..., H] float32 their log-normalisers; -inf for "no old
-            vector" (alpha becomes 0).
-        c_new: [..., H, dh] float32 look-ahead vectors C<-.
-        lse_new: [..., H] float32 their log-normalisers.
-        eps: added to the denominator after subtracting max(lse_old, lse_new).
+  Args:
+      c_old: [..., H, dh] float32 old memory vectors C_old (stop-gradient).
+      lse_old: [..., H] float32 their log-normalisers; -inf for "no old
+          vector" (alpha becomes 0).
+      c_new: [..., H, dh] float32 look-ahead vectors C<-.
+      lse_new: [..., H] float32 their log-normalisers.
+      eps: added to the denominator after subtracting max(lse_old, lse_new).
 
-    Returns:
-        (c [..., H, dh] float32 interpolated vectors,
-         lse [..., H] float32 logaddexp(lse_old, lse_new),
-         alpha [..., H] float32 weight of the old vectors).
-    """
-    lse_old = lse_old.astype(jnp.float32)
-    lse_new = lse_new.astype(jnp.float32)
-    top = jnp.maximum(lse_old, lse_new)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    s_old = jnp.exp(lse_old - top)
-    s_new = jnp.exp(lse_new - top)
-    alpha = s_old / (s_old + s_new + eps)
-    c = (alpha[..., None] * c_old.astype(jnp.float32)
-         + (1.0 - alpha[..., None]) * c_new.astype(jnp.float32))
-    return c, jnp.logaddexp(lse_old, lse_new), alpha
+  Returns:
+      (c [..., H, dh] float32 interpolated vectors,
+       lse [..., H] float32 logaddexp(lse_old, lse_new),
+       alpha [..., H] float32 weight of the old vectors).
+  """
+  lse_old = lse_old.astype(jnp.float32)
+  lse_new = lse_new.astype(jnp.float32)
+  top = jnp.maximum(lse_old, lse_new)
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  s_old = jnp.exp(lse_old - top)
+  s_new = jnp.exp(lse_new - top)
+  alpha = s_old / (s_old + s_new + eps)
+  c = alpha[..., None] * c_old.astype(jnp.float32) + (
+      1.0 - alpha[..., None]
+  ) * c_new.astype(jnp.float32)
+  return c, jnp.logaddexp(lse_old, lse_new), alpha
 
 
 def look_ahead_window(mem_len: int, seg_len: int) -> tuple[int, int]:
-    """Rows of ``concat(memory, segment)`` that are look-ahead keys (Eq. 7).
+  """Rows of ``concat(memory, segment)`` that are look-ahead keys (Eq. 7).
 
-    Args:
-        mem_len: M > 0.
-        seg_len: T > 0.
+  Args:
+      mem_len: M > 0.
+      seg_len: T > 0.
 
-    Returns:
-        (start, width): keys are rows start .. start + width - 1 = M, i.e. the
-        last width - 1 memory rows and the first segment row,
-        width = min(M, T).
-    """
-    width = min(mem_len, seg_len)
-    return mem_len - width + 1, width
+  Returns:
+      (start, width): keys are rows start .. start + width - 1 = M, i.e. the
+      last width - 1 memory rows and the first segment row,
+      width = min(M, T).
+  """
+  width = min(mem_len, seg_len)
+  return mem_len - width + 1, width
 
 
 class LaMemoAttention(relative.RelativeAttentionBase):
-    """Look-ahead memory attention layer (LaMemo Eq. 6-12).
+  """Look-ahead memory attention layer (LaMemo Eq. 6-12).
 
-    Attributes (besides those of ``RelativeAttentionBase``):
-        position: 'disentangled' (Eq. 12, the paper's choice) or 'xl' (Eq. 6
-            for both directions; the look-ahead then uses R of negative
-            distances with the same v).
-        look_ahead: refresh the memory with look-ahead attention. False keeps
-            the memory vectors as they were computed (Transformer-XL
-            behaviour).
-        interpolate: interpolate old and look-ahead vectors (Eq. 10-11).
-            False means alpha = 0: the refreshed memory is the new look-ahead
-            attention only (and its log-normaliser that of the window).
-        eps: epsilon of Eq. 11 (added after the max subtraction).
+  Attributes (besides those of ``RelativeAttentionBase``):
+      position: 'disentangled' (Eq. 12, the paper's choice) or 'xl' (Eq. 6
+          for both directions; the look-ahead then uses R of negative
+          distances with the same v).
+      look_ahead: refresh the memory with look-ahead attention. False keeps
+          the memory vectors as they were computed (Transformer-XL
+          behaviour).
+      interpolate: interpolate old and look-ahead vectors (Eq. 10-11).
+          False means alpha = 0: the refreshed memory is the new look-ahead
+          attention only (and its log-normaliser that of the window).
+      eps: epsilon of Eq. 11 (added after the max subtraction).
 
-    Parameters: those of ``XLAttention`` for position='xl' (query, key,
-    value, pos_key, out, u, v) and of ``DisentangledAttention`` for
-    'disentangled' (u, v_plus, v_minus). The look-ahead shares every
-    projection and bias with the causal attention.
+  Parameters: those of ``XLAttention`` for position='xl' (query, key,
+  value, pos_key, out, u, v) and of ``DisentangledAttention`` for
+  'disentangled' (u, v_plus, v_minus). The look-ahead shares every
+  projection and bias with the causal attention.
+  """
+
+  position: str = "disentangled"
+  look_ahead: bool = True
+  interpolate: bool = True
+  eps: float = 1e-6
+
+  def position_scheme(self) -> str:
+    return self.position
+
+  def init_memory(
+      self, batch_size: int, mem_len: int | None = None
+  ) -> recurrence.LaMemoMemory:
+    """Empty memory for this layer (float32 c and lse, all invalid)."""
+    return recurrence.init_lamemo_memory(
+        batch_size,
+        self.mem_len if mem_len is None else mem_len,
+        self.num_heads,
+        self.head_dim,
+    )
+
+  def __call__(
+      self,
+      x: jax.Array,
+      memory: recurrence.LaMemoMemory | None,
+      *,
+      deterministic: bool,
+  ) -> tuple[jax.Array, recurrence.LaMemoMemory | None]:
+    """Causal attention of the segment and look-ahead refresh of memory.
+
+    Args:
+        x: layer input after the pre-LayerNorm. With memory:
+            [B, M + T, D], the M memory rows (this segment's states of
+            the memory tokens at this layer) followed by the T segment
+            rows. Without memory: [B, T, D].
+        memory: ``LaMemoMemory`` with M slots, or None (no memory:
+            Transformer+RPE behaviour).
+        deterministic: disables attention dropout.
+
+    Returns:
+        (y: same shape as x, compute dtype, after the output projection;
+            rows [:M] are the refreshed memory outputs W_o C<->, rows
+            [M:] the segment outputs W_o C->;
+         new memory: ``LaMemoMemory`` with the last ``mem_len`` (or M)
+            rows of concat(refreshed memory, segment), stop-gradient;
+            None if memory is None).
+
+    Sows (collection 'intermediates', only when it is mutable):
+        attention_probs: [B, H, T, M + T] float32 causal probabilities.
+        look_ahead_probs: [B, H, M, W] float32 (when refreshing).
+        alpha: [B, M, H] float32 interpolation weights of the old memory
+            (when refreshing; 0 on invalid slots).
     """
+    x = nn.with_logical_constraint(
+        x.astype(self.dtype), ("batch", "length", "embed")
+    )
+    batch, total, _ = x.shape
+    if memory is None:
+      mem_len = 0
+      mem_valid = jnp.zeros((batch, 0), jnp.bool_)
+    else:
+      mem_len = memory.c.shape[1]
+      mem_valid = memory.valid
+    seg_len = total - mem_len
+    if seg_len < 1:
+      raise ValueError(
+          f"LaMemoAttention expects x = concat(memory rows, segment) "
+          f"with {mem_len} memory rows and at least one segment row; got "
+          f"x of length {total}"
+      )
 
-    position: str = "disentangled"
-    look_ahead: bool = True
-    interpolate: bool = True
-    eps: float = 1e-6
+    q = nn.with_logical_constraint(
+        self.query(x), ("batch", "length", "heads", "kv")
+    )
+    k = nn.with_logical_constraint(
+        self.key(x), ("batch", "length", "heads", "kv")
+    )
+    v = nn.with_logical_constraint(
+        self.value(x), ("batch", "length", "heads", "kv")
+    )
 
-    def position_scheme(self) -> str:
-        return self.position
+    # 1. Causal attention of the segment rows over all rows.
+    scores = self._scores(
+        q[:, mem_len:], k, delta_top=total - 1, past_only=True
+    )
+    key_valid = jnp.concatenate(
+        [mem_valid, jnp.ones((batch, seg_len), jnp.bool_)], axis=1
+    )
+    query_pos = mem_len + jnp.arange(seg_len)
+    causal = jnp.arange(total)[None, :] <= query_pos[:, None]
+    c_seg, lse_seg, probs = self._attend(
+        scores, key_valid[:, None, None, :] & causal, v, deterministic
+    )
+    self.sow("intermediates", "attention_probs", probs)
 
-    def init_memory(
-            self, batch_size: int, mem_len: int | None = None
-    ) -> recurrence.LaMemoMemory:
-        """Empty memory for this layer (float32 c and lse, all invalid)."""
-        return recurrence.init_lamemo_memory(
-            batch_size, self.mem_len if mem_len is None else mem_len,
-            self.num_heads, self.head_dim)
+    if memory is None:
+      return self._project(c_seg), None
 
-    def __call__(
-            self,
-            x: jax.Array,
-            memory: recurrence.LaMemoMemory | None,
-            *,
-            deterministic: bool,
-    ) -> tuple[jax.Array, recurrence.LaMemoMemory | None]:
-        """Causal attention of the segment and look-ahead refresh of memory.
+    # 2. Look-ahead refresh of the memory rows.
+    c_old = jax.lax.stop_gradient(memory.c).astype(jnp.float32)
+    lse_old = jax.lax.stop_gradient(memory.lse).astype(jnp.float32)
+    if self.look_ahead and mem_len > 0:
+      c_mem, lse_mem = self._refresh(
+          q, k, v, mem_valid, c_old, lse_old, seg_len, deterministic
+      )
+    else:
+      c_mem, lse_mem = c_old, lse_old
+    c_mem = jnp.where(mem_valid[:, :, None, None], c_mem, 0.0)
+    lse_mem = jnp.where(mem_valid[:, :, None], lse_mem, 0.0)
+    c_mem = nn.with_logical_constraint(c_mem, ("batch", "mem", "heads", "kv"))
+    lse_mem = nn.with_logical_constraint(lse_mem, ("batch", "mem", "heads"))
 
-        Args:
-            x: layer input after the pre-LayerNorm. With memory:
-                [B, M + T, D], the M memory rows (this segment's states of
-                the memory tokens at this layer) followed by the T segment
-                rows. Without memory: [B, T, D].
-            memory: ``LaMemoMemory`` with M slots, or None (no memory:
-                Transformer+RPE behaviour).
-            deterministic: disables attention dropout.
+    y = self._project(jnp.concatenate([c_mem, c_seg], axis=1))
 
-        Returns:
-            (y: same shape as x, compute dtype, after the output projection;
-                rows [:M] are the refreshed memory outputs W_o C<->, rows
-                [M:] the segment outputs W_o C->;
-             new memory: ``LaMemoMemory`` with the last ``mem_len`` (or M)
-                rows of concat(refreshed memory, segment), stop-gradient;
-                None if memory is None).
+    new_len = self.mem_len if self.mem_len > 0 else mem_len
+    seg_valid = jnp.ones((batch, seg_len), jnp.bool_)
+    new_memory = recurrence.LaMemoMemory(
+        c=recurrence.fifo_append(c_mem, c_seg, new_len),
+        lse=recurrence.fifo_append(lse_mem, lse_seg, new_len),
+        valid=recurrence.fifo_append(mem_valid, seg_valid, new_len),
+    )
+    return y, jax.lax.stop_gradient(new_memory)
 
-        Sows (collection 'intermediates', only when it is mutable):
-            attention_probs: [B, H, T, M + T] float32 causal probabilities.
-            look_ahead_probs: [B, H, M, W] float32 (when refreshing).
-            alpha: [B, M, H] float32 interpolation weights of the old memory
-                (when refreshing; 0 on invalid slots).
-        """
-        x = nn.with_logical_constraint(
-            x.astype(self.dtype), ("batch", "length", "embed"))
-        batch, total, _ = x.shape
-        if memory is None:
-            mem_len = 0
-            mem_valid = jnp.zeros((batch, 0), jnp.bool_)
-        else:
-            mem_len = memory.c.shape[1]
-            mem_valid = memory.valid
-        seg_len = total - mem_len
-        if seg_len < 1:
-            raise ValueError(
-                f"LaMemoAttention expects x = concat(memory rows, segment) "
-                f"with {mem_len} memory rows and at least one segment row; got "
-                f"x of length {total}")
+  def _refresh(
+      self,
+      q: jax.Array,
+      k: jax.Array,
+      v: jax.Array,
+      mem_valid: jax.Array,
+      c_old: jax.Array,
+      lse_old: jax.Array,
+      seg_len: int,
+      deterministic: bool,
+  ) -> tuple[jax.Array, jax.Array]:
+    """Look-ahead attention (Eq. 7-9) and interpolation (Eq. 10-11).
 
-        q = nn.with_logical_constraint(
-            self.query(x), ("batch", "length", "heads", "kv"))
-        k = nn.with_logical_constraint(
-            self.key(x), ("batch", "length", "heads", "kv"))
-        v = nn.with_logical_constraint(
-            self.value(x), ("batch", "length", "heads", "kv"))
+    Args:
+        q, k, v: [B, M + T, H, dh] projections of all rows.
+        mem_valid: [B, M] bool.
+        c_old: [B, M, H, dh] float32 memory vectors.
+        lse_old: [B, M, H] float32 their log-normalisers.
+        seg_len: T.
+        deterministic: disables attention dropout.
 
-        # 1. Causal attention of the segment rows over all rows.
-        scores = self._scores(q[:, mem_len:], k, delta_top=total - 1,
-                              past_only=True)
-        key_valid = jnp.concatenate(
-            [mem_valid, jnp.ones((batch, seg_len), jnp.bool_)], axis=1)
-        query_pos = mem_len + jnp.arange(seg_len)
-        causal = jnp.arange(total)[None, :] <= query_pos[:, None]
-        c_seg, lse_seg, probs = self._attend(
-            scores, key_valid[:, None, None, :] & causal, v, deterministic)
-        self.sow("intermediates", "attention_probs", probs)
+    Returns:
+        (c [B, M, H, dh] float32, lse [B, M, H] float32) refreshed.
+    """
+    mem_len = c_old.shape[1]
+    start, width = look_ahead_window(mem_len, seg_len)
+    keys = slice(start, start + width)
+    # Memory query i (position i) and window key w (position start + w)
+    # are i - start - w apart; the last query and first key: M-1-start.
+    scores = self._scores(
+        q[:, :mem_len],
+        k[:, keys],
+        delta_top=mem_len - 1 - start,
+        past_only=False,
+    )
+    key_pos = start + jnp.arange(width)
+    key_valid = jnp.concatenate(
+        [mem_valid, jnp.ones((mem_valid.shape[0], 1), jnp.bool_)], axis=1
+    )[:, start:]
+    right = key_pos[None, :] > jnp.arange(mem_len)[:, None]
+    c_new, lse_new, probs = self._attend(
+        scores, key_valid[:, None, None, :] & right, v[:, keys], deterministic
+    )
+    self.sow("intermediates", "look_ahead_probs", probs)
 
-        if memory is None:
-            return self._project(c_seg), None
-
-        # 2. Look-ahead refresh of the memory rows.
-        c_old = jax.lax.stop_gradient(memory.c).astype(jnp.float32)
-        lse_old = jax.lax.stop_gradient(memory.lse).astype(jnp.float32)
-        if self.look_ahead and mem_len > 0:
-            c_mem, lse_mem = self._refresh(
-                q, k, v, mem_valid, c_old, lse_old, seg_len, deterministic)
-        else:
-            c_mem, lse_mem = c_old, lse_old
-        c_mem = jnp.where(mem_valid[:, :, None, None], c_mem, 0.0)
-        lse_mem = jnp.where(mem_valid[:, :, None], lse_mem, 0.0)
-        c_mem = nn.with_logical_constraint(
-            c_mem, ("batch", "mem", "heads", "kv"))
-        lse_mem = nn.with_logical_constraint(lse_mem, ("batch", "mem", "heads"))
-
-        y = self._project(jnp.concatenate([c_mem, c_seg], axis=1))
-
-        new_len = self.mem_len if self.mem_len > 0 else mem_len
-        seg_valid = jnp.ones((batch, seg_len), jnp.bool_)
-        new_memory = recurrence.LaMemoMemory(
-            c=recurrence.fifo_append(c_mem, c_seg, new_len),
-            lse=recurrence.fifo_append(lse_mem, lse_seg, new_len),
-            valid=recurrence.fifo_append(mem_valid, seg_valid, new_len),
-        )
-        return y, jax.lax.stop_gradient(new_memory)
-
-    def _refresh(
-            self,
-            q: jax.Array,
-            k: jax.Array,
-            v: jax.Array,
-            mem_valid: jax.Array,
-            c_old: jax.Array,
-            lse_old: jax.Array,
-            seg_len: int,
-            deterministic: bool,
-    ) -> tuple[jax.Array, jax.Array]:
-        """Look-ahead attention (Eq. 7-9) and interpolation (Eq. 10-11).
-
-        Args:
-            q, k, v: [B, M + T, H, dh] projections of all rows.
-            mem_valid: [B, M] bool.
-            c_old: [B, M, H, dh] float32 memory vectors.
-            lse_old: [B, M, H] float32 their log-normalisers.
-            seg_len: T.
-            deterministic: disables attention dropout.
-
-        Returns:
-            (c [B, M, H, dh] float32, lse [B, M, H] float32) refreshed.
-        """
-        mem_len = c_old.shape[1]
-        start, width = look_ahead_window(mem_len, seg_len)
-        keys = slice(start, start + width)
-        # Memory query i (position i) and window key w (position start + w)
-        # are i - start - w apart; the last query and first key: M-1-start.
-        scores = self._scores(q[:, :mem_len], k[:, keys],
-                              delta_top=mem_len - 1 - start, past_only=False)
-        key_pos = start + jnp.arange(width)
-        key_valid = jnp.concatenate(
-            [mem_valid, jnp.ones((mem_valid.shape[0], 1), jnp.bool_)],
-            axis=1)[:, start:]
-        right = key_pos[None, :] > jnp.arange(mem_len)[:, None]
-        c_new, lse_new, probs = self._attend(
-            scores, key_valid[:, None, None, :] & right, v[:, keys],
-            deterministic)
-        self.sow("intermediates", "look_ahead_probs", probs)
-
-        if self.interpolate:
-            lse_old = jnp.where(mem_valid[:, :, None], lse_old, -jnp.inf)
-            c, lse, alpha = interpolate_memory(c_old, lse_old, c_new, lse_new,
-                                               self.eps)
-        else:
-            c, lse = c_new, lse_new
-            alpha = jnp.zeros_like(lse_new)
-        alpha = jnp.where(mem_valid[:, :, None], alpha, 0.0)
-        self.sow("intermediates", "alpha", alpha)
-        return c, lse
+    if self.interpolate:
+      lse_old = jnp.where(mem_valid[:, :, None], lse_old, -jnp.inf)
+      c, lse, alpha = interpolate_memory(
+          c_old, lse_old, c_new, lse_new, self.eps
+      )
+    else:
+      c, lse = c_new, lse_new
+      alpha = jnp.zeros_like(lse_new)
+    alpha = jnp.where(mem_valid[:, :, None], alpha, 0.0)
+    self.sow("intermediates", "alpha", alpha)
+    return c, lse

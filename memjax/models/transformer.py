@@ -85,15 +85,19 @@ def make_attention(kind: str, **kwargs) -> nn.Module:
     return attention_lib.CausalSelfAttention(**kwargs)
   if kind == "rpe":
     from memjax.models import relative  # pylint: disable=g-import-not-at-top
+
     return relative.DisentangledAttention(**kwargs, **kind_kwargs)
   if kind == "xl":
     from memjax.models import relative  # pylint: disable=g-import-not-at-top
+
     return relative.XLAttention(**kwargs, **kind_kwargs)
   if kind == "lamemo":
     from memjax.models import lamemo  # pylint: disable=g-import-not-at-top
+
     return lamemo.LaMemoAttention(**kwargs, **kind_kwargs)
   raise ValueError(
-      f"unknown model.attention {kind!r}; choose one of {ATTENTION_KINDS}")
+      f"unknown model.attention {kind!r}; choose one of {ATTENTION_KINDS}"
+  )
 
 
 def sinusoid_table(length: int, dim: int) -> np.ndarray:
@@ -119,27 +123,37 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     """[B, T, D] -> [B, T, D]."""
     h = nn.Dense(
-        self.d_ff, dtype=self.dtype, name="wi",
+        self.d_ff,
+        dtype=self.dtype,
+        name="wi",
         kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("embed", "mlp")),
+            nn.initializers.xavier_uniform(), ("embed", "mlp")
+        ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
     )(x)
     h = nn.relu(h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return nn.Dense(
-        self.d_model, dtype=self.dtype, name="wo",
+        self.d_model,
+        dtype=self.dtype,
+        name="wo",
         kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("mlp", "embed")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            nn.initializers.xavier_uniform(), ("mlp", "embed")
+        ),
+        bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros, ("embed",)
+        ),
     )(h)
 
 
 def layer_norm(name: str, dtype) -> nn.LayerNorm:
   return nn.LayerNorm(
-      dtype=dtype, name=name,
+      dtype=dtype,
+      name=name,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+  )
 
 
 class DecoderBlock(nn.Module):
@@ -157,21 +171,32 @@ class DecoderBlock(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array, memory: Any, deterministic: bool
-               ) -> tuple[Array, Array, Any]:
+  def __call__(
+      self, x: Array, memory: Any, deterministic: bool
+  ) -> tuple[Array, Array, Any]:
     """[B, T, D] -> ([B, T, D] output, [B, T, D] g, new memory)."""
     attn = make_attention(
-        self.attention, d_model=self.d_model, num_heads=self.num_heads,
-        head_dim=self.head_dim, mem_len=self.mem_len,
-        dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-        extra=self.attention_options, name="attention")
-    y, new_memory = attn(layer_norm("ln_attn", self.dtype)(x), memory,
-                         deterministic=deterministic)
+        self.attention,
+        d_model=self.d_model,
+        num_heads=self.num_heads,
+        head_dim=self.head_dim,
+        mem_len=self.mem_len,
+        dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype,
+        extra=self.attention_options,
+        name="attention",
+    )
+    y, new_memory = attn(
+        layer_norm("ln_attn", self.dtype)(x),
+        memory,
+        deterministic=deterministic,
+    )
     h = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
     g = layer_norm("ln_ffn", self.dtype)(h)
-    f = FeedForward(self.d_model, self.d_ff, self.dropout_rate, self.dtype,
-                    name="ffn")(g, deterministic=deterministic)
+    f = FeedForward(
+        self.d_model, self.d_ff, self.dropout_rate, self.dtype, name="ffn"
+    )(g, deterministic=deterministic)
     out = h + nn.Dropout(self.dropout_rate)(f, deterministic=deterministic)
     out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
     return out, g, new_memory
@@ -223,19 +248,33 @@ class TransformerLM(nn.Module):
 
   def setup(self):
     self.embedder = adaptive.AdaptiveEmbed(
-        vocab_size=self.vocab_size, d_model=self.d_model,
-        cutoffs=tuple(self.cutoffs), factor=self.adaptive_factor,
-        scale=self.scale_embedding, chunk_size=self.softmax_chunk,
-        dtype=self.dtype)
-    block_cls = nn.remat(DecoderBlock, static_argnums=(3,)) if self.remat else DecoderBlock
+        vocab_size=self.vocab_size,
+        d_model=self.d_model,
+        cutoffs=tuple(self.cutoffs),
+        factor=self.adaptive_factor,
+        scale=self.scale_embedding,
+        chunk_size=self.softmax_chunk,
+        dtype=self.dtype,
+    )
+    block_cls = (
+        nn.remat(DecoderBlock, static_argnums=(3,))
+        if self.remat
+        else DecoderBlock
+    )
     self.blocks = [
         block_cls(
-            d_model=self.d_model, num_heads=self.num_heads,
-            head_dim=self.head_dim, d_ff=self.d_ff, attention=self.attention,
-            attention_options=self.attention_options, mem_len=self.mem_len,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            d_ff=self.d_ff,
+            attention=self.attention,
+            attention_options=self.attention_options,
+            mem_len=self.mem_len,
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
-            dtype=self.dtype, name=f"layer_{i}")
+            dtype=self.dtype,
+            name=f"layer_{i}",
+        )
         for i in range(self.num_layers)
     ]
     self.final_norm = layer_norm("final_norm", self.dtype)
@@ -256,14 +295,17 @@ class TransformerLM(nn.Module):
     """
     if not self.carries_memory():
       return None
-    inputs = recurrence.init_xl_memory(batch_size, self.mem_len, self.d_model,
-                                       self.dtype)
+    inputs = recurrence.init_xl_memory(
+        batch_size, self.mem_len, self.d_model, self.dtype
+    )
     if self.attention == "xl":
       return tuple(inputs for _ in range(self.num_layers))
     layers = tuple(
-        recurrence.init_lamemo_memory(batch_size, self.mem_len, self.num_heads,
-                                      self.head_dim)
-        for _ in range(self.num_layers))
+        recurrence.init_lamemo_memory(
+            batch_size, self.mem_len, self.num_heads, self.head_dim
+        )
+        for _ in range(self.num_layers)
+    )
     return inputs, layers
 
   def reset_memory(self, memory: Any, reset: Array) -> Any:
@@ -272,8 +314,14 @@ class TransformerLM(nn.Module):
       return None
     return recurrence.reset_memory(memory, reset)
 
-  def __call__(self, inputs: Array, targets: Optional[Array] = None,
-               memory: Any = None, *, deterministic: bool = True) -> LMOutput:
+  def __call__(
+      self,
+      inputs: Array,
+      targets: Optional[Array] = None,
+      memory: Any = None,
+      *,
+      deterministic: bool = True,
+  ) -> LMOutput:
     """Runs the LM on one segment.
 
     Args:
@@ -294,15 +342,17 @@ class TransformerLM(nn.Module):
     logp, log_z = self.embedder.score(hidden, targets)
     return LMOutput(logp, log_z, g, hidden, new_memory)
 
-  def hidden_states(self, inputs: Array, memory: Any = None, *,
-                    deterministic: bool = True) -> tuple[Array, Array, Any]:
+  def hidden_states(
+      self, inputs: Array, memory: Any = None, *, deterministic: bool = True
+  ) -> tuple[Array, Array, Any]:
     """[B, T] ids -> (final hidden [B,T,D], g [B,T,D], new memory)."""
     x = self.embedder.embed(inputs)
     if self.attention == "vanilla":
       t = inputs.shape[1]
       if t > self.max_len:
         raise ValueError(
-            f"segment length {t} exceeds model.max_len {self.max_len}")
+            f"segment length {t} exceeds model.max_len {self.max_len}"
+        )
       x = x + jnp.asarray(sinusoid_table(t, self.d_model), self.dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -318,8 +368,9 @@ class TransformerLM(nn.Module):
     new_memory = tuple(new_mems) if memory is not None else None
     return hidden, g, new_memory
 
-  def _lamemo_stack(self, x: Array, memory: Any, deterministic: bool
-                    ) -> tuple[Array, Array, Any]:
+  def _lamemo_stack(
+      self, x: Array, memory: Any, deterministic: bool
+  ) -> tuple[Array, Array, Any]:
     """LaMemo blocks over concat(memory rows, segment) [B, M + T, D].
 
     The memory rows are the stored layer-0 inputs of the last M tokens; every

@@ -7,26 +7,32 @@ import numpy as np
 
 
 def random_params(module, x, memory, seed=0, scale=0.4):
-    """Parameters of ``module`` drawn from N(0, scale^2), all of them (the
-    biases included), so that every term of the score matters. Shapes come
-    from ``jax.eval_shape``, so nothing is compiled."""
-    shapes = flax.core.meta.unbox(jax.eval_shape(
-        lambda: module.init(jax.random.key(0), x, memory, deterministic=True)))
-    rng = np.random.default_rng(seed)
-    return jax.tree_util.tree_map(
-        lambda s: jnp.asarray(scale * rng.normal(size=s.shape), s.dtype),
-        shapes)
+  """Parameters of ``module`` drawn from N(0, scale^2), all of them (the
+  biases included), so that every term of the score matters. Shapes come
+  from ``jax.eval_shape``, so nothing is compiled."""
+  shapes = flax.core.meta.unbox(
+      jax.eval_shape(
+          lambda: module.init(jax.random.key(0), x, memory, deterministic=True)
+      )
+  )
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map(
+      lambda s: jnp.asarray(scale * rng.normal(size=s.shape), s.dtype), shapes
+  )
 
 
 def apply(module, params, x, memory):
-    """Jitted deterministic apply; returns (y, new_memory, intermediates)."""
-    fn = jax.jit(lambda p, x, m: module.apply(
-        p, x, m, deterministic=True, mutable=["intermediates"]))
-    (y, new_memory), state = fn(params, x, memory)
-    return y, new_memory, state.get("intermediates", {})
+  """Jitted deterministic apply; returns (y, new_memory, intermediates)."""
+  fn = jax.jit(
+      lambda p, x, m: module.apply(
+          p, x, m, deterministic=True, mutable=["intermediates"]
+      )
+  )
+  (y, new_memory), state = fn(params, x, memory)
+  return y, new_memory, state.get("intermediates", {})
 
 
 def normal(seed, shape, scale=1.0):
-    """A float32 standard-normal array from NumPy (compiles nothing)."""
-    rng = np.random.default_rng(seed)
-    return jnp.asarray(scale * rng.normal(size=shape), jnp.float32)
+  """A float32 standard-normal array from NumPy (compiles nothing)."""
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(scale * rng.normal(size=shape), jnp.float32)

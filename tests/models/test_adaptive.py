@@ -10,12 +10,16 @@ from memjax.models import adaptive
 
 
 def _init(module, h, y):
-  return nn.meta.unbox(module.init(jax.random.PRNGKey(0), h, y, method=module.score))
+  return nn.meta.unbox(
+      module.init(jax.random.PRNGKey(0), h, y, method=module.score)
+  )
 
 
 @pytest.mark.parametrize("cutoffs", [(), (5,), (10, 30), (3, 20, 60)])
 def test_probabilities_sum_to_one_and_match_score(cutoffs):
-  m = adaptive.AdaptiveEmbed(vocab_size=80, d_model=16, cutoffs=cutoffs, factor=2)
+  m = adaptive.AdaptiveEmbed(
+      vocab_size=80, d_model=16, cutoffs=cutoffs, factor=2
+  )
   h = jax.random.normal(jax.random.PRNGKey(1), (3, 7, 16))
   y = jax.random.randint(jax.random.PRNGKey(2), (3, 7), 0, 80)
   v = _init(m, h, y)
@@ -23,8 +27,11 @@ def test_probabilities_sum_to_one_and_match_score(cutoffs):
   np.testing.assert_allclose(np.exp(lp).sum(-1), 1.0, rtol=1e-5)
   score, log_z = m.apply(v, h, y, method=m.score)
   np.testing.assert_allclose(
-      score, np.take_along_axis(np.asarray(lp), np.asarray(y)[..., None], -1)[..., 0],
-      rtol=1e-5, atol=1e-5)
+      score,
+      np.take_along_axis(np.asarray(lp), np.asarray(y)[..., None], -1)[..., 0],
+      rtol=1e-5,
+      atol=1e-5,
+  )
   assert np.all(np.isfinite(log_z))
 
 
@@ -36,7 +43,9 @@ def test_one_cluster_is_plain_tied_softmax():
   table = np.asarray(v["params"]["embed_0"], np.float64)
   logits = np.asarray(h, np.float64) @ table.T
   log_z = np.log(np.exp(logits).sum(-1))
-  expected = np.take_along_axis(logits, np.asarray(y)[..., None], -1)[..., 0] - log_z
+  expected = (
+      np.take_along_axis(logits, np.asarray(y)[..., None], -1)[..., 0] - log_z
+  )
   score, lz = m.apply(v, h, y, method=m.score)
   np.testing.assert_allclose(score, expected, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(lz, log_z, rtol=1e-5)
@@ -53,7 +62,9 @@ def test_head_and_tail_factorisation_by_hand():
   v = _init(m, h, y)
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), v["params"])
   hv = np.asarray(h, np.float64)[0, 0]
-  head = np.concatenate([(hv @ p["proj_0"].T) @ p["embed_0"].T, hv @ p["cluster_weight"]])
+  head = np.concatenate(
+      [(hv @ p["proj_0"].T) @ p["embed_0"].T, hv @ p["cluster_weight"]]
+  )
   head_lp = head - np.log(np.exp(head).sum())
   tail = (hv @ p["proj_2"].T) @ p["embed_2"].T
   tail_lp = tail - np.log(np.exp(tail).sum())
@@ -76,7 +87,11 @@ def test_chunked_scoring_equals_unchunked_with_gradients():
   l1, g1 = jax.value_and_grad(loss)(v["params"], big)
   l2, g2 = jax.value_and_grad(loss)(v["params"], small)
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g2)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+      g1,
+      g2,
+  )
 
 
 def test_bad_cutoffs_raise():
