@@ -29,5 +29,14 @@ setuptools.setup(
         "tensorflow-datasets>=4.9",
         "tensorflow-text>=2.20,<2.21",
     ],
-    extras_require={"test": ["pytest>=8", "pyink>=24"]},
+    extras_require={
+        "test": [
+            "ipykernel>=6.29",
+            "jupyter_client>=8",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "pyink>=24",
+            "pytest>=8",
+        ]
+    },
 )
