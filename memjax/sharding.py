@@ -23,6 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from memjax import errors
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
@@ -37,8 +39,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-class MeshError(ValueError):
-  """A mesh that does not fit the devices or the batch."""
+MeshError = errors.MeshError
 
 
 def mesh_shape(spec: Mapping[str, int], num_devices: int) -> tuple[int, ...]:

@@ -15,7 +15,8 @@ import pytest
 
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax import train
+from memjax import experiment
+from memjax import train_step
 from memjax.models import recurrence
 from memjax.models import transformer
 
@@ -248,10 +249,10 @@ def _run_train_steps(kind, m, mesh_spec, devices, steps=2):
   tx = optax.sgd(0.5)  # Adam would amplify rounding in ~0 gradients.
   _, batches = _batches(B, m, steps)
   mesh = sharding_lib.make_mesh(mesh_spec, devices)
-  state, shardings = train.create_state(
+  state, shardings = experiment.create_state(
       model, tx, mesh, batches[0], jax.random.PRNGKey(0)
   )
-  step = train.make_train_step(
+  step = train_step.make_train_step(
       model,
       tx,
       losses.lm_loss,
@@ -335,7 +336,7 @@ def test_segments_per_lane_run_in_order_with_gradients_into_every_segment():
 
   # The per-lane scan itself: outputs back in lane-major row order.
   got = jax.jit(
-      lambda p: train.run_lane_segments(
+      lambda p: train_step.run_lane_segments(
           model,
           p,
           batch,
