@@ -275,16 +275,21 @@ def param_shapes(
     directory: str, step: Optional[int] = None
 ) -> dict[str, tuple[int, ...]]:
   """{'path/to/param': shape} of a run's checkpoint (latest step)."""
-  mngr = ocp.CheckpointManager(
-      directory,
-      item_names=("state", "data", "meta"),
-      options=ocp.CheckpointManagerOptions(create=False),
-  )
-  try:
-    step = mngr.latest_step() if step is None else step
-    meta = mngr.item_metadata(step)["state"]
-  finally:
+  if step is None:
+    mngr = ocp.CheckpointManager(
+        directory,
+        item_names=("state", "data", "meta"),
+        options=ocp.CheckpointManagerOptions(create=False),
+    )
+    step = mngr.latest_step()
     mngr.close()
+  ckptr = ocp.StandardCheckpointer()
+  try:
+    meta = ckptr.metadata(
+        os.path.join(os.path.abspath(directory), str(step), "state")
+    ).item_metadata
+  finally:
+    ckptr.close()
   return _leaf_shapes(dict(meta)["params"])
 
 

@@ -15,3 +15,38 @@ os.environ.setdefault(
     os.path.join(os.path.dirname(__file__), "..", ".cache", "xla"),
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+import subprocess  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import sys  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(*args, timeout=600, devices=1, env=None):
+  """Runs ``python -m memjax.main`` as a user would (``devices`` CPUs)."""
+  full = dict(os.environ)
+  full["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  full.update(env or {})
+  return subprocess.run(
+      [sys.executable, "-m", "memjax.main", *args],
+      cwd=REPO,
+      env=full,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+
+
+@pytest.fixture(scope="session")
+def smoke_workdir(tmp_path_factory):
+  """One finished smoke run (configs/trime_wt103.py:smoke) shared by the
+  tests that only read it (loading, scoring, export, notebooks)."""
+  workdir = str(tmp_path_factory.mktemp("shared_smoke"))
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return workdir
