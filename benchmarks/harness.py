@@ -49,12 +49,12 @@ LM_WARMUP_NOTE = (
 
 
 def _experiment() -> types.ModuleType:
-  """The memjax module that builds models, data, train states and steps.
+  """``memjax.experiment``, which builds models, data and train states.
 
   Imported on first use: it loads TensorFlow (SeqIO), which the config
   parsing and the statistics here do not need.
   """
-  from memjax import train as experiment  # pylint: disable=g-import-not-at-top
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
 
   return experiment
 
@@ -214,8 +214,12 @@ def load_corpus(
     cfg: ml_collections.ConfigDict, workdir: str
 ) -> tuple[Any, int]:
   """The training batcher of ``cfg``'s corpus and its vocabulary size."""
-  data = _experiment().load_data(cfg, workdir)
-  return data.batcher, data.vocab_size
+  exp = _experiment()
+  corpus = exp.load_corpus(cfg, workdir, splits=(), train=True)
+  return (
+      exp.make_batcher(cfg, corpus.train, corpus.cache_dir),
+      corpus.vocab_size,
+  )
 
 
 def make_batcher(
@@ -267,7 +271,9 @@ class TrainBench:
     self.state, shardings = exp.create_state(
         self.model, tx, self.mesh, batches[0], jax.random.PRNGKey(cfg.seed)
     )
-    self.step = exp.make_train_step(
+    from memjax import train_step  # pylint: disable=g-import-not-at-top
+
+    self.step = train_step.make_train_step(
         self.model,
         tx,
         loss_fn,
