@@ -157,7 +157,7 @@ class Checkpointer:
         raise
       except Exception as e:  # pylint: disable=broad-except
         dest = self._set_aside(step)
-        reason = " ".join(str(e).split())[:200]
+        reason = " ".join(str(e).split()).split(" See full")[0][:200]
         from memjax import console  # pylint: disable=g-import-not-at-top
 
         console.warn(

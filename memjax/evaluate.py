@@ -238,6 +238,7 @@ def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
       restored.step,
   )  # fmt: skip
   results["checkpoint"] = restored.path
+  os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
     runfiles.write_json(os.path.join(workdir, "results.json"), results)
   return results

@@ -322,6 +322,7 @@ def load(
       source = config.train.init_from
   restored = experiment.load(source, config=config)
   corpus = experiment.load_corpus(config, workdir, tuple(splits), train=train)
+  os.makedirs(workdir, exist_ok=True)  # Results go here.
   console.info(
       "evaluating %s step %d with memories", restored.path, restored.step
   )
