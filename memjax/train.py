@@ -515,7 +515,8 @@ def _log_steps(
       finite (that update was skipped; checkpoints are left as they were).
   """
   fetched = jax.device_get([m for _, m in pending])
-  with open(log_path, "a") as f:
+  # Every process checks the metrics; process 0 alone writes the log.
+  with open(log_path if jax.process_index() == 0 else os.devnull, "a") as f:
     for (s, _), m in zip(pending, fetched):
       if not m["finite"]:
         ckpt.close()
@@ -675,8 +676,9 @@ def train_and_evaluate(
         f"--mode=eval needs a checkpoint: none in {ckpt.directory} and no "
         "--config.train.init_from given"
     )
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(_config_json(config))
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(_config_json(config))
 
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
@@ -800,8 +802,9 @@ def train_and_evaluate(
     )
   writer.flush()
   ckpt.close()
-  with open(os.path.join(workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2, sort_keys=True)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+      json.dump(results, f, indent=2, sort_keys=True)
   return results
 
 
