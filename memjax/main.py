@@ -7,6 +7,16 @@ Any config value can be overridden with ``--config.key=value``; unknown keys
 are rejected. Bad input (missing data, a mesh that does not fit, a checkpoint
 of another model) exits with status 2 and one line naming what to fix; files
 already in the workdir are left as they are.
+
+With ``--multihost`` every process runs the same command with its own
+``--process_id`` (or the cluster supplies the ids), e.g. two CPU processes on
+one machine (``jax_cpu_collectives_implementation`` is ``gloo`` by default):
+
+    python -m memjax.main --config=... --workdir=DIR --multihost
+        --coordinator_address=127.0.0.1:PORT --num_processes=2 --process_id=I
+
+Each process builds the same global batches and places its devices' slices;
+all take part in checkpoints; process 0 writes the logs and results.
 """
 
 from __future__ import annotations
@@ -60,8 +70,9 @@ _MODE = flags.DEFINE_enum(
 _MULTIHOST = flags.DEFINE_bool(
     "multihost",
     False,
-    "Call jax.distributed.initialize() (TPU pods, "
-    "multi-node GPU); coordinator and process ids come from the environment.",
+    "Call jax.distributed.initialize() (TPU pods, multi-node GPU, several "
+    "CPU processes); coordinator and process ids come from the environment "
+    "or from the flags below.",
 )
 
 _COORDINATOR = flags.DEFINE_string(
@@ -196,6 +207,8 @@ def main(argv):
     # keeps its traceback.
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
+  if jax.process_index() != 0:
+    return  # Process 0 wrote the results and reports them.
   report(results, config, workdir)
 
 

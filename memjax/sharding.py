@@ -118,6 +118,9 @@ def put_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
 
   Every process computes the global batch deterministically from the step, so
   each device simply takes its slice; this works on one host and on many.
+  ``jax.make_array_from_callback`` asks only for the slices of the calling
+  process's own devices, so with several processes each one copies only the
+  rows its devices hold, and the result is one global array.
   """
   out = {}
   for k, v in batch.items():

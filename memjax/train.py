@@ -92,7 +92,8 @@ def _log_steps(
       finite (that update was skipped; checkpoints are left as they were).
   """
   fetched = jax.device_get([m for _, m in pending])
-  with open(log_path, "a") as f:
+  # Every process checks the metrics; process 0 writes them.
+  with open(log_path if jax.process_index() == 0 else os.devnull, "a") as f:
     for (s, _), m in zip(pending, fetched):
       if not m["finite"]:
         ckpt.close()
