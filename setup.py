@@ -6,8 +6,8 @@ setuptools.setup(
     name="memjax",
     version="0.1.0",
     description=(
-        "Memory-augmented language models (TRIME, Transformer-XL, LaMemo, "
-        "product-key memory, retrieval) in JAX/Flax."
+        "Memory-augmented language models (TRIME, Transformer-XL, LaMemo) "
+        "in JAX/Flax."
     ),
     packages=setuptools.find_packages(include=["memjax", "memjax.*"]),
     python_requires=">=3.11",

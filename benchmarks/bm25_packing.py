@@ -14,29 +14,20 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 
-import bm25s
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import bm25s  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from benchmarks import harness  # pylint: disable=g-import-not-at-top
 from memjax.data import bm25
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_TRAIN = os.path.join(REPO, "demo_data", "wikitext", "wiki.train.tokens")
 WT103_SEGMENTS = 690_000  # WikiText-103 train at L = 150 (103M tokens)
-
-
-def cpu_model() -> str:
-  """platform.processor(), or the model name from /proc/cpuinfo when empty."""
-  name = platform.processor()
-  if not name and os.path.exists("/proc/cpuinfo"):
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  return name
 
 
 def wikitext_ids(path: str) -> tuple[np.ndarray, dict[str, int]]:
@@ -114,16 +105,8 @@ def main() -> None:
   parser.add_argument("--k", type=int, default=20)
   parser.add_argument("--seq_len", type=int, default=150)
   args = parser.parse_args()
-  machine = {
-      "processor": platform.processor(),
-      "cpu_model": cpu_model(),
-      "machine": platform.machine(),
-      "cpu_count": os.cpu_count(),
-      "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-      "python": sys.version.split()[0],
-      "numpy": np.__version__,
-      "bm25s": bm25s.__version__,
-  }
+  # No JAX program runs here: the machine without JAX's devices.
+  machine = {**harness.machine(devices=False), "bm25s": bm25s.__version__}
   rows = []
 
   def report(row):

@@ -13,25 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 
-import jax
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
+from benchmarks import harness  # pylint: disable=g-import-not-at-top
 from memjax.memory import trime
 
 SIZES = (1024, 2048, 4096, 8192, 16384, 24576)
-
-
-def cpu_model() -> str:
-  """platform.processor(), or the model name from /proc/cpuinfo when empty."""
-  name = platform.processor()
-  if not name and os.path.exists("/proc/cpuinfo"):
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  return name
 
 
 def _analysis(n: int, d: int, seq_len: int, block_size) -> dict[str, int]:
@@ -107,14 +99,7 @@ def main() -> None:
   print(
       json.dumps(
           {
-              "machine": {
-                  "processor": platform.processor(),
-                  "cpu_model": cpu_model(),
-                  "cpu_count": os.cpu_count(),
-                  "backend": jax.default_backend(),
-                  "device": str(jax.devices()[0].device_kind),
-                  "jax": jax.__version__,
-              },
+              "machine": harness.machine(),
               "d": args.d,
               "seq_len": args.seq_len,
               "block_size": args.block_size,

@@ -18,9 +18,9 @@ from typing import Any, Mapping, Optional
 import jax
 import orbax.checkpoint as ocp
 
+from memjax import errors
 
-class CheckpointMismatchError(ValueError):
-  """A checkpoint that belongs to a different model."""
+CheckpointMismatchError = errors.CheckpointMismatchError
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -124,6 +124,65 @@ class Checkpointer:
     )
     return restored.state, dict(restored.data)
 
+  def read_data(self, step: int) -> dict[str, Any]:
+    """The data position saved with ``step``."""
+    return dict(
+        self._manager.restore(
+            step, args=ocp.args.Composite(data=ocp.args.JsonRestore())
+        ).data
+    )
+
+  def restore_latest(
+      self, abstract_state: Any, check: Any = None
+  ) -> Optional[tuple[Any, dict, int]]:
+    """Restores the newest readable step: (state, data position, step).
+
+    A step whose arrays cannot be read (a damaged or half-written
+    checkpoint) is moved aside to ``damaged-<step>`` (nothing is deleted)
+    with a warning naming it, and the previous step is tried. A checkpoint of
+    another model, or one that ``check(data_position)`` rejects, raises.
+
+    Returns:
+      None when no step is left.
+    """
+    for step in sorted(self.all_steps(), reverse=True):
+      self.check_compatible(step)
+      try:
+        position = self.read_data(step)
+        if check is not None:
+          check(position)
+        state, position = self.restore(step, abstract_state)
+        return state, position, step
+      except errors.UserError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        dest = self._set_aside(step)
+        reason = " ".join(str(e).split()).split(" See full")[0][:200]
+        from memjax import console  # pylint: disable=g-import-not-at-top
+
+        console.warn(
+            "checkpoint step %d in %s is damaged (%s: %s); moved it to %s "
+            "and fell back to the previous step",
+            step,
+            self.directory,
+            type(e).__name__,
+            reason,
+            dest,
+        )
+    return None
+
+  def _set_aside(self, step: int) -> str:
+    src = os.path.join(self.directory, str(step))
+    dest = os.path.join(self.directory, f"damaged-{step}")
+    n = 1
+    while os.path.exists(dest):
+      dest = os.path.join(self.directory, f"damaged-{step}.{n}")
+      n += 1
+    if jax.process_index() == 0:
+      os.rename(src, dest)
+    self._manager.reload()
+    return dest
+
   def wait(self) -> None:
     self._manager.wait_until_finished()
 
@@ -183,6 +242,114 @@ def restore_params(
   )
   mngr.close()
   return restored.state["params"], step
+
+
+def check_signature(
+    saved: Mapping[str, Any], current: Mapping[str, Any], where: str
+) -> None:
+  """Raises CheckpointMismatchError unless two model signatures agree.
+
+  Signatures written before the whole model config was recorded
+  (``signature_version`` < 2) are compared on the keys they hold.
+  """
+  a, b = dict(saved.get("model", {})), dict(current.get("model", {}))
+  if int(saved.get("signature_version", 1)) < 2:
+    b = {k: v for k, v in b.items() if k in a}
+  diffs = compare_signatures(a, b)
+  if diffs:
+    raise CheckpointMismatchError(
+        f"{where} was written by a different model "
+        f"({'; '.join(diffs[:6])}{' ...' if len(diffs) > 6 else ''}); "
+        "use another --workdir or restore the matching --config"
+    )
+
+
+def _leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  import flax  # pylint: disable=g-import-not-at-top
+
+  flat = flax.traverse_util.flatten_dict(tree, sep="/")
+  return {k: tuple(v.shape) for k, v in flat.items() if hasattr(v, "shape")}
+
+
+def param_shapes(
+    directory: str, step: Optional[int] = None
+) -> dict[str, tuple[int, ...]]:
+  """{'path/to/param': shape} of a run's checkpoint (latest step)."""
+  if step is None:
+    mngr = ocp.CheckpointManager(
+        directory,
+        item_names=("state", "data", "meta"),
+        options=ocp.CheckpointManagerOptions(create=False),
+    )
+    step = mngr.latest_step()
+    mngr.close()
+  ckptr = ocp.StandardCheckpointer()
+  try:
+    meta = ckptr.metadata(
+        os.path.join(os.path.abspath(directory), str(step), "state")
+    ).item_metadata
+  finally:
+    ckptr.close()
+  return _leaf_shapes(dict(meta)["params"])
+
+
+def save_export_params(directory: str, params: Any) -> None:
+  """Writes a params-only Orbax checkpoint (an export's ``params/``)."""
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(os.path.abspath(directory), params)
+  ckptr.wait_until_finished()
+  ckptr.close()
+
+
+def export_param_shapes(directory: str) -> dict[str, tuple[int, ...]]:
+  """{'path/to/param': shape} of an export's ``params/``."""
+  ckptr = ocp.StandardCheckpointer()
+  try:
+    return _leaf_shapes(
+        ckptr.metadata(os.path.abspath(directory)).item_metadata
+    )
+  finally:
+    ckptr.close()
+
+
+def restore_export_params(directory: str, abstract_params: Any) -> Any:
+  """Restores an export's parameters into ``abstract_params``' dtypes and
+  shardings (a subtree restores only those parameters)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  ckptr = ocp.PyTreeCheckpointer()
+  try:
+    meta = ckptr.metadata(os.path.abspath(directory)).item_metadata
+    # Restore in the stored dtype (an export may be bfloat16), then cast.
+    stored = jax.tree.map(
+        lambda a, m: jax.ShapeDtypeStruct(
+            a.shape, m.dtype, sharding=a.sharding
+        ),
+        abstract_params,
+        _subtree(meta, abstract_params),
+    )
+    restored = ckptr.restore(
+        os.path.abspath(directory),
+        args=ocp.args.PyTreeRestore(
+            item=stored,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(stored),
+            partial_restore=True,
+        ),
+    )
+  finally:
+    ckptr.close()
+  return jax.tree.map(
+      lambda x, a: x.astype(a.dtype) if x.dtype != a.dtype else x,
+      restored,
+      abstract_params,
+  )
+
+
+def _subtree(tree: Any, like: Any) -> Any:
+  """The part of a nested mapping ``tree`` with the keys of ``like``."""
+  if isinstance(like, Mapping):
+    return {k: _subtree(tree[k], v) for k, v in like.items()}
+  return tree
 
 
 def abstract_with_sharding(tree: Any, shardings: Any) -> Any:

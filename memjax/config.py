@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from memjax import errors
+
 
 def base_config() -> ml_collections.ConfigDict:
   """Returns the default configuration (a small vanilla LM on the demo corpus)."""
@@ -80,7 +82,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_max_windows = 64  # windows per split for periodic evaluation
   c.train.checkpoint_every = 500
   c.train.keep_checkpoints = 3
-  c.train.init_from = ""  # checkpoint directory to take params from
+  # A run or export to take the shared parameters from (new ones stay fresh).
+  c.train.init_from = ""
+  # Resuming with another num_steps rebuilds the schedule over the new
+  # horizon (otherwise it is an error: the schedule would silently stretch).
+  c.train.extend_schedule = False
 
   c.eval = ml_collections.ConfigDict()
   c.eval.splits = ("valid", "test")
@@ -143,6 +149,11 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.eval_memory.bucket_edges = (10000, 1000, 100, 10)  # Table 14's bucket edges
 
+  # --mode=export: a params-only, self-contained copy of the run.
+  c.export = ml_collections.ConfigDict()
+  c.export.dir = ""  # "" = <workdir>/export
+  c.export.dtype = "float32"  # float32 | bfloat16
+
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1
   c.mesh.fsdp = 1
@@ -164,7 +175,7 @@ def parse_variant(
       return methods[0], size
     if arg.endswith("_" + size) and arg[: -len(size) - 1] in methods:
       return arg[: -len(size) - 1], size
-  raise ValueError(
+  raise errors.ConfigError(
       f"unknown config variant {arg!r}; use SIZE or METHOD_SIZE with SIZE in "
       f"{sizes} and METHOD in {methods}"
   )

@@ -19,3 +19,12 @@ def info(msg: str, *args) -> None:
   text = msg % args if args else msg
   sys.stdout.write(f"[memjax {time.strftime('%H:%M:%S')}] {text}\n")
   sys.stdout.flush()
+
+
+def warn(msg: str, *args) -> None:
+  """Prints one timestamped warning line on process 0 (to stderr)."""
+  if jax.process_index() != 0:
+    return
+  text = msg % args if args else msg
+  sys.stderr.write(f"[memjax {time.strftime('%H:%M:%S')}] warning: {text}\n")
+  sys.stderr.flush()

@@ -102,7 +102,7 @@ def run_row(
     name: str, variant: str, kind, source, workdir: str, cache: str, steps
 ) -> dict:
   """Trains (or reuses) one row's model and evaluates it; returns the row."""
-  from memjax import evaluate_memory  # pylint: disable=g-import-not-at-top
+  from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
   from memjax import train  # pylint: disable=g-import-not-at-top
 
   cfg = _load_config(variant)
@@ -123,7 +123,7 @@ def run_row(
   if kind is not None:
     cfg.eval_memory.kind = kind
     print(f"== {name}: tune the {kind} memory on valid", flush=True)
-    tuned = evaluate_memory.tune(cfg, row_dir)
+    tuned = memory_modes.tune(cfg, row_dir)
     res.update(
         valid=tuned["valid"]["memory"],
         test=tuned["test"]["memory"],

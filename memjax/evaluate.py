@@ -125,3 +125,120 @@ def unigram_baseline(
   logp = np.log(counts / counts.sum())
   nll = -logp[eval_tokens[1:]].sum()
   return summarize(float(nll), float(len(eval_tokens) - 1), unit)
+
+
+class SplitEvaluator:
+  """Scores evaluation splits the way a model is meant to be scored.
+
+  Models without memory: sliding windows (``eval.window_len`` /
+  ``eval.score_len``). Models that carry memory: whole streams in lanes with
+  the memory carried (``memjax.recurrent_eval``). Compiles once; reuse it.
+  """
+
+  def __init__(self, config: Any, model: Any, mesh: Mesh, unit: str) -> None:
+    from memjax import recurrent_eval  # pylint: disable=g-import-not-at-top
+
+    self.config = config
+    self.mesh = mesh
+    self.unit = unit
+    self._step = sharding_lib.under_mesh(make_eval_step(model), mesh)
+    self._stream = (
+        recurrent_eval.evaluator_for(config, model, mesh)
+        if model.carries_memory()
+        else None
+    )
+
+  def score(
+      self, params: Any, tokens: np.ndarray, max_windows: int, desc: str
+  ) -> dict[str, float]:
+    """{'nll', 'tokens', unit} of one token stream."""
+    if self._stream is not None:
+      return self._stream.evaluate(
+          params, tokens, unit=self.unit, max_segments=max_windows, desc=desc
+      )
+    e = self.config.eval
+    return evaluate_tokens(
+        self._step, params, tokens, window_len=e.window_len,
+        score_len=e.score_len, batch_size=e.batch_size, mesh=self.mesh,
+        unit=self.unit, max_windows=max_windows, desc=desc,
+    )  # fmt: skip
+
+  def run(
+      self,
+      params: Any,
+      splits: dict[str, Any],
+      step: int,
+      max_windows: int,
+      prefix: str = "",
+      writer: Any = None,
+  ) -> dict[str, dict[str, float]]:
+    """Scores every split (``tasks.TokenStream``) and logs the metrics."""
+    res = {}
+    for split, stream in splits.items():
+      desc = f"{prefix}{split} @ step {step}"
+      r = self.score(params, stream.tokens, max_windows, desc)
+      res[split] = r
+      if writer is not None:
+        writer.write_scalars(
+            step,
+            {f"{prefix}{split}/{k}": v for k, v in r.items() if k != "tokens"},
+        )
+    return res
+
+
+def final_results(
+    config: Any,
+    model: Any,
+    params: Any,
+    mesh: Mesh,
+    corpus: Any,
+    step: int,
+    writer: Any = None,
+) -> dict[str, Any]:
+  """Scores ``eval.splits`` and the add-one unigram floor beside them."""
+  evaluator = SplitEvaluator(config, model, mesh, corpus.unit)
+  results = {"name": config.name, "step": step, "unit": corpus.unit}
+  results.update(
+      evaluator.run(
+          params, corpus.splits, step, int(config.eval.max_windows), "", writer
+      )
+  )
+  for split, stream in corpus.splits.items():
+    results.setdefault("unigram", {})[split] = unigram_baseline(
+        corpus.train.tokens, stream.tokens, corpus.vocab_size, corpus.unit
+    )
+  return results
+
+
+def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
+  """``--mode=eval``: scores a finished run (or an export) on eval.splits.
+
+  Restores the latest checkpoint of ``workdir`` (or the export there, or the
+  run of ``train.init_from`` when the workdir has none) through
+  ``memjax.experiment.load``; the training batcher is never built. Writes
+  ``<workdir>/results.json``.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+
+  from memjax import errors  # pylint: disable=g-import-not-at-top
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
+  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+
+  source = workdir
+  try:
+    runfiles.find(workdir)
+  except errors.MissingRunError:
+    if not config.train.init_from:
+      raise
+    source = config.train.init_from
+  restored = experiment.load(source, config=config)
+  corpus = experiment.load_corpus(config, workdir)
+  results = final_results(
+      config, restored.model, restored.params, restored.mesh, corpus,
+      restored.step,
+  )  # fmt: skip
+  results["checkpoint"] = restored.path
+  os.makedirs(workdir, exist_ok=True)
+  if jax.process_index() == 0:
+    runfiles.write_json(os.path.join(workdir, "results.json"), results)
+  return results

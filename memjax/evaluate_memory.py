@@ -1,34 +1,15 @@
-"""Evaluation with testing memories: the memeval, tune, memsweep and buckets modes.
+"""Scoring token streams with testing memories (TRIME Eq. 6, the cache).
 
-    python -m memjax.main --config=configs/trime_wt103.py:trime_long_demo \
-        --workdir=runs/trime_long --mode=tune
-
-Each mode restores the latest checkpoint of ``--workdir`` (or of
-``train.init_from`` when the workdir has none), scores splits with the
-sliding windows of ``eval.window_len`` / ``eval.score_len`` and the memories
-of ``config.eval_memory`` (see ``memjax/memory/evaluation.py``), and writes
-its results into the workdir:
-
-* ``memeval``: the configured setting (kind, N, tau or lambda/theta) on
-  ``eval.splits`` -> ``memeval.json``.
-* ``tune``: a grid search on valid (tau for TRIME, lambda x theta for the
-  cache, times the sizes of ``eval_memory.long_mem_grid``), then test at the
-  best setting -> ``tune.json``, ``tune.csv``.
-* ``memsweep``: valid perplexity against the long-term memory size
-  (``eval_memory.sweep_tokens``), each size at its best tau (TRIME) or
-  (lambda, theta) (cache; on the checkpoint of ``eval_memory.cache_workdir``
-  if given), Figure 3 style -> ``memsweep.csv``, ``memsweep.json``,
-  ``memsweep.png``.
-* ``buckets``: perplexity by frequency bucket (Table 14) of the plain model
-  and of the model with its memory (the tuned setting of ``tune.json`` when
-  present, else the configured one) -> ``buckets.json``, ``buckets.md``.
-
-Every mode reports the plain model (no memory) alongside, from the same pass.
+``score_stream`` scores a stream with every setting of a ``Grid`` (memory
+kind, long-term memory sizes, temperatures or cache lambda/theta) in one
+pass; ``load`` restores a run through ``memjax.experiment`` with the splits
+it scores. The modes built on these (memeval, tune, memsweep, buckets) are in
+``memjax/modes/memory.py``; the memory computations in
+``memjax/memory/evaluation.py``.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import itertools
 import json
@@ -41,16 +22,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from memjax import checkpointing
 from memjax import console
+from memjax import errors
 from memjax import evaluate
 from memjax import sharding as sharding_lib
-from memjax import train
-from memjax.data import sources
+from memjax import experiment
+from memjax import runfiles
 from memjax.data import streams
-from memjax.data import tasks
 from memjax.memory import evaluation
 
 # ----------------------------------------------------------------------------
@@ -287,12 +266,12 @@ def score_stream(
       time.time() - start,
       unit,
       out["plain"][unit],
-      f", best {unit}={best[unit]:.4f} at {_setting(best)}" if best else "",
+      f", best {unit}={best[unit]:.4f} at {setting_str(best)}" if best else "",
   )
   return out
 
 
-def _setting(r: dict[str, Any]) -> str:
+def setting_str(r: dict[str, Any]) -> str:
   keys = ("long_mem_tokens", "temperature", "cache_theta", "cache_lambda")
   return ", ".join(f"{k}={r[k]:g}" for k in keys if k in r)
 
@@ -311,18 +290,11 @@ class Loaded:
   model: Any
   params: Any
   vocab_size: int
-  train_tokens: np.ndarray
+  train_tokens: Optional[np.ndarray]
   splits: dict[str, np.ndarray]
   unit: str
   step: int
   source: str
-
-
-def _checkpoint_dir(workdir: str) -> Optional[str]:
-  d = os.path.join(workdir, "checkpoints")
-  if os.path.isdir(d) and any(s.isdigit() for s in os.listdir(d)):
-    return d
-  return None
 
 
 def load(
@@ -330,357 +302,51 @@ def load(
     workdir: str,
     source: Optional[str] = None,
     splits: Sequence[str] = ("valid", "test"),
+    train: bool = False,
 ) -> Loaded:
-  """Restores the parameters of ``source`` (default: ``workdir``, then
-  ``train.init_from``) for ``config``'s model and reads the splits.
+  """Restores ``source`` (default: ``workdir``, else ``train.init_from``)
+  through ``memjax.experiment.load`` and reads the splits (and the training
+  split when ``train``); the training batcher is never built.
 
   Raises:
-    FileNotFoundError: no checkpoint to evaluate.
-    checkpointing.CheckpointMismatchError: a checkpoint of another model.
+    errors.MissingRunError: nothing to evaluate.
+    errors.CheckpointMismatchError: ``config`` describes another model.
   """
-  os.makedirs(workdir, exist_ok=True)
-  mesh = sharding_lib.make_mesh(config.mesh.to_dict())
-  dcfg = config.data
-  data_dir = dcfg.data_dir or sources.default_data_dir(dcfg.corpus)
-  cache_dir = dcfg.cache_dir or os.path.join(workdir, "cache")
-  os.makedirs(cache_dir, exist_ok=True)
-  train_stream = tasks.load_token_stream(
-      dcfg.corpus, data_dir, "train", cache_dir
+  if source is None:
+    source = workdir
+    try:
+      runfiles.find(workdir)
+    except errors.MissingRunError:
+      if not config.train.init_from:
+        raise
+      source = config.train.init_from
+  restored = experiment.load(source, config=config)
+  corpus = experiment.load_corpus(config, workdir, tuple(splits), train=train)
+  os.makedirs(workdir, exist_ok=True)  # Results go here.
+  console.info(
+      "evaluating %s step %d with memories", restored.path, restored.step
   )
-  split_tokens = {
-      s: tasks.load_token_stream(dcfg.corpus, data_dir, s, cache_dir).tokens
-      for s in splits
-  }
-  vocab = train_stream.vocab_size
-  model = train.build_model(config.model, vocab)
-  ckpt_dir = None
-  for cand in ([source] if source else [workdir, config.train.init_from]):
-    if cand and _checkpoint_dir(cand):
-      ckpt_dir = _checkpoint_dir(cand)
-      break
-  if ckpt_dir is None:
-    raise FileNotFoundError(
-        f"no checkpoint to evaluate in {source or workdir}"
-        + ("" if source else " (nor in train.init_from)")
-        + ": train first or pass --config.train.init_from=RUN_DIR"
-    )
-  checker = checkpointing.Checkpointer(
-      ckpt_dir,
-      keep=1,
-      signature=train.model_signature(config, vocab),
-      create=False,
-  )
-  step = checker.latest_step()
-  checker.check_compatible(step)
-  checker.close()
-  sample = {
-      "inputs": np.zeros((1, config.eval.window_len), np.int32),
-      "targets": np.zeros((1, config.eval.window_len), np.int32),
-  }
-  state, shardings = train.create_state(
-      model, optax.identity(), mesh, sample, jax.random.PRNGKey(0)
-  )
-  abstract = checkpointing.abstract_with_sharding(
-      state.params, shardings.params
-  )
-  params, step = checkpointing.restore_params(ckpt_dir, abstract, step)
-  console.info("evaluating %s step %d with memories", ckpt_dir, step)
   return Loaded(
       config,
-      mesh,
-      model,
-      params,
-      vocab,
-      train_stream.tokens,
-      split_tokens,
-      evaluate.metric_unit(dcfg.corpus),
-      int(step),
-      os.path.dirname(ckpt_dir),
+      restored.mesh,
+      restored.model,
+      restored.params,
+      restored.vocab_size,
+      corpus.train.tokens if train else None,
+      {s: corpus.splits[s].tokens for s in splits},
+      restored.unit,
+      restored.step,
+      restored.path,
   )
 
 
-def _score(
-    loaded: Loaded,
-    split: str,
-    grid: Grid,
-    keep_tokens: bool = False,
-    desc: str = "",
-) -> dict[str, Any]:
-  c = loaded.config
-  return score_stream(
-      loaded.model,
-      loaded.params,
-      loaded.splits[split],
-      grid,
-      window_len=c.eval.window_len,
-      score_len=c.eval.score_len,
-      batch_size=c.eval_memory.batch_size,
-      mesh=loaded.mesh,
-      unit=loaded.unit,
-      block_size=int(c.eval_memory.block_size) or None,
-      max_windows=int(c.eval.max_windows),
-      keep_tokens=keep_tokens,
-      desc=desc or f"{grid.kind} {split}",
+def grid_of(setting: dict[str, Any]) -> Grid:
+  """The one-point grid of a setting ({'kind', 'long_mem_tokens', ...}) as
+  ``tune.json`` stores it under 'best'."""
+  return Grid(
+      kind=setting["kind"],
+      long_sizes=(int(setting.get("long_mem_tokens", 0)),),
+      temperatures=(float(setting.get("temperature", 1.0)),),
+      thetas=(float(setting.get("cache_theta", 0.0)),),
+      lambdas=(float(setting.get("cache_lambda", 0.0)),),
   )
-
-
-def _write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-
-
-def _check_kind(kind: str, allowed: Sequence[str]) -> None:
-  if kind not in allowed:
-    raise ValueError(
-        f"eval_memory.kind must be one of {tuple(allowed)} here, "
-        f"got {kind!r}"
-    )
-
-
-# ----------------------------------------------------------------------------
-# Modes
-# ----------------------------------------------------------------------------
-
-
-def memeval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Scores eval.splits with the configured memory (``--mode=memeval``)."""
-  em = config.eval_memory
-  _check_kind(em.kind, evaluation.KINDS)
-  loaded = load(config, workdir, splits=tuple(config.eval.splits))
-  grid = configured_grid(em)
-  results: dict[str, Any] = {
-      "mode": "memeval",
-      "kind": em.kind,
-      "metric": loaded.unit,
-      "checkpoint": loaded.source,
-      "step": loaded.step,
-  }
-  lines = []
-  for split in config.eval.splits:
-    r = _score(loaded, split, grid)
-    memory = r["grid"][0] if r.get("grid") else r["plain"]
-    results[split] = {"plain": r["plain"], "memory": memory}
-    lines.append(
-        f"{split}: {loaded.unit} {memory[loaded.unit]:.4f} with "
-        f"{em.kind} memory ({_setting(memory) or 'none'}); without "
-        f"memory {r['plain'][loaded.unit]:.4f}"
-    )
-  path = os.path.join(workdir, "memeval.json")
-  _write_json(path, results)
-  return {**results, "results_path": path, "summary_lines": lines}
-
-
-def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Grid search on valid, test at the best setting (``--mode=tune``)."""
-  em = config.eval_memory
-  _check_kind(em.kind, ("trime", "cache"))
-  loaded = load(config, workdir)
-  unit = loaded.unit
-  grid = tuning_grid(em, em.kind)
-  valid = _score(loaded, "valid", grid, desc=f"tune {em.kind} valid")
-  best = min(valid["grid"], key=lambda r: r["nll"])
-  best_grid = Grid(
-      kind=em.kind,
-      long_sizes=(best["long_mem_tokens"],),
-      temperatures=(best.get("temperature", 1.0),),
-      thetas=(best.get("cache_theta", 0.0),),
-      lambdas=(best.get("cache_lambda", 0.0),),
-  )
-  test = _score(loaded, "test", best_grid, desc=f"tune {em.kind} test")
-  setting = {
-      k: best[k]
-      for k in ("long_mem_tokens", "temperature", "cache_theta", "cache_lambda")
-      if k in best
-  }
-  results = {
-      "mode": "tune",
-      "kind": em.kind,
-      "metric": unit,
-      "checkpoint": loaded.source,
-      "step": loaded.step,
-      "best": setting,
-      "valid": {"plain": valid["plain"], "memory": best},
-      "test": {"plain": test["plain"], "memory": test["grid"][0]},
-      "grid_valid": valid["grid"],
-  }
-  _write_json(os.path.join(workdir, "tune.json"), results)
-  fields = list(setting) + ["nll", unit, "tokens"]
-  with open(os.path.join(workdir, "tune.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-    writer.writeheader()
-    for r in valid["grid"]:
-      writer.writerow(r)
-  lines = [
-      f"tune {em.kind}: best on valid at {_setting(best)}",
-      f"valid: {unit} {best[unit]:.4f} (without memory {valid['plain'][unit]:.4f})",
-      f"test: {unit} {test['grid'][0][unit]:.4f} (without memory "
-      f"{test['plain'][unit]:.4f})",
-  ]
-  return {
-      **results,
-      "results_path": os.path.join(workdir, "tune.json"),
-      "summary_lines": lines,
-  }
-
-
-def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Valid perplexity against the long-term memory size (``--mode=memsweep``)."""
-  em = config.eval_memory
-  sizes = tuple(sorted({int(n) for n in em.sweep_tokens}))
-  if not sizes:
-    raise ValueError("eval_memory.sweep_tokens is empty")
-  rows = []
-  loaded_self = None
-  for kind in em.sweep_kinds:
-    _check_kind(kind, ("trime", "cache"))
-    source = (
-        em.cache_workdir if (kind == "cache" and em.cache_workdir) else None
-    )
-    if source:
-      loaded = load(config, workdir, source=source, splits=("valid",))
-    else:
-      loaded_self = loaded_self or load(config, workdir, splits=("valid",))
-      loaded = loaded_self
-    r = _score(
-        loaded,
-        "valid",
-        tuning_grid(em, kind, sizes),
-        desc=f"memsweep {kind} valid",
-    )
-    for n in sizes:
-      best = min(
-          (g for g in r["grid"] if g["long_mem_tokens"] == n),
-          key=lambda g: g["nll"],
-      )
-      rows.append(
-          {
-              "kind": kind,
-              "checkpoint": loaded.source,
-              **best,
-              "plain_" + loaded.unit: r["plain"][loaded.unit],
-          }
-      )
-  unit = (loaded_self or loaded).unit
-  fields = [
-      "kind",
-      "long_mem_tokens",
-      unit,
-      "nll",
-      "temperature",
-      "cache_theta",
-      "cache_lambda",
-      "plain_" + unit,
-      "checkpoint",
-  ]
-  with open(os.path.join(workdir, "memsweep.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-      writer.writerow(row)
-  _write_json(
-      os.path.join(workdir, "memsweep.json"),
-      {"mode": "memsweep", "metric": unit, "rows": rows},
-  )
-  plot_memsweep(rows, unit, os.path.join(workdir, "memsweep.png"))
-  lines = [
-      f"{r['kind']:6s} N={r['long_mem_tokens']:6d}  valid {unit} "
-      f"{r[unit]:.4f}  ({_setting(r)})"
-      for r in rows
-  ]
-  return {
-      "mode": "memsweep",
-      "rows": rows,
-      "results_path": os.path.join(workdir, "memsweep.csv"),
-      "summary_lines": lines,
-  }
-
-
-def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
-  """Figure 3 style: valid perplexity against the long-term memory size."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  labels = {
-      "trime": "TRIME (Eq. 6, tuned tau)",
-      "cache": "continuous cache (tuned lambda, theta)",
-  }
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  for kind in dict.fromkeys(r["kind"] for r in rows):
-    pts = sorted(
-        (r["long_mem_tokens"], r[unit]) for r in rows if r["kind"] == kind
-    )
-    ax.plot(
-        [p[0] for p in pts],
-        [p[1] for p in pts],
-        marker="o",
-        label=labels.get(kind, kind),
-    )
-  ax.set_xlabel("long-term memory size (tokens)")
-  ax.set_ylabel(f"valid {unit}")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def buckets(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Perplexity by frequency bucket on valid, Table 14 (``--mode=buckets``)."""
-  from memjax.analysis import frequency  # pylint: disable=g-import-not-at-top
-
-  em = config.eval_memory
-  loaded = load(config, workdir, splits=("valid",))
-  grid = configured_grid(em)
-  tuned = os.path.join(workdir, "tune.json")
-  if os.path.exists(tuned):
-    with open(tuned) as f:
-      t = json.load(f)
-    if t.get("kind") == em.kind or em.kind == "none":
-      grid = Grid(
-          kind=t["kind"],
-          long_sizes=(t["best"]["long_mem_tokens"],),
-          temperatures=(t["best"].get("temperature", 1.0),),
-          thetas=(t["best"].get("cache_theta", 0.0),),
-          lambdas=(t["best"].get("cache_lambda", 0.0),),
-      )
-      console.info("buckets: using the tuned setting of %s", tuned)
-  r = _score(loaded, "valid", grid, keep_tokens=True, desc="buckets valid")
-  if em.bucket_counts == "valid":
-    counts = np.bincount(loaded.splits["valid"], minlength=loaded.vocab_size)
-  elif em.bucket_counts == "train":
-    counts = np.bincount(loaded.train_tokens, minlength=loaded.vocab_size)
-  else:
-    raise ValueError(
-        f"eval_memory.bucket_counts must be valid or train, got "
-        f"{em.bucket_counts!r}"
-    )
-  edges = tuple(int(e) for e in em.bucket_edges)
-  columns = {"no memory": r["lm_logprob"]}
-  if r.get("grid_logprob") is not None:
-    columns[f"{grid.kind} memory ({_setting(r['grid'][0])})"] = r[
-        "grid_logprob"
-    ][0]
-  table = frequency.bucket_table(r["targets"], columns, counts, edges)
-  results = {
-      "mode": "buckets",
-      "metric": "ppl",
-      "counts_from": em.bucket_counts,
-      "edges": list(edges),
-      "checkpoint": loaded.source,
-      "step": loaded.step,
-      "name": config.name,
-      "rows": table,
-  }
-  _write_json(os.path.join(workdir, "buckets.json"), results)
-  md = frequency.markdown(table, title=config.name)
-  with open(os.path.join(workdir, "buckets.md"), "w") as f:
-    f.write(md + "\n")
-  return {
-      **results,
-      "results_path": os.path.join(workdir, "buckets.md"),
-      "summary_lines": md.splitlines(),
-  }

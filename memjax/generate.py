@@ -38,9 +38,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from memjax import errors
 from memjax import console
 from memjax import recurrent_eval
-from memjax.data import sources
 from memjax.data import vocab as vocab_lib
 
 Array = jax.Array
@@ -61,7 +61,7 @@ def top_p_filter(logits: Array, top_p: float) -> Array:
     [..., V] float32 logits with -inf outside the set.
   """
   if not 0.0 < top_p <= 1.0:
-    raise ValueError(f"generate.top_p must be in (0, 1], got {top_p}")
+    raise errors.ConfigError(f"generate.top_p must be in (0, 1], got {top_p}")
   logits = jnp.asarray(logits, jnp.float32)
   order = jnp.argsort(-logits, axis=-1)
   sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
@@ -77,7 +77,9 @@ def sample_token(
 ) -> Array:
   """Draws one token per row from top-p filtered ``log_probs`` [..., V]."""
   if temperature <= 0:
-    raise ValueError(f"generate.temperature must be > 0, got {temperature}")
+    raise errors.ConfigError(
+        f"generate.temperature must be > 0, got {temperature}"
+    )
   return jax.random.categorical(
       key, top_p_filter(log_probs / temperature, top_p)
   )
@@ -146,7 +148,7 @@ class Sampler:
     """
     buffer = [int(t) for t in prompt]
     if not buffer:
-      raise ValueError("generate.prompt_len must be >= 1")
+      raise errors.ConfigError("generate.prompt_len must be >= 1")
     t_len = self.segment_len
     memory = self.model.init_memory(1)
 
@@ -209,19 +211,19 @@ def decode(vocab: Any, ids: np.ndarray) -> str:
 
 def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """``--mode=generate``: continues a prompt from a split (see module doc)."""
-  from memjax import train  # pylint: disable=g-import-not-at-top
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
 
   g = config.generate
-  restored = train.restore_latest(config, workdir, "generate")
-  if g.split not in restored.data.splits:
-    raise ValueError(
+  restored, corpus = experiment.load_for_mode(config, workdir)
+  if g.split not in corpus.splits:
+    raise errors.ConfigError(
         f"generate.split {g.split!r} is not in eval.splits "
         f"{tuple(config.eval.splits)}"
     )
-  tokens = restored.data.splits[g.split].tokens
+  tokens = corpus.splits[g.split].tokens
   start, length = int(g.prompt_offset), int(g.prompt_len)
   if length < 1 or start < 0 or start + length > len(tokens):
-    raise ValueError(
+    raise errors.ConfigError(
         f"generate.prompt_offset {start} + prompt_len {length} must lie "
         f"within the {g.split} split's {len(tokens)} tokens"
     )
@@ -249,11 +251,7 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   new = sampler.generate(
       restored.params, prompt, int(g.num_tokens), int(g.seed)
   )
-  data_dir = config.data.data_dir or sources.default_data_dir(
-      config.data.corpus
-  )
-  cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
-  vocab = vocab_lib.get_vocabulary(config.data.corpus, data_dir, cache_dir)
+  vocab = restored.vocab
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
       f"model {config.name}, step {restored.step}; prompt "

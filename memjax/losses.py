@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from memjax import errors
 from memjax.memory import trime
 from memjax.models.transformer import LMOutput
 
@@ -108,15 +109,17 @@ def make_trime_loss(
   """
   memory = cfg.memory
   if memory not in TRIME_MEMORIES:
-    raise ValueError(
+    raise errors.ConfigError(
         f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
     )
   p = float(cfg.local_hide_prob)
   if not 0.0 <= p <= 1.0:
-    raise ValueError(f"loss.local_hide_prob must be in [0, 1], got {p}")
+    raise errors.ConfigError(f"loss.local_hide_prob must be in [0, 1], got {p}")
   frac = float(cfg.lm_warmup_fraction)
   if not 0.0 <= frac <= 1.0:
-    raise ValueError(f"loss.lm_warmup_fraction must be in [0, 1], got {frac}")
+    raise errors.ConfigError(
+        f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
+    )
   warmup_steps = int(round(frac * num_steps))
   block_size = int(cfg.block_size) or None
   stop_memory = bool(cfg.stop_gradient_memory)
@@ -130,7 +133,7 @@ def make_trime_loss(
     hide = jnp.asarray(False)
     if memory == "long":
       if "lane_id" not in batch:
-        raise ValueError(
+        raise errors.ConfigError(
             "loss.memory='long' needs batches of lanes ('lane_id'): use "
             "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1"
         )
@@ -207,7 +210,9 @@ def make_loss(
     return lm_loss
   if cfg.name == "trime":
     return make_trime_loss(cfg, num_steps, seed)
-  raise ValueError(f"unknown loss.name {cfg.name!r}; use one of {LOSSES}")
+  raise errors.ConfigError(
+      f"unknown loss.name {cfg.name!r}; use one of {LOSSES}"
+  )
 
 
 def summarize_aux(metrics: dict[str, Any]) -> dict[str, float]:

@@ -7,12 +7,23 @@ Any config value can be overridden with ``--config.key=value``; unknown keys
 are rejected. Bad input (missing data, a mesh that does not fit, a checkpoint
 of another model) exits with status 2 and one line naming what to fix; files
 already in the workdir are left as they are.
+
+With ``--multihost`` every process runs the same command with its own
+``--process_id`` (or the cluster supplies the ids), e.g. two CPU processes on
+one machine (``jax_cpu_collectives_implementation`` is ``gloo`` by default):
+
+    python -m memjax.main --config=... --workdir=DIR --multihost
+        --coordinator_address=127.0.0.1:PORT --num_processes=2 --process_id=I
+
+Each process builds the same global batches and places its devices' slices;
+all take part in checkpoints; process 0 writes the logs and results.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -32,7 +43,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 # and returning a results dict. Modules import lazily (TensorFlow is slow).
 MODES = {
     "train": "memjax.train:train_and_evaluate",
-    "eval": "memjax.train:evaluate_only",
+    "eval": "memjax.evaluate:evaluate_run",
+    "export": "memjax.api:export_run",
     # Recurrent-memory models (Transformer-XL, LaMemo); see docs/lamemo.md.
     "extrapolate": "memjax.recurrent_eval:extrapolate",
     "analyze": "memjax.analysis.recurrence:analyze",
@@ -41,10 +53,10 @@ MODES = {
 # TRIME: evaluation with testing memories and the offline BM25 packing job.
 MODES.update(
     {
-        "memeval": "memjax.evaluate_memory:memeval",
-        "tune": "memjax.evaluate_memory:tune",
-        "memsweep": "memjax.evaluate_memory:memsweep",
-        "buckets": "memjax.evaluate_memory:buckets",
+        "memeval": "memjax.modes.memory:memeval",
+        "tune": "memjax.modes.memory:tune",
+        "memsweep": "memjax.modes.memory:memsweep",
+        "buckets": "memjax.modes.memory:buckets",
         "pack": "memjax.data.packing:pack",
     }
 )
@@ -58,8 +70,9 @@ _MODE = flags.DEFINE_enum(
 _MULTIHOST = flags.DEFINE_bool(
     "multihost",
     False,
-    "Call jax.distributed.initialize() (TPU pods, "
-    "multi-node GPU); coordinator and process ids come from the environment.",
+    "Call jax.distributed.initialize() (TPU pods, multi-node GPU, several "
+    "CPU processes); coordinator and process ids come from the environment "
+    "or from the flags below.",
 )
 
 _COORDINATOR = flags.DEFINE_string(
@@ -73,62 +86,96 @@ _NUM_PROCESSES = flags.DEFINE_integer(
 )
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --multihost.")
 
-flags.mark_flags_as_required(["config", "workdir"])
+_EXPORT_DIR = flags.DEFINE_string(
+    "export_dir",
+    None,
+    "--mode=export: output directory (default " "<workdir>/export).",
+)
+_EXPORT_DTYPE = flags.DEFINE_enum(
+    "export_dtype", None, ["float32", "bfloat16"],
+    "--mode=export: dtype of the stored parameters (default float32).",
+)  # fmt: skip
 
-
-class UsageError(Exception):
-  """An error the user can fix; reported as one line."""
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-  """Exception types that are reported as one line and exit status 2."""
-  from memjax import checkpointing  # pylint: disable=g-import-not-at-top
-  from memjax import sharding  # pylint: disable=g-import-not-at-top
-  from memjax import train  # pylint: disable=g-import-not-at-top
-  from memjax.data import sources  # pylint: disable=g-import-not-at-top
-
-  return (
-      sources.DataError,
-      sharding.MeshError,
-      checkpointing.CheckpointMismatchError,
-      train.NonFiniteLossError,
-      FileNotFoundError,
-      ValueError,
-      UsageError,
-  )
-
-
-def _root_cause(e: BaseException) -> BaseException:
-  while e.__cause__ is not None or e.__context__ is not None:
-    e = e.__cause__ or e.__context__
-  return e
+flags.mark_flags_as_required(["workdir"])
 
 
 def _one_line(e: BaseException) -> str:
-  """The innermost error's message, without traceback, on one line."""
-  root = _root_cause(e)
-  lines = [l.strip() for l in str(root).strip("\"'").splitlines() if l.strip()]
-  lines = [
-      l for l in lines if not l.startswith(("Traceback", "File ", "Attempted"))
-  ]
-  msg = " ".join(lines) or type(root).__name__
-  if isinstance(root, (KeyError, AttributeError)):
-    msg = (
-        f"unknown config key {msg}: check the --config.* overrides against "
-        "memjax/config.py"
-    )
-  return msg
+  """A flag-parsing error's message on one line, naming the flag."""
+  text = str(e)
+  if isinstance(e, flags.IllegalFlagValueError) or "--config." in text:
+    msg = text
+  else:
+    root = e
+    while root.__cause__ is not None or root.__context__ is not None:
+      root = root.__cause__ or root.__context__
+    msg = str(root).strip("\"'")
+    if isinstance(root, (KeyError, AttributeError)):
+      msg = (
+          f"unknown config key {msg}: check the --config.* overrides against "
+          "memjax/config.py"
+      )
+  lines = [l.strip() for l in msg.splitlines() if l.strip()]
+  return " ".join(lines) or type(e).__name__
 
 
 def parse_flags(argv: list[str]) -> list[str]:
   """Parses flags and loads the config; any problem is reported as one line."""
   try:
     rest = flags.FLAGS(argv)
-    _ = _CONFIG.value.name  # The config file loads lazily: load it now.
+    if _CONFIG.value is not None:
+      _ = _CONFIG.value.name  # The config file loads lazily: load it now.
     return rest
   except Exception as e:  # pylint: disable=broad-except
     print(f"memjax: error: {_one_line(e)}", file=sys.stderr)
     sys.exit(2)
+
+
+def resolve_config(mode: str, workdir: str) -> Any:
+  """The --config given, else the config a run or export saved.
+
+  Raises:
+    errors.ConfigError: no --config and nothing saved to take one from.
+  """
+  from memjax import errors  # pylint: disable=g-import-not-at-top
+  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+
+  config = _CONFIG.value
+  if config is None:
+    try:
+      config = runfiles.read_config(runfiles.find(workdir))
+    except errors.MissingRunError:
+      raise errors.ConfigError(
+          f"--mode={mode} needs --config=FILE:VARIANT: {workdir} holds no "
+          "run or export whose saved config.json could be used"
+      ) from None
+  if mode == "export":
+    with config.unlocked():
+      config.export.dir = _EXPORT_DIR.value or config.export.dir
+      config.export.dtype = _EXPORT_DTYPE.value or config.export.dtype
+  return config
+
+
+def report(results: dict[str, Any], config: Any, workdir: str) -> None:
+  """Prints a mode's results: files, summary lines, or split metrics."""
+  if "files" in results:
+    for path in results["files"]:
+      print(f"written: {path}")
+    return
+  if "unit" not in results:
+    for line in results.get("summary_lines", ()):
+      print(line)
+    path = results.get("results_path", os.path.join(workdir, "results.json"))
+    print(f"results: {path}")
+    return
+  unit = results["unit"]
+  for split in config.eval.splits:
+    r = results[split]
+    print(
+        f"{split}: {unit} {r[unit]:.4f} (nll {r['nll']:.4f} over "
+        f"{int(r['tokens'])} tokens; unigram "
+        f"{results['unigram'][split][unit]:.2f})"
+    )
+  print(f"results: {os.path.join(workdir, 'results.json')}")
 
 
 def main(argv):
@@ -138,7 +185,11 @@ def main(argv):
     # Library chatter (Orbax, CLU, TensorFlow) only at WARNING by default; our
     # own progress lines go to stdout. --verbosity=0 shows it all.
     logging.set_verbosity(logging.WARNING)
+  import importlib  # pylint: disable=g-import-not-at-top
+
   import jax  # pylint: disable=g-import-not-at-top
+
+  from memjax import errors  # pylint: disable=g-import-not-at-top
 
   if _MULTIHOST.value:
     jax.distributed.initialize(
@@ -146,36 +197,19 @@ def main(argv):
         num_processes=_NUM_PROCESSES.value,
         process_id=_PROCESS_ID.value,
     )
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  errors = user_errors()
   module, fn = MODES[_MODE.value].split(":")
+  workdir = _WORKDIR.value
   try:
-    results = getattr(importlib.import_module(module), fn)(
-        _CONFIG.value, _WORKDIR.value
-    )
-  except errors as e:  # pylint: disable=catching-non-exception
+    config = resolve_config(_MODE.value, workdir)
+    results = getattr(importlib.import_module(module), fn)(config, workdir)
+  except errors.UserError as e:
+    # Input problems: one line. Any other exception is a bug in our code and
+    # keeps its traceback.
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
-  if "files" in results:
-    for path in results["files"]:
-      print(f"written: {path}")
-    return
-  if "unit" not in results:
-    for line in results.get("summary_lines", ()):
-      print(line)
-    print(
-        f"results: {results.get('results_path', os.path.join(_WORKDIR.value, 'results.json'))}"
-    )
-    return
-  unit = results["unit"]
-  for split in _CONFIG.value.eval.splits:
-    r = results[split]
-    print(
-        f"{split}: {unit} {r[unit]:.4f} (nll {r['nll']:.4f} over "
-        f"{int(r['tokens'])} tokens; unigram {results['unigram'][split][unit]:.2f})"
-    )
-  print(f"results: {os.path.join(_WORKDIR.value, 'results.json')}")
+  if jax.process_index() != 0:
+    return  # Process 0 wrote the results and reports them.
+  report(results, config, workdir)
 
 
 if __name__ == "__main__":

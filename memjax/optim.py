@@ -7,6 +7,8 @@ from typing import Any
 import ml_collections
 import optax
 
+from memjax import errors
+
 
 def make_schedule(
     cfg: ml_collections.ConfigDict, num_steps: int
@@ -45,7 +47,7 @@ def make_schedule(
     if warm:
       return optax.linear_schedule(0.0, lr, warm)
     return optax.constant_schedule(lr)
-  raise ValueError(
+  raise errors.ConfigError(
       f"unknown optim.schedule {cfg.schedule!r}; use cosine, inverse_sqrt or "
       "constant"
   )
@@ -77,7 +79,9 @@ def make_optimizer(
   elif name == "sgd":
     opt = optax.sgd(sched, momentum=cfg.momentum or None)
   else:
-    raise ValueError(f"unknown optim.optimizer {name!r}; use adam, nag or sgd")
+    raise errors.ConfigError(
+        f"unknown optim.optimizer {name!r}; use adam, nag or sgd"
+    )
   parts: list[Any] = []
   if cfg.clip_norm and cfg.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.clip_norm))

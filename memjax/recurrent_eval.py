@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from memjax import errors
 from memjax import console
 from memjax import evaluate
 from memjax import sharding as sharding_lib
@@ -111,13 +112,13 @@ class StreamEvaluator:
     if mem_len is not None and mem_len != model.mem_len:
       model = model.clone(mem_len=int(mem_len))
     if not model.carries_memory():
-      raise ValueError(
+      raise errors.ConfigError(
           f"recurrent evaluation needs a model that carries memory (attention "
           f"'xl' or 'lamemo' with mem_len > 0); got attention "
           f"{model.attention!r}, mem_len {model.mem_len}"
       )
     if segment_len < 1 or lanes < 1 or chunk < 1:
-      raise ValueError(
+      raise errors.ConfigError(
           f"eval segment_len, lanes and chunk must be >= 1; got {segment_len}, "
           f"{lanes}, {chunk}"
       )
@@ -129,6 +130,8 @@ class StreamEvaluator:
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     self.padded_lanes = int(math.ceil(self.lanes / dp) * dp)
     self.chunk = int(chunk)
+    # Also return per-prediction log-probabilities ([S, lanes, L]).
+    self.keep_tokens = False
     self._scan = sharding_lib.under_mesh(jax.jit(self._run_chunk), mesh)
 
   def _step(
@@ -144,10 +147,13 @@ class StreamEvaluator:
         deterministic=True,
     )
     w = segment["weights"]
-    return out.memory, {
+    res = {
         "nll_sum": -jnp.sum(out.target_logprob * w, axis=1),
         "tokens": jnp.sum(w, axis=1),
     }
+    if self.keep_tokens:
+      res["logprob"] = out.target_logprob * w
+    return out.memory, res
 
   def _run_chunk(
       self, params: Any, memory: Any, segments: dict[str, Array]
@@ -357,7 +363,7 @@ def extrapolation_rows(
   seg = segment_len_of(config)
   ratios = [int(m) for m in config.extrapolate.ratios]
   if not ratios or min(ratios) < 1:
-    raise ValueError(
+    raise errors.ConfigError(
         f"extrapolate.ratios must be positive integers, got {ratios}"
     )
   rows = []
@@ -395,12 +401,12 @@ def extrapolate(
   (m, mem_len, segment_len, split, nll, ppl|bpc, tokens),
   ``extrapolation.json`` and ``extrapolation.png``.
   """
-  from memjax import train  # pylint: disable=g-import-not-at-top
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
 
-  restored = train.restore_latest(config, workdir, "extrapolate")
+  restored, corpus = experiment.load_for_mode(config, workdir)
   split = config.extrapolate.split
-  if split not in restored.data.splits:
-    raise ValueError(
+  if split not in corpus.splits:
+    raise errors.ConfigError(
         f"extrapolate.split {split!r} is not in eval.splits "
         f"{tuple(config.eval.splits)}"
     )
@@ -408,7 +414,7 @@ def extrapolate(
       config,
       restored.model,
       restored.params,
-      restored.data.splits[split].tokens,
+      corpus.splits[split].tokens,
       restored.mesh,
       restored.unit,
   )

@@ -23,6 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from memjax import errors
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
@@ -37,8 +39,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-class MeshError(ValueError):
-  """A mesh that does not fit the devices or the batch."""
+MeshError = errors.MeshError
 
 
 def mesh_shape(spec: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
@@ -117,6 +118,9 @@ def put_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
 
   Every process computes the global batch deterministically from the step, so
   each device simply takes its slice; this works on one host and on many.
+  ``jax.make_array_from_callback`` asks only for the slices of the calling
+  process's own devices, so with several processes each one copies only the
+  rows its devices hold, and the result is one global array.
   """
   out = {}
   for k, v in batch.items():

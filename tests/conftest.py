@@ -1,13 +1,9 @@
-"""Test set-up: eight fake CPU devices, and one smoke run shared by tests.
+"""Test set-up: eight fake CPU devices, so sharding tests can build meshes.
 
 The flag must be set before jax is imported anywhere in the test process.
 """
 
 import os
-import subprocess
-import sys
-
-import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -20,35 +16,37 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
+
+import subprocess  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import sys  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="session")
-def smoke_workdir(tmp_path_factory) -> str:
-  """A finished run of configs/trime_wt103.py:smoke, made once per session.
-
-  Trained by ``python -m memjax.main`` in a subprocess on one CPU device, as
-  on a user's laptop. Tests that share it must not change it; the run's
-  output is in ``main.log`` next to the workdir.
-  """
-  base = tmp_path_factory.mktemp("smoke")
-  workdir = str(base / "workdir")
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # One device, not the tests' eight.
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "memjax.main",
-          "--config=configs/trime_wt103.py:smoke",
-          f"--workdir={workdir}",
-      ],
+def run_main(*args, timeout=600, devices=1, env=None):
+  """Runs ``python -m memjax.main`` as a user would (``devices`` CPUs)."""
+  full = dict(os.environ)
+  full["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  full.update(env or {})
+  return subprocess.run(
+      [sys.executable, "-m", "memjax.main", *args],
       cwd=REPO,
-      env=env,
+      env=full,
       capture_output=True,
       text=True,
-      timeout=900,
+      timeout=timeout,
   )
-  (base / "main.log").write_text(proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def smoke_workdir(tmp_path_factory):
+  """One finished smoke run (configs/trime_wt103.py:smoke) shared by the
+  tests that only read it (loading, scoring, export, notebooks)."""
+  workdir = str(tmp_path_factory.mktemp("shared_smoke"))
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}"
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return workdir

@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
+from memjax import evaluate
 from memjax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,19 +59,57 @@ def test_smoke_writes_events_checkpoint_and_results(smoke_run):
   assert "valid: ppl" in proc.stdout and "test: ppl" in proc.stdout
 
 
-def test_second_run_with_more_steps_resumes(smoke_run):
+def test_resume_with_more_steps_needs_extend_schedule(smoke_run):
   workdir, _ = smoke_run
-  proc = _run_main(
-      "--config=configs/trime_wt103.py:smoke",
-      f"--workdir={workdir}",
-      "--config.train.num_steps=25",
-      "--config.train.checkpoint_every=5",
-  )
+  args = ("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
+          "--config.train.num_steps=25", "--config.train.checkpoint_every=5")  # fmt: skip
+  before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  proc = _run_main(*args)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith("memjax: error:") and "20-step schedule" in line
+  assert "extend_schedule=True" in line and "init_from" in line
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+  proc = _run_main(*args, "--config.train.extend_schedule=True")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "resumed from" in proc.stdout and "at step 20" in proc.stdout
   assert "training from step 20 to 25" in proc.stdout
   with open(os.path.join(workdir, "results.json")) as f:
     assert json.load(f)["step"] == 25
+
+
+def test_resume_with_other_data_settings_is_refused(smoke_run):
+  workdir, _ = smoke_run
+  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
+                   "--config.train.num_steps=25", "--config.seed=3",
+                   "--config.data.batching=blocks")  # fmt: skip
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  line = proc.stderr.strip().splitlines()[-1]
+  assert "other data settings" in line and "seed: 0 -> 3" in line
+  assert "data.batching: 'random' -> 'blocks'" in line
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(smoke_run):
+  workdir, _ = smoke_run
+  ckpt = os.path.join(workdir, "checkpoints")
+  assert "25" in os.listdir(ckpt) and "20" in os.listdir(ckpt)
+  # Damage the array data of the latest step.
+  for root, _, files in os.walk(os.path.join(ckpt, "25", "state")):
+    for name in files:
+      if "ocdbt" in root or name.startswith("d"):
+        with open(os.path.join(root, name), "wb") as f:
+          f.write(b"\0garbage")
+  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
+                   "--config.train.num_steps=25",
+                   "--config.train.checkpoint_every=5",
+                   # Step 20 was saved with the run's first, 20-step horizon.
+                   "--config.train.extend_schedule=True")  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "checkpoint step 25" in proc.stderr and "damaged" in proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert "resumed from" in proc.stdout and "at step 20" in proc.stdout
+  assert os.path.isdir(os.path.join(ckpt, "damaged-25"))  # Kept, not deleted.
+  assert os.path.isdir(os.path.join(ckpt, "25", "state"))  # Written anew.
 
 
 def test_checkpoint_of_another_model_is_refused_and_kept(smoke_run):
@@ -97,6 +137,9 @@ def test_checkpoint_of_another_model_is_refused_and_kept(smoke_run):
         (["--config.foo=1"], "unknown config key foo"),
         (["--config.data.data_dir=/nonexistent/wt"], "/nonexistent/wt"),
         (["--config.mesh.data=3"], "has 3 devices but 1 are available"),
+        (["--config.train.num_steps=-5"], "train.num_steps must be a positive"),
+        (["--config.train.num_steps=abc"], "--config.train.num_steps=abc"),
+        (["--config.model.attention=nope"], "unknown model.attention 'nope'"),
         (
             ["--config.data.batch_size=7", "--config.train.grad_accum=2"],
             "not divisible",
@@ -147,13 +190,63 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
   )
 
 
-def test_init_from_restores_parameters_of_another_run(smoke_run, tmp_path):
+def test_init_from_evaluates_another_run_on_eight_devices(smoke_run, tmp_path):
   workdir, _ = smoke_run
   with open(os.path.join(workdir, "results.json")) as f:
     source = json.load(f)
   config = trime_wt103.get_config("smoke")
   config.train.init_from = workdir
   # The source run trained on one device; this one restores onto eight.
-  res = train.train_and_evaluate(config, str(tmp_path / "from"), mode="eval")
-  assert res["step"] == 0  # A fresh state whose parameters came from elsewhere.
+  res = evaluate.evaluate_run(config, str(tmp_path / "from"))
+  assert res["step"] == source["step"] and res["checkpoint"] == workdir
   assert res["valid"]["nll"] == pytest.approx(source["valid"]["nll"], rel=1e-5)
+
+
+def test_workdir_that_is_a_file(tmp_path):
+  path = tmp_path / "afile"
+  path.write_text("x")
+  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={path}")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  assert "is not a directory" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_corpus_that_is_not_utf8_is_named_and_nothing_is_written(tmp_path):
+  data = tmp_path / "wt"
+  shutil.copytree(os.path.join(REPO, "demo_data", "wikitext"), data,
+                  ignore=shutil.ignore_patterns("memjax_cache"))  # fmt: skip
+  train_file = data / "wiki.train.tokens"
+  train_file.write_bytes(train_file.read_bytes()[:5000] + b"caf\xc2 x\n")
+  workdir = tmp_path / "run"
+  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
+                   f"--config.data.data_dir={data}")  # fmt: skip
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  line = proc.stderr.strip().splitlines()[-1]
+  assert str(train_file) in line and "not UTF-8" in line
+  assert not workdir.exists()
+
+
+def test_init_from_a_run_of_another_model_is_one_line(smoke_run, tmp_path):
+  workdir, _ = smoke_run
+  proc = _run_main("--config=configs/trime_wt103.py:smoke",
+                   f"--workdir={tmp_path / 'new'}",
+                   f"--config.train.init_from={workdir}",
+                   "--config.model.d_model=48")  # fmt: skip
+  assert proc.returncode == 2
+  assert "Traceback" not in proc.stderr and "Event loop" not in proc.stderr
+  line = proc.stderr.strip().splitlines()[-1]
+  assert "differ in shape" in line and "init_from" in line
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
+  # An exception that is not a UserError is not reduced to one line.
+  proc = subprocess.run(
+      [sys.executable, "-c",
+       "import sys; from memjax import main; "
+       "main.MODES['train'] = 'json:loads'; "
+       "sys.argv = ['memjax', '--config=configs/trime_wt103.py:smoke', "
+       f"'--workdir={tmp_path}']; "
+       "from absl import app; app.run(main.main, flags_parser=main.parse_flags)"],
+      cwd=REPO, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode != 0 and proc.returncode != 2
+  assert "Traceback" in proc.stderr and "memjax: error" not in proc.stderr

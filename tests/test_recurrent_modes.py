@@ -17,6 +17,7 @@ from memjax import config as config_lib
 from memjax import generate as generate_lib
 from memjax import recurrent_eval
 from memjax import sharding as sharding_lib
+from memjax import experiment
 from memjax import train
 from memjax.analysis import recurrence as analysis
 from memjax.data import streams
@@ -175,13 +176,13 @@ def test_memory_models_need_consecutive_batches_of_whole_lanes():
   config = lamemo_wt103.get_config("smoke")
   config.data.batching = "random"
   with pytest.raises(ValueError, match="consecutive"):
-    train.check_recurrent_config(config, mesh)
+    experiment.check_batch_fits(config, mesh)
   config = lamemo_wt103.get_config("smoke")
   config.data.segments_per_lane = 4  # 2 lanes
   config.train.grad_accum = 4
   with pytest.raises(ValueError, match="whole lanes"):
-    train.check_recurrent_config(config, mesh)
-  train.check_recurrent_config(txl_wt103.get_config("rpe_smoke"), mesh)
+    experiment.check_batch_fits(config, mesh)
+  experiment.check_batch_fits(txl_wt103.get_config("rpe_smoke"), mesh)
 
 
 def test_config_variants():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
-from memjax import evaluate_memory
+from memjax.modes import memory as memory_modes
 from memjax import train
 from memjax.analysis import frequency
 from memjax.data import packing
@@ -53,7 +53,7 @@ def test_trime_long_trains_and_logs_memory_metrics(long_run):
 
 def test_tune_writes_best_setting_and_test_at_it(long_run):
   config, workdir, res = long_run
-  out = evaluate_memory.tune(config, workdir)
+  out = memory_modes.tune(config, workdir)
   with open(os.path.join(workdir, "tune.json")) as f:
     saved = json.load(f)
   assert saved["best"]["long_mem_tokens"] in (0, 32)
@@ -75,7 +75,7 @@ def test_tune_writes_best_setting_and_test_at_it(long_run):
 
 def test_memsweep_writes_csv_and_plot(long_run):
   config, workdir, _ = long_run
-  evaluate_memory.memsweep(config, workdir)
+  memory_modes.memsweep(config, workdir)
   with open(os.path.join(workdir, "memsweep.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [(r["kind"], int(r["long_mem_tokens"])) for r in rows] == [
@@ -91,7 +91,7 @@ def test_memsweep_writes_csv_and_plot(long_run):
 
 def test_buckets_and_memeval(long_run):
   config, workdir, _ = long_run
-  res = evaluate_memory.buckets(config, workdir)
+  res = memory_modes.buckets(config, workdir)
   rows = res["rows"]
   assert [r["bucket"] for r in rows][-1] == "avg"
   assert sum(r["tokens"] for r in rows[:-1]) == rows[-1]["tokens"]
@@ -104,7 +104,7 @@ def test_buckets_and_memeval(long_run):
       tuned["valid"]["memory"]["ppl"], rel=1e-5
   )
   assert "| tokens |" in frequency.merge([workdir, workdir])
-  out = evaluate_memory.memeval(config, workdir)
+  out = memory_modes.memeval(config, workdir)
   assert (
       out["valid"]["memory"]["long_mem_tokens"]
       == config.eval_memory.long_mem_tokens

@@ -10,7 +10,8 @@ import pytest
 from configs import trime_wt103
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax import train
+from memjax import experiment
+from memjax import train_step
 from memjax.data import packing
 from memjax.memory import trime
 from memjax.models import transformer
@@ -60,10 +61,10 @@ def _run_step(memory, mesh_spec, devices=None, grad_accum=1):
   batch = _batch()
   tx = optax.adam(1e-2)
   mesh = sharding_lib.make_mesh(mesh_spec, devices)
-  state, shardings = train.create_state(
+  state, shardings = experiment.create_state(
       model, tx, mesh, batch, jax.random.PRNGKey(0)
   )
-  step = train.make_train_step(
+  step = train_step.make_train_step(
       model,
       tx,
       losses.make_loss(_loss_cfg(memory), 10),

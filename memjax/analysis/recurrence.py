@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from memjax import errors
 from memjax import console
 from memjax import recurrent_eval
 
@@ -200,12 +201,12 @@ def plot_attention_by_distance(
 
 def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """``--mode=analyze``: alpha and attention by distance (see module doc)."""
-  from memjax import train  # pylint: disable=g-import-not-at-top
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
 
-  restored = train.restore_latest(config, workdir, "analyze")
+  restored, corpus = experiment.load_for_mode(config, workdir)
   split = config.analyze.split
-  if split not in restored.data.splits:
-    raise ValueError(
+  if split not in corpus.splits:
+    raise errors.ConfigError(
         f"analyze.split {split!r} is not in eval.splits "
         f"{tuple(config.eval.splits)}"
     )
@@ -220,7 +221,7 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   num = int(config.analyze.num_segments)
   res = analyzer.analyze(
       restored.params,
-      restored.data.splits[split].tokens,
+      corpus.splits[split].tokens,
       num,
       desc=f"analyze {split}",
   )

@@ -33,6 +33,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from memjax import errors
 from memjax import console
 from memjax.data import sources
 from memjax.data import streams
@@ -51,13 +52,13 @@ def check_trime_batching(config: ml_collections.ConfigDict) -> None:
     return
   m = int(d.segments_per_lane)
   if d.batching not in ("blocks", "consecutive") or m < 2:
-    raise ValueError(
+    raise errors.ConfigError(
         "loss.memory='long' needs lanes of consecutive segments: set "
         "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1"
     )
   micro = d.batch_size // max(int(config.train.grad_accum), 1)
   if micro % m:
-    raise ValueError(
+    raise errors.ConfigError(
         f"loss.memory='long': the micro-batch of {micro} rows (data.batch_size / "
         f"train.grad_accum) is not a multiple of data.segments_per_lane {m}, so "
         "lanes would be split between micro-batches"
@@ -72,7 +73,7 @@ def stopword_ids(
   if not d.bm25_stopwords:
     return None
   if sources.corpus_spec(d.corpus).level != "word":
-    raise ValueError(
+    raise errors.ConfigError(
         "data.bm25_stopwords needs a word-level corpus (wikitext103)"
     )
   import bm25s  # pylint: disable=g-import-not-at-top
@@ -102,7 +103,7 @@ def bm25_order(
 
   d = config.data
   if int(d.bm25_k) < 1:
-    raise ValueError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
+    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
   start = time.time()
   console.info(
       "BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
@@ -141,7 +142,7 @@ def make_batcher(
   if d.batching == "blocks":
     m = int(d.segments_per_lane)
     if d.batch_size % m:
-      raise ValueError(
+      raise errors.ConfigError(
           f"data.batch_size {d.batch_size} is not a multiple of "
           f"data.segments_per_lane {m}"
       )
@@ -153,7 +154,7 @@ def make_batcher(
     return streams.PackedSegments(
         train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
     )
-  raise ValueError(
+  raise errors.ConfigError(
       f"unknown data.batching {d.batching!r}; use one of {BATCHINGS}"
   )
 

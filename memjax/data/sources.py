@@ -27,6 +27,8 @@ import os
 import re
 import tempfile
 
+from memjax import errors
+
 # The repository's small demo corpora: memjax/../demo_data.
 DEMO_DATA_DIR: str = os.path.abspath(
     os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "demo_data")
@@ -43,8 +45,7 @@ EVAL_SPLIT_BYTES: int = 5_000_000
 CACHE_SUBDIR: str = "memjax_cache"
 
 
-class DataError(ValueError):
-  """Bad data input: unknown corpus, or a missing data directory or file."""
+DataError = errors.DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,8 +364,26 @@ def read_text(corpus: str, data_dir: str, split: str) -> str:
   """Returns the text of a word-level ``split`` exactly as in the file."""
   path = split_path(corpus, data_dir, split)
   # newline="" keeps the file's line endings: only '\n' ends a line (EOS).
-  with open(path, encoding="utf-8", newline="") as f:
-    return f.read()
+  return read_utf8(path)
+
+
+def read_utf8(path: str) -> str:
+  """Reads a UTF-8 text file, keeping its line endings.
+
+  Raises:
+    DataError: naming the file and the byte offset of the first byte that is
+      not UTF-8.
+  """
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(
+        f"{path} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}"
+        "); word-level corpora must be UTF-8: re-encode the file (e.g. "
+        "iconv -t UTF-8) or point data.data_dir at the right copy"
+    ) from None
 
 
 def read_documents(

@@ -38,6 +38,8 @@ from typing import Iterator
 
 import numpy as np
 
+from memjax import errors
+
 
 def _as_stream(tokens: np.ndarray) -> np.ndarray:
   tokens = np.asarray(tokens)
@@ -97,7 +99,7 @@ class RandomSegments:
     self.aligned = aligned
     self.num_segments = (len(self._tokens) - 1) // seq_len
     if self.num_segments < 1:
-      raise ValueError(
+      raise errors.ConfigError(
           f"A stream of {len(self._tokens)} tokens is too short for "
           f"segments of {seq_len} (needs at least {seq_len + 1})."
       )
@@ -200,7 +202,7 @@ class ConsecutiveSegments:
     self.segments_per_epoch = max(self.lane_len - 1, 0) // seq_len
     self._steps_per_epoch = self.segments_per_epoch // segments_per_lane
     if self._steps_per_epoch < 1:
-      raise ValueError(
+      raise errors.ConfigError(
           f"A stream of {len(self._tokens)} tokens in {lanes} lanes has "
           f"lanes of {self.lane_len} tokens, too short for "
           f"{segments_per_lane} segment(s) of {seq_len} (needs "
@@ -382,7 +384,7 @@ class PackedSegments:
     order = order[(order >= 0) & (order < usable)]
     self.num_batches = len(order) // batch_size
     if self.num_batches < 1:
-      raise ValueError(
+      raise errors.ConfigError(
           f"The packing order holds {len(order)} usable segments of "
           f"{seq_len} tokens, fewer than one batch of {batch_size}."
       )

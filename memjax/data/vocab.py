@@ -177,8 +177,8 @@ class WordVocabulary(seqio.Vocabulary):
     Returns:
         The vocabulary, with training counts.
     """
-    with open(train_path, encoding="utf-8", newline="\n") as f:
-      tokens, counts = count_words(f)
+    text = sources.read_utf8(train_path)
+    tokens, counts = count_words(sources.split_lines(text))
     return cls._from_counts(tokens, counts, min_count)
 
   @classmethod

@@ -40,6 +40,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import cache as cache_lib
 from memjax.memory import trime
@@ -245,14 +246,20 @@ def make_eval_step(
       [len(long_sizes), len(thetas), len(lambdas), W, S] log-probabilities.
   """
   if kind not in KINDS:
-    raise ValueError(f"unknown eval_memory.kind {kind!r}; use one of {KINDS}")
+    raise errors.ConfigError(
+        f"unknown eval_memory.kind {kind!r}; use one of {KINDS}"
+    )
   long_sizes = tuple(int(n) for n in long_sizes)
   if any(n < 0 for n in long_sizes):
-    raise ValueError(f"long-term memory sizes must be >= 0, got {long_sizes}")
+    raise errors.ConfigError(
+        f"long-term memory sizes must be >= 0, got {long_sizes}"
+    )
   if kind == "trime" and not temperatures:
-    raise ValueError("trime evaluation needs at least one temperature")
+    raise errors.ConfigError("trime evaluation needs at least one temperature")
   if kind == "cache" and (not thetas or not lambdas):
-    raise ValueError("cache evaluation needs at least one theta and one lambda")
+    raise errors.ConfigError(
+        "cache evaluation needs at least one theta and one lambda"
+    )
   context = window_len - score_len
   capacity = bank_capacity(kind, long_sizes, window_len, score_len)
 

@@ -25,6 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
+
 Array = jax.Array
 
 
@@ -44,7 +46,7 @@ def cluster_bounds(
   if cuts and (
       sorted(set(cuts)) != cuts or cuts[0] <= 0 or cuts[-1] >= vocab_size
   ):
-    raise ValueError(
+    raise errors.ConfigError(
         f"adaptive cutoffs {cuts} must increase strictly inside (0, "
         f"{vocab_size}); set model.cutoffs to fit the vocabulary"
     )

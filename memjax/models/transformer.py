@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from memjax import errors
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import recurrence
@@ -95,7 +96,7 @@ def make_attention(kind: str, **kwargs) -> nn.Module:
     from memjax.models import lamemo  # pylint: disable=g-import-not-at-top
 
     return lamemo.LaMemoAttention(**kwargs, **kind_kwargs)
-  raise ValueError(
+  raise errors.ConfigError(
       f"unknown model.attention {kind!r}; choose one of {ATTENTION_KINDS}"
   )
 
@@ -350,7 +351,7 @@ class TransformerLM(nn.Module):
     if self.attention == "vanilla":
       t = inputs.shape[1]
       if t > self.max_len:
-        raise ValueError(
+        raise errors.ConfigError(
             f"segment length {t} exceeds model.max_len {self.max_len}"
         )
       x = x + jnp.asarray(sinusoid_table(t, self.d_model), self.dtype)[None]

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks; ``harness`` is what they share."""

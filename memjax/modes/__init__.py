@@ -1,0 +1,1 @@
+"""Modes of ``python -m memjax.main`` grouped by method family."""

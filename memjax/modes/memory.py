@@ -1,0 +1,360 @@
+"""Evaluation with testing memories: the memeval, tune, memsweep and buckets modes.
+
+    python -m memjax.main --config=configs/trime_wt103.py:trime_long_demo \
+        --workdir=runs/trime_long --mode=tune
+
+Each mode restores the latest checkpoint of ``--workdir`` (or of
+``train.init_from`` when the workdir has none), scores splits with the
+sliding windows of ``eval.window_len`` / ``eval.score_len`` and the memories
+of ``config.eval_memory`` (see ``memjax/memory/evaluation.py``), and writes
+its results into the workdir:
+
+* ``memeval``: the configured setting (kind, N, tau or lambda/theta) on
+  ``eval.splits`` -> ``memeval.json``.
+* ``tune``: a grid search on valid (tau for TRIME, lambda x theta for the
+  cache, times the sizes of ``eval_memory.long_mem_grid``), then test at the
+  best setting -> ``tune.json``, ``tune.csv``.
+* ``memsweep``: valid perplexity against the long-term memory size
+  (``eval_memory.sweep_tokens``), each size at its best tau (TRIME) or
+  (lambda, theta) (cache; on the checkpoint of ``eval_memory.cache_workdir``
+  if given), Figure 3 style -> ``memsweep.csv``, ``memsweep.json``,
+  ``memsweep.png``.
+* ``buckets``: perplexity by frequency bucket (Table 14) of the plain model
+  and of the model with its memory (the tuned setting of ``tune.json`` when
+  present, else the configured one) -> ``buckets.json``, ``buckets.md``.
+
+Every mode reports the plain model (no memory) alongside, from the same pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Any, Sequence
+
+import ml_collections
+import numpy as np
+
+from memjax import console
+from memjax import errors
+from memjax import evaluate_memory as em_lib
+from memjax.evaluate_memory import Grid
+from memjax.evaluate_memory import Loaded
+from memjax.evaluate_memory import configured_grid
+from memjax.evaluate_memory import grid_of
+from memjax.evaluate_memory import load
+from memjax.evaluate_memory import tuning_grid
+from memjax.memory import evaluation
+
+setting_str = em_lib.setting_str
+
+
+def _score(
+    loaded: Loaded,
+    split: str,
+    grid: Grid,
+    keep_tokens: bool = False,
+    desc: str = "",
+) -> dict[str, Any]:
+  c = loaded.config
+  return em_lib.score_stream(
+      loaded.model,
+      loaded.params,
+      loaded.splits[split],
+      grid,
+      window_len=c.eval.window_len,
+      score_len=c.eval.score_len,
+      batch_size=c.eval_memory.batch_size,
+      mesh=loaded.mesh,
+      unit=loaded.unit,
+      block_size=int(c.eval_memory.block_size) or None,
+      max_windows=int(c.eval.max_windows),
+      keep_tokens=keep_tokens,
+      desc=desc or f"{grid.kind} {split}",
+  )
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def _check_kind(kind: str, allowed: Sequence[str]) -> None:
+  if kind not in allowed:
+    raise errors.ConfigError(
+        f"eval_memory.kind must be one of {tuple(allowed)} here, "
+        f"got {kind!r}"
+    )
+
+
+# ----------------------------------------------------------------------------
+# Modes
+# ----------------------------------------------------------------------------
+
+
+def memeval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Scores eval.splits with the configured memory (``--mode=memeval``)."""
+  em = config.eval_memory
+  _check_kind(em.kind, evaluation.KINDS)
+  loaded = load(config, workdir, splits=tuple(config.eval.splits))
+  grid = configured_grid(em)
+  results: dict[str, Any] = {
+      "mode": "memeval",
+      "kind": em.kind,
+      "metric": loaded.unit,
+      "checkpoint": loaded.source,
+      "step": loaded.step,
+  }
+  lines = []
+  for split in config.eval.splits:
+    r = _score(loaded, split, grid)
+    memory = r["grid"][0] if r.get("grid") else r["plain"]
+    results[split] = {"plain": r["plain"], "memory": memory}
+    lines.append(
+        f"{split}: {loaded.unit} {memory[loaded.unit]:.4f} with "
+        f"{em.kind} memory ({setting_str(memory) or 'none'}); without "
+        f"memory {r['plain'][loaded.unit]:.4f}"
+    )
+  path = os.path.join(workdir, "memeval.json")
+  _write_json(path, results)
+  return {**results, "results_path": path, "summary_lines": lines}
+
+
+# Grid axis of each setting key, and the config key of its values.
+_GRID_KEYS = {
+    "temperature": "temperature_grid",
+    "cache_theta": "cache_theta_grid",
+    "cache_lambda": "cache_lambda_grid",
+    "long_mem_tokens": "long_mem_grid",
+}
+
+
+def grid_edges(grid: Grid, best: dict[str, Any]) -> dict[str, float]:
+  """The settings of ``best`` that lie at the smallest or largest value of a
+  grid axis with more than one value (the optimum may lie outside)."""
+  axes = {
+      "temperature": grid.temperatures if grid.kind == "trime" else (),
+      "cache_theta": grid.thetas if grid.kind == "cache" else (),
+      "cache_lambda": grid.lambdas if grid.kind == "cache" else (),
+      "long_mem_tokens": grid.long_sizes,
+  }
+  out = {}
+  for key, values in axes.items():
+    if len(set(values)) > 1 and key in best:
+      if best[key] in (min(values), max(values)):
+        out[key] = best[key]
+  return out
+
+
+def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Grid search on valid, test at the best setting (``--mode=tune``)."""
+  em = config.eval_memory
+  _check_kind(em.kind, ("trime", "cache"))
+  loaded = load(config, workdir)
+  unit = loaded.unit
+  grid = tuning_grid(em, em.kind)
+  valid = _score(loaded, "valid", grid, desc=f"tune {em.kind} valid")
+  best = min(valid["grid"], key=lambda r: r["nll"])
+  best_grid = grid_of({"kind": em.kind, **best})
+  edges = grid_edges(grid, best)
+  test = _score(loaded, "test", best_grid, desc=f"tune {em.kind} test")
+  setting = {
+      k: best[k]
+      for k in ("long_mem_tokens", "temperature", "cache_theta", "cache_lambda")
+      if k in best
+  }
+  results = {
+      "mode": "tune",
+      "kind": em.kind,
+      "metric": unit,
+      "checkpoint": loaded.source,
+      "step": loaded.step,
+      "best": setting,
+      "valid": {"plain": valid["plain"], "memory": best},
+      "test": {"plain": test["plain"], "memory": test["grid"][0]},
+      "grid_valid": valid["grid"],
+      "on_grid_edge": edges,
+  }
+  _write_json(os.path.join(workdir, "tune.json"), results)
+  fields = list(setting) + ["nll", unit, "tokens"]
+  with open(os.path.join(workdir, "tune.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for r in valid["grid"]:
+      writer.writerow(r)
+  lines = [
+      f"tune {em.kind}: best on valid at {setting_str(best)}",
+      f"valid: {unit} {best[unit]:.4f} (without memory {valid['plain'][unit]:.4f})",
+      f"test: {unit} {test['grid'][0][unit]:.4f} (without memory "
+      f"{test['plain'][unit]:.4f})",
+  ]
+  for key, value in edges.items():
+    warning = (
+        f"warning: the best {key} ({value:g}) lies on the edge of its grid; "
+        f"widen eval_memory.{_GRID_KEYS[key]} and tune again"
+    )
+    console.warn("%s", warning)
+    lines.append(warning)
+  return {
+      **results,
+      "results_path": os.path.join(workdir, "tune.json"),
+      "summary_lines": lines,
+  }
+
+
+def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Valid perplexity against the long-term memory size (``--mode=memsweep``)."""
+  em = config.eval_memory
+  sizes = tuple(sorted({int(n) for n in em.sweep_tokens}))
+  if not sizes:
+    raise errors.ConfigError("eval_memory.sweep_tokens is empty")
+  rows = []
+  loaded_self = None
+  for kind in em.sweep_kinds:
+    _check_kind(kind, ("trime", "cache"))
+    source = (
+        em.cache_workdir if (kind == "cache" and em.cache_workdir) else None
+    )
+    if source:
+      loaded = load(config, workdir, source=source, splits=("valid",))
+    else:
+      loaded_self = loaded_self or load(config, workdir, splits=("valid",))
+      loaded = loaded_self
+    r = _score(
+        loaded,
+        "valid",
+        tuning_grid(em, kind, sizes),
+        desc=f"memsweep {kind} valid",
+    )
+    for n in sizes:
+      best = min(
+          (g for g in r["grid"] if g["long_mem_tokens"] == n),
+          key=lambda g: g["nll"],
+      )
+      rows.append(
+          {
+              "kind": kind,
+              "checkpoint": loaded.source,
+              **best,
+              "plain_" + loaded.unit: r["plain"][loaded.unit],
+          }
+      )
+  unit = (loaded_self or loaded).unit
+  fields = [
+      "kind",
+      "long_mem_tokens",
+      unit,
+      "nll",
+      "temperature",
+      "cache_theta",
+      "cache_lambda",
+      "plain_" + unit,
+      "checkpoint",
+  ]
+  with open(os.path.join(workdir, "memsweep.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+      writer.writerow(row)
+  _write_json(
+      os.path.join(workdir, "memsweep.json"),
+      {"mode": "memsweep", "metric": unit, "rows": rows},
+  )
+  plot_memsweep(rows, unit, os.path.join(workdir, "memsweep.png"))
+  lines = [
+      f"{r['kind']:6s} N={r['long_mem_tokens']:6d}  valid {unit} "
+      f"{r[unit]:.4f}  ({setting_str(r)})"
+      for r in rows
+  ]
+  return {
+      "mode": "memsweep",
+      "rows": rows,
+      "results_path": os.path.join(workdir, "memsweep.csv"),
+      "summary_lines": lines,
+  }
+
+
+def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
+  """Figure 3 style: valid perplexity against the long-term memory size."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  labels = {
+      "trime": "TRIME (Eq. 6, tuned tau)",
+      "cache": "continuous cache (tuned lambda, theta)",
+  }
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for kind in dict.fromkeys(r["kind"] for r in rows):
+    pts = sorted(
+        (r["long_mem_tokens"], r[unit]) for r in rows if r["kind"] == kind
+    )
+    ax.plot(
+        [p[0] for p in pts],
+        [p[1] for p in pts],
+        marker="o",
+        label=labels.get(kind, kind),
+    )
+  ax.set_xlabel("long-term memory size (tokens)")
+  ax.set_ylabel(f"valid {unit}")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def buckets(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Perplexity by frequency bucket on valid, Table 14 (``--mode=buckets``)."""
+  from memjax.analysis import frequency  # pylint: disable=g-import-not-at-top
+
+  em = config.eval_memory
+  loaded = load(config, workdir, splits=("valid",))
+  grid = configured_grid(em)
+  tuned = os.path.join(workdir, "tune.json")
+  if os.path.exists(tuned):
+    with open(tuned) as f:
+      t = json.load(f)
+    if t.get("kind") == em.kind or em.kind == "none":
+      grid = grid_of({"kind": t["kind"], **t["best"]})
+      console.info("buckets: using the tuned setting of %s", tuned)
+  r = _score(loaded, "valid", grid, keep_tokens=True, desc="buckets valid")
+  if em.bucket_counts == "valid":
+    counts = np.bincount(loaded.splits["valid"], minlength=loaded.vocab_size)
+  elif em.bucket_counts == "train":
+    counts = np.bincount(loaded.train_tokens, minlength=loaded.vocab_size)
+  else:
+    raise errors.ConfigError(
+        f"eval_memory.bucket_counts must be valid or train, got "
+        f"{em.bucket_counts!r}"
+    )
+  edges = tuple(int(e) for e in em.bucket_edges)
+  columns = {"no memory": r["lm_logprob"]}
+  if r.get("grid_logprob") is not None:
+    columns[f"{grid.kind} memory ({setting_str(r['grid'][0])})"] = r[
+        "grid_logprob"
+    ][0]
+  table = frequency.bucket_table(r["targets"], columns, counts, edges)
+  results = {
+      "mode": "buckets",
+      "metric": "ppl",
+      "counts_from": em.bucket_counts,
+      "edges": list(edges),
+      "checkpoint": loaded.source,
+      "step": loaded.step,
+      "name": config.name,
+      "rows": table,
+  }
+  _write_json(os.path.join(workdir, "buckets.json"), results)
+  md = frequency.markdown(table, title=config.name)
+  with open(os.path.join(workdir, "buckets.md"), "w") as f:
+    f.write(md + "\n")
+  return {
+      **results,
+      "results_path": os.path.join(workdir, "buckets.md"),
+      "summary_lines": md.splitlines(),
+  }

@@ -1,0 +1,161 @@
+"""The files a run or an export keeps beside its arrays.
+
+A workdir holds ``config.json`` (the whole config), ``vocab.json`` (which
+vocabulary: ``{"kind": "words", "file": "vocab.txt"}`` or ``{"kind":
+"bytes"}``) with ``vocab.txt`` for word corpora, and ``checkpoints/``. An
+export holds the same two files, ``export.json`` and ``params/``. With these
+a run is restored from its directory alone: no config file, flags or corpus
+are needed to load it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import ml_collections
+
+from memjax import config as config_lib
+from memjax import errors
+
+CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.json"
+EXPORT_FILE = "export.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+  """Where a run's or an export's files are.
+
+  Attributes:
+    kind: 'run' or 'export'.
+    path: the directory.
+  """
+
+  kind: str
+  path: str
+
+  @property
+  def checkpoints(self) -> str:
+    return os.path.join(self.path, "checkpoints")
+
+  @property
+  def params_dir(self) -> str:
+    return os.path.join(self.path, "params")
+
+  def read_json(self, name: str) -> dict[str, Any]:
+    with open(os.path.join(self.path, name)) as f:
+      return json.load(f)
+
+
+def _has_steps(directory: str) -> bool:
+  return os.path.isdir(directory) and any(
+      s.isdigit() for s in os.listdir(directory)
+  )
+
+
+def find(path: str) -> RunFiles:
+  """Identifies a workdir, its ``checkpoints`` folder, or an export.
+
+  Raises:
+    errors.MissingRunError: nothing restorable there.
+  """
+  path = os.path.abspath(path)
+  if os.path.basename(path) == "checkpoints" and _has_steps(path):
+    path = os.path.dirname(path)
+  if os.path.isfile(os.path.join(path, EXPORT_FILE)):
+    return RunFiles("export", path)
+  if _has_steps(os.path.join(path, "checkpoints")):
+    return RunFiles("run", path)
+  raise errors.MissingRunError(
+      f"{path} holds no trained run (no checkpoints/<step>) and no export "
+      f"({EXPORT_FILE}): train first, or point at a run or export directory"
+  )
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Writes JSON atomically (temporary file, then rename)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def config_to_json(config: ml_collections.ConfigDict) -> str:
+  return config.to_json_best_effort(indent=2, sort_keys=True)
+
+
+def _merge(base: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
+  for k, v in values.items():
+    if k in base and isinstance(base[k], ml_collections.ConfigDict):
+      if isinstance(v, Mapping):
+        _merge(base[k], v)
+        continue
+    if k in base and isinstance(base[k], tuple) and isinstance(v, list):
+      v = tuple(v)
+    elif isinstance(v, Mapping):
+      v = ml_collections.ConfigDict(v)
+    with base.unlocked():
+      if k in base and isinstance(base[k], float) and isinstance(v, int):
+        v = float(v)
+      base[k] = v
+
+
+def config_from_json(text: str) -> ml_collections.ConfigDict:
+  """A config saved by ``config_to_json``, with the base config's types."""
+  config = config_lib.base_config()
+  _merge(config, json.loads(text))
+  config.lock()
+  return config
+
+
+def read_config(files: RunFiles) -> ml_collections.ConfigDict:
+  """The config a run or export saved.
+
+  Raises:
+    errors.MissingRunError: the directory has no ``config.json``.
+  """
+  path = os.path.join(files.path, CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise errors.MissingRunError(
+        f"{files.path} has checkpoints but no {CONFIG_FILE}; pass the run's "
+        "--config to restore it"
+    )
+  with open(path) as f:
+    return config_from_json(f.read())
+
+
+def write_run_files(
+    directory: str, config: ml_collections.ConfigDict, vocab: Any
+) -> None:
+  """Writes ``config.json`` and the vocabulary files into ``directory``."""
+  os.makedirs(directory, exist_ok=True)
+  tmp = os.path.join(directory, CONFIG_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    f.write(config_to_json(config))
+  os.replace(tmp, os.path.join(directory, CONFIG_FILE))
+  if hasattr(vocab, "tokens"):  # A WordVocabulary.
+    vocab.save(os.path.join(directory, "vocab.txt"))
+    info = {"kind": "words", "file": "vocab.txt", "size": vocab.vocab_size}
+  else:
+    info = {"kind": "bytes", "size": int(vocab.vocab_size)}
+  write_json(os.path.join(directory, VOCAB_FILE), info)
+
+
+def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
+  """The vocabulary a run saved; runs that saved none rebuild it from data."""
+  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(files.path, VOCAB_FILE)
+  if not os.path.isfile(path):
+    if files.kind == "export":
+      raise errors.DataError(f"export {files.path} has no {VOCAB_FILE}")
+    from memjax import experiment  # pylint: disable=g-import-not-at-top
+
+    return experiment.vocabulary(config, files.path)
+  info = files.read_json(VOCAB_FILE)
+  if info["kind"] == "bytes":
+    return vocab_lib.byte_vocabulary()
+  return vocab_lib.WordVocabulary.load(os.path.join(files.path, info["file"]))

@@ -1,0 +1,224 @@
+"""The jitted train step: forward, loss, gradients (accumulated), update.
+
+``make_train_step`` builds ``(state, batch, rng) -> (state, metrics)`` for
+any model and any loss of ``memjax.losses``; ``run_lane_segments`` runs the
+consecutive segments of each lane in order, carrying recurrent memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from memjax import experiment
+from memjax import losses
+from memjax import sharding as sharding_lib
+from memjax.models import transformer
+
+Array = jax.Array
+TrainState = experiment.TrainState
+
+
+# ----------------------------------------------------------------------------
+# Step
+# ----------------------------------------------------------------------------
+
+
+def _split_micro(x: Array, n: int) -> Array:
+  return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+
+
+def run_lane_segments(
+    model,
+    params: Any,
+    batch: dict[str, Array],
+    memory: Any,
+    segments_per_lane: int,
+    *,
+    rng: Array,
+    deterministic: bool = False,
+) -> transformer.LMOutput:
+  """Runs the m consecutive segments of every lane in order, carrying memory.
+
+  A consecutive batch holds ``lanes * m`` rows, lane-major (lane 0's m
+  segments, then lane 1's, ...). Segment k of every lane is run with the
+  memory left by segment k - 1 (``jax.lax.scan`` over the m segments), and
+  the outputs are stacked back into the batch's row order, so a loss sees
+  each lane's whole stream with gradients into every segment's outputs.
+
+  Args:
+    model: a ``TransformerLM`` that carries memory.
+    params: its parameters.
+    batch: 'inputs', 'targets' [lanes * m, L] int32.
+    memory: the memory of the lanes ([lanes, ...] leaves).
+    segments_per_lane: m.
+    rng: dropout key; segment k uses ``fold_in(rng, k)``.
+    deterministic: disables dropout.
+
+  Returns:
+    ``LMOutput`` with [lanes * m, L(, D)] arrays in the batch's row order
+    and the memory after each lane's last segment.
+  """
+  m = segments_per_lane
+
+  def to_segments(x):  # [lanes * m, ...] -> [m, lanes, ...]
+    return jnp.swapaxes(x.reshape((-1, m) + x.shape[1:]), 0, 1)
+
+  def to_rows(x):  # [m, lanes, ...] -> [lanes * m, ...]
+    x = jnp.swapaxes(x, 0, 1)
+    return x.reshape((-1,) + x.shape[2:])
+
+  def body(mem, xs):
+    inputs, targets, k = xs
+    out = model.apply(
+        {"params": params},
+        inputs,
+        targets,
+        memory=mem,
+        deterministic=deterministic,
+        rngs={"dropout": jax.random.fold_in(rng, k)},
+    )
+    return out.memory, out.replace(memory=None)
+
+  new_memory, outs = jax.lax.scan(
+      body,
+      memory,
+      (
+          to_segments(batch["inputs"]),
+          to_segments(batch["targets"]),
+          jnp.arange(m),
+      ),
+  )
+  return jax.tree.map(to_rows, outs).replace(memory=new_memory)
+
+
+def make_train_step(
+    model,
+    tx,
+    loss_fn: losses.LossFn,
+    *,
+    grad_accum: int,
+    state_shardings: Any,
+    mesh: Mesh,
+    segments_per_lane: int = 1,
+) -> Callable:
+  """Builds the jitted ``(state, batch, rng) -> (state, metrics)``.
+
+  Gradients are accumulated over ``grad_accum`` micro-batches with
+  ``lax.scan``. A step whose loss or gradient norm is not finite leaves the
+  state unchanged and reports ``finite = 0``, so the host can stop and name
+  the step. The state argument is donated. When the state carries a memory
+  and ``segments_per_lane`` m > 1, the m segments of each lane run in order
+  (``run_lane_segments``); micro-batches then hold whole lanes.
+  """
+
+  def forward(p, mb, memory, rng):
+    if memory is not None and segments_per_lane > 1:
+      return run_lane_segments(model, p, mb, memory, segments_per_lane, rng=rng)
+    return model.apply(
+        {"params": p},
+        mb["inputs"],
+        mb["targets"],
+        memory=memory,
+        deterministic=False,
+        rngs={"dropout": rng},
+    )
+
+  def micro_grads(params, mb, memory, rng, step):
+    def f(p):
+      out = forward(p, mb, memory, rng)
+      loss, metrics = loss_fn(out, mb, step=step, rng=rng)
+      # Scale so that summing micro-batch gradients gives the batch mean.
+      return loss * metrics["tokens"], (metrics, out.memory)
+
+    (_, (metrics, new_memory)), grads = jax.value_and_grad(f, has_aux=True)(
+        params
+    )
+    return grads, metrics, new_memory
+
+  def step_fn(state: TrainState, batch: dict[str, Array], rng: Array):
+    rng = jax.random.fold_in(rng, state.step)
+    memory = state.memory
+    if memory is not None and "reset" in batch:
+      memory = model.reset_memory(memory, batch["reset"])
+    if grad_accum == 1:
+      grads, metrics, new_memory = micro_grads(
+          state.params, batch, memory, rng, state.step
+      )
+    else:
+      micro = jax.tree.map(
+          lambda x: _split_micro(x, grad_accum),
+          {k: v for k, v in batch.items() if k != "reset"},
+      )
+      mem_micro = (
+          None
+          if memory is None
+          else jax.tree.map(lambda x: _split_micro(x, grad_accum), memory)
+      )
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+
+      def body(acc, xs):
+        mb, mem, i = xs
+        g, m, new_mem = micro_grads(
+            state.params, mb, mem, jax.random.fold_in(rng, i), state.step
+        )
+        acc_g, acc_m = acc
+        return (
+            jax.tree.map(jnp.add, acc_g, g),
+            jax.tree.map(jnp.add, acc_m, m),
+        ), new_mem
+
+      init_m = {
+          "nll_sum": jnp.zeros((), jnp.float32),
+          "tokens": jnp.zeros((), jnp.float32),
+      }
+      init_m = jax.eval_shape(
+          lambda: micro_grads(
+              state.params,
+              jax.tree.map(lambda x: x[0], micro),
+              None
+              if mem_micro is None
+              else jax.tree.map(lambda x: x[0], mem_micro),
+              rng,
+              state.step,
+          )[1]
+      )
+      init_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init_m)
+      (grads, metrics), new_mem = jax.lax.scan(
+          body, (zeros, init_m), (micro, mem_micro, jnp.arange(grad_accum))
+      )
+      new_memory = (
+          None
+          if new_mem is None
+          else jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), new_mem)
+      )
+    tokens = jnp.maximum(metrics["tokens"], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grads)
+    loss = metrics["nll_sum"] / tokens
+    gnorm = optax.tree.norm(grads)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+    keep = lambda new, old: jax.tree.map(
+        lambda a, b: jnp.where(finite, a, b), new, old
+    )
+    new_state = TrainState(
+        step=state.step + 1,
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt, state.opt_state),
+        memory=new_memory,
+    )
+    out = {k: v for k, v in metrics.items()}
+    out.update(loss=loss, grad_norm=gnorm, finite=finite.astype(jnp.float32))
+    return new_state, out
+
+  return sharding_lib.under_mesh(
+      jax.jit(
+          step_fn, donate_argnums=(0,), out_shardings=(state_shardings, None)
+      ),
+      mesh,
+  )

@@ -1,0 +1,165 @@
+"""The experiment layer and the Python API on a trained smoke run.
+
+``memjax.load(...).score`` must reproduce ``--mode=eval`` and
+``--mode=memeval`` on the same tokens; an export written on one device
+must load on eight and score the same; ``init_from`` restores the shared
+parameters only.
+"""
+
+import json
+import os
+
+import flax
+import jax
+import numpy as np
+import pytest
+
+import memjax
+from configs import trime_wt103
+from memjax import errors
+from memjax import evaluate
+from memjax import evaluate_memory
+from memjax import experiment
+from memjax import runfiles
+from memjax.modes import memory as memory_modes
+from tests.conftest import run_main
+
+
+def _valid_prefix(config, workdir):
+  corpus = experiment.load_corpus(config, workdir, ("valid",), train=False)
+  e = config.eval
+  return evaluate_memory.truncate_windows(
+      corpus.splits["valid"].tokens, e.window_len, e.score_len, e.max_windows
+  )
+
+
+def test_saved_config_round_trips(smoke_workdir):
+  files = runfiles.find(smoke_workdir)
+  saved = runfiles.read_config(files)
+  config = trime_wt103.get_config("smoke")
+  assert saved.to_dict() == config.to_dict()
+  assert isinstance(saved.model.cutoffs, tuple)
+
+
+def test_score_reproduces_eval_and_memeval(smoke_workdir, tmp_path):
+  config = trime_wt103.get_config("smoke")
+  config.train.init_from = smoke_workdir
+  out = str(tmp_path / "eval")
+  os.makedirs(out)
+  res = evaluate.evaluate_run(config, out)
+  mem = memory_modes.memeval(config, out)
+  model = memjax.load(smoke_workdir)
+  tokens = _valid_prefix(config, out)
+  plain = model.score(tokens, memory=False)
+  assert plain["tokens"] == res["valid"]["tokens"]
+  assert plain["nll"] == pytest.approx(res["valid"]["nll"], rel=1e-5)
+  assert model.memory["kind"] == config.eval_memory.kind == "cache"
+  with_mem = model.score(tokens)
+  assert with_mem["nll"] == pytest.approx(
+      mem["valid"]["memory"]["nll"], rel=1e-5
+  )
+  assert with_mem["nll"] != pytest.approx(plain["nll"], rel=1e-6)
+  # Per-token log-probabilities add up to the reported NLL.
+  lp = plain["logprobs"][0]
+  assert lp.shape == (len(tokens) - 1,)
+  assert -lp.mean() == pytest.approx(plain["nll"], rel=1e-5)
+
+
+def test_score_texts_and_generate(smoke_workdir):
+  model = memjax.load(smoke_workdir)
+  r = model.score(["the cat sat on the mat", "in 1990 the team won"])
+  assert [len(x) for x in r["logprobs"]] == [5, 4]
+  assert np.isfinite(r["ppl"]) and r["tokens"] == 9
+  a = model.generate("the history of", num_tokens=6, seed=3)
+  b = model.generate("the history of", num_tokens=6, seed=3)
+  assert isinstance(a, str) and a == b and 1 <= len(a.split()) <= 6
+  ids = model.generate(model.encode("the history of"), num_tokens=4)
+  assert ids.shape == (4,) and ids.dtype == np.int32
+
+
+def test_export_on_one_device_loads_on_eight(smoke_workdir, tmp_path):
+  out = str(tmp_path / "export")
+  proc = run_main("--mode=export", f"--workdir={smoke_workdir}",
+                  f"--export_dir={out}")  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"to {out}:" in proc.stdout and "MiB" in proc.stdout
+  assert sorted(os.listdir(out)) == [
+      "config.json", "export.json", "params", "vocab.json", "vocab.txt",
+  ]  # fmt: skip
+  assert jax.device_count() == 8
+  exported = memjax.load(out)
+  assert exported.restored.mesh.size == 8 and exported.step == 20
+  run = memjax.load(smoke_workdir, mesh={"data": 1})
+  tokens = _valid_prefix(run.config, smoke_workdir)[:300]
+  a = run.score(tokens, memory=False)["logprobs"][0]
+  b = exported.score(tokens, memory=False)["logprobs"][0]
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  # The exported parameters are the run's, bit for bit.
+  for x, y in zip(jax.tree.leaves(run.restored.params),
+                  jax.tree.leaves(exported.restored.params)):  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # A run of another model refuses it in one line naming the keys.
+  proc = run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={out}",
+                  "--mode=eval", "--config.model.d_model=48")  # fmt: skip
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert lines[-1].startswith("memjax: error:") and "d_model" in lines[-1]
+  assert "Traceback" not in proc.stderr
+
+
+def test_bfloat16_export_is_half_the_size(smoke_workdir, tmp_path):
+  out = memjax.export(smoke_workdir, str(tmp_path / "bf16"), dtype="bfloat16")
+  meta = json.load(open(os.path.join(out, "export.json")))
+  assert meta["dtype"] == "bfloat16"
+  model = memjax.load(out)
+  leaves = jax.tree.leaves(model.restored.params)
+  assert all(x.dtype == np.float32 for x in leaves)  # Cast back on load.
+  run = memjax.load(smoke_workdir)
+  for x, y in zip(jax.tree.leaves(run.restored.params), leaves):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-2,
+                               atol=1e-2)  # fmt: skip
+
+
+def test_init_from_restores_shared_parameters_only(smoke_workdir):
+  config = trime_wt103.get_config("smoke")
+  config.model.num_layers = 3
+  config.train.init_from = smoke_workdir
+  model = experiment.build_model(config.model, 12907)
+  mesh = experiment.make_mesh(config)
+  tx, _ = experiment.make_optimizer(config)
+  sample = {"inputs": np.zeros((8, 16), np.int32)}
+  fresh, shardings = experiment.create_state(
+      model, tx, mesh, sample, jax.random.PRNGKey(7)
+  )
+  state = experiment.init_params_from(smoke_workdir, fresh, shardings, config)
+  source = flax.traverse_util.flatten_dict(
+      memjax.load(smoke_workdir).restored.params, sep="/"
+  )
+  got = flax.traverse_util.flatten_dict(state.params, sep="/")
+  init = flax.traverse_util.flatten_dict(fresh.params, sep="/")
+  assert set(got) == set(init) and set(source) < set(got)
+  for k, v in got.items():
+    want = source[k] if k in source else init[k]
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(want))
+  assert any(k.startswith("layer_2/") for k in set(got) - set(source))
+  # A model whose shared parameters have other shapes is refused.
+  config.model.d_model = 48
+  wide = experiment.build_model(config.model, 12907)
+  state, shardings = experiment.create_state(
+      wide, tx, mesh, sample, jax.random.PRNGKey(0)
+  )
+  with pytest.raises(errors.CheckpointMismatchError, match="differ in shape"):
+    experiment.init_params_from(smoke_workdir, state, shardings, config)
+
+
+def test_signature_covers_the_whole_model_config():
+  config = trime_wt103.get_config("smoke")
+  sig = experiment.model_signature(config, 100)["model"]
+  assert "attention_options" in sig and "scale_embedding" in sig
+  for runtime in experiment.RUNTIME_MODEL_KEYS:
+    assert runtime not in sig
+
+
+def test_load_of_an_empty_directory_says_what_is_missing(tmp_path):
+  with pytest.raises(errors.MissingRunError, match="no trained run"):
+    memjax.load(str(tmp_path))
