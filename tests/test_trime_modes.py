@@ -165,5 +165,5 @@ def test_tune_without_a_checkpoint_is_one_line_error(tmp_path):
       l for l in proc.stderr.splitlines() if l.startswith("memjax: error:")
   ]
   assert (
-      len(lines) == 1 and "no checkpoint to evaluate" in lines[0]
+      len(lines) == 1 and "holds no trained run" in lines[0]
   ), proc.stderr[-2000:]
