@@ -129,19 +129,20 @@ class LanguageModel:
     return np.asarray(res["grid_logprob"][0], np.float32)
 
   def _score_recurrent(self, tokens: np.ndarray) -> np.ndarray:
+    """Scores one stream as ``--mode=eval`` does: ``eval.lanes`` contiguous
+    lanes, each run in segments with its memory carried."""
     from memjax import recurrent_eval  # pylint: disable=g-import-not-at-top
 
     r = self.restored
-    ev = recurrent_eval.StreamEvaluator(
-        r.model, r.mesh, segment_len=recurrent_eval.segment_len_of(self.config),
-        mem_len=recurrent_eval.mem_len_of(self.config), lanes=1,
-    )  # fmt: skip
+    ev = recurrent_eval.evaluator_for(self.config, r.model, r.mesh)
     ev.keep_tokens = True
-    segments = recurrent_eval.stacked_segments(tokens, ev.segment_len, 1)
+    segments = recurrent_eval.stacked_segments(tokens, ev.segment_len, ev.lanes)
     out = ev.run_segments(r.params, segments)
-    lp = np.asarray(out["logprob"])[:, :1].reshape(-1)
-    w = segments["weights"].reshape(-1) > 0
-    return lp[w].astype(np.float32)
+    # [S, lanes, L] -> lane-major, which is stream order (lanes are
+    # contiguous pieces of the stream).
+    lp = np.swapaxes(np.asarray(out["logprob"])[:, : ev.lanes], 0, 1)
+    w = np.swapaxes(segments["weights"], 0, 1) > 0
+    return lp.reshape(-1)[w.reshape(-1)].astype(np.float32)
 
   # -------------------------------------------------------------- generate
   def generate(

@@ -195,6 +195,11 @@ def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
 # ----------------------------------------------------------------------------
 
 
+def metric_unit(corpus: str) -> str:
+  """'bpc' for byte corpora (enwik8, text8), 'ppl' for word corpora."""
+  return "bpc" if sources.corpus_spec(corpus).level == "byte" else "ppl"
+
+
 @dataclasses.dataclass
 class Corpus:
   """The token streams of one corpus.
@@ -268,7 +273,6 @@ def load_corpus(
     splits: evaluation splits to read (default ``eval.splits``).
     train: also read the training split (training, unigram baselines).
   """
-  from memjax import evaluate  # pylint: disable=g-import-not-at-top
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
@@ -289,7 +293,7 @@ def load_corpus(
   return Corpus(
       sources.canonical_corpus(corpus),
       int(vocab.vocab_size),
-      evaluate.metric_unit(sources.canonical_corpus(corpus)),
+      metric_unit(corpus),
       train_stream,
       streams_,
       cache_dir,
@@ -572,8 +576,6 @@ def load(
     params, step_ = checkpointing.restore_params(
         files.checkpoints, abstract, step_
     )
-  from memjax import evaluate  # pylint: disable=g-import-not-at-top
-
   console.info("loaded %s %s (step %d)", files.kind, path, step_)
   return Restored(
       config=config,
@@ -583,7 +585,7 @@ def load(
       step=int(step_),
       vocab=vocab,
       vocab_size=vocab_size,
-      unit=evaluate.metric_unit(sources.canonical_corpus(config.data.corpus)),
+      unit=metric_unit(config.data.corpus),
       path=path,
       kind=files.kind,
       opt_state=opt_state,

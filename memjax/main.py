@@ -43,7 +43,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 # and returning a results dict. Modules import lazily (TensorFlow is slow).
 MODES = {
     "train": "memjax.train:train_and_evaluate",
-    "eval": "memjax.evaluate:evaluate_run",
+    "eval": "memjax.modes.evaluation:evaluate_run",
     "export": "memjax.api:export_run",
     # Recurrent-memory models (Transformer-XL, LaMemo); see docs/lamemo.md.
     "extrapolate": "memjax.recurrent_eval:extrapolate",

@@ -152,9 +152,14 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
   if not os.path.isfile(path):
     if files.kind == "export":
       raise errors.DataError(f"export {files.path} has no {VOCAB_FILE}")
-    from memjax import experiment  # pylint: disable=g-import-not-at-top
+    from memjax.data import sources  # pylint: disable=g-import-not-at-top
 
-    return experiment.vocabulary(config, files.path)
+    d = config.data
+    return vocab_lib.get_vocabulary(
+        d.corpus,
+        d.data_dir or sources.default_data_dir(d.corpus),
+        d.cache_dir or os.path.join(files.path, "cache"),
+    )
   info = files.read_json(VOCAB_FILE)
   if info["kind"] == "bytes":
     return vocab_lib.byte_vocabulary()

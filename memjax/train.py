@@ -33,10 +33,10 @@ from jax.sharding import Mesh
 from memjax import checkpointing
 from memjax import console
 from memjax import errors
-from memjax import evaluate
 from memjax import experiment
 from memjax import losses
 from memjax import runfiles
+from memjax import scoring
 from memjax import sharding as sharding_lib
 from memjax import train_step as train_step_lib
 from memjax.models import transformer
@@ -317,7 +317,7 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
       mesh=s.mesh,
       segments_per_lane=int(config.data.segments_per_lane),
   )
-  evaluator = evaluate.SplitEvaluator(config, s.model, s.mesh, s.corpus.unit)
+  evaluator = scoring.SplitEvaluator(config, s.model, s.mesh, s.corpus.unit)
   meter = ProgressMeter(num_steps, tokens_per_step, s.start_step)
   step_rng = jax.random.PRNGKey(config.seed + 1)
   pending: list[tuple[int, dict]] = []
@@ -387,7 +387,7 @@ def train_and_evaluate(
         workdir, just_logging=jax.process_index() > 0
     )
     train_tps = _train(s, writer, hooks)
-    results = evaluate.final_results(
+    results = scoring.final_results(
         config, s.model, s.state.params, s.mesh, s.corpus,
         int(jax.device_get(s.state.step)), writer,
     )  # fmt: skip

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
-from memjax import evaluate
+from memjax.modes import evaluation as evaluation_mode
 from memjax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,7 +197,7 @@ def test_init_from_evaluates_another_run_on_eight_devices(smoke_run, tmp_path):
   config = trime_wt103.get_config("smoke")
   config.train.init_from = workdir
   # The source run trained on one device; this one restores onto eight.
-  res = evaluate.evaluate_run(config, str(tmp_path / "from"))
+  res = evaluation_mode.evaluate_run(config, str(tmp_path / "from"))
   assert res["step"] == source["step"] and res["checkpoint"] == workdir
   assert res["valid"]["nll"] == pytest.approx(source["valid"]["nll"], rel=1e-5)
 

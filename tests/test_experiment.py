@@ -17,7 +17,7 @@ import pytest
 import memjax
 from configs import trime_wt103
 from memjax import errors
-from memjax import evaluate
+from memjax.modes import evaluation as evaluation_mode
 from memjax import evaluate_memory
 from memjax import experiment
 from memjax import runfiles
@@ -46,7 +46,7 @@ def test_score_reproduces_eval_and_memeval(smoke_workdir, tmp_path):
   config.train.init_from = smoke_workdir
   out = str(tmp_path / "eval")
   os.makedirs(out)
-  res = evaluate.evaluate_run(config, out)
+  res = evaluation_mode.evaluate_run(config, out)
   mem = memory_modes.memeval(config, out)
   model = memjax.load(smoke_workdir)
   tokens = _valid_prefix(config, out)

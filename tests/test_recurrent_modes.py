@@ -13,11 +13,13 @@ import pytest
 
 from configs import lamemo_wt103
 from configs import txl_wt103
+import memjax
 from memjax import config as config_lib
+from memjax import scoring
+from memjax import experiment
 from memjax import generate as generate_lib
 from memjax import recurrent_eval
 from memjax import sharding as sharding_lib
-from memjax import experiment
 from memjax import train
 from memjax.analysis import recurrence as analysis
 from memjax.data import streams
@@ -270,6 +272,19 @@ def test_smoke_config_trains_end_to_end_and_runs_the_modes(
   assert results["valid"]["nll"] == pytest.approx(saved["valid"]["nll"])
   if module != "lamemo_wt103":
     return  # The modes run once, on the LaMemo run.
+
+  # The Python API scores as --mode=eval does, memory carried in lanes.
+  model = memjax.load(workdir)
+  stream = experiment.load_corpus(config, workdir, ("valid",), train=False)
+  tokens = stream.splits["valid"].tokens[:300]
+  ev = scoring.SplitEvaluator(
+      model.config, model.restored.model, model.restored.mesh, model.unit
+  )
+  want = ev.score(model.restored.params, tokens, 0, "valid prefix")
+  got = model.score(tokens)
+  assert got["tokens"] == want["tokens"] == 299
+  assert got["nll"] == pytest.approx(want["nll"], rel=1e-5)
+  assert len(got["logprobs"][0]) == 299
 
   config.extrapolate.ratios = (1, 2)
   config.extrapolate.max_segments = 3

@@ -164,6 +164,6 @@ def test_tune_without_a_checkpoint_is_one_line_error(tmp_path):
   lines = [
       l for l in proc.stderr.splitlines() if l.startswith("memjax: error:")
   ]
-  assert (
-      len(lines) == 1 and "holds no trained run" in lines[0]
-  ), proc.stderr[-2000:]
+  assert len(lines) == 1 and "holds no trained run" in lines[0], proc.stderr[
+      -2000:
+  ]

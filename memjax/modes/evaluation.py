@@ -1,0 +1,41 @@
+"""``--mode=eval``: score a finished run or an export on ``eval.splits``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+from memjax import errors
+from memjax import experiment
+from memjax import runfiles
+from memjax import scoring
+
+
+def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
+  """``--mode=eval``: scores a finished run (or an export) on eval.splits.
+
+  Restores the latest checkpoint of ``workdir`` (or the export there, or the
+  run of ``train.init_from`` when the workdir has none) through
+  ``memjax.experiment.load``; the training batcher is never built. Writes
+  ``<workdir>/results.json``.
+  """
+  source = workdir
+  try:
+    runfiles.find(workdir)
+  except errors.MissingRunError:
+    if not config.train.init_from:
+      raise
+    source = config.train.init_from
+  restored = experiment.load(source, config=config)
+  corpus = experiment.load_corpus(config, workdir)
+  results = scoring.final_results(
+      config, restored.model, restored.params, restored.mesh, corpus,
+      restored.step,
+  )  # fmt: skip
+  results["checkpoint"] = restored.path
+  os.makedirs(workdir, exist_ok=True)
+  if jax.process_index() == 0:
+    runfiles.write_json(os.path.join(workdir, "results.json"), results)
+  return results
