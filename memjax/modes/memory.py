@@ -193,11 +193,11 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ]
   for key, value in edges.items():
     warning = (
-        f"warning: the best {key} ({value:g}) lies on the edge of its grid; "
+        f"the best {key} ({value:g}) lies on the edge of its grid; "
         f"widen eval_memory.{_GRID_KEYS[key]} and tune again"
     )
     console.warn("%s", warning)
-    lines.append(warning)
+    lines.append("warning: " + warning)
   return {
       **results,
       "results_path": os.path.join(workdir, "tune.json"),
