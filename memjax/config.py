@@ -73,6 +73,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.98
   c.optim.eps = 1e-8
   c.optim.momentum = 0.99
+  # A transformation registered with memjax.optim.register_transform that
+  # replaces optim.optimizer ("" = the optimizer above).
+  c.optim.transform = ""
+  # Parameter groups with their own optimiser settings, e.g.
+  #   c.optim.groups.embed = ml_collections.ConfigDict(
+  #       {"params": "^embedder/", "learning_rate": 1e-3})
+  # Each group has "params", a regex searched in parameter paths such as
+  # "layer_0/attention/query/kernel", and overrides of optimizer,
+  # learning_rate, schedule, warmup_steps, min_lr_ratio, weight_decay, b1,
+  # b2, eps, momentum, transform. A parameter may match one group at most and
+  # every group must match some parameter; the rest use the settings above.
+  # clip_norm clips all gradients together; train/lr logs the base schedule.
+  c.optim.groups = ml_collections.ConfigDict()
 
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 1000
@@ -87,6 +100,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Resuming with another num_steps rebuilds the schedule over the new
   # horizon (otherwise it is an error: the schedule would silently stretch).
   c.train.extend_schedule = False
+  # Step hooks (memjax.hooks.register_hook), run in this order after the
+  # updates whose step is a multiple of their "every", before that step's
+  # checkpoint; their state is saved with every checkpoint.
+  c.train.hooks = ()
+  # Per hook name, a ConfigDict of its settings: "every" (steps between
+  # calls, default 1) and any keys of the hook's own, e.g.
+  #   c.train.hook_options.reindex = ml_collections.ConfigDict({"every": 500})
+  c.train.hook_options = ml_collections.ConfigDict()
 
   c.eval = ml_collections.ConfigDict()
   c.eval.splits = ("valid", "test")

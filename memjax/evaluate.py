@@ -19,23 +19,31 @@ from jax.sharding import Mesh
 
 from memjax import console
 from memjax import sharding as sharding_lib
+from memjax import stats
 from memjax.data import streams
 
 Array = jax.Array
 
 
 def make_eval_step(model) -> Callable:
-  """Jitted (params, batch) -> {'nll_sum', 'tokens'} over the weighted targets."""
+  """Jitted (params, batch) -> {'nll_sum', 'tokens'} over the weighted
+  targets, and 'stats': {path: [2]} sums of the statistics the modules
+  report (``memjax.stats``)."""
 
   def step(params, batch):
-    out = model.apply(
+    out, sums = stats.apply(
+        model,
         {"params": params},
         batch["inputs"],
         batch["targets"],
         deterministic=True,
     )
     w = batch["weights"]
-    return {"nll_sum": -jnp.sum(out.target_logprob * w), "tokens": jnp.sum(w)}
+    return {
+        "nll_sum": -jnp.sum(out.target_logprob * w),
+        "tokens": jnp.sum(w),
+        "stats": sums,
+    }
 
   return jax.jit(step)
 
@@ -83,7 +91,8 @@ def evaluate_tokens(
     desc: name for the progress log.
 
   Returns:
-    {'nll', 'tokens', 'ppl' | 'bpc'}.
+    {'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>': the mean of each
+    statistic the modules report (``memjax.stats``).
   """
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   batch_size = int(math.ceil(batch_size / dp) * dp)
@@ -98,10 +107,14 @@ def evaluate_tokens(
     pending.append(
         eval_step(params, sharding_lib.put_global_batch(batch, mesh))
     )
-  for m in jax.device_get(pending):
+  fetched = jax.device_get(pending)
+  for m in fetched:
     nll_sum += float(m["nll_sum"])
     count += float(m["tokens"])
   res = summarize(nll_sum, count, unit)
+  names = fetched[0].get("stats", {}) if fetched else {}
+  aux = {k: np.stack([m["stats"][k] for m in fetched]) for k in names}
+  res.update({f"aux/{k}": v for k, v in stats.means(aux).items()})
   console.info(
       "%s: %d predictions in %.1fs: %s",
       desc,

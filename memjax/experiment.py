@@ -146,6 +146,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"{transformer.ATTENTION_KINDS}"
     )
   sources.corpus_spec(config.data.corpus)  # DataError for an unknown corpus.
+  optim.group_settings(config.optim)  # ConfigError for a malformed group.
 
 
 def make_mesh(

@@ -1,9 +1,18 @@
-"""Optimisers and learning-rate schedules (optax)."""
+"""Optimisers, learning-rate schedules and parameter groups (optax).
+
+``make_optimizer(config.optim, num_steps)`` builds the base optimiser
+(``optim.optimizer`` with its schedule) and, when ``optim.groups`` names
+parameter groups, gives the parameters each group's regex matches the
+group's own optimiser and schedule. A registered transformation
+(``register_transform``) can replace the optimiser of the base or a group.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Callable, Mapping
 
+import jax
 import ml_collections
 import optax
 
@@ -53,34 +62,227 @@ def make_schedule(
   )
 
 
-def make_optimizer(
-    cfg: ml_collections.ConfigDict, num_steps: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Builds the optimiser from ``config.optim``.
+# ----------------------------------------------------------------------------
+# Custom transformations and parameter groups
+# ----------------------------------------------------------------------------
 
-  Returns:
-    (transformation, schedule). Gradient clipping by global norm comes first
-    when ``clip_norm > 0``.
+# name -> factory(optim settings, schedule) -> optax.GradientTransformation.
+TransformFactory = Callable[
+    [ml_collections.ConfigDict, optax.Schedule], optax.GradientTransformation
+]
+_TRANSFORMS: dict[str, TransformFactory] = {}
+
+# Keys of ``optim`` a parameter group may override (besides ``params``).
+GROUP_KEYS = (
+    "optimizer",
+    "learning_rate",
+    "schedule",
+    "warmup_steps",
+    "min_lr_ratio",
+    "weight_decay",
+    "b1",
+    "b2",
+    "eps",
+    "momentum",
+    "transform",
+)
+# The label of the parameters that match no group.
+BASE_GROUP = "base"
+
+
+def register_transform(
+    name: str,
+) -> Callable[[TransformFactory], TransformFactory]:
+  """Registers a custom transformation under ``name`` (a decorator).
+
+  ``optim.transform = name`` (or a group's ``transform``) replaces the
+  standard optimiser of ``optim.optimizer`` with
+  ``factory(settings, schedule)``: ``settings`` are the ``optim`` keys with
+  the group's overrides, ``schedule`` the group's learning-rate schedule.
+  Inside a group the transformation sees only the group's parameters and
+  gradients (``optax.multi_transform``), e.g. an embedding table whose
+  update should touch only the rows a batch looked up (lazy or sparse Adam:
+  leave the moments of rows with a zero gradient as they are). Clipping by
+  ``optim.clip_norm`` still comes first, over all gradients.
+
+  Raises:
+    ValueError: the name is taken.
   """
-  sched = make_schedule(cfg, num_steps)
+
+  def register(factory: TransformFactory) -> TransformFactory:
+    if name in _TRANSFORMS and _TRANSFORMS[name] is not factory:
+      raise ValueError(f"optimiser transform {name!r} is already registered")
+    _TRANSFORMS[name] = factory
+    return factory
+
+  return register
+
+
+def _standard_optimizer(
+    cfg: ml_collections.ConfigDict, sched: optax.Schedule, where: str
+) -> optax.GradientTransformation:
+  """The optimiser of ``cfg.optimizer`` or the registered ``cfg.transform``."""
+  transform = cfg.get("transform", "")
+  if transform:
+    if transform not in _TRANSFORMS:
+      raise errors.ConfigError(
+          f"unknown {where}.transform {transform!r}; registered: "
+          f"{sorted(_TRANSFORMS) or 'none'} (memjax.optim.register_transform)"
+      )
+    return _TRANSFORMS[transform](cfg, sched)
   name = cfg.optimizer
   if name == "adam":
-    opt = optax.adamw(
+    return optax.adamw(
         sched, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
     )
-  elif name == "nag":
+  if name == "nag":
     # fairseq's NAG with momentum 0.99, as in Baevski & Auli.
-    opt = optax.chain(
+    return optax.chain(
         optax.add_decayed_weights(cfg.weight_decay)
         if cfg.weight_decay
         else optax.identity(),
         optax.sgd(sched, momentum=cfg.momentum, nesterov=True),
     )
-  elif name == "sgd":
-    opt = optax.sgd(sched, momentum=cfg.momentum or None)
-  else:
+  if name == "sgd":
+    return optax.sgd(sched, momentum=cfg.momentum or None)
+  raise errors.ConfigError(
+      f"unknown {where}.optimizer {name!r}; use adam, nag or sgd"
+  )
+
+
+def group_settings(
+    cfg: ml_collections.ConfigDict,
+) -> dict[str, tuple[re.Pattern, ml_collections.ConfigDict]]:
+  """The parameter groups of ``cfg.groups``: {name: (regex, settings)}.
+
+  ``settings`` are the base ``optim`` keys with the group's overrides.
+
+  Raises:
+    errors.ConfigError: a group that is not a ConfigDict, has no ``params``
+      regex or an invalid one, overrides an unknown key, or is named 'base'.
+  """
+  out = {}
+  base = {k: v for k, v in cfg.items() if k != "groups"}
+  for name, group in (cfg.get("groups") or {}).items():
+    where = f"optim.groups.{name}"
+    if name == BASE_GROUP:
+      raise errors.ConfigError(f"{where}: the group name 'base' is reserved")
+    if not isinstance(group, (ml_collections.ConfigDict, dict)):
+      raise errors.ConfigError(
+          f"{where} must be a ConfigDict of settings, got {group!r}"
+      )
+    group = dict(group)
+    unknown = sorted(set(group) - set(GROUP_KEYS) - {"params"})
+    if unknown:
+      raise errors.ConfigError(
+          f"{where}: unknown keys {unknown}; a group has 'params' (a regex "
+          f"over parameter paths) and overrides of {list(GROUP_KEYS)}"
+      )
+    pattern = group.pop("params", "")
+    if not isinstance(pattern, str) or not pattern:
+      raise errors.ConfigError(
+          f"{where}.params must be a regex over parameter paths such as "
+          "'layer_0/attention/query/kernel'"
+      )
+    try:
+      regex = re.compile(pattern)
+    except re.error as e:
+      raise errors.ConfigError(
+          f"{where}.params {pattern!r} is not a regex: {e}"
+      ) from None
+    out[name] = (regex, ml_collections.ConfigDict({**base, **group}))
+  return out
+
+
+def path_name(path: tuple[Any, ...]) -> str:
+  """'layer_0/attention/query/kernel' of a pytree key path (the ``value``
+  attribute of boxed parameters is left out)."""
+  parts = []
+  for key in path:
+    if isinstance(key, jax.tree_util.DictKey):
+      parts.append(str(key.key))
+    elif isinstance(key, jax.tree_util.SequenceKey):
+      parts.append(str(key.idx))
+  return "/".join(parts)
+
+
+def param_labels(params: Any, groups: Mapping[str, re.Pattern]) -> Any:
+  """The group of every parameter: a pytree of labels shaped like ``params``.
+
+  A parameter belongs to the group whose regex matches its path
+  (``re.search`` on 'layer_0/attention/query/kernel'), or to 'base' when
+  none does.
+
+  Raises:
+    errors.ConfigError: a parameter matched by two groups, or a group that
+      matches no parameter.
+  """
+  used = set()
+
+  def label(path, _):
+    name = path_name(path)
+    hits = [g for g, regex in groups.items() if regex.search(name)]
+    if len(hits) > 1:
+      raise errors.ConfigError(
+          f"parameter {name} matches optim.groups {hits}; make their params "
+          "regexes disjoint"
+      )
+    used.update(hits)
+    return hits[0] if hits else BASE_GROUP
+
+  labels = jax.tree_util.tree_map_with_path(label, params)
+  unused = [g for g in groups if g not in used]
+  if unused:
+    first = path_name(jax.tree_util.tree_flatten_with_path(params)[0][0][0])
     raise errors.ConfigError(
-        f"unknown optim.optimizer {name!r}; use adam, nag or sgd"
+        f"optim.groups.{unused[0]}.params {groups[unused[0]].pattern!r} "
+        f"matches no parameter (parameters are named like {first!r})"
+    )
+  return labels
+
+
+def layout(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What shapes the optimiser state: the optimiser or transform of the base
+  and of every group, and the groups' regexes (saved with checkpoints)."""
+
+  def kind(c):
+    return {"optimizer": c.optimizer, "transform": c.get("transform", "")}
+
+  out = kind(cfg)
+  groups = group_settings(cfg)
+  if groups:
+    out["groups"] = {
+        name: {"params": regex.pattern, **kind(c)}
+        for name, (regex, c) in groups.items()
+    }
+  return out
+
+
+def make_optimizer(
+    cfg: ml_collections.ConfigDict, num_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Builds the optimiser from ``config.optim``.
+
+  Parameters matching a group of ``cfg.groups`` are updated by the group's
+  optimiser and schedule (``optax.multi_transform``), the others by the base
+  one; see ``group_settings`` and ``param_labels``.
+
+  Returns:
+    (transformation, the base schedule). Gradient clipping by global norm
+    (over all parameters) comes first when ``clip_norm > 0``.
+  """
+  sched = make_schedule(cfg, num_steps)
+  opt = _standard_optimizer(cfg, sched, "optim")
+  groups = group_settings(cfg)
+  if groups:
+    transforms = {BASE_GROUP: opt}
+    for name, (_, c) in groups.items():
+      transforms[name] = _standard_optimizer(
+          c, make_schedule(c, num_steps), f"optim.groups.{name}"
+      )
+    patterns = {name: regex for name, (regex, _) in groups.items()}
+    opt = optax.multi_transform(
+        transforms, lambda params: param_labels(params, patterns)
     )
   parts: list[Any] = []
   if cfg.clip_norm and cfg.clip_norm > 0:

@@ -37,6 +37,7 @@ from memjax import errors
 from memjax import console
 from memjax import evaluate
 from memjax import sharding as sharding_lib
+from memjax import stats
 from memjax.data import streams
 
 Array = jax.Array
@@ -139,7 +140,8 @@ class StreamEvaluator:
   ) -> tuple[Any, dict[str, Array]]:
     """One segment: [lanes, L] arrays -> (new memory, per-lane sums)."""
     memory = self.model.reset_memory(memory, segment["reset"])
-    out = self.model.apply(
+    out, sums = stats.apply(
+        self.model,
         {"params": params},
         segment["inputs"],
         segment["targets"],
@@ -151,6 +153,8 @@ class StreamEvaluator:
         "nll_sum": -jnp.sum(out.target_logprob * w, axis=1),
         "tokens": jnp.sum(w, axis=1),
     }
+    # Module statistics of the segment ([2] each; ``memjax.stats``).
+    res.update({f"aux/{k}": v for k, v in sums.items()})
     if self.keep_tokens:
       res["logprob"] = out.target_logprob * w
     return out.memory, res
@@ -236,11 +240,13 @@ class StreamEvaluator:
     """Scores stacked segments ([S, lanes, L], see ``stacked_segments``).
 
     Returns:
-      {'nll_sum', 'tokens'}: [S, lanes] float64 sums per segment and lane.
+      {'nll_sum', 'tokens'}: [S, lanes] float64 sums per segment and lane;
+      'aux/<path>': [S, 2] sums of the statistics the modules report
+      (``memjax.stats``).
     """
     num, lanes = segments["inputs"].shape[:2]
     out = self.run_segments(params, segments, desc)
-    return {
+    res = {
         k: (
             np.asarray(out[k], np.float64)[:, :lanes]
             if out
@@ -248,6 +254,8 @@ class StreamEvaluator:
         )
         for k in ("nll_sum", "tokens")
     }
+    res.update({k: v for k, v in out.items() if k.startswith("aux/")})
+    return res
 
   def evaluate(
       self,
@@ -269,7 +277,8 @@ class StreamEvaluator:
       desc: name for the progress log.
 
     Returns:
-      {'nll', 'tokens', 'ppl' | 'bpc'}.
+      {'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>': the mean of each
+      statistic the modules report (``memjax.stats``).
     """
     start = time.time()
     segments = stacked_segments(
@@ -279,6 +288,8 @@ class StreamEvaluator:
     res = evaluate.summarize(
         float(sums["nll_sum"].sum()), float(sums["tokens"].sum()), unit
     )
+    aux = {k[4:]: v for k, v in sums.items() if k.startswith("aux/")}
+    res.update({f"aux/{k}": v for k, v in stats.means(aux).items()})
     console.info(
         "%s (segments of %d, memory %d, %d lanes): %d predictions in "
         "%.1fs: %s",

@@ -34,10 +34,13 @@ from memjax import checkpointing
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import hooks as hooks_lib
 from memjax import losses
+from memjax import optim
 from memjax import runfiles
 from memjax import scoring
 from memjax import sharding as sharding_lib
+from memjax import stats
 from memjax import train_step as train_step_lib
 from memjax.models import transformer
 
@@ -103,16 +106,15 @@ def _log_steps(
             f"update was skipped and the checkpoints in {ckpt.directory} are "
             "intact: lower optim.learning_rate or set optim.clip_norm"
         )
-      f.write(
-          json.dumps(
-              {
-                  "step": s + 1,
-                  "loss": float(m["loss"]),
-                  "grad_norm": float(m["grad_norm"]),
-              }
-          )
-          + "\n"
-      )
+      record = {
+          "step": s + 1,
+          "loss": float(m["loss"]),
+          "grad_norm": float(m["grad_norm"]),
+      }
+      aux = stats.means(m.get("stats", {}))
+      if aux:
+        record["aux"] = aux
+      f.write(json.dumps(record) + "\n")
   done = pending[-1][0] + 1
   last = fetched[-1]
   mean_loss = float(np.mean([m["loss"] for m in fetched]))
@@ -125,6 +127,11 @@ def _log_steps(
   }
   for k, v in losses.summarize_aux(last).items():
     scalars[f"train/{k}"] = v
+  # Module statistics: means over every step since the last log.
+  names = last.get("stats", {})
+  interval = {k: np.stack([m["stats"][k] for m in fetched]) for k in names}
+  for k, v in stats.means(interval).items():
+    scalars[f"train/aux/{k}"] = v
   writer.write_scalars(done, scalars)
   console.info(
       "step %d/%d  loss %.4f  ppl %.1f  lr %.2e  %.0f tok/s  ETA %s",
@@ -153,11 +160,16 @@ _POSITION_KEYS = (
 )
 
 
-def data_position(config: ml_collections.ConfigDict, step: int) -> dict:
+def data_position(
+    config: ml_collections.ConfigDict,
+    step: int,
+    hook_states: Optional[dict[str, Any]] = None,
+) -> dict:
   """What is saved with a checkpoint: the step, the settings that make the
-  batches of every step, and the schedule horizon."""
+  batches of every step, the schedule horizon, what shapes the optimiser
+  state, and the step hooks' states."""
   d = config.data
-  return {
+  position = {
       "step": int(step),
       "corpus": d.corpus,
       "batching": d.batching,
@@ -166,7 +178,11 @@ def data_position(config: ml_collections.ConfigDict, step: int) -> dict:
       "seq_len": int(d.seq_len),
       "segments_per_lane": int(d.segments_per_lane),
       "schedule_steps": int(config.train.num_steps),
+      "optim_layout": optim.layout(config.optim),
   }
+  if hook_states is not None:
+    position["hooks"] = hook_states
+  return position
 
 
 def check_position(
@@ -185,6 +201,15 @@ def check_position(
         f"{where} was trained with other data settings ({'; '.join(diffs)}): "
         "its saved position would point at other batches; resume with the "
         "run's settings, or start a new --workdir with "
+        "--config.train.init_from=<this run>"
+    )
+  layout = saved.get("optim_layout")
+  if layout is not None and layout != now["optim_layout"]:
+    raise errors.ResumeError(
+        f"{where} was trained with another optimiser layout ({layout} -> "
+        f"{now['optim_layout']}: optim.optimizer, optim.transform or "
+        "optim.groups): its optimiser state would not fit; resume with the "
+        "run's optim settings, or start a new --workdir with "
         "--config.train.init_from=<this run>"
     )
   horizon = saved.get("schedule_steps")
@@ -226,6 +251,8 @@ class Setup:
   ckpt: checkpointing.Checkpointer
   start_step: int
   num_params: int
+  # {name: state} of the step hooks, from the checkpoint resumed.
+  hook_states: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
@@ -234,6 +261,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
   leaves no directory behind."""
   check_workdir(workdir)
   experiment.validate_config(config)
+  hooks_lib.check_config(config)
   mesh = experiment.make_mesh(config)
   experiment.check_batch_fits(config, mesh)
   experiment.check_data(config, tuple(config.eval.splits), train=True)
@@ -269,18 +297,20 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
         ckpt_dir, keep=config.train.keep_checkpoints, signature=signature
     )
   try:
-    state, start_step = _restore_or_init(config, ckpt, state, shardings)
+    state, position = _restore_or_init(config, ckpt, state, shardings)
   except BaseException:
     ckpt.close()
     raise
   return Setup(
       config, workdir, mesh, corpus, batcher, model, tx, schedule, loss_fn,
-      state, shardings, ckpt, start_step, n_params,
+      state, shardings, ckpt, int(position["step"]), n_params,
+      dict(position.get("hooks", {})),
   )  # fmt: skip
 
 
-def _restore_or_init(config, ckpt, state, shardings) -> tuple[TrainState, int]:
-  """Resumes from the newest readable checkpoint, or takes ``init_from``."""
+def _restore_or_init(config, ckpt, state, shardings) -> tuple[TrainState, dict]:
+  """Resumes from the newest readable checkpoint, or takes ``init_from``;
+  returns the state and its data position (``{'step': 0}`` when new)."""
   abstract = checkpointing.abstract_with_sharding(state, shardings)
   restored = ckpt.restore_latest(
       abstract, check=lambda p: check_position(config, p, ckpt.directory)
@@ -288,12 +318,12 @@ def _restore_or_init(config, ckpt, state, shardings) -> tuple[TrainState, int]:
   if restored is not None:
     state, position, step = restored
     console.info("resumed from %s at step %d", ckpt.directory, step)
-    return state, int(position["step"])
+    return state, position
   if config.train.init_from:
     state = experiment.init_params_from(
         config.train.init_from, state, shardings, config
     )
-  return state, 0
+  return state, {"step": 0}
 
 
 # ----------------------------------------------------------------------------
@@ -328,6 +358,11 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
       tokens_per_step,
   )
   log_path = os.path.join(s.workdir, "train_log.jsonl")
+  step_hooks = hooks_lib.HookRunner(
+      config, s.hook_states, workdir=s.workdir, model=s.model, mesh=s.mesh,
+      corpus=s.corpus, batcher=s.batcher, writer=writer,
+  )  # fmt: skip
+  step_hooks.start()
   state = s.state
   for step in range(s.start_step, num_steps):
     batch = sharding_lib.put_global_batch(
@@ -350,8 +385,10 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
           state.params, s.corpus.splits, done, config.train.eval_max_windows,
           "periodic_", writer,
       )  # fmt: skip
+    step_hooks.run(done, state.params)
     if done % config.train.checkpoint_every == 0 or done == num_steps:
-      s.ckpt.save(done, state, data_position(config, done))
+      position = data_position(config, done, step_hooks.states())
+      s.ckpt.save(done, state, position)
     for hook in hooks:
       hook(done, state)
   s.state = state
@@ -372,6 +409,8 @@ def train_and_evaluate(
       ``config.json``, vocabulary, ``train_log.jsonl``, ``results.json``).
     hooks: callables ``hook(step, state)`` run after each update and its
       checkpoint (profilers, custom logging, tests that interrupt a run).
+      The step hooks of ``config.train.hooks`` (``memjax.hooks``) run
+      before the checkpoint, and their state is saved with it.
 
   Returns:
     The results written to ``results.json``.

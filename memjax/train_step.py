@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
+from memjax import stats
 from memjax.models import transformer
 
 Array = jax.Array
@@ -63,6 +64,25 @@ def run_lane_segments(
     ``LMOutput`` with [lanes * m, L(, D)] arrays in the batch's row order
     and the memory after each lane's last segment.
   """
+  return run_lane_segments_with_stats(
+      model, params, batch, memory, segments_per_lane, rng=rng,
+      deterministic=deterministic,
+  )[0]  # fmt: skip
+
+
+def run_lane_segments_with_stats(
+    model,
+    params: Any,
+    batch: dict[str, Array],
+    memory: Any,
+    segments_per_lane: int,
+    *,
+    rng: Array,
+    deterministic: bool = False,
+) -> tuple[transformer.LMOutput, dict[str, Array]]:
+  """``run_lane_segments`` that also returns the auxiliary statistics the
+  modules report (``memjax.stats``), summed over the m segments:
+  {path: [2] float32 (weighted sum, weight)}."""
   m = segments_per_lane
 
   def to_segments(x):  # [lanes * m, ...] -> [m, lanes, ...]
@@ -74,7 +94,8 @@ def run_lane_segments(
 
   def body(mem, xs):
     inputs, targets, k = xs
-    out = model.apply(
+    out, sums = stats.apply(
+        model,
         {"params": params},
         inputs,
         targets,
@@ -82,9 +103,9 @@ def run_lane_segments(
         deterministic=deterministic,
         rngs={"dropout": jax.random.fold_in(rng, k)},
     )
-    return out.memory, out.replace(memory=None)
+    return out.memory, (out.replace(memory=None), sums)
 
-  new_memory, outs = jax.lax.scan(
+  new_memory, (outs, sums) = jax.lax.scan(
       body,
       memory,
       (
@@ -93,7 +114,8 @@ def run_lane_segments(
           jnp.arange(m),
       ),
   )
-  return jax.tree.map(to_rows, outs).replace(memory=new_memory)
+  outs = jax.tree.map(to_rows, outs).replace(memory=new_memory)
+  return outs, stats.total(sums)
 
 
 def make_train_step(
@@ -114,12 +136,20 @@ def make_train_step(
   the step. The state argument is donated. When the state carries a memory
   and ``segments_per_lane`` m > 1, the m segments of each lane run in order
   (``run_lane_segments``); micro-batches then hold whole lanes.
+
+  The metrics are float32 scalars (``loss``, ``grad_norm``, ``finite``, the
+  loss's sums) and ``stats``: the auxiliary statistics the modules report
+  (``memjax.stats``), {path: [2] (weighted sum, weight)} summed over the
+  micro-batches, segments and devices of the step.
   """
 
   def forward(p, mb, memory, rng):
     if memory is not None and segments_per_lane > 1:
-      return run_lane_segments(model, p, mb, memory, segments_per_lane, rng=rng)
-    return model.apply(
+      return run_lane_segments_with_stats(
+          model, p, mb, memory, segments_per_lane, rng=rng
+      )
+    return stats.apply(
+        model,
         {"params": p},
         mb["inputs"],
         mb["targets"],
@@ -130,8 +160,9 @@ def make_train_step(
 
   def micro_grads(params, mb, memory, rng, step):
     def f(p):
-      out = forward(p, mb, memory, rng)
+      out, sums = forward(p, mb, memory, rng)
       loss, metrics = loss_fn(out, mb, step=step, rng=rng)
+      metrics = dict(metrics, stats=sums)
       # Scale so that summing micro-batch gradients gives the batch mean.
       return loss * metrics["tokens"], (metrics, out.memory)
 

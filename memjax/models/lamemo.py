@@ -50,6 +50,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import stats
 from memjax.models import recurrence
 from memjax.models import relative
 
@@ -176,6 +177,10 @@ class LaMemoAttention(relative.RelativeAttentionBase):
         look_ahead_probs: [B, H, M, W] float32 (when refreshing).
         alpha: [B, M, H] float32 interpolation weights of the old memory
             (when refreshing; 0 on invalid slots).
+
+    Reports (collection 'aux', ``memjax.stats``): ``alpha``, the mean
+    interpolation weight over valid memory slots and heads (when
+    refreshing).
     """
     x = nn.with_logical_constraint(
         x.astype(self.dtype), ("batch", "length", "embed")
@@ -302,4 +307,5 @@ class LaMemoAttention(relative.RelativeAttentionBase):
       alpha = jnp.zeros_like(lse_new)
     alpha = jnp.where(mem_valid[:, :, None], alpha, 0.0)
     self.sow("intermediates", "alpha", alpha)
+    stats.report_mean(self, "alpha", alpha, mem_valid[:, :, None])
     return c, lse
