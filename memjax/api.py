@@ -124,7 +124,7 @@ class LanguageModel:
         block_size=int(c.eval_memory.block_size) or None, keep_tokens=True,
         desc="score",
     )  # fmt: skip
-    if grid.kind == "none":
+    if "grid_logprob" not in res:  # No memory: the plain model's scores.
       return np.asarray(res["lm_logprob"], np.float32)
     return np.asarray(res["grid_logprob"][0], np.float32)
 

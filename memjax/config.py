@@ -24,7 +24,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.cache_dir = ""  # "" = <workdir>/cache
   c.data.seq_len = 128  # L, tokens per training segment
   c.data.batch_size = 16  # segments per update (all micro-batches)
-  c.data.batching = "random"  # random | consecutive | blocks | bm25
+  # A name in memjax.registry.BATCHERS: random | consecutive | blocks | bm25.
+  c.data.batching = "random"
   c.data.segments_per_lane = 1  # m, consecutive segments per document/lane
   c.data.bm25_k = 20  # bm25 batching: hits per query (Algorithm 1)
   c.data.bm25_seed = 0  # bm25 batching: seeds the chain's random starts
@@ -33,6 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
   )
 
   c.model = ml_collections.ConfigDict()
+  c.model.family = "decoder_lm"  # a name in memjax.registry.MODEL_FAMILIES
   c.model.num_layers = 4
   c.model.d_model = 128
   c.model.num_heads = 4
@@ -43,8 +45,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.scale_embedding = False
   c.model.dropout = 0.1
   c.model.attention_dropout = 0.0
+  # Sub-layers by name in memjax.registry.ATTENTION / FEED_FORWARD, with
+  # their own options (module attributes of that kind).
   c.model.attention = "vanilla"  # vanilla | rpe | xl | lamemo
   c.model.attention_options = ml_collections.ConfigDict()
+  c.model.feed_forward = "ffn"  # ffn
+  c.model.feed_forward_options = ml_collections.ConfigDict()
   c.model.mem_len = 0
   c.model.max_len = 4096
   c.model.remat = False
@@ -52,7 +58,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.softmax_chunk = 4096
 
   c.loss = ml_collections.ConfigDict()
-  c.loss.name = "lm"  # lm (the plain objective) | trime
+  # A name in memjax.registry.OBJECTIVES: lm (the plain objective) | trime.
+  c.loss.name = "lm"
   c.loss.memory = "local"  # trime training memory: local | long | external
   c.loss.lm_warmup_fraction = 0.05  # trime: first updates use the plain LM loss
   c.loss.local_hide_prob = 0.9  # trime external: p of hiding the local memory
@@ -60,6 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
       False  # trime ablation: no gradient into memory keys
   )
   c.loss.block_size = 1024  # trime: keys per block of the blockwise loss
+  c.loss.options = ml_collections.ConfigDict()  # settings of other objectives
 
   c.optim = ml_collections.ConfigDict()
   c.optim.optimizer = "adam"  # adam | nag | sgd
@@ -147,7 +155,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Evaluation with testing memories (modes memeval, tune, memsweep, buckets;
   # memjax/evaluate_memory.py). The windows are eval.window_len / score_len.
   c.eval_memory = ml_collections.ConfigDict()
-  c.eval_memory.kind = "none"  # none | trime (Eq. 6) | cache (Grave et al.)
+  # A name in memjax.registry.EVAL_MEMORIES: none | trime (Eq. 6) | cache
+  # (Grave et al.).
+  c.eval_memory.kind = "none"
   c.eval_memory.long_mem_tokens = (
       0  # N: (g, next token) pairs before the window
   )

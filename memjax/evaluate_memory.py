@@ -28,6 +28,7 @@ from memjax import errors
 from memjax import evaluate
 from memjax import sharding as sharding_lib
 from memjax import experiment
+from memjax import registry
 from memjax import runfiles
 from memjax.data import streams
 from memjax.memory import evaluation
@@ -42,7 +43,7 @@ class Grid:
   """The settings one pass scores.
 
   Attributes:
-    kind: 'none', 'trime' or 'cache'.
+    kind: a name in ``registry.EVAL_MEMORIES`` ('none', 'trime', 'cache').
     long_sizes: long-term memory sizes N (0 = M_local only).
     temperatures: tau values (trime).
     thetas: cache inverse temperatures.
@@ -55,21 +56,26 @@ class Grid:
   thetas: tuple[float, ...] = ()
   lambdas: tuple[float, ...] = ()
 
+  def memory(self) -> evaluation.EvalMemory:
+    """The evaluation memory of ``kind``."""
+    return registry.EVAL_MEMORIES.get(self.kind)
+
+  def axes(self) -> dict[str, tuple[Any, ...]]:
+    """The values of each axis, in the step's grid order (N first)."""
+    out: dict[str, tuple[Any, ...]] = {"long_mem_tokens": self.long_sizes}
+    for axis in self.memory().axes:
+      out[axis.key] = tuple(getattr(self, axis.values))
+    return out
+
   def points(self) -> list[dict[str, Any]]:
-    """Settings in the order of the step's flattened grid axes."""
-    if self.kind == "trime":
-      return [
-          {"long_mem_tokens": n, "temperature": t}
-          for n, t in itertools.product(self.long_sizes, self.temperatures)
-      ]
-    if self.kind == "cache":
-      return [
-          {"long_mem_tokens": n, "cache_theta": th, "cache_lambda": la}
-          for n, th, la in itertools.product(
-              self.long_sizes, self.thetas, self.lambdas
-          )
-      ]
-    return []
+    """Settings in the order of the step's flattened grid axes (none for a
+    kind without memory)."""
+    if not self.memory().uses_memory:
+      return []
+    axes = self.axes()
+    return [
+        dict(zip(axes, values)) for values in itertools.product(*axes.values())
+    ]
 
 
 def _floats(xs) -> tuple[float, ...]:
@@ -187,7 +193,7 @@ def score_stream(
     bank, out = step(params, bank, batch)
     w = out["weights"]
     res = {"lm": -jnp.sum(out["lm"] * w), "tokens": jnp.sum(w)}
-    if grid.kind != "none":
+    if num_points:
       logp = out[grid.kind].reshape((num_points,) + w.shape)
       res["grid"] = -jnp.sum(logp * w, axis=(1, 2))
       if keep_tokens:

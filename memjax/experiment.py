@@ -45,10 +45,10 @@ from memjax import checkpointing
 from memjax import console
 from memjax import errors
 from memjax import optim
+from memjax import registry
 from memjax import runfiles
 from memjax import sharding as sharding_lib
 from memjax.data import sources
-from memjax.data import streams
 from memjax.models import transformer
 
 Array = jax.Array
@@ -140,11 +140,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(
         f"model.dtype must be one of {list(DTYPES)}, got {config.model.dtype!r}"
     )
-  if config.model.attention not in transformer.ATTENTION_KINDS:
-    raise errors.ConfigError(
-        f"unknown model.attention {config.model.attention!r}; choose one of "
-        f"{transformer.ATTENTION_KINDS}"
-    )
+  # ConfigError naming the registered names for an unknown method.
+  registry.MODEL_FAMILIES.get(config.model.family)
+  registry.ATTENTION.get(config.model.attention)
+  registry.FEED_FORWARD.get(config.model.feed_forward)
+  registry.OBJECTIVES.get(config.loss.name)
+  registry.BATCHERS.get(config.data.batching)
   sources.corpus_spec(config.data.corpus)  # DataError for an unknown corpus.
   optim.group_settings(config.optim)  # ConfigError for a malformed group.
 
@@ -166,7 +167,7 @@ def make_mesh(
 def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
   """Raises MeshError/ConfigError for batches the mesh or lanes cannot split."""
   m = config.model
-  if m.attention not in transformer.RECURRENT_KINDS or m.mem_len <= 0:
+  if not registry.ATTENTION.get(m.attention).carries_memory(m.mem_len):
     sharding_lib.check_batch(
         mesh,
         config.data.batch_size // config.train.grad_accum,
@@ -312,36 +313,17 @@ def vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Any:
 def make_batcher(
     config: ml_collections.ConfigDict, train: Any, cache_dir: str
 ) -> Any:
-  """The training batcher of ``data.batching`` (a pure function of the step)."""
+  """The training batcher of ``data.batching`` (a pure function of the step).
+
+  The batcher registered under that name in ``registry.BATCHERS`` is built
+  from the config, the training ``tasks.TokenStream`` and the cache
+  directory.
+  """
   from memjax.data import packing  # pylint: disable=g-import-not-at-top
 
-  d = config.data
   packing.check_trime_batching(config)
-  if d.batching in packing.BATCHINGS:
-    return packing.make_batcher(config, train, cache_dir)
-  if d.batching == "random":
-    return streams.RandomSegments(
-        train.tokens, d.seq_len, d.batch_size, seed=config.seed
-    )
-  if d.batching == "consecutive":
-    m = int(d.segments_per_lane)
-    if d.batch_size % m:
-      raise errors.ConfigError(
-          f"data.batch_size {d.batch_size} is not a multiple of "
-          f"data.segments_per_lane {m}"
-      )
-    return streams.ConsecutiveSegments(
-        train.tokens,
-        d.seq_len,
-        lanes=d.batch_size // m,
-        segments_per_lane=m,
-        seed=config.seed,
-        doc_starts=train.doc_starts,
-    )
-  raise errors.ConfigError(
-      f"unknown data.batching {d.batching!r}; use random, "
-      f"consecutive or one of {packing.BATCHINGS}"
-  )
+  make = registry.BATCHERS.get(config.data.batching)
+  return make(config, train, cache_dir)
 
 
 def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
@@ -356,49 +338,45 @@ def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------
 
 
-def build_model(
-    mcfg: ml_collections.ConfigDict, vocab_size: int
-) -> transformer.TransformerLM:
-  """The TransformerLM described by ``config.model``."""
+def build_model(mcfg: ml_collections.ConfigDict, vocab_size: int) -> Any:
+  """The model described by ``config.model``: its family's builder
+  (``registry.MODEL_FAMILIES``, a ``TransformerLM`` for 'decoder_lm')."""
   if mcfg.dtype not in DTYPES:
     raise errors.ConfigError(
         f"model.dtype must be one of {list(DTYPES)}, got {mcfg.dtype!r}"
     )
-  return transformer.TransformerLM(
-      vocab_size=vocab_size,
-      num_layers=mcfg.num_layers,
-      d_model=mcfg.d_model,
-      num_heads=mcfg.num_heads,
-      head_dim=mcfg.head_dim,
-      d_ff=mcfg.d_ff,
-      cutoffs=tuple(mcfg.cutoffs),
-      adaptive_factor=mcfg.adaptive_factor,
-      scale_embedding=mcfg.scale_embedding,
-      dropout_rate=mcfg.dropout,
-      attention_dropout_rate=mcfg.attention_dropout,
-      attention=mcfg.attention,
-      attention_options=(
-          mcfg.attention_options.to_dict() if mcfg.attention_options else None
-      ),
-      mem_len=mcfg.mem_len,
-      max_len=mcfg.max_len,
-      remat=mcfg.remat,
-      dtype=DTYPES[mcfg.dtype],
-      softmax_chunk=mcfg.softmax_chunk,
-  )
+  build = registry.MODEL_FAMILIES.get(mcfg.family)
+  return build(mcfg, vocab_size=vocab_size, dtype=DTYPES[mcfg.dtype])
 
 
 # Model keys that change how, not what, the model computes: a run may be
 # restored with other values (e.g. evaluated in bfloat16, or with remat).
 RUNTIME_MODEL_KEYS = ("remat", "dtype", "softmax_chunk")
+# Model keys added after signature version 2, with the value every model
+# saved before them had: left out of the signature at that value, so runs
+# and exports saved earlier keep matching their configs.
+LATER_MODEL_KEYS = {
+    "family": "decoder_lm",
+    "feed_forward": "ffn",
+    "feed_forward_options": {},
+}
 
 
 def model_signature(
     config: ml_collections.ConfigDict, vocab_size: int
 ) -> dict[str, Any]:
-  """What a checkpoint or export must match: the whole model config + V."""
+  """What a checkpoint or export must match: the whole model config + V.
+
+  Less ``RUNTIME_MODEL_KEYS``, and less ``LATER_MODEL_KEYS`` while they hold
+  their original value.
+  """
   m = json.loads(config.model.to_json_best_effort())
-  sig = {k: v for k, v in m.items() if k not in RUNTIME_MODEL_KEYS}
+  sig = {
+      k: v
+      for k, v in m.items()
+      if k not in RUNTIME_MODEL_KEYS
+      and not (k in LATER_MODEL_KEYS and v == LATER_MODEL_KEYS[k])
+  }
   sig["vocab_size"] = int(vocab_size)
   return {"model": sig, "name": config.name, "signature_version": 2}
 

@@ -7,6 +7,12 @@ where ``loss`` is the mean negative log-likelihood per weighted target and
 ``tokens``) so that micro-batches and hosts can be added up. Extra metrics
 start with ``aux_``; those ending in ``_sum`` are token-weighted sums that
 the training loop divides by ``tokens`` before logging them.
+
+Objectives register a factory in ``memjax.registry.OBJECTIVES`` under the
+name ``loss.name`` picks: ``make(loss_config, num_steps, seed) -> loss_fn``
+with ``config.loss`` (an objective's own settings go in
+``config.loss.options``), the run's number of updates and its seed. Built
+in: 'lm' and 'trime'.
 """
 
 from __future__ import annotations
@@ -18,13 +24,13 @@ import jax.numpy as jnp
 import ml_collections
 
 from memjax import errors
+from memjax import registry
 from memjax.memory import trime
 from memjax.models.transformer import LMOutput
 
 Array = jax.Array
 LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
-LOSSES = ("lm", "trime")
 TRIME_MEMORIES = ("local", "long", "external")
 
 # Folded into the run's seed for the per-step draw that hides the local memory
@@ -49,6 +55,15 @@ def lm_loss(
   tokens = jnp.sum(w)
   loss = nll_sum / jnp.maximum(tokens, 1.0)
   return loss, {"nll_sum": nll_sum, "tokens": tokens}
+
+
+@registry.OBJECTIVES.register("lm")
+def make_lm_loss(
+    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+) -> LossFn:
+  """The plain objective (``lm_loss``); it has no settings."""
+  del cfg, num_steps, seed
+  return lm_loss
 
 
 def long_memory_spec(lane_id: Array) -> trime.MemorySpec:
@@ -79,6 +94,7 @@ def hide_local_draw(seed: int, step: Array, p: float) -> Array:
   return trime.draw_hide_local(jax.random.fold_in(key, step), p)
 
 
+@registry.OBJECTIVES.register("trime")
 def make_trime_loss(
     cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
 ) -> LossFn:
@@ -196,7 +212,7 @@ def make_trime_loss(
 def make_loss(
     cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
 ) -> LossFn:
-  """Builds the objective named by ``config.loss``.
+  """Builds the objective ``config.loss.name`` names (registry.OBJECTIVES).
 
   Args:
     cfg: ``config.loss``.
@@ -204,15 +220,10 @@ def make_loss(
     seed: the run's seed (``config.seed``).
 
   Raises:
-    ValueError: an unknown loss name or bad loss settings.
+    errors.ConfigError: an unknown loss name (the message lists the
+      registered ones) or bad loss settings.
   """
-  if cfg.name == "lm":
-    return lm_loss
-  if cfg.name == "trime":
-    return make_trime_loss(cfg, num_steps, seed)
-  raise errors.ConfigError(
-      f"unknown loss.name {cfg.name!r}; use one of {LOSSES}"
-  )
+  return registry.OBJECTIVES.get(cfg.name)(cfg, num_steps, seed)
 
 
 def summarize_aux(metrics: dict[str, Any]) -> dict[str, float]:

@@ -39,33 +39,16 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
-# Each mode maps to "module:function", called as function(config, workdir)
+# Modes are registered in memjax.registry.MODES as "module:function" (the
+# built-ins in memjax/modes/__init__.py), called as function(config, workdir)
 # and returning a results dict. Modules import lazily (TensorFlow is slow).
-MODES = {
-    "train": "memjax.train:train_and_evaluate",
-    "eval": "memjax.modes.evaluation:evaluate_run",
-    "export": "memjax.api:export_run",
-    # Recurrent-memory models (Transformer-XL, LaMemo); see docs/lamemo.md.
-    "extrapolate": "memjax.recurrent_eval:extrapolate",
-    "analyze": "memjax.analysis.recurrence:analyze",
-    "generate": "memjax.generate:generate",
-}
-# TRIME: evaluation with testing memories and the offline BM25 packing job.
-MODES.update(
-    {
-        "memeval": "memjax.modes.memory:memeval",
-        "tune": "memjax.modes.memory:tune",
-        "memsweep": "memjax.modes.memory:memsweep",
-        "buckets": "memjax.modes.memory:buckets",
-        "pack": "memjax.data.packing:pack",
-    }
-)
-_MODE = flags.DEFINE_enum(
+_MODE = flags.DEFINE_string(
     "mode",
     "train",
-    list(MODES),
     "train (resumes if the workdir has checkpoints), eval (evaluates the "
-    "latest checkpoint), or an analysis mode of a memory method.",
+    "latest checkpoint), export, or an analysis mode of a memory method: "
+    "any name in memjax.registry.MODES (extrapolate, analyze, generate, "
+    "memeval, tune, memsweep, buckets, pack).",
 )
 _MULTIHOST = flags.DEFINE_bool(
     "multihost",
@@ -190,14 +173,20 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
 
   from memjax import errors  # pylint: disable=g-import-not-at-top
+  from memjax import registry  # pylint: disable=g-import-not-at-top
 
+  try:
+    target = registry.MODES.get(_MODE.value)
+  except errors.UserError as e:
+    print(f"memjax: error: {e}", file=sys.stderr)
+    sys.exit(2)
   if _MULTIHOST.value:
     jax.distributed.initialize(
         coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value,
         process_id=_PROCESS_ID.value,
     )
-  module, fn = MODES[_MODE.value].split(":")
+  module, fn = target.split(":")
   workdir = _WORKDIR.value
   try:
     config = resolve_config(_MODE.value, workdir)

@@ -241,8 +241,8 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
   # An exception that is not a UserError is not reduced to one line.
   proc = subprocess.run(
       [sys.executable, "-c",
-       "import sys; from memjax import main; "
-       "main.MODES['train'] = 'json:loads'; "
+       "import sys; from memjax import main, registry; "
+       "registry.MODES.register('train', 'json:loads', replace=True); "
        "sys.argv = ['memjax', '--config=configs/trime_wt103.py:smoke', "
        f"'--workdir={tmp_path}']; "
        "from absl import app; app.run(main.main, flags_parser=main.parse_flags)"],

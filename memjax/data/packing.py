@@ -1,5 +1,7 @@
 """Training batchers of the TRIME memories: random blocks and BM25 packing.
 
+Both register in ``memjax.registry.BATCHERS`` (see ``memjax.data.batchers``).
+
 * ``data.batching='blocks'``: b random blocks of m = ``data.segments_per_lane``
   consecutive segments per step (``streams.RandomBlocks``), the in-batch
   long-term memory of TRIMELM_long.
@@ -35,10 +37,10 @@ import numpy as np
 
 from memjax import errors
 from memjax import console
+from memjax import registry
+from memjax.data import batchers
 from memjax.data import sources
 from memjax.data import streams
-
-BATCHINGS = ("blocks", "bm25")
 
 
 def check_trime_batching(config: ml_collections.ConfigDict) -> None:
@@ -128,34 +130,33 @@ def bm25_order(
   return order
 
 
-def make_batcher(
+@registry.BATCHERS.register("blocks")
+def blocks_batcher(
     config: ml_collections.ConfigDict, train: Any, cache_dir: str
-) -> Any:
-  """The batcher of ``data.batching`` in ('blocks', 'bm25').
-
-  Args:
-    config: the experiment config.
-    train: the training ``tasks.TokenStream``.
-    cache_dir: the run's cache directory (for the BM25 order).
-  """
+) -> streams.RandomBlocks:
+  """b random blocks of m = ``data.segments_per_lane`` consecutive segments
+  per step (TRIMELM_long's in-batch long-term memory)."""
+  del cache_dir
   d = config.data
-  if d.batching == "blocks":
-    m = int(d.segments_per_lane)
-    if d.batch_size % m:
-      raise errors.ConfigError(
-          f"data.batch_size {d.batch_size} is not a multiple of "
-          f"data.segments_per_lane {m}"
-      )
-    return streams.RandomBlocks(
-        train.tokens, d.seq_len, d.batch_size // m, m, seed=config.seed
-    )
-  if d.batching == "bm25":
-    order = bm25_order(config, train.tokens, cache_dir)
-    return streams.PackedSegments(
-        train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
-    )
-  raise errors.ConfigError(
-      f"unknown data.batching {d.batching!r}; use one of {BATCHINGS}"
+  return streams.RandomBlocks(
+      train.tokens,
+      d.seq_len,
+      batchers.lanes_of(config),
+      int(d.segments_per_lane),
+      seed=config.seed,
+  )
+
+
+@registry.BATCHERS.register("bm25")
+def bm25_batcher(
+    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+) -> streams.PackedSegments:
+  """Segments in the BM25 packed order (TRIMELM_ext), read from (or first
+  written to) ``<cache_dir>/bm25``."""
+  d = config.data
+  order = bm25_order(config, train.tokens, cache_dir)
+  return streams.PackedSegments(
+      train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
   )
 
 

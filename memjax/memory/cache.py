@@ -17,12 +17,15 @@ exactly log p_lm everywhere.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
+from memjax import registry
 from memjax.memory import blockwise
+from memjax.memory import evaluation
 from memjax.memory.visibility import MemorySpec, position_meta, visible
 
 Array = jax.Array
@@ -191,3 +194,47 @@ def cache_log_prob_batch(
   return cache_from_sums(
       lm_log_prob.reshape(b * t), lse_all, lse_pos, lam
   ).reshape(b, t)
+
+
+class CacheMemory(evaluation.EvalMemory):
+  """The continuous cache (Grave et al.): theta scales, lambda mixes."""
+
+  axes = (
+      evaluation.Axis("cache_theta", "thetas", "cache_theta_grid"),
+      evaluation.Axis("cache_lambda", "lambdas", "cache_lambda_grid"),
+  )
+  label = "continuous cache (tuned lambda, theta)"
+
+  def check(self, settings: evaluation.Settings) -> None:
+    if not settings["thetas"] or not settings["lambdas"]:
+      raise errors.ConfigError(
+          "cache evaluation needs at least one theta and one lambda"
+      )
+
+  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+    del dim
+    return list(settings["thetas"])
+
+  def combine(
+      self,
+      settings: evaluation.Settings,
+      lm: jax.Array,
+      log_z: jax.Array,
+      sums: Sequence[tuple[jax.Array, jax.Array]],
+  ) -> jax.Array:
+    del log_z
+    lam = jnp.asarray(settings["lambdas"], jnp.float32)
+    logp = jnp.stack(
+        [
+            jax.vmap(
+                lambda l: cache_from_sums(lm[None], a, p, l)  # noqa: B023
+            )(
+                lam
+            )  # [L, G, W, S]
+            for a, p in sums
+        ]
+    )  # [N, L, G, W, S]
+    return jnp.swapaxes(logp, 1, 2)
+
+
+registry.EVAL_MEMORIES.register("cache", CacheMemory())

@@ -25,6 +25,12 @@ One pass scores a whole grid of settings (memory sizes N, temperatures or
 (theta, lam)), since the model's outputs do not depend on them; N = 0 is
 exactly local evaluation, and lam = 0 exactly the plain model.
 
+Each kind is an ``EvalMemory`` registered in ``memjax.registry.EVAL_MEMORIES``
+under the name ``eval_memory.kind`` picks: it names its grid axes, the
+similarity scales of its memory sums and how it combines them with the plain
+model's scores. 'none' is here; 'trime' registers in ``memory/trime.py`` and
+'cache' in ``memory/cache.py``.
+
 The split is one stream: windows, and so M_local and M_long, run across
 document boundaries, as the attention context of the sliding-window
 protocol does (WikiText-103's test set is evaluated as one stream in the
@@ -33,21 +39,93 @@ paper's setup).
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import flax
 import jax
 import jax.numpy as jnp
 
 from memjax import errors
+from memjax import registry
 from memjax.memory import blockwise
-from memjax.memory import cache as cache_lib
-from memjax.memory import trime
 
 Array = jax.Array
 
-KINDS = ("none", "trime", "cache")
+Settings = Mapping[str, Sequence[float]]
+
+
+class Axis(NamedTuple):
+  """One tunable setting of an evaluation memory.
+
+  Attributes:
+    key: the setting's name in results ('temperature').
+    values: the ``Settings`` entry (and ``evaluate_memory.Grid`` field)
+      holding its values ('temperatures').
+    config_grid: the ``config.eval_memory`` key of its tuning grid.
+  """
+
+  key: str
+  values: str
+  config_grid: str
+
+
+class EvalMemory:
+  """An evaluation-time memory kind (``registry.EVAL_MEMORIES``).
+
+  A kind scores each query from the plain model's outputs and the
+  log-sum-exps of similarities over the query's visible memory (M_local and
+  M_long), computed at the similarity scales the kind asks for.
+
+  Attributes:
+    axes: its settings besides the memory size N, in the order of the
+      output's grid axes; none for a kind without memory.
+    label: how plots name it.
+  """
+
+  axes: tuple[Axis, ...] = ()
+  label: str = ""
+
+  @property
+  def uses_memory(self) -> bool:
+    """Whether the kind reads a memory (False: the plain model)."""
+    return bool(self.axes)
+
+  def check(self, settings: Settings) -> None:
+    """Raises errors.ConfigError for settings the kind cannot score."""
+    del settings
+
+  def scales(self, settings: Settings, dim: int) -> list[float]:
+    """The similarity scales of the memory sums, [G] (g . g_j * scale)."""
+    raise NotImplementedError
+
+  def combine(
+      self,
+      settings: Settings,
+      lm: Array,
+      log_z: Array,
+      sums: Sequence[tuple[Array, Array]],
+  ) -> Array:
+    """Log-probabilities of every setting.
+
+    Args:
+      settings: the grid's values per axis.
+      lm: [W, S] float32 log p of the plain model.
+      log_z: [W, S] float32 its log-normaliser.
+      sums: per memory size N, (lse_all, lse_pos) [G, W, S] over the visible
+        memory and over its entries whose token is the target, at each of
+        ``scales``.
+
+    Returns:
+      [N, *axis sizes, W, S] float32.
+    """
+    raise NotImplementedError
+
+
+class PlainModel(EvalMemory):
+  """No memory: the plain model's scores only."""
+
+
+registry.EVAL_MEMORIES.register("none", PlainModel())
 
 
 @flax.struct.dataclass
@@ -230,7 +308,7 @@ def make_eval_step(
       model: a TransformerLM (its outputs supply g, log p_vocab, log Z).
       window_len: T.
       score_len: S.
-      kind: 'none', 'trime' or 'cache'.
+      kind: a name in ``registry.EVAL_MEMORIES`` ('none', 'trime', 'cache').
       long_sizes: memory sizes N to score (static; the bank holds
           max(N) + T - S pairs).
       temperatures: tau values ('trime').
@@ -241,26 +319,23 @@ def make_eval_step(
   Returns:
       The step. ``batch`` is from ``streams.memory_eval_batches``. Outputs:
       'lm' [W, S] log p of the plain model; 'weights' [W, S] float32 (1 on
-      scored queries); 'targets', 'positions' [W, S] int32; and 'trime'
-      [len(long_sizes), len(temperatures), W, S] or 'cache'
-      [len(long_sizes), len(thetas), len(lambdas), W, S] log-probabilities.
+      scored queries); 'targets', 'positions' [W, S] int32; and, for a kind
+      with memory, under its name the [len(long_sizes), *axis sizes, W, S]
+      log-probabilities ('trime': [N, len(temperatures), W, S]; 'cache':
+      [N, len(thetas), len(lambdas), W, S]).
   """
-  if kind not in KINDS:
-    raise errors.ConfigError(
-        f"unknown eval_memory.kind {kind!r}; use one of {KINDS}"
-    )
+  memory = registry.EVAL_MEMORIES.get(kind)
+  settings = {
+      "temperatures": tuple(temperatures),
+      "thetas": tuple(thetas),
+      "lambdas": tuple(lambdas),
+  }
   long_sizes = tuple(int(n) for n in long_sizes)
   if any(n < 0 for n in long_sizes):
     raise errors.ConfigError(
         f"long-term memory sizes must be >= 0, got {long_sizes}"
     )
-  if kind == "trime" and not temperatures:
-    raise errors.ConfigError("trime evaluation needs at least one temperature")
-  if kind == "cache" and (not thetas or not lambdas):
-    raise errors.ConfigError(
-        "cache evaluation needs at least one theta and one lambda"
-    )
-  context = window_len - score_len
+  memory.check(settings)
   capacity = bank_capacity(kind, long_sizes, window_len, score_len)
 
   def step(params, bank: Bank, batch: dict[str, Array]):
@@ -271,90 +346,109 @@ def make_eval_step(
         deterministic=True,
     )
     g = out.features
-    d = g.shape[-1]
-    w_rows = g.shape[0]
-    count = batch["score_count"]
-    sfrom = batch["score_from"]
-    take = lambda x: _take_scored(x, sfrom, score_len)  # noqa: E731
-    weights = jnp.arange(score_len)[None, :] < count[:, None]
-    q = take(g)
-    q_tgt = take(batch["targets"])
-    q_pos = jnp.where(weights, take(batch["position"]), -1)
-    q_off = sfrom[:, None] + jnp.arange(score_len)[None, :]
+    take = lambda x: _take_scored(x, batch["score_from"], score_len)  # noqa: E731
+    weights = jnp.arange(score_len)[None, :] < batch["score_count"][:, None]
+    q = _Queries(
+        g=take(g),
+        targets=take(batch["targets"]),
+        positions=jnp.where(weights, take(batch["position"]), -1),
+        offsets=batch["score_from"][:, None] + jnp.arange(score_len)[None, :],
+    )
     lm = take(out.target_logprob).astype(jnp.float32)
     log_z = take(out.log_z).astype(jnp.float32)
     result = {
         "lm": jnp.where(weights, lm, 0.0),
         "weights": weights.astype(jnp.float32),
-        "targets": q_tgt,
-        "positions": q_pos,
+        "targets": q.targets,
+        "positions": q.positions,
     }
-    if kind == "none":
+    if not memory.uses_memory:
       return bank, result
-    if kind == "trime":
-      scales = jnp.asarray(
-          [1.0 / (math.sqrt(d) * tau) for tau in temperatures], jnp.float32
-      )
-    else:
-      scales = jnp.asarray(thetas, jnp.float32)
-    key_valid = batch["position"] >= 0
-    loc_all, loc_pos = local_sums(
-        q, q_off, q_tgt, g, batch["targets"], key_valid, scales
-    )  # [G, W, S]
-    flat = lambda x: x.reshape((w_rows * score_len,) + x.shape[2:])  # noqa: E731
-    starts = jnp.broadcast_to(batch["start"][:, None], q_pos.shape)
-    per_size = []
-    for n in long_sizes:
-      if n == 0:
-        all_, pos_ = loc_all, loc_pos
-      else:
-        keep = n + context
-        keys = jnp.concatenate([bank.keys[-keep:], flat(q).astype(jnp.float32)])
-        ktok = jnp.concatenate([bank.tokens[-keep:], flat(q_tgt)])
-        kpos = jnp.concatenate([bank.positions[-keep:], flat(q_pos)])
-        l_all, l_pos = long_sums(
-            flat(q),
-            flat(q_tgt),
-            flat(starts),
-            keys,
-            ktok,
-            kpos,
-            n,
-            scales,
-            block_size,
-        )
-        shape = loc_all.shape
-        all_ = blockwise.logaddexp(loc_all, l_all.reshape(shape))
-        pos_ = blockwise.logaddexp(loc_pos, l_pos.reshape(shape))
-      per_size.append((all_, pos_))
-    if kind == "trime":
-      logp = jnp.stack(
-          [
-              trime.combine_log_prob(lm[None], log_z[None], a, p)
-              for a, p in per_size
-          ]
-      )  # [N, G, W, S]
-      result["trime"] = jnp.where(weights, logp, 0.0)
-    else:
-      lam = jnp.asarray(lambdas, jnp.float32)
-      logp = jnp.stack(
-          [
-              jax.vmap(
-                  lambda l: cache_lib.cache_from_sums(  # noqa: B023
-                      lm[None], a, p, l
-                  )
-              )(
-                  lam
-              )  # [L, G, W, S]
-              for a, p in per_size
-          ]
-      )  # [N, L, G, W, S]
-      result["cache"] = jnp.where(weights, jnp.swapaxes(logp, 1, 2), 0.0)
-    new_bank = push(bank, flat(q), flat(q_tgt), flat(q_pos))
+    scales = jnp.asarray(memory.scales(settings, g.shape[-1]), jnp.float32)
+    sums = _memory_sums(
+        q, g, batch, bank, scales, long_sizes, window_len - score_len,
+        block_size,
+    )  # fmt: skip
+    logp = memory.combine(settings, lm, log_z, sums)
+    result[kind] = jnp.where(weights, logp, 0.0)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+    new_bank = push(bank, flat(q.g), flat(q.targets), flat(q.positions))
     return new_bank, result
 
   step.capacity = capacity
   return step
+
+
+@flax.struct.dataclass
+class _Queries:
+  """The scored positions of a batch of W windows (S per window).
+
+  Attributes:
+      g: [W, S, D] their features.
+      targets: [W, S] int32 next tokens.
+      positions: [W, S] int32 stream positions, -1 where not scored.
+      offsets: [W, S] int offsets in their window.
+  """
+
+  g: Array
+  targets: Array
+  positions: Array
+  offsets: Array
+
+
+def _memory_sums(
+    q: _Queries,
+    g: Array,
+    batch: dict[str, Array],
+    bank: Bank,
+    scales: Array,
+    long_sizes: Sequence[int],
+    context: int,
+    block_size: int | None,
+) -> list[tuple[Array, Array]]:
+  """Per memory size N, (lse_all, lse_pos) [G, W, S] over M_local u M_long.
+
+  Args:
+      q: the scored queries.
+      g: [W, T, D] features of every position of the windows (M_local).
+      batch: the batch (``targets``, ``position``, ``start``).
+      bank: the long-term memory before this batch.
+      scales: [G] similarity scales.
+      long_sizes: the sizes N.
+      context: T - S, the context positions of a window.
+      block_size: blockwise block of the long-memory sums.
+  """
+  key_valid = batch["position"] >= 0
+  loc_all, loc_pos = local_sums(
+      q.g, q.offsets, q.targets, g, batch["targets"], key_valid, scales
+  )  # [G, W, S]
+  flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+  starts = jnp.broadcast_to(batch["start"][:, None], q.positions.shape)
+  per_size = []
+  for n in long_sizes:
+    if n == 0:
+      per_size.append((loc_all, loc_pos))
+      continue
+    keep = n + context
+    l_all, l_pos = long_sums(
+        flat(q.g),
+        flat(q.targets),
+        flat(starts),
+        jnp.concatenate([bank.keys[-keep:], flat(q.g).astype(jnp.float32)]),
+        jnp.concatenate([bank.tokens[-keep:], flat(q.targets)]),
+        jnp.concatenate([bank.positions[-keep:], flat(q.positions)]),
+        n,
+        scales,
+        block_size,
+    )
+    shape = loc_all.shape
+    per_size.append(
+        (
+            blockwise.logaddexp(loc_all, l_all.reshape(shape)),
+            blockwise.logaddexp(loc_pos, l_pos.reshape(shape)),
+        )
+    )
+  return per_size
 
 
 def bank_capacity(
@@ -362,6 +456,6 @@ def bank_capacity(
 ) -> int:
   """Slots the bank needs: max(N) + T - S (0 without a long memory)."""
   n = max([int(x) for x in long_sizes] or [0])
-  if kind == "none" or n == 0:
+  if not registry.EVAL_MEMORIES.get(kind).uses_memory or n == 0:
     return 0
   return n + window_len - score_len

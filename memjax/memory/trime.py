@@ -45,12 +45,15 @@ as the mode says, and the result equals the unsharded one.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
+from memjax import registry
 from memjax.memory import blockwise
+from memjax.memory import evaluation
 from memjax.memory.visibility import MemorySpec, draw_hide_local, position_meta, visible
 
 Array = jax.Array
@@ -365,3 +368,33 @@ def log_prob_with_memory(
       precision=precision,
   )
   return combine_log_prob(target_logprob, log_z, lse_all, lse_pos)
+
+
+class TrimeMemory(evaluation.EvalMemory):
+  """TRIME's testing memories (Eq. 6), tau dividing the memory logits."""
+
+  axes = (evaluation.Axis("temperature", "temperatures", "temperature_grid"),)
+  label = "TRIME (Eq. 6, tuned tau)"
+
+  def check(self, settings: evaluation.Settings) -> None:
+    if not settings["temperatures"]:
+      raise errors.ConfigError(
+          "trime evaluation needs at least one temperature"
+      )
+
+  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+    return [1.0 / (math.sqrt(dim) * tau) for tau in settings["temperatures"]]
+
+  def combine(
+      self,
+      settings: evaluation.Settings,
+      lm: jax.Array,
+      log_z: jax.Array,
+      sums: Sequence[tuple[jax.Array, jax.Array]],
+  ) -> jax.Array:
+    return jnp.stack(
+        [combine_log_prob(lm[None], log_z[None], a, p) for a, p in sums]
+    )  # [N, G, W, S]
+
+
+registry.EVAL_MEMORIES.register("trime", TrimeMemory())

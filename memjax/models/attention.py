@@ -1,19 +1,130 @@
-"""Causal multi-head self-attention with absolute positions (vanilla LM).
+"""Attention kinds: the base class, and causal attention with absolute positions.
 
-Relative-position and recurrent-memory attention live in ``relative.py`` and
-``lamemo.py``; all share the call signature documented in ``transformer.py``:
-``attn(x_normed, memory, deterministic=...) -> (y, new_memory)``.
+Every attention kind subclasses ``AttentionKind`` and registers itself in
+``memjax.registry.ATTENTION`` under the name ``model.attention`` picks
+('vanilla' here; 'rpe' and 'xl' in ``relative.py``, 'lamemo' in
+``lamemo.py``). A kind owns its recurrent memory: the class says whether it
+carries one and how it spans the layer stack (``init_stack_memory``,
+``enter_stack``, ``leave_stack``), so ``TransformerLM`` runs any kind
+without knowing it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import registry
+
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class StackDims:
+  """The sizes of a layer stack, for making its empty memory.
+
+  Attributes:
+    num_layers: number of blocks.
+    mem_len: M, memory slots per lane.
+    d_model: D.
+    num_heads: H.
+    head_dim: d_h.
+    dtype: compute dtype.
+    options: the kind's options (``model.attention_options``).
+  """
+
+  num_layers: int
+  mem_len: int
+  d_model: int
+  num_heads: int
+  head_dim: int
+  dtype: Any = jnp.float32
+  options: Any = None
+
+
+class AttentionKind(nn.Module):
+  """Base of the attention kinds of ``registry.ATTENTION``.
+
+  A kind is built with ``d_model``, ``num_heads``, ``head_dim``,
+  ``mem_len``, ``dropout_rate``, ``dtype`` and its own options (the keys of
+  ``model.attention_options``), and called as
+  ``attn(x [B, L, D] normed, memory | None, *, deterministic)
+  -> (y [B, L, D], new_memory | None)``.
+
+  Class-level hooks (read on the class: no instance, no parameters):
+
+  * ``ABSOLUTE_POSITIONS``: the model adds sinusoid positions to the
+    embeddings (kinds with relative positions leave them out).
+  * ``RECURRENT``: the kind carries a memory across segments when
+    ``mem_len > 0``.
+  * ``init_stack_memory(batch_size, dims)``: the empty memory of the whole
+    stack. By default a tuple with ``init_layer_memory`` per layer.
+  * ``enter_stack(x, memory)`` -> (rows the blocks run over, per-layer
+    memories): by default the segment itself and the tuple.
+  * ``leave_stack(x, h, g, layer_memories, memory, mem_len)`` -> the
+    segment's rows of the last block's output and g, and the stack's new
+    memory: by default (h, g, tuple of the layers' new memories).
+
+  A kind whose memory is not one entry per layer (LaMemo prepends memory
+  rows to the segment) overrides the three stack hooks.
+  """
+
+  ABSOLUTE_POSITIONS: ClassVar[bool] = False
+  RECURRENT: ClassVar[bool] = False
+
+  @classmethod
+  def carries_memory(cls, mem_len: int) -> bool:
+    """Whether a model of this kind carries memory across segments."""
+    return cls.RECURRENT and mem_len > 0
+
+  @classmethod
+  def init_layer_memory(cls, batch_size: int, dims: StackDims) -> Any:
+    """One layer's empty memory (recurrent kinds define it)."""
+    raise NotImplementedError(f"{cls.__name__} carries no memory")
+
+  @classmethod
+  def init_stack_memory(cls, batch_size: int, dims: StackDims) -> Any:
+    """The empty memory of a stack of ``dims.num_layers`` layers, or None."""
+    if not cls.carries_memory(dims.mem_len):
+      return None
+    return tuple(
+        cls.init_layer_memory(batch_size, dims) for _ in range(dims.num_layers)
+    )
+
+  @classmethod
+  def enter_stack(cls, x: Array, memory: Any) -> tuple[Array, Sequence[Any]]:
+    """([B, R + T, D] rows the blocks run over, per-layer memories)."""
+    return x, memory
+
+  @classmethod
+  def leave_stack(
+      cls,
+      x: Array,
+      h: Array,
+      g: Array,
+      layer_memories: Sequence[Any],
+      memory: Any,
+      mem_len: int,
+  ) -> tuple[Array, Array, Any]:
+    """The segment's rows of the stack's output and the new memory.
+
+    Args:
+      x: [B, T, D] the segment's embeddings (the stack's input).
+      h: [B, R + T, D] the last block's output.
+      g: [B, R + T, D] the last block's g.
+      layer_memories: each layer's new memory.
+      memory: the memory the stack started from.
+      mem_len: the model's M.
+
+    Returns:
+      (h [B, T, D], g [B, T, D], the stack's new memory).
+    """
+    del x, memory, mem_len
+    return h, g, tuple(layer_memories)
 
 
 def qkv_init() -> nn.initializers.Initializer:
@@ -56,8 +167,11 @@ def output_projection(
   )
 
 
-class CausalSelfAttention(nn.Module):
+@registry.ATTENTION.register("vanilla")
+class CausalSelfAttention(AttentionKind):
   """Multi-head causal self-attention over the current segment only.
+
+  The 'vanilla' kind: absolute positions, no memory.
 
   Attributes:
     d_model: D.
@@ -73,6 +187,8 @@ class CausalSelfAttention(nn.Module):
   mem_len: int = 0
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+
+  ABSOLUTE_POSITIONS: ClassVar[bool] = True
 
   @nn.compact
   def __call__(

@@ -45,12 +45,15 @@ docs/lamemo.md.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import registry
 from memjax import stats
+from memjax.models import attention as attention_lib
 from memjax.models import recurrence
 from memjax.models import relative
 
@@ -106,8 +109,16 @@ def look_ahead_window(mem_len: int, seg_len: int) -> tuple[int, int]:
   return mem_len - width + 1, width
 
 
+@registry.ATTENTION.register("lamemo")
 class LaMemoAttention(relative.RelativeAttentionBase):
   """Look-ahead memory attention layer (LaMemo Eq. 6-12).
+
+  Registered as the 'lamemo' attention kind. A stack of these layers with
+  ``mem_len > 0`` carries ``(inputs, layers)``: an ``XLMemory`` of the last
+  M layer-0 inputs and one ``LaMemoMemory`` per layer; the M memory rows
+  are prepended to the segment and run through every block with it
+  ([B, M + T, D]), and only the T segment rows leave the stack (see the
+  module docstring and docs/lamemo.md).
 
   Attributes (besides those of ``RelativeAttentionBase``):
       position: 'disentangled' (Eq. 12, the paper's choice) or 'xl' (Eq. 6
@@ -132,8 +143,64 @@ class LaMemoAttention(relative.RelativeAttentionBase):
   interpolate: bool = True
   eps: float = 1e-6
 
+  RECURRENT: ClassVar[bool] = True
+
   def position_scheme(self) -> str:
     return self.position
+
+  @classmethod
+  def init_layer_memory(
+      cls, batch_size: int, dims: attention_lib.StackDims
+  ) -> recurrence.LaMemoMemory:
+    """One layer's empty memory (float32 c and lse, all invalid)."""
+    return recurrence.init_lamemo_memory(
+        batch_size, dims.mem_len, dims.num_heads, dims.head_dim
+    )
+
+  @classmethod
+  def init_stack_memory(
+      cls, batch_size: int, dims: attention_lib.StackDims
+  ) -> Any:
+    """(``XLMemory`` of the layer-0 inputs, x [B, M, D] compute dtype; a
+    tuple of ``num_layers`` ``LaMemoMemory`` with float32 c [B, M, H, dh]
+    and lse [B, M, H]), or None without memory."""
+    if not cls.carries_memory(dims.mem_len):
+      return None
+    inputs = recurrence.init_xl_memory(
+        batch_size, dims.mem_len, dims.d_model, dims.dtype
+    )
+    layers = tuple(
+        cls.init_layer_memory(batch_size, dims) for _ in range(dims.num_layers)
+    )
+    return inputs, layers
+
+  @classmethod
+  def enter_stack(
+      cls, x: jax.Array, memory: Any
+  ) -> tuple[jax.Array, Sequence[Any]]:
+    """concat(stored layer-0 inputs of the last M tokens, segment)
+    [B, M + T, D]; every block refreshes the memory rows (look-ahead) and
+    the next block reads them."""
+    inputs, layers = memory
+    rows = jax.lax.stop_gradient(inputs.x).astype(x.dtype)
+    return jnp.concatenate([rows, x], axis=1), layers
+
+  @classmethod
+  def leave_stack(
+      cls,
+      x: jax.Array,
+      h: jax.Array,
+      g: jax.Array,
+      layer_memories: Sequence[Any],
+      memory: Any,
+      mem_len: int,
+  ) -> tuple[jax.Array, jax.Array, Any]:
+    """The T segment rows of h and g, and (the layer-0 inputs with the
+    segment pushed, the layers' new memories)."""
+    inputs, _ = memory
+    rows = inputs.x.shape[1]
+    new_inputs = recurrence.push_xl_memory(inputs, x, mem_len or rows)
+    return h[:, rows:], g[:, rows:], (new_inputs, tuple(layer_memories))
 
   def init_memory(
       self, batch_size: int, mem_len: int | None = None

@@ -38,6 +38,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import registry
+from memjax.models import attention as attention_lib
 from memjax.models import recurrence
 
 # Masked scores get this value: exp(NEG_INF - anything finite) is exactly 0 in
@@ -174,7 +176,7 @@ class OutputProjection(nn.Module):
     )
 
 
-class RelativeAttentionBase(nn.Module):
+class RelativeAttentionBase(attention_lib.AttentionKind):
   """Parameters and score computation shared by the relative attentions.
 
   Not used directly: ``XLAttention``, ``DisentangledAttention`` and
@@ -351,6 +353,15 @@ class _SegmentAttention(RelativeAttentionBase):
 
   causal: bool = True
 
+  @classmethod
+  def init_layer_memory(
+      cls, batch_size: int, dims: attention_lib.StackDims
+  ) -> recurrence.XLMemory:
+    """Empty memory of one layer: ``XLMemory`` with x [B, M, D] dtype."""
+    return recurrence.init_xl_memory(
+        batch_size, dims.mem_len, dims.d_model, dims.dtype
+    )
+
   def init_memory(
       self, batch_size: int, mem_len: int | None = None
   ) -> recurrence.XLMemory:
@@ -421,6 +432,7 @@ class _SegmentAttention(RelativeAttentionBase):
     return y, recurrence.push_xl_memory(memory, x, new_len)
 
 
+@registry.ATTENTION.register("xl")
 class XLAttention(_SegmentAttention):
   """Transformer-XL relative attention (Dai et al. 2019; LaMemo Eq. 6).
 
@@ -432,15 +444,20 @@ class XLAttention(_SegmentAttention):
   Attributes (besides those of ``RelativeAttentionBase``):
       causal: mask keys to the right of the query (default True).
 
+  Registered as the 'xl' attention kind: a model with ``mem_len > 0``
+  carries one ``XLMemory`` per layer across segments.
+
   Parameters: query, key, value, pos_key, out, u, v (see module docstring).
   """
 
   POSITION: ClassVar[str] = "xl"
+  RECURRENT: ClassVar[bool] = True
 
   def position_scheme(self) -> str:
     return self.POSITION
 
 
+@registry.ATTENTION.register("rpe")
 class DisentangledAttention(_SegmentAttention):
   """Relative attention with disentangled positions (LaMemo Eq. 12).
 
@@ -448,6 +465,9 @@ class DisentangledAttention(_SegmentAttention):
   v_minus (i < j). Same call contract and memory as ``XLAttention``. For
   causal attention only v_plus is read; ``causal=False`` attends in both
   directions.
+
+  Registered as the 'rpe' attention kind (the Transformer+RPE baseline): a
+  model of this kind carries no memory across segments.
 
   Parameters: query, key, value, pos_key, out, u, v_plus, v_minus.
   """

@@ -1,4 +1,4 @@
-"""Pre-LayerNorm decoder-only Transformer language model.
+"""Pre-LayerNorm decoder-only Transformer language model ('decoder_lm').
 
 The model is a pure function of (params, tokens, memory): recurrent memory
 (Transformer-XL, LaMemo) is an explicit pytree passed in and returned. It
@@ -8,27 +8,24 @@ features ``g`` = the input of the last layer's feed-forward block after its
 LayerNorm.
 
 Block: ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``.
-Attention modules share one signature,
+The attention and the feed-forward sub-layers are looked up by name in
+``memjax.registry.ATTENTION`` (``attention``) and ``FEED_FORWARD``
+(``feed_forward``), with their options; see ``attention.AttentionKind`` and
+``feed_forward``. Attention kinds share one signature,
 ``attn(x_normed [B,T,D], memory | None, deterministic=...) -> (y [B,T,D], new_memory)``.
 
-Recurrent memory (``attention`` 'xl' or 'lamemo' with ``mem_len > 0``):
-
-* 'xl': a tuple with one ``recurrence.XLMemory`` per layer (the last M normed
-  inputs of that layer's attention).
-* 'lamemo': ``(inputs, layers)``: an ``XLMemory`` of the last M layer-0 inputs
-  and one ``recurrence.LaMemoMemory`` per layer. The M memory rows are
-  prepended to the segment and run through every block with it
-  ([B, M + T, D]); ``features`` and ``hidden`` keep only the T segment rows.
-  See docs/lamemo.md.
-
-``init_memory(batch_size)`` makes an empty memory (None for models without
-recurrence) and ``reset_memory(memory, reset)`` empties the lanes where
-``reset`` is set.
+The attention kind owns the recurrent memory: whether the model carries one
+(``carries_memory``), its layout over the stack (``init_memory(batch_size)``
+makes an empty one, None for models without recurrence) and how the blocks
+run over it (``AttentionKind.enter_stack`` / ``leave_stack``; LaMemo
+prepends memory rows to the segment). ``reset_memory(memory, reset)``
+empties the lanes where ``reset`` is set.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import dataclasses
+from typing import Any, Mapping, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -37,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
+from memjax import registry
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import recurrence
@@ -63,42 +61,36 @@ class LMOutput:
   memory: Any = None
 
 
-ATTENTION_KINDS = ("vanilla", "rpe", "xl", "lamemo")
-# Kinds that carry a memory across segments when mem_len > 0.
-RECURRENT_KINDS = ("xl", "lamemo")
-
-
-def make_attention(kind: str, **kwargs) -> nn.Module:
-  """Builds one attention module of the given kind.
+def make_sublayer(
+    reg: registry.Registry,
+    kind: str,
+    options: Optional[Mapping[str, Any]],
+    options_key: str,
+    **kwargs,
+) -> nn.Module:
+  """Builds the module registered as ``kind`` with ``kwargs`` and options.
 
   Args:
-    kind: 'vanilla' (absolute positions, no memory), 'rpe' (disentangled
-      relative positions, no memory), 'xl' (Transformer-XL recurrence) or
-      'lamemo' (look-ahead memory).
-    **kwargs: module attributes (d_model, num_heads, head_dim, mem_len,
-      dropout_rate, dtype, and kind-specific switches).
+    reg: the registry (``registry.ATTENTION`` or ``FEED_FORWARD``).
+    kind: the registered name.
+    options: the kind's own attributes (a dict), or None.
+    options_key: the config key of ``options``, for messages.
+    **kwargs: the attributes every kind of ``reg`` takes (and ``name``).
 
   Raises:
-    ValueError: for an unknown kind.
+    errors.ConfigError: an unknown kind, or an option the kind does not take.
   """
-  kind_kwargs = dict(kwargs.pop("extra", {}) or {})
-  if kind == "vanilla":
-    return attention_lib.CausalSelfAttention(**kwargs)
-  if kind == "rpe":
-    from memjax.models import relative  # pylint: disable=g-import-not-at-top
-
-    return relative.DisentangledAttention(**kwargs, **kind_kwargs)
-  if kind == "xl":
-    from memjax.models import relative  # pylint: disable=g-import-not-at-top
-
-    return relative.XLAttention(**kwargs, **kind_kwargs)
-  if kind == "lamemo":
-    from memjax.models import lamemo  # pylint: disable=g-import-not-at-top
-
-    return lamemo.LaMemoAttention(**kwargs, **kind_kwargs)
-  raise errors.ConfigError(
-      f"unknown model.attention {kind!r}; choose one of {ATTENTION_KINDS}"
-  )
+  cls = reg.get(kind)
+  options = dict(options or {})
+  fields = {f.name for f in dataclasses.fields(cls)} - {"parent", "name"}
+  unknown = sorted(set(options) - (fields - set(kwargs)))
+  if unknown:
+    own = sorted(fields - set(kwargs))
+    raise errors.ConfigError(
+        f"{options_key} has {', '.join(unknown)}, which {reg.what} {kind!r} "
+        f"does not take; its options: {', '.join(own) or 'none'}"
+    )
+  return cls(**kwargs, **options)
 
 
 def sinusoid_table(length: int, dim: int) -> np.ndarray:
@@ -110,42 +102,6 @@ def sinusoid_table(length: int, dim: int) -> np.ndarray:
   table[:, 0::2] = np.sin(ang)
   table[:, 1::2] = np.cos(ang)[:, : dim // 2]
   return table
-
-
-class FeedForward(nn.Module):
-  """Position-wise feed-forward block: D -> F -> D with ReLU."""
-
-  d_model: int
-  d_ff: int
-  dropout_rate: float = 0.0
-  dtype: jnp.dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array, *, deterministic: bool) -> Array:
-    """[B, T, D] -> [B, T, D]."""
-    h = nn.Dense(
-        self.d_ff,
-        dtype=self.dtype,
-        name="wi",
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("embed", "mlp")
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
-    )(x)
-    h = nn.relu(h)
-    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return nn.Dense(
-        self.d_model,
-        dtype=self.dtype,
-        name="wo",
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("mlp", "embed")
-        ),
-        bias_init=nn.with_logical_partitioning(
-            nn.initializers.zeros, ("embed",)
-        ),
-    )(h)
 
 
 def layer_norm(name: str, dtype) -> nn.LayerNorm:
@@ -166,6 +122,8 @@ class DecoderBlock(nn.Module):
   d_ff: int
   attention: str = "vanilla"
   attention_options: Any = None
+  feed_forward: str = "ffn"
+  feed_forward_options: Any = None
   mem_len: int = 0
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -176,15 +134,17 @@ class DecoderBlock(nn.Module):
       self, x: Array, memory: Any, deterministic: bool
   ) -> tuple[Array, Array, Any]:
     """[B, T, D] -> ([B, T, D] output, [B, T, D] g, new memory)."""
-    attn = make_attention(
+    attn = make_sublayer(
+        registry.ATTENTION,
         self.attention,
+        self.attention_options,
+        "model.attention_options",
         d_model=self.d_model,
         num_heads=self.num_heads,
         head_dim=self.head_dim,
         mem_len=self.mem_len,
         dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype,
-        extra=self.attention_options,
         name="attention",
     )
     y, new_memory = attn(
@@ -195,9 +155,18 @@ class DecoderBlock(nn.Module):
     h = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
     g = layer_norm("ln_ffn", self.dtype)(h)
-    f = FeedForward(
-        self.d_model, self.d_ff, self.dropout_rate, self.dtype, name="ffn"
-    )(g, deterministic=deterministic)
+    ffn = make_sublayer(
+        registry.FEED_FORWARD,
+        self.feed_forward,
+        self.feed_forward_options,
+        "model.feed_forward_options",
+        d_model=self.d_model,
+        d_ff=self.d_ff,
+        dropout_rate=self.dropout_rate,
+        dtype=self.dtype,
+        name="ffn",
+    )
+    f = ffn(g, deterministic=deterministic)
     out = h + nn.Dropout(self.dropout_rate)(f, deterministic=deterministic)
     out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
     return out, g, new_memory
@@ -218,10 +187,13 @@ class TransformerLM(nn.Module):
     scale_embedding: multiply input embeddings by sqrt(D).
     dropout_rate: residual, embedding and FFN dropout.
     attention_dropout_rate: dropout on attention probabilities.
-    attention: attention kind (see ``make_attention``).
+    attention: attention kind, a name in ``registry.ATTENTION``.
     attention_options: kind-specific attention attributes (a dict).
-    mem_len: recurrent memory length M (xl, lamemo; 0 = no memory). Changing
-      it changes no parameter, so a model can be evaluated with another M.
+    feed_forward: feed-forward kind, a name in ``registry.FEED_FORWARD``.
+    feed_forward_options: kind-specific feed-forward attributes (a dict).
+    mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
+      memory). Changing it changes no parameter, so a model can be
+      evaluated with another M.
     max_len: longest segment, for the absolute position table.
     remat: rematerialise each block in the backward pass.
     dtype: compute dtype (float32 or bfloat16); parameters stay float32.
@@ -241,6 +213,8 @@ class TransformerLM(nn.Module):
   attention_dropout_rate: float = 0.0
   attention: str = "vanilla"
   attention_options: Any = None
+  feed_forward: str = "ffn"
+  feed_forward_options: Any = None
   mem_len: int = 0
   max_len: int = 4096
   remat: bool = False
@@ -270,6 +244,8 @@ class TransformerLM(nn.Module):
             d_ff=self.d_ff,
             attention=self.attention,
             attention_options=self.attention_options,
+            feed_forward=self.feed_forward,
+            feed_forward_options=self.feed_forward_options,
             mem_len=self.mem_len,
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
@@ -281,33 +257,35 @@ class TransformerLM(nn.Module):
     self.final_norm = layer_norm("final_norm", self.dtype)
     self.embed_dropout = nn.Dropout(self.dropout_rate)
 
+  def attention_kind(self) -> type[attention_lib.AttentionKind]:
+    """The attention kind's class (works on an unbound module)."""
+    return registry.ATTENTION.get(self.attention)
+
   def carries_memory(self) -> bool:
     """Whether the model carries a recurrent memory across segments."""
-    return self.attention in RECURRENT_KINDS and self.mem_len > 0
+    return self.attention_kind().carries_memory(self.mem_len)
 
   def init_memory(self, batch_size: int) -> Any:
     """An empty memory for ``batch_size`` lanes (all slots invalid).
 
-    Works on an unbound module. Returns None for models without recurrence.
-    'xl': a tuple of ``num_layers`` ``XLMemory`` (x [B, M, D] compute dtype).
-    'lamemo': (``XLMemory`` of the layer-0 inputs, x [B, M, D] compute dtype;
-    a tuple of ``num_layers`` ``LaMemoMemory`` with float32 c [B, M, H, dh]
-    and lse [B, M, H]).
+    Works on an unbound module. Returns None for models without recurrence;
+    otherwise the attention kind's layout (``init_stack_memory``): 'xl' a
+    tuple of ``num_layers`` ``XLMemory`` (x [B, M, D] compute dtype);
+    'lamemo' (``XLMemory`` of the layer-0 inputs, a tuple of ``num_layers``
+    ``LaMemoMemory`` with float32 c [B, M, H, dh] and lse [B, M, H]).
     """
     if not self.carries_memory():
       return None
-    inputs = recurrence.init_xl_memory(
-        batch_size, self.mem_len, self.d_model, self.dtype
+    dims = attention_lib.StackDims(
+        num_layers=self.num_layers,
+        mem_len=self.mem_len,
+        d_model=self.d_model,
+        num_heads=self.num_heads,
+        head_dim=self.head_dim,
+        dtype=self.dtype,
+        options=self.attention_options,
     )
-    if self.attention == "xl":
-      return tuple(inputs for _ in range(self.num_layers))
-    layers = tuple(
-        recurrence.init_lamemo_memory(
-            batch_size, self.mem_len, self.num_heads, self.head_dim
-        )
-        for _ in range(self.num_layers)
-    )
-    return inputs, layers
+    return self.attention_kind().init_stack_memory(batch_size, dims)
 
   def reset_memory(self, memory: Any, reset: Array) -> Any:
     """Empties the memory of the lanes where ``reset`` ([B] bool) is True."""
@@ -346,9 +324,16 @@ class TransformerLM(nn.Module):
   def hidden_states(
       self, inputs: Array, memory: Any = None, *, deterministic: bool = True
   ) -> tuple[Array, Array, Any]:
-    """[B, T] ids -> (final hidden [B,T,D], g [B,T,D], new memory)."""
+    """[B, T] ids -> (final hidden [B,T,D], g [B,T,D], new memory).
+
+    With a memory, the attention kind decides what the blocks run over
+    (``enter_stack``: the segment, or memory rows and the segment) and what
+    leaves the stack (``leave_stack``: the T segment rows and the new
+    memory).
+    """
+    kind = self.attention_kind()
     x = self.embedder.embed(inputs)
-    if self.attention == "vanilla":
+    if kind.ABSOLUTE_POSITIONS:
       t = inputs.shape[1]
       if t > self.max_len:
         raise errors.ConfigError(
@@ -357,39 +342,62 @@ class TransformerLM(nn.Module):
       x = x + jnp.asarray(sinusoid_table(t, self.d_model), self.dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    if self.attention == "lamemo" and memory is not None:
-      return self._lamemo_stack(x, memory, deterministic)
-    mems = memory if memory is not None else (None,) * self.num_layers
+    if memory is None:
+      h, mems = x, (None,) * self.num_layers
+    else:
+      h, mems = kind.enter_stack(x, memory)
     new_mems = []
-    g = x
-    for block, mem in zip(self.blocks, mems):
-      x, g, new_mem = block(x, mem, deterministic)
-      new_mems.append(new_mem)
-    hidden = self.final_norm(x)
-    new_memory = tuple(new_mems) if memory is not None else None
-    return hidden, g, new_memory
-
-  def _lamemo_stack(
-      self, x: Array, memory: Any, deterministic: bool
-  ) -> tuple[Array, Array, Any]:
-    """LaMemo blocks over concat(memory rows, segment) [B, M + T, D].
-
-    The memory rows are the stored layer-0 inputs of the last M tokens; every
-    block refreshes them (look-ahead) and the next block reads them.
-    """
-    inputs, layers = memory
-    mem_len = inputs.x.shape[1]
-    rows = jax.lax.stop_gradient(inputs.x).astype(x.dtype)
-    h = jnp.concatenate([rows, x], axis=1)
-    new_layers = []
     g = h
-    for block, mem in zip(self.blocks, layers):
+    for block, mem in zip(self.blocks, mems):
       h, g, new_mem = block(h, mem, deterministic)
-      new_layers.append(new_mem)
-    hidden = self.final_norm(h[:, mem_len:])
-    new_inputs = recurrence.push_xl_memory(inputs, x, self.mem_len or mem_len)
-    return hidden, g[:, mem_len:], (new_inputs, tuple(new_layers))
+      new_mems.append(new_mem)
+    new_memory = None
+    if memory is not None:
+      h, g, new_memory = kind.leave_stack(
+          x, h, g, new_mems, memory, self.mem_len
+      )
+    return self.final_norm(h), g, new_memory
 
   def log_probs(self, hidden: Array) -> Array:
     """[..., D] final hidden states -> [..., V] float32 log-probabilities."""
     return self.embedder.log_probs(hidden)
+
+
+def _options(options: Any) -> Optional[dict[str, Any]]:
+  """A config's options (a ConfigDict or mapping) as a dict; None if empty."""
+  if not options:
+    return None
+  return options.to_dict() if hasattr(options, "to_dict") else dict(options)
+
+
+@registry.MODEL_FAMILIES.register("decoder_lm")
+def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
+  """The ``TransformerLM`` that a model config (``config.model``) describes.
+
+  Args:
+    mcfg: the model config (read by attribute; any object with the keys).
+    vocab_size: V.
+    dtype: the compute dtype (``mcfg.dtype`` resolved).
+  """
+  return TransformerLM(
+      vocab_size=vocab_size,
+      num_layers=mcfg.num_layers,
+      d_model=mcfg.d_model,
+      num_heads=mcfg.num_heads,
+      head_dim=mcfg.head_dim,
+      d_ff=mcfg.d_ff,
+      cutoffs=tuple(mcfg.cutoffs),
+      adaptive_factor=mcfg.adaptive_factor,
+      scale_embedding=mcfg.scale_embedding,
+      dropout_rate=mcfg.dropout,
+      attention_dropout_rate=mcfg.attention_dropout,
+      attention=mcfg.attention,
+      attention_options=_options(mcfg.attention_options),
+      feed_forward=mcfg.feed_forward,
+      feed_forward_options=_options(mcfg.feed_forward_options),
+      mem_len=mcfg.mem_len,
+      max_len=mcfg.max_len,
+      remat=mcfg.remat,
+      dtype=dtype,
+      softmax_chunk=mcfg.softmax_chunk,
+  )

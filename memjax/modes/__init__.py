@@ -1,1 +1,28 @@
-"""Modes of ``python -m memjax.main`` grouped by method family."""
+"""Modes of ``python -m memjax.main``, registered by name.
+
+Each mode is registered in ``memjax.registry.MODES`` as ``"module:function"``;
+``memjax.main`` imports the module when the mode runs (TensorFlow and the
+mode's dependencies load only then) and calls ``function(config, workdir)``,
+which returns a results dict. The memory-evaluation modes are in
+``memjax/modes/memory.py``.
+"""
+
+from memjax import registry
+
+_BUILTIN = {
+    "train": "memjax.train:train_and_evaluate",
+    "eval": "memjax.modes.evaluation:evaluate_run",
+    "export": "memjax.api:export_run",
+    # Recurrent-memory models (Transformer-XL, LaMemo); see docs/lamemo.md.
+    "extrapolate": "memjax.recurrent_eval:extrapolate",
+    "analyze": "memjax.analysis.recurrence:analyze",
+    "generate": "memjax.generate:generate",
+    # TRIME: evaluation with testing memories and the offline BM25 packing.
+    "memeval": "memjax.modes.memory:memeval",
+    "tune": "memjax.modes.memory:tune",
+    "memsweep": "memjax.modes.memory:memsweep",
+    "buckets": "memjax.modes.memory:buckets",
+    "pack": "memjax.data.packing:pack",
+}
+for _name, _target in _BUILTIN.items():
+  registry.MODES.register(_name, _target)

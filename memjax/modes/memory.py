@@ -31,7 +31,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import ml_collections
 import numpy as np
@@ -39,13 +39,13 @@ import numpy as np
 from memjax import console
 from memjax import errors
 from memjax import evaluate_memory as em_lib
+from memjax import registry
 from memjax.evaluate_memory import Grid
 from memjax.evaluate_memory import Loaded
 from memjax.evaluate_memory import configured_grid
 from memjax.evaluate_memory import grid_of
 from memjax.evaluate_memory import load
 from memjax.evaluate_memory import tuning_grid
-from memjax.memory import evaluation
 
 setting_str = em_lib.setting_str
 
@@ -82,11 +82,17 @@ def _write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
-def _check_kind(kind: str, allowed: Sequence[str]) -> None:
-  if kind not in allowed:
+def _check_tunable(kind: str) -> None:
+  """Raises ConfigError unless ``kind`` is a registered evaluation memory
+  with settings to tune (not 'none')."""
+  if not registry.EVAL_MEMORIES.get(kind).uses_memory:
+    tunable = tuple(
+        k
+        for k in registry.EVAL_MEMORIES.names()
+        if registry.EVAL_MEMORIES.get(k).uses_memory
+    )
     raise errors.ConfigError(
-        f"eval_memory.kind must be one of {tuple(allowed)} here, "
-        f"got {kind!r}"
+        f"eval_memory.kind must be one of {tunable} here, got {kind!r}"
     )
 
 
@@ -98,7 +104,7 @@ def _check_kind(kind: str, allowed: Sequence[str]) -> None:
 def memeval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Scores eval.splits with the configured memory (``--mode=memeval``)."""
   em = config.eval_memory
-  _check_kind(em.kind, evaluation.KINDS)
+  registry.EVAL_MEMORIES.get(em.kind)  # ConfigError for an unknown kind.
   loaded = load(config, workdir, splits=tuple(config.eval.splits))
   grid = configured_grid(em)
   results: dict[str, Any] = {
@@ -123,24 +129,20 @@ def memeval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return {**results, "results_path": path, "summary_lines": lines}
 
 
-# Grid axis of each setting key, and the config key of its values.
-_GRID_KEYS = {
-    "temperature": "temperature_grid",
-    "cache_theta": "cache_theta_grid",
-    "cache_lambda": "cache_lambda_grid",
-    "long_mem_tokens": "long_mem_grid",
-}
+def _grid_key(grid: Grid, key: str) -> str:
+  """The ``config.eval_memory`` key of the tuning grid of setting ``key``."""
+  for axis in grid.memory().axes:
+    if axis.key == key:
+      return axis.config_grid
+  return "long_mem_grid"
 
 
 def grid_edges(grid: Grid, best: dict[str, Any]) -> dict[str, float]:
   """The settings of ``best`` that lie at the smallest or largest value of a
   grid axis with more than one value (the optimum may lie outside)."""
-  axes = {
-      "temperature": grid.temperatures if grid.kind == "trime" else (),
-      "cache_theta": grid.thetas if grid.kind == "cache" else (),
-      "cache_lambda": grid.lambdas if grid.kind == "cache" else (),
-      "long_mem_tokens": grid.long_sizes,
-  }
+  axes = grid.axes()
+  # The memory size last, as the warnings have always listed it.
+  axes["long_mem_tokens"] = axes.pop("long_mem_tokens")
   out = {}
   for key, values in axes.items():
     if len(set(values)) > 1 and key in best:
@@ -152,7 +154,7 @@ def grid_edges(grid: Grid, best: dict[str, Any]) -> dict[str, float]:
 def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Grid search on valid, test at the best setting (``--mode=tune``)."""
   em = config.eval_memory
-  _check_kind(em.kind, ("trime", "cache"))
+  _check_tunable(em.kind)
   loaded = load(config, workdir)
   unit = loaded.unit
   grid = tuning_grid(em, em.kind)
@@ -194,7 +196,7 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for key, value in edges.items():
     warning = (
         f"the best {key} ({value:g}) lies on the edge of its grid; "
-        f"widen eval_memory.{_GRID_KEYS[key]} and tune again"
+        f"widen eval_memory.{_grid_key(grid, key)} and tune again"
     )
     console.warn("%s", warning)
     lines.append("warning: " + warning)
@@ -214,7 +216,7 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   rows = []
   loaded_self = None
   for kind in em.sweep_kinds:
-    _check_kind(kind, ("trime", "cache"))
+    _check_tunable(kind)
     source = (
         em.cache_workdir if (kind == "cache" and em.cache_workdir) else None
     )
@@ -284,10 +286,6 @@ def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  labels = {
-      "trime": "TRIME (Eq. 6, tuned tau)",
-      "cache": "continuous cache (tuned lambda, theta)",
-  }
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for kind in dict.fromkeys(r["kind"] for r in rows):
     pts = sorted(
@@ -297,7 +295,7 @@ def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
         [p[0] for p in pts],
         [p[1] for p in pts],
         marker="o",
-        label=labels.get(kind, kind),
+        label=registry.EVAL_MEMORIES.get(kind).label or kind,
     )
   ax.set_xlabel("long-term memory size (tokens)")
   ax.set_ylabel(f"valid {unit}")

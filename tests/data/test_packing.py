@@ -74,7 +74,7 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path):
   stream = tasks.TokenStream(
       tokens=tokens, doc_starts=np.zeros(1, np.int64), vocab_size=400
   )
-  batcher = packing.make_batcher(cfg, stream, str(tmp_path))
+  batcher = packing.bm25_batcher(cfg, stream, str(tmp_path))
   files = list((tmp_path / "bm25").glob("bm25_order_*.npy"))
   assert len(files) == 1
   order = np.load(files[0])
@@ -89,7 +89,7 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path):
       len(topic(batcher.batch(s))) == 1 for s in range(batcher.steps_per_epoch)
   )
   assert pure >= 3  # BM25 keeps most batches within one topic
-  again = packing.make_batcher(
+  again = packing.bm25_batcher(
       cfg, stream, str(tmp_path)
   )  # read, not recomputed
   np.testing.assert_array_equal(

@@ -1,0 +1,59 @@
+"""Feed-forward kinds: the block's position-wise sub-layer.
+
+Every kind registers itself in ``memjax.registry.FEED_FORWARD`` under the
+name ``model.feed_forward`` picks. A kind is a Flax module built with
+``d_model``, ``d_ff``, ``dropout_rate``, ``dtype`` and its own options (the
+keys of ``model.feed_forward_options``), named ``ffn`` in each block, and
+called as ``ffn(g [B, T, D], deterministic=...) -> [B, T, D]``.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from memjax import registry
+
+Array = jax.Array
+
+
+@registry.FEED_FORWARD.register("ffn")
+class FeedForward(nn.Module):
+  """Position-wise feed-forward block: D -> F -> D with ReLU ('ffn').
+
+  Parameters: wi {kernel [D, F] ('embed', 'mlp'), bias [F]}, wo {kernel
+  [F, D] ('mlp', 'embed'), bias [D]}.
+  """
+
+  d_model: int
+  d_ff: int
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    """[B, T, D] -> [B, T, D]."""
+    h = nn.Dense(
+        self.d_ff,
+        dtype=self.dtype,
+        name="wi",
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(), ("embed", "mlp")
+        ),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+    )(x)
+    h = nn.relu(h)
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return nn.Dense(
+        self.d_model,
+        dtype=self.dtype,
+        name="wo",
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(), ("mlp", "embed")
+        ),
+        bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros, ("embed",)
+        ),
+    )(h)
