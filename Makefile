@@ -24,7 +24,7 @@ smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
 
 test: $(STAMP) format-check
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=40 tests
 
 # Google style, 2-space indentation; configuration in pyproject.toml.
 format: $(STAMP)
