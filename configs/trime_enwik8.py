@@ -77,6 +77,7 @@ def get_config(arg: str = "demo"):
     t.num_steps = 400000
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     e.window_len, e.score_len, e.batch_size = 512, 80, 32
+    m.norm_epsilon = 1e-5  # PyTorch's LayerNorm epsilon; pre-LN kept.
   m.max_len = max(m.max_len, d.seq_len, e.window_len)
   trime_wt103.apply_method(c, method, *MEMORY[size])
   if size == "smoke":

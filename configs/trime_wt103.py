@@ -136,6 +136,8 @@ def get_config(arg: str = "demo"):
   if size in ("247m", "150m", "7m"):
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     t.keep_checkpoints = 3
+    # fairseq's transformer_lm_wiki103 is pre-LN; PyTorch's LayerNorm eps.
+    m.norm_epsilon = 1e-5
   m.max_len = max(m.max_len, d.seq_len, e.window_len)
   apply_method(c, method, *MEMORY[size])
   if size == "smoke":

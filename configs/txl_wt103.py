@@ -124,6 +124,12 @@ def recurrent_config(
     t.keep_checkpoints = 3
   m.mem_len = 0 if attention == "rpe" else mem
   m.max_len = max(m.max_len, d.seq_len, e.window_len)
+  if size in ("base", "enwik8", "text8"):
+    # The authors' scripts: Transformer-XL's pre_lnorm=False (post-LN, no
+    # final LayerNorm) and PyTorch's LayerNorm epsilon. Smoke and demo keep
+    # pre-LN.
+    m.norm_position = "post"
+    m.norm_epsilon = 1e-5
   c.name = name or f"{d.corpus}_{attention}_{size}"
   return c
 

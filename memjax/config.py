@@ -54,6 +54,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.mem_len = 0
   c.model.max_len = 4096
   c.model.remat = False
+  # LayerNorm placement: 'pre' (fairseq transformer_lm_wiki103, TRIME) or
+  # 'post' (Transformer-XL's default pre_lnorm=False), and its epsilon.
+  c.model.norm_position = "pre"
+  c.model.norm_epsilon = 1e-6
   c.model.dtype = "float32"  # float32 | bfloat16
   c.model.softmax_chunk = 4096
 

@@ -359,6 +359,8 @@ LATER_MODEL_KEYS = {
     "family": "decoder_lm",
     "feed_forward": "ffn",
     "feed_forward_options": {},
+    "norm_position": "pre",
+    "norm_epsilon": 1e-6,
 }
 
 

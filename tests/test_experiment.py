@@ -163,3 +163,22 @@ def test_signature_covers_the_whole_model_config():
 def test_load_of_an_empty_directory_says_what_is_missing(tmp_path):
   with pytest.raises(errors.MissingRunError, match="no trained run"):
     memjax.load(str(tmp_path))
+
+
+def test_paper_size_configs_follow_the_authors_layer_norm():
+  from configs import lamemo_wt103  # pylint: disable=g-import-not-at-top
+  from configs import trime_enwik8  # pylint: disable=g-import-not-at-top
+  from configs import txl_wt103  # pylint: disable=g-import-not-at-top
+
+  for mod, arg in ((txl_wt103, "base"), (txl_wt103, "enwik8"),
+                   (txl_wt103, "rpe_text8"), (lamemo_wt103, "base")):  # fmt: skip
+    m = mod.get_config(arg).model
+    assert (m.norm_position, m.norm_epsilon) == ("post", 1e-5), arg
+  for mod, arg in ((trime_wt103, "247m"), (trime_wt103, "trime_150m"),
+                   (trime_enwik8, "38m")):  # fmt: skip
+    m = mod.get_config(arg).model
+    assert (m.norm_position, m.norm_epsilon) == ("pre", 1e-5), arg
+  for mod, arg in ((txl_wt103, "demo"), (lamemo_wt103, "smoke"),
+                   (trime_wt103, "demo")):  # fmt: skip
+    m = mod.get_config(arg).model
+    assert (m.norm_position, m.norm_epsilon) == ("pre", 1e-6), arg

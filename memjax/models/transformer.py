@@ -104,8 +104,12 @@ def sinusoid_table(length: int, dim: int) -> np.ndarray:
   return table
 
 
-def layer_norm(name: str, dtype) -> nn.LayerNorm:
+NORM_POSITIONS = ("pre", "post")
+
+
+def layer_norm(name: str, dtype, epsilon: float = 1e-6) -> nn.LayerNorm:
   return nn.LayerNorm(
+      epsilon=epsilon,
       dtype=dtype,
       name=name,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
@@ -114,7 +118,15 @@ def layer_norm(name: str, dtype) -> nn.LayerNorm:
 
 
 class DecoderBlock(nn.Module):
-  """One pre-LN decoder layer; returns (out, g, new_memory)."""
+  """One decoder layer; returns (out, g, new_memory).
+
+  Pre-LN (``norm_position='pre'``, fairseq's ``transformer_lm_wiki103``):
+  ``h = x + Drop(Attn(LN1(x))); out = h + Drop(FFN(LN2(h)))``, g = LN2(h).
+  Post-LN (``'post'``, Transformer-XL's ``pre_lnorm=False``):
+  ``h = LN1(x + Drop(Attn(x))); out = LN2(h + Drop(FFN(h)))``, g = h. In
+  both, g (TRIME's memory key) is the feed-forward block's input as that
+  block sees it.
+  """
 
   d_model: int
   num_heads: int
@@ -128,6 +140,8 @@ class DecoderBlock(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  norm_position: str = "pre"
+  norm_epsilon: float = 1e-6
 
   @nn.compact
   def __call__(
@@ -147,14 +161,17 @@ class DecoderBlock(nn.Module):
         dtype=self.dtype,
         name="attention",
     )
+    pre = self.norm_position == "pre"
+    ln_attn = layer_norm("ln_attn", self.dtype, self.norm_epsilon)
+    ln_ffn = layer_norm("ln_ffn", self.dtype, self.norm_epsilon)
+    drop = nn.Dropout(self.dropout_rate)
     y, new_memory = attn(
-        layer_norm("ln_attn", self.dtype)(x),
-        memory,
-        deterministic=deterministic,
+        ln_attn(x) if pre else x, memory, deterministic=deterministic
     )
-    h = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    h = x + drop(y, deterministic=deterministic)
+    h = h if pre else ln_attn(h)
     h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    g = layer_norm("ln_ffn", self.dtype)(h)
+    g = ln_ffn(h) if pre else h
     ffn = make_sublayer(
         registry.FEED_FORWARD,
         self.feed_forward,
@@ -167,7 +184,8 @@ class DecoderBlock(nn.Module):
         name="ffn",
     )
     f = ffn(g, deterministic=deterministic)
-    out = h + nn.Dropout(self.dropout_rate)(f, deterministic=deterministic)
+    out = h + drop(f, deterministic=deterministic)
+    out = out if pre else ln_ffn(out)
     out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
     return out, g, new_memory
 
@@ -196,6 +214,9 @@ class TransformerLM(nn.Module):
       evaluated with another M.
     max_len: longest segment, for the absolute position table.
     remat: rematerialise each block in the backward pass.
+    norm_position: 'pre' (LayerNorm before each sub-layer, and a final
+      LayerNorm) or 'post' (after each residual sum, no final LayerNorm).
+    norm_epsilon: LayerNorm epsilon.
     dtype: compute dtype (float32 or bfloat16); parameters stay float32.
     softmax_chunk: positions scored at a time by the adaptive softmax.
   """
@@ -218,6 +239,8 @@ class TransformerLM(nn.Module):
   mem_len: int = 0
   max_len: int = 4096
   remat: bool = False
+  norm_position: str = "pre"
+  norm_epsilon: float = 1e-6
   dtype: jnp.dtype = jnp.float32
   softmax_chunk: int = 4096
 
@@ -250,11 +273,23 @@ class TransformerLM(nn.Module):
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
             dtype=self.dtype,
+            norm_position=self.norm_position,
+            norm_epsilon=self.norm_epsilon,
             name=f"layer_{i}",
         )
         for i in range(self.num_layers)
     ]
-    self.final_norm = layer_norm("final_norm", self.dtype)
+    if self.norm_position not in NORM_POSITIONS:
+      raise errors.ConfigError(
+          f"model.norm_position must be one of {NORM_POSITIONS}, got "
+          f"{self.norm_position!r}"
+      )
+    # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
+    self.final_norm = (
+        layer_norm("final_norm", self.dtype, self.norm_epsilon)
+        if self.norm_position == "pre"
+        else None
+    )
     self.embed_dropout = nn.Dropout(self.dropout_rate)
 
   def attention_kind(self) -> type[attention_lib.AttentionKind]:
@@ -356,7 +391,7 @@ class TransformerLM(nn.Module):
       h, g, new_memory = kind.leave_stack(
           x, h, g, new_mems, memory, self.mem_len
       )
-    return self.final_norm(h), g, new_memory
+    return (self.final_norm(h) if self.final_norm else h), g, new_memory
 
   def log_probs(self, hidden: Array) -> Array:
     """[..., D] final hidden states -> [..., V] float32 log-probabilities."""
@@ -400,4 +435,6 @@ def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
       remat=mcfg.remat,
       dtype=dtype,
       softmax_chunk=mcfg.softmax_chunk,
+      norm_position=mcfg.norm_position,
+      norm_epsilon=float(mcfg.norm_epsilon),
   )

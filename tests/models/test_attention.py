@@ -125,3 +125,56 @@ def test_bfloat16_compute_is_close_to_float32(
       rtol=0,
       atol=0.05,
   )
+
+
+def test_post_layer_norm_block_matches_numpy():
+  """Post-LN: h = LN1(x + Attn(x)); out = LN2(h + FFN(h)); g = h; the
+  model has no final LayerNorm. Pre-LN keeps its final LayerNorm."""
+  from memjax.models import transformer  # pylint: disable=g-import-not-at-top
+
+  kw = dict(vocab_size=30, num_layers=1, d_model=16, num_heads=2,
+            head_dim=8, d_ff=32)  # fmt: skip
+  post = transformer.TransformerLM(
+      **kw, norm_position="post", norm_epsilon=1e-5
+  )
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 30, (2, 5)))
+  params = flax.linen.meta.unbox(
+      post.init(jax.random.PRNGKey(0), tokens, tokens)["params"]
+  )
+  assert "final_norm" not in params
+  pre = transformer.TransformerLM(**kw)
+  assert "final_norm" in pre.init(jax.random.PRNGKey(0), tokens)["params"]
+  block = params["layer_0"]
+
+  def ln(x, p, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+  def attn(x):
+    return np.asarray(
+        transformer.registry.ATTENTION.get("vanilla")(
+            d_model=16, num_heads=2, head_dim=8
+        ).apply({"params": block["attention"]}, jnp.asarray(x), None)[0]
+    )
+
+  def ffn(x):
+    f = block["ffn"]
+    h = np.maximum(x @ f["wi"]["kernel"] + f["wi"]["bias"], 0)
+    return h @ f["wo"]["kernel"] + f["wo"]["bias"]
+
+  x = (
+      np.asarray(
+          post.apply(
+              {"params": params},
+              tokens,
+              method=lambda m, t: m.embedder.embed(t),
+          )
+      )
+      + transformer.sinusoid_table(5, 16)[None]
+  )
+  h = ln(x + attn(x), block["ln_attn"])
+  want = ln(h + ffn(h), block["ln_ffn"])
+  out = post.apply({"params": params}, tokens, tokens)
+  np.testing.assert_allclose(np.asarray(out.hidden), want, rtol=2e-4, atol=2e-4)
+  np.testing.assert_allclose(np.asarray(out.features), h, rtol=2e-4, atol=2e-4)
