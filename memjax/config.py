@@ -42,7 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.d_ff = 512
   c.model.cutoffs = (2000, 6000)  # adaptive input/softmax; () = plain softmax
   c.model.adaptive_factor = 4
-  c.model.scale_embedding = False
+  # Multiply token embeddings by sqrt(D), as fairseq does by default
+  # (no_scale_embedding=False): with absolute positions, an unscaled
+  # embedding (norm ~1) is swamped by the sinusoid (norm sqrt(D/2)).
+  c.model.scale_embedding = True
   c.model.dropout = 0.1
   c.model.attention_dropout = 0.0
   # Sub-layers by name in memjax.registry.ATTENTION / FEED_FORWARD, with
