@@ -32,7 +32,7 @@ import pytest
 
 from configs import trime_wt103
 from memjax import checkpointing
-from memjax import train
+from memjax import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_STEPS, CHECKPOINT_EVERY = 6, 3
@@ -165,7 +165,7 @@ def runs(tmp_path_factory):
   cache = [f"--config.data.cache_dir={root / 'cache'}"]
   config = trime_wt103.get_config("smoke")
   config.data.cache_dir = str(root / "cache")
-  train.load_data(config, str(root / "cache"))
+  experiment.load_corpus(config, str(root / "cache"))
   one, two = str(root / "one"), str(root / "two")
   # Concurrently: the two-process run spends much of its time waiting.
   started = []
