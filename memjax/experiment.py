@@ -25,7 +25,6 @@ export: ``export.json`` (signature, step, dtype, source), ``config.json``,
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -48,7 +47,21 @@ from memjax import optim
 from memjax import registry
 from memjax import runfiles
 from memjax import sharding as sharding_lib
-from memjax.data import sources
+
+# The corpus and validation parts of the layer, re-exported so that callers
+# build everything through ``memjax.experiment``.
+from memjax.corpus import Corpus  # pylint: disable=unused-import
+from memjax.corpus import check_data
+from memjax.corpus import cleanup_on_error
+from memjax.corpus import data_dirs
+from memjax.corpus import host_batch
+from memjax.corpus import load_corpus
+from memjax.corpus import make_batcher
+from memjax.corpus import metric_unit
+from memjax.corpus import vocabulary
+from memjax.validation import check_batch_fits
+from memjax.validation import make_mesh
+from memjax.validation import validate_config
 from memjax.models import transformer
 
 Array = jax.Array
@@ -71,266 +84,6 @@ class TrainState:
   params: Any
   opt_state: Any
   memory: Any = None
-
-
-# ----------------------------------------------------------------------------
-# Config
-# ----------------------------------------------------------------------------
-
-# Positive integers every run needs.
-_POSITIVE = (
-    "data.seq_len",
-    "data.batch_size",
-    "data.segments_per_lane",
-    "train.num_steps",
-    "train.grad_accum",
-    "train.log_every",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "eval.window_len",
-    "eval.score_len",
-    "eval.batch_size",
-    "model.num_layers",
-    "model.d_model",
-    "model.num_heads",
-    "model.head_dim",
-    "model.d_ff",
-)
-_NON_NEGATIVE = (
-    "train.eval_every",
-    "train.eval_max_windows",
-    "eval.max_windows",
-    "model.mem_len",
-    "optim.warmup_steps",
-)
-
-
-def _get(config: ml_collections.ConfigDict, key: str) -> Any:
-  node = config
-  for part in key.split("."):
-    node = node[part]
-  return node
-
-
-def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Checks the values every run relies on before anything is written.
-
-  Raises:
-    errors.ConfigError: naming the key and the accepted values.
-  """
-  for key in _POSITIVE:
-    v = _get(config, key)
-    if not isinstance(v, int) or v < 1:
-      raise errors.ConfigError(f"{key} must be a positive integer, got {v!r}")
-  for key in _NON_NEGATIVE:
-    v = _get(config, key)
-    if not isinstance(v, int) or v < 0:
-      raise errors.ConfigError(f"{key} must be an integer >= 0, got {v!r}")
-  if config.eval.score_len > config.eval.window_len:
-    raise errors.ConfigError(
-        f"eval.score_len {config.eval.score_len} must be <= eval.window_len "
-        f"{config.eval.window_len}"
-    )
-  if config.data.batch_size % config.train.grad_accum:
-    raise errors.ConfigError(
-        f"data.batch_size {config.data.batch_size} is not divisible by "
-        f"train.grad_accum {config.train.grad_accum}"
-    )
-  if config.model.dtype not in DTYPES:
-    raise errors.ConfigError(
-        f"model.dtype must be one of {list(DTYPES)}, got {config.model.dtype!r}"
-    )
-  # ConfigError naming the registered names for an unknown method.
-  registry.MODEL_FAMILIES.get(config.model.family)
-  registry.ATTENTION.get(config.model.attention)
-  registry.FEED_FORWARD.get(config.model.feed_forward)
-  registry.OBJECTIVES.get(config.loss.name)
-  registry.BATCHERS.get(config.data.batching)
-  sources.corpus_spec(config.data.corpus)  # DataError for an unknown corpus.
-  optim.group_settings(config.optim)  # ConfigError for a malformed group.
-
-
-def make_mesh(
-    config: ml_collections.ConfigDict, spec: Optional[Mapping[str, int]] = None
-) -> Mesh:
-  """The device mesh of ``config.mesh``, or of ``spec``: an explicit
-  ``spec`` without -1 may use the first devices only (e.g. {'data': 1})."""
-  if spec is None:
-    return sharding_lib.make_mesh(config.mesh.to_dict())
-  sizes = [int(spec.get(a, 1)) for a in sharding_lib.MESH_AXES]
-  devices = jax.devices()
-  if -1 not in sizes and 0 < int(np.prod(sizes)) < len(devices):
-    devices = devices[: int(np.prod(sizes))]
-  return sharding_lib.make_mesh(dict(spec), devices)
-
-
-def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
-  """Raises MeshError/ConfigError for batches the mesh or lanes cannot split."""
-  m = config.model
-  if not registry.ATTENTION.get(m.attention).carries_memory(m.mem_len):
-    sharding_lib.check_batch(
-        mesh,
-        config.data.batch_size // config.train.grad_accum,
-        "micro-batch size (data.batch_size / train.grad_accum)",
-    )
-    return
-  d = config.data
-  if d.batching != "consecutive":
-    raise errors.ConfigError(
-        f"model.attention={m.attention!r} with model.mem_len={m.mem_len} "
-        "carries memory across steps: set data.batching='consecutive' (got "
-        f"{d.batching!r})"
-    )
-  lanes = d.batch_size // max(int(d.segments_per_lane), 1)
-  accum = int(config.train.grad_accum)
-  if lanes % accum:
-    raise errors.ConfigError(
-        f"{lanes} lanes (data.batch_size / data.segments_per_lane) are not "
-        f"divisible by train.grad_accum {accum}: micro-batches must hold "
-        "whole lanes"
-    )
-  sharding_lib.check_batch(mesh, lanes // accum, "lanes per micro-batch")
-
-
-# ----------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------
-
-
-def metric_unit(corpus: str) -> str:
-  """'bpc' for byte corpora (enwik8, text8), 'ppl' for word corpora."""
-  return "bpc" if sources.corpus_spec(corpus).level == "byte" else "ppl"
-
-
-@dataclasses.dataclass
-class Corpus:
-  """The token streams of one corpus.
-
-  Attributes:
-    name: canonical corpus name.
-    vocab_size: V.
-    unit: 'ppl' (words) or 'bpc' (bytes).
-    train: the training ``tasks.TokenStream`` (None when not read).
-    splits: evaluation streams by split name.
-    cache_dir: where vocabularies, token streams and packings are cached.
-  """
-
-  name: str
-  vocab_size: int
-  unit: str
-  train: Any
-  splits: dict[str, Any]
-  cache_dir: str
-
-
-def data_dirs(
-    config: ml_collections.ConfigDict, workdir: str
-) -> tuple[str, str]:
-  """(data_dir, cache_dir) of a run; nothing is created."""
-  d = config.data
-  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
-  return data_dir, d.cache_dir or os.path.join(workdir, "cache")
-
-
-@contextlib.contextmanager
-def cleanup_on_error(workdir: str):
-  """Removes ``workdir`` again if it is new and the block raises a UserError.
-
-  Set-up reads and caches data in ``<workdir>/cache`` before it can know
-  that, e.g., a corpus file is not UTF-8; a workdir that did not exist
-  before is then removed, so bad input leaves nothing behind. An existing
-  workdir is never touched.
-  """
-  existed = os.path.exists(workdir)
-  try:
-    yield
-  except errors.UserError:
-    if not existed and os.path.isdir(workdir) and jax.process_index() == 0:
-      shutil.rmtree(workdir, ignore_errors=True)
-    raise
-
-
-def check_data(
-    config: ml_collections.ConfigDict, splits: tuple[str, ...], train: bool
-) -> None:
-  """Raises DataError if a needed split file is missing; writes nothing."""
-  data_dir = config.data.data_dir or sources.default_data_dir(
-      config.data.corpus
-  )
-  for split in (("train",) if train else ()) + tuple(splits):
-    sources.split_path(config.data.corpus, data_dir, split)
-
-
-def load_corpus(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    splits: Optional[tuple[str, ...]] = None,
-    train: bool = True,
-) -> Corpus:
-  """Reads the corpus through its SeqIO task (token streams are cached).
-
-  Args:
-    config: the run's config.
-    workdir: the run's directory (default cache ``<workdir>/cache``).
-    splits: evaluation splits to read (default ``eval.splits``).
-    train: also read the training split (training, unigram baselines).
-  """
-  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
-  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-
-  splits = tuple(config.eval.splits if splits is None else splits)
-  check_data(config, splits, train)
-  data_dir, cache_dir = data_dirs(config, workdir)
-  os.makedirs(cache_dir, exist_ok=True)
-  corpus = config.data.corpus
-  train_stream = (
-      tasks.load_token_stream(corpus, data_dir, "train", cache_dir)
-      if train
-      else None
-  )
-  streams_ = {
-      s: tasks.load_token_stream(corpus, data_dir, s, cache_dir) for s in splits
-  }
-  vocab = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
-  return Corpus(
-      sources.canonical_corpus(corpus),
-      int(vocab.vocab_size),
-      metric_unit(corpus),
-      train_stream,
-      streams_,
-      cache_dir,
-  )
-
-
-def vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Any:
-  """The corpus vocabulary of a run's config (built or read from the cache)."""
-  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-
-  data_dir, cache_dir = data_dirs(config, workdir)
-  return vocab_lib.get_vocabulary(config.data.corpus, data_dir, cache_dir)
-
-
-def make_batcher(
-    config: ml_collections.ConfigDict, train: Any, cache_dir: str
-) -> Any:
-  """The training batcher of ``data.batching`` (a pure function of the step).
-
-  The batcher registered under that name in ``registry.BATCHERS`` is built
-  from the config, the training ``tasks.TokenStream`` and the cache
-  directory.
-  """
-  from memjax.data import packing  # pylint: disable=g-import-not-at-top
-
-  packing.check_trime_batching(config)
-  make = registry.BATCHERS.get(config.data.batching)
-  return make(config, train, cache_dir)
-
-
-def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
-  """The global batch of a step with only the arrays the step consumes."""
-  b = batcher.batch(step)
-  keep = ("inputs", "targets", "weights", "reset", "lane_id")
-  return {k: np.asarray(v) for k, v in b.items() if k in keep}
 
 
 # ----------------------------------------------------------------------------

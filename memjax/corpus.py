@@ -1,0 +1,159 @@
+"""A run's corpus: token streams through SeqIO, the vocabulary, the batcher.
+
+Part of the experiment layer (``memjax.experiment`` re-exports every name
+here): ``load_corpus`` reads the splits a run needs (evaluation never builds
+the training batcher), ``make_batcher`` builds the training batcher of
+``data.batching`` from its registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+from typing import Any, Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from memjax import errors
+from memjax import registry
+from memjax.data import sources
+
+
+def metric_unit(corpus: str) -> str:
+  """'bpc' for byte corpora (enwik8, text8), 'ppl' for word corpora."""
+  return "bpc" if sources.corpus_spec(corpus).level == "byte" else "ppl"
+
+
+@dataclasses.dataclass
+class Corpus:
+  """The token streams of one corpus.
+
+  Attributes:
+    name: canonical corpus name.
+    vocab_size: V.
+    unit: 'ppl' (words) or 'bpc' (bytes).
+    train: the training ``tasks.TokenStream`` (None when not read).
+    splits: evaluation streams by split name.
+    cache_dir: where vocabularies, token streams and packings are cached.
+  """
+
+  name: str
+  vocab_size: int
+  unit: str
+  train: Any
+  splits: dict[str, Any]
+  cache_dir: str
+
+
+def data_dirs(
+    config: ml_collections.ConfigDict, workdir: str
+) -> tuple[str, str]:
+  """(data_dir, cache_dir) of a run; nothing is created."""
+  d = config.data
+  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
+  return data_dir, d.cache_dir or os.path.join(workdir, "cache")
+
+
+@contextlib.contextmanager
+def cleanup_on_error(workdir: str):
+  """Removes ``workdir`` again if it is new and the block raises a UserError.
+
+  Set-up reads and caches data in ``<workdir>/cache`` before it can know
+  that, e.g., a corpus file is not UTF-8; a workdir that did not exist
+  before is then removed, so bad input leaves nothing behind. An existing
+  workdir is never touched.
+  """
+  existed = os.path.exists(workdir)
+  try:
+    yield
+  except errors.UserError:
+    if not existed and os.path.isdir(workdir) and jax.process_index() == 0:
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
+
+
+def check_data(
+    config: ml_collections.ConfigDict, splits: tuple[str, ...], train: bool
+) -> None:
+  """Raises DataError if a needed split file is missing; writes nothing."""
+  data_dir = config.data.data_dir or sources.default_data_dir(
+      config.data.corpus
+  )
+  for split in (("train",) if train else ()) + tuple(splits):
+    sources.split_path(config.data.corpus, data_dir, split)
+
+
+def load_corpus(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    splits: Optional[tuple[str, ...]] = None,
+    train: bool = True,
+) -> Corpus:
+  """Reads the corpus through its SeqIO task (token streams are cached).
+
+  Args:
+    config: the run's config.
+    workdir: the run's directory (default cache ``<workdir>/cache``).
+    splits: evaluation splits to read (default ``eval.splits``).
+    train: also read the training split (training, unigram baselines).
+  """
+  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
+  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+
+  splits = tuple(config.eval.splits if splits is None else splits)
+  check_data(config, splits, train)
+  data_dir, cache_dir = data_dirs(config, workdir)
+  os.makedirs(cache_dir, exist_ok=True)
+  corpus = config.data.corpus
+  train_stream = (
+      tasks.load_token_stream(corpus, data_dir, "train", cache_dir)
+      if train
+      else None
+  )
+  streams_ = {
+      s: tasks.load_token_stream(corpus, data_dir, s, cache_dir) for s in splits
+  }
+  vocab = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
+  return Corpus(
+      sources.canonical_corpus(corpus),
+      int(vocab.vocab_size),
+      metric_unit(corpus),
+      train_stream,
+      streams_,
+      cache_dir,
+  )
+
+
+def vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Any:
+  """The corpus vocabulary of a run's config (built or read from the cache)."""
+  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+
+  data_dir, cache_dir = data_dirs(config, workdir)
+  return vocab_lib.get_vocabulary(config.data.corpus, data_dir, cache_dir)
+
+
+def make_batcher(
+    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+) -> Any:
+  """The training batcher of ``data.batching`` (a pure function of the step).
+
+  The batcher registered under that name in ``registry.BATCHERS`` is built
+  from the config, the training ``tasks.TokenStream`` and the cache
+  directory.
+  """
+  from memjax.data import packing  # pylint: disable=g-import-not-at-top
+
+  packing.check_trime_batching(config)
+  make = registry.BATCHERS.get(config.data.batching)
+  return make(config, train, cache_dir)
+
+
+def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
+  """The global batch of a step with only the arrays the step consumes."""
+  b = batcher.batch(step)
+  keep = ("inputs", "targets", "weights", "reset", "lane_id")
+  return {k: np.asarray(v) for k, v in b.items() if k in keep}

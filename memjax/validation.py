@@ -1,0 +1,137 @@
+"""Checks of a config and its mesh, run before anything is written.
+
+Part of the experiment layer (``memjax.experiment`` re-exports these).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from memjax import errors
+from memjax import optim
+from memjax import registry
+from memjax import sharding as sharding_lib
+from memjax.data import sources
+
+# Compute dtypes by config name (``model.dtype``).
+DTYPES = ("float32", "bfloat16")
+
+
+# Positive integers every run needs.
+_POSITIVE = (
+    "data.seq_len",
+    "data.batch_size",
+    "data.segments_per_lane",
+    "train.num_steps",
+    "train.grad_accum",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "eval.window_len",
+    "eval.score_len",
+    "eval.batch_size",
+    "model.num_layers",
+    "model.d_model",
+    "model.num_heads",
+    "model.head_dim",
+    "model.d_ff",
+)
+_NON_NEGATIVE = (
+    "train.eval_every",
+    "train.eval_max_windows",
+    "eval.max_windows",
+    "model.mem_len",
+    "optim.warmup_steps",
+)
+
+
+def _get(config: ml_collections.ConfigDict, key: str) -> Any:
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks the values every run relies on before anything is written.
+
+  Raises:
+    errors.ConfigError: naming the key and the accepted values.
+  """
+  for key in _POSITIVE:
+    v = _get(config, key)
+    if not isinstance(v, int) or v < 1:
+      raise errors.ConfigError(f"{key} must be a positive integer, got {v!r}")
+  for key in _NON_NEGATIVE:
+    v = _get(config, key)
+    if not isinstance(v, int) or v < 0:
+      raise errors.ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+  if config.eval.score_len > config.eval.window_len:
+    raise errors.ConfigError(
+        f"eval.score_len {config.eval.score_len} must be <= eval.window_len "
+        f"{config.eval.window_len}"
+    )
+  if config.data.batch_size % config.train.grad_accum:
+    raise errors.ConfigError(
+        f"data.batch_size {config.data.batch_size} is not divisible by "
+        f"train.grad_accum {config.train.grad_accum}"
+    )
+  if config.model.dtype not in DTYPES:
+    raise errors.ConfigError(
+        f"model.dtype must be one of {list(DTYPES)}, got {config.model.dtype!r}"
+    )
+  # ConfigError naming the registered names for an unknown method.
+  registry.MODEL_FAMILIES.get(config.model.family)
+  registry.ATTENTION.get(config.model.attention)
+  registry.FEED_FORWARD.get(config.model.feed_forward)
+  registry.OBJECTIVES.get(config.loss.name)
+  registry.BATCHERS.get(config.data.batching)
+  sources.corpus_spec(config.data.corpus)  # DataError for an unknown corpus.
+  optim.group_settings(config.optim)  # ConfigError for a malformed group.
+
+
+def make_mesh(
+    config: ml_collections.ConfigDict, spec: Optional[Mapping[str, int]] = None
+) -> Mesh:
+  """The device mesh of ``config.mesh``, or of ``spec``: an explicit
+  ``spec`` without -1 may use the first devices only (e.g. {'data': 1})."""
+  if spec is None:
+    return sharding_lib.make_mesh(config.mesh.to_dict())
+  sizes = [int(spec.get(a, 1)) for a in sharding_lib.MESH_AXES]
+  devices = jax.devices()
+  if -1 not in sizes and 0 < int(np.prod(sizes)) < len(devices):
+    devices = devices[: int(np.prod(sizes))]
+  return sharding_lib.make_mesh(dict(spec), devices)
+
+
+def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+  """Raises MeshError/ConfigError for batches the mesh or lanes cannot split."""
+  m = config.model
+  if not registry.ATTENTION.get(m.attention).carries_memory(m.mem_len):
+    sharding_lib.check_batch(
+        mesh,
+        config.data.batch_size // config.train.grad_accum,
+        "micro-batch size (data.batch_size / train.grad_accum)",
+    )
+    return
+  d = config.data
+  if d.batching != "consecutive":
+    raise errors.ConfigError(
+        f"model.attention={m.attention!r} with model.mem_len={m.mem_len} "
+        "carries memory across steps: set data.batching='consecutive' (got "
+        f"{d.batching!r})"
+    )
+  lanes = d.batch_size // max(int(d.segments_per_lane), 1)
+  accum = int(config.train.grad_accum)
+  if lanes % accum:
+    raise errors.ConfigError(
+        f"{lanes} lanes (data.batch_size / data.segments_per_lane) are not "
+        f"divisible by train.grad_accum {accum}: micro-batches must hold "
+        "whole lanes"
+    )
+  sharding_lib.check_batch(mesh, lanes // accum, "lanes per micro-batch")
