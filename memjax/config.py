@@ -61,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
   # 'post' (Transformer-XL's default pre_lnorm=False), and its epsilon.
   c.model.norm_position = "pre"
   c.model.norm_epsilon = 1e-6
+  c.model.final_layer_norm = True  # pre-LN: LayerNorm after the last block
   c.model.dtype = "float32"  # float32 | bfloat16
   c.model.softmax_chunk = 4096
 

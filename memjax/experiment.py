@@ -114,6 +114,7 @@ LATER_MODEL_KEYS = {
     "feed_forward_options": {},
     "norm_position": "pre",
     "norm_epsilon": 1e-6,
+    "final_layer_norm": True,
 }
 
 

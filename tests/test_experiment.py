@@ -182,3 +182,6 @@ def test_paper_size_configs_follow_the_authors_layer_norm():
                    (trime_wt103, "demo")):  # fmt: skip
     m = mod.get_config(arg).model
     assert (m.norm_position, m.norm_epsilon) == ("pre", 1e-6), arg
+  m = trime_wt103.get_config("247m").model
+  assert not m.final_layer_norm
+  assert m.feed_forward_options.activation_dropout == 0.1

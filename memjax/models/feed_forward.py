@@ -30,6 +30,8 @@ class FeedForward(nn.Module):
   d_ff: int
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  # Dropout after the ReLU (fairseq's activation_dropout); < 0 = dropout_rate.
+  activation_dropout: float = -1.0
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
@@ -45,7 +47,12 @@ class FeedForward(nn.Module):
     )(x)
     h = nn.relu(h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    rate = (
+        self.dropout_rate
+        if self.activation_dropout < 0
+        else self.activation_dropout
+    )
+    h = nn.Dropout(rate)(h, deterministic=deterministic)
     return nn.Dense(
         self.d_model,
         dtype=self.dtype,

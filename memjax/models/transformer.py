@@ -217,6 +217,8 @@ class TransformerLM(nn.Module):
     norm_position: 'pre' (LayerNorm before each sub-layer, and a final
       LayerNorm) or 'post' (after each residual sum, no final LayerNorm).
     norm_epsilon: LayerNorm epsilon.
+    final_layer_norm: pre-LN only: a LayerNorm after the last block (False
+      is fairseq's ``no_decoder_final_norm``, as in transformer_lm_wiki103).
     dtype: compute dtype (float32 or bfloat16); parameters stay float32.
     softmax_chunk: positions scored at a time by the adaptive softmax.
   """
@@ -241,6 +243,7 @@ class TransformerLM(nn.Module):
   remat: bool = False
   norm_position: str = "pre"
   norm_epsilon: float = 1e-6
+  final_layer_norm: bool = True
   dtype: jnp.dtype = jnp.float32
   softmax_chunk: int = 4096
 
@@ -287,7 +290,7 @@ class TransformerLM(nn.Module):
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
     self.final_norm = (
         layer_norm("final_norm", self.dtype, self.norm_epsilon)
-        if self.norm_position == "pre"
+        if self.norm_position == "pre" and self.final_layer_norm
         else None
     )
     self.embed_dropout = nn.Dropout(self.dropout_rate)
@@ -437,4 +440,5 @@ def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
       softmax_chunk=mcfg.softmax_chunk,
       norm_position=mcfg.norm_position,
       norm_epsilon=float(mcfg.norm_epsilon),
+      final_layer_norm=mcfg.final_layer_norm,
   )

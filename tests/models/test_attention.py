@@ -178,3 +178,30 @@ def test_post_layer_norm_block_matches_numpy():
   out = post.apply({"params": params}, tokens, tokens)
   np.testing.assert_allclose(np.asarray(out.hidden), want, rtol=2e-4, atol=2e-4)
   np.testing.assert_allclose(np.asarray(out.features), h, rtol=2e-4, atol=2e-4)
+
+
+def test_final_layer_norm_switch_and_activation_dropout():
+  from memjax.models import feed_forward  # pylint: disable=g-import-not-at-top
+  from memjax.models import transformer  # pylint: disable=g-import-not-at-top
+
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  lm = transformer.TransformerLM(
+      vocab_size=20, num_layers=1, d_model=8, num_heads=2, head_dim=4,
+      d_ff=16, final_layer_norm=False,
+  )  # fmt: skip
+  assert "final_norm" not in lm.init(jax.random.PRNGKey(0), tokens)["params"]
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
+  off = feed_forward.FeedForward(
+      8, 16, dropout_rate=0.5, activation_dropout=0.0
+  )
+  on = feed_forward.FeedForward(8, 16, dropout_rate=0.0, activation_dropout=0.5)
+  params = off.init(jax.random.PRNGKey(2), x, deterministic=True)
+  rngs = {"dropout": jax.random.PRNGKey(3)}
+  plain = off.apply(params, x, deterministic=True)
+  # Only the activation dropout acts inside the block (the residual dropout
+  # is the decoder block's).
+  np.testing.assert_allclose(
+      off.apply(params, x, deterministic=False, rngs=rngs), plain, rtol=1e-6
+  )
+  assert not np.allclose(on.apply(params, x, deterministic=False, rngs=rngs),
+                         plain)  # fmt: skip
