@@ -315,7 +315,6 @@ def export_param_shapes(directory: str) -> dict[str, tuple[int, ...]]:
 def restore_export_params(directory: str, abstract_params: Any) -> Any:
   """Restores an export's parameters into ``abstract_params``' dtypes and
   shardings (a subtree restores only those parameters)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   ckptr = ocp.PyTreeCheckpointer()
   try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
 import time
@@ -24,12 +23,10 @@ import ml_collections
 import numpy as np
 
 from memjax import console
-from memjax import errors
 from memjax import evaluate
 from memjax import sharding as sharding_lib
 from memjax import experiment
 from memjax import registry
-from memjax import runfiles
 from memjax.data import streams
 from memjax.memory import evaluation
 
@@ -319,13 +316,7 @@ def load(
     errors.CheckpointMismatchError: ``config`` describes another model.
   """
   if source is None:
-    source = workdir
-    try:
-      runfiles.find(workdir)
-    except errors.MissingRunError:
-      if not config.train.init_from:
-        raise
-      source = config.train.init_from
+    source = experiment.source_of(config, workdir)
   restored = experiment.load(source, config=config)
   corpus = experiment.load_corpus(config, workdir, tuple(splits), train=train)
   os.makedirs(workdir, exist_ok=True)  # Results go here.

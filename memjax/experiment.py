@@ -457,18 +457,27 @@ def init_params_from(
   )
 
 
+def source_of(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """What a mode restores: ``workdir`` when it holds a run or an export,
+  else the run of ``train.init_from``.
+
+  Raises:
+    errors.MissingRunError: neither holds one.
+  """
+  try:
+    runfiles.find(workdir)
+    return workdir
+  except errors.MissingRunError:
+    if not config.train.init_from:
+      raise
+    return config.train.init_from
+
+
 def load_for_mode(
     config: ml_collections.ConfigDict, workdir: str
 ) -> tuple[Restored, Corpus]:
   """What an analysis mode needs: the run of ``workdir`` (or of
   ``train.init_from`` when the workdir has none) restored with ``config``,
   and the evaluation splits (no training split, no batcher)."""
-  source = workdir
-  try:
-    runfiles.find(workdir)
-  except errors.MissingRunError:
-    if not config.train.init_from:
-      raise
-    source = config.train.init_from
-  restored = load(source, config=config)
+  restored = load(source_of(config, workdir), config=config)
   return restored, load_corpus(config, workdir, train=False)

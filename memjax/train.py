@@ -23,7 +23,6 @@ import time
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax

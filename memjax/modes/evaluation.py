@@ -7,7 +7,6 @@ from typing import Any
 
 import jax
 
-from memjax import errors
 from memjax import experiment
 from memjax import runfiles
 from memjax import scoring
@@ -21,14 +20,9 @@ def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
   ``memjax.experiment.load``; the training batcher is never built. Writes
   ``<workdir>/results.json``.
   """
-  source = workdir
-  try:
-    runfiles.find(workdir)
-  except errors.MissingRunError:
-    if not config.train.init_from:
-      raise
-    source = config.train.init_from
-  restored = experiment.load(source, config=config)
+  restored = experiment.load(
+      experiment.source_of(config, workdir), config=config
+  )
   corpus = experiment.load_corpus(config, workdir)
   results = scoring.final_results(
       config, restored.model, restored.params, restored.mesh, corpus,
