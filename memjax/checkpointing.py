@@ -12,7 +12,9 @@ A checkpoint step holds three items:
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from typing import Any, Mapping, Optional
 
 import jax
@@ -145,6 +147,7 @@ class Checkpointer:
     Returns:
       None when no step is left.
     """
+    _quiet_abandoned_reads()
     for step in sorted(self.all_steps(), reverse=True):
       self.check_compatible(step)
       try:
@@ -242,6 +245,41 @@ def restore_params(
   )
   mngr.close()
   return restored.state["params"], step
+
+
+def _is_abandoned_read_noise(exc: BaseException) -> bool:
+  text = str(exc)
+  return (
+      isinstance(exc, RuntimeError) and "Event loop is closed" in text
+  ) or "Encountered error while reading array index" in text
+
+
+def _quiet_abandoned_reads() -> None:
+  """Silences the echoes of a failed restore's other array reads.
+
+  Installed before a resume tries its checkpoints, because the echoes can
+  come before the failed restore has returned.
+
+  When one read of a damaged checkpoint fails, Orbax abandons its event
+  loop while TensorStore still completes the other reads; their callbacks
+  then print "Event loop is closed" and the same read error, with
+  tracebacks, from background threads. ``restore_latest`` reports the damage
+  once as a warning, so these (and only these) are dropped; every other
+  exception still reaches the original hooks.
+  """
+  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+  def quiet_excepthook(kind, value, tb):
+    if not _is_abandoned_read_noise(value):
+      excepthook(kind, value, tb)
+
+  def quiet_unraisablehook(unraisable):
+    if not _is_abandoned_read_noise(unraisable.exc_value):
+      unraisablehook(unraisable)
+
+  sys.excepthook = quiet_excepthook
+  sys.unraisablehook = quiet_unraisablehook
 
 
 def check_signature(
