@@ -90,10 +90,11 @@ def get_config(arg: str = "demo"):
     m.scale_embedding = True
     m.dropout, m.attention_dropout = 0.3, 0.1
     # fairseq's transformer_lm_wiki103 (Baevski & Auli): no final decoder
-    # LayerNorm and activation dropout 0.1. Its adaptive-softmax dropout
-    # (0.2, inside the tail projections) is not modelled here.
+    # LayerNorm, activation dropout 0.1 and adaptive-softmax dropout 0.2
+    # (inside the tail clusters).
     m.final_layer_norm = False
     m.feed_forward_options.activation_dropout = 0.1
+    m.adaptive_dropout = 0.2
     m.remat = True
     d.seq_len, d.batch_size = 3072, 24
     t.grad_accum = 3

@@ -47,6 +47,9 @@ def base_config() -> ml_collections.ConfigDict:
   # embedding (norm ~1) is swamped by the sinusoid (norm sqrt(D/2)).
   c.model.scale_embedding = True
   c.model.dropout = 0.1
+  # Dropout inside the adaptive softmax's tail clusters (fairseq's
+  # adaptive_softmax_dropout), between each cluster's projection and output.
+  c.model.adaptive_dropout = 0.0
   c.model.attention_dropout = 0.0
   # Sub-layers by name in memjax.registry.ATTENTION / FEED_FORWARD, with
   # their own options (module attributes of that kind).

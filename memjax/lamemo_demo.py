@@ -4,9 +4,10 @@
 
 Trains the ``demo`` variants of ``configs/txl_wt103.py`` (``rpe_demo``,
 ``demo``) and ``configs/lamemo_wt103.py`` (``demo``) on the shipped demo
-corpus, the same steps and data order each, evaluates them (sliding windows
-for Transformer+RPE, whole streams with the memory carried for the others),
-then runs ``--mode=extrapolate`` and ``--mode=analyze`` on the Transformer-XL
+corpus (``--size=char_gpu``: the character-level comparison sized for one
+GPU, on the shipped enwik8 demo corpus), the same steps and data order
+each, evaluates them (sliding windows for Transformer+RPE, whole streams
+with the memory carried for the others), then runs ``--mode=extrapolate`` and ``--mode=analyze`` on the Transformer-XL
 and LaMemo runs. Writes to ``--workdir``:
 
 * ``table.md``, ``table.json``: valid / test perplexity, parameters,
@@ -40,6 +41,9 @@ _WORKDIR = flags.DEFINE_string(
 _STEPS = flags.DEFINE_integer(
     "steps", None, "Override the training steps of every row."
 )
+_SIZE = flags.DEFINE_string(
+    "size", "demo", "Size of every row's config (demo, char_gpu, smoke, ...)."
+)
 _ROWS = flags.DEFINE_list("rows", None, "Subset of rows (rpe, xl, lamemo).")
 _RATIOS = flags.DEFINE_list(
     "ratios",
@@ -53,11 +57,11 @@ _EXTRAPOLATE_SEGMENTS = flags.DEFINE_integer(
 )
 _ANALYZE = flags.DEFINE_bool("analyze", True, "Run the attention analyses.")
 
-# (key, row name, config file, variant)
+# (key, row name, config file, method; the variant is METHOD_SIZE)
 ROWS = (
-    ("rpe", "Transformer+RPE", "txl_wt103", "rpe_demo"),
-    ("xl", "Transformer-XL", "txl_wt103", "demo"),
-    ("lamemo", "LaMemo", "lamemo_wt103", "demo"),
+    ("rpe", "Transformer+RPE", "txl_wt103", "rpe"),
+    ("xl", "Transformer-XL", "txl_wt103", "txl"),
+    ("lamemo", "LaMemo", "lamemo_wt103", "lamemo"),
 )
 
 
@@ -104,10 +108,10 @@ def main(argv):
   cache = os.path.join(out_dir, "cache")
   start = time.time()
   rows, configs = [], {}
-  for key, name, module, variant in ROWS:
+  for key, name, module, method in ROWS:
     if _ROWS.value and key not in _ROWS.value:
       continue
-    cfg = load_config(module, variant)
+    cfg = load_config(module, f"{method}_{_SIZE.value}")
     cfg.data.cache_dir = cache
     if _STEPS.value:
       cfg.train.num_steps = _STEPS.value

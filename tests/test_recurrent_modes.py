@@ -231,6 +231,20 @@ def test_config_variants():
       lamemo_wt103.get_config("demo"),
   ]
   assert len({c.train.num_steps for c in demo}) == 1
+  # The GPU-sized character-level comparison: segment = memory >= 256 bytes
+  # for both memory models, the same steps and data for all three rows.
+  gpu = [
+      txl_wt103.get_config("rpe_char_gpu"),
+      txl_wt103.get_config("char_gpu"),
+      lamemo_wt103.get_config("char_gpu"),
+  ]
+  for c in gpu:
+    experiment.validate_config(c)
+    assert c.data.corpus == "enwik8" and c.data.seq_len >= 256
+    assert tuple(c.model.cutoffs) == ()
+  assert gpu[0].model.mem_len == 0
+  assert gpu[1].model.mem_len == gpu[2].model.mem_len == gpu[1].data.seq_len
+  assert len({(c.train.num_steps, c.data.batch_size) for c in gpu}) == 1
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,10 @@ class AdaptiveEmbed(nn.Module):
     scale: multiply input embeddings by sqrt(D) (fairseq's embed_scale).
     chunk_size: tokens scored at a time in the tail softmaxes; bounds the
       [chunk, V_i] logits kept alive instead of [B*T, V_i].
+    tail_dropout: dropout on each tail cluster's projected input, between
+      its projection and its output embedding, in training only (fairseq's
+      ``adaptive_softmax_dropout``; 0.2 in transformer_lm_wiki103). The head
+      has none, as in fairseq.
     dtype: compute dtype of the projections; log-probabilities are float32.
   """
 
@@ -74,6 +78,7 @@ class AdaptiveEmbed(nn.Module):
   factor: int = 4
   scale: bool = False
   chunk_size: int = 4096
+  tail_dropout: float = 0.0
   dtype: jnp.dtype = jnp.float32
 
   def setup(self):
@@ -102,6 +107,7 @@ class AdaptiveEmbed(nn.Module):
         )
     self.tables = tables
     self.projs = projs
+    self.dropout = nn.Dropout(self.tail_dropout)
     if len(self.bounds) > 1:
       self.cluster_weight = self.param(
           "cluster_weight",
@@ -149,13 +155,19 @@ class AdaptiveEmbed(nn.Module):
       logits = jnp.concatenate([logits, clusters], axis=-1)
     return logits.astype(jnp.float32)
 
-  def _tail_log_softmax(self, i: int, h: Array) -> Array:
+  def _tail_log_softmax(
+      self, i: int, h: Array, deterministic: bool = True
+  ) -> Array:
     """[N, D] -> [N, V_i] float32 log-softmax within tail cluster i."""
     hi_ = self._project_out(i, h)
+    if self.tail_dropout > 0:
+      hi_ = self.dropout(hi_, deterministic=deterministic)
     logits = jnp.dot(hi_, self.tables[i].astype(self.dtype).T)
     return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
-  def _score_chunk(self, h: Array, y: Array) -> tuple[Array, Array]:
+  def _score_chunk(
+      self, h: Array, y: Array, deterministic: bool = True
+  ) -> tuple[Array, Array]:
     """Scores one chunk: h [N, D], y [N] -> (log p(y) [N], log Z_head [N])."""
     head = self._head_logits(h)
     log_z = jax.nn.logsumexp(head, axis=-1)
@@ -169,19 +181,22 @@ class AdaptiveEmbed(nn.Module):
     for i in range(1, len(self.bounds)):
       lo, hi = self.bounds[i]
       in_c = (y >= lo) & (y < hi)
-      tail = self._tail_log_softmax(i, h)
+      tail = self._tail_log_softmax(i, h, deterministic)
       tail_lp = jnp.take_along_axis(
           tail, jnp.clip(y - lo, 0, hi - lo - 1)[:, None], axis=-1
       )[:, 0]
       lp = jnp.where(in_c, head_lp[:, hi0 + i - 1] + tail_lp, lp)
     return lp, log_z
 
-  def score(self, h: Array, targets: Array) -> tuple[Array, Array]:
+  def score(
+      self, h: Array, targets: Array, deterministic: bool = True
+  ) -> tuple[Array, Array]:
     """Log-probability of the targets and the head log-normaliser.
 
     Args:
       h: [..., D] final hidden states.
       targets: [...] int target ids.
+      deterministic: disables the tail dropout.
 
     Returns:
       (target_logprob, log_z), each [...] float32.
@@ -192,7 +207,7 @@ class AdaptiveEmbed(nn.Module):
     n = yf.shape[0]
     chunk = min(self.chunk_size, n)
     if n <= chunk:
-      lp, lz = self._score_chunk(hf, yf)
+      lp, lz = self._score_chunk(hf, yf, deterministic)
       return lp.reshape(lead), lz.reshape(lead)
     # Chunk the positions so only [chunk, V_i] tail logits are alive at once;
     # rematerialised in the backward pass for the same reason.
@@ -201,7 +216,7 @@ class AdaptiveEmbed(nn.Module):
     yf = jnp.pad(yf, (0, pad))
     hs = hf.reshape(-1, chunk, hf.shape[-1])
     ys = yf.reshape(-1, chunk)
-    fn = nn.remat(lambda mdl, hy: mdl._score_chunk(*hy))
+    fn = nn.remat(lambda mdl, hy: mdl._score_chunk(*hy, deterministic))
 
     def body(mdl, carry, hy):
       return carry, fn(mdl, hy)
@@ -209,7 +224,7 @@ class AdaptiveEmbed(nn.Module):
     _, (lp, lz) = nn.scan(
         body,
         variable_broadcast="params",
-        split_rngs={"params": False},
+        split_rngs={"params": False, "dropout": True},
         length=hs.shape[0],
     )(self, None, (hs, ys))
     return lp.reshape(-1)[:n].reshape(lead), lz.reshape(-1)[:n].reshape(lead)

@@ -204,6 +204,8 @@ class TransformerLM(nn.Module):
     adaptive_factor: embedding-dimension shrink factor per cluster.
     scale_embedding: multiply input embeddings by sqrt(D).
     dropout_rate: residual, embedding and FFN dropout.
+    adaptive_dropout: dropout inside the adaptive softmax's tail clusters
+      (fairseq's ``adaptive_softmax_dropout``), training only.
     attention_dropout_rate: dropout on attention probabilities.
     attention: attention kind, a name in ``registry.ATTENTION``.
     attention_options: kind-specific attention attributes (a dict).
@@ -233,6 +235,7 @@ class TransformerLM(nn.Module):
   adaptive_factor: int = 4
   scale_embedding: bool = False
   dropout_rate: float = 0.0
+  adaptive_dropout: float = 0.0
   attention_dropout_rate: float = 0.0
   attention: str = "vanilla"
   attention_options: Any = None
@@ -255,6 +258,7 @@ class TransformerLM(nn.Module):
         factor=self.adaptive_factor,
         scale=self.scale_embedding,
         chunk_size=self.softmax_chunk,
+        tail_dropout=self.adaptive_dropout,
         dtype=self.dtype,
     )
     block_cls = (
@@ -356,7 +360,7 @@ class TransformerLM(nn.Module):
     hidden, g, new_memory = h
     if targets is None:
       return LMOutput(None, None, g, hidden, new_memory)
-    logp, log_z = self.embedder.score(hidden, targets)
+    logp, log_z = self.embedder.score(hidden, targets, deterministic)
     return LMOutput(logp, log_z, g, hidden, new_memory)
 
   def hidden_states(
@@ -428,6 +432,7 @@ def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
       adaptive_factor=mcfg.adaptive_factor,
       scale_embedding=mcfg.scale_embedding,
       dropout_rate=mcfg.dropout,
+      adaptive_dropout=mcfg.adaptive_dropout,
       attention_dropout_rate=mcfg.attention_dropout,
       attention=mcfg.attention,
       attention_options=_options(mcfg.attention_options),

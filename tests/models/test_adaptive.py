@@ -99,3 +99,40 @@ def test_bad_cutoffs_raise():
     adaptive.cluster_bounds(10, (5, 3))
   with pytest.raises(ValueError, match="cutoffs"):
     adaptive.cluster_bounds(10, (10,))
+
+
+def test_tail_dropout_touches_only_tail_clusters_in_training():
+  kw = dict(vocab_size=50, d_model=16, cutoffs=(10, 30), factor=2)
+  plain = adaptive.AdaptiveEmbed(**kw)
+  drop = adaptive.AdaptiveEmbed(**kw, tail_dropout=0.5, chunk_size=7)
+  h = jax.random.normal(jax.random.PRNGKey(1), (3, 11, 16))
+  y = jax.random.randint(jax.random.PRNGKey(2), (3, 11), 0, 50)
+  v = _init(plain, h, y)
+  ref, ref_z = plain.apply(v, h, y, method=plain.score)
+  # Evaluation: the dropout module scores exactly as the plain one.
+  ev, ev_z = drop.apply(v, h, y, True, method=drop.score)
+  np.testing.assert_allclose(ev, ref, rtol=1e-6)
+
+  def train(seed):
+    return drop.apply(
+        v,
+        h,
+        y,
+        False,
+        method=drop.score,
+        rngs={"dropout": jax.random.PRNGKey(seed)},
+    )
+
+  tr, tr_z = train(0)
+  head = np.asarray(y) < 10
+  # fairseq's adaptive-softmax dropout sits inside the tail clusters only:
+  # head tokens and the head's normaliser are untouched.
+  np.testing.assert_allclose(np.asarray(tr)[head], np.asarray(ref)[head])
+  np.testing.assert_allclose(tr_z, ref_z, rtol=1e-6)
+  np.testing.assert_allclose(ev_z, ref_z, rtol=1e-6)
+  tail = ~head
+  assert tail.sum() > 5
+  assert np.all(np.asarray(tr)[tail] != np.asarray(ref)[tail])
+  # Reproducible for one key, different for another.
+  np.testing.assert_array_equal(tr, train(0)[0])
+  assert np.any(np.asarray(train(1)[0])[tail] != np.asarray(tr)[tail])
