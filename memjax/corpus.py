@@ -145,9 +145,9 @@ def make_batcher(
   from the config, the training ``tasks.TokenStream`` and the cache
   directory.
   """
-  from memjax.data import packing  # pylint: disable=g-import-not-at-top
+  from memjax import validation  # pylint: disable=g-import-not-at-top
 
-  packing.check_trime_batching(config)
+  validation.run_config_checks(config)
   make = registry.BATCHERS.get(config.data.batching)
   return make(config, train, cache_dir)
 

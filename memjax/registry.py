@@ -14,6 +14,7 @@ registered names.
 | ``BATCHERS`` | ``data.batching`` | ``make(config, train_stream, cache_dir) -> batcher`` |
 | ``EVAL_MEMORIES`` | ``eval_memory.kind`` | an ``evaluation.EvalMemory`` |
 | ``MODES`` | ``--mode`` | ``'module:function'``, imported when run |
+| ``CONFIG_CHECKS`` | (all run) | ``check(config)`` raising ``ConfigError`` |
 
 Each module that holds built-in implementations registers them when it is
 imported; a registry imports its built-in modules on its first lookup, so
@@ -179,3 +180,9 @@ EVAL_MEMORIES: Registry[Any] = Registry(
     ),
 )
 MODES: Registry[str] = Registry("mode", "--mode", ("memjax.modes",))
+# Checks across config sections that one method needs (e.g. an objective
+# that needs a kind of batch): ``validation.validate_config`` runs every
+# registered check before anything is written.
+CONFIG_CHECKS: Registry[Callable[[Any], None]] = Registry(
+    "config check", "(every registered check runs)", ("memjax.losses",)
+)

@@ -93,6 +93,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   registry.BATCHERS.get(config.data.batching)
   sources.corpus_spec(config.data.corpus)  # DataError for an unknown corpus.
   optim.group_settings(config.optim)  # ConfigError for a malformed group.
+  run_config_checks(config)
+
+
+def run_config_checks(config: ml_collections.ConfigDict) -> None:
+  """Runs every check in ``registry.CONFIG_CHECKS`` (ConfigError on failure)."""
+  for name in registry.CONFIG_CHECKS.names():
+    registry.CONFIG_CHECKS.get(name)(config)
 
 
 def make_mesh(

@@ -156,6 +156,24 @@ def test_an_unknown_evaluation_memory_and_mode_list_the_registered_ones():
     registry.MODES.get("nope")
 
 
+def test_a_registered_config_check_runs_before_anything_is_written():
+  def check(config):
+    if config.model.feed_forward == "gated" and config.model.d_ff < 100:
+      raise errors.ConfigError("gated needs model.d_ff >= 100")
+
+  registry.CONFIG_CHECKS.register("gated_width", check)
+  try:
+    config = _config()
+    with pytest.raises(errors.ConfigError, match="gated needs"):
+      experiment.validate_config(config)
+    config.model.d_ff = 128
+    experiment.validate_config(config)
+  finally:
+    registry.CONFIG_CHECKS.remove("gated_width")
+  # The built-in check of TRIMELM_long's batches is registered the same way.
+  assert "trime_long_batching" in registry.CONFIG_CHECKS.names()
+
+
 def test_an_option_the_kind_does_not_take_is_refused():
   config = _config()
   config.model.feed_forward_options.width = 3

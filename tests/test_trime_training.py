@@ -12,7 +12,6 @@ from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax import experiment
 from memjax import train_step
-from memjax.data import packing
 from memjax.memory import trime
 from memjax.models import transformer
 
@@ -213,11 +212,11 @@ def test_bad_loss_settings_raise_one_clear_error():
   cfg = trime_wt103.get_config("trime_long_smoke")
   cfg.data.batching = "random"
   with pytest.raises(ValueError, match="blocks"):
-    packing.check_trime_batching(cfg)
+    experiment.validate_config(cfg)
   cfg = trime_wt103.get_config("trime_long_smoke")
   cfg.train.grad_accum = 4  # micro-batches of 2 rows split lanes of 4
   with pytest.raises(ValueError, match="not a multiple"):
-    packing.check_trime_batching(cfg)
+    experiment.validate_config(cfg)
 
 
 @pytest.mark.parametrize(
@@ -235,4 +234,4 @@ def test_paper_sizes_keep_table_9_in_batch_memories(variant):
   micro = cfg.data.batch_size // cfg.train.grad_accum
   expected = {"7m": 24576, "150m": 9000, "247m": 24576}[variant.split("_")[-1]]
   assert micro * cfg.data.seq_len == expected
-  packing.check_trime_batching(cfg)
+  experiment.validate_config(cfg)

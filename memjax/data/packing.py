@@ -43,30 +43,6 @@ from memjax.data import sources
 from memjax.data import streams
 
 
-def check_trime_batching(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError where the loss's memory cannot work with the batches.
-
-  'long' needs lanes of m > 1 consecutive segments, and every micro-batch
-  must hold whole lanes (each micro-batch is its own in-batch memory).
-  """
-  loss, d = config.loss, config.data
-  if loss.name != "trime" or loss.memory != "long":
-    return
-  m = int(d.segments_per_lane)
-  if d.batching not in ("blocks", "consecutive") or m < 2:
-    raise errors.ConfigError(
-        "loss.memory='long' needs lanes of consecutive segments: set "
-        "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1"
-    )
-  micro = d.batch_size // max(int(config.train.grad_accum), 1)
-  if micro % m:
-    raise errors.ConfigError(
-        f"loss.memory='long': the micro-batch of {micro} rows (data.batch_size / "
-        f"train.grad_accum) is not a multiple of data.segments_per_lane {m}, so "
-        "lanes would be split between micro-batches"
-    )
-
-
 def stopword_ids(
     config: ml_collections.ConfigDict, cache_dir: str
 ) -> list[int] | None:
