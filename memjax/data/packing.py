@@ -11,7 +11,7 @@ Both register in ``memjax.registry.BATCHERS`` (see ``memjax.data.batchers``).
 
 BM25 packing is an offline job whose output the batcher reads. The order is
 a pure function of the training tokens, L, k, the seed and the stop words;
-``memjax.data.bm25.cached_bm25_order`` stores it in
+``memjax.data.bm25_order.cached_bm25_order`` stores it in
 ``<cache_dir>/bm25/bm25_order_<sha256 of tokens and settings>.npy``. Run the
 job ahead of training (progress bars on the console):
 
@@ -22,7 +22,7 @@ or let the first training step compute it (same cache file); every later
 run, and every host of a multi-host run, reads the file. For WikiText-103
 the search is the expensive part (hours on two CPU cores, see
 docs/trime.md); it splits over machines with
-``python -m memjax.data.bm25 --num_shards=...``.
+``python -m memjax.data.bm25_order --num_shards=...``.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def bm25_order(
   Returns:
     [ceil(N / L)] int64 segment indices in packing order.
   """
-  from memjax.data import bm25  # pylint: disable=g-import-not-at-top
+  from memjax.data import bm25_order  # pylint: disable=g-import-not-at-top
 
   d = config.data
   if int(d.bm25_k) < 1:
@@ -90,7 +90,7 @@ def bm25_order(
       d.bm25_k,
       os.path.join(cache_dir, "bm25"),
   )
-  order = bm25.cached_bm25_order(
+  order = bm25_order.cached_bm25_order(
       tokens,
       d.seq_len,
       d.batch_size,

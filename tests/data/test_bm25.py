@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from memjax.data import bm25
+from memjax.data import bm25_order
 
 
 def zipf_segments(num, length, vocab, seed=0):
@@ -178,7 +179,7 @@ def test_ragged_segments_and_stopwords():
 
 def test_cached_order(tmp_path, monkeypatch):
   tokens = zipf_segments(1, 3000, 200, seed=7)[0]
-  first = bm25.cached_bm25_order(
+  first = bm25_order.cached_bm25_order(
       tokens, 50, 4, k=5, seed=1, cache_dir=tmp_path, show_progress=False
   )
   assert len(list(tmp_path.glob("bm25_order_*.npy"))) == 1
@@ -193,12 +194,12 @@ def test_cached_order(tmp_path, monkeypatch):
     raise AssertionError("recomputed despite the cache")
 
   monkeypatch.setattr(bm25, "bm25_pack", fail)
-  again = bm25.cached_bm25_order(
+  again = bm25_order.cached_bm25_order(
       tokens, 50, 8, k=5, seed=1, cache_dir=tmp_path, show_progress=False
   )  # batch size does not matter
   np.testing.assert_array_equal(first, again)
   monkeypatch.undo()
-  other = bm25.cached_bm25_order(
+  other = bm25_order.cached_bm25_order(
       tokens, 50, 4, k=5, seed=2, cache_dir=tmp_path, show_progress=False
   )
   assert len(list(tmp_path.glob("bm25_order_*.npy"))) == 2
@@ -209,7 +210,7 @@ def test_command_line(tmp_path):
   segs = zipf_segments(40, 12, 100, seed=8)
   np.savez(tmp_path / "segments.npz", segments=segs)
   out = tmp_path / "out" / "order.npy"
-  bm25.main(
+  bm25_order.main(
       [
           f"--segments_npz={tmp_path / 'segments.npz'}",
           "--batch_size=8",
@@ -223,7 +224,7 @@ def test_command_line(tmp_path):
       np.load(out), bm25.bm25_pack(segs, 8, k=5, seed=3, show_progress=False)
   )
   with pytest.raises(SystemExit):
-    bm25.main(
+    bm25_order.main(
         [
             f"--segments_npz={tmp_path / 'missing.npz'}",
             "--batch_size=8",
@@ -244,7 +245,7 @@ def test_sharded_search_and_merge(tmp_path):
   paths = []
   for i in range(3):
     paths.append(str(tmp_path / f"neighbours_{i}.npy"))
-    bm25.main(
+    bm25_order.main(
         [
             f"--segments_npz={tmp_path / 'segments.npz'}",
             "--k=4",
@@ -254,7 +255,7 @@ def test_sharded_search_and_merge(tmp_path):
             "--no_progress",
         ]
     )
-  bm25.main(
+  bm25_order.main(
       [
           f"--neighbours={','.join(paths)}",
           "--seed=5",
