@@ -5,6 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
+# Test processes (pytest-xdist): one per core, at most 4 (each holds a jax
+# runtime with 8 fake devices, about 1.5 GB).
+TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
 .PHONY: demo test smoke bench format format-check clean-venv
 
@@ -24,7 +27,7 @@ smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
 
 test: $(STAMP) format-check
-	$(PY) -m pytest -q --durations=40 tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=40 tests
 
 # Google style, 2-space indentation; configuration in pyproject.toml.
 format: $(STAMP)

@@ -17,6 +17,7 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
+import fcntl  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import subprocess  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import sys  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
@@ -43,10 +44,23 @@ def run_main(*args, timeout=600, devices=1, env=None):
 @pytest.fixture(scope="session")
 def smoke_workdir(tmp_path_factory):
   """One finished smoke run (configs/trime_wt103.py:smoke) shared by the
-  tests that only read it (loading, scoring, export, notebooks)."""
-  workdir = str(tmp_path_factory.mktemp("shared_smoke"))
-  proc = run_main(
-      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}"
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return workdir
+  tests that only read it (loading, scoring, export, notebooks).
+
+  Under pytest-xdist each worker has its own session: the first worker to
+  get here trains the run under a file lock in the directory all workers
+  share, and the others wait for it and reuse it.
+  """
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent
+  workdir = root / "shared_smoke"
+  done = root / "shared_smoke.done"
+  with open(root / "shared_smoke.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      proc = run_main(
+          "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}"
+      )
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      done.touch()
+  return str(workdir)
