@@ -200,6 +200,33 @@ def memory_logsumexp(
     lse_pos = _finalize(*_online_update(init_m, init_l, s, pos))
     return lse_all, lse_pos
 
+  return _blockwise_logsumexp(
+      (queries, query_targets, query_meta),
+      (keys, key_tokens, key_valid, key_meta),
+      visible_fn,
+      scale,
+      precision,
+      block_size,
+  )
+
+
+def _blockwise_logsumexp(
+    query_parts: tuple[Array, Array, Any],
+    key_parts: tuple[Array, Array, Array, Any],
+    visible_fn: VisibleFn | None,
+    scale: Array,
+    precision: Any,
+    block_size: BlockSize,
+) -> tuple[Array, Array]:
+  """The blockwise path of ``memory_logsumexp``: [Q] (lse_all, lse_pos).
+
+  Queries go in strided blocks of bq and keys in contiguous blocks of bk;
+  an online log-sum-exp runs over the key blocks of each query block, each
+  under ``jax.checkpoint`` so the backward pass keeps no [bq, bk] tile.
+  """
+  queries, query_targets, query_meta = query_parts
+  keys, key_tokens, key_valid, key_meta = key_parts
+  num_q, num_k = queries.shape[0], keys.shape[0]
   bq, bk = _block_sizes(block_size, num_q, num_k)
   nq = -(-num_q // bq)
   nk = -(-num_k // bk)

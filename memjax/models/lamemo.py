@@ -294,6 +294,35 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     if memory is None:
       return self._project(c_seg), None
 
+    return self._with_memory(
+        q, k, v, memory, c_seg, lse_seg, seg_len, deterministic
+    )
+
+  def _with_memory(
+      self,
+      q: jax.Array,
+      k: jax.Array,
+      v: jax.Array,
+      memory: recurrence.LaMemoMemory,
+      c_seg: jax.Array,
+      lse_seg: jax.Array,
+      seg_len: int,
+      deterministic: bool,
+  ) -> tuple[jax.Array, recurrence.LaMemoMemory]:
+    """Refreshes the memory rows and pushes the segment.
+
+    Args:
+        q, k, v: [B, M + T, H, dh] projections of memory rows and segment.
+        memory: the layer's ``LaMemoMemory`` with M slots.
+        c_seg: [B, T, H, dh] float32 segment contexts; lse_seg [B, T, H].
+        seg_len: T.
+        deterministic: disables attention dropout.
+
+    Returns:
+        (y [B, M + T, D] after the output projection, the new memory).
+    """
+    mem_len, mem_valid = memory.c.shape[1], memory.valid
+    batch = q.shape[0]
     # 2. Look-ahead refresh of the memory rows.
     c_old = jax.lax.stop_gradient(memory.c).astype(jnp.float32)
     lse_old = jax.lax.stop_gradient(memory.lse).astype(jnp.float32)
