@@ -119,6 +119,25 @@ def check_trime_batching(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def _training_memory(
+    memory: str, batch: dict[str, Array], seed: int, step: Array, p: float
+) -> tuple[trime.MemorySpec, Array]:
+  """The TRIME training memory of a step and whether the local memory is
+  hidden (a bool scalar; only ever true for 'external')."""
+  hide = jnp.asarray(False)
+  if memory == "long":
+    if "lane_id" not in batch:
+      raise errors.ConfigError(
+          "loss.memory='long' needs batches of lanes ('lane_id'): use "
+          "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1"
+      )
+    return long_memory_spec(batch["lane_id"]), hide
+  if memory == "external":
+    hide = hide_local_draw(seed, step, p)
+    return trime.MemorySpec.external(hide), hide
+  return trime.MemorySpec.local(), hide
+
+
 @registry.OBJECTIVES.register("trime")
 def make_trime_loss(
     cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
@@ -171,19 +190,7 @@ def make_trime_loss(
     del rng
     w = batch_weights(batch)
     tokens = jnp.sum(w)
-    hide = jnp.asarray(False)
-    if memory == "long":
-      if "lane_id" not in batch:
-        raise errors.ConfigError(
-            "loss.memory='long' needs batches of lanes ('lane_id'): use "
-            "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1"
-        )
-      spec = long_memory_spec(batch["lane_id"])
-    elif memory == "external":
-      hide = hide_local_draw(seed, step, p)
-      spec = trime.MemorySpec.external(hide)
-    else:
-      spec = trime.MemorySpec.local()
+    spec, hide = _training_memory(memory, batch, seed, step, p)
     args = (
         output.features,
         output.target_logprob,
