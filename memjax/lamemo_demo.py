@@ -94,19 +94,11 @@ def format_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  from memjax import recurrent_eval  # pylint: disable=g-import-not-at-top
-  from memjax import train
-  from memjax.analysis import recurrence as analysis
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def train_rows(out_dir: str) -> tuple[list[dict], dict]:
+  """Trains and evaluates each selected row; returns (results, configs)."""
+  from memjax import train  # pylint: disable=g-import-not-at-top
 
-  out_dir = _WORKDIR.value
-  os.makedirs(out_dir, exist_ok=True)
   cache = os.path.join(out_dir, "cache")
-  start = time.time()
   rows, configs = [], {}
   for key, name, module, method in ROWS:
     if _ROWS.value and key not in _ROWS.value:
@@ -123,26 +115,18 @@ def main(argv):
     res.update(row=name, key=key, mem_len=cfg.model.mem_len)
     rows.append(res)
     configs[key] = cfg
-  table = format_table(rows)
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(out_dir, "table.json"), "w") as f:
-    json.dump(rows, f, indent=2, sort_keys=True)
-  print(
-      f"\nDemo corpus ({len(rows)} rows, {time.time() - start:.0f}s):\n"
-      f"{table}\n",
-      flush=True,
-  )
+  return rows, configs
 
-  recurrent = [(r["key"], r["row"]) for r in rows if r["mem_len"] > 0]
-  if not recurrent:
-    return
+
+def extrapolate(out_dir, recurrent, configs, unit) -> None:
+  """Figure 5 for the recurrent rows: CSV, plot and a printed table."""
+  from memjax import recurrent_eval  # pylint: disable=g-import-not-at-top
+
   curves, csv_rows = {}, []
   for key, name in recurrent:
     res = recurrent_eval.extrapolate(configs[key], os.path.join(out_dir, key))
     curves[name] = res["rows"]
     csv_rows += [{"model": name, **r} for r in res["rows"]]
-  unit = rows[0]["unit"]
   recurrent_eval.write_csv(os.path.join(out_dir, "extrapolation.csv"), csv_rows)
   recurrent_eval.plot_extrapolation(
       os.path.join(out_dir, "extrapolation.png"),
@@ -170,31 +154,61 @@ def main(argv):
       flush=True,
   )
 
-  if _ANALYZE.value:
-    dist = {}
-    for key, name in recurrent:
-      summary = analysis.analyze(configs[key], os.path.join(out_dir, key))
-      dist[name] = np.nanmean(
-          np.load(os.path.join(out_dir, key, "attention_by_distance.npy")),
-          axis=0,
-      )
-      print(
-          f"{name}: attention mass on the memory by layer "
-          f"{[round(x, 3) for x in summary['memory_share_by_layer']]}"
-          + (
-              f"; mean alpha by layer "
-              f"{[round(x, 3) for x in summary['alpha_mean_by_layer']]}"
-              if "alpha_mean_by_layer" in summary
-              else ""
-          ),
-          flush=True,
-      )
-    analysis.plot_attention_by_distance(
-        os.path.join(out_dir, "attention_by_distance.png"),
-        dist,
-        configs[recurrent[0][0]].data.seq_len,
-        "demo corpus, valid: mean over layers",
+
+def analyze(out_dir, recurrent, configs) -> None:
+  """Figures 1 and 6 for the recurrent rows."""
+  from memjax.analysis import recurrence as analysis  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  dist = {}
+  for key, name in recurrent:
+    summary = analysis.analyze(configs[key], os.path.join(out_dir, key))
+    dist[name] = np.nanmean(
+        np.load(os.path.join(out_dir, key, "attention_by_distance.npy")),
+        axis=0,
     )
+    alpha = summary.get("alpha_mean_by_layer")
+    print(
+        f"{name}: attention mass on the memory by layer "
+        f"{[round(x, 3) for x in summary['memory_share_by_layer']]}"
+        + (
+            f"; mean alpha by layer {[round(x, 3) for x in alpha]}"
+            if alpha is not None
+            else ""
+        ),
+        flush=True,
+    )
+  analysis.plot_attention_by_distance(
+      os.path.join(out_dir, "attention_by_distance.png"),
+      dist,
+      configs[recurrent[0][0]].data.seq_len,
+      "demo corpus, valid: mean over layers",
+  )
+
+
+def main(argv):
+  del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  out_dir = _WORKDIR.value
+  os.makedirs(out_dir, exist_ok=True)
+  start = time.time()
+  rows, configs = train_rows(out_dir)
+  table = format_table(rows)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(table + "\n")
+  with open(os.path.join(out_dir, "table.json"), "w") as f:
+    json.dump(rows, f, indent=2, sort_keys=True)
+  print(
+      f"\nDemo corpus ({len(rows)} rows, {time.time() - start:.0f}s):\n"
+      f"{table}\n",
+      flush=True,
+  )
+  recurrent = [(r["key"], r["row"]) for r in rows if r["mem_len"] > 0]
+  if recurrent:
+    extrapolate(out_dir, recurrent, configs, rows[0]["unit"])
+    if _ANALYZE.value:
+      analyze(out_dir, recurrent, configs)
   print(f"written: {out_dir} ({time.time() - start:.0f}s)")
   sys.stdout.flush()
 
