@@ -17,6 +17,9 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "vanilla"
   c.seed = 0
+  # What the run learns from and how it is scored: a name in
+  # memjax.registry.TASKS (lm: a corpus as token streams, perplexity / bpc).
+  c.task = "lm"
 
   c.data = ml_collections.ConfigDict()
   c.data.corpus = "wikitext103"  # wikitext103 | enwik8 | text8

@@ -152,8 +152,14 @@ def make_batcher(
   return make(config, train, cache_dir)
 
 
+# The batch arrays every train step may consume; a batcher adds the ones its
+# model family takes besides (``batcher.model_inputs``, e.g. a translation
+# batch's 'source').
+STEP_KEYS = ("inputs", "targets", "weights", "reset", "lane_id")
+
+
 def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
   """The global batch of a step with only the arrays the step consumes."""
   b = batcher.batch(step)
-  keep = ("inputs", "targets", "weights", "reset", "lane_id")
+  keep = STEP_KEYS + tuple(getattr(batcher, "model_inputs", ()))
   return {k: np.asarray(v) for k, v in b.items() if k in keep}

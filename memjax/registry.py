@@ -15,6 +15,7 @@ registered names.
 | ``EVAL_MEMORIES`` | ``eval_memory.kind`` | an ``evaluation.EvalMemory`` |
 | ``MODES`` | ``--mode`` | ``'module:function'``, imported when run |
 | ``CONFIG_CHECKS`` | (all run) | ``check(config)`` raising ``ConfigError`` |
+| ``TASKS`` | ``task`` | a ``task.Task``: data, vocabulary and evaluation |
 
 Each module that holds built-in implementations registers them when it is
 imported; a registry imports its built-in modules on its first lookup, so
@@ -180,6 +181,7 @@ EVAL_MEMORIES: Registry[Any] = Registry(
     ),
 )
 MODES: Registry[str] = Registry("mode", "--mode", ("memjax.modes",))
+TASKS: Registry[Any] = Registry("training task", "task", ("memjax.lm_task",))
 # Checks across config sections that one method needs (e.g. an objective
 # that needs a kind of batch): ``validation.validate_config`` runs every
 # registered check before anything is written.

@@ -37,9 +37,9 @@ from memjax import hooks as hooks_lib
 from memjax import losses
 from memjax import optim
 from memjax import runfiles
-from memjax import scoring
 from memjax import sharding as sharding_lib
 from memjax import stats
+from memjax import task as task_lib
 from memjax import train_step as train_step_lib
 from memjax.models import transformer
 
@@ -263,7 +263,8 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
   hooks_lib.check_config(config)
   mesh = experiment.make_mesh(config)
   experiment.check_batch_fits(config, mesh)
-  experiment.check_data(config, tuple(config.eval.splits), train=True)
+  task = task_lib.get(config)
+  task.check_data(config, train=True)
   console.info(
       "mesh: %s over %d %s devices",
       dict(mesh.shape),
@@ -271,14 +272,8 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
       jax.devices()[0].platform,
   )
   with experiment.cleanup_on_error(workdir):
-    corpus = experiment.load_corpus(config, workdir)
-    console.info(
-        "corpus %s: vocab %d, train %d tokens, %s",
-        corpus.name,
-        corpus.vocab_size,
-        len(corpus.train.tokens),
-        ", ".join(f"{k} {len(v.tokens)}" for k, v in corpus.splits.items()),
-    )
+    corpus = task.load(config, workdir)
+    console.info("%s", task.describe(corpus))
     batcher = experiment.make_batcher(config, corpus.train, corpus.cache_dir)
     model = experiment.build_model(config.model, corpus.vocab_size)
     num_steps = int(config.train.num_steps)
@@ -336,7 +331,8 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
   num_steps = int(config.train.num_steps)
   if s.start_step >= num_steps:
     return None
-  tokens_per_step = config.data.batch_size * config.data.seq_len
+  task = task_lib.get(config)
+  tokens_per_step = task.tokens_per_step(config)
   train_step = train_step_lib.make_train_step(
       s.model,
       s.tx,
@@ -346,7 +342,7 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
       mesh=s.mesh,
       segments_per_lane=int(config.data.segments_per_lane),
   )
-  evaluator = scoring.SplitEvaluator(config, s.model, s.mesh, s.corpus.unit)
+  evaluator = task.evaluator(config, s.model, s.mesh, s.corpus)
   meter = ProgressMeter(num_steps, tokens_per_step, s.start_step)
   step_rng = jax.random.PRNGKey(config.seed + 1)
   pending: list[tuple[int, dict]] = []
@@ -381,8 +377,8 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
         and done < num_steps
     ):
       evaluator.run(
-          state.params, s.corpus.splits, done, config.train.eval_max_windows,
-          "periodic_", writer,
+          state.params, done, config.train.eval_max_windows, "periodic_",
+          writer,
       )  # fmt: skip
     step_hooks.run(done, state.params)
     if done % config.train.checkpoint_every == 0 or done == num_steps:
@@ -415,17 +411,18 @@ def train_and_evaluate(
     The results written to ``results.json``.
   """
   s = _prepare(config, workdir)
+  task = task_lib.get(config)
   writer = None
   try:
     if jax.process_index() == 0:
       runfiles.write_run_files(
-          workdir, config, experiment.vocabulary(config, workdir)
+          workdir, config, task.vocabulary(config, workdir)
       )
     writer = metric_writers.create_default_writer(
         workdir, just_logging=jax.process_index() > 0
     )
     train_tps = _train(s, writer, hooks)
-    results = scoring.final_results(
+    results = task.final_results(
         config, s.model, s.state.params, s.mesh, s.corpus,
         int(jax.device_get(s.state.step)), writer,
     )  # fmt: skip

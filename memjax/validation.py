@@ -15,8 +15,8 @@ from jax.sharding import Mesh
 from memjax import errors
 from memjax import optim
 from memjax import registry
+from memjax import task as task_lib
 from memjax import sharding as sharding_lib
-from memjax.data import sources
 
 # Compute dtypes by config name (``model.dtype``).
 DTYPES = ("float32", "bfloat16")
@@ -91,7 +91,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   registry.FEED_FORWARD.get(config.model.feed_forward)
   registry.OBJECTIVES.get(config.loss.name)
   registry.BATCHERS.get(config.data.batching)
-  sources.corpus_spec(config.data.corpus)  # DataError for an unknown corpus.
+  task_lib.get(config).check_config(config)  # e.g. an unknown corpus.
   optim.group_settings(config.optim)  # ConfigError for a malformed group.
   run_config_checks(config)
 

@@ -149,6 +149,13 @@ def test_an_unknown_name_lists_the_registered_ones(key, value, registered):
   assert f"registered: {registered}" in str(e.value)
 
 
+def test_an_unknown_task_lists_the_registered_ones():
+  config = _config()
+  config.task = "nope"
+  with pytest.raises(errors.ConfigError, match="unknown task 'nope'.*: lm"):
+    experiment.validate_config(config)
+
+
 def test_an_unknown_evaluation_memory_and_mode_list_the_registered_ones():
   with pytest.raises(errors.ConfigError, match="cache, none, trime"):
     registry.EVAL_MEMORIES.get("knn")

@@ -9,7 +9,7 @@ import jax
 
 from memjax import experiment
 from memjax import runfiles
-from memjax import scoring
+from memjax import task as task_lib
 
 
 def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
@@ -23,9 +23,10 @@ def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
   restored = experiment.load(
       experiment.source_of(config, workdir), config=config
   )
-  corpus = experiment.load_corpus(config, workdir)
-  results = scoring.final_results(
-      config, restored.model, restored.params, restored.mesh, corpus,
+  task = task_lib.get(config)
+  data = task.load(config, workdir)
+  results = task.final_results(
+      config, restored.model, restored.params, restored.mesh, data,
       restored.step,
   )  # fmt: skip
   results["checkpoint"] = restored.path
