@@ -118,6 +118,63 @@ def run_lane_segments_with_stats(
   return outs, stats.total(sums)
 
 
+def _accumulate(
+    micro_grads: Callable,
+    state: TrainState,
+    batch: dict[str, Array],
+    memory: Any,
+    rng: Array,
+    grad_accum: int,
+) -> tuple[Any, dict[str, Array], Any]:
+  """Sums ``micro_grads`` over ``grad_accum`` micro-batches with a scan.
+
+  Args:
+    micro_grads: (params, micro-batch, memory, rng, step) -> (grads,
+      metrics, new memory), the gradient of one micro-batch.
+    state: the train state (params and step).
+    batch: the step's batch, rows [B, ...]; 'reset' is not split.
+    memory: the memory pytree with leading batch axis B, or None.
+    rng: the step's key; micro-batch i uses fold_in(rng, i).
+    grad_accum: n, dividing B.
+
+  Returns:
+    (summed grads, summed metrics, new memory with leading axis B or None).
+  """
+  split = lambda x: _split_micro(x, grad_accum)
+  micro = jax.tree.map(split, {k: v for k, v in batch.items() if k != "reset"})
+  mem_micro = None if memory is None else jax.tree.map(split, memory)
+
+  def body(acc, xs):
+    mb, mem, i = xs
+    g, m, new_mem = micro_grads(
+        state.params, mb, mem, jax.random.fold_in(rng, i), state.step
+    )
+    acc_g, acc_m = acc
+    return (
+        jax.tree.map(jnp.add, acc_g, g),
+        jax.tree.map(jnp.add, acc_m, m),
+    ), new_mem
+
+  first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+  init_m = jax.eval_shape(
+      lambda: micro_grads(
+          state.params,
+          first(micro),
+          None if mem_micro is None else first(mem_micro),
+          rng,
+          state.step,
+      )[1]
+  )
+  init_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init_m)
+  zeros = jax.tree.map(jnp.zeros_like, state.params)
+  (grads, metrics), new_mem = jax.lax.scan(
+      body, (zeros, init_m), (micro, mem_micro, jnp.arange(grad_accum))
+  )
+  if new_mem is not None:
+    new_mem = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), new_mem)
+  return grads, metrics, new_mem
+
+
 def make_train_step(
     model,
     tx,
@@ -181,51 +238,8 @@ def make_train_step(
           state.params, batch, memory, rng, state.step
       )
     else:
-      micro = jax.tree.map(
-          lambda x: _split_micro(x, grad_accum),
-          {k: v for k, v in batch.items() if k != "reset"},
-      )
-      mem_micro = (
-          None
-          if memory is None
-          else jax.tree.map(lambda x: _split_micro(x, grad_accum), memory)
-      )
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
-
-      def body(acc, xs):
-        mb, mem, i = xs
-        g, m, new_mem = micro_grads(
-            state.params, mb, mem, jax.random.fold_in(rng, i), state.step
-        )
-        acc_g, acc_m = acc
-        return (
-            jax.tree.map(jnp.add, acc_g, g),
-            jax.tree.map(jnp.add, acc_m, m),
-        ), new_mem
-
-      init_m = {
-          "nll_sum": jnp.zeros((), jnp.float32),
-          "tokens": jnp.zeros((), jnp.float32),
-      }
-      init_m = jax.eval_shape(
-          lambda: micro_grads(
-              state.params,
-              jax.tree.map(lambda x: x[0], micro),
-              None
-              if mem_micro is None
-              else jax.tree.map(lambda x: x[0], mem_micro),
-              rng,
-              state.step,
-          )[1]
-      )
-      init_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init_m)
-      (grads, metrics), new_mem = jax.lax.scan(
-          body, (zeros, init_m), (micro, mem_micro, jnp.arange(grad_accum))
-      )
-      new_memory = (
-          None
-          if new_mem is None
-          else jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), new_mem)
+      grads, metrics, new_memory = _accumulate(
+          micro_grads, state, batch, memory, rng, grad_accum
       )
     tokens = jnp.maximum(metrics["tokens"], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grads)
