@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
 
-.PHONY: demo test smoke bench format format-check clean-venv
+.PHONY: demo demo-mt test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,7 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Translation: a vanilla encoder-decoder on the shipped German-English pairs.
+demo-mt: $(STAMP)
+	$(PY) -m memjax.mt_demo --workdir=runs/demo_mt
