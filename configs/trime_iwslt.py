@@ -49,7 +49,7 @@ def get_config(arg: str = "demo"):
     o.learning_rate, o.warmup_steps = 3e-3, 5
     t.num_steps, t.log_every, t.checkpoint_every = 30, 10, 30
   elif size == "demo":
-    # Sized for about ten minutes of training on two CPU cores: pre-LN (it
+    # Sized for about ten minutes on two idle CPU cores: pre-LN (it
     # takes the larger learning rate of a short run stably), 2+2 layers.
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
         2,
@@ -64,7 +64,7 @@ def get_config(arg: str = "demo"):
     tr.vocab_size, tr.max_tokens, tr.buckets = 2000, 2048, (16, 32, 64)
     tr.decode_batch_size = 64
     o.learning_rate, o.warmup_steps = 2e-3, 50
-    t.num_steps, t.log_every, t.checkpoint_every = 350, 25, 350
+    t.num_steps, t.log_every, t.checkpoint_every = 200, 25, 50
   else:  # paper
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
         6,

@@ -78,7 +78,7 @@ def tiny():
   src[2, 5:] = 0
   src[:, 7] = np.where(src[:, 6] == 0, 0, EOS)
   init = jax.jit(lambda k: m.init(k, jnp.zeros((1, 4), jnp.int32)))
-  p = init(jax.random.PRNGKey(1))["params"]
+  p = nn.meta.unbox(init(jax.random.PRNGKey(1))["params"])
   return m, p, jnp.asarray(src)
 
 
