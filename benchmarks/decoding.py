@@ -38,7 +38,12 @@ class DecodeBench:
   """Times one decoding method over a fixed set of sentences."""
 
   def __init__(self, name, translator, sources, beam):
-    self.name, self.tr, self.sources, self.beam = name, translator, sources, beam
+    self.name, self.tr, self.sources, self.beam = (
+        name,
+        translator,
+        sources,
+        beam,
+    )
     self.times: list[float] = []
 
   def _once(self) -> None:
