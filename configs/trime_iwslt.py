@@ -64,7 +64,7 @@ def get_config(arg: str = "demo"):
     tr.vocab_size, tr.max_tokens, tr.buckets = 2000, 2048, (16, 32, 64)
     tr.decode_batch_size = 64
     o.learning_rate, o.warmup_steps = 2e-3, 50
-    t.num_steps, t.log_every, t.checkpoint_every = 200, 25, 50
+    t.num_steps, t.log_every, t.checkpoint_every = 600, 50, 100
   else:  # paper
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
         6,

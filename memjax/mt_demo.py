@@ -43,7 +43,6 @@ def _config(variant: str, steps):
 def run(workdir: str, variant: str = "demo", steps=None) -> dict:
   """Trains (or resumes), scores, and returns the table's rows."""
   from memjax import experiment  # pylint: disable=g-import-not-at-top
-  from memjax.data import parallel
   from memjax.translation import bleu
   from memjax.translation import trainer
 
@@ -76,7 +75,6 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
   tic = time.time()
   test_scores = trainer.score_split(tr, test, 0, "decoding test")
   test_scores.pop("hypotheses")
-  del parallel
   table = {
       "config": config.name,
       "train_steps": trained["step"],
@@ -92,7 +90,8 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
   ]
   for name, s in rows.items():
     lines.append(
-        f"| {name} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | {s['chrf']:.2f} |"
+        f"| {name} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | "
+        f"{s['chrf']:.2f} |"
     )
   lines.append(
       f"| test, beam {t.beam_size} (scored once) | {test_scores['bleu']:.2f} | "

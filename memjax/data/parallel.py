@@ -227,7 +227,7 @@ def encode_split(
     vocab_path: str,
     cache_dir: str,
 ) -> ParallelSplit:
-  """Reads ``split`` through the SeqIO task (ids cached as .npz)."""  # fmt: skip
+  """Reads ``split`` through the SeqIO task (ids cached, .npz)."""
   s_text, t_text = read_pairs(data_dir, split, src, tgt)
   files = split_files(data_dir, split, src, tgt)
   key = _fingerprint(

@@ -70,7 +70,7 @@ def greedy_search(
     max_len: int,
     hook: Optional[LogProbHook] = None,
 ) -> Array:
-  """[B, S] source ids -> [B, max_len] target ids (EOS, then 0s)."""  # fmt: skip
+  """[B, S] source ids -> [B, max_len] target ids (EOS, then 0)."""
   b = source.shape[0]
   cache, mask = _start(model, params, source, 1, max_len)
 
@@ -126,7 +126,7 @@ def beam_search(
     length_penalty: float = 1.0,
     hook: Optional[LogProbHook] = None,
 ) -> BeamResult:
-  """Beam search (see the module docstring) over [B, S] source ids."""  # fmt: skip
+  """Beam search (module docstring) over [B, S] source ids."""
   b, k = source.shape[0], beam_size
   cache, mask = _start(model, params, source, k, max_len)
   pos = jnp.arange(2 * k)

@@ -79,7 +79,7 @@ class Translator:
       beam_size: Optional[int] = None,
       desc: str = "",
   ) -> list[list[int]]:
-    """Target ids (without EOS) of source id arrays, in input order."""  # fmt: skip
+    """Target ids (no EOS) of source id arrays, in input order."""
     beam = self.beam_size if beam_size is None else int(beam_size)
     out: list[list[int]] = [[] for _ in sources]
     start, done = time.time(), 0
@@ -103,7 +103,7 @@ class Translator:
       beam_size: Optional[int] = None,
       desc: str = "",
   ) -> list[str]:
-    """Detokenised translations of ``sentences``, in input order."""  # fmt: skip
+    """Detokenised translations of ``sentences``, in order."""
     ids = self.translate_ids(
         [self.encode(s) for s in sentences], beam_size, desc
     )
