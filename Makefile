@@ -9,7 +9,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: demo test smoke bench format format-check clean-venv
+.PHONY: demo demo-mt test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,3 +41,7 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Translation: a vanilla encoder-decoder on the shipped German-English pairs.
+demo-mt: $(STAMP)
+	$(PY) -m memjax.mt_demo --workdir=runs/demo_mt

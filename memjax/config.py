@@ -38,6 +38,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.family = "decoder_lm"  # a name in memjax.registry.MODEL_FAMILIES
+  # Settings of the model family ('encoder_decoder': encoder_layers).
+  c.model.family_options = ml_collections.ConfigDict()
   c.model.num_layers = 4
   c.model.d_model = 128
   c.model.num_heads = 4
@@ -198,6 +200,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.export = ml_collections.ConfigDict()
   c.export.dir = ""  # "" = <workdir>/export
   c.export.dtype = "float32"  # float32 | bfloat16
+
+  # Translation runs (model.family='encoder_decoder', data.corpus='parallel',
+  # data.batching='tokens'; memjax/translation, docs/translation.md).
+  c.translation = ml_collections.ConfigDict()
+  c.translation.source_lang = "de"  # files {split}.{source_lang}
+  c.translation.target_lang = "en"
+  c.translation.vocab_size = 10000  # joint sentencepiece (BPE) pieces
+  c.translation.vocab_file = ""  # a sentencepiece model; "" = train one
+  c.translation.max_tokens = 4096  # tokens per update (rows x bucket length)
+  c.translation.buckets = (16, 32, 64, 128)  # padded sentence lengths
+  c.translation.beam_size = 4
+  c.translation.length_penalty = 1.0  # fairseq lenpen
+  c.translation.max_len_a = 1.2  # decode at most a * source length + b
+  c.translation.max_len_b = 10
+  c.translation.decode_batch_size = 32  # sentences per decoding batch
+  c.translation.eval_splits = ("valid",)  # scored after training (tune here)
+  c.translation.eval_max_sentences = 0  # 0 = the whole split
+  c.translation.split = "test"  # --mode=translate: the split scored
+  c.translation.input_file = ""  # --mode=translate: translate a file instead
+  c.translation.output_file = ""  # "" = <workdir>/translations/<name>.txt
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1

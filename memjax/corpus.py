@@ -22,9 +22,16 @@ from memjax import errors
 from memjax import registry
 from memjax.data import sources
 
+# ``data.corpus`` of translation runs: parallel text read by
+# ``memjax.data.parallel`` (not a language-modelling corpus of ``sources``).
+PARALLEL_CORPUS = "parallel"
+
 
 def metric_unit(corpus: str) -> str:
-  """'bpc' for byte corpora (enwik8, text8), 'ppl' for word corpora."""
+  """'bpc' for byte corpora (enwik8, text8), 'ppl' for word corpora, 'bleu'
+  for parallel text."""
+  if corpus == PARALLEL_CORPUS:
+    return "bleu"
   return "bpc" if sources.corpus_spec(corpus).level == "byte" else "ppl"
 
 

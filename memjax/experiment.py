@@ -110,6 +110,7 @@ RUNTIME_MODEL_KEYS = ("remat", "dtype", "softmax_chunk")
 # and exports saved earlier keep matching their configs.
 LATER_MODEL_KEYS = {
     "family": "decoder_lm",
+    "family_options": {},
     "feed_forward": "ffn",
     "feed_forward_options": {},
     "norm_position": "pre",

@@ -66,6 +66,46 @@ def make_lm_loss(
   return lm_loss
 
 
+@registry.OBJECTIVES.register("label_smoothed")
+def make_label_smoothed_loss(
+    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+) -> LossFn:
+  """fairseq's ``label_smoothed_cross_entropy`` (``loss.options.epsilon``,
+  default 0.1): with eps_i = eps / (V - 1),
+  ``(1 - eps - eps_i) * nll + eps_i * sum_v(-log p_v)``; the output must
+  carry ``mean_logprob`` (the encoder-decoder's does). ``nll_sum`` holds the
+  smoothed loss that is optimised; ``aux_nll_sum`` the plain NLL."""
+  del num_steps, seed
+  options = dict(cfg.options) if cfg.get("options") else {}
+  unknown = sorted(set(options) - {"epsilon"})
+  if unknown:
+    raise errors.ConfigError(
+        f"loss.options has {', '.join(unknown)}, which objective "
+        "'label_smoothed' does not take; its options: epsilon"
+    )
+  eps = float(options.get("epsilon", 0.1))
+  if not 0.0 <= eps < 1.0:
+    raise errors.ConfigError(f"loss.options.epsilon must be in [0, 1): {eps}")
+
+  def loss_fn(output, batch, *, step, rng):
+    del step, rng
+    w = batch_weights(batch)
+    nll = -output.target_logprob
+    eps_i = eps / (output.vocab_size - 1)
+    # sum_v(-log p_v) = V * mean_v(-log p_v).
+    smooth = -output.mean_logprob * output.vocab_size
+    per_token = (1.0 - eps - eps_i) * nll + eps_i * smooth
+    total = jnp.sum(per_token * w)
+    tokens = jnp.sum(w)
+    return total / jnp.maximum(tokens, 1.0), {
+        "nll_sum": total,
+        "tokens": tokens,
+        "aux_nll_sum": jax.lax.stop_gradient(jnp.sum(nll * w)),
+    }
+
+  return loss_fn
+
+
 def long_memory_spec(lane_id: Array) -> trime.MemorySpec:
   """The long-term memory of a batch of lanes of consecutive segments.
 

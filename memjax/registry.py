@@ -163,13 +163,21 @@ FEED_FORWARD: Registry[type] = Registry(
     "feed-forward kind", "model.feed_forward", ("memjax.models.feed_forward",)
 )
 MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
-    "model family", "model.family", ("memjax.models.transformer",)
+    "model family",
+    "model.family",
+    ("memjax.models.transformer", "memjax.models.seq2seq"),
 )
 OBJECTIVES: Registry[Callable[..., Any]] = Registry(
     "training objective", "loss.name", ("memjax.losses",)
 )
 BATCHERS: Registry[Callable[..., Any]] = Registry(
-    "batcher", "data.batching", ("memjax.data.batchers", "memjax.data.packing")
+    "batcher",
+    "data.batching",
+    (
+        "memjax.data.batchers",
+        "memjax.data.packing",
+        "memjax.data.token_batching",
+    ),
 )
 EVAL_MEMORIES: Registry[Any] = Registry(
     "evaluation memory",

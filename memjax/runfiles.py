@@ -2,7 +2,8 @@
 
 A workdir holds ``config.json`` (the whole config), ``vocab.json`` (which
 vocabulary: ``{"kind": "words", "file": "vocab.txt"}`` or ``{"kind":
-"bytes"}``) with ``vocab.txt`` for word corpora, and ``checkpoints/``. An
+"bytes"}`` or ``"sentencepiece"``) with ``vocab.txt`` for word corpora
+and ``spm.model`` for translation, and ``checkpoints/``. An
 export holds the same two files, ``export.json`` and ``params/``. With these
 a run is restored from its directory alone: no config file, flags or corpus
 are needed to load it.
@@ -23,6 +24,15 @@ from memjax import errors
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.json"
 EXPORT_FILE = "export.json"
+SPM_FILE = "spm.model"
+
+
+def file_sha1(path: str) -> str:
+  """The SHA-1 of a file's bytes (hex)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+
+  with open(path, "rb") as f:
+    return hashlib.sha1(f.read()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +146,20 @@ def write_run_files(
   with open(tmp, "w") as f:
     f.write(config_to_json(config))
   os.replace(tmp, os.path.join(directory, CONFIG_FILE))
-  if hasattr(vocab, "tokens"):  # A WordVocabulary.
+  if hasattr(vocab, "sentencepiece_model_file"):  # Translation runs.
+    import shutil  # pylint: disable=g-import-not-at-top
+
+    dest = os.path.join(directory, SPM_FILE)
+    if os.path.abspath(vocab.sentencepiece_model_file) != dest:
+      shutil.copyfile(vocab.sentencepiece_model_file, dest + ".tmp")
+      os.replace(dest + ".tmp", dest)
+    info = {
+        "kind": "sentencepiece",
+        "file": SPM_FILE,
+        "size": int(vocab.vocab_size),
+        "sha1": file_sha1(dest),
+    }
+  elif hasattr(vocab, "tokens"):  # A WordVocabulary.
     vocab.save(os.path.join(directory, "vocab.txt"))
     info = {"kind": "words", "file": "vocab.txt", "size": vocab.vocab_size}
   else:
@@ -163,4 +186,8 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
   info = files.read_json(VOCAB_FILE)
   if info["kind"] == "bytes":
     return vocab_lib.byte_vocabulary()
+  if info["kind"] == "sentencepiece":
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    return seqio.SentencePieceVocabulary(os.path.join(files.path, info["file"]))
   return vocab_lib.WordVocabulary.load(os.path.join(files.path, info["file"]))

@@ -29,6 +29,13 @@ TrainState = experiment.TrainState
 # ----------------------------------------------------------------------------
 
 
+def model_inputs(model, batch: dict[str, Array]) -> dict[str, Array]:
+  """The batch arrays a model family takes as keyword arguments besides
+  inputs and targets (its class attribute ``EXTRA_INPUTS``, e.g. the
+  encoder-decoder's 'source')."""
+  return {k: batch[k] for k in getattr(model, "EXTRA_INPUTS", ())}
+
+
 def _split_micro(x: Array, n: int) -> Array:
   return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
@@ -213,6 +220,7 @@ def make_train_step(
         memory=memory,
         deterministic=False,
         rngs={"dropout": rng},
+        **model_inputs(model, mb),
     )
 
   def micro_grads(params, mb, memory, rng, step):

@@ -134,9 +134,9 @@ def test_the_signature_names_a_registered_kind_and_omits_the_default():
     [
         ("model.feed_forward", "nope", "ffn, gated"),
         ("model.attention", "nope", "lamemo, rpe, vanilla, xl"),
-        ("model.family", "nope", "decoder_lm"),
-        ("loss.name", "nope", "l2, lm, trime"),
-        ("data.batching", "nope", "blocks, bm25, consecutive, random"),
+        ("model.family", "nope", "decoder_lm, encoder_decoder"),
+        ("loss.name", "nope", "l2, label_smoothed, lm, trime"),
+        ("data.batching", "nope", "blocks, bm25, consecutive, random, tokens"),
     ],
 )
 def test_an_unknown_name_lists_the_registered_ones(key, value, registered):

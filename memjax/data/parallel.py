@@ -1,0 +1,261 @@
+"""Parallel text for translation: reading, a joint vocabulary, SeqIO tasks.
+
+IWSLT-style data is one sentence per line in ``{split}.{lang}`` files
+(``train.de`` / ``train.en``, ``valid.*``, ``test.*``); line i of the source
+file translates line i of the target file. ``read_pairs`` reads a split and
+refuses files of different line counts and empty lines (one line naming the
+file and line). ``train_vocabulary`` trains one joint sentencepiece model on
+both sides of the training split (BPE, like the IWSLT recipe's joint BPE) and
+wraps it as a ``seqio.SentencePieceVocabulary`` (pad 0, EOS 1, UNK 2, no
+BOS). ``register_task`` registers a SeqIO task for either direction with
+features 'inputs' (source ids + EOS) and 'targets' (target ids + EOS);
+``encode_split`` runs it and caches the ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import io
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from memjax import errors
+from memjax.data import sources
+
+SPLITS = ("train", "valid", "test")
+_SEQIO_SPLITS = {"train": "train", "validation": "valid", "test": "test"}
+DEFAULT_DIR = os.path.join(sources.DEMO_DATA_DIR, "mt_de_en")
+_CACHE_VERSION = 1
+
+
+def split_files(
+    data_dir: str, split: str, src: str, tgt: str
+) -> tuple[str, str]:
+  """The (source, target) file paths of ``split``.
+
+  Raises:
+    errors.DataError: a file is missing.
+  """
+  paths = tuple(os.path.join(data_dir, f"{split}.{l}") for l in (src, tgt))
+  for p in paths:
+    if not os.path.isfile(p):
+      raise errors.DataError(
+          f"missing parallel text file {p}: data.data_dir needs "
+          f"{split}.{src} and {split}.{tgt}"
+      )
+  return paths
+
+
+def _read_lines(path: str) -> list[str]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read().splitlines()
+  except UnicodeDecodeError as e:
+    raise errors.DataError(f"{path} is not UTF-8 text ({e.reason})") from None
+
+
+def check_pairs(
+    src_lines: Sequence[str],
+    tgt_lines: Sequence[str],
+    src_path: str,
+    tgt_path: str,
+) -> None:
+  """Raises DataError for unequal line counts or an empty line."""  # fmt: skip
+  if len(src_lines) != len(tgt_lines):
+    raise errors.DataError(
+        f"{src_path} has {len(src_lines)} lines but {tgt_path} has "
+        f"{len(tgt_lines)}: parallel files must align line by line"
+    )
+  for i, (s, t) in enumerate(zip(src_lines, tgt_lines)):
+    if not s.strip() or not t.strip():
+      empty = src_path if not s.strip() else tgt_path
+      raise errors.DataError(
+          f"empty line {i + 1} in {empty}: remove the pair from both files"
+      )
+
+
+def read_pairs(
+    data_dir: str, split: str, src: str, tgt: str
+) -> tuple[list[str], list[str]]:
+  """The (source lines, target lines) of ``split``, checked.
+
+  Raises:
+    errors.DataError: a missing or non-UTF-8 file, files of different line
+      counts, or an empty line.
+  """
+  sp, tp = split_files(data_dir, split, src, tgt)
+  s, t = _read_lines(sp), _read_lines(tp)
+  check_pairs(s, t, sp, tp)
+  return s, t
+
+
+def _fingerprint(*paths: str, extra: str = "") -> str:
+  h = hashlib.sha1(extra.encode())
+  for p in paths:
+    with open(p, "rb") as f:
+      h.update(hashlib.sha1(f.read()).digest())
+  return h.hexdigest()[:12]
+
+
+def file_sha1(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha1(f.read()).hexdigest()
+
+
+def train_vocabulary(
+    data_dir: str, src: str, tgt: str, vocab_size: int, cache_dir: str
+) -> str:
+  """Trains (or finds cached) the joint sentencepiece model; returns its path.
+
+  One BPE model over both sides of the training split, with pad 0, EOS 1,
+  UNK 2 and no BOS (SeqIO's convention), full character coverage.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  s, t = read_pairs(data_dir, "train", src, tgt)
+  files = split_files(data_dir, "train", src, tgt)
+  key = _fingerprint(*files, extra=f"{vocab_size}-{src}-{tgt}")
+  path = os.path.join(cache_dir, f"spm_{src}{tgt}_{vocab_size}_{key}.model")
+  if os.path.isfile(path):
+    return path
+  os.makedirs(cache_dir, exist_ok=True)
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(s + t),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        input_sentence_size=200000,
+        shuffle_input_sentence=True,
+        minloglevel=2,
+    )
+  except RuntimeError as e:
+    raise errors.ConfigError(
+        f"cannot train a {vocab_size}-piece vocabulary on {files[0]} and "
+        f"{files[1]}: {str(e).splitlines()[-1]}; lower data.vocab_size"
+    ) from None
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(model.getvalue())
+  os.replace(tmp, path)
+  return path
+
+
+def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
+  """The ``seqio.SentencePieceVocabulary`` of a sentencepiece model file."""
+  if not os.path.isfile(path):
+    raise errors.DataError(f"no sentencepiece model at {path}")
+  return seqio.SentencePieceVocabulary(path)
+
+
+def _pairs_dataset(
+    split: str, shuffle_files: bool, seed: Optional[int] = None, *,
+    data_dir: str, src: str, tgt: str,
+) -> tf.data.Dataset:  # fmt: skip
+  del shuffle_files, seed  # Order is kept; the batcher shuffles.
+  s, t = read_pairs(data_dir, _SEQIO_SPLITS[split], src, tgt)
+  return tf.data.Dataset.from_tensor_slices({"inputs": s, "targets": t})
+
+
+def register_task(
+    data_dir: str, src: str, tgt: str, vocab_path: str
+) -> seqio.Task:
+  """Registers (once) the SeqIO task translating ``src`` into ``tgt``.
+
+  Features: 'inputs' (source ids + EOS) and 'targets' (target ids + EOS),
+  both in the joint vocabulary; splits train / validation / test.
+  """
+  data_dir = os.path.abspath(data_dir)
+  digest = hashlib.sha1(f"{data_dir}|{vocab_path}".encode()).hexdigest()[:8]
+  name = f"memjax_mt_{src}_{tgt}_{digest}"
+  if name in seqio.TaskRegistry.names():
+    return seqio.TaskRegistry.get(name)
+  vocab = load_vocabulary(vocab_path)
+  source = seqio.FunctionDataSource(
+      dataset_fn=functools.partial(
+          _pairs_dataset, data_dir=data_dir, src=src, tgt=tgt
+      ),
+      splits=tuple(_SEQIO_SPLITS),
+  )
+  feature = seqio.Feature(vocab, add_eos=True, dtype=tf.int32)
+  return seqio.TaskRegistry.add(
+      name,
+      source=source,
+      preprocessors=[
+          seqio.preprocessors.tokenize,
+          seqio.preprocessors.append_eos,
+      ],
+      output_features={"inputs": feature, "targets": feature},
+      metric_fns=[],
+  )
+
+
+@dataclasses.dataclass
+class ParallelSplit:
+  """A split's sentences and their ids.
+
+  Attributes:
+    source_text: the source sentences.
+    target_text: the reference translations.
+    source: per sentence, int32 ids ending in EOS.
+    target: per sentence, int32 ids ending in EOS.
+  """
+
+  source_text: list[str]
+  target_text: list[str]
+  source: list[np.ndarray]
+  target: list[np.ndarray]
+
+
+def encode_split(
+    data_dir: str,
+    split: str,
+    src: str,
+    tgt: str,
+    vocab_path: str,
+    cache_dir: str,
+) -> ParallelSplit:
+  """Reads ``split`` through the SeqIO task (ids cached, .npz)."""
+  s_text, t_text = read_pairs(data_dir, split, src, tgt)
+  files = split_files(data_dir, split, src, tgt)
+  key = _fingerprint(
+      *files, vocab_path, extra=f"{_CACHE_VERSION}-{src}-{tgt}-{split}"
+  )
+  path = os.path.join(cache_dir, f"mt_{split}_{src}{tgt}_{key}.npz")
+  if not os.path.isfile(path):
+    task = register_task(data_dir, src, tgt, vocab_path)
+    seqio_split = {v: k for k, v in _SEQIO_SPLITS.items()}[split]
+    ds = task.get_dataset(
+        sequence_length=None, split=seqio_split, shuffle=False,
+        use_cached=False, num_epochs=1,
+    )  # fmt: skip
+    ins, tgs = [], []
+    for ex in ds.as_numpy_iterator():
+      ins.append(ex["inputs"].astype(np.int32))
+      tgs.append(ex["targets"].astype(np.int32))
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}.npz"
+    np.savez(
+        tmp,
+        inputs=np.concatenate(ins),
+        input_lens=np.array([len(x) for x in ins]),
+        targets=np.concatenate(tgs),
+        target_lens=np.array([len(x) for x in tgs]),
+    )
+    os.replace(tmp, path)
+  with np.load(path) as z:
+    source = np.split(z["inputs"], np.cumsum(z["input_lens"])[:-1])
+    target = np.split(z["targets"], np.cumsum(z["target_lens"])[:-1])
+  return ParallelSplit(s_text, t_text, source, target)

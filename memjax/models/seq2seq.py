@@ -1,0 +1,473 @@
+"""Encoder-decoder Transformer for translation ('encoder_decoder').
+
+fairseq's ``transformer_iwslt_de_en`` built from the LM's parts: the
+feed-forward kinds of ``registry.FEED_FORWARD``, the head projections and
+logical axes of ``models/attention.py``, the LayerNorm placement of
+``models/transformer.py`` (``norm_position`` 'post' is fairseq's default
+``normalize_before=False``; 'pre' adds a final LayerNorm to each stack).
+Token embeddings are scaled by sqrt(D) plus sinusoid positions; the decoder's
+input embedding is its output projection (``share_decoder_input_output_embed``).
+
+The model is a pure function of (params, source, decoder inputs):
+``model(inputs, targets, source=...)`` scores a batch for training, and
+``encode`` / ``init_cache`` / ``decode_step`` run the decoder one token at a
+time with cached self-attention keys and values (``memjax.translation``).
+Its output carries g, the last decoder layer's feed-forward input (TRIME's
+memory key), for the memory of the MT variant.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from memjax import errors
+from memjax import registry
+from memjax.models import attention as attention_lib
+from memjax.models import transformer
+
+Array = jax.Array
+NEG = -1e9
+
+
+@flax.struct.dataclass
+class Seq2SeqOutput:
+  """What the encoder-decoder returns for a batch.
+
+  Attributes:
+    target_logprob: [B, T] float32 log p(target) (None without targets).
+    log_z: [B, T] float32 log-normaliser of the softmax.
+    features: [B, T, D] g, the last decoder layer's feed-forward input.
+    hidden: [B, T, D] the decoder's final hidden states.
+    memory: always None (no recurrence; kept for the train step).
+    mean_logprob: [B, T] float32 mean over the vocabulary of log p (the
+        uniform part of label smoothing), None without targets.
+    vocab_size: V (static).
+  """
+
+  target_logprob: Optional[Array]
+  log_z: Optional[Array]
+  features: Array
+  hidden: Array
+  memory: Any = None
+  mean_logprob: Optional[Array] = None
+  vocab_size: int = flax.struct.field(pytree_node=False, default=0)
+
+
+class Attention(nn.Module):
+  """Multi-head attention of queries over given keys and values.
+
+  Parameters as the LM's attention kinds: query/key/value [D, H, d_h]
+  ('embed', 'heads', 'kv'), out [H, d_h, D].
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    dims = (self.d_model, self.num_heads, self.head_dim)
+    self.wq = attention_lib.head_projection(self, "query", *dims)
+    self.wk = attention_lib.head_projection(self, "key", *dims)
+    self.wv = attention_lib.head_projection(self, "value", *dims)
+    self.wo = attention_lib.output_projection(self, "out", *dims)
+    self.drop = nn.Dropout(self.dropout_rate)
+
+  def kv(self, y: Array) -> tuple[Array, Array]:
+    """[B, S, D] -> keys, values [B, S, H, d_h]."""
+    y = y.astype(self.dtype)
+    k = jnp.einsum("bsd,dhk->bshk", y, self.wk.astype(self.dtype))
+    v = jnp.einsum("bsd,dhk->bshk", y, self.wv.astype(self.dtype))
+    return k, v
+
+  def __call__(
+      self, x: Array, k: Array, v: Array, mask: Array, deterministic: bool
+  ) -> Array:
+    """Attends.
+
+    Args:
+      x: [B, T, D] queries' inputs.
+      k, v: [B, S, H, d_h].
+      mask: bool, broadcastable to [B, H, T, S]; True = may attend.
+      deterministic: disables dropout.
+
+    Returns:
+      [B, T, D].
+    """
+    q = jnp.einsum(
+        "btd,dhk->bthk", x.astype(self.dtype), self.wq.astype(self.dtype)
+    )
+    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+    s = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
+    s = jnp.where(mask, s / jnp.sqrt(jnp.float32(self.head_dim)), NEG)
+    p = self.drop(jax.nn.softmax(s, axis=-1), deterministic=deterministic)
+    ctx = jnp.einsum("bhts,bshd->bthd", p.astype(self.dtype), v)
+    return jnp.einsum("bthk,hkd->btd", ctx, self.wo.astype(self.dtype))
+
+
+class Block(nn.Module):
+  """An encoder layer (self-attention, FFN) or, with ``cross``, a decoder
+  layer (causal self-attention, cross-attention, FFN).
+
+  Each sub-layer is ``x + Drop(f(LN(x)))`` (pre) or ``LN(x + Drop(f(x)))``
+  (post); g is the FFN's input as the FFN sees it.
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  d_ff: int
+  cross: bool = False
+  feed_forward: str = "ffn"
+  feed_forward_options: Any = None
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  norm_position: str = "post"
+  norm_epsilon: float = 1e-5
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    attn = dict(
+        d_model=self.d_model, num_heads=self.num_heads,
+        head_dim=self.head_dim, dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype,
+    )  # fmt: skip
+    self.self_attention = Attention(**attn)
+    self.ln_self = transformer.layer_norm(
+        "ln_self", self.dtype, self.norm_epsilon
+    )
+    if self.cross:
+      self.cross_attention = Attention(**attn)
+      self.ln_cross = transformer.layer_norm(
+          "ln_cross", self.dtype, self.norm_epsilon
+      )
+    self.ffn = transformer.make_sublayer(
+        registry.FEED_FORWARD, self.feed_forward, self.feed_forward_options,
+        "model.feed_forward_options", d_model=self.d_model, d_ff=self.d_ff,
+        dropout_rate=self.dropout_rate, dtype=self.dtype,
+    )  # fmt: skip
+    self.ln_ffn = transformer.layer_norm(
+        "ln_ffn", self.dtype, self.norm_epsilon
+    )
+    self.drop = nn.Dropout(self.dropout_rate)
+
+  def _residual(self, x, ln, f, deterministic):
+    if self.norm_position == "pre":
+      return x + self.drop(f(ln(x)), deterministic=deterministic)
+    return ln(x + self.drop(f(x), deterministic=deterministic))
+
+  def cross_kv(self, enc: Array) -> tuple[Array, Array]:
+    """The cross-attention keys and values of the encoder output."""
+    return self.cross_attention.kv(enc)
+
+  def __call__(
+      self,
+      x: Array,
+      self_mask: Array,
+      *,
+      deterministic: bool,
+      cross_kv: Any = None,
+      enc_mask: Optional[Array] = None,
+      cache: Any = None,
+      pos: Optional[Array] = None,
+  ) -> tuple[Array, Array, Any]:
+    """[B, T, D] -> ([B, T, D] output, [B, T, D] g, new cache).
+
+    Args:
+      x: the layer input.
+      self_mask: bool, broadcastable to [B, H, T, S] for self-attention.
+      deterministic: disables dropout.
+      cross_kv: decoder: the encoder output's keys and values.
+      enc_mask: decoder: [B, 1, 1, S] bool, the real source tokens.
+      cache: decoder step: (keys, values) [B, T_max, H, d_h] so far; x is
+        the token at ``pos`` (T = 1).
+      pos: decoder step: scalar int32 position of x.
+    """
+    new_cache = None
+
+    def self_attend(h):
+      nonlocal new_cache
+      k, v = self.self_attention.kv(h)
+      if cache is not None:
+        k = jax.lax.dynamic_update_slice_in_dim(cache[0], k, pos, axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(cache[1], v, pos, axis=1)
+        new_cache = (k, v)
+      return self.self_attention(h, k, v, self_mask, deterministic)
+
+    h = self._residual(x, self.ln_self, self_attend, deterministic)
+    if self.cross:
+      attend = lambda y: self.cross_attention(
+          y, cross_kv[0], cross_kv[1], enc_mask, deterministic
+      )
+      h = self._residual(h, self.ln_cross, attend, deterministic)
+    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
+    g = self.ln_ffn(h) if self.norm_position == "pre" else h
+    out = self._residual(
+        h, self.ln_ffn, lambda y: self.ffn(y, deterministic=deterministic),
+        deterministic,
+    )  # fmt: skip
+    return (
+        nn.with_logical_constraint(out, ("batch", "length", "embed")),
+        g,
+        new_cache,
+    )
+
+
+class EncoderDecoder(nn.Module):
+  """The translation Transformer (see the module docstring).
+
+  Attributes:
+    vocab_size: V of the joint vocabulary (pad id 0).
+    encoder_layers, num_layers: encoder and decoder depth.
+    d_model, num_heads, head_dim, d_ff: sizes.
+    dropout_rate, attention_dropout_rate: dropouts.
+    feed_forward, feed_forward_options: the FFN kind and its options.
+    norm_position, norm_epsilon: LayerNorm placement and epsilon.
+    max_len: longest sentence (positions table).
+    dtype: compute dtype.
+  """
+
+  vocab_size: int
+  encoder_layers: int = 2
+  num_layers: int = 2
+  d_model: int = 64
+  num_heads: int = 2
+  head_dim: int = 32
+  d_ff: int = 128
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  feed_forward: str = "ffn"
+  feed_forward_options: Any = None
+  norm_position: str = "post"
+  norm_epsilon: float = 1e-5
+  max_len: int = 1024
+  dtype: Any = jnp.float32
+
+  # Batch arrays the train step passes as keyword arguments.
+  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ("source",)
+
+  def setup(self):
+    if self.norm_position not in transformer.NORM_POSITIONS:
+      raise errors.ConfigError(
+          f"model.norm_position must be one of {transformer.NORM_POSITIONS}, "
+          f"got {self.norm_position!r}"
+      )
+    emb_init = nn.initializers.normal(self.d_model**-0.5)
+    self.src_embed = self.param(
+        "source_embedding",
+        nn.with_logical_partitioning(emb_init, ("vocab", "embed")),
+        (self.vocab_size, self.d_model),
+    )
+    self.tgt_embed = self.param(
+        "target_embedding",
+        nn.with_logical_partitioning(emb_init, ("vocab", "embed")),
+        (self.vocab_size, self.d_model),
+    )
+    block = dict(
+        d_model=self.d_model, num_heads=self.num_heads,
+        head_dim=self.head_dim, d_ff=self.d_ff, feed_forward=self.feed_forward,
+        feed_forward_options=self.feed_forward_options,
+        dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate,
+        norm_position=self.norm_position, norm_epsilon=self.norm_epsilon,
+        dtype=self.dtype,
+    )  # fmt: skip
+    self.encoder = [
+        Block(**block, name=f"encoder_{i}") for i in range(self.encoder_layers)
+    ]
+    self.decoder = [
+        Block(**block, cross=True, name=f"decoder_{i}")
+        for i in range(self.num_layers)
+    ]
+    pre = self.norm_position == "pre"
+    ln = lambda n: transformer.layer_norm(n, self.dtype, self.norm_epsilon)
+    self.encoder_norm = ln("encoder_norm") if pre else None
+    self.decoder_norm = ln("decoder_norm") if pre else None
+    self.drop = nn.Dropout(self.dropout_rate)
+
+  # -- the LM interface the experiment layer and train step use ------------
+
+  def carries_memory(self) -> bool:
+    return False
+
+  def init_memory(self, batch_size: int) -> None:
+    del batch_size
+    return None
+
+  def reset_memory(self, memory: Any, reset: Array) -> None:
+    del memory, reset
+    return None
+
+  # -- pieces ----------------------------------------------------------------
+
+  def _embed(self, table: Array, ids: Array, offset: Any, deterministic: bool):
+    t = ids.shape[1]
+    if t > self.max_len:
+      raise errors.ConfigError(
+          f"sentence length {t} exceeds model.max_len {self.max_len}"
+      )
+    x = jnp.take(table, ids, axis=0).astype(self.dtype) * self.d_model**0.5
+    pos = jnp.asarray(transformer.sinusoid_table(self.max_len, self.d_model))
+    x = x + jax.lax.dynamic_slice_in_dim(pos, offset, t, axis=0)[None].astype(
+        self.dtype
+    )
+    x = self.drop(x, deterministic=deterministic)
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+  def encode(
+      self, source: Array, *, deterministic: bool = True
+  ) -> tuple[Array, Array]:
+    """[B, S] source ids (0 = padding) -> ([B, S, D] states, [B, S] mask)."""
+    mask = source != 0
+    x = self._embed(self.src_embed, source, 0, deterministic)
+    self_mask = mask[:, None, None, :]
+    for block in self.encoder:
+      x, _, _ = block(x, self_mask, deterministic=deterministic)
+    if self.encoder_norm is not None:
+      x = self.encoder_norm(x)
+    return x, mask
+
+  def cross_kv(self, enc: Array) -> tuple[tuple[Array, Array], ...]:
+    """Every decoder layer's cross-attention keys and values of ``enc``."""
+    return tuple(block.cross_kv(enc) for block in self.decoder)
+
+  def _decoder_out(self, h: Array) -> tuple[Array, Array]:
+    """Final hidden -> (hidden, [.., V] float32 logits of the tied output)."""
+    if self.decoder_norm is not None:
+      h = self.decoder_norm(h)
+    logits = jnp.einsum(
+        "...d,vd->...v", h.astype(jnp.float32),
+        self.tgt_embed.astype(jnp.float32),
+    )  # fmt: skip
+    return h, nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+  def __call__(
+      self,
+      inputs: Array,
+      targets: Optional[Array] = None,
+      memory: Any = None,
+      *,
+      deterministic: bool = True,
+      source: Optional[Array] = None,
+  ) -> Seq2SeqOutput:
+    """Scores a batch of pairs (teacher forcing).
+
+    Args:
+      inputs: [B, T] decoder inputs (start id 0, then the target shifted).
+      targets: [B, T] target ids (0 = padding), or None.
+      memory: unused (None).
+      deterministic: disables dropout.
+      source: [B, S] source ids (0 = padding); None stands the inputs in
+        (shape inference at initialisation).
+
+    Returns:
+      A ``Seq2SeqOutput`` over the T target positions.
+    """
+    del memory
+    source = inputs if source is None else source
+    enc, src_mask = self.encode(source, deterministic=deterministic)
+    x = self._embed(self.tgt_embed, inputs, 0, deterministic)
+    t = inputs.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
+    kvs = self.cross_kv(enc)
+    g = x
+    for block, kv in zip(self.decoder, kvs):
+      x, g, _ = block(
+          x, causal, deterministic=deterministic, cross_kv=kv,
+          enc_mask=src_mask[:, None, None, :],
+      )  # fmt: skip
+    hidden, logits = self._decoder_out(x)
+    if targets is None:
+      return Seq2SeqOutput(None, None, g, hidden)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    mean = jnp.mean(logits, axis=-1) - log_z
+    return Seq2SeqOutput(
+        tgt - log_z, log_z, g, hidden, None, mean, self.vocab_size
+    )
+
+  # -- incremental decoding ----------------------------------------------------
+
+  def init_cache(self, enc: Array, max_len: int) -> dict[str, Any]:
+    """The decoding cache of a batch: the cross keys/values of ``enc`` and
+    empty self-attention keys/values [B, max_len, H, d_h] per layer."""
+    b = enc.shape[0]
+    zeros = jnp.zeros((b, max_len, self.num_heads, self.head_dim), self.dtype)
+    return {
+        "cross": self.cross_kv(enc),
+        "self": tuple((zeros, zeros) for _ in range(self.num_layers)),
+    }
+
+  def decode_step(
+      self, token: Array, pos: Array, cache: dict[str, Any], src_mask: Array
+  ) -> tuple[Array, Array, dict[str, Any]]:
+    """One decoder step for N rows.
+
+    Args:
+      token: [N] int32 the input token at position ``pos``.
+      pos: scalar int32.
+      cache: from ``init_cache`` (or the previous step).
+      src_mask: [N, S] bool real source tokens.
+
+    Returns:
+      ([N, V] float32 log-probabilities of the next token, [N, D] g, cache).
+    """
+    x = self._embed(self.tgt_embed, token[:, None], pos, True)
+    max_len = cache["self"][0][0].shape[1]
+    self_mask = (jnp.arange(max_len) <= pos)[None, None, None, :]
+    new_self = []
+    g = x
+    for block, kv, c in zip(self.decoder, cache["cross"], cache["self"]):
+      x, g, c = block(
+          x, self_mask, deterministic=True, cross_kv=kv,
+          enc_mask=src_mask[:, None, None, :], cache=c, pos=pos,
+      )  # fmt: skip
+      new_self.append(c)
+    _, logits = self._decoder_out(x[:, 0])
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return logp, g[:, 0], {"cross": cache["cross"], "self": tuple(new_self)}
+
+
+def _options(options: Any) -> Optional[dict[str, Any]]:
+  if not options:
+    return None
+  return options.to_dict() if hasattr(options, "to_dict") else dict(options)
+
+
+@registry.MODEL_FAMILIES.register("encoder_decoder")
+def encoder_decoder(
+    mcfg: Any, *, vocab_size: int, dtype: Any
+) -> EncoderDecoder:
+  """The ``EncoderDecoder`` of a model config: ``num_layers`` decoder
+  layers, ``family_options.encoder_layers`` encoder layers (default: as
+  many)."""
+  opts = dict(_options(mcfg.get("family_options")) or {})
+  unknown = sorted(set(opts) - {"encoder_layers"})
+  if unknown:
+    raise errors.ConfigError(
+        f"model.family_options has {', '.join(unknown)}, which model family "
+        "'encoder_decoder' does not take; its options: encoder_layers"
+    )
+  return EncoderDecoder(
+      vocab_size=vocab_size,
+      encoder_layers=int(opts.get("encoder_layers", mcfg.num_layers)),
+      num_layers=mcfg.num_layers,
+      d_model=mcfg.d_model,
+      num_heads=mcfg.num_heads,
+      head_dim=mcfg.head_dim,
+      d_ff=mcfg.d_ff,
+      dropout_rate=mcfg.dropout,
+      attention_dropout_rate=mcfg.attention_dropout,
+      feed_forward=mcfg.feed_forward,
+      feed_forward_options=_options(mcfg.feed_forward_options),
+      norm_position=mcfg.norm_position,
+      norm_epsilon=float(mcfg.norm_epsilon),
+      max_len=mcfg.max_len,
+      dtype=dtype,
+  )

@@ -1,0 +1,83 @@
+"""Translation modes: ``mt_train`` (train, then score valid with BLEU) and
+``translate`` (a run's beam translations of a file or a split, scored with
+sacreBLEU when the split has references)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_collections
+
+from memjax import console
+from memjax import errors
+from memjax import experiment
+from memjax.data import parallel
+from memjax.translation import bleu
+from memjax.translation import trainer
+
+
+def _lines(results: dict[str, Any], splits) -> list[str]:
+  return [bleu.summary(results[s], s) for s in splits if s in results]
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """``--mode=mt_train``: ``trainer.train_translation``."""
+  results = trainer.train_translation(config, workdir)
+  return {
+      "summary_lines": _lines(results, config.translation.eval_splits),
+      **{k: v for k, v in results.items() if k != "unit"},
+  }
+
+
+def translate(
+    config: ml_collections.ConfigDict, workdir: str
+) -> dict[str, Any]:
+  """``--mode=translate``: translates ``translation.input_file`` (one
+  sentence per line), or the split ``translation.split`` and scores it.
+
+  Writes ``translation.output_file`` (default
+  ``<workdir>/translations/<split or file name>.beam<K>.txt``) and, for a
+  split, ``<workdir>/translate_<split>.json``.
+  """
+  t = config.translation
+  trainer.check_config(config)
+  source = experiment.source_of(config, workdir)
+  if t.vocab_file:
+    trainer.check_vocabulary(os.path.abspath(t.vocab_file), source)
+  if t.input_file:
+    if not os.path.isfile(t.input_file):
+      raise errors.DataError(f"translation.input_file {t.input_file} not found")
+    with open(t.input_file, encoding="utf-8") as f:
+      sentences = f.read().splitlines()
+    name, refs = os.path.basename(t.input_file), None
+  else:
+    src, ref = parallel.read_pairs(
+        trainer.data_dir(config), t.split, t.source_lang, t.target_lang
+    )
+    sentences, name, refs = src, t.split, ref
+  restored = experiment.load(source, config=config)
+  tr = trainer.make_translator(
+      config, restored.model, restored.params, restored.vocab
+  )
+  hyps = tr.translate(sentences, desc=f"translating {name}")
+  out = t.output_file or os.path.join(
+      workdir, "translations", f"{name}.beam{t.beam_size}.txt"
+  )
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w", encoding="utf-8") as f:
+    f.write("\n".join(hyps) + "\n")
+  console.info("wrote %d translations to %s", len(hyps), out)
+  results: dict[str, Any] = {"output_file": out, "sentences": len(hyps)}
+  lines = [f"translations: {out}"]
+  if refs is not None:
+    scores = bleu.score(hyps, refs)
+    results[name] = scores
+    lines.append(bleu.summary(scores, name))
+    path = os.path.join(workdir, f"translate_{name}.json")
+    from memjax import runfiles  # pylint: disable=g-import-not-at-top
+
+    runfiles.write_json(path, results)
+    results["results_path"] = path
+  results["summary_lines"] = lines
+  return results

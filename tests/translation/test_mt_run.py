@@ -1,0 +1,75 @@
+"""A smoke translation run end to end: mt_train, translate a file, and the
+one-line error for parallel files that disagree."""
+
+import json
+import os
+
+import pytest
+
+from configs import trime_iwslt
+from memjax import errors
+from memjax.data import parallel
+from memjax.modes import translation
+from memjax.translation import trainer
+
+
+def _config(data_dir, **translation_overrides):
+  c = trime_iwslt.get_config("smoke")
+  c.data.data_dir = data_dir
+  c.train.num_steps = 4
+  c.translation.eval_max_sentences = 16
+  c.translation.decode_batch_size = 16
+  c.translation.buckets = (32,)
+  for k, v in translation_overrides.items():
+    c.translation[k] = v
+  return c
+
+
+@pytest.fixture(scope="module")
+def mt_run(tmp_path_factory):
+  """A 4-step smoke run on the first 300 shipped pairs of each split."""
+  data = str(tmp_path_factory.mktemp("mt_data"))
+  for split in ("train", "valid", "test"):
+    for lang in ("de", "en"):
+      with open(os.path.join(parallel.DEFAULT_DIR, f"{split}.{lang}")) as f:
+        lines = f.read().splitlines()[:300]
+      with open(os.path.join(data, f"{split}.{lang}"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+  workdir = str(tmp_path_factory.mktemp("mt_smoke"))
+  return workdir, data, trainer.train_translation(_config(data), workdir)
+
+
+def test_mt_train_scores_valid_with_sacrebleu(mt_run):
+  workdir, _, results = mt_run
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["step"] == 4 and saved["valid"]["sentences"] == 16
+  assert "tok:13a" in saved["valid"]["bleu_signature"]
+  with open(os.path.join(workdir, "translations", "valid.txt")) as f:
+    assert len(f.read().splitlines()) == 16
+  assert results["valid"]["bleu"] == saved["valid"]["bleu"]
+
+
+def test_translate_a_file(mt_run, tmp_path):
+  workdir, data, _ = mt_run
+  src = tmp_path / "in.de"
+  src.write_text("Klicken Sie auf OK.\nDas Haus ist groß.\n", encoding="utf-8")
+  out = tmp_path / "out.en"
+  c = _config(data, input_file=str(src), output_file=str(out))
+  results = translation.translate(c, workdir)
+  assert results["sentences"] == 2
+  assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_misaligned_files_stop_before_anything_is_written(tmp_path):
+  # memjax.main prints a UserError as one line and exits with status 2.
+  data = tmp_path / "data"
+  data.mkdir()
+  for split in ("train", "valid"):
+    (data / f"{split}.de").write_text("Hallo.\nWelt.\n")
+    (data / f"{split}.en").write_text("Hello.\n")
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.DataError, match="has 2 lines but") as e:
+    trainer.train_translation(_config(str(data)), str(workdir))
+  assert isinstance(e.value, errors.UserError) and "\n" not in str(e.value)
+  assert not workdir.exists()
