@@ -93,10 +93,10 @@ def main() -> None:
   args = parser.parse_args()
   config = harness.load_config(args.config, args.set)
   from memjax.data import parallel  # pylint: disable=g-import-not-at-top
-  from memjax.translation import trainer  # pylint: disable=g-import-not-at-top
+  from memjax.translation import parts  # pylint: disable=g-import-not-at-top
 
   model, params, vocab = _model(args, config)
-  tr = trainer.make_translator(config, model, params, vocab)
+  tr = parts.make_translator(config, model, params, vocab)
   t = config.translation
   src, _ = parallel.read_pairs(
       parallel.DEFAULT_DIR, "valid", t.source_lang, t.target_lang

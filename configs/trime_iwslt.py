@@ -12,8 +12,9 @@ Usage: ``--config=configs/trime_iwslt.py:SIZE`` with SIZE in
   cosine after 4,000 warm-up steps, 170k updates of 16,384 tokens, ~10k
   joint BPE pieces; beam 4, length penalty 1.0.
 
-Train with ``--mode=mt_train`` (scores valid with sacreBLEU at the end),
-translate a split or a file with ``--mode=translate``.
+Train with ``--mode=train`` (the translation task scores valid with beam
+search and sacreBLEU at the end), translate a split or a file with
+``--mode=translate``.
 """
 
 from memjax import config as base
@@ -26,6 +27,7 @@ def get_config(arg: str = "demo"):
   method, size = base.parse_variant(arg, SIZES, METHODS)
   c = base.base_config()
   c.name = f"iwslt_{method}_{size}"
+  c.task = "translation"
   c.data.corpus = "parallel"
   c.data.batching = "tokens"
   m, o, t, tr = c.model, c.optim, c.train, c.translation

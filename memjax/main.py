@@ -144,7 +144,7 @@ def report(results: dict[str, Any], config: Any, workdir: str) -> None:
     for path in results["files"]:
       print(f"written: {path}")
     return
-  if "unit" not in results:
+  if "unit" not in results or "summary_lines" in results:
     for line in results.get("summary_lines", ()):
       print(line)
     path = results.get("results_path", os.path.join(workdir, "results.json"))

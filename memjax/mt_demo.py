@@ -3,7 +3,7 @@ pairs, scored with sacreBLEU.
 
     python -m memjax.mt_demo --workdir=runs/demo_mt
 
-Trains ``configs/trime_iwslt.py:demo`` (``--mode=mt_train``; resumes if the
+Trains ``configs/trime_iwslt.py:demo`` (``--mode=train``; resumes if the
 workdir holds the run), then prints BLEU (cased, 13a), lowercased BLEU and
 chrF on valid for beam 4 and greedy search, next to the copy-the-source
 baseline (the German sentence given as the English translation), and scores
@@ -43,21 +43,23 @@ def _config(variant: str, steps):
 def run(workdir: str, variant: str = "demo", steps=None) -> dict:
   """Trains (or resumes), scores, and returns the table's rows."""
   from memjax import experiment  # pylint: disable=g-import-not-at-top
+  from memjax import train
   from memjax.translation import bleu
-  from memjax.translation import trainer
+  from memjax.translation import parts
 
   config = _config(variant, steps)
   start = time.time()
-  trained = trainer.train_translation(config, workdir)
+  trained = train.train_and_evaluate(config, workdir)
+  trained["train_seconds"] = time.time() - start  # Valid decoding included.
   restored = experiment.load(workdir, config=config)
-  tr = trainer.make_translator(
+  tr = parts.make_translator(
       config, restored.model, restored.params, restored.vocab
   )
   t = config.translation
-  valid = trainer.read_split(
+  valid = parts.read_split(
       config, "valid", os.path.join(workdir, "spm.model"), workdir
   )
-  test = trainer.read_split(
+  test = parts.read_split(
       config, "test", os.path.join(workdir, "spm.model"), workdir
   )
   rows = {}
@@ -73,7 +75,7 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
   beam["seconds"] = beam.pop("decode_seconds")
   rows[f"beam {t.beam_size}"] = beam
   tic = time.time()
-  test_scores = trainer.score_split(tr, test, 0, "decoding test")
+  test_scores = parts.score_split(tr, test, 0, "decoding test")
   test_scores.pop("hypotheses")
   table = {
       "config": config.name,

@@ -189,7 +189,9 @@ EVAL_MEMORIES: Registry[Any] = Registry(
     ),
 )
 MODES: Registry[str] = Registry("mode", "--mode", ("memjax.modes",))
-TASKS: Registry[Any] = Registry("training task", "task", ("memjax.lm_task",))
+TASKS: Registry[Any] = Registry(
+    "training task", "task", ("memjax.lm_task", "memjax.translation.task")
+)
 # Checks across config sections that one method needs (e.g. an objective
 # that needs a kind of batch): ``validation.validate_config`` runs every
 # registered check before anything is written.

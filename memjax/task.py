@@ -45,6 +45,14 @@ class Task(abc.ABC):
     """Raises ConfigError/DataError for settings this task cannot use."""
     del config
 
+  def check_batch_fits(
+      self, config: ml_collections.ConfigDict, mesh: Mesh
+  ) -> None:
+    """Raises MeshError/ConfigError for batches the mesh cannot split."""
+    from memjax import validation  # pylint: disable=g-import-not-at-top
+
+    validation.check_batch_fits(config, mesh)
+
   @abc.abstractmethod
   def check_data(
       self, config: ml_collections.ConfigDict, train: bool = True

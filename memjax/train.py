@@ -262,8 +262,8 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
   experiment.validate_config(config)
   hooks_lib.check_config(config)
   mesh = experiment.make_mesh(config)
-  experiment.check_batch_fits(config, mesh)
   task = task_lib.get(config)
+  task.check_batch_fits(config, mesh)
   task.check_data(config, train=True)
   console.info(
       "mesh: %s over %d %s devices",

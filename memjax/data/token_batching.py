@@ -65,7 +65,11 @@ class TokenBatcher:
     rows: pairs per batch of each bucket.
     num_batches: batches per epoch.
     dropped: training pairs longer than the last bucket.
+    model_inputs: batch arrays the encoder-decoder takes besides the
+      decoder's inputs and targets (kept by ``experiment.host_batch``).
   """
+
+  model_inputs = ("source",)
 
   def __init__(
       self,

@@ -24,7 +24,6 @@ _BUILTIN = {
     "buckets": "memjax.modes.memory:buckets",
     "pack": "memjax.data.packing:pack",
     # Translation (encoder-decoder); see docs/translation.md.
-    "mt_train": "memjax.modes.translation:train",
     "translate": "memjax.modes.translation:translate",
 }
 for _name, _target in _BUILTIN.items():

@@ -1,6 +1,6 @@
-"""Translation modes: ``mt_train`` (train, then score valid with BLEU) and
-``translate`` (a run's beam translations of a file or a split, scored with
-sacreBLEU when the split has references)."""
+"""``--mode=translate``: a run's beam translations of a file or a split,
+scored with sacreBLEU when the split has references. (Translation configs
+train with ``--mode=train``, through ``memjax.translation.task``.)"""
 
 from __future__ import annotations
 
@@ -14,20 +14,7 @@ from memjax import errors
 from memjax import experiment
 from memjax.data import parallel
 from memjax.translation import bleu
-from memjax.translation import trainer
-
-
-def _lines(results: dict[str, Any], splits) -> list[str]:
-  return [bleu.summary(results[s], s) for s in splits if s in results]
-
-
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """``--mode=mt_train``: ``trainer.train_translation``."""
-  results = trainer.train_translation(config, workdir)
-  return {
-      "summary_lines": _lines(results, config.translation.eval_splits),
-      **{k: v for k, v in results.items() if k != "unit"},
-  }
+from memjax.translation import parts
 
 
 def translate(
@@ -41,10 +28,10 @@ def translate(
   split, ``<workdir>/translate_<split>.json``.
   """
   t = config.translation
-  trainer.check_config(config)
+  parts.check_config(config)
   source = experiment.source_of(config, workdir)
   if t.vocab_file:
-    trainer.check_vocabulary(os.path.abspath(t.vocab_file), source)
+    parts.check_vocabulary(os.path.abspath(t.vocab_file), source)
   if t.input_file:
     if not os.path.isfile(t.input_file):
       raise errors.DataError(f"translation.input_file {t.input_file} not found")
@@ -53,11 +40,11 @@ def translate(
     name, refs = os.path.basename(t.input_file), None
   else:
     src, ref = parallel.read_pairs(
-        trainer.data_dir(config), t.split, t.source_lang, t.target_lang
+        parts.data_dir(config), t.split, t.source_lang, t.target_lang
     )
     sentences, name, refs = src, t.split, ref
   restored = experiment.load(source, config=config)
-  tr = trainer.make_translator(
+  tr = parts.make_translator(
       config, restored.model, restored.params, restored.vocab
   )
   hyps = tr.translate(sentences, desc=f"translating {name}")

@@ -1,5 +1,6 @@
-"""A smoke translation run end to end: mt_train, translate a file, and the
-one-line error for parallel files that disagree."""
+"""A smoke translation run end to end through the common training loop
+(the translation task), translating a file, and the one-line error for
+parallel files that disagree."""
 
 import json
 import os
@@ -10,7 +11,7 @@ from configs import trime_iwslt
 from memjax import errors
 from memjax.data import parallel
 from memjax.modes import translation
-from memjax.translation import trainer
+from memjax import train
 
 
 def _config(data_dir, **translation_overrides):
@@ -36,10 +37,10 @@ def mt_run(tmp_path_factory):
       with open(os.path.join(data, f"{split}.{lang}"), "w") as f:
         f.write("\n".join(lines) + "\n")
   workdir = str(tmp_path_factory.mktemp("mt_smoke"))
-  return workdir, data, trainer.train_translation(_config(data), workdir)
+  return workdir, data, train.train_and_evaluate(_config(data), workdir)
 
 
-def test_mt_train_scores_valid_with_sacrebleu(mt_run):
+def test_training_scores_valid_with_sacrebleu(mt_run):
   workdir, _, results = mt_run
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
@@ -48,6 +49,12 @@ def test_mt_train_scores_valid_with_sacrebleu(mt_run):
   with open(os.path.join(workdir, "translations", "valid.txt")) as f:
     assert len(f.read().splitlines()) == 16
   assert results["valid"]["bleu"] == saved["valid"]["bleu"]
+  # The common loop's files: config, vocabulary, TensorBoard events, log.
+  with open(os.path.join(workdir, "vocab.json")) as f:
+    assert json.load(f)["kind"] == "sentencepiece"
+  assert any(n.startswith("events.out") for n in os.listdir(workdir))
+  with open(os.path.join(workdir, "train_log.jsonl")) as f:
+    assert [json.loads(l)["step"] for l in f] == [1, 2, 3, 4]
 
 
 def test_translate_a_file(mt_run, tmp_path):
@@ -70,6 +77,6 @@ def test_misaligned_files_stop_before_anything_is_written(tmp_path):
     (data / f"{split}.en").write_text("Hello.\n")
   workdir = tmp_path / "run"
   with pytest.raises(errors.DataError, match="has 2 lines but") as e:
-    trainer.train_translation(_config(str(data)), str(workdir))
+    train.train_and_evaluate(_config(str(data)), str(workdir))
   assert isinstance(e.value, errors.UserError) and "\n" not in str(e.value)
   assert not workdir.exists()

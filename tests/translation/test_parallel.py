@@ -10,7 +10,7 @@ from memjax import errors
 from memjax import runfiles
 from memjax.data import parallel
 from memjax.data import token_batching
-from memjax.translation import trainer
+from memjax.translation import parts
 
 PAIRS = [
     ("Klicken Sie auf OK.", "Click OK."),
@@ -101,8 +101,8 @@ def test_vocabulary_of_another_run_is_refused(data, tmp_path):
   with pytest.raises(
       errors.CheckpointMismatchError, match="not the vocabulary"
   ):
-    trainer.check_vocabulary(vocab_path, run)
-  trainer.check_vocabulary(other, run)  # Its own vocabulary is fine.
+    parts.check_vocabulary(vocab_path, run)
+  parts.check_vocabulary(other, run)  # Its own vocabulary is fine.
 
 
 def trainer_config():
