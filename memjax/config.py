@@ -52,8 +52,12 @@ def base_config() -> ml_collections.ConfigDict:
   # their own options (module attributes of that kind).
   c.model.attention = "vanilla"  # vanilla | rpe | xl | lamemo
   c.model.attention_options = ml_collections.ConfigDict()
-  c.model.feed_forward = "ffn"  # ffn
+  c.model.feed_forward = "ffn"  # ffn | pkm | resm
   c.model.feed_forward_options = ml_collections.ConfigDict()
+  # 1-based layer numbers that use model.feed_forward (e.g. (2, 4) of 6 for
+  # product-key memory layers); the other layers use the plain "ffn" with the
+  # options it takes. () = every layer.
+  c.model.feed_forward_layers = ()
   c.model.mem_len = 0
   c.model.max_len = 4096
   c.model.remat = False

@@ -115,6 +115,7 @@ LATER_MODEL_KEYS = {
     "norm_position": "pre",
     "norm_epsilon": 1e-6,
     "final_layer_norm": True,
+    "feed_forward_layers": [],
 }
 
 

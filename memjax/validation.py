@@ -88,11 +88,26 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   # ConfigError naming the registered names for an unknown method.
   registry.MODEL_FAMILIES.get(config.model.family)
   registry.ATTENTION.get(config.model.attention)
-  registry.FEED_FORWARD.get(config.model.feed_forward)
+  _check_feed_forward(config.model)
   registry.OBJECTIVES.get(config.loss.name)
   registry.BATCHERS.get(config.data.batching)
   sources.corpus_spec(config.data.corpus)  # DataError for an unknown corpus.
   optim.group_settings(config.optim)  # ConfigError for a malformed group.
+
+
+def _check_feed_forward(mcfg: ml_collections.ConfigDict) -> None:
+  """The feed-forward kind exists, its layers are in range, and the kind's
+  own ``check_config(model_config)`` (when it has one) passes."""
+  cls = registry.FEED_FORWARD.get(mcfg.feed_forward)
+  for n in mcfg.get("feed_forward_layers", ()):
+    if not isinstance(n, int) or not 1 <= n <= mcfg.num_layers:
+      raise errors.ConfigError(
+          f"model.feed_forward_layers has {n!r}: layer numbers count from 1 "
+          f"to model.num_layers {mcfg.num_layers}"
+      )
+  check = getattr(cls, "check_config", None)
+  if check is not None:
+    check(mcfg)
 
 
 def make_mesh(
