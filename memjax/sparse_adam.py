@@ -112,7 +112,9 @@ def lazy_adam(
     del params
     count = state.count + 1
     t = count.astype(jnp.float32)
-    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+    lr = (
+        learning_rate(state.count) if callable(learning_rate) else learning_rate
+    )
     step = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
 
     def one(g, m, v):
@@ -139,4 +141,6 @@ def _lazy_adam_from_config(
     cfg: ml_collections.ConfigDict, sched: optax.Schedule
 ) -> optax.GradientTransformation:
   """``lazy_adam`` with the group's schedule, b1, b2 and eps."""
-  return lazy_adam(sched, b1=float(cfg.b1), b2=float(cfg.b2), eps=float(cfg.eps))
+  return lazy_adam(
+      sched, b1=float(cfg.b1), b2=float(cfg.b2), eps=float(cfg.eps)
+  )

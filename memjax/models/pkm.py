@@ -60,9 +60,7 @@ QUERY_NORMS = ("layer", "batch")
 CAUSAL_FAMILIES = ("decoder_lm",)
 
 
-def product_key_topk(
-    q: Array, keys: Array, topk: int
-) -> tuple[Array, Array]:
+def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
   """Top-k slots of product keys for each query and head.
 
   Args:
