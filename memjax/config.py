@@ -153,6 +153,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.analyze.split = "valid"
   c.analyze.num_segments = 100  # segments per lane averaged over
 
+  # --mode=memory_usage: MU, top-1 MU, KL_u, KL_w of each product-key
+  # memory over held-out data, in windows of eval.window_len.
+  c.memory_usage = ml_collections.ConfigDict()
+  c.memory_usage.split = "valid"
+  c.memory_usage.max_tokens = 0  # 0 = the whole split
+  # Also every kept checkpoint: slots last used as top-1 at each (Figure 2).
+  c.memory_usage.staleness = False
+
   # --mode=generate: top-p sampling after a prompt from a split.
   c.generate = ml_collections.ConfigDict()
   c.generate.split = "test"

@@ -23,6 +23,8 @@ _BUILTIN = {
     "memsweep": "memjax.modes.memory:memsweep",
     "buckets": "memjax.modes.memory:buckets",
     "pack": "memjax.data.packing:pack",
+    # Product-key memory: usage per memory layer; see docs/pkm.md.
+    "memory_usage": "memjax.pkm_usage:memory_usage",
 }
 for _name, _target in _BUILTIN.items():
   registry.MODES.register(_name, _target)
