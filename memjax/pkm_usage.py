@@ -42,8 +42,21 @@ from memjax.models import pkm
 KEYS = ("reads", "top1", "weights")
 
 
+def usage_step(model: Any, mesh: Any):
+  """Jitted (params, inputs [B, L]) -> the 'pkm_usage' sums of one batch
+  (one compilation for all the checkpoints of a run)."""
+
+  def step(params, inputs):
+    _, state = model.apply(
+        {"params": params}, inputs, mutable=[pkm.USAGE_COLLECTION]
+    )
+    return state.get(pkm.USAGE_COLLECTION, {})
+
+  return sharding_lib.under_mesh(jax.jit(step), mesh)
+
+
 def slot_sums(
-    model: Any,
+    step_fn: Any,
     params: Any,
     tokens: np.ndarray,
     window_len: int,
@@ -52,7 +65,8 @@ def slot_sums(
     max_tokens: int = 0,
 ) -> dict[str, dict[str, np.ndarray]]:
   """Per memory layer ('layer_1/ffn/memory'), the per-slot sums [|K|] of
-  u', t', w' over the whole windows of ``tokens`` (a last partial batch of
+  u', t', w' (``step_fn`` of ``usage_step``) over the whole windows of
+  ``tokens`` (a last partial batch of
   windows is left out, so no padding is counted)."""
   if max_tokens:
     tokens = tokens[:max_tokens]
@@ -68,17 +82,12 @@ def slot_sums(
         f"window of eval.window_len {window_len} per data-parallel device"
     )
 
-  def step(params, inputs):
-    _, state = model.apply(
-        {"params": params}, inputs, mutable=[pkm.USAGE_COLLECTION]
-    )
-    return state.get(pkm.USAGE_COLLECTION, {})
-
-  fn = sharding_lib.under_mesh(jax.jit(step), mesh)
   totals: dict[str, np.ndarray] = {}
   for first in range(0, n - batch_size + 1, batch_size):
     batch = windows[first : first + batch_size]
-    got = fn(params, sharding_lib.put_global_batch({"x": batch}, mesh)["x"])
+    got = step_fn(
+        params, sharding_lib.put_global_batch({"x": batch}, mesh)["x"]
+    )
     flat = flax.traverse_util.flatten_dict(jax.device_get(got), sep="/")
     for k, v in flat.items():
       totals[k] = totals.get(k, 0) + np.asarray(v, np.float64)
@@ -137,13 +146,15 @@ def memory_usage(
   results: dict[str, Any] = {"split": u.split, "layers": {}}
   top1_by_step: dict[str, dict[int, np.ndarray]] = {}
   reads = {}
+  step_fn = None
   for step in _steps(source, bool(u.staleness)):
     restored = experiment.load(
         source, config=config, step=None if step < 0 else step
     )
     start = time.time()
+    step_fn = step_fn or usage_step(restored.model, restored.mesh)
     sums = slot_sums(
-        restored.model,
+        step_fn,
         restored.params,
         tokens,
         config.eval.window_len,

@@ -50,3 +50,22 @@ def smoke_workdir(tmp_path_factory):
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return workdir
+
+
+@pytest.fixture(scope="session")
+def resm_smoke_workdir(tmp_path_factory):
+  """A short residual-memory smoke run (configs/pkm_wt103.py:resm_smoke)
+  with two checkpoints, shared by the product-key memory tests and
+  notebook."""
+  workdir = str(tmp_path_factory.mktemp("resm_smoke"))
+  proc = run_main(
+      "--config=configs/pkm_wt103.py:resm_smoke",
+      f"--workdir={workdir}",
+      "--config.train.num_steps=4",
+      "--config.train.checkpoint_every=2",
+      "--config.train.log_every=2",
+      "--config.train.eval_every=0",
+      "--config.eval.max_windows=16",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return workdir
