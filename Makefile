@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
 
-.PHONY: demo test smoke bench format format-check clean-venv
+.PHONY: demo demo-pkm test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m memjax.demo --workdir=$(WORKDIR)
+
+# Memory-less, PKM and ResM LMs with the same steps; see docs/pkm.md.
+demo-pkm: $(STAMP)
+	$(PY) -m memjax.pkm_demo --workdir=runs/pkm_demo
 
 smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
