@@ -149,7 +149,10 @@ def memory_usage(
   step_fn = None
   for step in _steps(source, bool(u.staleness)):
     restored = experiment.load(
-        source, config=config, step=None if step < 0 else step
+        source,
+        config=config,
+        step=None if step < 0 else step,
+        mesh=config.mesh.to_dict(),
     )
     start = time.time()
     step_fn = step_fn or usage_step(restored.model, restored.mesh)

@@ -37,6 +37,8 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   config.train.init_from = resm_smoke_workdir
   config.memory_usage.staleness = True
   config.memory_usage.max_tokens = 2048
+  config.mesh.data = 1  # One device: the sums are tested, not the sharding.
+  config.data.cache_dir = os.path.join(resm_smoke_workdir, "cache")
   res = pkm_usage.memory_usage(config, str(tmp_path))
   with open(tmp_path / "memory_usage.json") as f:
     saved = json.load(f)
