@@ -13,7 +13,9 @@ memory models. Writes to ``--workdir``:
 * one directory per row with that run's checkpoints, results,
   ``memory_usage.json`` and ``memory_usage.png``.
 
-A row whose directory already holds a finished run is only re-evaluated.
+A row whose directory already holds a run finished with the same steps
+(and its usage, for a memory model) is read back, not run again; rows can
+run in separate processes (``--rows``) and a last call makes the table.
 """
 
 from __future__ import annotations
@@ -75,6 +77,23 @@ def format_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _finished(cfg, workdir: str) -> dict | None:
+  """The results of a row whose run finished ``cfg``'s steps (and, for a
+  memory model, measured its usage) in ``workdir``; None otherwise."""
+  try:
+    with open(os.path.join(workdir, "results.json")) as f:
+      res = json.load(f)
+    if res["step"] != cfg.train.num_steps:
+      return None
+    if cfg.model.feed_forward != "ffn":
+      with open(os.path.join(workdir, "memory_usage.json")) as f:
+        res["usage"] = json.load(f)["layers"]
+  except (OSError, KeyError, ValueError):
+    return None
+  print(f"reusing the finished run in {workdir}", flush=True)
+  return res
+
+
 def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
@@ -98,10 +117,12 @@ def main(argv):
       cfg.train.eval_every = cfg.train.checkpoint_every = _STEPS.value
     print(f"== {name}: {cfg.name}, {cfg.train.num_steps} steps", flush=True)
     workdir = os.path.join(out_dir, key)
-    res = train.train_and_evaluate(cfg, workdir)
+    res = _finished(cfg, workdir)
+    if res is None:
+      res = train.train_and_evaluate(cfg, workdir)
+      if cfg.model.feed_forward != "ffn":
+        res["usage"] = pkm_usage.memory_usage(cfg, workdir)["layers"]
     res.update(row=name, key=key)
-    if cfg.model.feed_forward != "ffn":
-      res["usage"] = pkm_usage.memory_usage(cfg, workdir)["layers"]
     rows.append(res)
   table = format_table(rows)
   with open(os.path.join(out_dir, "table.md"), "w") as f:
