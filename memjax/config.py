@@ -60,8 +60,12 @@ def base_config() -> ml_collections.ConfigDict:
   # their own options (module attributes of that kind).
   c.model.attention = "vanilla"  # vanilla | rpe | xl | lamemo
   c.model.attention_options = ml_collections.ConfigDict()
-  c.model.feed_forward = "ffn"  # ffn
+  c.model.feed_forward = "ffn"  # ffn | pkm | resm
   c.model.feed_forward_options = ml_collections.ConfigDict()
+  # 1-based layer numbers that use model.feed_forward (e.g. (2, 4) of 6 for
+  # product-key memory layers); the other layers use the plain "ffn" with the
+  # options it takes. () = every layer.
+  c.model.feed_forward_layers = ()
   c.model.mem_len = 0
   c.model.max_len = 4096
   c.model.remat = False
@@ -156,6 +160,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.analyze = ml_collections.ConfigDict()
   c.analyze.split = "valid"
   c.analyze.num_segments = 100  # segments per lane averaged over
+
+  # --mode=memory_usage: MU, top-1 MU, KL_u, KL_w of each product-key
+  # memory over held-out data, in windows of eval.window_len.
+  c.memory_usage = ml_collections.ConfigDict()
+  c.memory_usage.split = "valid"
+  c.memory_usage.max_tokens = 0  # 0 = the whole split
+  # Also every kept checkpoint: slots last used as top-1 at each (Figure 2).
+  c.memory_usage.staleness = False
 
   # --mode=generate: top-p sampling after a prompt from a split.
   c.generate = ml_collections.ConfigDict()

@@ -117,6 +117,7 @@ LATER_MODEL_KEYS = {
     "norm_epsilon": 1e-6,
     "final_layer_norm": True,
     "adaptive_dropout": 0.0,
+    "feed_forward_layers": [],
 }
 
 
@@ -201,6 +202,15 @@ def create_state(
         nn.meta.unbox(abstract.memory),
     )
     shardings = shardings.replace(memory=mem_shard)
+  # A boxed parameter whose optimiser state is empty in a parameter group
+  # (optax's MaskedNode inside the box) got a sharding leaf: give the
+  # shardings the state's own structure, which checkpoint restores pair
+  # leaf by leaf.
+  shardings = jax.tree.broadcast(
+      shardings,
+      nn.meta.unbox(abstract),
+      is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+  )
   with sharding_lib.mesh_rules(mesh):
     state = jax.jit(
         lambda k: nn.meta.unbox(init_fn(k)), out_shardings=shardings

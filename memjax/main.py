@@ -48,7 +48,7 @@ _MODE = flags.DEFINE_string(
     "train (resumes if the workdir has checkpoints), eval (evaluates the "
     "latest checkpoint), export, or an analysis mode of a memory method: "
     "any name in memjax.registry.MODES (extrapolate, analyze, generate, "
-    "memeval, tune, memsweep, buckets, pack).",
+    "memeval, tune, memsweep, buckets, pack, memory_usage).",
 )
 _MULTIHOST = flags.DEFINE_bool(
     "multihost",

@@ -118,12 +118,24 @@ def register_transform(
   return register
 
 
+# Modules of the built-in transformations, imported on the first lookup.
+_BUILTIN_TRANSFORMS = ("memjax.sparse_adam",)
+
+
+def _load_builtin_transforms() -> None:
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  for module in _BUILTIN_TRANSFORMS:
+    importlib.import_module(module)
+
+
 def _standard_optimizer(
     cfg: ml_collections.ConfigDict, sched: optax.Schedule, where: str
 ) -> optax.GradientTransformation:
   """The optimiser of ``cfg.optimizer`` or the registered ``cfg.transform``."""
   transform = cfg.get("transform", "")
   if transform:
+    _load_builtin_transforms()
     if transform not in _TRANSFORMS:
       raise errors.ConfigError(
           f"unknown {where}.transform {transform!r}; registered: "

@@ -160,7 +160,9 @@ ATTENTION: Registry[type] = Registry(
     ),
 )
 FEED_FORWARD: Registry[type] = Registry(
-    "feed-forward kind", "model.feed_forward", ("memjax.models.feed_forward",)
+    "feed-forward kind",
+    "model.feed_forward",
+    ("memjax.models.feed_forward", "memjax.models.pkm"),
 )
 MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
     "model family",

@@ -33,6 +33,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     ("heads", "tensor"),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
+    ("memory_slots", "tensor"),
     ("kv", None),
     ("length", None),
     ("mem", None),

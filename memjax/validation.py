@@ -88,7 +88,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   # ConfigError naming the registered names for an unknown method.
   registry.MODEL_FAMILIES.get(config.model.family)
   registry.ATTENTION.get(config.model.attention)
-  registry.FEED_FORWARD.get(config.model.feed_forward)
+  _check_feed_forward(config.model)
   registry.OBJECTIVES.get(config.loss.name)
   registry.BATCHERS.get(config.data.batching)
   task_lib.get(config).check_config(config)  # e.g. an unknown corpus.
@@ -100,6 +100,21 @@ def run_config_checks(config: ml_collections.ConfigDict) -> None:
   """Runs every check in ``registry.CONFIG_CHECKS`` (ConfigError on failure)."""
   for name in registry.CONFIG_CHECKS.names():
     registry.CONFIG_CHECKS.get(name)(config)
+
+
+def _check_feed_forward(mcfg: ml_collections.ConfigDict) -> None:
+  """The feed-forward kind exists, its layers are in range, and the kind's
+  own ``check_config(model_config)`` (when it has one) passes."""
+  cls = registry.FEED_FORWARD.get(mcfg.feed_forward)
+  for n in mcfg.get("feed_forward_layers", ()):
+    if not isinstance(n, int) or not 1 <= n <= mcfg.num_layers:
+      raise errors.ConfigError(
+          f"model.feed_forward_layers has {n!r}: layer numbers count from 1 "
+          f"to model.num_layers {mcfg.num_layers}"
+      )
+  check = getattr(cls, "check_config", None)
+  if check is not None:
+    check(mcfg)
 
 
 def make_mesh(

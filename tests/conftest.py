@@ -44,7 +44,31 @@ def run_main(*args, timeout=600, devices=1, env=None):
 @pytest.fixture(scope="session")
 def smoke_workdir(tmp_path_factory):
   """One finished smoke run (configs/trime_wt103.py:smoke) shared by the
-  tests that only read it (loading, scoring, export, notebooks).
+  tests that only read it (loading, scoring, export, notebooks)."""
+  return _shared_run(
+      tmp_path_factory, "shared_smoke", "--config=configs/trime_wt103.py:smoke"
+  )
+
+
+@pytest.fixture(scope="session")
+def resm_smoke_workdir(tmp_path_factory):
+  """A short residual-memory smoke run (configs/pkm_wt103.py:resm_smoke)
+  with two checkpoints, shared by the product-key memory tests and
+  notebook."""
+  return _shared_run(
+      tmp_path_factory,
+      "resm_smoke",
+      "--config=configs/pkm_wt103.py:resm_smoke",
+      "--config.train.num_steps=4",
+      "--config.train.checkpoint_every=2",
+      "--config.train.log_every=2",
+      "--config.train.eval_every=0",
+      "--config.eval.max_windows=16",
+  )
+
+
+def _shared_run(tmp_path_factory, name: str, *args: str) -> str:
+  """Trains ``memjax.main *args`` once per test run into ``<tmp>/<name>``.
 
   Under pytest-xdist each worker has its own session: the first worker to
   get here trains the run under a file lock in the directory all workers
@@ -53,14 +77,12 @@ def smoke_workdir(tmp_path_factory):
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
     root = root.parent
-  workdir = root / "shared_smoke"
-  done = root / "shared_smoke.done"
-  with open(root / "shared_smoke.lock", "w") as lock:
+  workdir = root / name
+  done = root / f"{name}.done"
+  with open(root / f"{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not done.exists():
-      proc = run_main(
-          "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}"
-      )
+      proc = run_main(*args, f"--workdir={workdir}")
       assert proc.returncode == 0, proc.stderr[-3000:]
       done.touch()
   return str(workdir)

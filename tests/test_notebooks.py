@@ -6,7 +6,9 @@ an empty directory, with
 * ``MEMJAX_ROOT``: the checkout (the set-up cell puts it on ``sys.path``);
 * ``MEMJAX_SMOKE_RUN``: the session's smoke run, which notebooks reuse
   instead of training their own;
-* ``MEMJAX_OUT``: where the notebook writes (exports and the like).
+* ``MEMJAX_OUT``: where the notebook writes (exports and the like);
+* the variables of ``SHARED_RUNS`` a notebook names, e.g.
+  ``MEMJAX_RESM_RUN``: a residual-memory smoke run.
 
 A failing cell fails the test with that cell's number, source and traceback.
 """
@@ -29,6 +31,10 @@ CELL_TIMEOUT_S = 600
 STARTUP_TIMEOUT_S = 180
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Colours of IPython's tracebacks.
 
+# Further shared runs a notebook may reuse: environment variable -> fixture.
+# A notebook that names the variable gets the fixture's run.
+SHARED_RUNS = {"MEMJAX_RESM_RUN": "resm_smoke_workdir"}
+
 
 def _kernel_manager() -> manager.AsyncKernelManager:
   # No kernel directories: "python3" resolves to ipykernel's built-in spec,
@@ -43,7 +49,7 @@ def _kernel_manager() -> manager.AsyncKernelManager:
 def _env(**overrides: str | None) -> dict[str, str]:
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)  # One device, as in Colab or on a laptop.
-  for key in ("MEMJAX_ROOT", "MEMJAX_SMOKE_RUN", "MEMJAX_OUT"):
+  for key in ("MEMJAX_ROOT", "MEMJAX_SMOKE_RUN", "MEMJAX_OUT", *SHARED_RUNS):
     env.pop(key, None)
   env.update({k: v for k, v in overrides.items() if v is not None})
   return env
@@ -85,12 +91,21 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs(path, smoke_workdir, tmp_path):
+def test_notebook_runs(path, smoke_workdir, tmp_path, request):
   nb = _read(path)
   out = tmp_path / "out"
   out.mkdir()
+  source = "".join(c.source for c in nb.cells)
+  runs = {
+      var: request.getfixturevalue(fixture)
+      for var, fixture in SHARED_RUNS.items()
+      if var in source
+  }
   env = _env(
-      MEMJAX_ROOT=REPO, MEMJAX_SMOKE_RUN=smoke_workdir, MEMJAX_OUT=str(out)
+      MEMJAX_ROOT=REPO,
+      MEMJAX_SMOKE_RUN=smoke_workdir,
+      MEMJAX_OUT=str(out),
+      **runs,
   )
   _execute(nb, os.path.basename(path), str(tmp_path), env)
 

@@ -211,6 +211,9 @@ class TransformerLM(nn.Module):
     attention_options: kind-specific attention attributes (a dict).
     feed_forward: feed-forward kind, a name in ``registry.FEED_FORWARD``.
     feed_forward_options: kind-specific feed-forward attributes (a dict).
+    feed_forward_layers: 1-based numbers of the layers that use
+      ``feed_forward``; the others use 'ffn' with the options it takes. ()
+      = every layer.
     mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
       memory). Changing it changes no parameter, so a model can be
       evaluated with another M.
@@ -241,6 +244,7 @@ class TransformerLM(nn.Module):
   attention_options: Any = None
   feed_forward: str = "ffn"
   feed_forward_options: Any = None
+  feed_forward_layers: Sequence[int] = ()
   mem_len: int = 0
   max_len: int = 4096
   remat: bool = False
@@ -274,8 +278,8 @@ class TransformerLM(nn.Module):
             d_ff=self.d_ff,
             attention=self.attention,
             attention_options=self.attention_options,
-            feed_forward=self.feed_forward,
-            feed_forward_options=self.feed_forward_options,
+            feed_forward=kind,
+            feed_forward_options=options,
             mem_len=self.mem_len,
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
@@ -284,7 +288,7 @@ class TransformerLM(nn.Module):
             norm_epsilon=self.norm_epsilon,
             name=f"layer_{i}",
         )
-        for i in range(self.num_layers)
+        for i, (kind, options) in enumerate(self._feed_forward_kinds())
     ]
     if self.norm_position not in NORM_POSITIONS:
       raise errors.ConfigError(
@@ -298,6 +302,21 @@ class TransformerLM(nn.Module):
         else None
     )
     self.embed_dropout = nn.Dropout(self.dropout_rate)
+
+  def _feed_forward_kinds(self) -> list[tuple[str, Any]]:
+    """(kind, options) of each layer's feed-forward sub-layer."""
+    chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
+    plain = registry.FEED_FORWARD.get("ffn")
+    takes = {f.name for f in dataclasses.fields(plain)}
+    plain_options = {
+        k: v for k, v in (self.feed_forward_options or {}).items() if k in takes
+    }
+    return [
+        (self.feed_forward, self.feed_forward_options)
+        if i + 1 in chosen
+        else ("ffn", plain_options or None)
+        for i in range(self.num_layers)
+    ]
 
   def attention_kind(self) -> type[attention_lib.AttentionKind]:
     """The attention kind's class (works on an unbound module)."""
@@ -438,6 +457,7 @@ def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
       attention_options=_options(mcfg.attention_options),
       feed_forward=mcfg.feed_forward,
       feed_forward_options=_options(mcfg.feed_forward_options),
+      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
       mem_len=mcfg.mem_len,
       max_len=mcfg.max_len,
       remat=mcfg.remat,

@@ -25,6 +25,8 @@ _BUILTIN = {
     "pack": "memjax.data.packing:pack",
     # Translation (encoder-decoder); see docs/translation.md.
     "translate": "memjax.modes.translation:translate",
+    # Product-key memory: usage per memory layer; see docs/pkm.md.
+    "memory_usage": "memjax.pkm_usage:memory_usage",
 }
 for _name, _target in _BUILTIN.items():
   registry.MODES.register(_name, _target)
