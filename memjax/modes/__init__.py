@@ -23,6 +23,10 @@ _BUILTIN = {
     "memsweep": "memjax.modes.memory:memsweep",
     "buckets": "memjax.modes.memory:buckets",
     "pack": "memjax.data.packing:pack",
+    # External memory: datastore, ScaNN index, recall against exact search.
+    "datastore": "memjax.modes.external:datastore",
+    "index": "memjax.modes.external:index",
+    "recall": "memjax.modes.external:recall",
 }
 for _name, _target in _BUILTIN.items():
   registry.MODES.register(_name, _target)

@@ -72,7 +72,18 @@ def _score(
       max_windows=int(c.eval.max_windows),
       keep_tokens=keep_tokens,
       desc=desc or f"{grid.kind} {split}",
+      external=_external(loaded, grid),
   )
+
+
+def _external(loaded: Loaded, grid: Grid) -> Any:
+  """The external memory of a kind that reads one (else None), opened once
+  per restored model."""
+  if not grid.memory().external_metric:
+    return None
+  from memjax.modes import external  # pylint: disable=g-import-not-at-top
+
+  return external.external_search(loaded, grid.memory().external_metric)
 
 
 def _write_json(path: str, obj: Any) -> None:
