@@ -347,6 +347,7 @@ class Loaded:
   unit: str
   step: int
   source: str
+  workdir: str = ""  # where the mode writes its results
 
 
 def load(
@@ -383,6 +384,7 @@ def load(
       restored.unit,
       restored.step,
       restored.path,
+      workdir,
   )
 
 

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from memjax import checkpointing
 from memjax import console
 from memjax import errors
 from memjax import sharding as sharding_lib
@@ -114,6 +115,7 @@ def open_datastore(
     *,
     signature: Optional[dict[str, Any]] = None,
     dim: Optional[int] = None,
+    checkpoint: Optional[dict[str, Any]] = None,
 ) -> Datastore:
   """Opens and checks a joined datastore (read-only; nothing is written).
 
@@ -121,6 +123,8 @@ def open_datastore(
     path: its directory.
     signature: the model it must belong to (``experiment.model_signature``).
     dim: the feature dimension it must have.
+    checkpoint: {'source', 'step'} of the parameters it must come from
+      (checked when the manifest records one).
 
   Raises:
     errors.DataError: no manifest, another format or dtype, a shard missing
@@ -145,11 +149,22 @@ def open_datastore(
         f"datastore {path} has features of dimension {m['dim']}, the model "
         f"{dim}: build a datastore with this model"
     )
-  if signature is not None and m.get("signature") != signature:
+  diffs = []
+  if signature is not None:
+    diffs = checkpointing.compare_signatures(
+        m.get("signature", {}).get("model", {}), signature.get("model", {})
+    )
+  saved = m.get("checkpoint")
+  if checkpoint is not None and saved and saved != checkpoint:
+    diffs.append(
+        f"built from {saved['source']} step {saved['step']}, not "
+        f"{checkpoint['source']} step {checkpoint['step']}"
+    )
+  if diffs:
     raise errors.CheckpointMismatchError(
-        f"datastore {path} was built by another model "
-        f"({m.get('signature', {}).get('name')}): build one with this "
-        "model (--mode=datastore, another eval_memory.datastore)"
+        f"datastore {path} was built by another model ({'; '.join(diffs[:4])}"
+        "): build one with this model (--mode=datastore into another "
+        "eval_memory.datastore)"
     )
   keys, values = [], []
   d = int(m["dim"])
@@ -212,6 +227,7 @@ class BuildSpec:
   """What a datastore is built from (build.json); fixed once started."""
 
   signature: dict[str, Any]
+  checkpoint: dict[str, Any]
   dim: int
   corpus: str
   split: str
@@ -251,7 +267,7 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
       )
     return
   old = _read_json(bpath)
-  if old.get("signature") != spec.signature:
+  if old.get("signature", {}).get("model") != spec.signature["model"]:
     raise errors.CheckpointMismatchError(
         f"the datastore at {path} was built by another model: choose another "
         "eval_memory.datastore (or delete it)"
@@ -412,6 +428,7 @@ def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
             "format_version": FORMAT_VERSION,
             "id": uuid.uuid4().hex,
             "signature": spec.signature,
+            "checkpoint": spec.checkpoint,
             "dim": spec.dim,
             "key_dtype": KEY_DTYPE,
             "value_dtype": VALUE_DTYPE,

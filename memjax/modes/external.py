@@ -46,6 +46,11 @@ def _metric(config: ml_collections.ConfigDict) -> str:
   return kind.external_metric or "dot_product"
 
 
+def _checkpoint(loaded: em_lib.Loaded) -> dict[str, Any]:
+  """Which parameters a datastore's keys come from."""
+  return {"source": os.path.realpath(loaded.source), "step": int(loaded.step)}
+
+
 def _write_json(path: str, obj: Any) -> None:
   with open(path + ".tmp", "w") as f:
     json.dump(obj, f, indent=2, sort_keys=True)
@@ -79,6 +84,7 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
   bs = -(-bs // dp) * dp
   spec = ds_lib.BuildSpec(
       signature=experiment.model_signature(loaded.config, loaded.vocab_size),
+      checkpoint=_checkpoint(loaded),
       dim=int(loaded.model.d_model),
       corpus=c.data.corpus,
       split=split,
@@ -125,6 +131,7 @@ def _load_store(config, workdir, splits=()) -> tuple[Any, ds_lib.Datastore]:
       datastore_path(config, workdir),
       signature=experiment.model_signature(loaded.config, loaded.vocab_size),
       dim=loaded.model.d_model,
+      checkpoint=_checkpoint(loaded),
   )
   return loaded, store
 
@@ -161,10 +168,11 @@ def held_out_queries(loaded: em_lib.Loaded, split: str, count: int):
       jax.jit(ds_lib.make_feature_fn(loaded.model, c.eval.score_len)),
       loaded.mesh,
   )
+  dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
   out, have = [], 0
   for batch in streams.memory_eval_batches(
       loaded.splits[split], c.eval.window_len, c.eval.score_len,
-      int(c.eval_memory.batch_size),
+      -(-int(c.eval_memory.batch_size) // dp) * dp,
   ):  # fmt: skip
     g, _, pos = jax.device_get(
         fn(loaded.params, sharding_lib.put_global_batch(batch, loaded.mesh))
@@ -225,11 +233,12 @@ def external_search(
 ) -> external_lib.ExternalSearch:
   """The datastore and searcher of ``loaded.config.eval_memory`` (cached)."""
   em = loaded.config.eval_memory
-  path = datastore_path(loaded.config, os.path.abspath(loaded.source))
+  path = datastore_path(loaded.config, loaded.workdir)
   store = ds_lib.open_datastore(
       path,
       signature=experiment.model_signature(loaded.config, loaded.vocab_size),
       dim=loaded.model.d_model,
+      checkpoint=_checkpoint(loaded),
   )
   search_lib.check_k(store, int(em.ext_k))
   key = (path, store.manifest["id"], metric, em.search, em.leaves_to_search)

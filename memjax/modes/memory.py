@@ -174,11 +174,7 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   best_grid = grid_of({"kind": em.kind, **best})
   edges = grid_edges(grid, best)
   test = _score(loaded, "test", best_grid, desc=f"tune {em.kind} test")
-  setting = {
-      k: best[k]
-      for k in ("long_mem_tokens", "temperature", "cache_theta", "cache_lambda")
-      if k in best
-  }
+  setting = {k: best[k] for k in grid.axes() if k in best}
   results = {
       "mode": "tune",
       "kind": em.kind,

@@ -4,6 +4,7 @@ References are NumPy: brute-force neighbours, the kNN-LM distribution and
 TRIME's Eq. 6-9 written out per query over M_local u M_long u kNN(M_ext).
 """
 
+import json
 import math
 import os
 
@@ -48,7 +49,8 @@ def setup():
 
 def _spec(tokens, dim=16, shard_batches=1, batch_size=2, sig=SIG):
   return ds_lib.BuildSpec(
-      signature=sig, dim=dim, corpus="toy", split="train",
+      signature=sig, checkpoint={"source": "toy", "step": 0}, dim=dim,
+      corpus="toy", split="train",
       window_len=WINDOW, score_len=SCORE, batch_size=batch_size,
       shard_batches=shard_batches, num_tokens=len(tokens),
   )  # fmt: skip
@@ -158,13 +160,25 @@ def test_bad_datastores_fail_with_one_line_and_change_nothing(tmp_path):
   path = str(tmp_path / "ds")
   ds_lib.from_arrays(path, rng.normal(size=(30, 16)), np.arange(30),
                      signature=SIG, shard_size=10)  # fmt: skip
-  other = dict(SIG, name="other")
+  other = dict(SIG, model={"d_model": 32})
   msg = _unchanged(path, lambda: ds_lib.open_datastore(path, signature=other),
                    errors.CheckpointMismatchError)  # fmt: skip
   assert "another model" in msg
   _unchanged(path, lambda: ds_lib.open_datastore(path, dim=32),
              errors.CheckpointMismatchError)  # fmt: skip
   store = ds_lib.open_datastore(path, signature=SIG, dim=16)
+  # Built from another checkpoint of the same model.
+  ck = {"source": "/runs/a", "step": 6}
+  m = os.path.join(path, "manifest.json")
+  man = json.load(open(m))
+  man["checkpoint"] = ck
+  open(m, "w").write(json.dumps(man))
+  assert "step 6" in _unchanged(
+      path,
+      lambda: ds_lib.open_datastore(path, checkpoint=dict(ck, step=7)),
+      errors.CheckpointMismatchError,
+  )
+  ds_lib.open_datastore(path, checkpoint=ck)
   assert "holds 30 keys" in _unchanged(
       path, lambda: search.check_k(store, 31), errors.ConfigError
   )
@@ -200,7 +214,7 @@ def test_resume_with_other_settings_is_refused(setup, tmp_path):
   _unchanged(path, lambda: ds_lib.check_build_dir(
       path, _spec(tokens, shard_batches=2)), errors.ResumeError)  # fmt: skip
   _unchanged(path, lambda: ds_lib.check_build_dir(
-      path, _spec(tokens, sig=dict(SIG, name="x"))),
+      path, _spec(tokens, sig=dict(SIG, model={"d_model": 8}))),
       errors.CheckpointMismatchError)  # fmt: skip
 
 
