@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
 
-.PHONY: demo test smoke bench format format-check clean-venv
+.PHONY: demo demo-ext test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m memjax.demo --workdir=$(WORKDIR)
+
+# kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
+demo-ext: $(STAMP)
+	$(PY) -m memjax.extmem_demo --workdir=runs/extmem_demo
 
 smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke

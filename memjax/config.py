@@ -190,6 +190,7 @@ def base_config() -> ml_collections.ConfigDict:
   # External memory (kinds knn and trime_ext; memjax/memory/external.py):
   # a datastore of (g, next token) built by --mode=datastore, searched with
   # the ScaNN index of --mode=index or exactly.
+  c.eval_memory.external_kind = ""  # the method's kind with M_ext (demos)
   c.eval_memory.datastore = ""  # "" = <workdir>/datastore
   c.eval_memory.search = "scann"  # scann | exact
   c.eval_memory.ext_k = 1024  # K neighbours (Appendix D)
@@ -197,7 +198,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_memory.pipeline = True  # search batch t while t+1 runs forward
   c.eval_memory.ext_temperature = 10.5  # tau' of Eq. 8 (trime_ext)
   c.eval_memory.ext_lambda = 0.3  # lambda of Eq. 9 (trime_ext); 0 = Eq. 6
-  c.eval_memory.ext_temperature_grid = (5.0, 10.5, 20.0)
+  c.eval_memory.ext_temperature_grid = (2.0, 5.0, 10.5, 20.0, 40.0)
   c.eval_memory.ext_lambda_grid = (0.0, 0.1, 0.2, 0.3, 0.5)
   c.eval_memory.knn_temperature = 1.0  # kNN-LM: none, as in Khandelwal et al.
   c.eval_memory.knn_lambda = 0.25  # kNN-LM interpolation weight

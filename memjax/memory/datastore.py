@@ -369,8 +369,11 @@ def build(
         if time.time() - last > 10:
           last = time.time()
           rate = (keys_done + count) / (last - start)
-          left = (len(mine) - written) * spec.shard_batches * spec.batch_size
-          left = left * spec.score_len / max(rate, 1e-9)
+          expected = min(
+              len(mine) * spec.shard_batches * spec.batch_size * spec.score_len,
+              spec.num_tokens - 1,
+          )
+          left = max(expected - keys_done - count, 0) / max(rate, 1e-9)
           console.info(
               "datastore: shard %d (%d/%d), %d keys, %.0f keys/s, ETA %.0fs",
               s,
