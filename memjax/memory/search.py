@@ -79,8 +79,12 @@ def exact_topk(
     k: int,
     metric: str,
     block: int = 16384,
+    query_block: int = 256,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Exact top-k of ``queries`` [Q, D] over ``keys`` [N, D].
+
+  Queries go in padded chunks of ``query_block``, so any Q runs the one
+  compiled program of (query_block, N, k).
 
   Returns:
     (scores [Q, k] float32 descending, indices [Q, k] int32); -inf / -1
@@ -90,15 +94,28 @@ def exact_topk(
   n = keys.shape[0]
   block = max(1, min(block, n))
   pad = (-n) % block
-  keys = np.asarray(keys)
   if pad:
-    keys = np.concatenate([keys, np.zeros((pad, keys.shape[1]), keys.dtype)])
-  valid = np.arange(n + pad) < n
-  s, i = _exact_block_topk(
-      jnp.asarray(queries), jnp.asarray(keys), jnp.asarray(valid),
-      k=int(k), metric=metric, block=block,
-  )  # fmt: skip
-  return np.asarray(s), np.asarray(i)
+    keys = jnp.concatenate(
+        [jnp.asarray(keys), jnp.zeros((pad, keys.shape[1]), keys.dtype)]
+    )
+  valid = jnp.arange(n + pad) < n
+  keys = jnp.asarray(keys)
+  q = np.asarray(queries, np.float32)
+  qb = max(1, query_block)
+  out_s, out_i = [], []
+  for a in range(0, q.shape[0], qb):
+    chunk = q[a : a + qb]
+    m = chunk.shape[0]
+    if m < qb:
+      chunk = np.concatenate([chunk, np.zeros((qb - m, q.shape[1]), q.dtype)])
+    s, i = _exact_block_topk(
+        jnp.asarray(chunk), keys, valid, k=int(k), metric=metric, block=block
+    )
+    out_s.append(np.asarray(s)[:m])
+    out_i.append(np.asarray(i)[:m])
+  if not out_s:
+    return np.zeros((0, k), np.float32), np.zeros((0, k), np.int32)
+  return np.concatenate(out_s), np.concatenate(out_i)
 
 
 def merge_topk(
