@@ -49,6 +49,9 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   assert res["recall"] >= 0.95 and res["queries"] == 64
   with open(os.path.join(workdir, "recall.json")) as f:
     assert json.load(f)["recall"] == res["recall"]
+  # Table 13's accuracy grows with K (K = 1, 8 of the 32 neighbours).
+  acc = res["retrieval_accuracy"]
+  assert set(acc) == {"1", "8"} and 0 <= acc["1"] <= acc["8"] <= 1
   config.eval_memory.update(
       temperature_grid=(1.0,), ext_temperature_grid=(5.0,),
       ext_lambda_grid=(0.0, 0.3),

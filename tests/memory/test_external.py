@@ -386,3 +386,16 @@ def test_pipelined_search_equals_sequential(setup, hand_store):
     out.append(_score(setup, grid, ext))
   np.testing.assert_array_equal(out[0]["grid_logprob"], out[1]["grid_logprob"])
   assert out[0]["grid"] == out[1]["grid"]
+
+
+def test_retrieval_accuracy_hand_worked(tmp_path):
+  from memjax.modes import external as external_modes  # pylint: disable=g-import-not-at-top
+
+  store = ds_lib.from_arrays(str(tmp_path), np.zeros((4, 2)),
+                             np.array([5, 6, 7, 8]), signature=SIG)  # fmt: skip
+  idx = np.array([[0, 1, 2], [3, 2, -1], [2, 0, 1]])
+  acc = external_modes.retrieval_accuracy(
+      store, idx, np.array([6, 9, 7]), ks=(1, 2, 3, 8)
+  )
+  # q0 finds 6 at rank 2, q1 never finds 9, q2 finds 7 at rank 1.
+  assert acc == {"1": 1 / 3, "2": 2 / 3, "3": 2 / 3}
