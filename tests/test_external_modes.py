@@ -59,6 +59,11 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   tuned = memory_modes.tune(config, workdir)
   assert tuned["best"]["ext_lambda"] in (0.0, 0.3)
   assert np.isfinite(tuned["test"]["memory"]["ppl"])
+  # Table 14's columns with the external memory, at the tuned setting.
+  avg = memory_modes.buckets(config, workdir)["rows"][-1]
+  assert avg["tokens"] == tuned["valid"]["memory"]["tokens"]
+  memory_ppl = [v for k, v in avg.items() if k.startswith("trime_ext memory")]
+  assert memory_ppl == [pytest.approx(tuned["valid"]["memory"]["ppl"])]
   # kNN-LM on the same datastore searched exactly (its own metric, L2).
   knn = _config(smoke_workdir, "knn", search="exact", knn_lambda_grid=(0.0,))
   r = memory_modes.tune(knn, workdir)
