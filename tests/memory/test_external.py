@@ -346,15 +346,14 @@ def test_trime_ext_with_empty_external_memory_is_local_and_long(setup):
   np.testing.assert_allclose(got["grid_logprob"], want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("pipeline", [True, False])
-def test_trime_ext_matches_eq_6_to_9(setup, hand_store, pipeline):
+def test_trime_ext_matches_eq_6_to_9(setup, hand_store):
   k, n_long, taus, tau2, lams = 6, 5, (0.8, 1.5), (2.0, 5.0), (0.0, 0.3)
   grid = evaluate_memory.Grid(
       kind="trime_ext", long_sizes=(n_long,), temperatures=taus,
       ext_temperatures=tau2, ext_lambdas=lams,
   )  # fmt: skip
   ext = external.ExternalSearch(
-      search.ExactSearcher(hand_store, "dot_product"), k, pipeline=pipeline
+      search.ExactSearcher(hand_store, "dot_product"), k
   )
   got = _score(setup, grid, ext)["grid_logprob"].reshape(2, 2, 2, -1)
   d = 16
