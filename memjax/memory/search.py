@@ -285,7 +285,7 @@ def build_index(
     )  # fmt: skip
     d = os.path.join(out, f"shard-{s:05d}")
     os.makedirs(d, exist_ok=True)
-    srch.serialize(d)
+    srch.serialize(d, relative_path=True)  # the datastore may move
     searchers.append(srch)
     meta.append({"count": n, "leaves": min(leaves or default_leaves(n), n)})
     console.info(

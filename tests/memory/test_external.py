@@ -243,7 +243,7 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
   centers = rng.normal(size=(40, 16)) * 3
   keys = centers[rng.integers(0, 40, 6000)] + rng.normal(size=(6000, 16))
   queries = centers[rng.integers(0, 40, 64)] + rng.normal(size=(64, 16))
-  store = ds_lib.from_arrays(str(tmp_path), keys, np.arange(6000) % 97,
+  store = ds_lib.from_arrays(str(tmp_path / "a"), keys, np.arange(6000) % 97,
                              signature=SIG, shard_size=2500)  # fmt: skip
   for metric in ("dot_product", "squared_l2"):
     exact = search.ExactSearcher(store, metric)
@@ -256,12 +256,16 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
     r_s, r_v = search.exact_scores(store, queries, a_i, metric)
     np.testing.assert_allclose(a_s, r_s, rtol=1e-4, atol=1e-3)
     np.testing.assert_array_equal(r_v, (a_i % 97))
-    loaded = search.load_index(store, metric)
+    # Reloaded, not rebuilt, from a datastore moved elsewhere.
+    os.rename(tmp_path / "a", tmp_path / "b")
+    loaded = search.load_index(ds_lib.open_datastore(str(tmp_path / "b")),
+                               metric)  # fmt: skip
     np.testing.assert_array_equal(loaded.search(queries, 50)[1], a_i)
+    os.rename(tmp_path / "b", tmp_path / "a")
   # A datastore rebuilt under the index: the index no longer matches.
-  ds_lib.from_arrays(str(tmp_path), keys[:5000], np.arange(5000),
+  ds_lib.from_arrays(str(tmp_path / "a"), keys[:5000], np.arange(5000),
                      signature=SIG, shard_size=2500)  # fmt: skip
-  store = ds_lib.open_datastore(str(tmp_path))
+  store = ds_lib.open_datastore(str(tmp_path / "a"))
   with pytest.raises(errors.DataError, match="does not match"):
     search.load_index(store, "dot_product")
 
