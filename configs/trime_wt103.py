@@ -18,7 +18,14 @@ METHOD_SIZE:
     memories" by default; ``--mode=tune`` also tries 0 and half of it).
   - ``trime_ext``: TRIMELM_ext, BM25-packed batches (k = 20, m = 1), memory
     = the other segments plus the local memory, hidden with p = 0.9 per
-    step; evaluated here with M_local u M_long (M_ext is a later issue).
+    step; evaluated with M_local u M_long, and with the external memory
+    (``--config.eval_memory.kind=trime_ext`` after ``--mode=datastore`` and
+    ``--mode=index``: K = 1,024 neighbours, tau = 1.25, tau' = 10.5,
+    lambda = 0.3 by default, tuned by ``--mode=tune``).
+
+  ``vanilla`` is evaluated with kNN-LM by ``--config.eval_memory.kind=knn``
+  on its own datastore (``eval_memory.external_kind`` names the external
+  kind of each method).
 
 Every method keeps Table 9's model, batch, segment length and optimiser of
 its size, so the rows of a size differ only in the objective and batching.
@@ -169,6 +176,7 @@ def apply_method(c, method: str, segments_per_lane: int, long_mem: int) -> None:
   em = c.eval_memory
   if method == "vanilla":
     em.kind = "cache"
+    em.external_kind = "knn"
     em.long_mem_tokens = 0
     em.long_mem_grid = (0, long_mem)
     return
@@ -184,6 +192,8 @@ def apply_method(c, method: str, segments_per_lane: int, long_mem: int) -> None:
     em.long_mem_tokens = long_mem
     em.long_mem_grid = (0, long_mem // 2, long_mem)
   elif method == "trime_ext":
+    em.external_kind = "trime_ext"
+    em.temperature = 1.25  # the authors' 247M TRIMELM_ext setting
     c.loss.memory = "external"
     c.loss.local_hide_prob = 0.9
     c.data.batching = "bm25"

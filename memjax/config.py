@@ -207,6 +207,36 @@ def base_config() -> ml_collections.ConfigDict:
       "valid"  # buckets: count frequencies on valid | train
   )
   c.eval_memory.bucket_edges = (10000, 1000, 100, 10)  # Table 14's bucket edges
+  # External memory (kinds knn and trime_ext; memjax/memory/external.py):
+  # a datastore of (g, next token) built by --mode=datastore, searched with
+  # the ScaNN index of --mode=index or exactly.
+  c.eval_memory.external_kind = ""  # the method's kind with M_ext (demos)
+  c.eval_memory.datastore = ""  # "" = <workdir>/datastore
+  c.eval_memory.search = "scann"  # scann | exact
+  c.eval_memory.ext_k = 1024  # K neighbours (Appendix D)
+  c.eval_memory.leaves_to_search = 0  # ScaNN leaves searched; 0 = index's
+  c.eval_memory.pipeline = True  # search batch t while t+1 runs forward
+  c.eval_memory.ext_temperature = 10.5  # tau' of Eq. 8 (trime_ext)
+  c.eval_memory.ext_lambda = 0.3  # lambda of Eq. 9 (trime_ext); 0 = Eq. 6
+  c.eval_memory.ext_temperature_grid = (2.0, 5.0, 10.5, 20.0, 40.0)
+  c.eval_memory.ext_lambda_grid = (0.0, 0.1, 0.2, 0.3, 0.5)
+  c.eval_memory.knn_temperature = 1.0  # kNN-LM: none, as in Khandelwal et al.
+  c.eval_memory.knn_lambda = 0.25  # kNN-LM interpolation weight
+  c.eval_memory.knn_temperature_grid = (1.0,)
+  c.eval_memory.knn_lambda_grid = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5)
+
+  # --mode=datastore: (g, next token) of a split, in shards (datastore.py).
+  c.datastore = ml_collections.ConfigDict()
+  c.datastore.split = "train"  # train | valid | test
+  c.datastore.shard_keys = 1_000_000  # about this many keys per shard
+  c.datastore.batch_size = 0  # windows per batch; 0 = eval_memory.batch_size
+  c.datastore.max_windows = 0  # only the first this many windows (0 = all)
+  c.datastore.process_index = 0  # k: this process writes shards s % n == k
+  c.datastore.process_count = 1  # n
+  # --mode=index / recall: ScaNN per shard (0 = sqrt(n) leaves, 1/10 searched).
+  c.datastore.leaves = 0
+  c.datastore.reorder = 0  # candidates re-ordered exactly; 0 = max(2k, 256)
+  c.datastore.recall_queries = 1000  # held-out (valid) queries of --mode=recall
 
   # --mode=export: a params-only, self-contained copy of the run.
   c.export = ml_collections.ConfigDict()

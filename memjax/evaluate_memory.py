@@ -45,6 +45,10 @@ class Grid:
     temperatures: tau values (trime).
     thetas: cache inverse temperatures.
     lambdas: cache interpolation weights.
+    ext_temperatures: tau' of Eq. 8 (trime_ext).
+    ext_lambdas: lambda of Eq. 9 (trime_ext).
+    knn_temperatures: kNN-LM temperatures (1 = none, as in kNN-LM).
+    knn_lambdas: kNN-LM interpolation weights.
   """
 
   kind: str
@@ -52,6 +56,14 @@ class Grid:
   temperatures: tuple[float, ...] = (1.0,)
   thetas: tuple[float, ...] = ()
   lambdas: tuple[float, ...] = ()
+  ext_temperatures: tuple[float, ...] = ()
+  ext_lambdas: tuple[float, ...] = ()
+  knn_temperatures: tuple[float, ...] = ()
+  knn_lambdas: tuple[float, ...] = ()
+
+  def extra_settings(self) -> dict[str, tuple[float, ...]]:
+    """The external memories' axes (``make_eval_step``'s extra_settings)."""
+    return {k: getattr(self, k) for k in EXTRA_AXES}
 
   def memory(self) -> evaluation.EvalMemory:
     """The evaluation memory of ``kind``."""
@@ -75,6 +87,15 @@ class Grid:
     ]
 
 
+# Grid fields of the external memories' axes and their config keys.
+EXTRA_AXES = {
+    "ext_temperatures": "ext_temperature",
+    "ext_lambdas": "ext_lambda",
+    "knn_temperatures": "knn_temperature",
+    "knn_lambdas": "knn_lambda",
+}
+
+
 def _floats(xs) -> tuple[float, ...]:
   return tuple(float(x) for x in xs)
 
@@ -87,6 +108,7 @@ def configured_grid(em: ml_collections.ConfigDict) -> Grid:
       temperatures=(float(em.temperature),),
       thetas=(float(em.cache_theta),),
       lambdas=(float(em.cache_lambda),),
+      **{f: (float(em[key]),) for f, key in EXTRA_AXES.items()},
   )
 
 
@@ -110,6 +132,7 @@ def tuning_grid(
       temperatures=_floats(em.temperature_grid),
       thetas=_floats(em.cache_theta_grid),
       lambdas=_floats(em.cache_lambda_grid),
+      **{f: _floats(em[key + "_grid"]) for f, key in EXTRA_AXES.items()},
   )
 
 
@@ -145,6 +168,7 @@ def score_stream(
     max_windows: int = 0,
     keep_tokens: bool = False,
     desc: str = "memory eval",
+    external: Any = None,
 ) -> dict[str, Any]:
   """Scores a token stream with every setting of ``grid`` in one pass.
 
@@ -162,6 +186,8 @@ def score_stream(
     max_windows: only the first this many windows of ``eval_windows`` (0 = all).
     keep_tokens: also return per-prediction log-probabilities.
     desc: name for the progress lines.
+    external: for a kind with an external memory, its
+      ``memory.external.ExternalSearch`` (searcher, k, pipelining).
 
   Returns:
     {'plain': summary without memory, 'grid': [setting + summary, ...]} where
@@ -183,7 +209,17 @@ def score_stream(
       thetas=grid.thetas,
       lambdas=grid.lambdas,
       block_size=block_size,
+      extra_settings=grid.extra_settings(),
   )
+  if grid.memory().external_metric:
+    from memjax.memory import external as external_lib  # pylint: disable=g-import-not-at-top
+
+    fetched, start = external_lib.run_stream(
+        step, model, params, tokens, grid, external,
+        window_len=window_len, score_len=score_len, batch_size=batch_size,
+        mesh=mesh, keep_tokens=keep_tokens, desc=desc,
+    )  # fmt: skip
+    return summarize_stream(fetched, grid, unit, keep_tokens, desc, start)
   num_points = len(grid.points())
 
   def reduced(params, bank, batch):
@@ -231,6 +267,18 @@ def score_stream(
           last_report - start,
       )
   fetched = jax.device_get(pending)
+  return summarize_stream(fetched, grid, unit, keep_tokens, desc, start)
+
+
+def summarize_stream(
+    fetched: list[dict[str, Any]],
+    grid: Grid,
+    unit: str,
+    keep_tokens: bool,
+    desc: str,
+    start: float,
+) -> dict[str, Any]:
+  """``score_stream``'s results from its per-batch sums (host arrays)."""
   count = float(sum(r["tokens"] for r in fetched))
   out: dict[str, Any] = {
       "plain": evaluate.summarize(
@@ -276,6 +324,7 @@ def score_stream(
 
 def setting_str(r: dict[str, Any]) -> str:
   keys = ("long_mem_tokens", "temperature", "cache_theta", "cache_lambda")
+  keys += tuple(EXTRA_AXES.values())
   return ", ".join(f"{k}={r[k]:g}" for k in keys if k in r)
 
 
@@ -298,6 +347,7 @@ class Loaded:
   unit: str
   step: int
   source: str
+  workdir: str = ""  # where the mode writes its results
 
 
 def load(
@@ -334,6 +384,7 @@ def load(
       restored.unit,
       restored.step,
       restored.path,
+      workdir,
   )
 
 
@@ -346,4 +397,5 @@ def grid_of(setting: dict[str, Any]) -> Grid:
       temperatures=(float(setting.get("temperature", 1.0)),),
       thetas=(float(setting.get("cache_theta", 0.0)),),
       lambdas=(float(setting.get("cache_lambda", 0.0)),),
+      **{f: (float(setting.get(key, 0.0)),) for f, key in EXTRA_AXES.items()},
   )

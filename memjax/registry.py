@@ -188,6 +188,7 @@ EVAL_MEMORIES: Registry[Any] = Registry(
         "memjax.memory.evaluation",
         "memjax.memory.trime",
         "memjax.memory.cache",
+        "memjax.memory.external",
     ),
 )
 MODES: Registry[str] = Registry("mode", "--mode", ("memjax.modes",))

@@ -84,6 +84,11 @@ class EvalMemory:
 
   axes: tuple[Axis, ...] = ()
   label: str = ""
+  # An external memory (``memory/external.py``): the metric its neighbours
+  # are searched with ('dot_product' | 'squared_l2'), '' for none; and
+  # whether the kind also reads M_local u M_long.
+  external_metric: str = ""
+  reads_local: bool = True
 
   @property
   def uses_memory(self) -> bool:
@@ -301,6 +306,7 @@ def make_eval_step(
     thetas: Sequence[float] = (),
     lambdas: Sequence[float] = (),
     block_size: int | None = 1024,
+    extra_settings: Mapping[str, Sequence[float]] | None = None,
 ) -> Callable:
   """Builds ``step(params, bank, batch) -> (bank, outputs)`` (not jitted).
 
@@ -315,6 +321,8 @@ def make_eval_step(
       thetas: cache inverse temperatures ('cache').
       lambdas: cache weights ('cache').
       block_size: blockwise block of the long-memory sums.
+      extra_settings: the values of other kinds' axes (``Axis.values`` ->
+          values), e.g. 'ext_lambdas'.
 
   Returns:
       The step. ``batch`` is from ``streams.memory_eval_batches``. Outputs:
@@ -322,13 +330,18 @@ def make_eval_step(
       scored queries); 'targets', 'positions' [W, S] int32; and, for a kind
       with memory, under its name the [len(long_sizes), *axis sizes, W, S]
       log-probabilities ('trime': [N, len(temperatures), W, S]; 'cache':
-      [N, len(thetas), len(lambdas), W, S]).
+      [N, len(thetas), len(lambdas), W, S]). A kind with an external
+      memory is combined later, after the host's search (see
+      ``memory/external.py``): its outputs are instead 'queries' [W, S, D]
+      float32 g, 'log_z' [W, S] and, if it reads M_local u M_long, 'sums'
+      [len(long_sizes), 2, G, W, S] (lse_all, lse_pos at each scale).
   """
   memory = registry.EVAL_MEMORIES.get(kind)
   settings = {
       "temperatures": tuple(temperatures),
       "thetas": tuple(thetas),
       "lambdas": tuple(lambdas),
+      **{k: tuple(v) for k, v in (extra_settings or {}).items()},
   }
   long_sizes = tuple(int(n) for n in long_sizes)
   if any(n < 0 for n in long_sizes):
@@ -364,13 +377,23 @@ def make_eval_step(
     }
     if not memory.uses_memory:
       return bank, result
+    if memory.external_metric and not memory.reads_local:
+      result.update(queries=q.g.astype(jnp.float32), log_z=log_z)
+      return bank, result
     scales = jnp.asarray(memory.scales(settings, g.shape[-1]), jnp.float32)
     sums = _memory_sums(
         q, g, batch, bank, scales, long_sizes, window_len - score_len,
         block_size,
     )  # fmt: skip
-    logp = memory.combine(settings, lm, log_z, sums)
-    result[kind] = jnp.where(weights, logp, 0.0)
+    if memory.external_metric:
+      result.update(
+          queries=q.g.astype(jnp.float32),
+          log_z=log_z,
+          sums=jnp.stack([jnp.stack(pair) for pair in sums]),
+      )
+    else:
+      logp = memory.combine(settings, lm, log_z, sums)
+      result[kind] = jnp.where(weights, logp, 0.0)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
     new_bank = push(bank, flat(q.g), flat(q.targets), flat(q.positions))
     return new_bank, result

@@ -27,6 +27,10 @@ _BUILTIN = {
     "translate": "memjax.modes.translation:translate",
     # Product-key memory: usage per memory layer; see docs/pkm.md.
     "memory_usage": "memjax.pkm_usage:memory_usage",
+    # External memory: datastore, ScaNN index, recall against exact search.
+    "datastore": "memjax.modes.external:datastore",
+    "index": "memjax.modes.external:index",
+    "recall": "memjax.modes.external:recall",
 }
 for _name, _target in _BUILTIN.items():
   registry.MODES.register(_name, _target)

@@ -72,7 +72,18 @@ def _score(
       max_windows=int(c.eval.max_windows),
       keep_tokens=keep_tokens,
       desc=desc or f"{grid.kind} {split}",
+      external=_external(loaded, grid),
   )
+
+
+def _external(loaded: Loaded, grid: Grid) -> Any:
+  """The external memory of a kind that reads one (else None), opened once
+  per restored model."""
+  if not grid.memory().external_metric:
+    return None
+  from memjax.modes import external  # pylint: disable=g-import-not-at-top
+
+  return external.external_search(loaded, grid.memory().external_metric)
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -163,11 +174,7 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   best_grid = grid_of({"kind": em.kind, **best})
   edges = grid_edges(grid, best)
   test = _score(loaded, "test", best_grid, desc=f"tune {em.kind} test")
-  setting = {
-      k: best[k]
-      for k in ("long_mem_tokens", "temperature", "cache_theta", "cache_lambda")
-      if k in best
-  }
+  setting = {k: best[k] for k in grid.axes() if k in best}
   results = {
       "mode": "tune",
       "kind": em.kind,

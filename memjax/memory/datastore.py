@@ -1,0 +1,504 @@
+"""A datastore of (g, next token) pairs on disk: the external memory M_ext.
+
+A trained model is run over a corpus split with the evaluation windows
+(``streams.memory_eval_batches``: every prediction gets the context it gets
+when scored), and each scored prediction adds one pair: the key g (the
+memory feature of the TRIME loss, the last feed-forward block's input) as
+float16, and the value, the token that followed, as int32 (WikiText-103's
+267,735 types overflow int16; values are generic integers).
+
+Layout of a datastore directory::
+
+    build.json              the build's parameters (fixed once started)
+    shard-00000.keys        [count, dim] float16, raw (np.memmap)
+    shard-00000.values      [count] int32, raw
+    shard-00000.json        written last: the shard is complete
+    ...
+    manifest.json           the joined datastore (signature, dim, dtypes,
+                            count, corpus, split, context, shards, id)
+
+Shard s holds the scored predictions of evaluation batches
+[s * shard_batches, (s + 1) * shard_batches), in stream order. A build is
+resumable (complete shards are kept, an interrupted one is written again)
+and shardable (process k of n writes shards s with s % n == k); whichever
+process finds every shard complete writes the manifest, which joins them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import uuid
+from typing import Any, Callable, Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from memjax import checkpointing
+from memjax import console
+from memjax import errors
+from memjax import sharding as sharding_lib
+from memjax.data import streams
+from memjax.memory import evaluation
+
+KEY_DTYPE = "float16"
+VALUE_DTYPE = "int32"
+FORMAT_VERSION = 1
+
+
+def _shard_name(s: int) -> str:
+  return f"shard-{s:05d}"
+
+
+def _read_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class Datastore:
+  """A joined datastore, its shards memory-mapped read-only.
+
+  Attributes:
+    path: the directory.
+    manifest: manifest.json.
+    keys: per shard, [n_s, dim] float16 memmaps.
+    values: per shard, [n_s] int32 memmaps.
+  """
+
+  path: str
+  manifest: dict[str, Any]
+  keys: list[np.ndarray]
+  values: list[np.ndarray]
+
+  @property
+  def dim(self) -> int:
+    return int(self.manifest["dim"])
+
+  @property
+  def count(self) -> int:
+    return int(self.manifest["count"])
+
+  @property
+  def offsets(self) -> np.ndarray:
+    """[num_shards + 1] first global index of each shard, then count."""
+    return np.cumsum([0] + [len(v) for v in self.values])
+
+  def gather(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keys [..., dim] float32 and values [...] int32 at global indices
+    ``idx`` [...] (-1: zeros)."""
+    idx = np.asarray(idx)
+    flat = idx.reshape(-1)
+    keys = np.zeros((flat.size, self.dim), np.float32)
+    vals = np.zeros((flat.size,), np.int32)
+    shard = np.searchsorted(self.offsets, flat, side="right") - 1
+    for s in np.unique(shard[flat >= 0]):
+      sel = np.nonzero((shard == s) & (flat >= 0))[0]
+      local = flat[sel] - self.offsets[s]
+      keys[sel] = self.keys[s][local]
+      vals[sel] = self.values[s][local]
+    return keys.reshape(idx.shape + (self.dim,)), vals.reshape(idx.shape)
+
+
+def open_datastore(
+    path: str,
+    *,
+    signature: Optional[dict[str, Any]] = None,
+    dim: Optional[int] = None,
+    checkpoint: Optional[dict[str, Any]] = None,
+) -> Datastore:
+  """Opens and checks a joined datastore (read-only; nothing is written).
+
+  Args:
+    path: its directory.
+    signature: the model it must belong to (``experiment.model_signature``).
+    dim: the feature dimension it must have.
+    checkpoint: {'source', 'step'} of the parameters it must come from
+      (checked when the manifest records one).
+
+  Raises:
+    errors.DataError: no manifest, another format or dtype, a shard missing
+      or of the wrong size.
+    errors.CheckpointMismatchError: built by another model or dimension.
+  """
+  mpath = os.path.join(path, "manifest.json")
+  if not os.path.exists(mpath):
+    raise errors.DataError(
+        f"no datastore at {path} (no manifest.json); build it with "
+        "--mode=datastore"
+    )
+  m = _read_json(mpath)
+  if m.get("key_dtype") != KEY_DTYPE or m.get("value_dtype") != VALUE_DTYPE:
+    raise errors.DataError(
+        f"datastore {path} has keys {m.get('key_dtype')} / values "
+        f"{m.get('value_dtype')}; this version reads {KEY_DTYPE} / "
+        f"{VALUE_DTYPE}: rebuild it with --mode=datastore"
+    )
+  if dim is not None and int(m["dim"]) != int(dim):
+    raise errors.CheckpointMismatchError(
+        f"datastore {path} has features of dimension {m['dim']}, the model "
+        f"{dim}: build a datastore with this model"
+    )
+  diffs = []
+  if signature is not None:
+    diffs = checkpointing.compare_signatures(
+        m.get("signature", {}).get("model", {}), signature.get("model", {})
+    )
+  saved = m.get("checkpoint")
+  if checkpoint is not None and saved and saved != checkpoint:
+    diffs.append(
+        f"built from {saved['source']} step {saved['step']}, not "
+        f"{checkpoint['source']} step {checkpoint['step']}"
+    )
+  if diffs:
+    raise errors.CheckpointMismatchError(
+        f"datastore {path} was built by another model ({'; '.join(diffs[:4])}"
+        "): build one with this model (--mode=datastore into another "
+        "eval_memory.datastore)"
+    )
+  keys, values = [], []
+  d = int(m["dim"])
+  for shard in m["shards"]:
+    base = os.path.join(path, shard["name"])
+    n = int(shard["count"])
+    for suffix, size in ((".keys", n * d * 2), (".values", n * 4)):
+      f = base + suffix
+      if not os.path.exists(f):
+        raise errors.DataError(
+            f"datastore {path}: shard file {os.path.basename(f)} is missing; "
+            "rebuild that shard with --mode=datastore"
+        )
+      if os.path.getsize(f) != size:
+        raise errors.DataError(
+            f"datastore {path}: {os.path.basename(f)} has "
+            f"{os.path.getsize(f)} bytes, expected {size} (truncated?); "
+            "delete it and its .json and resume --mode=datastore"
+        )
+    keys.append(
+        np.memmap(base + ".keys", np.float16, "r", shape=(n, d))
+        if n
+        else np.zeros((0, d), np.float16)
+    )
+    values.append(
+        np.memmap(base + ".values", np.int32, "r", shape=(n,))
+        if n
+        else np.zeros((0,), np.int32)
+    )
+  return Datastore(path, m, keys, values)
+
+
+def make_feature_fn(model: Any, score_len: int) -> Callable:
+  """``fn(params, batch) -> (g [W, S, D], targets [W, S], positions [W, S])``
+  over the scored predictions of a ``memory_eval_batches`` batch; positions
+  are -1 where nothing is scored."""
+
+  def fn(params, batch):
+    out = model.apply(
+        {"params": params},
+        batch["inputs"],
+        batch["targets"],
+        deterministic=True,
+    )
+    take = lambda x: evaluation._take_scored(  # noqa: E731 pylint: disable=protected-access
+        x, batch["score_from"], score_len
+    )
+    weights = jnp.arange(score_len)[None, :] < batch["score_count"][:, None]
+    return (
+        take(out.features),
+        take(batch["targets"]),
+        jnp.where(weights, take(batch["position"]), -1),
+    )
+
+  return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSpec:
+  """What a datastore is built from (build.json); fixed once started."""
+
+  signature: dict[str, Any]
+  checkpoint: dict[str, Any]
+  dim: int
+  corpus: str
+  split: str
+  window_len: int
+  score_len: int
+  batch_size: int
+  shard_batches: int
+  num_tokens: int
+
+  def to_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def _batches(tokens, spec: BuildSpec) -> Iterator[dict[str, np.ndarray]]:
+  return streams.memory_eval_batches(
+      tokens, spec.window_len, spec.score_len, spec.batch_size
+  )
+
+
+def num_shards(spec: BuildSpec) -> int:
+  windows = streams.memory_eval_windows(
+      max(spec.num_tokens - 1, 0), spec.window_len, spec.score_len
+  )
+  batches = -(-len(windows) // spec.batch_size)
+  return max(1, -(-batches // spec.shard_batches))
+
+
+def check_build_dir(path: str, spec: BuildSpec) -> None:
+  """Raises a UserError if ``path`` holds a datastore or build of anything
+  else than ``spec`` (nothing is written)."""
+  bpath = os.path.join(path, "build.json")
+  if not os.path.exists(bpath):
+    if os.path.isdir(path) and os.listdir(path):
+      raise errors.DataError(
+          f"{path} is not empty and holds no datastore build: choose another "
+          "eval_memory.datastore"
+      )
+    return
+  old = _read_json(bpath)
+  if old.get("signature", {}).get("model") != spec.signature["model"]:
+    raise errors.CheckpointMismatchError(
+        f"the datastore at {path} was built by another model: choose another "
+        "eval_memory.datastore (or delete it)"
+    )
+  if old != spec.to_json():
+    diff = sorted(
+        k for k in set(old) | set(spec.to_json())
+        if old.get(k) != spec.to_json().get(k)
+    )  # fmt: skip
+    raise errors.ResumeError(
+        f"the datastore build at {path} has other settings ({', '.join(diff)}):"
+        " resume it with the same ones or choose another eval_memory.datastore"
+    )
+
+
+def build(
+    model: Any,
+    params: Any,
+    tokens: np.ndarray,
+    spec: BuildSpec,
+    path: str,
+    *,
+    mesh: Any,
+    process_index: int = 0,
+    process_count: int = 1,
+    stop_after_shards: int = 0,
+) -> Optional[Datastore]:
+  """Writes this process's shards of a datastore and joins it when complete.
+
+  Args:
+    model: the TransformerLM.
+    params: its parameters.
+    tokens: [N] the split's token stream.
+    spec: the build (``check_build_dir`` must have passed).
+    path: the datastore directory.
+    mesh: device mesh (batches are split over its data axes).
+    process_index: k; this process writes shards s with s % n == k.
+    process_count: n.
+    stop_after_shards: stop after writing this many shards (0: all); for
+      tests of an interrupted build.
+
+  Returns:
+    The joined datastore, or None while other processes' shards are missing.
+  """
+  os.makedirs(path, exist_ok=True)
+  if not os.path.exists(os.path.join(path, "build.json")):
+    _write_json(os.path.join(path, "build.json"), spec.to_json())
+  total = num_shards(spec)
+  mine = [
+      s
+      for s in range(total)
+      if s % process_count == process_index
+      and not os.path.exists(os.path.join(path, _shard_name(s) + ".json"))
+  ]
+  fn = sharding_lib.under_mesh(
+      jax.jit(make_feature_fn(model, spec.score_len)), mesh
+  )
+  console.info(
+      "datastore: %d of %d shards to write (process %d of %d) into %s",
+      len(mine),
+      total,
+      process_index,
+      process_count,
+      path,
+  )
+  start, written, keys_done = time.time(), 0, 0
+  last = start
+  batches = _batches(tokens, spec)
+  cursor = 0  # index of the next batch the iterator yields
+  for s in mine:
+    first = s * spec.shard_batches
+    base = os.path.join(path, _shard_name(s))
+    count, first_pos = 0, -1
+    with (
+        open(base + ".keys.tmp", "wb") as fk,
+        open(base + ".values.tmp", "wb") as fv,
+    ):
+      for b in range(first, first + spec.shard_batches):
+        while cursor < b:
+          next(batches, None)
+          cursor += 1
+        batch = next(batches, None)
+        cursor += 1
+        if batch is None:
+          break
+        g, tgt, pos = jax.device_get(
+            fn(params, sharding_lib.put_global_batch(batch, mesh))
+        )
+        ok = pos.reshape(-1) >= 0
+        fk.write(
+            np.ascontiguousarray(
+                g.reshape(-1, spec.dim)[ok].astype(np.float16)
+            ).tobytes()
+        )
+        fv.write(tgt.reshape(-1)[ok].astype(np.int32).tobytes())
+        if first_pos < 0 and ok.any():
+          first_pos = int(pos.reshape(-1)[ok][0])
+        count += int(ok.sum())
+        if time.time() - last > 10:
+          last = time.time()
+          rate = (keys_done + count) / (last - start)
+          expected = min(
+              len(mine) * spec.shard_batches * spec.batch_size * spec.score_len,
+              spec.num_tokens - 1,
+          )
+          left = max(expected - keys_done - count, 0) / max(rate, 1e-9)
+          console.info(
+              "datastore: shard %d (%d/%d), %d keys, %.0f keys/s, ETA %.0fs",
+              s,
+              written + 1,
+              len(mine),
+              keys_done + count,
+              rate,
+              left,
+          )
+    os.replace(base + ".keys.tmp", base + ".keys")
+    os.replace(base + ".values.tmp", base + ".values")
+    _write_json(
+        base + ".json",
+        {"name": _shard_name(s), "count": count, "first_position": first_pos},
+    )
+    written += 1
+    keys_done += count
+    if stop_after_shards and written >= stop_after_shards:
+      console.info("datastore: stopped after %d shards", written)
+      return None
+  elapsed = time.time() - start
+  console.info(
+      "datastore: wrote %d shards, %d keys in %.1fs (%.0f keys/s)",
+      written,
+      keys_done,
+      elapsed,
+      keys_done / max(elapsed, 1e-9),
+  )
+  return join(path, spec)
+
+
+def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
+  """Writes manifest.json once every shard is complete (else None)."""
+  total = num_shards(spec)
+  shards, missing = [], []
+  for s in range(total):
+    j = os.path.join(path, _shard_name(s) + ".json")
+    if os.path.exists(j):
+      shards.append(_read_json(j))
+    else:
+      missing.append(s)
+  if missing:
+    console.info(
+        "datastore: %d shards still missing (%s); the last process to "
+        "finish joins them",
+        len(missing),
+        ", ".join(map(str, missing[:8])),
+    )
+    return None
+  mpath = os.path.join(path, "manifest.json")
+  if not os.path.exists(mpath):
+    _write_json(
+        mpath,
+        {
+            "format_version": FORMAT_VERSION,
+            "id": uuid.uuid4().hex,
+            "signature": spec.signature,
+            "checkpoint": spec.checkpoint,
+            "dim": spec.dim,
+            "key_dtype": KEY_DTYPE,
+            "value_dtype": VALUE_DTYPE,
+            "count": int(sum(s["count"] for s in shards)),
+            "corpus": spec.corpus,
+            "split": spec.split,
+            "context": {
+                "window_len": spec.window_len,
+                "score_len": spec.score_len,
+            },
+            "shards": shards,
+        },
+    )
+  return open_datastore(path)
+
+
+def from_arrays(
+    path: str,
+    keys: np.ndarray,
+    values: np.ndarray,
+    *,
+    signature: dict[str, Any],
+    shard_size: int = 0,
+    corpus: str = "",
+    split: str = "",
+) -> Datastore:
+  """Writes a joined datastore of given pairs (hand-made memories, tests).
+
+  Args:
+    path: a new directory.
+    keys: [N, D] float (stored as float16).
+    values: [N] int (stored as int32).
+    signature: the model signature to record.
+    shard_size: keys per shard (0: one shard).
+    corpus: recorded in the manifest.
+    split: recorded in the manifest.
+  """
+  keys = np.asarray(keys)
+  n, d = keys.shape
+  size = shard_size or max(n, 1)
+  os.makedirs(path, exist_ok=True)
+  shards = []
+  for s, a in enumerate(range(0, max(n, 1), size)):
+    base = os.path.join(path, _shard_name(s))
+    keys[a : a + size].astype(np.float16).tofile(base + ".keys")
+    np.asarray(values[a : a + size], np.int32).tofile(base + ".values")
+    shards.append(
+        {
+            "name": _shard_name(s),
+            "count": int(min(size, n - a)),
+            "first_position": a,
+        }
+    )
+  _write_json(
+      os.path.join(path, "manifest.json"),
+      {
+          "format_version": FORMAT_VERSION,
+          "id": uuid.uuid4().hex,
+          "signature": signature,
+          "dim": int(d),
+          "key_dtype": KEY_DTYPE,
+          "value_dtype": VALUE_DTYPE,
+          "count": int(n),
+          "corpus": corpus,
+          "split": split,
+          "context": {},
+          "shards": shards,
+      },
+  )
+  return open_datastore(path)
