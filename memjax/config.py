@@ -215,6 +215,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_memory.search = "scann"  # scann | exact
   c.eval_memory.ext_k = 1024  # K neighbours (Appendix D)
   c.eval_memory.leaves_to_search = 0  # ScaNN leaves searched; 0 = index's
+  # ScaNN candidates re-ordered exactly per query; 0 = max(2K, 256).
+  c.eval_memory.reorder_candidates = 0
   c.eval_memory.pipeline = True  # search batch t while t+1 runs forward
   c.eval_memory.ext_temperature = 10.5  # tau' of Eq. 8 (trime_ext)
   c.eval_memory.ext_lambda = 0.3  # lambda of Eq. 9 (trime_ext); 0 = Eq. 6

@@ -222,9 +222,11 @@ class ScannSearcher:
       metric: str,
       searchers: list[Any],
       leaves_to_search: int = 0,
+      reorder: int = 0,
   ):
     self.store, self.metric, self.searchers = store, metric, searchers
     self.leaves_to_search = leaves_to_search
+    self.reorder = reorder
 
   def search(self, queries: np.ndarray, k: int):
     """(scores [Q, k], global indices [Q, k]); exact scores of the found."""
@@ -239,7 +241,7 @@ class ScannSearcher:
       idx, dist = srch.search_batched_parallel(
           q,
           final_num_neighbors=kk,
-          pre_reorder_num_neighbors=max(2 * kk, 256),
+          pre_reorder_num_neighbors=max(self.reorder or 2 * kk, kk, 256),
           leaves_to_search=self.leaves_to_search or None,
       )
       idx = np.asarray(idx, np.int64)
@@ -310,7 +312,10 @@ def build_index(
 
 
 def load_index(
-    store: ds_lib.Datastore, metric: str, leaves_to_search: int = 0
+    store: ds_lib.Datastore,
+    metric: str,
+    leaves_to_search: int = 0,
+    reorder: int = 0,
 ) -> ScannSearcher:
   """Reloads the serialised ScaNN searchers of ``store`` (no rebuilding).
 
@@ -339,7 +344,7 @@ def load_index(
   for s, n in enumerate(counts):
     d = os.path.join(out, f"shard-{s:05d}")
     searchers.append(_scann().load_searcher(d) if n else None)
-  return ScannSearcher(store, metric, searchers, leaves_to_search)
+  return ScannSearcher(store, metric, searchers, leaves_to_search, reorder)
 
 
 def make_searcher(
@@ -347,12 +352,14 @@ def make_searcher(
     metric: str,
     method: str,
     leaves_to_search: int = 0,
+    reorder: int = 0,
 ) -> Any:
-  """'exact' or 'scann' (the serialised index)."""
+  """'exact' or 'scann' (the serialised index; ``reorder`` candidates
+  re-ordered exactly per query, 0: max(2k, 256))."""
   if method == "exact":
     return ExactSearcher(store, metric)
   if method == "scann":
-    return load_index(store, metric, leaves_to_search)
+    return load_index(store, metric, leaves_to_search, reorder)
   raise errors.ConfigError(
       f"eval_memory.search must be 'scann' or 'exact', got {method!r}"
   )

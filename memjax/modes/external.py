@@ -213,7 +213,10 @@ def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
   search_lib.check_k(store, k)
   metric = _metric(config)
   scann = search_lib.load_index(
-      store, metric, int(config.eval_memory.leaves_to_search)
+      store,
+      metric,
+      int(config.eval_memory.leaves_to_search),
+      int(config.eval_memory.reorder_candidates),
   )
   queries, targets = held_out_queries(
       loaded, "valid", int(config.datastore.recall_queries), True
@@ -269,10 +272,12 @@ def external_search(
   )
   search_lib.check_k(store, int(em.ext_k))
   key = (path, store.manifest["id"], metric, em.search, em.leaves_to_search)
+  key += (em.reorder_candidates,)
   if key not in _SEARCHERS:
     _SEARCHERS[key] = search_lib.make_searcher(
-        store, metric, em.search, int(em.leaves_to_search)
-    )
+        store, metric, em.search, int(em.leaves_to_search),
+        int(em.reorder_candidates),
+    )  # fmt: skip
   return external_lib.ExternalSearch(
       _SEARCHERS[key], int(em.ext_k), bool(em.pipeline)
   )
