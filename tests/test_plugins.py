@@ -157,8 +157,10 @@ def test_an_unknown_task_lists_the_registered_ones():
 
 
 def test_an_unknown_evaluation_memory_and_mode_list_the_registered_ones():
-  with pytest.raises(errors.ConfigError, match="cache, none, trime"):
-    registry.EVAL_MEMORIES.get("knn")
+  with pytest.raises(
+      errors.ConfigError, match="cache, knn, none, trime, trime_ext"
+  ):
+    registry.EVAL_MEMORIES.get("nope")
   with pytest.raises(errors.ConfigError, match="--mode 'nope'.*memeval"):
     registry.MODES.get("nope")
 

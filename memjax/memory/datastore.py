@@ -27,6 +27,7 @@ process finds every shard complete writes the manifest, which joins them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -166,35 +167,37 @@ def open_datastore(
         "): build one with this model (--mode=datastore into another "
         "eval_memory.datastore)"
     )
-  keys, values = [], []
   d = int(m["dim"])
-  for shard in m["shards"]:
-    base = os.path.join(path, shard["name"])
-    n = int(shard["count"])
-    for suffix, size in ((".keys", n * d * 2), (".values", n * 4)):
-      f = base + suffix
-      if not os.path.exists(f):
-        raise errors.DataError(
-            f"datastore {path}: shard file {os.path.basename(f)} is missing; "
-            "rebuild that shard with --mode=datastore"
-        )
-      if os.path.getsize(f) != size:
-        raise errors.DataError(
-            f"datastore {path}: {os.path.basename(f)} has "
-            f"{os.path.getsize(f)} bytes, expected {size} (truncated?); "
-            "delete it and its .json and resume --mode=datastore"
-        )
-    keys.append(
-        np.memmap(base + ".keys", np.float16, "r", shape=(n, d))
-        if n
-        else np.zeros((0, d), np.float16)
-    )
-    values.append(
-        np.memmap(base + ".values", np.int32, "r", shape=(n,))
-        if n
-        else np.zeros((0,), np.int32)
-    )
+  shards = [_open_shard(path, shard, d) for shard in m["shards"]]
+  keys = [k for k, _ in shards]
+  values = [v for _, v in shards]
   return Datastore(path, m, keys, values)
+
+
+def _open_shard(path: str, shard: dict[str, Any], d: int):
+  """Memory-maps one shard's keys [n, d] and values [n] after checking that
+  both files exist with their sizes (raises errors.DataError)."""
+  base = os.path.join(path, shard["name"])
+  n = int(shard["count"])
+  for suffix, size in ((".keys", n * d * 2), (".values", n * 4)):
+    f = base + suffix
+    if not os.path.exists(f):
+      raise errors.DataError(
+          f"datastore {path}: shard file {os.path.basename(f)} is missing; "
+          "rebuild that shard with --mode=datastore"
+      )
+    if os.path.getsize(f) != size:
+      raise errors.DataError(
+          f"datastore {path}: {os.path.basename(f)} has "
+          f"{os.path.getsize(f)} bytes, expected {size} (truncated?); "
+          "delete it and its .json and resume --mode=datastore"
+      )
+  if not n:
+    return np.zeros((0, d), np.float16), np.zeros((0,), np.int32)
+  return (
+      np.memmap(base + ".keys", np.float16, "r", shape=(n, d)),
+      np.memmap(base + ".values", np.int32, "r", shape=(n,)),
+  )
 
 
 def make_feature_fn(model: Any, score_len: int) -> Callable:
@@ -333,76 +336,96 @@ def build(
       process_count,
       path,
   )
-  start, written, keys_done = time.time(), 0, 0
-  last = start
-  batches = _batches(tokens, spec)
-  cursor = 0  # index of the next batch the iterator yields
-  for s in mine:
+  progress = _Progress(
+      min(
+          len(mine) * spec.shard_batches * spec.batch_size * spec.score_len,
+          spec.num_tokens - 1,
+      )
+  )
+  batches, cursor = _batches(tokens, spec), 0
+  for written, s in enumerate(mine):
     first = s * spec.shard_batches
+    shard = itertools.islice(
+        batches, first - cursor, first - cursor + spec.shard_batches
+    )
+    cursor = first + spec.shard_batches
     base = os.path.join(path, _shard_name(s))
-    count, first_pos = 0, -1
-    with (
-        open(base + ".keys.tmp", "wb") as fk,
-        open(base + ".values.tmp", "wb") as fv,
-    ):
-      for b in range(first, first + spec.shard_batches):
-        while cursor < b:
-          next(batches, None)
-          cursor += 1
-        batch = next(batches, None)
-        cursor += 1
-        if batch is None:
-          break
-        g, tgt, pos = jax.device_get(
-            fn(params, sharding_lib.put_global_batch(batch, mesh))
-        )
-        ok = pos.reshape(-1) >= 0
-        fk.write(
-            np.ascontiguousarray(
-                g.reshape(-1, spec.dim)[ok].astype(np.float16)
-            ).tobytes()
-        )
-        fv.write(tgt.reshape(-1)[ok].astype(np.int32).tobytes())
-        if first_pos < 0 and ok.any():
-          first_pos = int(pos.reshape(-1)[ok][0])
-        count += int(ok.sum())
-        if time.time() - last > 10:
-          last = time.time()
-          rate = (keys_done + count) / (last - start)
-          expected = min(
-              len(mine) * spec.shard_batches * spec.batch_size * spec.score_len,
-              spec.num_tokens - 1,
-          )
-          left = max(expected - keys_done - count, 0) / max(rate, 1e-9)
-          console.info(
-              "datastore: shard %d (%d/%d), %d keys, %.0f keys/s, ETA %.0fs",
-              s,
-              written + 1,
-              len(mine),
-              keys_done + count,
-              rate,
-              left,
-          )
-    os.replace(base + ".keys.tmp", base + ".keys")
-    os.replace(base + ".values.tmp", base + ".values")
+    label = f"shard {s} ({written + 1}/{len(mine)})"
+    count, first_pos = _write_shard(
+        lambda b: fn(params, sharding_lib.put_global_batch(b, mesh)),
+        shard, base, spec.dim, progress, label,
+    )  # fmt: skip
     _write_json(
         base + ".json",
         {"name": _shard_name(s), "count": count, "first_position": first_pos},
     )
-    written += 1
-    keys_done += count
-    if stop_after_shards and written >= stop_after_shards:
-      console.info("datastore: stopped after %d shards", written)
+    if stop_after_shards and written + 1 >= stop_after_shards:
+      console.info("datastore: stopped after %d shards", written + 1)
       return None
-  elapsed = time.time() - start
+  elapsed = time.time() - progress.start
   console.info(
       "datastore: wrote %d shards, %d keys in %.1fs (%.0f keys/s)",
-      written,
-      keys_done,
+      len(mine),
+      progress.done,
       elapsed,
-      keys_done / max(elapsed, 1e-9),
+      progress.done / max(elapsed, 1e-9),
   )
   return join(path, spec)
+
+
+class _Progress:
+  """Keys written, with a keys/s and ETA line every 10 seconds."""
+
+  def __init__(self, expected: int):
+    self.start = self.last = time.time()
+    self.expected, self.done = expected, 0
+
+  def add(self, keys: int, label: str) -> None:
+    self.done += keys
+    if time.time() - self.last > 10:
+      self.last = time.time()
+      rate = self.done / (self.last - self.start)
+      console.info(
+          "datastore: %s, %d keys, %.0f keys/s, ETA %.0fs",
+          label,
+          self.done,
+          rate,
+          max(self.expected - self.done, 0) / max(rate, 1e-9),
+      )
+
+
+def _write_shard(
+    features: Callable,
+    batches: Iterator[dict[str, np.ndarray]],
+    base: str,
+    dim: int,
+    progress: _Progress,
+    label: str,
+) -> tuple[int, int]:
+  """Writes the scored pairs of ``batches`` to ``base``.keys / .values
+  (through .tmp files, renamed when complete); returns (count, first
+  position)."""
+  count, first_pos = 0, -1
+  with (
+      open(base + ".keys.tmp", "wb") as fk,
+      open(base + ".values.tmp", "wb") as fv,
+  ):
+    for batch in batches:
+      g, tgt, pos = jax.device_get(features(batch))
+      ok = pos.reshape(-1) >= 0
+      fk.write(
+          np.ascontiguousarray(
+              g.reshape(-1, dim)[ok].astype(np.float16)
+          ).tobytes()
+      )
+      fv.write(tgt.reshape(-1)[ok].astype(np.int32).tobytes())
+      if first_pos < 0 and ok.any():
+        first_pos = int(pos.reshape(-1)[ok][0])
+      count += int(ok.sum())
+      progress.add(int(ok.sum()), label)
+  os.replace(base + ".keys.tmp", base + ".keys")
+  os.replace(base + ".values.tmp", base + ".values")
+  return count, first_pos
 
 
 def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
@@ -425,27 +448,35 @@ def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
     return None
   mpath = os.path.join(path, "manifest.json")
   if not os.path.exists(mpath):
-    _write_json(
-        mpath,
-        {
-            "format_version": FORMAT_VERSION,
-            "id": uuid.uuid4().hex,
-            "signature": spec.signature,
-            "checkpoint": spec.checkpoint,
-            "dim": spec.dim,
-            "key_dtype": KEY_DTYPE,
-            "value_dtype": VALUE_DTYPE,
-            "count": int(sum(s["count"] for s in shards)),
-            "corpus": spec.corpus,
-            "split": spec.split,
-            "context": {
-                "window_len": spec.window_len,
-                "score_len": spec.score_len,
-            },
-            "shards": shards,
-        },
-    )
+    _write_manifest(
+        path, shards, spec.signature, spec.dim, spec.corpus, spec.split,
+        context={"window_len": spec.window_len, "score_len": spec.score_len},
+        checkpoint=spec.checkpoint,
+    )  # fmt: skip
   return open_datastore(path)
+
+
+def _write_manifest(
+    path, shards, signature, dim, corpus, split, context, checkpoint=None
+) -> None:
+  """manifest.json, which joins ``shards`` into a datastore."""
+  _write_json(
+      os.path.join(path, "manifest.json"),
+      {
+          "format_version": FORMAT_VERSION,
+          "id": uuid.uuid4().hex,
+          "signature": signature,
+          "checkpoint": checkpoint,
+          "dim": dim,
+          "key_dtype": KEY_DTYPE,
+          "value_dtype": VALUE_DTYPE,
+          "count": int(sum(s["count"] for s in shards)),
+          "corpus": corpus,
+          "split": split,
+          "context": context,
+          "shards": shards,
+      },
+  )
 
 
 def from_arrays(
@@ -485,20 +516,5 @@ def from_arrays(
             "first_position": a,
         }
     )
-  _write_json(
-      os.path.join(path, "manifest.json"),
-      {
-          "format_version": FORMAT_VERSION,
-          "id": uuid.uuid4().hex,
-          "signature": signature,
-          "dim": int(d),
-          "key_dtype": KEY_DTYPE,
-          "value_dtype": VALUE_DTYPE,
-          "count": int(n),
-          "corpus": corpus,
-          "split": split,
-          "context": {},
-          "shards": shards,
-      },
-  )
+  _write_manifest(path, shards, signature, int(d), corpus, split, {})
   return open_datastore(path)
