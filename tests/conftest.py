@@ -67,12 +67,46 @@ def resm_smoke_workdir(tmp_path_factory):
   )
 
 
-def _shared_run(tmp_path_factory, name: str, *args: str) -> str:
+@pytest.fixture(scope="session")
+def mt_smoke_workdir(tmp_path_factory):
+  """A 4-step translation smoke run (configs/trime_iwslt.py:smoke) on the
+  first 300 shipped pairs of each split (the data in ``<run>/../mt_data``),
+  shared by the translation tests and notebook."""
+
+  def subset(root):
+    data = root / "mt_data"
+    data.mkdir(exist_ok=True)
+    for split in ("train", "valid", "test"):
+      for lang in ("de", "en"):
+        src = os.path.join(REPO, "demo_data", "mt_de_en", f"{split}.{lang}")
+        with open(src, encoding="utf-8") as f:
+          lines = f.read().splitlines()[:300]
+        (data / f"{split}.{lang}").write_text(
+            "\n".join(lines) + "\n", encoding="utf-8"
+        )
+    return (
+        f"--config.data.data_dir={data}",
+        "--config.train.num_steps=4",
+        "--config.translation.eval_max_sentences=16",
+        "--config.translation.decode_batch_size=16",
+        "--config.translation.buckets=(32,)",
+    )
+
+  return _shared_run(
+      tmp_path_factory,
+      "mt_smoke",
+      "--config=configs/trime_iwslt.py:smoke",
+      prepare=subset,
+  )
+
+
+def _shared_run(tmp_path_factory, name: str, *args: str, prepare=None) -> str:
   """Trains ``memjax.main *args`` once per test run into ``<tmp>/<name>``.
 
   Under pytest-xdist each worker has its own session: the first worker to
   get here trains the run under a file lock in the directory all workers
-  share, and the others wait for it and reuse it.
+  share, and the others wait for it and reuse it. ``prepare(root)``, if
+  given, writes what the run needs into ``root`` and returns more flags.
   """
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -82,7 +116,8 @@ def _shared_run(tmp_path_factory, name: str, *args: str) -> str:
   with open(root / f"{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not done.exists():
-      proc = run_main(*args, f"--workdir={workdir}")
+      extra = tuple(prepare(root)) if prepare else ()
+      proc = run_main(*args, *extra, f"--workdir={workdir}")
       assert proc.returncode == 0, proc.stderr[-3000:]
       done.touch()
   return str(workdir)

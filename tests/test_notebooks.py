@@ -8,7 +8,8 @@ an empty directory, with
   instead of training their own;
 * ``MEMJAX_OUT``: where the notebook writes (exports and the like);
 * the variables of ``SHARED_RUNS`` a notebook names, e.g.
-  ``MEMJAX_RESM_RUN``: a residual-memory smoke run.
+  ``MEMJAX_RESM_RUN``: a residual-memory smoke run, ``MEMJAX_MT_RUN``: a
+  translation smoke run.
 
 A failing cell fails the test with that cell's number, source and traceback.
 """
@@ -33,7 +34,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Colours of IPython's tracebacks.
 
 # Further shared runs a notebook may reuse: environment variable -> fixture.
 # A notebook that names the variable gets the fixture's run.
-SHARED_RUNS = {"MEMJAX_RESM_RUN": "resm_smoke_workdir"}
+SHARED_RUNS = {
+    "MEMJAX_RESM_RUN": "resm_smoke_workdir",
+    "MEMJAX_MT_RUN": "mt_smoke_workdir",
+}
 
 
 def _kernel_manager() -> manager.AsyncKernelManager:

@@ -1,5 +1,5 @@
-"""A smoke translation run end to end through the common training loop
-(the translation task), translating a file, and the one-line error for
+"""A smoke translation run end to end through ``memjax.main --mode=train``
+(the common loop with the translation task), translating a file, and the one-line error for
 parallel files that disagree."""
 
 import json
@@ -27,17 +27,12 @@ def _config(data_dir, **translation_overrides):
 
 
 @pytest.fixture(scope="module")
-def mt_run(tmp_path_factory):
-  """A 4-step smoke run on the first 300 shipped pairs of each split."""
-  data = str(tmp_path_factory.mktemp("mt_data"))
-  for split in ("train", "valid", "test"):
-    for lang in ("de", "en"):
-      with open(os.path.join(parallel.DEFAULT_DIR, f"{split}.{lang}")) as f:
-        lines = f.read().splitlines()[:300]
-      with open(os.path.join(data, f"{split}.{lang}"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-  workdir = str(tmp_path_factory.mktemp("mt_smoke"))
-  return workdir, data, train.train_and_evaluate(_config(data), workdir)
+def mt_run(mt_smoke_workdir):
+  """The session's 4-step smoke run on the first 300 pairs of each split
+  (``tests/conftest.py``), its data directory and results."""
+  data = os.path.join(os.path.dirname(mt_smoke_workdir), "mt_data")
+  with open(os.path.join(mt_smoke_workdir, "results.json")) as f:
+    return mt_smoke_workdir, data, json.load(f)
 
 
 def test_training_scores_valid_with_sacrebleu(mt_run):
@@ -48,7 +43,7 @@ def test_training_scores_valid_with_sacrebleu(mt_run):
   assert "tok:13a" in saved["valid"]["bleu_signature"]
   with open(os.path.join(workdir, "translations", "valid.txt")) as f:
     assert len(f.read().splitlines()) == 16
-  assert results["valid"]["bleu"] == saved["valid"]["bleu"]
+  assert 0.0 <= results["valid"]["bleu"] <= 100.0
   # The common loop's files: config, vocabulary, TensorBoard events, log.
   with open(os.path.join(workdir, "vocab.json")) as f:
     assert json.load(f)["kind"] == "sentencepiece"
