@@ -28,3 +28,33 @@ def warn(msg: str, *args) -> None:
   text = msg % args if args else msg
   sys.stderr.write(f"[memjax {time.strftime('%H:%M:%S')}] warning: {text}\n")
   sys.stderr.flush()
+
+
+class Progress:
+  """Counts items of a long job and prints a rate and ETA line at most every
+  ``every_s`` seconds (e.g. the keys a datastore build has written)."""
+
+  def __init__(
+      self, expected: int, what: str = "datastore", unit: str = "keys",
+      every_s: float = 10.0,
+  ):  # fmt: skip
+    self.start = self.last = time.time()
+    self.expected, self.done = expected, 0
+    self.what, self.unit, self.every_s = what, unit, every_s
+
+  def add(self, n: int, label: str) -> None:
+    """Adds ``n`` items done; ``label`` says where the job is."""
+    self.done += n
+    if time.time() - self.last > self.every_s:
+      self.last = time.time()
+      rate = self.done / (self.last - self.start)
+      info(
+          "%s: %s, %d %s, %.0f %s/s, ETA %.0fs",
+          self.what,
+          label,
+          self.done,
+          self.unit,
+          rate,
+          self.unit,
+          max(self.expected - self.done, 0) / max(rate, 1e-9),
+      )

@@ -37,6 +37,7 @@ imported; a config file can import it.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 from typing import Any, Callable, Mapping, Optional, TypeVar
@@ -79,7 +80,7 @@ class HookContext:
   writer: Any = None
 
 
-class StepHook:
+class StepHook(abc.ABC):
   """A step hook. Subclass it, implement ``__call__`` and register it."""
 
   def __init__(self, ctx: HookContext, state: dict[str, Any]) -> None:
@@ -97,9 +98,9 @@ class StepHook:
     """Runs once before the first update of this process (new or resumed
     run): re-apply here what ``self.state`` records."""
 
+  @abc.abstractmethod
   def __call__(self, step: int, params: Any) -> None:
     """Runs after update ``step`` (1-based) with the current parameters."""
-    raise NotImplementedError
 
 
 def register_hook(name: str) -> Callable[[H], H]:

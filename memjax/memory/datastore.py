@@ -336,7 +336,7 @@ def build(
       process_count,
       path,
   )
-  progress = _Progress(
+  progress = console.Progress(
       min(
           len(mine) * spec.shard_batches * spec.batch_size * spec.score_len,
           spec.num_tokens - 1,
@@ -373,33 +373,12 @@ def build(
   return join(path, spec)
 
 
-class _Progress:
-  """Keys written, with a keys/s and ETA line every 10 seconds."""
-
-  def __init__(self, expected: int):
-    self.start = self.last = time.time()
-    self.expected, self.done = expected, 0
-
-  def add(self, keys: int, label: str) -> None:
-    self.done += keys
-    if time.time() - self.last > 10:
-      self.last = time.time()
-      rate = self.done / (self.last - self.start)
-      console.info(
-          "datastore: %s, %d keys, %.0f keys/s, ETA %.0fs",
-          label,
-          self.done,
-          rate,
-          max(self.expected - self.done, 0) / max(rate, 1e-9),
-      )
-
-
 def _write_shard(
     features: Callable,
     batches: Iterator[dict[str, np.ndarray]],
     base: str,
     dim: int,
-    progress: _Progress,
+    progress: console.Progress,
     label: str,
 ) -> tuple[int, int]:
   """Writes the scored pairs of ``batches`` to ``base``.keys / .values

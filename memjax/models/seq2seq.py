@@ -434,12 +434,6 @@ class EncoderDecoder(nn.Module):
     return logp, g[:, 0], {"cross": cache["cross"], "self": tuple(new_self)}
 
 
-def _options(options: Any) -> Optional[dict[str, Any]]:
-  if not options:
-    return None
-  return options.to_dict() if hasattr(options, "to_dict") else dict(options)
-
-
 @registry.MODEL_FAMILIES.register("encoder_decoder")
 def encoder_decoder(
     mcfg: Any, *, vocab_size: int, dtype: Any
@@ -447,7 +441,7 @@ def encoder_decoder(
   """The ``EncoderDecoder`` of a model config: ``num_layers`` decoder
   layers, ``family_options.encoder_layers`` encoder layers (default: as
   many)."""
-  opts = dict(_options(mcfg.get("family_options")) or {})
+  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
   unknown = sorted(set(opts) - {"encoder_layers"})
   if unknown:
     raise errors.ConfigError(
@@ -457,17 +451,6 @@ def encoder_decoder(
   return EncoderDecoder(
       vocab_size=vocab_size,
       encoder_layers=int(opts.get("encoder_layers", mcfg.num_layers)),
-      num_layers=mcfg.num_layers,
-      d_model=mcfg.d_model,
-      num_heads=mcfg.num_heads,
-      head_dim=mcfg.head_dim,
-      d_ff=mcfg.d_ff,
-      dropout_rate=mcfg.dropout,
-      attention_dropout_rate=mcfg.attention_dropout,
-      feed_forward=mcfg.feed_forward,
-      feed_forward_options=_options(mcfg.feed_forward_options),
-      norm_position=mcfg.norm_position,
-      norm_epsilon=float(mcfg.norm_epsilon),
-      max_len=mcfg.max_len,
+      **transformer.block_settings(mcfg),
       dtype=dtype,
   )

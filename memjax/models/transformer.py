@@ -424,11 +424,29 @@ class TransformerLM(nn.Module):
     return self.embedder.log_probs(hidden)
 
 
-def _options(options: Any) -> Optional[dict[str, Any]]:
+def config_options(options: Any) -> Optional[dict[str, Any]]:
   """A config's options (a ConfigDict or mapping) as a dict; None if empty."""
   if not options:
     return None
   return options.to_dict() if hasattr(options, "to_dict") else dict(options)
+
+
+def block_settings(mcfg: Any) -> dict[str, Any]:
+  """The block settings every model family reads from ``config.model``."""
+  return dict(
+      num_layers=mcfg.num_layers,
+      d_model=mcfg.d_model,
+      num_heads=mcfg.num_heads,
+      head_dim=mcfg.head_dim,
+      d_ff=mcfg.d_ff,
+      dropout_rate=mcfg.dropout,
+      attention_dropout_rate=mcfg.attention_dropout,
+      feed_forward=mcfg.feed_forward,
+      feed_forward_options=config_options(mcfg.feed_forward_options),
+      norm_position=mcfg.norm_position,
+      norm_epsilon=float(mcfg.norm_epsilon),
+      max_len=mcfg.max_len,
+  )
 
 
 @registry.MODEL_FAMILIES.register("decoder_lm")
@@ -442,28 +460,17 @@ def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
   """
   return TransformerLM(
       vocab_size=vocab_size,
-      num_layers=mcfg.num_layers,
-      d_model=mcfg.d_model,
-      num_heads=mcfg.num_heads,
-      head_dim=mcfg.head_dim,
-      d_ff=mcfg.d_ff,
+      **block_settings(mcfg),
       cutoffs=tuple(mcfg.cutoffs),
       adaptive_factor=mcfg.adaptive_factor,
       scale_embedding=mcfg.scale_embedding,
-      dropout_rate=mcfg.dropout,
       adaptive_dropout=mcfg.adaptive_dropout,
-      attention_dropout_rate=mcfg.attention_dropout,
       attention=mcfg.attention,
-      attention_options=_options(mcfg.attention_options),
-      feed_forward=mcfg.feed_forward,
-      feed_forward_options=_options(mcfg.feed_forward_options),
+      attention_options=config_options(mcfg.attention_options),
       feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
       mem_len=mcfg.mem_len,
-      max_len=mcfg.max_len,
       remat=mcfg.remat,
       dtype=dtype,
       softmax_chunk=mcfg.softmax_chunk,
-      norm_position=mcfg.norm_position,
-      norm_epsilon=float(mcfg.norm_epsilon),
       final_layer_norm=mcfg.final_layer_norm,
   )

@@ -13,6 +13,7 @@ from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.memory import evaluation
 from memjax.models import transformer
+from tests.memory import streams as streams_lib
 
 WINDOW, SCORE = 8, 3
 
@@ -32,18 +33,7 @@ def _model():
 
 @pytest.fixture(scope="module")
 def setup():
-  model = _model()
-  rng = np.random.default_rng(0)
-  # A repetitive stream so that long-term memories hold positives.
-  phrase = rng.integers(3, 24, 7)
-  tokens = np.concatenate(
-      [phrase if i % 2 else rng.integers(3, 24, 7) for i in range(7)]
-  ).astype(np.int32)
-  params = model.init(
-      jax.random.PRNGKey(0), tokens[None, :WINDOW], tokens[None, 1 : WINDOW + 1]
-  )["params"]
-  one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  return model, params, tokens, one
+  return streams_lib.repetitive_setup(_model(), WINDOW)
 
 
 def _window_outputs(model, params, tokens):

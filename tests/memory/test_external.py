@@ -20,6 +20,7 @@ from memjax.memory import datastore as ds_lib
 from memjax.memory import external
 from memjax.memory import search
 from memjax.models import transformer
+from tests.memory import streams as streams_lib
 
 WINDOW, SCORE = 8, 3
 SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 2}
@@ -34,17 +35,7 @@ def _model(vocab=24):
 
 @pytest.fixture(scope="module")
 def setup():
-  model = _model()
-  rng = np.random.default_rng(0)
-  phrase = rng.integers(3, 24, 7)
-  tokens = np.concatenate(
-      [phrase if i % 2 else rng.integers(3, 24, 7) for i in range(7)]
-  ).astype(np.int32)
-  params = model.init(
-      jax.random.PRNGKey(0), tokens[None, :WINDOW], tokens[None, 1 : WINDOW + 1]
-  )["params"]
-  one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  return model, params, tokens, one
+  return streams_lib.repetitive_setup(_model(), WINDOW)
 
 
 def _spec(tokens, dim=16, shard_batches=1, batch_size=2, sig=SIG):

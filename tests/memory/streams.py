@@ -1,0 +1,22 @@
+"""A shared test stream for the evaluation-memory tests."""
+
+import jax
+import numpy as np
+
+from memjax import sharding as sharding_lib
+
+
+def repetitive_setup(model, window: int):
+  """(model, params, tokens [49], one-device mesh) for a stream in which a
+  7-token phrase recurs, so that long-term and external memories hold
+  positives."""
+  rng = np.random.default_rng(0)
+  phrase = rng.integers(3, 24, 7)
+  tokens = np.concatenate(
+      [phrase if i % 2 else rng.integers(3, 24, 7) for i in range(7)]
+  ).astype(np.int32)
+  params = model.init(
+      jax.random.PRNGKey(0), tokens[None, :window], tokens[None, 1 : window + 1]
+  )["params"]
+  one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
+  return model, params, tokens, one
