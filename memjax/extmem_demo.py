@@ -5,8 +5,10 @@
 Two models train with the TRIME demo's steps, model and batch
 (``configs/trime_wt103.py``, size ``demo``):
 
-* vanilla: the plain LM objective; evaluated without memory and with
-  kNN-LM (``knn``: squared L2, lambda and temperature tuned on valid);
+* vanilla: the plain LM objective; evaluated without memory, with
+  kNN-LM (``knn``: squared L2, lambda and temperature tuned on valid) and
+  with kNN-LM plus a continuous cache over M_local u M_long
+  (``knn_cache``, Table 2's "kNN-LM + continuous cache");
 * TRIMELM_ext: BM25-packed batches (the offline packing runs first);
   evaluated with M_local u M_long (``trime``) and with the external memory
   (``trime_ext``, Eq. 6-9: tau, tau', lambda and the long-term size tuned).
@@ -46,6 +48,9 @@ _SIZE = flags.DEFINE_string("size", "demo", "Config size (demo or smoke).")
 # first windows of valid and test (6,464 predictions each at 100).
 _WINDOWS = flags.DEFINE_integer(
     "eval_windows", 100, "Evaluation windows of valid and test (0: all)."
+)
+_METHODS = flags.DEFINE_list(
+    "methods", ["vanilla", "trime_ext"], "Which models to run (rows of both)."
 )
 
 # (row, config variant method, its external kind)
@@ -126,6 +131,11 @@ def run_model(method: str, kind: str, workdir: str, steps) -> dict:
 
   print(f"== {method}: score {kind} with exact search", flush=True)
   out["exact"] = step("exact", exact)
+  if method == "vanilla":
+    c.eval_memory.kind, c.eval_memory.search = "knn_cache", "scann"
+    c.eval_memory.long_mem_grid = (0, 1024)
+    print(f"== {method}: tune knn_cache with ScaNN", flush=True)
+    out["knn_cache"] = step("tune_knn_cache", lambda: memory_modes.tune(c, run))
   return out
 
 
@@ -138,16 +148,19 @@ def _timed(times: dict, name: str, path: str, fn):
 
 def format_table(models: list[dict]) -> str:
   """Markdown: one row per evaluation, Table 2's order."""
-  van, ext = models
+  by = {m["method"]: m for m in models}
+  van, ext = by.get("vanilla"), by.get("trime_ext")
   lines = [
       "| model | memory at evaluation | setting (tuned on valid) | valid ppl "
       "| test ppl | test ppl, exact search | ScaNN recall@K |",
       "|---|---|---|---:|---:|---:|---:|",
-      f"| vanilla | - | - | {van['scann']['valid']['plain']['ppl']:.2f} | "
-      f"{van['scann']['test']['plain']['ppl']:.2f} | - | - |",
-      f"| TRIMELM_ext | - | - | {ext['scann']['valid']['plain']['ppl']:.2f} "
-      f"| {ext['scann']['test']['plain']['ppl']:.2f} | - | - |",
   ]
+  for name, m in (("vanilla", van), ("TRIMELM_ext", ext)):
+    if m:
+      lines.append(
+          f"| {name} | - | - | {m['scann']['valid']['plain']['ppl']:.2f} | "
+          f"{m['scann']['test']['plain']['ppl']:.2f} | - | - |"
+      )
 
   def row(name, mem, r, m, exact=True):
     setting = em_setting(r["best"])
@@ -161,15 +174,19 @@ def format_table(models: list[dict]) -> str:
         f"{r['test']['memory']['ppl']:.2f} | {tail} |"
     )
 
-  lines.append(
-      row("vanilla + kNN-LM", "M_ext (K neighbours)", van["scann"], van)
-  )
-  lines.append(
-      row("TRIMELM_ext", "M_local u M_long", ext["local_long"], ext, False)
-  )
-  lines.append(
-      row("TRIMELM_ext", "M_local u M_long u M_ext", ext["scann"], ext)
-  )
+  if van:
+    lines.append(row("vanilla + kNN-LM", "M_ext", van["scann"], van))
+    lines.append(
+        row("vanilla + kNN-LM + cache", "M_local u M_long; M_ext",
+            van["knn_cache"], van, False)
+    )  # fmt: skip
+  if ext:
+    lines.append(
+        row("TRIMELM_ext", "M_local u M_long", ext["local_long"], ext, False)
+    )
+    lines.append(
+        row("TRIMELM_ext", "M_local u M_long u M_ext", ext["scann"], ext)
+    )
   return "\n".join(lines)
 
 
@@ -192,6 +209,7 @@ def main(argv):
   models = [
       run_model(method, kind, workdir, _STEPS.value)
       for _, method, kind in MODELS
+      if method in _METHODS.value
   ]
   elapsed = time.time() - start
   table = format_table(models)

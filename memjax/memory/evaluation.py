@@ -89,6 +89,11 @@ class EvalMemory:
   # whether the kind also reads M_local u M_long.
   external_metric: str = ""
   reads_local: bool = True
+  # With both: whether the external neighbours join M_local u M_long in one
+  # softmax (TRIMELM_ext) or form a distribution of their own (kNN-LM with a
+  # continuous cache); ``combine`` then gets (lse_all, lse_pos, ext_all,
+  # ext_pos) per memory size.
+  joins_local: bool = True
 
   @property
   def uses_memory(self) -> bool:

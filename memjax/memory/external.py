@@ -131,7 +131,62 @@ class TrimeExtMemory(evaluation.EvalMemory):
     return jnp.stack(out)
 
 
+class KnnCacheMemory(evaluation.EvalMemory):
+  """kNN-LM with a continuous cache (Table 2's "kNN-LM + continuous cache").
+
+  The cache of Grave et al. over M_local u M_long is interpolated with the
+  kNN-LM (Khandelwal et al. 2020, §6): p = lam_c p_cache + (1 - lam_c)
+  (lam p_kNN + (1 - lam) p_LM), where p_cache uses theta g . g_j over the
+  visible memory and p_kNN the K neighbours' -||g - g_j||^2 / T. At
+  lam_c = 0 it is the kNN-LM, at lam = 0 the model with the cache.
+  """
+
+  axes = (
+      evaluation.Axis("cache_theta", "thetas", "cache_theta_grid"),
+      evaluation.Axis("cache_lambda", "lambdas", "cache_lambda_grid"),
+  ) + KnnMemory.axes
+  label = "kNN-LM + continuous cache (tuned)"
+  external_metric = "squared_l2"
+  reads_local = True
+  joins_local = False
+
+  def check(self, settings: evaluation.Settings) -> None:
+    KnnMemory().check(settings)
+    if not settings["thetas"] or not settings["lambdas"]:
+      raise errors.ConfigError(
+          "knn_cache evaluation needs at least one cache theta and lambda"
+      )
+
+  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+    """The cache's thetas, then the kNN-LM's 1 / T."""
+    return list(settings["thetas"]) + KnnMemory().scales(settings, dim)
+
+  def combine(self, settings, lm, log_z, sums):
+    """[N, theta, lam_c, T, lam, W, S]; sums are (cache all, cache pos,
+    neighbours all, neighbours pos) per N."""
+    del log_z
+    g1 = len(settings["thetas"])
+    lam_c = jnp.asarray(settings["lambdas"], jnp.float32)
+    lam = jnp.asarray(settings["knn_lambdas"], jnp.float32)
+    out = []
+    for a, p, e_a, e_p in sums:
+      knn = cache.cache_from_sums(
+          lm[None, None],
+          e_a[g1:, None],
+          e_p[g1:, None],
+          lam[None, :, None, None],
+      )  # [T, lam, W, S]
+      out.append(
+          cache.cache_from_sums(
+              knn[None, None], a[:g1, None, None, None],
+              p[:g1, None, None, None], lam_c[None, :, None, None, None, None],
+          )
+      )  # fmt: skip
+    return jnp.stack(out)
+
+
 registry.EVAL_MEMORIES.register("knn", KnnMemory())
+registry.EVAL_MEMORIES.register("knn_cache", KnnCacheMemory())
 registry.EVAL_MEMORIES.register("trime_ext", TrimeExtMemory())
 
 
@@ -167,11 +222,13 @@ def make_combine_fn(memory: evaluation.EvalMemory, settings, dim: int):
 
   def fn(out, scores, values):
     e_all, e_pos = external_sums(scores, values, out["targets"], scales)
-    if memory.reads_local:
+    if memory.reads_local and memory.joins_local:
       sums = [
           (blockwise.logaddexp(s[0], e_all), blockwise.logaddexp(s[1], e_pos))
           for s in out["sums"]
       ]
+    elif memory.reads_local:
+      sums = [(s[0], s[1], e_all, e_pos) for s in out["sums"]]
     else:
       sums = [(e_all, e_pos)]
     logp = memory.combine(settings, out["lm"], out["log_z"], sums)

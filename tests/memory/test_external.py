@@ -368,6 +368,50 @@ def test_trime_ext_matches_eq_6_to_9(setup, hand_store):
           assert got[a, b, c, p] == pytest.approx(want, rel=1e-4, abs=1e-4)
 
 
+def test_knn_lm_with_a_cache_matches_numpy_and_both_parts(setup, hand_store):
+  k, n_long, thetas, lam_c, temps, lams = (
+      9,
+      5,
+      (0.3,),
+      (0.0, 0.2),
+      (2.0,),
+      (0.0, 0.4),
+  )
+  kw = dict(long_sizes=(n_long,), thetas=thetas, lambdas=lam_c)
+  grid = evaluate_memory.Grid(
+      kind="knn_cache", knn_temperatures=temps, knn_lambdas=lams, **kw
+  )
+  ext = external.ExternalSearch(
+      search.ExactSearcher(hand_store, "squared_l2"), k
+  )
+  got = _score(setup, grid, ext)["grid_logprob"].reshape(2, 2, -1)
+  knn = _score(
+      setup,
+      evaluate_memory.Grid(
+          kind="knn", knn_temperatures=temps, knn_lambdas=lams
+      ),
+      ext,
+  )
+  cache_only = _score(setup, evaluate_memory.Grid(kind="cache", **kw), None)
+  # lam_c = 0: the kNN-LM; lam = 0: the model with the cache.
+  np.testing.assert_allclose(got[0], knn["grid_logprob"].reshape(2, -1),
+                             rtol=1e-6, atol=1e-6)  # fmt: skip
+  np.testing.assert_allclose(
+      got[:, 0], cache_only["grid_logprob"].reshape(2, -1), rtol=1e-6,
+      atol=1e-6,
+  )  # fmt: skip
+  for p, (g, y, tlp, _, mem) in enumerate(_memories(setup, n_long)):
+    nb = _ext(hand_store, g, k, "squared_l2")
+    w = np.array([math.exp(s / temps[0]) for _, _, s in nb])
+    p_knn = sum(wi for wi, (_, v, _) in zip(w, nb) if v == y) / w.sum()
+    p1 = 0.6 * math.exp(tlp) + 0.4 * p_knn
+    if mem:
+      e = np.exp(np.array([thetas[0] * (g @ key) for key, _ in mem]))
+      p_cache = sum(ei for ei, (_, v) in zip(e, mem) if v == y) / e.sum()
+      p1 = 0.8 * p1 + 0.2 * p_cache
+    assert got[1, 1, p] == pytest.approx(math.log(p1), rel=1e-4, abs=1e-4)
+
+
 def test_pipelined_search_equals_sequential(setup, hand_store):
   grid = evaluate_memory.Grid(
       kind="knn", knn_temperatures=(1.0,), knn_lambdas=(0.3,)
