@@ -143,6 +143,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.score_len = 64  # scored tokens at the end of each window
   c.eval.batch_size = 32
   c.eval.max_windows = 0  # 0 = the whole split
+  # Score another corpus's valid/test, read with the run's vocabulary (TRIME
+  # Table 5's domain adaptation, e.g. iwslt_en for a WikiText model).
+  c.eval.corpus = ""  # "" = data.corpus
+  c.eval.data_dir = ""  # "" = eval.corpus's demo copy
   # Models with recurrent memory (xl, lamemo) are scored over whole streams
   # in lanes, carrying the memory (memjax/recurrent_eval.py); max_windows
   # then counts segments per lane.
@@ -230,6 +234,9 @@ def base_config() -> ml_collections.ConfigDict:
   # --mode=datastore: (g, next token) of a split, in shards (datastore.py).
   c.datastore = ml_collections.ConfigDict()
   c.datastore.split = "train"  # train | valid | test
+  # Build from another corpus, read with the run's vocabulary (Table 5).
+  c.datastore.corpus = ""  # "" = data.corpus
+  c.datastore.data_dir = ""  # "" = datastore.corpus's demo copy
   c.datastore.shard_keys = 1_000_000  # about this many keys per shard
   c.datastore.batch_size = 0  # windows per batch; 0 = eval_memory.batch_size
   c.datastore.max_windows = 0  # only the first this many windows (0 = all)

@@ -83,6 +83,29 @@ def cleanup_on_error(workdir: str):
     raise
 
 
+def eval_source(
+    config: ml_collections.ConfigDict, corpus: str = "", data_dir: str = ""
+) -> tuple[str, str, Optional[tuple[str, str]]]:
+  """(corpus, data_dir, vocab_source) of a corpus read with a run's vocabulary.
+
+  ``corpus`` (default ``eval.corpus``, else the run's own) is read with the
+  vocabulary of the run's training corpus; vocab_source is None when it is
+  the run's corpus itself.
+  """
+  own = config.data.data_dir or sources.default_data_dir(config.data.corpus)
+  corpus = corpus or config.eval.get("corpus", "") or config.data.corpus
+  if sources.canonical_corpus(corpus) == sources.canonical_corpus(
+      config.data.corpus
+  ) and not (data_dir or config.eval.get("data_dir", "")):
+    return config.data.corpus, own, None
+  data_dir = (
+      data_dir
+      or config.eval.get("data_dir", "")
+      or sources.default_data_dir(corpus)
+  )
+  return corpus, data_dir, (config.data.corpus, own)
+
+
 def check_data(
     config: ml_collections.ConfigDict, splits: tuple[str, ...], train: bool
 ) -> None:
@@ -90,8 +113,31 @@ def check_data(
   data_dir = config.data.data_dir or sources.default_data_dir(
       config.data.corpus
   )
-  for split in (("train",) if train else ()) + tuple(splits):
-    sources.split_path(config.data.corpus, data_dir, split)
+  if train:
+    sources.split_path(config.data.corpus, data_dir, "train")
+  corpus, data_dir, _ = eval_source(config)
+  for split in splits:
+    sources.split_path(corpus, data_dir, split)
+
+
+def read_stream(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    split: str,
+    corpus: str = "",
+    data_dir: str = "",
+) -> Any:
+  """One split of ``corpus`` (default ``eval.corpus``, else the run's) as a
+  ``tasks.TokenStream`` in the run's vocabulary."""
+  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
+
+  corpus, data_dir, vocab_source = eval_source(config, corpus, data_dir)
+  sources.split_path(corpus, data_dir, split)
+  cache_dir = data_dirs(config, workdir)[1]
+  os.makedirs(cache_dir, exist_ok=True)
+  return tasks.load_token_stream(
+      corpus, data_dir, split, cache_dir, vocab_source
+  )
 
 
 def load_corpus(
@@ -121,9 +167,7 @@ def load_corpus(
       if train
       else None
   )
-  streams_ = {
-      s: tasks.load_token_stream(corpus, data_dir, s, cache_dir) for s in splits
-  }
+  streams_ = {s: read_stream(config, workdir, s) for s in splits}
   vocab = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
   return Corpus(
       sources.canonical_corpus(corpus),

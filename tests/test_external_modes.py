@@ -88,3 +88,38 @@ def test_bad_input_is_a_user_error_and_changes_nothing(built, smoke_workdir):
     )
   after = {f: os.path.getmtime(os.path.join(path, f)) for f in os.listdir(path)}
   assert after == before
+
+
+def test_domain_adaptation_reads_another_corpus_with_the_run_vocab(
+    smoke_workdir, tmp_path
+):
+  """Table 5: a WikiText model, a datastore of iwslt_en's training part and
+  iwslt_en's valid scored with kNN-LM, all in the run's word vocabulary."""
+  from memjax import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from memjax.data import sources  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path)
+  c = _config(smoke_workdir, "knn", search="exact", knn_lambda_grid=(0.3,))
+  c.datastore.max_windows = 10
+  c.datastore.corpus = c.eval.corpus = "iwslt_en"
+  c.eval.splits = ("valid",)
+  stream = corpus_lib.read_stream(c, workdir, "valid")
+  vocab = corpus_lib.vocabulary(c, workdir)  # the run's: WikiText's
+  first = open(
+      os.path.join(sources.default_data_dir("iwslt_en"), "valid.en"),
+      encoding="utf-8",
+  ).readline()
+  words = sources.tokenize_sentences(first).split()  # 13a: ',' split off
+  want = [vocab.encode(w)[0] for w in words] + [vocab.eos_id]
+  np.testing.assert_array_equal(stream.tokens[: len(want)], want)
+  out = external_modes.datastore(c, workdir)
+  store = ds_lib.open_datastore(out["path"])
+  assert out["path"] == os.path.join(workdir, "datastore-iwslt_en")
+  assert store.manifest["corpus"] == "iwslt_en" and store.count == 32 + 9 * 16
+  r = memory_modes.memeval(c, workdir)
+  assert r["valid"]["memory"]["tokens"] == r["valid"]["plain"]["tokens"] > 0
+  assert np.isfinite(r["valid"]["memory"]["ppl"])
+  # A byte-level corpus cannot be read with a word vocabulary.
+  c.eval.corpus = "text8"
+  with pytest.raises(errors.DataError, match="byte-level"):
+    corpus_lib.read_stream(c, workdir, "valid")

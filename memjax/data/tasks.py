@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+from typing import Optional
 
 import numpy as np
 import seqio
@@ -33,15 +34,47 @@ SEQIO_SPLITS: dict[str, str] = {
 _STREAM_CACHE_VERSION = 1
 
 
-def task_name(corpus: str, data_dir: str) -> str:
+# Where a stream's vocabulary comes from: (corpus, data_dir) of its training
+# split. None: the corpus's own.
+VocabSource = Optional[tuple[str, str]]
+
+
+def task_name(
+    corpus: str, data_dir: str, vocab_source: VocabSource = None
+) -> str:
   """Name of the task of ``corpus`` in ``data_dir``: memjax_<corpus>_<hash>.
 
-  The hash is the first 8 hex digits of the SHA-1 of the absolute data_dir.
+  The hash is the first 8 hex digits of the SHA-1 of the absolute data_dir
+  (and of the vocabulary's source when it is another corpus).
   """
   corpus = sources.canonical_corpus(corpus)
   data_dir = os.path.abspath(os.path.expanduser(data_dir))
-  digest = hashlib.sha1(data_dir.encode()).hexdigest()[:8]
+  key = data_dir
+  if vocab_source is not None:
+    key += "|" + "|".join(_vocab_source(corpus, data_dir, vocab_source))
+  digest = hashlib.sha1(key.encode()).hexdigest()[:8]
   return f"memjax_{corpus}_{digest}"
+
+
+def _vocab_source(
+    corpus: str, data_dir: str, vocab_source: VocabSource
+) -> tuple[str, str]:
+  """The (canonical corpus, absolute data_dir) the vocabulary is built from.
+
+  Raises:
+    sources.DataError: a vocabulary of another level (words vs bytes).
+  """
+  if vocab_source is None:
+    vocab_source = (corpus, data_dir)
+  v_corpus, v_dir = vocab_source
+  v_spec, spec = sources.corpus_spec(v_corpus), sources.corpus_spec(corpus)
+  if v_spec.level != spec.level:
+    raise sources.DataError(
+        f"corpus {spec.name} is {spec.level}-level but the run's vocabulary "
+        f"({v_spec.name}) is {v_spec.level}-level: evaluate on a "
+        f"{v_spec.level}-level corpus"
+    )
+  return v_spec.name, os.path.abspath(os.path.expanduser(v_dir))
 
 
 def _documents_dataset(
@@ -62,7 +95,10 @@ def _documents_dataset(
 
 
 def register_lm_task(
-    corpus: str, data_dir: str, cache_dir: str | None = None
+    corpus: str,
+    data_dir: str,
+    cache_dir: str | None = None,
+    vocab_source: VocabSource = None,
 ) -> seqio.Task:
   """Registers (once) and returns the seqio.Task of ``corpus`` in data_dir.
 
@@ -71,6 +107,9 @@ def register_lm_task(
       data_dir: directory with the corpus files.
       cache_dir: where the word vocabulary is cached (see
           ``vocab.get_vocabulary``).
+      vocab_source: (corpus, data_dir) whose training split gives the
+          vocabulary (default: this corpus's), e.g. a model's corpus when
+          another corpus is read with its vocabulary (domain adaptation).
 
   Returns:
       The task named :func:`task_name`, with splits train / validation /
@@ -82,11 +121,13 @@ def register_lm_task(
   """
   corpus = sources.canonical_corpus(corpus)
   data_dir = os.path.abspath(os.path.expanduser(data_dir))
-  name = task_name(corpus, data_dir)
+  name = task_name(corpus, data_dir, vocab_source)
   if name in seqio.TaskRegistry.names():
     return seqio.TaskRegistry.get(name)
   sources.split_path(corpus, data_dir, "train")  # Fail early, clearly.
-  vocabulary = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
+  vocabulary = vocab_lib.get_vocabulary(
+      *_vocab_source(corpus, data_dir, vocab_source), cache_dir
+  )
   source = seqio.FunctionDataSource(
       dataset_fn=functools.partial(
           _documents_dataset, corpus=corpus, data_dir=data_dir
@@ -133,18 +174,26 @@ class TokenStream:
     return max(len(self.tokens) - 1, 0)
 
 
-def _source_key(corpus: str, data_dir: str, split: str) -> str:
-  """Identifies the bytes of a split and of the training file on disk."""
+def _source_key(
+    corpus: str, data_dir: str, split: str, vocab_source: VocabSource = None
+) -> str:
+  """Identifies the bytes of a split and of the vocabulary's training file."""
   parts = []
-  for s in (split, "train"):  # The vocabulary comes from the train split.
-    path, start, end = sources.split_byte_range(corpus, data_dir, s)
+  v_corpus, v_dir = _vocab_source(corpus, data_dir, vocab_source)
+  # The vocabulary comes from the train split.
+  for c, d, s in ((corpus, data_dir, split), (v_corpus, v_dir, "train")):
+    path, start, end = sources.split_byte_range(c, d, s)
     st = os.stat(path)
     parts.append(f"{path}|{st.st_size}|{st.st_mtime_ns}|{start}|{end}")
   return "||".join(parts)
 
 
 def token_stream_path(
-    corpus: str, data_dir: str, split: str, cache_dir: str | None = None
+    corpus: str,
+    data_dir: str,
+    split: str,
+    cache_dir: str | None = None,
+    vocab_source: VocabSource = None,
 ) -> str:
   """Cache file of the token stream of ``split``.
 
@@ -153,10 +202,12 @@ def token_stream_path(
   """
   corpus = sources.canonical_corpus(corpus)
   split = sources.canonical_split(split)
-  vocabulary = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
+  vocabulary = vocab_lib.get_vocabulary(
+      *_vocab_source(corpus, data_dir, vocab_source), cache_dir
+  )
   key = hashlib.sha1(
       f"{_STREAM_CACHE_VERSION}|{corpus}|{split}|{vocabulary.vocab_size}|"
-      f"{_source_key(corpus, data_dir, split)}".encode()
+      f"{_source_key(corpus, data_dir, split, vocab_source)}".encode()
   ).hexdigest()[:12]
   directory = sources.resolve_cache_dir(cache_dir, data_dir)
   return os.path.join(
@@ -165,7 +216,11 @@ def token_stream_path(
 
 
 def load_token_stream(
-    corpus: str, data_dir: str, split: str, cache_dir: str | None = None
+    corpus: str,
+    data_dir: str,
+    split: str,
+    cache_dir: str | None = None,
+    vocab_source: VocabSource = None,
 ) -> TokenStream:
   """Returns ``split`` of ``corpus`` as a :class:`TokenStream`.
 
@@ -177,13 +232,15 @@ def load_token_stream(
       data_dir: directory with the corpus files.
       split: 'train', 'valid' (or 'validation') or 'test'.
       cache_dir: cache directory (see ``sources.resolve_cache_dir``).
+      vocab_source: as in :func:`register_lm_task`.
 
   Raises:
-      sources.DataError: unknown corpus or split, missing directory or file.
+      sources.DataError: unknown corpus or split, missing directory or file,
+          a vocabulary of another level.
   """
   corpus = sources.canonical_corpus(corpus)
   split = sources.canonical_split(split)
-  path = token_stream_path(corpus, data_dir, split, cache_dir)
+  path = token_stream_path(corpus, data_dir, split, cache_dir, vocab_source)
   if os.path.isfile(path):
     with np.load(path) as f:
       return TokenStream(
@@ -196,7 +253,7 @@ def load_token_stream(
       f"memjax.data: tokenizing {corpus} {split} of {data_dir} into {path}",
       flush=True,
   )
-  task = register_lm_task(corpus, data_dir, cache_dir)
+  task = register_lm_task(corpus, data_dir, cache_dir, vocab_source)
   ds = task.get_dataset(
       sequence_length=None,
       split=seqio_split,

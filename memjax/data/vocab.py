@@ -466,7 +466,9 @@ def get_vocabulary(
       vocab = WordVocabulary.load(path)
     else:
       print(f"memjax.data: building the vocabulary of {train}", flush=True)
-      vocab = WordVocabulary.build(train, min_count=min_count)
+      vocab = WordVocabulary.from_text(
+          sources.read_text(spec.name, data_dir, "train"), min_count
+      )
       vocab.save(path)
     _VOCAB_MEMO[memo_key] = vocab
     return vocab

@@ -22,6 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from memjax import corpus as corpus_lib
 from memjax import errors
 from memjax import evaluate_memory as em_lib
 from memjax import experiment
@@ -36,7 +37,12 @@ _SEARCHERS: dict[tuple[Any, ...], Any] = {}
 
 
 def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
-  return config.eval_memory.datastore or os.path.join(workdir, "datastore")
+  """``eval_memory.datastore``, else ``<workdir>/datastore`` (or
+  ``datastore-<corpus>`` for one built from ``datastore.corpus``)."""
+  if config.eval_memory.datastore:
+    return config.eval_memory.datastore
+  other = config.datastore.get("corpus", "")
+  return os.path.join(workdir, f"datastore-{other}" if other else "datastore")
 
 
 def _metric(config: ml_collections.ConfigDict) -> str:
@@ -69,12 +75,18 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise errors.ConfigError(
         f"datastore.split must be train, valid or test, got {dc.split!r}"
     )
-  split = dc.split
-  loaded = em_lib.load(
-      config, workdir, splits=() if split == "train" else (split,),
-      train=split == "train",
-  )  # fmt: skip
-  tokens = loaded.train_tokens if split == "train" else loaded.splits[split]
+  split, other = dc.split, dc.get("corpus", "")
+  if other:  # another corpus, read with the run's vocabulary (Table 5)
+    tokens = corpus_lib.read_stream(
+        config, workdir, split, other, dc.get("data_dir", "")
+    ).tokens
+    loaded = em_lib.load(config, workdir, splits=())
+  else:
+    loaded = em_lib.load(
+        config, workdir, splits=() if split == "train" else (split,),
+        train=split == "train",
+    )  # fmt: skip
+    tokens = loaded.train_tokens if split == "train" else loaded.splits[split]
   tokens = em_lib.truncate_windows(
       np.asarray(tokens), c.eval.window_len, c.eval.score_len,
       int(dc.max_windows),
@@ -86,7 +98,7 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
       signature=experiment.model_signature(loaded.config, loaded.vocab_size),
       checkpoint=_checkpoint(loaded),
       dim=int(loaded.model.d_model),
-      corpus=c.data.corpus,
+      corpus=other or c.data.corpus,
       split=split,
       window_len=int(c.eval.window_len),
       score_len=int(c.eval.score_len),
