@@ -49,8 +49,23 @@ _SIZE = flags.DEFINE_string("size", "demo", "Config size (demo or smoke).")
 _WINDOWS = flags.DEFINE_integer(
     "eval_windows", 100, "Evaluation windows of valid and test (0: all)."
 )
+_DOMAIN = flags.DEFINE_bool(
+    "domain",
+    False,
+    "Also Table 5: score iwslt_en (non-Wikipedia English) with the datastore "
+    "of the Wikipedia training split and with one of iwslt_en's training "
+    "part.",
+)
 _METHODS = flags.DEFINE_list(
     "methods", ["vanilla", "trime_ext"], "Which models to run (rows of both)."
+)
+
+_ABLATIONS = flags.DEFINE_bool(
+    "ablations",
+    False,
+    "Also Tables 11 and 15: TRIMELM_ext trained with random batches, without "
+    "gradients into the memory, and with p = 0 and 0.5 of hiding the local "
+    "memory, each with its own datastore, on valid.",
 )
 
 # (row, config variant method, its external kind)
@@ -58,6 +73,16 @@ MODELS = (
     ("vanilla", "vanilla", "knn"),
     ("TRIMELM_ext", "trime_ext", "trime_ext"),
 )
+
+# Tables 11 and 15: (row, run name, config overrides of trime_ext).
+ABLATIONS = (
+    ("random batches (Table 11)", "random_batches",
+     {"data.batching": "random"}),
+    ("no gradient into the memory (Table 11)", "stop_gradient_memory",
+     {"loss.stop_gradient_memory": True}),
+    ("p = 0 (Table 15)", "hide_p0", {"loss.local_hide_prob": 0.0}),
+    ("p = 0.5 (Table 15)", "hide_p05", {"loss.local_hide_prob": 0.5}),
+)  # fmt: skip
 
 
 def _config(method: str, workdir: str, steps):
@@ -86,16 +111,30 @@ def _cached(path: str, fn):
   return out
 
 
-def run_model(method: str, kind: str, workdir: str, steps) -> dict:
-  """Trains one model, builds its datastore and index, tunes and scores."""
+def run_model(
+    method: str,
+    kind: str,
+    workdir: str,
+    steps,
+    name: str = "",
+    overrides: dict | None = None,
+) -> dict:
+  """Trains one model, builds its datastore and index, tunes and scores.
+
+  ``name`` (default ``method``) is the run's folder; ``overrides``
+  (dotted config keys) make an ablation, tuned with ScaNN on valid only.
+  """
   from memjax import evaluate_memory as em_lib  # pylint: disable=g-import-not-at-top
   from memjax import train  # pylint: disable=g-import-not-at-top
   from memjax.data import packing  # pylint: disable=g-import-not-at-top
   from memjax.modes import external  # pylint: disable=g-import-not-at-top
   from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
 
-  run = os.path.join(workdir, method)
+  run = os.path.join(workdir, name or method)
   c = _config(method, workdir, steps)
+  for key, value in (overrides or {}).items():
+    section, field = key.split(".")
+    c[section][field] = value
   t = {}
   step = lambda name, fn: _timed(t, name, os.path.join(run, f"{name}.json"), fn)  # noqa: E731
   os.makedirs(run, exist_ok=True)
@@ -107,9 +146,13 @@ def run_model(method: str, kind: str, workdir: str, steps) -> dict:
   store = step("datastore", lambda: external.datastore(c, run))
   c.eval_memory.kind = kind
   step("index", lambda: external.index(c, run))
-  rec = step("recall", lambda: external.recall(c, run))
   out = {"method": method, "kind": kind, "train": trained, "datastore": store}
-  out["recall"], out["seconds"] = rec, t
+  out["seconds"] = t
+  if overrides:
+    print(f"== {name}: tune {kind} with ScaNN", flush=True)
+    out["scann"] = step("tune_scann", lambda: memory_modes.tune(c, run))
+    return out
+  out["recall"] = step("recall", lambda: external.recall(c, run))
   if method == "trime_ext":
     c.eval_memory.kind = "trime"
     print(f"== {method}: tune M_local u M_long", flush=True)
@@ -137,6 +180,83 @@ def run_model(method: str, kind: str, workdir: str, steps) -> dict:
     print(f"== {method}: tune knn_cache with ScaNN", flush=True)
     out["knn_cache"] = step("tune_knn_cache", lambda: memory_modes.tune(c, run))
   return out
+
+
+def run_domain(method: str, kind: str, workdir: str, steps) -> dict:
+  """Table 5: the trained model on iwslt_en, two datastores."""
+  from memjax.modes import external  # pylint: disable=g-import-not-at-top
+  from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
+
+  run = os.path.join(workdir, method)
+  c = _config(method, workdir, steps)
+  c.eval.corpus = "iwslt_en"
+  t = {}
+  step = lambda name, fn: _timed(t, name, os.path.join(run, f"{name}.json"), fn)  # noqa: E731
+  out = {"seconds": t}
+  if method == "trime_ext":
+    c.eval_memory.kind = "trime"
+    print(f"== {method} on iwslt_en: tune M_local u M_long", flush=True)
+    out["local_long"] = step("domain_trime", lambda: memory_modes.tune(c, run))
+  c.eval_memory.kind = kind
+  print(f"== {method} on iwslt_en: {kind}, Wikipedia datastore", flush=True)
+  out["wiki"] = step("domain_wiki", lambda: memory_modes.tune(c, run))
+  c.datastore.corpus = "iwslt_en"
+  print(f"== {method}: datastore of iwslt_en's training part", flush=True)
+  out["datastore"] = step(
+      "domain_datastore", lambda: external.datastore(c, run)
+  )
+  step("domain_index", lambda: external.index(c, run))
+  print(f"== {method} on iwslt_en: {kind}, iwslt_en datastore", flush=True)
+  out["own"] = step("domain_own", lambda: memory_modes.tune(c, run))
+  return out
+
+
+def format_ablations(main: list[dict], ablations: list[dict]) -> str:
+  """Markdown, Tables 11 and 15: valid perplexity of TRIMELM_ext variants."""
+  lines = [
+      "| TRIMELM_ext trained with | setting (tuned on valid) | valid ppl "
+      "without memory | valid ppl, M_local u M_long u M_ext |",
+      "|---|---|---:|---:|",
+  ]
+  rows = [dict(m, row="BM25 batches, gradients, p = 0.9") for m in main]
+  for m in rows + ablations:
+    r = m["scann"]
+    lines.append(
+        f"| {m['row']} | {em_setting(r['best'])} | "
+        f"{r['valid']['plain']['ppl']:.2f} | {r['valid']['memory']['ppl']:.2f} |"
+    )
+  return "\n".join(lines)
+
+
+def format_domain_table(models: list[dict]) -> str:
+  """Markdown, Table 5's layout: iwslt_en perplexity per datastore."""
+  lines = [
+      "| model | memory at evaluation | datastore | setting (tuned on "
+      "iwslt_en valid) | valid ppl | test ppl |",
+      "|---|---|---|---|---:|---:|",
+  ]
+  for m in models:
+    d, name = (
+        m["domain"],
+        {"vanilla": "vanilla", "trime_ext": "TRIMELM_ext"}[m["method"]],
+    )
+    plain = d["wiki"]
+    lines.append(
+        f"| {name} | - | - | - | {plain['valid']['plain']['ppl']:.2f} | "
+        f"{plain['test']['plain']['ppl']:.2f} |"
+    )
+    rows = [("M_local u M_long", "-", d.get("local_long"))]
+    mem = "M_ext" if m["kind"] == "knn" else "M_local u M_long u M_ext"
+    rows += [(mem, "Wikipedia train", d["wiki"]), (mem, "iwslt_en train",
+                                                  d["own"])]  # fmt: skip
+    for what, store, r in rows:
+      if r:
+        lines.append(
+            f"| {name} | {what} | {store} | {em_setting(r['best'])} | "
+            f"{r['valid']['memory']['ppl']:.2f} | "
+            f"{r['test']['memory']['ppl']:.2f} |"
+        )
+  return "\n".join(lines)
 
 
 def _timed(times: dict, name: str, path: str, fn):
@@ -211,8 +331,24 @@ def main(argv):
       for _, method, kind in MODELS
       if method in _METHODS.value
   ]
+  ablations = [
+      dict(run_model("trime_ext", "trime_ext", workdir, _STEPS.value, name,
+                     overrides), row=row)
+      for row, name, overrides in (ABLATIONS if _ABLATIONS.value else ())
+  ]  # fmt: skip
+  if _DOMAIN.value:
+    for m in models:
+      m["domain"] = run_domain(m["method"], m["kind"], workdir, _STEPS.value)
   elapsed = time.time() - start
   table = format_table(models)
+  if ablations:
+    table += "\n\nAblations (valid):\n\n" + format_ablations(
+        [m for m in models if m["method"] == "trime_ext"], ablations
+    )
+  if _DOMAIN.value:
+    table += "\n\nDomain adaptation (iwslt_en):\n\n" + format_domain_table(
+        models
+    )
   machine = (
       f"{platform.machine()}, {os.cpu_count()} CPU cores, "
       f"{jax.devices()[0].platform}, jax {jax.__version__}"
