@@ -111,9 +111,9 @@ CORPORA: dict[str, CorpusSpec] = {
         url="http://mattmahoney.net/dc/text8.zip",
         demo_subdir="text8",
     ),
-    # The English side of the shipped German-English pairs (IWSLT-style TED
-    # and other non-Wikipedia text) as a word-level LM corpus: the shifted
-    # domain of TRIME's Table 5 for a model trained on WikiText.
+    # The English side of the shipped German-English pairs (mostly office-
+    # software help text, not Wikipedia) as a word-level LM corpus: the
+    # shifted domain of TRIME's Table 5 for a model trained on WikiText.
     "iwslt_en": CorpusSpec(
         name="iwslt_en",
         level="word",
