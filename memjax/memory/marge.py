@@ -95,20 +95,33 @@ class SegmentTable:
     """[...] segment ids -> [..., N] tokens."""
     return self.tokens[self.start[ids][..., None] + np.arange(self.segment_len)]
 
-  def allowed(self, query: np.ndarray, cand: np.ndarray) -> np.ndarray:
+  def allowed(
+      self, query: np.ndarray, cand: np.ndarray, pool: Optional[int] = None
+  ) -> np.ndarray:
     """[Q], [Q, C] segment ids -> [Q, C] bool: the causal mask.
 
     A candidate is allowed unless it is invalid (-1) or of the query's
-    document at or after the query (S_t, S_{t+1}, ...).
+    document at or after the query (S_t, S_{t+1}, ...). With ``pool``
+    (evaluation: the training segments are ids < pool, the evaluated
+    documents follow), a candidate >= pool is allowed only from the
+    query's own past.
     """
     c = np.maximum(cand, 0)
     same = self.doc[c] == self.doc[query][:, None]
     later = self.pos[c] >= self.pos[query][:, None]
-    return (cand >= 0) & ~(same & later)
+    ok = (cand >= 0) & ~(same & later)
+    if pool is not None:
+      ok &= (cand < pool) | same
+    return ok
 
 
 def causal_topk(
-    table: SegmentTable, scores: np.ndarray, cand: np.ndarray, query, k: int
+    table: SegmentTable,
+    scores: np.ndarray,
+    cand: np.ndarray,
+    query,
+    k: int,
+    pool: Optional[int] = None,
 ) -> np.ndarray:
   """First k allowed candidates of each row (by descending score); -1 pads.
 
@@ -118,11 +131,12 @@ def causal_topk(
     cand: [Q, C] candidate segment ids (-1 = none).
     query: [Q] query segment ids.
     k: sources per query.
+    pool: see ``SegmentTable.allowed``.
 
   Returns:
     [Q, k] int32 segment ids.
   """
-  ok = table.allowed(np.asarray(query), cand)
+  ok = table.allowed(np.asarray(query), cand, pool)
   s = np.where(ok, scores, -np.inf)
   order = np.argsort(-s, axis=1, kind="stable")[:, :k]
   picked = np.take_along_axis(cand, order, 1)
@@ -136,7 +150,13 @@ def causal_topk(
 class SegmentIndex:
   """Search over the embeddings [M, D] of every training segment."""
 
-  def __init__(self, table: SegmentTable, emb: np.ndarray, search: str):
+  def __init__(
+      self,
+      table: SegmentTable,
+      emb: np.ndarray,
+      search: str,
+      pool: Optional[int] = None,
+  ):
     if search not in SEARCHES:
       raise errors.ConfigError(
           f"data.marge.search must be one of {SEARCHES}, got {search!r}"
@@ -148,7 +168,11 @@ class SegmentIndex:
           "built for another corpus or segment_len; rebuild it"
       )
     self.table, self.emb, self.search = table, emb.astype(np.float32), search
-    self.fetch = min(len(table), table.longest_document)
+    self.pool = pool
+    # Enough neighbours that k survive the causal mask (and, at evaluation,
+    # the other evaluated documents).
+    extra = 0 if pool is None else len(table) - pool
+    self.fetch = min(len(table), table.longest_document + extra)
     self._scann = None
     if search == "scann":
       self._scann = search_lib.build_shard_index(
@@ -164,7 +188,9 @@ class SegmentIndex:
     else:
       c, s = self._scann.search_batched(q, final_num_neighbors=fetch)
       c, s = np.asarray(c, np.int64), np.asarray(s, np.float32)
-    return causal_topk(self.table, np.asarray(s), np.asarray(c), query, k)
+    return causal_topk(
+        self.table, np.asarray(s), np.asarray(c), query, k, self.pool
+    )
 
 
 def window_arrays(
