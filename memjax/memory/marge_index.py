@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from memjax import errors
 from memjax import hooks
 from memjax import sharding as sharding_lib
 from memjax.models import marge as marge_model
@@ -76,10 +77,23 @@ class MargeReindex(hooks.StepHook):
     rng = np.random.default_rng(self.ctx.config.seed)
     return np.sort(rng.choice(batcher.table.targets, n))
 
+  def _embedder(self) -> dict[str, Any]:
+    """What makes an index comparable: the embedder's settings."""
+    m = self.ctx.model
+    return dict(segment_len=m.segment_len, pooling=m.pooling,
+                d_model=m.d_model, layers=m.half())  # fmt: skip
+
   def start(self) -> None:
     path = self.state.get("index")
-    if path and os.path.exists(path):
-      self.ctx.batcher.use_index(np.load(path))
+    if not path or not os.path.exists(path):
+      return
+    built = self.state.get("embedder")
+    if built is not None and built != self._embedder():
+      raise errors.ConfigError(
+          f"the MARGE index {path} was built by another embedder ({built}, "
+          f"this model: {self._embedder()}); start a new run"
+      )
+    self.ctx.batcher.use_index(np.load(path))
 
   def __call__(self, step: int, params: Any) -> None:
     batcher = self.ctx.batcher
@@ -101,7 +115,7 @@ class MargeReindex(hooks.StepHook):
       np.save(path, emb)
     history = list(self.state.get("staleness", [])) + [[step, stale]]
     beta = float(np.asarray(jax.device_get(params["beta"])))
-    self.state.update(index=path, staleness=history)
+    self.state.update(index=path, staleness=history, embedder=self._embedder())
     print(
         f"marge_reindex step {step}: {len(table)} segments, staleness "
         f"{stale:.3f} (share of top-{batcher.k} changed), beta {beta:.4f}",

@@ -111,3 +111,25 @@ def test_bad_settings():
     marge.SegmentIndex(
         marge.SegmentTable.build(TOKENS, DOCS, 3), np.ones((4, 2)), "exact"
     )
+
+
+def test_index_of_another_embedder_refused(tmp_path, table):
+  from memjax import hooks  # pylint: disable=g-import-not-at-top
+  from memjax.models import marge as marge_model  # pylint: disable=g-import-not-at-top
+
+  path = tmp_path / "step_1.npy"
+  np.save(path, np.ones((len(table), 8), np.float32))
+  model = marge_model.MargeLM(vocab_size=9, d_model=8, segment_len=3)
+  ctx = hooks.HookContext(
+      name="marge_reindex", options=ml_collections.ConfigDict(),
+      config=config_lib.base_config(), workdir=str(tmp_path), model=model,
+      batcher=marge.MargeBatcher(table, 2, 2),
+  )  # fmt: skip
+  ok = marge_index.MargeReindex(ctx, {"index": str(path)})
+  ok.state["embedder"] = ok._embedder()  # pylint: disable=protected-access
+  ok.start()
+  assert ctx.batcher.index is not None
+  other = dict(ok.state["embedder"], pooling="last")
+  hook = marge_index.MargeReindex(ctx, {"index": str(path), "embedder": other})
+  with pytest.raises(errors.ConfigError, match="another embedder"):
+    hook.start()
