@@ -164,3 +164,40 @@ def test_padding_and_retrieval_off_equal_plain_lm(setup):
   zero = dict(params, beta=jnp.float32(0.0))
   got = model.apply({"params": zero}, x, x).target_logprob
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_sharded_equals_unsharded():
+  from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
+  from memjax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from memjax import train_step  # pylint: disable=g-import-not-at-top
+
+  c = config_lib.base_config()
+  m = c.model
+  m.family, m.cutoffs, m.max_len, m.dropout = "marge", (), 64, 0.0
+  m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 2, 16, 2, 8, 32
+  m.family_options.segment_len, m.family_options.num_sources = N, K
+  model = experiment.build_model(m, V)
+  rng = np.random.default_rng(4)
+  b = dict(
+      inputs=rng.integers(0, V, (8, 2 * N)).astype(np.int32),
+      targets=rng.integers(0, V, (8, 2 * N)).astype(np.int32),
+      sources=rng.integers(0, V, (8, K, 2 * N)).astype(np.int32),
+      source_mask=rng.random((8, K, 2 * N)) > 0.3,
+  )
+  assert jax.device_count() == 8
+  mesh = experiment.make_mesh(c, {"data": 2, "fsdp": 2, "tensor": 2})
+  state, _ = experiment.create_state(model, None, mesh, b, jax.random.key(3))
+
+  def f(p, batch):
+    return model.apply(
+        {"params": p}, batch["inputs"], batch["targets"],
+        **train_step.model_inputs(model, batch),
+    ).target_logprob  # fmt: skip
+
+  sharded = sharding_lib.under_mesh(jax.jit(f), mesh)(
+      state.params, sharding_lib.put_global_batch(b, mesh)
+  )
+  host = jax.device_get(state.params)
+  single = jax.jit(f)(host, {k: jnp.asarray(v) for k, v in b.items()})
+  np.testing.assert_allclose(np.asarray(sharded), single, atol=1e-5)
