@@ -48,6 +48,11 @@ def _run(model, params, x, src, mask):
 
 
 @functools.partial(jax.jit, static_argnums=0)
+def _off(model, params, x):
+  return model.apply({"params": params}, x, x).target_logprob
+
+
+@functools.partial(jax.jit, static_argnums=0)
 def _bias(model, params, x, src):
   def f(m):
     h = m._lower(x, True)
@@ -150,7 +155,7 @@ def test_padding_and_retrieval_off_equal_plain_lm(setup):
       rtol=1e-5, atol=1e-6,
   )  # fmt: skip
   empty = _run(model, params, x, src, jnp.zeros_like(mask)).target_logprob
-  off = model.apply({"params": params}, x, x).target_logprob
+  off = _off(model, params, x)
   np.testing.assert_allclose(empty, off, rtol=1e-5, atol=1e-6)
   # beta = 0 and no sources: the plain LM with the shared parameters.
   plain = transformer.TransformerLM(vocab_size=V, **DIMS)
@@ -160,9 +165,9 @@ def test_padding_and_retrieval_off_equal_plain_lm(setup):
     layer.pop("cross_attention", None)
     layer.pop("ln_cross", None)
     shared[f"layer_{i}"] = layer
-  ref = plain.apply({"params": shared}, x, x).target_logprob
+  ref = _off(plain, shared, x)
   zero = dict(params, beta=jnp.float32(0.0))
-  got = model.apply({"params": zero}, x, x).target_logprob
+  got = _off(model, zero, x)
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
