@@ -9,7 +9,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: demo demo-mt demo-pkm demo-ext test smoke bench format format-check clean-venv
+.PHONY: demo demo-mt demo-pkm demo-ext demo-marge test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo-pkm: $(STAMP)
 # kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
 demo-ext: $(STAMP)
 	$(PY) -m memjax.extmem_demo --workdir=runs/extmem_demo
+
+# Vanilla LM and modified MARGE with the same steps; see docs/marge.md.
+demo-marge: $(STAMP)
+	$(PY) -m memjax.marge_demo --workdir=runs/marge_demo
 
 smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke

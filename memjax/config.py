@@ -154,6 +154,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.mem_len = 0  # memory length (0 = model.mem_len)
   c.eval.lanes = 1  # contiguous lanes the split is cut into
 
+  # --mode=position_loss: mean loss by position within a document, context
+  # reset at document boundaries (Komatsuzaki 2021, Appendix 6.3.4).
+  c.position_loss = ml_collections.ConfigDict()
+  c.position_loss.documents = "articles"  # articles | sections
+  c.position_loss.buckets = (1, 17, 65, 257)  # lower bounds of the buckets
+
   # --mode=extrapolate: memories of m x segment length (LaMemo, Figure 5).
   c.extrapolate = ml_collections.ConfigDict()
   c.extrapolate.ratios = tuple(range(1, 11))

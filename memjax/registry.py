@@ -167,7 +167,11 @@ FEED_FORWARD: Registry[type] = Registry(
 MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
     "model family",
     "model.family",
-    ("memjax.models.transformer", "memjax.models.seq2seq"),
+    (
+        "memjax.models.transformer",
+        "memjax.models.seq2seq",
+        "memjax.models.marge",
+    ),
 )
 OBJECTIVES: Registry[Callable[..., Any]] = Registry(
     "training objective", "loss.name", ("memjax.losses",)
@@ -179,6 +183,7 @@ BATCHERS: Registry[Callable[..., Any]] = Registry(
         "memjax.data.batchers",
         "memjax.data.packing",
         "memjax.data.token_batching",
+        "memjax.memory.marge",
     ),
 )
 EVAL_MEMORIES: Registry[Any] = Registry(

@@ -68,6 +68,15 @@ def resm_smoke_workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def marge_smoke_workdir(tmp_path_factory):
+  """An 8-step modified-MARGE smoke run (configs/marge_wt103.py:smoke, the
+  index rebuilt at steps 4 and 8), shared by the MARGE notebook."""
+  return _shared_run(
+      tmp_path_factory, "marge_smoke", "--config=configs/marge_wt103.py:smoke"
+  )
+
+
+@pytest.fixture(scope="session")
 def mt_smoke_workdir(tmp_path_factory):
   """A 4-step translation smoke run (configs/trime_iwslt.py:smoke) on the
   first 300 shipped pairs of each split (the data in ``<run>/../mt_data``),

@@ -37,6 +37,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Colours of IPython's tracebacks.
 SHARED_RUNS = {
     "MEMJAX_RESM_RUN": "resm_smoke_workdir",
     "MEMJAX_MT_RUN": "mt_smoke_workdir",
+    "MEMJAX_MARGE_RUN": "marge_smoke_workdir",
 }
 
 

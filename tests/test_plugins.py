@@ -134,9 +134,13 @@ def test_the_signature_names_a_registered_kind_and_omits_the_default():
     [
         ("model.feed_forward", "nope", "ffn, gated"),
         ("model.attention", "nope", "lamemo, rpe, vanilla, xl"),
-        ("model.family", "nope", "decoder_lm, encoder_decoder"),
+        ("model.family", "nope", "decoder_lm, encoder_decoder, marge"),
         ("loss.name", "nope", "l2, label_smoothed, lm, trime"),
-        ("data.batching", "nope", "blocks, bm25, consecutive, random, tokens"),
+        (
+            "data.batching",
+            "nope",
+            "blocks, bm25, consecutive, marge, random, tokens",
+        ),
     ],
 )
 def test_an_unknown_name_lists_the_registered_ones(key, value, registered):

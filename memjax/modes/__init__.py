@@ -31,6 +31,10 @@ _BUILTIN = {
     "datastore": "memjax.modes.external:datastore",
     "index": "memjax.modes.external:index",
     "recall": "memjax.modes.external:recall",
+    # Early-token analysis (any run): loss by position in a document.
+    "position_loss": "memjax.modes.position_loss:position_loss",
+    # Modified MARGE: perplexity with retrieval on and off; docs/marge.md.
+    "marge_eval": "memjax.modes.marge_eval:marge_eval",
 }
 for _name, _target in _BUILTIN.items():
   registry.MODES.register(_name, _target)

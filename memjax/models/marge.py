@@ -1,0 +1,410 @@
+"""Retrieval-augmented causal LM, Komatsuzaki's modified MARGE ('marge').
+
+The decoder reads a window of two segments of N tokens, the immediate
+context S_t and the segment to predict S_{t+1} (the loss covers S_{t+1}
+only, through the batch's weights), and attends to K retrieved sources.
+
+* Embedder e(.): shares the model's weights, as MARGE's does: the output of
+  the first half of the layers, after a LayerNorm (``embed_norm``), pooled
+  over the N positions of a segment (``pooling``: 'mean' or 'last'; the
+  first position of a causal stack sees one token) and scaled to unit norm.
+* Sources: each a retrieved segment followed by its continuation (2N
+  tokens, RETRO's choice), encoded with the current parameters by the same
+  lower half of the stack (``embed_norm`` of its output), so gradients reach
+  the sources' encoding; their embedding e(source) pools the segment part.
+* Cross-attention in the layers ``cross_layers`` (1-based; default the
+  upper half): score(target position, source token) =
+  q.k / sqrt(d_h) + beta * e(S_t).e(source), one softmax over the tokens
+  of all K sources; beta is a trainable scalar. The bias uses e(S_t), the
+  query that retrieved the sources, never e(S_{t+1}).
+
+A lane with no valid source token (no retrieval, empty slots) gets a zero
+cross-attention output, so with ``sources=None`` the model is the plain LM
+with the same self-attention and feed-forward parameters (``retrieval
+off``). The lower half has no cross-attention, so e(S_t) never depends on
+the sources and the decoder's lower half is the embedder itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from memjax import errors
+from memjax import registry
+from memjax.models import adaptive
+from memjax.models import attention as attention_lib
+from memjax.models import transformer
+
+Array = jax.Array
+NEG = -1e9
+POOLINGS = ("mean", "last")
+OPTIONS = (
+    "segment_len",
+    "num_sources",
+    "cross_layers",
+    "pooling",
+    "beta_init",
+    "embed_gradient",
+)
+
+
+def pool_segment(h: Array, segment_len: int, pooling: str) -> Array:
+  """[..., T, D] states -> [..., D] unit vectors of positions 0..N-1."""
+  seg = h[..., :segment_len, :].astype(jnp.float32)
+  v = seg.mean(axis=-2) if pooling == "mean" else seg[..., -1, :]
+  return v / jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True) + 1e-12)
+
+
+class BiasedCrossAttention(nn.Module):
+  """Cross-attention to K sources with MARGE's similarity bias.
+
+  Parameters as the LM's attention: query/key/value [D, H, d_h], out
+  [H, d_h, D].
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(
+      self,
+      x: Array,
+      sources: Array,
+      source_mask: Array,
+      bias: Array,
+      deterministic: bool,
+  ) -> Array:
+    """Attends from the targets to all source tokens in one softmax.
+
+    Args:
+      x: [B, T, D] normalised target states.
+      sources: [B, K, S, D] encoded source tokens.
+      source_mask: [B, K, S] bool, True = a real token.
+      bias: [B, K] float32 beta * e(S_t).e(source_k).
+      deterministic: disables dropout.
+
+    Returns:
+      [B, T, D]; zero for a lane without any real source token.
+    """
+    dims = (self.d_model, self.num_heads, self.head_dim)
+    wq = attention_lib.head_projection(self, "query", *dims)
+    wk = attention_lib.head_projection(self, "key", *dims)
+    wv = attention_lib.head_projection(self, "value", *dims)
+    wo = attention_lib.output_projection(self, "out", *dims)
+    b, k, s, _ = sources.shape
+    src = sources.reshape(b, k * s, -1).astype(self.dtype)
+    q = jnp.einsum("btd,dhe->bthe", x.astype(self.dtype), wq.astype(self.dtype))
+    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+    key = jnp.einsum("bsd,dhe->bshe", src, wk.astype(self.dtype))
+    val = jnp.einsum("bsd,dhe->bshe", src, wv.astype(self.dtype))
+    scores = jnp.einsum("bthe,bshe->bhts", q, key).astype(jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
+    token_bias = jnp.repeat(bias.astype(jnp.float32), s, axis=1)  # [B, K*S]
+    scores = scores + token_bias[:, None, None, :]
+    mask = source_mask.reshape(b, 1, 1, k * s)
+    scores = jnp.where(mask, scores, NEG)
+    p = jax.nn.softmax(scores, axis=-1)
+    p = jnp.where(mask.any(axis=-1, keepdims=True), p, 0.0)
+    p = nn.Dropout(self.dropout_rate)(p, deterministic=deterministic)
+    ctx = jnp.einsum("bhts,bshe->bthe", p.astype(self.dtype), val)
+    return jnp.einsum("bthe,hed->btd", ctx, wo.astype(self.dtype))
+
+
+class MargeBlock(nn.Module):
+  """A pre-LN decoder layer with cross-attention between self-attention and
+  the feed-forward block:
+  ``h = x + Attn(LN(x)); c = h + Cross(LN(h)); out = c + FFN(LN(c))``.
+
+  Its self-attention, feed-forward and LayerNorm parameters carry the names
+  of ``transformer.DecoderBlock``'s.
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  d_ff: int
+  feed_forward: str = "ffn"
+  feed_forward_options: Any = None
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  norm_epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(
+      self,
+      x: Array,
+      sources: Array,
+      source_mask: Array,
+      bias: Array,
+      deterministic: bool,
+  ) -> tuple[Array, Array]:
+    """[B, T, D] -> ([B, T, D] output, [B, T, D] g = the FFN's input)."""
+    heads = dict(
+        d_model=self.d_model, num_heads=self.num_heads,
+        head_dim=self.head_dim, dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype,
+    )  # fmt: skip
+    attn = transformer.make_sublayer(
+        registry.ATTENTION, "vanilla", None, "model.attention_options",
+        mem_len=0, name="attention", **heads,
+    )  # fmt: skip
+    ln = lambda n: transformer.layer_norm(n, self.dtype, self.norm_epsilon)
+    drop = nn.Dropout(self.dropout_rate)
+    y, _ = attn(ln("ln_attn")(x), None, deterministic=deterministic)
+    h = x + drop(y, deterministic=deterministic)
+    c = BiasedCrossAttention(**heads, name="cross_attention")(
+        ln("ln_cross")(h), sources, source_mask, bias, deterministic
+    )
+    h = h + drop(c, deterministic=deterministic)
+    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
+    g = ln("ln_ffn")(h)
+    ffn = transformer.make_sublayer(
+        registry.FEED_FORWARD,
+        self.feed_forward,
+        self.feed_forward_options,
+        "model.feed_forward_options",
+        d_model=self.d_model,
+        d_ff=self.d_ff,
+        dropout_rate=self.dropout_rate,
+        dtype=self.dtype,
+        name="ffn",
+    )
+    f = ffn(g, deterministic=deterministic)
+    out = h + drop(f, deterministic=deterministic)
+    return nn.with_logical_constraint(out, ("batch", "length", "embed")), g
+
+
+class MargeLM(transformer.TransformerLM):
+  """The modified-MARGE LM (pre-LN, absolute positions, no recurrence).
+
+  Attributes (besides ``TransformerLM``'s):
+    segment_len: N, tokens per segment.
+    num_sources: K, retrieved sources per target (the batcher's k).
+    cross_layers: 1-based layers with cross-attention; () = the upper half.
+    pooling: 'mean' or 'last', how e(.) pools a segment's positions.
+    beta_init: the initial beta.
+    embed_gradient: let the bias's gradient reach e(.) (MARGE); False
+      stops it there (beta still learns).
+  """
+
+  segment_len: int = 16
+  num_sources: int = 4
+  cross_layers: Sequence[int] = ()
+  pooling: str = "mean"
+  beta_init: float = 1.0
+  embed_gradient: bool = True
+
+  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ("sources", "source_mask")
+
+  def setup(self):
+    self._check()
+    self.embedder = adaptive.AdaptiveEmbed(
+        vocab_size=self.vocab_size,
+        d_model=self.d_model,
+        cutoffs=tuple(self.cutoffs),
+        factor=self.adaptive_factor,
+        scale=self.scale_embedding,
+        chunk_size=self.softmax_chunk,
+        tail_dropout=self.adaptive_dropout,
+        dtype=self.dtype,
+    )
+    common = dict(
+        d_model=self.d_model, num_heads=self.num_heads,
+        head_dim=self.head_dim, d_ff=self.d_ff, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+        norm_epsilon=self.norm_epsilon,
+    )  # fmt: skip
+    cross = set(self.cross_layer_numbers())
+    blocks = []
+    for i, (kind, options) in enumerate(self._feed_forward_kinds()):
+      if i + 1 in cross:
+        blocks.append(
+            MargeBlock(
+                **common, feed_forward=kind, feed_forward_options=options,
+                name=f"layer_{i}",
+            )
+        )  # fmt: skip
+      else:
+        blocks.append(
+            transformer.DecoderBlock(
+                **common, feed_forward=kind, feed_forward_options=options,
+                name=f"layer_{i}",
+            )
+        )  # fmt: skip
+    self.blocks = blocks
+    self.final_norm = (
+        transformer.layer_norm("final_norm", self.dtype, self.norm_epsilon)
+        if self.final_layer_norm
+        else None
+    )
+    self.embed_norm = transformer.layer_norm(
+        "embed_norm", self.dtype, self.norm_epsilon
+    )
+    self.beta = self.param(
+        "beta", nn.initializers.constant(self.beta_init), (), jnp.float32
+    )
+    self.embed_dropout = nn.Dropout(self.dropout_rate)
+
+  def half(self) -> int:
+    """Layers of the embedder (the lower half, at least one)."""
+    return max(1, self.num_layers // 2)
+
+  def cross_layer_numbers(self) -> tuple[int, ...]:
+    """1-based layers with cross-attention."""
+    return tuple(self.cross_layers) or tuple(
+        range(self.half() + 1, self.num_layers + 1)
+    )
+
+  def _check(self) -> None:
+    if self.num_layers < 2:
+      raise errors.ConfigError("model 'marge' needs model.num_layers >= 2")
+    if self.pooling not in POOLINGS:
+      raise errors.ConfigError(
+          f"model.family_options.pooling must be one of {POOLINGS}, got "
+          f"{self.pooling!r}"
+      )
+    bad = [n for n in self.cross_layer_numbers() if not
+           self.half() < n <= self.num_layers]  # fmt: skip
+    if bad:
+      raise errors.ConfigError(
+          f"model.family_options.cross_layers {bad} must lie in the upper "
+          f"half, {self.half() + 1}..{self.num_layers} (the lower half is "
+          "the embedder)"
+      )
+    if self.norm_position != "pre" or self.attention != "vanilla":
+      raise errors.ConfigError(
+          "model 'marge' takes model.norm_position 'pre' and "
+          "model.attention 'vanilla'"
+      )
+    if self.segment_len < 1 or 2 * self.segment_len > self.max_len:
+      raise errors.ConfigError(
+          f"model.family_options.segment_len {self.segment_len} must be "
+          f"positive and 2N must fit model.max_len {self.max_len}"
+      )
+
+  def _lower(self, tokens: Array, deterministic: bool) -> Array:
+    """[B, T] ids -> [B, T, D] output of the lower half (un-normalised)."""
+    t = tokens.shape[-1]
+    if t > self.max_len:
+      raise errors.ConfigError(
+          f"segment length {t} exceeds model.max_len {self.max_len}"
+      )
+    x = self.embedder.embed(tokens)
+    x = x + jnp.asarray(transformer.sinusoid_table(t, self.d_model), x.dtype)
+    x = self.embed_dropout(x, deterministic=deterministic)
+    h = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    for block in self.blocks[: self.half()]:
+      h, _, _ = block(h, None, deterministic)
+    return h
+
+  def embed_segments(self, tokens: Array) -> Array:
+    """e(.): [..., N] segment ids -> [..., D] float32 unit vectors."""
+    lead = tokens.shape[:-1]
+    h = self._lower(tokens.reshape(-1, tokens.shape[-1]), True)
+    e = pool_segment(self.embed_norm(h), self.segment_len, self.pooling)
+    return e.reshape(lead + e.shape[-1:])
+
+  def encode_sources(
+      self, sources: Array, deterministic: bool = True
+  ) -> tuple[Array, Array]:
+    """[B, K, S] ids -> ([B, K, S, D] encoded tokens, [B, K, D] e(source))."""
+    b, k, s = sources.shape
+    h = self.embed_norm(self._lower(sources.reshape(b * k, s), deterministic))
+    e = pool_segment(h, self.segment_len, self.pooling)
+    return h.reshape(b, k, s, -1), e.reshape(b, k, -1)
+
+  def similarity_bias(self, e_query: Array, e_sources: Array) -> Array:
+    """[B, D], [B, K, D] -> [B, K] beta * e(S_t).e(source)."""
+    if not self.embed_gradient:
+      e_query = jax.lax.stop_gradient(e_query)
+      e_sources = jax.lax.stop_gradient(e_sources)
+    return self.beta * jnp.einsum("bd,bkd->bk", e_query, e_sources)
+
+  def __call__(
+      self,
+      inputs: Array,
+      targets: Optional[Array] = None,
+      memory: Any = None,
+      *,
+      sources: Optional[Array] = None,
+      source_mask: Optional[Array] = None,
+      deterministic: bool = True,
+  ) -> transformer.LMOutput:
+    """Scores a window S_t S_{t+1} given retrieved sources.
+
+    Args:
+      inputs: [B, T] ids; positions 0..N-1 are S_t (the query).
+      targets: [B, T] next-token ids, or None.
+      memory: unused (no recurrence), kept for the train step.
+      sources: [B, K, S] source ids (segment + continuation), or None
+        (retrieval off).
+      source_mask: [B, K, S] bool, True = a real source token.
+      deterministic: disables dropout.
+
+    Returns:
+      An ``LMOutput`` over the T positions (memory None).
+    """
+    del memory
+    b = inputs.shape[0]
+    h = self._lower(inputs, deterministic)
+    if sources is None:
+      sources = jnp.zeros((b, 1, 2 * self.segment_len), jnp.int32)
+      source_mask = jnp.zeros(sources.shape, bool)
+    enc, e_src = self.encode_sources(sources, deterministic)
+    e_query = pool_segment(self.embed_norm(h), self.segment_len, self.pooling)
+    bias = self.similarity_bias(e_query, e_src)
+    g = h
+    for block in self.blocks[self.half() :]:
+      if isinstance(block, MargeBlock):
+        h, g = block(h, enc, source_mask, bias, deterministic)
+      else:
+        h, g, _ = block(h, None, deterministic)
+    hidden = self.final_norm(h) if self.final_norm else h
+    if targets is None:
+      return transformer.LMOutput(None, None, g, hidden, None)
+    logp, log_z = self.embedder.score(hidden, targets, deterministic)
+    return transformer.LMOutput(logp, log_z, g, hidden, None)
+
+
+def family_options(mcfg: Any) -> dict[str, Any]:
+  """``model.family_options`` checked against ``OPTIONS``."""
+  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
+  unknown = sorted(set(opts) - set(OPTIONS))
+  if unknown:
+    raise errors.ConfigError(
+        f"model.family_options has {', '.join(unknown)}, which model family "
+        f"'marge' does not take; its options: {', '.join(OPTIONS)}"
+    )
+  return opts
+
+
+@registry.MODEL_FAMILIES.register("marge")
+def marge_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> MargeLM:
+  """The ``MargeLM`` of a model config (``family_options``: segment_len,
+  num_sources, cross_layers, pooling, beta_init, embed_gradient)."""
+  opts = family_options(mcfg)
+  if "cross_layers" in opts:
+    opts["cross_layers"] = tuple(opts["cross_layers"])
+  return MargeLM(
+      vocab_size=vocab_size,
+      **transformer.block_settings(mcfg),
+      cutoffs=tuple(mcfg.cutoffs),
+      adaptive_factor=mcfg.adaptive_factor,
+      scale_embedding=mcfg.scale_embedding,
+      adaptive_dropout=mcfg.adaptive_dropout,
+      attention=mcfg.attention,
+      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
+      remat=False,
+      dtype=dtype,
+      softmax_chunk=mcfg.softmax_chunk,
+      final_layer_norm=mcfg.final_layer_norm,
+      **opts,
+  )
