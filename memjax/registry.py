@@ -167,7 +167,11 @@ FEED_FORWARD: Registry[type] = Registry(
 MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
     "model family",
     "model.family",
-    ("memjax.models.transformer", "memjax.models.seq2seq"),
+    (
+        "memjax.models.transformer",
+        "memjax.models.seq2seq",
+        "memjax.models.encoder",
+    ),
 )
 OBJECTIVES: Registry[Callable[..., Any]] = Registry(
     "training objective", "loss.name", ("memjax.losses",)
@@ -179,6 +183,8 @@ BATCHERS: Registry[Callable[..., Any]] = Registry(
         "memjax.data.batchers",
         "memjax.data.packing",
         "memjax.data.token_batching",
+        "memjax.data.mlm",
+        "memjax.data.glue",
     ),
 )
 EVAL_MEMORIES: Registry[Any] = Registry(
@@ -193,7 +199,14 @@ EVAL_MEMORIES: Registry[Any] = Registry(
 )
 MODES: Registry[str] = Registry("mode", "--mode", ("memjax.modes",))
 TASKS: Registry[Any] = Registry(
-    "training task", "task", ("memjax.lm_task", "memjax.translation.task")
+    "training task",
+    "task",
+    (
+        "memjax.lm_task",
+        "memjax.translation.task",
+        "memjax.mlm_task",
+        "memjax.classification_task",
+    ),
 )
 # Checks across config sections that one method needs (e.g. an objective
 # that needs a kind of batch): ``validation.validate_config`` runs every
