@@ -50,14 +50,14 @@ METHODS = MLM_METHODS + CLS_METHODS
 # learning rate, warm-up, vocabulary pieces.
 MODEL = {
     "smoke": (2, 32, 2, 16, 64, 32, 16, 4, 1e-3, 0, 1000),
-    "demo": (4, 128, 4, 32, 512, 128, 32, 600, 5e-4, 60, 8000),
+    "demo": (4, 64, 2, 32, 256, 64, 32, 200, 1e-3, 20, 8000),
     "6l": (6, 768, 12, 64, 3072, 512, 1024, 500_000, 1e-4, 10_000, 30000),
     "base": (12, 768, 12, 64, 3072, 512, 1024, 500_000, 1e-4, 10_000, 30000),
 }
 # Per size: (num_keys C, heads, topk k, k_dim).
 MEMORY = {
     "smoke": (8, 2, 2, 8),
-    "demo": (128, 4, 32, 64),
+    "demo": (64, 2, 8, 32),
     "6l": (512, 4, 32, 256),
     "base": (512, 4, 32, 256),
 }
@@ -66,7 +66,7 @@ MEMORY = {
 # 3 epochs at a higher rate (a small model pretrained briefly).
 FINETUNE = {
     "smoke": (1e-3, 16, 1, 64),
-    "demo": (1e-4, 32, 3, 3000),
+    "demo": (1e-4, 32, 1, 3000),
     "6l": (2e-5, 32, 10, 67349),
     "base": (2e-5, 32, 10, 67349),
 }
@@ -107,7 +107,7 @@ def get_config(arg: str = "demo"):
   c.optim.clip_norm = 1.0
   c.eval.batch_size = 32
   c.eval.splits = ("valid", "test")
-  c.eval.max_windows = 64 if size == "smoke" else 0
+  c.eval.max_windows = {"smoke": 64, "demo": 256}.get(size, 0)
   c.train.num_steps = steps
   c.train.log_every = min(50, steps)
   c.train.eval_every = 0
