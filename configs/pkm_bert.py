@@ -138,8 +138,11 @@ def _finetune(c: ml_collections.ConfigDict, size: str) -> None:
   c.data.batching = "sentences"
   c.data.batch_size = batch
   c.data.seq_len = 128
-  c.classification.max_len = 128 if size != "smoke" else 32
-  c.classification.buckets = (32, 64, 128) if size != "smoke" else (32,)
+  # Table 3's length 128, or the pretrained model's positions if fewer.
+  c.classification.max_len = min(128, c.model.max_len)
+  c.classification.buckets = tuple(
+      b for b in (32, 64, 128) if b <= c.classification.max_len
+  )
   steps = epochs * -(-n_train // batch)
   c.train.num_steps = steps
   c.train.log_every = min(50, steps)

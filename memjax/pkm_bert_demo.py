@@ -47,6 +47,12 @@ _SEEDS = flags.DEFINE_list("seeds", ["0"], "Fine-tuning seeds (median).")
 _STEPS = flags.DEFINE_integer(
     "mlm_steps", 0, "Pretraining steps per stage (0 = the config's)."
 )
+_EXTRA = flags.DEFINE_integer(
+    "extra_steps",
+    0,
+    "Steps of the rows that start from (a): (b), (e), (f)"
+    " (0 = --mlm_steps or the config's).",
+)
 _FROZEN = flags.DEFINE_bool("frozen", False, "Also fine-tune frozen memory.")
 
 # key: (row name, MLM method, row it starts from, fine-tuning method)
@@ -82,9 +88,11 @@ def pretrain(key: str, root: str, size: str) -> dict:
 
   _, method, parent, _ = ROWS[key]
   c = pkm_bert.get_config(f"{method}_{size}")
-  if _STEPS.value:
-    c.train.num_steps = c.train.checkpoint_every = _STEPS.value
-    c.optim.warmup_steps = _STEPS.value // 10
+  steps = (_EXTRA.value if parent else 0) or _STEPS.value
+  if steps:
+    c.train.num_steps = c.train.checkpoint_every = steps
+    c.train.log_every = min(c.train.log_every, steps)
+    c.optim.warmup_steps = steps // 10
   if parent:
     pretrain(parent, root, size)  # Read back when it has run.
     c.train.init_from = os.path.join(root, parent, "mlm")
