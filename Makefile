@@ -30,7 +30,7 @@ demo-pkm: $(STAMP)
 # BERT-style encoders with PKM / ResM, initialisation and sentiment
 # fine-tuning (Kim & Jung); see docs/pkm_bert.md.
 demo-pkm-bert: $(STAMP)
-	$(PY) -m memjax.pkm_bert_demo --workdir=runs/pkm_bert_demo --rows=a,b,c,d,e,f,f_fresh
+	$(PY) -m memjax.pkm_bert_demo --workdir=runs/pkm_bert_demo --extra_steps=100
 
 # kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
 demo-ext: $(STAMP)
