@@ -9,7 +9,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: demo demo-mt demo-pkm demo-ext demo-marge test smoke bench format format-check clean-venv
+.PHONY: demo demo-mt demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ demo: $(STAMP)
 # Memory-less, PKM and ResM LMs with the same steps; see docs/pkm.md.
 demo-pkm: $(STAMP)
 	$(PY) -m memjax.pkm_demo --workdir=runs/pkm_demo
+
+# BERT-style encoders with PKM / ResM, initialisation and sentiment
+# fine-tuning (Kim & Jung); see docs/pkm_bert.md.
+demo-pkm-bert: $(STAMP)
+	$(PY) -m memjax.pkm_bert_demo --workdir=runs/pkm_bert_demo --extra_steps=100
 
 # kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
 demo-ext: $(STAMP)

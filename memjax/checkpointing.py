@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import orbax.checkpoint as ocp
@@ -396,3 +397,50 @@ def abstract_with_sharding(tree: Any, shardings: Any) -> Any:
       tree,
       shardings,
   )
+
+
+def source_paths(
+    flat: dict[str, Any],
+    saved: dict[str, Any],
+    rename: Sequence[str],
+    source: str,
+) -> dict[str, str]:
+  """{this model's parameter path: the source's path} of the shared ones.
+
+  A path is shared when the source has it, after the first of ``rename``'s
+  "regex=replacement" rules that changes it (``train.init_from_map``).
+
+  Raises:
+    errors.ConfigError: a malformed rule.
+    errors.CheckpointMismatchError: no parameter is shared.
+  """
+  rules = []
+  for rule in rename:
+    pattern, sep, repl = str(rule).partition("=")
+    try:
+      rules.append((re.compile(pattern), repl))
+    except re.error as e:
+      raise errors.ConfigError(
+          f"train.init_from_map rule {rule!r}: {e}"
+      ) from None
+    if not sep:
+      raise errors.ConfigError(
+          f"train.init_from_map rule {rule!r} is not 'regex=replacement'"
+      )
+  out = {}
+  for k in flat:
+    src = k
+    for regex, repl in rules:
+      if regex.search(k):
+        src = regex.sub(repl, k)
+        break
+    if src in saved:
+      out[k] = src
+  if not out:
+    raise errors.CheckpointMismatchError(
+        f"train.init_from={source} shares no parameter with this model "
+        f"(its parameters are named like {next(iter(saved), '?')!r}, this "
+        f"model's like {next(iter(flat), '?')!r}): point it at a run of the "
+        "same model family"
+    )
+  return out

@@ -92,7 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict()
   c.optim.optimizer = "adam"  # adam | nag | sgd
   c.optim.learning_rate = 5e-4
-  c.optim.schedule = "cosine"  # cosine | inverse_sqrt | constant
+  c.optim.schedule = "cosine"  # cosine | inverse_sqrt | constant | linear
   c.optim.warmup_steps = 100
   c.optim.min_lr_ratio = 0.0
   c.optim.clip_norm = 0.0
@@ -125,6 +125,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   # A run or export to take the shared parameters from (new ones stay fresh).
   c.train.init_from = ""
+  # Renames for init_from: "regex=replacement" strings applied in order to
+  # this model's parameter paths to find the source's (re.sub; the first
+  # that changes a path wins), e.g. "(layer_3/ffn)/dense/=\\1/" takes a
+  # residual memory layer's FFN from a plain FFN of the source.
+  c.train.init_from_map = ()
   # Resuming with another num_steps rebuilds the schedule over the new
   # horizon (otherwise it is an error: the schedule would silently stretch).
   c.train.extend_schedule = False
@@ -277,6 +282,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.translation.split = "test"  # --mode=translate: the split scored
   c.translation.input_file = ""  # --mode=translate: translate a file instead
   c.translation.output_file = ""  # "" = <workdir>/translations/<name>.txt
+
+  # Masked-LM pretraining (task='mlm', model.family='encoder',
+  # data.batching='mlm'; memjax/mlm_task.py, docs/pkm_bert.md).
+  c.mlm = ml_collections.ConfigDict()
+  c.mlm.data_dir = ""  # wiki.{train,valid,test}.tokens; "" = demo_data/wikitext
+  c.mlm.vocab_size = 8000  # sentencepiece (BPE) pieces trained on train
+  c.mlm.vocab_file = ""  # a sentencepiece model with [CLS], [MASK]; "" = train
+  c.mlm.mask_prob = 0.15  # share of tokens chosen (80/10/10 mask/random/keep)
+  c.mlm.eval_seed = 1234  # the fixed masking draw of the evaluation splits
+
+  # Sentence classification (task='classification', model.family='encoder'
+  # with family_options.head='classify', data.batching='sentences').
+  c.classification = ml_collections.ConfigDict()
+  c.classification.data_dir = ""  # {train,dev,test}.tsv; "" = demo sentiment
+  c.classification.labels = ("0", "1")  # the label set (column 'label')
+  c.classification.max_len = 128  # [CLS] + pieces, longer ones cut
+  c.classification.buckets = (32, 64, 128)  # padded lengths (one compile each)
+  c.classification.select_split = "dev"  # best checkpoint chosen on this
+  c.classification.test_split = "test"  # scored once, at the best dev params
+  c.classification.usage_split = "dev"  # usage per class (Figure 4)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1

@@ -418,7 +418,8 @@ def init_params_from(
 
   Raises:
     errors.MissingRunError: nothing to restore at ``source``.
-    errors.CheckpointMismatchError: a shared parameter has another shape.
+    errors.CheckpointMismatchError: a shared parameter has another shape,
+      or none is shared.
   """
   files = runfiles.find(os.path.abspath(source))
   abstract = checkpointing.abstract_with_sharding(
@@ -429,11 +430,12 @@ def init_params_from(
   else:
     saved = checkpointing.param_shapes(files.checkpoints)
   flat = flax.traverse_util.flatten_dict(abstract, sep="/")
-  shared = {k: v for k, v in flat.items() if k in saved}
+  rename = tuple(config.train.get("init_from_map", ()) or ())
+  src_of = checkpointing.source_paths(flat, saved, rename, source)
   bad = [
-      f"{k}: {tuple(saved[k])} -> {tuple(v.shape)}"
-      for k, v in shared.items()
-      if tuple(saved[k]) != tuple(v.shape)
+      f"{k}: {tuple(saved[src_of[k]])} -> {tuple(v.shape)}"
+      for k, v in flat.items()
+      if k in src_of and tuple(saved[src_of[k]]) != tuple(v.shape)
   ]
   if bad:
     raise errors.CheckpointMismatchError(
@@ -441,24 +443,24 @@ def init_params_from(
         f"({'; '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}); the models "
         "must agree on the layers they share"
     )
-  sub = flax.traverse_util.unflatten_dict(shared, sep="/")
+  sub = flax.traverse_util.unflatten_dict(
+      {src_of[k]: flat[k] for k in src_of}, sep="/"
+  )
   if files.kind == "export":
     restored = checkpointing.restore_export_params(files.params_dir, sub)
     step = files.read_json("export.json")["step"]
   else:
     restored, step = checkpointing.restore_params(files.checkpoints, sub)
-  new = dict(flat)
   new_flat = flax.traverse_util.flatten_dict(restored, sep="/")
   params = flax.traverse_util.flatten_dict(state.params, sep="/")
-  for k in new:
-    if k in new_flat:
-      params[k] = new_flat[k].astype(params[k].dtype)
-  fresh = sorted(set(flat) - set(saved))
-  unused = sorted(set(saved) - set(flat))
+  for k, src in src_of.items():
+    params[k] = new_flat[src].astype(params[k].dtype)
+  fresh = sorted(set(flat) - set(src_of))
+  unused = sorted(set(saved) - set(src_of.values()))
   console.info(
       "initialised %d parameter arrays from %s (step %d); fresh: %s; "
       "not used: %s",
-      len(shared),
+      len(src_of),
       source,
       int(step),
       ", ".join(fresh) or "none",

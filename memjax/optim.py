@@ -27,7 +27,9 @@ def make_schedule(
   * ``cosine``: warm-up then cosine decay to ``min_lr_ratio * lr`` at
     ``num_steps`` (fairseq's cosine with a single period);
   * ``inverse_sqrt``: warm-up then ``lr * sqrt(warmup / step)``;
-  * ``constant``: warm-up then constant.
+  * ``constant``: warm-up then constant;
+  * ``linear``: warm-up then linear decay to ``min_lr_ratio * lr`` at
+    ``num_steps`` (BERT's schedule).
   """
   lr = float(cfg.learning_rate)
   warm = int(cfg.warmup_steps)
@@ -52,13 +54,23 @@ def make_schedule(
       )
 
     return sched
+  if cfg.schedule == "linear":
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0 if warm else lr, lr, max(warm, 1)),
+            optax.linear_schedule(
+                lr, lr * float(cfg.min_lr_ratio), max(num_steps - warm, 1)
+            ),
+        ],
+        [warm],
+    )
   if cfg.schedule == "constant":
     if warm:
       return optax.linear_schedule(0.0, lr, warm)
     return optax.constant_schedule(lr)
   raise errors.ConfigError(
-      f"unknown optim.schedule {cfg.schedule!r}; use cosine, inverse_sqrt or "
-      "constant"
+      f"unknown optim.schedule {cfg.schedule!r}; use cosine, inverse_sqrt, "
+      "constant or linear"
   )
 
 
@@ -116,6 +128,16 @@ def register_transform(
     return factory
 
   return register
+
+
+@register_transform("frozen")
+def _frozen(
+    cfg: ml_collections.ConfigDict, sched: optax.Schedule
+) -> optax.GradientTransformation:
+  """Leaves a group's parameters exactly as they are (zero updates), e.g.
+  the memory of a fine-tuned model held fixed (Kim & Jung's Table 5)."""
+  del cfg, sched
+  return optax.set_to_zero()
 
 
 # Modules of the built-in transformations, imported on the first lookup.

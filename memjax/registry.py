@@ -171,6 +171,7 @@ MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
         "memjax.models.transformer",
         "memjax.models.seq2seq",
         "memjax.models.marge",
+        "memjax.models.encoder",
     ),
 )
 OBJECTIVES: Registry[Callable[..., Any]] = Registry(
@@ -184,6 +185,8 @@ BATCHERS: Registry[Callable[..., Any]] = Registry(
         "memjax.data.packing",
         "memjax.data.token_batching",
         "memjax.memory.marge",
+        "memjax.data.mlm",
+        "memjax.data.glue",
     ),
 )
 EVAL_MEMORIES: Registry[Any] = Registry(
@@ -198,7 +201,14 @@ EVAL_MEMORIES: Registry[Any] = Registry(
 )
 MODES: Registry[str] = Registry("mode", "--mode", ("memjax.modes",))
 TASKS: Registry[Any] = Registry(
-    "training task", "task", ("memjax.lm_task", "memjax.translation.task")
+    "training task",
+    "task",
+    (
+        "memjax.lm_task",
+        "memjax.translation.task",
+        "memjax.mlm_task",
+        "memjax.classification_task",
+    ),
 )
 # Checks across config sections that one method needs (e.g. an objective
 # that needs a kind of batch): ``validation.validate_config`` runs every

@@ -290,11 +290,13 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
     ckpt = checkpointing.Checkpointer(
         ckpt_dir, keep=config.train.keep_checkpoints, signature=signature
     )
-  try:
-    state, position = _restore_or_init(config, ckpt, state, shardings)
-  except BaseException:
-    ckpt.close()
-    raise
+    # Inside the clean-up: a train.init_from that does not fit a new run
+    # leaves no workdir behind.
+    try:
+      state, position = _restore_or_init(config, ckpt, state, shardings)
+    except BaseException:
+      ckpt.close()
+      raise
   return Setup(
       config, workdir, mesh, corpus, batcher, model, tx, schedule, loss_fn,
       state, shardings, ckpt, int(position["step"]), n_params,

@@ -1,0 +1,341 @@
+"""Bidirectional Transformer encoder, BERT-style ('encoder').
+
+A stack of encoder layers built from the translation model's parts
+(``seq2seq.Attention``: the LM's head projections and logical axes) and the
+feed-forward kinds of ``registry.FEED_FORWARD``: ``model.feed_forward`` at
+the 1-based layers ``model.feed_forward_layers`` (e.g. product-key memory
+'pkm' or residual memory 'resm' at layers 4 and 8 of 12, Kim & Jung), the
+plain 'ffn' elsewhere. As BERT: learned absolute positions, an embedding
+LayerNorm, post-LN blocks (``model.norm_position='post'``), GELU in the
+output heads. Every position attends to every real (non-padding, id 0)
+position; padding positions read no memory slot (the memory kinds take the
+mask), so padding never changes the outputs at real positions.
+
+Two heads (``model.family_options.head``):
+
+* ``mlm``: masked-LM scores. dense + GELU + LayerNorm, then the tied token
+  embedding plus a bias; ``target_logprob`` [B, T] of the original tokens
+  (the batch's weights keep the masked positions only).
+* ``classify``: sentence classification from the first position ([CLS]):
+  dense + tanh (BERT's pooler), dropout, dense to ``num_classes``;
+  ``target_logprob`` [B, 1] of the label in ``targets[:, 0]`` and
+  ``logits`` [B, C].
+
+Parameter names are the same under both heads (``embedding``,
+``positions``, ``embed_norm``, ``layer_<i>/...``), so a classifier takes
+every encoder parameter of a pretrained MLM by ``train.init_from``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar, Optional, Sequence
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from memjax import errors
+from memjax import registry
+from memjax.models import seq2seq
+from memjax.models import transformer
+
+Array = jax.Array
+HEADS = ("mlm", "classify")
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+  """What the encoder returns.
+
+  Attributes:
+    target_logprob: [B, T] (mlm) or [B, 1] (classify) float32 log p(target),
+      None without targets.
+    log_z: same shape, the softmax log-normaliser.
+    features: [B, T, D] the last layer's feed-forward input.
+    hidden: [B, T, D] final hidden states.
+    memory: always None (no recurrence; kept for the train step).
+    logits: classify: [B, C] float32 class scores; mlm: None.
+  """
+
+  target_logprob: Optional[Array]
+  log_z: Optional[Array]
+  features: Array
+  hidden: Array
+  memory: Any = None
+  logits: Optional[Array] = None
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention over all real positions, then the feed-forward kind.
+
+  Each sub-layer is ``LN(x + Drop(f(x)))`` (post) or ``x + Drop(f(LN(x)))``
+  (pre). The feed-forward kind gets the padding mask when it takes one.
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  d_ff: int
+  feed_forward: str = "ffn"
+  feed_forward_options: Any = None
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  norm_position: str = "post"
+  norm_epsilon: float = 1e-12
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.attention = seq2seq.Attention(
+        d_model=self.d_model, num_heads=self.num_heads,
+        head_dim=self.head_dim, dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype,
+    )  # fmt: skip
+    self.ln_attention = transformer.layer_norm(
+        "ln_attention", self.dtype, self.norm_epsilon
+    )
+    self.ffn = transformer.make_sublayer(
+        registry.FEED_FORWARD, self.feed_forward, self.feed_forward_options,
+        "model.feed_forward_options", d_model=self.d_model, d_ff=self.d_ff,
+        dropout_rate=self.dropout_rate, dtype=self.dtype,
+    )  # fmt: skip
+    self.ln_ffn = transformer.layer_norm(
+        "ln_ffn", self.dtype, self.norm_epsilon
+    )
+    self.drop = nn.Dropout(self.dropout_rate)
+
+  def _residual(self, x, ln, f, deterministic):
+    if self.norm_position == "pre":
+      return x + self.drop(f(ln(x)), deterministic=deterministic)
+    return ln(x + self.drop(f(x), deterministic=deterministic))
+
+  def __call__(
+      self, x: Array, mask: Array, deterministic: bool
+  ) -> tuple[Array, Array]:
+    """[B, T, D] and [B, T] bool (True = real) -> ([B, T, D] out, g)."""
+
+    def attend(h):
+      k, v = self.attention.kv(h)
+      return self.attention(h, k, v, mask[:, None, None, :], deterministic)
+
+    h = self._residual(x, self.ln_attention, attend, deterministic)
+    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
+    takes_mask = "mask" in inspect.signature(type(self.ffn).__call__).parameters
+    extra = {"mask": mask} if takes_mask else {}
+    g = self.ln_ffn(h) if self.norm_position == "pre" else h
+    out = self._residual(
+        h, self.ln_ffn,
+        lambda y: self.ffn(y, deterministic=deterministic, **extra),
+        deterministic,
+    )  # fmt: skip
+    return nn.with_logical_constraint(out, ("batch", "length", "embed")), g
+
+
+class Encoder(nn.Module):
+  """The BERT-style encoder with an MLM or a classification head.
+
+  Attributes:
+    vocab_size: V (pad id 0).
+    num_layers, d_model, num_heads, head_dim, d_ff: sizes.
+    dropout_rate, attention_dropout_rate: dropouts.
+    feed_forward, feed_forward_options: the kind at ``feed_forward_layers``.
+    feed_forward_layers: 1-based layers of that kind; () = every layer.
+    norm_position, norm_epsilon: LayerNorm placement ('post' as BERT).
+    max_len: longest input (positions table).
+    head: 'mlm' or 'classify'.
+    num_classes: classify: C.
+    dtype: compute dtype.
+  """
+
+  vocab_size: int
+  num_layers: int = 2
+  d_model: int = 64
+  num_heads: int = 2
+  head_dim: int = 32
+  d_ff: int = 128
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  feed_forward: str = "ffn"
+  feed_forward_options: Any = None
+  feed_forward_layers: Sequence[int] = ()
+  norm_position: str = "post"
+  norm_epsilon: float = 1e-12
+  max_len: int = 512
+  head: str = "mlm"
+  num_classes: int = 2
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    if self.norm_position not in transformer.NORM_POSITIONS:
+      raise errors.ConfigError(
+          f"model.norm_position must be one of {transformer.NORM_POSITIONS}, "
+          f"got {self.norm_position!r}"
+      )
+    init = nn.initializers.normal(0.02)  # BERT's initializer_range.
+    self.embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(init, ("vocab", "embed")),
+        (self.vocab_size, self.d_model),
+    )
+    self.positions = self.param(
+        "positions",
+        nn.with_logical_partitioning(init, (None, "embed")),
+        (self.max_len, self.d_model),
+    )
+    ln = lambda n: transformer.layer_norm(n, self.dtype, self.norm_epsilon)
+    self.embed_norm = ln("embed_norm")
+    chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
+    self.layers = [
+        EncoderLayer(
+            d_model=self.d_model, num_heads=self.num_heads,
+            head_dim=self.head_dim, d_ff=self.d_ff,
+            feed_forward=self.feed_forward if i + 1 in chosen else "ffn",
+            feed_forward_options=(
+                self.feed_forward_options if i + 1 in chosen else None
+            ),
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            norm_position=self.norm_position,
+            norm_epsilon=self.norm_epsilon, dtype=self.dtype,
+            name=f"layer_{i}",
+        )
+        for i in range(self.num_layers)
+    ]  # fmt: skip
+    self.final_norm = ln("final_norm") if self.norm_position == "pre" else None
+    self.drop = nn.Dropout(self.dropout_rate)
+    dense = lambda n, d: nn.Dense(
+        d, dtype=self.dtype, name=n,
+        kernel_init=nn.with_logical_partitioning(init, ("embed", None)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+    )  # fmt: skip
+    if self.head == "mlm":
+      self.mlm_dense = dense("mlm_dense", self.d_model)
+      self.mlm_norm = ln("mlm_norm")
+      self.mlm_bias = self.param(
+          "mlm_bias",
+          nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+          (self.vocab_size,),
+      )
+    elif self.head == "classify":
+      self.pooler = dense("pooler", self.d_model)
+      self.classifier = dense("classifier", self.num_classes)
+    else:
+      raise errors.ConfigError(
+          f"model.family_options.head must be one of {HEADS}, got "
+          f"{self.head!r}"
+      )
+
+  # -- the LM interface the experiment layer and train step use ------------
+
+  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
+
+  def carries_memory(self) -> bool:
+    return False
+
+  def init_memory(self, batch_size: int) -> None:
+    del batch_size
+    return None
+
+  def reset_memory(self, memory: Any, reset: Array) -> None:
+    del memory, reset
+    return None
+
+  # -- forward ---------------------------------------------------------------
+
+  def encode(
+      self, inputs: Array, *, deterministic: bool = True
+  ) -> tuple[Array, Array, Array]:
+    """[B, T] ids (0 = padding) -> ([B, T, D] hidden, [B, T, D] g, mask)."""
+    t = inputs.shape[1]
+    if t > self.max_len:
+      raise errors.ConfigError(
+          f"input length {t} exceeds model.max_len {self.max_len}"
+      )
+    mask = inputs != 0
+    x = jnp.take(self.embedding, inputs, axis=0) + self.positions[None, :t]
+    x = self.drop(
+        self.embed_norm(x.astype(self.dtype)), deterministic=deterministic
+    )
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    g = x
+    for layer in self.layers:
+      x, g = layer(x, mask, deterministic)
+    if self.final_norm is not None:
+      x = self.final_norm(x)
+    return x, g, mask
+
+  def mlm_logits(self, hidden: Array) -> Array:
+    """[..., D] -> [..., V] float32 scores over the vocabulary."""
+    h = self.mlm_norm(nn.gelu(self.mlm_dense(hidden)))
+    logits = jnp.einsum(
+        "...d,vd->...v", h.astype(jnp.float32),
+        self.embedding.astype(jnp.float32),
+    )  # fmt: skip
+    return logits + self.mlm_bias.astype(jnp.float32)
+
+  def class_logits(self, hidden: Array, deterministic: bool) -> Array:
+    """[B, T, D] -> [B, C] float32 scores from the first position."""
+    pooled = jnp.tanh(self.pooler(hidden[:, 0]))
+    pooled = self.drop(pooled, deterministic=deterministic)
+    return self.classifier(pooled).astype(jnp.float32)
+
+  def __call__(
+      self,
+      inputs: Array,
+      targets: Optional[Array] = None,
+      memory: Any = None,
+      *,
+      deterministic: bool = True,
+  ) -> EncoderOutput:
+    """Scores a batch.
+
+    Args:
+      inputs: [B, T] int32 ids (masked for MLM; 0 = padding).
+      targets: mlm: [B, T] original ids; classify: [B, >=1] with the label
+        in column 0; or None.
+      memory: unused (None).
+      deterministic: disables dropout.
+
+    Returns:
+      An ``EncoderOutput``.
+    """
+    del memory
+    hidden, g, _ = self.encode(inputs, deterministic=deterministic)
+    if self.head == "classify":
+      logits = self.class_logits(hidden, deterministic)
+      if targets is None:
+        return EncoderOutput(None, None, g, hidden, None, logits)
+      log_z = jax.nn.logsumexp(logits, axis=-1)[:, None]
+      label = jnp.clip(targets[:, :1], 0, self.num_classes - 1)
+      tgt = jnp.take_along_axis(logits, label, axis=-1)
+      return EncoderOutput(tgt - log_z, log_z, g, hidden, None, logits)
+    if targets is None:
+      return EncoderOutput(None, None, g, hidden)
+    logits = self.mlm_logits(hidden)
+    logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return EncoderOutput(tgt - log_z, log_z, g, hidden)
+
+
+@registry.MODEL_FAMILIES.register("encoder")
+def encoder(mcfg: Any, *, vocab_size: int, dtype: Any) -> Encoder:
+  """The ``Encoder`` of a model config; ``family_options``: ``head``
+  ('mlm' or 'classify') and ``num_classes``."""
+  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
+  unknown = sorted(set(opts) - {"head", "num_classes"})
+  if unknown:
+    raise errors.ConfigError(
+        f"model.family_options has {', '.join(unknown)}, which model family "
+        "'encoder' does not take; its options: head, num_classes"
+    )
+  settings = transformer.block_settings(mcfg)
+  return Encoder(
+      vocab_size=vocab_size,
+      **settings,
+      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
+      head=str(opts.get("head", "mlm")),
+      num_classes=int(opts.get("num_classes", 2)),
+      dtype=dtype,
+  )
