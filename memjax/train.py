@@ -179,6 +179,9 @@ def data_position(
       "schedule_steps": int(config.train.num_steps),
       "optim_layout": optim.layout(config.optim),
   }
+  task_settings = task_lib.get(config).data_settings(config)
+  if task_settings:
+    position["task_data"] = task_settings
   if hook_states is not None:
     position["hooks"] = hook_states
   return position
@@ -194,6 +197,12 @@ def check_position(
       f"{'seed' if k == 'seed' else 'data.' + k}: {saved[k]!r} -> {now[k]!r}"
       for k in _POSITION_KEYS
       if k in saved and saved[k] != now[k]
+  ]
+  saved_task = saved.get("task_data", {})
+  diffs += [
+      f"{k}: {saved_task[k]!r} -> {v!r}"
+      for k, v in now.get("task_data", {}).items()
+      if k in saved_task and saved_task[k] != v
   ]
   if diffs:
     raise errors.ResumeError(
@@ -223,6 +232,31 @@ def check_position(
         " the new num_steps from the saved step on); or start a new --workdir"
         " with --config.train.init_from=<this run>"
     )
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Checks the newest checkpoint's data position (``check_position``)
+  before the data is read, so a resume with other settings stops before
+  anything (a vocabulary, encoded data) is written into ``workdir``. A
+  position that cannot be read is left to the restore, which sets a
+  damaged step aside."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return
+  ckpt = checkpointing.Checkpointer(
+      directory, keep=1, signature={}, create=False
+  )
+  try:
+    step = ckpt.latest_step()
+    if step is None:
+      return
+    try:
+      saved = ckpt.read_data(step)
+    except Exception:  # pylint: disable=broad-except
+      return
+    check_position(config, saved, ckpt.directory)
+  finally:
+    ckpt.close()
 
 
 def check_workdir(workdir: str) -> None:
@@ -265,6 +299,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
   task = task_lib.get(config)
   task.check_batch_fits(config, mesh)
   task.check_data(config, train=True)
+  check_resume(config, workdir)
   console.info(
       "mesh: %s over %d %s devices",
       dict(mesh.shape),
