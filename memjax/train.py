@@ -187,11 +187,11 @@ def data_position(
   return position
 
 
-def check_position(
+def check_data_settings(
     config: ml_collections.ConfigDict, saved: dict, where: str
 ) -> None:
   """Raises ResumeError if resuming ``saved`` with ``config`` would change
-  the batches or silently re-stretch the schedule."""
+  the batches (the data settings and the task's ``data_settings``)."""
   now = data_position(config, 0)
   diffs = [
       f"{'seed' if k == 'seed' else 'data.' + k}: {saved[k]!r} -> {now[k]!r}"
@@ -211,6 +211,16 @@ def check_position(
         "run's settings, or start a new --workdir with "
         "--config.train.init_from=<this run>"
     )
+
+
+def check_position(
+    config: ml_collections.ConfigDict, saved: dict, where: str
+) -> None:
+  """Raises ResumeError if resuming ``saved`` with ``config`` would change
+  the batches, not fit the optimiser state or silently re-stretch the
+  schedule."""
+  check_data_settings(config, saved, where)
+  now = data_position(config, 0)
   layout = saved.get("optim_layout")
   if layout is not None and layout != now["optim_layout"]:
     raise errors.ResumeError(
@@ -235,11 +245,12 @@ def check_position(
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Checks the newest checkpoint's data position (``check_position``)
+  """Checks the newest checkpoint's data settings (``check_data_settings``)
   before the data is read, so a resume with other settings stops before
-  anything (a vocabulary, encoded data) is written into ``workdir``. A
-  position that cannot be read is left to the restore, which sets a
-  damaged step aside."""
+  anything (a vocabulary, encoded data) is written into ``workdir``. The
+  model, optimiser layout and schedule are checked when the checkpoint is
+  restored (they need the model); a position that cannot be read is left
+  to the restore, which sets a damaged step aside."""
   directory = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(directory):
     return
@@ -254,7 +265,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       saved = ckpt.read_data(step)
     except Exception:  # pylint: disable=broad-except
       return
-    check_position(config, saved, ckpt.directory)
+    check_data_settings(config, saved, ckpt.directory)
   finally:
     ckpt.close()
 
