@@ -52,8 +52,11 @@ def get_config(arg: str = "demo"):
     o.learning_rate, o.warmup_steps = 3e-3, 5
     t.num_steps, t.log_every, t.checkpoint_every = 30, 10, 30
   elif size == "demo":
-    # 13.5 CPU-minutes measured (make demo-mt, decoding included): pre-LN (it
-    # takes the larger learning rate of a short run stably), 2+2 layers.
+    # Pre-LN (it takes the larger learning rate of a short run stably), 2+2
+    # layers. BLEU is still rising steeply at the end: 300 updates give
+    # 0.4 (greedy, 100 valid sentences), 600 give 4.6 (beam, valid), so the
+    # demo trains 1,200 (about 4 epochs: 289 batches of 2,048 token slots
+    # hold the 18,760 pairs of at most 64 pieces).
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
         2,
         256,
@@ -66,8 +69,9 @@ def get_config(arg: str = "demo"):
     m.dropout = 0.1
     tr.vocab_size, tr.max_tokens, tr.buckets = 2000, 2048, (16, 32, 64)
     tr.decode_batch_size = 64
-    o.learning_rate, o.warmup_steps = 2e-3, 50
-    t.num_steps, t.log_every, t.checkpoint_every = 600, 50, 100
+    o.learning_rate, o.warmup_steps = 2e-3, 100
+    t.num_steps, t.log_every, t.checkpoint_every = 1200, 50, 200
+    t.eval_every, t.eval_max_windows = 400, 64  # BLEU on 64 valid sentences
   else:  # paper
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
         6,

@@ -9,6 +9,13 @@ chrF on valid for beam 4 and greedy search, next to the copy-the-source
 baseline (the German sentence given as the English translation), and scores
 test once with beam 4. The table lands in ``<workdir>/table.md`` and
 ``table.json``.
+
+The trained model must clear a floor on valid: its beam BLEU at least
+twice the copy-the-source BLEU (the copy BLEU plus a margin of the copy
+BLEU itself; on the shipped valid set 3.22 + 3.22, about four bootstrap
+standard deviations of the copy BLEU over 500 sentences, 0.77), and its
+chrF above copy's. The demo prints the floor and exits with status 1 and one
+line if the model does not clear it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,37 @@ _STEPS = flags.DEFINE_integer("steps", None, "Override the training steps.")
 _VARIANT = flags.DEFINE_string(
     "variant", "demo", "configs/trime_iwslt.py size."
 )
+
+
+class BelowFloorError(RuntimeError):
+  """The trained model does not clear the demo's floor."""
+
+
+def copy_baseline(source_text, target_text) -> dict:
+  """sacreBLEU scores of the source sentences given as the translation."""
+  from memjax.translation import bleu  # pylint: disable=g-import-not-at-top
+
+  return bleu.score(list(source_text), list(target_text))
+
+
+def floor(copy: dict) -> dict:
+  """The floor on valid: BLEU of twice the copy BLEU (the copy BLEU plus a
+  margin of the copy BLEU), chrF above the copy chrF."""
+  return {"bleu": 2.0 * copy["bleu"], "chrf": copy["chrf"]}
+
+
+def check_floor(model: dict, copy: dict) -> str:
+  """Returns a line saying that ``model``'s scores clear the floor of
+  ``copy``'s; raises BelowFloorError with one line if they do not."""
+  f = floor(copy)
+  line = (
+      f"floor (valid): BLEU >= {f['bleu']:.2f} (copy {copy['bleu']:.2f} + "
+      f"margin {f['bleu'] - copy['bleu']:.2f}) and chrF > {f['chrf']:.2f} "
+      f"(copy); model BLEU {model['bleu']:.2f}, chrF {model['chrf']:.2f}"
+  )
+  if model["bleu"] >= f["bleu"] and model["chrf"] > f["chrf"]:
+    return line + ": cleared"
+  raise BelowFloorError(line + ": NOT cleared")
 
 
 def _config(variant: str, steps):
@@ -63,7 +101,7 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
       config, "test", os.path.join(workdir, "spm.model"), workdir
   )
   rows = {}
-  rows["copy the source (baseline)"] = bleu.score(
+  rows["copy the source (baseline)"] = copy_baseline(
       valid.source_text, valid.target_text
   )
   tic = time.time()
@@ -85,6 +123,7 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
       "valid": rows,
       "test": {f"beam {t.beam_size}": test_scores},
       "total_seconds": time.time() - start,
+      "floor": floor(rows["copy the source (baseline)"]),
   }
   lines = [
       f"| valid ({len(valid.source)} pairs) | BLEU | lowercased BLEU | chrF |",
@@ -107,6 +146,14 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
       f"{trained['step']} updates in {trained['train_seconds']:.0f} s; "
       f"total {table['total_seconds']:.0f} s"
   )
+  try:
+    table["floor_line"] = check_floor(
+        rows[f"beam {t.beam_size}"], rows["copy the source (baseline)"]
+    )
+    table["floor_cleared"] = True
+  except BelowFloorError as e:
+    table["floor_line"], table["floor_cleared"] = str(e), False
+  lines.append(table["floor_line"])
   table["markdown"] = "\n".join(lines)
   with open(os.path.join(workdir, "table.json"), "w") as f:
     json.dump(table, f, indent=2)
@@ -127,6 +174,9 @@ def main(argv):
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
   print(table["markdown"])
+  if not table["floor_cleared"]:
+    print(f"memjax: error: {table['floor_line']}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

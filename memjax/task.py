@@ -53,6 +53,16 @@ class Task(abc.ABC):
 
     validation.check_batch_fits(config, mesh)
 
+  def data_settings(self, config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Settings outside ``data.*`` that make the batches and the vocabulary
+    of a run, by config key (``{'translation.max_tokens': 4096}``).
+
+    Saved with every checkpoint; resuming with other values stops with a
+    ResumeError naming them (``memjax.train.check_position``).
+    """
+    del config
+    return {}
+
   @abc.abstractmethod
   def check_data(
       self, config: ml_collections.ConfigDict, train: bool = True

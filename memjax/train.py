@@ -179,21 +179,30 @@ def data_position(
       "schedule_steps": int(config.train.num_steps),
       "optim_layout": optim.layout(config.optim),
   }
+  task_settings = task_lib.get(config).data_settings(config)
+  if task_settings:
+    position["task_data"] = task_settings
   if hook_states is not None:
     position["hooks"] = hook_states
   return position
 
 
-def check_position(
+def check_data_settings(
     config: ml_collections.ConfigDict, saved: dict, where: str
 ) -> None:
   """Raises ResumeError if resuming ``saved`` with ``config`` would change
-  the batches or silently re-stretch the schedule."""
+  the batches (the data settings and the task's ``data_settings``)."""
   now = data_position(config, 0)
   diffs = [
       f"{'seed' if k == 'seed' else 'data.' + k}: {saved[k]!r} -> {now[k]!r}"
       for k in _POSITION_KEYS
       if k in saved and saved[k] != now[k]
+  ]
+  saved_task = saved.get("task_data", {})
+  diffs += [
+      f"{k}: {saved_task[k]!r} -> {v!r}"
+      for k, v in now.get("task_data", {}).items()
+      if k in saved_task and saved_task[k] != v
   ]
   if diffs:
     raise errors.ResumeError(
@@ -202,6 +211,16 @@ def check_position(
         "run's settings, or start a new --workdir with "
         "--config.train.init_from=<this run>"
     )
+
+
+def check_position(
+    config: ml_collections.ConfigDict, saved: dict, where: str
+) -> None:
+  """Raises ResumeError if resuming ``saved`` with ``config`` would change
+  the batches, not fit the optimiser state or silently re-stretch the
+  schedule."""
+  check_data_settings(config, saved, where)
+  now = data_position(config, 0)
   layout = saved.get("optim_layout")
   if layout is not None and layout != now["optim_layout"]:
     raise errors.ResumeError(
@@ -223,6 +242,32 @@ def check_position(
         " the new num_steps from the saved step on); or start a new --workdir"
         " with --config.train.init_from=<this run>"
     )
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Checks the newest checkpoint's data settings (``check_data_settings``)
+  before the data is read, so a resume with other settings stops before
+  anything (a vocabulary, encoded data) is written into ``workdir``. The
+  model, optimiser layout and schedule are checked when the checkpoint is
+  restored (they need the model); a position that cannot be read is left
+  to the restore, which sets a damaged step aside."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return
+  ckpt = checkpointing.Checkpointer(
+      directory, keep=1, signature={}, create=False
+  )
+  try:
+    step = ckpt.latest_step()
+    if step is None:
+      return
+    try:
+      saved = ckpt.read_data(step)
+    except Exception:  # pylint: disable=broad-except
+      return
+    check_data_settings(config, saved, ckpt.directory)
+  finally:
+    ckpt.close()
 
 
 def check_workdir(workdir: str) -> None:
@@ -265,6 +310,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
   task = task_lib.get(config)
   task.check_batch_fits(config, mesh)
   task.check_data(config, train=True)
+  check_resume(config, workdir)
   console.info(
       "mesh: %s over %d %s devices",
       dict(mesh.shape),

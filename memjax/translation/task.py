@@ -96,6 +96,21 @@ class Translation(task.Task):
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     parts.check_config(config)
 
+  def data_settings(self, config) -> dict[str, Any]:
+    # The batches depend on the languages, max_tokens and buckets; the
+    # vocabulary on the languages and vocab_size (a translation.vocab_file
+    # is checked against the run's own by its SHA-1 instead).
+    t = config.translation
+    settings = {
+        "translation.source_lang": t.source_lang,
+        "translation.target_lang": t.target_lang,
+        "translation.max_tokens": int(t.max_tokens),
+        "translation.buckets": [int(b) for b in t.buckets],
+    }
+    if not t.vocab_file:
+      settings["translation.vocab_size"] = int(t.vocab_size)
+    return settings
+
   def check_data(self, config, train=True):
     t = config.translation
     splits = (("train",) if train else ()) + tuple(t.eval_splits)
