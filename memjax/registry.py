@@ -170,7 +170,9 @@ MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
     ("memjax.models.transformer", "memjax.models.seq2seq"),
 )
 OBJECTIVES: Registry[Callable[..., Any]] = Registry(
-    "training objective", "loss.name", ("memjax.losses",)
+    "training objective",
+    "loss.name",
+    ("memjax.losses", "memjax.translation.trime_mt"),
 )
 BATCHERS: Registry[Callable[..., Any]] = Registry(
     "batcher",
@@ -179,6 +181,7 @@ BATCHERS: Registry[Callable[..., Any]] = Registry(
         "memjax.data.batchers",
         "memjax.data.packing",
         "memjax.data.token_batching",
+        "memjax.translation.trime_mt",
     ),
 )
 EVAL_MEMORIES: Registry[Any] = Registry(
