@@ -112,6 +112,7 @@ def _markdown(v: dict, t: dict, total: float) -> str:
     b = r["tune"]["best"]
     return f"{b['nll']:.3f}"
 
+  plain_nll = f"{t['tune']['nll_without_memory']:.3f}"
   lines = [
       "| test, beam 4 | BLEU | lowercased BLEU | chrF | valid NLL "
       "(teacher-forced) |",
@@ -119,10 +120,7 @@ def _markdown(v: dict, t: dict, total: float) -> str:
       line("vanilla", v["plain"], f"{v['tune']['nll_without_memory']:.3f}"),
       line("vanilla + kNN-MT", v["memory"], tuned(v)),
       line("TRIMEMT_ext", t["memory"], tuned(t)),
-      line(
-          "(TRIMEMT_ext model, no memory)", t["plain"],
-          f"{t['tune']['nll_without_memory']:.3f}",
-      ),  # fmt: skip
+      line("(TRIMEMT_ext model, no memory)", t["plain"], plain_nll),
       "",
       "kNN-MT: " + _settings(v["memory"]["settings"], "knn"),
       "TRIMEMT_ext: " + _settings(t["memory"]["settings"], "trime"),
@@ -140,13 +138,13 @@ def _settings(s: dict, kind: str) -> str:
         f"k={s['k']}, lambda={s['knn_lambda']}, T={s['knn_temperature']} "
         "(squared L2)"
     )
-  lam = (
-      f"lambda={s['lambda']} (tuned)" if s["interpolate"] else "lambda = mass"
-  )
+  lam = f"lambda={s['lambda']} (tuned)" if s["interpolate"] else "lambda = mass"
   return f"k={s['k']}, tau={s['temperature']} (inner product), {lam}"
 
 
-def run(workdir: str, size: str = "demo", steps: int = 300, test=0, data_dir=""):
+def run(
+    workdir: str, size: str = "demo", steps: int = 300, test=0, data_dir=""
+):
   """Both models' rows; writes table.json and table.md."""
   start = time.time()
   rows = {
