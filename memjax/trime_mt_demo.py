@@ -4,7 +4,7 @@
 
 Trains ``configs/trime_iwslt.py:demo`` (vanilla: label smoothing over
 ``tokens`` batches) and ``trime_mt_demo`` (the ``trime_mt`` objective over
-BM25-packed target batches) for the same number of updates, builds each
+BM25-packed target batches) for the same number of updates (in two processes), builds each
 model's datastore over the training targets (``--mode=mt_datastore``),
 tunes K, lam and T on 200 valid sentences by teacher-forced NLL
 (``--mode=mt_tune``), and scores test once with beam 4: vanilla, vanilla +
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -34,6 +35,10 @@ _SIZE = flags.DEFINE_string("size", "demo", "configs/trime_iwslt.py size.")
 _TEST = flags.DEFINE_integer(
     "test_sentences", 0, "Test sentences scored (0: all)."
 )
+_METHOD = flags.DEFINE_string(
+    "method", "", "Run only this method (vanilla or trime_mt) into "
+    "<workdir>/<method>/rows.json; empty: both, in two processes."
+)  # fmt: skip
 
 
 def _config(method: str, size: str, steps: int, data_dir: str = ""):
@@ -142,15 +147,34 @@ def _settings(s: dict, kind: str) -> str:
   return f"k={s['k']}, tau={s['temperature']} (inner product), {lam}"
 
 
-def run(
-    workdir: str, size: str = "demo", steps: int = 300, test=0, data_dir=""
-):
-  """Both models' rows; writes table.json and table.md."""
+def _child(method: str, workdir: str, size, steps, test) -> subprocess.Popen:
+  log = open(os.path.join(workdir, f"{method}.log"), "w")  # pylint: disable=consider-using-with
+  return subprocess.Popen(
+      [
+          sys.executable, "-m", "memjax.trime_mt_demo", f"--method={method}",
+          f"--workdir={workdir}", f"--size={size}", f"--steps={steps}",
+          f"--test_sentences={test}",
+      ],
+      stdout=log, stderr=subprocess.STDOUT,
+  )  # fmt: skip
+
+
+def run(workdir: str, size: str = "demo", steps: int = 300, test=0):
+  """Both models' rows, the two methods in parallel processes (each is
+  one core's work for most of its run); writes table.json and table.md."""
   start = time.time()
-  rows = {
-      m: run_method(m, os.path.join(workdir, m), size, steps, test, data_dir)
-      for m in ("vanilla", "trime_mt")
+  os.makedirs(workdir, exist_ok=True)
+  children = {
+      m: _child(m, workdir, size, steps, test) for m in ("vanilla", "trime_mt")
   }
+  rows = {}
+  for m, proc in children.items():
+    if proc.wait() != 0:
+      raise RuntimeError(
+          f"the {m} part failed; see {os.path.join(workdir, m + '.log')}"
+      )
+    with open(os.path.join(workdir, m, "rows.json")) as f:
+      rows[m] = json.load(f)
   total = time.time() - start
   table = {
       **rows,
@@ -171,6 +195,14 @@ def main(argv):
   from memjax import errors  # pylint: disable=g-import-not-at-top
 
   try:
+    if _METHOD.value:
+      sub = os.path.join(_WORKDIR.value, _METHOD.value)
+      rows = run_method(
+          _METHOD.value, sub, _SIZE.value, _STEPS.value, _TEST.value
+      )
+      with open(os.path.join(sub, "rows.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+      return
     table = run(_WORKDIR.value, _SIZE.value, _STEPS.value, _TEST.value)
   except errors.UserError as e:
     print(f"memjax: error: {e}", file=sys.stderr)

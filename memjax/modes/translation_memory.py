@@ -243,3 +243,44 @@ def mt_translate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "results_path": path,
       "summary_lines": [bleu.summary(scores, f"{split} ({kind} memory)")],
   }
+
+
+def retrieved_tokens(
+    config, restored, store, sentence: str, k: int = 4, metric="dot_product"
+) -> list[dict[str, Any]]:
+  """What the memory returns along one sentence's greedy translation.
+
+  Args:
+    config: the run's config (with ``translation.memory``).
+    restored: the run (``experiment.load``).
+    store: its datastore (``mt_datastore.open_store``).
+    sentence: a source sentence.
+    k: neighbours shown per position.
+    metric: 'dot_product' (TRIMEMT_ext) or 'squared_l2' (kNN-MT).
+
+  Returns:
+    Per target position: {'token': the translation's piece there,
+    'retrieved': the k nearest entries' tokens, 'scores': their scores}.
+  """
+  from memjax.data import parallel  # pylint: disable=g-import-not-at-top
+  from memjax.memory import search as search_lib  # pylint: disable=g-import-not-at-top
+
+  tr = parts.make_translator(
+      config, restored.model, restored.params, restored.vocab
+  )
+  src = tr.encode(sentence)
+  ids = np.asarray(tr.translate_ids([src], beam_size=1)[0] + [1], np.int32)
+  split = parallel.ParallelSplit([sentence], [""], [src], [ids])
+  out = next(mt_datastore.teacher_forced(config, restored, split))
+  g = out["g"][0][: len(ids)]
+  near = mt_datastore.Neighbours(search_lib.ExactSearcher(store, metric), k)
+  scores, values = near(g)
+  piece = lambda i: restored.vocab.decode([int(i)]) or "</s>"  # noqa: E731
+  return [
+      {
+          "token": piece(t),
+          "retrieved": [piece(v) for v in vals],
+          "scores": [float(s) for s in sc],
+      }
+      for t, vals, sc in zip(ids, values, scores)
+  ]
