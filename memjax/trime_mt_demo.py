@@ -7,7 +7,8 @@ Trains ``configs/trime_iwslt.py:demo`` (vanilla: label smoothing over
 BM25-packed target batches) for the same number of updates (in two processes), builds each
 model's datastore over the training targets (``--mode=mt_datastore``),
 tunes K, lam and T on 200 valid sentences by teacher-forced NLL
-(``--mode=mt_tune``), and scores test once with beam 4: vanilla, vanilla +
+(``--mode=mt_tune``), and scores the first 200 test sentences once with
+beam 4 (``--test_sentences=0``: all 500): vanilla, vanilla +
 kNN-MT, TRIMEMT_ext (joint softmax with its memory) and, for reference,
 the TRIMEMT_ext model without memory. Every stage resumes from what the
 workdir holds. The table lands in ``<workdir>/table.md`` / ``table.json``.
@@ -30,10 +31,10 @@ from absl import logging
 _WORKDIR = flags.DEFINE_string(
     "workdir", "runs/demo_trime_mt", "Output directory."
 )
-_STEPS = flags.DEFINE_integer("steps", 300, "Training updates of each model.")
+_STEPS = flags.DEFINE_integer("steps", 150, "Training updates of each model.")
 _SIZE = flags.DEFINE_string("size", "demo", "configs/trime_iwslt.py size.")
 _TEST = flags.DEFINE_integer(
-    "test_sentences", 0, "Test sentences scored (0: all)."
+    "test_sentences", 200, "Test sentences scored (0: all)."
 )
 _METHOD = flags.DEFINE_string(
     "method", "", "Run only this method (vanilla or trime_mt) into "
@@ -159,7 +160,7 @@ def _child(method: str, workdir: str, size, steps, test) -> subprocess.Popen:
   )  # fmt: skip
 
 
-def run(workdir: str, size: str = "demo", steps: int = 300, test=0):
+def run(workdir: str, size: str = "demo", steps: int = 150, test=200):
   """Both models' rows, the two methods in parallel processes (each is
   one core's work for most of its run); writes table.json and table.md."""
   start = time.time()
