@@ -1,7 +1,7 @@
 """Decoding with an external memory through beam search's hook: kNN-MT at
 lam = 0 and the joint softmax with an empty memory are the plain decoder;
 beam 1 with memory is greedy with memory; the hook's distributions against
-NumPy; a memory of one token takes over decoding."""
+NumPy."""
 
 import flax.linen as nn
 import jax
@@ -126,19 +126,3 @@ def test_hook_distributions_against_numpy():
   want = num / (np.exp(logits).sum(-1) + m.sum(-1))[:, None]
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
   np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-5)
-
-
-def test_memory_of_one_token_takes_over(setup):
-  """Every entry's value is token 7 and lam near 1: decoding emits 7 until
-  the length limit forces EOS."""
-  model, params, _, source = setup
-
-  def seven(q):
-    rows = q.shape[0]
-    return np.zeros((rows, K), np.float32), np.full((rows, K), 7, np.int32)
-
-  hook = md.MemoryHook("knn", {"knn_lambda": 0.999, "knn_temperature": 1.0},
-                       seven, K, D)  # fmt: skip
-  out = decoding.greedy_search(model, params, source, MAX_LEN, hook)
-  np.testing.assert_array_equal(out[:, : MAX_LEN - 1], 7)
-  np.testing.assert_array_equal(out[:, MAX_LEN - 1], decoding.EOS)
