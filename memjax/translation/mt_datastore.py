@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -32,6 +33,7 @@ from memjax.data import token_batching
 from memjax.memory import datastore as ds_lib
 from memjax.memory import datastore_batches
 from memjax.memory import search as search_lib
+from memjax.translation import parts
 
 
 def memory_config(config: ml_collections.ConfigDict) -> Any:
@@ -166,7 +168,7 @@ def build(config: Any, restored: Any, train: Any, path: str) -> Any:
       signature=_signature(restored),
       checkpoint=_checkpoint(restored),
       dim=int(restored.model.d_model),
-      corpus=os.path.abspath(config.data.data_dir or "demo_data/mt_de_en"),
+      corpus=os.path.abspath(parts.data_dir(config)),
       split="train",
       context={
           "task": "translation",
@@ -249,8 +251,6 @@ class Neighbours:
   def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(scores [Q, k] float32, -inf for none; values [Q, k] int32):
     g . g_j for 'dot_product', -||g - g_j||^2 for 'squared_l2'."""
-    import time  # pylint: disable=g-import-not-at-top
-
     start = time.perf_counter()
     q = np.asarray(queries, np.float32)
     scores = np.full((q.shape[0], self.k), -np.inf, np.float32)
