@@ -9,7 +9,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: demo demo-mt demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
+.PHONY: demo demo-mt demo-trime-mt demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,3 +62,7 @@ clean-venv:
 # Translation: a vanilla encoder-decoder on the shipped German-English pairs.
 demo-mt: $(STAMP)
 	$(PY) -m memjax.mt_demo --workdir=runs/demo_mt
+
+# Table 6: vanilla, vanilla + kNN-MT and TRIMEMT_ext, same steps (docs/trime_mt.md).
+demo-trime-mt: $(STAMP)
+	$(PY) -m memjax.trime_mt_demo --workdir=runs/demo_trime_mt

@@ -13,15 +13,51 @@ Usage: ``--config=configs/trime_iwslt.py:SIZE`` with SIZE in
   cosine after 4,000 warm-up steps, 170k updates of 16,384 tokens, ~10k
   joint BPE pieces; beam 4, length penalty 1.0.
 
+METHOD (``--config=configs/trime_iwslt.py:METHOD_SIZE``): ``vanilla`` (the
+default; label-smoothed cross-entropy over ``tokens`` batches) or
+``trime_mt`` (TRIMEMT_ext: the ``trime_mt`` objective over ``tokens_bm25``
+batches of BM25-packed target sentences, docs/trime_mt.md). Every variant
+carries ``translation.memory``, the external memory used at decoding
+(``--mode=mt_datastore / mt_tune / mt_translate``): kNN-MT for vanilla,
+the joint softmax for trime_mt.
+
 Train with ``--mode=train`` (the translation task scores valid with beam
 search and sacreBLEU at the end), translate a split or a file with
 ``--mode=translate``.
 """
 
+import ml_collections
+
 from memjax import config as base
 
 SIZES = ("smoke", "demo", "paper")
-METHODS = ("vanilla",)
+METHODS = ("vanilla", "trime_mt")
+
+
+def _memory(method: str):
+  """``translation.memory``: the external memory at decoding time."""
+  mem = ml_collections.ConfigDict()
+  # 'knn' (kNN-MT) or 'trime' (TRIMEMT_ext's joint softmax).
+  mem.kind = "trime" if method == "trime_mt" else "knn"
+  mem.datastore = ""  # "" = <workdir>/mt_datastore
+  mem.search = "scann"  # scann | exact
+  mem.rows = 64  # pairs per teacher-forced batch (datastore, tuning)
+  mem.shard_keys = 1 << 20  # about this many positions per datastore shard
+  # kNN-MT (Khandelwal et al. 2021; the authors' settings).
+  mem.k = 16 if method == "trime_mt" else 32
+  mem.knn_lambda, mem.knn_temperature = 0.2, 100.0
+  # TRIMEMT_ext: memory logits g . g_j / (sqrt(d) tau); lam = memory mass,
+  # or a tuned lam with interpolate=True.
+  mem.temperature = 1.0
+  mem.interpolate, mem.interpolate_lambda = False, 0.2
+  # Tuned on valid by teacher-forced NLL (--mode=mt_tune).
+  mem.tune_sentences = 200
+  mem.k_grid = (1, 2, 4, 8, 16, 32, 64)
+  mem.knn_lambda_grid = (0.1, 0.2, 0.3, 0.5)
+  mem.knn_temperature_grid = (10.0, 100.0, 1000.0)
+  mem.temperature_grid = (0.5, 1.0, 2.0, 4.0)
+  mem.interpolate_lambda_grid = (0.1, 0.2, 0.3, 0.5)
+  return mem
 
 
 def get_config(arg: str = "demo"):
@@ -42,6 +78,11 @@ def get_config(arg: str = "demo"):
   o.schedule = "cosine"
   tr.source_lang, tr.target_lang = "de", "en"
   tr.beam_size, tr.length_penalty = 4, 1.0
+  tr.memory = _memory(method)
+  if method == "trime_mt":
+    c.loss.name = "trime_mt"
+    c.data.batching = "tokens_bm25"
+    c.loss.lm_warmup_fraction = 0.0
 
   if size == "smoke":
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 1, 32, 2, 16, 64

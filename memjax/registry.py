@@ -175,7 +175,9 @@ MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
     ),
 )
 OBJECTIVES: Registry[Callable[..., Any]] = Registry(
-    "training objective", "loss.name", ("memjax.losses",)
+    "training objective",
+    "loss.name",
+    ("memjax.losses", "memjax.translation.trime_mt"),
 )
 BATCHERS: Registry[Callable[..., Any]] = Registry(
     "batcher",
@@ -187,6 +189,7 @@ BATCHERS: Registry[Callable[..., Any]] = Registry(
         "memjax.memory.marge",
         "memjax.data.mlm",
         "memjax.data.glue",
+        "memjax.translation.trime_mt",
     ),
 )
 EVAL_MEMORIES: Registry[Any] = Registry(

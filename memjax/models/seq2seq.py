@@ -405,8 +405,13 @@ class EncoderDecoder(nn.Module):
     }
 
   def decode_step(
-      self, token: Array, pos: Array, cache: dict[str, Any], src_mask: Array
-  ) -> tuple[Array, Array, dict[str, Any]]:
+      self,
+      token: Array,
+      pos: Array,
+      cache: dict[str, Any],
+      src_mask: Array,
+      with_log_z: bool = False,
+  ) -> tuple[Any, ...]:
     """One decoder step for N rows.
 
     Args:
@@ -414,9 +419,11 @@ class EncoderDecoder(nn.Module):
       pos: scalar int32.
       cache: from ``init_cache`` (or the previous step).
       src_mask: [N, S] bool real source tokens.
+      with_log_z: also return the softmax's log-normaliser.
 
     Returns:
-      ([N, V] float32 log-probabilities of the next token, [N, D] g, cache).
+      ([N, V] float32 log-probabilities of the next token, [N, D] g, cache),
+      then [N] float32 log_z if ``with_log_z``.
     """
     x = self._embed(self.tgt_embed, token[:, None], pos, True)
     max_len = cache["self"][0][0].shape[1]
@@ -430,8 +437,11 @@ class EncoderDecoder(nn.Module):
       )  # fmt: skip
       new_self.append(c)
     _, logits = self._decoder_out(x[:, 0])
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return logp, g[:, 0], {"cross": cache["cross"], "self": tuple(new_self)}
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    new_cache = {"cross": cache["cross"], "self": tuple(new_self)}
+    if with_log_z:
+      return logits - log_z[:, None], g[:, 0], new_cache, log_z
+    return jax.nn.log_softmax(logits, axis=-1), g[:, 0], new_cache
 
 
 @registry.MODEL_FAMILIES.register("encoder_decoder")

@@ -25,6 +25,11 @@ _BUILTIN = {
     "pack": "memjax.data.packing:pack",
     # Translation (encoder-decoder); see docs/translation.md.
     "translate": "memjax.modes.translation:translate",
+    # Translation with an external memory (kNN-MT, TRIMEMT_ext); see
+    # docs/trime_mt.md.
+    "mt_datastore": "memjax.modes.translation_memory:mt_datastore_mode",
+    "mt_tune": "memjax.modes.translation_memory:mt_tune",
+    "mt_translate": "memjax.modes.translation_memory:mt_translate",
     # Product-key memory: usage per memory layer; see docs/pkm.md.
     "memory_usage": "memjax.pkm_usage:memory_usage",
     # External memory: datastore, ScaNN index, recall against exact search.

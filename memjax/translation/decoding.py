@@ -18,7 +18,10 @@ and the best finished one is returned. With K = 1 this is greedy search.
 ``hook(log_probs [N, V], g [N, D], step) -> log_probs`` adjusts every
 step's log-probabilities before the choice (N = batch x beam rows, g the
 last decoder layer's feed-forward input at the step): the place where an
-evaluation memory (kNN-MT, TRIME's memory) mixes in its distribution.
+evaluation memory (kNN-MT, TRIME's memory) mixes in its distribution. A
+hook with the attribute ``takes_log_z = True`` is called as
+``hook(log_probs, g, step, log_z [N])`` with the softmax's log-normaliser
+(a joint softmax of memory and vocabulary logits needs the logits' scale).
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ def _start(model, params, source, rows_per_sentence, max_len):
 
 
 def _step(model, params, hook, token, t, cache, mask):
+  if getattr(hook, "takes_log_z", False):
+    logp, g, cache, log_z = model.apply(
+        {"params": params}, token, t, cache, mask, True,
+        method=model.decode_step,
+    )  # fmt: skip
+    return hook(logp, g, t, log_z), cache
   logp, g, cache = model.apply(
       {"params": params}, token, t, cache, mask, method=model.decode_step
   )

@@ -1,0 +1,92 @@
+"""Beam-search speed with and without the external memory, in one run.
+
+    python benchmarks/mt_memory_decoding.py \
+        --workdir=runs/demo_trime_mt/trime_mt \
+        [--config=configs/trime_iwslt.py:trime_mt_demo] [--sentences=64] \
+        [--beam=4] [--rounds=3] [--steps=1] [--warmup=1] [--out=FILE]
+
+Restores the trained run at ``--workdir`` with its datastore
+(``--mode=mt_datastore``) and the settings ``--mode=mt_tune`` chose (else
+the config's), and translates the first ``--sentences`` valid sentences
+with beam search alone (the baseline) and with the memory of
+``translation.memory.kind`` in the hook (host search every step). Both
+alternate within each round; the median round is reported. Prints one JSON
+object with the machine, sentences/s and the ratio
+(``benchmarks/harness.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from benchmarks import harness  # pylint: disable=g-import-not-at-top
+from benchmarks.decoding import DecodeBench  # pylint: disable=g-import-not-at-top
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument(
+      "--config", default="configs/trime_iwslt.py:trime_mt_demo"
+  )
+  parser.add_argument("--workdir", required=True, help="a trained run")
+  parser.add_argument("--sentences", type=int, default=64)
+  parser.add_argument("--beam", type=int, default=4)
+  harness.add_timing_args(parser, steps=1, warmup=1, rounds=3)
+  args = parser.parse_args()
+  config = harness.load_config(args.config, args.set)
+  # pylint: disable=g-import-not-at-top
+  from memjax import experiment
+  from memjax.data import parallel
+  from memjax.modes import translation_memory as tm
+  from memjax.translation import mt_datastore
+  from memjax.translation import parts
+
+  restored = experiment.load(args.workdir, config=config)
+  kind = config.translation.memory.kind
+  store = mt_datastore.open_store(
+      restored, mt_datastore.datastore_path(config, args.workdir)
+  )
+  settings = tm.tuned_settings(config, args.workdir, kind)
+  hook = tm.make_hook(config, restored, store, kind, settings)
+  plain = parts.make_translator(
+      config, restored.model, restored.params, restored.vocab
+  )
+  memory = parts.make_translator(
+      config, restored.model, restored.params, restored.vocab, hook=hook
+  )
+  t = config.translation
+  src, _ = parallel.read_pairs(
+      parts.data_dir(config), "valid", t.source_lang, t.target_lang
+  )
+  sources = [plain.encode(s) for s in src[: args.sentences]]
+  benches = [
+      DecodeBench(f"beam {args.beam}", plain, sources, args.beam),
+      DecodeBench(f"beam {args.beam} + {kind} memory", memory, sources,
+                  args.beam),
+  ]  # fmt: skip
+  harness.run_rounds(
+      benches, rounds=args.rounds, steps=args.steps, warmup=args.warmup
+  )
+  results = []
+  for b in benches:
+    s = harness.summarize(b.times, len(sources))
+    results.append({
+        "name": b.name,
+        "sentences_per_s": s.get("tokens_per_s"),
+        "seconds_per_pass_median": s.get("seconds_per_step_median"),
+    })  # fmt: skip
+  harness.finish(
+      results, args, ratio_keys=("sentences_per_s",), config=args.config,
+      workdir=args.workdir, sentences=len(sources), datastore_keys=store.count,
+      memory=dict(settings, kind=kind), search=config.translation.memory.search,
+      search_seconds=hook.neighbours.seconds,
+  )  # fmt: skip
+
+
+if __name__ == "__main__":
+  main()
