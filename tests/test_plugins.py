@@ -134,12 +134,13 @@ def test_the_signature_names_a_registered_kind_and_omits_the_default():
     [
         ("model.feed_forward", "nope", "ffn, gated"),
         ("model.attention", "nope", "lamemo, rpe, vanilla, xl"),
-        ("model.family", "nope", "decoder_lm, encoder_decoder, marge"),
+        ("model.family", "nope", "decoder_lm, encoder, encoder_decoder, marge"),
         ("loss.name", "nope", "l2, label_smoothed, lm, trime"),
         (
             "data.batching",
             "nope",
-            "blocks, bm25, consecutive, marge, random, tokens",
+            "blocks, bm25, consecutive, marge, mlm, random, sentences, tokens,"
+            " tokens_bm25",
         ),
     ],
 )
@@ -156,13 +157,16 @@ def test_an_unknown_name_lists_the_registered_ones(key, value, registered):
 def test_an_unknown_task_lists_the_registered_ones():
   config = _config()
   config.task = "nope"
-  with pytest.raises(errors.ConfigError, match="unknown task 'nope'.*: lm"):
+  with pytest.raises(
+      errors.ConfigError,
+      match="unknown task 'nope'.*: classification, lm, mlm, translation",
+  ):
     experiment.validate_config(config)
 
 
 def test_an_unknown_evaluation_memory_and_mode_list_the_registered_ones():
   with pytest.raises(
-      errors.ConfigError, match="cache, knn, none, trime, trime_ext"
+      errors.ConfigError, match="cache, knn, knn_cache, none, trime, trime_ext"
   ):
     registry.EVAL_MEMORIES.get("nope")
   with pytest.raises(errors.ConfigError, match="--mode 'nope'.*memeval"):
