@@ -13,7 +13,6 @@ from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.memory import evaluation
 from memjax.models import transformer
-from tests.memory import streams as streams_lib
 
 WINDOW, SCORE = 8, 3
 
@@ -32,8 +31,8 @@ def _model():
 
 
 @pytest.fixture(scope="module")
-def setup():
-  return streams_lib.repetitive_setup(_model(), WINDOW)
+def setup(repetitive_setup):
+  return repetitive_setup(_model(), WINDOW)
 
 
 def _window_outputs(model, params, tokens):

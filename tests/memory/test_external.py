@@ -20,7 +20,6 @@ from memjax.memory import datastore as ds_lib
 from memjax.memory import external
 from memjax.memory import search
 from memjax.models import transformer
-from tests.memory import streams as streams_lib
 
 WINDOW, SCORE = 8, 3
 SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 2}
@@ -34,8 +33,8 @@ def _model(vocab=24):
 
 
 @pytest.fixture(scope="module")
-def setup():
-  return streams_lib.repetitive_setup(_model(), WINDOW)
+def setup(repetitive_setup):
+  return repetitive_setup(_model(), WINDOW)
 
 
 def _spec(tokens, dim=16, shard_batches=1, batch_size=2, sig=SIG):

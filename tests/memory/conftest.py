@@ -1,15 +1,21 @@
-"""A shared test stream for the evaluation-memory tests."""
+"""Shared fixtures of the evaluation-memory tests."""
 
 import jax
 import numpy as np
+import pytest
 
 from memjax import sharding as sharding_lib
 
 
-def repetitive_setup(model, window: int):
-  """(model, params, tokens [49], one-device mesh) for a stream in which a
-  7-token phrase recurs, so that long-term and external memories hold
-  positives."""
+@pytest.fixture(scope="session")
+def repetitive_setup():
+  """A function (model, window) -> (model, params, tokens [49], one-device
+  mesh) for a stream in which a 7-token phrase recurs, so that long-term
+  and external memories hold positives."""
+  return _repetitive_setup
+
+
+def _repetitive_setup(model, window: int):
   rng = np.random.default_rng(0)
   phrase = rng.integers(3, 24, 7)
   tokens = np.concatenate(
