@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from typing import Any
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import registry
+from memjax.data import parallel
 from memjax.data import sources
 
 CLS, MASK = "[CLS]", "[MASK]"
@@ -81,46 +81,23 @@ def _digest(*parts: Any) -> str:
 def train_vocabulary(data_dir: str, vocab_size: int, cache_dir: str) -> str:
   """Trains (or finds cached) the sentencepiece model; returns its path.
 
-  sentencepiece does the work (the same settings as the translation
-  vocabulary of ``memjax.data.parallel``), with ``[CLS]`` and ``[MASK]`` as
+  The translation vocabulary's trainer
+  (``parallel.train_sentencepiece``), with ``[CLS]`` and ``[MASK]`` as
   user-defined pieces 3 and 4.
   """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-
   train = split_path(data_dir, "train")
   key = _digest(train, vocab_size, _CACHE_VERSION)
   path = os.path.join(cache_dir, f"spm_mlm_{vocab_size}_{key}.model")
   if os.path.isfile(path):
     return path
   os.makedirs(cache_dir, exist_ok=True)
-  model = io.BytesIO()
-  try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(paragraphs(train)), model_writer=model,
-        vocab_size=vocab_size, model_type="bpe", character_coverage=1.0,
-        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-        user_defined_symbols=[CLS, MASK], input_sentence_size=200000,
-        shuffle_input_sentence=True, minloglevel=2,
-    )  # fmt: skip
-  except RuntimeError as e:
-    raise errors.ConfigError(
-        f"cannot train a {vocab_size}-piece vocabulary on {train}: "
-        f"{str(e).splitlines()[-1]}; lower mlm.vocab_size"
-    ) from None
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(model.getvalue())
-  os.replace(tmp, path)
-  return path
+  return parallel.train_sentencepiece(
+      paragraphs(train), path, vocab_size, train, "mlm.vocab_size",
+      user_symbols=(CLS, MASK),
+  )  # fmt: skip
 
 
-def load_vocabulary(path: str):
-  """The ``seqio.SentencePieceVocabulary`` of a model file."""
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  if not os.path.isfile(path):
-    raise errors.DataError(f"no sentencepiece model at {path}")
-  return seqio.SentencePieceVocabulary(path)
+load_vocabulary = parallel.load_vocabulary
 
 
 def special_ids(vocab) -> tuple[int, int]:

@@ -116,8 +116,6 @@ def train_vocabulary(
   One BPE model over both sides of the training split, with pad 0, EOS 1,
   UNK 2 and no BOS (SeqIO's convention), full character coverage.
   """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-
   s, t = read_pairs(data_dir, "train", src, tgt)
   files = split_files(data_dir, "train", src, tgt)
   key = _fingerprint(*files, extra=f"{vocab_size}-{src}-{tgt}")
@@ -125,10 +123,32 @@ def train_vocabulary(
   if os.path.isfile(path):
     return path
   os.makedirs(cache_dir, exist_ok=True)
+  return train_sentencepiece(
+      s + t, path, vocab_size,
+      f"{files[0]} and {files[1]}", "data.vocab_size",
+  )  # fmt: skip
+
+
+def train_sentencepiece(
+    sentences: Sequence[str],
+    path: str,
+    vocab_size: int,
+    source: str,
+    config_key: str,
+    user_symbols: Sequence[str] = (),
+) -> str:
+  """Trains a BPE sentencepiece model on ``sentences`` into ``path``.
+
+  SeqIO's ids (pad 0, EOS 1, UNK 2, no BOS), full character coverage;
+  ``user_symbols`` become pieces 3, 4, ... A vocabulary too large for the
+  text is a ConfigError naming ``source`` and ``config_key``.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(s + t),
+        sentence_iterator=iter(sentences),
         model_writer=model,
         vocab_size=vocab_size,
         model_type="bpe",
@@ -137,14 +157,15 @@ def train_vocabulary(
         eos_id=1,
         unk_id=2,
         bos_id=-1,
+        user_defined_symbols=list(user_symbols),
         input_sentence_size=200000,
         shuffle_input_sentence=True,
         minloglevel=2,
     )
   except RuntimeError as e:
     raise errors.ConfigError(
-        f"cannot train a {vocab_size}-piece vocabulary on {files[0]} and "
-        f"{files[1]}: {str(e).splitlines()[-1]}; lower data.vocab_size"
+        f"cannot train a {vocab_size}-piece vocabulary on {source}: "
+        f"{str(e).splitlines()[-1]}; lower {config_key}"
     ) from None
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "wb") as f:
