@@ -132,6 +132,15 @@ def _per_layer(d: dict, name: str, fmt: str = "{:.3f}") -> str:
   return " / ".join(fmt.format(v[name]) for _, v in sorted(d.items())) or "-"
 
 
+def _dev_cell(r: dict) -> str:
+  """The median dev accuracy, with the seeds' range when there are several."""
+  cell = f"{r.get('dev_acc', float('nan')):.4f}"
+  accs = r.get("dev_accs", [])
+  if len(accs) > 1:
+    cell += f" ({min(accs):.3f}-{max(accs):.3f})"
+  return cell
+
+
 def format_table(rows: list[dict]) -> str:
   lines = [
       "| model | MLM ppl valid | MLM ppl test | top-1 MU (%) | KL_u | KL_w "
@@ -148,13 +157,31 @@ def format_table(rows: list[dict]) -> str:
         f"| {r['row']} | {r['valid_ppl']:.2f} | {r['test_ppl']:.2f} | "
         f"{pct(r['memory'], 'top1_mu')} | {_per_layer(r['memory'], 'kl_u')} | "
         f"{_per_layer(r['memory'], 'kl_w')} | "
-        f"{r.get('dev_acc', float('nan')):.4f} | "
-        f"{r.get('test_acc', float('nan')):.4f} | "
+        f"{_dev_cell(r)} | {r.get('test_acc', float('nan')):.4f} | "
         f"{pct(r.get('ft_memory', {}), 'top1_mu')} | "
         f"{_per_layer(r.get('class_divergence', {}), 'kl')} | "
         f"{_per_layer(r.get('class_divergence', {}), 'iou')} |"
     )
   return "\n".join(lines)
+
+
+def format_frozen_table(rows: list[dict]) -> str:
+  """Table 5: fine-tuning with the memory updated (Y) or held fixed (N)."""
+  lines = [
+      "| model | memory update | sentiment dev acc (median) | dev accs "
+      "| test acc |",
+      "|---|---|---:|---|---:|",
+  ]
+  for r in rows:
+    if "frozen" not in r:
+      continue
+    for update, d in (("Y", r), ("N", r["frozen"])):
+      accs = ", ".join(f"{a:.3f}" for a in d.get("dev_accs", []))
+      lines.append(
+          f"| {r['row']} | {update} | {d.get('dev_acc', float('nan')):.4f} "
+          f"| {accs} | {d.get('test_acc', float('nan')):.4f} |"
+      )
+  return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def plot_curves(root: str, keys: list[str]) -> str:
@@ -212,6 +239,10 @@ def main(argv):
       row["frozen"] = summarise(key, mlm_res, frozen)
     rows.append(row)
   table = format_table(rows)
+  frozen_table = format_frozen_table(rows)
+  if frozen_table:
+    table += "\n\nFine-tuning with the memory held fixed (Table 5):\n\n"
+    table += frozen_table
   os.makedirs(root, exist_ok=True)
   with open(os.path.join(root, "table.md"), "w") as f:
     f.write(table + "\n")
