@@ -32,7 +32,8 @@ def warn(msg: str, *args) -> None:
 
 class Progress:
   """Counts items of a long job and prints a rate and ETA line at most every
-  ``every_s`` seconds (e.g. the keys a datastore build has written)."""
+  ``every_s`` seconds (e.g. the keys a datastore build has written); with
+  ``expected`` 0 (a total not known in advance) the line has no ETA."""
 
   def __init__(
       self, expected: int, what: str = "datastore", unit: str = "keys",
@@ -48,13 +49,9 @@ class Progress:
     if time.time() - self.last > self.every_s:
       self.last = time.time()
       rate = self.done / (self.last - self.start)
-      info(
-          "%s: %s, %d %s, %.0f %s/s, ETA %.0fs",
-          self.what,
-          label,
-          self.done,
-          self.unit,
-          rate,
-          self.unit,
-          max(self.expected - self.done, 0) / max(rate, 1e-9),
-      )
+      line = f"{self.what}: {label}, {self.done} {self.unit}, "
+      line += f"{rate:.0f} {self.unit}/s"
+      if self.expected:  # Unknown totals (0) get no ETA.
+        eta = max(self.expected - self.done, 0) / max(rate, 1e-9)
+        line += f", ETA {eta:.0f}s"
+      info("%s", line)
