@@ -1,7 +1,7 @@
 """Decoding with an external memory through beam search's hook: kNN-MT at
 lam = 0 and the joint softmax with an empty memory are the plain decoder;
-beam 1 with memory is greedy with memory; the hook's distributions against
-NumPy."""
+beam 1 with memory is greedy with memory; a memory that holds one token
+decides every step; the hook's distributions against NumPy."""
 
 import flax.linen as nn
 import jax
@@ -87,6 +87,23 @@ def test_memory_beam_one_is_memory_greedy(setup):
   greedy = decoding.greedy_search(model, params, source, MAX_LEN, hook)
   beam = decoding.beam_search(model, params, source, MAX_LEN, 1, hook=hook)
   np.testing.assert_array_equal(beam.tokens, greedy)
+
+
+def test_a_memory_of_one_token_takes_decoding_over(setup, tmp_path):
+  # Every key holds token 7; kNN-MT at lam = 0.999 gives p(7) >= 0.999 and
+  # every other token at most 0.001, so each step picks 7 until the length
+  # limit forces EOS (beam 1: a hypothesis finishes only at its top token).
+  model, params, store, source = setup
+  keys = np.concatenate(store.keys).astype(np.float32)
+  sevens = ds_lib.from_arrays(
+      str(tmp_path / "sevens"), keys, np.full(len(keys), 7, np.int32),
+      signature={},
+  )  # fmt: skip
+  out = _beam(setup, _hook(sevens, "knn", knn_lambda=0.999), beam=1)
+  want = np.array([7] * (MAX_LEN - 1) + [decoding.EOS])
+  np.testing.assert_array_equal(
+      out.tokens, np.broadcast_to(want, out.tokens.shape)
+  )
 
 
 def test_hook_distributions_against_numpy():
