@@ -8,6 +8,7 @@ process on a cut-down corpus.
 
 import json
 import os
+import shutil
 
 import flax
 import jax
@@ -20,6 +21,7 @@ from memjax import checkpointing
 from memjax import errors
 from memjax import experiment
 from memjax import losses
+from memjax import train
 from memjax.analysis import class_usage
 from memjax.classification_task import accuracy
 from memjax.data import glue
@@ -73,7 +75,6 @@ def test_unmasked_positions_carry_no_loss():
   )
   init = jax.jit(m.init)  # Far cheaper than running init op by op.
   params = init(jax.random.PRNGKey(0), b["inputs"], b["targets"])["params"]
-
 
   @jax.jit  # One program for the model and the loss (not op by op).
   def loss(targets):
@@ -240,3 +241,28 @@ def test_finetune_reports_accuracy_and_class_usage(bert_cls_smoke_workdir):
   for d in layers.values():
     assert 0.0 <= d["iou"] <= 1.0 and d["kl"] >= 0.0
   assert all(0 < m["mu"] <= 1 for m in res["memory"].values())
+
+
+def test_resumed_finetune_keeps_the_best_dev_parameters(
+    bert_cls_smoke_workdir, tmp_path
+):
+  """A run resumed after its last step scores test at the best dev step.
+
+  The fixture's best dev step is kept in ``best_dev``; a run that forgot it
+  on resume would choose among the dev scores after the resume only.
+  """
+  run = bert_cls_smoke_workdir
+  with open(os.path.join(run, "results.json")) as f:
+    first = json.load(f)
+  best = experiment.load(os.path.join(run, "best_dev"), mesh={"data": 1})
+  assert best.step == first["best_step"]
+  final = experiment.load(run, mesh={"data": 1})
+  if best.step != final.step:
+    leaves = zip(jax.tree.leaves(best.params), jax.tree.leaves(final.params))
+    assert any(not np.array_equal(a, b) for a, b in leaves)
+  workdir = tmp_path / "resumed"
+  shutil.copytree(run, workdir)
+  os.remove(workdir / "results.json")
+  res = train.train_and_evaluate(final.config, str(workdir))
+  for key in ("best_step", "dev", "test", "class_divergence", "memory"):
+    assert res[key] == first[key], key
