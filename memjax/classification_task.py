@@ -138,7 +138,7 @@ def predict_fn(model, mesh: Mesh):
 
 def predict(fn, params, ex: glue.Examples, config, mesh, rows=None):
   """(logits [N, C], usage sums) over the examples ``rows`` (default all),
-  in batches of ``eval.batch_size`` padded with empty rows."""
+  in batches of ``eval.batch_size`` (the last filled with empty rows)."""
   rows = np.arange(len(ex.ids)) if rows is None else np.asarray(rows)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   bs = max(dp, int(config.eval.batch_size) // dp * dp)
@@ -146,7 +146,9 @@ def predict(fn, params, ex: glue.Examples, config, mesh, rows=None):
   for first in range(0, len(rows), bs):
     idx = rows[first : first + bs]
     ids = [ex.ids[i] for i in idx]
-    ids += [np.zeros((0,), np.int32)] * (-len(ids) % dp)
+    # Every batch the same size (one compiled program): padding rows read
+    # no memory slot, and their scores are dropped.
+    ids += [np.zeros((0,), np.int32)] * (bs - len(ids))
     b = glue.pad_batch(ids, np.zeros(len(ids)), config.classification.buckets)
     got_logits, sums = jax.device_get(
         fn(params, sharding_lib.put_global_batch({"inputs": b["inputs"]}, mesh))
