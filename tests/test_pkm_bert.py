@@ -2,8 +2,10 @@
 
 Masking, the encoder's attention and padding, partial initialisation, the
 frozen-memory switch, the classification metric, Figure 4's KL and IOU,
-bad TSV input, and one short pretrain -> memory -> fine-tune chain run in
-process on a cut-down corpus.
+bad TSV input, and the pretrain -> fine-tune chain on the 2-step runs that
+tests/conftest.py trains in process (shared with colabs/pkm_bert.ipynb):
+partial initialisation from the MLM run, the fine-tune's results, and a
+resume that keeps the best dev parameters.
 """
 
 import json
