@@ -12,8 +12,9 @@ trained on the MLM corpus (a classifier from scratch).
 
 Evaluation: accuracy on ``classification.select_split`` (dev) at every
 ``train.eval_every`` and at the end; the run keeps the parameters of the
-best dev accuracy (earliest on ties) and scores ``test_split`` once, with
-those. With product-key memory layers the final results also hold, at the
+best dev accuracy (earliest on ties) as an export in ``<workdir>/best_dev``
+(``experiment.load`` restores it; a resumed run starts from it) and scores
+``test_split`` once, with those. With product-key memory layers the final results also hold, at the
 best parameters, each memory layer's usage over ``usage_split`` (MU, top-1
 MU, KL_u, KL_w; Kim & Jung's Table 6) and the positive-vs-negative top-1
 usage KL and IOU (their Figure 4; ``memjax.analysis.class_usage``).
@@ -22,6 +23,7 @@ usage KL and IOU (their Figure 4; ``memjax.analysis.class_usage``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Optional
 
@@ -33,6 +35,7 @@ from jax.sharding import Mesh
 
 from memjax import console
 from memjax import errors
+from memjax import experiment
 from memjax import mlm_task
 from memjax import registry
 from memjax import runfiles
@@ -43,11 +46,15 @@ from memjax.data import glue
 from memjax.data import mlm
 from memjax.models import pkm
 
+BEST_DIR = "best_dev"
+
 
 @dataclasses.dataclass
 class ClassData:
   """The splits of a classification run; ``best`` holds the best dev
-  evaluation so far ({'accuracy', 'step', 'params'} on the host)."""
+  evaluation so far ({'accuracy', 'step', 'params'}: on the host, or None
+  when restored from ``best_dir``, the export it is kept in while
+  training)."""
 
   name: str
   vocab_size: int
@@ -56,7 +63,43 @@ class ClassData:
   train: Optional[glue.Examples]
   splits: dict[str, glue.Examples]
   cache_dir: str
+  best_dir: Optional[str] = None
   best: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def save_best(config, data: ClassData) -> None:
+  """Writes ``data.best`` as an export in ``data.best_dir`` (if set)."""
+  if not data.best_dir:
+    return
+  b = data.best
+  meta = {
+      "signature": experiment.model_signature(config, data.vocab_size),
+      "step": b["step"],
+      "dtype": "float32",
+      "source": os.path.dirname(data.best_dir),
+      config.classification.select_split: {"accuracy": b["accuracy"]},
+  }
+  runfiles.write_export(data.best_dir, config, data.vocab, b["params"], meta)
+
+
+def read_best(config, best_dir: str) -> dict[str, Any]:
+  """The best dev evaluation an earlier part of the run kept, or {}."""
+  path = os.path.join(best_dir, runfiles.EXPORT_FILE)
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    meta = json.load(f)
+  split = config.classification.select_split
+  return {"accuracy": meta[split]["accuracy"], "step": meta["step"],
+          "params": None}  # fmt: skip
+
+
+def best_params(data: ClassData, mesh: Mesh) -> Any:
+  """The best dev parameters (restored from ``best_dir`` after a resume)."""
+  if data.best["params"] is None:
+    restored = experiment.load(data.best_dir, mesh=dict(mesh.shape))
+    data.best["params"] = restored.params
+  return data.best["params"]
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -81,7 +124,7 @@ def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   return mlm_task.vocabulary_path(config, workdir)
 
 
-def _predict_fn(model, mesh: Mesh):
+def predict_fn(model, mesh: Mesh):
   """Jitted (params, batch) -> ([B, C] logits, 'pkm_usage' sums)."""
 
   def predict(params, batch):
@@ -95,7 +138,7 @@ def _predict_fn(model, mesh: Mesh):
 
 def predict(fn, params, ex: glue.Examples, config, mesh, rows=None):
   """(logits [N, C], usage sums) over the examples ``rows`` (default all),
-  in batches of ``eval.batch_size`` padded with empty rows."""
+  in batches of ``eval.batch_size`` (the last filled with empty rows)."""
   rows = np.arange(len(ex.ids)) if rows is None else np.asarray(rows)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   bs = max(dp, int(config.eval.batch_size) // dp * dp)
@@ -103,7 +146,9 @@ def predict(fn, params, ex: glue.Examples, config, mesh, rows=None):
   for first in range(0, len(rows), bs):
     idx = rows[first : first + bs]
     ids = [ex.ids[i] for i in idx]
-    ids += [np.zeros((0,), np.int32)] * (-len(ids) % dp)
+    # Every batch the same size (one compiled program): padding rows read
+    # no memory slot, and their scores are dropped.
+    ids += [np.zeros((0,), np.int32)] * (bs - len(ids))
     b = glue.pad_batch(ids, np.zeros(len(ids)), config.classification.buckets)
     got_logits, sums = jax.device_get(
         fn(params, sharding_lib.put_global_batch({"inputs": b["inputs"]}, mesh))
@@ -124,7 +169,7 @@ class AccuracyEvaluator(task.Evaluator):
 
   def __init__(self, config, model, mesh: Mesh, data: ClassData):
     self.config, self.mesh, self.data = config, mesh, data
-    self.fn = _predict_fn(model, mesh)
+    self.fn = predict_fn(model, mesh)
 
   def run(self, params, step, max_items, prefix="", writer=None):
     del max_items  # The selection split is always scored whole.
@@ -135,6 +180,7 @@ class AccuracyEvaluator(task.Evaluator):
     best = self.data.best
     if not best or acc > best["accuracy"]:
       best.update(accuracy=acc, step=int(step), params=jax.device_get(params))
+      save_best(self.config, self.data)
     console.info(
         "%s%s @ step %d: accuracy %.4f (best %.4f at step %d)", prefix,
         split, step, acc, best["accuracy"], best["step"],
@@ -216,11 +262,13 @@ class Classification(task.Task):
       return glue.encode_examples(text, labels, vocab, cls_id, c.max_len)
 
     splits = {s: read(s) for s in self._splits(config, False)}
+    best_dir = os.path.join(workdir, BEST_DIR) if train else None
     return ClassData(
         name=f"classification on {data_dir(config)}",
         vocab_size=int(vocab.vocab_size), vocab_path=vocab_path, vocab=vocab,
         train=read("train") if train else None, splits=splits,
         cache_dir=config.data.cache_dir or os.path.join(workdir, "cache"),
+        best_dir=best_dir, best=read_best(config, best_dir) if train else {},
     )  # fmt: skip
 
   def describe(self, data: ClassData) -> str:
@@ -244,8 +292,9 @@ class Classification(task.Task):
     ev = AccuracyEvaluator(config, model, mesh, data)
     ev.run(params, step, 0, "", writer)
     best = data.best
+    params = best_params(data, mesh)
     test = data.splits[c.test_split]
-    logits, _ = predict(ev.fn, best["params"], test, config, mesh)
+    logits, _ = predict(ev.fn, params, test, config, mesh)
     results = {
         "name": config.name, "step": step, "unit": "accuracy",
         c.select_split: {"accuracy": best["accuracy"]},
@@ -253,9 +302,7 @@ class Classification(task.Task):
         "best_step": best["step"],
     }  # fmt: skip
     results.update(
-        usage_analysis(
-            ev.fn, best["params"], data.splits[c.usage_split], config, mesh
-        )
+        usage_analysis(ev.fn, params, data.splits[c.usage_split], config, mesh)
     )
     lines = [
         f"best {c.select_split} accuracy {best['accuracy']:.4f} at step "

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from typing import Any, Mapping, Optional
 
 import flax
@@ -388,21 +387,13 @@ def export(
     )
   restored = load(path, step=step, mesh={"data": -1, "fsdp": 1, "tensor": 1})
   params = jax.tree.map(lambda x: x.astype(DTYPES[dtype]), restored.params)
-  tmp = out_dir + ".partial"
-  if os.path.exists(tmp):
-    shutil.rmtree(tmp)
-  os.makedirs(tmp)
-  runfiles.write_run_files(tmp, restored.config, restored.vocab)
-  checkpointing.save_export_params(os.path.join(tmp, "params"), params)
   meta = {
       "signature": model_signature(restored.config, restored.vocab_size),
       "step": restored.step,
       "dtype": dtype,
       "source": restored.path,
-      "num_params": int(sum(x.size for x in jax.tree.leaves(params))),
   }
-  runfiles.write_json(os.path.join(tmp, "export.json"), meta)
-  os.replace(tmp, out_dir)
+  runfiles.write_export(out_dir, restored.config, restored.vocab, params, meta)
   return out_dir
 
 

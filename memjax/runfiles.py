@@ -191,3 +191,38 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
 
     return seqio.SentencePieceVocabulary(os.path.join(files.path, info["file"]))
   return vocab_lib.WordVocabulary.load(os.path.join(files.path, info["file"]))
+
+
+def write_export(
+    out_dir: str,
+    config: ml_collections.ConfigDict,
+    vocab: Any,
+    params: Any,
+    meta: dict[str, Any],
+) -> None:
+  """Writes an export of ``params`` (``experiment.load`` restores it).
+
+  ``export.json`` holds ``meta`` (signature, step, dtype, source, ...) and
+  the number of parameters. The export is written under
+  ``<out_dir>.partial`` and then moved into place, replacing an earlier
+  one, so ``out_dir`` always holds a whole export.
+  """
+  # Orbax and jax only here: the rest of this module reads run files.
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from memjax import checkpointing  # pylint: disable=g-import-not-at-top
+
+  tmp, old = out_dir + ".partial", out_dir + ".old"
+  for d in (tmp, old):
+    if os.path.exists(d):
+      shutil.rmtree(d)
+  write_run_files(tmp, config, vocab)
+  checkpointing.save_export_params(os.path.join(tmp, "params"), params)
+  n = int(sum(x.size for x in jax.tree.leaves(params)))
+  write_json(os.path.join(tmp, EXPORT_FILE), {**meta, "num_params": n})
+  if os.path.exists(out_dir):
+    os.replace(out_dir, old)
+  os.replace(tmp, out_dir)
+  shutil.rmtree(old, ignore_errors=True)

@@ -112,10 +112,25 @@ def mt_smoke_workdir(tmp_path_factory):
 def _shared_run(tmp_path_factory, name: str, *args: str, prepare=None) -> str:
   """Trains ``memjax.main *args`` once per test run into ``<tmp>/<name>``.
 
-  Under pytest-xdist each worker has its own session: the first worker to
-  get here trains the run under a file lock in the directory all workers
-  share, and the others wait for it and reuse it. ``prepare(root)``, if
-  given, writes what the run needs into ``root`` and returns more flags.
+  ``prepare(root)``, if given, writes what the run needs into ``root`` and
+  returns more flags. See ``_once`` for how workers share the run.
+  """
+
+  def train(root, workdir):
+    extra = tuple(prepare(root)) if prepare else ()
+    proc = run_main(*args, *extra, f"--workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+  return _once(tmp_path_factory, name, train)
+
+
+def _once(tmp_path_factory, name: str, make) -> str:
+  """Runs ``make(root, workdir)`` once per test run; returns ``workdir``.
+
+  ``workdir`` is ``<root>/<name>``. Under pytest-xdist each worker has its
+  own session: the first worker to get here makes the run under a file lock
+  in the directory all workers share, and the others wait for it and reuse
+  it.
   """
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -125,8 +140,69 @@ def _shared_run(tmp_path_factory, name: str, *args: str, prepare=None) -> str:
   with open(root / f"{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not done.exists():
-      extra = tuple(prepare(root)) if prepare else ()
-      proc = run_main(*args, *extra, f"--workdir={workdir}")
-      assert proc.returncode == 0, proc.stderr[-3000:]
+      make(root, workdir)
       done.touch()
   return str(workdir)
+
+
+# -- BERT-style encoders (configs/pkm_bert.py) ---------------------------------
+
+BERT_VOCAB = 300  # Sentencepiece pieces of the tiny MLM corpus.
+
+
+def bert_smoke_config(variant: str, corpus_dir: str):
+  """``configs/pkm_bert.py:<variant>`` on the tiny MLM corpus, cut down."""
+  from configs import pkm_bert  # pylint: disable=g-import-not-at-top
+
+  c = pkm_bert.get_config(variant)
+  c.mlm.data_dir = corpus_dir
+  c.mlm.vocab_size = BERT_VOCAB
+  c.train.num_steps = 2
+  c.eval.max_windows = 16
+  c.eval.splits = ("valid",)
+  return c
+
+
+def _tiny_wiki(root) -> str:
+  """The demo WikiText cut to a few hundred lines (fast vocabulary)."""
+  from memjax.data import mlm  # pylint: disable=g-import-not-at-top
+
+  d = root / "bert_tiny_wiki"
+  d.mkdir(exist_ok=True)
+  for split, n in (("train", 600), ("valid", 120), ("test", 120)):
+    with open(os.path.join(mlm.DEFAULT_DIR, f"wiki.{split}.tokens")) as f:
+      lines = f.read().splitlines()[:n]
+    (d / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
+  return str(d)
+
+
+@pytest.fixture(scope="session")
+def bert_mlm_smoke_workdir(tmp_path_factory):
+  """A 2-step memory-less MLM run (configs/pkm_bert.py:smoke) on the
+  tiny corpus in ``<run>/../bert_tiny_wiki``, trained in process (it
+  shares compiled programs with the tests beside it)."""
+
+  def make(root, workdir):
+    from memjax import train  # pylint: disable=g-import-not-at-top
+
+    config = bert_smoke_config("smoke", _tiny_wiki(root))
+    train.train_and_evaluate(config, str(workdir))
+
+  return _once(tmp_path_factory, "bert_mlm_smoke", make)
+
+
+@pytest.fixture(scope="session")
+def bert_cls_smoke_workdir(tmp_path_factory, bert_mlm_smoke_workdir):
+  """A 2-step ResM fine-tune (configs/pkm_bert.py:cls_resm_smoke) of the
+  MLM run on the shipped sentiment set, dev accuracy at both steps; shared
+  by the fine-tuning test and the notebook."""
+
+  def make(root, workdir):
+    from memjax import train  # pylint: disable=g-import-not-at-top
+
+    config = bert_smoke_config("cls_resm_smoke", str(root / "bert_tiny_wiki"))
+    config.train.init_from = bert_mlm_smoke_workdir
+    config.train.eval_every = 1
+    train.train_and_evaluate(config, str(workdir))
+
+  return _once(tmp_path_factory, "bert_cls_smoke", make)

@@ -4,12 +4,11 @@ Each notebook runs in a fresh IPython kernel of this interpreter, started in
 an empty directory, with
 
 * ``MEMJAX_ROOT``: the checkout (the set-up cell puts it on ``sys.path``);
-* ``MEMJAX_SMOKE_RUN``: the session's smoke run, which notebooks reuse
-  instead of training their own;
 * ``MEMJAX_OUT``: where the notebook writes (exports and the like);
-* the variables of ``SHARED_RUNS`` a notebook names, e.g.
-  ``MEMJAX_RESM_RUN``: a residual-memory smoke run, ``MEMJAX_MT_RUN``: a
-  translation smoke run.
+* the variables of ``SHARED_RUNS`` a notebook names, which notebooks reuse
+  instead of training their own, e.g. ``MEMJAX_SMOKE_RUN``: the session's
+  smoke run, ``MEMJAX_RESM_RUN``: a residual-memory smoke run,
+  ``MEMJAX_BERT_CLS_RUN``: a fine-tuned BERT-style ResM encoder.
 
 A failing cell fails the test with that cell's number, source and traceback.
 """
@@ -35,9 +34,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Colours of IPython's tracebacks.
 # Further shared runs a notebook may reuse: environment variable -> fixture.
 # A notebook that names the variable gets the fixture's run.
 SHARED_RUNS = {
+    "MEMJAX_SMOKE_RUN": "smoke_workdir",
     "MEMJAX_RESM_RUN": "resm_smoke_workdir",
     "MEMJAX_MT_RUN": "mt_smoke_workdir",
     "MEMJAX_MARGE_RUN": "marge_smoke_workdir",
+    "MEMJAX_BERT_CLS_RUN": "bert_cls_smoke_workdir",
 }
 
 
@@ -54,7 +55,7 @@ def _kernel_manager() -> manager.AsyncKernelManager:
 def _env(**overrides: str | None) -> dict[str, str]:
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)  # One device, as in Colab or on a laptop.
-  for key in ("MEMJAX_ROOT", "MEMJAX_SMOKE_RUN", "MEMJAX_OUT", *SHARED_RUNS):
+  for key in ("MEMJAX_ROOT", "MEMJAX_OUT", *SHARED_RUNS):
     env.pop(key, None)
   env.update({k: v for k, v in overrides.items() if v is not None})
   return env
@@ -96,7 +97,7 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs(path, smoke_workdir, tmp_path, request):
+def test_notebook_runs(path, tmp_path, request):
   nb = _read(path)
   out = tmp_path / "out"
   out.mkdir()
@@ -106,12 +107,7 @@ def test_notebook_runs(path, smoke_workdir, tmp_path, request):
       for var, fixture in SHARED_RUNS.items()
       if var in source
   }
-  env = _env(
-      MEMJAX_ROOT=REPO,
-      MEMJAX_SMOKE_RUN=smoke_workdir,
-      MEMJAX_OUT=str(out),
-      **runs,
-  )
+  env = _env(MEMJAX_ROOT=REPO, MEMJAX_OUT=str(out), **runs)
   _execute(nb, os.path.basename(path), str(tmp_path), env)
 
 

@@ -2,11 +2,15 @@
 
 Masking, the encoder's attention and padding, partial initialisation, the
 frozen-memory switch, the classification metric, Figure 4's KL and IOU,
-bad TSV input, and one short pretrain -> memory -> fine-tune chain run in
-process on a cut-down corpus.
+bad TSV input, and the pretrain -> fine-tune chain on the 2-step runs that
+tests/conftest.py trains in process (shared with colabs/pkm_bert.ipynb):
+partial initialisation from the MLM run, the fine-tune's results, and a
+resume that keeps the best dev parameters.
 """
 
+import json
 import os
+import shutil
 
 import flax
 import jax
@@ -71,12 +75,12 @@ def test_unmasked_positions_carry_no_loss():
   b = mlm.mask_tokens(
       tokens, rng, mask_id=4, first_ordinary=5, vocab_size=40, mask_prob=0.3
   )
-  params = m.init(jax.random.PRNGKey(0), b["inputs"], b["targets"])["params"]
+  init = jax.jit(m.init)  # Far cheaper than running init op by op.
+  params = init(jax.random.PRNGKey(0), b["inputs"], b["targets"])["params"]
 
-  apply = jax.jit(lambda t: m.apply({"params": params}, b["inputs"], t))
-
+  @jax.jit  # One program for the model and the loss (not op by op).
   def loss(targets):
-    out = apply(targets)
+    out = m.apply({"params": params}, b["inputs"], targets)
     batch = dict(b, targets=targets)
     return losses.lm_loss(out, batch, step=0, rng=None)[0], out
 
@@ -94,7 +98,7 @@ def test_unmasked_positions_carry_no_loss():
 def test_encoder_attends_both_ways_and_ignores_padding():
   m = _tiny()
   x = jnp.array([[3, 7, 9, 11, 13, 15]], jnp.int32)
-  params = m.init(jax.random.PRNGKey(0), x)["params"]
+  params = jax.jit(m.init)(jax.random.PRNGKey(0), x)["params"]
   hid = jax.jit(lambda t: m.apply({"params": params}, t, method=m.encode)[0])
   h = hid(x)
   later = hid(x.at[0, 5].set(20))  # a later token changes an earlier output
@@ -164,10 +168,10 @@ def test_frozen_memory_is_bit_identical():
   model = experiment.build_model(config.model, 50)
   x = jnp.ones((2, 8), jnp.int32)
   params = flax.core.meta.unbox(
-      model.init(jax.random.PRNGKey(0), x, x)["params"]
+      jax.jit(model.init)(jax.random.PRNGKey(0), x, x)["params"]
   )
   tx, _ = experiment.make_optimizer(config, 10)
-  opt = tx.init(params)
+  opt = jax.jit(tx.init)(params)
 
   @jax.jit
   def step(p, opt, key):
@@ -193,43 +197,19 @@ def test_frozen_memory_is_bit_identical():
 
 
 # -- the two-stage chain -------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_corpus(tmp_path_factory):
-  """The demo WikiText cut to a few hundred lines (fast vocabulary)."""
-  d = tmp_path_factory.mktemp("tiny_wiki")
-  for split, n in (("train", 600), ("valid", 120), ("test", 120)):
-    with open(os.path.join(mlm.DEFAULT_DIR, f"wiki.{split}.tokens")) as f:
-      lines = f.read().splitlines()[:n]
-    (d / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
-  return str(d)
-
-
-def _mlm_config(variant, data_dir, **kw):
-  c = pkm_bert.get_config(variant)
-  c.mlm.data_dir = data_dir
-  c.mlm.vocab_size = 300
-  c.train.num_steps = 2
-  c.eval.max_windows = 16
-  for k, v in kw.items():
-    c.train[k] = v
-  return c
-
-
-@pytest.fixture(scope="module")
-def vanilla_run(tiny_corpus, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("bert_vanilla"))
-  train.train_and_evaluate(_mlm_config("smoke", tiny_corpus), workdir)
-  return workdir
+# One 2-step MLM run and one 2-step fine-tune of it (tests/conftest.py), shared
+# with the notebook test.
 
 
 def test_partial_init_restores_every_shared_parameter(
-    vanilla_run, tiny_corpus, capsys
+    bert_mlm_smoke_workdir, capsys
 ):
-  config = _mlm_config("init_resm_smoke", tiny_corpus, init_from=vanilla_run)
+  vanilla_run = bert_mlm_smoke_workdir
+  config = pkm_bert.get_config("init_resm_smoke")
+  config.train.init_from = vanilla_run
+  source = experiment.load(vanilla_run, mesh={"data": 1})
   mesh = experiment.make_mesh(config)
-  model = experiment.build_model(config.model, 300)
+  model = experiment.build_model(config.model, source.vocab_size)
   tx, _ = experiment.make_optimizer(config)
   sample = {"inputs": np.zeros((16, 32), np.int32)}
   state, shardings = experiment.create_state(
@@ -238,8 +218,7 @@ def test_partial_init_restores_every_shared_parameter(
   capsys.readouterr()
   new = experiment.init_params_from(vanilla_run, state, shardings, config)
   printed = capsys.readouterr().out
-  src = experiment.load(vanilla_run, mesh={"data": 1}).params
-  s = flax.traverse_util.flatten_dict(jax.device_get(src), sep="/")
+  s = flax.traverse_util.flatten_dict(jax.device_get(source.params), sep="/")
   n = flax.traverse_util.flatten_dict(jax.device_get(new.params), sep="/")
   fresh = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
   for k, v in n.items():
@@ -254,14 +233,9 @@ def test_partial_init_restores_every_shared_parameter(
   assert "not used: none" in printed
 
 
-def test_finetune_reports_accuracy_and_class_usage(vanilla_run, tiny_corpus):
-  config = pkm_bert.get_config("cls_resm_smoke")
-  config.mlm.data_dir = tiny_corpus
-  config.train.init_from = vanilla_run
-  config.train.num_steps = 2
-  config.train.eval_every = 1
-  workdir = os.path.join(os.path.dirname(vanilla_run), "bert_cls")
-  res = train.train_and_evaluate(config, workdir)
+def test_finetune_reports_accuracy_and_class_usage(bert_cls_smoke_workdir):
+  with open(os.path.join(bert_cls_smoke_workdir, "results.json")) as f:
+    res = json.load(f)
   assert 0.0 <= res["test"]["accuracy"] <= 1.0
   assert res["best_step"] in (1, 2)
   layers = res["class_divergence"]
@@ -269,3 +243,28 @@ def test_finetune_reports_accuracy_and_class_usage(vanilla_run, tiny_corpus):
   for d in layers.values():
     assert 0.0 <= d["iou"] <= 1.0 and d["kl"] >= 0.0
   assert all(0 < m["mu"] <= 1 for m in res["memory"].values())
+
+
+def test_resumed_finetune_keeps_the_best_dev_parameters(
+    bert_cls_smoke_workdir, tmp_path
+):
+  """A run resumed after its last step scores test at the best dev step.
+
+  The fixture's best dev step is kept in ``best_dev``; a run that forgot it
+  on resume would choose among the dev scores after the resume only.
+  """
+  run = bert_cls_smoke_workdir
+  with open(os.path.join(run, "results.json")) as f:
+    first = json.load(f)
+  best = experiment.load(os.path.join(run, "best_dev"), mesh={"data": 1})
+  assert best.step == first["best_step"]
+  final = experiment.load(run, mesh={"data": 1})
+  if best.step != final.step:
+    leaves = zip(jax.tree.leaves(best.params), jax.tree.leaves(final.params))
+    assert any(not np.array_equal(a, b) for a, b in leaves)
+  workdir = tmp_path / "resumed"
+  shutil.copytree(run, workdir)
+  os.remove(workdir / "results.json")
+  res = train.train_and_evaluate(final.config, str(workdir))
+  for key in ("best_step", "dev", "test", "class_divergence", "memory"):
+    assert res[key] == first[key], key
