@@ -54,6 +54,10 @@ _EXTRA = flags.DEFINE_integer(
     " (0 = --mlm_steps or the config's).",
 )
 _FROZEN = flags.DEFINE_bool("frozen", False, "Also fine-tune frozen memory.")
+_FROZEN_SEEDS = flags.DEFINE_list(
+    "frozen_seeds", [], "Seeds of the frozen-memory fine-tunes (default:"
+    " --seeds)."
+)  # fmt: skip
 
 # key: (row name, MLM method, row it starts from, fine-tuning method)
 ROWS = {
@@ -223,20 +227,33 @@ def main(argv):
   unknown = [k for k in _ROWS.value if k not in ROWS]
   if unknown:
     raise app.UsageError(f"unknown --rows {unknown}; use {list(ROWS)}")
-  # Parents first: (b), (e), (f) start from (a).
+  # Parents first: (b), (e), (f) start from (a). Every pretraining, then
+  # every fine-tune, then the frozen ones: a cut-short run keeps the most
+  # important results, and a re-run reads back what exists.
   keys = sorted(_ROWS.value, key=lambda k: (ROWS[k][2] is not None, k))
-  rows, start = [], time.time()
+  start = time.time()
+  mlm = {}
   for key in keys:
     print(f"== {ROWS[key][0]}: pretraining ({time.time() - start:.0f}s)")
-    mlm_res = pretrain(key, root, size)
-    fts = []
-    for seed in _SEEDS.value:
-      print(f"== {ROWS[key][0]}: fine-tuning, seed {seed}")
-      fts.append(finetune(key, root, size, int(seed), False))
-    row = summarise(key, mlm_res, fts)
-    if _FROZEN.value and ROWS[key][3] != "cls":
-      frozen = [finetune(key, root, size, int(s), True) for s in _SEEDS.value]
-      row["frozen"] = summarise(key, mlm_res, frozen)
+    mlm[key] = pretrain(key, root, size)
+  # Seed-major: every row has its first seeds before any row its last.
+  jobs = [(k, s, False) for s in _SEEDS.value for k in keys]
+  frozen_seeds = _FROZEN_SEEDS.value or _SEEDS.value
+  if _FROZEN.value:
+    jobs += [(k, s, True) for s in frozen_seeds for k in keys
+             if ROWS[k][3] != "cls"]  # fmt: skip
+  fts = {}
+  for key, seed, frozen in jobs:
+    what = "frozen-memory fine-tuning" if frozen else "fine-tuning"
+    print(f"== {ROWS[key][0]}: {what}, seed {seed} "
+          f"({time.time() - start:.0f}s)")  # fmt: skip
+    res = finetune(key, root, size, int(seed), frozen)
+    fts.setdefault((key, frozen), []).append(res)
+  rows = []
+  for key in keys:
+    row = summarise(key, mlm[key], fts.get((key, False), []))
+    if (key, True) in fts:
+      row["frozen"] = summarise(key, mlm[key], fts[(key, True)])
     rows.append(row)
   table = format_table(rows)
   frozen_table = format_frozen_table(rows)
