@@ -376,7 +376,9 @@ def run_rounds(
   if warmup < 1:
     raise ValueError(f"warmup must be >= 1 (the first step compiles): {warmup}")
   for bench in benches:
+    start = time.perf_counter()
     bench.warm_up(warmup)
+    progress(f"warm-up of {bench.name}: {time.perf_counter() - start:.1f} s")
   for r in range(rounds):
     for bench in benches:
       bench.times.append(bench.run(steps))
