@@ -49,12 +49,26 @@ def _split(config, restored, split: str):
 
 
 def _kind(config) -> str:
-  kind = mt_datastore.memory_config(config).kind
-  if kind not in ("knn", "trime"):
+  """The memory kind; raises ConfigError for a bad kind or lambda."""
+  mem = mt_datastore.memory_config(config)
+  if mem.kind not in ("knn", "trime"):
     raise errors.ConfigError(
-        f"translation.memory.kind must be 'knn' or 'trime', got {kind!r}"
+        f"translation.memory.kind must be 'knn' or 'trime', got {mem.kind!r}"
     )
-  return kind
+  # At lambda = 1 the model's own distribution is gone: with no neighbour
+  # holding EOS, the EOS forced at the length limit has probability 0 and
+  # beam search finishes no hypothesis.
+  for key in ("knn_lambda", "interpolate_lambda"):
+    for name, values in (
+        (key, [mem[key]]),
+        (f"{key}_grid", mem[key + "_grid"]),
+    ):
+      bad = [v for v in values if not 0.0 <= float(v) < 1.0]
+      if bad:
+        raise errors.ConfigError(
+            f"translation.memory.{name} must lie in [0, 1), got {bad[0]}"
+        )
+  return mem.kind
 
 
 def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -79,3 +79,18 @@ def test_datastore_of_another_model_or_vocabulary(built, field, value, words):
       config.translation.memory.datastore = str(out / "ds")
   assert "\n" not in str(e.value)
   assert not work.exists()
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("knn_lambda", 1.0), ("knn_lambda_grid", (0.2, 1.0)),
+     ("interpolate_lambda_grid", (-0.1,))],
+)  # fmt: skip
+def test_lambda_outside_zero_one_is_refused(built, key, value):
+  config, out, _ = built
+  bad = config.copy_and_resolve_references()
+  bad.translation.memory[key] = value
+  work = out / f"work_{key}"
+  with pytest.raises(errors.ConfigError, match=f"memory.{key} must lie in"):
+    tm.mt_tune(bad, str(work))
+  assert not work.exists()
