@@ -9,7 +9,9 @@ import types
 import jax
 import numpy as np
 
+from memjax import api
 from memjax import config as config_lib
+from memjax import evaluate_memory as em_lib
 from memjax import sharding as sharding_lib
 from memjax.memory import datastore as ds_lib
 from memjax.memory import external
@@ -166,3 +168,16 @@ def test_knn_memory_in_position_loss(tmp_path):
   second = slice(11, None)  # the 14 predictions of the second document
   np.testing.assert_allclose(knn(0.5, other)[1][second], half[1][second],
                              rtol=1e-6)  # fmt: skip
+
+
+def test_config_memory_setting_keeps_external_settings(tmp_path):
+  # memory='eval' reads the run's setting as memjax.load(...).score does; a
+  # configured kNN-LM keeps its lambda and temperature.
+  config = _config()
+  config.eval_memory.kind = "knn"
+  config.eval_memory.knn_lambda, config.eval_memory.knn_temperature = 0.4, 2.0
+  restored = types.SimpleNamespace(config=config, path=str(tmp_path))
+  grid = em_lib.grid_of(api.memory_setting(restored))
+  assert (grid.kind, grid.knn_lambdas, grid.knn_temperatures) == (
+      "knn", (0.4,), (2.0,),
+  )  # fmt: skip
