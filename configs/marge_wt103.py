@@ -3,11 +3,12 @@
 Usage: ``--config=configs/marge_wt103.py:VARIANT`` with VARIANT = SIZE or
 METHOD_SIZE:
 
-* SIZE: ``smoke`` (seconds on a CPU), ``planted`` (the smoke model for the
-  planted-corpus test, tests/test_marge_planted.py: no dropout, a full
-  word softmax, beta starting at 0, re-indexing every 20 of 300 steps; the
-  test supplies ``data.data_dir``), ``demo (minutes on a CPU, demo
-  corpus), ``wt103`` (a WikiText-103-sized run: 16 layers, N = 64).
+* SIZE: ``smoke`` (seconds on a CPU), ``planted`` (the smoke-sized model
+  of the planted-corpus test, tests/test_marge_planted.py: N = 4, d = 64,
+  no dropout, a full word softmax, beta starting at 0, re-indexing every 20
+  of 300 steps; the test supplies ``data.data_dir``), ``demo`` (minutes on
+  a CPU, demo corpus), ``wt103`` (a WikiText-103-sized run: 16 layers,
+  N = 64).
 * METHOD: ``marge`` (default): the 'marge' family and batcher with the
   ``marge_reindex`` step hook; ``vanilla``: the plain LM of the same size
   and window (2N tokens, loss on every position), the baseline.
@@ -42,10 +43,10 @@ def _size(c, size: str) -> tuple[int, int]:
   if size == "planted":
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 2, 64, 4, 16, 128
     m.cutoffs, m.dropout = (), 0.0
-    n, d.batch_size = 8, 32
+    n, d.batch_size = 4, 32
     o.learning_rate, o.warmup_steps, o.schedule = 3e-3, 5, "constant"
     t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = (
-        500, 100, 0, 500,
+        300, 100, 0, 300,
     )  # fmt: skip
     e.splits, e.window_len, e.score_len, e.batch_size = ("test",), 16, 8, 16
     return n, 20

@@ -1,13 +1,13 @@
 """The modified-MARGE LM on a planted corpus (issue: 'a planted corpus').
 
 The corpus is random words in lines of N - 1 words (one line + its EOS =
-one segment of N tokens). Every article is a heading segment then a chain
-of random segments. Most chains occur in two training articles, so that
+one segment of N tokens). Every article is a heading (two segments) then a
+chain of random segments. Most chains occur in two training articles, so that
 copying from a retrieved source's continuation pays during training; each
 test article is (heading, A, B) where the training split holds the chain
 (A, B, C) once: B, the planted continuation, and its query segment A are
-copied verbatim (with A's words partly replaced, the embedder of this short
-run finds the source only about 40% of the time; see docs/marge.md).
+copied verbatim (with A's words partly replaced, the embedder of a short
+run found the source far less often; see docs/marge.md).
 
 The MARGE model (``configs/marge_wt103.py:planted``, beta starting at 0)
 and the vanilla LM of the same size (``vanilla_planted``) are trained the
@@ -38,7 +38,7 @@ from memjax.memory import marge_index
 from memjax.modes import marge_eval
 from tests import conftest
 
-N = 8  # segment_len of the 'planted' variant
+N = 4  # segment_len of the 'planted' variant
 WORDS = [f"w{i}" for i in range(96)]
 TWICE, ONCE = 300, 32
 
@@ -51,7 +51,8 @@ def _corpus(root) -> str:
   """Writes wiki.{train,valid,test}.tokens; returns the directory."""
   rng = np.random.default_rng(0)
   seg = lambda: list(rng.choice(WORDS, N - 1))
-  # ' = doc = ' (4 tokens with its EOS) + 3 words + EOS: segment S_0.
+  # ' = doc = ' (4 tokens with its EOS) + 3 words + EOS: 8 tokens, the
+  # heading segments S_0 S_1.
   head = " = doc = \n" + _line(["a", "b", "c"])
   train, test = [], []
   for _ in range(TWICE):
@@ -111,7 +112,10 @@ def planted(tmp_path_factory):
       table.segment_tokens(np.arange(len(table))), 256, restored.mesh,
   )  # fmt: skip
   index = marge_lib.SegmentIndex(table, emb, "exact", pool=pool)
-  query = np.flatnonzero((np.arange(len(table)) >= pool) & (table.pos == 1))
+  # A follows the heading's 8 tokens: it is segment 8 // N of its article.
+  query = np.flatnonzero(
+      (np.arange(len(table)) >= pool) & (table.pos == 8 // N)
+  )
   k = restored.model.num_sources
   ids = index.topk(query, k)
   # The planted source: the training segment whose continuation is B.
@@ -142,19 +146,19 @@ def planted(tmp_path_factory):
 
 def test_beta_grows_from_zero(planted):
   # beta_init is 0 in the 'planted' variant: a positive beta is learnt
-  # (measured: 1.34 after 500 steps).
+  # (measured: 0.94 after 300 steps).
   assert planted["beta"] > 0.3, planted
 
 
 def test_planted_source_retrieved_far_above_chance(planted):
-  # Measured: 32 of 32 planted sources in the top-2, chance 0.0008.
+  # Measured: 32 of 32 planted sources in the top-2, chance 0.0006.
   assert planted["chance"] < 0.01, planted
   assert planted["hit_rate"] >= 0.75, planted
 
 
 def test_planted_tokens_loss_below_vanilla_and_retrieval_off(planted):
-  # Measured (nats per token of B): 2.64 with retrieval, 3.95 without,
-  # 5.44 for the vanilla LM (ln 96 = 4.56 for a uniform guess).
+  # Measured (nats per token of B): 1.55 with retrieval, 3.82 without,
+  # 3.40 for the vanilla LM (ln 96 = 4.56 for a uniform guess).
   on = planted["retrieval"]
   assert on < planted["no_retrieval"] - 0.5, planted
   assert on < planted["vanilla"] - 0.5, planted
