@@ -11,7 +11,9 @@ run found the source far less often; see docs/marge.md).
 
 The MARGE model (``configs/marge_wt103.py:planted``, beta starting at 0)
 and the vanilla LM of the same size (``vanilla_planted``) are trained the
-same number of steps through ``train.train_and_evaluate``. Then, with the
+same number of steps by ``python -m memjax.main --mode=train``, side by
+side in one-device processes (the eight fake devices' collectives would
+only slow these tiny models). Then, with the
 shipped index (``marge_index.embed_all``, ``marge.SegmentIndex``, exact
 search, the causal mask of ``--mode=marge_eval``):
 
