@@ -3,8 +3,12 @@
 Usage: ``--config=configs/marge_wt103.py:VARIANT`` with VARIANT = SIZE or
 METHOD_SIZE:
 
-* SIZE: ``smoke`` (seconds on a CPU), ``demo`` (minutes on a CPU, demo
-  corpus), ``wt103`` (a WikiText-103-sized run: 16 layers, N = 64).
+* SIZE: ``smoke`` (seconds on a CPU), ``planted`` (the smoke-sized model
+  of the planted-corpus test, tests/test_marge_planted.py: N = 4, d = 64,
+  no dropout, a full word softmax, beta starting at 0, re-indexing every 20
+  of 300 steps; the test supplies ``data.data_dir``), ``demo`` (minutes on
+  a CPU, demo corpus), ``wt103`` (a WikiText-103-sized run: 16 layers,
+  N = 64).
 * METHOD: ``marge`` (default): the 'marge' family and batcher with the
   ``marge_reindex`` step hook; ``vanilla``: the plain LM of the same size
   and window (2N tokens, loss on every position), the baseline.
@@ -20,7 +24,7 @@ import ml_collections
 from memjax import config as base
 from memjax.memory import marge_index  # pylint: disable=unused-import
 
-SIZES = ("smoke", "demo", "wt103")
+SIZES = ("smoke", "planted", "demo", "wt103")
 METHODS = ("marge", "vanilla")
 
 
@@ -36,6 +40,16 @@ def _size(c, size: str) -> tuple[int, int]:
     t.eval_max_windows = 8
     e.window_len, e.score_len, e.batch_size, e.max_windows = 16, 8, 16, 16
     return n, 4
+  if size == "planted":
+    m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 2, 64, 4, 16, 128
+    m.cutoffs, m.dropout = (), 0.0
+    n, d.batch_size = 4, 32
+    o.learning_rate, o.warmup_steps, o.schedule = 3e-3, 5, "constant"
+    t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = (
+        300, 100, 0, 300,
+    )  # fmt: skip
+    e.splits, e.window_len, e.score_len, e.batch_size = ("test",), 16, 8, 16
+    return n, 20
   if size == "demo":
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
         4,
@@ -78,27 +92,29 @@ def get_config(arg: str = "demo"):
   c.data.seq_len = 2 * n
   if method == "vanilla":
     return c
-  k = 2 if size == "smoke" else 4
+  small = size in ("smoke", "planted")
+  k = 2 if small else 4
   c.model.family = "marge"
   c.model.family_options = ml_collections.ConfigDict(
       dict(
           segment_len=n,
           num_sources=k,
           pooling="mean",
-          beta_init=1.0,
+          # The planted test shows that beta grows from 0.
+          beta_init=0.0 if size == "planted" else 1.0,
           embed_gradient=True,
       )
   )
   c.data.batching = "marge"
   c.data.marge = ml_collections.ConfigDict(
       dict(
-          same_doc_steps=every // 2,
+          same_doc_steps=0 if size == "planted" else every // 2,
           sub_batch=4,
           search="scann" if size == "wt103" else "exact",
       )
   )
   c.train.hooks = ("marge_reindex",)
   c.train.hook_options.marge_reindex = ml_collections.ConfigDict(
-      dict(every=every, probes=256, batch=256)
+      dict(every=every, probes=16 if size == "planted" else 256, batch=256)
   )
   return c

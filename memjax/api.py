@@ -204,6 +204,8 @@ class LanguageModel:
 def memory_setting(restored: experiment.Restored) -> dict[str, Any]:
   """The evaluation memory of a run: ``tune.json``'s choice, else the
   config's ``eval_memory`` (kind 'none' for plain models)."""
+  from memjax import evaluate_memory  # pylint: disable=g-import-not-at-top
+
   em = restored.config.eval_memory
   tuned = os.path.join(restored.path, "tune.json")
   if em.kind != "none" or os.path.isfile(tuned):
@@ -217,6 +219,8 @@ def memory_setting(restored: experiment.Restored) -> dict[str, Any]:
         "temperature": float(em.temperature),
         "cache_theta": float(em.cache_theta),
         "cache_lambda": float(em.cache_lambda),
+        # The external memories' settings (knn, trime_ext).
+        **{k: float(em[k]) for k in evaluate_memory.EXTRA_AXES.values()},
         "source": "config",
     }
   return {"kind": "none"}

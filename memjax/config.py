@@ -164,6 +164,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.position_loss = ml_collections.ConfigDict()
   c.position_loss.documents = "articles"  # articles | sections
   c.position_loss.buckets = (1, 17, 65, 257)  # lower bounds of the buckets
+  # none: the model alone (a model that carries memory carries it within each
+  # document); eval: a windowed model with its evaluation memory (tune.json,
+  # else eval_memory: e.g. kind=knn for a kNN-LM row).
+  c.position_loss.memory = "none"
 
   # --mode=extrapolate: memories of m x segment length (LaMemo, Figure 5).
   c.extrapolate = ml_collections.ConfigDict()

@@ -16,6 +16,7 @@ Switch it on with ``train.hooks = ("marge_reindex",)`` and
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -30,11 +31,10 @@ from memjax import sharding as sharding_lib
 from memjax.models import marge as marge_model
 
 
-def embed_all(
-    model: Any, params: Any, segments: np.ndarray, batch: int, mesh: Any
-) -> np.ndarray:
-  """e(.) of ``segments`` [M, N] -> [M, D] float32, ``batch`` rows at a
-  time (one compiled program: the last chunk is padded)."""
+@functools.lru_cache(maxsize=8)
+def _embed_fn(model: Any, mesh: Any) -> Any:
+  """The jitted e(.) of ``model`` (cached: every re-indexing of a run
+  reuses one compiled program instead of tracing a new closure)."""
 
   def fn(p, toks):
     e = model.apply(
@@ -43,8 +43,15 @@ def embed_all(
     return jax.lax.stop_gradient(e)
 
   run = jax.jit(fn)
-  if mesh is not None:
-    run = sharding_lib.under_mesh(run, mesh)
+  return run if mesh is None else sharding_lib.under_mesh(run, mesh)
+
+
+def embed_all(
+    model: Any, params: Any, segments: np.ndarray, batch: int, mesh: Any
+) -> np.ndarray:
+  """e(.) of ``segments`` [M, N] -> [M, D] float32, ``batch`` rows at a
+  time (one compiled program: the last chunk is padded)."""
+  run = _embed_fn(model, mesh)
   out = []
   for a in range(0, len(segments), batch):
     chunk = segments[a : a + batch]

@@ -11,29 +11,50 @@ articles or, with ``position_loss.documents = 'sections'``, the article
 sections too (a line ``= = Heading = =`` starts a new one), so the five demo
 test articles give enough documents.
 
-Works for any run: the model is called on the windows alone (recurrent
-models without their memory; the MARGE model with retrieval off, so its
-row measures what its weights learnt). Writes
-``<workdir>/position_loss.json`` and ``position_loss.png``.
+How a document is scored follows the model, not its name
+(``document_scorer``):
+
+* a model that carries memory (``model.carries_memory()``: Transformer-XL,
+  LaMemo) reads each document as one lane from an empty memory, in segments
+  of ``eval.segment_len`` (default ``data.seq_len``) with its memory
+  (``eval.mem_len``, default ``model.mem_len``) carried within the document;
+* with ``position_loss.memory = 'eval'``, a windowed model reads its
+  evaluation memory as ``--mode=memeval`` and ``memjax.load(...).score``
+  do (``tune.json``'s setting, else ``eval_memory``; e.g. ``knn``, the
+  kNN-LM, with its datastore), each document its own stream, so a kNN-LM
+  row is the LM's run scored with ``--config.eval_memory.kind=knn``;
+* otherwise the model alone on the windows (the MARGE model with retrieval
+  off, so its row measures what its weights learnt).
+
+Writes ``<workdir>/position_loss.json`` and ``position_loss.png``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
+from memjax import evaluate_memory as em_lib
 from memjax import experiment
+from memjax import recurrent_eval
+from memjax import registry
 from memjax import runfiles
 from memjax import sharding as sharding_lib
 from memjax.data import windows
 
 BUCKETS = (1, 17, 65, 257)  # bucket lower bounds: 1-16, 17-64, 65-256, 257+
 DOCUMENTS = ("articles", "sections")
+MEMORIES = ("none", "eval")
+# (tokens [N], spans [D, 2]) -> (positions [P], nll [P]) of every scored
+# prediction of the documents.
+DocumentScorer = Callable[
+    [np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
+]
 
 
 def bucket_labels(bounds: Sequence[int]) -> list[str]:
@@ -128,6 +149,153 @@ def score_windows(restored: Any, batch: dict[str, np.ndarray], size: int):
   return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
+def document_segments(
+    tokens: np.ndarray, spans: np.ndarray, segment_len: int, lanes: int
+) -> dict[str, np.ndarray]:
+  """The documents as lanes, each cut into segments of ``segment_len``.
+
+  Args:
+    tokens: [N] the stream.
+    spans: [D, 2] (start, end) of at most ``lanes`` documents.
+    segment_len: L, predictions per segment.
+    lanes: lanes of the result (documents first, then empty lanes).
+
+  Returns:
+    inputs, targets [S, lanes, L] int32; weights [S, lanes, L] float32;
+    positions [S, lanes, L] int64 (offset of the predicted token in its
+    document, 0 where not scored); reset [S, lanes] bool (True at segment 0:
+    every document starts from an empty memory).
+  """
+  n = np.maximum(spans[:, 1] - spans[:, 0] - 1, 0)
+  s = max(1, int(-(-n.max() // segment_len))) if len(n) else 1
+  shape = (lanes, s * segment_len)
+  x, y = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+  w, pos = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
+  for d, ((a, _), m) in enumerate(zip(spans, n)):
+    x[d, :m], y[d, :m] = tokens[a : a + m], tokens[a + 1 : a + m + 1]
+    w[d, :m], pos[d, :m] = 1.0, np.arange(1, m + 1)
+  lane_major = lambda v: np.swapaxes(v.reshape(lanes, s, segment_len), 0, 1)
+  reset = np.zeros((s, lanes), bool)
+  reset[0] = True
+  return dict(
+      inputs=lane_major(x), targets=lane_major(y), weights=lane_major(w),
+      positions=lane_major(pos), reset=reset,
+  )  # fmt: skip
+
+
+def carried_scorer(config: Any, restored: Any) -> DocumentScorer:
+  """Scores documents with the model's memory carried within each one
+  (``eval.batch_size`` documents at a time, one compiled scan)."""
+  ev = recurrent_eval.StreamEvaluator(
+      restored.model,
+      restored.mesh,
+      segment_len=recurrent_eval.segment_len_of(config),
+      mem_len=recurrent_eval.mem_len_of(config),
+      lanes=max(1, int(config.eval.batch_size)),
+  )
+  ev.keep_tokens = True
+
+  def score(tokens, spans):
+    pos, nll = [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
+    for a in range(0, len(spans), ev.lanes):
+      segs = document_segments(
+          tokens, spans[a : a + ev.lanes], ev.segment_len, ev.lanes
+      )
+      positions = segs.pop("positions")
+      out = ev.run_segments(restored.params, segs)
+      # [S, lanes, L] -> [lanes, S, L]: documents in order.
+      doc_major = lambda v: np.swapaxes(np.asarray(v)[:, : ev.lanes], 0, 1)
+      scored = doc_major(segs["weights"]) > 0
+      pos.append(doc_major(positions)[scored])
+      nll.append(-doc_major(out["logprob"])[scored])
+    return np.concatenate(pos), np.concatenate(nll)
+
+  return score
+
+
+def window_scorer(config: Any, restored: Any) -> DocumentScorer:
+  """Scores the model alone on sliding windows inside each document."""
+  e = config.eval
+
+  def score(tokens, spans):
+    batch = position_windows(tokens, spans, e.window_len, e.score_len)
+    if e.max_windows:
+      batch = {k: v[: e.max_windows] for k, v in batch.items()}
+    nll = score_windows(restored, batch, e.batch_size)
+    scored = batch["weights"] > 0
+    return batch["positions"][scored], nll[scored]
+
+  return score
+
+
+def memory_scorer(
+    config: Any, restored: Any, setting: dict[str, Any], external: Any
+) -> DocumentScorer:
+  """Scores each document as its own stream with the evaluation memory
+  ``setting`` (``evaluate_memory.score_stream``; ``external``: the
+  ``memory.external.ExternalSearch`` of a kind that reads one, else None)."""
+  grid = em_lib.grid_of(setting)
+  e, em = config.eval, config.eval_memory
+
+  def score(tokens, spans):
+    pos, nll = [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
+    for a, b in spans:
+      r = em_lib.score_stream(
+          restored.model, restored.params, tokens[a:b], grid,
+          window_len=e.window_len, score_len=e.score_len,
+          batch_size=em.batch_size, mesh=restored.mesh, unit=restored.unit,
+          block_size=int(em.block_size) or None, keep_tokens=True,
+          desc=f"position_loss {grid.kind}", external=external,
+      )  # fmt: skip
+      lp = r["grid_logprob"][0] if "grid_logprob" in r else r["lm_logprob"]
+      pos.append(np.arange(1, b - a, dtype=np.int64))
+      nll.append(-np.asarray(lp, np.float32))
+    return np.concatenate(pos), np.concatenate(nll)
+
+  return score
+
+
+def document_scorer(
+    config: Any, restored: Any, workdir: str, memory: str
+) -> DocumentScorer:
+  """How the run's documents are scored (see the module docstring)."""
+  if restored.model.carries_memory():
+    if memory == "eval":
+      raise errors.ConfigError(
+          "position_loss.memory 'eval' reads an evaluation memory over "
+          "sliding windows; this model carries its own memory (scored with "
+          "it already): set position_loss.memory to 'none'"
+      )
+    return carried_scorer(config, restored)
+  if memory == "none":
+    return window_scorer(config, restored)
+  from memjax import api  # pylint: disable=g-import-not-at-top
+
+  setting = api.memory_setting(restored)
+  kind = registry.EVAL_MEMORIES.get(setting["kind"])
+  external = None
+  if kind.external_metric:
+    from memjax.modes import external as external_mode  # pylint: disable=g-import-not-at-top
+
+    loaded = em_lib.Loaded(
+        config, restored.mesh, restored.model, restored.params,
+        restored.vocab_size, None, {}, restored.unit, restored.step,
+        restored.path, workdir,
+    )  # fmt: skip
+    external = external_mode.external_search(loaded, kind.external_metric)
+  return memory_scorer(config, restored, setting, external)
+
+
+def memory_of(config: Any) -> str:
+  """``position_loss.memory``: 'none' (default) or 'eval'."""
+  memory = dict(config.get("position_loss") or {}).get("memory", "none")
+  if memory not in MEMORIES:
+    raise errors.ConfigError(
+        f"position_loss.memory must be one of {MEMORIES}, got {memory!r}"
+    )
+  return memory
+
+
 def _settings(config: Any) -> tuple[str, tuple[int, ...]]:
   opts = dict(config.get("position_loss") or {})
   documents = opts.get("documents", "articles")
@@ -137,6 +305,7 @@ def _settings(config: Any) -> tuple[str, tuple[int, ...]]:
         f"position_loss.documents must be one of {DOCUMENTS}, got "
         f"{documents!r}"
     )
+  memory_of(config)
   if not bounds or bounds[0] != 1 or list(bounds) != sorted(set(bounds)):
     raise errors.ConfigError(
         f"position_loss.buckets must rise from 1, got {bounds}"
@@ -148,9 +317,13 @@ def position_loss(config: Any, workdir: str) -> dict[str, Any]:
   """``--mode=position_loss``: the loss by position table and plot."""
   documents, bounds = _settings(config)
   restored, corpus = experiment.load_for_mode(config, workdir)
-  e = config.eval
+  memory = memory_of(config)
+  scorer = document_scorer(config, restored, workdir, memory)
   results: dict[str, Any] = dict(
-      documents=documents, step=restored.step, checkpoint=restored.path
+      documents=documents,
+      step=restored.step,
+      checkpoint=restored.path,
+      memory=memory,
   )
   for split, stream in corpus.splits.items():
     tokens = np.asarray(stream.tokens)
@@ -159,12 +332,7 @@ def position_loss(config: Any, workdir: str) -> dict[str, Any]:
       vocab = restored.vocab
       extra = section_starts(tokens, vocab.token_to_id("="), vocab.eos_id)
     spans = document_spans(len(tokens), stream.doc_starts, extra)
-    batch = position_windows(tokens, spans, e.window_len, e.score_len)
-    if e.max_windows:
-      batch = {k: v[: e.max_windows] for k, v in batch.items()}
-    nll = score_windows(restored, batch, e.batch_size)
-    scored = batch["weights"] > 0
-    rows = bucket_means(batch["positions"][scored], nll[scored], bounds)
+    rows = bucket_means(*scorer(tokens, spans), bounds)
     results[split] = dict(documents=len(spans), buckets=rows)
     print(f"{split}: {len(spans)} {documents}")
     for r in rows:
