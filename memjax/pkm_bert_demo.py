@@ -265,7 +265,8 @@ def main(argv):
     f.write(table + "\n")
   with open(os.path.join(root, "table.json"), "w") as f:
     json.dump(rows, f, indent=1)
-  fig = plot_curves(root, [k for k in ("e", "f", "f_fresh") if k in keys])
+  # Every initialised run in the workdir, also one of an earlier --rows.
+  fig = plot_curves(root, ["e", "f", "f_fresh"])
   print(table)
   print(f"figure: {fig}; total {time.time() - start:.0f}s")
 
