@@ -41,6 +41,7 @@ class RowSpec:
     base_run: the row whose run this row reads instead of training one
       ('' = its own run).
     eval_memory: overrides of ``eval_memory``.
+    datastore: overrides of ``datastore``.
   """
 
   config: str
@@ -49,6 +50,7 @@ class RowSpec:
   memory: str = "none"
   base_run: str = ""
   eval_memory: tuple[tuple[str, Any], ...] = ()
+  datastore: tuple[tuple[str, Any], ...] = ()
 
 
 ROWS = {
@@ -67,7 +69,11 @@ ROWS = {
         "kNN-LM (vanilla LM + datastore)",
         memory="eval",
         base_run="vanilla",
-        eval_memory=(("kind", "knn"), ("batch_size", 64)),
+        # Scored in batches of eval_memory.batch_size (8) windows: a batch
+        # is padded at each section's end and every padded query is
+        # searched too. The datastore is built 64 windows a batch.
+        eval_memory=(("kind", "knn"),),
+        datastore=(("batch_size", 64),),
     ),
     "pkm": RowSpec("pkm_wt103", "pkm_demo", "PKM LM"),
 }
@@ -126,6 +132,8 @@ def row_config(name: str, base_run_dir: Optional[str] = None):
   c.position_loss.memory = spec.memory
   for key, value in spec.eval_memory:
     c.eval_memory[key] = value
+  for key, value in spec.datastore:
+    c.datastore[key] = value
   if spec.base_run:
     c.train.init_from = base_run_dir or ""
   return c
