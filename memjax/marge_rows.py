@@ -55,7 +55,6 @@ class RowSpec:
 
 ROWS = {
     "vanilla": RowSpec("marge_wt103", "vanilla_demo", "vanilla LM"),
-    "marge": RowSpec("marge_wt103", "demo", "MARGE, retrieval off"),
     "txl": RowSpec("txl_wt103", "txl_demo", "Transformer-XL (memory carried)"),
     "trime_long": RowSpec(
         "trime_wt103",
@@ -76,6 +75,7 @@ ROWS = {
         datastore=(("batch_size", 64),),
     ),
     "pkm": RowSpec("pkm_wt103", "pkm_demo", "PKM LM"),
+    "marge": RowSpec("marge_wt103", "demo", "MARGE, retrieval off"),
 }
 # The rows of the existing demo keep their configs as they are; the others
 # train on the test split only and match the vanilla row's steps and tokens.
