@@ -153,52 +153,19 @@ def truncate_windows(
   return tokens[: int(last[0]) + int(last[1]) + 1]
 
 
-def score_stream(
+def _scoring_fns(
     model: Any,
-    params: Any,
-    tokens: np.ndarray,
     grid: Grid,
+    mesh: Any,
     *,
     window_len: int,
     score_len: int,
-    batch_size: int,
-    mesh: Any,
-    unit: str,
-    block_size: Optional[int] = 1024,
-    max_windows: int = 0,
-    keep_tokens: bool = False,
-    desc: str = "memory eval",
-    external: Any = None,
-) -> dict[str, Any]:
-  """Scores a token stream with every setting of ``grid`` in one pass.
-
-  Args:
-    model: the TransformerLM.
-    params: its parameters.
-    tokens: [N] int token stream of the split.
-    grid: the settings.
-    window_len: T.
-    score_len: S.
-    batch_size: windows per batch (rounded up to the data-parallel size).
-    mesh: device mesh.
-    unit: 'ppl' or 'bpc'.
-    block_size: blockwise block of the long-memory sums.
-    max_windows: only the first this many windows of ``eval_windows`` (0 = all).
-    keep_tokens: also return per-prediction log-probabilities.
-    desc: name for the progress lines.
-    external: for a kind with an external memory, its
-      ``memory.external.ExternalSearch`` (searcher, k, pipelining).
-
-  Returns:
-    {'plain': summary without memory, 'grid': [setting + summary, ...]} where
-    a summary is {'nll', 'tokens', 'ppl' | 'bpc'}; with keep_tokens also
-    'targets' [P], 'lm_logprob' [P] and 'grid_logprob' [G, P] in stream order.
-  """
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  batch_size = int(math.ceil(batch_size / dp) * dp)
-  tokens = truncate_windows(
-      np.asarray(tokens), window_len, score_len, max_windows
-  )
+    block_size: Optional[int],
+    keep_tokens: bool,
+) -> tuple[Any, Any]:
+  """``score_stream``'s evaluation step and its jitted per-batch sums
+  (params, bank, batch) -> (bank, sums); the sums are unused for a kind with
+  an external memory (``external.run_stream`` jits the step itself)."""
   step = evaluation.make_eval_step(
       model,
       window_len=window_len,
@@ -211,15 +178,6 @@ def score_stream(
       block_size=block_size,
       extra_settings=grid.extra_settings(),
   )
-  if grid.memory().external_metric:
-    from memjax.memory import external as external_lib  # pylint: disable=g-import-not-at-top
-
-    fetched, start = external_lib.run_stream(
-        step, model, params, tokens, grid, external,
-        window_len=window_len, score_len=score_len, batch_size=batch_size,
-        mesh=mesh, keep_tokens=keep_tokens, desc=desc,
-    )  # fmt: skip
-    return summarize_stream(fetched, grid, unit, keep_tokens, desc, start)
   num_points = len(grid.points())
 
   def reduced(params, bank, batch):
@@ -241,6 +199,78 @@ def score_stream(
     return bank, res
 
   fn = sharding_lib.under_mesh(jax.jit(reduced, donate_argnums=(1,)), mesh)
+  return step, fn
+
+
+def score_stream(
+    model: Any,
+    params: Any,
+    tokens: np.ndarray,
+    grid: Grid,
+    *,
+    window_len: int,
+    score_len: int,
+    batch_size: int,
+    mesh: Any,
+    unit: str,
+    block_size: Optional[int] = 1024,
+    max_windows: int = 0,
+    keep_tokens: bool = False,
+    desc: str = "memory eval",
+    external: Any = None,
+    compiled: Optional[dict[Any, Any]] = None,
+) -> dict[str, Any]:
+  """Scores a token stream with every setting of ``grid`` in one pass.
+
+  Args:
+    model: the TransformerLM.
+    params: its parameters.
+    tokens: [N] int token stream of the split.
+    grid: the settings.
+    window_len: T.
+    score_len: S.
+    batch_size: windows per batch (rounded up to the data-parallel size).
+    mesh: device mesh.
+    unit: 'ppl' or 'bpc'.
+    block_size: blockwise block of the long-memory sums.
+    max_windows: only the first this many windows of ``eval_windows`` (0 = all).
+    keep_tokens: also return per-prediction log-probabilities.
+    desc: name for the progress lines.
+    external: for a kind with an external memory, its
+      ``memory.external.ExternalSearch`` (searcher, k, pipelining).
+    compiled: a dict that keeps the jitted scoring functions between calls
+      with the same model, grid and shapes (e.g. one stream per document);
+      None: built for this call only.
+
+  Returns:
+    {'plain': summary without memory, 'grid': [setting + summary, ...]} where
+    a summary is {'nll', 'tokens', 'ppl' | 'bpc'}; with keep_tokens also
+    'targets' [P], 'lm_logprob' [P] and 'grid_logprob' [G, P] in stream order.
+  """
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  batch_size = int(math.ceil(batch_size / dp) * dp)
+  tokens = truncate_windows(
+      np.asarray(tokens), window_len, score_len, max_windows
+  )
+  key = (id(model), id(mesh), grid, window_len, score_len, block_size,
+         keep_tokens)  # fmt: skip
+  if compiled is None or key not in compiled:
+    fns = _scoring_fns(
+        model, grid, mesh, window_len=window_len, score_len=score_len,
+        block_size=block_size, keep_tokens=keep_tokens,
+    )  # fmt: skip
+    if compiled is not None:
+      compiled[key] = (model, mesh) + fns  # keeps the ids of the key alive
+  step, fn = compiled[key][2:] if compiled is not None else fns
+  if grid.memory().external_metric:
+    from memjax.memory import external as external_lib  # pylint: disable=g-import-not-at-top
+
+    fetched, start = external_lib.run_stream(
+        step, model, params, tokens, grid, external,
+        window_len=window_len, score_len=score_len, batch_size=batch_size,
+        mesh=mesh, keep_tokens=keep_tokens, desc=desc, compiled=compiled,
+    )  # fmt: skip
+    return summarize_stream(fetched, grid, unit, keep_tokens, desc, start)
   bank = evaluation.init_bank(step.capacity, model.d_model)
   num_windows = len(
       streams.memory_eval_windows(

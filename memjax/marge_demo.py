@@ -1,17 +1,22 @@
-"""The modified-MARGE demo: the vanilla LM and MARGE with the same steps.
+"""The modified-MARGE demo: the early-token table of MARGE and its rivals.
 
-    python -m memjax.marge_demo --workdir=runs/marge_demo
+    python -m memjax.marge_demo --workdir=runs/marge_demo \\
+        [--rows=vanilla,marge,txl,trime_long,knn,pkm]
 
-Trains ``vanilla_demo`` and ``demo`` of ``configs/marge_wt103.py`` (the same
-layers, window of 2N tokens, steps and optimiser), runs
+By default trains ``vanilla_demo`` and ``demo`` of ``configs/marge_wt103.py``
+(the same layers, window of 2N tokens, steps and optimiser), runs
 ``--mode=position_loss`` on both and ``--mode=marge_eval`` on MARGE (the
-documents are sections), and writes to ``--workdir``:
+documents are sections). ``--rows`` adds Transformer-XL, TRIMELM_long, the
+kNN-LM (the vanilla run, its datastore and index) and a PKM LM, each a
+demo-size run of its own config with the vanilla row's steps and training
+tokens (``memjax/marge_rows.py``). Writes to ``--workdir``:
 
-* ``table.md``, ``table.json``: perplexity on the standard sliding windows,
-  MARGE's perplexity on the tokens of S_{t+1} with retrieval on and off,
-  and the loss by position bucket of every row;
+* ``table.md``, ``table.json``: parameters, training tokens, each run's own
+  test perplexity, the perplexity over the sections (context reset at each
+  section), MARGE's perplexity on the tokens of S_{t+1} with retrieval on
+  and off, and the loss by position bucket of every row;
 * ``position_loss.png``: the early-token plot (test split);
-* ``vanilla/`` and ``marge/``: the runs and their mode outputs.
+* ``<row>/``: the runs and their mode outputs.
 
 A run, or a mode's output, already in its directory is read back, not made
 again, so the table can be rebuilt from finished runs.
@@ -27,16 +32,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
+from memjax import marge_rows
+
 _WORKDIR = flags.DEFINE_string("workdir", "runs/marge_demo", "Output dir.")
-SPLIT = "test"
-
-
-def _config(variant: str):
-  from configs import marge_wt103  # pylint: disable=g-import-not-at-top
-
-  c = marge_wt103.get_config(variant)
-  c.position_loss.documents = "sections"
-  return c
+_ROWS = flags.DEFINE_string(
+    "rows",
+    "vanilla,marge",
+    "Comma-separated rows of the table: vanilla, marge, txl, trime_long, "
+    "knn, pkm (the default fits about 15 minutes of two idle CPU cores).",
+)
+SPLIT = marge_rows.SPLIT
 
 
 def _once(path: str, make) -> dict:
@@ -47,54 +52,47 @@ def _once(path: str, make) -> dict:
     return json.load(f)
 
 
-def _rows(workdir: str) -> list[dict]:
-  """Trains and evaluates both models (or reads them back)."""
+def _knn_memory(cfg, run: str) -> None:
+  """The datastore of the training split and its ScaNN index (once)."""
+  from memjax import registry  # pylint: disable=g-import-not-at-top
+  from memjax.memory import search  # pylint: disable=g-import-not-at-top
+  from memjax.modes import external  # pylint: disable=g-import-not-at-top
+
+  path = external.datastore_path(cfg, run)
+  if not os.path.exists(os.path.join(path, "manifest.json")):
+    external.datastore(cfg, run)
+  metric = registry.EVAL_MEMORIES.get(cfg.eval_memory.kind).external_metric
+  if not os.path.isdir(search.index_dir(path, metric)):
+    external.index(cfg, run)
+
+
+def _row(workdir: str, name: str) -> dict:
+  """Trains and scores row ``name`` (or reads its files back)."""
   from memjax import train  # pylint: disable=g-import-not-at-top
   from memjax.modes import marge_eval  # pylint: disable=g-import-not-at-top
   from memjax.modes import position_loss  # pylint: disable=g-import-not-at-top
 
-  rows = []
-  for key, variant in (("vanilla", "vanilla_demo"), ("marge", "demo")):
-    cfg, run = _config(variant), os.path.join(workdir, key)
-    res = _once(
-        os.path.join(run, "results.json"),
-        lambda: train.train_and_evaluate(cfg, run),  # pylint: disable=cell-var-from-loop
-    )
-    pos = _once(
-        os.path.join(run, "position_loss.json"),
-        lambda: position_loss.position_loss(cfg, run),  # pylint: disable=cell-var-from-loop
-    )
-    row = dict(row=key, ppl=res[SPLIT]["ppl"], buckets=pos[SPLIT]["buckets"])
-    if key == "marge":
-      row["marge_eval"] = _once(
-          os.path.join(run, "marge_eval.json"),
-          lambda: marge_eval.marge_eval(cfg, run),  # pylint: disable=cell-var-from-loop
-      )[SPLIT]
-    rows.append(row)
-  return rows
-
-
-def format_table(rows: list[dict]) -> str:
-  """Markdown: ppl and the loss per position bucket of each row."""
-  labels = [b["bucket"] for b in rows[0]["buckets"]]
-  head = f"| model | {SPLIT} ppl | " + " | ".join(labels) + " |"
-  lines = [head, "|---|---:|" + "---:|" * len(labels)]
-
-  def cells(buckets):
-    return " | ".join(
-        "-" if b["nll"] is None else f"{b['nll']:.3f}" for b in buckets
-    )
-
-  for r in rows:
-    name = {"vanilla": "vanilla LM", "marge": "MARGE, retrieval off"}[r["row"]]
-    lines.append(f"| {name} (all tokens) | {r['ppl']:.2f} | "
-                 f"{cells(r['buckets'])} |")  # fmt: skip
-  ev = next(r["marge_eval"] for r in rows if "marge_eval" in r)
-  for key, name in (("retrieval", "on"), ("no_retrieval", "off")):
-    e = ev[key]
-    lines.append(f"| MARGE, retrieval {name} (S_t+1 tokens) | {e['ppl']:.2f} "
-                 f"| {cells(e['buckets'])} |")  # fmt: skip
-  return "\n".join(lines)
+  spec = marge_rows.ROWS[name]
+  run = os.path.join(workdir, name)
+  base = os.path.join(workdir, spec.base_run or name)
+  cfg = marge_rows.row_config(name, base)
+  res = _once(
+      os.path.join(base, "results.json"),
+      lambda: train.train_and_evaluate(cfg, base),
+  )
+  if spec.eval_memory and dict(spec.eval_memory).get("kind") == "knn":
+    _knn_memory(cfg, run)
+  pos = _once(
+      os.path.join(run, "position_loss.json"),
+      lambda: position_loss.position_loss(cfg, run),
+  )
+  row = marge_rows.make_row(name, cfg, res, pos)
+  if name == "marge":
+    row["marge_eval"] = _once(
+        os.path.join(run, "marge_eval.json"),
+        lambda: marge_eval.marge_eval(cfg, run),
+    )[SPLIT]
+  return row
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -104,15 +102,11 @@ def plot(rows: list[dict], path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  series = [(r["row"] + " (retrieval off)" if r["row"] == "marge" else
-             r["row"], r["buckets"]) for r in rows]  # fmt: skip
-  ev = next(r["marge_eval"] for r in rows if "marge_eval" in r)
-  series.append(("marge, retrieval on (S_t+1)", ev["retrieval"]["buckets"]))
-  series.append(("marge, retrieval off (S_t+1)", ev["no_retrieval"]["buckets"]))
-  fig, ax = plt.subplots(figsize=(6, 3.6))
-  for name, buckets in series:
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for name, buckets in marge_rows.plot_series(rows):
     pts = [b for b in buckets if b["nll"] is not None]
-    ax.plot([b["bucket"] for b in pts], [b["nll"] for b in pts], "o-",
+    style = "o--" if "S_t+1" in name else "o-"
+    ax.plot([b["bucket"] for b in pts], [b["nll"] for b in pts], style,
             label=name)  # fmt: skip
   ax.set_xlabel("position in section")
   ax.set_ylabel(f"mean loss, {SPLIT} (nats)")
@@ -124,10 +118,14 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv):
   del argv
+  try:
+    names = marge_rows.parse_rows(_ROWS.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
   workdir = _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
-  rows = _rows(workdir)
-  table = format_table(rows)
+  rows = [_row(workdir, name) for name in names]
+  table = marge_rows.format_table(rows)
   with open(os.path.join(workdir, "table.md"), "w") as f:
     f.write(table + "\n")
   with open(os.path.join(workdir, "table.json"), "w") as f:

@@ -181,3 +181,32 @@ def test_config_memory_setting_keeps_external_settings(tmp_path):
   assert (grid.kind, grid.knn_lambdas, grid.knn_temperatures) == (
       "knn", (0.4,), (2.0,),
   )  # fmt: skip
+
+
+def test_long_memory_compiled_once_for_all_documents():
+  # TRIMELM_long's evaluation memory (trime, 16 long-term tokens), one
+  # stream per document as position_loss reads it: the documents share one
+  # compiled step, and the last document, scored after the others, equals
+  # score_stream alone on it with a step built afresh (no state leaks).
+  model = transformer.TransformerLM(
+      vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
+      d_ff=32, cutoffs=(),
+  )  # fmt: skip
+  restored = _restored(model, np.zeros((1, 8), np.int32))
+  toks, spans = _stream([13, 22, 19], seed=5)
+  grid = em_lib.grid_of({"kind": "trime", "long_mem_tokens": 16})
+
+  def score(tokens, compiled):
+    r = em_lib.score_stream(
+        model, restored.params, tokens, grid, window_len=8, score_len=4,
+        batch_size=4, mesh=restored.mesh, unit="ppl", block_size=4,
+        keep_tokens=True, compiled=compiled,
+    )  # fmt: skip
+    return r["grid_logprob"][0]
+
+  compiled = {}
+  shared = [score(toks[a:b], compiled) for a, b in spans]
+  assert len(compiled) == 1  # one step for the three documents
+  assert [len(s) for s in shared] == [12, 21, 18]
+  alone = score(toks[spans[-1, 0] :], None)
+  np.testing.assert_allclose(shared[-1], alone, rtol=1e-6, atol=1e-6)

@@ -28,7 +28,7 @@ import concurrent.futures
 import dataclasses
 import math
 import time
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -284,9 +284,11 @@ def run_stream(
     mesh: Any,
     keep_tokens: bool,
     desc: str,
+    compiled: Optional[dict[Any, Any]] = None,
 ) -> tuple[list[dict[str, Any]], float]:
   """Scores a stream with an external memory: the per-batch sums of
-  ``evaluate_memory.score_stream`` and its start time."""
+  ``evaluate_memory.score_stream`` and its start time (``compiled``: keeps
+  the jitted functions of ``step`` between calls, as there)."""
   if external is None:
     raise errors.ConfigError(f"{grid.kind} evaluation needs a datastore")
   memory = grid.memory()
@@ -296,8 +298,15 @@ def run_stream(
       "lambdas": grid.lambdas,
       **grid.extra_settings(),
   }
-  dev = sharding_lib.under_mesh(jax.jit(step, donate_argnums=(1,)), mesh)
-  combine = jax.jit(make_combine_fn(memory, settings, model.d_model))
+  key = ("external", id(step))  # step is kept alive by score_stream's entry
+  if compiled is None or key not in compiled:
+    fns = (
+        sharding_lib.under_mesh(jax.jit(step, donate_argnums=(1,)), mesh),
+        jax.jit(make_combine_fn(memory, settings, model.d_model)),
+    )
+    if compiled is not None:
+      compiled[key] = fns
+  dev, combine = compiled[key] if compiled is not None else fns
 
   def finish(out, fut) -> dict[str, Any]:
     scores, values = fut.result() if hasattr(fut, "result") else fut

@@ -236,6 +236,7 @@ def memory_scorer(
   ``memory.external.ExternalSearch`` of a kind that reads one, else None)."""
   grid = em_lib.grid_of(setting)
   e, em = config.eval, config.eval_memory
+  compiled = {}  # one compilation for all the documents
 
   def score(tokens, spans):
     pos, nll = [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
@@ -246,6 +247,7 @@ def memory_scorer(
           batch_size=em.batch_size, mesh=restored.mesh, unit=restored.unit,
           block_size=int(em.block_size) or None, keep_tokens=True,
           desc=f"position_loss {grid.kind}", external=external,
+          compiled=compiled,
       )  # fmt: skip
       lp = r["grid_logprob"][0] if "grid_logprob" in r else r["lm_logprob"]
       pos.append(np.arange(1, b - a, dtype=np.int64))
