@@ -107,6 +107,10 @@ def test_bad_settings():
   c.model.family_options.num_sources = 9
   with pytest.raises(errors.ConfigError, match="num_sources 9 exceeds"):
     marge.marge_batcher(c, train, "")
+  c.model.family_options.num_sources = 2
+  c.model.max_len = 5  # 2N = 6 tokens do not fit
+  with pytest.raises(errors.ConfigError, match="segment_len 3 must be"):
+    marge.marge_batcher(c, train, "")
   with pytest.raises(errors.ConfigError, match="another corpus"):
     marge.SegmentIndex(
         marge.SegmentTable.build(TOKENS, DOCS, 3), np.ones((4, 2)), "exact"
