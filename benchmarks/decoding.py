@@ -60,6 +60,24 @@ class DecodeBench:
     return (time.perf_counter() - start) / steps
 
 
+def time_benches(benches, args, sentences: int) -> list[dict]:
+  """Runs the decoding benches in alternating rounds (``--rounds``,
+  ``--steps``, ``--warmup``); one result per bench, in sentences/s."""
+  harness.run_rounds(
+      benches, rounds=args.rounds, steps=args.steps, warmup=args.warmup
+  )
+  results = []
+  for b in benches:
+    s = harness.summarize(b.times, sentences)
+    results.append({
+        "name": b.name,
+        "sentences_per_s": s.get("tokens_per_s"),
+        "seconds_per_pass_median": s.get("seconds_per_step_median"),
+        "seconds_per_pass_all_rounds": s.get("seconds_per_step_all_rounds"),
+    })  # fmt: skip
+  return results
+
+
 def _model(args, config):
   """(model, params, vocab): the run at --workdir, or a fresh model."""
   from memjax import experiment  # pylint: disable=g-import-not-at-top
@@ -106,18 +124,7 @@ def main() -> None:
       DecodeBench("greedy", tr, sources, 1),
       DecodeBench(f"beam {args.beam}", tr, sources, args.beam),
   ]
-  harness.run_rounds(
-      benches, rounds=args.rounds, steps=args.steps, warmup=args.warmup
-  )
-  results = []
-  for b in benches:
-    s = harness.summarize(b.times, len(sources))
-    results.append({
-        "name": b.name,
-        "sentences_per_s": s.get("tokens_per_s"),
-        "seconds_per_pass_median": s.get("seconds_per_step_median"),
-        "seconds_per_pass_all_rounds": s.get("seconds_per_step_all_rounds"),
-    })  # fmt: skip
+  results = time_benches(benches, args, len(sources))
   harness.finish(
       results, args, ratio_keys=("sentences_per_s",), config=args.config,
       workdir=args.workdir or None, sentences=len(sources),

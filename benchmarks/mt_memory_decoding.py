@@ -26,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from benchmarks import harness  # pylint: disable=g-import-not-at-top
 from benchmarks.decoding import DecodeBench  # pylint: disable=g-import-not-at-top
+from benchmarks.decoding import time_benches  # pylint: disable=g-import-not-at-top
 
 
 def main() -> None:
@@ -69,17 +70,7 @@ def main() -> None:
       DecodeBench(f"beam {args.beam} + {kind} memory", memory, sources,
                   args.beam),
   ]  # fmt: skip
-  harness.run_rounds(
-      benches, rounds=args.rounds, steps=args.steps, warmup=args.warmup
-  )
-  results = []
-  for b in benches:
-    s = harness.summarize(b.times, len(sources))
-    results.append({
-        "name": b.name,
-        "sentences_per_s": s.get("tokens_per_s"),
-        "seconds_per_pass_median": s.get("seconds_per_step_median"),
-    })  # fmt: skip
+  results = time_benches(benches, args, len(sources))
   harness.finish(
       results, args, ratio_keys=("sentences_per_s",), config=args.config,
       workdir=args.workdir, sentences=len(sources), datastore_keys=store.count,

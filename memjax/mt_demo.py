@@ -20,7 +20,6 @@ line if the model does not clear it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -155,11 +154,9 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
     table["floor_line"], table["floor_cleared"] = str(e), False
   lines.append(table["floor_line"])
   table["markdown"] = "\n".join(lines)
-  with open(os.path.join(workdir, "table.json"), "w") as f:
-    json.dump(table, f, indent=2)
-  with open(os.path.join(workdir, "table.md"), "w") as f:
-    f.write(table["markdown"] + "\n")
-  return table
+  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+
+  return runfiles.write_table(workdir, table)
 
 
 def main(argv):

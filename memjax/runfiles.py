@@ -93,6 +93,15 @@ def write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
+def write_table(workdir: str, table: dict[str, Any]) -> dict[str, Any]:
+  """A demo's results: ``table`` as ``<workdir>/table.json`` and its
+  ``markdown`` as ``table.md``; returns ``table``."""
+  write_json(os.path.join(workdir, "table.json"), table)
+  with open(os.path.join(workdir, "table.md"), "w") as f:
+    f.write(table["markdown"] + "\n")
+  return table
+
+
 def config_to_json(config: ml_collections.ConfigDict) -> str:
   return config.to_json_best_effort(indent=2, sort_keys=True)
 

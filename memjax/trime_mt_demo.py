@@ -185,11 +185,9 @@ def run(workdir: str, size: str = "demo", steps: int = 150, test=200):
       "total_seconds": total,
       "markdown": _markdown(rows["vanilla"], rows["trime_mt"], total),
   }
-  with open(os.path.join(workdir, "table.json"), "w") as f:
-    json.dump(table, f, indent=2)
-  with open(os.path.join(workdir, "table.md"), "w") as f:
-    f.write(table["markdown"] + "\n")
-  return table
+  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+
+  return runfiles.write_table(workdir, table)
 
 
 def main(argv):

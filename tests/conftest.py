@@ -76,6 +76,36 @@ def marge_smoke_workdir(tmp_path_factory):
   )
 
 
+# The shared translation smoke run's settings over configs/trime_iwslt.py:smoke.
+MT_SMOKE_SETTINGS = {
+    "train.num_steps": 4,
+    "translation.eval_max_sentences": 16,
+    "translation.decode_batch_size": 16,
+    "translation.buckets": (32,),
+}
+
+
+@pytest.fixture(scope="session")
+def mt_smoke_config():
+  """A function (data_dir, **translation overrides) -> the config of the
+  shared translation smoke run (``mt_smoke_workdir``), for in-process runs
+  and checks against it."""
+
+  def make(data_dir, **translation_overrides):
+    from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
+
+    c = trime_iwslt.get_config("smoke")
+    c.data.data_dir = str(data_dir)
+    for key, value in MT_SMOKE_SETTINGS.items():
+      section, name = key.split(".")
+      c[section][name] = value
+    for k, v in translation_overrides.items():
+      c.translation[k] = v
+    return c
+
+  return make
+
+
 @pytest.fixture(scope="session")
 def mt_smoke_workdir(tmp_path_factory):
   """A 4-step translation smoke run (configs/trime_iwslt.py:smoke) on the
@@ -93,13 +123,8 @@ def mt_smoke_workdir(tmp_path_factory):
         (data / f"{split}.{lang}").write_text(
             "\n".join(lines) + "\n", encoding="utf-8"
         )
-    return (
-        f"--config.data.data_dir={data}",
-        "--config.train.num_steps=4",
-        "--config.translation.eval_max_sentences=16",
-        "--config.translation.decode_batch_size=16",
-        "--config.translation.buckets=(32,)",
-    )
+    flags = [f"--config.{k}={v}" for k, v in MT_SMOKE_SETTINGS.items()]
+    return (f"--config.data.data_dir={data}", *flags)
 
   return _shared_run(
       tmp_path_factory,

@@ -21,6 +21,12 @@ def _repetitive_setup(model, window: int):
   tokens = np.concatenate(
       [phrase if i % 2 else rng.integers(3, 24, 7) for i in range(7)]
   ).astype(np.int32)
+  # The premise of every test that uses it: the phrase recurs (at positions
+  # 7, 21, 35), so a memory of earlier windows holds its continuations.
+  starts = [
+      i for i in range(len(tokens) - 6) if (tokens[i : i + 7] == phrase).all()
+  ]
+  assert starts[:3] == [7, 21, 35] and window < len(tokens), (starts, window)
   params = model.init(
       jax.random.PRNGKey(0), tokens[None, :window], tokens[None, 1 : window + 1]
   )["params"]

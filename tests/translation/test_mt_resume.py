@@ -7,25 +7,11 @@ import os
 import pytest
 import sacrebleu
 
-from configs import trime_iwslt
 from memjax import errors
 from memjax import experiment
 from memjax import task as task_lib
 from memjax import train
 from memjax.translation import parts
-
-
-def _config(data_dir, **translation_overrides):
-  # The settings of the shared smoke run (tests/conftest.py).
-  c = trime_iwslt.get_config("smoke")
-  c.data.data_dir = data_dir
-  c.train.num_steps = 4
-  c.translation.eval_max_sentences = 16
-  c.translation.decode_batch_size = 16
-  c.translation.buckets = (32,)
-  for k, v in translation_overrides.items():
-    c.translation[k] = v
-  return c
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +30,9 @@ class _Writer:
     self.scalars[step] = dict(scalars)
 
 
-def test_periodic_evaluation_scores_the_first_sentences(run):
+def test_periodic_evaluation_scores_the_first_sentences(run, mt_smoke_config):
   workdir, data = run
-  config = _config(data, beam_size=1)
+  config = mt_smoke_config(data, beam_size=1)
   restored = experiment.load(workdir, config=config)
   task = task_lib.get(config)
   corpus = task.load(config, workdir, train=False)
@@ -84,7 +70,9 @@ def test_periodic_evaluation_scores_the_first_sentences(run):
         ({"vocab_size": 400}, "translation.vocab_size: 300 -> 400"),
     ],
 )
-def test_resume_with_other_translation_data_stops(run, overrides, named):
+def test_resume_with_other_translation_data_stops(
+    run, mt_smoke_config, overrides, named
+):
   workdir, data = run
   before = {
       os.path.join(d, n): os.path.getmtime(os.path.join(d, n))
@@ -92,7 +80,7 @@ def test_resume_with_other_translation_data_stops(run, overrides, named):
       for n in names
   }
   with pytest.raises(errors.ResumeError) as e:
-    train.train_and_evaluate(_config(data, **overrides), workdir)
+    train.train_and_evaluate(mt_smoke_config(data, **overrides), workdir)
   message = str(e.value)
   assert isinstance(e.value, errors.UserError) and "\n" not in message
   assert named in message and "other data settings" in message
@@ -104,6 +92,8 @@ def test_resume_with_other_translation_data_stops(run, overrides, named):
   assert after == before
 
 
-def test_resume_with_the_same_translation_data_passes_the_check(run):
+def test_resume_with_the_same_translation_data_passes_the_check(
+    run, mt_smoke_config
+):
   workdir, data = run
-  train.check_resume(_config(data), workdir)  # Raises if it disagreed.
+  train.check_resume(mt_smoke_config(data), workdir)  # Raises if it disagreed.

@@ -7,23 +7,10 @@ import os
 
 import pytest
 
-from configs import trime_iwslt
 from memjax import errors
 from memjax.data import parallel
 from memjax.modes import translation
 from memjax import train
-
-
-def _config(data_dir, **translation_overrides):
-  c = trime_iwslt.get_config("smoke")
-  c.data.data_dir = data_dir
-  c.train.num_steps = 4
-  c.translation.eval_max_sentences = 16
-  c.translation.decode_batch_size = 16
-  c.translation.buckets = (32,)
-  for k, v in translation_overrides.items():
-    c.translation[k] = v
-  return c
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +39,20 @@ def test_training_scores_valid_with_sacrebleu(mt_run):
     assert [json.loads(l)["step"] for l in f] == [1, 2, 3, 4]
 
 
-def test_translate_a_file(mt_run, tmp_path):
+def test_translate_a_file(mt_run, mt_smoke_config, tmp_path):
   workdir, data, _ = mt_run
   src = tmp_path / "in.de"
   src.write_text("Klicken Sie auf OK.\nDas Haus ist groß.\n", encoding="utf-8")
   out = tmp_path / "out.en"
-  c = _config(data, input_file=str(src), output_file=str(out))
+  c = mt_smoke_config(data, input_file=str(src), output_file=str(out))
   results = translation.translate(c, workdir)
   assert results["sentences"] == 2
   assert len(out.read_text(encoding="utf-8").splitlines()) == 2
 
 
-def test_misaligned_files_stop_before_anything_is_written(tmp_path):
+def test_misaligned_files_stop_before_anything_is_written(
+    mt_smoke_config, tmp_path
+):
   # memjax.main prints a UserError as one line and exits with status 2.
   data = tmp_path / "data"
   data.mkdir()
@@ -72,6 +61,6 @@ def test_misaligned_files_stop_before_anything_is_written(tmp_path):
     (data / f"{split}.en").write_text("Hello.\n")
   workdir = tmp_path / "run"
   with pytest.raises(errors.DataError, match="has 2 lines but") as e:
-    train.train_and_evaluate(_config(str(data)), str(workdir))
+    train.train_and_evaluate(mt_smoke_config(str(data)), str(workdir))
   assert isinstance(e.value, errors.UserError) and "\n" not in str(e.value)
   assert not workdir.exists()
