@@ -21,24 +21,24 @@ $(STAMP): requirements.lock setup.py
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m memjax.demo --workdir=$(WORKDIR)
+	$(PY) -m memjax.demos.trime --workdir=$(WORKDIR)
 
 # Memory-less, PKM and ResM LMs with the same steps; see docs/pkm.md.
 demo-pkm: $(STAMP)
-	$(PY) -m memjax.pkm_demo --workdir=runs/pkm_demo
+	$(PY) -m memjax.demos.pkm --workdir=runs/pkm_demo
 
 # BERT-style encoders with PKM / ResM, initialisation and sentiment
 # fine-tuning (Kim & Jung); see docs/pkm_bert.md.
 demo-pkm-bert: $(STAMP)
-	$(PY) -m memjax.pkm_bert_demo --workdir=runs/pkm_bert_demo --extra_steps=100
+	$(PY) -m memjax.demos.pkm_bert --workdir=runs/pkm_bert_demo --extra_steps=100
 
 # kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
 demo-ext: $(STAMP)
-	$(PY) -m memjax.extmem_demo --workdir=runs/extmem_demo
+	$(PY) -m memjax.demos.external --workdir=runs/extmem_demo
 
 # Vanilla LM and modified MARGE with the same steps; see docs/marge.md.
 demo-marge: $(STAMP)
-	$(PY) -m memjax.marge_demo --workdir=runs/marge_demo
+	$(PY) -m memjax.demos.marge --workdir=runs/marge_demo
 
 smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
@@ -61,8 +61,8 @@ clean-venv:
 
 # Translation: a vanilla encoder-decoder on the shipped German-English pairs.
 demo-mt: $(STAMP)
-	$(PY) -m memjax.mt_demo --workdir=runs/demo_mt
+	$(PY) -m memjax.demos.mt --workdir=runs/demo_mt
 
 # Table 6: vanilla, vanilla + kNN-MT and TRIMEMT_ext, same steps (docs/trime_mt.md).
 demo-trime-mt: $(STAMP)
-	$(PY) -m memjax.trime_mt_demo --workdir=runs/demo_trime_mt
+	$(PY) -m memjax.demos.trime_mt --workdir=runs/demo_trime_mt

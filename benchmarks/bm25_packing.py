@@ -24,7 +24,7 @@ import bm25s  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from benchmarks import harness  # pylint: disable=g-import-not-at-top
-from memjax.data import bm25
+from memjax.methods.trime import bm25
 
 DEMO_TRAIN = os.path.join(REPO, "demo_data", "wikitext", "wiki.train.tokens")
 WT103_SEGMENTS = 690_000  # WikiText-103 train at L = 150 (103M tokens)

@@ -111,7 +111,7 @@ def main() -> None:
   args = parser.parse_args()
   config = harness.load_config(args.config, args.set)
   from memjax.data import parallel  # pylint: disable=g-import-not-at-top
-  from memjax.translation import parts  # pylint: disable=g-import-not-at-top
+  from memjax.tasks.translation import parts  # pylint: disable=g-import-not-at-top
 
   model, params, vocab = _model(args, config)
   tr = parts.make_translator(config, model, params, vocab)

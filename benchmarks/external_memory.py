@@ -45,7 +45,7 @@ def _config(args):
 
 def _eval_rate(loaded, grid, external, windows: int) -> float:
   """Predictions/s of scoring the first ``windows`` valid windows."""
-  from memjax import evaluate_memory as em_lib  # pylint: disable=g-import-not-at-top
+  from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
 
   c = loaded.config
 
@@ -83,11 +83,11 @@ def main() -> None:
   add("--out", default="")
   args = parser.parse_args()
 
-  from memjax import evaluate_memory as em_lib  # pylint: disable=g-import-not-at-top
+  from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
   from memjax import train  # pylint: disable=g-import-not-at-top
   from memjax import runfiles  # pylint: disable=g-import-not-at-top
   from memjax import errors  # pylint: disable=g-import-not-at-top
-  from memjax.modes import external as modes  # pylint: disable=g-import-not-at-top
+  from memjax.methods.external import modes as modes  # pylint: disable=g-import-not-at-top
 
   config = _config(args)
   w = args.workdir

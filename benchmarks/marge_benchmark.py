@@ -35,7 +35,7 @@ def _index(bench, batcher) -> dict[str, float]:
   """Builds the index with the bench's parameters; times it."""
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from memjax.memory import marge_index  # pylint: disable=g-import-not-at-top
+  from memjax.methods.marge import reindex as marge_index  # pylint: disable=g-import-not-at-top
 
   table = batcher.table
   segments = table.segment_tokens(np.arange(len(table)))

@@ -43,9 +43,9 @@ def main() -> None:
   # pylint: disable=g-import-not-at-top
   from memjax import experiment
   from memjax.data import parallel
-  from memjax.modes import translation_memory as tm
-  from memjax.translation import mt_datastore
-  from memjax.translation import parts
+  from memjax.methods.external import mt_modes as tm
+  from memjax.methods.external import mt_datastore
+  from memjax.tasks.translation import parts
 
   restored = experiment.load(args.workdir, config=config)
   kind = config.translation.memory.kind

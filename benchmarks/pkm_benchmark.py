@@ -123,7 +123,7 @@ def inference_bench(train: harness.TrainBench) -> CallBench:
 def layer_benches(cfg: ml_collections.ConfigDict) -> list[CallBench]:
   """The memory layer alone and a dense FFN of equal parameter count."""
   from memjax.models import feed_forward  # pylint: disable=g-import-not-at-top
-  from memjax.models import pkm  # pylint: disable=g-import-not-at-top
+  from memjax.methods.pkm import layer as pkm  # pylint: disable=g-import-not-at-top
 
   d = cfg.model.d_model
   o = cfg.model.feed_forward_options
@@ -153,7 +153,7 @@ def layer_benches(cfg: ml_collections.ConfigDict) -> list[CallBench]:
 
 def optimizer_benches(cfg: ml_collections.ConfigDict) -> list[CallBench]:
   """One values table's update: optax Adam against lazy Adam."""
-  from memjax import sparse_adam  # pylint: disable=g-import-not-at-top
+  from memjax.methods.pkm import lazy_adam as sparse_adam  # pylint: disable=g-import-not-at-top
 
   o = cfg.model.feed_forward_options
   rows, d = o.num_keys**2, cfg.model.d_model

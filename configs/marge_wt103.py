@@ -22,7 +22,6 @@ search).
 import ml_collections
 
 from memjax import config as base
-from memjax.memory import marge_index  # pylint: disable=unused-import
 
 SIZES = ("smoke", "planted", "demo", "wt103")
 METHODS = ("marge", "vanilla")

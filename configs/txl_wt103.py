@@ -9,7 +9,7 @@ METHOD_SIZE:
   ``enwik8`` and ``text8`` (12 layers, 8 heads x 64, FFN 2048, target and
   memory length 512, bytes), ``char_gpu`` (the recurrent comparison sized
   for one GPU: bytes of the shipped enwik8 demo corpus, 8 layers, 8 heads x
-  64, FFN 2048, segment = memory = 256; ``python -m memjax.lamemo_demo
+  64, FFN 2048, segment = memory = 256; ``python -m memjax.demos.lamemo
   --size=char_gpu``).
 * METHOD: ``txl`` (default; Transformer-XL, recurrent memory of mem_len
   normed layer inputs per layer) or ``rpe`` (Transformer+RPE: the same

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from memjax import console
-from memjax import evaluate
+from memjax.eval import windows as evaluate
 from memjax import experiment
 from memjax import runfiles
 
@@ -65,7 +65,7 @@ class LanguageModel:
 
   def decode(self, ids: Union[np.ndarray, Sequence[int]]) -> str:
     """[n] token ids -> text."""
-    from memjax import generate  # pylint: disable=g-import-not-at-top
+    from memjax.modes import generate  # pylint: disable=g-import-not-at-top
 
     return generate.decode(self.vocab, np.asarray(ids))
 
@@ -113,7 +113,7 @@ class LanguageModel:
     r = self.restored
     if r.model.carries_memory():
       return self._score_recurrent(tokens)
-    from memjax import evaluate_memory  # pylint: disable=g-import-not-at-top
+    from memjax.eval import memory_grid as evaluate_memory  # pylint: disable=g-import-not-at-top
 
     c = self.config
     grid = evaluate_memory.grid_of(setting)
@@ -131,7 +131,7 @@ class LanguageModel:
   def _score_recurrent(self, tokens: np.ndarray) -> np.ndarray:
     """Scores one stream as ``--mode=eval`` does: ``eval.lanes`` contiguous
     lanes, each run in segments with its memory carried."""
-    from memjax import recurrent_eval  # pylint: disable=g-import-not-at-top
+    from memjax.eval import streams as recurrent_eval  # pylint: disable=g-import-not-at-top
 
     r = self.restored
     ev = recurrent_eval.evaluator_for(self.config, r.model, r.mesh)
@@ -167,8 +167,8 @@ class LanguageModel:
       The continuation as text for a text prompt, else [num_tokens] int32
       token ids.
     """
-    from memjax import generate  # pylint: disable=g-import-not-at-top
-    from memjax import recurrent_eval  # pylint: disable=g-import-not-at-top
+    from memjax.modes import generate  # pylint: disable=g-import-not-at-top
+    from memjax.eval import streams as recurrent_eval  # pylint: disable=g-import-not-at-top
 
     ids = self._tokens(prompt)
     r = self.restored
@@ -204,7 +204,7 @@ class LanguageModel:
 def memory_setting(restored: experiment.Restored) -> dict[str, Any]:
   """The evaluation memory of a run: ``tune.json``'s choice, else the
   config's ``eval_memory`` (kind 'none' for plain models)."""
-  from memjax import evaluate_memory  # pylint: disable=g-import-not-at-top
+  from memjax.eval import memory_grid as evaluate_memory  # pylint: disable=g-import-not-at-top
 
   em = restored.config.eval_memory
   tuned = os.path.join(restored.path, "tune.json")

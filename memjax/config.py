@@ -153,7 +153,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.corpus = ""  # "" = data.corpus
   c.eval.data_dir = ""  # "" = eval.corpus's demo copy
   # Models with recurrent memory (xl, lamemo) are scored over whole streams
-  # in lanes, carrying the memory (memjax/recurrent_eval.py); max_windows
+  # in lanes, carrying the memory (memjax/eval/streams.py); max_windows
   # then counts segments per lane.
   c.eval.segment_len = 0  # segment length (0 = data.seq_len)
   c.eval.mem_len = 0  # memory length (0 = model.mem_len)
@@ -200,7 +200,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.generate.seed = 0
 
   # Evaluation with testing memories (modes memeval, tune, memsweep, buckets;
-  # memjax/evaluate_memory.py). The windows are eval.window_len / score_len.
+  # memjax/eval/memory_grid.py). The windows are eval.window_len / score_len.
   c.eval_memory = ml_collections.ConfigDict()
   # A name in memjax.registry.EVAL_MEMORIES: none | trime (Eq. 6) | cache
   # (Grave et al.).
@@ -226,7 +226,7 @@ def base_config() -> ml_collections.ConfigDict:
       "valid"  # buckets: count frequencies on valid | train
   )
   c.eval_memory.bucket_edges = (10000, 1000, 100, 10)  # Table 14's bucket edges
-  # External memory (kinds knn and trime_ext; memjax/memory/external.py):
+  # External memory (kinds knn and trime_ext; memjax/eval/external.py):
   # a datastore of (g, next token) built by --mode=datastore, searched with
   # the ScaNN index of --mode=index or exactly.
   c.eval_memory.external_kind = ""  # the method's kind with M_ext (demos)
@@ -288,7 +288,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.translation.output_file = ""  # "" = <workdir>/translations/<name>.txt
 
   # Masked-LM pretraining (task='mlm', model.family='encoder',
-  # data.batching='mlm'; memjax/mlm_task.py, docs/pkm_bert.md).
+  # data.batching='mlm'; memjax/tasks/mlm.py, docs/pkm_bert.md).
   c.mlm = ml_collections.ConfigDict()
   c.mlm.data_dir = ""  # wiki.{train,valid,test}.tokens; "" = demo_data/wikitext
   c.mlm.vocab_size = 8000  # sentencepiece (BPE) pieces trained on train

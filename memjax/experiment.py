@@ -58,7 +58,7 @@ from memjax.corpus import load_corpus
 from memjax.corpus import make_batcher
 from memjax.corpus import metric_unit
 from memjax.corpus import vocabulary
-from memjax.validation import check_batch_fits
+from memjax.sharding import check_batch_fits
 from memjax.validation import make_mesh
 from memjax.validation import validate_config
 from memjax.models import transformer

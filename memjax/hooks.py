@@ -1,8 +1,9 @@
 """Step hooks: registered code the training loop runs every N updates.
 
-A hook is a ``StepHook`` subclass registered under a name::
+A hook is a ``StepHook`` subclass registered under a name in
+``memjax.registry.HOOKS``::
 
-    @hooks.register_hook("reindex")
+    @registry.HOOKS.register("reindex")
     class Reindex(hooks.StepHook):
 
       def start(self):  # Before the first update, new run or resumed.
@@ -31,8 +32,9 @@ atomically. Batches are a pure function of the step and of what the batcher
 reads, so a hook that changes the data must record in its state what it
 changed and re-apply it in ``start``.
 
-Hooks registered outside ``memjax`` are found once their module is
-imported; a config file can import it.
+A method's hooks are found through its package (``REGISTERS['HOOKS']``);
+hooks registered outside ``memjax`` are found once their module is imported
+(a config file can import it).
 """
 
 from __future__ import annotations
@@ -40,15 +42,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from typing import Any, Mapping, Optional
 
 import jax
 import ml_collections
 
 from memjax import errors
-
-_HOOKS: dict[str, type["StepHook"]] = {}
-H = TypeVar("H", bound=type)
+from memjax import registry
 
 
 @dataclasses.dataclass
@@ -103,29 +103,6 @@ class StepHook(abc.ABC):
     """Runs after update ``step`` (1-based) with the current parameters."""
 
 
-def register_hook(name: str) -> Callable[[H], H]:
-  """Registers a ``StepHook`` subclass under ``name`` (a class decorator).
-
-  Raises:
-    ValueError: the name is taken by another class.
-  """
-
-  def register(cls: H) -> H:
-    if not (isinstance(cls, type) and issubclass(cls, StepHook)):
-      raise TypeError(f"hook {name!r}: {cls!r} is not a StepHook subclass")
-    if name in _HOOKS and _HOOKS[name] is not cls:
-      raise ValueError(f"step hook {name!r} is already registered")
-    _HOOKS[name] = cls
-    return cls
-
-  return register
-
-
-def registered() -> list[str]:
-  """The names of the registered hooks."""
-  return sorted(_HOOKS)
-
-
 def _options(config: ml_collections.ConfigDict, name: str) -> Any:
   return (config.train.get("hook_options") or {}).get(name)
 
@@ -142,11 +119,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   twice, or an ``every`` that is not a positive integer."""
   names = tuple(config.train.get("hooks") or ())
   for name in names:
-    if name not in _HOOKS:
+    if name not in registry.HOOKS:
       raise errors.ConfigError(
           f"unknown step hook {name!r} in train.hooks; registered: "
-          f"{registered() or 'none'} (memjax.hooks.register_hook; import "
-          "the module that registers it, e.g. from the config file)"
+          f"{', '.join(registry.HOOKS.names()) or 'none'} "
+          "(memjax.registry.HOOKS; import the module that registers it, "
+          "e.g. from the config file)"
       )
     options = _options(config, name)
     if options is not None and not isinstance(
@@ -194,7 +172,9 @@ class HookRunner:
           **context,
       )
       state = json.loads(json.dumps(states.get(name, {})))
-      self.hooks.append((_HOOKS[name](ctx, state), every_of(config, name)))
+      self.hooks.append(
+          (registry.HOOKS.get(name)(ctx, state), every_of(config, name))
+      )
 
   def start(self) -> None:
     for hook, _ in self.hooks:

@@ -17,6 +17,7 @@ import ml_collections
 import optax
 
 from memjax import errors
+from memjax import registry
 
 
 def make_schedule(
@@ -78,11 +79,19 @@ def make_schedule(
 # Custom transformations and parameter groups
 # ----------------------------------------------------------------------------
 
-# name -> factory(optim settings, schedule) -> optax.GradientTransformation.
+# A registered transformation (``registry.OPTIMIZER_TRANSFORMS``):
+# factory(optim settings, schedule) -> optax.GradientTransformation.
+# ``optim.transform = name`` (or a group's ``transform``) replaces the standard
+# optimiser of ``optim.optimizer`` with ``factory(settings, schedule)``:
+# ``settings`` are the ``optim`` keys with the group's overrides, ``schedule``
+# the group's learning-rate schedule. Inside a group the transformation sees
+# only the group's parameters and gradients (``optax.multi_transform``), e.g.
+# an embedding table whose update should touch only the rows a batch looked
+# up (lazy Adam). Clipping by ``optim.clip_norm`` still comes first, over all
+# gradients.
 TransformFactory = Callable[
     [ml_collections.ConfigDict, optax.Schedule], optax.GradientTransformation
 ]
-_TRANSFORMS: dict[str, TransformFactory] = {}
 
 # Keys of ``optim`` a parameter group may override (besides ``params``).
 GROUP_KEYS = (
@@ -102,35 +111,7 @@ GROUP_KEYS = (
 BASE_GROUP = "base"
 
 
-def register_transform(
-    name: str,
-) -> Callable[[TransformFactory], TransformFactory]:
-  """Registers a custom transformation under ``name`` (a decorator).
-
-  ``optim.transform = name`` (or a group's ``transform``) replaces the
-  standard optimiser of ``optim.optimizer`` with
-  ``factory(settings, schedule)``: ``settings`` are the ``optim`` keys with
-  the group's overrides, ``schedule`` the group's learning-rate schedule.
-  Inside a group the transformation sees only the group's parameters and
-  gradients (``optax.multi_transform``), e.g. an embedding table whose
-  update should touch only the rows a batch looked up (lazy or sparse Adam:
-  leave the moments of rows with a zero gradient as they are). Clipping by
-  ``optim.clip_norm`` still comes first, over all gradients.
-
-  Raises:
-    ValueError: the name is taken.
-  """
-
-  def register(factory: TransformFactory) -> TransformFactory:
-    if name in _TRANSFORMS and _TRANSFORMS[name] is not factory:
-      raise ValueError(f"optimiser transform {name!r} is already registered")
-    _TRANSFORMS[name] = factory
-    return factory
-
-  return register
-
-
-@register_transform("frozen")
+@registry.OPTIMIZER_TRANSFORMS.register("frozen")
 def _frozen(
     cfg: ml_collections.ConfigDict, sched: optax.Schedule
 ) -> optax.GradientTransformation:
@@ -140,30 +121,19 @@ def _frozen(
   return optax.set_to_zero()
 
 
-# Modules of the built-in transformations, imported on the first lookup.
-_BUILTIN_TRANSFORMS = ("memjax.sparse_adam",)
-
-
-def _load_builtin_transforms() -> None:
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  for module in _BUILTIN_TRANSFORMS:
-    importlib.import_module(module)
-
-
 def _standard_optimizer(
     cfg: ml_collections.ConfigDict, sched: optax.Schedule, where: str
 ) -> optax.GradientTransformation:
   """The optimiser of ``cfg.optimizer`` or the registered ``cfg.transform``."""
   transform = cfg.get("transform", "")
   if transform:
-    _load_builtin_transforms()
-    if transform not in _TRANSFORMS:
+    if transform not in registry.OPTIMIZER_TRANSFORMS:
       raise errors.ConfigError(
           f"unknown {where}.transform {transform!r}; registered: "
-          f"{sorted(_TRANSFORMS) or 'none'} (memjax.optim.register_transform)"
+          f"{', '.join(registry.OPTIMIZER_TRANSFORMS.names())} "
+          "(memjax.registry.OPTIMIZER_TRANSFORMS)"
       )
-    return _TRANSFORMS[transform](cfg, sched)
+    return registry.OPTIMIZER_TRANSFORMS.get(transform)(cfg, sched)
   name = cfg.optimizer
   if name == "adam":
     return optax.adamw(

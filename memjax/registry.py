@@ -16,12 +16,25 @@ registered names.
 | ``MODES`` | ``--mode`` | ``'module:function'``, imported when run |
 | ``CONFIG_CHECKS`` | (all run) | ``check(config)`` raising ``ConfigError`` |
 | ``TASKS`` | ``task`` | a ``task.Task``: data, vocabulary and evaluation |
+| ``HOOKS`` | ``train.hooks`` | a ``hooks.StepHook`` subclass |
+| ``OPTIMIZER_TRANSFORMS`` | ``optim.transform`` | ``make(optim_settings, schedule) -> optax transformation`` |
+| ``SUM_REPORTS`` | (collected by evaluation) | a ``stats.SumReport`` |
 
-Each module that holds built-in implementations registers them when it is
-imported; a registry imports its built-in modules on its first lookup, so
-callers never need to import them first (and this module imports none of
-them, so there is no import cycle). Code outside memjax registers its own
-names the same way before the run starts::
+Built-ins register themselves when their module is imported, and a registry
+imports them on its first lookup, so callers never import them first (this
+module imports none of them, so there is no import cycle). The engine's
+built-in modules are listed below; the methods are found, not listed: every
+package under ``memjax/methods/`` declares in its ``__init__.py``, without
+importing anything,
+
+* ``REGISTERS``: {registry name: modules that register into it}, imported
+  when that registry is first read;
+* ``MODES``: {mode: ``'module:function'``};
+* ``CONFIG``: ``'module:function'`` adding the method's config keys
+  (``memjax.config.base_config``).
+
+Code outside memjax registers its own names the same way before the run
+starts::
 
     from memjax import registry
 
@@ -34,8 +47,10 @@ names the same way before the run starts::
 
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any, Callable, Generic, Sequence, TypeVar
+import pkgutil
+from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 from memjax import errors
 
@@ -52,20 +67,32 @@ class Registry(Generic[T]):
   """
 
   def __init__(
-      self, what: str, config_key: str, builtin_modules: Sequence[str] = ()
+      self,
+      what: str,
+      config_key: str,
+      builtin_modules: Sequence[str] = (),
+      *,
+      name: str = "",
+      check: Optional[Callable[[str, Any], None]] = None,
   ):
     """A registry whose built-ins register themselves in ``builtin_modules``.
 
     Args:
       what: what the entries are, for messages.
       config_key: the config key (or flag) that picks an entry.
-      builtin_modules: modules imported on the first lookup, which register
-        the built-in entries.
+      builtin_modules: engine modules imported on the first lookup, which
+        register the built-in entries (the methods' modules follow).
+      name: the registry's name in this module ('OBJECTIVES'), the key of
+        the methods' ``REGISTERS`` ('' for a registry of one's own).
+      check: ``check(name, value)`` raising TypeError for a value of the
+        wrong kind, run at registration.
     """
+    self.name = name
     self.what = what
     self.config_key = config_key
     self._builtin_modules = tuple(builtin_modules)
-    self._loaded = not self._builtin_modules
+    self._check = check
+    self._loaded = False
     self._entries: dict[str, T] = {}
 
   def register(
@@ -96,8 +123,12 @@ class Registry(Generic[T]):
       return decorator
     if not isinstance(name, str) or not name:
       raise ValueError(f"a {self.what} name must be a non-empty string")
+    if self._check is not None:
+      self._check(name, value)
     if replace:
       self._load_builtins()
+    if name in self._entries and self._entries[name] is value:
+      return value  # A module imported twice (as a script and a module).
     if name in self._entries and not replace:
       raise ValueError(
           f"{self.what} {name!r} is already registered "
@@ -145,24 +176,54 @@ class Registry(Generic[T]):
     try:
       for module in self._builtin_modules:
         importlib.import_module(module)
+      for method in methods() if self.name else ():
+        if self.name == "MODES":
+          for mode, target in getattr(method, "MODES", {}).items():
+            self.register(mode, target)
+        for module in getattr(method, "REGISTERS", {}).get(self.name, ()):
+          importlib.import_module(module)
     except BaseException:
       self._loaded = False
       raise
 
 
+@functools.cache
+def methods() -> tuple[Any, ...]:
+  """The method packages under ``memjax/methods/``, imported (their
+  ``__init__`` modules declare what they register and import nothing)."""
+  from memjax import methods as methods_pkg  # pylint: disable=g-import-not-at-top
+
+  return tuple(
+      importlib.import_module(f"{methods_pkg.__name__}.{info.name}")
+      for info in sorted(
+          pkgutil.iter_modules(methods_pkg.__path__), key=lambda i: i.name
+      )
+  )
+
+
+def method_config_sections() -> tuple[str, ...]:
+  """The ``CONFIG`` targets (``'module:function'``) of the methods."""
+  return tuple(m.CONFIG for m in methods() if getattr(m, "CONFIG", ""))
+
+
+def _is_hook(name: str, value: Any) -> None:
+  from memjax import hooks  # pylint: disable=g-import-not-at-top
+
+  if not (isinstance(value, type) and issubclass(value, hooks.StepHook)):
+    raise TypeError(f"hook {name!r}: {value!r} is not a StepHook subclass")
+
+
 ATTENTION: Registry[type] = Registry(
     "attention kind",
     "model.attention",
-    (
-        "memjax.models.attention",
-        "memjax.models.relative",
-        "memjax.models.lamemo",
-    ),
+    ("memjax.models.attention",),
+    name="ATTENTION",
 )
 FEED_FORWARD: Registry[type] = Registry(
     "feed-forward kind",
     "model.feed_forward",
-    ("memjax.models.feed_forward", "memjax.models.pkm"),
+    ("memjax.models.feed_forward",),
+    name="FEED_FORWARD",
 )
 MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
     "model family",
@@ -170,52 +231,65 @@ MODEL_FAMILIES: Registry[Callable[..., Any]] = Registry(
     (
         "memjax.models.transformer",
         "memjax.models.seq2seq",
-        "memjax.models.marge",
         "memjax.models.encoder",
     ),
+    name="MODEL_FAMILIES",
 )
 OBJECTIVES: Registry[Callable[..., Any]] = Registry(
-    "training objective",
-    "loss.name",
-    ("memjax.losses", "memjax.translation.trime_mt"),
+    "training objective", "loss.name", ("memjax.losses",), name="OBJECTIVES"
 )
 BATCHERS: Registry[Callable[..., Any]] = Registry(
     "batcher",
     "data.batching",
     (
         "memjax.data.batchers",
-        "memjax.data.packing",
         "memjax.data.token_batching",
-        "memjax.memory.marge",
         "memjax.data.mlm",
         "memjax.data.glue",
-        "memjax.translation.trime_mt",
     ),
+    name="BATCHERS",
 )
 EVAL_MEMORIES: Registry[Any] = Registry(
     "evaluation memory",
     "eval_memory.kind",
-    (
-        "memjax.memory.evaluation",
-        "memjax.memory.trime",
-        "memjax.memory.cache",
-        "memjax.memory.external",
-    ),
+    ("memjax.memory.evaluation",),
+    name="EVAL_MEMORIES",
 )
-MODES: Registry[str] = Registry("mode", "--mode", ("memjax.modes",))
+MODES: Registry[str] = Registry(
+    "mode", "--mode", ("memjax.modes",), name="MODES"
+)
 TASKS: Registry[Any] = Registry(
     "training task",
     "task",
     (
-        "memjax.lm_task",
-        "memjax.translation.task",
-        "memjax.mlm_task",
-        "memjax.classification_task",
+        "memjax.tasks.lm",
+        "memjax.tasks.translation.task",
+        "memjax.tasks.mlm",
+        "memjax.tasks.classification",
     ),
+    name="TASKS",
 )
 # Checks across config sections that one method needs (e.g. an objective
 # that needs a kind of batch): ``validation.validate_config`` runs every
 # registered check before anything is written.
 CONFIG_CHECKS: Registry[Callable[[Any], None]] = Registry(
-    "config check", "(every registered check runs)", ("memjax.losses",)
+    "config check", "(every registered check runs)", name="CONFIG_CHECKS"
+)
+# Step hooks: ``hooks.StepHook`` subclasses the training loop runs every N
+# updates (``memjax/hooks.py``).
+HOOKS: Registry[type] = Registry(
+    "step hook", "train.hooks", ("memjax.hooks",), name="HOOKS", check=_is_hook
+)
+# Optimiser transformations that replace ``optim.optimizer`` for the base or
+# a parameter group (``memjax/optim.py``).
+OPTIMIZER_TRANSFORMS: Registry[Callable[..., Any]] = Registry(
+    "optimiser transform",
+    "optim.transform",
+    ("memjax.optim",),
+    name="OPTIMIZER_TRANSFORMS",
+)
+# Per-slot sums that modules sow during evaluation and how to report them
+# (``memjax.stats.SumReport``), e.g. the reads of a memory layer's slots.
+SUM_REPORTS: Registry[Any] = Registry(
+    "sum report", "(every registered report is collected)", name="SUM_REPORTS"
 )

@@ -20,10 +20,12 @@ from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memjax import errors
+from memjax import registry
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -176,3 +178,31 @@ class MeshFunction:
 def under_mesh(jitted, mesh: Mesh, rules=LOGICAL_RULES) -> MeshFunction:
   """Wraps a jitted function so every call traces under ``mesh_rules``."""
   return MeshFunction(jitted, mesh, rules)
+
+
+def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+  """Raises MeshError/ConfigError for batches the mesh or lanes cannot split."""
+  m = config.model
+  if not registry.ATTENTION.get(m.attention).carries_memory(m.mem_len):
+    check_batch(
+        mesh,
+        config.data.batch_size // config.train.grad_accum,
+        "micro-batch size (data.batch_size / train.grad_accum)",
+    )
+    return
+  d = config.data
+  if d.batching != "consecutive":
+    raise errors.ConfigError(
+        f"model.attention={m.attention!r} with model.mem_len={m.mem_len} "
+        "carries memory across steps: set data.batching='consecutive' (got "
+        f"{d.batching!r})"
+    )
+  lanes = d.batch_size // max(int(d.segments_per_lane), 1)
+  accum = int(config.train.grad_accum)
+  if lanes % accum:
+    raise errors.ConfigError(
+        f"{lanes} lanes (data.batch_size / data.segments_per_lane) are not "
+        f"divisible by train.grad_accum {accum}: micro-batches must hold "
+        "whole lanes"
+    )
+  check_batch(mesh, lanes // accum, "lanes per micro-batch")

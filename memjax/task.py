@@ -4,7 +4,7 @@ The loop (``memjax.train``) and ``--mode=eval`` ask the run's task
 (``config.task``, a name in ``registry.TASKS``) for everything that depends
 on the kind of data: checking and reading the data, the vocabulary the run
 saves, the tokens a step holds, and the evaluation during and after
-training. Language modelling (``lm``, ``memjax.lm_task``) reads a corpus as
+training. Language modelling (``lm``, ``memjax.tasks.lm``) reads a corpus as
 token streams and scores perplexity or bits per character; another task
 (translation, masked LM, classification) registers its own and trains
 through the same loop, batcher, objective, checkpoints and step hooks.
@@ -17,6 +17,8 @@ from typing import Any
 
 import ml_collections
 from jax.sharding import Mesh
+
+from memjax import sharding
 
 
 class Evaluator(abc.ABC):
@@ -49,9 +51,7 @@ class Task(abc.ABC):
       self, config: ml_collections.ConfigDict, mesh: Mesh
   ) -> None:
     """Raises MeshError/ConfigError for batches the mesh cannot split."""
-    from memjax import validation  # pylint: disable=g-import-not-at-top
-
-    validation.check_batch_fits(config, mesh)
+    sharding.check_batch_fits(config, mesh)
 
   def data_settings(self, config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Settings outside ``data.*`` that make the batches and the vocabulary

@@ -18,7 +18,7 @@ import memjax
 from configs import trime_wt103
 from memjax import errors
 from memjax.modes import evaluation as evaluation_mode
-from memjax import evaluate_memory
+from memjax.eval import memory_grid as evaluate_memory
 from memjax import experiment
 from memjax import runfiles
 from memjax.modes import memory as memory_modes

@@ -15,6 +15,7 @@ from memjax import errors
 from memjax import experiment
 from memjax import losses
 from memjax import optim
+from memjax import registry
 from memjax import sharding as sharding_lib
 from memjax import train
 from memjax import train_step as train_step_lib
@@ -99,7 +100,7 @@ def test_group_errors_name_the_group():
 def test_registered_transform_updates_its_group_only():
   seen = {}
 
-  @optim.register_transform("test_scaled_sgd")
+  @registry.OPTIMIZER_TRANSFORMS.register("test_scaled_sgd")
   def scaled_sgd(cfg, sched):
     seen["lr"] = cfg.learning_rate
     return optax.sgd(lambda step: 2.0 * sched(step))

@@ -5,7 +5,7 @@ name ``data.batching`` picks: ``make(config, train, cache_dir) -> batcher``
 with the experiment config, the training ``tasks.TokenStream`` and the run's
 cache directory. A batcher's ``batch(step)`` is a pure function of the step
 (see ``memjax.data.streams``). The TRIME batchers 'blocks' and 'bm25'
-register in ``memjax.data.packing``.
+register in ``memjax.methods.trime.packing``.
 """
 
 from __future__ import annotations

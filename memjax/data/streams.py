@@ -338,7 +338,7 @@ class PackedSegments:
   Segment i covers predictions [i * L, (i + 1) * L) of the stream (inputs
   tokens[i*L : i*L + L], targets one token later), as in
   :class:`RandomSegments` with ``aligned=True``. ``order`` (e.g. from
-  ``memjax.data.bm25_order.cached_bm25_order``) lists segment indices; indices of
+  ``memjax.methods.trime.bm25_order.cached_bm25_order``) lists segment indices; indices of
   segments without L + 1 tokens are dropped, the rest is cut into batches
   of B consecutive entries (a short last batch is dropped), so batch j of
   the packing holds order[j*B : (j+1)*B]. Every epoch serves each batch

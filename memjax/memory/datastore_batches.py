@@ -4,7 +4,7 @@
 evaluation windows; ``build_from_batches`` is the same on-disk format
 (shards, ``build.json``, manifest; resumable) for other models, e.g. a
 translation decoder's teacher-forced states over the training targets
-(``memjax/translation/mt_datastore.py``). It reuses the shard writer and
+(``memjax/methods/external/mt_datastore.py``). It reuses the shard writer and
 manifest of ``datastore`` (their file layout is one format).
 """
 

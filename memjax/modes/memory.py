@@ -38,14 +38,15 @@ import numpy as np
 
 from memjax import console
 from memjax import errors
-from memjax import evaluate_memory as em_lib
+from memjax.eval import memory_grid as em_lib
 from memjax import registry
-from memjax.evaluate_memory import Grid
-from memjax.evaluate_memory import Loaded
-from memjax.evaluate_memory import configured_grid
-from memjax.evaluate_memory import grid_of
-from memjax.evaluate_memory import load
-from memjax.evaluate_memory import tuning_grid
+from memjax.eval import external
+from memjax.eval.memory_grid import Grid
+from memjax.eval.memory_grid import Loaded
+from memjax.eval.memory_grid import configured_grid
+from memjax.eval.memory_grid import grid_of
+from memjax.eval.memory_grid import load
+from memjax.eval.memory_grid import tuning_grid
 
 setting_str = em_lib.setting_str
 
@@ -81,8 +82,6 @@ def _external(loaded: Loaded, grid: Grid) -> Any:
   per restored model."""
   if not grid.memory().external_metric:
     return None
-  from memjax.modes import external  # pylint: disable=g-import-not-at-top
-
   return external.external_search(loaded, grid.memory().external_metric)
 
 
@@ -315,7 +314,7 @@ def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
 
 def buckets(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Perplexity by frequency bucket on valid, Table 14 (``--mode=buckets``)."""
-  from memjax.analysis import frequency  # pylint: disable=g-import-not-at-top
+  from memjax.modes import frequency  # pylint: disable=g-import-not-at-top
 
   em = config.eval_memory
   loaded = load(config, workdir, splits=("valid",))

@@ -39,10 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
-from memjax import evaluate_memory as em_lib
+from memjax.eval import memory_grid as em_lib
 from memjax import experiment
-from memjax import recurrent_eval
+from memjax.eval import streams as recurrent_eval
 from memjax import registry
+from memjax.eval import external as external_lib
 from memjax import runfiles
 from memjax import sharding as sharding_lib
 from memjax.data import windows
@@ -277,14 +278,12 @@ def document_scorer(
   kind = registry.EVAL_MEMORIES.get(setting["kind"])
   external = None
   if kind.external_metric:
-    from memjax.modes import external as external_mode  # pylint: disable=g-import-not-at-top
-
     loaded = em_lib.Loaded(
         config, restored.mesh, restored.model, restored.params,
         restored.vocab_size, None, {}, restored.unit, restored.step,
         restored.path, workdir,
     )  # fmt: skip
-    external = external_mode.external_search(loaded, kind.external_metric)
+    external = external_lib.external_search(loaded, kind.external_metric)
   return memory_scorer(config, restored, setting, external)
 
 

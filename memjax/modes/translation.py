@@ -1,6 +1,6 @@
 """``--mode=translate``: a run's beam translations of a file or a split,
 scored with sacreBLEU when the split has references. (Translation configs
-train with ``--mode=train``, through ``memjax.translation.task``.)"""
+train with ``--mode=train``, through ``memjax.tasks.translation.task``.)"""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from memjax import console
 from memjax import errors
 from memjax import experiment
 from memjax.data import parallel
-from memjax.translation import bleu
-from memjax.translation import parts
+from memjax.tasks.translation import bleu
+from memjax.tasks.translation import parts
 
 
 def translate(

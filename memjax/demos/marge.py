@@ -1,0 +1,138 @@
+"""The modified-MARGE demo: the early-token table of MARGE and its rivals.
+
+    python -m memjax.demos.marge --workdir=runs/marge_demo \\
+        [--rows=vanilla,marge,txl,trime_long,knn,pkm]
+
+By default trains ``vanilla_demo`` and ``demo`` of ``configs/marge_wt103.py``
+(the same layers, window of 2N tokens, steps and optimiser), runs
+``--mode=position_loss`` on both and ``--mode=marge_eval`` on MARGE (the
+documents are sections). ``--rows`` adds Transformer-XL, TRIMELM_long, the
+kNN-LM (the vanilla run, its datastore and index) and a PKM LM, each a
+demo-size run of its own config with the vanilla row's steps and training
+tokens (``memjax/demos/marge_rows.py``). Writes to ``--workdir``:
+
+* ``table.md``, ``table.json``: parameters, training tokens, each run's own
+  test perplexity, the perplexity over the sections (context reset at each
+  section), MARGE's perplexity on the tokens of S_{t+1} with retrieval on
+  and off, and the loss by position bucket of every row;
+* ``position_loss.png``: the early-token plot (test split);
+* ``<row>/``: the runs and their mode outputs.
+
+A run, or a mode's output, already in its directory is read back, not made
+again, so the table can be rebuilt from finished runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+
+from memjax.demos import marge_rows
+
+_WORKDIR = flags.DEFINE_string("workdir", "runs/marge_demo", "Output dir.")
+_ROWS = flags.DEFINE_string(
+    "rows",
+    "vanilla,marge",
+    "Comma-separated rows of the table: vanilla, marge, txl, trime_long, "
+    "knn, pkm (the default fits about 15 minutes of two idle CPU cores).",
+)
+SPLIT = marge_rows.SPLIT
+
+
+def _once(path: str, make) -> dict:
+  """The JSON at ``path``, made by ``make()`` when missing."""
+  if not os.path.exists(path):
+    make()
+  with open(path) as f:
+    return json.load(f)
+
+
+def _knn_memory(cfg, run: str) -> None:
+  """The datastore of the training split and its ScaNN index (once)."""
+  from memjax import registry  # pylint: disable=g-import-not-at-top
+  from memjax.memory import search  # pylint: disable=g-import-not-at-top
+  from memjax.methods.external import modes as external  # pylint: disable=g-import-not-at-top
+
+  path = external.datastore_path(cfg, run)
+  if not os.path.exists(os.path.join(path, "manifest.json")):
+    external.datastore(cfg, run)
+  metric = registry.EVAL_MEMORIES.get(cfg.eval_memory.kind).external_metric
+  if not os.path.isdir(search.index_dir(path, metric)):
+    external.index(cfg, run)
+
+
+def _row(workdir: str, name: str) -> dict:
+  """Trains and scores row ``name`` (or reads its files back)."""
+  from memjax import train  # pylint: disable=g-import-not-at-top
+  from memjax.methods.marge import evaluation as marge_eval  # pylint: disable=g-import-not-at-top
+  from memjax.modes import position_loss  # pylint: disable=g-import-not-at-top
+
+  spec = marge_rows.ROWS[name]
+  run = os.path.join(workdir, name)
+  base = os.path.join(workdir, spec.base_run or name)
+  cfg = marge_rows.row_config(name, base)
+  res = _once(
+      os.path.join(base, "results.json"),
+      lambda: train.train_and_evaluate(cfg, base),
+  )
+  if spec.eval_memory and dict(spec.eval_memory).get("kind") == "knn":
+    _knn_memory(cfg, run)
+  pos = _once(
+      os.path.join(run, "position_loss.json"),
+      lambda: position_loss.position_loss(cfg, run),
+  )
+  row = marge_rows.make_row(name, cfg, res, pos)
+  if name == "marge":
+    row["marge_eval"] = _once(
+        os.path.join(run, "marge_eval.json"),
+        lambda: marge_eval.marge_eval(cfg, run),
+    )[SPLIT]
+  return row
+
+
+def plot(rows: list[dict], path: str) -> None:
+  """Loss by position bucket: one line per row."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for name, buckets in marge_rows.plot_series(rows):
+    pts = [b for b in buckets if b["nll"] is not None]
+    style = "o--" if "S_t+1" in name else "o-"
+    ax.plot([b["bucket"] for b in pts], [b["nll"] for b in pts], style,
+            label=name)  # fmt: skip
+  ax.set_xlabel("position in section")
+  ax.set_ylabel(f"mean loss, {SPLIT} (nats)")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def main(argv):
+  del argv
+  try:
+    names = marge_rows.parse_rows(_ROWS.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  workdir = _WORKDIR.value
+  os.makedirs(workdir, exist_ok=True)
+  rows = [_row(workdir, name) for name in names]
+  table = marge_rows.format_table(rows)
+  with open(os.path.join(workdir, "table.md"), "w") as f:
+    f.write(table + "\n")
+  with open(os.path.join(workdir, "table.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+  plot(rows, os.path.join(workdir, "position_loss.png"))
+  print(table)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,260 @@
+"""Scoring with an external memory: the host's search between two jitted steps.
+
+An evaluation memory kind with an ``external_metric`` (kNN-LM, TRIMELM_ext;
+``memjax/methods/external/memories.py``) reads the K nearest (g, next
+token) pairs of a datastore (``memjax/memory/datastore.py``), searched on
+the host (``memjax/memory/search.py``) with the neighbours' scores
+recomputed from the stored keys. The accelerator computes a batch's
+features and its local/long sums (``memory_grid.make_eval_step``); the host
+searches the datastore; a second jitted function adds the external sums and
+lets the kind combine them. With ``pipeline`` the host searches batch t in
+a worker thread while batch t + 1's forward pass runs; the results equal
+the sequential ones.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from memjax import console
+from memjax import errors
+from memjax import experiment
+from memjax import sharding as sharding_lib
+from memjax.data import streams
+from memjax.memory import blockwise
+from memjax.memory import datastore as ds_lib
+from memjax.memory import evaluation
+from memjax.memory import search as search_lib
+
+Array = jax.Array
+
+
+def masked_lse(scores: Array, mask: Array) -> Array:
+  """log sum_{mask} exp(scores) over the last axis; -inf where empty."""
+  s = jnp.where(mask, scores, -jnp.inf)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  total = jnp.sum(jnp.where(mask, jnp.exp(s - m), 0.0), axis=-1)
+  ok = total > 0
+  return jnp.where(ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)
+
+
+def external_sums(
+    scores: Array, values: Array, targets: Array, scales: Array
+) -> tuple[Array, Array]:
+  """(lse_all, lse_pos) [G, ...] over the neighbours.
+
+  Args:
+    scores: [..., K] float32 neighbour scores (g . g_j, or -||g - g_j||^2),
+      -inf for none.
+    values: [..., K] int their next tokens.
+    targets: [...] int.
+    scales: [G] float32.
+  """
+  if scores.shape[-1] == 0:  # an empty external memory
+    empty = jnp.full((scales.shape[0],) + targets.shape, -jnp.inf, jnp.float32)
+    return empty, empty
+  valid = jnp.isfinite(scores)
+  pos = valid & (values == targets[..., None])
+
+  def one(scale):
+    s = jnp.where(valid, scores, 0.0) * scale
+    return masked_lse(s, valid), masked_lse(s, pos)
+
+  return jax.vmap(one)(scales)
+
+
+def make_combine_fn(memory: evaluation.EvalMemory, settings, dim: int):
+  """``fn(out, scores [W, S, K], values [W, S, K]) -> [points, W, S]`` log p
+  of every setting, padding rows 0."""
+  scales = jnp.asarray(memory.scales(settings, dim), jnp.float32)
+
+  def fn(out, scores, values):
+    e_all, e_pos = external_sums(scores, values, out["targets"], scales)
+    if memory.reads_local and memory.joins_local:
+      sums = [
+          (blockwise.logaddexp(s[0], e_all), blockwise.logaddexp(s[1], e_pos))
+          for s in out["sums"]
+      ]
+    elif memory.reads_local:
+      sums = [(s[0], s[1], e_all, e_pos) for s in out["sums"]]
+    else:
+      sums = [(e_all, e_pos)]
+    logp = memory.combine(settings, out["lm"], out["log_z"], sums)
+    w = out["weights"]
+    logp = logp.reshape((-1,) + w.shape)
+    return jnp.where(w > 0, logp, 0.0)
+
+  return fn
+
+
+@dataclasses.dataclass
+class ExternalSearch:
+  """How an evaluation reaches its external memory.
+
+  Attributes:
+    searcher: a ``search.ExactSearcher`` or ``search.ScannSearcher`` (None:
+      an empty external memory).
+    k: neighbours per query.
+    pipeline: search batch t in a thread while t + 1 runs forward.
+  """
+
+  searcher: Any
+  k: int
+  pipeline: bool = True
+  search_seconds: float = 0.0
+
+  def neighbours(self, queries: np.ndarray):
+    """(scores [Q, K], values [Q, K]) recomputed from the stored keys."""
+    start = time.perf_counter()
+    if self.searcher is None or self.k == 0:
+      q = queries.shape[0]
+      empty = np.zeros((q, 0))
+      return empty.astype(np.float32), empty.astype(np.int32)
+    _, idx = self.searcher.search(queries, self.k)
+    scores, values = search_lib.exact_scores(
+        self.searcher.store, queries, idx, self.searcher.metric
+    )
+    self.search_seconds += time.perf_counter() - start
+    return scores, values
+
+
+def run_stream(
+    step: Any,
+    model: Any,
+    params: Any,
+    tokens: np.ndarray,
+    grid: Any,
+    external: ExternalSearch,
+    *,
+    window_len: int,
+    score_len: int,
+    batch_size: int,
+    mesh: Any,
+    keep_tokens: bool,
+    desc: str,
+    compiled: Optional[dict[Any, Any]] = None,
+) -> tuple[list[dict[str, Any]], float]:
+  """Scores a stream with an external memory: the per-batch sums of
+  ``evaluate_memory.score_stream`` and its start time (``compiled``: keeps
+  the jitted functions of ``step`` between calls, as there)."""
+  if external is None:
+    raise errors.ConfigError(f"{grid.kind} evaluation needs a datastore")
+  memory = grid.memory()
+  settings = {
+      "temperatures": grid.temperatures,
+      "thetas": grid.thetas,
+      "lambdas": grid.lambdas,
+      **grid.extra_settings(),
+  }
+  key = ("external", id(step))  # step is kept alive by score_stream's entry
+  if compiled is None or key not in compiled:
+    fns = (
+        sharding_lib.under_mesh(jax.jit(step, donate_argnums=(1,)), mesh),
+        jax.jit(make_combine_fn(memory, settings, model.d_model)),
+    )
+    if compiled is not None:
+      compiled[key] = fns
+  dev, combine = compiled[key] if compiled is not None else fns
+
+  def finish(out, fut) -> dict[str, Any]:
+    scores, values = fut.result() if hasattr(fut, "result") else fut
+    shape = out["targets"].shape
+    logp = combine(
+        out,
+        jnp.asarray(scores.reshape(shape + (-1,))),
+        jnp.asarray(values.reshape(shape + (-1,))),
+    )
+    w = out["weights"]
+    res = {
+        "lm": -jnp.sum(out["lm"] * w),
+        "tokens": jnp.sum(w),
+        "grid": -jnp.sum(logp * w, axis=(1, 2)),
+    }
+    if keep_tokens:
+      res.update(
+          grid_tok=logp, lm_tok=out["lm"], w_tok=w,
+          tgt_tok=out["targets"], pos_tok=out["positions"],
+      )  # fmt: skip
+    return jax.device_get(res)
+
+  def host_search(out):
+    q = np.asarray(out["queries"])
+    return external.neighbours(q.reshape(-1, q.shape[-1]))
+
+  bank = evaluation.init_bank(step.capacity, model.d_model)
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  start, last = time.time(), time.time()
+  fetched, prev = [], None
+  batches = streams.memory_eval_batches(
+      tokens, window_len, score_len, batch_size
+  )
+  try:
+    for i, batch in enumerate(batches):
+      bank, out = dev(params, bank, sharding_lib.put_global_batch(batch, mesh))
+      if prev is not None:
+        fetched.append(finish(*prev))
+      fut = (
+          pool.submit(host_search, out)
+          if external.pipeline
+          else host_search(out)
+      )
+      prev = (out, fut)
+      if time.time() - last > 30:
+        last = time.time()
+        console.info(
+            "%s: batch %d, %.0fs (%.0fs searching)",
+            desc, i + 1, last - start, external.search_seconds,
+        )  # fmt: skip
+    if prev is not None:
+      fetched.append(finish(*prev))
+  finally:
+    pool.shutdown()
+  return fetched, start
+
+
+_SEARCHERS: dict[tuple[Any, ...], Any] = {}
+
+
+def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """``eval_memory.datastore``, else ``<workdir>/datastore`` (or
+  ``datastore-<corpus>`` for one built from ``datastore.corpus``)."""
+  if config.eval_memory.datastore:
+    return config.eval_memory.datastore
+  other = config.datastore.get("corpus", "")
+  return os.path.join(workdir, f"datastore-{other}" if other else "datastore")
+
+
+def datastore_checkpoint(loaded: Any) -> dict[str, Any]:
+  """Which parameters a datastore's keys come from."""
+  return {"source": os.path.realpath(loaded.source), "step": int(loaded.step)}
+
+
+def external_search(loaded: Any, metric: str) -> ExternalSearch:
+  """The datastore and searcher of ``loaded.config.eval_memory`` (cached)."""
+  em = loaded.config.eval_memory
+  path = datastore_path(loaded.config, loaded.workdir)
+  store = ds_lib.open_datastore(
+      path,
+      signature=experiment.model_signature(loaded.config, loaded.vocab_size),
+      dim=loaded.model.d_model,
+      checkpoint=datastore_checkpoint(loaded),
+  )
+  search_lib.check_k(store, int(em.ext_k))
+  key = (path, store.manifest["id"], metric, em.search, em.leaves_to_search)
+  key += (em.reorder_candidates,)
+  if key not in _SEARCHERS:
+    _SEARCHERS[key] = search_lib.make_searcher(
+        store, metric, em.search, int(em.leaves_to_search),
+        int(em.reorder_candidates),
+    )  # fmt: skip
+  return ExternalSearch(_SEARCHERS[key], int(em.ext_k), bool(em.pipeline))

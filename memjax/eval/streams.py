@@ -1,0 +1,312 @@
+"""Evaluation of recurrent-memory models over whole streams.
+
+A model that carries memory (Transformer-XL, LaMemo) is evaluated the way it
+is trained: the split's stream is cut into ``lanes`` contiguous lanes
+(``streams.SegmentStream``), and ``jax.lax.scan`` runs the model over the
+consecutive segments of every lane, carrying the memory from one segment to
+the next. Every prediction is scored exactly once, with the memory of the
+segments before it in its lane. The segment length and the memory length may
+differ from training (``eval.segment_len``, ``eval.mem_len``): no parameter
+depends on either.
+
+The scan runs in chunks of ``chunk`` segments (one compiled program; the
+memory is carried from chunk to chunk), so long splits report progress.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from memjax import errors
+from memjax import console
+from memjax.eval import windows as evaluate
+from memjax import sharding as sharding_lib
+from memjax import stats
+from memjax.data import streams
+
+Array = jax.Array
+
+_KEYS = ("inputs", "targets", "weights", "reset")
+
+
+def segment_len_of(config: ml_collections.ConfigDict) -> int:
+  """Evaluation segment length: ``eval.segment_len`` or ``data.seq_len``."""
+  return int(config.eval.segment_len or config.data.seq_len)
+
+
+def mem_len_of(config: ml_collections.ConfigDict) -> int:
+  """Evaluation memory length: ``eval.mem_len`` or ``model.mem_len``."""
+  return int(config.eval.mem_len or config.model.mem_len)
+
+
+def stacked_segments(
+    tokens: np.ndarray, segment_len: int, lanes: int, max_segments: int = 0
+) -> dict[str, np.ndarray]:
+  """The split's segments in lanes, stacked: [S, lanes, L] arrays.
+
+  Args:
+    tokens: [N] token stream.
+    segment_len: L.
+    lanes: contiguous lanes the stream is cut into.
+    max_segments: keep only the first this many segments of each lane
+      (0 = all).
+
+  Returns:
+    'inputs', 'targets' int32, 'weights' float32 [S, lanes, L]; 'reset'
+    [S, lanes] bool (True at segment 0).
+  """
+  stream = streams.SegmentStream(tokens, segment_len, lanes)
+  stacked = stream.stacked()
+  out = {k: stacked[k] for k in _KEYS}
+  if max_segments:
+    out = {k: v[:max_segments] for k, v in out.items()}
+  return out
+
+
+class StreamEvaluator:
+  """Scores token streams with a recurrent model, carrying its memory.
+
+  Compiles one scan over ``chunk`` segments per distinct shape; reuse an
+  evaluator across calls (periodic evaluation) to compile once.
+  """
+
+  def __init__(
+      self,
+      model,
+      mesh: Mesh,
+      *,
+      segment_len: int,
+      mem_len: Optional[int] = None,
+      lanes: int = 1,
+      chunk: int = 64,
+  ):
+    """Creates the evaluator.
+
+    Args:
+      model: a ``TransformerLM`` that carries memory.
+      mesh: device mesh; lanes are split over its data axes.
+      segment_len: L, predictions per segment.
+      mem_len: memory length M (None = the model's).
+      lanes: contiguous lanes per split (padded with empty lanes to a
+        multiple of the data-parallel size).
+      chunk: segments per compiled scan.
+
+    Raises:
+      ValueError: the model carries no memory, or a length is not positive.
+    """
+    if mem_len is not None and mem_len != model.mem_len:
+      model = model.clone(mem_len=int(mem_len))
+    if not model.carries_memory():
+      raise errors.ConfigError(
+          f"recurrent evaluation needs a model that carries memory (attention "
+          f"'xl' or 'lamemo' with mem_len > 0); got attention "
+          f"{model.attention!r}, mem_len {model.mem_len}"
+      )
+    if segment_len < 1 or lanes < 1 or chunk < 1:
+      raise errors.ConfigError(
+          f"eval segment_len, lanes and chunk must be >= 1; got {segment_len}, "
+          f"{lanes}, {chunk}"
+      )
+    self.model = model
+    self.mesh = mesh
+    self.segment_len = int(segment_len)
+    self.mem_len = int(model.mem_len)
+    self.lanes = int(lanes)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    self.padded_lanes = int(math.ceil(self.lanes / dp) * dp)
+    self.chunk = int(chunk)
+    # Also return per-prediction log-probabilities ([S, lanes, L]).
+    self.keep_tokens = False
+    self._scan = sharding_lib.under_mesh(jax.jit(self._run_chunk), mesh)
+
+  def _step(
+      self, params: Any, memory: Any, segment: dict[str, Array]
+  ) -> tuple[Any, dict[str, Array]]:
+    """One segment: [lanes, L] arrays -> (new memory, per-lane sums)."""
+    memory = self.model.reset_memory(memory, segment["reset"])
+    out, sums = stats.apply(
+        self.model,
+        {"params": params},
+        segment["inputs"],
+        segment["targets"],
+        memory=memory,
+        deterministic=True,
+    )
+    w = segment["weights"]
+    res = {
+        "nll_sum": -jnp.sum(out.target_logprob * w, axis=1),
+        "tokens": jnp.sum(w, axis=1),
+    }
+    # Module statistics of the segment ([2] each; ``memjax.stats``).
+    res.update({f"aux/{k}": v for k, v in sums.items()})
+    if self.keep_tokens:
+      res["logprob"] = out.target_logprob * w
+    return out.memory, res
+
+  def _run_chunk(
+      self, params: Any, memory: Any, segments: dict[str, Array]
+  ) -> tuple[Any, dict[str, Array]]:
+    """Scans ``_step`` over [chunk, lanes, L] segments."""
+    return jax.lax.scan(lambda m, s: self._step(params, m, s), memory, segments)
+
+  def init_memory(self) -> Any:
+    """An empty memory of the padded lanes, sharded over the data axes."""
+    memory = self.model.init_memory(self.padded_lanes)
+    shardings = jax.tree.map(
+        lambda x: sharding_lib.batch_sharding(self.mesh, x.ndim), memory
+    )
+    return jax.device_put(memory, shardings)
+
+  def _put(self, chunk: dict[str, np.ndarray]) -> dict[str, Array]:
+    out = {}
+    for k, v in chunk.items():
+      spec = P(None, ("data", "fsdp"), *([None] * (v.ndim - 2)))
+      sharding = NamedSharding(self.mesh, spec)
+      out[k] = jax.make_array_from_callback(
+          v.shape, sharding, lambda idx, v=v: v[idx]
+      )
+    return out
+
+  def _pad(
+      self, segments: dict[str, np.ndarray]
+  ) -> tuple[dict[str, np.ndarray], int]:
+    """Pads lanes to ``padded_lanes`` and segments to a multiple of the
+    chunk; returns (padded segments, chunk)."""
+    num = segments["inputs"].shape[0]
+    chunk = min(self.chunk, max(num, 1))
+    total = int(math.ceil(num / chunk) * chunk) if num else 0
+    out = {}
+    for k, v in segments.items():
+      pad = [(0, total - num), (0, self.padded_lanes - v.shape[1])]
+      pad += [(0, 0)] * (v.ndim - 2)
+      fill = True if k == "reset" else 0
+      padded = np.pad(v, pad, constant_values=fill)
+      if k == "reset":  # Padded segments continue their lanes.
+        padded[num:] = False
+        padded[:num, v.shape[1] :] = True
+      out[k] = padded
+    return out, chunk
+
+  def run_segments(
+      self, params: Any, segments: dict[str, np.ndarray], desc: str = ""
+  ) -> dict[str, np.ndarray]:
+    """Runs ``_step`` over stacked segments ([S, lanes, L]) from an empty
+    memory; returns its outputs stacked: [S, ...] (padded lanes included)."""
+    num, lanes = segments["inputs"].shape[:2]
+    if lanes != self.lanes:
+      raise ValueError(f"segments have {lanes} lanes, evaluator {self.lanes}")
+    padded, chunk = self._pad(segments)
+    memory = self.init_memory()
+    results = []
+    start = time.time()
+    for i, first in enumerate(range(0, padded["inputs"].shape[0], chunk)):
+      part = {k: v[first : first + chunk] for k, v in padded.items()}
+      memory, outputs = self._scan(params, memory, self._put(part))
+      results.append(outputs)
+      if desc and i and i % 10 == 0:
+        jax.block_until_ready(outputs)
+        console.info(
+            "%s: %d/%d segments, %.0fs",
+            desc,
+            first + chunk,
+            num,
+            time.time() - start,
+        )
+    fetched = jax.device_get(results)
+    return {
+        k: np.concatenate([np.asarray(r[k]) for r in fetched])[:num]
+        for k in (fetched[0] if fetched else {})
+    }
+
+  def score_segments(
+      self, params: Any, segments: dict[str, np.ndarray], desc: str = ""
+  ) -> dict[str, np.ndarray]:
+    """Scores stacked segments ([S, lanes, L], see ``stacked_segments``).
+
+    Returns:
+      {'nll_sum', 'tokens'}: [S, lanes] float64 sums per segment and lane;
+      'aux/<path>': [S, 2] sums of the statistics the modules report
+      (``memjax.stats``).
+    """
+    num, lanes = segments["inputs"].shape[:2]
+    out = self.run_segments(params, segments, desc)
+    res = {
+        k: (
+            np.asarray(out[k], np.float64)[:, :lanes]
+            if out
+            else np.zeros((num, lanes))
+        )
+        for k in ("nll_sum", "tokens")
+    }
+    res.update({k: v for k, v in out.items() if k.startswith("aux/")})
+    return res
+
+  def evaluate(
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      *,
+      unit: str,
+      max_segments: int = 0,
+      desc: str = "eval",
+  ) -> dict[str, float]:
+    """Scores a token stream.
+
+    Args:
+      params: model parameters.
+      tokens: [N] token stream of a split.
+      unit: 'ppl' or 'bpc'.
+      max_segments: score only the first this many segments of each lane
+        (0 = the whole split).
+      desc: name for the progress log.
+
+    Returns:
+      {'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>': the mean of each
+      statistic the modules report (``memjax.stats``).
+    """
+    start = time.time()
+    segments = stacked_segments(
+        tokens, self.segment_len, self.lanes, max_segments
+    )
+    sums = self.score_segments(params, segments, desc)
+    res = evaluate.summarize(
+        float(sums["nll_sum"].sum()), float(sums["tokens"].sum()), unit
+    )
+    aux = {k[4:]: v for k, v in sums.items() if k.startswith("aux/")}
+    res.update({f"aux/{k}": v for k, v in stats.means(aux).items()})
+    console.info(
+        "%s (segments of %d, memory %d, %d lanes): %d predictions in "
+        "%.1fs: %s",
+        desc,
+        self.segment_len,
+        self.mem_len,
+        self.lanes,
+        int(res["tokens"]),
+        time.time() - start,
+        ", ".join(f"{k}={v:.4f}" for k, v in res.items()),
+    )
+    return res
+
+
+def evaluator_for(
+    config: ml_collections.ConfigDict,
+    model,
+    mesh: Mesh,
+    mem_len: Optional[int] = None,
+) -> StreamEvaluator:
+  """The ``StreamEvaluator`` of ``config.eval`` (memory ``mem_len`` if given)."""
+  return StreamEvaluator(
+      model,
+      mesh,
+      segment_len=segment_len_of(config),
+      mem_len=mem_len_of(config) if mem_len is None else mem_len,
+      lanes=int(config.eval.lanes),
+  )

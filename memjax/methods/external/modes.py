@@ -1,0 +1,254 @@
+"""External memory modes: datastore, index and recall.
+
+    python -m memjax.main --config=configs/trime_wt103.py:trime_ext_demo \
+        --workdir=runs/trime_ext --mode=datastore   # (g, next token) shards
+    ... --mode=index    # one ScaNN searcher per shard, serialised beside it
+    ... --mode=recall   # ScaNN's recall@k against exact search (valid)
+    ... --mode=tune     # eval_memory.kind = knn | trime_ext, on valid
+
+The datastore lives in ``eval_memory.datastore`` (default
+``<workdir>/datastore``); see ``memjax/memory/datastore.py`` for its layout
+and ``docs/external_memory.md`` for the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from memjax import corpus as corpus_lib
+from memjax import errors
+from memjax.eval import memory_grid as em_lib
+from memjax import experiment
+from memjax import registry
+from memjax import sharding as sharding_lib
+from memjax.data import streams
+from memjax.memory import datastore as ds_lib
+from memjax.eval import external as external_lib
+from memjax.memory import search as search_lib
+
+
+def _metric(config: ml_collections.ConfigDict) -> str:
+  """The metric of eval_memory.kind's external memory (inner product for a
+  kind without one, TRIME's similarity)."""
+  kind = registry.EVAL_MEMORIES.get(config.eval_memory.kind)
+  return kind.external_metric or "dot_product"
+
+
+def _write_json(path: str, obj: Any) -> None:
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(path + ".tmp", path)
+
+
+def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Builds this process's shards of the datastore (``--mode=datastore``)."""
+  dc, c = config.datastore, config
+  if not 0 <= dc.process_index < dc.process_count:
+    raise errors.ConfigError(
+        f"datastore.process_index={dc.process_index} must be in "
+        f"[0, datastore.process_count={dc.process_count})"
+    )
+  if dc.split not in ("train", "valid", "test"):
+    raise errors.ConfigError(
+        f"datastore.split must be train, valid or test, got {dc.split!r}"
+    )
+  split, other = dc.split, dc.get("corpus", "")
+  if other:  # another corpus, read with the run's vocabulary (Table 5)
+    tokens = corpus_lib.read_stream(
+        config, workdir, split, other, dc.get("data_dir", "")
+    ).tokens
+    loaded = em_lib.load(config, workdir, splits=())
+  else:
+    loaded = em_lib.load(
+        config, workdir, splits=() if split == "train" else (split,),
+        train=split == "train",
+    )  # fmt: skip
+    tokens = loaded.train_tokens if split == "train" else loaded.splits[split]
+  tokens = em_lib.truncate_windows(
+      np.asarray(tokens), c.eval.window_len, c.eval.score_len,
+      int(dc.max_windows),
+  )  # fmt: skip
+  dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
+  bs = int(dc.batch_size or c.eval_memory.batch_size)
+  bs = -(-bs // dp) * dp
+  spec = ds_lib.BuildSpec(
+      signature=experiment.model_signature(loaded.config, loaded.vocab_size),
+      checkpoint=external_lib.datastore_checkpoint(loaded),
+      dim=int(loaded.model.d_model),
+      corpus=other or c.data.corpus,
+      split=split,
+      window_len=int(c.eval.window_len),
+      score_len=int(c.eval.score_len),
+      batch_size=bs,
+      shard_batches=max(1, int(dc.shard_keys) // (bs * c.eval.score_len)),
+      num_tokens=int(len(tokens)),
+  )
+  path = external_lib.datastore_path(config, workdir)
+  ds_lib.check_build_dir(path, spec)
+  start = time.time()
+  store = ds_lib.build(
+      loaded.model, loaded.params, tokens, spec, path, mesh=loaded.mesh,
+      process_index=int(dc.process_index),
+      process_count=int(dc.process_count),
+  )  # fmt: skip
+  elapsed = time.time() - start
+  out = {"mode": "datastore", "path": path, "seconds": elapsed}
+  if store is None:
+    return {**out, "summary_lines": [f"datastore: shards written in {path}"]}
+  disk = sum(
+      os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+      if f.startswith("shard-")
+  )  # fmt: skip
+  out.update(
+      keys=store.count, dim=store.dim, bytes=disk,
+      bytes_per_key=disk / max(store.count, 1),
+  )  # fmt: skip
+  return {
+      **out,
+      "results_path": os.path.join(path, "manifest.json"),
+      "summary_lines": [
+          f"datastore {path}: {store.count} keys x {store.dim} "
+          f"({disk / 2**20:.1f} MiB, {disk / max(store.count, 1):.0f} "
+          f"bytes/key) in {len(store.keys)} shards, {elapsed:.1f}s"
+      ],
+  }
+
+
+def _load_store(config, workdir, splits=()) -> tuple[Any, ds_lib.Datastore]:
+  loaded = em_lib.load(config, workdir, splits=splits)
+  store = ds_lib.open_datastore(
+      external_lib.datastore_path(config, workdir),
+      signature=experiment.model_signature(loaded.config, loaded.vocab_size),
+      dim=loaded.model.d_model,
+      checkpoint=external_lib.datastore_checkpoint(loaded),
+  )
+  return loaded, store
+
+
+def index(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Builds and serialises the ScaNN index of the datastore (``--mode=index``)."""
+  _, store = _load_store(config, workdir)
+  k = int(config.eval_memory.ext_k)
+  search_lib.check_k(store, k)
+  metric = _metric(config)
+  start = time.time()
+  search_lib.build_index(
+      store, metric, k, leaves=int(config.datastore.leaves),
+      leaves_to_search=int(config.eval_memory.leaves_to_search),
+      reorder=int(config.datastore.reorder),
+  )  # fmt: skip
+  elapsed = time.time() - start
+  return {
+      "mode": "index",
+      "metric": metric,
+      "seconds": elapsed,
+      "results_path": search_lib.index_dir(store.path, metric),
+      "summary_lines": [
+          f"index ({metric}) of {store.count} keys in {len(store.keys)} "
+          f"shards: {elapsed:.1f}s, in {search_lib.index_dir(store.path, metric)}"
+      ],
+  }
+
+
+def held_out_queries(
+    loaded: em_lib.Loaded, split: str, count: int, with_targets: bool = False
+):
+  """g of the first ``count`` scored predictions of ``split`` [Q, D] (and
+  their next tokens [Q] with ``with_targets``)."""
+  c = loaded.config
+  fn = sharding_lib.under_mesh(
+      jax.jit(ds_lib.make_feature_fn(loaded.model, c.eval.score_len)),
+      loaded.mesh,
+  )
+  dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
+  out, targets, have = [], [], 0
+  for batch in streams.memory_eval_batches(
+      loaded.splits[split], c.eval.window_len, c.eval.score_len,
+      -(-int(c.eval_memory.batch_size) // dp) * dp,
+  ):  # fmt: skip
+    g, tgt, pos = jax.device_get(
+        fn(loaded.params, sharding_lib.put_global_batch(batch, loaded.mesh))
+    )
+    ok = pos.reshape(-1) >= 0
+    out.append(g.reshape(-1, g.shape[-1])[ok].astype(np.float32))
+    targets.append(tgt.reshape(-1)[ok])
+    have += int(ok.sum())
+    if have >= count:
+      break
+  if with_targets:
+    return np.concatenate(out)[:count], np.concatenate(targets)[:count]
+  return np.concatenate(out)[:count]
+
+
+def retrieval_accuracy(
+    store: ds_lib.Datastore,
+    idx: np.ndarray,
+    targets: np.ndarray,
+    ks=(1, 8, 64, 1024),
+) -> dict[str, float]:
+  """Table 13: share of queries with their next token among the values of
+  their top-K neighbours, per K (<= the neighbours found)."""
+  _, values = store.gather(idx)
+  hit = (values == targets[:, None]) & (idx >= 0)
+  first = np.where(hit.any(1), hit.argmax(1), idx.shape[1])
+  return {str(k): float(np.mean(first < k)) for k in ks if k <= idx.shape[1]}
+
+
+def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """recall@k of the ScaNN index against exact search on valid queries
+  (``--mode=recall``) -> ``recall.json``."""
+  loaded, store = _load_store(config, workdir, splits=("valid",))
+  k = int(config.eval_memory.ext_k)
+  search_lib.check_k(store, k)
+  metric = _metric(config)
+  scann = search_lib.load_index(
+      store,
+      metric,
+      int(config.eval_memory.leaves_to_search),
+      int(config.eval_memory.reorder_candidates),
+  )
+  queries, targets = held_out_queries(
+      loaded, "valid", int(config.datastore.recall_queries), True
+  )
+  exact = search_lib.ExactSearcher(store, metric)
+  exact.search(queries[:8], k)  # compiles the program every chunk runs
+  scann.search(queries[:8], k)
+  (_, e_idx), t_exact = search_lib.timed(exact.search, queries, k)
+  (_, a_idx), t_scann = search_lib.timed(scann.search, queries, k)
+  r = search_lib.recall_at_k(a_idx, e_idx)
+  res = {
+      "mode": "recall",
+      "metric": metric,
+      "k": k,
+      "keys": store.count,
+      "queries": int(len(queries)),
+      "recall": r,
+      "exact_queries_per_s": len(queries) / t_exact,
+      "scann_queries_per_s": len(queries) / t_scann,
+      "speedup": t_exact / t_scann,
+      # Table 13, with exact search.
+      "retrieval_accuracy": retrieval_accuracy(store, e_idx, targets),
+  }
+  path = os.path.join(workdir, "recall.json")
+  _write_json(path, res)
+  return {
+      **res,
+      "results_path": path,
+      "summary_lines": [
+          f"ScaNN recall@{k} against exact search: {r:.4f} on {len(queries)} "
+          f"valid queries, {store.count} keys; {res['scann_queries_per_s']:.0f}"
+          f" vs {res['exact_queries_per_s']:.0f} queries/s "
+          f"({res['speedup']:.1f}x)",
+          "top-K retrieval accuracy (next token among the neighbours'): "
+          + ", ".join(
+              f"K={k}: {a:.3f}" for k, a in res["retrieval_accuracy"].items()
+          ),
+      ],
+  }

@@ -1,0 +1,267 @@
+"""The external memory of translation (TRIME paper, Section 5.4).
+
+Every training translation context (x, y_<t) with its target token y_t: the
+key is g, the last decoder layer's feed-forward input under teacher forcing,
+the value y_t. The pairs go through the generic datastore build
+(``memory/datastore_batches.py``: float16 keys, int32 values, shards,
+manifest) and the ScaNN index of ``memory/search.py``; one index per metric
+(kNN-MT searches by squared L2, TRIMEMT_ext by inner product).
+
+The manifest records the model signature, the checkpoint and the SHA-1 of
+the run's sentencepiece model; a datastore of another model or another
+vocabulary is refused with one line (``CheckpointMismatchError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from memjax import console
+from memjax import errors
+from memjax import experiment
+from memjax import runfiles
+from memjax import sharding as sharding_lib
+from memjax.data import token_batching
+from memjax.memory import datastore as ds_lib
+from memjax.memory import datastore_batches
+from memjax.memory import search as search_lib
+from memjax.tasks.translation import parts
+
+
+def memory_config(config: ml_collections.ConfigDict) -> Any:
+  """``config.translation.memory`` (raises ConfigError if the config has
+  none, e.g. not a ``configs/trime_iwslt.py`` config)."""
+  mem = config.translation.get("memory")
+  if mem is None:
+    raise errors.ConfigError(
+        "translation.memory is not set: use a config of configs/trime_iwslt.py"
+    )
+  return mem
+
+
+def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
+  path = memory_config(config).datastore
+  return os.path.abspath(path or os.path.join(workdir, "mt_datastore"))
+
+
+def batch_plan(
+    source: Sequence[np.ndarray],
+    target: Sequence[np.ndarray],
+    buckets: Sequence[int],
+    rows: int,
+) -> list[tuple[int, np.ndarray]]:
+  """Deterministic batches of pairs: (bucket length, pair indices), each
+  pair in the smallest bucket that holds both sides (longer pairs are left
+  out, as in training), in corpus order within a bucket."""
+  buckets = sorted(int(b) for b in buckets)
+  longest = np.maximum([len(s) for s in source], [len(t) for t in target])
+  which = np.searchsorted(np.asarray(buckets), longest)
+  plan = []
+  for i, b in enumerate(buckets):
+    members = np.flatnonzero(which == i)
+    plan += [(b, members[j : j + rows]) for j in range(0, len(members), rows)]
+  return plan
+
+
+def plan_batch(
+    source: Sequence[np.ndarray],
+    target: Sequence[np.ndarray],
+    bucket: int,
+    idx: np.ndarray,
+    rows: int,
+) -> dict[str, np.ndarray]:
+  """The arrays of one planned batch, filled to ``rows`` with empty pairs;
+  'index' [rows] is each row's pair index (-1 for filling)."""
+  empty = np.zeros((0,), np.int32)
+  fill = rows - len(idx)
+  batch = token_batching.make_pair_batch(
+      [source[i] for i in idx] + [empty] * fill,
+      [target[i] for i in idx] + [empty] * fill,
+      bucket,
+      bucket,
+  )
+  batch["index"] = np.concatenate([idx, -np.ones(fill, np.int64)])
+  batch["index"] = batch["index"].astype(np.int32)
+  return batch
+
+
+def make_teacher_forced_fn(model: Any):
+  """``fn(params, batch) -> dict`` of a planned batch: 'g' [B, T, D],
+  'tlp' / 'log_z' [B, T], 'targets', 'weights' and 'positions' [B, T]
+  (pair index * T + t, -1 on padding)."""
+
+  def fn(params, batch):
+    out = model.apply(
+        {"params": params}, batch["inputs"], batch["targets"],
+        source=batch["source"], deterministic=True,
+    )  # fmt: skip
+    t = batch["targets"].shape[1]
+    pos = batch["index"][:, None] * t + jnp.arange(t)[None, :]
+    return {
+        "g": out.features,
+        "tlp": out.target_logprob,
+        "log_z": out.log_z,
+        "targets": batch["targets"],
+        "weights": batch["weights"],
+        "positions": jnp.where(batch["weights"] > 0, pos, -1),
+    }
+
+  return fn
+
+
+def _rows(config, restored) -> int:
+  dp = restored.mesh.shape["data"] * restored.mesh.shape["fsdp"]
+  rows = int(memory_config(config).rows)
+  return -(-rows // dp) * dp
+
+
+def teacher_forced(
+    config: Any, restored: Any, split: Any, limit: int = 0
+) -> Iterator[dict[str, np.ndarray]]:
+  """Yields the teacher-forced outputs (``make_teacher_forced_fn``) of the
+  first ``limit`` pairs (0: all) of a ``parallel.ParallelSplit``."""
+  n = len(split.source) if not limit else min(limit, len(split.source))
+  src, tgt = split.source[:n], split.target[:n]
+  rows = _rows(config, restored)
+  plan = batch_plan(src, tgt, config.translation.buckets, rows)
+  fn = sharding_lib.under_mesh(
+      jax.jit(make_teacher_forced_fn(restored.model)), restored.mesh
+  )
+  for b, idx in plan:
+    batch = plan_batch(src, tgt, b, idx, rows)
+    put = sharding_lib.put_global_batch(batch, restored.mesh)
+    yield jax.device_get(fn(restored.params, put))
+
+
+def _signature(restored) -> dict[str, Any]:
+  return experiment.model_signature(restored.config, restored.vocab_size)
+
+
+def _checkpoint(restored) -> dict[str, Any]:
+  return {"source": os.path.realpath(restored.path), "step": int(restored.step)}
+
+
+def vocab_sha1(restored) -> str:
+  return runfiles.file_sha1(os.path.join(restored.path, runfiles.SPM_FILE))
+
+
+def build(config: Any, restored: Any, train: Any, path: str) -> Any:
+  """Builds (or resumes) the datastore of ``train``'s target positions.
+
+  Raises:
+    errors.CheckpointMismatchError: ``path`` holds a build of another model.
+  """
+  rows = _rows(config, restored)
+  plan = batch_plan(
+      train.source, train.target, config.translation.buckets, rows
+  )
+  mem = memory_config(config)
+  spec = datastore_batches.BatchBuildSpec(
+      signature=_signature(restored),
+      checkpoint=_checkpoint(restored),
+      dim=int(restored.model.d_model),
+      corpus=os.path.abspath(parts.data_dir(config)),
+      split="train",
+      context={
+          "task": "translation",
+          "values": "target tokens",
+          "target_lang": config.translation.target_lang,
+          "vocab_sha1": vocab_sha1(restored),
+      },
+      num_batches=len(plan),
+      shard_batches=max(1, int(mem.shard_keys) // (rows * plan[0][0])),
+  )
+  ds_lib.check_build_dir(path, spec)
+  fn = sharding_lib.under_mesh(
+      jax.jit(make_teacher_forced_fn(restored.model)), restored.mesh
+  )
+
+  def features(batch):
+    out = fn(
+        restored.params, sharding_lib.put_global_batch(batch, restored.mesh)
+    )
+    return out["g"], out["targets"], out["positions"]
+
+  def batches(first: int, stop: int):
+    for b, idx in plan[first:stop]:
+      yield plan_batch(train.source, train.target, b, idx, rows)
+
+  console.info("MT datastore: %d batches of %d pairs into %s", len(plan),
+               rows, path)  # fmt: skip
+  return datastore_batches.build_from_batches(features, batches, spec, path)
+
+
+def open_store(restored: Any, path: str) -> ds_lib.Datastore:
+  """Opens the datastore at ``path`` for ``restored``.
+
+  Raises:
+    errors.DataError: no datastore there.
+    errors.CheckpointMismatchError: built by another model, checkpoint or
+      from another vocabulary.
+  """
+  store = ds_lib.open_datastore(
+      path, signature=_signature(restored), dim=int(restored.model.d_model),
+      checkpoint=_checkpoint(restored),
+  )  # fmt: skip
+  context = store.manifest.get("context") or {}
+  saved, mine = context.get("vocab_sha1"), vocab_sha1(restored)
+  if saved != mine:
+    raise errors.CheckpointMismatchError(
+        f"datastore {path} was built from another vocabulary (spm sha1 "
+        f"{str(saved)[:12]}, the run's {mine[:12]}): build one with this run "
+        "(--mode=mt_datastore into another translation.memory.datastore)"
+    )
+  return store
+
+
+def searcher(store: ds_lib.Datastore, metric: str, mem: Any, k: int) -> Any:
+  """The ``mem.search`` ('scann' or 'exact') searcher of ``store``; a ScaNN
+  index missing for ``metric`` is built first."""
+  if mem.search == "scann" and not os.path.exists(
+      os.path.join(search_lib.index_dir(store.path, metric), "index.json")
+  ):
+    search_lib.build_index(store, metric, k)
+  return search_lib.make_searcher(store, metric, mem.search)
+
+
+@dataclasses.dataclass(eq=False)  # hashed by identity: a callback
+class Neighbours:
+  """Host-side search of the K nearest (g, token) pairs, exact scores.
+
+  Attributes:
+    searcher: a ``search`` searcher, or None for an empty memory.
+    k: neighbours per query.
+    seconds: time spent searching.
+    queries: queries answered.
+  """
+
+  searcher: Any
+  k: int
+  seconds: float = 0.0
+  queries: int = 0
+
+  def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(scores [Q, k] float32, -inf for none; values [Q, k] int32):
+    g . g_j for 'dot_product', -||g - g_j||^2 for 'squared_l2'."""
+    start = time.perf_counter()
+    q = np.asarray(queries, np.float32)
+    scores = np.full((q.shape[0], self.k), -np.inf, np.float32)
+    values = np.zeros((q.shape[0], self.k), np.int32)
+    if self.searcher is not None and self.searcher.store.count:
+      k = min(self.k, self.searcher.store.count)
+      _, idx = self.searcher.search(q, k)
+      s, v = search_lib.exact_scores(
+          self.searcher.store, q, idx, self.searcher.metric
+      )
+      scores[:, : s.shape[1]], values[:, : v.shape[1]] = s, v
+    self.seconds += time.perf_counter() - start
+    self.queries += q.shape[0]
+    return scores, values

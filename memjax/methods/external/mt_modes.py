@@ -1,0 +1,300 @@
+"""Translation with an external memory (kNN-MT, TRIMEMT_ext); see
+docs/trime_mt.md.
+
+* ``--mode=mt_datastore``: the datastore of the training targets' decoder
+  states (``translation/mt_datastore.py``) and its ScaNN index for the
+  metric of ``translation.memory.kind``.
+* ``--mode=mt_tune``: K, lam and the temperature on valid by teacher-forced
+  NLL (beam search over a grid is too slow); writes
+  ``<workdir>/mt_tune_<kind>.json``.
+* ``--mode=mt_translate``: beam search with the memory on
+  ``translation.split``, scored with sacreBLEU (the tuned settings when
+  ``mt_tune`` has written them, else the config's).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from memjax import console
+from memjax import errors
+from memjax import experiment
+from memjax import runfiles
+from memjax.tasks.translation import bleu
+from memjax.methods.external import memory_decoding as md
+from memjax.methods.external import mt_datastore
+from memjax.tasks.translation import parts
+
+
+def _restore(config, workdir):
+  parts.check_config(config)
+  mt_datastore.memory_config(config)
+  restored = experiment.load(
+      experiment.source_of(config, workdir), config=config
+  )
+  return restored
+
+
+def _split(config, restored, split: str):
+  spm = os.path.join(restored.path, runfiles.SPM_FILE)
+  return parts.read_split(config, split, spm, restored.path)
+
+
+def _kind(config) -> str:
+  """The memory kind; raises ConfigError for a bad kind or lambda."""
+  mem = mt_datastore.memory_config(config)
+  if mem.kind not in ("knn", "trime"):
+    raise errors.ConfigError(
+        f"translation.memory.kind must be 'knn' or 'trime', got {mem.kind!r}"
+    )
+  # At lambda = 1 the model's own distribution is gone: with no neighbour
+  # holding EOS, the EOS forced at the length limit has probability 0 and
+  # beam search finishes no hypothesis.
+  for key in ("knn_lambda", "interpolate_lambda"):
+    for name, values in (
+        (key, [mem[key]]),
+        (f"{key}_grid", mem[key + "_grid"]),
+    ):
+      bad = [v for v in values if not 0.0 <= float(v) < 1.0]
+      if bad:
+        raise errors.ConfigError(
+            f"translation.memory.{name} must lie in [0, 1), got {bad[0]}"
+        )
+  return mem.kind
+
+
+def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """``--mode=mt_datastore``: builds (or resumes) the datastore and index."""
+  kind = _kind(config)
+  restored = _restore(config, workdir)
+  mem = mt_datastore.memory_config(config)
+  path = mt_datastore.datastore_path(config, workdir)
+  start = time.time()
+  store = mt_datastore.build(
+      config, restored, _split(config, restored, "train"), path
+  )
+  built = time.time() - start
+  k = max(int(mem.k), *[int(x) for x in mem.k_grid])
+  mt_datastore.searcher(store, md.metric_of(kind), mem, k)
+  return {
+      "mode": "mt_datastore",
+      "keys": store.count,
+      "dim": store.dim,
+      "seconds": built,
+      "index_seconds": time.time() - start - built,
+      "results_path": os.path.join(path, "manifest.json"),
+      "summary_lines": [
+          f"MT datastore {path}: {store.count} keys x {store.dim} in "
+          f"{built:.0f}s; {md.metric_of(kind)} index in "
+          f"{time.time() - start - built:.0f}s"
+      ],
+  }
+
+
+def settings_of(mem: Any) -> dict[str, Any]:
+  """The memory settings of ``translation.memory``."""
+  return {
+      "k": int(mem.k),
+      "knn_lambda": float(mem.knn_lambda),
+      "knn_temperature": float(mem.knn_temperature),
+      "temperature": float(mem.temperature),
+      "interpolate": bool(mem.interpolate),
+      "lambda": float(mem.interpolate_lambda),
+  }
+
+
+def grid_of(kind: str, mem: Any) -> list[dict[str, Any]]:
+  """Every setting tuned: K x (lam x T) for kNN-MT, K x tau (x lam with
+  ``interpolate``) for TRIMEMT_ext."""
+  base = settings_of(mem)
+  if kind == "knn":
+    axes = {
+        "knn_lambda": mem.knn_lambda_grid,
+        "knn_temperature": mem.knn_temperature_grid,
+    }
+  else:
+    axes = {"temperature": mem.temperature_grid}
+    if mem.interpolate:
+      axes["lambda"] = mem.interpolate_lambda_grid
+  names = ["k"] + list(axes)
+  values = [mem.k_grid] + [axes[n] for n in names[1:]]
+  return [
+      dict(base, **dict(zip(names, combo)))
+      for combo in itertools.product(*values)
+  ]
+
+
+def teacher_forced_memory(config, restored, split, neighbours, limit: int):
+  """Host arrays over the scored positions of ``split``'s first ``limit``
+  pairs: tlp, log_z, targets [Q] and their neighbours' scores, values
+  [Q, K]."""
+  cols: dict[str, list[np.ndarray]] = {
+      k: [] for k in ("tlp", "log_z", "targets", "scores", "values")
+  }
+  for out in mt_datastore.teacher_forced(config, restored, split, limit):
+    ok = out["weights"].reshape(-1) > 0
+    for key in ("tlp", "log_z", "targets"):
+      cols[key].append(out[key].reshape(-1)[ok])
+    g = out["g"].reshape(-1, out["g"].shape[-1])[ok]
+    s, v = neighbours(g)
+    cols["scores"].append(s)
+    cols["values"].append(v)
+  return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def tune_grid(kind: str, grid, tf: dict[str, np.ndarray], dim: int) -> list:
+  """Teacher-forced NLL per target token of every setting of ``grid``."""
+  rows = []
+  for s in grid:
+    k = int(s["k"])
+    logp = md.target_log_probs(
+        kind, s, jnp.asarray(tf["tlp"]), jnp.asarray(tf["log_z"]),
+        jnp.asarray(tf["scores"][:, :k]), jnp.asarray(tf["values"][:, :k]),
+        jnp.asarray(tf["targets"]), dim,
+    )  # fmt: skip
+    rows.append(dict(s, nll=float(-jnp.mean(logp))))
+  return rows
+
+
+def mt_tune(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """``--mode=mt_tune``: the grid on valid by teacher-forced NLL."""
+  kind = _kind(config)
+  mem = mt_datastore.memory_config(config)
+  restored = _restore(config, workdir)
+  store = mt_datastore.open_store(
+      restored, mt_datastore.datastore_path(config, workdir)
+  )
+  grid = grid_of(kind, mem)
+  kmax = max(int(s["k"]) for s in grid)
+  neighbours = mt_datastore.Neighbours(
+      mt_datastore.searcher(store, md.metric_of(kind), mem, kmax), kmax
+  )
+  tf = teacher_forced_memory(
+      config, restored, _split(config, restored, "valid"), neighbours,
+      int(mem.tune_sentences),
+  )  # fmt: skip
+  rows = tune_grid(kind, grid, tf, int(restored.model.d_model))
+  best = min(rows, key=lambda r: r["nll"])
+  plain = float(-np.mean(tf["tlp"]))
+  out = {
+      "kind": kind,
+      "tokens": int(len(tf["tlp"])),
+      "nll_without_memory": plain,
+      "best": best,
+      "grid": rows,
+  }
+  path = os.path.join(workdir, f"mt_tune_{kind}.json")
+  runfiles.write_json(path, out)
+  return {
+      **out,
+      "results_path": path,
+      "summary_lines": [
+          f"{kind}: valid teacher-forced NLL {plain:.4f} without memory, "
+          f"{best['nll']:.4f} with "
+          + ", ".join(f"{k}={v}" for k, v in best.items() if k != "nll")
+      ],
+  }
+
+
+def tuned_settings(config, workdir: str, kind: str) -> dict[str, Any]:
+  """The best settings ``mt_tune`` wrote, else the config's."""
+  path = os.path.join(workdir, f"mt_tune_{kind}.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)["best"]
+  return settings_of(mt_datastore.memory_config(config))
+
+
+def make_hook(config, restored, store, kind, settings) -> md.MemoryHook:
+  """The decoding hook of a memory setting over ``store``."""
+  k = int(settings["k"])
+  mem = mt_datastore.memory_config(config)
+  neighbours = mt_datastore.Neighbours(
+      mt_datastore.searcher(store, md.metric_of(kind), mem, k), k
+  )
+  return md.MemoryHook(
+      kind, settings, neighbours, k, int(restored.model.d_model)
+  )
+
+
+def mt_translate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """``--mode=mt_translate``: beam search with the memory on a split."""
+  kind = _kind(config)
+  restored = _restore(config, workdir)
+  store = mt_datastore.open_store(
+      restored, mt_datastore.datastore_path(config, workdir)
+  )
+  settings = tuned_settings(config, workdir, kind)
+  hook = make_hook(config, restored, store, kind, settings)
+  split = config.translation.split
+  data = _split(config, restored, split)
+  tr = parts.make_translator(
+      config, restored.model, restored.params, restored.vocab, hook=hook
+  )
+  scores = parts.score_split(
+      tr, data, int(config.translation.eval_max_sentences),
+      f"decoding {split} with {kind} memory",
+  )  # fmt: skip
+  hyps = scores.pop("hypotheses")
+  scores.update(settings=settings, search_seconds=hook.neighbours.seconds)
+  path = os.path.join(workdir, f"mt_translate_{kind}_{split}.json")
+  runfiles.write_json(path, scores)
+  out_txt = os.path.join(workdir, "translations", f"{split}.{kind}.txt")
+  os.makedirs(os.path.dirname(out_txt), exist_ok=True)
+  with open(out_txt, "w", encoding="utf-8") as f:
+    f.write("\n".join(hyps) + "\n")
+  console.info("wrote %s", out_txt)
+  return {
+      **scores,
+      "results_path": path,
+      "summary_lines": [bleu.summary(scores, f"{split} ({kind} memory)")],
+  }
+
+
+def retrieved_tokens(
+    config, restored, store, sentence: str, k: int = 4, metric="dot_product"
+) -> list[dict[str, Any]]:
+  """What the memory returns along one sentence's greedy translation.
+
+  Args:
+    config: the run's config (with ``translation.memory``).
+    restored: the run (``experiment.load``).
+    store: its datastore (``mt_datastore.open_store``).
+    sentence: a source sentence.
+    k: neighbours shown per position.
+    metric: 'dot_product' (TRIMEMT_ext) or 'squared_l2' (kNN-MT).
+
+  Returns:
+    Per target position: {'token': the translation's piece there,
+    'retrieved': the k nearest entries' tokens, 'scores': their scores}.
+  """
+  from memjax.data import parallel  # pylint: disable=g-import-not-at-top
+  from memjax.memory import search as search_lib  # pylint: disable=g-import-not-at-top
+
+  tr = parts.make_translator(
+      config, restored.model, restored.params, restored.vocab
+  )
+  src = tr.encode(sentence)
+  ids = np.asarray(tr.translate_ids([src], beam_size=1)[0] + [1], np.int32)
+  split = parallel.ParallelSplit([sentence], [""], [src], [ids])
+  out = next(mt_datastore.teacher_forced(config, restored, split))
+  g = out["g"][0][: len(ids)]
+  near = mt_datastore.Neighbours(search_lib.ExactSearcher(store, metric), k)
+  scores, values = near(g)
+  piece = lambda i: restored.vocab.decode([int(i)]) or "</s>"  # noqa: E731
+  return [
+      {
+          "token": piece(t),
+          "retrieved": [piece(v) for v in vals],
+          "scores": [float(s) for s in sc],
+      }
+      for t, vals, sc in zip(ids, values, scores)
+  ]

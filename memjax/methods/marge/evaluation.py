@@ -1,0 +1,141 @@
+"""``--mode=marge_eval``: the MARGE LM with retrieval on and off.
+
+Each evaluation split's documents (articles, or sections with
+``position_loss.documents = 'sections'``) are cut into segments of N tokens
+like the training documents. Every segment of the training split and of the
+split is embedded with the run's current parameters (e(.)); each window
+S_t S_{t+1} of an evaluated document retrieves its K sources by e(S_t) from
+the training segments and its own S_0..S_{t-1} (never another evaluated
+document, never S_t or later: ``SegmentTable.allowed`` with ``pool``), by
+exact search. The N tokens of S_{t+1} are scored with those sources and
+with none (retrieval off), so the two numbers cover the same tokens; the
+tokens of each document's S_0 have no causal query and are not scored.
+
+Writes ``<workdir>/marge_eval.json``: per split, perplexity with and without
+retrieval and the loss by position bucket (``position_loss.buckets``) of
+both.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from memjax import corpus as corpus_lib
+from memjax import errors
+from memjax import experiment
+from memjax import runfiles
+from memjax import sharding as sharding_lib
+from memjax.methods.marge import retrieval as marge_lib
+from memjax.methods.marge import reindex as marge_index
+from memjax.methods.marge import model as marge_model
+from memjax.modes import position_loss as pl
+
+
+def eval_table(
+    train: Any, tokens: np.ndarray, starts: np.ndarray, n: int
+) -> tuple[marge_lib.SegmentTable, int]:
+  """Segments of the training documents then of the evaluated ones, and
+  the number of training segments (the ``pool``)."""
+  joint = np.concatenate([np.asarray(train.tokens), np.asarray(tokens)])
+  offset = len(train.tokens)
+  doc_starts = np.concatenate([train.doc_starts, np.asarray(starts) + offset])
+  table = marge_lib.SegmentTable.build(joint, doc_starts, n)
+  return table, int(np.sum(table.start < offset))
+
+
+def score(restored, batch, size: int, retrieval: bool) -> np.ndarray:
+  """[W, 2N] nll of the windows, with their sources or with none."""
+  model = restored.model
+
+  def fn(p, x, y, src, mask):
+    kw = dict(sources=src, source_mask=mask) if retrieval else {}
+    return -model.apply({"params": p}, x, y, **kw).target_logprob
+
+  run = sharding_lib.under_mesh(jax.jit(fn), restored.mesh)
+  keys = ("inputs", "targets", "sources", "source_mask")
+  w = len(batch["inputs"])
+  out = []
+  for a in range(0, w, size):
+    arrs = [batch[k][a : a + size] for k in keys]
+    pad = size - len(arrs[0])
+    arrs = [np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+            for x in arrs]  # fmt: skip
+    nll = run(restored.params, *(jnp.asarray(x) for x in arrs))
+    out.append(np.asarray(nll)[: size - pad])
+  return np.concatenate(out)
+
+
+def _split(config, restored, train, stream, documents, bounds, search):
+  """Results of one split (see the module docstring)."""
+  model = restored.model
+  n, k = model.segment_len, model.num_sources
+  tokens = np.asarray(stream.tokens)
+  extra = np.zeros(0, np.int64)
+  if documents == "sections":
+    extra = pl.section_starts(
+        tokens, restored.vocab.token_to_id("="), restored.vocab.eos_id
+    )
+  starts = pl.document_spans(len(tokens), stream.doc_starts, extra)[:, 0]
+  table, pool = eval_table(train, tokens, starts, n)
+  emb = marge_index.embed_all(
+      model, restored.params, table.segment_tokens(np.arange(len(table))),
+      256, restored.mesh,
+  )  # fmt: skip
+  index = marge_lib.SegmentIndex(table, emb, search, pool=pool)
+  query = table.targets[table.targets >= pool]
+  if config.eval.max_windows:
+    query = query[: config.eval.max_windows]
+  batch = marge_lib.window_arrays(table, query, index.topk(query, k))
+  w = batch["weights"] > 0
+  offset = (table.pos[query][:, None] + 1) * n + np.arange(2 * n) - (n - 1)
+  positions = np.broadcast_to(offset, w.shape)[w]
+  out: dict[str, Any] = dict(windows=int(len(query)), tokens=int(w.sum()))
+  for name, on in (("retrieval", True), ("no_retrieval", False)):
+    nll = score(restored, batch, config.eval.batch_size, on)[w]
+    out[name] = dict(
+        nll=float(nll.mean()),
+        ppl=float(np.exp(nll.mean())),
+        buckets=pl.bucket_means(positions, nll, bounds),
+    )
+  own = (batch["source_ids"] >= pool) & (batch["source_ids"] >= 0)
+  out["own_past_share"] = float(
+      own.sum() / max((batch["source_ids"] >= 0).sum(), 1)
+  )
+  return out
+
+
+def marge_eval(config: Any, workdir: str) -> dict[str, Any]:
+  """``--mode=marge_eval`` (see the module docstring)."""
+  documents, bounds = pl._settings(config)  # pylint: disable=protected-access
+  restored, corpus = experiment.load_for_mode(config, workdir)
+  if not isinstance(restored.model, marge_model.MargeLM):
+    raise errors.ConfigError(
+        "--mode=marge_eval needs a run of model.family 'marge'"
+    )
+  train = corpus_lib.load_corpus(config, workdir, splits=(), train=True).train
+  search = marge_lib.marge_settings(config)["search"]
+  results: dict[str, Any] = dict(step=restored.step, documents=documents)
+  lines = []
+  for split, stream in corpus.splits.items():
+    r = _split(config, restored, train, stream, documents, bounds, search)
+    results[split] = r
+    lines.append(
+        f"{split}: ppl with retrieval {r['retrieval']['ppl']:.2f}, without "
+        f"{r['no_retrieval']['ppl']:.2f} ({r['tokens']} tokens of S_t+1, "
+        f"{r['own_past_share']:.0%} of sources from the own past)"
+    )
+    for a, b in zip(r["retrieval"]["buckets"], r["no_retrieval"]["buckets"]):
+      if a["nll"] is not None:
+        lines.append(
+            f"  positions {a['bucket']:>8}: nll {a['nll']:.4f} with, "
+            f"{b['nll']:.4f} without ({a['tokens']} tokens)"
+        )
+  path = os.path.join(workdir, "marge_eval.json")
+  if jax.process_index() == 0:
+    runfiles.write_json(path, results)
+  return dict(results, summary_lines=lines, results_path=path)

@@ -1,0 +1,353 @@
+"""Product-key memory (Lample et al. 2019) and residual memory (Kim & Jung).
+
+``ProductKeyMemory`` maps [B, T, D] to [B, T, V]: per head a query network
+(linear, then LayerNorm, or BatchNorm over the non-padding positions) gives
+q [k_dim]; its halves are scored against two sub-key sets of C keys of
+dimension k_dim / 2; the top k of each half give k^2 candidate slots whose
+score is the sum of the two halves' scores; the top k of those are
+softmaxed, their value rows gathered, weighted and summed over the heads.
+The memory has C^2 slots, but the forward pass only ever holds [N, H, C]
+sub-key scores and [N, H, k^2] candidate sums, never a [tokens, slots]
+array.
+
+Two feed-forward kinds (``memjax.registry.FEED_FORWARD``) put the memory in
+a block, following Kim & Jung's section 4.2,
+``x' = LN(x + alpha FFN(x) + beta PKM(x))``:
+
+* ``pkm``: (alpha, beta) = (0, 1), the memory replaces the FFN;
+* ``resm``: (1, 1), the memory is added to the FFN (residual memory).
+
+The block applies the kind as its feed-forward sub-layer, so under post-LN
+(``model.norm_position='post'``) the formula is exactly the block's
+``LN2(h + Drop(f(h)))``; under pre-LN it is ``h + Drop(f(LN2(h)))``: both
+terms read the same normalised input. ``model.feed_forward_layers`` picks the
+(1-based) layers that use the kind; the others use the plain ``ffn``.
+
+Parameters of the memory (module ``memory`` inside the kind): ``query``
+{kernel [D, H*k_dim], bias}, ``query_norm`` (LayerNorm or BatchNorm
+scale/bias [H*k_dim]), ``keys`` [H, 2, C, k_dim/2], ``values`` [C^2, V]
+with logical axes ('memory_slots', 'embed'): the table shards over the
+``tensor`` mesh axis. Train the values with ``optim.groups`` and the
+``lazy_adam`` transform (``memjax.methods.pkm.lazy_adam``).
+
+Usage statistics: with the ``'aux'`` collection mutable the memory reports,
+per call, MU, top-1 MU, KL_u and KL_w of that call's reads
+(``memjax.stats``); with ``'pkm_usage'`` mutable it sows per-slot sums
+(read counts, top-1 counts, weights) that ``--mode=memory_usage`` adds over
+held-out data (``memjax.methods.pkm.usage``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from memjax import errors
+from memjax import registry
+from memjax import stats
+from memjax.models import feed_forward
+
+Array = jax.Array
+USAGE_COLLECTION = "pkm_usage"
+QUERY_NORMS = ("layer", "batch")
+# Model families whose positions must not see later ones: batch statistics
+# over a batch would leak them.
+CAUSAL_FAMILIES = ("decoder_lm",)
+
+
+def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
+  """Top-k slots of product keys for each query and head.
+
+  Args:
+    q: [N, H, k_dim] queries.
+    keys: [H, 2, C, k_dim/2] the two sub-key sets of each head.
+    topk: k.
+
+  Returns:
+    (scores [N, H, k] float32, descending; slots [N, H, k] int32 in
+    [0, C^2), slot = i1 * C + i2). Ties go to the lower index at each
+    stage (``lax.top_k``).
+  """
+  c = keys.shape[2]
+  half = q.shape[-1] // 2
+  q = q.astype(jnp.float32)
+  keys = keys.astype(jnp.float32)
+  s1 = jnp.einsum("nhd,hcd->nhc", q[..., :half], keys[:, 0])
+  s2 = jnp.einsum("nhd,hcd->nhc", q[..., half:], keys[:, 1])
+  v1, i1 = jax.lax.top_k(s1, topk)  # [N, H, k]
+  v2, i2 = jax.lax.top_k(s2, topk)
+  sums = (v1[..., :, None] + v2[..., None, :]).reshape(
+      v1.shape[:-1] + (topk * topk,)
+  )
+  scores, best = jax.lax.top_k(sums, topk)  # [N, H, k] into the k^2 sums
+  a, b = best // topk, best % topk
+  slots = jnp.take_along_axis(i1, a, -1) * c + jnp.take_along_axis(i2, b, -1)
+  return scores, slots.astype(jnp.int32)
+
+
+def usage_counts(
+    slots: Array, weights: Array, valid: Array, num_slots: int
+) -> tuple[Array, Array, Array]:
+  """Per-slot sums of one call's reads (Kim & Jung, section 3.2).
+
+  Args:
+    slots: [N, H, k] slots read (top-1 first).
+    weights: [N, H, k] their softmax weights.
+    valid: [N] 1 for positions that count, 0 for padding.
+    num_slots: |K|.
+
+  Returns:
+    (u' reads [|K|], t' top-1 reads [|K|], w' summed weights [|K|]), all
+    float32; each head's read counts once.
+  """
+  v = valid.astype(jnp.float32)[:, None, None]
+  flat = slots.reshape(-1)
+  zeros = jnp.zeros((num_slots,), jnp.float32)
+  reads = zeros.at[flat].add(jnp.broadcast_to(v, slots.shape).reshape(-1))
+  top1 = zeros.at[slots[..., 0].reshape(-1)].add(
+      jnp.broadcast_to(v[..., 0], slots.shape[:2]).reshape(-1)
+  )
+  wsum = zeros.at[flat].add((weights * v).reshape(-1))
+  return reads, top1, wsum
+
+
+def _kl_uniform(counts: Array) -> Array:
+  """log|K| + sum_i p_i log p_i of p = counts / sum (0 log 0 = 0)."""
+  p = counts / jnp.maximum(jnp.sum(counts), 1e-30)
+  plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
+  return jnp.log(float(counts.shape[0])) + jnp.sum(plogp)
+
+
+def usage_metrics(reads: Array, top1: Array, wsum: Array) -> dict[str, Array]:
+  """MU, top-1 MU, KL_u, KL_w of per-slot sums [|K|] (section 3.2)."""
+  return {
+      "mu": jnp.mean((reads > 0).astype(jnp.float32)),
+      "top1_mu": jnp.mean((top1 > 0).astype(jnp.float32)),
+      "kl_u": _kl_uniform(reads),
+      "kl_w": _kl_uniform(wsum),
+  }
+
+
+class ProductKeyMemory(nn.Module):
+  """The product-key memory layer: [B, T, D] -> [B, T, value_dim].
+
+  Attributes:
+    d_model: D, the input width.
+    value_dim: V, the width of the values and output (0 = D).
+    num_keys: C, sub-keys per half; the memory has C^2 slots.
+    heads: H.
+    topk: k, slots read per head.
+    k_dim: query and full-key dimension (even).
+    query_norm: 'layer' (LayerNorm, for causal models) or 'batch'
+      (BatchNorm over non-padding positions; running statistics in
+      'batch_stats', Flax momentum 0.9 = PyTorch's 0.1).
+    dtype: compute dtype of the query network.
+  """
+
+  d_model: int
+  value_dim: int = 0
+  num_keys: int = 512
+  heads: int = 4
+  topk: int = 32
+  k_dim: int = 256
+  query_norm: str = "layer"
+  dtype: Any = jnp.float32
+
+  def _query(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    """[N, D] -> [N, H, k_dim] normalised queries."""
+    q = nn.Dense(
+        self.heads * self.k_dim,
+        dtype=self.dtype,
+        name="query",
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(), ("embed", None)
+        ),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+    )(x)
+    q = q.astype(jnp.float32)
+    inits = dict(
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, (None,)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+    )
+    if self.query_norm == "batch":
+      q = nn.BatchNorm(
+          momentum=0.9,
+          epsilon=1e-5,
+          name="query_norm",
+          dtype=jnp.float32,
+          **inits,
+      )(q, use_running_average=deterministic, mask=mask[:, None])
+    else:
+      q = nn.LayerNorm(
+          epsilon=1e-5, name="query_norm", dtype=jnp.float32, **inits
+      )(q)
+    return q.reshape(q.shape[0], self.heads, self.k_dim)
+
+  @nn.compact
+  def __call__(
+      self, x: Array, *, deterministic: bool, mask: Optional[Array] = None
+  ) -> Array:
+    """[B, T, D] (and mask [B, T], 1 = real token) -> [B, T, V].
+
+    Padding positions (mask 0) leave the batch statistics and the usage
+    counts alone and output zeros.
+    """
+    vdim = self.value_dim or self.d_model
+    c, h, k = self.num_keys, self.heads, self.topk
+    lead = x.shape[:-1]
+    xf = x.reshape(-1, x.shape[-1])
+    valid = (
+        jnp.ones(xf.shape[:1], bool)
+        if mask is None
+        else mask.reshape(-1).astype(bool)
+    )
+    q = self._query(xf, valid, deterministic)
+    bound = 1.0 / np.sqrt(self.k_dim // 2)
+    keys = self.param(
+        "keys",
+        nn.with_logical_partitioning(
+            lambda key, shape: jax.random.uniform(key, shape, jnp.float32,
+                                                  -bound, bound),
+            (None, None, None, None),
+        ),
+        (h, 2, c, self.k_dim // 2),
+    )  # fmt: skip
+    values = self.param(
+        "values",
+        nn.with_logical_partitioning(
+            nn.initializers.normal(vdim**-0.5), ("memory_slots", "embed")
+        ),
+        (c * c, vdim),
+    )
+    scores, slots = product_key_topk(q, keys, k)
+    weights = jax.nn.softmax(scores, axis=-1)  # [N, H, k] float32
+    self._report(slots, weights, valid)
+    rows = jnp.take(values, slots.reshape(slots.shape[0], h * k), axis=0)
+    out = jnp.einsum(
+        "nj,njv->nv",
+        weights.reshape(-1, h * k).astype(self.dtype),
+        rows.astype(self.dtype),
+    )
+    out = jnp.where(valid[:, None], out, 0)
+    return out.reshape(lead + (vdim,))
+
+  def _report(self, slots: Array, weights: Array, valid: Array) -> None:
+    """Usage statistics and per-slot sums, when their collection is mutable."""
+    want_aux = self.is_mutable_collection(stats.COLLECTION)
+    want_sums = self.is_mutable_collection(USAGE_COLLECTION)
+    if not (want_aux or want_sums):
+      return
+    slots = jax.lax.stop_gradient(slots)
+    weights = jax.lax.stop_gradient(weights)
+    sums = usage_counts(slots, weights, valid, self.num_keys**2)
+    if want_aux:
+      for name, value in usage_metrics(*sums).items():
+        stats.report_mean(self, name, value)
+    if want_sums:
+      for name, value in zip(("reads", "top1", "weights"), sums):
+        self.sow(
+            USAGE_COLLECTION,
+            name,
+            value,
+            init_fn=lambda n=value.shape[0]: jnp.zeros((n,), jnp.float32),
+            reduce_fn=lambda a, b: a + b,
+        )
+
+
+class MemoryFeedForward(nn.Module):
+  """``alpha FFN(x) + beta PKM(x)``: [B, T, D] -> [B, T, D].
+
+  The FFN (module ``dense``) exists only when alpha != 0; the memory
+  (``memory``) only when beta != 0. Options (``model.feed_forward_options``)
+  are the ``ProductKeyMemory`` attributes plus ``activation_dropout``.
+  """
+
+  d_model: int
+  d_ff: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  activation_dropout: float = -1.0
+  num_keys: int = 512
+  heads: int = 4
+  topk: int = 32
+  k_dim: int = 256
+  query_norm: str = "layer"
+  ffn_weight: float = 1.0
+  memory_weight: float = 1.0
+
+  @nn.compact
+  def __call__(
+      self, x: Array, *, deterministic: bool, mask: Optional[Array] = None
+  ) -> Array:
+    """[B, T, D] -> [B, T, D]."""
+    out = jnp.zeros_like(x)
+    if self.ffn_weight:
+      f = feed_forward.FeedForward(
+          d_model=self.d_model,
+          d_ff=self.d_ff,
+          dropout_rate=self.dropout_rate,
+          dtype=self.dtype,
+          activation_dropout=self.activation_dropout,
+          name="dense",
+      )(x, deterministic=deterministic)
+      out = out + self.ffn_weight * f
+    if self.memory_weight:
+      m = ProductKeyMemory(
+          d_model=self.d_model,
+          num_keys=self.num_keys,
+          heads=self.heads,
+          topk=self.topk,
+          k_dim=self.k_dim,
+          query_norm=self.query_norm,
+          dtype=self.dtype,
+          name="memory",
+      )(x, deterministic=deterministic, mask=mask)
+      out = out + self.memory_weight * m.astype(out.dtype)
+    return out
+
+  @classmethod
+  def check_config(cls, mcfg: Any) -> None:
+    """Raises ConfigError for options that cannot work (before any run)."""
+    opts = dict(mcfg.feed_forward_options or {})
+    where = "model.feed_forward_options"
+    num_keys = int(opts.get("num_keys", cls.num_keys))
+    topk = int(opts.get("topk", cls.topk))
+    k_dim = int(opts.get("k_dim", cls.k_dim))
+    norm = opts.get("query_norm", cls.query_norm)
+    if topk < 1 or topk > num_keys:
+      raise errors.ConfigError(
+          f"{where}.topk {topk} must be between 1 and num_keys {num_keys} "
+          "(the sub-keys each half chooses from)"
+      )
+    if k_dim < 2 or k_dim % 2:
+      raise errors.ConfigError(f"{where}.k_dim {k_dim} must be even and >= 2")
+    if norm not in QUERY_NORMS:
+      raise errors.ConfigError(
+          f"{where}.query_norm must be one of {QUERY_NORMS}, got {norm!r}"
+      )
+    if norm == "batch" and mcfg.family in CAUSAL_FAMILIES:
+      raise errors.ConfigError(
+          f"{where}.query_norm='batch' leaks later positions through batch "
+          f"statistics in the causal model.family {mcfg.family!r}; use "
+          "'layer'"
+      )
+
+
+@registry.FEED_FORWARD.register("pkm")
+class PKMFeedForward(MemoryFeedForward):
+  """The memory in place of the FFN ('pkm': alpha = 0, beta = 1)."""
+
+  ffn_weight: float = 0.0
+  memory_weight: float = 1.0
+
+
+@registry.FEED_FORWARD.register("resm")
+class ResMFeedForward(MemoryFeedForward):
+  """Residual memory ('resm': FFN + PKM, alpha = beta = 1)."""
+
+  ffn_weight: float = 1.0
+  memory_weight: float = 1.0

@@ -1,0 +1,237 @@
+"""``--mode=memory_usage``: how much of each product-key memory is used.
+
+Runs a trained model over held-out data (``memory_usage.split``) in
+non-overlapping windows of ``eval.window_len`` tokens, so each token is
+read once, and adds up every memory layer's per-slot sums (the
+``'pkm_usage'`` collection of ``memjax.methods.pkm.layer``: read counts u', top-1
+counts t', summed weights w'; each head's reads count). From them, per
+layer (Kim & Jung 2020, section 3.2):
+
+* MU: share of slots read at least once; top-1 MU: share of slots that were
+  some head's top-1 at least once;
+* KL_u, KL_w: KL divergence from uniform of the normalised counts and
+  weights, ``log |K| + sum_i p_i log p_i`` (0 for uniform use, log |K| when
+  one slot takes everything).
+
+With ``memory_usage.staleness`` it repeats this for every checkpoint the run
+kept and reports, per layer, how many slots were last a top-1 at each
+checkpoint (Kim & Jung's Figure 2; 'never' for slots no checkpoint used).
+Writes ``<workdir>/memory_usage.json`` and ``memory_usage.png`` (per layer,
+the histogram of read counts over slots, and the staleness bars).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import flax
+import jax
+import ml_collections
+import numpy as np
+
+from memjax import checkpointing
+from memjax import console
+from memjax import errors
+from memjax import experiment
+from memjax import runfiles
+from memjax import sharding as sharding_lib
+from memjax.methods.pkm import layer as pkm
+
+KEYS = ("reads", "top1", "weights")
+
+
+def usage_step(model: Any, mesh: Any):
+  """Jitted (params, inputs [B, L]) -> the 'pkm_usage' sums of one batch
+  (one compilation for all the checkpoints of a run)."""
+
+  def step(params, inputs):
+    _, state = model.apply(
+        {"params": params}, inputs, mutable=[pkm.USAGE_COLLECTION]
+    )
+    return state.get(pkm.USAGE_COLLECTION, {})
+
+  return sharding_lib.under_mesh(jax.jit(step), mesh)
+
+
+def slot_sums(
+    step_fn: Any,
+    params: Any,
+    tokens: np.ndarray,
+    window_len: int,
+    batch_size: int,
+    mesh: Any,
+    max_tokens: int = 0,
+) -> dict[str, dict[str, np.ndarray]]:
+  """Per memory layer ('layer_1/ffn/memory'), the per-slot sums [|K|] of
+  u', t', w' (``step_fn`` of ``usage_step``) over the whole windows of
+  ``tokens`` (a last partial batch of
+  windows is left out, so no padding is counted)."""
+  if max_tokens:
+    tokens = tokens[:max_tokens]
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  batch_size = max(dp, batch_size // dp * dp)
+  n = len(tokens) // window_len
+  windows = np.asarray(tokens[: n * window_len], np.int32).reshape(n, -1)
+  if n < batch_size:
+    batch_size = n // dp * dp
+  if batch_size < 1:
+    raise errors.ConfigError(
+        f"memory_usage.split holds {len(tokens)} tokens: too few for one "
+        f"window of eval.window_len {window_len} per data-parallel device"
+    )
+
+  totals: dict[str, np.ndarray] = {}
+  for first in range(0, n - batch_size + 1, batch_size):
+    batch = windows[first : first + batch_size]
+    got = step_fn(
+        params, sharding_lib.put_global_batch({"x": batch}, mesh)["x"]
+    )
+    flat = flax.traverse_util.flatten_dict(jax.device_get(got), sep="/")
+    for k, v in flat.items():
+      totals[k] = totals.get(k, 0) + np.asarray(v, np.float64)
+  out: dict[str, dict[str, np.ndarray]] = {}
+  for k, v in totals.items():
+    layer, name = k.rsplit("/", 1)
+    out.setdefault(layer, {})[name] = v
+  return out
+
+
+def metrics(sums: dict[str, np.ndarray]) -> dict[str, float]:
+  """MU, top-1 MU, KL_u, KL_w (and the reads counted) of one layer's sums."""
+  m = pkm.usage_metrics(*(np.asarray(sums[k], np.float32) for k in KEYS))
+  out = {k: float(v) for k, v in m.items()}
+  out["slots"] = int(len(sums["reads"]))
+  out["reads"] = float(np.sum(sums["reads"]))
+  return out
+
+
+def staleness(
+    top1_by_step: dict[int, np.ndarray],
+) -> dict[str, int]:
+  """{checkpoint step or 'never': slots last used as top-1 there}."""
+  steps = sorted(top1_by_step)
+  last = np.full(len(top1_by_step[steps[0]]), -1)
+  for i, s in enumerate(steps):
+    last[top1_by_step[s] > 0] = i
+  out = {"never": int(np.sum(last < 0))}
+  out.update({str(s): int(np.sum(last == i)) for i, s in enumerate(steps)})
+  return out
+
+
+def _steps(path: str, all_steps: bool) -> list[int]:
+  files = runfiles.find(path)
+  if files.kind != "run" or not all_steps:
+    return [-1]
+  # Only listed here; experiment.load checks each step's signature.
+  ckpt = checkpointing.Checkpointer(
+      files.checkpoints, keep=1, signature={}, create=False
+  )
+  try:
+    return list(ckpt.all_steps())
+  finally:
+    ckpt.close()
+
+
+def memory_usage(
+    config: ml_collections.ConfigDict, workdir: str
+) -> dict[str, Any]:
+  """``--mode=memory_usage``: usage metrics per memory layer (module doc)."""
+  experiment.validate_config(config)
+  u = config.memory_usage
+  source = experiment.source_of(config, workdir)
+  corpus = experiment.load_corpus(config, workdir, (u.split,), train=False)
+  tokens = corpus.splits[u.split].tokens
+  results: dict[str, Any] = {"split": u.split, "layers": {}}
+  top1_by_step: dict[str, dict[int, np.ndarray]] = {}
+  reads = {}
+  step_fn = None
+  for step in _steps(source, bool(u.staleness)):
+    restored = experiment.load(
+        source,
+        config=config,
+        step=None if step < 0 else step,
+        mesh=config.mesh.to_dict(),
+    )
+    start = time.time()
+    step_fn = step_fn or usage_step(restored.model, restored.mesh)
+    sums = slot_sums(
+        step_fn,
+        restored.params,
+        tokens,
+        config.eval.window_len,
+        config.eval.batch_size,
+        restored.mesh,
+        int(u.max_tokens),
+    )
+    if not sums:
+      raise errors.ConfigError(
+          f"the model of {source} has no product-key memory layer "
+          "(model.feed_forward 'pkm' or 'resm')"
+      )
+    for layer, s in sums.items():
+      top1_by_step.setdefault(layer, {})[restored.step] = s["top1"]
+      results["layers"][layer] = metrics(s)
+      reads[layer] = s["reads"]
+    results["step"] = restored.step
+    console.info(
+        "memory usage at step %d (%.1fs): %s",
+        restored.step,
+        time.time() - start,
+        "; ".join(
+            f"{k}: MU {v['mu']:.3f} top-1 MU {v['top1_mu']:.3f} "
+            f"KL_u {v['kl_u']:.3f} KL_w {v['kl_w']:.3f}"
+            for k, v in results["layers"].items()
+        ),
+    )
+  if u.staleness:
+    results["staleness"] = {k: staleness(v) for k, v in top1_by_step.items()}
+  os.makedirs(workdir, exist_ok=True)
+  if jax.process_index() == 0:
+    path = os.path.join(workdir, "memory_usage.json")
+    runfiles.write_json(path, results)
+    results["results_path"] = path
+    results["plot"] = plot(results, reads, workdir)
+  results["summary_lines"] = [
+      f"{k}: MU {v['mu']:.4f}, top-1 MU {v['top1_mu']:.4f}, KL_u "
+      f"{v['kl_u']:.4f}, KL_w {v['kl_w']:.4f} ({v['slots']} slots)"
+      for k, v in results["layers"].items()
+  ] + [f"plot: {results.get('plot', '')}"]
+  return results
+
+
+def plot(results: dict[str, Any], reads: dict[str, np.ndarray], workdir: str):
+  """Writes memory_usage.png: per layer, slots by read count (and, with
+  staleness, slots by the last checkpoint that used them as top-1)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  layers = sorted(reads)
+  rows = 2 if "staleness" in results else 1
+  fig, axes = plt.subplots(
+      rows, len(layers), figsize=(4 * len(layers), 3 * rows), squeeze=False
+  )
+  for j, layer in enumerate(layers):
+    m = results["layers"][layer]
+    ax = axes[0][j]
+    ax.hist(reads[layer], bins=50)
+    ax.set_yscale("log")
+    ax.set_xlabel("reads per slot")
+    ax.set_ylabel("slots")
+    ax.set_title(
+        f"{layer.split('/')[0]}: MU {m['mu']:.2f}, top-1 {m['top1_mu']:.2f}",
+        fontsize=9,
+    )
+    if rows == 2:
+      st = results["staleness"][layer]
+      axes[1][j].bar(list(st), list(st.values()))
+      axes[1][j].set_xlabel("last checkpoint used as top-1")
+      axes[1][j].set_ylabel("slots")
+  fig.tight_layout()
+  path = os.path.join(workdir, "memory_usage.png")
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

@@ -1,0 +1,198 @@
+"""The BM25 packing order of a training stream: on-disk cache and CLI.
+
+``cached_bm25_order`` runs ``memjax.methods.trime.bm25.bm25_pack`` on a token stream
+cut into segments and keeps the order on disk, keyed by the tokens and the
+settings that change it. The offline entry point:
+
+    python -m memjax.methods.trime.bm25_order --segments_npz=segments.npz \
+        --batch_size=240 --out=order.npy [--k=20] [--seed=0]
+
+Split over processes or machines (the search is the expensive part):
+
+    python -m memjax.methods.trime.bm25_order --segments_npz=segments.npz \
+        --num_shards=16 --shard_id=$i --out=neighbours_$i.npy  # i in 0..15
+    python -m memjax.methods.trime.bm25_order \
+        --neighbours=neighbours_0.npy,...,neighbours_15.npy --seed=0 \
+        --out=order.npy
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from memjax.methods.trime.bm25 import _FORMAT_VERSION
+from memjax.methods.trime.bm25 import bm25_neighbours
+from memjax.methods.trime.bm25 import bm25_pack
+from memjax.methods.trime.bm25 import pack_from_neighbours
+from memjax.methods.trime.bm25 import split_segments
+
+
+def _cache_key(tokens: np.ndarray, params: dict) -> str:
+  h = hashlib.sha256()
+  h.update(np.ascontiguousarray(tokens, np.int64).tobytes())
+  h.update(json.dumps(params, sort_keys=True).encode())
+  return h.hexdigest()[:32]
+
+
+def cached_bm25_order(
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    k: int = 20,
+    seed: int = 0,
+    cache_dir: str | os.PathLike = "~/.cache/memjax/bm25",
+    *,
+    stopword_ids: Iterable[int] | None = None,
+    show_progress: bool = True,
+) -> np.ndarray:
+  """bm25_pack of a token stream cut into segments, cached on disk.
+
+  The cache key is a hash of the tokens and the parameters that change the
+  order (seq_len, k, seed, stop words; not batch_size, which does not).
+
+  Args:
+      tokens: [N] int token ids of the training stream.
+      seq_len: L; segment i is tokens[i*L:(i+1)*L] (the last may be short).
+      batch_size: B.
+      k: BM25 hits per query.
+      seed: seeds the random starts.
+      cache_dir: where orders are kept as bm25_order_<hash>.npy.
+      stopword_ids: token ids removed before indexing.
+      show_progress: progress bars.
+
+  Returns:
+      [ceil(N / L)] int64 order of the segments.
+  """
+  tokens = np.asarray(tokens).reshape(-1)
+  stop = (
+      sorted(int(t) for t in stopword_ids) if stopword_ids is not None else None
+  )
+  params = {
+      "version": _FORMAT_VERSION,
+      "seq_len": int(seq_len),
+      "k": int(k),
+      "seed": int(seed),
+      "stopword_ids": stop,
+      "n": int(tokens.size),
+  }
+  cache_dir = os.path.expanduser(os.fspath(cache_dir))
+  path = os.path.join(cache_dir, f"bm25_order_{_cache_key(tokens, params)}.npy")
+  if os.path.exists(path):
+    order = np.load(path)
+    if show_progress:
+      logging.info("BM25 order read from %s", path)
+    return order
+  order = bm25_pack(
+      split_segments(tokens, seq_len),
+      batch_size,
+      k,
+      seed,
+      show_progress,
+      stopword_ids=stop,
+  )
+  os.makedirs(cache_dir, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".npy.tmp")
+  with os.fdopen(fd, "wb") as f:
+    np.save(f, order)
+  os.replace(tmp, path)  # atomic: concurrent writers leave one whole file
+  return order
+
+
+def _load_segments(path: str, key: str | None) -> np.ndarray:
+  with np.load(path) as data:
+    if key is None:
+      if len(data.files) != 1:
+        raise ValueError(
+            f"{path} holds {data.files}; pass --key to choose one."
+        )
+      key = data.files[0]
+    if key not in data.files:
+      raise ValueError(f"{path} has no array {key!r}; it has {data.files}.")
+    return data[key]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(
+      description="BM25 packing of segments (TRIME Algorithm 1)."
+  )
+  parser.add_argument(
+      "--segments_npz",
+      default=None,
+      help=".npz with an [S, L] int array of segments.",
+  )
+  parser.add_argument(
+      "--key", default=None, help="array name in the .npz (if several)."
+  )
+  parser.add_argument(
+      "--batch_size",
+      type=int,
+      default=1,
+      help="B (the order does not depend on it; logged only).",
+  )
+  parser.add_argument("--k", type=int, default=20)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument(
+      "--out", required=True, help="output .npy for the [S] order."
+  )
+  parser.add_argument("--no_progress", action="store_true")
+  parser.add_argument(
+      "--num_shards",
+      type=int,
+      default=1,
+      help="with --shard_id: search one shard of the queries and "
+      "write its [rows, k] neighbour table to --out.",
+  )
+  parser.add_argument("--shard_id", type=int, default=None)
+  parser.add_argument(
+      "--neighbours",
+      default=None,
+      help="comma-separated neighbour tables of all shards, in "
+      "order: skip the search and pack from them.",
+  )
+  args = parser.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+  out_dir = os.path.dirname(os.path.abspath(args.out))
+  if args.neighbours:
+    paths = args.neighbours.split(",")
+    for path in paths:
+      if not os.path.exists(path):
+        raise SystemExit(f"--neighbours: no such file {path}")
+    order, restarts = pack_from_neighbours(
+        np.concatenate([np.load(p) for p in paths]), args.seed
+    )
+    logging.info("packed %d segments, %d random restarts", len(order), restarts)
+    result = order
+  else:
+    if not os.path.exists(args.segments_npz or ""):
+      raise SystemExit(f"--segments_npz: no such file {args.segments_npz}")
+    segments = _load_segments(args.segments_npz, args.key)
+    if args.shard_id is not None:
+      result = bm25_neighbours(
+          segments,
+          args.k,
+          show_progress=not args.no_progress,
+          shard=(args.shard_id, args.num_shards),
+      )
+    else:
+      result = bm25_pack(
+          segments,
+          args.batch_size,
+          args.k,
+          args.seed,
+          show_progress=not args.no_progress,
+      )
+  os.makedirs(out_dir, exist_ok=True)
+  np.save(args.out, result)
+  logging.info("wrote %s %s", args.out, result.shape)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,238 @@
+"""TRIMEMT_ext training (TRIME paper, Section 5.4, Appendix C).
+
+The objective ``trime_mt``: Eq. 5 on the decoder's positions, where the
+memory of a target position is every (g_j, y_j) of the *other* target
+sentences of the batch (no local or long memory: translation is a
+sentence-level task), with the LM's similarity g . g_j / sqrt(d):
+
+    p(y | x, y_<t) = (exp(s_y) + sum_{j other rows, y_j = y} exp(sim))
+                     / (Z_vocab + sum_{j other rows} exp(sim)).
+
+Label smoothing (fairseq's, eps_i = eps / (V - 1)) smooths the vocabulary
+term only: the loss per token is
+
+    (1 - eps - eps_i) * (-log p_TRIME(y)) + eps_i * sum_v(-log p_vocab(v)),
+
+because the uniform part of label smoothing is a prior over the vocabulary;
+spreading it over memory entries would reward putting mass on every
+in-batch neighbour regardless of its token. With an empty memory this is
+exactly ``label_smoothed``.
+
+The batcher ``tokens_bm25``: the ``tokens`` batcher whose batches hold
+target sentences packed by BM25 over targets (Algorithm 1,
+``memjax.methods.trime.bm25``), so the in-batch memory resembles the neighbours the
+datastore returns at test time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from memjax import console
+from memjax import errors
+from memjax import losses
+from memjax import registry
+from memjax.methods.trime import bm25
+from memjax.data import token_batching
+from memjax.methods.trime import memory as trime
+
+Array = jax.Array
+
+_OPTIONS = ("epsilon",)
+
+
+def trime_mt_loss(
+    output: Any,
+    batch: dict[str, Array],
+    *,
+    epsilon: float,
+    block_size: int | None,
+    stop_gradient_memory: bool,
+) -> tuple[Array, dict[str, Array]]:
+  """The smoothed TRIME loss of a batch of target sentences.
+
+  Args:
+    output: a ``seq2seq.Seq2SeqOutput`` (features [B, T, D],
+      target_logprob / log_z / mean_logprob [B, T]).
+    batch: 'targets' [B, T] int32 and 'weights' [B, T] (0 on padding).
+    epsilon: label smoothing.
+    block_size: blockwise tiles of the memory sums (None: dense).
+    stop_gradient_memory: stop the gradient into the memory keys.
+
+  Returns:
+    (mean smoothed loss per target token, metrics as ``losses``).
+  """
+  w = losses.batch_weights(batch)
+  logp = trime.trime_log_prob(
+      output.features,
+      output.target_logprob,
+      output.log_z,
+      batch["targets"],
+      w,
+      spec=trime.MemorySpec.external(hide_local=True),
+      block_size=block_size,
+      stop_gradient_memory=stop_gradient_memory,
+  )
+  v = output.vocab_size
+  eps_i = epsilon / (v - 1)
+  nll = -logp
+  smooth = -output.mean_logprob * v
+  per_token = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+  total = jnp.sum(jnp.where(w > 0, per_token * w, 0.0))
+  tokens = jnp.sum(w)
+  stop = jax.lax.stop_gradient
+  return total / jnp.maximum(tokens, 1.0), {
+      "nll_sum": total,
+      "tokens": tokens,
+      "aux_nll_sum": stop(jnp.sum(jnp.where(w > 0, nll * w, 0.0))),
+      # What the vocabulary alone would pay (no memory).
+      "aux_lm_loss_sum": stop(
+          jnp.sum(jnp.where(w > 0, -output.target_logprob * w, 0.0))
+      ),
+  }
+
+
+@registry.OBJECTIVES.register("trime_mt")
+def make_trime_mt_loss(
+    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+) -> losses.LossFn:
+  """TRIMEMT_ext's objective (module docstring).
+
+  Settings: ``loss.options.epsilon`` (label smoothing, 0.1),
+  ``loss.lm_warmup_fraction`` (the first updates train with
+  ``label_smoothed`` alone), ``loss.block_size`` (0 = dense) and
+  ``loss.stop_gradient_memory``.
+  """
+  del seed
+  options = dict(cfg.options) if cfg.get("options") else {}
+  unknown = sorted(set(options) - set(_OPTIONS))
+  if unknown:
+    raise errors.ConfigError(
+        f"loss.options has {', '.join(unknown)}, which objective 'trime_mt' "
+        f"does not take; its options: {', '.join(_OPTIONS)}"
+    )
+  eps = float(options.get("epsilon", 0.1))
+  if not 0.0 <= eps < 1.0:
+    raise errors.ConfigError(f"loss.options.epsilon must be in [0, 1): {eps}")
+  frac = float(cfg.get("lm_warmup_fraction", 0.0))
+  if not 0.0 <= frac <= 1.0:
+    raise errors.ConfigError(
+        f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
+    )
+  warmup = int(round(frac * num_steps))
+  block_size = int(cfg.get("block_size", 0)) or None
+  stop_memory = bool(cfg.get("stop_gradient_memory", False))
+  plain = losses.make_label_smoothed_loss(cfg, num_steps)
+
+  def loss_fn(output, batch, *, step, rng):
+    def with_memory(_):
+      return trime_mt_loss(
+          output, batch, epsilon=eps, block_size=block_size,
+          stop_gradient_memory=stop_memory,
+      )  # fmt: skip
+
+    def without(_):
+      loss, metrics = plain(output, batch, step=step, rng=rng)
+      w = losses.batch_weights(batch)
+      lm = jnp.sum(jnp.where(w > 0, -output.target_logprob * w, 0.0))
+      return loss, dict(metrics, aux_lm_loss_sum=jax.lax.stop_gradient(lm))
+
+    if warmup <= 0:
+      return with_memory(None)
+    return jax.lax.cond(step >= warmup, with_memory, without, None)
+
+  return loss_fn
+
+
+def target_order(
+    targets: Sequence[np.ndarray], k: int, seed: int, cache_dir: str
+) -> np.ndarray:
+  """Algorithm 1's order of the target sentences (BM25 over targets, the
+  whole sentence as the query), cached in ``<cache_dir>/bm25``.
+
+  Args:
+    targets: the training targets' ids (each ending in EOS, which is dropped
+      from the bag of words).
+    k: BM25 hits per query.
+    seed: seeds Algorithm 1's random starts.
+    cache_dir: the run's cache directory ('' = no cache).
+
+  Returns:
+    [S] int64, a permutation of the sentences.
+  """
+  segs = [np.asarray(t[t > 1] if len(t) else t, np.int32) for t in targets]
+  h = hashlib.sha256()
+  for s in segs:
+    h.update(np.int64(len(s)).tobytes())
+    h.update(s.tobytes())
+  h.update(f"k={k},seed={seed},v={bm25._FORMAT_VERSION}".encode())  # pylint: disable=protected-access
+  path = ""
+  if cache_dir:
+    path = os.path.join(cache_dir, "bm25", f"targets_{h.hexdigest()[:32]}.npy")
+    if os.path.exists(path):
+      return np.load(path)
+  neighbours = bm25.bm25_neighbours(segs, k, show_progress=False)
+  order, restarts = bm25.pack_from_neighbours(neighbours, seed)
+  console.info(
+      "BM25 packing of %d target sentences: %d random restarts",
+      len(order), restarts,
+  )  # fmt: skip
+  if path:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + f".{os.getpid()}.tmp.npy"
+    np.save(tmp, order)
+    os.replace(tmp, path)
+  return order
+
+
+class Bm25TokenBatcher(token_batching.TokenBatcher):
+  """``TokenBatcher`` whose batches hold BM25-packed target sentences.
+
+  Within each length bucket the pairs keep Algorithm 1's order over the
+  whole training set, cut into consecutive batches of ``rows`` pairs, so
+  lexically similar targets share a batch; every epoch serves the same
+  batches in a new seeded order (as the LM's 'bm25' batcher serves its
+  packed segments).
+  """
+
+  def __init__(self, source, target, *, order: np.ndarray, **kwargs):
+    super().__init__(source, target, **kwargs)
+    rank = np.empty(len(order), np.int64)
+    rank[np.asarray(order)] = np.arange(len(order))
+    self.members = [m[np.argsort(rank[m], kind="stable")] for m in self.members]
+
+  def _epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+    if epoch != self._plan_epoch:
+      plan = []
+      for m, b in zip(self.members, self.buckets):
+        r = self.rows[b]
+        plan += [(b, m[i : i + r]) for i in range(0, len(m), r)]
+      rng = np.random.default_rng([self.seed, epoch])
+      self._plan = [plan[i] for i in rng.permutation(len(plan))]
+      self._plan_epoch = epoch
+    return self._plan
+
+
+@registry.BATCHERS.register("tokens_bm25")
+def make_bm25_token_batcher(
+    config: Any, train: Any, cache_dir: str
+) -> Bm25TokenBatcher:
+  """The 'tokens_bm25' batcher over a ``parallel.ParallelSplit``
+  (``data.bm25_k`` hits per query, ``data.bm25_seed``)."""
+  t, d = config.translation, config.data
+  if int(d.bm25_k) < 1:
+    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
+  order = target_order(train.target, int(d.bm25_k), int(d.bm25_seed), cache_dir)
+  devices = max(1, jax.device_count() // max(1, int(config.mesh.tensor)))
+  return Bm25TokenBatcher(
+      train.source, train.target, order=order,
+      max_tokens=int(t.max_tokens), buckets=tuple(t.buckets),
+      seed=int(config.seed), row_multiple=devices,
+  )  # fmt: skip

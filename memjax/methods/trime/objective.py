@@ -1,0 +1,205 @@
+"""The TRIME training objective (Eq. 5) with its three training memories.
+
+Registered in ``memjax.registry.OBJECTIVES`` as 'trime' (``loss.name``),
+with the config check 'trime_long_batching'. The loss maths are in
+``memjax/methods/trime/memory.py``; the visibility rules of the memories in
+``memjax/memory/visibility.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from memjax import errors
+from memjax import registry
+from memjax.losses import LossFn
+from memjax.losses import batch_weights
+from memjax.methods.trime import memory as trime
+from memjax.models.transformer import LMOutput
+
+Array = jax.Array
+
+
+TRIME_MEMORIES = ("local", "long", "external")
+
+
+# Folded into the run's seed for the per-step draw that hides the local memory
+# (TRIMELM_ext), so it never shares a key with dropout.
+_HIDE_LOCAL_STREAM = 0x7E1A
+
+
+def long_memory_spec(lane_id: Array) -> trime.MemorySpec:
+  """The long-term memory of a batch of lanes of consecutive segments.
+
+  Rows of one lane (``lane_id`` [B]) are consecutive segments of one stream in
+  row order (``streams.ConsecutiveSegments`` and ``streams.RandomBlocks``
+  yield them lane-major), so the row index orders them: a token sees every
+  earlier token of its lane in the batch (and on any shard).
+
+  Args:
+    lane_id: [B] int, the lane (document) of each row.
+
+  Returns:
+    A 'long' MemorySpec with doc_id = lane_id and segment_index = row index.
+  """
+  rows = lane_id.shape[0]
+  return trime.MemorySpec.long(lane_id, jnp.arange(rows, dtype=jnp.int32))
+
+
+def hide_local_draw(seed: int, step: Array, p: float) -> Array:
+  """Scalar bool: hide the local memory at ``step`` (TRIMELM_ext).
+
+  Drawn once per update from (seed, step) only, so every micro-batch and
+  every host of a step agrees, and a resumed run draws the same values.
+  """
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), _HIDE_LOCAL_STREAM)
+  return trime.draw_hide_local(jax.random.fold_in(key, step), p)
+
+
+@registry.CONFIG_CHECKS.register("trime_long_batching")
+def check_trime_batching(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError where the loss's memory cannot work with the batches.
+
+  'long' needs lanes of m > 1 consecutive segments, and every micro-batch
+  must hold whole lanes (each micro-batch is its own in-batch memory).
+  """
+  loss, d = config.loss, config.data
+  if loss.name != "trime" or loss.memory != "long":
+    return
+  m = int(d.segments_per_lane)
+  if d.batching not in ("blocks", "consecutive") or m < 2:
+    raise errors.ConfigError(
+        "loss.memory='long' needs lanes of consecutive segments: set "
+        "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1"
+    )
+  micro = d.batch_size // max(int(config.train.grad_accum), 1)
+  if micro % m:
+    raise errors.ConfigError(
+        f"loss.memory='long': the micro-batch of {micro} rows (data.batch_size / "
+        f"train.grad_accum) is not a multiple of data.segments_per_lane {m}, so "
+        "lanes would be split between micro-batches"
+    )
+
+
+def _training_memory(
+    memory: str, batch: dict[str, Array], seed: int, step: Array, p: float
+) -> tuple[trime.MemorySpec, Array]:
+  """The TRIME training memory of a step and whether the local memory is
+  hidden (a bool scalar; only ever true for 'external')."""
+  hide = jnp.asarray(False)
+  if memory == "long":
+    if "lane_id" not in batch:
+      raise errors.ConfigError(
+          "loss.memory='long' needs batches of lanes ('lane_id'): use "
+          "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1"
+      )
+    return long_memory_spec(batch["lane_id"]), hide
+  if memory == "external":
+    hide = hide_local_draw(seed, step, p)
+    return trime.MemorySpec.external(hide), hide
+  return trime.MemorySpec.local(), hide
+
+
+@registry.OBJECTIVES.register("trime")
+def make_trime_loss(
+    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+) -> LossFn:
+  """The TRIME objective (Eq. 5) with the training memory of ``cfg.memory``.
+
+  * 'local': earlier tokens of the same segment (TRIMELM);
+  * 'long': earlier tokens of the same lane in the batch, across its
+    consecutive segments (TRIMELM_long; needs ``lane_id`` in the batch);
+  * 'external': every token of the other segments of the batch, plus the
+    local memory unless it is hidden for the whole step with probability
+    ``cfg.local_hide_prob`` (TRIMELM_ext, with BM25-packed batches).
+
+  The first ``round(cfg.lm_warmup_fraction * num_steps)`` updates use the
+  plain LM loss (``lax.cond`` on the step, so the memory sums are not
+  computed then). ``cfg.stop_gradient_memory`` stops the gradient into the
+  memory keys; ``cfg.block_size`` (0 = dense) sets the blockwise tiles.
+
+  Args:
+    cfg: ``config.loss``.
+    num_steps: total updates of the run (for the warm-up).
+    seed: the run's seed (for the external mode's per-step draw).
+
+  Returns:
+    A LossFn.
+
+  Raises:
+    ValueError: for an unknown memory or a hide probability outside [0, 1].
+  """
+  memory = cfg.memory
+  if memory not in TRIME_MEMORIES:
+    raise errors.ConfigError(
+        f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
+    )
+  p = float(cfg.local_hide_prob)
+  if not 0.0 <= p <= 1.0:
+    raise errors.ConfigError(f"loss.local_hide_prob must be in [0, 1], got {p}")
+  frac = float(cfg.lm_warmup_fraction)
+  if not 0.0 <= frac <= 1.0:
+    raise errors.ConfigError(
+        f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
+    )
+  warmup_steps = int(round(frac * num_steps))
+  block_size = int(cfg.block_size) or None
+  stop_memory = bool(cfg.stop_gradient_memory)
+
+  def loss_fn(
+      output: LMOutput, batch: dict[str, Array], *, step: Array, rng: Array
+  ) -> tuple[Array, dict[str, Array]]:
+    del rng
+    w = batch_weights(batch)
+    tokens = jnp.sum(w)
+    spec, hide = _training_memory(memory, batch, seed, step, p)
+    args = (
+        output.features,
+        output.target_logprob,
+        output.log_z,
+        batch["targets"],
+        w,
+    )
+
+    def with_memory(operands):
+      loss, aux = trime.trime_loss(
+          *operands,
+          spec=spec,
+          block_size=block_size,
+          stop_gradient_memory=stop_memory,
+      )
+      return loss, (
+          aux["lm_loss"],
+          aux["memory_target_share"],
+          aux["frac_with_positive"],
+          jnp.float32(1.0),
+      )
+
+    def plain(operands):
+      tlp, weights = operands[1], operands[4]
+      loss = -jnp.sum(tlp * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+      zero = jnp.float32(0.0)
+      return loss, (loss, zero, zero, zero)
+
+    if warmup_steps > 0:
+      loss, (lm, share, positive, active) = jax.lax.cond(
+          step >= warmup_steps, with_memory, plain, args
+      )
+    else:
+      loss, (lm, share, positive, active) = with_memory(args)
+    stop = jax.lax.stop_gradient
+    metrics = {
+        "nll_sum": loss * tokens,
+        "tokens": tokens,
+        # Token-weighted sums; the loop logs them divided by 'tokens'.
+        "aux_lm_loss_sum": stop(lm * tokens),
+        "aux_memory_share_sum": stop(share * tokens),
+        "aux_with_positive_sum": stop(positive * tokens),
+        "aux_memory_on_sum": stop(active * tokens),
+        "aux_hide_local_sum": stop(active * hide.astype(jnp.float32) * tokens),
+    }
+    return loss, metrics
+
+  return loss_fn

@@ -1,0 +1,181 @@
+"""Training batchers of the TRIME memories: random blocks and BM25 packing.
+
+Both register in ``memjax.registry.BATCHERS`` (see ``memjax.data.batchers``).
+
+* ``data.batching='blocks'``: b random blocks of m = ``data.segments_per_lane``
+  consecutive segments per step (``streams.RandomBlocks``), the in-batch
+  long-term memory of TRIMELM_long.
+* ``data.batching='bm25'``: segments packed by BM25 (Algorithm 1, k =
+  ``data.bm25_k``), served B per step in the packed order
+  (``streams.PackedSegments``), for TRIMELM_ext.
+
+BM25 packing is an offline job whose output the batcher reads. The order is
+a pure function of the training tokens, L, k, the seed and the stop words;
+``memjax.methods.trime.bm25_order.cached_bm25_order`` stores it in
+``<cache_dir>/bm25/bm25_order_<sha256 of tokens and settings>.npy``. Run the
+job ahead of training (progress bars on the console):
+
+    python -m memjax.main --config=configs/trime_wt103.py:trime_ext_7m \
+        --workdir=runs/ext --mode=pack
+
+or let the first training step compute it (same cache file); every later
+run, and every host of a multi-host run, reads the file. For WikiText-103
+the search is the expensive part (hours on two CPU cores, see
+docs/trime.md); it splits over machines with
+``python -m memjax.methods.trime.bm25_order --num_shards=...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from memjax import errors
+from memjax import console
+from memjax import registry
+from memjax.data import batchers
+from memjax.data import sources
+from memjax.data import streams
+
+
+def stopword_ids(
+    config: ml_collections.ConfigDict, cache_dir: str
+) -> list[int] | None:
+  """Ids of bm25s's English stop words in the word vocabulary, if enabled."""
+  d = config.data
+  if not d.bm25_stopwords:
+    return None
+  if sources.corpus_spec(d.corpus).level != "word":
+    raise errors.ConfigError(
+        "data.bm25_stopwords needs a word-level corpus (wikitext103)"
+    )
+  import bm25s  # pylint: disable=g-import-not-at-top
+  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+
+  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
+  vocab = vocab_lib.get_vocabulary(d.corpus, data_dir, cache_dir)
+  ids = {vocab.token_to_id(w) for w in bm25s.stopwords.STOPWORDS_EN}
+  ids.discard(vocab.unk_id)
+  return sorted(ids)
+
+
+def bm25_order(
+    config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
+) -> np.ndarray:
+  """The packed order of the training segments, computed once and cached.
+
+  Args:
+    config: the experiment config (data.seq_len, batch_size, bm25_*).
+    tokens: [N] training token stream.
+    cache_dir: the run's cache directory; the order goes to ``<cache_dir>/bm25``.
+
+  Returns:
+    [ceil(N / L)] int64 segment indices in packing order.
+  """
+  from memjax.methods.trime import bm25_order  # pylint: disable=g-import-not-at-top
+
+  d = config.data
+  if int(d.bm25_k) < 1:
+    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
+  start = time.time()
+  console.info(
+      "BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
+      -(-len(tokens) // d.seq_len),
+      d.seq_len,
+      d.bm25_k,
+      os.path.join(cache_dir, "bm25"),
+  )
+  order = bm25_order.cached_bm25_order(
+      tokens,
+      d.seq_len,
+      d.batch_size,
+      k=int(d.bm25_k),
+      seed=int(d.bm25_seed),
+      cache_dir=os.path.join(cache_dir, "bm25"),
+      stopword_ids=stopword_ids(config, cache_dir),
+      show_progress=True,
+  )
+  console.info(
+      "BM25 order ready: %d segments in %.1fs", len(order), time.time() - start
+  )
+  return order
+
+
+@registry.BATCHERS.register("blocks")
+def blocks_batcher(
+    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+) -> streams.RandomBlocks:
+  """b random blocks of m = ``data.segments_per_lane`` consecutive segments
+  per step (TRIMELM_long's in-batch long-term memory)."""
+  del cache_dir
+  d = config.data
+  return streams.RandomBlocks(
+      train.tokens,
+      d.seq_len,
+      batchers.lanes_of(config),
+      int(d.segments_per_lane),
+      seed=config.seed,
+  )
+
+
+@registry.BATCHERS.register("bm25")
+def bm25_batcher(
+    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+) -> streams.PackedSegments:
+  """Segments in the BM25 packed order (TRIMELM_ext), read from (or first
+  written to) ``<cache_dir>/bm25``."""
+  d = config.data
+  order = bm25_order(config, train.tokens, cache_dir)
+  return streams.PackedSegments(
+      train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
+  )
+
+
+def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """The offline packing job (``--mode=pack``): writes the BM25 order.
+
+  Reads the training split through its SeqIO task, runs Algorithm 1 into the
+  cache directory that training reads, and writes ``<workdir>/bm25_pack.json``
+  (counts and timing).
+  """
+  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
+
+  d = config.data
+  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
+  cache_dir = d.cache_dir or os.path.join(workdir, "cache")
+  os.makedirs(cache_dir, exist_ok=True)
+  train = tasks.load_token_stream(d.corpus, data_dir, "train", cache_dir)
+  start = time.time()
+  order = bm25_order(config, train.tokens, cache_dir)
+  batcher = streams.PackedSegments(
+      train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
+  )
+  summary = {
+      "segments": int(len(order)),
+      "batches_per_epoch": batcher.num_batches,
+      "seq_len": int(d.seq_len),
+      "batch_size": int(d.batch_size),
+      "k": int(d.bm25_k),
+      "seed": int(d.bm25_seed),
+      "stopwords": bool(d.bm25_stopwords),
+      "seconds": time.time() - start,
+      "cache_dir": os.path.join(cache_dir, "bm25"),
+  }
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "bm25_pack.json")
+  with open(path, "w") as f:
+    json.dump(summary, f, indent=2, sort_keys=True)
+  return {
+      **summary,
+      "results_path": path,
+      "summary_lines": [
+          f"BM25 order of {len(order)} segments "
+          f"({batcher.num_batches} batches of {d.batch_size}) in "
+          f"{summary['cache_dir']}"
+      ],
+  }

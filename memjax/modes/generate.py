@@ -1,0 +1,286 @@
+"""Top-p sampling with the recurrent memory carried (``--mode=generate``).
+
+The prompt is a window of a split (``generate.split``, ``prompt_offset``,
+``prompt_len``); the continuation has ``generate.num_tokens`` tokens drawn by
+top-p (nucleus) sampling (Holtzman et al. 2020; p = 0.95 in the LaMemo
+paper, App. D), with PRNG keys ``fold_in(PRNGKey(seed), t)``, so a seed gives
+one continuation.
+
+How the memory is carried: by segments, exactly as in training and
+evaluation. The text is cut into segments of T tokens (``eval.segment_len``
+or ``data.seq_len``). Completed segments live only in the memory (M =
+``generate.mem_len`` or ``model.mem_len``); the current, partial segment of
+k tokens (1 <= k <= T) is run with that memory, padded to T, and the next
+token is drawn from position k - 1 (attention is causal, and LaMemo's
+look-ahead reads only the segment's first token, so the padding changes
+nothing). When the segment is full and the next token has been drawn, the
+segment is committed: the model runs it once more to update the memory
+(Transformer-XL's push, LaMemo's look-ahead refresh and interpolation), and
+the new token starts the next segment. Every token is therefore predicted
+with the context it would have in a recurrent evaluation. Each step costs one
+forward pass over M + T rows; two programs are compiled (predict, commit).
+
+Models without memory (vanilla, Transformer+RPE) slide a window of the last
+T tokens instead.
+
+Writes ``<workdir>/generation.txt`` (settings, prompt, continuation),
+``generation.json``, and prints the text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from memjax import errors
+from memjax import console
+from memjax.eval import streams as recurrent_eval
+from memjax.data import vocab as vocab_lib
+
+Array = jax.Array
+
+
+def top_p_filter(logits: Array, top_p: float) -> Array:
+  """Keeps the smallest set of tokens whose probability reaches ``top_p``.
+
+  Tokens are ranked by probability; a token is kept when the probability of
+  the tokens ranked before it is below ``top_p`` (so the most likely token is
+  always kept, and the set is the shortest prefix whose mass is >= top_p).
+
+  Args:
+    logits: [..., V] float.
+    top_p: in (0, 1]; 1 keeps every token.
+
+  Returns:
+    [..., V] float32 logits with -inf outside the set.
+  """
+  if not 0.0 < top_p <= 1.0:
+    raise errors.ConfigError(f"generate.top_p must be in (0, 1], got {top_p}")
+  logits = jnp.asarray(logits, jnp.float32)
+  order = jnp.argsort(-logits, axis=-1)
+  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  before = jnp.cumsum(probs, axis=-1) - probs
+  keep_sorted = before < top_p
+  keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
+  return jnp.where(keep, logits, -jnp.inf)
+
+
+def sample_token(
+    log_probs: Array, key: Array, top_p: float, temperature: float = 1.0
+) -> Array:
+  """Draws one token per row from top-p filtered ``log_probs`` [..., V]."""
+  if temperature <= 0:
+    raise errors.ConfigError(
+        f"generate.temperature must be > 0, got {temperature}"
+    )
+  return jax.random.categorical(
+      key, top_p_filter(log_probs / temperature, top_p)
+  )
+
+
+class Sampler:
+  """Token-by-token sampling with the memory carried by segments."""
+
+  def __init__(
+      self, model, segment_len: int, *, top_p: float, temperature: float = 1.0
+  ):
+    """Creates the sampler.
+
+    Args:
+      model: a ``TransformerLM`` (with its memory length set).
+      segment_len: T.
+      top_p: nucleus mass.
+      temperature: divides the log-probabilities before filtering.
+    """
+    self.model = model
+    self.segment_len = int(segment_len)
+    self.top_p = float(top_p)
+    self.temperature = float(temperature)
+    self.recurrent = model.carries_memory()
+
+    def log_probs(params, memory, segment, k):
+      def fn(mdl, segment, memory):
+        out = mdl(segment, None, memory, deterministic=True)
+        h = jax.lax.dynamic_index_in_dim(
+            out.hidden, k - 1, axis=1, keepdims=False
+        )  # [1, D]
+        return mdl.log_probs(h)[0]
+
+      return model.apply({"params": params}, segment, memory, method=fn)
+
+    def commit(params, memory, segment):
+      return model.apply(
+          {"params": params}, segment, None, memory, deterministic=True
+      ).memory
+
+    self._log_probs = jax.jit(log_probs)
+    self._commit = jax.jit(commit)
+    self._sample = jax.jit(
+        lambda logp, key: sample_token(logp, key, self.top_p, self.temperature)
+    )
+
+  def run(
+      self,
+      params: Any,
+      prompt: Sequence[int],
+      num_steps: int,
+      choose: Callable[[int, Array], int],
+  ) -> list[Array]:
+    """Predicts ``num_steps`` next tokens after ``prompt``, one at a time.
+
+    Args:
+      params: model parameters.
+      prompt: n >= 1 token ids.
+      num_steps: how many next tokens to predict.
+      choose: ``choose(t, log_probs [V]) -> token`` picks token t (sampling,
+        or the known next token for scoring).
+
+    Returns:
+      The ``num_steps`` log-probability vectors [V] the choices were made
+      from.
+    """
+    buffer = [int(t) for t in prompt]
+    if not buffer:
+      raise errors.ConfigError("generate.prompt_len must be >= 1")
+    t_len = self.segment_len
+    memory = self.model.init_memory(1)
+
+    def settle(buffer, memory):
+      """Commits full segments so that 1 <= len(buffer) <= T."""
+      while len(buffer) > t_len:
+        if self.recurrent:
+          memory = self._commit(
+              params, memory, jnp.asarray([buffer[:t_len]], jnp.int32)
+          )
+          buffer = buffer[t_len:]
+        else:
+          buffer = buffer[-t_len:]
+      return buffer, memory
+
+    buffer, memory = settle(buffer, memory)
+    out = []
+    for t in range(num_steps):
+      k = len(buffer)
+      segment = np.zeros((1, t_len), np.int32)
+      segment[0, :k] = buffer
+      logp = self._log_probs(params, memory, jnp.asarray(segment), jnp.int32(k))
+      out.append(logp)
+      buffer, memory = settle(buffer + [int(choose(t, logp))], memory)
+    return out
+
+  def generate(
+      self, params: Any, prompt: np.ndarray, num_tokens: int, seed: int
+  ) -> np.ndarray:
+    """Returns [num_tokens] int32 tokens that continue ``prompt`` [n >= 1]."""
+    key = jax.random.PRNGKey(seed)
+    tokens = []
+
+    def choose(t, logp):
+      tokens.append(int(self._sample(logp, jax.random.fold_in(key, t))))
+      return tokens[-1]
+
+    self.run(params, np.asarray(prompt).reshape(-1), num_tokens, choose)
+    return np.asarray(tokens, np.int32)
+
+  def score(self, params: Any, tokens: np.ndarray) -> np.ndarray:
+    """[n - 1] float32 log p(tokens[i + 1] | tokens[:i + 1]), predicted the
+    way ``generate`` predicts (for checking it against evaluation)."""
+    tokens = np.asarray(tokens).reshape(-1)
+    logps = self.run(
+        params, tokens[:1], len(tokens) - 1, lambda t, _: int(tokens[t + 1])
+    )
+    return np.asarray(
+        [float(lp[tokens[t + 1]]) for t, lp in enumerate(logps)], np.float32
+    )
+
+
+def decode(vocab: Any, ids: np.ndarray) -> str:
+  """Token ids to text (words joined by spaces, or UTF-8 bytes)."""
+  ids = np.asarray(ids)
+  if hasattr(vocab, "tokens"):  # WordVocabulary
+    return vocab.decode([int(i) for i in ids])
+  return vocab_lib.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """``--mode=generate``: continues a prompt from a split (see module doc)."""
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
+
+  g = config.generate
+  restored, corpus = experiment.load_for_mode(config, workdir)
+  if g.split not in corpus.splits:
+    raise errors.ConfigError(
+        f"generate.split {g.split!r} is not in eval.splits "
+        f"{tuple(config.eval.splits)}"
+    )
+  tokens = corpus.splits[g.split].tokens
+  start, length = int(g.prompt_offset), int(g.prompt_len)
+  if length < 1 or start < 0 or start + length > len(tokens):
+    raise errors.ConfigError(
+        f"generate.prompt_offset {start} + prompt_len {length} must lie "
+        f"within the {g.split} split's {len(tokens)} tokens"
+    )
+  prompt = np.asarray(tokens[start : start + length])
+  model = restored.model
+  mem_len = int(g.mem_len or config.model.mem_len)
+  if model.carries_memory() and mem_len != model.mem_len:
+    model = model.clone(mem_len=mem_len)
+  seg = recurrent_eval.segment_len_of(config)
+  sampler = Sampler(
+      model, seg, top_p=float(g.top_p), temperature=float(g.temperature)
+  )
+  console.info(
+      "generating %d tokens after a %d-token prompt (%s[%d:%d]), "
+      "top-p %.2f, segments of %d, memory %d",
+      int(g.num_tokens),
+      length,
+      g.split,
+      start,
+      start + length,
+      float(g.top_p),
+      seg,
+      model.mem_len if model.carries_memory() else 0,
+  )
+  new = sampler.generate(
+      restored.params, prompt, int(g.num_tokens), int(g.seed)
+  )
+  vocab = restored.vocab
+  prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
+  header = (
+      f"model {config.name}, step {restored.step}; prompt "
+      f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
+      f"top-p {float(g.top_p)}, temperature {float(g.temperature)}, "
+      f"seed {int(g.seed)}, segments of {seg}, memory "
+      f"{model.mem_len if model.carries_memory() else 0}"
+  )
+  text = (
+      f"{header}\n\n=== prompt ===\n{prompt_text}\n\n"
+      f"=== continuation ===\n{new_text}\n"
+  )
+  paths = [
+      os.path.join(workdir, "generation.txt"),
+      os.path.join(workdir, "generation.json"),
+  ]
+  with open(paths[0], "w") as f:
+    f.write(text)
+  result = {
+      "name": config.name,
+      "step": restored.step,
+      "header": header,
+      "prompt": prompt_text,
+      "continuation": new_text,
+      "prompt_ids": prompt.tolist(),
+      "ids": new.tolist(),
+  }
+  with open(paths[1], "w") as f:
+    json.dump(result, f, indent=2)
+  print(text, flush=True)
+  result["files"] = paths
+  return result

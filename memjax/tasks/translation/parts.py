@@ -1,0 +1,119 @@
+"""The parts of a translation run: config checks, the run's vocabulary, the
+encoded splits, the translator and split scoring.
+
+``memjax.tasks.translation.task`` (training and evaluation through the common
+loop) and the ``translate`` mode use them. Everything the user can get wrong
+(data files, a vocabulary of another run) is checked before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import ml_collections
+
+from memjax import errors
+from memjax import registry
+from memjax import runfiles
+from memjax.data import parallel
+from memjax.tasks.translation import bleu
+from memjax.tasks.translation import translator as translator_lib
+
+
+def data_dir(config: ml_collections.ConfigDict) -> str:
+  return config.data.data_dir or parallel.DEFAULT_DIR
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for settings a translation run cannot use."""
+  if config.model.family != "encoder_decoder":
+    raise errors.ConfigError(
+        "a translation run needs model.family='encoder_decoder', got "
+        f"{config.model.family!r}"
+    )
+  registry.OBJECTIVES.get(config.loss.name)
+  registry.BATCHERS.get(config.data.batching)
+  t = config.translation
+  if t.source_lang == t.target_lang:
+    raise errors.ConfigError(
+        "translation.source_lang and target_lang must differ, both are "
+        f"{t.source_lang!r}"
+    )
+  if t.beam_size < 1 or t.decode_batch_size < 1:
+    raise errors.ConfigError(
+        "translation.beam_size and decode_batch_size must be >= 1"
+    )
+  if max(t.buckets) > config.model.max_len:
+    raise errors.ConfigError(
+        f"translation.buckets {tuple(t.buckets)} exceed model.max_len "
+        f"{config.model.max_len}"
+    )
+
+
+def check_vocabulary(vocab_path: str, workdir: str) -> None:
+  """Raises CheckpointMismatchError if ``workdir`` holds a run trained with
+  another vocabulary than ``vocab_path``."""
+  saved = os.path.join(workdir, runfiles.VOCAB_FILE)
+  if not os.path.isfile(saved):
+    return
+  with open(saved) as f:
+    info = json.load(f)
+  sha = runfiles.file_sha1(vocab_path)
+  if info.get("kind") != "sentencepiece" or info.get("sha1") != sha:
+    raise errors.CheckpointMismatchError(
+        f"{vocab_path} is not the vocabulary the run in {workdir} was trained "
+        f"with (sha1 {sha[:12]} vs {str(info.get('sha1'))[:12]}): use the "
+        "run's spm.model or another --workdir"
+    )
+
+
+def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The sentencepiece model of a run: ``translation.vocab_file``, the one a
+  run in ``workdir`` saved, or one trained on the training split."""
+  t = config.translation
+  if t.vocab_file:
+    path = os.path.abspath(t.vocab_file)
+    parallel.load_vocabulary(path)
+    check_vocabulary(path, workdir)
+    return path
+  saved = os.path.join(workdir, runfiles.SPM_FILE)
+  if os.path.isfile(saved):
+    return saved
+  return parallel.train_vocabulary(
+      data_dir(config), t.source_lang, t.target_lang, int(t.vocab_size),
+      os.path.join(workdir, "cache"),
+  )  # fmt: skip
+
+
+def read_split(config, split: str, vocab_path: str, workdir: str):
+  t = config.translation
+  return parallel.encode_split(
+      data_dir(config), split, t.source_lang, t.target_lang, vocab_path,
+      os.path.join(workdir, "cache"),
+  )  # fmt: skip
+
+
+def make_translator(config, model, params, vocab, hook=None):
+  t = config.translation
+  return translator_lib.Translator(
+      model, params, vocab, beam_size=t.beam_size,
+      length_penalty=t.length_penalty, max_len_a=t.max_len_a,
+      max_len_b=t.max_len_b, batch_size=t.decode_batch_size, hook=hook,
+  )  # fmt: skip
+
+
+def score_split(tr, split_data, max_sentences: int, desc: str) -> dict:
+  """Translates a split (beam) and scores it with sacreBLEU."""
+  n = len(split_data.source)
+  if max_sentences:
+    n = min(n, int(max_sentences))
+  start = time.time()
+  ids = tr.translate_ids(split_data.source[:n], desc=desc)
+  hyps = [tr.vocab.decode(x) for x in ids]
+  scores = bleu.score(hyps, split_data.target_text[:n])
+  scores["decode_seconds"] = time.time() - start
+  scores["hypotheses"] = hyps
+  return scores

@@ -1,0 +1,171 @@
+"""Translation as a training task (``config.task = 'translation'``).
+
+Training goes through the same loop as every language model
+(``memjax.train``: ``--mode=train``), with this task supplying what differs:
+the parallel splits and their joint sentencepiece vocabulary (trained on the
+training split, or ``translation.vocab_file``, or the one a run saved), the
+token batches' size for throughput, and evaluation by beam search scored
+with sacreBLEU (periodically on ``translation.eval_max_sentences`` of each
+evaluation split, and on the whole splits at the end, with the translations
+written to ``<workdir>/translations/<split>.txt``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import ml_collections
+from jax.sharding import Mesh
+
+from memjax import console
+from memjax import registry
+from memjax import task
+from memjax.data import parallel
+from memjax.tasks.translation import bleu
+from memjax.tasks.translation import parts
+
+# Scalars logged per split (the rest of sacreBLEU's output goes to files).
+_LOGGED = ("bleu", "chrf", "bleu_lowercase")
+
+
+@dataclasses.dataclass
+class ParallelData:
+  """The splits of a translation run.
+
+  Attributes:
+    name: 'parallel <src>-<tgt>'.
+    vocab_size: V of the joint vocabulary.
+    vocab_path: the sentencepiece model file.
+    vocab: the ``seqio.SentencePieceVocabulary``.
+    train: the training ``parallel.ParallelSplit`` (None when not read).
+    splits: evaluation splits by name.
+    cache_dir: where encoded splits are cached.
+  """
+
+  name: str
+  vocab_size: int
+  vocab_path: str
+  vocab: Any
+  train: Any
+  splits: dict[str, Any]
+  cache_dir: str
+
+
+class _BleuEvaluator(task.Evaluator):
+  """Beam search over each evaluation split, scored with sacreBLEU."""
+
+  def __init__(self, config, model, data: ParallelData, out_dir: str = ""):
+    self.config, self.model, self.data = config, model, data
+    self.out_dir = out_dir
+
+  def run(self, params, step, max_items, prefix="", writer=None):
+    tr = parts.make_translator(self.config, self.model, params, self.data.vocab)
+    res = {}
+    for split, data in self.data.splits.items():
+      scores = parts.score_split(
+          tr, data, max_items, f"{prefix}{split} @ step {step}: decoding"
+      )
+      hyps = scores.pop("hypotheses")
+      if self.out_dir and jax.process_index() == 0:
+        os.makedirs(self.out_dir, exist_ok=True)
+        path = os.path.join(self.out_dir, f"{split}.txt")
+        with open(path, "w", encoding="utf-8") as f:
+          f.write("\n".join(hyps) + "\n")
+      console.info("%s", bleu.summary(scores, f"{prefix}{split}"))
+      res[split] = scores
+      if writer is not None:
+        writer.write_scalars(
+            step,
+            {
+                f"{prefix}{split}/{k}": float(scores[k])
+                for k in _LOGGED
+                if k in scores
+            },
+        )
+    return res
+
+
+@registry.TASKS.register("translation")
+class Translation(task.Task):
+  """Sentence-level translation of ``translation.source_lang`` into
+  ``translation.target_lang`` with an encoder-decoder."""
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    parts.check_config(config)
+
+  def data_settings(self, config) -> dict[str, Any]:
+    # The batches depend on the languages, max_tokens and buckets; the
+    # vocabulary on the languages and vocab_size (a translation.vocab_file
+    # is checked against the run's own by its SHA-1 instead).
+    t = config.translation
+    settings = {
+        "translation.source_lang": t.source_lang,
+        "translation.target_lang": t.target_lang,
+        "translation.max_tokens": int(t.max_tokens),
+        "translation.buckets": [int(b) for b in t.buckets],
+    }
+    if not t.vocab_file:
+      settings["translation.vocab_size"] = int(t.vocab_size)
+    return settings
+
+  def check_data(self, config, train=True):
+    t = config.translation
+    splits = (("train",) if train else ()) + tuple(t.eval_splits)
+    for split in splits:
+      parallel.split_files(
+          parts.data_dir(config), split, t.source_lang, t.target_lang
+      )
+
+  def load(self, config, workdir, train=True) -> ParallelData:
+    t = config.translation
+    vocab_path = parts.vocabulary_path(config, workdir)
+    vocab = parallel.load_vocabulary(vocab_path)
+    read = lambda s: parts.read_split(config, s, vocab_path, workdir)
+    return ParallelData(
+        name=f"parallel {t.source_lang}-{t.target_lang}",
+        vocab_size=int(vocab.vocab_size),
+        vocab_path=vocab_path,
+        vocab=vocab,
+        train=read("train") if train else None,
+        splits={s: read(s) for s in t.eval_splits},
+        cache_dir=os.path.join(workdir, "cache"),
+    )
+
+  def describe(self, data: ParallelData) -> str:
+    splits = ", ".join(f"{k} {len(v.source)}" for k, v in data.splits.items())
+    train = f", train {len(data.train.source)} pairs" if data.train else ""
+    return f"{data.name}: vocabulary {data.vocab_size}{train}, {splits}"
+
+  def vocabulary(self, config, workdir) -> Any:
+    return parallel.load_vocabulary(parts.vocabulary_path(config, workdir))
+
+  def tokens_per_step(self, config) -> int:
+    return int(config.translation.max_tokens)
+
+  def check_batch_fits(self, config, mesh: Mesh) -> None:
+    # The token batcher rounds every bucket's rows to the data-parallel
+    # size itself (``token_batching.TokenBatcher``).
+    del config, mesh
+
+  def evaluator(self, config, model, mesh, data) -> task.Evaluator:
+    del mesh
+    return _BleuEvaluator(config, model, data)
+
+  def final_results(
+      self, config, model, params, mesh, data, step, writer=None
+  ) -> dict[str, Any]:
+    del mesh
+    workdir = os.path.dirname(data.cache_dir)
+    evaluator = _BleuEvaluator(
+        config, model, data, os.path.join(workdir, "translations")
+    )
+    results = {"name": config.name, "step": step, "unit": "bleu"}
+    scores = evaluator.run(
+        params, step, int(config.translation.eval_max_sentences), "", writer
+    )
+    results.update(scores)
+    results["summary_lines"] = [bleu.summary(v, k) for k, v in scores.items()]
+    return results

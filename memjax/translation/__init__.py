@@ -1,2 +1,0 @@
-"""Translation: decoding (greedy, beam, hook for evaluation memories),
-the batched translator, sacreBLEU scoring and the training of a run."""

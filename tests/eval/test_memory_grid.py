@@ -1,0 +1,243 @@
+"""Evaluation with testing memories against NumPy references written from Eq. 6."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memjax.eval import windows as evaluate
+from memjax.eval import memory_grid as evaluate_memory
+from memjax import sharding as sharding_lib
+from memjax.data import streams
+from memjax.memory import evaluation
+from memjax.models import transformer
+
+WINDOW, SCORE = 8, 3
+
+
+def _model():
+  return transformer.TransformerLM(
+      vocab_size=24,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      cutoffs=(),
+      dropout_rate=0.0,
+  )
+
+
+@pytest.fixture(scope="module")
+def setup(repetitive_setup):
+  return repetitive_setup(_model(), WINDOW)
+
+
+def _window_outputs(model, params, tokens):
+  """Per eval_windows window: (start, length, score_from, g, tlp, log_z)."""
+  out = []
+  for start, length, sfrom in streams.eval_windows(
+      len(tokens) - 1, WINDOW, SCORE
+  ):
+    inp = np.zeros((1, WINDOW), np.int32)
+    tgt = np.zeros((1, WINDOW), np.int32)
+    inp[0, :length] = tokens[start : start + length]
+    tgt[0, :length] = tokens[start + 1 : start + length + 1]
+    o = model.apply({"params": params}, inp, tgt)
+    out.append(
+        (
+            int(start),
+            int(length),
+            int(sfrom),
+            np.asarray(o.features[0], np.float64),
+            np.asarray(o.target_logprob[0], np.float64),
+            np.asarray(o.log_z[0], np.float64),
+        )
+    )
+  return out
+
+
+def reference(model, params, tokens, kind, n_long, tau=1.0, theta=0.0, lam=0.0):
+  """log p of every prediction, straight from Eq. 6 / Grave et al., float64."""
+  windows = _window_outputs(model, params, tokens)
+  scored_g = {}
+  for start, length, sfrom, g, _, _ in windows:
+    for o in range(sfrom, length):
+      scored_g[start + o] = g[o]
+  d = windows[0][3].shape[-1]
+  logp = {}
+  for start, length, sfrom, g, tlp, lz in windows:
+    for o in range(sfrom, length):
+      p = start + o
+      y = tokens[p + 1]
+      memory = [(g[j], tokens[start + j + 1]) for j in range(o)]  # M_local
+      memory += [
+          (scored_g[j], tokens[j + 1])  # M_long
+          for j in range(max(start - n_long, 0), start)
+      ]
+      if kind == "trime":
+        sims = [np.exp(g[o] @ k / math.sqrt(d) / tau) for k, _ in memory]
+        num = math.exp(lz[o] + tlp[o]) + sum(
+            s for s, (_, x) in zip(sims, memory) if x == y
+        )
+        den = math.exp(lz[o]) + sum(sims)
+        logp[p] = math.log(num / den)
+      else:
+        if not memory:
+          logp[p] = tlp[o]
+          continue
+        sims = np.array([np.exp(theta * g[o] @ k) for k, _ in memory])
+        pos = sum(s for s, (_, x) in zip(sims, memory) if x == y)
+        logp[p] = math.log(
+            (1 - lam) * math.exp(tlp[o]) + lam * pos / sims.sum()
+        )
+  return np.array([logp[p] for p in range(len(tokens) - 1)])
+
+
+@pytest.mark.parametrize("n_long", [0, 5, 13])
+def test_trime_evaluation_matches_numpy(setup, n_long):
+  model, params, tokens, one = setup
+  grid = evaluate_memory.Grid(
+      kind="trime", long_sizes=(n_long,), temperatures=(0.7,)
+  )
+  r = evaluate_memory.score_stream(
+      model,
+      params,
+      tokens,
+      grid,
+      window_len=WINDOW,
+      score_len=SCORE,
+      batch_size=2,
+      mesh=one,
+      unit="ppl",
+      block_size=4,
+      keep_tokens=True,
+  )
+  ref = reference(model, params, tokens, "trime", n_long, tau=0.7)
+  np.testing.assert_array_equal(r["positions"], np.arange(len(tokens) - 1))
+  np.testing.assert_allclose(r["grid_logprob"][0], ref, rtol=2e-5, atol=2e-5)
+  assert r["grid"][0]["nll"] == pytest.approx(-ref.mean(), rel=1e-5)
+
+
+def test_cache_evaluation_matches_numpy(setup):
+  model, params, tokens, one = setup
+  grid = evaluate_memory.Grid(
+      kind="cache", long_sizes=(6,), thetas=(0.05,), lambdas=(0.0, 0.3)
+  )
+  r = evaluate_memory.score_stream(
+      model,
+      params,
+      tokens,
+      grid,
+      window_len=WINDOW,
+      score_len=SCORE,
+      batch_size=3,
+      mesh=one,
+      unit="ppl",
+      block_size=None,
+      keep_tokens=True,
+  )
+  ref = reference(model, params, tokens, "cache", 6, theta=0.05, lam=0.3)
+  np.testing.assert_allclose(r["grid_logprob"][1], ref, rtol=2e-5, atol=2e-5)
+  # lam = 0 is exactly the plain model.
+  np.testing.assert_array_equal(r["grid_logprob"][0], r["lm_logprob"])
+
+
+def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
+    setup,
+):
+  model, params, tokens, one = setup
+  kw = dict(
+      window_len=WINDOW,
+      score_len=SCORE,
+      batch_size=2,
+      mesh=one,
+      unit="ppl",
+      block_size=4,
+  )
+  both = evaluate_memory.score_stream(
+      model,
+      params,
+      tokens,
+      evaluate_memory.Grid(
+          kind="trime", long_sizes=(0, 9), temperatures=(1.0,)
+      ),
+      **kw,
+  )
+  local = evaluate_memory.score_stream(
+      model,
+      params,
+      tokens,
+      evaluate_memory.Grid(kind="trime", long_sizes=(0,), temperatures=(1.0,)),
+      **kw,
+  )
+  assert both["grid"][0]["nll"] == pytest.approx(
+      local["grid"][0]["nll"], rel=1e-6
+  )
+  assert both["grid"][1]["nll"] != pytest.approx(
+      local["grid"][0]["nll"], rel=1e-3
+  )
+  # The plain scores and the lam = 0 cache equal memjax.eval.windows's protocol.
+  plain = evaluate.evaluate_tokens(
+      sharding_lib.under_mesh(evaluate.make_eval_step(model), one),
+      params,
+      tokens,
+      window_len=WINDOW,
+      score_len=SCORE,
+      batch_size=4,
+      mesh=one,
+      unit="ppl",
+  )
+  cache0 = evaluate_memory.score_stream(
+      model,
+      params,
+      tokens,
+      evaluate_memory.Grid(
+          kind="cache", long_sizes=(9,), thetas=(0.1,), lambdas=(0.0,)
+      ),
+      **kw,
+  )
+  assert cache0["grid"][0]["nll"] == pytest.approx(plain["nll"], rel=1e-6)
+  assert cache0["plain"]["nll"] == pytest.approx(plain["nll"], rel=1e-6)
+  assert cache0["grid"][0]["tokens"] == plain["tokens"] == len(tokens) - 1
+
+
+def test_sharded_evaluation_equals_unsharded(setup):
+  model, params, tokens, one = setup
+  grid = evaluate_memory.Grid(
+      kind="trime", long_sizes=(0, 11), temperatures=(0.8, 1.3)
+  )
+  kw = dict(window_len=WINDOW, score_len=SCORE, unit="ppl", block_size=4)
+  a = evaluate_memory.score_stream(
+      model, params, tokens, grid, batch_size=8, mesh=one, **kw
+  )
+  mesh = sharding_lib.make_mesh({"data": 8})
+  b = evaluate_memory.score_stream(
+      model, params, tokens, grid, batch_size=8, mesh=mesh, **kw
+  )
+  for x, y in zip(a["grid"], b["grid"]):
+    assert x["nll"] == pytest.approx(y["nll"], rel=1e-5)
+
+
+def test_fifo_bank_keeps_exactly_the_last_pairs():
+  bank = evaluation.init_bank(5, 2)
+  push = jax.jit(evaluation.push)
+  stream = np.arange(23)
+  for lo in range(0, 23, 4):  # windows of 4 new pairs, the last one short
+    pos = np.full(4, -1)
+    chunk = stream[lo : lo + 4]
+    pos[: len(chunk)] = chunk
+    keys = np.stack([pos, -pos], 1).astype(np.float32)
+    bank = push(
+        bank, jnp.asarray(keys), jnp.asarray(pos + 100), jnp.asarray(pos)
+    )
+    last = stream[max(lo + len(chunk) - 5, 0) : lo + len(chunk)]
+    got = np.asarray(bank.positions)
+    np.testing.assert_array_equal(got[got >= 0], last)
+    assert np.all(got[: 5 - len(last)] == -1)
+    np.testing.assert_array_equal(np.asarray(bank.tokens)[got >= 0], last + 100)
+    np.testing.assert_array_equal(np.asarray(bank.keys)[got >= 0, 0], last)
+  assert evaluation.bank_capacity("trime", (0, 100, 50), 8, 3) == 105
+  assert evaluation.bank_capacity("trime", (0,), 8, 3) == 0

@@ -1,0 +1,438 @@
+"""External memory: datastore, exact and ScaNN search, kNN-LM and TRIMELM_ext.
+
+References are NumPy: brute-force neighbours, the kNN-LM distribution and
+TRIME's Eq. 6-9 written out per query over M_local u M_long u kNN(M_ext).
+"""
+
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from memjax import errors
+from memjax.eval import memory_grid as evaluate_memory
+from memjax import sharding as sharding_lib
+from memjax.data import streams
+from memjax.memory import datastore as ds_lib
+from memjax.eval import external
+from memjax.memory import search
+from memjax.models import transformer
+
+WINDOW, SCORE = 8, 3
+SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 2}
+
+
+def _model(vocab=24):
+  return transformer.TransformerLM(
+      vocab_size=vocab, num_layers=1, d_model=16, num_heads=2, head_dim=8,
+      d_ff=32, cutoffs=(), dropout_rate=0.0,
+  )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def setup(repetitive_setup):
+  return repetitive_setup(_model(), WINDOW)
+
+
+def _spec(tokens, dim=16, shard_batches=1, batch_size=2, sig=SIG):
+  return ds_lib.BuildSpec(
+      signature=sig, checkpoint={"source": "toy", "step": 0}, dim=dim,
+      corpus="toy", split="train",
+      window_len=WINDOW, score_len=SCORE, batch_size=batch_size,
+      shard_batches=shard_batches, num_tokens=len(tokens),
+  )  # fmt: skip
+
+
+def _windows(model, params, tokens):
+  """Per eval window: (start, length, score_from, g, log p_vocab(y), log Z)."""
+  out = []
+  for start, length, sfrom in streams.eval_windows(
+      len(tokens) - 1, WINDOW, SCORE
+  ):
+    inp = np.zeros((1, WINDOW), np.int32)
+    tgt = np.zeros((1, WINDOW), np.int32)
+    inp[0, :length] = tokens[start : start + length]
+    tgt[0, :length] = tokens[start + 1 : start + length + 1]
+    o = model.apply({"params": params}, inp, tgt)
+    out.append((int(start), int(length), int(sfrom),
+                np.asarray(o.features[0], np.float64),
+                np.asarray(o.target_logprob[0], np.float64),
+                np.asarray(o.log_z[0], np.float64)))  # fmt: skip
+  return out
+
+
+def _scored_g(model, params, tokens):
+  g = {}
+  for start, length, sfrom, feats, _, _ in _windows(model, params, tokens):
+    for o in range(sfrom, length):
+      g[start + o] = feats[o]
+  return np.stack([g[p] for p in range(len(tokens) - 1)])
+
+
+# ---------------------------------------------------------------- datastore
+
+
+def _files(path):
+  return {
+      f: open(os.path.join(path, f), "rb").read()
+      for f in sorted(os.listdir(path))
+      if not f.startswith("index")
+  }
+
+
+def test_datastore_round_trip_resume_and_two_processes(setup, tmp_path):
+  model, params, tokens, one = setup
+  spec = _spec(tokens)
+  full = str(tmp_path / "full")
+  store = ds_lib.build(model, params, tokens, spec, full, mesh=one)
+  # Keys are g of every scored prediction, in stream order; values y.
+  g = _scored_g(model, params, tokens)
+  assert store.count == len(tokens) - 1 and len(store.keys) > 2
+  keys, vals = store.gather(np.arange(store.count))
+  np.testing.assert_allclose(keys, g.astype(np.float16), rtol=1e-3, atol=1e-3)
+  np.testing.assert_array_equal(vals, tokens[1:])
+  # An interrupted build resumed from its last complete shard.
+  part = str(tmp_path / "resumed")
+  assert ds_lib.build(
+      model, params, tokens, spec, part, mesh=one, stop_after_shards=2
+  ) is None  # fmt: skip
+  with open(os.path.join(part, "shard-00002.keys.tmp"), "wb") as f:
+    f.write(b"partial")  # a shard cut short by the interruption
+  ds_lib.check_build_dir(part, spec)
+  ds_lib.build(model, params, tokens, spec, part, mesh=one)
+  # Process 0 and 1 of 2, joined by whichever finishes last.
+  two = str(tmp_path / "two")
+  assert ds_lib.build(
+      model, params, tokens, spec, two, mesh=one, process_index=1,
+      process_count=2,
+  ) is None  # fmt: skip
+  ds_lib.build(
+      model, params, tokens, spec, two, mesh=one, process_index=0,
+      process_count=2,
+  )  # fmt: skip
+  want = {k: v for k, v in _files(full).items() if k != "manifest.json"}
+  for other in (part, two):
+    got = _files(other)
+    assert {k: v for k, v in got.items() if k != "manifest.json"} == want
+    assert ds_lib.open_datastore(other).count == store.count
+
+
+def test_values_above_int16_survive(tmp_path):
+  model = _model(vocab=40000)
+  tokens = np.array([39999, 32768, 5, 32767, 33000, 7, 39000, 1, 35000, 2],
+                    np.int32)  # fmt: skip
+  params = model.init(
+      jax.random.PRNGKey(1), tokens[None, :WINDOW], tokens[None, 1 : WINDOW + 1]
+  )["params"]
+  one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
+  store = ds_lib.build(
+      model, params, tokens, _spec(tokens), str(tmp_path), mesh=one
+  )
+  np.testing.assert_array_equal(
+      store.gather(np.arange(store.count))[1], tokens[1:]
+  )
+
+
+def _unchanged(path, fn, error):
+  before = _files(path)
+  with pytest.raises(error) as e:
+    fn()
+  assert "\n" not in str(e.value)
+  assert _files(path) == before
+  return str(e.value)
+
+
+def test_bad_datastores_fail_with_one_line_and_change_nothing(tmp_path):
+  rng = np.random.default_rng(0)
+  path = str(tmp_path / "ds")
+  ds_lib.from_arrays(path, rng.normal(size=(30, 16)), np.arange(30),
+                     signature=SIG, shard_size=10)  # fmt: skip
+  other = dict(SIG, model={"d_model": 32})
+  msg = _unchanged(path, lambda: ds_lib.open_datastore(path, signature=other),
+                   errors.CheckpointMismatchError)  # fmt: skip
+  assert "another model" in msg
+  _unchanged(path, lambda: ds_lib.open_datastore(path, dim=32),
+             errors.CheckpointMismatchError)  # fmt: skip
+  store = ds_lib.open_datastore(path, signature=SIG, dim=16)
+  # Built from another checkpoint of the same model.
+  ck = {"source": "/runs/a", "step": 6}
+  m = os.path.join(path, "manifest.json")
+  man = json.load(open(m))
+  man["checkpoint"] = ck
+  open(m, "w").write(json.dumps(man))
+  assert "step 6" in _unchanged(
+      path,
+      lambda: ds_lib.open_datastore(path, checkpoint=dict(ck, step=7)),
+      errors.CheckpointMismatchError,
+  )
+  ds_lib.open_datastore(path, checkpoint=ck)
+  assert "holds 30 keys" in _unchanged(
+      path, lambda: search.check_k(store, 31), errors.ConfigError
+  )
+  # Building into it with another model's signature.
+  tokens = np.arange(12)
+  _unchanged(path, lambda: ds_lib.check_build_dir(path, _spec(tokens)),
+             errors.DataError)  # fmt: skip
+  # Another dtype, a truncated and a missing shard.
+  m = os.path.join(path, "manifest.json")
+  text = open(m).read()
+  open(m, "w").write(text.replace('"float16"', '"float32"'))
+  assert "float32" in _unchanged(
+      path, lambda: ds_lib.open_datastore(path), errors.DataError
+  )
+  open(m, "w").write(text)
+  k1 = os.path.join(path, "shard-00001.keys")
+  data = open(k1, "rb").read()
+  open(k1, "wb").write(data[:-2])
+  assert "truncated" in _unchanged(
+      path, lambda: ds_lib.open_datastore(path), errors.DataError
+  )
+  os.remove(k1)
+  assert "missing" in _unchanged(
+      path, lambda: ds_lib.open_datastore(path), errors.DataError
+  )
+
+
+def test_resume_with_other_settings_is_refused(setup, tmp_path):
+  model, params, tokens, one = setup
+  path = str(tmp_path)
+  ds_lib.build(model, params, tokens, _spec(tokens), path, mesh=one,
+               stop_after_shards=1)  # fmt: skip
+  _unchanged(path, lambda: ds_lib.check_build_dir(
+      path, _spec(tokens, shard_batches=2)), errors.ResumeError)  # fmt: skip
+  _unchanged(path, lambda: ds_lib.check_build_dir(
+      path, _spec(tokens, sig=dict(SIG, model={"d_model": 8}))),
+      errors.CheckpointMismatchError)  # fmt: skip
+
+
+# ------------------------------------------------------------------- search
+
+
+@pytest.mark.parametrize("metric", ["dot_product", "squared_l2"])
+def test_exact_topk_matches_numpy(metric):
+  rng = np.random.default_rng(1)
+  q = rng.normal(size=(7, 12)).astype(np.float32)
+  keys = rng.normal(size=(301, 12)).astype(np.float16)
+  s, i = search.exact_topk(q, keys, 20, metric, block=64)
+  k32 = keys.astype(np.float64)
+  ref = q @ k32.T if metric == "dot_product" else -(
+      (q[:, None, :] - k32[None]) ** 2).sum(-1)  # fmt: skip
+  order = np.argsort(-ref, axis=1)[:, :20]
+  np.testing.assert_array_equal(i, order)
+  np.testing.assert_allclose(s, np.take_along_axis(ref, order, 1), rtol=1e-5)
+  # Fewer keys than k: padded with -1.
+  _, i = search.exact_topk(q, keys[:5], 8, metric)
+  assert (i[:, 5:] == -1).all() and (np.sort(i[:, :5], 1) == np.arange(5)).all()
+
+
+def test_scann_recall_on_clustered_data_and_reload(tmp_path):
+  rng = np.random.default_rng(2)
+  centers = rng.normal(size=(40, 16)) * 3
+  keys = centers[rng.integers(0, 40, 6000)] + rng.normal(size=(6000, 16))
+  queries = centers[rng.integers(0, 40, 64)] + rng.normal(size=(64, 16))
+  store = ds_lib.from_arrays(str(tmp_path / "a"), keys, np.arange(6000) % 97,
+                             signature=SIG, shard_size=2500)  # fmt: skip
+  for metric in ("dot_product", "squared_l2"):
+    exact = search.ExactSearcher(store, metric)
+    built = search.build_index(store, metric, 50, leaves_to_search=15)
+    e_s, e_i = exact.search(queries, 50)
+    a_s, a_i = built.search(queries, 50)
+    # Stated bound: recall@50 >= 0.95 with sqrt(n) leaves, 15 of 50 searched.
+    assert search.recall_at_k(a_i, e_i) >= 0.95
+    # Scores of the found neighbours are exact (re-ordered on float32 keys).
+    r_s, r_v = search.exact_scores(store, queries, a_i, metric)
+    np.testing.assert_allclose(a_s, r_s, rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(r_v, (a_i % 97))
+    # Reloaded, not rebuilt, from a datastore moved elsewhere.
+    os.rename(tmp_path / "a", tmp_path / "b")
+    loaded = search.load_index(ds_lib.open_datastore(str(tmp_path / "b")),
+                               metric)  # fmt: skip
+    np.testing.assert_array_equal(loaded.search(queries, 50)[1], a_i)
+    os.rename(tmp_path / "b", tmp_path / "a")
+  # A datastore rebuilt under the index: the index no longer matches.
+  ds_lib.from_arrays(str(tmp_path / "a"), keys[:5000], np.arange(5000),
+                     signature=SIG, shard_size=2500)  # fmt: skip
+  store = ds_lib.open_datastore(str(tmp_path / "a"))
+  with pytest.raises(errors.DataError, match="does not match"):
+    search.load_index(store, "dot_product")
+
+
+# --------------------------------------------------------------- evaluation
+
+
+def _score(setup, grid, ext, **kw):
+  model, params, tokens, one = setup
+  return evaluate_memory.score_stream(
+      model, params, tokens, grid, window_len=WINDOW, score_len=SCORE,
+      batch_size=2, mesh=one, unit="ppl", block_size=4, keep_tokens=True,
+      external=ext, **kw,
+  )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hand_store(tmp_path_factory):
+  rng = np.random.default_rng(3)
+  keys = rng.normal(size=(40, 16)) * 2.0
+  values = np.arange(40) % 24  # every token of the toy vocabulary
+  return ds_lib.from_arrays(str(tmp_path_factory.mktemp("hand")), keys,
+                            values, signature=SIG, shard_size=15)  # fmt: skip
+
+
+def _memories(setup, n_long):
+  """Per prediction p: (g, y, log p_vocab(y), log Z, M_local u M_long)."""
+  model, params, tokens, _ = setup
+  windows = _windows(model, params, tokens)
+  scored = _scored_g(model, params, tokens)
+  out = {}
+  for start, length, sfrom, g, tlp, lz in windows:
+    for o in range(sfrom, length):
+      mem = [(g[j], tokens[start + j + 1]) for j in range(o)]
+      mem += [(scored[j], tokens[j + 1])
+              for j in range(max(start - n_long, 0), start)]  # fmt: skip
+      out[start + o] = (g[o], tokens[start + o + 1], tlp[o], lz[o], mem)
+  return [out[p] for p in range(len(tokens) - 1)]
+
+
+def _ext(store, q, k, metric):
+  keys, vals = store.gather(np.arange(store.count))
+  keys = keys.astype(np.float64)
+  s = keys @ q if metric == "dot_product" else -((keys - q) ** 2).sum(-1)
+  top = np.argsort(-s)[:k]
+  return [(keys[j], vals[j], s[j]) for j in top]
+
+
+def test_knn_lm_at_lambda_0_is_the_model_and_at_1_numpy_knn(setup, hand_store):
+  k = 12
+  grid = evaluate_memory.Grid(
+      kind="knn", knn_temperatures=(1.0, 3.0), knn_lambdas=(0.0, 1.0, 0.25)
+  )
+  ext = external.ExternalSearch(search.ExactSearcher(hand_store, "squared_l2"),
+                                k)  # fmt: skip
+  r = _score(setup, grid, ext)
+  lp = r["grid_logprob"].reshape(2, 3, -1)  # [T, lambda, P]
+  np.testing.assert_array_equal(lp[0, 0], r["lm_logprob"])
+  np.testing.assert_array_equal(lp[1, 0], r["lm_logprob"])
+  for ti, temp in enumerate((1.0, 3.0)):
+    ref = []
+    for g, y, tlp, _, _ in _memories(setup, 0):
+      nb = _ext(hand_store, g, k, "squared_l2")
+      w = np.array([math.exp(s / temp) for _, _, s in nb])
+      p_knn = sum(wi for wi, (_, v, _) in zip(w, nb) if v == y) / w.sum()
+      ref.append((math.log(p_knn) if p_knn > 0 else -np.inf,
+                  math.log(0.75 * math.exp(tlp) + 0.25 * p_knn)))  # fmt: skip
+    ref = np.array(ref)
+    np.testing.assert_allclose(lp[ti, 1], ref[:, 0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(lp[ti, 2], ref[:, 1], rtol=1e-4, atol=1e-4)
+
+
+def test_trime_ext_with_empty_external_memory_is_local_and_long(setup):
+  trime = evaluate_memory.Grid(kind="trime", long_sizes=(0, 5),
+                               temperatures=(0.7, 1.3))  # fmt: skip
+  ext_grid = evaluate_memory.Grid(
+      kind="trime_ext", long_sizes=(0, 5), temperatures=(0.7, 1.3),
+      ext_temperatures=(2.0,), ext_lambdas=(0.0,),
+  )  # fmt: skip
+  want = _score(setup, trime, None)["grid_logprob"]
+  got = _score(setup, ext_grid, external.ExternalSearch(None, 0))
+  np.testing.assert_allclose(got["grid_logprob"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_trime_ext_matches_eq_6_to_9(setup, hand_store):
+  k, n_long, taus, tau2, lams = 6, 5, (0.8, 1.5), (2.0, 5.0), (0.0, 0.3)
+  grid = evaluate_memory.Grid(
+      kind="trime_ext", long_sizes=(n_long,), temperatures=taus,
+      ext_temperatures=tau2, ext_lambdas=lams,
+  )  # fmt: skip
+  ext = external.ExternalSearch(
+      search.ExactSearcher(hand_store, "dot_product"), k
+  )
+  got = _score(setup, grid, ext)["grid_logprob"].reshape(2, 2, 2, -1)
+  d = 16
+  for p, (g, y, tlp, lz, mem) in enumerate(_memories(setup, n_long)):
+    mem = mem + [(key, v) for key, v, _ in _ext(hand_store, g, k,
+                                                "dot_product")]  # fmt: skip
+    sims = np.array([g @ key / math.sqrt(d) for key, _ in mem])
+    pos = np.array([v == y for _, v in mem])
+    for a, tau in enumerate(taus):
+      e = np.exp(sims / tau)
+      p6 = (math.exp(lz + tlp) + e[pos].sum()) / (math.exp(lz) + e.sum())
+      for b, t2 in enumerate(tau2):
+        e2 = np.exp(sims / t2)
+        p8 = e2[pos].sum() / e2.sum()
+        for c, lam in enumerate(lams):
+          want = math.log((1 - lam) * p6 + lam * p8)
+          assert got[a, b, c, p] == pytest.approx(want, rel=1e-4, abs=1e-4)
+
+
+def test_knn_lm_with_a_cache_matches_numpy_and_both_parts(setup, hand_store):
+  k, n_long, thetas, lam_c, temps, lams = (
+      9,
+      5,
+      (0.3,),
+      (0.0, 0.2),
+      (2.0,),
+      (0.0, 0.4),
+  )
+  kw = dict(long_sizes=(n_long,), thetas=thetas, lambdas=lam_c)
+  grid = evaluate_memory.Grid(
+      kind="knn_cache", knn_temperatures=temps, knn_lambdas=lams, **kw
+  )
+  ext = external.ExternalSearch(
+      search.ExactSearcher(hand_store, "squared_l2"), k
+  )
+  got = _score(setup, grid, ext)["grid_logprob"].reshape(2, 2, -1)
+  knn = _score(
+      setup,
+      evaluate_memory.Grid(
+          kind="knn", knn_temperatures=temps, knn_lambdas=lams
+      ),
+      ext,
+  )
+  cache_only = _score(setup, evaluate_memory.Grid(kind="cache", **kw), None)
+  # lam_c = 0: the kNN-LM; lam = 0: the model with the cache.
+  np.testing.assert_allclose(got[0], knn["grid_logprob"].reshape(2, -1),
+                             rtol=1e-6, atol=1e-6)  # fmt: skip
+  np.testing.assert_allclose(
+      got[:, 0], cache_only["grid_logprob"].reshape(2, -1), rtol=1e-6,
+      atol=1e-6,
+  )  # fmt: skip
+  for p, (g, y, tlp, _, mem) in enumerate(_memories(setup, n_long)):
+    nb = _ext(hand_store, g, k, "squared_l2")
+    w = np.array([math.exp(s / temps[0]) for _, _, s in nb])
+    p_knn = sum(wi for wi, (_, v, _) in zip(w, nb) if v == y) / w.sum()
+    p1 = 0.6 * math.exp(tlp) + 0.4 * p_knn
+    if mem:
+      e = np.exp(np.array([thetas[0] * (g @ key) for key, _ in mem]))
+      p_cache = sum(ei for ei, (_, v) in zip(e, mem) if v == y) / e.sum()
+      p1 = 0.8 * p1 + 0.2 * p_cache
+    assert got[1, 1, p] == pytest.approx(math.log(p1), rel=1e-4, abs=1e-4)
+
+
+def test_pipelined_search_equals_sequential(setup, hand_store):
+  grid = evaluate_memory.Grid(
+      kind="knn", knn_temperatures=(1.0,), knn_lambdas=(0.3,)
+  )
+  out = []
+  for pipeline in (True, False):
+    ext = external.ExternalSearch(
+        search.ExactSearcher(hand_store, "squared_l2"), 7, pipeline=pipeline
+    )
+    out.append(_score(setup, grid, ext))
+  np.testing.assert_array_equal(out[0]["grid_logprob"], out[1]["grid_logprob"])
+  assert out[0]["grid"] == out[1]["grid"]
+
+
+def test_retrieval_accuracy_hand_worked(tmp_path):
+  from memjax.methods.external import modes as external_modes  # pylint: disable=g-import-not-at-top
+
+  store = ds_lib.from_arrays(str(tmp_path), np.zeros((4, 2)),
+                             np.array([5, 6, 7, 8]), signature=SIG)  # fmt: skip
+  idx = np.array([[0, 1, 2], [3, 2, -1], [2, 0, 1]])
+  acc = external_modes.retrieval_accuracy(
+      store, idx, np.array([6, 9, 7]), ks=(1, 2, 3, 8)
+  )
+  # q0 finds 6 at rank 2, q1 never finds 9, q2 finds 7 at rank 1.
+  assert acc == {"1": 1 / 3, "2": 2 / 3, "3": 2 / 3}

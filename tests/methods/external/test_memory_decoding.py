@@ -1,0 +1,145 @@
+"""Decoding with an external memory through beam search's hook: kNN-MT at
+lam = 0 and the joint softmax with an empty memory are the plain decoder;
+beam 1 with memory is greedy with memory; a memory that holds one token
+decides every step; the hook's distributions against NumPy."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memjax import config as config_lib
+from memjax import experiment
+from memjax.data import token_batching
+from memjax.memory import datastore as ds_lib
+from memjax.memory import search as search_lib
+from memjax.tasks.translation import decoding
+from memjax.methods.external import memory_decoding as md
+from memjax.methods.external import mt_datastore
+
+V, D, K, MAX_LEN = 40, 16, 8, 9
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  c = config_lib.base_config()
+  m = c.model
+  m.family, m.cutoffs, m.max_len = "encoder_decoder", (), 64
+  m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 1, D, 2, 8, 32
+  m.family_options.encoder_layers = 1
+  m.dropout = 0.0
+  model = experiment.build_model(m, V)
+  params = nn.meta.unbox(
+      jax.jit(model.init)(jax.random.PRNGKey(2), jnp.zeros((1, 4), jnp.int32))[
+          "params"
+      ]
+  )
+  rng = np.random.default_rng(3)
+  src = [np.append(rng.integers(3, V, n), 1) for n in (5, 7, 4, 6)]
+  tgt = [np.append(rng.integers(3, V, n), 1) for n in (6, 5, 7, 4)]
+  batch = token_batching.make_pair_batch(src, tgt, 8, 8)
+  batch["index"] = np.arange(4, dtype=np.int32)
+  out = jax.jit(mt_datastore.make_teacher_forced_fn(model))(params, batch)
+  ok = out["weights"].reshape(-1) > 0
+  keys = np.asarray(out["g"]).reshape(-1, D)[ok]
+  values = np.asarray(out["targets"]).reshape(-1)[ok]
+  root = tmp_path_factory.mktemp("mt_memory")
+  store = ds_lib.from_arrays(str(root / "ds"), keys, values, signature={})
+  source = jnp.asarray(token_batching.pad_rows(src[:3], 8))
+  return model, params, store, source
+
+
+def _hook(store, kind, k=K, **settings):
+  base = {"knn_lambda": 0.2, "knn_temperature": 10.0, "temperature": 1.0}
+  base.update(settings)
+  searcher = None
+  if store is not None:
+    searcher = search_lib.ExactSearcher(store, md.metric_of(kind))
+  return md.MemoryHook(kind, base, mt_datastore.Neighbours(searcher, k), k, D)
+
+
+def _beam(setup, hook, beam=4):
+  model, params, _, source = setup
+  return decoding.beam_search(model, params, source, MAX_LEN, beam, hook=hook)
+
+
+@pytest.fixture(scope="module")
+def plain(setup):
+  return _beam(setup, None)
+
+
+def test_knn_at_lambda_zero_is_plain_decoding(setup, plain):
+  zero = _beam(setup, _hook(setup[2], "knn", knn_lambda=0.0))
+  np.testing.assert_array_equal(zero.hypotheses, plain.hypotheses)
+  np.testing.assert_array_equal(zero.scores, plain.scores)
+
+
+def test_joint_softmax_with_empty_memory_is_plain_decoding(setup, plain):
+  empty = _beam(setup, _hook(None, "trime"))
+  np.testing.assert_array_equal(empty.hypotheses, plain.hypotheses)
+  np.testing.assert_allclose(empty.scores, plain.scores, atol=1e-5)
+
+
+def test_memory_beam_one_is_memory_greedy(setup):
+  model, params, store, source = setup
+  hook = _hook(store, "trime", temperature=0.5)
+  greedy = decoding.greedy_search(model, params, source, MAX_LEN, hook)
+  beam = decoding.beam_search(model, params, source, MAX_LEN, 1, hook=hook)
+  np.testing.assert_array_equal(beam.tokens, greedy)
+
+
+def test_a_memory_of_one_token_takes_decoding_over(setup, tmp_path):
+  # Every key holds token 7; kNN-MT at lam = 0.999 gives p(7) >= 0.999 and
+  # every other token at most 0.001, so each step picks 7 until the length
+  # limit forces EOS (beam 1: a hypothesis finishes only at its top token).
+  model, params, store, source = setup
+  keys = np.concatenate(store.keys).astype(np.float32)
+  sevens = ds_lib.from_arrays(
+      str(tmp_path / "sevens"), keys, np.full(len(keys), 7, np.int32),
+      signature={},
+  )  # fmt: skip
+  out = _beam(setup, _hook(sevens, "knn", knn_lambda=0.999), beam=1)
+  want = np.array([7] * (MAX_LEN - 1) + [decoding.EOS])
+  np.testing.assert_array_equal(
+      out.tokens, np.broadcast_to(want, out.tokens.shape)
+  )
+
+
+def test_hook_distributions_against_numpy():
+  rng = np.random.default_rng(0)
+  n, k = 3, 5
+  logits = rng.normal(size=(n, V)).astype(np.float32)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  g = rng.normal(size=(n, D)).astype(np.float32)
+  keys = rng.normal(size=(n, k, D)).astype(np.float32)
+  vals = rng.integers(0, 6, (n, k)).astype(np.int32)
+  dots = np.einsum("nd,nkd->nk", g, keys)
+  l2 = -np.sum((keys - g[:, None]) ** 2, -1)
+
+  def fixed(scores):
+    return lambda q: (scores.astype(np.float32), vals)
+
+  # kNN-MT: lam p_kNN + (1 - lam) p_MT, softmax(-L2 / T).
+  hook = md.MemoryHook("knn", {"knn_lambda": 0.3, "knn_temperature": 7.0},
+                       fixed(l2), k, D)  # fmt: skip
+  got = np.exp(jax.jit(hook)(jnp.asarray(logp), jnp.asarray(g), 0))
+  w = np.exp(l2 / 7.0) / np.exp(l2 / 7.0).sum(-1, keepdims=True)
+  p_knn = np.zeros((n, V))
+  for i in range(n):
+    np.add.at(p_knn[i], vals[i], w[i])
+  np.testing.assert_allclose(
+      got, 0.3 * p_knn + 0.7 * np.exp(logp), rtol=1e-4, atol=1e-7
+  )
+  # Joint softmax: (exp(s_v) + sum_{y_j = v} exp(m_j)) / (Z + sum exp(m_j)).
+  hook = md.MemoryHook("trime", {"temperature": 2.0}, fixed(dots), k, D)
+  log_z = np.log(np.exp(logits).sum(-1))
+  args = (jnp.asarray(logp), jnp.asarray(g), 0, jnp.asarray(log_z))
+  got = np.exp(jax.jit(hook)(*args))
+  m = np.exp(dots / (np.sqrt(D) * 2.0))
+  num = np.exp(logits)
+  for i in range(n):
+    np.add.at(num[i], vals[i], m[i])
+  want = num / (np.exp(logits).sum(-1) + m.sum(-1))[:, None]
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-5)

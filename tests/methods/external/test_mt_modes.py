@@ -1,0 +1,96 @@
+"""The MT datastore over the smoke run: its values are the training targets'
+tokens, tuning reads it, and a datastore of another model or another
+vocabulary is refused with one line before anything is written."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from memjax import errors
+from memjax import runfiles
+from memjax.data import parallel
+from memjax.methods.external import mt_modes as tm
+
+
+@pytest.fixture(scope="module")
+def built(mt_smoke_workdir, tmp_path_factory):
+  out = tmp_path_factory.mktemp("mt_memory_modes")
+  config = runfiles.read_config(runfiles.find(mt_smoke_workdir))
+  with config.unlocked():
+    config.train.init_from = mt_smoke_workdir
+    mem = config.translation.memory
+    mem.datastore = str(out / "ds")
+    mem.search, mem.k, mem.k_grid = "exact", 4, (1, 4)
+    mem.knn_lambda_grid, mem.knn_temperature_grid = (0.2,), (10.0, 100.0)
+    mem.tune_sentences = 8
+  result = tm.mt_datastore_mode(config, str(out))
+  return config, out, result
+
+
+def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
+  config, out, result = built
+  train = parallel.encode_split(
+      config.data.data_dir, "train", "de", "en",
+      os.path.join(mt_smoke_workdir, runfiles.SPM_FILE),
+      os.path.join(mt_smoke_workdir, "cache"),
+  )  # fmt: skip
+  fits = [
+      t for s, t in zip(train.source, train.target)
+      if max(len(s), len(t)) <= max(config.translation.buckets)
+  ]  # fmt: skip
+  with open(out / "ds" / "manifest.json") as f:
+    manifest = json.load(f)
+  values = np.concatenate(
+      [np.fromfile(out / "ds" / f"{s['name']}.values", np.int32)
+       for s in manifest["shards"]]
+  )  # fmt: skip
+  assert result["keys"] == sum(len(t) for t in fits) == len(values)
+  np.testing.assert_array_equal(np.sort(values), np.sort(np.concatenate(fits)))
+  tuned = tm.mt_tune(config, str(out))
+  assert tuned["tokens"] > 0 and len(tuned["grid"]) == 4
+  assert tuned["best"]["nll"] <= min(r["nll"] for r in tuned["grid"])
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("signature", {"model": {"d_model": 7}}, "another model"),
+        ("context", {"vocab_sha1": "0" * 40}, "another vocabulary"),
+    ],
+)
+def test_datastore_of_another_model_or_vocabulary(built, field, value, words):
+  config, out, _ = built
+  bad = out / f"bad_{field}"
+  shutil.copytree(out / "ds", bad, dirs_exist_ok=True)
+  manifest = json.loads((bad / "manifest.json").read_text())
+  manifest[field] = value
+  (bad / "manifest.json").write_text(json.dumps(manifest))
+  work = out / f"work_{field}"
+  with config.unlocked():
+    config.translation.memory.datastore = str(bad)
+  try:
+    with pytest.raises(errors.CheckpointMismatchError, match=words) as e:
+      tm.mt_tune(config, str(work))
+  finally:
+    with config.unlocked():
+      config.translation.memory.datastore = str(out / "ds")
+  assert "\n" not in str(e.value)
+  assert not work.exists()
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("knn_lambda", 1.0), ("knn_lambda_grid", (0.2, 1.0)),
+     ("interpolate_lambda_grid", (-0.1,))],
+)  # fmt: skip
+def test_lambda_outside_zero_one_is_refused(built, key, value):
+  config, out, _ = built
+  bad = config.copy_and_resolve_references()
+  bad.translation.memory[key] = value
+  work = out / f"work_{key}"
+  with pytest.raises(errors.ConfigError, match=f"memory.{key} must lie in"):
+    tm.mt_tune(bad, str(work))
+  assert not work.exists()

@@ -1,0 +1,326 @@
+"""Product-key memory against a NumPy reference written from the papers
+(Lample et al. 2019, section 3; Kim & Jung 2020, sections 2.1, 3.2, 4.2)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from memjax import sharding as sharding_lib
+from memjax import stats
+from memjax.methods.pkm import layer as pkm
+from memjax.models import transformer
+
+C, H, K, KD, D = 6, 2, 3, 8, 12  # sub-keys, heads, k, k_dim, d_model
+
+
+def _np_topk(x, k):
+  """Indices of the k largest, ties to the lower index."""
+  return np.argsort(-x, kind="stable")[:k]
+
+
+def np_lookup(q, keys, k):
+  """Reference of the product-key search: per row and head, the top k of
+  each half, then the top k of the k x k candidate sums (a-major order)."""
+  n, h, kd = q.shape
+  c = keys.shape[2]
+  scores = np.zeros((n, h, k))
+  slots = np.zeros((n, h, k), np.int64)
+  for i in range(n):
+    for j in range(h):
+      s1 = keys[j, 0] @ q[i, j, : kd // 2]
+      s2 = keys[j, 1] @ q[i, j, kd // 2 :]
+      i1, i2 = _np_topk(s1, k), _np_topk(s2, k)
+      cand = (s1[i1][:, None] + s2[i2][None, :]).reshape(-1)
+      best = _np_topk(cand, k)
+      scores[i, j] = cand[best]
+      slots[i, j] = i1[best // k] * c + i2[best % k]
+  return scores, slots
+
+
+def np_layer(x, p, k, mask=None):
+  """Reference of the whole layer with LayerNorm queries: [N, D] -> [N, V]."""
+  q = x @ p["query"]["kernel"] + p["query"]["bias"]
+  mu, var = q.mean(-1, keepdims=True), q.var(-1, keepdims=True)
+  q = (q - mu) / np.sqrt(var + 1e-5)
+  q = q * p["query_norm"]["scale"] + p["query_norm"]["bias"]
+  q = q.reshape(len(x), H, KD)
+  scores, slots = np_lookup(q, p["keys"], k)
+  w = np.exp(scores - scores.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  out = np.einsum("nhk,nhkv->nv", w, p["values"][slots])
+  if mask is not None:
+    out = out * mask[:, None]
+  return scores, slots, w, out
+
+
+def _layer(**kw):
+  return pkm.ProductKeyMemory(
+      d_model=D, num_keys=C, heads=H, topk=K, k_dim=KD, **kw
+  )
+
+
+def _unbox(tree):
+  return jax.tree.map(
+      np.asarray, nn.meta.unbox(tree), is_leaf=lambda x: x is None
+  )
+
+
+@pytest.fixture(scope="module")
+def layer_and_params():
+  layer = _layer()
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, D))
+  variables = layer.init(jax.random.PRNGKey(0), x, deterministic=True)
+  p = _unbox(variables["params"])
+  p["query_norm"]["scale"] = np.linspace(0.5, 1.5, H * KD)
+  p["query_norm"]["bias"] = np.linspace(-0.2, 0.2, H * KD)
+  return layer, p, np.asarray(x)
+
+
+def test_layer_matches_numpy_reference(layer_and_params):
+  layer, p, x = layer_and_params
+  out, state = layer.apply(
+      {"params": p}, x, deterministic=True, mutable=[pkm.USAGE_COLLECTION]
+  )
+  xf = x.reshape(-1, D)
+  scores, slots, w, ref = np_layer(xf, p, K)
+  np.testing.assert_allclose(out.reshape(-1, D), ref, rtol=2e-5, atol=2e-5)
+  # Scores, indices and weights through the pure search function.
+  q = xf @ p["query"]["kernel"] + p["query"]["bias"]
+  q = (q - q.mean(-1, keepdims=True)) / np.sqrt(q.var(-1, keepdims=True) + 1e-5)
+  q = (q * p["query_norm"]["scale"] + p["query_norm"]["bias"]).reshape(
+      -1, H, KD
+  )
+  got_s, got_i = pkm.product_key_topk(jnp.asarray(q), p["keys"], K)
+  np.testing.assert_allclose(got_s, scores, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(got_i, slots)
+  np.testing.assert_allclose(jax.nn.softmax(got_s, -1), w, rtol=1e-5, atol=1e-6)
+  # The sown per-slot sums are the reads of the reference.
+  sums = state[pkm.USAGE_COLLECTION]
+  reads = np.bincount(slots.reshape(-1), minlength=C * C)
+  np.testing.assert_array_equal(sums["reads"], reads)
+  top1 = np.bincount(slots[..., 0].reshape(-1), minlength=C * C)
+  np.testing.assert_array_equal(sums["top1"], top1)
+  wsum = np.bincount(slots.reshape(-1), w.reshape(-1), minlength=C * C)
+  np.testing.assert_allclose(sums["weights"], wsum, rtol=1e-5, atol=1e-6)
+
+
+def test_ties_go_to_the_lower_index():
+  rng = np.random.default_rng(0)
+  keys = rng.normal(size=(H, 2, C, KD // 2)).astype(np.float32)
+  keys[:, 0, 3] = keys[:, 0, 1]  # Sub-keys 1 and 3 tie, and 2 and 5.
+  keys[:, 1, 5] = keys[:, 1, 2]
+  q = rng.normal(size=(7, H, KD)).astype(np.float32)
+  q[0] = 0.0  # Every sum ties: the first k slots in (a, b) order.
+  scores, slots = np_lookup(q, keys, K)
+  got_s, got_i = pkm.product_key_topk(jnp.asarray(q), jnp.asarray(keys), K)
+  np.testing.assert_array_equal(got_i, slots)
+  np.testing.assert_allclose(got_s, scores, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(got_i[0, 0], [0, 1, 2])
+
+
+def test_topk_over_candidate_sums_equals_brute_force():
+  rng = np.random.default_rng(1)
+  c, k = 16, 5
+  keys = rng.normal(size=(H, 2, c, 4)).astype(np.float32)
+  q = rng.normal(size=(20, H, 8)).astype(np.float32)
+  got_s, got_i = pkm.product_key_topk(jnp.asarray(q), jnp.asarray(keys), k)
+  for n in range(len(q)):
+    for h in range(H):
+      s1 = keys[h, 0] @ q[n, h, :4]
+      s2 = keys[h, 1] @ q[n, h, 4:]
+      full = (s1[:, None] + s2[None, :]).reshape(-1)  # All C^2 slots.
+      best = _np_topk(full, k)
+      np.testing.assert_allclose(got_s[n, h], full[best], rtol=1e-5)
+      np.testing.assert_array_equal(np.sort(got_i[n, h]), np.sort(best))
+
+
+def test_padding_is_ignored_by_batch_norm_and_outputs_zero():
+  layer = _layer(query_norm="batch")
+  x = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (2, 6, D)))
+  mask = np.ones((2, 6), np.float32)
+  mask[0, 4:] = 0
+  mask[1, 1:] = 0
+  xp = x.copy()
+  xp[mask == 0] = 1e3  # Padding with wild values.
+  variables = layer.init(jax.random.PRNGKey(0), xp, deterministic=True)
+  out, state = layer.apply(
+      variables, xp, deterministic=False, mask=mask, mutable=["batch_stats"]
+  )
+  p = _unbox(variables["params"])
+  q = x[mask == 1] @ p["query"]["kernel"] + p["query"]["bias"]
+  stats_ = state["batch_stats"]["query_norm"]
+  np.testing.assert_allclose(
+      stats_["mean"], 0.1 * q.mean(0), rtol=1e-4, atol=1e-6
+  )
+  np.testing.assert_allclose(
+      stats_["var"], 0.9 + 0.1 * q.var(0), rtol=1e-4, atol=1e-5
+  )
+  np.testing.assert_array_equal(np.asarray(out)[mask == 0], 0.0)
+  # The real positions alone (no padding at all) give the same outputs.
+  alone, _ = layer.apply(
+      variables, x[mask == 1][None], deterministic=False,
+      mutable=["batch_stats"],
+  )  # fmt: skip
+  np.testing.assert_allclose(
+      np.asarray(out)[mask == 1], alone[0], rtol=1e-4, atol=1e-5
+  )
+
+
+def _lm(**kw):
+  return transformer.TransformerLM(
+      vocab_size=32,
+      num_layers=2,
+      d_model=D,
+      num_heads=4,
+      head_dim=3,
+      d_ff=24,
+      feed_forward=kw.pop("feed_forward", "pkm"),
+      feed_forward_options=dict(num_keys=C, heads=H, topk=K, k_dim=KD),
+      feed_forward_layers=(2,),
+      **kw,
+  )
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_pkm_lm_is_causal(norm_position):
+  model = _lm(feed_forward="resm", norm_position=norm_position)
+  toks = np.random.default_rng(3).integers(0, 32, (2, 10)).astype(np.int32)
+  params = model.init(jax.random.PRNGKey(0), toks, toks)
+  assert "memory" in params["params"]["layer_1"]["ffn"]
+  assert "dense" in params["params"]["layer_1"]["ffn"]
+  assert "wi" in params["params"]["layer_0"]["ffn"]  # The plain FFN.
+  f = jax.jit(lambda t: model.apply(params, t, t).target_logprob)
+  base = f(toks)
+  later = toks.copy()
+  later[:, 6:] = (later[:, 6:] + 5) % 32
+  np.testing.assert_array_equal(f(later)[:, :6], base[:, :6])
+  assert not np.allclose(f(later)[:, 6:], base[:, 6:])
+
+
+def test_gradients_reach_only_the_rows_read():
+  model = _lm()
+  toks = np.random.default_rng(4).integers(0, 32, (2, 5)).astype(np.int32)
+  params = model.init(jax.random.PRNGKey(0), toks, toks)["params"]
+
+  def loss(p):
+    out, state = model.apply(
+        {"params": p}, toks, toks, mutable=[pkm.USAGE_COLLECTION]
+    )
+    return -jnp.sum(out.target_logprob), state
+
+  grads, state = jax.jit(jax.grad(loss, has_aux=True))(params)
+  reads = state[pkm.USAGE_COLLECTION]["layer_1"]["ffn"]["memory"]["reads"]
+  g = nn.meta.unbox(grads["layer_1"]["ffn"]["memory"]["values"])
+  touched = np.any(np.asarray(g) != 0, axis=1)
+  assert 0 < touched.sum() < C * C
+  np.testing.assert_array_equal(touched, np.asarray(reads) > 0)
+
+
+def _np_sparse_adam(p, m, v, g, t, lr, b1=0.9, b2=0.999, eps=1e-8):
+  """PyTorch's SparseAdam on the rows with a non-zero gradient."""
+  p, m, v = p.copy(), m.copy(), v.copy()
+  rows = np.any(g != 0, axis=1)
+  m[rows] = b1 * m[rows] + (1 - b1) * g[rows]
+  v[rows] = b2 * v[rows] + (1 - b2) * g[rows] ** 2
+  step = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
+  p[rows] -= step * m[rows] / (np.sqrt(v[rows]) + eps)
+  return p, m, v
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5])
+def test_lazy_adam_leaves_unread_rows_and_moments_bit_identical(fraction):
+  from memjax.methods.pkm import lazy_adam as sparse_adam  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(5)
+  p = rng.normal(size=(8, 3)).astype(np.float32)
+  tx = sparse_adam.lazy_adam(1e-3, sparse_fraction=fraction)
+  state = tx.init(p)
+  # The unread rows start with moments of their own (from earlier steps).
+  state = state._replace(
+      mu=jnp.asarray(rng.normal(size=(8, 3)), jnp.float32),
+      nu=jnp.asarray(rng.uniform(size=(8, 3)), jnp.float32),
+  )
+  ref = (p, np.asarray(state.mu), np.asarray(state.nu))
+  cur = jnp.asarray(p)
+  step = jax.jit(tx.update)
+  for t, rows in enumerate([[1, 4], [4, 6, 7], [0, 1, 2, 3, 5]], start=1):
+    g = np.zeros((8, 3), np.float32)
+    g[rows] = rng.normal(size=(len(rows), 3))
+    before = (np.asarray(cur), np.asarray(state.mu), np.asarray(state.nu))
+    updates, state = step(jnp.asarray(g), state)
+    cur = optax.apply_updates(cur, updates)
+    ref = _np_sparse_adam(*ref, g, t, 1e-3)
+    unread = [r for r in range(8) if r not in rows]
+    for new, old in zip((cur, state.mu, state.nu), before):
+      np.testing.assert_array_equal(np.asarray(new)[unread], old[unread])
+    for new, r in zip((cur, state.mu, state.nu), ref):
+      np.testing.assert_allclose(np.asarray(new), r, rtol=1e-5, atol=1e-7)
+  assert int(state.count) == 3
+
+
+def test_usage_metrics_on_hand_made_patterns():
+  n = 16
+  uniform = pkm.usage_metrics(jnp.ones(n), jnp.ones(n), jnp.full(n, 0.5))
+  np.testing.assert_allclose(
+      [uniform[k] for k in ("mu", "top1_mu", "kl_u", "kl_w")],
+      [1.0, 1.0, 0.0, 0.0],
+      atol=1e-6,
+  )
+  one = jnp.zeros(n).at[3].set(7.0)
+  single = pkm.usage_metrics(one, one, one)
+  np.testing.assert_allclose(
+      [single[k] for k in ("mu", "top1_mu", "kl_u", "kl_w")],
+      [1 / n, 1 / n, np.log(n), np.log(n)],
+      rtol=1e-6,
+  )
+  # Counts from reads: two positions, one head, k = 2; the second is padding.
+  slots = jnp.asarray([[[2, 5]], [[2, 7]]])
+  w = jnp.asarray([[[0.75, 0.25]], [[0.5, 0.5]]])
+  reads, top1, wsum = pkm.usage_counts(slots, w, jnp.asarray([1, 0]), 8)
+  np.testing.assert_array_equal(reads, [0, 0, 1, 0, 0, 1, 0, 0])
+  np.testing.assert_array_equal(top1, [0, 0, 1, 0, 0, 0, 0, 0])
+  np.testing.assert_allclose(wsum, [0, 0, 0.75, 0, 0, 0.25, 0, 0])
+  half = pkm.usage_metrics(reads, top1, wsum)
+  np.testing.assert_allclose(half["mu"], 2 / 8)
+  np.testing.assert_allclose(half["kl_u"], np.log(8) - np.log(2), rtol=1e-6)
+
+
+def test_sharded_equals_unsharded_on_eight_devices():
+  layer = pkm.ResMFeedForward(
+      d_model=D, d_ff=24, num_keys=8, heads=H, topk=K, k_dim=KD
+  )
+  x = np.random.default_rng(6).normal(size=(8, 3, D)).astype(np.float32)
+  boxed = layer.init(jax.random.PRNGKey(0), x, deterministic=True)["params"]
+  params = nn.meta.unbox(boxed)
+
+  def loss_and_grads(params, x):
+    def f(p):
+      y, sums = stats.apply(layer, {"params": p}, x, deterministic=True)
+      return jnp.sum(jnp.sin(y)), sums
+
+    return jax.value_and_grad(f, has_aux=True)(params)
+
+  want = jax.device_get(jax.jit(loss_and_grads)(params, x))
+  mesh = sharding_lib.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
+  shardings = sharding_lib.logical_sharding(mesh, nn.get_partition_spec(boxed))
+  sharded = jax.device_put(params, shardings)
+  values = sharded["memory"]["values"]
+  assert values.addressable_shards[0].data.shape == (64 // 4, D)
+  xs = sharding_lib.put_global_batch({"x": x}, mesh)["x"]
+  fn = sharding_lib.under_mesh(jax.jit(loss_and_grads), mesh)
+  got = jax.device_get(fn(sharded, xs))
+  (l1, s1), g1 = want
+  (l2, s2), g2 = got
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  m1, m2 = stats.means(s1), stats.means(s2)
+  assert set(m1) == {f"memory/{k}" for k in ("mu", "top1_mu", "kl_u", "kl_w")}
+  for k in m1:
+    np.testing.assert_allclose(m1[k], m2[k], rtol=1e-5, atol=1e-6)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+      g1,
+      g2,
+  )

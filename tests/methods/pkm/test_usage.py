@@ -1,0 +1,89 @@
+"""Product-key memory LMs end to end: usage logged in training, the
+memory_usage mode over held-out data, and bad memory settings."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from configs import pkm_wt103
+from memjax import errors
+from memjax.methods.pkm import usage as pkm_usage
+from memjax import validation
+
+LAYERS = ("layer_0/ffn/memory", "layer_1/ffn/memory")
+METRICS = ("mu", "top1_mu", "kl_u", "kl_w")
+
+
+def _in_range(m, slots):
+  assert 0 < m["top1_mu"] <= m["mu"] <= 1
+  assert 0 <= m["kl_u"] <= math.log(slots) + 1e-5
+  assert 0 <= m["kl_w"] <= math.log(slots) + 1e-5
+
+
+def test_training_logs_usage_per_memory_layer(resm_smoke_workdir):
+  with open(os.path.join(resm_smoke_workdir, "train_log.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  aux = rows[-1]["aux"]
+  assert set(aux) == {f"{layer}/{m}" for layer in LAYERS for m in METRICS}
+  for layer in LAYERS:
+    _in_range({m: aux[f"{layer}/{m}"] for m in METRICS}, 16**2)
+
+
+def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
+  config = pkm_wt103.get_config("resm_smoke")
+  config.train.init_from = resm_smoke_workdir
+  config.memory_usage.staleness = True
+  config.memory_usage.max_tokens = 2048
+  config.mesh.data = 1  # One device: the sums are tested, not the sharding.
+  config.data.cache_dir = os.path.join(resm_smoke_workdir, "cache")
+  res = pkm_usage.memory_usage(config, str(tmp_path))
+  with open(tmp_path / "memory_usage.json") as f:
+    saved = json.load(f)
+  assert os.path.getsize(tmp_path / "memory_usage.png") > 0
+  assert saved["step"] == 4 and set(saved["layers"]) == set(LAYERS)
+  num_keys, heads, topk, _ = pkm_wt103.MEMORY["smoke"]
+  # Whole windows only, every head's k reads of every token counted once.
+  window, batch = config.eval.window_len, config.eval.batch_size
+  tokens = 2048 // window // batch * batch * window
+  for layer in LAYERS:
+    m = saved["layers"][layer]
+    assert m["slots"] == num_keys**2
+    assert m["reads"] == tokens * heads * topk
+    _in_range(m, num_keys**2)
+    st = saved["staleness"][layer]
+    assert set(st) == {"never", "2", "4"}
+    assert sum(st.values()) == num_keys**2
+    # Slots last used at the final checkpoint are its top-1 slots.
+    np.testing.assert_allclose(st["4"] / num_keys**2, m["top1_mu"])
+  assert res["summary_lines"][0].startswith(LAYERS[0])
+
+
+def _config(**options):
+  config = pkm_wt103.get_config("pkm_smoke")
+  for k, v in options.items():
+    if k == "feed_forward_layers":
+      config.model.feed_forward_layers = v
+    else:
+      config.model.feed_forward_options[k] = v
+  return config
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            dict(feed_forward_layers=(0, 2)),
+            r"has 0: layer numbers count from 1",
+        ),
+        (dict(feed_forward_layers=(3,)), r"to model.num_layers 2$"),
+        (dict(topk=17), r"topk 17 must be between 1 and num_keys 16"),
+        (dict(query_norm="batch"), r"query_norm='batch' leaks later"),
+    ],
+)
+def test_bad_memory_settings_are_config_errors(options, message):
+  with pytest.raises(errors.ConfigError, match=message) as e:
+    validation.validate_config(_config(**options))
+  assert "\n" not in str(e.value)

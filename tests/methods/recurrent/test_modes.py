@@ -1,0 +1,325 @@
+"""Recurrent evaluation, extrapolation, sampling, and the txl / lamemo
+configs end to end (training; on LaMemo also the extrapolate, analyze and
+generate modes)."""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import lamemo_wt103
+from configs import txl_wt103
+import memjax
+from memjax import config as config_lib
+from memjax.eval import scorer as scoring
+from memjax import experiment
+from memjax.modes import generate as generate_lib
+from memjax.eval import streams as recurrent_eval
+from memjax import sharding as sharding_lib
+from memjax import train
+from memjax.methods.recurrent import analysis
+from memjax.methods.recurrent import extrapolate
+from memjax.data import streams
+from memjax.models import transformer
+
+V, T = 64, 4
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(kind="lamemo", mem_len=T):
+  model = transformer.TransformerLM(
+      vocab_size=V,
+      num_layers=2,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      cutoffs=(16, 40),
+      attention=kind,
+      mem_len=mem_len,
+  )
+  x = jnp.zeros((1, T), jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), x, x)["params"]
+  return model, params
+
+
+def stream_tokens(n, seed=0):
+  return np.random.default_rng(seed).integers(0, V, n).astype(np.int32)
+
+
+def loop_scores(model, params, tokens, lanes):
+  """Per-segment, per-lane NLL sums and the target log-probs, by a Python
+  loop over the segments with the memory carried."""
+  step = jax.jit(
+      lambda m, x, y: model.apply({"params": params}, x, y, memory=m)
+  )
+  memory = model.init_memory(lanes)
+  nll, logps = [], []
+  for seg in streams.SegmentStream(tokens, T, lanes):
+    out = step(memory, seg["inputs"], seg["targets"])
+    memory = out.memory
+    lp = np.asarray(out.target_logprob)
+    nll.append(-(lp * seg["weights"]).sum(axis=1))
+    logps.append(lp)
+  return np.stack(nll), np.stack(logps)
+
+
+def test_stream_evaluation_equals_python_loop_over_segments():
+  """Chunked scan, lanes padded to the 8 devices, a partial last segment."""
+  model, params = tiny()
+  tokens = stream_tokens(50)
+  lanes = 3
+  mesh = sharding_lib.make_mesh({"data": -1})
+  ev = recurrent_eval.StreamEvaluator(
+      model, mesh, segment_len=T, lanes=lanes, chunk=2
+  )
+  assert ev.padded_lanes == 8
+  segments = recurrent_eval.stacked_segments(tokens, T, lanes)
+  got = ev.score_segments(params, segments)
+  want, _ = loop_scores(model, params, tokens, lanes)
+  assert got["nll_sum"].shape == want.shape == (5, 3)
+  np.testing.assert_allclose(got["nll_sum"], want, rtol=1e-5, atol=1e-5)
+  res = ev.evaluate(params, tokens, unit="ppl")
+  assert res["tokens"] == len(tokens) - 1
+  assert res["nll"] == pytest.approx(want.sum() / (len(tokens) - 1), rel=1e-5)
+  assert res["ppl"] == pytest.approx(np.exp(res["nll"]))
+
+
+def test_extrapolation_with_m1_equals_recurrent_evaluation():
+  model, params = tiny()
+  config = config_lib.base_config()
+  config.data.seq_len = T
+  config.model.mem_len = T
+  config.extrapolate.ratios = (1, 3)
+  mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
+  tokens = stream_tokens(60, seed=1)
+  rows = extrapolate.extrapolation_rows(
+      config, model, params, tokens, mesh, "ppl"
+  )
+  plain = recurrent_eval.evaluator_for(config, model, mesh).evaluate(
+      params, tokens, unit="ppl"
+  )
+  assert [r["mem_len"] for r in rows] == [T, 3 * T]
+  assert rows[0]["nll"] == pytest.approx(plain["nll"], rel=1e-6)
+  assert rows[0]["tokens"] == plain["tokens"] == 59
+  assert abs(rows[1]["nll"] - plain["nll"]) > 1e-5  # a longer memory
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+  probs = np.array([0.05, 0.5, 0.15, 0.3])
+  logits = jnp.log(jnp.asarray(probs, jnp.float32))
+  kept = lambda p: set(
+      np.flatnonzero(
+          np.isfinite(np.asarray(generate_lib.top_p_filter(logits, p)))
+      )
+  )
+  assert kept(0.45) == {1}
+  assert kept(0.75) == {1, 3}
+  assert kept(0.9) == {1, 3, 2}
+  assert kept(0.99) == kept(1.0) == {0, 1, 2, 3}
+  # Kept logits are unchanged.
+  filtered = np.asarray(generate_lib.top_p_filter(logits, 0.75))
+  np.testing.assert_array_equal(filtered[[1, 3]], np.asarray(logits)[[1, 3]])
+  # Random distributions, batched: the kept set is the most likely tokens,
+  # its mass reaches p, and it would not without its least likely member.
+  rng = np.random.default_rng(0)
+  logits = 2.0 * rng.normal(size=(20, 50)).astype(np.float32)
+  p = 0.95
+  keep = np.isfinite(np.asarray(generate_lib.top_p_filter(logits, p)))
+  probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+  for row, k in zip(probs, keep):
+    assert row[k].min() >= row[~k].max(initial=0.0)
+    assert row[k].sum() >= p - 1e-6
+    assert row[k].sum() - row[k].min() < p
+  with pytest.raises(ValueError, match="top_p"):
+    generate_lib.top_p_filter(logits, 0.0)
+
+
+def test_generation_is_deterministic_and_predicts_like_evaluation():
+  model, params = tiny()
+  sampler = generate_lib.Sampler(model, T, top_p=0.95)
+  prompt = stream_tokens(7, seed=2)
+  a = sampler.generate(params, prompt, 9, seed=3)
+  b = sampler.generate(params, prompt, 9, seed=3)
+  c = sampler.generate(params, prompt, 9, seed=4)
+  assert a.shape == (9,) and a.dtype == np.int32
+  np.testing.assert_array_equal(a, b)
+  assert (a != c).any()
+  # The segment-wise memory of generation gives the log-probabilities of
+  # a recurrent evaluation of the same stream.
+  tokens = stream_tokens(3 * T + 2, seed=5)
+  got = sampler.score(params, tokens)
+  _, logps = loop_scores(model, params, tokens, 1)
+  want = logps[:, 0].reshape(-1)[: len(tokens) - 1]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_by_distance_counts_each_key_once():
+  # 1 lane, 1 head, T = 2 queries, M = 2 memory slots (slot 0 invalid).
+  probs = jnp.asarray(
+      [[[[0.0, 0.2, 0.8, 0.0], [0.0, 0.1, 0.3, 0.6]]]], jnp.float32
+  )
+  key_valid = jnp.asarray([[False, True, True, True]])
+  sums, counts = analysis.attention_by_distance(
+      probs, key_valid, jnp.ones((1, 2)), mem_len=2
+  )
+  # Distance d: query 0 (row 2) reads key 2 - d, query 1 (row 3) 3 - d.
+  np.testing.assert_allclose(
+      np.asarray(sums), [0.8 + 0.6, 0.2 + 0.3, 0.0 + 0.1, 0.0]
+  )
+  np.testing.assert_allclose(np.asarray(counts), [2, 2, 1, 0])
+
+
+def test_memory_models_need_consecutive_batches_of_whole_lanes():
+  mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
+  config = lamemo_wt103.get_config("smoke")
+  config.data.batching = "random"
+  with pytest.raises(ValueError, match="consecutive"):
+    experiment.check_batch_fits(config, mesh)
+  config = lamemo_wt103.get_config("smoke")
+  config.data.segments_per_lane = 4  # 2 lanes
+  config.train.grad_accum = 4
+  with pytest.raises(ValueError, match="whole lanes"):
+    experiment.check_batch_fits(config, mesh)
+  experiment.check_batch_fits(txl_wt103.get_config("rpe_smoke"), mesh)
+
+
+def test_config_variants():
+  base = lamemo_wt103.get_config("base")
+  assert (
+      base.model.num_layers,
+      base.model.num_heads,
+      base.model.head_dim,
+      base.model.d_model,
+      base.model.d_ff,
+  ) == (16, 10, 41, 410, 2100)
+  assert tuple(base.model.cutoffs) == (20000, 40000, 200000)
+  assert base.data.seq_len == base.model.mem_len == 150
+  assert base.data.batch_size == 64 and base.train.num_steps == 250000
+  assert base.optim.learning_rate == 2.5e-4 and base.optim.clip_norm == 0.25
+  assert base.model.attention_options.position == "disentangled"
+  e8 = txl_wt103.get_config("txl_enwik8")
+  assert e8.data.corpus == "enwik8" and e8.model.attention == "xl"
+  assert (
+      e8.model.num_layers,
+      e8.model.num_heads,
+      e8.model.head_dim,
+      e8.model.d_ff,
+      e8.data.seq_len,
+      e8.model.mem_len,
+  ) == (12, 8, 64, 2048, 512, 512)
+  assert txl_wt103.get_config("rpe_base").model.mem_len == 0
+  assert not lamemo_wt103.get_config(
+      "no_interp_demo"
+  ).model.attention_options.interpolate
+  assert not lamemo_wt103.get_config(
+      "no_lookahead_demo"
+  ).model.attention_options.look_ahead
+  assert (
+      lamemo_wt103.get_config("xl_pos_demo").model.attention_options.position
+      == "xl"
+  )
+  tl = lamemo_wt103.get_config("trime_long_base")
+  assert (tl.loss.name, tl.loss.memory) == ("trime", "long")
+  assert tl.data.segments_per_lane > 1 and tl.model.attention == "lamemo"
+  demo = [
+      txl_wt103.get_config("rpe_demo"),
+      txl_wt103.get_config("demo"),
+      lamemo_wt103.get_config("demo"),
+  ]
+  assert len({c.train.num_steps for c in demo}) == 1
+  # The GPU-sized character-level comparison: segment = memory >= 256 bytes
+  # for both memory models, the same steps and data for all three rows.
+  gpu = [
+      txl_wt103.get_config("rpe_char_gpu"),
+      txl_wt103.get_config("char_gpu"),
+      lamemo_wt103.get_config("char_gpu"),
+  ]
+  for c in gpu:
+    experiment.validate_config(c)
+    assert c.data.corpus == "enwik8" and c.data.seq_len >= 256
+    assert tuple(c.model.cutoffs) == ()
+  assert gpu[0].model.mem_len == 0
+  assert gpu[1].model.mem_len == gpu[2].model.mem_len == gpu[1].data.seq_len
+  assert len({(c.train.num_steps, c.data.batch_size) for c in gpu}) == 1
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("cache"))
+
+
+def _smoke(config, cache_dir):
+  config.data.cache_dir = cache_dir
+  config.train.num_steps = 4
+  config.train.log_every = 2
+  config.train.eval_every = 2
+  config.train.eval_max_windows = 2
+  config.train.checkpoint_every = 4
+  config.eval.max_windows = 4
+  return config
+
+
+@pytest.mark.parametrize("variant", ["txl_wt103:smoke", "lamemo_wt103:smoke"])
+def test_smoke_config_trains_end_to_end_and_runs_the_modes(
+    variant, cache_dir, tmp_path
+):
+  module, arg = variant.split(":")
+  config = _smoke(
+      {"txl_wt103": txl_wt103, "lamemo_wt103": lamemo_wt103}[module].get_config(
+          arg
+      ),
+      cache_dir,
+  )
+  workdir = str(tmp_path)
+  results = train.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["step"] == 4
+  for split in ("valid", "test"):
+    assert np.isfinite(saved[split]["ppl"])
+    # Recurrent evaluation: 4 segments of 16 in each of 2 lanes.
+    assert saved[split]["tokens"] == 4 * 16 * 2
+  assert results["valid"]["nll"] == pytest.approx(saved["valid"]["nll"])
+  if module != "lamemo_wt103":
+    return  # The modes run once, on the LaMemo run.
+
+  # The Python API scores as --mode=eval does, memory carried in lanes.
+  model = memjax.load(workdir)
+  stream = experiment.load_corpus(config, workdir, ("valid",), train=False)
+  tokens = stream.splits["valid"].tokens[:300]
+  ev = scoring.SplitEvaluator(
+      model.config, model.restored.model, model.restored.mesh, model.unit
+  )
+  want = ev.score(model.restored.params, tokens, 0, "valid prefix")
+  got = model.score(tokens)
+  assert got["tokens"] == want["tokens"] == 299
+  assert got["nll"] == pytest.approx(want["nll"], rel=1e-5)
+  assert len(got["logprobs"][0]) == 299
+
+  config.extrapolate.ratios = (1, 2)
+  config.extrapolate.max_segments = 3
+  res = extrapolate.extrapolate(config, workdir)
+  assert [r["m"] for r in res["rows"]] == [1, 2]
+  config.analyze.num_segments = 3
+  res = analysis.analyze(config, workdir)
+  dist = np.load(os.path.join(workdir, "attention_by_distance.npy"))
+  assert dist.shape == (2, 32)
+  alpha = np.load(os.path.join(workdir, "alpha.npy"))
+  assert alpha.shape == (2, 16)
+  assert ((alpha >= 0) & (alpha <= 1)).all()
+  config.generate.num_tokens = 5
+  config.generate.prompt_len = 20
+  res = generate_lib.generate(config, workdir)
+  assert len(res["ids"]) == 5
+  for name in (
+      "extrapolation.csv",
+      "extrapolation.png",
+      "attention_by_distance.png",
+      "generation.txt",
+  ):
+    assert os.path.isfile(os.path.join(workdir, name)), name

@@ -1,0 +1,169 @@
+"""End to end: TRIME trainings and the memory-evaluation modes on the smoke size."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import trime_wt103
+from memjax.modes import memory as memory_modes
+from memjax import train
+from memjax.modes import frequency
+from memjax.methods.trime import packing
+
+from tests.conftest import REPO  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _config(variant, **eval_memory):
+  c = trime_wt103.get_config(variant)
+  c.train.num_steps = 6
+  c.train.log_every = 3
+  c.train.eval_every = 0
+  c.train.checkpoint_every = 6
+  c.eval.max_windows = 12
+  c.eval_memory.update(eval_memory)
+  return c
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("trime_long"))
+  config = _config(
+      "trime_long_smoke",
+      long_mem_grid=(0, 32),
+      sweep_tokens=(0, 32, 64),
+      temperature_grid=(0.8, 1.2),
+      cache_theta_grid=(0.05,),
+      cache_lambda_grid=(0.1, 0.2),
+  )
+  res = train.train_and_evaluate(config, workdir)
+  return config, workdir, res
+
+
+def test_trime_long_trains_and_logs_memory_metrics(long_run):
+  _, workdir, res = long_run
+  assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])
+  events = [f for f in os.listdir(workdir) if f.startswith("events.out")]
+  assert events
+
+
+def test_tune_writes_best_setting_and_test_at_it(long_run):
+  config, workdir, res = long_run
+  out = memory_modes.tune(config, workdir)
+  with open(os.path.join(workdir, "tune.json")) as f:
+    saved = json.load(f)
+  assert saved["best"]["long_mem_tokens"] in (0, 32)
+  assert saved["best"]["temperature"] in (0.8, 1.2)
+  best_nll = min(r["nll"] for r in saved["grid_valid"])
+  assert saved["valid"]["memory"]["nll"] == best_nll
+  assert len(saved["grid_valid"]) == 4
+  # The plain scores of the same pass equal the training run's evaluation.
+  assert saved["valid"]["plain"]["nll"] == pytest.approx(
+      res["valid"]["nll"], rel=1e-5
+  )
+  assert saved["test"]["plain"]["nll"] == pytest.approx(
+      res["test"]["nll"], rel=1e-5
+  )
+  with open(os.path.join(workdir, "tune.csv")) as f:
+    assert len(list(csv.DictReader(f))) == 4
+  assert any(line.startswith("test: ppl") for line in out["summary_lines"])
+
+
+def test_memsweep_writes_csv_and_plot(long_run):
+  config, workdir, _ = long_run
+  memory_modes.memsweep(config, workdir)
+  with open(os.path.join(workdir, "memsweep.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["kind"], int(r["long_mem_tokens"])) for r in rows] == [
+      ("trime", 0),
+      ("trime", 32),
+      ("trime", 64),
+      ("cache", 0),
+      ("cache", 32),
+      ("cache", 64),
+  ]
+  assert os.path.getsize(os.path.join(workdir, "memsweep.png")) > 1000
+
+
+def test_buckets_and_memeval(long_run):
+  config, workdir, _ = long_run
+  res = memory_modes.buckets(config, workdir)
+  rows = res["rows"]
+  assert [r["bucket"] for r in rows][-1] == "avg"
+  assert sum(r["tokens"] for r in rows[:-1]) == rows[-1]["tokens"]
+  names = [k for k in rows[0] if k not in ("bucket", "tokens")]
+  assert names[0] == "no memory" and names[1].startswith("trime memory")
+  with open(os.path.join(workdir, "tune.json")) as f:
+    tuned = json.load(f)
+  # Buckets use the tuned setting; their average is the tuned valid score.
+  assert rows[-1][names[1]] == pytest.approx(
+      tuned["valid"]["memory"]["ppl"], rel=1e-5
+  )
+  assert "| tokens |" in frequency.merge([workdir, workdir])
+  out = memory_modes.memeval(config, workdir)
+  assert (
+      out["valid"]["memory"]["long_mem_tokens"]
+      == config.eval_memory.long_mem_tokens
+  )
+
+
+def test_frequency_buckets_by_count():
+  counts = np.array([20000, 10000, 5000, 1000, 150, 100, 50, 10, 0])
+  np.testing.assert_array_equal(
+      frequency.bucket_of(counts, (10000, 1000, 100, 10)),
+      [0, 1, 1, 2, 2, 3, 3, 4, 4],
+  )
+  assert frequency.bucket_labels((10000, 1000, 100, 10)) == [
+      "> 10k",
+      "1k-10k",
+      "100-1k",
+      "10-100",
+      "<= 10",
+  ]
+  with pytest.raises(ValueError, match="decreasing"):
+    frequency.bucket_of(counts, (10, 100))
+
+
+def test_trime_ext_packs_offline_then_trains(tmp_path):
+  config = _config("trime_ext_smoke")
+  config.data.seq_len = 256  # ~1.9k segments: a quick BM25 search
+  config.eval.window_len, config.eval.score_len = 256, 128
+  config.model.max_len = 256
+  config.data.cache_dir = str(tmp_path / "cache")
+  summary = packing.pack(config, str(tmp_path / "pack"))
+  assert summary["segments"] == -(-483571 // 256)
+  order_files = os.listdir(os.path.join(config.data.cache_dir, "bm25"))
+  res = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])
+  assert os.listdir(os.path.join(config.data.cache_dir, "bm25")) == order_files
+
+
+def test_tune_without_a_checkpoint_is_one_line_error(tmp_path):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "memjax.main",
+          "--config=configs/trime_wt103.py:trime_smoke",
+          f"--workdir={tmp_path}",
+          "--mode=tune",
+      ],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 2
+  lines = [
+      l for l in proc.stderr.splitlines() if l.startswith("memjax: error:")
+  ]
+  assert len(lines) == 1 and "holds no trained run" in lines[0], proc.stderr[
+      -2000:
+  ]

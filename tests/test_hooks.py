@@ -1,0 +1,140 @@
+"""Step hooks (memjax.hooks): schedule, state saved with checkpoints and
+restored on resume, files in the workdir, config errors."""
+
+import json
+import os
+
+import jax
+import ml_collections
+import pytest
+
+from configs import trime_wt103
+from memjax import checkpointing
+from memjax import errors
+from memjax import hooks
+from memjax import registry
+from memjax import runfiles
+from memjax import train
+
+STARTS = []  # The state each CountCalls instance started from.
+
+
+@registry.HOOKS.register("test_count_calls")
+class CountCalls(hooks.StepHook):
+  """Counts its calls and the steps they came at; writes them to a file."""
+
+  def start(self):
+    STARTS.append(json.loads(json.dumps(self.state)))
+
+  def __call__(self, step, params):
+    assert jax.tree.leaves(params)
+    self.state["calls"] = self.state.get("calls", 0) + 1
+    self.state["steps"] = self.state.get("steps", []) + [step]
+    if self.ctx.is_chief:
+      path = os.path.join(self.ctx.workdir, "count_calls.json")
+      runfiles.write_json(path, dict(self.state, every=self.ctx.options.every))
+
+
+class _Interrupt(Exception):
+  pass
+
+
+def _config():
+  config = trime_wt103.get_config("smoke")
+  config.train.num_steps = 8
+  config.train.log_every = 4
+  config.train.checkpoint_every = 4
+  config.train.eval_every = 0
+  config.eval.max_windows = 4
+  config.train.hooks = ("test_count_calls",)
+  config.train.hook_options.test_count_calls = ml_collections.ConfigDict(
+      {"every": 3}
+  )
+  return config
+
+
+def _saved_hooks(workdir, step):
+  ckpt = checkpointing.Checkpointer(
+      os.path.join(workdir, "checkpoints"), keep=3, signature={}, create=False
+  )
+  try:
+    return ckpt.read_data(step)["hooks"]["test_count_calls"]
+  finally:
+    ckpt.close()
+
+
+def test_hook_state_survives_an_interrupted_run(tmp_path):
+  config = _config()
+  workdir = str(tmp_path / "run")
+  seen = {}
+
+  def stop_after_7(step, state):
+    if step == 7:
+      with open(os.path.join(workdir, "count_calls.json")) as f:
+        seen.update(json.load(f))
+      raise _Interrupt()
+
+  STARTS.clear()
+  with pytest.raises(_Interrupt):
+    train.train_and_evaluate(config, workdir, hooks=(stop_after_7,))
+  # Called at steps 3 and 6; the checkpoint of step 4 holds the first call.
+  assert seen == {"calls": 2, "steps": [3, 6], "every": 3}
+  assert _saved_hooks(workdir, 4) == {"calls": 1, "steps": [3]}
+  train.train_and_evaluate(config, workdir)
+  # Resumed from step 4: the call at 6 is made again, once; none at 8.
+  assert STARTS == [{}, {"calls": 1, "steps": [3]}]
+  assert _saved_hooks(workdir, 8) == {"calls": 2, "steps": [3, 6]}
+  with open(os.path.join(workdir, "count_calls.json")) as f:
+    assert json.load(f)["calls"] == 2
+
+
+@pytest.mark.parametrize(
+    "names,options,needle",
+    [
+        (("nope",), {}, "unknown step hook 'nope'"),
+        (("test_count_calls",), {"every": 0}, "every must be a positive"),
+        (("test_count_calls",), {"every": 1.5}, "every must be a positive"),
+        (("test_count_calls",) * 2, {}, "lists a hook twice"),
+    ],
+)
+def test_bad_hook_config_is_refused_before_anything_is_written(
+    tmp_path, names, options, needle
+):
+  config = _config()
+  config.train.hooks = names
+  config.train.hook_options.test_count_calls = ml_collections.ConfigDict(
+      options
+  )
+  workdir = str(tmp_path / "run")
+  with pytest.raises(errors.ConfigError, match=needle):
+    train.train_and_evaluate(config, workdir)
+  assert not os.path.exists(workdir)
+
+
+def test_every_defaults_to_one_and_hooks_run_in_order():
+  calls = []
+
+  @registry.HOOKS.register("test_order_a")
+  class A(hooks.StepHook):
+
+    def __call__(self, step, params):
+      calls.append(("a", step))
+
+  @registry.HOOKS.register("test_order_b")
+  class B(A):
+
+    def __call__(self, step, params):
+      calls.append(("b", step))
+
+  config = _config()
+  config.train.hooks = ("test_order_b", "test_order_a")
+  config.train.hook_options.test_order_a = ml_collections.ConfigDict(
+      {"every": 2}
+  )
+  runner = hooks.HookRunner(config, {"test_order_a": {"x": 1}}, workdir="w")
+  for step in range(1, 5):
+    runner.run(step, {})
+  assert calls == [("b", 1), ("b", 2), ("a", 2), ("b", 3), ("b", 4), ("a", 4)]
+  assert runner.states() == {"test_order_b": {}, "test_order_a": {"x": 1}}
+  with pytest.raises(ValueError, match="already registered"):
+    registry.HOOKS.register("test_order_a", B)
