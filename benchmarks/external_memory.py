@@ -87,7 +87,8 @@ def main() -> None:
   from memjax import train  # pylint: disable=g-import-not-at-top
   from memjax import runfiles  # pylint: disable=g-import-not-at-top
   from memjax import errors  # pylint: disable=g-import-not-at-top
-  from memjax.methods.external import modes as modes  # pylint: disable=g-import-not-at-top
+  from memjax.eval import external as external_lib  # pylint: disable=g-import-not-at-top
+  from memjax.methods.external import modes  # pylint: disable=g-import-not-at-top
 
   config = _config(args)
   w = args.workdir
@@ -107,7 +108,7 @@ def main() -> None:
   rec = modes.recall(config, w)
 
   loaded = em_lib.load(config, w, splits=("valid",))
-  ext = modes.external_search(loaded, "dot_product")
+  ext = external_lib.external_search(loaded, "dot_product", w)
   grid = em_lib.configured_grid(config.eval_memory)
   plain = _eval_rate(loaded, em_lib.Grid(kind="none"), None, args.eval_windows)
   with_ext = _eval_rate(loaded, grid, ext, args.eval_windows)

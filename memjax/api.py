@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from memjax import console
-from memjax.eval import windows as evaluate
+from memjax.eval import metrics
 from memjax import experiment
 from memjax import runfiles
 
@@ -53,6 +53,7 @@ class LanguageModel:
     self.unit = restored.unit
     self.vocab = restored.vocab
     self.memory = memory_setting(restored)
+    self._scorers: dict[str, Any] = {}
 
   # -------------------------------------------------------------- text
   def encode(self, text: str) -> np.ndarray:
@@ -99,50 +100,25 @@ class LanguageModel:
     )
     items = [self._tokens(x) for x in (inputs if many else [inputs])]
     setting = self.memory if memory else {"kind": "none"}
-    logprobs = [self._score_one(t, setting) for t in items]
+    scorer = self._scorer(setting)
+    logprobs = [scorer.stream_logprobs(self.restored.params, t) for t in items]
     total = float(-sum(float(np.sum(lp, dtype=np.float64)) for lp in logprobs))
     count = float(sum(len(lp) for lp in logprobs))
     out = {"logprobs": logprobs, "memory": setting}
-    out.update(evaluate.summarize(total, count, self.unit))
+    out.update(metrics.summarize(total, count, self.unit))
     out["tokens"] = int(count)
     return out
 
-  def _score_one(self, tokens: np.ndarray, setting: dict) -> np.ndarray:
-    if len(tokens) < 2:
-      return np.zeros([0], np.float32)
-    r = self.restored
-    if r.model.carries_memory():
-      return self._score_recurrent(tokens)
-    from memjax.eval import memory_grid as evaluate_memory  # pylint: disable=g-import-not-at-top
+  def _scorer(self, setting: dict[str, Any]) -> Any:
+    """The run's scorer with ``setting`` (kept: one compilation)."""
+    from memjax.eval import scorer as scorer_lib  # pylint: disable=g-import-not-at-top
 
-    c = self.config
-    grid = evaluate_memory.grid_of(setting)
-    res = evaluate_memory.score_stream(
-        r.model, r.params, tokens, grid, window_len=c.eval.window_len,
-        score_len=c.eval.score_len, batch_size=c.eval_memory.batch_size,
-        mesh=r.mesh, unit=r.unit,
-        block_size=int(c.eval_memory.block_size) or None, keep_tokens=True,
-        desc="score",
-    )  # fmt: skip
-    if "grid_logprob" not in res:  # No memory: the plain model's scores.
-      return np.asarray(res["lm_logprob"], np.float32)
-    return np.asarray(res["grid_logprob"][0], np.float32)
-
-  def _score_recurrent(self, tokens: np.ndarray) -> np.ndarray:
-    """Scores one stream as ``--mode=eval`` does: ``eval.lanes`` contiguous
-    lanes, each run in segments with its memory carried."""
-    from memjax.eval import streams as recurrent_eval  # pylint: disable=g-import-not-at-top
-
-    r = self.restored
-    ev = recurrent_eval.evaluator_for(self.config, r.model, r.mesh)
-    ev.keep_tokens = True
-    segments = recurrent_eval.stacked_segments(tokens, ev.segment_len, ev.lanes)
-    out = ev.run_segments(r.params, segments)
-    # [S, lanes, L] -> lane-major, which is stream order (lanes are
-    # contiguous pieces of the stream).
-    lp = np.swapaxes(np.asarray(out["logprob"])[:, : ev.lanes], 0, 1)
-    w = np.swapaxes(segments["weights"], 0, 1) > 0
-    return lp.reshape(-1)[w.reshape(-1)].astype(np.float32)
+    key = json.dumps(setting, sort_keys=True)
+    if key not in self._scorers:
+      self._scorers[key] = scorer_lib.scorer_for(
+          self.restored, setting, workdir=self.restored.path
+      )
+    return self._scorers[key]
 
   # -------------------------------------------------------------- generate
   def generate(
@@ -204,26 +180,9 @@ class LanguageModel:
 def memory_setting(restored: experiment.Restored) -> dict[str, Any]:
   """The evaluation memory of a run: ``tune.json``'s choice, else the
   config's ``eval_memory`` (kind 'none' for plain models)."""
-  from memjax.eval import memory_grid as evaluate_memory  # pylint: disable=g-import-not-at-top
+  from memjax.eval import scorer as scorer_lib  # pylint: disable=g-import-not-at-top
 
-  em = restored.config.eval_memory
-  tuned = os.path.join(restored.path, "tune.json")
-  if em.kind != "none" or os.path.isfile(tuned):
-    if os.path.isfile(tuned):
-      with open(tuned) as f:
-        t = json.load(f)
-      return {"kind": t["kind"], **t["best"], "source": "tune.json"}
-    return {
-        "kind": em.kind,
-        "long_mem_tokens": int(em.long_mem_tokens),
-        "temperature": float(em.temperature),
-        "cache_theta": float(em.cache_theta),
-        "cache_lambda": float(em.cache_lambda),
-        # The external memories' settings (knn, trime_ext).
-        **{k: float(em[k]) for k in evaluate_memory.EXTRA_AXES.values()},
-        "source": "config",
-    }
-  return {"kind": "none"}
+  return scorer_lib.memory_setting(restored)
 
 
 def load(

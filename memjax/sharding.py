@@ -175,9 +175,15 @@ class MeshFunction:
     )
 
 
-def under_mesh(jitted, mesh: Mesh, rules=LOGICAL_RULES) -> MeshFunction:
-  """Wraps a jitted function so every call traces under ``mesh_rules``."""
-  return MeshFunction(jitted, mesh, rules)
+def jit(
+    fn: Any, mesh: Mesh, rules=LOGICAL_RULES, **jit_kwargs: Any
+) -> MeshFunction:
+  """``jax.jit(fn, **jit_kwargs)`` whose every trace runs under ``mesh_rules``.
+
+  The one place a function is jitted for a mesh: the train step, every
+  scorer of ``memjax.eval`` and the methods' embedding and feature passes.
+  """
+  return MeshFunction(jax.jit(fn, **jit_kwargs), mesh, rules)
 
 
 def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:

@@ -16,11 +16,18 @@ over its micro-batches and lane segments, the loop logs their means as
 ``train_log.jsonl``, and evaluation reports them beside the perplexity
 (``<split>/aux/<path>``). The large per-position arrays kept for analysis
 (``--mode=analyze``) stay in the ``'intermediates'`` collection.
+
+Per-slot sums (a memory layer's reads of each slot, say) are too large for
+'aux': a method sows them into a collection of its own and registers a
+``SumReport`` (``registry.SUM_REPORTS``) saying how to turn one module's sums
+into metrics; the tasks' evaluations collect every registered report's
+collection and add what each report says to their results.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
 
 import flax
 import flax.linen as nn
@@ -97,3 +104,52 @@ def means(sums: Mapping[str, Any]) -> dict[str, float]:
     if w > 0:
       out[k] = float(s / w)
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SumReport:
+  """Per-slot sums that modules sow during evaluation, and what they mean.
+
+  Attributes:
+    collection: the Flax collection the modules sow into ({module path:
+      {name: [slots] sums}}).
+    key: where the per-module metrics go in a split's results ('memory').
+    metrics: one module's sums {name: [slots]} -> {metric: float}.
+    scalars: the metrics logged to TensorBoard.
+    brief: one module's metrics -> a few words for the progress line.
+    describe: one module's metrics -> the summary line's words.
+    compare: the sums of two groups of examples (e.g. two classes) ->
+      {module: {metric: float}}; None when the report has no comparison.
+    describe_comparison: one module's comparison -> words.
+  """
+
+  collection: str
+  key: str
+  metrics: Callable[[Mapping[str, np.ndarray]], dict[str, float]]
+  scalars: tuple[str, ...] = ()
+  brief: Callable[[Mapping[str, float]], str] = lambda m: ""
+  describe: Callable[[Mapping[str, float]], str] = lambda m: ""
+  compare: Optional[Callable[[Any, Any], dict[str, dict[str, float]]]] = None
+  describe_comparison: Callable[[Mapping[str, float]], str] = lambda d: ""
+
+  def by_module(self, sums: Any) -> dict[str, dict[str, float]]:
+    """{module path: metrics} of the summed collection (a nested dict of
+    [slots] arrays; {} when nothing was sown)."""
+    return {k: self.metrics(v) for k, v in sorted(module_sums(sums).items())}
+
+
+def module_sums(sums: Any) -> dict[str, dict[str, np.ndarray]]:
+  """{'layer_1/ffn/memory': {'reads': [K], ...}} of a nested collection."""
+  flat = flax.traverse_util.flatten_dict(sums, sep="/") if sums else {}
+  out: dict[str, dict[str, np.ndarray]] = {}
+  for k, v in flat.items():
+    module, name = k.rsplit("/", 1)
+    out.setdefault(module, {})[name] = np.asarray(v)
+  return out
+
+
+def sum_reports() -> list[SumReport]:
+  """The registered reports (``registry.SUM_REPORTS``), by name."""
+  from memjax import registry  # pylint: disable=g-import-not-at-top
+
+  return [registry.SUM_REPORTS.get(n) for n in registry.SUM_REPORTS.names()]

@@ -269,9 +269,6 @@ def make_train_step(
     out.update(loss=loss, grad_norm=gnorm, finite=finite.astype(jnp.float32))
     return new_state, out
 
-  return sharding_lib.under_mesh(
-      jax.jit(
-          step_fn, donate_argnums=(0,), out_shardings=(state_shardings, None)
-      ),
-      mesh,
+  return sharding_lib.jit(
+      step_fn, mesh, donate_argnums=(0,), out_shardings=(state_shardings, None)
   )

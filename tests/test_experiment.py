@@ -18,7 +18,7 @@ import memjax
 from configs import trime_wt103
 from memjax import errors
 from memjax.modes import evaluation as evaluation_mode
-from memjax.eval import memory_grid as evaluate_memory
+from memjax.data import windows
 from memjax import experiment
 from memjax import runfiles
 from memjax.modes import memory as memory_modes
@@ -28,7 +28,7 @@ from tests.conftest import run_main
 def _valid_prefix(config, workdir):
   corpus = experiment.load_corpus(config, workdir, ("valid",), train=False)
   e = config.eval
-  return evaluate_memory.truncate_windows(
+  return windows.truncate_windows(
       corpus.splits["valid"].tokens, e.window_len, e.score_len, e.max_windows
   )
 

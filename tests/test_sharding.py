@@ -77,7 +77,7 @@ def test_loss_and_grads_equal_sharded(reference, mesh_spec):
   assert kernel.addressable_shards[0].data.shape != kernel.shape
   sharded_params = jax.device_put(params, shardings.params)
   sharded_batch = sharding_lib.put_global_batch(batch, mesh)
-  fn = sharding_lib.under_mesh(jax.jit(_loss_and_grads, static_argnums=0), mesh)
+  fn = sharding_lib.jit(_loss_and_grads, mesh, static_argnums=0)
   loss, grads = fn(model, sharded_params, sharded_batch)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
   jax.tree.map(

@@ -11,6 +11,9 @@ Plain numpy and stateless, with the conventions of ``memjax.data.streams``
 * :func:`memory_eval_windows` / :func:`memory_eval_batches`: the sliding
   windows with at most ``score_len`` scored predictions each, for
   evaluation with testing memories.
+* :func:`document_windows` / :func:`document_segments`: the same layouts
+  inside documents, each read from its own start (the early-token
+  analysis).
 """
 
 from __future__ import annotations
@@ -277,3 +280,87 @@ def memory_eval_batches(
         "score_from": score_from.astype(np.int32),
         "score_count": count.astype(np.int32),
     }
+
+
+def document_windows(
+    tokens: np.ndarray, spans: np.ndarray, window_len: int, score_len: int
+) -> dict[str, np.ndarray]:
+  """The windows of :func:`eval_windows` inside each document, each
+  document read from its own start (no window crosses into another).
+
+  Args:
+    tokens: [N] the stream.
+    spans: [D, 2] (start, end) of the documents.
+    window_len: tokens per window.
+    score_len: scored predictions per window (after a document's first).
+
+  Returns:
+    inputs, targets [W, window_len] int32; weights [W, window_len] float32
+    (1 where scored); positions [W, window_len] int64 (the predicted
+    token's offset in its document, 0 where not scored); document [W]
+    int64 (the index of each window's document in ``spans``).
+  """
+  rows = []
+  for d, (a, b) in enumerate(spans):
+    for s, n, f in eval_windows(int(b - a - 1), window_len, score_len):
+      rows.append((a + s, n, f, s, d))
+  w = len(rows)
+  out = dict(
+      inputs=np.zeros((w, window_len), np.int32),
+      targets=np.zeros((w, window_len), np.int32),
+      weights=np.zeros((w, window_len), np.float32),
+      positions=np.zeros((w, window_len), np.int64),
+      document=np.asarray([r[4] for r in rows], np.int64),
+  )
+  for r, (start, n, f, offset, _) in enumerate(rows):
+    out["inputs"][r, :n] = tokens[start : start + n]
+    out["targets"][r, :n] = tokens[start + 1 : start + n + 1]
+    out["weights"][r, f:n] = 1.0
+    out["positions"][r, f:n] = offset + np.arange(f, n) + 1
+  return out
+
+
+def document_segments(
+    tokens: np.ndarray, spans: np.ndarray, segment_len: int, lanes: int
+) -> dict[str, np.ndarray]:
+  """The documents as lanes, each cut into segments of ``segment_len``.
+
+  Args:
+    tokens: [N] the stream.
+    spans: [D, 2] (start, end) of at most ``lanes`` documents.
+    segment_len: L, predictions per segment.
+    lanes: lanes of the result (documents first, then empty lanes).
+
+  Returns:
+    inputs, targets [S, lanes, L] int32; weights [S, lanes, L] float32;
+    positions [S, lanes, L] int64 (offset of the predicted token in its
+    document, 0 where not scored); reset [S, lanes] bool (True at segment 0:
+    every document starts from an empty memory).
+  """
+  n = np.maximum(spans[:, 1] - spans[:, 0] - 1, 0)
+  s = max(1, int(-(-n.max() // segment_len))) if len(n) else 1
+  shape = (lanes, s * segment_len)
+  x, y = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+  w, pos = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
+  for d, ((a, _), m) in enumerate(zip(spans, n)):
+    x[d, :m], y[d, :m] = tokens[a : a + m], tokens[a + 1 : a + m + 1]
+    w[d, :m], pos[d, :m] = 1.0, np.arange(1, m + 1)
+  lane_major = lambda v: np.swapaxes(v.reshape(lanes, s, segment_len), 0, 1)
+  reset = np.zeros((s, lanes), bool)
+  reset[0] = True
+  return dict(
+      inputs=lane_major(x), targets=lane_major(y), weights=lane_major(w),
+      positions=lane_major(pos), reset=reset,
+  )  # fmt: skip
+
+
+def truncate_windows(
+    tokens: np.ndarray, window_len: int, score_len: int, max_windows: int
+) -> np.ndarray:
+  """The prefix of ``tokens`` that the first ``max_windows`` windows of
+  :func:`eval_windows` cover (all of it for 0)."""
+  if not max_windows:
+    return tokens
+  windows = eval_windows(len(tokens) - 1, window_len, score_len)
+  last = windows[min(max_windows, len(windows)) - 1]
+  return tokens[: int(last[0]) + int(last[1]) + 1]

@@ -133,7 +133,8 @@ def run_stream(
     model: Any,
     params: Any,
     tokens: np.ndarray,
-    grid: Any,
+    memory: evaluation.EvalMemory,
+    settings: evaluation.Settings,
     external: ExternalSearch,
     *,
     window_len: int,
@@ -145,21 +146,13 @@ def run_stream(
     compiled: Optional[dict[Any, Any]] = None,
 ) -> tuple[list[dict[str, Any]], float]:
   """Scores a stream with an external memory: the per-batch sums of
-  ``evaluate_memory.score_stream`` and its start time (``compiled``: keeps
-  the jitted functions of ``step`` between calls, as there)."""
-  if external is None:
-    raise errors.ConfigError(f"{grid.kind} evaluation needs a datastore")
-  memory = grid.memory()
-  settings = {
-      "temperatures": grid.temperatures,
-      "thetas": grid.thetas,
-      "lambdas": grid.lambdas,
-      **grid.extra_settings(),
-  }
-  key = ("external", id(step))  # step is kept alive by score_stream's entry
+  ``memory_grid.MemoryScorer.score_grid`` for the kind ``memory`` at
+  ``settings``, and the start time (``compiled``: keeps the jitted
+  functions of ``step`` between calls, as there)."""
+  key = ("external", id(step))  # step is kept alive by the scorer's entry
   if compiled is None or key not in compiled:
     fns = (
-        sharding_lib.under_mesh(jax.jit(step, donate_argnums=(1,)), mesh),
+        sharding_lib.jit(step, mesh, donate_argnums=(1,)),
         jax.jit(make_combine_fn(memory, settings, model.d_model)),
     )
     if compiled is not None:
@@ -234,20 +227,29 @@ def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   return os.path.join(workdir, f"datastore-{other}" if other else "datastore")
 
 
-def datastore_checkpoint(loaded: Any) -> dict[str, Any]:
-  """Which parameters a datastore's keys come from."""
-  return {"source": os.path.realpath(loaded.source), "step": int(loaded.step)}
+def datastore_checkpoint(run: Any) -> dict[str, Any]:
+  """Which parameters a datastore's keys come from (``run.path`` and
+  ``run.step`` of a restored run)."""
+  return {"source": os.path.realpath(run.path), "step": int(run.step)}
 
 
-def external_search(loaded: Any, metric: str) -> ExternalSearch:
-  """The datastore and searcher of ``loaded.config.eval_memory`` (cached)."""
-  em = loaded.config.eval_memory
-  path = datastore_path(loaded.config, loaded.workdir)
+def external_search(run: Any, metric: str, workdir: str) -> ExternalSearch:
+  """The datastore and searcher of ``run.config.eval_memory`` (cached).
+
+  Args:
+    run: a restored run (``experiment.Restored``, ``memory_grid.Loaded``):
+      config, model, vocab_size, path and step.
+    metric: 'dot_product' or 'squared_l2'.
+    workdir: the directory whose datastore is read (unless
+      ``eval_memory.datastore`` names one).
+  """
+  em = run.config.eval_memory
+  path = datastore_path(run.config, workdir)
   store = ds_lib.open_datastore(
       path,
-      signature=experiment.model_signature(loaded.config, loaded.vocab_size),
-      dim=loaded.model.d_model,
-      checkpoint=datastore_checkpoint(loaded),
+      signature=experiment.model_signature(run.config, run.vocab_size),
+      dim=run.model.d_model,
+      checkpoint=datastore_checkpoint(run),
   )
   search_lib.check_k(store, int(em.ext_k))
   key = (path, store.manifest["id"], metric, em.search, em.leaves_to_search)

@@ -1,18 +1,18 @@
-"""Scoring token streams with testing memories (TRIME Eq. 6, the cache).
+"""Scoring token streams with testing memories, a grid of settings per pass.
 
-``score_stream`` scores a stream with every setting of a ``Grid`` (memory
-kind, long-term memory sizes, temperatures or cache lambda/theta) in one
-pass; ``load`` restores a run through ``memjax.experiment`` with the splits
-it scores. The modes built on these (memeval, tune, memsweep, buckets) are in
-``memjax/modes/memory.py``; the memory computations in
-``memjax/memory/evaluation.py``.
+``MemoryScorer`` scores a stream with every setting of a ``Grid`` (the
+memory kind, long-term memory sizes, the values of the kind's axes) in one
+pass over sliding windows (``memory_step.make_eval_step``); a kind with an
+external memory searches its datastore on the host between two jitted
+steps (``memjax/eval/external.py``). ``load`` restores a run through
+``memjax.experiment`` with the splits it scores. The modes built on these
+(memeval, tune, memsweep, buckets) are in ``memjax/modes/memory.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import os
 import time
 from typing import Any, Optional, Sequence
@@ -23,11 +23,15 @@ import ml_collections
 import numpy as np
 
 from memjax import console
-from memjax.eval import windows as evaluate
-from memjax import sharding as sharding_lib
+from memjax import errors
 from memjax import experiment
 from memjax import registry
-from memjax.data import streams
+from memjax import sharding as sharding_lib
+from memjax.data import windows
+from memjax.eval import external as external_lib
+from memjax.eval import memory_step
+from memjax.eval import metrics
+from memjax.eval import rows
 from memjax.memory import evaluation
 
 # ----------------------------------------------------------------------------
@@ -35,45 +39,56 @@ from memjax.memory import evaluation
 # ----------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Grid:
   """The settings one pass scores.
 
+  Built as ``Grid(kind, long_sizes=(0, 1024), temperatures=(1.0, 1.25))``:
+  the keywords are the ``Axis.values`` of the kind's axes; an axis left out
+  takes its default.
+
   Attributes:
-    kind: a name in ``registry.EVAL_MEMORIES`` ('none', 'trime', 'cache').
+    kind: a name in ``registry.EVAL_MEMORIES``.
     long_sizes: long-term memory sizes N (0 = M_local only).
-    temperatures: tau values (trime).
-    thetas: cache inverse temperatures.
-    lambdas: cache interpolation weights.
-    ext_temperatures: tau' of Eq. 8 (trime_ext).
-    ext_lambdas: lambda of Eq. 9 (trime_ext).
-    knn_temperatures: kNN-LM temperatures (1 = none, as in kNN-LM).
-    knn_lambdas: kNN-LM interpolation weights.
+    settings: (axis values name, values) per axis of the kind, in its order.
   """
 
   kind: str
-  long_sizes: tuple[int, ...] = (0,)
-  temperatures: tuple[float, ...] = (1.0,)
-  thetas: tuple[float, ...] = ()
-  lambdas: tuple[float, ...] = ()
-  ext_temperatures: tuple[float, ...] = ()
-  ext_lambdas: tuple[float, ...] = ()
-  knn_temperatures: tuple[float, ...] = ()
-  knn_lambdas: tuple[float, ...] = ()
+  long_sizes: tuple[int, ...]
+  settings: tuple[tuple[str, tuple[float, ...]], ...]
 
-  def extra_settings(self) -> dict[str, tuple[float, ...]]:
-    """The external memories' axes (``make_eval_step``'s extra_settings)."""
-    return {k: getattr(self, k) for k in EXTRA_AXES}
+  def __init__(
+      self, kind: str, long_sizes: Sequence[int] = (0,), **values: Any
+  ) -> None:
+    memory = registry.EVAL_MEMORIES.get(kind)
+    names = [a.values for a in memory.axes]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+      raise errors.ConfigError(
+          f"evaluation memory {kind!r} has no setting {', '.join(unknown)}; "
+          f"its settings: {', '.join(names) or 'none'}"
+      )
+    settings = tuple(
+        (a.values, tuple(float(v) for v in values.get(a.values, a.default)))
+        for a in memory.axes
+    )
+    object.__setattr__(self, "kind", kind)
+    object.__setattr__(self, "long_sizes", tuple(int(n) for n in long_sizes))
+    object.__setattr__(self, "settings", settings)
 
   def memory(self) -> evaluation.EvalMemory:
     """The evaluation memory of ``kind``."""
     return registry.EVAL_MEMORIES.get(self.kind)
 
+  def values(self) -> dict[str, tuple[float, ...]]:
+    """{Axis.values: values}: the kind's ``Settings``."""
+    return dict(self.settings)
+
   def axes(self) -> dict[str, tuple[Any, ...]]:
-    """The values of each axis, in the step's grid order (N first)."""
+    """The values of each axis by key, in the step's grid order (N first)."""
     out: dict[str, tuple[Any, ...]] = {"long_mem_tokens": self.long_sizes}
-    for axis in self.memory().axes:
-      out[axis.key] = tuple(getattr(self, axis.values))
+    for axis, (_, values) in zip(self.memory().axes, self.settings):
+      out[axis.key] = values
     return out
 
   def points(self) -> list[dict[str, Any]]:
@@ -87,28 +102,13 @@ class Grid:
     ]
 
 
-# Grid fields of the external memories' axes and their config keys.
-EXTRA_AXES = {
-    "ext_temperatures": "ext_temperature",
-    "ext_lambdas": "ext_lambda",
-    "knn_temperatures": "knn_temperature",
-    "knn_lambdas": "knn_lambda",
-}
-
-
-def _floats(xs) -> tuple[float, ...]:
-  return tuple(float(x) for x in xs)
-
-
 def configured_grid(em: ml_collections.ConfigDict) -> Grid:
   """The single setting of ``config.eval_memory``."""
+  memory = registry.EVAL_MEMORIES.get(em.kind)
   return Grid(
-      kind=em.kind,
-      long_sizes=(int(em.long_mem_tokens),),
-      temperatures=(float(em.temperature),),
-      thetas=(float(em.cache_theta),),
-      lambdas=(float(em.cache_lambda),),
-      **{f: (float(em[key]),) for f, key in EXTRA_AXES.items()},
+      em.kind,
+      (int(em.long_mem_tokens),),
+      **{a.values: (float(em[a.key]),) for a in memory.axes},
   )
 
 
@@ -118,22 +118,45 @@ def tuning_grid(
     long_sizes: Optional[Sequence[int]] = None,
 ) -> Grid:
   """The tuning grid of ``config.eval_memory`` for ``kind``."""
-  sizes = tuple(
-      int(n)
-      for n in (
-          long_sizes
-          if long_sizes is not None
-          else (em.long_mem_grid or (em.long_mem_tokens,))
-      )
+  sizes = (
+      long_sizes
+      if long_sizes is not None
+      else (em.long_mem_grid or (em.long_mem_tokens,))
   )
+  memory = registry.EVAL_MEMORIES.get(kind)
   return Grid(
-      kind=kind,
-      long_sizes=sizes,
-      temperatures=_floats(em.temperature_grid),
-      thetas=_floats(em.cache_theta_grid),
-      lambdas=_floats(em.cache_lambda_grid),
-      **{f: _floats(em[key + "_grid"]) for f, key in EXTRA_AXES.items()},
+      kind, sizes, **{a.values: tuple(em[a.config_grid]) for a in memory.axes}
   )
+
+
+def grid_of(setting: dict[str, Any]) -> Grid:
+  """The one-point grid of a setting ({'kind', 'long_mem_tokens', ...}) as
+  ``tune.json`` stores it under 'best'."""
+  memory = registry.EVAL_MEMORIES.get(setting["kind"])
+  return Grid(
+      setting["kind"],
+      (int(setting.get("long_mem_tokens", 0)),),
+      **{
+          a.values: (float(setting[a.key]),)
+          for a in memory.axes
+          if a.key in setting
+      },
+  )
+
+
+def setting_keys() -> tuple[str, ...]:
+  """Every setting name of a result, N first, then every kind's axes."""
+  keys = ["long_mem_tokens"]
+  for name in registry.EVAL_MEMORIES.names():
+    for axis in registry.EVAL_MEMORIES.get(name).axes:
+      if axis.key not in keys:
+        keys.append(axis.key)
+  return tuple(keys)
+
+
+def setting_str(r: dict[str, Any]) -> str:
+  """'long_mem_tokens=1024, temperature=1.25' of a result's settings."""
+  return ", ".join(f"{k}={r[k]:g}" for k in setting_keys() if k in r)
 
 
 # ----------------------------------------------------------------------------
@@ -141,44 +164,187 @@ def tuning_grid(
 # ----------------------------------------------------------------------------
 
 
-def truncate_windows(
-    tokens: np.ndarray, window_len: int, score_len: int, max_windows: int
-) -> np.ndarray:
-  """The prefix of ``tokens`` that the first ``max_windows`` windows of
-  ``streams.eval_windows`` cover (all of it for 0), as memjax.eval.windows does.
-  """
-  if not max_windows:
-    return tokens
-  windows = streams.eval_windows(len(tokens) - 1, window_len, score_len)
-  last = windows[min(max_windows, len(windows)) - 1]
-  return tokens[: int(last[0]) + int(last[1]) + 1]
+class MemoryScorer(rows.Scorer):
+  """Scores streams with every setting of a grid in one pass."""
+
+  def __init__(
+      self,
+      run: Any,
+      grid: Grid,
+      *,
+      external: Any = None,
+      workdir: str = "",
+      window_len: Optional[int] = None,
+      score_len: Optional[int] = None,
+      batch_size: Optional[int] = None,
+      block_size: Optional[int] = -1,
+  ) -> None:
+    """Creates the scorer.
+
+    Args:
+      run: what ``rows.Scorer`` needs; for a kind with an external memory
+        also what ``external.external_search`` needs (a restored run).
+      grid: the settings.
+      external: the kind's ``external.ExternalSearch``; None: opened from
+        the run's datastore on first use (kinds that read one).
+      workdir: where the run's datastore is (``external.datastore_path``).
+      window_len: T (default ``eval.window_len``).
+      score_len: S (default ``eval.score_len``).
+      batch_size: windows per batch (default ``eval_memory.batch_size``),
+        rounded up to the data-parallel devices.
+      block_size: blockwise block of the long-memory sums (None: dense;
+        default ``eval_memory.block_size``).
+    """
+    super().__init__(run)
+    c = self.config  # Read only for what is not given.
+    self.grid = grid
+    self.window_len = int(window_len or c.eval.window_len)
+    self.score_len = int(score_len or c.eval.score_len)
+    size = batch_size or c.eval_memory.batch_size
+    self.batch_size = rows.batch_rows(size, self.mesh)
+    if block_size == -1:
+      block_size = int(c.eval_memory.block_size) or None
+    self.block_size = block_size
+    self._external = external
+    self._workdir = workdir
+
+  @property
+  def external(self) -> Any:
+    """The external memory of a kind that reads one (else None)."""
+    metric = self.grid.memory().external_metric
+    if metric and self._external is None:
+      self._external = external_lib.external_search(
+          self.run, metric, self._workdir
+      )
+    return self._external
+
+  def _fns(self, keep_tokens: bool) -> tuple[Any, Any]:
+    """The evaluation step and its jitted per-batch sums
+    (params, bank, batch) -> (bank, sums); the sums are unused for a kind
+    with an external memory (``external.run_stream`` jits the step)."""
+    key = ("grid", keep_tokens)
+    if key not in self._compiled:
+      step = memory_step.make_eval_step(
+          self.model, window_len=self.window_len, score_len=self.score_len,
+          kind=self.grid.kind, long_sizes=self.grid.long_sizes,
+          settings=self.grid.values(), block_size=self.block_size,
+      )  # fmt: skip
+      fn = sharding_lib.jit(
+          _reduced(step, self.grid, keep_tokens),
+          self.mesh,
+          donate_argnums=(1,),
+      )
+      self._compiled[key] = (step, fn)
+    return self._compiled[key]
+
+  def score_grid(
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      *,
+      max_items: int = 0,
+      keep_tokens: bool = False,
+      desc: str = "memory eval",
+  ) -> dict[str, Any]:
+    """Scores a token stream [N] with every setting of the grid.
+
+    Args:
+      params: the parameters.
+      tokens: [N] int token stream.
+      max_items: only the first this many windows of ``eval_windows``
+        (0 = all).
+      keep_tokens: also return per-prediction log-probabilities.
+      desc: name for the progress lines.
+
+    Returns:
+      {'plain': summary without memory, 'grid': [setting + summary, ...]}
+      where a summary is {'nll', 'tokens', 'ppl' | 'bpc'}; with keep_tokens
+      also 'positions', 'targets' [P], 'lm_logprob' [P] and 'grid_logprob'
+      [G, P] in stream order.
+    """
+    t, s = self.window_len, self.score_len
+    tokens = windows.truncate_windows(np.asarray(tokens), t, s, max_items)
+    step, fn = self._fns(keep_tokens)
+    memory = self.grid.memory()
+    if memory.external_metric:
+      if self.external is None:
+        raise errors.ConfigError(
+            f"{self.grid.kind} evaluation needs a datastore"
+        )
+      fetched, start = external_lib.run_stream(
+          step, self.model, params, tokens, memory, self.grid.values(),
+          self.external, window_len=t, score_len=s,
+          batch_size=self.batch_size, mesh=self.mesh, keep_tokens=keep_tokens,
+          desc=desc, compiled=self._compiled,
+      )  # fmt: skip
+    else:
+      fetched, start = self._run(fn, step.capacity, params, tokens, desc)
+    return summarize_stream(
+        fetched, self.grid, self.unit, keep_tokens, desc, start
+    )
+
+  def _run(
+      self, fn: Any, capacity: int, params: Any, tokens: np.ndarray, desc: str
+  ) -> tuple[list[dict[str, Any]], float]:
+    """The per-batch sums of ``fn`` over the stream, and the start time."""
+    bank = evaluation.init_bank(capacity, self.model.d_model)
+    num_windows = len(
+        windows.memory_eval_windows(
+            max(len(tokens) - 1, 0), self.window_len, self.score_len
+        )
+    )
+    num_batches = -(-num_windows // self.batch_size)
+    start = last_report = time.time()
+    pending = []
+    batches = windows.memory_eval_batches(
+        tokens, self.window_len, self.score_len, self.batch_size
+    )
+    for i, batch in enumerate(batches):
+      batch = sharding_lib.put_global_batch(batch, self.mesh)
+      bank, res = fn(params, bank, batch)
+      pending.append(res)
+      if time.time() - last_report > 30 and i + 1 < num_batches:
+        jax.block_until_ready(res)
+        last_report = time.time()
+        console.info(
+            "%s: batch %d/%d, %.0fs",
+            desc, i + 1, num_batches, last_report - start,
+        )  # fmt: skip
+    return jax.device_get(pending), start
+
+  def score(
+      self, params: Any, tokens: np.ndarray, max_items: int = 0, desc: str = ""
+  ) -> dict[str, float]:
+    """The summary of the grid's first setting (the plain model's for a
+    kind without memory)."""
+    r = self.score_grid(params, tokens, max_items=max_items, desc=desc)
+    return r["grid"][0] if r.get("grid") else r["plain"]
+
+  def stream_logprobs(self, params: Any, tokens: np.ndarray) -> np.ndarray:
+    """[N - 1] log p of a stream [N] at the grid's first setting."""
+    if len(tokens) < 2:
+      return np.zeros(0, np.float32)
+    r = self.score_grid(
+        params, tokens, keep_tokens=True, desc=f"score {self.grid.kind}"
+    )
+    lp = r["grid_logprob"][0] if "grid_logprob" in r else r["lm_logprob"]
+    return np.asarray(lp, np.float32)
+
+  def document_logprobs(
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      spans: np.ndarray,
+      max_items: int = 0,
+  ) -> list[np.ndarray]:
+    """Per document, its own stream scored at the grid's first setting (one
+    compilation for all of them)."""
+    del max_items  # Documents are read whole.
+    return [self.stream_logprobs(params, tokens[a:b]) for a, b in spans]
 
 
-def _scoring_fns(
-    model: Any,
-    grid: Grid,
-    mesh: Any,
-    *,
-    window_len: int,
-    score_len: int,
-    block_size: Optional[int],
-    keep_tokens: bool,
-) -> tuple[Any, Any]:
-  """``score_stream``'s evaluation step and its jitted per-batch sums
-  (params, bank, batch) -> (bank, sums); the sums are unused for a kind with
-  an external memory (``external.run_stream`` jits the step itself)."""
-  step = evaluation.make_eval_step(
-      model,
-      window_len=window_len,
-      score_len=score_len,
-      kind=grid.kind,
-      long_sizes=grid.long_sizes,
-      temperatures=grid.temperatures,
-      thetas=grid.thetas,
-      lambdas=grid.lambdas,
-      block_size=block_size,
-      extra_settings=grid.extra_settings(),
-  )
+def _reduced(step: Any, grid: Grid, keep_tokens: bool) -> Any:
+  """(params, bank, batch) -> (bank, per-batch sums) of ``step``."""
   num_points = len(grid.points())
 
   def reduced(params, bank, batch):
@@ -192,15 +358,12 @@ def _scoring_fns(
         res["grid_tok"] = logp
     if keep_tokens:
       res.update(
-          lm_tok=out["lm"],
-          w_tok=w,
-          tgt_tok=out["targets"],
+          lm_tok=out["lm"], w_tok=w, tgt_tok=out["targets"],
           pos_tok=out["positions"],
-      )
+      )  # fmt: skip
     return bank, res
 
-  fn = sharding_lib.under_mesh(jax.jit(reduced, donate_argnums=(1,)), mesh)
-  return step, fn
+  return reduced
 
 
 def score_stream(
@@ -219,86 +382,16 @@ def score_stream(
     keep_tokens: bool = False,
     desc: str = "memory eval",
     external: Any = None,
-    compiled: Optional[dict[Any, Any]] = None,
 ) -> dict[str, Any]:
-  """Scores a token stream with every setting of ``grid`` in one pass.
-
-  Args:
-    model: the TransformerLM.
-    params: its parameters.
-    tokens: [N] int token stream of the split.
-    grid: the settings.
-    window_len: T.
-    score_len: S.
-    batch_size: windows per batch (rounded up to the data-parallel size).
-    mesh: device mesh.
-    unit: 'ppl' or 'bpc'.
-    block_size: blockwise block of the long-memory sums.
-    max_windows: only the first this many windows of ``eval_windows`` (0 = all).
-    keep_tokens: also return per-prediction log-probabilities.
-    desc: name for the progress lines.
-    external: for a kind with an external memory, its
-      ``memory.external.ExternalSearch`` (searcher, k, pipelining).
-    compiled: a dict that keeps the jitted scoring functions between calls
-      with the same model, grid and shapes (e.g. one stream per document);
-      None: built for this call only.
-
-  Returns:
-    {'plain': summary without memory, 'grid': [setting + summary, ...]} where
-    a summary is {'nll', 'tokens', 'ppl' | 'bpc'}; with keep_tokens also
-    'targets' [P], 'lm_logprob' [P] and 'grid_logprob' [G, P] in stream order.
-  """
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  batch_size = int(math.ceil(batch_size / dp) * dp)
-  tokens = truncate_windows(
-      np.asarray(tokens), window_len, score_len, max_windows
+  """``MemoryScorer.score_grid`` with every setting given (no config)."""
+  scorer = MemoryScorer(
+      rows.RunView(None, model, mesh, unit), grid, external=external,
+      window_len=window_len, score_len=score_len, batch_size=batch_size,
+      block_size=block_size,
+  )  # fmt: skip
+  return scorer.score_grid(
+      params, tokens, max_items=max_windows, keep_tokens=keep_tokens, desc=desc
   )
-  key = (id(model), id(mesh), grid, window_len, score_len, block_size,
-         keep_tokens)  # fmt: skip
-  if compiled is None or key not in compiled:
-    fns = _scoring_fns(
-        model, grid, mesh, window_len=window_len, score_len=score_len,
-        block_size=block_size, keep_tokens=keep_tokens,
-    )  # fmt: skip
-    if compiled is not None:
-      compiled[key] = (model, mesh) + fns  # keeps the ids of the key alive
-  step, fn = compiled[key][2:] if compiled is not None else fns
-  if grid.memory().external_metric:
-    from memjax.eval import external as external_lib  # pylint: disable=g-import-not-at-top
-
-    fetched, start = external_lib.run_stream(
-        step, model, params, tokens, grid, external,
-        window_len=window_len, score_len=score_len, batch_size=batch_size,
-        mesh=mesh, keep_tokens=keep_tokens, desc=desc, compiled=compiled,
-    )  # fmt: skip
-    return summarize_stream(fetched, grid, unit, keep_tokens, desc, start)
-  bank = evaluation.init_bank(step.capacity, model.d_model)
-  num_windows = len(
-      streams.memory_eval_windows(
-          max(len(tokens) - 1, 0), window_len, score_len
-      )
-  )
-  num_batches = -(-num_windows // batch_size)
-  start = time.time()
-  pending = []
-  last_report = start
-  for i, batch in enumerate(
-      streams.memory_eval_batches(tokens, window_len, score_len, batch_size)
-  ):
-    bank, res = fn(params, bank, sharding_lib.put_global_batch(batch, mesh))
-    pending.append(res)
-    if time.time() - last_report > 30 and i + 1 < num_batches:
-      jax.block_until_ready(res)
-      last_report = time.time()
-      console.info(
-          "%s: batch %d/%d, %.0fs",
-          desc,
-          i + 1,
-          num_batches,
-          last_report - start,
-      )
-  fetched = jax.device_get(pending)
-  return summarize_stream(fetched, grid, unit, keep_tokens, desc, start)
 
 
 def summarize_stream(
@@ -309,10 +402,10 @@ def summarize_stream(
     desc: str,
     start: float,
 ) -> dict[str, Any]:
-  """``score_stream``'s results from its per-batch sums (host arrays)."""
+  """``score_grid``'s results from its per-batch sums (host arrays)."""
   count = float(sum(r["tokens"] for r in fetched))
   out: dict[str, Any] = {
-      "plain": evaluate.summarize(
+      "plain": metrics.summarize(
           float(sum(r["lm"] for r in fetched)), count, unit
       )
   }
@@ -320,25 +413,11 @@ def summarize_stream(
   if points:
     sums = np.sum([r["grid"] for r in fetched], axis=0)
     out["grid"] = [
-        dict(p, **evaluate.summarize(float(s), count, unit))
+        dict(p, **metrics.summarize(float(s), count, unit))
         for p, s in zip(points, sums)
     ]
   if keep_tokens:
-    w = np.concatenate([r["w_tok"].reshape(-1) for r in fetched]) > 0
-    pos = np.concatenate([r["pos_tok"].reshape(-1) for r in fetched])[w]
-    order = np.argsort(pos, kind="stable")
-    out["positions"] = pos[order]
-    out["targets"] = np.concatenate(
-        [r["tgt_tok"].reshape(-1) for r in fetched]
-    )[w][order]
-    out["lm_logprob"] = np.concatenate(
-        [r["lm_tok"].reshape(-1) for r in fetched]
-    )[w][order]
-    if points:
-      g = np.concatenate(
-          [r["grid_tok"].reshape(len(points), -1) for r in fetched], axis=1
-      )
-      out["grid_logprob"] = g[:, w][:, order]
+    out.update(_tokens_in_order(fetched, len(points)))
   best = min(out.get("grid", []), key=lambda r: r["nll"], default=None)
   console.info(
       "%s: %d predictions, %d settings in %.1fs; plain %s=%.4f%s",
@@ -353,10 +432,26 @@ def summarize_stream(
   return out
 
 
-def setting_str(r: dict[str, Any]) -> str:
-  keys = ("long_mem_tokens", "temperature", "cache_theta", "cache_lambda")
-  keys += tuple(EXTRA_AXES.values())
-  return ", ".join(f"{k}={r[k]:g}" for k in keys if k in r)
+def _tokens_in_order(
+    fetched: list[dict[str, Any]], num_points: int
+) -> dict[str, np.ndarray]:
+  """The scored predictions' positions, targets and log-probabilities in
+  stream order."""
+  cat = lambda k: np.concatenate([r[k].reshape(-1) for r in fetched])  # noqa: E731
+  w = cat("w_tok") > 0
+  pos = cat("pos_tok")[w]
+  order = np.argsort(pos, kind="stable")
+  out = {
+      "positions": pos[order],
+      "targets": cat("tgt_tok")[w][order],
+      "lm_logprob": cat("lm_tok")[w][order],
+  }
+  if num_points:
+    g = np.concatenate(
+        [r["grid_tok"].reshape(num_points, -1) for r in fetched], axis=1
+    )
+    out["grid_logprob"] = g[:, w][:, order]
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -379,6 +474,11 @@ class Loaded:
   step: int
   source: str
   workdir: str = ""  # where the mode writes its results
+
+  @property
+  def path(self) -> str:
+    """The run or export the parameters come from."""
+    return self.source
 
 
 def load(
@@ -416,17 +516,4 @@ def load(
       restored.step,
       restored.path,
       workdir,
-  )
-
-
-def grid_of(setting: dict[str, Any]) -> Grid:
-  """The one-point grid of a setting ({'kind', 'long_mem_tokens', ...}) as
-  ``tune.json`` stores it under 'best'."""
-  return Grid(
-      kind=setting["kind"],
-      long_sizes=(int(setting.get("long_mem_tokens", 0)),),
-      temperatures=(float(setting.get("temperature", 1.0)),),
-      thetas=(float(setting.get("cache_theta", 0.0)),),
-      lambdas=(float(setting.get("cache_lambda", 0.0)),),
-      **{f: (float(setting.get(key, 0.0)),) for f, key in EXTRA_AXES.items()},
   )

@@ -1,99 +1,87 @@
-"""Scoring evaluation splits the way each model is meant to be scored.
+"""``scorer_for(run)``: how a run is scored, decided in one place.
 
-Models without recurrent memory: sliding windows (``memjax.eval.windows``).
-Models that carry memory: whole streams in lanes with the memory carried
-(``memjax.eval.streams``). Used by the training loop (periodic and final
-evaluation) and by ``--mode=eval`` (``memjax/modes/evaluation.py``).
+* A model that carries memory (Transformer-XL, LaMemo) is scored over whole
+  streams in lanes with its memory carried (``streams.StreamScorer``).
+* With an evaluation memory (a ``memory_grid.Grid`` or a setting such as
+  ``tune.json`` stores it), sliding windows with the memory's sums over
+  M_local, M_long and an external datastore (``memory_grid.MemoryScorer``).
+* Otherwise the model alone on sliding windows (``windows.WindowScorer``).
+
+Every mode, task, demo and ``memjax.load(...).score`` scores through the
+scorer this returns; every scorer also runs the model over given rows
+(``rows.Scorer.rows``: masked windows, sentences, retrieval windows).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+from typing import Any, Union
 
-import numpy as np
-from jax.sharding import Mesh
+from memjax import errors
+from memjax import registry
+from memjax.eval import memory_grid
+from memjax.eval import rows
+from memjax.eval import streams
+from memjax.eval import windows
 
-from memjax.eval import windows as evaluate
-from memjax.eval import streams as recurrent_eval
-from memjax import sharding as sharding_lib
+Memory = Union[None, memory_grid.Grid, dict[str, Any]]
 
 
-class SplitEvaluator:
-  """Scores evaluation splits the way a model is meant to be scored.
+def scorer_for(
+    run: Any,
+    memory: Memory = None,
+    *,
+    workdir: str = "",
+    external: Any = None,
+) -> rows.Scorer:
+  """The scorer of ``run`` (see the module docstring).
 
-  Models without memory: sliding windows (``eval.window_len`` /
-  ``eval.score_len``). Models that carry memory: whole streams in lanes with
-  the memory carried (``memjax.eval.streams``). Compiles once; reuse it.
+  Args:
+    run: config, model, mesh and unit (``experiment.Restored``, or
+      ``rows.RunView`` during training).
+    memory: None or kind 'none': no evaluation memory; a setting
+      ({'kind', 'long_mem_tokens', <axis keys>...}) or a grid: score with it.
+    workdir: where the datastore of an external memory is.
+    external: the external memory's ``ExternalSearch`` (else opened from
+      the datastore when first needed).
+
+  Raises:
+    errors.ConfigError: an evaluation memory for a model that carries its
+      own.
   """
-
-  def __init__(self, config: Any, model: Any, mesh: Mesh, unit: str) -> None:
-    self.config = config
-    self.mesh = mesh
-    self.unit = unit
-    self._step = sharding_lib.under_mesh(evaluate.make_eval_step(model), mesh)
-    self._stream = (
-        recurrent_eval.evaluator_for(config, model, mesh)
-        if model.carries_memory()
-        else None
-    )
-
-  def score(
-      self, params: Any, tokens: np.ndarray, max_windows: int, desc: str
-  ) -> dict[str, float]:
-    """{'nll', 'tokens', unit} of one token stream."""
-    if self._stream is not None:
-      return self._stream.evaluate(
-          params, tokens, unit=self.unit, max_segments=max_windows, desc=desc
+  grid = memory_grid.grid_of(memory) if isinstance(memory, dict) else memory
+  if run.model.carries_memory():
+    if grid is not None and grid.memory().uses_memory:
+      raise errors.ConfigError(
+          f"evaluation memory {grid.kind!r} reads sliding windows; this "
+          "model carries its own memory (scored with it already): set "
+          "eval_memory.kind to 'none'"
       )
-    e = self.config.eval
-    return evaluate.evaluate_tokens(
-        self._step, params, tokens, window_len=e.window_len,
-        score_len=e.score_len, batch_size=e.batch_size, mesh=self.mesh,
-        unit=self.unit, max_windows=max_windows, desc=desc,
-    )  # fmt: skip
-
-  def run(
-      self,
-      params: Any,
-      splits: dict[str, Any],
-      step: int,
-      max_windows: int,
-      prefix: str = "",
-      writer: Any = None,
-  ) -> dict[str, dict[str, float]]:
-    """Scores every split (``tasks.TokenStream``) and logs the metrics."""
-    res = {}
-    for split, stream in splits.items():
-      desc = f"{prefix}{split} @ step {step}"
-      r = self.score(params, stream.tokens, max_windows, desc)
-      res[split] = r
-      if writer is not None:
-        writer.write_scalars(
-            step,
-            {f"{prefix}{split}/{k}": v for k, v in r.items() if k != "tokens"},
-        )
-    return res
+    return streams.StreamScorer(run)
+  if grid is None or not grid.memory().uses_memory:
+    return windows.WindowScorer(run)
+  return memory_grid.MemoryScorer(run, grid, workdir=workdir, external=external)
 
 
-def final_results(
-    config: Any,
-    model: Any,
-    params: Any,
-    mesh: Mesh,
-    corpus: Any,
-    step: int,
-    writer: Any = None,
-) -> dict[str, Any]:
-  """Scores ``eval.splits`` and the add-one unigram floor beside them."""
-  evaluator = SplitEvaluator(config, model, mesh, corpus.unit)
-  results = {"name": config.name, "step": step, "unit": corpus.unit}
-  results.update(
-      evaluator.run(
-          params, corpus.splits, step, int(config.eval.max_windows), "", writer
-      )
-  )
-  for split, stream in corpus.splits.items():
-    results.setdefault("unigram", {})[split] = evaluate.unigram_baseline(
-        corpus.train.tokens, stream.tokens, corpus.vocab_size, corpus.unit
-    )
-  return results
+def memory_setting(run: Any) -> dict[str, Any]:
+  """The evaluation memory of a restored run: ``tune.json``'s choice (in
+  ``run.path``), else the config's ``eval_memory``; {'kind': 'none'} for a
+  model that carries its own memory or has none configured."""
+  em = run.config.eval_memory
+  tuned = os.path.join(run.path, "tune.json")
+  if run.model.carries_memory():
+    return {"kind": "none"}
+  if os.path.isfile(tuned):
+    with open(tuned) as f:
+      t = json.load(f)
+    return {"kind": t["kind"], **t["best"], "source": "tune.json"}
+  if em.kind == "none":
+    return {"kind": "none"}
+  memory = registry.EVAL_MEMORIES.get(em.kind)
+  return {
+      "kind": em.kind,
+      "long_mem_tokens": int(em.long_mem_tokens),
+      **{a.key: float(em[a.key]) for a in memory.axes},
+      "source": "config",
+  }

@@ -11,6 +11,8 @@ depends on either.
 
 The scan runs in chunks of ``chunk`` segments (one compiled program; the
 memory is carried from chunk to chunk), so long splits report progress.
+Documents scored on their own (``document_logprobs``) are lanes of their
+own, each starting from an empty memory.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from memjax import errors
 from memjax import console
-from memjax.eval import windows as evaluate
+from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax import stats
 from memjax.data import streams
+from memjax.data import windows
+from memjax.eval import metrics
+from memjax.eval import rows
 
 Array = jax.Array
 
@@ -71,65 +75,68 @@ def stacked_segments(
   return out
 
 
-class StreamEvaluator:
+class StreamScorer(rows.Scorer):
   """Scores token streams with a recurrent model, carrying its memory.
 
-  Compiles one scan over ``chunk`` segments per distinct shape; reuse an
-  evaluator across calls (periodic evaluation) to compile once.
+  Compiles one scan over ``chunk`` segments per distinct shape; reuse a
+  scorer across calls (periodic evaluation) to compile once.
   """
 
   def __init__(
       self,
-      model,
-      mesh: Mesh,
+      run: Any,
       *,
-      segment_len: int,
+      segment_len: Optional[int] = None,
       mem_len: Optional[int] = None,
-      lanes: int = 1,
+      lanes: Optional[int] = None,
       chunk: int = 64,
   ):
-    """Creates the evaluator.
+    """Creates the scorer.
 
     Args:
-      model: a ``TransformerLM`` that carries memory.
-      mesh: device mesh; lanes are split over its data axes.
-      segment_len: L, predictions per segment.
-      mem_len: memory length M (None = the model's).
-      lanes: contiguous lanes per split (padded with empty lanes to a
-        multiple of the data-parallel size).
+      run: what ``rows.Scorer`` needs; its model carries memory.
+      segment_len: L, predictions per segment (default ``eval.segment_len``
+        or ``data.seq_len``).
+      mem_len: memory length M (default ``eval.mem_len`` or the model's).
+      lanes: contiguous lanes per split (default ``eval.lanes``; padded with
+        empty lanes to a multiple of the data-parallel size).
       chunk: segments per compiled scan.
 
     Raises:
-      ValueError: the model carries no memory, or a length is not positive.
+      errors.ConfigError: the model carries no memory, or a length is not
+        positive.
     """
-    if mem_len is not None and mem_len != model.mem_len:
-      model = model.clone(mem_len=int(mem_len))
+    super().__init__(run)
+    c = self.config
+    model = self.model
+    mem_len = mem_len_of(c) if mem_len is None else int(mem_len)
+    if mem_len != model.mem_len:
+      model = model.clone(mem_len=mem_len)
     if not model.carries_memory():
       raise errors.ConfigError(
           f"recurrent evaluation needs a model that carries memory (attention "
           f"'xl' or 'lamemo' with mem_len > 0); got attention "
           f"{model.attention!r}, mem_len {model.mem_len}"
       )
+    segment_len = segment_len_of(c) if segment_len is None else segment_len
+    lanes = int(c.eval.lanes) if lanes is None else lanes
     if segment_len < 1 or lanes < 1 or chunk < 1:
       raise errors.ConfigError(
           f"eval segment_len, lanes and chunk must be >= 1; got {segment_len}, "
           f"{lanes}, {chunk}"
       )
     self.model = model
-    self.mesh = mesh
     self.segment_len = int(segment_len)
     self.mem_len = int(model.mem_len)
     self.lanes = int(lanes)
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    self.padded_lanes = int(math.ceil(self.lanes / dp) * dp)
+    self.padded_lanes = rows.batch_rows(self.lanes, self.mesh)
     self.chunk = int(chunk)
     # Also return per-prediction log-probabilities ([S, lanes, L]).
     self.keep_tokens = False
-    self._scan = sharding_lib.under_mesh(jax.jit(self._run_chunk), mesh)
 
   def _step(
-      self, params: Any, memory: Any, segment: dict[str, Array]
-  ) -> tuple[Any, dict[str, Array]]:
+      self, params: Any, memory: Any, segment: dict[str, jax.Array]
+  ) -> tuple[Any, dict[str, jax.Array]]:
     """One segment: [lanes, L] arrays -> (new memory, per-lane sums)."""
     memory = self.model.reset_memory(memory, segment["reset"])
     out, sums = stats.apply(
@@ -151,11 +158,18 @@ class StreamEvaluator:
       res["logprob"] = out.target_logprob * w
     return out.memory, res
 
-  def _run_chunk(
-      self, params: Any, memory: Any, segments: dict[str, Array]
-  ) -> tuple[Any, dict[str, Array]]:
-    """Scans ``_step`` over [chunk, lanes, L] segments."""
-    return jax.lax.scan(lambda m, s: self._step(params, m, s), memory, segments)
+  def _scan(self) -> Any:
+    """The jitted scan of ``_step`` over [chunk, lanes, L] segments."""
+    key = ("scan", self.keep_tokens)
+    if key not in self._compiled:
+
+      def run_chunk(params, memory, segments):
+        return jax.lax.scan(
+            lambda m, s: self._step(params, m, s), memory, segments
+        )
+
+      self._compiled[key] = sharding_lib.jit(run_chunk, self.mesh)
+    return self._compiled[key]
 
   def init_memory(self) -> Any:
     """An empty memory of the padded lanes, sharded over the data axes."""
@@ -165,7 +179,7 @@ class StreamEvaluator:
     )
     return jax.device_put(memory, shardings)
 
-  def _put(self, chunk: dict[str, np.ndarray]) -> dict[str, Array]:
+  def _put(self, chunk: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     out = {}
     for k, v in chunk.items():
       spec = P(None, ("data", "fsdp"), *([None] * (v.ndim - 2)))
@@ -202,14 +216,15 @@ class StreamEvaluator:
     memory; returns its outputs stacked: [S, ...] (padded lanes included)."""
     num, lanes = segments["inputs"].shape[:2]
     if lanes != self.lanes:
-      raise ValueError(f"segments have {lanes} lanes, evaluator {self.lanes}")
-    padded, chunk = self._pad(segments)
+      raise ValueError(f"segments have {lanes} lanes, scorer {self.lanes}")
+    padded, chunk = self._pad({k: segments[k] for k in _KEYS})
     memory = self.init_memory()
+    scan = self._scan()
     results = []
     start = time.time()
     for i, first in enumerate(range(0, padded["inputs"].shape[0], chunk)):
       part = {k: v[first : first + chunk] for k, v in padded.items()}
-      memory, outputs = self._scan(params, memory, self._put(part))
+      memory, outputs = scan(params, memory, self._put(part))
       results.append(outputs)
       if desc and i and i % 10 == 0:
         jax.block_until_ready(outputs)
@@ -249,64 +264,71 @@ class StreamEvaluator:
     res.update({k: v for k, v in out.items() if k.startswith("aux/")})
     return res
 
-  def evaluate(
+  def score(
       self,
       params: Any,
       tokens: np.ndarray,
-      *,
-      unit: str,
-      max_segments: int = 0,
+      max_items: int = 0,
       desc: str = "eval",
   ) -> dict[str, float]:
-    """Scores a token stream.
-
-    Args:
-      params: model parameters.
-      tokens: [N] token stream of a split.
-      unit: 'ppl' or 'bpc'.
-      max_segments: score only the first this many segments of each lane
-        (0 = the whole split).
-      desc: name for the progress log.
-
-    Returns:
-      {'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>': the mean of each
-      statistic the modules report (``memjax.stats``).
-    """
+    """{'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>' (the mean of each
+    statistic the modules report) of a stream [N], over the first
+    ``max_items`` segments of each lane (0 = the whole stream)."""
     start = time.time()
-    segments = stacked_segments(
-        tokens, self.segment_len, self.lanes, max_segments
-    )
+    segments = stacked_segments(tokens, self.segment_len, self.lanes, max_items)
     sums = self.score_segments(params, segments, desc)
-    res = evaluate.summarize(
-        float(sums["nll_sum"].sum()), float(sums["tokens"].sum()), unit
+    res = metrics.summarize(
+        float(sums["nll_sum"].sum()), float(sums["tokens"].sum()), self.unit
     )
     aux = {k[4:]: v for k, v in sums.items() if k.startswith("aux/")}
-    res.update({f"aux/{k}": v for k, v in stats.means(aux).items()})
-    console.info(
-        "%s (segments of %d, memory %d, %d lanes): %d predictions in "
-        "%.1fs: %s",
-        desc,
-        self.segment_len,
-        self.mem_len,
-        self.lanes,
-        int(res["tokens"]),
-        time.time() - start,
-        ", ".join(f"{k}={v:.4f}" for k, v in res.items()),
+    metrics.with_stats(res, aux)
+    how = (
+        f"segments of {self.segment_len}, memory {self.mem_len}, "
+        f"{self.lanes} lanes"
     )
+    metrics.log(desc, res, start, how)
     return res
 
+  def _logprobs(self, params: Any, segments: dict[str, np.ndarray]):
+    """log p [S, lanes, L] of stacked segments (the real lanes)."""
+    keep, self.keep_tokens = self.keep_tokens, True
+    try:
+      out = self.run_segments(params, segments)
+    finally:
+      self.keep_tokens = keep
+    return np.asarray(out["logprob"])[:, : self.lanes]
 
-def evaluator_for(
-    config: ml_collections.ConfigDict,
-    model,
-    mesh: Mesh,
-    mem_len: Optional[int] = None,
-) -> StreamEvaluator:
-  """The ``StreamEvaluator`` of ``config.eval`` (memory ``mem_len`` if given)."""
-  return StreamEvaluator(
-      model,
-      mesh,
-      segment_len=segment_len_of(config),
-      mem_len=mem_len_of(config) if mem_len is None else mem_len,
-      lanes=int(config.eval.lanes),
-  )
+  def stream_logprobs(self, params: Any, tokens: np.ndarray) -> np.ndarray:
+    """[N - 1] log p of a stream [N] after its first token, scored as
+    ``score`` scores it (``lanes`` contiguous lanes, memory carried)."""
+    if len(tokens) < 2:
+      return np.zeros(0, np.float32)
+    segments = stacked_segments(tokens, self.segment_len, self.lanes)
+    # [S, lanes, L] -> lane-major, which is stream order (lanes are
+    # contiguous pieces of the stream).
+    lp = np.swapaxes(self._logprobs(params, segments), 0, 1)
+    w = np.swapaxes(segments["weights"], 0, 1) > 0
+    return lp.reshape(-1)[w.reshape(-1)].astype(np.float32)
+
+  def document_logprobs(
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      spans: np.ndarray,
+      max_items: int = 0,
+  ) -> list[np.ndarray]:
+    """Per document, log p of its tokens after its first: the documents are
+    the lanes (``lanes`` at a time), each from an empty memory, in segments
+    of ``segment_len`` with the memory carried within the document."""
+    del max_items  # Documents are read whole.
+    out = []
+    for a in range(0, len(spans), self.lanes):
+      part = spans[a : a + self.lanes]
+      segs = windows.document_segments(
+          tokens, part, self.segment_len, self.lanes
+      )
+      # [S, lanes, L] -> [lanes, S, L]: documents in order.
+      lp = np.swapaxes(self._logprobs(params, segs), 0, 1)
+      w = np.swapaxes(segs["weights"], 0, 1) > 0
+      out += [lp[d][w[d]].astype(np.float32) for d in range(len(part))]
+    return out

@@ -212,15 +212,8 @@ def make_feature_fn(model: Any, score_len: int) -> Callable:
         batch["targets"],
         deterministic=True,
     )
-    take = lambda x: evaluation._take_scored(  # noqa: E731 pylint: disable=protected-access
-        x, batch["score_from"], score_len
-    )
-    weights = jnp.arange(score_len)[None, :] < batch["score_count"][:, None]
-    return (
-        take(out.features),
-        take(batch["targets"]),
-        jnp.where(weights, take(batch["position"]), -1),
-    )
+    q = evaluation.scored_queries(out.features, batch, score_len)
+    return q.g, q.targets, q.positions
 
   return fn
 
@@ -325,9 +318,7 @@ def build(
       if s % process_count == process_index
       and not os.path.exists(os.path.join(path, _shard_name(s) + ".json"))
   ]
-  fn = sharding_lib.under_mesh(
-      jax.jit(make_feature_fn(model, spec.score_len)), mesh
-  )
+  fn = sharding_lib.jit(make_feature_fn(model, spec.score_len), mesh)
   console.info(
       "datastore: %d of %d shards to write (process %d of %d) into %s",
       len(mine),

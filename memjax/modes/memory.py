@@ -6,7 +6,7 @@
 Each mode restores the latest checkpoint of ``--workdir`` (or of
 ``train.init_from`` when the workdir has none), scores splits with the
 sliding windows of ``eval.window_len`` / ``eval.score_len`` and the memories
-of ``config.eval_memory`` (see ``memjax/memory/evaluation.py``), and writes
+of ``config.eval_memory`` (see ``memjax/eval/memory_step.py``), and writes
 its results into the workdir:
 
 * ``memeval``: the configured setting (kind, N, tau or lambda/theta) on
@@ -40,7 +40,6 @@ from memjax import console
 from memjax import errors
 from memjax.eval import memory_grid as em_lib
 from memjax import registry
-from memjax.eval import external
 from memjax.eval.memory_grid import Grid
 from memjax.eval.memory_grid import Loaded
 from memjax.eval.memory_grid import configured_grid
@@ -58,31 +57,17 @@ def _score(
     keep_tokens: bool = False,
     desc: str = "",
 ) -> dict[str, Any]:
-  c = loaded.config
-  return em_lib.score_stream(
-      loaded.model,
+  """``split`` of ``loaded`` scored with every setting of ``grid`` (the
+  external memory of a kind that reads one opened from the run's
+  datastore)."""
+  scorer = em_lib.MemoryScorer(loaded, grid, workdir=loaded.workdir)
+  return scorer.score_grid(
       loaded.params,
       loaded.splits[split],
-      grid,
-      window_len=c.eval.window_len,
-      score_len=c.eval.score_len,
-      batch_size=c.eval_memory.batch_size,
-      mesh=loaded.mesh,
-      unit=loaded.unit,
-      block_size=int(c.eval_memory.block_size) or None,
-      max_windows=int(c.eval.max_windows),
+      max_items=int(loaded.config.eval.max_windows),
       keep_tokens=keep_tokens,
       desc=desc or f"{grid.kind} {split}",
-      external=_external(loaded, grid),
   )
-
-
-def _external(loaded: Loaded, grid: Grid) -> Any:
-  """The external memory of a kind that reads one (else None), opened once
-  per restored model."""
-  if not grid.memory().external_metric:
-    return None
-  return external.external_search(loaded, grid.memory().external_metric)
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -251,17 +236,13 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           }
       )
   unit = (loaded_self or loaded).unit
-  fields = [
-      "kind",
-      "long_mem_tokens",
-      unit,
-      "nll",
-      "temperature",
-      "cache_theta",
-      "cache_lambda",
-      "plain_" + unit,
-      "checkpoint",
+  axes = [
+      a.key
+      for kind in em.sweep_kinds
+      for a in registry.EVAL_MEMORIES.get(kind).axes
   ]
+  fields = ["kind", "long_mem_tokens", unit, "nll"]
+  fields += list(dict.fromkeys(axes)) + ["plain_" + unit, "checkpoint"]
   with open(os.path.join(workdir, "memsweep.csv"), "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()

@@ -14,10 +14,12 @@ Evaluation: accuracy on ``classification.select_split`` (dev) at every
 ``train.eval_every`` and at the end; the run keeps the parameters of the
 best dev accuracy (earliest on ties) as an export in ``<workdir>/best_dev``
 (``experiment.load`` restores it; a resumed run starts from it) and scores
-``test_split`` once, with those. With product-key memory layers the final results also hold, at the
-best parameters, each memory layer's usage over ``usage_split`` (MU, top-1
-MU, KL_u, KL_w; Kim & Jung's Table 6) and the positive-vs-negative top-1
-usage KL and IOU (their Figure 4; ``memjax.methods.pkm.class_usage``).
+``test_split`` once, with those. The final results also hold, at the best
+parameters, what every registered sum report (``memjax.stats.SumReport``)
+says over ``usage_split`` and its comparison of the positive and negative
+examples: with product-key memory layers, each layer's usage (MU, top-1
+MU, KL_u, KL_w; Kim & Jung's Table 6) and the top-1 usage KL and IOU of
+the two classes (their Figure 4).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import flax
 import jax
@@ -36,15 +38,15 @@ from jax.sharding import Mesh
 from memjax import console
 from memjax import errors
 from memjax import experiment
-from memjax.tasks import mlm as mlm_task
 from memjax import registry
 from memjax import runfiles
-from memjax import sharding as sharding_lib
+from memjax import stats
 from memjax import task
-from memjax.methods.pkm import class_usage
 from memjax.data import glue
 from memjax.data import mlm
-from memjax.methods.pkm import layer as pkm
+from memjax.eval import rows
+from memjax.eval import scorer as scorer_lib
+from memjax.tasks import mlm as mlm_task
 
 BEST_DIR = "best_dev"
 
@@ -124,44 +126,37 @@ def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   return mlm_task.vocabulary_path(config, workdir)
 
 
-def predict_fn(model, mesh: Mesh):
-  """Jitted (params, batch) -> ([B, C] logits, 'pkm_usage' sums)."""
-
-  def predict(params, batch):
-    out, state = model.apply(
-        {"params": params}, batch["inputs"], mutable=[pkm.USAGE_COLLECTION]
-    )
-    return out.logits, state.get(pkm.USAGE_COLLECTION, {})
-
-  return sharding_lib.under_mesh(jax.jit(predict), mesh)
-
-
-def predict(fn, params, ex: glue.Examples, config, mesh, rows=None):
-  """(logits [N, C], usage sums) over the examples ``rows`` (default all),
-  in batches of ``eval.batch_size`` (the last filled with empty rows)."""
-  rows = np.arange(len(ex.ids)) if rows is None else np.asarray(rows)
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  bs = max(dp, int(config.eval.batch_size) // dp * dp)
-  logits, total = [], None
-  for first in range(0, len(rows), bs):
-    idx = rows[first : first + bs]
+def sentence_batches(
+    ex: glue.Examples, config, mesh: Mesh, rows_: Optional[np.ndarray] = None
+) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+  """(batch, real rows) of the examples ``rows_`` (default all) in batches
+  of ``eval.batch_size`` (rounded up to the data-parallel devices), each
+  padded to the shortest of ``classification.buckets`` that fits it (one
+  compilation per bucket) and filled with empty rows, which read no
+  memory slot and whose scores are dropped."""
+  idx_all = np.arange(len(ex.ids)) if rows_ is None else np.asarray(rows_)
+  size = rows.batch_rows(int(config.eval.batch_size), mesh)
+  for first in range(0, len(idx_all), size):
+    idx = idx_all[first : first + size]
     ids = [ex.ids[i] for i in idx]
-    # Every batch the same size (one compiled program): padding rows read
-    # no memory slot, and their scores are dropped.
-    ids += [np.zeros((0,), np.int32)] * (bs - len(ids))
+    ids += [np.zeros((0,), np.int32)] * (size - len(ids))
     b = glue.pad_batch(ids, np.zeros(len(ids)), config.classification.buckets)
-    got_logits, sums = jax.device_get(
-        fn(params, sharding_lib.put_global_batch({"inputs": b["inputs"]}, mesh))
-    )
-    logits.append(np.asarray(got_logits)[: len(idx)])
-    sums = jax.tree.map(lambda x: np.asarray(x, np.float64), sums)
-    total = sums if total is None else jax.tree.map(np.add, total, sums)
-  return np.concatenate(logits), total
+    yield {"inputs": b["inputs"]}, len(idx)
 
 
-def top1_by_layer(sums: Any) -> dict[str, np.ndarray]:
-  flat = flax.traverse_util.flatten_dict(sums, sep="/") if sums else {}
-  return {k.rsplit("/", 1)[0]: v for k, v in flat.items() if k.endswith("top1")}
+def predict(
+    scorer, params, ex: glue.Examples, config, rows_=None
+) -> tuple[np.ndarray, dict[str, Any]]:
+  """(logits [N, C], {collection: sums} of every registered sum report)
+  over the examples ``rows_`` (default all)."""
+  collections = tuple(r.collection for r in stats.sum_reports())
+  out = scorer.apply(
+      params, sentence_batches(ex, config, scorer.mesh, rows_),
+      keep=("logits",), collections=collections,
+  )  # fmt: skip
+  n = len(ex.ids) if rows_ is None else len(rows_)
+  logits = out.get("logits", np.zeros((n, len(config.classification.labels))))
+  return logits, {c: out[c] for c in collections}
 
 
 class AccuracyEvaluator(task.Evaluator):
@@ -169,13 +164,13 @@ class AccuracyEvaluator(task.Evaluator):
 
   def __init__(self, config, model, mesh: Mesh, data: ClassData):
     self.config, self.mesh, self.data = config, mesh, data
-    self.fn = predict_fn(model, mesh)
+    self.scorer = scorer_lib.scorer_for(rows.RunView(config, model, mesh))
 
   def run(self, params, step, max_items, prefix="", writer=None):
     del max_items  # The selection split is always scored whole.
     split = self.config.classification.select_split
     ex = self.data.splits[split]
-    logits, _ = predict(self.fn, params, ex, self.config, self.mesh)
+    logits, _ = predict(self.scorer, params, ex, self.config)
     acc = accuracy(logits, ex.labels)
     best = self.data.best
     if not best or acc > best["accuracy"]:
@@ -190,23 +185,26 @@ class AccuracyEvaluator(task.Evaluator):
     return {split: {"accuracy": acc}}
 
 
-def usage_analysis(fn, params, ex, config, mesh) -> dict[str, Any]:
-  """Memory usage over ``ex`` and per class (empty without memory)."""
-  _, sums = predict(fn, params, ex, config, mesh)
-  usage = mlm_task.usage_metrics(sums)
-  if not usage:
-    return {}
-  out: dict[str, Any] = {"memory": usage}
+def usage_analysis(scorer, params, ex, config) -> dict[str, Any]:
+  """What the registered sum reports say over ``ex`` (e.g. memory usage)
+  and, with two labels, their comparison of the positive and negative
+  examples ('class_divergence'); empty when nothing was sown."""
+  _, sums = predict(scorer, params, ex, config)
+  out: dict[str, Any] = {}
   labels = tuple(config.classification.labels)
-  if len(labels) == 2:
-    by_class = [
-        top1_by_layer(
-            predict(fn, params, ex, config, mesh,
-                    np.flatnonzero(ex.labels == c))[1]
-        )
-        for c in (1, 0)
-    ]  # fmt: skip
-    out["class_divergence"] = class_usage.compare(*by_class)
+  for report in stats.sum_reports():
+    by_module = report.by_module(sums[report.collection])
+    if not by_module:
+      continue
+    out[report.key] = by_module
+    if len(labels) == 2 and report.compare is not None:
+      pos, neg = (
+          predict(scorer, params, ex, config, np.flatnonzero(ex.labels == c))[
+              1
+          ][report.collection]
+          for c in (1, 0)
+      )
+      out["class_divergence"] = report.compare(pos, neg)
   return out
 
 
@@ -294,7 +292,7 @@ class Classification(task.Task):
     best = data.best
     params = best_params(data, mesh)
     test = data.splits[c.test_split]
-    logits, _ = predict(ev.fn, params, test, config, mesh)
+    logits, _ = predict(ev.scorer, params, test, config)
     results = {
         "name": config.name, "step": step, "unit": "accuracy",
         c.select_split: {"accuracy": best["accuracy"]},
@@ -302,20 +300,19 @@ class Classification(task.Task):
         "best_step": best["step"],
     }  # fmt: skip
     results.update(
-        usage_analysis(ev.fn, params, data.splits[c.usage_split], config, mesh)
+        usage_analysis(ev.scorer, params, data.splits[c.usage_split], config)
     )
     lines = [
         f"best {c.select_split} accuracy {best['accuracy']:.4f} at step "
         f"{best['step']}; {c.test_split} accuracy there "
         f"{results[c.test_split]['accuracy']:.4f}"
     ]
-    for layer, m in results.get("memory", {}).items():
-      d = results.get("class_divergence", {}).get(layer, {})
-      lines.append(
-          f"  {layer}: MU {m['mu']:.4f}, top-1 MU {m['top1_mu']:.4f}, KL_u "
-          f"{m['kl_u']:.4f}, KL_w {m['kl_w']:.4f}; positive vs negative "
-          f"top-1 KL {d.get('kl', float('nan')):.3f}, IOU "
-          f"{d.get('iou', float('nan')):.3f}"
-      )
+    for report in stats.sum_reports():
+      for module, m in results.get(report.key, {}).items():
+        d = results.get("class_divergence", {}).get(module, {})
+        lines.append(
+            f"  {module}: {report.describe(m)}; positive vs negative "
+            f"{report.describe_comparison(d)}"
+        )
     results["summary_lines"] = lines
     return results

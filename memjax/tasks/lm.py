@@ -2,10 +2,10 @@
 (words) or bits per character (bytes).
 
 The built-in task (``config.task = 'lm'``): data from ``memjax.corpus``
-(SeqIO tasks over the corpus files, cached token streams), evaluation from
-``memjax.eval.scorer`` (sliding windows, or whole streams with the memory
-carried for recurrent models), and the add-one unigram floor beside the
-final results.
+(SeqIO tasks over the corpus files, cached token streams), evaluation by the
+run's scorer (``memjax.eval.scorer_for``: sliding windows, or whole streams
+with the memory carried for recurrent models), and the add-one unigram floor
+beside the final results.
 """
 
 from __future__ import annotations
@@ -17,22 +17,48 @@ from jax.sharding import Mesh
 
 from memjax import corpus as corpus_lib
 from memjax import registry
-from memjax.eval import scorer as scoring
 from memjax import task
 from memjax.data import sources
+from memjax.eval import metrics
+from memjax.eval import rows
+from memjax.eval import scorer as scorer_lib
 
 
-class _SplitsEvaluator(task.Evaluator):
-  """``scoring.SplitEvaluator`` over the corpus's evaluation splits."""
+class SplitsEvaluator(task.Evaluator):
+  """Scores the corpus's evaluation splits; compiles once, reuse it."""
 
-  def __init__(self, evaluator: scoring.SplitEvaluator, splits: dict):
-    self._evaluator = evaluator
-    self._splits = splits
-
-  def run(self, params, step, max_items, prefix="", writer=None):
-    return self._evaluator.run(
-        params, self._splits, step, max_items, prefix, writer
+  def __init__(
+      self,
+      config: ml_collections.ConfigDict,
+      model: Any,
+      mesh: Mesh,
+      data: corpus_lib.Corpus,
+  ) -> None:
+    self.scorer = scorer_lib.scorer_for(
+        rows.RunView(config, model, mesh, data.unit)
     )
+    self.splits = data.splits
+
+  def run(
+      self,
+      params: Any,
+      step: int,
+      max_items: int,
+      prefix: str = "",
+      writer: Any = None,
+  ) -> dict[str, dict[str, float]]:
+    """Scores every split (``tasks.TokenStream``) and logs the metrics."""
+    res = {}
+    for split, stream in self.splits.items():
+      desc = f"{prefix}{split} @ step {step}"
+      r = self.scorer.score(params, stream.tokens, max_items, desc)
+      res[split] = r
+      if writer is not None:
+        writer.write_scalars(
+            step,
+            {f"{prefix}{split}/{k}": v for k, v in r.items() if k != "tokens"},
+        )
+    return res
 
 
 @registry.TASKS.register("lm")
@@ -60,13 +86,20 @@ class LanguageModelling(task.Task):
     return int(config.data.batch_size * config.data.seq_len)
 
   def evaluator(self, config, model, mesh: Mesh, data) -> task.Evaluator:
-    return _SplitsEvaluator(
-        scoring.SplitEvaluator(config, model, mesh, data.unit), data.splits
-    )
+    return SplitsEvaluator(config, model, mesh, data)
 
   def final_results(
       self, config, model, params, mesh, data, step, writer=None
   ) -> dict[str, Any]:
-    return scoring.final_results(
-        config, model, params, mesh, data, step, writer
+    """Scores ``eval.splits`` and the add-one unigram floor beside them."""
+    results = {"name": config.name, "step": step, "unit": data.unit}
+    results.update(
+        SplitsEvaluator(config, model, mesh, data).run(
+            params, step, int(config.eval.max_windows), "", writer
+        )
     )
+    for split, stream in data.splits.items():
+      results.setdefault("unigram", {})[split] = metrics.unigram_baseline(
+          data.train.tokens, stream.tokens, data.vocab_size, data.unit
+      )
+    return results

@@ -11,8 +11,10 @@ Evaluation: MLM perplexity, ``exp`` of the mean negative log-likelihood of
 the chosen tokens over the non-overlapping windows of each split in
 ``eval.splits``, masked with a fixed draw (``mlm.eval_seed``), so every
 checkpoint and every model sees the same corrupted inputs. The same pass
-adds up the product-key memories' per-slot sums and reports MU, top-1 MU,
-KL_u and KL_w per memory layer (Kim & Jung's Table 2) in the results.
+adds up the per-slot sums of every registered sum report
+(``memjax.stats.SumReport``) and puts what each says in the results: with
+product-key memory layers, MU, top-1 MU, KL_u and KL_w per memory layer
+(Kim & Jung's Table 2).
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from jax.sharding import Mesh
 
 from memjax import console
 from memjax import errors
-from memjax.methods.pkm import usage as pkm_usage
 from memjax import registry
 from memjax import runfiles
-from memjax import sharding as sharding_lib
+from memjax import stats
 from memjax import task
 from memjax.data import mlm
-from memjax.methods.pkm import layer as pkm
+from memjax.eval import rows
+from memjax.eval import scorer as scorer_lib
 
 
 @dataclasses.dataclass
@@ -106,62 +108,14 @@ def eval_batches(
   )  # fmt: skip
 
 
-def _score_fn(model, mesh: Mesh):
-  """Jitted (params, batch) -> (nll sum, weight sum, pkm_usage sums)."""
-
-  def score(params, batch):
-    out, state = model.apply(
-        {"params": params}, batch["inputs"], batch["targets"],
-        mutable=[pkm.USAGE_COLLECTION],
-    )  # fmt: skip
-    w = batch["weights"]
-    return (
-        -jnp.sum(out.target_logprob * w),
-        jnp.sum(w),
-        state.get(pkm.USAGE_COLLECTION, {}),
-    )
-
-  return sharding_lib.under_mesh(jax.jit(score), mesh)
-
-
-def run_batches(fn, params, arrays: dict[str, np.ndarray], batch_size, mesh):
-  """Runs ``fn`` over rows of ``arrays`` in batches (rows padded to a
-  multiple of the data-parallel devices with weight-0 padding rows, which
-  read no memory slot); returns the outputs, added up."""
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  batch_size = max(dp, batch_size // dp * dp)
-  n = len(next(iter(arrays.values())))
-  total = None
-  for first in range(0, n, batch_size):
-    part = {k: v[first : first + batch_size] for k, v in arrays.items()}
-    fill = -len(part["inputs"]) % dp
-    if fill:
-      part = {
-          k: np.concatenate([v, np.zeros((fill,) + v.shape[1:], v.dtype)])
-          for k, v in part.items()
-      }
-    got = jax.device_get(fn(params, sharding_lib.put_global_batch(part, mesh)))
-    got = jax.tree.map(lambda x: np.asarray(x, np.float64), got)
-    total = got if total is None else jax.tree.map(np.add, total, got)
-  return total
-
-
-def usage_metrics(sums: Any) -> dict[str, dict[str, float]]:
-  """{memory layer: MU, top-1 MU, KL_u, KL_w} of 'pkm_usage' sums."""
-  flat = flax.traverse_util.flatten_dict(sums, sep="/") if sums else {}
-  layers: dict[str, dict[str, np.ndarray]] = {}
-  for k, v in flat.items():
-    layer, name = k.rsplit("/", 1)
-    layers.setdefault(layer, {})[name] = v
-  return {k: pkm_usage.metrics(v) for k, v in sorted(layers.items())}
-
-
 class MLMEvaluator(task.Evaluator):
-  """MLM perplexity (and memory usage) on each evaluation split."""
+  """MLM perplexity (and what the registered sum reports add, e.g. memory
+  usage) on each evaluation split."""
 
   def __init__(self, config, model, mesh: Mesh, data: MLMData):
     self.config, self.mesh, self.data = config, mesh, data
-    self.fn = _score_fn(model, mesh)
+    self.scorer = scorer_lib.scorer_for(rows.RunView(config, model, mesh))
+    self.reports = stats.sum_reports()
     self._batches: dict[tuple[str, int], dict[str, np.ndarray]] = {}
 
   def batches(self, split: str, max_items: int) -> dict[str, np.ndarray]:
@@ -176,32 +130,44 @@ class MLMEvaluator(task.Evaluator):
       )  # fmt: skip
     return self._batches[key]
 
+  def score(self, params, split: str, max_items: int) -> dict[str, Any]:
+    """{'ppl', 'masked_tokens', <report key>: {module: metrics}} of a split
+    (the masked windows in batches of ``eval.batch_size``; padding rows
+    carry no weight and read no memory slot)."""
+    out = self.scorer.rows(
+        params, self.batches(split, max_items),
+        collections=tuple(r.collection for r in self.reports),
+    )  # fmt: skip
+    count = float(out.get("tokens", 0.0))
+    ppl = float(np.exp(float(out.get("nll_sum", 0.0)) / max(count, 1.0)))
+    res = {"ppl": ppl, "masked_tokens": count}
+    for report in self.reports:
+      by_module = report.by_module(out[report.collection])
+      if by_module:
+        res[report.key] = by_module
+    return res
+
   def run(self, params, step, max_items, prefix="", writer=None):
     res = {}
     for split in self.data.splits:
-      nll, count, sums = run_batches(
-          self.fn, params, self.batches(split, max_items),
-          int(self.config.eval.batch_size), self.mesh,
-      )  # fmt: skip
-      ppl = float(np.exp(nll / max(count, 1.0)))
-      res[split] = {"ppl": ppl, "masked_tokens": float(count)}
-      usage = usage_metrics(sums)
-      if usage:
-        res[split]["memory"] = usage
+      r = res[split] = self.score(params, split, max_items)
       console.info(
           "%s%s @ step %d: MLM perplexity %.3f over %d masked tokens%s",
-          prefix, split, step, ppl, int(count),
+          prefix, split, step, r["ppl"], int(r["masked_tokens"]),
           "".join(
-              f"; {k.split('/')[0]} top-1 MU {v['top1_mu']:.3f} "
-              f"KL_u {v['kl_u']:.3f}"
-              for k, v in usage.items()
+              f"; {module.split('/')[0]} {report.brief(m)}"
+              for report in self.reports
+              for module, m in r.get(report.key, {}).items()
           ),
       )  # fmt: skip
       if writer is not None:
-        scalars = {f"{prefix}{split}/ppl": ppl}
-        for k, v in usage.items():
-          for name in ("mu", "top1_mu", "kl_u", "kl_w"):
-            scalars[f"{prefix}{split}/{k.split('/')[0]}/{name}"] = v[name]
+        scalars = {f"{prefix}{split}/ppl": r["ppl"]}
+        for report in self.reports:
+          for module, m in r.get(report.key, {}).items():
+            for name in report.scalars:
+              scalars[f"{prefix}{split}/{module.split('/')[0]}/{name}"] = m[
+                  name
+              ]
         writer.write_scalars(step, scalars)
     return res
 
@@ -274,10 +240,8 @@ class MaskedLanguageModelling(task.Task):
     lines = []
     for split, s in scores.items():
       lines.append(f"{split}: MLM perplexity {s['ppl']:.3f}")
-      for layer, m in s.get("memory", {}).items():
-        lines.append(
-            f"  {layer}: MU {m['mu']:.4f}, top-1 MU {m['top1_mu']:.4f}, "
-            f"KL_u {m['kl_u']:.4f}, KL_w {m['kl_w']:.4f}"
-        )
+      for report in stats.sum_reports():
+        for module, m in s.get(report.key, {}).items():
+          lines.append(f"  {module}: {report.describe(m)}")
     results["summary_lines"] = lines
     return results

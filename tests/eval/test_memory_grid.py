@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax.eval import windows as evaluate
-from memjax.eval import memory_grid as evaluate_memory
 from memjax import sharding as sharding_lib
 from memjax.data import streams
+from memjax.eval import memory_grid as evaluate_memory
+from memjax.eval import rows
+from memjax.eval import windows
 from memjax.memory import evaluation
 from memjax.models import transformer
 
@@ -180,16 +181,10 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
       local["grid"][0]["nll"], rel=1e-3
   )
   # The plain scores and the lam = 0 cache equal memjax.eval.windows's protocol.
-  plain = evaluate.evaluate_tokens(
-      sharding_lib.under_mesh(evaluate.make_eval_step(model), one),
-      params,
-      tokens,
-      window_len=WINDOW,
-      score_len=SCORE,
+  plain = windows.WindowScorer(
+      rows.RunView(None, model, one), window_len=WINDOW, score_len=SCORE,
       batch_size=4,
-      mesh=one,
-      unit="ppl",
-  )
+  ).score(params, tokens)  # fmt: skip
   cache0 = evaluate_memory.score_stream(
       model,
       params,

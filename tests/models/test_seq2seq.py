@@ -144,7 +144,7 @@ def test_sharded_equals_unsharded(setup):
     )  # fmt: skip
     return out.target_logprob
 
-  fn = sharding_lib.under_mesh(jax.jit(f), mesh)
+  fn = sharding_lib.jit(f, mesh)
   b8 = {k: np.tile(v, (2, 1)) for k, v in b.items()}  # 8 rows over 4 shards
   sharded = fn(state.params, sharding_lib.put_global_batch(b8, mesh))
   host = jax.device_get(state.params)

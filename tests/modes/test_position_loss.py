@@ -9,12 +9,14 @@ import types
 import jax
 import numpy as np
 
-from memjax import api
 from memjax import config as config_lib
-from memjax.eval import memory_grid as em_lib
 from memjax import sharding as sharding_lib
-from memjax.memory import datastore as ds_lib
+from memjax.data import windows
 from memjax.eval import external
+from memjax.eval import memory_grid as em_lib
+from memjax.eval import rows
+from memjax.eval import scorer as scorer_lib
+from memjax.memory import datastore as ds_lib
 from memjax.memory import search
 from memjax.models import transformer
 from memjax.modes import position_loss as pl
@@ -34,7 +36,7 @@ def test_sections_and_spans():
 def test_windows_positions_and_buckets():
   toks = np.arange(30, dtype=np.int32)
   spans = np.array([[0, 12], [12, 30]])
-  b = pl.position_windows(toks, spans, window_len=6, score_len=3)
+  b = windows.document_windows(toks, spans, window_len=6, score_len=3)
   scored = b["weights"] > 0
   pos = b["positions"][scored]
   # Every prediction of every document once: positions 1..11 and 1..17.
@@ -67,16 +69,17 @@ def test_first_tokens_ignore_previous_document():
   mesh = jax.sharding.Mesh(
       np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor")
   )
-  restored = types.SimpleNamespace(model=model, params=params, mesh=mesh)
   rng = np.random.default_rng(0)
   a = rng.integers(0, 20, 40).astype(np.int32)
   b = a.copy()
   b[:20] = rng.integers(0, 20, 20)  # another first document
   spans = np.array([[0, 20], [20, 40]])
-  wa = pl.position_windows(a, spans, 8, 4)
-  wb = pl.position_windows(b, spans, 8, 4)
+  wa = windows.document_windows(a, spans, 8, 4)
+  wb = windows.document_windows(b, spans, 8, 4)
   both = {k: np.concatenate([wa[k], wb[k]]) for k in wa}
-  nll = pl.score_windows(restored, both, 8)
+  scorer = rows.Scorer(rows.RunView(None, model, mesh))
+  out = scorer.rows(params, both, batch_size=8, keep=("target_logprob",))
+  nll = -out["target_logprob"]
   half = len(wa["inputs"]) // 2  # the windows of the second document
   n = len(wa["inputs"])
   np.testing.assert_allclose(nll[half:n], nll[n + half :], rtol=1e-6)
@@ -90,11 +93,11 @@ def _config(**eval_settings):
   return c
 
 
-def _restored(model, x):
+def _restored(model, x, config=None):
   params = model.init(jax.random.key(0), x, x)["params"]
   one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
   return types.SimpleNamespace(model=model, params=params, mesh=one,
-                               unit="ppl")  # fmt: skip
+                               unit="ppl", config=config)  # fmt: skip
 
 
 def _stream(lengths, seed=0):
@@ -112,11 +115,11 @@ def test_carried_memory_equals_one_window_per_document():
       vocab_size=20, num_layers=2, d_model=16, num_heads=2, head_dim=8,
       d_ff=32, cutoffs=(), attention="xl", mem_len=16,
   )  # fmt: skip
-  restored = _restored(model, np.zeros((1, 4), np.int32))
-  config = _config(segment_len=4, mem_len=16, batch_size=2)  # 2 lanes
-  scorer = pl.document_scorer(config, restored, "", "none")
+  config = _config(segment_len=4, mem_len=16, batch_size=2, lanes=2)
+  restored = _restored(model, np.zeros((1, 4), np.int32), config)
+  scorer = pl.run_scorer(config, restored, "", "none")
   toks, spans = _stream([13, 17, 9])  # 3 documents: two lane groups
-  pos, nll = scorer(toks, spans)
+  pos, nll = pl.document_scores(scorer, restored.params, toks, spans)
   # The reference: every document alone in one window (padded to one
   # length; causal, so the padding changes nothing before it).
   x = np.zeros((len(spans), 16), np.int32)
@@ -143,8 +146,8 @@ def test_knn_memory_in_position_loss(tmp_path):
       vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
       d_ff=32, cutoffs=(),
   )  # fmt: skip
-  restored = _restored(model, np.zeros((1, 8), np.int32))
   config = _config(window_len=8, score_len=4, batch_size=4)
+  restored = _restored(model, np.zeros((1, 8), np.int32), config)
   rng = np.random.default_rng(3)
   store = ds_lib.from_arrays(
       str(tmp_path), rng.normal(size=(40, 16)) * 2.0, np.arange(40) % 20,
@@ -152,11 +155,15 @@ def test_knn_memory_in_position_loss(tmp_path):
   )  # fmt: skip
   ext = external.ExternalSearch(search.ExactSearcher(store, "squared_l2"), 8)
   toks, spans = _stream([12, 15])
-  alone = pl.window_scorer(config, restored)(toks, spans)
+  params = restored.params
+  alone = pl.document_scores(
+      scorer_lib.scorer_for(restored), params, toks, spans
+  )
 
   def knn(lam, tokens):
     setting = {"kind": "knn", "knn_lambda": lam, "knn_temperature": 1.0}
-    return pl.memory_scorer(config, restored, setting, ext)(tokens, spans)
+    scorer = scorer_lib.scorer_for(restored, setting, external=ext)
+    return pl.document_scores(scorer, params, tokens, spans)
 
   at0 = knn(0.0, toks)
   np.testing.assert_array_equal(at0[0], alone[0])
@@ -176,9 +183,13 @@ def test_config_memory_setting_keeps_external_settings(tmp_path):
   config = _config()
   config.eval_memory.kind = "knn"
   config.eval_memory.knn_lambda, config.eval_memory.knn_temperature = 0.4, 2.0
-  restored = types.SimpleNamespace(config=config, path=str(tmp_path))
-  grid = em_lib.grid_of(api.memory_setting(restored))
-  assert (grid.kind, grid.knn_lambdas, grid.knn_temperatures) == (
+  model = transformer.TransformerLM(vocab_size=20)
+  restored = types.SimpleNamespace(
+      config=config, path=str(tmp_path), model=model
+  )
+  grid = em_lib.grid_of(scorer_lib.memory_setting(restored))
+  values = grid.values()
+  assert (grid.kind, values["knn_lambdas"], values["knn_temperatures"]) == (
       "knn", (0.4,), (2.0,),
   )  # fmt: skip
 
@@ -196,17 +207,16 @@ def test_long_memory_compiled_once_for_all_documents():
   toks, spans = _stream([13, 22, 19], seed=5)
   grid = em_lib.grid_of({"kind": "trime", "long_mem_tokens": 16})
 
-  def score(tokens, compiled):
-    r = em_lib.score_stream(
-        model, restored.params, tokens, grid, window_len=8, score_len=4,
-        batch_size=4, mesh=restored.mesh, unit="ppl", block_size=4,
-        keep_tokens=True, compiled=compiled,
+  def scorer():
+    return em_lib.MemoryScorer(
+        rows.RunView(None, model, restored.mesh), grid, window_len=8,
+        score_len=4, batch_size=4, block_size=4,
     )  # fmt: skip
-    return r["grid_logprob"][0]
 
-  compiled = {}
-  shared = [score(toks[a:b], compiled) for a, b in spans]
-  assert len(compiled) == 1  # one step for the three documents
+  shared_scorer = scorer()
+  shared = shared_scorer.document_logprobs(restored.params, toks, spans)
+  # pylint: disable-next=protected-access
+  assert len(shared_scorer._compiled) == 1  # one step for the 3 documents
   assert [len(s) for s in shared] == [12, 21, 18]
-  alone = score(toks[spans[-1, 0] :], None)
+  alone = scorer().stream_logprobs(restored.params, toks[spans[-1, 0] :])
   np.testing.assert_allclose(shared[-1], alone, rtol=1e-6, atol=1e-6)

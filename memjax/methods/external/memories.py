@@ -71,7 +71,9 @@ class TrimeExtMemory(evaluation.EvalMemory):
   """TRIMELM_ext: Eq. 6-7 over M_local u M_long u kNN(M_ext), then Eq. 8-9."""
 
   axes = (
-      evaluation.Axis("temperature", "temperatures", "temperature_grid"),
+      evaluation.Axis(
+          "temperature", "temperatures", "temperature_grid", (1.0,)
+      ),
       evaluation.Axis("ext_temperature", "ext_temperatures",
                       "ext_temperature_grid"),
       evaluation.Axis("ext_lambda", "ext_lambdas", "ext_lambda_grid"),

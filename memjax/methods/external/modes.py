@@ -29,6 +29,7 @@ from memjax import experiment
 from memjax import registry
 from memjax import sharding as sharding_lib
 from memjax.data import streams
+from memjax.data import windows
 from memjax.memory import datastore as ds_lib
 from memjax.eval import external as external_lib
 from memjax.memory import search as search_lib
@@ -71,7 +72,7 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
         train=split == "train",
     )  # fmt: skip
     tokens = loaded.train_tokens if split == "train" else loaded.splits[split]
-  tokens = em_lib.truncate_windows(
+  tokens = windows.truncate_windows(
       np.asarray(tokens), c.eval.window_len, c.eval.score_len,
       int(dc.max_windows),
   )  # fmt: skip
@@ -163,9 +164,8 @@ def held_out_queries(
   """g of the first ``count`` scored predictions of ``split`` [Q, D] (and
   their next tokens [Q] with ``with_targets``)."""
   c = loaded.config
-  fn = sharding_lib.under_mesh(
-      jax.jit(ds_lib.make_feature_fn(loaded.model, c.eval.score_len)),
-      loaded.mesh,
+  fn = sharding_lib.jit(
+      ds_lib.make_feature_fn(loaded.model, c.eval.score_len), loaded.mesh
   )
   dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
   out, targets, have = [], [], 0

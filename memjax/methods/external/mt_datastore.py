@@ -132,9 +132,7 @@ def teacher_forced(
   src, tgt = split.source[:n], split.target[:n]
   rows = _rows(config, restored)
   plan = batch_plan(src, tgt, config.translation.buckets, rows)
-  fn = sharding_lib.under_mesh(
-      jax.jit(make_teacher_forced_fn(restored.model)), restored.mesh
-  )
+  fn = sharding_lib.jit(make_teacher_forced_fn(restored.model), restored.mesh)
   for b, idx in plan:
     batch = plan_batch(src, tgt, b, idx, rows)
     put = sharding_lib.put_global_batch(batch, restored.mesh)
@@ -180,9 +178,7 @@ def build(config: Any, restored: Any, train: Any, path: str) -> Any:
       shard_batches=max(1, int(mem.shard_keys) // (rows * plan[0][0])),
   )
   ds_lib.check_build_dir(path, spec)
-  fn = sharding_lib.under_mesh(
-      jax.jit(make_teacher_forced_fn(restored.model)), restored.mesh
-  )
+  fn = sharding_lib.jit(make_teacher_forced_fn(restored.model), restored.mesh)
 
   def features(batch):
     out = fn(

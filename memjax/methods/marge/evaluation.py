@@ -22,14 +22,13 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from memjax import corpus as corpus_lib
 from memjax import errors
 from memjax import experiment
 from memjax import runfiles
-from memjax import sharding as sharding_lib
+from memjax.eval import scorer as scorer_lib
 from memjax.methods.marge import retrieval as marge_lib
 from memjax.methods.marge import reindex as marge_index
 from memjax.methods.marge import model as marge_model
@@ -48,26 +47,16 @@ def eval_table(
   return table, int(np.sum(table.start < offset))
 
 
-def score(restored, batch, size: int, retrieval: bool) -> np.ndarray:
-  """[W, 2N] nll of the windows, with their sources or with none."""
-  model = restored.model
-
-  def fn(p, x, y, src, mask):
-    kw = dict(sources=src, source_mask=mask) if retrieval else {}
-    return -model.apply({"params": p}, x, y, **kw).target_logprob
-
-  run = sharding_lib.under_mesh(jax.jit(fn), restored.mesh)
-  keys = ("inputs", "targets", "sources", "source_mask")
-  w = len(batch["inputs"])
-  out = []
-  for a in range(0, w, size):
-    arrs = [batch[k][a : a + size] for k in keys]
-    pad = size - len(arrs[0])
-    arrs = [np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
-            for x in arrs]  # fmt: skip
-    nll = run(restored.params, *(jnp.asarray(x) for x in arrs))
-    out.append(np.asarray(nll)[: size - pad])
-  return np.concatenate(out)
+def score(scorer: Any, params: Any, batch: dict, retrieval: bool) -> np.ndarray:
+  """[W, 2N] nll of the windows, with their sources or with none (through
+  the run's ``memjax.eval`` scorer, in batches of ``eval.batch_size``)."""
+  keys = ("inputs", "targets") + (
+      ("sources", "source_mask") if retrieval else ()
+  )
+  out = scorer.rows(
+      params, {k: batch[k] for k in keys}, keep=("target_logprob",)
+  )
+  return -np.asarray(out["target_logprob"])
 
 
 def _split(config, restored, train, stream, documents, bounds, search):
@@ -95,8 +84,9 @@ def _split(config, restored, train, stream, documents, bounds, search):
   offset = (table.pos[query][:, None] + 1) * n + np.arange(2 * n) - (n - 1)
   positions = np.broadcast_to(offset, w.shape)[w]
   out: dict[str, Any] = dict(windows=int(len(query)), tokens=int(w.sum()))
+  scorer = scorer_lib.scorer_for(restored)
   for name, on in (("retrieval", True), ("no_retrieval", False)):
-    nll = score(restored, batch, config.eval.batch_size, on)[w]
+    nll = score(scorer, restored.params, batch, on)[w]
     out[name] = dict(
         nll=float(nll.mean()),
         ppl=float(np.exp(nll.mean())),

@@ -43,8 +43,7 @@ def _embed_fn(model: Any, mesh: Any) -> Any:
     )
     return jax.lax.stop_gradient(e)
 
-  run = jax.jit(fn)
-  return run if mesh is None else sharding_lib.under_mesh(run, mesh)
+  return jax.jit(fn) if mesh is None else sharding_lib.jit(fn, mesh)
 
 
 def embed_all(

@@ -35,42 +35,32 @@ from memjax import checkpointing
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import registry
 from memjax import runfiles
-from memjax import sharding as sharding_lib
-from memjax.methods.pkm import layer as pkm
+from memjax import stats
+from memjax.eval import rows
+from memjax.eval import scorer as scorer_lib
+from memjax.methods.pkm import class_usage
+from memjax.methods.pkm import layer as pkm_layer
 
 KEYS = ("reads", "top1", "weights")
 
 
-def usage_step(model: Any, mesh: Any):
-  """Jitted (params, inputs [B, L]) -> the 'pkm_usage' sums of one batch
-  (one compilation for all the checkpoints of a run)."""
-
-  def step(params, inputs):
-    _, state = model.apply(
-        {"params": params}, inputs, mutable=[pkm.USAGE_COLLECTION]
-    )
-    return state.get(pkm.USAGE_COLLECTION, {})
-
-  return sharding_lib.under_mesh(jax.jit(step), mesh)
-
-
 def slot_sums(
-    step_fn: Any,
+    scorer: Any,
     params: Any,
     tokens: np.ndarray,
     window_len: int,
     batch_size: int,
-    mesh: Any,
     max_tokens: int = 0,
 ) -> dict[str, dict[str, np.ndarray]]:
   """Per memory layer ('layer_1/ffn/memory'), the per-slot sums [|K|] of
-  u', t', w' (``step_fn`` of ``usage_step``) over the whole windows of
-  ``tokens`` (a last partial batch of
-  windows is left out, so no padding is counted)."""
+  u', t', w' over the whole windows of ``tokens`` (``scorer``: the run's
+  ``memjax.eval`` scorer, which runs the model over the windows; a last
+  partial batch of windows is left out, so no padding is counted)."""
   if max_tokens:
     tokens = tokens[:max_tokens]
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = rows.data_parallel(scorer.mesh)
   batch_size = max(dp, batch_size // dp * dp)
   n = len(tokens) // window_len
   windows = np.asarray(tokens[: n * window_len], np.int32).reshape(n, -1)
@@ -81,26 +71,16 @@ def slot_sums(
         f"memory_usage.split holds {len(tokens)} tokens: too few for one "
         f"window of eval.window_len {window_len} per data-parallel device"
     )
-
-  totals: dict[str, np.ndarray] = {}
-  for first in range(0, n - batch_size + 1, batch_size):
-    batch = windows[first : first + batch_size]
-    got = step_fn(
-        params, sharding_lib.put_global_batch({"x": batch}, mesh)["x"]
-    )
-    flat = flax.traverse_util.flatten_dict(jax.device_get(got), sep="/")
-    for k, v in flat.items():
-      totals[k] = totals.get(k, 0) + np.asarray(v, np.float64)
-  out: dict[str, dict[str, np.ndarray]] = {}
-  for k, v in totals.items():
-    layer, name = k.rsplit("/", 1)
-    out.setdefault(layer, {})[name] = v
-  return out
+  out = scorer.rows(
+      params, {"inputs": windows}, batch_size=batch_size,
+      collections=(pkm_layer.USAGE_COLLECTION,), drop_remainder=True,
+  )  # fmt: skip
+  return stats.module_sums(out[pkm_layer.USAGE_COLLECTION])
 
 
 def metrics(sums: dict[str, np.ndarray]) -> dict[str, float]:
   """MU, top-1 MU, KL_u, KL_w (and the reads counted) of one layer's sums."""
-  m = pkm.usage_metrics(*(np.asarray(sums[k], np.float32) for k in KEYS))
+  m = pkm_layer.usage_metrics(*(np.asarray(sums[k], np.float32) for k in KEYS))
   out = {k: float(v) for k, v in m.items()}
   out["slots"] = int(len(sums["reads"]))
   out["reads"] = float(np.sum(sums["reads"]))
@@ -146,7 +126,7 @@ def memory_usage(
   results: dict[str, Any] = {"split": u.split, "layers": {}}
   top1_by_step: dict[str, dict[int, np.ndarray]] = {}
   reads = {}
-  step_fn = None
+  scorer = None
   for step in _steps(source, bool(u.staleness)):
     restored = experiment.load(
         source,
@@ -155,14 +135,14 @@ def memory_usage(
         mesh=config.mesh.to_dict(),
     )
     start = time.time()
-    step_fn = step_fn or usage_step(restored.model, restored.mesh)
+    # One scorer, so one compilation, for every checkpoint of the run.
+    scorer = scorer or scorer_lib.scorer_for(restored)
     sums = slot_sums(
-        step_fn,
+        scorer,
         restored.params,
         tokens,
         config.eval.window_len,
         config.eval.batch_size,
-        restored.mesh,
         int(u.max_tokens),
     )
     if not sums:
@@ -170,10 +150,10 @@ def memory_usage(
           f"the model of {source} has no product-key memory layer "
           "(model.feed_forward 'pkm' or 'resm')"
       )
-    for layer, s in sums.items():
-      top1_by_step.setdefault(layer, {})[restored.step] = s["top1"]
-      results["layers"][layer] = metrics(s)
-      reads[layer] = s["reads"]
+    for name, s in sums.items():
+      top1_by_step.setdefault(name, {})[restored.step] = s["top1"]
+      results["layers"][name] = metrics(s)
+      reads[name] = s["reads"]
     results["step"] = restored.step
     console.info(
         "memory usage at step %d (%.1fs): %s",
@@ -235,3 +215,32 @@ def plot(results: dict[str, Any], reads: dict[str, np.ndarray], workdir: str):
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
+
+
+def top1_by_layer(sums: Any) -> dict[str, np.ndarray]:
+  """{memory layer: top-1 counts [|K|]} of summed 'pkm_usage' sums."""
+  return {k: v["top1"] for k, v in stats.module_sums(sums).items()}
+
+
+# What evaluation reports of the memory layers (``memjax.stats.SumReport``):
+# the MLM and classification tasks add it to their results under 'memory',
+# and the classifier compares the top-1 usage of its two classes.
+REPORT = stats.SumReport(
+    collection=pkm_layer.USAGE_COLLECTION,
+    key="memory",
+    metrics=metrics,
+    scalars=("mu", "top1_mu", "kl_u", "kl_w"),
+    brief=lambda m: f"top-1 MU {m['top1_mu']:.3f} KL_u {m['kl_u']:.3f}",
+    describe=lambda m: (
+        f"MU {m['mu']:.4f}, top-1 MU {m['top1_mu']:.4f}, KL_u "
+        f"{m['kl_u']:.4f}, KL_w {m['kl_w']:.4f}"
+    ),
+    compare=lambda a, b: class_usage.compare(
+        top1_by_layer(a), top1_by_layer(b)
+    ),
+    describe_comparison=lambda d: (
+        f"top-1 KL {d.get('kl', float('nan')):.3f}, IOU "
+        f"{d.get('iou', float('nan')):.3f}"
+    ),
+)
+registry.SUM_REPORTS.register("memory", REPORT)

@@ -32,7 +32,8 @@ import numpy as np
 
 from memjax import errors
 from memjax import console
-from memjax.eval import streams as recurrent_eval
+from memjax.eval import rows
+from memjax.eval import streams as streams_eval
 
 Array = jax.Array
 
@@ -69,7 +70,7 @@ def attention_by_distance(
   return sums, counts
 
 
-class AttentionAnalyzer(recurrent_eval.StreamEvaluator):
+class AttentionAnalyzer(streams_eval.StreamScorer):
   """Runs a model over segments and sums alpha and attention by distance."""
 
   def _step(
@@ -129,7 +130,7 @@ class AttentionAnalyzer(recurrent_eval.StreamEvaluator):
     """Returns 'attention_by_distance' [layers, M + T], 'memory_share'
     [layers] (mean attention mass of a query on the memory) and, for LaMemo,
     'alpha' [layers, M] (NaN where nothing was counted)."""
-    segments = recurrent_eval.stacked_segments(
+    segments = streams_eval.stacked_segments(
         tokens, self.segment_len, self.lanes, num_segments
     )
     out = self.run_segments(params, segments, desc)
@@ -212,11 +213,7 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     )
   model = restored.model.clone(remat=False)  # sow outside remat
   analyzer = AttentionAnalyzer(
-      model,
-      restored.mesh,
-      segment_len=recurrent_eval.segment_len_of(config),
-      mem_len=recurrent_eval.mem_len_of(config),
-      lanes=int(config.eval.lanes),
+      rows.RunView(config, model, restored.mesh, restored.unit)
   )
   num = int(config.analyze.num_segments)
   res = analyzer.analyze(

@@ -20,8 +20,8 @@ from jax.sharding import Mesh
 
 from memjax import console
 from memjax import errors
-from memjax.eval.streams import evaluator_for
-from memjax.eval.streams import segment_len_of
+from memjax.eval import rows as rows_lib
+from memjax.eval import streams
 
 
 def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
@@ -70,23 +70,22 @@ def extrapolation_rows(
     unit: str,
 ) -> list[dict[str, Any]]:
   """Evaluates with memory m * T for every m of ``config.extrapolate.ratios``."""
-  seg = segment_len_of(config)
+  seg = streams.segment_len_of(config)
   ratios = [int(m) for m in config.extrapolate.ratios]
   if not ratios or min(ratios) < 1:
     raise errors.ConfigError(
         f"extrapolate.ratios must be positive integers, got {ratios}"
     )
-  rows = []
+  out = []
+  run = rows_lib.RunView(config, model, mesh, unit)
   for m in ratios:
-    ev = evaluator_for(config, model, mesh, mem_len=m * seg)
-    r = ev.evaluate(
+    r = streams.StreamScorer(run, mem_len=m * seg).score(
         params,
         tokens,
-        unit=unit,
-        max_segments=int(config.extrapolate.max_segments),
+        int(config.extrapolate.max_segments),
         desc=f"{config.extrapolate.split} m={m}",
     )
-    rows.append(
+    out.append(
         {
             "m": m,
             "mem_len": m * seg,
@@ -97,7 +96,7 @@ def extrapolation_rows(
             "tokens": int(r["tokens"]),
         }
     )
-  return rows
+  return out
 
 
 def extrapolate(

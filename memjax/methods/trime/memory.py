@@ -373,7 +373,11 @@ def log_prob_with_memory(
 class TrimeMemory(evaluation.EvalMemory):
   """TRIME's testing memories (Eq. 6), tau dividing the memory logits."""
 
-  axes = (evaluation.Axis("temperature", "temperatures", "temperature_grid"),)
+  axes = (
+      evaluation.Axis(
+          "temperature", "temperatures", "temperature_grid", (1.0,)
+      ),
+  )
   label = "TRIME (Eq. 6, tuned tau)"
 
   def check(self, settings: evaluation.Settings) -> None:

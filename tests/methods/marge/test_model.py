@@ -200,7 +200,7 @@ def test_sharded_equals_unsharded():
         **train_step.model_inputs(model, batch),
     ).target_logprob  # fmt: skip
 
-  sharded = sharding_lib.under_mesh(jax.jit(f), mesh)(
+  sharded = sharding_lib.jit(f, mesh)(
       state.params, sharding_lib.put_global_batch(b, mesh)
   )
   host = jax.device_get(state.params)

@@ -35,6 +35,7 @@ import pytest
 
 from memjax import corpus as corpus_lib
 from memjax import experiment
+from memjax.eval import scorer as scorer_lib
 from memjax.methods.marge import retrieval as marge_lib
 from memjax.methods.marge import reindex as marge_index
 from memjax.methods.marge import evaluation as marge_eval
@@ -131,10 +132,13 @@ def planted(tmp_path_factory):
   vanilla, _ = experiment.load_for_mode(
       _config("vanilla_planted", data), runs["vanilla_planted"]
   )
+  scorer, plain = scorer_lib.scorer_for(restored), scorer_lib.scorer_for(
+      vanilla
+  )
   nll = {
-      "retrieval": marge_eval.score(restored, batch, 16, True),
-      "no_retrieval": marge_eval.score(restored, batch, 16, False),
-      "vanilla": marge_eval.score(vanilla, batch, 16, False),
+      "retrieval": marge_eval.score(scorer, restored.params, batch, True),
+      "no_retrieval": marge_eval.score(scorer, restored.params, batch, False),
+      "vanilla": marge_eval.score(plain, vanilla.params, batch, False),
   }
   out = {name: float(v[scored].mean()) for name, v in nll.items()}
   out.update(

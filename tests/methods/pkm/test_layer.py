@@ -310,7 +310,7 @@ def test_sharded_equals_unsharded_on_eight_devices():
   values = sharded["memory"]["values"]
   assert values.addressable_shards[0].data.shape == (64 // 4, D)
   xs = sharding_lib.put_global_batch({"x": x}, mesh)["x"]
-  fn = sharding_lib.under_mesh(jax.jit(loss_and_grads), mesh)
+  fn = sharding_lib.jit(loss_and_grads, mesh)
   got = jax.device_get(fn(sharded, xs))
   (l1, s1), g1 = want
   (l2, s2), g2 = got

@@ -15,7 +15,8 @@ from configs import lamemo_wt103
 from configs import txl_wt103
 import memjax
 from memjax import config as config_lib
-from memjax.eval import scorer as scoring
+from memjax.eval import rows as rows_lib
+from memjax.eval import scorer as scorer_lib
 from memjax import experiment
 from memjax.modes import generate as generate_lib
 from memjax.eval import streams as recurrent_eval
@@ -74,16 +75,17 @@ def test_stream_evaluation_equals_python_loop_over_segments():
   tokens = stream_tokens(50)
   lanes = 3
   mesh = sharding_lib.make_mesh({"data": -1})
-  ev = recurrent_eval.StreamEvaluator(
-      model, mesh, segment_len=T, lanes=lanes, chunk=2
-  )
+  ev = recurrent_eval.StreamScorer(
+      rows_lib.RunView(None, model, mesh), segment_len=T,
+      mem_len=model.mem_len, lanes=lanes, chunk=2,
+  )  # fmt: skip
   assert ev.padded_lanes == 8
   segments = recurrent_eval.stacked_segments(tokens, T, lanes)
   got = ev.score_segments(params, segments)
   want, _ = loop_scores(model, params, tokens, lanes)
   assert got["nll_sum"].shape == want.shape == (5, 3)
   np.testing.assert_allclose(got["nll_sum"], want, rtol=1e-5, atol=1e-5)
-  res = ev.evaluate(params, tokens, unit="ppl")
+  res = ev.score(params, tokens)
   assert res["tokens"] == len(tokens) - 1
   assert res["nll"] == pytest.approx(want.sum() / (len(tokens) - 1), rel=1e-5)
   assert res["ppl"] == pytest.approx(np.exp(res["nll"]))
@@ -100,8 +102,8 @@ def test_extrapolation_with_m1_equals_recurrent_evaluation():
   rows = extrapolate.extrapolation_rows(
       config, model, params, tokens, mesh, "ppl"
   )
-  plain = recurrent_eval.evaluator_for(config, model, mesh).evaluate(
-      params, tokens, unit="ppl"
+  plain = scorer_lib.scorer_for(rows_lib.RunView(config, model, mesh)).score(
+      params, tokens
   )
   assert [r["mem_len"] for r in rows] == [T, 3 * T]
   assert rows[0]["nll"] == pytest.approx(plain["nll"], rel=1e-6)
@@ -292,9 +294,7 @@ def test_smoke_config_trains_end_to_end_and_runs_the_modes(
   model = memjax.load(workdir)
   stream = experiment.load_corpus(config, workdir, ("valid",), train=False)
   tokens = stream.splits["valid"].tokens[:300]
-  ev = scoring.SplitEvaluator(
-      model.config, model.restored.model, model.restored.mesh, model.unit
-  )
+  ev = scorer_lib.scorer_for(model.restored)
   want = ev.score(model.restored.params, tokens, 0, "valid prefix")
   got = model.score(tokens)
   assert got["tokens"] == want["tokens"] == 299

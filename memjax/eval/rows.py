@@ -1,0 +1,243 @@
+"""Rows of model inputs in padded batches, and the scorer every kind builds on.
+
+The one padded-batch helper: ``row_batches`` cuts rows (windows, masked
+windows, sentences, retrieval windows) into batches of one size, rounded up
+to a multiple of the data-parallel devices, fills the last batch with
+all-zero rows (zero weights; a padding id 0 reads no memory slot in the
+encoder) and puts each on the mesh. ``Scorer.rows`` runs the model over
+them, jitted once per shape through ``sharding.jit`` (the one place a
+function is jitted for the mesh), and returns the sums and per-row outputs
+the caller asks for. The stream scorers (``windows``, ``streams``,
+``memory_grid``) subclass ``Scorer``; ``memjax.eval.scorer_for`` picks one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from memjax import sharding as sharding_lib
+
+Array = jax.Array
+
+
+@dataclasses.dataclass
+class RunView:
+  """What a scorer needs of a run (``experiment.Restored`` has it too).
+
+  Attributes:
+    config: the run's config.
+    model: the model.
+    mesh: the device mesh.
+    unit: 'ppl' or 'bpc'.
+  """
+
+  config: ml_collections.ConfigDict
+  model: Any
+  mesh: Mesh
+  unit: str = "ppl"
+
+
+def data_parallel(mesh: Mesh) -> int:
+  """Devices a batch is split over (the 'data' and 'fsdp' axes)."""
+  return int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+
+def batch_rows(batch_size: int, mesh: Mesh) -> int:
+  """``batch_size`` rounded up to a multiple of the data-parallel devices."""
+  dp = data_parallel(mesh)
+  return int(math.ceil(max(int(batch_size), 1) / dp) * dp)
+
+
+def pad_rows(arrays: Mapping[str, np.ndarray], rows: int) -> dict:
+  """Each array of ``arrays`` [n, ...] padded with zeros to [rows, ...]."""
+  out = {}
+  for k, v in arrays.items():
+    v = np.asarray(v)
+    fill = np.zeros((rows - len(v),) + v.shape[1:], v.dtype)
+    out[k] = np.concatenate([v, fill]) if len(fill) else v
+  return out
+
+
+def row_batches(
+    arrays: Mapping[str, np.ndarray],
+    batch_size: int,
+    mesh: Mesh,
+    drop_remainder: bool = False,
+) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+  """(padded host batch, real rows) of ``arrays`` [N, ...] in batches.
+
+  Args:
+    arrays: equal-length arrays, one row per example.
+    batch_size: rows per batch (rounded up to the data-parallel devices).
+    mesh: the device mesh.
+    drop_remainder: leave out a last batch that is not full instead of
+      padding it (where padding rows would be counted).
+  """
+  size = batch_rows(batch_size, mesh)
+  n = len(next(iter(arrays.values())))
+  for first in range(0, n, size):
+    part = {k: np.asarray(v[first : first + size]) for k, v in arrays.items()}
+    real = len(next(iter(part.values())))
+    if real < size and drop_remainder:
+      return
+    yield pad_rows(part, size), real
+
+
+def extra_inputs(model: Any) -> tuple[str, ...]:
+  """The batch arrays a model family takes besides inputs and targets (its
+  class attribute ``EXTRA_INPUTS``, e.g. the encoder-decoder's 'source')."""
+  return tuple(getattr(model, "EXTRA_INPUTS", ()))
+
+
+def add_up(total: Any, got: Any) -> Any:
+  """``total + got`` leaf by leaf in float64 (``total`` None: ``got``)."""
+  got = jax.tree.map(lambda x: np.asarray(x, np.float64), got)
+  return got if total is None else jax.tree.map(np.add, total, got)
+
+
+class Scorer:
+  """Runs a run's model over rows or streams; one compilation per shape.
+
+  Subclasses score token streams the way the model is meant to be scored
+  (``score``, ``stream_logprobs``, ``document_logprobs``); every kind runs
+  the model over given rows with ``rows``.
+  """
+
+  def __init__(self, run: Any) -> None:
+    self.run = run
+    self.config = run.config
+    self.model = run.model
+    self.mesh = run.mesh
+    self.unit = getattr(run, "unit", "ppl")
+    self._compiled: dict[Any, Any] = {}
+
+  # -- streams (the subclasses) ------------------------------------------
+
+  def score(
+      self, params: Any, tokens: np.ndarray, max_items: int = 0, desc: str = ""
+  ) -> dict[str, float]:
+    """{'nll', 'tokens', unit, 'aux/<path>'...} of one token stream [N]."""
+    raise NotImplementedError
+
+  def stream_logprobs(self, params: Any, tokens: np.ndarray) -> np.ndarray:
+    """[N - 1] float32 log p of every token of a stream [N] after its
+    first, scored as ``score`` scores it."""
+    raise NotImplementedError
+
+  def document_logprobs(
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      spans: np.ndarray,
+      max_items: int = 0,
+  ) -> list[np.ndarray]:
+    """Per document ([D, 2] (start, end) spans of ``tokens``) the float32 log
+    p of its tokens after its first, each document read from an empty
+    context; ``max_items`` (windows, where the kind counts them) may cut the
+    last documents short or leave them out."""
+    raise NotImplementedError
+
+  # -- rows ----------------------------------------------------------------
+
+  def rows(
+      self,
+      params: Any,
+      arrays: Mapping[str, np.ndarray],
+      *,
+      batch_size: Optional[int] = None,
+      keep: Sequence[str] = (),
+      collections: Sequence[str] = (),
+      drop_remainder: bool = False,
+  ) -> dict[str, Any]:
+    """The model over rows of inputs, in padded batches (``row_batches``).
+
+    Args:
+      params: the parameters.
+      arrays: 'inputs' [N, L] and, optionally, 'targets' [N, L] (then the
+        target log-probabilities are summed), 'weights' [N, L] and the
+        model's ``EXTRA_INPUTS`` (e.g. MARGE's 'sources', 'source_mask');
+        other keys are ignored.
+      batch_size: rows per batch (default ``eval.batch_size``).
+      keep: output fields returned per row, e.g. 'target_logprob' [N, L]
+        or 'logits' [N, C].
+      collections: Flax collections the modules sow into, summed over the
+        batches (e.g. a memory layer's per-slot read counts).
+      drop_remainder: leave out a last partial batch instead of padding it.
+
+    Returns:
+      See ``apply``; N' = N, or the rows of the full batches with
+      ``drop_remainder``.
+    """
+    size = batch_size or int(self.config.eval.batch_size)
+    batches = row_batches(arrays, size, self.mesh, drop_remainder)
+    return self.apply(params, batches, keep=keep, collections=collections)
+
+  def apply(
+      self,
+      params: Any,
+      batches: Iterable[tuple[Mapping[str, np.ndarray], int]],
+      *,
+      keep: Sequence[str] = (),
+      collections: Sequence[str] = (),
+  ) -> dict[str, Any]:
+    """The model over host batches made by the caller (e.g. each padded to
+    its own length bucket), one compilation per shape.
+
+    Args:
+      params: the parameters.
+      batches: (arrays as in ``rows``, [B, ...] with B a multiple of the
+        data-parallel devices; real rows: the first ones, kept in outputs).
+      keep: output fields returned per real row.
+      collections: Flax collections summed over the batches.
+
+    Returns:
+      'nll_sum' and 'tokens' (for batches with targets; weights default to
+      1), each name of ``keep`` [N', ...] over the real rows and each of
+      ``collections`` (a pytree of float64 sums, {} when nothing was sown).
+    """
+    names = set(extra_inputs(self.model)) | {"inputs", "targets", "weights"}
+    total, kept = None, {k: [] for k in keep}
+    for arrays, real in batches:
+      batch = {k: v for k, v in arrays.items() if k in names}
+      fn = self._rows_fn(tuple(sorted(batch)), tuple(keep), tuple(collections))
+      sums, per_row = jax.device_get(
+          fn(params, sharding_lib.put_global_batch(batch, self.mesh))
+      )
+      total = add_up(total, sums)
+      for k in keep:
+        kept[k].append(np.asarray(per_row[k])[:real])
+    out = dict(total or {})
+    out.update({k: np.concatenate(v) for k, v in kept.items() if v})
+    for name in collections:
+      out[name] = out.get(name) or {}
+    return out
+
+  def _rows_fn(self, names: tuple, keep: tuple, collections: tuple) -> Any:
+    """The jitted forward of ``apply`` for batches with keys ``names``."""
+    key = ("rows", names, keep, collections)
+    if key not in self._compiled:
+      model = self.model
+
+      def fn(params, batch):
+        extra = {k: batch[k] for k in extra_inputs(model) if k in batch}
+        out, state = model.apply(
+            {"params": params}, batch["inputs"], batch.get("targets"),
+            mutable=list(collections), **extra,
+        )  # fmt: skip
+        sums = {c: state.get(c, {}) for c in collections}
+        if "targets" in batch:
+          w = batch.get("weights", jnp.ones(batch["targets"].shape))
+          sums["nll_sum"] = -jnp.sum(out.target_logprob * w)
+          sums["tokens"] = jnp.sum(w)
+        return sums, {k: getattr(out, k) for k in keep}
+
+      self._compiled[key] = sharding_lib.jit(fn, self.mesh)
+    return self._compiled[key]
