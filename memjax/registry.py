@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import pkgutil
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
@@ -187,17 +188,23 @@ class Registry(Generic[T]):
       raise
 
 
+# Where the methods are: every package in this folder is one. The registry
+# finds them by looking, so nothing in the engine names one.
+METHODS_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "methods"
+)
+_METHODS_PACKAGE = __name__.rpartition(".")[0] + ".methods"
+
+
 @functools.cache
 def methods() -> tuple[Any, ...]:
   """The method packages under ``memjax/methods/``, imported (their
   ``__init__`` modules declare what they register and import nothing)."""
-  from memjax import methods as methods_pkg  # pylint: disable=g-import-not-at-top
-
+  found = sorted(pkgutil.iter_modules([METHODS_DIR]), key=lambda i: i.name)
   return tuple(
-      importlib.import_module(f"{methods_pkg.__name__}.{info.name}")
-      for info in sorted(
-          pkgutil.iter_modules(methods_pkg.__path__), key=lambda i: i.name
-      )
+      importlib.import_module(f"{_METHODS_PACKAGE}.{info.name}")
+      for info in found
+      if info.ispkg
   )
 
 
@@ -207,9 +214,13 @@ def method_config_sections() -> tuple[str, ...]:
 
 
 def _is_hook(name: str, value: Any) -> None:
-  from memjax import hooks  # pylint: disable=g-import-not-at-top
-
-  if not (isinstance(value, type) and issubclass(value, hooks.StepHook)):
+  """Raises TypeError unless ``value`` subclasses ``hooks.StepHook`` (found
+  by name: ``memjax.hooks`` imports this module)."""
+  bases = getattr(value, "__mro__", ())
+  if not any(
+      f"{b.__module__}.{b.__qualname__}" == "memjax.hooks.StepHook"
+      for b in bases
+  ):
     raise TypeError(f"hook {name!r}: {value!r} is not a StepHook subclass")
 
 

@@ -249,26 +249,39 @@ def make_train_step(
       grads, metrics, new_memory = _accumulate(
           micro_grads, state, batch, memory, rng, grad_accum
       )
-    tokens = jnp.maximum(metrics["tokens"], 1.0)
-    grads = jax.tree.map(lambda g: g / tokens, grads)
-    loss = metrics["nll_sum"] / tokens
-    gnorm = optax.tree.norm(grads)
-    updates, new_opt = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-    keep = lambda new, old: jax.tree.map(
-        lambda a, b: jnp.where(finite, a, b), new, old
-    )
-    new_state = TrainState(
-        step=state.step + 1,
-        params=keep(new_params, state.params),
-        opt_state=keep(new_opt, state.opt_state),
-        memory=new_memory,
-    )
-    out = {k: v for k, v in metrics.items()}
-    out.update(loss=loss, grad_norm=gnorm, finite=finite.astype(jnp.float32))
-    return new_state, out
+    return _apply_update(tx, state, grads, metrics, new_memory)
 
   return sharding_lib.jit(
       step_fn, mesh, donate_argnums=(0,), out_shardings=(state_shardings, None)
   )
+
+
+def _apply_update(
+    tx: Any,
+    state: TrainState,
+    grads: Any,
+    metrics: dict[str, Array],
+    new_memory: Any,
+) -> tuple[TrainState, dict[str, Array]]:
+  """The state after one update from gradients summed over the step's
+  weighted targets; a step whose loss or gradient norm is not finite keeps
+  the parameters and optimiser state (``finite`` = 0 in the metrics)."""
+  tokens = jnp.maximum(metrics["tokens"], 1.0)
+  grads = jax.tree.map(lambda g: g / tokens, grads)
+  loss = metrics["nll_sum"] / tokens
+  gnorm = optax.tree.norm(grads)
+  updates, new_opt = tx.update(grads, state.opt_state, state.params)
+  new_params = optax.apply_updates(state.params, updates)
+  finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+  keep = lambda new, old: jax.tree.map(  # noqa: E731
+      lambda a, b: jnp.where(finite, a, b), new, old
+  )
+  new_state = TrainState(
+      step=state.step + 1,
+      params=keep(new_params, state.params),
+      opt_state=keep(new_opt, state.opt_state),
+      memory=new_memory,
+  )
+  out = dict(metrics)
+  out.update(loss=loss, grad_norm=gnorm, finite=finite.astype(jnp.float32))
+  return new_state, out

@@ -29,7 +29,7 @@ from memjax import console
 from memjax import errors
 from memjax import experiment
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import windows
 from memjax.memory import blockwise
 from memjax.memory import datastore as ds_lib
 from memjax.memory import evaluation
@@ -161,24 +161,7 @@ def run_stream(
 
   def finish(out, fut) -> dict[str, Any]:
     scores, values = fut.result() if hasattr(fut, "result") else fut
-    shape = out["targets"].shape
-    logp = combine(
-        out,
-        jnp.asarray(scores.reshape(shape + (-1,))),
-        jnp.asarray(values.reshape(shape + (-1,))),
-    )
-    w = out["weights"]
-    res = {
-        "lm": -jnp.sum(out["lm"] * w),
-        "tokens": jnp.sum(w),
-        "grid": -jnp.sum(logp * w, axis=(1, 2)),
-    }
-    if keep_tokens:
-      res.update(
-          grid_tok=logp, lm_tok=out["lm"], w_tok=w,
-          tgt_tok=out["targets"], pos_tok=out["positions"],
-      )  # fmt: skip
-    return jax.device_get(res)
+    return _batch_sums(combine, out, scores, values, keep_tokens)
 
   def host_search(out):
     q = np.asarray(out["queries"])
@@ -188,7 +171,7 @@ def run_stream(
   pool = concurrent.futures.ThreadPoolExecutor(1)
   start, last = time.time(), time.time()
   fetched, prev = [], None
-  batches = streams.memory_eval_batches(
+  batches = windows.memory_eval_batches(
       tokens, window_len, score_len, batch_size
   )
   try:
@@ -213,6 +196,35 @@ def run_stream(
   finally:
     pool.shutdown()
   return fetched, start
+
+
+def _batch_sums(
+    combine: Any,
+    out: dict[str, Any],
+    scores: np.ndarray,
+    values: np.ndarray,
+    keep_tokens: bool,
+) -> dict[str, Any]:
+  """A batch's sums (host arrays) once its neighbours ([Q, K] scores and
+  values of its W * S queries) are known."""
+  shape = out["targets"].shape
+  logp = combine(
+      out,
+      jnp.asarray(scores.reshape(shape + (-1,))),
+      jnp.asarray(values.reshape(shape + (-1,))),
+  )
+  w = out["weights"]
+  res = {
+      "lm": -jnp.sum(out["lm"] * w),
+      "tokens": jnp.sum(w),
+      "grid": -jnp.sum(logp * w, axis=(1, 2)),
+  }
+  if keep_tokens:
+    res.update(
+        grid_tok=logp, lm_tok=out["lm"], w_tok=w,
+        tgt_tok=out["targets"], pos_tok=out["positions"],
+    )  # fmt: skip
+  return jax.device_get(res)
 
 
 _SEARCHERS: dict[tuple[Any, ...], Any] = {}

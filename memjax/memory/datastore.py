@@ -311,22 +311,8 @@ def build(
   os.makedirs(path, exist_ok=True)
   if not os.path.exists(os.path.join(path, "build.json")):
     _write_json(os.path.join(path, "build.json"), spec.to_json())
-  total = num_shards(spec)
-  mine = [
-      s
-      for s in range(total)
-      if s % process_count == process_index
-      and not os.path.exists(os.path.join(path, _shard_name(s) + ".json"))
-  ]
+  mine = _shards_to_write(path, spec, process_index, process_count)
   fn = sharding_lib.jit(make_feature_fn(model, spec.score_len), mesh)
-  console.info(
-      "datastore: %d of %d shards to write (process %d of %d) into %s",
-      len(mine),
-      total,
-      process_index,
-      process_count,
-      path,
-  )
   progress = console.Progress(
       min(
           len(mine) * spec.shard_batches * spec.batch_size * spec.score_len,
@@ -362,6 +348,25 @@ def build(
       progress.done / max(elapsed, 1e-9),
   )
   return join(path, spec)
+
+
+def _shards_to_write(
+    path: str, spec: BuildSpec, process_index: int, process_count: int
+) -> list[int]:
+  """The shards s with s % n == k that are not written yet (a resumed build
+  skips the others)."""
+  total = num_shards(spec)
+  mine = [
+      s
+      for s in range(total)
+      if s % process_count == process_index
+      and not os.path.exists(os.path.join(path, _shard_name(s) + ".json"))
+  ]
+  console.info(
+      "datastore: %d of %d shards to write (process %d of %d) into %s",
+      len(mine), total, process_index, process_count, path,
+  )  # fmt: skip
+  return mine
 
 
 def _write_shard(

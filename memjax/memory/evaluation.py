@@ -69,6 +69,9 @@ class EvalMemory:
 
   axes: tuple[Axis, ...] = ()
   label: str = ""
+  # The ``config.eval_memory`` key that may name another run whose
+  # checkpoint --mode=memsweep scores this kind on ('' = none).
+  sweep_source_key: str = ""
   # An external memory (``memory/external.py``): the metric its neighbours
   # are searched with ('dot_product' | 'squared_l2'), '' for none; and
   # whether the kind also reads M_local u M_long.

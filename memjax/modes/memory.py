@@ -15,10 +15,11 @@ its results into the workdir:
   cache, times the sizes of ``eval_memory.long_mem_grid``), then test at the
   best setting -> ``tune.json``, ``tune.csv``.
 * ``memsweep``: valid perplexity against the long-term memory size
-  (``eval_memory.sweep_tokens``), each size at its best tau (TRIME) or
-  (lambda, theta) (cache; on the checkpoint of ``eval_memory.cache_workdir``
-  if given), Figure 3 style -> ``memsweep.csv``, ``memsweep.json``,
-  ``memsweep.png``.
+  (``eval_memory.sweep_tokens``), each size at the best setting of each kind
+  of ``eval_memory.sweep_kinds`` (a kind may be scored on another run's
+  checkpoint: ``EvalMemory.sweep_source_key``, e.g. the cache's
+  ``eval_memory.cache_workdir``), Figure 3 style -> ``memsweep.csv``,
+  ``memsweep.json``, ``memsweep.png``.
 * ``buckets``: perplexity by frequency bucket (Table 14) of the plain model
   and of the model with its memory (the tuned setting of ``tune.json`` when
   present, else the configured one) -> ``buckets.json``, ``buckets.md``.
@@ -208,9 +209,8 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   loaded_self = None
   for kind in em.sweep_kinds:
     _check_tunable(kind)
-    source = (
-        em.cache_workdir if (kind == "cache" and em.cache_workdir) else None
-    )
+    key = registry.EVAL_MEMORIES.get(kind).sweep_source_key
+    source = em.get(key) if key else None
     if source:
       loaded = load(config, workdir, source=source, splits=("valid",))
     else:

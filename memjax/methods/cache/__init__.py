@@ -5,3 +5,4 @@ the model's distribution.
 """
 
 REGISTERS = {"EVAL_MEMORIES": (f"{__name__}.memory",)}
+CONFIG = f"{__name__}.config:add_defaults"

@@ -204,6 +204,7 @@ class CacheMemory(evaluation.EvalMemory):
       evaluation.Axis("cache_lambda", "lambdas", "cache_lambda_grid"),
   )
   label = "continuous cache (tuned lambda, theta)"
+  sweep_source_key = "cache_workdir"
 
   def check(self, settings: evaluation.Settings) -> None:
     if not settings["thetas"] or not settings["lambdas"]:

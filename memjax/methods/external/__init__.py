@@ -17,3 +17,4 @@ MODES = {
     "mt_tune": f"{__name__}.mt_modes:mt_tune",
     "mt_translate": f"{__name__}.mt_modes:mt_translate",
 }
+CONFIG = f"{__name__}.config:add_defaults"

@@ -14,3 +14,4 @@ REGISTERS = {
     "SUM_REPORTS": (f"{__name__}.usage",),
 }
 MODES = {"memory_usage": f"{__name__}.usage:memory_usage"}
+CONFIG = f"{__name__}.config:add_defaults"

@@ -13,3 +13,4 @@ MODES = {
     "extrapolate": f"{__name__}.extrapolate:extrapolate",
     "analyze": f"{__name__}.analysis:analyze",
 }
+CONFIG = f"{__name__}.config:add_defaults"

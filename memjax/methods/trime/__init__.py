@@ -15,3 +15,4 @@ REGISTERS = {
     "BATCHERS": (f"{__name__}.packing", f"{__name__}.mt"),
 }
 MODES = {"pack": f"{__name__}.packing:pack"}
+CONFIG = f"{__name__}.config:add_defaults"

@@ -44,6 +44,7 @@ as the mode says, and the result equals the unsharded one.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -117,9 +118,64 @@ def _memory_terms(
     precision: Any,
 ) -> tuple[Array, Array, Array]:
   """Returns (log p [B,T], lse_all [B,T], lse_pos [B,T]), all float32."""
+  _check_shapes(features, target_logprob, log_z, targets, weights)
+  b, t, d = features.shape
+  valid = weights.reshape(b * t) > 0
+  # Padded queries get harmless inputs so nothing there can turn into NaN.
+  mask = weights > 0
+  tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
+  lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
+  if spec.mode == "none":
+    empty = jnp.full((b, t), float("-inf"), jnp.float32)
+    return target_logprob.astype(jnp.float32), empty, empty
+  keys = jax.lax.stop_gradient(features) if stop_gradient_memory else features
+  scale = 1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32))
+  sums = functools.partial(
+      blockwise.memory_logsumexp,
+      scale=scale,
+      block_size=block_size,
+      precision=precision,
+  )
+  if spec.mode == "local" and block_size is not None:
+    # Rows never see each other's entries: score each row against its own
+    # keys only (B tiles of [T, T] work instead of one [N, N]). vmap keeps
+    # the batch axis, so a batch sharded over rows stays sharded.
+    pos = jnp.arange(t, dtype=jnp.int32)
+
+    def one_row(q, k, tgt, val):
+      return sums(
+          q, k, tgt, tgt, val, query_meta=pos, key_meta=pos,
+          visible_fn=_causal,
+      )  # fmt: skip
+
+    lse_all, lse_pos = jax.vmap(one_row)(
+        features, keys, targets, valid.reshape(b, t)
+    )
+    return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
+
+  meta = position_meta(spec, b, t)
+  tgt = targets.reshape(b * t)
+  lse_all, lse_pos = sums(
+      features.reshape(b * t, d), keys.reshape(b * t, d), tgt, tgt, valid,
+      query_meta=meta, key_meta=meta,
+      visible_fn=lambda qm, km: visible(spec, qm, km),
+  )  # fmt: skip
+  lse_all = lse_all.reshape(b, t)
+  lse_pos = lse_pos.reshape(b, t)
+  return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
+
+
+def _check_shapes(
+    features: Array,
+    target_logprob: Array,
+    log_z: Array,
+    targets: Array,
+    weights: Array,
+) -> None:
+  """Raises ValueError unless features is [B, T, D] and the rest [B, T]."""
   if features.ndim != 3:
     raise ValueError(f"features must be [B, T, D]; got shape {features.shape}.")
-  b, t, d = features.shape
+  b, t, _ = features.shape
   for name, x in (
       ("target_logprob", target_logprob),
       ("log_z", log_z),
@@ -130,65 +186,6 @@ def _memory_terms(
       raise ValueError(
           f"{name} must have shape [B, T]=({b}, {t}); got {x.shape}."
       )
-  valid = weights.reshape(b * t) > 0
-  # Padded queries get harmless inputs so nothing there can turn into NaN.
-  mask = weights > 0
-  tlp = jnp.where(mask, target_logprob.astype(jnp.float32), 0.0)
-  lz = jnp.where(mask, log_z.astype(jnp.float32), 0.0)
-  if spec.mode == "none":
-    empty = jnp.full((b, t), float("-inf"), jnp.float32)
-    return target_logprob.astype(jnp.float32), empty, empty
-
-  scale = 1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32))
-  if spec.mode == "local" and block_size is not None:
-    # Rows never see each other's entries: score each row against its own
-    # keys only (B tiles of [T, T] work instead of one [N, N]). vmap keeps
-    # the batch axis, so a batch sharded over rows stays sharded.
-    pos = jnp.arange(t, dtype=jnp.int32)
-    row_keys = (
-        jax.lax.stop_gradient(features) if stop_gradient_memory else features
-    )
-
-    def one_row(q, k, tgt, val):
-      return blockwise.memory_logsumexp(
-          q,
-          k,
-          tgt,
-          tgt,
-          val,
-          scale=scale,
-          query_meta=pos,
-          key_meta=pos,
-          visible_fn=_causal,
-          block_size=block_size,
-          precision=precision,
-      )
-
-    lse_all, lse_pos = jax.vmap(one_row)(
-        features, row_keys, targets, valid.reshape(b, t)
-    )
-    return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
-
-  meta = position_meta(spec, b, t)
-  g = features.reshape(b * t, d)
-  keys = jax.lax.stop_gradient(g) if stop_gradient_memory else g
-  tgt = targets.reshape(b * t)
-  lse_all, lse_pos = blockwise.memory_logsumexp(
-      g,
-      keys,
-      tgt,
-      tgt,
-      valid,
-      scale=scale,
-      query_meta=meta,
-      key_meta=meta,
-      visible_fn=lambda qm, km: visible(spec, qm, km),
-      block_size=block_size,
-      precision=precision,
-  )
-  lse_all = lse_all.reshape(b, t)
-  lse_pos = lse_pos.reshape(b, t)
-  return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos
 
 
 def trime_log_prob(

@@ -8,6 +8,8 @@ with the config check 'trime_long_batching'. The loss maths are in
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -131,22 +133,23 @@ def make_trime_loss(
   Raises:
     ValueError: for an unknown memory or a hide probability outside [0, 1].
   """
-  memory = cfg.memory
-  if memory not in TRIME_MEMORIES:
-    raise errors.ConfigError(
-        f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
-    )
-  p = float(cfg.local_hide_prob)
-  if not 0.0 <= p <= 1.0:
-    raise errors.ConfigError(f"loss.local_hide_prob must be in [0, 1], got {p}")
-  frac = float(cfg.lm_warmup_fraction)
-  if not 0.0 <= frac <= 1.0:
-    raise errors.ConfigError(
-        f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
-    )
-  warmup_steps = int(round(frac * num_steps))
+  memory, p, warmup_steps = _settings(cfg, num_steps)
   block_size = int(cfg.block_size) or None
   stop_memory = bool(cfg.stop_gradient_memory)
+
+  def with_memory(spec, operands):
+    loss, aux = trime.trime_loss(
+        *operands,
+        spec=spec,
+        block_size=block_size,
+        stop_gradient_memory=stop_memory,
+    )
+    return loss, (
+        aux["lm_loss"],
+        aux["memory_target_share"],
+        aux["frac_with_positive"],
+        jnp.float32(1.0),
+    )
 
   def loss_fn(
       output: LMOutput, batch: dict[str, Array], *, step: Array, rng: Array
@@ -162,44 +165,62 @@ def make_trime_loss(
         batch["targets"],
         w,
     )
-
-    def with_memory(operands):
-      loss, aux = trime.trime_loss(
-          *operands,
-          spec=spec,
-          block_size=block_size,
-          stop_gradient_memory=stop_memory,
-      )
-      return loss, (
-          aux["lm_loss"],
-          aux["memory_target_share"],
-          aux["frac_with_positive"],
-          jnp.float32(1.0),
-      )
-
-    def plain(operands):
-      tlp, weights = operands[1], operands[4]
-      loss = -jnp.sum(tlp * weights) / jnp.maximum(jnp.sum(weights), 1.0)
-      zero = jnp.float32(0.0)
-      return loss, (loss, zero, zero, zero)
-
     if warmup_steps > 0:
-      loss, (lm, share, positive, active) = jax.lax.cond(
-          step >= warmup_steps, with_memory, plain, args
+      loss, terms = jax.lax.cond(
+          step >= warmup_steps,
+          functools.partial(with_memory, spec),
+          _plain_loss,
+          args,
       )
     else:
-      loss, (lm, share, positive, active) = with_memory(args)
-    stop = jax.lax.stop_gradient
-    metrics = {
-        "nll_sum": loss * tokens,
-        "tokens": tokens,
-        # Token-weighted sums; the loop logs them divided by 'tokens'.
-        "aux_lm_loss_sum": stop(lm * tokens),
-        "aux_memory_share_sum": stop(share * tokens),
-        "aux_with_positive_sum": stop(positive * tokens),
-        "aux_memory_on_sum": stop(active * tokens),
-        "aux_hide_local_sum": stop(active * hide.astype(jnp.float32) * tokens),
-    }
-    return loss, metrics
+      loss, terms = with_memory(spec, args)
+    return loss, _metrics(loss, terms, hide, tokens)
 
   return loss_fn
+
+
+def _settings(
+    cfg: ml_collections.ConfigDict, num_steps: int
+) -> tuple[str, float, int]:
+  """(training memory, local hide probability, warm-up updates) of
+  ``config.loss``, checked."""
+  memory = cfg.memory
+  if memory not in TRIME_MEMORIES:
+    raise errors.ConfigError(
+        f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
+    )
+  p = float(cfg.local_hide_prob)
+  if not 0.0 <= p <= 1.0:
+    raise errors.ConfigError(f"loss.local_hide_prob must be in [0, 1], got {p}")
+  frac = float(cfg.lm_warmup_fraction)
+  if not 0.0 <= frac <= 1.0:
+    raise errors.ConfigError(
+        f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
+    )
+  return memory, p, int(round(frac * num_steps))
+
+
+def _plain_loss(operands: tuple[Array, ...]) -> tuple[Array, tuple]:
+  """The plain LM loss of the warm-up, with the memory terms at zero."""
+  tlp, weights = operands[1], operands[4]
+  loss = -jnp.sum(tlp * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+  zero = jnp.float32(0.0)
+  return loss, (loss, zero, zero, zero)
+
+
+def _metrics(
+    loss: Array, terms: tuple[Array, ...], hide: Array, tokens: Array
+) -> dict[str, Array]:
+  """The step's metrics: sums over the batch, and token-weighted sums of the
+  memory terms (the loop logs them divided by 'tokens')."""
+  lm, share, positive, active = terms
+  stop = jax.lax.stop_gradient
+  return {
+      "nll_sum": loss * tokens,
+      "tokens": tokens,
+      "aux_lm_loss_sum": stop(lm * tokens),
+      "aux_memory_share_sum": stop(share * tokens),
+      "aux_with_positive_sum": stop(positive * tokens),
+      "aux_memory_on_sum": stop(active * tokens),
+      "aux_hide_local_sum": stop(active * hide.astype(jnp.float32) * tokens),
+  }

@@ -1,0 +1,39 @@
+"""The external memories' config keys, added to ``memjax.config.base_config``.
+
+kNN-LM and TRIMELM_ext read a datastore of (g, next token) built by
+``--mode=datastore`` (its settings: the ``datastore`` section) and searched
+with the ScaNN index of ``--mode=index`` or exactly (the engine's
+``eval_memory.datastore``, ``search``, ``ext_k``...).
+"""
+
+import ml_collections
+
+
+def add_defaults(c: ml_collections.ConfigDict) -> None:
+  """Adds the external memories' settings to the base config ``c``."""
+  em = c.eval_memory
+  em.external_kind = ""  # the method's kind with M_ext (demos)
+  em.ext_temperature = 10.5  # tau' of Eq. 8 (trime_ext)
+  em.ext_lambda = 0.3  # lambda of Eq. 9 (trime_ext); 0 = Eq. 6
+  em.ext_temperature_grid = (2.0, 5.0, 10.5, 20.0, 40.0)
+  em.ext_lambda_grid = (0.0, 0.1, 0.2, 0.3, 0.5)
+  em.knn_temperature = 1.0  # kNN-LM: none, as in Khandelwal et al.
+  em.knn_lambda = 0.25  # kNN-LM interpolation weight
+  em.knn_temperature_grid = (1.0,)
+  em.knn_lambda_grid = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5)
+
+  # --mode=datastore: (g, next token) of a split, in shards.
+  c.datastore = ml_collections.ConfigDict()
+  c.datastore.split = "train"  # train | valid | test
+  # Build from another corpus, read with the run's vocabulary (Table 5).
+  c.datastore.corpus = ""  # "" = data.corpus
+  c.datastore.data_dir = ""  # "" = datastore.corpus's demo copy
+  c.datastore.shard_keys = 1_000_000  # about this many keys per shard
+  c.datastore.batch_size = 0  # windows per batch; 0 = eval_memory.batch_size
+  c.datastore.max_windows = 0  # only the first this many windows (0 = all)
+  c.datastore.process_index = 0  # k: this process writes shards s % n == k
+  c.datastore.process_count = 1  # n
+  # --mode=index / recall: ScaNN per shard (0 = sqrt(n) leaves, 1/10 searched).
+  c.datastore.leaves = 0
+  c.datastore.reorder = 0  # candidates re-ordered exactly; 0 = max(2k, 256)
+  c.datastore.recall_queries = 1000  # held-out (valid) queries of --mode=recall
