@@ -211,18 +211,6 @@ class MemoryScorer(rows.Scorer):
     lp = r["grid_logprob"][0] if "grid_logprob" in r else r["lm_logprob"]
     return np.asarray(lp, np.float32)
 
-  def document_logprobs(
-      self,
-      params: Any,
-      tokens: np.ndarray,
-      spans: np.ndarray,
-      max_items: int = 0,
-  ) -> list[np.ndarray]:
-    """Per document, its own stream scored at the grid's first setting (one
-    compilation for all of them)."""
-    del max_items  # Documents are read whole.
-    return [self.stream_logprobs(params, tokens[a:b]) for a, b in spans]
-
 
 def _reduced(step: Any, grid: Grid, keep_tokens: bool) -> Any:
   """(params, bank, batch) -> (bank, per-batch sums) of ``step``."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import jax
@@ -24,6 +25,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from memjax import sharding as sharding_lib
+from memjax.eval import metrics
 
 Array = jax.Array
 
@@ -124,8 +126,26 @@ class Scorer:
   def score(
       self, params: Any, tokens: np.ndarray, max_items: int = 0, desc: str = ""
   ) -> dict[str, float]:
-    """{'nll', 'tokens', unit, 'aux/<path>'...} of one token stream [N]."""
+    """{'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>' (the mean of each
+    statistic the modules report) of one token stream [N], over its first
+    ``max_items`` windows or segments per lane (0 = all)."""
+    start = time.time()
+    nll_sum, count, aux = self.stream_sums(params, tokens, max_items, desc)
+    res = metrics.summarize(nll_sum, count, self.unit)
+    metrics.with_stats(res, aux)
+    metrics.log(desc or "eval", res, start, self.describe())
+    return res
+
+  def stream_sums(
+      self, params: Any, tokens: np.ndarray, max_items: int, desc: str
+  ) -> tuple[float, float, dict[str, Any]]:
+    """(summed NLL, predictions, {path: [..., 2]} module statistics) of a
+    stream (the kinds' ``score``)."""
     raise NotImplementedError
+
+  def describe(self) -> str:
+    """How the scorer reads a stream, for the progress line ('' = plainly)."""
+    return ""
 
   def stream_logprobs(self, params: Any, tokens: np.ndarray) -> np.ndarray:
     """[N - 1] float32 log p of every token of a stream [N] after its
@@ -141,9 +161,11 @@ class Scorer:
   ) -> list[np.ndarray]:
     """Per document ([D, 2] (start, end) spans of ``tokens``) the float32 log
     p of its tokens after its first, each document read from an empty
-    context; ``max_items`` (windows, where the kind counts them) may cut the
-    last documents short or leave them out."""
-    raise NotImplementedError
+    context (here: each its own stream; kinds batch documents together);
+    ``max_items`` (windows, where the kind counts them) may cut the last
+    documents short or leave them out."""
+    del max_items  # Documents are read whole.
+    return [self.stream_logprobs(params, tokens[a:b]) for a, b in spans]
 
   # -- rows ----------------------------------------------------------------
 

@@ -33,7 +33,6 @@ from memjax import sharding as sharding_lib
 from memjax import stats
 from memjax.data import streams
 from memjax.data import windows
-from memjax.eval import metrics
 from memjax.eval import rows
 
 Array = jax.Array
@@ -264,30 +263,21 @@ class StreamScorer(rows.Scorer):
     res.update({k: v for k, v in out.items() if k.startswith("aux/")})
     return res
 
-  def score(
-      self,
-      params: Any,
-      tokens: np.ndarray,
-      max_items: int = 0,
-      desc: str = "eval",
-  ) -> dict[str, float]:
-    """{'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>' (the mean of each
-    statistic the modules report) of a stream [N], over the first
-    ``max_items`` segments of each lane (0 = the whole stream)."""
-    start = time.time()
+  def stream_sums(
+      self, params: Any, tokens: np.ndarray, max_items: int, desc: str
+  ) -> tuple[float, float, dict[str, Any]]:
+    """The stream's sums over the first ``max_items`` segments of each lane
+    (0 = the whole stream)."""
     segments = stacked_segments(tokens, self.segment_len, self.lanes, max_items)
     sums = self.score_segments(params, segments, desc)
-    res = metrics.summarize(
-        float(sums["nll_sum"].sum()), float(sums["tokens"].sum()), self.unit
-    )
     aux = {k[4:]: v for k, v in sums.items() if k.startswith("aux/")}
-    metrics.with_stats(res, aux)
-    how = (
+    return float(sums["nll_sum"].sum()), float(sums["tokens"].sum()), aux
+
+  def describe(self) -> str:
+    return (
         f"segments of {self.segment_len}, memory {self.mem_len}, "
         f"{self.lanes} lanes"
     )
-    metrics.log(desc, res, start, how)
-    return res
 
   def _logprobs(self, params: Any, segments: dict[str, np.ndarray]):
     """log p [S, lanes, L] of stacked segments (the real lanes)."""

@@ -8,14 +8,12 @@ exactly once (``memjax.data.windows.eval_windows``).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 import numpy as np
 
 from memjax import stats
 from memjax.data import windows
-from memjax.eval import metrics
 from memjax.eval import rows
 
 
@@ -45,17 +43,11 @@ class WindowScorer(rows.Scorer):
     self.score_len = int(score_len or e.score_len)
     self.batch_size = rows.batch_rows(batch_size or e.batch_size, self.mesh)
 
-  def score(
-      self,
-      params: Any,
-      tokens: np.ndarray,
-      max_items: int = 0,
-      desc: str = "eval",
-  ) -> dict[str, float]:
-    """{'nll', 'tokens', 'ppl' | 'bpc'} and 'aux/<path>' (the mean of each
-    statistic the modules report) of a stream [N], over its first
-    ``max_items`` windows (0 = all)."""
-    start = time.time()
+  def stream_sums(
+      self, params: Any, tokens: np.ndarray, max_items: int, desc: str
+  ) -> tuple[float, float, dict[str, Any]]:
+    """The stream's sums over its first ``max_items`` windows (0 = all)."""
+    del desc
     t, s = self.window_len, self.score_len
     tokens = windows.truncate_windows(np.asarray(tokens), t, s, max_items)
     batches = windows.eval_batches(tokens, t, s, self.batch_size)
@@ -64,12 +56,11 @@ class WindowScorer(rows.Scorer):
         ((b, self.batch_size) for b in batches),
         collections=(stats.COLLECTION,),
     )
-    res = metrics.summarize(
-        float(out.get("nll_sum", 0.0)), float(out.get("tokens", 0.0)), self.unit
+    return (
+        float(out.get("nll_sum", 0.0)),
+        float(out.get("tokens", 0.0)),
+        stats.flatten(out[stats.COLLECTION]),
     )
-    metrics.with_stats(res, stats.flatten(out[stats.COLLECTION]))
-    metrics.log(desc, res, start)
-    return res
 
   def document_logprobs(
       self,
