@@ -11,6 +11,7 @@ import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -216,3 +217,47 @@ def test_registry_register_lookup_and_names():
   assert reg.get("a") == 2
   with pytest.raises(errors.ConfigError, match="widgets.kind 'c'.*a, b"):
     reg.get("c")
+
+
+def test_methods_are_found_and_declare_modules_that_exist():
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  names = [m.__name__.rsplit(".", 1)[1] for m in registry.methods()]
+  assert names == ["cache", "external", "marge", "pkm", "recurrent", "trime"]
+  for method in registry.methods():
+    for reg, modules in method.REGISTERS.items():
+      assert isinstance(getattr(registry, reg), registry.Registry), reg
+      for module in modules:
+        importlib.import_module(module)  # every listed module exists
+    for mode, target in getattr(method, "MODES", {}).items():
+      assert registry.MODES.get(mode) == target
+      module, fn = target.split(":")
+      assert callable(getattr(importlib.import_module(module), fn))
+  # What the methods register is there without importing them by hand.
+  assert {"lamemo", "xl"} <= set(registry.ATTENTION.names())
+  assert {"pkm", "resm"} <= set(registry.FEED_FORWARD.names())
+  assert "marge_reindex" in registry.HOOKS.names()
+  assert "lazy_adam" in registry.OPTIMIZER_TRANSFORMS.names()
+  assert "memory" in registry.SUM_REPORTS.names()
+
+
+def test_each_method_owns_its_config_keys():
+  # The engine's base has no method keys; each method's section adds them.
+  from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
+
+  full = config_lib.base_config()
+  engine = ml_collections.ConfigDict()
+  engine.name, engine.seed, engine.task = "x", 0, "lm"
+  for section in config_lib.ENGINE_SECTIONS:
+    section(engine)
+  assert "memory" in full.loss and "memory" not in engine.loss
+  assert "temperature" in full.eval_memory
+  assert "temperature" not in engine.eval_memory
+  assert "datastore" in full and "datastore" not in engine
+  assert "memory_usage" in full and "extrapolate" in full
+  assert tuple(full.eval_memory.sweep_kinds) == ("trime", "cache")
+
+
+def test_a_hook_must_be_a_step_hook():
+  with pytest.raises(TypeError, match="not a StepHook subclass"):
+    registry.HOOKS.register("test_not_a_hook", object)

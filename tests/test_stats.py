@@ -113,3 +113,21 @@ def test_lamemo_smoke_logs_mean_alpha_per_layer(tmp_path):
     assert scalars[f"valid/aux/{name}"][6] == pytest.approx(
         results["valid"][f"aux/{name}"], rel=1e-6
     )
+
+
+def test_a_sum_report_groups_sums_by_module():
+  sums = {
+      "layer_1": {"ffn": {"memory": {"reads": np.array([1.0, 0.0, 3.0])}}},
+      "layer_2": {"ffn": {"memory": {"reads": np.array([0.0, 0.0, 2.0])}}},
+  }
+  report = stats.SumReport(
+      collection="x",
+      key="x",
+      metrics=lambda s: {"used": float(np.mean(s["reads"] > 0))},
+  )
+  assert stats.module_sums({}) == {}
+  assert report.by_module(sums) == {
+      "layer_1/ffn/memory": {"used": pytest.approx(2 / 3)},
+      "layer_2/ffn/memory": {"used": pytest.approx(1 / 3)},
+  }
+  assert report.by_module({}) == {}
