@@ -308,17 +308,32 @@ class StreamScorer(rows.Scorer):
       max_items: int = 0,
   ) -> list[np.ndarray]:
     """Per document, log p of its tokens after its first: the documents are
-    the lanes (``lanes`` at a time), each from an empty memory, in segments
-    of ``segment_len`` with the memory carried within the document."""
+    lanes (``eval.batch_size`` side by side in one compiled scan), each from
+    an empty memory, in segments of ``segment_len`` with the memory carried
+    within the document."""
     del max_items  # Documents are read whole.
+    group = self._document_lanes()
     out = []
-    for a in range(0, len(spans), self.lanes):
-      part = spans[a : a + self.lanes]
+    for a in range(0, len(spans), group.lanes):
+      part = spans[a : a + group.lanes]
       segs = windows.document_segments(
-          tokens, part, self.segment_len, self.lanes
+          tokens, part, group.segment_len, group.lanes
       )
       # [S, lanes, L] -> [lanes, S, L]: documents in order.
-      lp = np.swapaxes(self._logprobs(params, segs), 0, 1)
+      lp = np.swapaxes(group._logprobs(params, segs), 0, 1)  # pylint: disable=protected-access
       w = np.swapaxes(segs["weights"], 0, 1) > 0
       out += [lp[d][w[d]].astype(np.float32) for d in range(len(part))]
     return out
+
+  def _document_lanes(self) -> "StreamScorer":
+    """The scorer whose lanes are ``eval.batch_size`` documents (kept)."""
+    size = getattr(getattr(self.config, "eval", None), "batch_size", 0)
+    lanes = max(1, int(size or self.lanes))
+    if lanes == self.lanes:
+      return self
+    if "documents" not in self._compiled:
+      self._compiled["documents"] = StreamScorer(
+          self.run, segment_len=self.segment_len, mem_len=self.mem_len,
+          lanes=lanes, chunk=self.chunk,
+      )  # fmt: skip
+    return self._compiled["documents"]

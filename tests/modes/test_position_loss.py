@@ -115,7 +115,7 @@ def test_carried_memory_equals_one_window_per_document():
       vocab_size=20, num_layers=2, d_model=16, num_heads=2, head_dim=8,
       d_ff=32, cutoffs=(), attention="xl", mem_len=16,
   )  # fmt: skip
-  config = _config(segment_len=4, mem_len=16, batch_size=2, lanes=2)
+  config = _config(segment_len=4, mem_len=16, batch_size=2)  # 2 lanes
   restored = _restored(model, np.zeros((1, 4), np.int32), config)
   scorer = pl.run_scorer(config, restored, "", "none")
   toks, spans = _stream([13, 17, 9])  # 3 documents: two lane groups
