@@ -1,6 +1,7 @@
 """Bidirectional Transformer encoder, BERT-style ('encoder').
 
-A stack of encoder layers built from the translation model's parts
+A stack of residual blocks (``blocks.ResidualBlock``: self-attention,
+then the feed-forward kind) built from the translation model's attention
 (``seq2seq.Attention``: the LM's head projections and logical axes) and the
 feed-forward kinds of ``registry.FEED_FORWARD``: ``model.feed_forward`` at
 the 1-based layers ``model.feed_forward_layers`` (e.g. product-key memory
@@ -28,7 +29,6 @@ every encoder parameter of a pretrained MLM by ``train.init_from``.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar, Optional, Sequence
 
 import flax
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax import registry
+from memjax.models import blocks
 from memjax.models import seq2seq
 from memjax.models import transformer
 
@@ -67,69 +68,8 @@ class EncoderOutput:
   logits: Optional[Array] = None
 
 
-class EncoderLayer(nn.Module):
-  """Self-attention over all real positions, then the feed-forward kind.
-
-  Each sub-layer is ``LN(x + Drop(f(x)))`` (post) or ``x + Drop(f(LN(x)))``
-  (pre). The feed-forward kind gets the padding mask when it takes one.
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  d_ff: int
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  norm_position: str = "post"
-  norm_epsilon: float = 1e-12
-  dtype: Any = jnp.float32
-
-  def setup(self):
-    self.attention = seq2seq.Attention(
-        d_model=self.d_model, num_heads=self.num_heads,
-        head_dim=self.head_dim, dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype,
-    )  # fmt: skip
-    self.ln_attention = transformer.layer_norm(
-        "ln_attention", self.dtype, self.norm_epsilon
-    )
-    self.ffn = transformer.make_sublayer(
-        registry.FEED_FORWARD, self.feed_forward, self.feed_forward_options,
-        "model.feed_forward_options", d_model=self.d_model, d_ff=self.d_ff,
-        dropout_rate=self.dropout_rate, dtype=self.dtype,
-    )  # fmt: skip
-    self.ln_ffn = transformer.layer_norm(
-        "ln_ffn", self.dtype, self.norm_epsilon
-    )
-    self.drop = nn.Dropout(self.dropout_rate)
-
-  def _residual(self, x, ln, f, deterministic):
-    if self.norm_position == "pre":
-      return x + self.drop(f(ln(x)), deterministic=deterministic)
-    return ln(x + self.drop(f(x), deterministic=deterministic))
-
-  def __call__(
-      self, x: Array, mask: Array, deterministic: bool
-  ) -> tuple[Array, Array]:
-    """[B, T, D] and [B, T] bool (True = real) -> ([B, T, D] out, g)."""
-
-    def attend(h):
-      k, v = self.attention.kv(h)
-      return self.attention(h, k, v, mask[:, None, None, :], deterministic)
-
-    h = self._residual(x, self.ln_attention, attend, deterministic)
-    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    takes_mask = "mask" in inspect.signature(type(self.ffn).__call__).parameters
-    extra = {"mask": mask} if takes_mask else {}
-    g = self.ln_ffn(h) if self.norm_position == "pre" else h
-    out = self._residual(
-        h, self.ln_ffn,
-        lambda y: self.ffn(y, deterministic=deterministic, **extra),
-        deterministic,
-    )  # fmt: skip
-    return nn.with_logical_constraint(out, ("batch", "length", "embed")), g
+# The sub-layer names of a layer (parameter paths).
+NAMES = blocks.Names(ln_attention="ln_attention", dropout="drop")
 
 
 class Encoder(nn.Module):
@@ -167,11 +107,7 @@ class Encoder(nn.Module):
   dtype: Any = jnp.float32
 
   def setup(self):
-    if self.norm_position not in transformer.NORM_POSITIONS:
-      raise errors.ConfigError(
-          f"model.norm_position must be one of {transformer.NORM_POSITIONS}, "
-          f"got {self.norm_position!r}"
-      )
+    blocks.check_norm_position(self.norm_position)
     init = nn.initializers.normal(0.02)  # BERT's initializer_range.
     self.embedding = self.param(
         "embedding",
@@ -183,25 +119,27 @@ class Encoder(nn.Module):
         nn.with_logical_partitioning(init, (None, "embed")),
         (self.max_len, self.d_model),
     )
-    ln = lambda n: transformer.layer_norm(n, self.dtype, self.norm_epsilon)
+    ln = lambda n: blocks.layer_norm(n, self.dtype, self.norm_epsilon)
     self.embed_norm = ln("embed_norm")
     chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
+    attend = blocks.Sublayer(seq2seq.Attention, blocks.attention_settings(self))
     self.layers = [
-        EncoderLayer(
-            d_model=self.d_model, num_heads=self.num_heads,
-            head_dim=self.head_dim, d_ff=self.d_ff,
-            feed_forward=self.feed_forward if i + 1 in chosen else "ffn",
-            feed_forward_options=(
-                self.feed_forward_options if i + 1 in chosen else None
+        blocks.ResidualBlock(
+            attend=attend,
+            feed_forward=blocks.feed_forward_sublayer(
+                self,
+                self.feed_forward if i + 1 in chosen else "ffn",
+                self.feed_forward_options if i + 1 in chosen else None,
             ),
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
+            names=NAMES,
             norm_position=self.norm_position,
-            norm_epsilon=self.norm_epsilon, dtype=self.dtype,
+            norm_epsilon=self.norm_epsilon,
+            dropout_rate=self.dropout_rate,
+            dtype=self.dtype,
             name=f"layer_{i}",
         )
         for i in range(self.num_layers)
-    ]  # fmt: skip
+    ]
     self.final_norm = ln("final_norm") if self.norm_position == "pre" else None
     self.drop = nn.Dropout(self.dropout_rate)
     dense = lambda n, d: nn.Dense(
@@ -259,8 +197,9 @@ class Encoder(nn.Module):
     )
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     g = x
+    attend = {"mask": mask[:, None, None, :]}
     for layer in self.layers:
-      x, g = layer(x, mask, deterministic)
+      x, g, _ = layer(x, None, deterministic, mask=mask, attend_inputs=attend)
     if self.final_norm is not None:
       x = self.final_norm(x)
     return x, g, mask

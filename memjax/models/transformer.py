@@ -7,7 +7,9 @@ the (adaptive) softmax, the softmax log-normaliser, and the TRIME memory
 features ``g`` = the input of the last layer's feed-forward block after its
 LayerNorm.
 
-Block: ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``.
+Blocks are ``blocks.ResidualBlock`` (pre-LN:
+``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``),
+with sub-layers named ``attention``, ``ln_attn``, ``ffn`` and ``ln_ffn``.
 The attention and the feed-forward sub-layers are looked up by name in
 ``memjax.registry.ATTENTION`` (``attention``) and ``FEED_FORWARD``
 (``feed_forward``), with their options; see ``attention.AttentionKind`` and
@@ -25,18 +27,18 @@ empties the lanes where ``reset`` is set.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from memjax import errors
 from memjax import registry
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
+from memjax.models import blocks
 from memjax.models import recurrence
 
 Array = jax.Array
@@ -59,135 +61,6 @@ class LMOutput:
   features: Array
   hidden: Array
   memory: Any = None
-
-
-def make_sublayer(
-    reg: registry.Registry,
-    kind: str,
-    options: Optional[Mapping[str, Any]],
-    options_key: str,
-    **kwargs,
-) -> nn.Module:
-  """Builds the module registered as ``kind`` with ``kwargs`` and options.
-
-  Args:
-    reg: the registry (``registry.ATTENTION`` or ``FEED_FORWARD``).
-    kind: the registered name.
-    options: the kind's own attributes (a dict), or None.
-    options_key: the config key of ``options``, for messages.
-    **kwargs: the attributes every kind of ``reg`` takes (and ``name``).
-
-  Raises:
-    errors.ConfigError: an unknown kind, or an option the kind does not take.
-  """
-  cls = reg.get(kind)
-  options = dict(options or {})
-  fields = {f.name for f in dataclasses.fields(cls)} - {"parent", "name"}
-  unknown = sorted(set(options) - (fields - set(kwargs)))
-  if unknown:
-    own = sorted(fields - set(kwargs))
-    raise errors.ConfigError(
-        f"{options_key} has {', '.join(unknown)}, which {reg.what} {kind!r} "
-        f"does not take; its options: {', '.join(own) or 'none'}"
-    )
-  return cls(**kwargs, **options)
-
-
-def sinusoid_table(length: int, dim: int) -> np.ndarray:
-  """[length, dim] sinusoidal absolute position table (Vaswani et al.)."""
-  pos = np.arange(length, dtype=np.float64)[:, None]
-  inv = 1.0 / (10000 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-  ang = pos * inv[None]
-  table = np.zeros((length, dim), np.float32)
-  table[:, 0::2] = np.sin(ang)
-  table[:, 1::2] = np.cos(ang)[:, : dim // 2]
-  return table
-
-
-NORM_POSITIONS = ("pre", "post")
-
-
-def layer_norm(name: str, dtype, epsilon: float = 1e-6) -> nn.LayerNorm:
-  return nn.LayerNorm(
-      epsilon=epsilon,
-      dtype=dtype,
-      name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-  )
-
-
-class DecoderBlock(nn.Module):
-  """One decoder layer; returns (out, g, new_memory).
-
-  Pre-LN (``norm_position='pre'``, fairseq's ``transformer_lm_wiki103``):
-  ``h = x + Drop(Attn(LN1(x))); out = h + Drop(FFN(LN2(h)))``, g = LN2(h).
-  Post-LN (``'post'``, Transformer-XL's ``pre_lnorm=False``):
-  ``h = LN1(x + Drop(Attn(x))); out = LN2(h + Drop(FFN(h)))``, g = h. In
-  both, g (TRIME's memory key) is the feed-forward block's input as that
-  block sees it.
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  d_ff: int
-  attention: str = "vanilla"
-  attention_options: Any = None
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  mem_len: int = 0
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: jnp.dtype = jnp.float32
-  norm_position: str = "pre"
-  norm_epsilon: float = 1e-6
-
-  @nn.compact
-  def __call__(
-      self, x: Array, memory: Any, deterministic: bool
-  ) -> tuple[Array, Array, Any]:
-    """[B, T, D] -> ([B, T, D] output, [B, T, D] g, new memory)."""
-    attn = make_sublayer(
-        registry.ATTENTION,
-        self.attention,
-        self.attention_options,
-        "model.attention_options",
-        d_model=self.d_model,
-        num_heads=self.num_heads,
-        head_dim=self.head_dim,
-        mem_len=self.mem_len,
-        dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype,
-        name="attention",
-    )
-    pre = self.norm_position == "pre"
-    ln_attn = layer_norm("ln_attn", self.dtype, self.norm_epsilon)
-    ln_ffn = layer_norm("ln_ffn", self.dtype, self.norm_epsilon)
-    drop = nn.Dropout(self.dropout_rate)
-    y, new_memory = attn(
-        ln_attn(x) if pre else x, memory, deterministic=deterministic
-    )
-    h = x + drop(y, deterministic=deterministic)
-    h = h if pre else ln_attn(h)
-    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    g = ln_ffn(h) if pre else h
-    ffn = make_sublayer(
-        registry.FEED_FORWARD,
-        self.feed_forward,
-        self.feed_forward_options,
-        "model.feed_forward_options",
-        d_model=self.d_model,
-        d_ff=self.d_ff,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
-        name="ffn",
-    )
-    f = ffn(g, deterministic=deterministic)
-    out = h + drop(f, deterministic=deterministic)
-    out = out if pre else ln_ffn(out)
-    out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
-    return out, g, new_memory
 
 
 class TransformerLM(nn.Module):
@@ -255,6 +128,7 @@ class TransformerLM(nn.Module):
   softmax_chunk: int = 4096
 
   def setup(self):
+    blocks.check_norm_position(self.norm_position)
     self.embedder = adaptive.AdaptiveEmbed(
         vocab_size=self.vocab_size,
         d_model=self.d_model,
@@ -266,42 +140,48 @@ class TransformerLM(nn.Module):
         dtype=self.dtype,
     )
     block_cls = (
-        nn.remat(DecoderBlock, static_argnums=(3,))
+        nn.remat(blocks.ResidualBlock, static_argnums=(3,))
         if self.remat
-        else DecoderBlock
+        else blocks.ResidualBlock
+    )
+    attend = blocks.make_sublayer(
+        registry.ATTENTION,
+        self.attention,
+        self.attention_options,
+        "model.attention_options",
+        mem_len=self.mem_len,
+        **blocks.attention_settings(self),
     )
     self.blocks = [
         block_cls(
-            d_model=self.d_model,
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            d_ff=self.d_ff,
-            attention=self.attention,
-            attention_options=self.attention_options,
-            feed_forward=kind,
-            feed_forward_options=options,
-            mem_len=self.mem_len,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            dtype=self.dtype,
+            attend=attend,
+            feed_forward=blocks.feed_forward_sublayer(self, kind, options),
+            cross=self.cross_sublayer(i),
             norm_position=self.norm_position,
             norm_epsilon=self.norm_epsilon,
+            dropout_rate=self.dropout_rate,
+            dtype=self.dtype,
             name=f"layer_{i}",
         )
         for i, (kind, options) in enumerate(self._feed_forward_kinds())
     ]
-    if self.norm_position not in NORM_POSITIONS:
-      raise errors.ConfigError(
-          f"model.norm_position must be one of {NORM_POSITIONS}, got "
-          f"{self.norm_position!r}"
-      )
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
     self.final_norm = (
-        layer_norm("final_norm", self.dtype, self.norm_epsilon)
+        blocks.layer_norm("final_norm", self.dtype, self.norm_epsilon)
         if self.norm_position == "pre" and self.final_layer_norm
         else None
     )
     self.embed_dropout = nn.Dropout(self.dropout_rate)
+
+  def cross_sublayer(self, layer: int) -> Optional[blocks.Sublayer]:
+    """The cross-attention of the 0-based ``layer``: None (none here).
+
+    A subclass whose layers attend to something outside the sequence
+    returns its sub-layer for those layers; ``hidden_states`` never feeds
+    one, so such a subclass runs its blocks itself.
+    """
+    del layer
+    return None
 
   def _feed_forward_kinds(self) -> list[tuple[str, Any]]:
     """(kind, options) of each layer's feed-forward sub-layer."""
@@ -382,6 +262,24 @@ class TransformerLM(nn.Module):
     logp, log_z = self.embedder.score(hidden, targets, deterministic)
     return LMOutput(logp, log_z, g, hidden, new_memory)
 
+  def embed(self, inputs: Array, deterministic: bool) -> Array:
+    """[B, T] ids -> [B, T, D] the first block's input.
+
+    Token embeddings, plus sinusoid positions for an attention kind with
+    absolute positions, then dropout.
+    """
+    x = self.embedder.embed(inputs)
+    if self.attention_kind().ABSOLUTE_POSITIONS:
+      t = inputs.shape[-1]
+      if t > self.max_len:
+        raise errors.ConfigError(
+            f"segment length {t} exceeds model.max_len {self.max_len}"
+        )
+      table = blocks.sinusoid_table(t, self.d_model)
+      x = x + jnp.asarray(table, self.dtype)[None]
+    x = self.embed_dropout(x, deterministic=deterministic)
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
   def hidden_states(
       self, inputs: Array, memory: Any = None, *, deterministic: bool = True
   ) -> tuple[Array, Array, Any]:
@@ -393,16 +291,7 @@ class TransformerLM(nn.Module):
     memory).
     """
     kind = self.attention_kind()
-    x = self.embedder.embed(inputs)
-    if kind.ABSOLUTE_POSITIONS:
-      t = inputs.shape[1]
-      if t > self.max_len:
-        raise errors.ConfigError(
-            f"segment length {t} exceeds model.max_len {self.max_len}"
-        )
-      x = x + jnp.asarray(sinusoid_table(t, self.d_model), self.dtype)[None]
-    x = self.embed_dropout(x, deterministic=deterministic)
-    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    x = self.embed(inputs, deterministic)
     if memory is None:
       h, mems = x, (None,) * self.num_layers
     else:
