@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -134,47 +134,6 @@ def make_sublayer(
   return Sublayer(cls, {**kwargs, **options})
 
 
-def attention_settings(model: nn.Module) -> dict[str, Any]:
-  """The arguments every attention sub-layer takes, read from a model.
-
-  Args:
-    model: a module with ``d_model``, ``num_heads``, ``head_dim``,
-      ``attention_dropout_rate`` and ``dtype``.
-  """
-  return dict(
-      d_model=model.d_model,
-      num_heads=model.num_heads,
-      head_dim=model.head_dim,
-      dropout_rate=model.attention_dropout_rate,
-      dtype=model.dtype,
-  )
-
-
-def feed_forward_sublayer(
-    model: nn.Module, kind: str, options: Optional[Mapping[str, Any]]
-) -> Sublayer:
-  """The feed-forward kind ``kind`` with ``options``, sized as ``model``.
-
-  Args:
-    model: a module with ``d_model``, ``d_ff``, ``dropout_rate``, ``dtype``.
-    kind: a name in ``registry.FEED_FORWARD``.
-    options: the kind's own attributes (``model.feed_forward_options``).
-
-  Raises:
-    errors.ConfigError: an unknown kind, or an option the kind does not take.
-  """
-  return make_sublayer(
-      registry.FEED_FORWARD,
-      kind,
-      options,
-      "model.feed_forward_options",
-      d_model=model.d_model,
-      d_ff=model.d_ff,
-      dropout_rate=model.dropout_rate,
-      dtype=model.dtype,
-  )
-
-
 class Names(NamedTuple):
   """The names of a block's sub-layers: its parameter paths.
 
@@ -260,6 +219,20 @@ class ResidualBlock(nn.Module):
     h = x + drop(out, deterministic=deterministic)
     return (h if pre else ln(h)), state, y
 
+  def _attention(
+      self,
+      x: Array,
+      name: str,
+      norm: str,
+      state: Any,
+      inputs: Optional[Mapping[str, Any]],
+      deterministic: bool,
+  ) -> tuple[Array, Any]:
+    """An attention sub-layer over x [B, T, D]: ([B, T, D], new state)."""
+    layer = getattr(self, name)
+    f = lambda y: layer(y, state, deterministic=deterministic, **(inputs or {}))
+    return self._residual(x, norm, f, deterministic)[:2]
+
   def cross_kv(self, source: Array) -> Any:
     """The cross-attention's keys and values of ``source`` [B, S, D].
 
@@ -297,24 +270,12 @@ class ResidualBlock(nn.Module):
       ([B, T, D] output, [B, T, D] g, the self-attention's new state).
     """
     n = self.names
-    attend = getattr(self, n.attention)
-    h, new_state, _ = self._residual(
-        x,
-        n.ln_attention,
-        lambda y: attend(
-            y, state, deterministic=deterministic, **(attend_inputs or {})
-        ),
-        deterministic,
+    h, new_state = self._attention(
+        x, n.attention, n.ln_attention, state, attend_inputs, deterministic
     )
     if self.cross is not None:
-      cross = getattr(self, n.cross_attention)
-      h, _, _ = self._residual(
-          h,
-          n.ln_cross,
-          lambda y: cross(
-              y, None, deterministic=deterministic, **(cross_inputs or {})
-          ),
-          deterministic,
+      h, _ = self._attention(
+          h, n.cross_attention, n.ln_cross, None, cross_inputs, deterministic
       )
     h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
     extra = {}
@@ -329,3 +290,120 @@ class ResidualBlock(nn.Module):
     )
     out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
     return out, g, new_state
+
+
+class BlockStack(nn.Module):
+  """Base of the model families built of ``ResidualBlock`` stacks.
+
+  The settings every family shares (the defaults are the decoder LM's), the
+  interface of a model without recurrent memory (a family with one
+  overrides ``carries_memory``, ``init_memory`` and ``reset_memory``), and
+  the makers of its blocks' pieces.
+
+  Attributes:
+    vocab_size: V.
+    num_layers: number of blocks (a translation model's decoder blocks).
+    d_model: D.
+    num_heads: H.
+    head_dim: d_h (H * d_h need not equal D).
+    d_ff: feed-forward width.
+    dropout_rate: residual, embedding and feed-forward dropout.
+    attention_dropout_rate: dropout on attention probabilities.
+    feed_forward: feed-forward kind, a name in ``registry.FEED_FORWARD``.
+    feed_forward_options: kind-specific feed-forward attributes (a dict).
+    norm_position: 'pre' or 'post' (see ``ResidualBlock``).
+    norm_epsilon: LayerNorm epsilon.
+    max_len: longest input (position table).
+    dtype: compute dtype (float32 or bfloat16); parameters stay float32.
+  """
+
+  vocab_size: int
+  num_layers: int = 2
+  d_model: int = 64
+  num_heads: int = 2
+  head_dim: int = 32
+  d_ff: int = 256
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  feed_forward: str = "ffn"
+  feed_forward_options: Optional[Mapping[str, Any]] = None
+  norm_position: str = "pre"
+  norm_epsilon: float = 1e-6
+  max_len: int = 4096
+  dtype: Any = jnp.float32
+
+  # Batch arrays the train step passes as keyword arguments.
+  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
+
+  def carries_memory(self) -> bool:
+    """Whether the model carries a recurrent memory across segments."""
+    return False
+
+  def init_memory(self, batch_size: int) -> Any:
+    """An empty memory for ``batch_size`` lanes: None (no memory)."""
+    del batch_size
+    return None
+
+  def reset_memory(self, memory: Any, reset: Array) -> Any:
+    """The memory with the lanes where ``reset`` ([B] bool) is set emptied."""
+    del memory, reset
+    return None
+
+  def norm(self, name: str) -> nn.LayerNorm:
+    """A LayerNorm named ``name`` with the model's epsilon and dtype."""
+    return layer_norm(name, self.dtype, self.norm_epsilon)
+
+  def attention_settings(self) -> dict[str, Any]:
+    """The arguments every attention sub-layer takes."""
+    names = ("d_model", "num_heads", "head_dim", "dtype")
+    return dict(
+        {k: getattr(self, k) for k in names},
+        dropout_rate=self.attention_dropout_rate,
+    )
+
+  def make_block(
+      self,
+      name: str,
+      attend: Sublayer,
+      feed_forward: tuple[str, Optional[Mapping[str, Any]]],
+      *,
+      cross: Optional[Sublayer] = None,
+      names: Names = Names(),
+      block_cls: Callable[..., ResidualBlock] = ResidualBlock,
+  ) -> ResidualBlock:
+    """A block with the model's LayerNorm settings, dropout and dtype.
+
+    Args:
+      name: the block's name (``layer_0``, ...).
+      attend: its self-attention.
+      feed_forward: its feed-forward kind and that kind's options.
+      cross: its cross-attention, or None.
+      names: its sub-layers' names.
+      block_cls: ``ResidualBlock`` or a lifted version of it (``nn.remat``).
+
+    Raises:
+      errors.ConfigError: an unknown feed-forward kind, or an option it does
+        not take.
+    """
+    kind, options = feed_forward
+    ffn = make_sublayer(
+        registry.FEED_FORWARD,
+        kind,
+        options,
+        "model.feed_forward_options",
+        d_model=self.d_model,
+        d_ff=self.d_ff,
+        dropout_rate=self.dropout_rate,
+        dtype=self.dtype,
+    )
+    return block_cls(
+        attend=attend,
+        feed_forward=ffn,
+        cross=cross,
+        names=names,
+        norm_position=self.norm_position,
+        norm_epsilon=self.norm_epsilon,
+        dropout_rate=self.dropout_rate,
+        dtype=self.dtype,
+        name=name,
+    )

@@ -29,7 +29,7 @@ every encoder parameter of a pretrained MLM by ``train.init_from``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -72,39 +72,24 @@ class EncoderOutput:
 NAMES = blocks.Names(ln_attention="ln_attention", dropout="drop")
 
 
-class Encoder(nn.Module):
+class Encoder(blocks.BlockStack):
   """The BERT-style encoder with an MLM or a classification head.
 
-  Attributes:
-    vocab_size: V (pad id 0).
-    num_layers, d_model, num_heads, head_dim, d_ff: sizes.
-    dropout_rate, attention_dropout_rate: dropouts.
-    feed_forward, feed_forward_options: the kind at ``feed_forward_layers``.
+  Attributes (besides ``blocks.BlockStack``'s; ``vocab_size`` with pad id
+  0, ``feed_forward`` the kind at ``feed_forward_layers``, LayerNorm 'post'
+  as BERT's):
     feed_forward_layers: 1-based layers of that kind; () = every layer.
-    norm_position, norm_epsilon: LayerNorm placement ('post' as BERT).
-    max_len: longest input (positions table).
     head: 'mlm' or 'classify'.
     num_classes: classify: C.
-    dtype: compute dtype.
   """
 
-  vocab_size: int
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 2
-  head_dim: int = 32
   d_ff: int = 128
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  feed_forward_layers: Sequence[int] = ()
   norm_position: str = "post"
   norm_epsilon: float = 1e-12
   max_len: int = 512
+  feed_forward_layers: Sequence[int] = ()
   head: str = "mlm"
   num_classes: int = 2
-  dtype: Any = jnp.float32
 
   def setup(self):
     blocks.check_norm_position(self.norm_position)
@@ -119,24 +104,17 @@ class Encoder(nn.Module):
         nn.with_logical_partitioning(init, (None, "embed")),
         (self.max_len, self.d_model),
     )
-    ln = lambda n: blocks.layer_norm(n, self.dtype, self.norm_epsilon)
+    ln = self.norm
     self.embed_norm = ln("embed_norm")
     chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
-    attend = blocks.Sublayer(seq2seq.Attention, blocks.attention_settings(self))
+    attend = blocks.Sublayer(seq2seq.Attention, self.attention_settings())
+    kind = (self.feed_forward, self.feed_forward_options)
     self.layers = [
-        blocks.ResidualBlock(
-            attend=attend,
-            feed_forward=blocks.feed_forward_sublayer(
-                self,
-                self.feed_forward if i + 1 in chosen else "ffn",
-                self.feed_forward_options if i + 1 in chosen else None,
-            ),
+        self.make_block(
+            f"layer_{i}",
+            attend,
+            kind if i + 1 in chosen else ("ffn", None),
             names=NAMES,
-            norm_position=self.norm_position,
-            norm_epsilon=self.norm_epsilon,
-            dropout_rate=self.dropout_rate,
-            dtype=self.dtype,
-            name=f"layer_{i}",
         )
         for i in range(self.num_layers)
     ]
@@ -163,21 +141,6 @@ class Encoder(nn.Module):
           f"model.family_options.head must be one of {HEADS}, got "
           f"{self.head!r}"
       )
-
-  # -- the LM interface the experiment layer and train step use ------------
-
-  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
-
-  def carries_memory(self) -> bool:
-    return False
-
-  def init_memory(self, batch_size: int) -> None:
-    del batch_size
-    return None
-
-  def reset_memory(self, memory: Any, reset: Array) -> None:
-    del memory, reset
-    return None
 
   # -- forward ---------------------------------------------------------------
 
@@ -262,13 +225,7 @@ class Encoder(nn.Module):
 def encoder(mcfg: Any, *, vocab_size: int, dtype: Any) -> Encoder:
   """The ``Encoder`` of a model config; ``family_options``: ``head``
   ('mlm' or 'classify') and ``num_classes``."""
-  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
-  unknown = sorted(set(opts) - {"head", "num_classes"})
-  if unknown:
-    raise errors.ConfigError(
-        f"model.family_options has {', '.join(unknown)}, which model family "
-        "'encoder' does not take; its options: head, num_classes"
-    )
+  opts = transformer.family_options(mcfg, "encoder", ["head", "num_classes"])
   settings = transformer.block_settings(mcfg)
   return Encoder(
       vocab_size=vocab_size,

@@ -160,37 +160,21 @@ NAMES = blocks.Names(
 )
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(blocks.BlockStack):
   """The translation Transformer (see the module docstring).
 
-  Attributes:
-    vocab_size: V of the joint vocabulary (pad id 0).
-    encoder_layers, num_layers: encoder and decoder depth.
-    d_model, num_heads, head_dim, d_ff: sizes.
-    dropout_rate, attention_dropout_rate: dropouts.
-    feed_forward, feed_forward_options: the FFN kind and its options.
-    norm_position, norm_epsilon: LayerNorm placement and epsilon.
-    max_len: longest sentence (positions table).
-    dtype: compute dtype.
+  Attributes (besides ``blocks.BlockStack``'s, whose ``num_layers`` is the
+  decoder's depth, ``vocab_size`` the joint vocabulary's with pad id 0 and
+  ``max_len`` the longest sentence):
+    encoder_layers: the encoder's depth.
   """
 
-  vocab_size: int
   encoder_layers: int = 2
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 2
-  head_dim: int = 32
   d_ff: int = 128
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
   norm_position: str = "post"
   norm_epsilon: float = 1e-5
   max_len: int = 1024
-  dtype: Any = jnp.float32
 
-  # Batch arrays the train step passes as keyword arguments.
   EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ("source",)
 
   def setup(self):
@@ -206,44 +190,20 @@ class EncoderDecoder(nn.Module):
         nn.with_logical_partitioning(emb_init, ("vocab", "embed")),
         (self.vocab_size, self.d_model),
     )
-    attend = blocks.Sublayer(Attention, blocks.attention_settings(self))
-    block = dict(
-        attend=attend,
-        feed_forward=blocks.feed_forward_sublayer(
-            self, self.feed_forward, self.feed_forward_options
-        ),
-        names=NAMES,
-        norm_position=self.norm_position,
-        norm_epsilon=self.norm_epsilon,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
-    )
+    attend = blocks.Sublayer(Attention, self.attention_settings())
+    ffn = (self.feed_forward, self.feed_forward_options)
     self.encoder = [
-        blocks.ResidualBlock(**block, name=f"encoder_{i}")
+        self.make_block(f"encoder_{i}", attend, ffn, names=NAMES)
         for i in range(self.encoder_layers)
     ]
     self.decoder = [
-        blocks.ResidualBlock(**block, cross=attend, name=f"decoder_{i}")
+        self.make_block(f"decoder_{i}", attend, ffn, cross=attend, names=NAMES)
         for i in range(self.num_layers)
     ]
     pre = self.norm_position == "pre"
-    ln = lambda n: blocks.layer_norm(n, self.dtype, self.norm_epsilon)
-    self.encoder_norm = ln("encoder_norm") if pre else None
-    self.decoder_norm = ln("decoder_norm") if pre else None
+    self.encoder_norm = self.norm("encoder_norm") if pre else None
+    self.decoder_norm = self.norm("decoder_norm") if pre else None
     self.drop = nn.Dropout(self.dropout_rate)
-
-  # -- the LM interface the experiment layer and train step use ------------
-
-  def carries_memory(self) -> bool:
-    return False
-
-  def init_memory(self, batch_size: int) -> None:
-    del batch_size
-    return None
-
-  def reset_memory(self, memory: Any, reset: Array) -> None:
-    del memory, reset
-    return None
 
   # -- pieces ----------------------------------------------------------------
 
@@ -294,8 +254,8 @@ class EncoderDecoder(nn.Module):
       targets: Optional[Array] = None,
       memory: Any = None,
       *,
-      deterministic: bool = True,
       source: Optional[Array] = None,
+      deterministic: bool = True,
   ) -> Seq2SeqOutput:
     """Scores a batch of pairs (teacher forcing).
 
@@ -303,9 +263,9 @@ class EncoderDecoder(nn.Module):
       inputs: [B, T] decoder inputs (start id 0, then the target shifted).
       targets: [B, T] target ids (0 = padding), or None.
       memory: unused (None).
-      deterministic: disables dropout.
       source: [B, S] source ids (0 = padding); None stands the inputs in
         (shape inference at initialisation).
+      deterministic: disables dropout.
 
     Returns:
       A ``Seq2SeqOutput`` over the T target positions.
@@ -392,13 +352,7 @@ def encoder_decoder(
   """The ``EncoderDecoder`` of a model config: ``num_layers`` decoder
   layers, ``family_options.encoder_layers`` encoder layers (default: as
   many)."""
-  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
-  unknown = sorted(set(opts) - {"encoder_layers"})
-  if unknown:
-    raise errors.ConfigError(
-        f"model.family_options has {', '.join(unknown)}, which model family "
-        "'encoder_decoder' does not take; its options: encoder_layers"
-    )
+  opts = transformer.family_options(mcfg, "encoder_decoder", ["encoder_layers"])
   return EncoderDecoder(
       vocab_size=vocab_size,
       encoder_layers=int(opts.get("encoder_layers", mcfg.num_layers)),

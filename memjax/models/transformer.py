@@ -27,7 +27,7 @@ empties the lanes where ``reset`` is set.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -63,68 +63,41 @@ class LMOutput:
   memory: Any = None
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(blocks.BlockStack):
   """Decoder-only Transformer LM with adaptive input and softmax.
 
-  Attributes:
-    vocab_size: V.
-    num_layers: number of decoder blocks.
-    d_model: D.
-    num_heads: H.
-    head_dim: d_h (H * d_h need not equal D).
-    d_ff: feed-forward width.
+  Attributes (besides ``blocks.BlockStack``'s, the sizes, dropouts,
+  feed-forward kind, LayerNorm settings, max_len and dtype):
     cutoffs: adaptive input/softmax cluster boundaries; () for a plain softmax.
     adaptive_factor: embedding-dimension shrink factor per cluster.
     scale_embedding: multiply input embeddings by sqrt(D).
-    dropout_rate: residual, embedding and FFN dropout.
     adaptive_dropout: dropout inside the adaptive softmax's tail clusters
       (fairseq's ``adaptive_softmax_dropout``), training only.
-    attention_dropout_rate: dropout on attention probabilities.
     attention: attention kind, a name in ``registry.ATTENTION``.
     attention_options: kind-specific attention attributes (a dict).
-    feed_forward: feed-forward kind, a name in ``registry.FEED_FORWARD``.
-    feed_forward_options: kind-specific feed-forward attributes (a dict).
     feed_forward_layers: 1-based numbers of the layers that use
       ``feed_forward``; the others use 'ffn' with the options it takes. ()
       = every layer.
     mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
       memory). Changing it changes no parameter, so a model can be
       evaluated with another M.
-    max_len: longest segment, for the absolute position table.
     remat: rematerialise each block in the backward pass.
-    norm_position: 'pre' (LayerNorm before each sub-layer, and a final
-      LayerNorm) or 'post' (after each residual sum, no final LayerNorm).
-    norm_epsilon: LayerNorm epsilon.
     final_layer_norm: pre-LN only: a LayerNorm after the last block (False
       is fairseq's ``no_decoder_final_norm``, as in transformer_lm_wiki103).
-    dtype: compute dtype (float32 or bfloat16); parameters stay float32.
+      Post-LN ('post': LayerNorm after each residual sum) has none.
     softmax_chunk: positions scored at a time by the adaptive softmax.
   """
 
-  vocab_size: int
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 2
-  head_dim: int = 32
-  d_ff: int = 256
   cutoffs: Sequence[int] = ()
   adaptive_factor: int = 4
   scale_embedding: bool = False
-  dropout_rate: float = 0.0
   adaptive_dropout: float = 0.0
-  attention_dropout_rate: float = 0.0
   attention: str = "vanilla"
-  attention_options: Any = None
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
+  attention_options: Optional[Mapping[str, Any]] = None
   feed_forward_layers: Sequence[int] = ()
   mem_len: int = 0
-  max_len: int = 4096
   remat: bool = False
-  norm_position: str = "pre"
-  norm_epsilon: float = 1e-6
   final_layer_norm: bool = True
-  dtype: jnp.dtype = jnp.float32
   softmax_chunk: int = 4096
 
   def setup(self):
@@ -150,27 +123,22 @@ class TransformerLM(nn.Module):
         self.attention_options,
         "model.attention_options",
         mem_len=self.mem_len,
-        **blocks.attention_settings(self),
+        **self.attention_settings(),
     )
     self.blocks = [
-        block_cls(
-            attend=attend,
-            feed_forward=blocks.feed_forward_sublayer(self, kind, options),
+        self.make_block(
+            f"layer_{i}",
+            attend,
+            feed_forward,
             cross=self.cross_sublayer(i),
-            norm_position=self.norm_position,
-            norm_epsilon=self.norm_epsilon,
-            dropout_rate=self.dropout_rate,
-            dtype=self.dtype,
-            name=f"layer_{i}",
+            block_cls=block_cls,
         )
-        for i, (kind, options) in enumerate(self._feed_forward_kinds())
+        for i, feed_forward in enumerate(self._feed_forward_kinds())
     ]
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
-    self.final_norm = (
-        blocks.layer_norm("final_norm", self.dtype, self.norm_epsilon)
-        if self.norm_position == "pre" and self.final_layer_norm
-        else None
-    )
+    pre = self.norm_position == "pre"
+    use_final = pre and self.final_layer_norm
+    self.final_norm = self.norm("final_norm") if use_final else None
     self.embed_dropout = nn.Dropout(self.dropout_rate)
 
   def cross_sublayer(self, layer: int) -> Optional[blocks.Sublayer]:
@@ -217,12 +185,9 @@ class TransformerLM(nn.Module):
     """
     if not self.carries_memory():
       return None
+    sizes = ("num_layers", "mem_len", "d_model", "num_heads", "head_dim")
     dims = attention_lib.StackDims(
-        num_layers=self.num_layers,
-        mem_len=self.mem_len,
-        d_model=self.d_model,
-        num_heads=self.num_heads,
-        head_dim=self.head_dim,
+        **{k: getattr(self, k) for k in sizes},
         dtype=self.dtype,
         options=self.attention_options,
     )
@@ -320,22 +285,73 @@ def config_options(options: Any) -> Optional[dict[str, Any]]:
   return options.to_dict() if hasattr(options, "to_dict") else dict(options)
 
 
+# Keys of ``config.model`` that the model families take under their name.
+_SAME_KEYS = (
+    "num_layers",
+    "d_model",
+    "num_heads",
+    "head_dim",
+    "d_ff",
+    "feed_forward",
+    "norm_position",
+    "max_len",
+)
+
+
 def block_settings(mcfg: Any) -> dict[str, Any]:
-  """The block settings every model family reads from ``config.model``."""
+  """The ``blocks.BlockStack`` settings a family reads from ``config.model``.
+
+  All but ``vocab_size`` and ``dtype``, which the family is given.
+  """
   return dict(
-      num_layers=mcfg.num_layers,
-      d_model=mcfg.d_model,
-      num_heads=mcfg.num_heads,
-      head_dim=mcfg.head_dim,
-      d_ff=mcfg.d_ff,
+      {k: getattr(mcfg, k) for k in _SAME_KEYS},
       dropout_rate=mcfg.dropout,
       attention_dropout_rate=mcfg.attention_dropout,
-      feed_forward=mcfg.feed_forward,
       feed_forward_options=config_options(mcfg.feed_forward_options),
-      norm_position=mcfg.norm_position,
       norm_epsilon=float(mcfg.norm_epsilon),
-      max_len=mcfg.max_len,
   )
+
+
+def lm_settings(mcfg: Any, *, vocab_size: int, dtype: Any) -> dict[str, Any]:
+  """The ``TransformerLM`` attributes that a model config describes.
+
+  Args:
+    mcfg: the model config (read by attribute; any object with the keys).
+    vocab_size: V.
+    dtype: the compute dtype (``mcfg.dtype`` resolved).
+  """
+  return dict(
+      block_settings(mcfg),
+      vocab_size=vocab_size,
+      dtype=dtype,
+      cutoffs=tuple(mcfg.cutoffs),
+      adaptive_factor=mcfg.adaptive_factor,
+      scale_embedding=mcfg.scale_embedding,
+      adaptive_dropout=mcfg.adaptive_dropout,
+      attention=mcfg.attention,
+      attention_options=config_options(mcfg.attention_options),
+      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
+      mem_len=mcfg.mem_len,
+      remat=mcfg.remat,
+      softmax_chunk=mcfg.softmax_chunk,
+      final_layer_norm=mcfg.final_layer_norm,
+  )
+
+
+def family_options(mcfg: Any, family: str, names: Sequence[str]) -> dict:
+  """``model.family_options`` of ``family``, which takes the options ``names``.
+
+  Raises:
+    errors.ConfigError: an option the family does not take.
+  """
+  opts = dict(config_options(mcfg.get("family_options")) or {})
+  unknown = sorted(set(opts) - set(names))
+  if unknown:
+    raise errors.ConfigError(
+        f"model.family_options has {', '.join(unknown)}, which model family "
+        f"{family!r} does not take; its options: {', '.join(names)}"
+    )
+  return opts
 
 
 @registry.MODEL_FAMILIES.register("decoder_lm")
@@ -347,19 +363,4 @@ def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
     vocab_size: V.
     dtype: the compute dtype (``mcfg.dtype`` resolved).
   """
-  return TransformerLM(
-      vocab_size=vocab_size,
-      **block_settings(mcfg),
-      cutoffs=tuple(mcfg.cutoffs),
-      adaptive_factor=mcfg.adaptive_factor,
-      scale_embedding=mcfg.scale_embedding,
-      adaptive_dropout=mcfg.adaptive_dropout,
-      attention=mcfg.attention,
-      attention_options=config_options(mcfg.attention_options),
-      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
-      mem_len=mcfg.mem_len,
-      remat=mcfg.remat,
-      dtype=dtype,
-      softmax_chunk=mcfg.softmax_chunk,
-      final_layer_norm=mcfg.final_layer_norm,
-  )
+  return TransformerLM(**lm_settings(mcfg, vocab_size=vocab_size, dtype=dtype))

@@ -149,9 +149,7 @@ class MargeLM(transformer.TransformerLM):
   def setup(self):
     self._check()
     super().setup()
-    self.embed_norm = blocks.layer_norm(
-        "embed_norm", self.dtype, self.norm_epsilon
-    )
+    self.embed_norm = self.norm("embed_norm")
     self.beta = self.param(
         "beta", nn.initializers.constant(self.beta_init), (), jnp.float32
     )
@@ -160,9 +158,7 @@ class MargeLM(transformer.TransformerLM):
     """MARGE's cross-attention in the ``cross_layers``, else None."""
     if layer + 1 not in self.cross_layer_numbers():
       return None
-    return blocks.Sublayer(
-        BiasedCrossAttention, blocks.attention_settings(self)
-    )
+    return blocks.Sublayer(BiasedCrossAttention, self.attention_settings())
 
   def half(self) -> int:
     """Layers of the embedder (the lower half, at least one)."""
@@ -275,37 +271,17 @@ class MargeLM(transformer.TransformerLM):
     return transformer.LMOutput(logp, log_z, g, hidden, None)
 
 
-def family_options(mcfg: Any) -> dict[str, Any]:
-  """``model.family_options`` checked against ``OPTIONS``."""
-  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
-  unknown = sorted(set(opts) - set(OPTIONS))
-  if unknown:
-    raise errors.ConfigError(
-        f"model.family_options has {', '.join(unknown)}, which model family "
-        f"'marge' does not take; its options: {', '.join(OPTIONS)}"
-    )
-  return opts
-
-
 @registry.MODEL_FAMILIES.register("marge")
 def marge_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> MargeLM:
   """The ``MargeLM`` of a model config (``family_options``: segment_len,
-  num_sources, cross_layers, pooling, beta_init, embed_gradient)."""
-  opts = family_options(mcfg)
+  num_sources, cross_layers, pooling, beta_init, embed_gradient).
+
+  The attention takes no options and no memory, and no block is
+  rematerialised.
+  """
+  opts = transformer.family_options(mcfg, "marge", OPTIONS)
   if "cross_layers" in opts:
     opts["cross_layers"] = tuple(opts["cross_layers"])
-  return MargeLM(
-      vocab_size=vocab_size,
-      **transformer.block_settings(mcfg),
-      cutoffs=tuple(mcfg.cutoffs),
-      adaptive_factor=mcfg.adaptive_factor,
-      scale_embedding=mcfg.scale_embedding,
-      adaptive_dropout=mcfg.adaptive_dropout,
-      attention=mcfg.attention,
-      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
-      remat=False,
-      dtype=dtype,
-      softmax_chunk=mcfg.softmax_chunk,
-      final_layer_norm=mcfg.final_layer_norm,
-      **opts,
-  )
+  settings = transformer.lm_settings(mcfg, vocab_size=vocab_size, dtype=dtype)
+  settings.update(attention_options=None, mem_len=0, remat=False)
+  return MargeLM(**settings, **opts)
