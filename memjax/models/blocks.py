@@ -35,7 +35,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Literal,
+    Mapping,
+    NamedTuple,
+    Optional,
+)
 
 import flax.linen as nn
 import jax
@@ -47,6 +55,8 @@ from memjax import registry
 
 Array = jax.Array
 
+# Where a block's LayerNorms sit (``ResidualBlock``).
+NormPosition = Literal["pre", "post"]
 NORM_POSITIONS = ("pre", "post")
 
 
@@ -172,7 +182,7 @@ class ResidualBlock(nn.Module):
   feed_forward: Sublayer
   cross: Optional[Sublayer] = None
   names: Names = Names()
-  norm_position: str = "pre"
+  norm_position: NormPosition = "pre"
   norm_epsilon: float = 1e-6
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
@@ -306,15 +316,15 @@ class BlockStack(nn.Module):
     d_model: D.
     num_heads: H.
     head_dim: d_h (H * d_h need not equal D).
+    dtype: compute dtype (float32 or bfloat16); parameters stay float32.
     d_ff: feed-forward width.
-    dropout_rate: residual, embedding and feed-forward dropout.
-    attention_dropout_rate: dropout on attention probabilities.
     feed_forward: feed-forward kind, a name in ``registry.FEED_FORWARD``.
     feed_forward_options: kind-specific feed-forward attributes (a dict).
+    dropout_rate: residual, embedding and feed-forward dropout.
+    attention_dropout_rate: dropout on attention probabilities.
     norm_position: 'pre' or 'post' (see ``ResidualBlock``).
     norm_epsilon: LayerNorm epsilon.
     max_len: longest input (position table).
-    dtype: compute dtype (float32 or bfloat16); parameters stay float32.
   """
 
   vocab_size: int
@@ -322,15 +332,15 @@ class BlockStack(nn.Module):
   d_model: int = 64
   num_heads: int = 2
   head_dim: int = 32
+  dtype: Any = jnp.float32
   d_ff: int = 256
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
   feed_forward: str = "ffn"
   feed_forward_options: Optional[Mapping[str, Any]] = None
-  norm_position: str = "pre"
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  norm_position: NormPosition = "pre"
   norm_epsilon: float = 1e-6
   max_len: int = 4096
-  dtype: Any = jnp.float32
 
   # Batch arrays the train step passes as keyword arguments.
   EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
@@ -348,6 +358,53 @@ class BlockStack(nn.Module):
     """The memory with the lanes where ``reset`` ([B] bool) is set emptied."""
     del memory, reset
     return None
+
+  def __call__(
+      self,
+      inputs: Array,
+      targets: Optional[Array] = None,
+      memory: Any = None,
+      *,
+      deterministic: bool = True,
+      **extra_inputs: Array,
+  ) -> Any:
+    """Scores a batch: the interface of the train step and the evaluations.
+
+    Args:
+      inputs: [B, T] int32 token ids.
+      targets: the ids to score (the family's ``forward`` says which), or
+        None: no scores.
+      memory: the recurrent memory from the previous segment (see
+        ``init_memory``), or None; only a family with a memory takes one.
+      deterministic: disables dropout.
+      **extra_inputs: the family's ``EXTRA_INPUTS`` (arrays of the batch).
+
+    Returns:
+      The family's output (``forward``'s).
+    """
+    if memory is not None:
+      extra_inputs["memory"] = memory
+    return self.forward(inputs, targets, deterministic, **extra_inputs)
+
+  def forward(
+      self, inputs: Array, targets: Optional[Array], deterministic: bool
+  ) -> Any:
+    """The family's scoring of a batch (see ``__call__``)."""
+    raise NotImplementedError
+
+  def table(
+      self,
+      name: str,
+      init: nn.initializers.Initializer,
+      rows: int,
+      axis: Optional[str] = "vocab",
+  ) -> Array:
+    """A [rows, D] parameter (a table of embeddings), axes (axis, 'embed')."""
+    return self.param(
+        name,
+        nn.with_logical_partitioning(init, (axis, "embed")),
+        (rows, self.d_model),
+    )
 
   def norm(self, name: str) -> nn.LayerNorm:
     """A LayerNorm named ``name`` with the model's epsilon and dtype."""
@@ -396,14 +453,12 @@ class BlockStack(nn.Module):
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
     )
+    shared = ("norm_position", "norm_epsilon", "dropout_rate", "dtype")
     return block_cls(
         attend=attend,
         feed_forward=ffn,
         cross=cross,
         names=names,
-        norm_position=self.norm_position,
-        norm_epsilon=self.norm_epsilon,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
         name=name,
+        **{k: getattr(self, k) for k in shared},
     )

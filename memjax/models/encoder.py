@@ -47,8 +47,8 @@ HEADS = ("mlm", "classify")
 
 
 @flax.struct.dataclass
-class EncoderOutput:
-  """What the encoder returns.
+class EncoderOutput(transformer.LMOutput):
+  """What the encoder returns: ``LMOutput``'s fields, and the class scores.
 
   Attributes:
     target_logprob: [B, T] (mlm) or [B, 1] (classify) float32 log p(target),
@@ -60,11 +60,6 @@ class EncoderOutput:
     logits: classify: [B, C] float32 class scores; mlm: None.
   """
 
-  target_logprob: Optional[Array]
-  log_z: Optional[Array]
-  features: Array
-  hidden: Array
-  memory: Any = None
   logits: Optional[Array] = None
 
 
@@ -84,7 +79,7 @@ class Encoder(blocks.BlockStack):
   """
 
   d_ff: int = 128
-  norm_position: str = "post"
+  norm_position: blocks.NormPosition = "post"
   norm_epsilon: float = 1e-12
   max_len: int = 512
   feed_forward_layers: Sequence[int] = ()
@@ -94,16 +89,8 @@ class Encoder(blocks.BlockStack):
   def setup(self):
     blocks.check_norm_position(self.norm_position)
     init = nn.initializers.normal(0.02)  # BERT's initializer_range.
-    self.embedding = self.param(
-        "embedding",
-        nn.with_logical_partitioning(init, ("vocab", "embed")),
-        (self.vocab_size, self.d_model),
-    )
-    self.positions = self.param(
-        "positions",
-        nn.with_logical_partitioning(init, (None, "embed")),
-        (self.max_len, self.d_model),
-    )
+    self.embedding = self.table("embedding", init, self.vocab_size)
+    self.positions = self.table("positions", init, self.max_len, None)
     ln = self.norm
     self.embed_norm = ln("embed_norm")
     chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
@@ -182,27 +169,20 @@ class Encoder(blocks.BlockStack):
     pooled = self.drop(pooled, deterministic=deterministic)
     return self.classifier(pooled).astype(jnp.float32)
 
-  def __call__(
-      self,
-      inputs: Array,
-      targets: Optional[Array] = None,
-      memory: Any = None,
-      *,
-      deterministic: bool = True,
+  def forward(
+      self, inputs: Array, targets: Optional[Array], deterministic: bool
   ) -> EncoderOutput:
-    """Scores a batch.
+    """Scores a batch (``model(inputs, targets)``).
 
     Args:
       inputs: [B, T] int32 ids (masked for MLM; 0 = padding).
       targets: mlm: [B, T] original ids; classify: [B, >=1] with the label
         in column 0; or None.
-      memory: unused (None).
       deterministic: disables dropout.
 
     Returns:
       An ``EncoderOutput``.
     """
-    del memory
     hidden, g, _ = self.encode(inputs, deterministic=deterministic)
     if self.head == "classify":
       logits = self.class_logits(hidden, deterministic)

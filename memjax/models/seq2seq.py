@@ -38,8 +38,9 @@ NEG = -1e9
 
 
 @flax.struct.dataclass
-class Seq2SeqOutput:
-  """What the encoder-decoder returns for a batch.
+class Seq2SeqOutput(transformer.LMOutput):
+  """What the encoder-decoder returns for a batch: ``LMOutput``'s fields,
+  and what label smoothing needs.
 
   Attributes:
     target_logprob: [B, T] float32 log p(target) (None without targets).
@@ -52,11 +53,6 @@ class Seq2SeqOutput:
     vocab_size: V (static).
   """
 
-  target_logprob: Optional[Array]
-  log_z: Optional[Array]
-  features: Array
-  hidden: Array
-  memory: Any = None
   mean_logprob: Optional[Array] = None
   vocab_size: int = flax.struct.field(pytree_node=False, default=0)
 
@@ -171,7 +167,7 @@ class EncoderDecoder(blocks.BlockStack):
 
   encoder_layers: int = 2
   d_ff: int = 128
-  norm_position: str = "post"
+  norm_position: blocks.NormPosition = "post"
   norm_epsilon: float = 1e-5
   max_len: int = 1024
 
@@ -180,16 +176,8 @@ class EncoderDecoder(blocks.BlockStack):
   def setup(self):
     blocks.check_norm_position(self.norm_position)
     emb_init = nn.initializers.normal(self.d_model**-0.5)
-    self.src_embed = self.param(
-        "source_embedding",
-        nn.with_logical_partitioning(emb_init, ("vocab", "embed")),
-        (self.vocab_size, self.d_model),
-    )
-    self.tgt_embed = self.param(
-        "target_embedding",
-        nn.with_logical_partitioning(emb_init, ("vocab", "embed")),
-        (self.vocab_size, self.d_model),
-    )
+    self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
+    self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
     attend = blocks.Sublayer(Attention, self.attention_settings())
     ffn = (self.feed_forward, self.feed_forward_options)
     self.encoder = [
@@ -248,29 +236,26 @@ class EncoderDecoder(blocks.BlockStack):
     )  # fmt: skip
     return h, nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
-  def __call__(
+  def forward(
       self,
       inputs: Array,
-      targets: Optional[Array] = None,
-      memory: Any = None,
-      *,
+      targets: Optional[Array],
+      deterministic: bool,
       source: Optional[Array] = None,
-      deterministic: bool = True,
   ) -> Seq2SeqOutput:
-    """Scores a batch of pairs (teacher forcing).
+    """Scores a batch of pairs by teacher forcing (``model(inputs, targets,
+    source=source)``).
 
     Args:
       inputs: [B, T] decoder inputs (start id 0, then the target shifted).
       targets: [B, T] target ids (0 = padding), or None.
-      memory: unused (None).
+      deterministic: disables dropout.
       source: [B, S] source ids (0 = padding); None stands the inputs in
         (shape inference at initialisation).
-      deterministic: disables dropout.
 
     Returns:
       A ``Seq2SeqOutput`` over the T target positions.
     """
-    del memory
     source = inputs if source is None else source
     enc, src_mask = self.encode(source, deterministic=deterministic)
     x = self._embed(self.tgt_embed, inputs, 0, deterministic)

@@ -199,22 +199,21 @@ class TransformerLM(blocks.BlockStack):
       return None
     return recurrence.reset_memory(memory, reset)
 
-  def __call__(
+  def forward(
       self,
       inputs: Array,
-      targets: Optional[Array] = None,
+      targets: Optional[Array],
+      deterministic: bool,
       memory: Any = None,
-      *,
-      deterministic: bool = True,
   ) -> LMOutput:
-    """Runs the LM on one segment.
+    """Runs the LM on one segment (``model(inputs, targets, memory)``).
 
     Args:
       inputs: [B, T] int32 token ids.
       targets: [B, T] int32 next-token ids, or None (then no scores).
+      deterministic: disables dropout.
       memory: the memory from the previous segment (see ``init_memory``), or
         None (no memory: each segment on its own).
-      deterministic: disables dropout.
 
     Returns:
       An ``LMOutput`` whose arrays cover the T segment positions; ``memory``

@@ -227,31 +227,29 @@ class MargeLM(transformer.TransformerLM):
       e_sources = jax.lax.stop_gradient(e_sources)
     return self.beta * jnp.einsum("bd,bkd->bk", e_query, e_sources)
 
-  def __call__(
+  def forward(
       self,
       inputs: Array,
-      targets: Optional[Array] = None,
-      memory: Any = None,
+      targets: Optional[Array],
+      deterministic: bool,
       *,
       sources: Optional[Array] = None,
       source_mask: Optional[Array] = None,
-      deterministic: bool = True,
   ) -> transformer.LMOutput:
-    """Scores a window S_t S_{t+1} given retrieved sources.
+    """Scores a window S_t S_{t+1} given retrieved sources
+    (``model(inputs, targets, sources=..., source_mask=...)``).
 
     Args:
       inputs: [B, T] ids; positions 0..N-1 are S_t (the query).
       targets: [B, T] next-token ids, or None.
-      memory: unused (no recurrence), kept for the train step.
+      deterministic: disables dropout.
       sources: [B, K, S] source ids (segment + continuation), or None
         (retrieval off).
       source_mask: [B, K, S] bool, True = a real source token.
-      deterministic: disables dropout.
 
     Returns:
       An ``LMOutput`` over the T positions (memory None).
     """
-    del memory
     b = inputs.shape[0]
     h = self._lower(inputs, deterministic)
     if sources is None:
