@@ -29,6 +29,13 @@ calling convention::
 
 A cross-attention gets its keys and values or its sources through
 ``inputs`` and takes and returns the state None.
+
+``BlockStack`` is the base of the families: the settings they share (sizes,
+dropouts, the feed-forward kind, LayerNorm placement), the model interface
+``model(inputs, targets, memory, deterministic=..., **EXTRA_INPUTS)`` that
+the train step and the evaluations call (each family implements
+``forward``), and ``make_block``, which builds a block with the family's
+settings.
 """
 
 from __future__ import annotations
