@@ -91,8 +91,7 @@ class Encoder(blocks.BlockStack):
     init = nn.initializers.normal(0.02)  # BERT's initializer_range.
     self.embedding = self.table("embedding", init, self.vocab_size)
     self.positions = self.table("positions", init, self.max_len, None)
-    ln = self.norm
-    self.embed_norm = ln("embed_norm")
+    self.embed_norm = self.norm("embed_norm")
     chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
     attend = blocks.Sublayer(seq2seq.Attention, self.attention_settings())
     kind = (self.feed_forward, self.feed_forward_options)
@@ -105,7 +104,9 @@ class Encoder(blocks.BlockStack):
         )
         for i in range(self.num_layers)
     ]
-    self.final_norm = ln("final_norm") if self.norm_position == "pre" else None
+    self.final_norm = (
+        self.norm("final_norm") if self.norm_position == "pre" else None
+    )
     self.drop = nn.Dropout(self.dropout_rate)
     dense = lambda n, d: nn.Dense(
         d, dtype=self.dtype, name=n,
@@ -114,7 +115,7 @@ class Encoder(blocks.BlockStack):
     )  # fmt: skip
     if self.head == "mlm":
       self.mlm_dense = dense("mlm_dense", self.d_model)
-      self.mlm_norm = ln("mlm_norm")
+      self.mlm_norm = self.norm("mlm_norm")
       self.mlm_bias = self.param(
           "mlm_bias",
           nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
