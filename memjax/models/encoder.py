@@ -1,6 +1,7 @@
 """Bidirectional Transformer encoder, BERT-style ('encoder').
 
-A stack of encoder layers built from the translation model's parts
+A stack of residual blocks (``blocks.ResidualBlock``: self-attention,
+then the feed-forward kind) built from the translation model's attention
 (``seq2seq.Attention``: the LM's head projections and logical axes) and the
 feed-forward kinds of ``registry.FEED_FORWARD``: ``model.feed_forward`` at
 the 1-based layers ``model.feed_forward_layers`` (e.g. product-key memory
@@ -28,8 +29,7 @@ every encoder parameter of a pretrained MLM by ``train.init_from``.
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax import registry
+from memjax.models import blocks
 from memjax.models import seq2seq
 from memjax.models import transformer
 
@@ -46,8 +47,8 @@ HEADS = ("mlm", "classify")
 
 
 @flax.struct.dataclass
-class EncoderOutput:
-  """What the encoder returns.
+class EncoderOutput(transformer.LMOutput):
+  """What the encoder returns: ``LMOutput``'s fields, and the class scores.
 
   Attributes:
     target_logprob: [B, T] (mlm) or [B, 1] (classify) float32 log p(target),
@@ -59,150 +60,53 @@ class EncoderOutput:
     logits: classify: [B, C] float32 class scores; mlm: None.
   """
 
-  target_logprob: Optional[Array]
-  log_z: Optional[Array]
-  features: Array
-  hidden: Array
-  memory: Any = None
   logits: Optional[Array] = None
 
 
-class EncoderLayer(nn.Module):
-  """Self-attention over all real positions, then the feed-forward kind.
-
-  Each sub-layer is ``LN(x + Drop(f(x)))`` (post) or ``x + Drop(f(LN(x)))``
-  (pre). The feed-forward kind gets the padding mask when it takes one.
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  d_ff: int
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  norm_position: str = "post"
-  norm_epsilon: float = 1e-12
-  dtype: Any = jnp.float32
-
-  def setup(self):
-    self.attention = seq2seq.Attention(
-        d_model=self.d_model, num_heads=self.num_heads,
-        head_dim=self.head_dim, dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype,
-    )  # fmt: skip
-    self.ln_attention = transformer.layer_norm(
-        "ln_attention", self.dtype, self.norm_epsilon
-    )
-    self.ffn = transformer.make_sublayer(
-        registry.FEED_FORWARD, self.feed_forward, self.feed_forward_options,
-        "model.feed_forward_options", d_model=self.d_model, d_ff=self.d_ff,
-        dropout_rate=self.dropout_rate, dtype=self.dtype,
-    )  # fmt: skip
-    self.ln_ffn = transformer.layer_norm(
-        "ln_ffn", self.dtype, self.norm_epsilon
-    )
-    self.drop = nn.Dropout(self.dropout_rate)
-
-  def _residual(self, x, ln, f, deterministic):
-    if self.norm_position == "pre":
-      return x + self.drop(f(ln(x)), deterministic=deterministic)
-    return ln(x + self.drop(f(x), deterministic=deterministic))
-
-  def __call__(
-      self, x: Array, mask: Array, deterministic: bool
-  ) -> tuple[Array, Array]:
-    """[B, T, D] and [B, T] bool (True = real) -> ([B, T, D] out, g)."""
-
-    def attend(h):
-      k, v = self.attention.kv(h)
-      return self.attention(h, k, v, mask[:, None, None, :], deterministic)
-
-    h = self._residual(x, self.ln_attention, attend, deterministic)
-    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    takes_mask = "mask" in inspect.signature(type(self.ffn).__call__).parameters
-    extra = {"mask": mask} if takes_mask else {}
-    g = self.ln_ffn(h) if self.norm_position == "pre" else h
-    out = self._residual(
-        h, self.ln_ffn,
-        lambda y: self.ffn(y, deterministic=deterministic, **extra),
-        deterministic,
-    )  # fmt: skip
-    return nn.with_logical_constraint(out, ("batch", "length", "embed")), g
+# The sub-layer names of a layer (parameter paths).
+NAMES = blocks.Names(ln_attention="ln_attention", dropout="drop")
 
 
-class Encoder(nn.Module):
+class Encoder(blocks.BlockStack):
   """The BERT-style encoder with an MLM or a classification head.
 
-  Attributes:
-    vocab_size: V (pad id 0).
-    num_layers, d_model, num_heads, head_dim, d_ff: sizes.
-    dropout_rate, attention_dropout_rate: dropouts.
-    feed_forward, feed_forward_options: the kind at ``feed_forward_layers``.
+  Attributes (besides ``blocks.BlockStack``'s; ``vocab_size`` with pad id
+  0, ``feed_forward`` the kind at ``feed_forward_layers``, LayerNorm 'post'
+  as BERT's):
     feed_forward_layers: 1-based layers of that kind; () = every layer.
-    norm_position, norm_epsilon: LayerNorm placement ('post' as BERT).
-    max_len: longest input (positions table).
     head: 'mlm' or 'classify'.
     num_classes: classify: C.
-    dtype: compute dtype.
   """
 
-  vocab_size: int
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 2
-  head_dim: int = 32
   d_ff: int = 128
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  feed_forward_layers: Sequence[int] = ()
-  norm_position: str = "post"
+  norm_position: blocks.NormPosition = "post"
   norm_epsilon: float = 1e-12
   max_len: int = 512
+  feed_forward_layers: Sequence[int] = ()
   head: str = "mlm"
   num_classes: int = 2
-  dtype: Any = jnp.float32
 
   def setup(self):
-    if self.norm_position not in transformer.NORM_POSITIONS:
-      raise errors.ConfigError(
-          f"model.norm_position must be one of {transformer.NORM_POSITIONS}, "
-          f"got {self.norm_position!r}"
-      )
+    blocks.check_norm_position(self.norm_position)
     init = nn.initializers.normal(0.02)  # BERT's initializer_range.
-    self.embedding = self.param(
-        "embedding",
-        nn.with_logical_partitioning(init, ("vocab", "embed")),
-        (self.vocab_size, self.d_model),
-    )
-    self.positions = self.param(
-        "positions",
-        nn.with_logical_partitioning(init, (None, "embed")),
-        (self.max_len, self.d_model),
-    )
-    ln = lambda n: transformer.layer_norm(n, self.dtype, self.norm_epsilon)
-    self.embed_norm = ln("embed_norm")
+    self.embedding = self.table("embedding", init, self.vocab_size)
+    self.positions = self.table("positions", init, self.max_len, None)
+    self.embed_norm = self.norm("embed_norm")
     chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
+    attend = blocks.Sublayer(seq2seq.Attention, self.attention_settings())
+    kind = (self.feed_forward, self.feed_forward_options)
     self.layers = [
-        EncoderLayer(
-            d_model=self.d_model, num_heads=self.num_heads,
-            head_dim=self.head_dim, d_ff=self.d_ff,
-            feed_forward=self.feed_forward if i + 1 in chosen else "ffn",
-            feed_forward_options=(
-                self.feed_forward_options if i + 1 in chosen else None
-            ),
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            norm_position=self.norm_position,
-            norm_epsilon=self.norm_epsilon, dtype=self.dtype,
-            name=f"layer_{i}",
+        self.make_block(
+            f"layer_{i}",
+            attend,
+            kind if i + 1 in chosen else ("ffn", None),
+            names=NAMES,
         )
         for i in range(self.num_layers)
-    ]  # fmt: skip
-    self.final_norm = ln("final_norm") if self.norm_position == "pre" else None
+    ]
+    self.final_norm = (
+        self.norm("final_norm") if self.norm_position == "pre" else None
+    )
     self.drop = nn.Dropout(self.dropout_rate)
     dense = lambda n, d: nn.Dense(
         d, dtype=self.dtype, name=n,
@@ -211,7 +115,7 @@ class Encoder(nn.Module):
     )  # fmt: skip
     if self.head == "mlm":
       self.mlm_dense = dense("mlm_dense", self.d_model)
-      self.mlm_norm = ln("mlm_norm")
+      self.mlm_norm = self.norm("mlm_norm")
       self.mlm_bias = self.param(
           "mlm_bias",
           nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
@@ -225,21 +129,6 @@ class Encoder(nn.Module):
           f"model.family_options.head must be one of {HEADS}, got "
           f"{self.head!r}"
       )
-
-  # -- the LM interface the experiment layer and train step use ------------
-
-  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
-
-  def carries_memory(self) -> bool:
-    return False
-
-  def init_memory(self, batch_size: int) -> None:
-    del batch_size
-    return None
-
-  def reset_memory(self, memory: Any, reset: Array) -> None:
-    del memory, reset
-    return None
 
   # -- forward ---------------------------------------------------------------
 
@@ -259,8 +148,9 @@ class Encoder(nn.Module):
     )
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     g = x
+    attend = {"mask": mask[:, None, None, :]}
     for layer in self.layers:
-      x, g = layer(x, mask, deterministic)
+      x, g, _ = layer(x, None, deterministic, mask=mask, attend_inputs=attend)
     if self.final_norm is not None:
       x = self.final_norm(x)
     return x, g, mask
@@ -280,27 +170,20 @@ class Encoder(nn.Module):
     pooled = self.drop(pooled, deterministic=deterministic)
     return self.classifier(pooled).astype(jnp.float32)
 
-  def __call__(
-      self,
-      inputs: Array,
-      targets: Optional[Array] = None,
-      memory: Any = None,
-      *,
-      deterministic: bool = True,
+  def forward(
+      self, inputs: Array, targets: Optional[Array], deterministic: bool
   ) -> EncoderOutput:
-    """Scores a batch.
+    """Scores a batch (``model(inputs, targets)``).
 
     Args:
       inputs: [B, T] int32 ids (masked for MLM; 0 = padding).
       targets: mlm: [B, T] original ids; classify: [B, >=1] with the label
         in column 0; or None.
-      memory: unused (None).
       deterministic: disables dropout.
 
     Returns:
       An ``EncoderOutput``.
     """
-    del memory
     hidden, g, _ = self.encode(inputs, deterministic=deterministic)
     if self.head == "classify":
       logits = self.class_logits(hidden, deterministic)
@@ -323,13 +206,7 @@ class Encoder(nn.Module):
 def encoder(mcfg: Any, *, vocab_size: int, dtype: Any) -> Encoder:
   """The ``Encoder`` of a model config; ``family_options``: ``head``
   ('mlm' or 'classify') and ``num_classes``."""
-  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
-  unknown = sorted(set(opts) - {"head", "num_classes"})
-  if unknown:
-    raise errors.ConfigError(
-        f"model.family_options has {', '.join(unknown)}, which model family "
-        "'encoder' does not take; its options: head, num_classes"
-    )
+  opts = transformer.family_options(mcfg, "encoder", ["head", "num_classes"])
   settings = transformer.block_settings(mcfg)
   return Encoder(
       vocab_size=vocab_size,

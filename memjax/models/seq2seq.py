@@ -2,8 +2,10 @@
 
 fairseq's ``transformer_iwslt_de_en`` built from the LM's parts: the
 feed-forward kinds of ``registry.FEED_FORWARD``, the head projections and
-logical axes of ``models/attention.py``, the LayerNorm placement of
-``models/transformer.py`` (``norm_position`` 'post' is fairseq's default
+logical axes of ``models/attention.py``, the residual block of
+``models/blocks.py`` (encoder layers: self-attention and FFN; decoder
+layers: causal self-attention, cross-attention over the encoder output and
+FFN; ``norm_position`` 'post' is fairseq's default
 ``normalize_before=False``; 'pre' adds a final LayerNorm to each stack).
 Token embeddings are scaled by sqrt(D) plus sinusoid positions; the decoder's
 input embedding is its output projection (``share_decoder_input_output_embed``).
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import registry
 from memjax.models import attention as attention_lib
+from memjax.models import blocks
 from memjax.models import transformer
 
 Array = jax.Array
@@ -35,8 +38,9 @@ NEG = -1e9
 
 
 @flax.struct.dataclass
-class Seq2SeqOutput:
-  """What the encoder-decoder returns for a batch.
+class Seq2SeqOutput(transformer.LMOutput):
+  """What the encoder-decoder returns for a batch: ``LMOutput``'s fields,
+  and what label smoothing needs.
 
   Attributes:
     target_logprob: [B, T] float32 log p(target) (None without targets).
@@ -49,20 +53,16 @@ class Seq2SeqOutput:
     vocab_size: V (static).
   """
 
-  target_logprob: Optional[Array]
-  log_z: Optional[Array]
-  features: Array
-  hidden: Array
-  memory: Any = None
   mean_logprob: Optional[Array] = None
   vocab_size: int = flax.struct.field(pytree_node=False, default=0)
 
 
 class Attention(nn.Module):
-  """Multi-head attention of queries over given keys and values.
+  """Multi-head self- or cross-attention under a mask, no positions.
 
-  Parameters as the LM's attention kinds: query/key/value [D, H, d_h]
-  ('embed', 'heads', 'kv'), out [H, d_h, D].
+  The encoder's, the decoder's and the BERT-style encoder's attention
+  sub-layer. Parameters as the LM's attention kinds: query/key/value
+  [D, H, d_h] ('embed', 'heads', 'kv'), out [H, d_h, D].
   """
 
   d_model: int
@@ -86,7 +86,7 @@ class Attention(nn.Module):
     v = jnp.einsum("bsd,dhk->bshk", y, self.wv.astype(self.dtype))
     return k, v
 
-  def __call__(
+  def attend(
       self, x: Array, k: Array, v: Array, mask: Array, deterministic: bool
   ) -> Array:
     """Attends.
@@ -110,199 +110,88 @@ class Attention(nn.Module):
     ctx = jnp.einsum("bhts,bshd->bthd", p.astype(self.dtype), v)
     return jnp.einsum("bthk,hkd->btd", ctx, self.wo.astype(self.dtype))
 
-
-class Block(nn.Module):
-  """An encoder layer (self-attention, FFN) or, with ``cross``, a decoder
-  layer (causal self-attention, cross-attention, FFN).
-
-  Each sub-layer is ``x + Drop(f(LN(x)))`` (pre) or ``LN(x + Drop(f(x)))``
-  (post); g is the FFN's input as the FFN sees it.
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  d_ff: int
-  cross: bool = False
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  norm_position: str = "post"
-  norm_epsilon: float = 1e-5
-  dtype: Any = jnp.float32
-
-  def setup(self):
-    attn = dict(
-        d_model=self.d_model, num_heads=self.num_heads,
-        head_dim=self.head_dim, dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype,
-    )  # fmt: skip
-    self.self_attention = Attention(**attn)
-    self.ln_self = transformer.layer_norm(
-        "ln_self", self.dtype, self.norm_epsilon
-    )
-    if self.cross:
-      self.cross_attention = Attention(**attn)
-      self.ln_cross = transformer.layer_norm(
-          "ln_cross", self.dtype, self.norm_epsilon
-      )
-    self.ffn = transformer.make_sublayer(
-        registry.FEED_FORWARD, self.feed_forward, self.feed_forward_options,
-        "model.feed_forward_options", d_model=self.d_model, d_ff=self.d_ff,
-        dropout_rate=self.dropout_rate, dtype=self.dtype,
-    )  # fmt: skip
-    self.ln_ffn = transformer.layer_norm(
-        "ln_ffn", self.dtype, self.norm_epsilon
-    )
-    self.drop = nn.Dropout(self.dropout_rate)
-
-  def _residual(self, x, ln, f, deterministic):
-    if self.norm_position == "pre":
-      return x + self.drop(f(ln(x)), deterministic=deterministic)
-    return ln(x + self.drop(f(x), deterministic=deterministic))
-
-  def cross_kv(self, enc: Array) -> tuple[Array, Array]:
-    """The cross-attention keys and values of the encoder output."""
-    return self.cross_attention.kv(enc)
-
   def __call__(
       self,
       x: Array,
-      self_mask: Array,
+      cache: Any = None,
       *,
       deterministic: bool,
-      cross_kv: Any = None,
-      enc_mask: Optional[Array] = None,
-      cache: Any = None,
+      mask: Array,
+      kv: Optional[tuple[Array, Array]] = None,
       pos: Optional[Array] = None,
-  ) -> tuple[Array, Array, Any]:
-    """[B, T, D] -> ([B, T, D] output, [B, T, D] g, new cache).
+  ) -> tuple[Array, Any]:
+    """Self-attention of x, or (``kv`` given) cross-attention.
+
+    The calling convention of a block's attention sub-layers
+    (``blocks.ResidualBlock``).
 
     Args:
-      x: the layer input.
-      self_mask: bool, broadcastable to [B, H, T, S] for self-attention.
+      x: [B, T, D] the queries' inputs.
+      cache: self-attention, one decoder step: (keys, values)
+        [B, T_max, H, d_h] so far, x being the token at ``pos`` (T = 1);
+        else None.
       deterministic: disables dropout.
-      cross_kv: decoder: the encoder output's keys and values.
-      enc_mask: decoder: [B, 1, 1, S] bool, the real source tokens.
-      cache: decoder step: (keys, values) [B, T_max, H, d_h] so far; x is
-        the token at ``pos`` (T = 1).
-      pos: decoder step: scalar int32 position of x.
-    """
-    new_cache = None
+      mask: bool, broadcastable to [B, H, T, S]; True = may attend.
+      kv: cross-attention: the keys and values [B, S, H, d_h] (``kv``).
+      pos: with a cache: scalar int32 position of x.
 
-    def self_attend(h):
-      nonlocal new_cache
-      k, v = self.self_attention.kv(h)
+    Returns:
+      ([B, T, D], the cache with x's keys and values at ``pos``, or None
+      without a cache).
+    """
+    if kv is None:
+      k, v = self.kv(x)
       if cache is not None:
         k = jax.lax.dynamic_update_slice_in_dim(cache[0], k, pos, axis=1)
         v = jax.lax.dynamic_update_slice_in_dim(cache[1], v, pos, axis=1)
-        new_cache = (k, v)
-      return self.self_attention(h, k, v, self_mask, deterministic)
-
-    h = self._residual(x, self.ln_self, self_attend, deterministic)
-    if self.cross:
-      attend = lambda y: self.cross_attention(
-          y, cross_kv[0], cross_kv[1], enc_mask, deterministic
-      )
-      h = self._residual(h, self.ln_cross, attend, deterministic)
-    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    g = self.ln_ffn(h) if self.norm_position == "pre" else h
-    out = self._residual(
-        h, self.ln_ffn, lambda y: self.ffn(y, deterministic=deterministic),
-        deterministic,
-    )  # fmt: skip
-    return (
-        nn.with_logical_constraint(out, ("batch", "length", "embed")),
-        g,
-        new_cache,
-    )
+        cache = (k, v)
+    else:
+      k, v = kv
+    return self.attend(x, k, v, mask, deterministic), cache
 
 
-class EncoderDecoder(nn.Module):
+# The sub-layer names of the encoder and decoder layers (parameter paths).
+NAMES = blocks.Names(
+    attention="self_attention", ln_attention="ln_self", dropout="drop"
+)
+
+
+class EncoderDecoder(blocks.BlockStack):
   """The translation Transformer (see the module docstring).
 
-  Attributes:
-    vocab_size: V of the joint vocabulary (pad id 0).
-    encoder_layers, num_layers: encoder and decoder depth.
-    d_model, num_heads, head_dim, d_ff: sizes.
-    dropout_rate, attention_dropout_rate: dropouts.
-    feed_forward, feed_forward_options: the FFN kind and its options.
-    norm_position, norm_epsilon: LayerNorm placement and epsilon.
-    max_len: longest sentence (positions table).
-    dtype: compute dtype.
+  Attributes (besides ``blocks.BlockStack``'s, whose ``num_layers`` is the
+  decoder's depth, ``vocab_size`` the joint vocabulary's with pad id 0 and
+  ``max_len`` the longest sentence):
+    encoder_layers: the encoder's depth.
   """
 
-  vocab_size: int
   encoder_layers: int = 2
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 2
-  head_dim: int = 32
   d_ff: int = 128
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  norm_position: str = "post"
+  norm_position: blocks.NormPosition = "post"
   norm_epsilon: float = 1e-5
   max_len: int = 1024
-  dtype: Any = jnp.float32
 
-  # Batch arrays the train step passes as keyword arguments.
   EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ("source",)
 
   def setup(self):
-    if self.norm_position not in transformer.NORM_POSITIONS:
-      raise errors.ConfigError(
-          f"model.norm_position must be one of {transformer.NORM_POSITIONS}, "
-          f"got {self.norm_position!r}"
-      )
+    blocks.check_norm_position(self.norm_position)
     emb_init = nn.initializers.normal(self.d_model**-0.5)
-    self.src_embed = self.param(
-        "source_embedding",
-        nn.with_logical_partitioning(emb_init, ("vocab", "embed")),
-        (self.vocab_size, self.d_model),
-    )
-    self.tgt_embed = self.param(
-        "target_embedding",
-        nn.with_logical_partitioning(emb_init, ("vocab", "embed")),
-        (self.vocab_size, self.d_model),
-    )
-    block = dict(
-        d_model=self.d_model, num_heads=self.num_heads,
-        head_dim=self.head_dim, d_ff=self.d_ff, feed_forward=self.feed_forward,
-        feed_forward_options=self.feed_forward_options,
-        dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate,
-        norm_position=self.norm_position, norm_epsilon=self.norm_epsilon,
-        dtype=self.dtype,
-    )  # fmt: skip
+    self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
+    self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
+    attend = blocks.Sublayer(Attention, self.attention_settings())
+    ffn = (self.feed_forward, self.feed_forward_options)
     self.encoder = [
-        Block(**block, name=f"encoder_{i}") for i in range(self.encoder_layers)
+        self.make_block(f"encoder_{i}", attend, ffn, names=NAMES)
+        for i in range(self.encoder_layers)
     ]
     self.decoder = [
-        Block(**block, cross=True, name=f"decoder_{i}")
+        self.make_block(f"decoder_{i}", attend, ffn, cross=attend, names=NAMES)
         for i in range(self.num_layers)
     ]
     pre = self.norm_position == "pre"
-    ln = lambda n: transformer.layer_norm(n, self.dtype, self.norm_epsilon)
-    self.encoder_norm = ln("encoder_norm") if pre else None
-    self.decoder_norm = ln("decoder_norm") if pre else None
+    self.encoder_norm = self.norm("encoder_norm") if pre else None
+    self.decoder_norm = self.norm("decoder_norm") if pre else None
     self.drop = nn.Dropout(self.dropout_rate)
-
-  # -- the LM interface the experiment layer and train step use ------------
-
-  def carries_memory(self) -> bool:
-    return False
-
-  def init_memory(self, batch_size: int) -> None:
-    del batch_size
-    return None
-
-  def reset_memory(self, memory: Any, reset: Array) -> None:
-    del memory, reset
-    return None
 
   # -- pieces ----------------------------------------------------------------
 
@@ -313,7 +202,7 @@ class EncoderDecoder(nn.Module):
           f"sentence length {t} exceeds model.max_len {self.max_len}"
       )
     x = jnp.take(table, ids, axis=0).astype(self.dtype) * self.d_model**0.5
-    pos = jnp.asarray(transformer.sinusoid_table(self.max_len, self.d_model))
+    pos = jnp.asarray(blocks.sinusoid_table(self.max_len, self.d_model))
     x = x + jax.lax.dynamic_slice_in_dim(pos, offset, t, axis=0)[None].astype(
         self.dtype
     )
@@ -328,7 +217,7 @@ class EncoderDecoder(nn.Module):
     x = self._embed(self.src_embed, source, 0, deterministic)
     self_mask = mask[:, None, None, :]
     for block in self.encoder:
-      x, _, _ = block(x, self_mask, deterministic=deterministic)
+      x, _, _ = block(x, None, deterministic, attend_inputs={"mask": self_mask})
     if self.encoder_norm is not None:
       x = self.encoder_norm(x)
     return x, mask
@@ -347,21 +236,19 @@ class EncoderDecoder(nn.Module):
     )  # fmt: skip
     return h, nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
-  def __call__(
+  def forward(
       self,
       inputs: Array,
-      targets: Optional[Array] = None,
-      memory: Any = None,
-      *,
-      deterministic: bool = True,
+      targets: Optional[Array],
+      deterministic: bool,
       source: Optional[Array] = None,
   ) -> Seq2SeqOutput:
-    """Scores a batch of pairs (teacher forcing).
+    """Scores a batch of pairs by teacher forcing (``model(inputs, targets,
+    source=source)``).
 
     Args:
       inputs: [B, T] decoder inputs (start id 0, then the target shifted).
       targets: [B, T] target ids (0 = padding), or None.
-      memory: unused (None).
       deterministic: disables dropout.
       source: [B, S] source ids (0 = padding); None stands the inputs in
         (shape inference at initialisation).
@@ -369,7 +256,6 @@ class EncoderDecoder(nn.Module):
     Returns:
       A ``Seq2SeqOutput`` over the T target positions.
     """
-    del memory
     source = inputs if source is None else source
     enc, src_mask = self.encode(source, deterministic=deterministic)
     x = self._embed(self.tgt_embed, inputs, 0, deterministic)
@@ -379,8 +265,8 @@ class EncoderDecoder(nn.Module):
     g = x
     for block, kv in zip(self.decoder, kvs):
       x, g, _ = block(
-          x, causal, deterministic=deterministic, cross_kv=kv,
-          enc_mask=src_mask[:, None, None, :],
+          x, None, deterministic, attend_inputs={"mask": causal},
+          cross_inputs={"kv": kv, "mask": src_mask[:, None, None, :]},
       )  # fmt: skip
     hidden, logits = self._decoder_out(x)
     if targets is None:
@@ -432,8 +318,8 @@ class EncoderDecoder(nn.Module):
     g = x
     for block, kv, c in zip(self.decoder, cache["cross"], cache["self"]):
       x, g, c = block(
-          x, self_mask, deterministic=True, cross_kv=kv,
-          enc_mask=src_mask[:, None, None, :], cache=c, pos=pos,
+          x, c, True, attend_inputs={"mask": self_mask, "pos": pos},
+          cross_inputs={"kv": kv, "mask": src_mask[:, None, None, :]},
       )  # fmt: skip
       new_self.append(c)
     _, logits = self._decoder_out(x[:, 0])
@@ -451,13 +337,7 @@ def encoder_decoder(
   """The ``EncoderDecoder`` of a model config: ``num_layers`` decoder
   layers, ``family_options.encoder_layers`` encoder layers (default: as
   many)."""
-  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
-  unknown = sorted(set(opts) - {"encoder_layers"})
-  if unknown:
-    raise errors.ConfigError(
-        f"model.family_options has {', '.join(unknown)}, which model family "
-        "'encoder_decoder' does not take; its options: encoder_layers"
-    )
+  opts = transformer.family_options(mcfg, "encoder_decoder", ["encoder_layers"])
   return EncoderDecoder(
       vocab_size=vocab_size,
       encoder_layers=int(opts.get("encoder_layers", mcfg.num_layers)),

@@ -7,7 +7,9 @@ the (adaptive) softmax, the softmax log-normaliser, and the TRIME memory
 features ``g`` = the input of the last layer's feed-forward block after its
 LayerNorm.
 
-Block: ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``.
+Blocks are ``blocks.ResidualBlock`` (pre-LN:
+``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``),
+with sub-layers named ``attention``, ``ln_attn``, ``ffn`` and ``ln_ffn``.
 The attention and the feed-forward sub-layers are looked up by name in
 ``memjax.registry.ATTENTION`` (``attention``) and ``FEED_FORWARD``
 (``feed_forward``), with their options; see ``attention.AttentionKind`` and
@@ -31,12 +33,12 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from memjax import errors
 from memjax import registry
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
+from memjax.models import blocks
 from memjax.models import recurrence
 
 Array = jax.Array
@@ -61,200 +63,45 @@ class LMOutput:
   memory: Any = None
 
 
-def make_sublayer(
-    reg: registry.Registry,
-    kind: str,
-    options: Optional[Mapping[str, Any]],
-    options_key: str,
-    **kwargs,
-) -> nn.Module:
-  """Builds the module registered as ``kind`` with ``kwargs`` and options.
-
-  Args:
-    reg: the registry (``registry.ATTENTION`` or ``FEED_FORWARD``).
-    kind: the registered name.
-    options: the kind's own attributes (a dict), or None.
-    options_key: the config key of ``options``, for messages.
-    **kwargs: the attributes every kind of ``reg`` takes (and ``name``).
-
-  Raises:
-    errors.ConfigError: an unknown kind, or an option the kind does not take.
-  """
-  cls = reg.get(kind)
-  options = dict(options or {})
-  fields = {f.name for f in dataclasses.fields(cls)} - {"parent", "name"}
-  unknown = sorted(set(options) - (fields - set(kwargs)))
-  if unknown:
-    own = sorted(fields - set(kwargs))
-    raise errors.ConfigError(
-        f"{options_key} has {', '.join(unknown)}, which {reg.what} {kind!r} "
-        f"does not take; its options: {', '.join(own) or 'none'}"
-    )
-  return cls(**kwargs, **options)
-
-
-def sinusoid_table(length: int, dim: int) -> np.ndarray:
-  """[length, dim] sinusoidal absolute position table (Vaswani et al.)."""
-  pos = np.arange(length, dtype=np.float64)[:, None]
-  inv = 1.0 / (10000 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-  ang = pos * inv[None]
-  table = np.zeros((length, dim), np.float32)
-  table[:, 0::2] = np.sin(ang)
-  table[:, 1::2] = np.cos(ang)[:, : dim // 2]
-  return table
-
-
-NORM_POSITIONS = ("pre", "post")
-
-
-def layer_norm(name: str, dtype, epsilon: float = 1e-6) -> nn.LayerNorm:
-  return nn.LayerNorm(
-      epsilon=epsilon,
-      dtype=dtype,
-      name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-  )
-
-
-class DecoderBlock(nn.Module):
-  """One decoder layer; returns (out, g, new_memory).
-
-  Pre-LN (``norm_position='pre'``, fairseq's ``transformer_lm_wiki103``):
-  ``h = x + Drop(Attn(LN1(x))); out = h + Drop(FFN(LN2(h)))``, g = LN2(h).
-  Post-LN (``'post'``, Transformer-XL's ``pre_lnorm=False``):
-  ``h = LN1(x + Drop(Attn(x))); out = LN2(h + Drop(FFN(h)))``, g = h. In
-  both, g (TRIME's memory key) is the feed-forward block's input as that
-  block sees it.
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  d_ff: int
-  attention: str = "vanilla"
-  attention_options: Any = None
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  mem_len: int = 0
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: jnp.dtype = jnp.float32
-  norm_position: str = "pre"
-  norm_epsilon: float = 1e-6
-
-  @nn.compact
-  def __call__(
-      self, x: Array, memory: Any, deterministic: bool
-  ) -> tuple[Array, Array, Any]:
-    """[B, T, D] -> ([B, T, D] output, [B, T, D] g, new memory)."""
-    attn = make_sublayer(
-        registry.ATTENTION,
-        self.attention,
-        self.attention_options,
-        "model.attention_options",
-        d_model=self.d_model,
-        num_heads=self.num_heads,
-        head_dim=self.head_dim,
-        mem_len=self.mem_len,
-        dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype,
-        name="attention",
-    )
-    pre = self.norm_position == "pre"
-    ln_attn = layer_norm("ln_attn", self.dtype, self.norm_epsilon)
-    ln_ffn = layer_norm("ln_ffn", self.dtype, self.norm_epsilon)
-    drop = nn.Dropout(self.dropout_rate)
-    y, new_memory = attn(
-        ln_attn(x) if pre else x, memory, deterministic=deterministic
-    )
-    h = x + drop(y, deterministic=deterministic)
-    h = h if pre else ln_attn(h)
-    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    g = ln_ffn(h) if pre else h
-    ffn = make_sublayer(
-        registry.FEED_FORWARD,
-        self.feed_forward,
-        self.feed_forward_options,
-        "model.feed_forward_options",
-        d_model=self.d_model,
-        d_ff=self.d_ff,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
-        name="ffn",
-    )
-    f = ffn(g, deterministic=deterministic)
-    out = h + drop(f, deterministic=deterministic)
-    out = out if pre else ln_ffn(out)
-    out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
-    return out, g, new_memory
-
-
-class TransformerLM(nn.Module):
+class TransformerLM(blocks.BlockStack):
   """Decoder-only Transformer LM with adaptive input and softmax.
 
-  Attributes:
-    vocab_size: V.
-    num_layers: number of decoder blocks.
-    d_model: D.
-    num_heads: H.
-    head_dim: d_h (H * d_h need not equal D).
-    d_ff: feed-forward width.
+  Attributes (besides ``blocks.BlockStack``'s, the sizes, dropouts,
+  feed-forward kind, LayerNorm settings, max_len and dtype):
     cutoffs: adaptive input/softmax cluster boundaries; () for a plain softmax.
     adaptive_factor: embedding-dimension shrink factor per cluster.
     scale_embedding: multiply input embeddings by sqrt(D).
-    dropout_rate: residual, embedding and FFN dropout.
     adaptive_dropout: dropout inside the adaptive softmax's tail clusters
       (fairseq's ``adaptive_softmax_dropout``), training only.
-    attention_dropout_rate: dropout on attention probabilities.
     attention: attention kind, a name in ``registry.ATTENTION``.
     attention_options: kind-specific attention attributes (a dict).
-    feed_forward: feed-forward kind, a name in ``registry.FEED_FORWARD``.
-    feed_forward_options: kind-specific feed-forward attributes (a dict).
     feed_forward_layers: 1-based numbers of the layers that use
       ``feed_forward``; the others use 'ffn' with the options it takes. ()
       = every layer.
     mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
       memory). Changing it changes no parameter, so a model can be
       evaluated with another M.
-    max_len: longest segment, for the absolute position table.
     remat: rematerialise each block in the backward pass.
-    norm_position: 'pre' (LayerNorm before each sub-layer, and a final
-      LayerNorm) or 'post' (after each residual sum, no final LayerNorm).
-    norm_epsilon: LayerNorm epsilon.
     final_layer_norm: pre-LN only: a LayerNorm after the last block (False
       is fairseq's ``no_decoder_final_norm``, as in transformer_lm_wiki103).
-    dtype: compute dtype (float32 or bfloat16); parameters stay float32.
+      Post-LN ('post': LayerNorm after each residual sum) has none.
     softmax_chunk: positions scored at a time by the adaptive softmax.
   """
 
-  vocab_size: int
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 2
-  head_dim: int = 32
-  d_ff: int = 256
   cutoffs: Sequence[int] = ()
   adaptive_factor: int = 4
   scale_embedding: bool = False
-  dropout_rate: float = 0.0
   adaptive_dropout: float = 0.0
-  attention_dropout_rate: float = 0.0
   attention: str = "vanilla"
-  attention_options: Any = None
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
+  attention_options: Optional[Mapping[str, Any]] = None
   feed_forward_layers: Sequence[int] = ()
   mem_len: int = 0
-  max_len: int = 4096
   remat: bool = False
-  norm_position: str = "pre"
-  norm_epsilon: float = 1e-6
   final_layer_norm: bool = True
-  dtype: jnp.dtype = jnp.float32
   softmax_chunk: int = 4096
 
   def setup(self):
+    blocks.check_norm_position(self.norm_position)
     self.embedder = adaptive.AdaptiveEmbed(
         vocab_size=self.vocab_size,
         d_model=self.d_model,
@@ -266,42 +113,43 @@ class TransformerLM(nn.Module):
         dtype=self.dtype,
     )
     block_cls = (
-        nn.remat(DecoderBlock, static_argnums=(3,))
+        nn.remat(blocks.ResidualBlock, static_argnums=(3,))
         if self.remat
-        else DecoderBlock
+        else blocks.ResidualBlock
+    )
+    attend = blocks.make_sublayer(
+        registry.ATTENTION,
+        self.attention,
+        self.attention_options,
+        "model.attention_options",
+        mem_len=self.mem_len,
+        **self.attention_settings(),
     )
     self.blocks = [
-        block_cls(
-            d_model=self.d_model,
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            d_ff=self.d_ff,
-            attention=self.attention,
-            attention_options=self.attention_options,
-            feed_forward=kind,
-            feed_forward_options=options,
-            mem_len=self.mem_len,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            dtype=self.dtype,
-            norm_position=self.norm_position,
-            norm_epsilon=self.norm_epsilon,
-            name=f"layer_{i}",
+        self.make_block(
+            f"layer_{i}",
+            attend,
+            feed_forward,
+            cross=self.cross_sublayer(i),
+            block_cls=block_cls,
         )
-        for i, (kind, options) in enumerate(self._feed_forward_kinds())
+        for i, feed_forward in enumerate(self._feed_forward_kinds())
     ]
-    if self.norm_position not in NORM_POSITIONS:
-      raise errors.ConfigError(
-          f"model.norm_position must be one of {NORM_POSITIONS}, got "
-          f"{self.norm_position!r}"
-      )
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
-    self.final_norm = (
-        layer_norm("final_norm", self.dtype, self.norm_epsilon)
-        if self.norm_position == "pre" and self.final_layer_norm
-        else None
-    )
+    pre = self.norm_position == "pre"
+    use_final = pre and self.final_layer_norm
+    self.final_norm = self.norm("final_norm") if use_final else None
     self.embed_dropout = nn.Dropout(self.dropout_rate)
+
+  def cross_sublayer(self, layer: int) -> Optional[blocks.Sublayer]:
+    """The cross-attention of the 0-based ``layer``: None (none here).
+
+    A subclass whose layers attend to something outside the sequence
+    returns its sub-layer for those layers; ``hidden_states`` never feeds
+    one, so such a subclass runs its blocks itself.
+    """
+    del layer
+    return None
 
   def _feed_forward_kinds(self) -> list[tuple[str, Any]]:
     """(kind, options) of each layer's feed-forward sub-layer."""
@@ -337,12 +185,9 @@ class TransformerLM(nn.Module):
     """
     if not self.carries_memory():
       return None
+    sizes = ("num_layers", "mem_len", "d_model", "num_heads", "head_dim")
     dims = attention_lib.StackDims(
-        num_layers=self.num_layers,
-        mem_len=self.mem_len,
-        d_model=self.d_model,
-        num_heads=self.num_heads,
-        head_dim=self.head_dim,
+        **{k: getattr(self, k) for k in sizes},
         dtype=self.dtype,
         options=self.attention_options,
     )
@@ -354,22 +199,21 @@ class TransformerLM(nn.Module):
       return None
     return recurrence.reset_memory(memory, reset)
 
-  def __call__(
+  def forward(
       self,
       inputs: Array,
-      targets: Optional[Array] = None,
+      targets: Optional[Array],
+      deterministic: bool,
       memory: Any = None,
-      *,
-      deterministic: bool = True,
   ) -> LMOutput:
-    """Runs the LM on one segment.
+    """Runs the LM on one segment (``model(inputs, targets, memory)``).
 
     Args:
       inputs: [B, T] int32 token ids.
       targets: [B, T] int32 next-token ids, or None (then no scores).
+      deterministic: disables dropout.
       memory: the memory from the previous segment (see ``init_memory``), or
         None (no memory: each segment on its own).
-      deterministic: disables dropout.
 
     Returns:
       An ``LMOutput`` whose arrays cover the T segment positions; ``memory``
@@ -382,6 +226,24 @@ class TransformerLM(nn.Module):
     logp, log_z = self.embedder.score(hidden, targets, deterministic)
     return LMOutput(logp, log_z, g, hidden, new_memory)
 
+  def embed(self, inputs: Array, deterministic: bool) -> Array:
+    """[B, T] ids -> [B, T, D] the first block's input.
+
+    Token embeddings, plus sinusoid positions for an attention kind with
+    absolute positions, then dropout.
+    """
+    x = self.embedder.embed(inputs)
+    if self.attention_kind().ABSOLUTE_POSITIONS:
+      t = inputs.shape[-1]
+      if t > self.max_len:
+        raise errors.ConfigError(
+            f"segment length {t} exceeds model.max_len {self.max_len}"
+        )
+      table = blocks.sinusoid_table(t, self.d_model)
+      x = x + jnp.asarray(table, self.dtype)[None]
+    x = self.embed_dropout(x, deterministic=deterministic)
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
   def hidden_states(
       self, inputs: Array, memory: Any = None, *, deterministic: bool = True
   ) -> tuple[Array, Array, Any]:
@@ -393,16 +255,7 @@ class TransformerLM(nn.Module):
     memory).
     """
     kind = self.attention_kind()
-    x = self.embedder.embed(inputs)
-    if kind.ABSOLUTE_POSITIONS:
-      t = inputs.shape[1]
-      if t > self.max_len:
-        raise errors.ConfigError(
-            f"segment length {t} exceeds model.max_len {self.max_len}"
-        )
-      x = x + jnp.asarray(sinusoid_table(t, self.d_model), self.dtype)[None]
-    x = self.embed_dropout(x, deterministic=deterministic)
-    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    x = self.embed(inputs, deterministic)
     if memory is None:
       h, mems = x, (None,) * self.num_layers
     else:
@@ -431,22 +284,73 @@ def config_options(options: Any) -> Optional[dict[str, Any]]:
   return options.to_dict() if hasattr(options, "to_dict") else dict(options)
 
 
+# Keys of ``config.model`` that the model families take under their name.
+_SAME_KEYS = (
+    "num_layers",
+    "d_model",
+    "num_heads",
+    "head_dim",
+    "d_ff",
+    "feed_forward",
+    "norm_position",
+    "max_len",
+)
+
+
 def block_settings(mcfg: Any) -> dict[str, Any]:
-  """The block settings every model family reads from ``config.model``."""
+  """The ``blocks.BlockStack`` settings a family reads from ``config.model``.
+
+  All but ``vocab_size`` and ``dtype``, which the family is given.
+  """
   return dict(
-      num_layers=mcfg.num_layers,
-      d_model=mcfg.d_model,
-      num_heads=mcfg.num_heads,
-      head_dim=mcfg.head_dim,
-      d_ff=mcfg.d_ff,
+      {k: getattr(mcfg, k) for k in _SAME_KEYS},
       dropout_rate=mcfg.dropout,
       attention_dropout_rate=mcfg.attention_dropout,
-      feed_forward=mcfg.feed_forward,
       feed_forward_options=config_options(mcfg.feed_forward_options),
-      norm_position=mcfg.norm_position,
       norm_epsilon=float(mcfg.norm_epsilon),
-      max_len=mcfg.max_len,
   )
+
+
+def lm_settings(mcfg: Any, *, vocab_size: int, dtype: Any) -> dict[str, Any]:
+  """The ``TransformerLM`` attributes that a model config describes.
+
+  Args:
+    mcfg: the model config (read by attribute; any object with the keys).
+    vocab_size: V.
+    dtype: the compute dtype (``mcfg.dtype`` resolved).
+  """
+  return dict(
+      block_settings(mcfg),
+      vocab_size=vocab_size,
+      dtype=dtype,
+      cutoffs=tuple(mcfg.cutoffs),
+      adaptive_factor=mcfg.adaptive_factor,
+      scale_embedding=mcfg.scale_embedding,
+      adaptive_dropout=mcfg.adaptive_dropout,
+      attention=mcfg.attention,
+      attention_options=config_options(mcfg.attention_options),
+      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
+      mem_len=mcfg.mem_len,
+      remat=mcfg.remat,
+      softmax_chunk=mcfg.softmax_chunk,
+      final_layer_norm=mcfg.final_layer_norm,
+  )
+
+
+def family_options(mcfg: Any, family: str, names: Sequence[str]) -> dict:
+  """``model.family_options`` of ``family``, which takes the options ``names``.
+
+  Raises:
+    errors.ConfigError: an option the family does not take.
+  """
+  opts = dict(config_options(mcfg.get("family_options")) or {})
+  unknown = sorted(set(opts) - set(names))
+  if unknown:
+    raise errors.ConfigError(
+        f"model.family_options has {', '.join(unknown)}, which model family "
+        f"{family!r} does not take; its options: {', '.join(names)}"
+    )
+  return opts
 
 
 @registry.MODEL_FAMILIES.register("decoder_lm")
@@ -458,19 +362,4 @@ def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
     vocab_size: V.
     dtype: the compute dtype (``mcfg.dtype`` resolved).
   """
-  return TransformerLM(
-      vocab_size=vocab_size,
-      **block_settings(mcfg),
-      cutoffs=tuple(mcfg.cutoffs),
-      adaptive_factor=mcfg.adaptive_factor,
-      scale_embedding=mcfg.scale_embedding,
-      adaptive_dropout=mcfg.adaptive_dropout,
-      attention=mcfg.attention,
-      attention_options=config_options(mcfg.attention_options),
-      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
-      mem_len=mcfg.mem_len,
-      remat=mcfg.remat,
-      dtype=dtype,
-      softmax_chunk=mcfg.softmax_chunk,
-      final_layer_norm=mcfg.final_layer_norm,
-  )
+  return TransformerLM(**lm_settings(mcfg, vocab_size=vocab_size, dtype=dtype))

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax import registry
-from memjax.models import adaptive
 from memjax.models import attention as attention_lib
+from memjax.models import blocks
 from memjax.models import transformer
 
 Array = jax.Array
@@ -76,23 +76,30 @@ class BiasedCrossAttention(nn.Module):
   def __call__(
       self,
       x: Array,
+      state: None = None,
+      *,
+      deterministic: bool,
       sources: Array,
       source_mask: Array,
       bias: Array,
-      deterministic: bool,
-  ) -> Array:
+  ) -> tuple[Array, None]:
     """Attends from the targets to all source tokens in one softmax.
+
+    The calling convention of a block's attention sub-layers
+    (``blocks.ResidualBlock``), with no state.
 
     Args:
       x: [B, T, D] normalised target states.
+      state: None.
+      deterministic: disables dropout.
       sources: [B, K, S, D] encoded source tokens.
       source_mask: [B, K, S] bool, True = a real token.
       bias: [B, K] float32 beta * e(S_t).e(source_k).
-      deterministic: disables dropout.
 
     Returns:
-      [B, T, D]; zero for a lane without any real source token.
+      ([B, T, D], None); zero for a lane without any real source token.
     """
+    del state
     dims = (self.d_model, self.num_heads, self.head_dim)
     wq = attention_lib.head_projection(self, "query", *dims)
     wk = attention_lib.head_projection(self, "key", *dims)
@@ -114,72 +121,7 @@ class BiasedCrossAttention(nn.Module):
     p = jnp.where(mask.any(axis=-1, keepdims=True), p, 0.0)
     p = nn.Dropout(self.dropout_rate)(p, deterministic=deterministic)
     ctx = jnp.einsum("bhts,bshe->bthe", p.astype(self.dtype), val)
-    return jnp.einsum("bthe,hed->btd", ctx, wo.astype(self.dtype))
-
-
-class MargeBlock(nn.Module):
-  """A pre-LN decoder layer with cross-attention between self-attention and
-  the feed-forward block:
-  ``h = x + Attn(LN(x)); c = h + Cross(LN(h)); out = c + FFN(LN(c))``.
-
-  Its self-attention, feed-forward and LayerNorm parameters carry the names
-  of ``transformer.DecoderBlock``'s.
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  d_ff: int
-  feed_forward: str = "ffn"
-  feed_forward_options: Any = None
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Any = jnp.float32
-  norm_epsilon: float = 1e-6
-
-  @nn.compact
-  def __call__(
-      self,
-      x: Array,
-      sources: Array,
-      source_mask: Array,
-      bias: Array,
-      deterministic: bool,
-  ) -> tuple[Array, Array]:
-    """[B, T, D] -> ([B, T, D] output, [B, T, D] g = the FFN's input)."""
-    heads = dict(
-        d_model=self.d_model, num_heads=self.num_heads,
-        head_dim=self.head_dim, dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype,
-    )  # fmt: skip
-    attn = transformer.make_sublayer(
-        registry.ATTENTION, "vanilla", None, "model.attention_options",
-        mem_len=0, name="attention", **heads,
-    )  # fmt: skip
-    ln = lambda n: transformer.layer_norm(n, self.dtype, self.norm_epsilon)
-    drop = nn.Dropout(self.dropout_rate)
-    y, _ = attn(ln("ln_attn")(x), None, deterministic=deterministic)
-    h = x + drop(y, deterministic=deterministic)
-    c = BiasedCrossAttention(**heads, name="cross_attention")(
-        ln("ln_cross")(h), sources, source_mask, bias, deterministic
-    )
-    h = h + drop(c, deterministic=deterministic)
-    h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    g = ln("ln_ffn")(h)
-    ffn = transformer.make_sublayer(
-        registry.FEED_FORWARD,
-        self.feed_forward,
-        self.feed_forward_options,
-        "model.feed_forward_options",
-        d_model=self.d_model,
-        d_ff=self.d_ff,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
-        name="ffn",
-    )
-    f = ffn(g, deterministic=deterministic)
-    out = h + drop(f, deterministic=deterministic)
-    return nn.with_logical_constraint(out, ("batch", "length", "embed")), g
+    return jnp.einsum("bthe,hed->btd", ctx, wo.astype(self.dtype)), None
 
 
 class MargeLM(transformer.TransformerLM):
@@ -206,52 +148,17 @@ class MargeLM(transformer.TransformerLM):
 
   def setup(self):
     self._check()
-    self.embedder = adaptive.AdaptiveEmbed(
-        vocab_size=self.vocab_size,
-        d_model=self.d_model,
-        cutoffs=tuple(self.cutoffs),
-        factor=self.adaptive_factor,
-        scale=self.scale_embedding,
-        chunk_size=self.softmax_chunk,
-        tail_dropout=self.adaptive_dropout,
-        dtype=self.dtype,
-    )
-    common = dict(
-        d_model=self.d_model, num_heads=self.num_heads,
-        head_dim=self.head_dim, d_ff=self.d_ff, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-        norm_epsilon=self.norm_epsilon,
-    )  # fmt: skip
-    cross = set(self.cross_layer_numbers())
-    blocks = []
-    for i, (kind, options) in enumerate(self._feed_forward_kinds()):
-      if i + 1 in cross:
-        blocks.append(
-            MargeBlock(
-                **common, feed_forward=kind, feed_forward_options=options,
-                name=f"layer_{i}",
-            )
-        )  # fmt: skip
-      else:
-        blocks.append(
-            transformer.DecoderBlock(
-                **common, feed_forward=kind, feed_forward_options=options,
-                name=f"layer_{i}",
-            )
-        )  # fmt: skip
-    self.blocks = blocks
-    self.final_norm = (
-        transformer.layer_norm("final_norm", self.dtype, self.norm_epsilon)
-        if self.final_layer_norm
-        else None
-    )
-    self.embed_norm = transformer.layer_norm(
-        "embed_norm", self.dtype, self.norm_epsilon
-    )
+    super().setup()
+    self.embed_norm = self.norm("embed_norm")
     self.beta = self.param(
         "beta", nn.initializers.constant(self.beta_init), (), jnp.float32
     )
-    self.embed_dropout = nn.Dropout(self.dropout_rate)
+
+  def cross_sublayer(self, layer: int) -> Optional[blocks.Sublayer]:
+    """MARGE's cross-attention in the ``cross_layers``, else None."""
+    if layer + 1 not in self.cross_layer_numbers():
+      return None
+    return blocks.Sublayer(BiasedCrossAttention, self.attention_settings())
 
   def half(self) -> int:
     """Layers of the embedder (the lower half, at least one)."""
@@ -292,15 +199,7 @@ class MargeLM(transformer.TransformerLM):
 
   def _lower(self, tokens: Array, deterministic: bool) -> Array:
     """[B, T] ids -> [B, T, D] output of the lower half (un-normalised)."""
-    t = tokens.shape[-1]
-    if t > self.max_len:
-      raise errors.ConfigError(
-          f"segment length {t} exceeds model.max_len {self.max_len}"
-      )
-    x = self.embedder.embed(tokens)
-    x = x + jnp.asarray(transformer.sinusoid_table(t, self.d_model), x.dtype)
-    x = self.embed_dropout(x, deterministic=deterministic)
-    h = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    h = self.embed(tokens, deterministic)
     for block in self.blocks[: self.half()]:
       h, _, _ = block(h, None, deterministic)
     return h
@@ -328,31 +227,29 @@ class MargeLM(transformer.TransformerLM):
       e_sources = jax.lax.stop_gradient(e_sources)
     return self.beta * jnp.einsum("bd,bkd->bk", e_query, e_sources)
 
-  def __call__(
+  def forward(
       self,
       inputs: Array,
-      targets: Optional[Array] = None,
-      memory: Any = None,
+      targets: Optional[Array],
+      deterministic: bool,
       *,
       sources: Optional[Array] = None,
       source_mask: Optional[Array] = None,
-      deterministic: bool = True,
   ) -> transformer.LMOutput:
-    """Scores a window S_t S_{t+1} given retrieved sources.
+    """Scores a window S_t S_{t+1} given retrieved sources
+    (``model(inputs, targets, sources=..., source_mask=...)``).
 
     Args:
       inputs: [B, T] ids; positions 0..N-1 are S_t (the query).
       targets: [B, T] next-token ids, or None.
-      memory: unused (no recurrence), kept for the train step.
+      deterministic: disables dropout.
       sources: [B, K, S] source ids (segment + continuation), or None
         (retrieval off).
       source_mask: [B, K, S] bool, True = a real source token.
-      deterministic: disables dropout.
 
     Returns:
       An ``LMOutput`` over the T positions (memory None).
     """
-    del memory
     b = inputs.shape[0]
     h = self._lower(inputs, deterministic)
     if sources is None:
@@ -361,12 +258,10 @@ class MargeLM(transformer.TransformerLM):
     enc, e_src = self.encode_sources(sources, deterministic)
     e_query = pool_segment(self.embed_norm(h), self.segment_len, self.pooling)
     bias = self.similarity_bias(e_query, e_src)
+    cross = dict(sources=enc, source_mask=source_mask, bias=bias)
     g = h
     for block in self.blocks[self.half() :]:
-      if isinstance(block, MargeBlock):
-        h, g = block(h, enc, source_mask, bias, deterministic)
-      else:
-        h, g, _ = block(h, None, deterministic)
+      h, g, _ = block(h, None, deterministic, cross_inputs=cross)
     hidden = self.final_norm(h) if self.final_norm else h
     if targets is None:
       return transformer.LMOutput(None, None, g, hidden, None)
@@ -374,37 +269,17 @@ class MargeLM(transformer.TransformerLM):
     return transformer.LMOutput(logp, log_z, g, hidden, None)
 
 
-def family_options(mcfg: Any) -> dict[str, Any]:
-  """``model.family_options`` checked against ``OPTIONS``."""
-  opts = dict(transformer.config_options(mcfg.get("family_options")) or {})
-  unknown = sorted(set(opts) - set(OPTIONS))
-  if unknown:
-    raise errors.ConfigError(
-        f"model.family_options has {', '.join(unknown)}, which model family "
-        f"'marge' does not take; its options: {', '.join(OPTIONS)}"
-    )
-  return opts
-
-
 @registry.MODEL_FAMILIES.register("marge")
 def marge_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> MargeLM:
   """The ``MargeLM`` of a model config (``family_options``: segment_len,
-  num_sources, cross_layers, pooling, beta_init, embed_gradient)."""
-  opts = family_options(mcfg)
+  num_sources, cross_layers, pooling, beta_init, embed_gradient).
+
+  The attention takes no options and no memory, and no block is
+  rematerialised.
+  """
+  opts = transformer.family_options(mcfg, "marge", OPTIONS)
   if "cross_layers" in opts:
     opts["cross_layers"] = tuple(opts["cross_layers"])
-  return MargeLM(
-      vocab_size=vocab_size,
-      **transformer.block_settings(mcfg),
-      cutoffs=tuple(mcfg.cutoffs),
-      adaptive_factor=mcfg.adaptive_factor,
-      scale_embedding=mcfg.scale_embedding,
-      adaptive_dropout=mcfg.adaptive_dropout,
-      attention=mcfg.attention,
-      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
-      remat=False,
-      dtype=dtype,
-      softmax_chunk=mcfg.softmax_chunk,
-      final_layer_norm=mcfg.final_layer_norm,
-      **opts,
-  )
+  settings = transformer.lm_settings(mcfg, vocab_size=vocab_size, dtype=dtype)
+  settings.update(attention_options=None, mem_len=0, remat=False)
+  return MargeLM(**settings, **opts)

@@ -72,8 +72,11 @@ def test_cross_attention_matches_numpy():
   mask = rng.random((b, k, s)) > 0.3
   mask[1] = False  # lane 1: no source token at all
   bias = rng.normal(size=(b, k)).astype(np.float32)
-  p = _params(mod, x, src, mask, bias, True)
-  y = np.asarray(mod.apply({"params": p}, x, src, mask, bias, True))
+  inputs = dict(deterministic=True, sources=src, source_mask=mask, bias=bias)
+  p = _params(mod, x, None, **inputs)
+  y, state = mod.apply({"params": p}, x, None, **inputs)
+  assert state is None
+  y = np.asarray(y)
   wq, wk, wv, wo = (np.asarray(p[n], np.float64) for n in
                     ("query", "key", "value", "out"))  # fmt: skip
   for i in range(b):
