@@ -253,6 +253,27 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     x = nn.with_logical_constraint(
         x.astype(self.dtype), ("batch", "length", "embed")
     )
+    q, k, v, c_seg, lse_seg, seg_len = self._segment_attention(
+        x, memory, deterministic
+    )
+    if memory is None:
+      return self._project(c_seg), None
+    return self._with_memory(
+        q, k, v, memory, c_seg, lse_seg, seg_len, deterministic
+    )
+
+  def _segment_attention(
+      self,
+      x: jax.Array,
+      memory: rmemory.LaMemoMemory | None,
+      deterministic: bool,
+  ) -> tuple[jax.Array, ...]:
+    """Causal attention of the T segment rows over all M + T rows.
+
+    Returns:
+      (q, k, v [B, M + T, H, dh], c_seg [B, T, H, dh] and lse_seg [B, T, H]
+      of the segment rows, T).
+    """
     batch, total, _ = x.shape
     if memory is None:
       mem_len = 0
@@ -267,18 +288,10 @@ class LaMemoAttention(relative.RelativeAttentionBase):
           f"with {mem_len} memory rows and at least one segment row; got "
           f"x of length {total}"
       )
-
-    q = nn.with_logical_constraint(
-        self.query(x), ("batch", "length", "heads", "kv")
-    )
-    k = nn.with_logical_constraint(
-        self.key(x), ("batch", "length", "heads", "kv")
-    )
-    v = nn.with_logical_constraint(
-        self.value(x), ("batch", "length", "heads", "kv")
-    )
-
-    # 1. Causal attention of the segment rows over all rows.
+    axes = ("batch", "length", "heads", "kv")
+    q = nn.with_logical_constraint(self.query(x), axes)
+    k = nn.with_logical_constraint(self.key(x), axes)
+    v = nn.with_logical_constraint(self.value(x), axes)
     scores = self._scores(
         q[:, mem_len:], k, delta_top=total - 1, past_only=True
     )
@@ -291,13 +304,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
         scores, key_valid[:, None, None, :] & causal, v, deterministic
     )
     self.sow("intermediates", "attention_probs", probs)
-
-    if memory is None:
-      return self._project(c_seg), None
-
-    return self._with_memory(
-        q, k, v, memory, c_seg, lse_seg, seg_len, deterministic
-    )
+    return q, k, v, c_seg, lse_seg, seg_len
 
   def _with_memory(
       self,
