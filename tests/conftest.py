@@ -135,7 +135,8 @@ def mt_smoke_workdir(tmp_path_factory):
 
 
 def _shared_run(tmp_path_factory, name: str, *args: str, prepare=None) -> str:
-  """Trains ``memjax.main *args`` once per test run into ``<tmp>/<name>``.
+  """Trains ``memjax.main *args`` once per test run into ``<tmp>/<name>``
+  (what it printed in ``<tmp>/<name>.stdout``).
 
   ``prepare(root)``, if given, writes what the run needs into ``root`` and
   returns more flags. See ``_once`` for how workers share the run.
@@ -145,8 +146,16 @@ def _shared_run(tmp_path_factory, name: str, *args: str, prepare=None) -> str:
     extra = tuple(prepare(root)) if prepare else ()
     proc = run_main(*args, *extra, f"--workdir={workdir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(f"{workdir}.stdout", "w") as f:
+      f.write(proc.stdout)
 
   return _once(tmp_path_factory, name, train)
+
+
+def shared_stdout(workdir: str) -> str:
+  """What ``memjax.main`` printed while training a shared run."""
+  with open(f"{workdir}.stdout") as f:
+    return f.read()
 
 
 def _once(tmp_path_factory, name: str, make) -> str:

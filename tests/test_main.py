@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from configs import trime_wt103
 from memjax.modes import evaluation as evaluation_mode
 from memjax import train
+from tests import conftest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,13 +38,15 @@ def _losses(workdir):
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("smoke"))
-  proc = _run_main(
-      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}"
+def smoke_run(tmp_path_factory, smoke_workdir):
+  """A copy of the session's smoke run (configs/trime_wt103.py:smoke trained
+  by memjax.main), which these tests resume and damage, and what memjax.main
+  printed while training it."""
+  workdir = str(tmp_path_factory.mktemp("smoke") / "run")
+  shutil.copytree(smoke_workdir, workdir)
+  return workdir, types.SimpleNamespace(
+      stdout=conftest.shared_stdout(smoke_workdir)
   )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return workdir, proc
 
 
 def test_smoke_writes_events_checkpoint_and_results(smoke_run):
