@@ -47,16 +47,20 @@ STEPS_HELP = "Override the training steps of every row."
 UNIGRAM = "unigram (train counts, add-one)"
 
 
-def configs_dir() -> str:
+def configs_dir(package: str | None = None) -> str:
   """The directory of the experiment config files (``<dir>/<exp>.py``).
 
   Installed memjax carries them as ``memjax/configs``; a checkout has them
-  in the repository's ``configs/``.
+  in the repository's ``configs/``, beside the package.
+
+  Args:
+    package: the ``memjax`` package directory (default: this one's).
 
   Raises:
     errors.ConfigError: neither exists.
   """
-  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if package is None:
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   candidates = (
       os.path.join(package, "configs"),
       os.path.join(os.path.dirname(package), "configs"),
@@ -115,7 +119,18 @@ def define_flags(
     steps: str | None = STEPS_HELP,
     steps_default: int | None = None,
 ) -> Flags:
-  """Defines ``--workdir`` and, given their help, ``--rows`` and ``--steps``."""
+  """Defines ``--workdir`` and, given their help, ``--rows`` and ``--steps``.
+
+  Args:
+    workdir: the default output directory.
+    rows: the help of ``--rows`` (None: the demo has no such flag).
+    rows_default: the rows run by default (None: all).
+    steps: the help of ``--steps`` (None: no such flag).
+    steps_default: its default (None: each config's steps).
+
+  Returns:
+    The flag holders.
+  """
   return Flags(
       workdir=flags.DEFINE_string("workdir", workdir, "Output directory."),
       steps=(
@@ -369,7 +384,7 @@ def run_rows(
   (``table.json``: ``{"rows": [...], ...}``) under ``title (about, <n>
   rows, ...)``. Returns the demo and the rows' results."""
   demo = Demo(demo_flags.workdir.value)
-  steps = demo_flags.steps.value if demo_flags.steps else None
+  steps = None if demo_flags.steps is None else demo_flags.steps.value
   results = [
       run_row(demo, row, steps) for row in select(rows, demo_flags.rows.value)
   ]

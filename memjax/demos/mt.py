@@ -3,12 +3,12 @@ pairs, scored with sacreBLEU.
 
     python -m memjax.demos.mt --workdir=runs/demo_mt
 
-Trains ``configs/trime_iwslt.py:demo`` (``--mode=train``; resumes if the
-workdir holds the run), then prints BLEU (cased, 13a), lowercased BLEU and
-chrF on valid for beam 4 and greedy search, next to the copy-the-source
-baseline (the German sentence given as the English translation), and scores
-test once with beam 4. The table lands in ``<workdir>/table.md`` and
-``table.json``.
+Trains ``configs/trime_iwslt.py:demo`` (``--mode=train``; resumes an
+interrupted run in the workdir, reads back a finished one), then prints
+BLEU (cased, 13a), lowercased BLEU and chrF on valid for beam 4 and greedy
+search, next to the copy-the-source baseline (the German sentence given as
+the English translation), and scores test once with beam 4. The table lands
+in ``<workdir>/table.md`` and ``table.json``.
 
 The trained model must clear a floor on valid: its beam BLEU at least
 twice the copy-the-source BLEU (the copy BLEU plus a margin of the copy

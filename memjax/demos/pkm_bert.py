@@ -19,7 +19,7 @@ IOU per layer after fine-tuning). ``--frozen`` adds the fine-tunes with the
 memory held fixed (Table 5). Writes ``table.md``, ``table.json`` and
 ``figure3.png`` (MLM training curves of the initialised rows, from their
 ``train_log.jsonl``) to ``--workdir``, one directory per run; a run whose
-``results.json`` exists is read back, not run again.
+``results.json`` shows it finished its steps is read back, not run again.
 """
 
 from __future__ import annotations
