@@ -1,8 +1,9 @@
 """What the demos share: flags, rows, runs, config files and the table.
 
-A demo declares its rows (``Row``: the key ``--rows`` selects, the label in
-the table, the config file and variant it trains), picks the selected ones
-with ``select`` and runs them in a ``Demo``:
+A demo defines ``--workdir``, ``--steps`` and ``--rows`` with
+``define_flags``, declares its rows (``Row``: the key ``--rows`` selects,
+the label in the table, the config file and variant it trains), picks the
+selected ones with ``select`` and runs them in a ``Demo``:
 
 * ``Demo.config`` loads ``<configs_dir()>/<name>.py:<variant>`` by path
   (``configs_dir``: the copy installed with memjax as ``memjax/configs``, or
@@ -15,8 +16,10 @@ with ``select`` and runs them in a ``Demo``:
   the machine and the markdown) and ``table.md`` with
   ``runfiles.write_table`` and prints the table; ``markdown`` builds it.
 
-``run`` is the demos' ``app.run``: warnings only unless ``--verbosity`` is
-given, and an error in the input ends the demo with one line.
+``run_rows`` is the whole of a demo with one table line per row (select,
+run, finish). ``run`` is the demos' ``app.run``: warnings only unless
+``--verbosity`` is given, and an error in the input ends the demo with one
+line.
 
     python -m memjax.demos.common   # prints the configs directory
 """
@@ -42,6 +45,10 @@ from absl import logging
 
 from memjax import errors
 from memjax import runfiles
+
+# The flags define_flags defines belong to the demo that calls it (they show
+# in its --helpshort).
+flags.disclaim_key_flags()
 
 STEPS_HELP = "Override the training steps of every row."
 UNIGRAM = "unigram (train counts, add-one)"
