@@ -9,7 +9,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: demo demo-mt demo-trime-mt demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
+.PHONY: demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
 
 $(STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m memjax.demos.trime --workdir=$(WORKDIR)
+
+# Transformer+RPE, Transformer-XL and LaMemo with the same steps, then the
+# extrapolation and attention analyses; see docs/lamemo.md.
+demo-lamemo: $(STAMP)
+	$(PY) -m memjax.demos.lamemo --workdir=runs/lamemo_demo
 
 # Memory-less, PKM and ResM LMs with the same steps; see docs/pkm.md.
 demo-pkm: $(STAMP)

@@ -9,7 +9,16 @@ setuptools.setup(
         "Memory-augmented language models (TRIME, Transformer-XL, LaMemo) "
         "in JAX/Flax."
     ),
-    packages=setuptools.find_packages(include=["memjax", "memjax.*"]),
+    # The repository's configs/ and demo_data/ install inside the package as
+    # memjax/configs (config files loaded by path:
+    # memjax.demos.common.configs_dir()) and memjax/demo_data (the shipped
+    # demo corpora, memjax.data.sources.DEMO_DATA_DIR), so the demos and
+    # --config=<configs dir>/<exp>.py:<variant> work from an installed
+    # memjax.
+    packages=setuptools.find_packages(include=["memjax", "memjax.*"])
+    + ["memjax.configs", "memjax.demo_data"],
+    package_dir={"memjax.configs": "configs", "memjax.demo_data": "demo_data"},
+    package_data={"memjax.configs": ["*.py"], "memjax.demo_data": ["**/*"]},
     python_requires=">=3.11",
     # Ranges that work; the exact tested set is requirements.lock.
     install_requires=[

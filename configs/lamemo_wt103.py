@@ -29,14 +29,13 @@ import os
 
 from memjax import config as base
 
-try:
-  from configs import txl_wt103  # pylint: disable=g-import-not-at-top
-except ImportError:  # Loaded by path from outside the repository root.
-  _spec = importlib.util.spec_from_file_location(
-      "txl_wt103", os.path.join(os.path.dirname(__file__), "txl_wt103.py")
-  )
-  txl_wt103 = importlib.util.module_from_spec(_spec)
-  _spec.loader.exec_module(txl_wt103)
+# The sibling file, loaded by path: this file is itself loaded by path (from
+# the checkout's configs/ or the copy installed as memjax/configs).
+_spec = importlib.util.spec_from_file_location(
+    "txl_wt103", os.path.join(os.path.dirname(__file__), "txl_wt103.py")
+)
+txl_wt103 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(txl_wt103)
 
 SIZES = txl_wt103.SIZES
 METHODS = ("lamemo", "no_interp", "no_lookahead", "xl_pos", "trime_long")

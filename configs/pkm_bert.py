@@ -36,6 +36,7 @@ import os
 import ml_collections
 
 from memjax import config as base
+from memjax.data import sources
 
 SIZES = ("smoke", "demo", "6l", "base")
 MLM_METHODS = (
@@ -178,7 +179,4 @@ def _memory(c, kind, num_keys, heads, topk, k_dim, frozen=False) -> None:
 
 def sentiment_dir() -> str:
   """The shipped sentiment set (for scripts and notebooks)."""
-  return os.path.join(
-      os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-      "demo_data", "sentiment",
-  )  # fmt: skip
+  return os.path.join(sources.DEMO_DATA_DIR, "sentiment")

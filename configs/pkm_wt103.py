@@ -31,14 +31,13 @@ import ml_collections
 
 from memjax import config as base
 
-try:
-  from configs import trime_wt103  # pylint: disable=g-import-not-at-top
-except ImportError:  # Loaded by path from outside the repository root.
-  _spec = importlib.util.spec_from_file_location(
-      "trime_wt103", os.path.join(os.path.dirname(__file__), "trime_wt103.py")
-  )
-  trime_wt103 = importlib.util.module_from_spec(_spec)
-  _spec.loader.exec_module(trime_wt103)
+# The sibling file, loaded by path: this file is itself loaded by path (from
+# the checkout's configs/ or the copy installed as memjax/configs).
+_spec = importlib.util.spec_from_file_location(
+    "trime_wt103", os.path.join(os.path.dirname(__file__), "trime_wt103.py")
+)
+trime_wt103 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(trime_wt103)
 
 SIZES = trime_wt103.SIZES
 METHODS = ("vanilla", "pkm", "resm", "trime_pkm", "trime_resm")

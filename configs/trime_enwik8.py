@@ -10,8 +10,18 @@ vocabulary). Byte vocabulary: no adaptive softmax. BM25 over bytes
 (trime_ext) treats each byte as a term.
 """
 
-from configs import trime_wt103
+import importlib.util
+import os
+
 from memjax import config as base
+
+# The sibling file, loaded by path: this file is itself loaded by path (from
+# the checkout's configs/ or the copy installed as memjax/configs).
+_spec = importlib.util.spec_from_file_location(
+    "trime_wt103", os.path.join(os.path.dirname(__file__), "trime_wt103.py")
+)
+trime_wt103 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(trime_wt103)
 
 SIZES = ("smoke", "demo", "38m")
 METHODS = trime_wt103.METHODS

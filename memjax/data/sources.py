@@ -29,10 +29,12 @@ import tempfile
 
 from memjax import errors
 
-# The repository's small demo corpora: memjax/../demo_data.
-DEMO_DATA_DIR: str = os.path.abspath(
-    os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "demo_data")
-)
+# The repository's small demo corpora: memjax/demo_data where pip installed
+# them (setup.py), else the checkout's memjax/../demo_data.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_DATA_DIR: str = os.path.join(_PACKAGE, "demo_data")
+if not os.path.isdir(DEMO_DATA_DIR):
+  DEMO_DATA_DIR = os.path.join(os.path.dirname(_PACKAGE), "demo_data")
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 

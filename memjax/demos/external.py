@@ -25,22 +25,14 @@ repeated when the demo is run again.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
+from typing import Any, Callable
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-from absl import logging
 
-_WORKDIR = flags.DEFINE_string(
-    "workdir", "runs/extmem_demo", "Output directory."
-)
-_STEPS = flags.DEFINE_integer(
-    "steps", None, "Override the training steps of both models."
+from memjax.demos import common
+
+FLAGS = common.define_flags(
+    "runs/extmem_demo", steps="Override the training steps of both models."
 )
 _SIZE = flags.DEFINE_string("size", "demo", "Config size (demo or smoke).")
 # Exact search over the 483K keys of the demo training split costs about
@@ -68,246 +60,266 @@ _ABLATIONS = flags.DEFINE_bool(
     "memory, each with its own datastore, on valid.",
 )
 
-# (row, config variant method, its external kind)
+# The two models: variant METHOD_SIZE of configs/trime_wt103.py; "kind":
+# the external memory each is scored with.
 MODELS = (
-    ("vanilla", "vanilla", "knn"),
-    ("TRIMELM_ext", "trime_ext", "trime_ext"),
+    common.Row(
+        "vanilla", "vanilla", "trime_wt103", "vanilla", options={"kind": "knn"}
+    ),
+    common.Row(
+        "trime_ext",
+        "TRIMELM_ext",
+        "trime_wt103",
+        "trime_ext",
+        options={"kind": "trime_ext"},
+    ),
 )
 
-# Tables 11 and 15: (row, run name, config overrides of trime_ext).
-ABLATIONS = (
-    ("random batches (Table 11)", "random_batches",
-     {"data.batching": "random"}),
-    ("no gradient into the memory (Table 11)", "stop_gradient_memory",
-     {"loss.stop_gradient_memory": True}),
-    ("p = 0 (Table 15)", "hide_p0", {"loss.local_hide_prob": 0.0}),
-    ("p = 0.5 (Table 15)", "hide_p05", {"loss.local_hide_prob": 0.5}),
+# Tables 11 and 15: TRIMELM_ext with config overrides (dotted keys).
+ABLATIONS = tuple(
+    common.Row(key, label, "trime_wt103", "trime_ext",
+               options={"kind": "trime_ext", "overrides": overrides})
+    for label, key, overrides in (
+        ("random batches (Table 11)", "random_batches",
+         {"data.batching": "random"}),
+        ("no gradient into the memory (Table 11)", "stop_gradient_memory",
+         {"loss.stop_gradient_memory": True}),
+        ("p = 0 (Table 15)", "hide_p0", {"loss.local_hide_prob": 0.0}),
+        ("p = 0.5 (Table 15)", "hide_p05", {"loss.local_hide_prob": 0.5}),
+    )
 )  # fmt: skip
 
 
-def _config(method: str, workdir: str, steps):
-  from configs import trime_wt103  # pylint: disable=g-import-not-at-top
-
-  c = trime_wt103.get_config(f"{method}_{_SIZE.value}")
-  c.data.cache_dir = os.path.join(workdir, "cache")
-  if steps:
-    c.train.num_steps = steps
+def _config(demo: common.Demo, row: common.Row, steps: int | None) -> Any:
+  c = demo.config(row.config, f"{row.variant}_{_SIZE.value}", steps)
   c.eval.max_windows = _WINDOWS.value
   c.datastore.shard_keys = 250_000  # two shards: searched and merged
-  if method == "vanilla":  # kNN-LM's temperature: none (1) or tuned.
+  if row.variant == "vanilla":  # kNN-LM's temperature: none (1) or tuned.
     c.eval_memory.knn_temperature_grid = (1.0, 3.0, 10.0)
+  for key, value in row.options.get("overrides", {}).items():
+    section, field = key.split(".")
+    c[section][field] = value
   return c
 
 
-def _cached(path: str, fn):
-  """fn()'s result, stored as json at ``path`` (reused when present)."""
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  out = fn()
-  out = {k: v for k, v in out.items() if k != "summary_lines"}
-  with open(path, "w") as f:
-    json.dump(out, f, indent=2, sort_keys=True, default=str)
+def _build(stages: common.Stages, c: Any, row: common.Row) -> dict:
+  """Packs (BM25 batches), trains, and builds the datastore and its index."""
+  # pylint: disable=g-import-not-at-top
+  from memjax.methods.external import modes as external
+  from memjax.methods.trime import packing
+
+  run = stages.run_dir
+  if c.data.batching == "bm25":
+    stages("pack", lambda: packing.pack(c, run))
+  print(f"== {row.variant}: train {c.train.num_steps} steps", flush=True)
+  trained = stages("train", lambda: common.train(c, run))
+  print(f"== {row.variant}: datastore of the training split", flush=True)
+  store = stages("datastore", lambda: external.datastore(c, run))
+  c.eval_memory.kind = row.options["kind"]
+  stages("index", lambda: external.index(c, run))
+  return {
+      "method": row.variant,
+      "kind": row.options["kind"],
+      "train": trained,
+      "datastore": store,
+      "seconds": stages.times,
+  }
+
+
+def _exact(c: Any, run: str, kind: str, best: dict) -> dict:
+  """Valid and test scored at the setting ``best`` with exact search."""
+  # pylint: disable=g-import-not-at-top
+  from memjax.eval import memory_grid as em_lib
+  from memjax.modes import memory as memory_modes
+
+  setting = em_lib.grid_of({"kind": kind, **best})
+  c.eval_memory.search = "exact"
+  loaded = em_lib.load(c, run)
+  return {
+      s: memory_modes._score(loaded, s, setting, desc=f"{kind} exact {s}")[  # pylint: disable=protected-access
+          "grid"
+      ][0]
+      for s in ("valid", "test")
+  }
+
+
+def _prepare(
+    demo: common.Demo, row: common.Row, steps: int | None
+) -> tuple[Any, common.Stages, Callable[[str], dict]]:
+  """A row's config, its stages, and ``tune(stage)``: the stage that tunes
+  the config's evaluation memory as it is when the stage runs."""
+  from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
+
+  c = _config(demo, row, steps)
+  stages = common.Stages(demo.run_dir(row))
+  return (
+      c,
+      stages,
+      lambda name: stages(name, lambda: memory_modes.tune(c, stages.run_dir)),
+  )
+
+
+def _local_long(
+    c: Any, tune: Callable[[str], dict], stage: str, what: str
+) -> dict:
+  """Stage ``stage``: TRIMELM_ext tuned with M_local u M_long; the config's
+  evaluation memory is its own again after it."""
+  kind, c.eval_memory.kind = c.eval_memory.kind, "trime"
+  print(f"== {what}: tune M_local u M_long", flush=True)
+  out = tune(stage)
+  c.eval_memory.kind = kind
   return out
 
 
 def run_model(
-    method: str,
-    kind: str,
-    workdir: str,
-    steps,
-    name: str = "",
-    overrides: dict | None = None,
-) -> dict:
+    demo: common.Demo, row: common.Row, steps: int | None
+) -> dict[str, Any]:
   """Trains one model, builds its datastore and index, tunes and scores.
 
-  ``name`` (default ``method``) is the run's folder; ``overrides``
-  (dotted config keys) make an ablation, tuned with ScaNN on valid only.
+  An ablation row (config ``overrides``) is tuned with ScaNN on valid only.
   """
-  from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
-  from memjax import train  # pylint: disable=g-import-not-at-top
-  from memjax.methods.trime import packing  # pylint: disable=g-import-not-at-top
   from memjax.methods.external import modes as external  # pylint: disable=g-import-not-at-top
-  from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
 
-  run = os.path.join(workdir, name or method)
-  c = _config(method, workdir, steps)
-  for key, value in (overrides or {}).items():
-    section, field = key.split(".")
-    c[section][field] = value
-  t = {}
-  step = lambda name, fn: _timed(t, name, os.path.join(run, f"{name}.json"), fn)  # noqa: E731
-  os.makedirs(run, exist_ok=True)
-  if c.data.batching == "bm25":
-    step("pack", lambda: packing.pack(c, run))
-  print(f"== {method}: train {c.train.num_steps} steps", flush=True)
-  trained = step("train", lambda: train.train_and_evaluate(c, run))
-  print(f"== {method}: datastore of the training split", flush=True)
-  store = step("datastore", lambda: external.datastore(c, run))
-  c.eval_memory.kind = kind
-  step("index", lambda: external.index(c, run))
-  out = {"method": method, "kind": kind, "train": trained, "datastore": store}
-  out["seconds"] = t
-  if overrides:
-    print(f"== {name}: tune {kind} with ScaNN", flush=True)
-    out["scann"] = step("tune_scann", lambda: memory_modes.tune(c, run))
+  c, stages, tune = _prepare(demo, row, steps)
+  run, method, kind = stages.run_dir, row.variant, row.options["kind"]
+  out = _build(stages, c, row)
+  if "overrides" in row.options:
+    print(f"== {row.key}: tune {kind} with ScaNN", flush=True)
+    out["scann"] = tune("tune_scann")
     return out
-  out["recall"] = step("recall", lambda: external.recall(c, run))
+  out["recall"] = stages("recall", lambda: external.recall(c, run))
   if method == "trime_ext":
-    c.eval_memory.kind = "trime"
-    print(f"== {method}: tune M_local u M_long", flush=True)
-    out["local_long"] = step("tune_trime", lambda: memory_modes.tune(c, run))
-    c.eval_memory.kind = kind
+    out["local_long"] = _local_long(c, tune, "tune_trime", method)
   print(f"== {method}: tune {kind} with ScaNN", flush=True)
-  out["scann"] = step("tune_scann", lambda: memory_modes.tune(c, run))
-  best = em_lib.grid_of({"kind": kind, **out["scann"]["best"]})
-  c.eval_memory.search = "exact"
-
-  def exact():
-    loaded = em_lib.load(c, run)
-    return {
-        s: memory_modes._score(loaded, s, best, desc=f"{kind} exact {s}")[  # pylint: disable=protected-access
-            "grid"
-        ][0]
-        for s in ("valid", "test")
-    }
-
+  out["scann"] = tune("tune_scann")
   print(f"== {method}: score {kind} with exact search", flush=True)
-  out["exact"] = step("exact", exact)
+  best = out["scann"]["best"]
+  out["exact"] = stages("exact", lambda: _exact(c, run, kind, best))
   if method == "vanilla":
     c.eval_memory.kind, c.eval_memory.search = "knn_cache", "scann"
     c.eval_memory.long_mem_grid = (0, 1024)
     print(f"== {method}: tune knn_cache with ScaNN", flush=True)
-    out["knn_cache"] = step("tune_knn_cache", lambda: memory_modes.tune(c, run))
+    out["knn_cache"] = tune("tune_knn_cache")
   return out
 
 
-def run_domain(method: str, kind: str, workdir: str, steps) -> dict:
+def run_domain(
+    demo: common.Demo, row: common.Row, steps: int | None
+) -> dict[str, Any]:
   """Table 5: the trained model on iwslt_en, two datastores."""
   from memjax.methods.external import modes as external  # pylint: disable=g-import-not-at-top
-  from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
 
-  run = os.path.join(workdir, method)
-  c = _config(method, workdir, steps)
+  c, stages, tune = _prepare(demo, row, steps)
   c.eval.corpus = "iwslt_en"
-  t = {}
-  step = lambda name, fn: _timed(t, name, os.path.join(run, f"{name}.json"), fn)  # noqa: E731
-  out = {"seconds": t}
+  run, method, kind = stages.run_dir, row.variant, row.options["kind"]
+  out = {"seconds": stages.times}
   if method == "trime_ext":
-    c.eval_memory.kind = "trime"
-    print(f"== {method} on iwslt_en: tune M_local u M_long", flush=True)
-    out["local_long"] = step("domain_trime", lambda: memory_modes.tune(c, run))
+    where = f"{method} on iwslt_en"
+    out["local_long"] = _local_long(c, tune, "domain_trime", where)
   c.eval_memory.kind = kind
   print(f"== {method} on iwslt_en: {kind}, Wikipedia datastore", flush=True)
-  out["wiki"] = step("domain_wiki", lambda: memory_modes.tune(c, run))
+  out["wiki"] = tune("domain_wiki")
   c.datastore.corpus = "iwslt_en"
   print(f"== {method}: datastore of iwslt_en's training part", flush=True)
-  out["datastore"] = step(
+  out["datastore"] = stages(
       "domain_datastore", lambda: external.datastore(c, run)
   )
-  step("domain_index", lambda: external.index(c, run))
+  stages("domain_index", lambda: external.index(c, run))
   print(f"== {method} on iwslt_en: {kind}, iwslt_en datastore", flush=True)
-  out["own"] = step("domain_own", lambda: memory_modes.tune(c, run))
+  out["own"] = tune("domain_own")
   return out
 
 
 def format_ablations(main: list[dict], ablations: list[dict]) -> str:
   """Markdown, Tables 11 and 15: valid perplexity of TRIMELM_ext variants."""
-  lines = [
-      "| TRIMELM_ext trained with | setting (tuned on valid) | valid ppl "
-      "without memory | valid ppl, M_local u M_long u M_ext |",
-      "|---|---|---:|---:|",
-  ]
   rows = [dict(m, row="BM25 batches, gradients, p = 0.9") for m in main]
-  for m in rows + ablations:
-    r = m["scann"]
-    lines.append(
-        f"| {m['row']} | {em_setting(r['best'])} | "
-        f"{r['valid']['plain']['ppl']:.2f} | {r['valid']['memory']['ppl']:.2f} |"
-    )
-  return "\n".join(lines)
+  body = [
+      [
+          m["row"], em_setting(m["scann"]["best"]),
+          f"{m['scann']['valid']['plain']['ppl']:.2f}",
+          f"{m['scann']['valid']['memory']['ppl']:.2f}",
+      ]
+      for m in rows + ablations
+  ]  # fmt: skip
+  head = [
+      "TRIMELM_ext trained with", "setting (tuned on valid)",
+      "valid ppl without memory", "valid ppl, M_local u M_long u M_ext",
+  ]  # fmt: skip
+  return common.markdown(head, "llrr", body)
+
+
+def _memory_cells(r: dict) -> list[str]:
+  """The setting, valid and test cells of a tuned evaluation memory."""
+  return [
+      em_setting(r["best"]),
+      f"{r['valid']['memory']['ppl']:.2f}",
+      f"{r['test']['memory']['ppl']:.2f}",
+  ]
 
 
 def format_domain_table(models: list[dict]) -> str:
   """Markdown, Table 5's layout: iwslt_en perplexity per datastore."""
-  lines = [
-      "| model | memory at evaluation | datastore | setting (tuned on "
-      "iwslt_en valid) | valid ppl | test ppl |",
-      "|---|---|---|---|---:|---:|",
-  ]
+  body = []
   for m in models:
-    d, name = (
-        m["domain"],
-        {"vanilla": "vanilla", "trime_ext": "TRIMELM_ext"}[m["method"]],
+    d, name = m["domain"], {"vanilla": "vanilla"}.get(
+        m["method"], "TRIMELM_ext"
     )
     plain = d["wiki"]
-    lines.append(
-        f"| {name} | - | - | - | {plain['valid']['plain']['ppl']:.2f} | "
-        f"{plain['test']['plain']['ppl']:.2f} |"
-    )
-    rows = [("M_local u M_long", "-", d.get("local_long"))]
+    body.append(
+        [name, "-", "-", "-", f"{plain['valid']['plain']['ppl']:.2f}",
+         f"{plain['test']['plain']['ppl']:.2f}"]
+    )  # fmt: skip
     mem = "M_ext" if m["kind"] == "knn" else "M_local u M_long u M_ext"
-    rows += [(mem, "Wikipedia train", d["wiki"]), (mem, "iwslt_en train",
-                                                  d["own"])]  # fmt: skip
-    for what, store, r in rows:
+    for what, store, r in (
+        ("M_local u M_long", "-", d.get("local_long")),
+        (mem, "Wikipedia train", d["wiki"]),
+        (mem, "iwslt_en train", d["own"]),
+    ):
       if r:
-        lines.append(
-            f"| {name} | {what} | {store} | {em_setting(r['best'])} | "
-            f"{r['valid']['memory']['ppl']:.2f} | "
-            f"{r['test']['memory']['ppl']:.2f} |"
-        )
-  return "\n".join(lines)
-
-
-def _timed(times: dict, name: str, path: str, fn):
-  start = time.time()
-  out = _cached(path, fn)
-  times[name] = time.time() - start
-  return out
+        body.append([name, what, store, *_memory_cells(r)])
+  head = [
+      "model", "memory at evaluation", "datastore",
+      "setting (tuned on iwslt_en valid)", "valid ppl", "test ppl",
+  ]  # fmt: skip
+  return common.markdown(head, "llllrr", body)
 
 
 def format_table(models: list[dict]) -> str:
   """Markdown: one row per evaluation, Table 2's order."""
   by = {m["method"]: m for m in models}
   van, ext = by.get("vanilla"), by.get("trime_ext")
-  lines = [
-      "| model | memory at evaluation | setting (tuned on valid) | valid ppl "
-      "| test ppl | test ppl, exact search | ScaNN recall@K |",
-      "|---|---|---|---:|---:|---:|---:|",
-  ]
-  for name, m in (("vanilla", van), ("TRIMELM_ext", ext)):
-    if m:
-      lines.append(
-          f"| {name} | - | - | {m['scann']['valid']['plain']['ppl']:.2f} | "
-          f"{m['scann']['test']['plain']['ppl']:.2f} | - | - |"
-      )
+  body = [
+      [name, "-", "-", f"{m['scann']['valid']['plain']['ppl']:.2f}",
+       f"{m['scann']['test']['plain']['ppl']:.2f}", "-", "-"]
+      for name, m in (("vanilla", van), ("TRIMELM_ext", ext))
+      if m
+  ]  # fmt: skip
 
-  def row(name, mem, r, m, exact=True):
-    setting = em_setting(r["best"])
-    tail = (
-        f"{m['exact']['test']['ppl']:.2f} | {m['recall']['recall']:.3f}"
-        if exact
-        else "- | -"
+  def row(name, mem, r, m=None):
+    exact = (
+        [f"{m['exact']['test']['ppl']:.2f}", f"{m['recall']['recall']:.3f}"]
+        if m
+        else ["-", "-"]
     )
-    return (
-        f"| {name} | {mem} | {setting} | {r['valid']['memory']['ppl']:.2f} | "
-        f"{r['test']['memory']['ppl']:.2f} | {tail} |"
-    )
+    setting, valid, test = _memory_cells(r)
+    return [name, mem, setting, valid, test, *exact]
 
   if van:
-    lines.append(row("vanilla + kNN-LM", "M_ext", van["scann"], van))
-    lines.append(
+    body.append(row("vanilla + kNN-LM", "M_ext", van["scann"], van))
+    body.append(
         row("vanilla + kNN-LM + cache", "M_local u M_long; M_ext",
-            van["knn_cache"], van, False)
+            van["knn_cache"])
     )  # fmt: skip
   if ext:
-    lines.append(
-        row("TRIMELM_ext", "M_local u M_long", ext["local_long"], ext, False)
-    )
-    lines.append(
+    body.append(row("TRIMELM_ext", "M_local u M_long", ext["local_long"]))
+    body.append(
         row("TRIMELM_ext", "M_local u M_long u M_ext", ext["scann"], ext)
     )
-  return "\n".join(lines)
+  head = [
+      "model", "memory at evaluation", "setting (tuned on valid)", "valid ppl",
+      "test ppl", "test ppl, exact search", "ScaNN recall@K",
+  ]  # fmt: skip
+  return common.markdown(head, "lllrrrr", body)
 
 
 def em_setting(best: dict) -> str:
@@ -316,30 +328,29 @@ def em_setting(best: dict) -> str:
   return em_lib.setting_str(best).replace("long_mem_tokens", "N")
 
 
-def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  import jax  # pylint: disable=g-import-not-at-top
-  import platform  # pylint: disable=g-import-not-at-top
+def _print_datastores(models: list[dict]) -> None:
+  for m in models:
+    ds, rec = m["datastore"], m["recall"]
+    print(
+        f"{m['method']}: datastore {ds['keys']} keys x {ds['dim']} "
+        f"({ds['bytes_per_key']:.0f} bytes/key, {ds['keys'] / ds['seconds']:.0f}"
+        f" keys/s); ScaNN recall@{rec['k']} {rec['recall']:.3f} at "
+        f"{rec['speedup']:.1f}x exact's queries/s"
+    )
 
-  workdir = _WORKDIR.value
-  os.makedirs(workdir, exist_ok=True)
-  start = time.time()
-  models = [
-      run_model(method, kind, workdir, _STEPS.value)
-      for _, method, kind in MODELS
-      if method in _METHODS.value
-  ]
+
+def main() -> None:
+  demo = common.Demo(FLAGS.workdir.value)
+  steps = FLAGS.steps.value
+  selected = common.select(MODELS, _METHODS.value, flag="methods")
+  models = [run_model(demo, row, steps) for row in selected]
   ablations = [
-      dict(run_model("trime_ext", "trime_ext", workdir, _STEPS.value, name,
-                     overrides), row=row)
-      for row, name, overrides in (ABLATIONS if _ABLATIONS.value else ())
-  ]  # fmt: skip
+      dict(run_model(demo, row, steps), row=row.label)
+      for row in (ABLATIONS if _ABLATIONS.value else ())
+  ]
   if _DOMAIN.value:
-    for m in models:
-      m["domain"] = run_domain(m["method"], m["kind"], workdir, _STEPS.value)
-  elapsed = time.time() - start
+    for row, m in zip(selected, models):
+      m["domain"] = run_domain(demo, row, steps)
   table = format_table(models)
   if ablations:
     table += "\n\nAblations (valid):\n\n" + format_ablations(
@@ -349,29 +360,9 @@ def main(argv):
     table += "\n\nDomain adaptation (iwslt_en):\n\n" + format_domain_table(
         models
     )
-  machine = (
-      f"{platform.machine()}, {os.cpu_count()} CPU cores, "
-      f"{jax.devices()[0].platform}, jax {jax.__version__}"
-  )
-  with open(os.path.join(workdir, "table.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(workdir, "table.json"), "w") as f:
-    json.dump(
-        {"models": models, "seconds": elapsed, "machine": machine},
-        f, indent=2, sort_keys=True, default=str,
-    )  # fmt: skip
-  for m in models:
-    ds, rec = m["datastore"], m["recall"]
-    print(
-        f"{m['method']}: datastore {ds['keys']} keys x {ds['dim']} "
-        f"({ds['bytes_per_key']:.0f} bytes/key, {ds['keys'] / ds['seconds']:.0f}"
-        f" keys/s); ScaNN recall@{rec['k']} {rec['recall']:.3f} at "
-        f"{rec['speedup']:.1f}x exact's queries/s"
-    )
-  print(f"\nExternal memory demo ({elapsed:.0f}s on {machine}):\n{table}\n")
-  print(f"written: {os.path.join(workdir, 'table.md')}")
-  sys.stdout.flush()
+  _print_datastores(models)
+  demo.finish({"models": models}, table, title="External memory demo")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

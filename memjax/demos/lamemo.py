@@ -19,32 +19,26 @@ and LaMemo runs. Writes to ``--workdir``:
   (Figure 6) stays in its row directory;
 * one directory per row with that run's checkpoints, results and files.
 
-A row whose directory already holds a finished run is only re-evaluated.
+A row whose directory already holds a run finished with the same steps is
+read back, not run again.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import sys
-import time
+from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-from absl import logging
 
-_WORKDIR = flags.DEFINE_string(
-    "workdir", "runs/lamemo_demo", "Output directory."
-)
-_STEPS = flags.DEFINE_integer(
-    "steps", None, "Override the training steps of every row."
+from memjax.demos import common
+
+FLAGS = common.define_flags(
+    "runs/lamemo_demo", rows="Subset of rows (rpe, xl, lamemo)."
 )
 _SIZE = flags.DEFINE_string(
     "size", "demo", "Size of every row's config (demo, char_gpu, smoke, ...)."
 )
-_ROWS = flags.DEFINE_list("rows", None, "Subset of rows (rpe, xl, lamemo).")
 _RATIOS = flags.DEFINE_list(
     "ratios",
     None,
@@ -57,65 +51,51 @@ _EXTRAPOLATE_SEGMENTS = flags.DEFINE_integer(
 )
 _ANALYZE = flags.DEFINE_bool("analyze", True, "Run the attention analyses.")
 
-# (key, row name, config file, method; the variant is METHOD_SIZE)
+# The variant of each row's config file is METHOD_SIZE (--size).
 ROWS = (
-    ("rpe", "Transformer+RPE", "txl_wt103", "rpe"),
-    ("xl", "Transformer-XL", "txl_wt103", "txl"),
-    ("lamemo", "LaMemo", "lamemo_wt103", "lamemo"),
+    common.Row("rpe", "Transformer+RPE", "txl_wt103", "rpe"),
+    common.Row("xl", "Transformer-XL", "txl_wt103", "txl"),
+    common.Row("lamemo", "LaMemo", "lamemo_wt103", "lamemo"),
 )
 
 
-def load_config(module: str, variant: str):
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  return importlib.import_module(f"configs.{module}").get_config(variant)
-
-
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict[str, Any]]) -> str:
   """Markdown table: one line per model, then the unigram floor."""
   unit = rows[0]["unit"]
-  lines = [
-      f"| model | params | memory | valid {unit} | test {unit} | "
-      "train tokens/s |",
-      "|---|---:|---:|---:|---:|---:|",
+  body = [
+      [
+          r["row"], f"{r['num_params']:,}", r["mem_len"],
+          f"{r['valid'][unit]:.2f}", f"{r['test'][unit]:.2f}",
+          common.tokens_per_s(r),
+      ]  # fmt: skip
+      for r in rows
   ]
-  for r in rows:
-    tps = r.get("train_tokens_per_s")
-    lines.append(
-        f"| {r['row']} | {r['num_params']:,} | {r['mem_len']} | "
-        f"{r['valid'][unit]:.2f} | {r['test'][unit]:.2f} | "
-        f"{f'{tps:.0f}' if tps else '-'} |"
-    )
-  u = rows[0]["unigram"]
-  lines.append(
-      f"| unigram (train counts, add-one) | - | - | "
-      f"{u['valid'][unit]:.2f} | {u['test'][unit]:.2f} | - |"
-  )
-  return "\n".join(lines)
+  body.append([common.UNIGRAM, "-", "-", *common.unigram(rows, unit), "-"])
+  head = [
+      "model", "params", "memory", f"valid {unit}", f"test {unit}",
+      "train tokens/s",
+  ]  # fmt: skip
+  return common.markdown(head, "lrrrrr", body)
 
 
-def train_rows(out_dir: str) -> tuple[list[dict], dict]:
-  """Trains and evaluates each selected row; returns (results, configs)."""
-  from memjax import train  # pylint: disable=g-import-not-at-top
-
-  cache = os.path.join(out_dir, "cache")
-  rows, configs = [], {}
-  for key, name, module, method in ROWS:
-    if _ROWS.value and key not in _ROWS.value:
-      continue
-    cfg = load_config(module, f"{method}_{_SIZE.value}")
-    cfg.data.cache_dir = cache
-    if _STEPS.value:
-      cfg.train.num_steps = _STEPS.value
-    if _RATIOS.value:
-      cfg.extrapolate.ratios = tuple(int(m) for m in _RATIOS.value)
-    cfg.extrapolate.max_segments = _EXTRAPOLATE_SEGMENTS.value
-    print(f"== {name}: {cfg.name}, {cfg.train.num_steps} steps", flush=True)
-    res = train.train_and_evaluate(cfg, os.path.join(out_dir, key))
-    res.update(row=name, key=key, mem_len=cfg.model.mem_len)
-    rows.append(res)
-    configs[key] = cfg
-  return rows, configs
+def train_row(
+    demo: common.Demo,
+    row: common.Row,
+    steps: int | None,
+    configs: dict[str, Any],
+) -> dict[str, Any]:
+  """Trains (or reads back) and evaluates one row; keeps its config in
+  ``configs``."""
+  variant = f"{row.variant}_{_SIZE.value}"
+  cfg = demo.config(row.config, variant, steps)
+  if _RATIOS.value:
+    cfg.extrapolate.ratios = tuple(int(m) for m in _RATIOS.value)
+  cfg.extrapolate.max_segments = _EXTRAPOLATE_SEGMENTS.value
+  print(f"== {row.label}: {cfg.name}, {cfg.train.num_steps} steps", flush=True)
+  res = common.train(cfg, demo.run_dir(row))
+  res.update(row=row.label, key=row.key, mem_len=cfg.model.mem_len)
+  configs[row.key] = cfg
+  return res
 
 
 def extrapolate(out_dir, recurrent, configs, unit) -> None:
@@ -135,17 +115,18 @@ def extrapolate(out_dir, recurrent, configs, unit) -> None:
       f"demo corpus, segments of {csv_rows[0]['segment_len']}, trained with "
       f"memory {configs[recurrent[0][0]].model.mem_len}",
   )
-  lines = [
-      f"| m | memory | " + " | ".join(curves) + " |",
-      "|---:|---:|" + "---:|" * len(curves),
-  ]
-  for i, r in enumerate(next(iter(curves.values()))):
-    lines.append(
-        f"| {r['m']} | {r['mem_len']} | "
-        + " | ".join(f"{c[i][unit]:.2f}" for c in curves.values())
-        + " |"
-    )
-  extrapolation_table = "\n".join(lines)
+  extrapolation_table = common.markdown(
+      ["m", "memory", *curves],
+      "rr" + "r" * len(curves),
+      (
+          [
+              r["m"],
+              r["mem_len"],
+              *(f"{c[i][unit]:.2f}" for c in curves.values()),
+          ]
+          for i, r in enumerate(next(iter(curves.values())))
+      ),
+  )
   with open(os.path.join(out_dir, "extrapolation.md"), "w") as f:
     f.write(extrapolation_table + "\n")
   print(
@@ -186,32 +167,17 @@ def analyze(out_dir, recurrent, configs) -> None:
   )
 
 
-def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  out_dir = _WORKDIR.value
-  os.makedirs(out_dir, exist_ok=True)
-  start = time.time()
-  rows, configs = train_rows(out_dir)
-  table = format_table(rows)
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(out_dir, "table.json"), "w") as f:
-    json.dump(rows, f, indent=2, sort_keys=True)
-  print(
-      f"\nDemo corpus ({len(rows)} rows, {time.time() - start:.0f}s):\n"
-      f"{table}\n",
-      flush=True,
+def main() -> None:
+  configs = {}
+  demo, rows = common.run_rows(
+      FLAGS, ROWS, functools.partial(train_row, configs=configs), format_table
   )
   recurrent = [(r["key"], r["row"]) for r in rows if r["mem_len"] > 0]
   if recurrent:
-    extrapolate(out_dir, recurrent, configs, rows[0]["unit"])
+    extrapolate(demo.workdir, recurrent, configs, rows[0]["unit"])
     if _ANALYZE.value:
-      analyze(out_dir, recurrent, configs)
-  print(f"written: {out_dir} ({time.time() - start:.0f}s)")
-  sys.stdout.flush()
+      analyze(demo.workdir, recurrent, configs)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

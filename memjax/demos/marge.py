@@ -24,32 +24,20 @@ again, so the table can be rebuilt from finished runs.
 
 from __future__ import annotations
 
-import json
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from absl import app  # pylint: disable=g-import-not-at-top
-from absl import flags
-
+from memjax.demos import common
 from memjax.demos import marge_rows
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/marge_demo", "Output dir.")
-_ROWS = flags.DEFINE_string(
-    "rows",
-    "vanilla,marge",
-    "Comma-separated rows of the table: vanilla, marge, txl, trime_long, "
-    "knn, pkm (the default fits about 15 minutes of two idle CPU cores).",
+FLAGS = common.define_flags(
+    "runs/marge_demo",
+    rows="Comma-separated rows of the table: vanilla, marge, txl, "
+    "trime_long, knn, pkm (the default fits about 15 minutes of two idle CPU "
+    "cores).",
+    rows_default=["vanilla", "marge"],
+    steps=None,
 )
 SPLIT = marge_rows.SPLIT
-
-
-def _once(path: str, make) -> dict:
-  """The JSON at ``path``, made by ``make()`` when missing."""
-  if not os.path.exists(path):
-    make()
-  with open(path) as f:
-    return json.load(f)
 
 
 def _knn_memory(cfg, run: str) -> None:
@@ -68,27 +56,23 @@ def _knn_memory(cfg, run: str) -> None:
 
 def _row(workdir: str, name: str) -> dict:
   """Trains and scores row ``name`` (or reads its files back)."""
-  from memjax import train  # pylint: disable=g-import-not-at-top
   from memjax.methods.marge import evaluation as marge_eval  # pylint: disable=g-import-not-at-top
   from memjax.modes import position_loss  # pylint: disable=g-import-not-at-top
 
   spec = marge_rows.ROWS[name]
   run = os.path.join(workdir, name)
-  base = os.path.join(workdir, spec.base_run or name)
+  base = os.path.join(workdir, spec.base or name)
   cfg = marge_rows.row_config(name, base)
-  res = _once(
-      os.path.join(base, "results.json"),
-      lambda: train.train_and_evaluate(cfg, base),
-  )
-  if spec.eval_memory and dict(spec.eval_memory).get("kind") == "knn":
+  res = common.train(cfg, base)
+  if spec.options.get("eval_memory", {}).get("kind") == "knn":
     _knn_memory(cfg, run)
-  pos = _once(
+  pos = common.once(
       os.path.join(run, "position_loss.json"),
       lambda: position_loss.position_loss(cfg, run),
   )
   row = marge_rows.make_row(name, cfg, res, pos)
   if name == "marge":
-    row["marge_eval"] = _once(
+    row["marge_eval"] = common.once(
         os.path.join(run, "marge_eval.json"),
         lambda: marge_eval.marge_eval(cfg, run),
     )[SPLIT]
@@ -116,23 +100,13 @@ def plot(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-def main(argv):
-  del argv
-  try:
-    names = marge_rows.parse_rows(_ROWS.value)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  workdir = _WORKDIR.value
-  os.makedirs(workdir, exist_ok=True)
-  rows = [_row(workdir, name) for name in names]
-  table = marge_rows.format_table(rows)
-  with open(os.path.join(workdir, "table.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(workdir, "table.json"), "w") as f:
-    json.dump(rows, f, indent=1)
-  plot(rows, os.path.join(workdir, "position_loss.png"))
-  print(table)
+def main() -> None:
+  demo = common.Demo(FLAGS.workdir.value)
+  names = marge_rows.parse_rows(",".join(FLAGS.rows.value))
+  rows = [_row(demo.workdir, name) for name in names]
+  plot(rows, os.path.join(demo.workdir, "position_loss.png"))
+  demo.finish({"rows": rows}, marge_rows.format_table(rows))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -20,85 +20,79 @@ needs no training (configs, table, plot) so it can be tested by itself.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import math
 from typing import Any, Optional
+
+from memjax import errors
+from memjax.demos import common
 
 SPLIT = "test"
 
 
-@dataclasses.dataclass(frozen=True)
-class RowSpec:
-  """One row: the config variant it trains and how position_loss scores it.
-
-  Attributes:
-    config: module of ``configs/`` that builds the config.
-    variant: its variant.
-    label: the row's name in the table.
-    memory: ``position_loss.memory`` ('none': the model alone or with its
-      own carried memory; 'eval': its evaluation memory).
-    base_run: the row whose run this row reads instead of training one
-      ('' = its own run).
-    eval_memory: overrides of ``eval_memory``.
-    datastore: overrides of ``datastore``.
-  """
-
-  config: str
-  variant: str
-  label: str
-  memory: str = "none"
-  base_run: str = ""
-  eval_memory: tuple[tuple[str, Any], ...] = ()
-  datastore: tuple[tuple[str, Any], ...] = ()
-
-
 ROWS = {
-    "vanilla": RowSpec("marge_wt103", "vanilla_demo", "vanilla LM"),
-    "txl": RowSpec("txl_wt103", "txl_demo", "Transformer-XL (memory carried)"),
-    "trime_long": RowSpec(
-        "trime_wt103",
-        "trime_long_demo",
-        "TRIMELM_long (local + long memory)",
-        memory="eval",
-    ),
-    "knn": RowSpec(
-        "marge_wt103",
-        "vanilla_demo",
-        "kNN-LM (vanilla LM + datastore)",
-        memory="eval",
-        base_run="vanilla",
-        # Scored in batches of eval_memory.batch_size (8) windows: a batch
-        # is padded at each section's end and every padded query is
-        # searched too. The datastore is built 64 windows a batch.
-        eval_memory=(("kind", "knn"),),
-        datastore=(("batch_size", 64),),
-    ),
-    "pkm": RowSpec("pkm_wt103", "pkm_demo", "PKM LM"),
-    "marge": RowSpec("marge_wt103", "demo", "MARGE, retrieval off"),
+    r.key: r
+    for r in (
+        common.Row("vanilla", "vanilla LM", "marge_wt103", "vanilla_demo"),
+        common.Row(
+            "txl",
+            "Transformer-XL (memory carried)",
+            "txl_wt103",
+            "txl_demo",
+        ),
+        common.Row(
+            "trime_long",
+            "TRIMELM_long (local + long memory)",
+            "trime_wt103",
+            "trime_long_demo",
+            options={"memory": "eval"},
+        ),
+        common.Row(
+            "knn",
+            "kNN-LM (vanilla LM + datastore)",
+            "marge_wt103",
+            "vanilla_demo",
+            base="vanilla",
+            # Scored in batches of eval_memory.batch_size (8) windows: a
+            # batch is padded at each section's end and every padded query
+            # is searched too. The datastore is built 64 windows a batch.
+            options={
+                "memory": "eval",
+                "eval_memory": {"kind": "knn"},
+                "datastore": {"batch_size": 64},
+            },
+        ),
+        common.Row("pkm", "PKM LM", "pkm_wt103", "pkm_demo"),
+        common.Row("marge", "MARGE, retrieval off", "marge_wt103", "demo"),
+    )
 }
+# Each row's options: "memory", its position_loss.memory ('none', the
+# default: the model alone or with its own carried memory; 'eval': its
+# evaluation memory); "eval_memory" and "datastore", overrides of those
+# sections. base: the row whose run it reads instead of training one.
 # The rows of the existing demo keep their configs as they are; the others
 # train on the test split only and match the vanilla row's steps and tokens.
 REFERENCE_ROWS = ("vanilla", "marge")
 
 
 def parse_rows(text: str) -> list[str]:
-  """'vanilla,marge,knn' -> names; raises ValueError naming unknown rows."""
+  """'vanilla,marge,knn' -> names, base runs first.
+
+  Raises:
+    errors.ConfigError: (a ValueError) naming unknown rows, or none given.
+  """
   names = [n.strip() for n in text.split(",") if n.strip()]
-  unknown = [n for n in names if n not in ROWS]
-  if unknown or not names:
-    raise ValueError(
-        f"unknown --rows {unknown or text!r}; use a comma-separated subset "
-        f"of {list(ROWS)}"
+  if not names:
+    raise errors.ConfigError(
+        f"unknown --rows {text!r}; use a comma-separated subset of "
+        f"{list(ROWS)}"
     )
-  if "knn" in names:
-    names.append("vanilla")  # the kNN-LM reads the vanilla run
-  return [n for n in ROWS if n in names]  # base runs come first
+  rows = common.select(list(ROWS.values()), names)
+  names += [r.base for r in rows if r.base]  # the kNN-LM reads vanilla's run
+  return [n for n in ROWS if n in names]
 
 
-def _get_config(spec: RowSpec):
-  mod = importlib.import_module(f"configs.{spec.config}")
-  return mod.get_config(spec.variant)
+def _get_config(row: common.Row):
+  return common.load_config(row.config, row.variant)
 
 
 def row_config(name: str, base_run_dir: Optional[str] = None):
@@ -106,7 +100,7 @@ def row_config(name: str, base_run_dir: Optional[str] = None):
 
   Args:
     name: a key of ROWS.
-    base_run_dir: the run directory of ``ROWS[name].base_run`` (rows that
+    base_run_dir: the run directory of ``ROWS[name].base`` (rows that
       read another row's run).
 
   Returns:
@@ -129,12 +123,11 @@ def row_config(name: str, base_run_dir: Optional[str] = None):
   c.train.num_steps = ref.train.num_steps
   c.data.batch_size = tokens // c.data.seq_len
   c.eval.splits = (SPLIT,)
-  c.position_loss.memory = spec.memory
-  for key, value in spec.eval_memory:
-    c.eval_memory[key] = value
-  for key, value in spec.datastore:
-    c.datastore[key] = value
-  if spec.base_run:
+  c.position_loss.memory = spec.options.get("memory", "none")
+  for section in ("eval_memory", "datastore"):
+    for key, value in spec.options.get(section, {}).items():
+      c[section][key] = value
+  if spec.base:
     c.train.init_from = base_run_dir or ""
   return c
 
@@ -181,14 +174,14 @@ def make_row(
       label=label,
       params=int(results["num_params"]),
       train_tokens=train_tokens(config),
-      ppl=None if spec.base_run else results[SPLIT]["ppl"],
+      ppl=None if spec.base else results[SPLIT]["ppl"],
       section_ppl=None if nll is None else math.exp(nll),
       buckets=buckets,
   )
 
 
-def _cells(values: list[Optional[float]], fmt: str) -> str:
-  return " | ".join("-" if v is None else format(v, fmt) for v in values)
+def _cells(values: list[Optional[float]], fmt: str) -> list[str]:
+  return ["-" if v is None else format(v, fmt) for v in values]
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -198,30 +191,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
   its two rows at the end.
   """
   labels = [b["bucket"] for b in rows[0]["buckets"]]
-  head = (
-      f"| model | params | train tokens | {SPLIT} ppl | section ppl | "
-      + " | ".join(labels)
-      + " |"
-  )
-  lines = [head, "|---|---:|---:|---:|---:|" + "---:|" * len(labels)]
+  body = []
   for r in rows:
-    nll = _cells([b["nll"] for b in r["buckets"]], ".3f")
-    ppl = _cells([r["ppl"], r["section_ppl"]], ".2f")
-    lines.append(
-        f"| {r['label']} | {r['params']:,} | {r['train_tokens']:,} | {ppl} "
-        f"| {nll} |"
+    body.append(
+        [r["label"], f"{r['params']:,}", f"{r['train_tokens']:,}"]
+        + _cells([r["ppl"], r["section_ppl"]], ".2f")
+        + _cells([b["nll"] for b in r["buckets"]], ".3f")
     )
   for r in rows:
-    if "marge_eval" not in r:
-      continue
     for key, name in (("retrieval", "on"), ("no_retrieval", "off")):
-      e = r["marge_eval"][key]
-      nll = _cells([b["nll"] for b in e["buckets"]], ".3f")
-      lines.append(
-          f"| MARGE, retrieval {name} (S_t+1 tokens only) | {r['params']:,} "
-          f"| {r['train_tokens']:,} | {e['ppl']:.2f} | - | {nll} |"
-      )
-  return "\n".join(lines)
+      if "marge_eval" in r:
+        e = r["marge_eval"][key]
+        body.append(
+            [f"MARGE, retrieval {name} (S_t+1 tokens only)", f"{r['params']:,}"]
+            + [f"{r['train_tokens']:,}", f"{e['ppl']:.2f}", "-"]
+            + _cells([b["nll"] for b in e["buckets"]], ".3f")
+        )
+  head = ["model", "params", "train tokens", f"{SPLIT} ppl", "section ppl"]
+  return common.markdown(head + labels, "lrrrr" + "r" * len(labels), body)
 
 
 def plot_series(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict]]]:

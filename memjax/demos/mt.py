@@ -3,12 +3,12 @@ pairs, scored with sacreBLEU.
 
     python -m memjax.demos.mt --workdir=runs/demo_mt
 
-Trains ``configs/trime_iwslt.py:demo`` (``--mode=train``; resumes if the
-workdir holds the run), then prints BLEU (cased, 13a), lowercased BLEU and
-chrF on valid for beam 4 and greedy search, next to the copy-the-source
-baseline (the German sentence given as the English translation), and scores
-test once with beam 4. The table lands in ``<workdir>/table.md`` and
-``table.json``.
+Trains ``configs/trime_iwslt.py:demo`` (``--mode=train``; resumes an
+interrupted run in the workdir, reads back a finished one), then prints
+BLEU (cased, 13a), lowercased BLEU and chrF on valid for beam 4 and greedy
+search, next to the copy-the-source baseline (the German sentence given as
+the English translation), and scores test once with beam 4. The table lands
+in ``<workdir>/table.md`` and ``table.json``.
 
 The trained model must clear a floor on valid: its beam BLEU at least
 twice the copy-the-source BLEU (the copy BLEU plus a margin of the copy
@@ -23,15 +23,15 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-from absl import logging
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/demo_mt", "Output directory.")
-_STEPS = flags.DEFINE_integer("steps", None, "Override the training steps.")
+from memjax.demos import common
+
+FLAGS = common.define_flags(
+    "runs/demo_mt", steps="Override the training steps."
+)
 _VARIANT = flags.DEFINE_string(
     "variant", "demo", "configs/trime_iwslt.py size."
 )
@@ -68,37 +68,20 @@ def check_floor(model: dict, copy: dict) -> str:
   raise BelowFloorError(line + ": NOT cleared")
 
 
-def _config(variant: str, steps):
-  from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
-
-  c = trime_iwslt.get_config(variant)
-  if steps:
-    c.train.num_steps = int(steps)
-  return c
-
-
-def run(workdir: str, variant: str = "demo", steps=None) -> dict:
-  """Trains (or resumes), scores, and returns the table's rows."""
+def _scores(config: Any, workdir: str, trained: dict) -> tuple[dict, dict, int]:
+  """The valid rows (copy, greedy, beam), the test scores (beam) and the
+  number of valid pairs."""
   from memjax import experiment  # pylint: disable=g-import-not-at-top
-  from memjax import train
   from memjax.tasks.translation import bleu
   from memjax.tasks.translation import parts
 
-  config = _config(variant, steps)
-  start = time.time()
-  trained = train.train_and_evaluate(config, workdir)
-  trained["train_seconds"] = time.time() - start  # Valid decoding included.
   restored = experiment.load(workdir, config=config)
   tr = parts.make_translator(
       config, restored.model, restored.params, restored.vocab
   )
-  t = config.translation
-  valid = parts.read_split(
-      config, "valid", os.path.join(workdir, "spm.model"), workdir
-  )
-  test = parts.read_split(
-      config, "test", os.path.join(workdir, "spm.model"), workdir
-  )
+  spm = os.path.join(workdir, "spm.model")
+  valid = parts.read_split(config, "valid", spm, workdir)
+  test = parts.read_split(config, "test", spm, workdir)
   rows = {}
   rows["copy the source (baseline)"] = copy_baseline(
       valid.source_text, valid.target_text
@@ -110,71 +93,76 @@ def run(workdir: str, variant: str = "demo", steps=None) -> dict:
   )
   beam = dict(trained["valid"])
   beam["seconds"] = beam.pop("decode_seconds")
-  rows[f"beam {t.beam_size}"] = beam
-  tic = time.time()
+  rows[f"beam {config.translation.beam_size}"] = beam
   test_scores = parts.score_split(tr, test, 0, "decoding test")
   test_scores.pop("hypotheses")
+  return rows, test_scores, len(valid.source)
+
+
+def _markdown(table: dict[str, Any], pairs: int) -> str:
+  """The table: valid rows, test once, the signatures, sizes and time."""
+  ((test_name, test),) = table["test"].items()
+  body = [
+      [name, *(f"{s[k]:.2f}" for k in ("bleu", "bleu_lowercase", "chrf"))]
+      for name, s in {
+          **table["valid"],
+          f"test, {test_name} (scored once)": test,
+      }.items()
+  ]
+  lines = [
+      common.markdown(
+          [f"valid ({pairs} pairs)", "BLEU", "lowercased BLEU", "chrF"],
+          "llll",
+          body,
+      ),
+      "",
+      f"BLEU signature: {test['bleu_signature']}",
+      f"chrF signature: {test['chrf_signature']}",
+      f"{table['config']}: {table['num_params']:,} parameters, "
+      f"{table['train_steps']} updates in {table['train_seconds']:.0f} s; "
+      f"total {table['total_seconds']:.0f} s",
+      table["floor_line"],
+  ]
+  return "\n".join(lines)
+
+
+def run(workdir: str, variant: str = "demo", steps: int | None = None) -> dict:
+  """Trains (or resumes, or reads back), scores, writes and prints the
+  table; returns what ``table.json`` holds."""
+  demo = common.Demo(workdir)
+  config = common.load_config("trime_iwslt", variant)
+  if steps:
+    config.train.num_steps = int(steps)
+  trained = common.train(config, workdir)
+  trained["train_seconds"] = time.time() - demo.start  # Valid decoding too.
+  rows, test, pairs = _scores(config, workdir, trained)
+  beam = f"beam {config.translation.beam_size}"
   table = {
       "config": config.name,
       "train_steps": trained["step"],
       "train_seconds": trained["train_seconds"],
       "num_params": trained["num_params"],
       "valid": rows,
-      "test": {f"beam {t.beam_size}": test_scores},
-      "total_seconds": time.time() - start,
+      "test": {beam: test},
+      "total_seconds": time.time() - demo.start,
       "floor": floor(rows["copy the source (baseline)"]),
   }
-  lines = [
-      f"| valid ({len(valid.source)} pairs) | BLEU | lowercased BLEU | chrF |",
-      "|---|---|---|---|",
-  ]
-  for name, s in rows.items():
-    lines.append(
-        f"| {name} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | "
-        f"{s['chrf']:.2f} |"
-    )
-  lines.append(
-      f"| test, beam {t.beam_size} (scored once) | {test_scores['bleu']:.2f} | "
-      f"{test_scores['bleu_lowercase']:.2f} | {test_scores['chrf']:.2f} |"
-  )
-  lines.append("")
-  lines.append(f"BLEU signature: {test_scores['bleu_signature']}")
-  lines.append(f"chrF signature: {test_scores['chrf_signature']}")
-  lines.append(
-      f"{config.name}: {trained['num_params']:,} parameters, "
-      f"{trained['step']} updates in {trained['train_seconds']:.0f} s; "
-      f"total {table['total_seconds']:.0f} s"
-  )
   try:
     table["floor_line"] = check_floor(
-        rows[f"beam {t.beam_size}"], rows["copy the source (baseline)"]
+        rows[beam], rows["copy the source (baseline)"]
     )
     table["floor_cleared"] = True
   except BelowFloorError as e:
     table["floor_line"], table["floor_cleared"] = str(e), False
-  lines.append(table["floor_line"])
-  table["markdown"] = "\n".join(lines)
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
-
-  return runfiles.write_table(workdir, table)
+  return demo.finish(table, _markdown(table, pairs))
 
 
-def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  from memjax import errors  # pylint: disable=g-import-not-at-top
-
-  try:
-    table = run(_WORKDIR.value, _VARIANT.value, _STEPS.value)
-  except errors.UserError as e:
-    print(f"memjax: error: {e}", file=sys.stderr)
-    sys.exit(2)
-  print(table["markdown"])
+def main() -> None:
+  table = run(FLAGS.workdir.value, _VARIANT.value, FLAGS.steps.value)
   if not table["floor_cleared"]:
     print(f"memjax: error: {table['floor_line']}", file=sys.stderr)
     sys.exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -19,7 +19,7 @@ IOU per layer after fine-tuning). ``--frozen`` adds the fine-tunes with the
 memory held fixed (Table 5). Writes ``table.md``, ``table.json`` and
 ``figure3.png`` (MLM training curves of the initialised rows, from their
 ``train_log.jsonl``) to ``--workdir``, one directory per run; a run whose
-``results.json`` exists is read back, not run again.
+``results.json`` shows it finished its steps is read back, not run again.
 """
 
 from __future__ import annotations
@@ -30,19 +30,17 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-from absl import logging
 
-_WORKDIR = flags.DEFINE_string(
-    "workdir", "runs/pkm_bert_demo", "Output directory."
+from memjax.demos import common
+
+FLAGS = common.define_flags(
+    "runs/pkm_bert_demo",
+    rows="Rows (a-f, f_fresh).",
+    rows_default=["a", "b", "c", "d", "e", "f"],
+    steps=None,
 )
 _SIZE = flags.DEFINE_string("size", "demo", "Size of configs/pkm_bert.py.")
-_ROWS = flags.DEFINE_list(
-    "rows", ["a", "b", "c", "d", "e", "f"], "Rows (a-f, f_fresh)."
-)
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Fine-tuning seeds (median).")
 _STEPS = flags.DEFINE_integer(
     "mlm_steps", 0, "Pretraining steps per stage (0 = the config's)."
@@ -59,64 +57,59 @@ _FROZEN_SEEDS = flags.DEFINE_list(
     " --seeds)."
 )  # fmt: skip
 
-# key: (row name, MLM method, row it starts from, fine-tuning method)
+
+def _row(key: str, label: str, mlm: str, base: str, finetune: str):
+  return common.Row(
+      key, label, "pkm_bert", mlm, base=base, options={"finetune": finetune}
+  )
+
+
+# MLM method (the variant's METHOD), the row it starts from, fine-tuning
+# method.
 ROWS = {
-    "a": ("(a) BERT, no memory", "vanilla", None, "cls"),
-    "b": ("(b) (a) + extra steps", "vanilla", "a", "cls"),
-    "c": ("(c) +PKM", "pkm", None, "cls_pkm"),
-    "d": ("(d) +ResM", "resm", None, "cls_resm"),
-    "e": ("(e) +Init +PKM", "init_pkm", "a", "cls_pkm"),
-    "f": ("(f) +Init +ResM", "init_resm", "a", "cls_resm"),
-    "f_fresh": ("(f') +Init +ResM, fresh FFN", "init_resm_fresh_ffn", "a",
-                "cls_resm"),
+    r.key: r
+    for r in (
+        _row("a", "(a) BERT, no memory", "vanilla", "", "cls"),
+        _row("b", "(b) (a) + extra steps", "vanilla", "a", "cls"),
+        _row("c", "(c) +PKM", "pkm", "", "cls_pkm"),
+        _row("d", "(d) +ResM", "resm", "", "cls_resm"),
+        _row("e", "(e) +Init +PKM", "init_pkm", "a", "cls_pkm"),
+        _row("f", "(f) +Init +ResM", "init_resm", "a", "cls_resm"),
+        _row("f_fresh", "(f') +Init +ResM, fresh FFN", "init_resm_fresh_ffn",
+             "a", "cls_resm"),
+    )
 }  # fmt: skip
 
 
-def _run(config, workdir: str) -> dict:
-  from memjax import train  # pylint: disable=g-import-not-at-top
-
-  path = os.path.join(workdir, "results.json")
-  if os.path.isfile(path):
-    with open(path) as f:
-      return json.load(f)
-  start = time.time()
-  res = train.train_and_evaluate(config, workdir)
-  res["wall_s"] = time.time() - start
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
-  return res
-
-
 def pretrain(key: str, root: str, size: str) -> dict:
-  from configs import pkm_bert  # pylint: disable=g-import-not-at-top
-
-  _, method, parent, _ = ROWS[key]
-  c = pkm_bert.get_config(f"{method}_{size}")
-  steps = (_EXTRA.value if parent else 0) or _STEPS.value
+  """Masked-LM pretraining of row ``key`` (and of the row it starts from),
+  or the results of a finished run."""
+  row = ROWS[key]
+  c = common.load_config(row.config, f"{row.variant}_{size}")
+  steps = (_EXTRA.value if row.base else 0) or _STEPS.value
   if steps:
     c.train.num_steps = c.train.checkpoint_every = steps
     c.train.log_every = min(c.train.log_every, steps)
     c.optim.warmup_steps = steps // 10
-  if parent:
-    pretrain(parent, root, size)  # Read back when it has run.
-    c.train.init_from = os.path.join(root, parent, "mlm")
-  return _run(c, os.path.join(root, key, "mlm"))
+  if row.base:
+    pretrain(row.base, root, size)  # Read back when it has run.
+    c.train.init_from = os.path.join(root, row.base, "mlm")
+  return common.train(c, os.path.join(root, key, "mlm"))
 
 
 def finetune(key: str, root: str, size: str, seed: int, frozen: bool) -> dict:
-  from configs import pkm_bert  # pylint: disable=g-import-not-at-top
-
-  method = ROWS[key][3] + ("_frozen" if frozen else "")
-  c = pkm_bert.get_config(f"{method}_{size}")
+  """Sentiment fine-tuning of row ``key``'s MLM with ``seed``."""
+  method = ROWS[key].options["finetune"] + ("_frozen" if frozen else "")
+  c = common.load_config("pkm_bert", f"{method}_{size}")
   c.seed = seed
   c.train.init_from = os.path.join(root, key, "mlm")
   name = f"cls{'_frozen' if frozen else ''}_seed{seed}"
-  return _run(c, os.path.join(root, key, name))
+  return common.train(c, os.path.join(root, key, name))
 
 
 def summarise(key: str, mlm_res: dict, fts: list[dict]) -> dict:
   """One table row: MLM scores and the median fine-tune (by dev)."""
-  row = {"key": key, "row": ROWS[key][0]}
+  row = {"key": key, "row": ROWS[key].label}
   row["valid_ppl"] = mlm_res["valid"]["ppl"]
   row["test_ppl"] = mlm_res["test"]["ppl"]
   row["memory"] = mlm_res["valid"].get("memory", {})
@@ -145,47 +138,53 @@ def _dev_cell(r: dict) -> str:
   return cell
 
 
+def _pct(d: dict, name: str) -> str:
+  return " / ".join(f"{100 * v[name]:.1f}" for _, v in sorted(d.items())) or "-"
+
+
 def format_table(rows: list[dict]) -> str:
-  lines = [
-      "| model | MLM ppl valid | MLM ppl test | top-1 MU (%) | KL_u | KL_w "
-      "| sentiment dev acc (median) | test acc | top-1 MU after FT (%) "
-      "| pos/neg KL | pos/neg IOU |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-  ]
-  pct = (
-      lambda d, n: " / ".join(f"{100 * v[n]:.1f}" for _, v in sorted(d.items()))
-      or "-"
-  )
-  for r in rows:
-    lines.append(
-        f"| {r['row']} | {r['valid_ppl']:.2f} | {r['test_ppl']:.2f} | "
-        f"{pct(r['memory'], 'top1_mu')} | {_per_layer(r['memory'], 'kl_u')} | "
-        f"{_per_layer(r['memory'], 'kl_w')} | "
-        f"{_dev_cell(r)} | {r.get('test_acc', float('nan')):.4f} | "
-        f"{pct(r.get('ft_memory', {}), 'top1_mu')} | "
-        f"{_per_layer(r.get('class_divergence', {}), 'kl')} | "
-        f"{_per_layer(r.get('class_divergence', {}), 'iou')} |"
-    )
-  return "\n".join(lines)
+  """Table 2 and the fine-tunes: one line per row."""
+  nan = float("nan")
+  body = [
+      [
+          r["row"], f"{r['valid_ppl']:.2f}", f"{r['test_ppl']:.2f}",
+          _pct(r["memory"], "top1_mu"), _per_layer(r["memory"], "kl_u"),
+          _per_layer(r["memory"], "kl_w"), _dev_cell(r),
+          f"{r.get('test_acc', nan):.4f}",
+          _pct(r.get("ft_memory", {}), "top1_mu"),
+          _per_layer(r.get("class_divergence", {}), "kl"),
+          _per_layer(r.get("class_divergence", {}), "iou"),
+      ]
+      for r in rows
+  ]  # fmt: skip
+  head = [
+      "model", "MLM ppl valid", "MLM ppl test", "top-1 MU (%)", "KL_u", "KL_w",
+      "sentiment dev acc (median)", "test acc", "top-1 MU after FT (%)",
+      "pos/neg KL", "pos/neg IOU",
+  ]  # fmt: skip
+  return common.markdown(head, "l" + "r" * 10, body)
 
 
 def format_frozen_table(rows: list[dict]) -> str:
   """Table 5: fine-tuning with the memory updated (Y) or held fixed (N)."""
-  lines = [
-      "| model | memory update | sentiment dev acc (median) | dev accs "
-      "| test acc |",
-      "|---|---|---:|---|---:|",
-  ]
-  for r in rows:
-    if "frozen" not in r:
-      continue
-    for update, d in (("Y", r), ("N", r["frozen"])):
-      accs = ", ".join(f"{a:.3f}" for a in d.get("dev_accs", []))
-      lines.append(
-          f"| {r['row']} | {update} | {d.get('dev_acc', float('nan')):.4f} "
-          f"| {accs} | {d.get('test_acc', float('nan')):.4f} |"
-      )
-  return "\n".join(lines) if len(lines) > 2 else ""
+  nan = float("nan")
+  body = [
+      [
+          r["row"], update, f"{d.get('dev_acc', nan):.4f}",
+          ", ".join(f"{a:.3f}" for a in d.get("dev_accs", [])),
+          f"{d.get('test_acc', nan):.4f}",
+      ]
+      for r in rows
+      if "frozen" in r
+      for update, d in (("Y", r), ("N", r["frozen"]))
+  ]  # fmt: skip
+  if not body:
+    return ""
+  head = [
+      "model", "memory update", "sentiment dev acc (median)", "dev accs",
+      "test acc",
+  ]  # fmt: skip
+  return common.markdown(head, "llrlr", body)
 
 
 def plot_curves(root: str, keys: list[str]) -> str:
@@ -220,7 +219,7 @@ def plot_curves(root: str, keys: list[str]) -> str:
         )
         for i in range(len(ppl))
     ]
-    ax.plot(steps, smooth, color=line.get_color(), label=ROWS[key][0])
+    ax.plot(steps, smooth, color=line.get_color(), label=ROWS[key].label)
   ax.set_xlabel("training step (after initialisation)")
   ax.set_ylabel("MLM training perplexity (moving average)")
   ax.set_yscale("log")
@@ -232,35 +231,38 @@ def plot_curves(root: str, keys: list[str]) -> str:
   return out
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  root, size = _WORKDIR.value, _SIZE.value
-  unknown = [k for k in _ROWS.value if k not in ROWS]
-  if unknown:
-    raise app.UsageError(f"unknown --rows {unknown}; use {list(ROWS)}")
-  # Parents first: (b), (e), (f) start from (a). Every pretraining, then
-  # every fine-tune, then the frozen ones: a cut-short run keeps the most
-  # important results, and a re-run reads back what exists.
-  keys = sorted(_ROWS.value, key=lambda k: (ROWS[k][2] is not None, k))
-  start = time.time()
-  mlm = {}
-  for key in keys:
-    print(f"== {ROWS[key][0]}: pretraining ({time.time() - start:.0f}s)")
-    mlm[key] = pretrain(key, root, size)
+def _finetunes(keys: list[str], root: str, start: float) -> dict:
+  """Every fine-tune of the rows ``keys``: {(key, frozen): [results]}."""
   # Seed-major: every row has its first seeds before any row its last.
   jobs = [(k, s, False) for s in _SEEDS.value for k in keys]
   frozen_seeds = _FROZEN_SEEDS.value or _SEEDS.value
   if _FROZEN.value:
     jobs += [(k, s, True) for s in frozen_seeds for k in keys
-             if ROWS[k][3] != "cls"]  # fmt: skip
+             if ROWS[k].options["finetune"] != "cls"]  # fmt: skip
   fts = {}
   for key, seed, frozen in jobs:
     what = "frozen-memory fine-tuning" if frozen else "fine-tuning"
-    print(f"== {ROWS[key][0]}: {what}, seed {seed} "
+    print(f"== {ROWS[key].label}: {what}, seed {seed} "
           f"({time.time() - start:.0f}s)")  # fmt: skip
-    res = finetune(key, root, size, int(seed), frozen)
+    res = finetune(key, root, _SIZE.value, int(seed), frozen)
     fts.setdefault((key, frozen), []).append(res)
+  return fts
+
+
+def main() -> None:
+  demo = common.Demo(FLAGS.workdir.value)
+  root = demo.workdir
+  # Parents first: (b), (e), (f) start from (a). Every pretraining, then
+  # every fine-tune, then the frozen ones: a cut-short run keeps the most
+  # important results, and a re-run reads back what exists.
+  selected = common.select(list(ROWS.values()), FLAGS.rows.value)
+  keys = [r.key for r in sorted(selected, key=lambda r: (bool(r.base), r.key))]
+  mlm = {}
+  for key in keys:
+    print(f"== {ROWS[key].label}: pretraining "
+          f"({time.time() - demo.start:.0f}s)")  # fmt: skip
+    mlm[key] = pretrain(key, root, _SIZE.value)
+  fts = _finetunes(keys, root, demo.start)
   rows = []
   for key in keys:
     row = summarise(key, mlm[key], fts.get((key, False), []))
@@ -272,17 +274,12 @@ def main(argv):
   if frozen_table:
     table += "\n\nFine-tuning with the memory held fixed (Table 5):\n\n"
     table += frozen_table
-  os.makedirs(root, exist_ok=True)
-  with open(os.path.join(root, "table.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(root, "table.json"), "w") as f:
-    json.dump(rows, f, indent=1)
   # Every run that starts from (a) in the workdir, also one of an earlier
   # --rows; (b), the memory-less control, sees the same batches.
   fig = plot_curves(root, ["b", "e", "f", "f_fresh"])
-  print(table)
-  print(f"figure: {fig}; total {time.time() - start:.0f}s")
+  demo.finish({"rows": rows}, table)
+  print(f"figure: {fig}; total {time.time() - demo.start:.0f}s")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -17,50 +17,52 @@ Rows (Tables 2-3 of the TRIME paper, at demo scale):
 Every trained row trains the same number of steps on the same model and
 batch size; test is scored once, at the setting chosen on valid. The table
 lands in ``<workdir>/table.md`` and ``<workdir>/table.json``. A row whose
-workdir already holds a finished run is only re-evaluated, so an interrupted
-demo continues where it stopped.
+workdir already holds a run finished with the same steps is read back and
+only its memory tuned again, so an interrupted demo continues where it
+stopped.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import time
+from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from memjax.demos import common
 
-from absl import app  # pylint: disable=g-import-not-at-top
-from absl import flags
-from absl import logging
-
-_WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Output directory.")
-_STEPS = flags.DEFINE_integer(
-    "steps", None, "Override the training steps of every row."
+FLAGS = common.define_flags(
+    "runs/demo", rows="Subset of rows to run (default: all)."
 )
-_ROWS = flags.DEFINE_list("rows", None, "Subset of rows to run (default: all).")
 
-# (row name, config variant of configs/trime_wt103.py, memory kind tuned at
-# evaluation or None, the row whose checkpoint it evaluates or None to train).
+# Variants of configs/trime_wt103.py; "memory": the memory kind tuned at
+# evaluation; base: the row whose checkpoint it evaluates instead of training.
 ROWS = (
-    ("vanilla", "demo", None, None),
-    ("vanilla + continuous cache", "demo", "cache", "vanilla"),
-    ("TRIMELM", "trime_demo", "trime", None),
-    ("TRIMELM_long", "trime_long_demo", "trime", None),
+    common.Row("vanilla", "vanilla", "trime_wt103", "demo"),
+    common.Row(
+        "vanilla + continuous cache",
+        "vanilla + continuous cache",
+        "trime_wt103",
+        "demo",
+        base="vanilla",
+        options={"memory": "cache"},
+    ),
+    common.Row(
+        "TRIMELM",
+        "TRIMELM",
+        "trime_wt103",
+        "trime_demo",
+        options={"memory": "trime"},
+    ),
+    common.Row(
+        "TRIMELM_long",
+        "TRIMELM_long",
+        "trime_wt103",
+        "trime_long_demo",
+        options={"memory": "trime"},
+    ),
 )
 
 
-def _load_config(variant: str):
-  from configs import trime_wt103  # pylint: disable=g-import-not-at-top
-
-  return trime_wt103.get_config(variant)
-
-
-def _dirname(row: str) -> str:
-  return "".join(c if c.isalnum() else "_" for c in row).strip("_").lower()
-
-
-def _setting(r: dict) -> str:
+def _setting(r: dict[str, Any]) -> str:
   best = r.get("best")
   if not best:
     return "-"
@@ -76,53 +78,50 @@ def _setting(r: dict) -> str:
   return ", ".join(parts)
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict[str, Any]]) -> str:
   """Markdown table of valid/test perplexity per row."""
-  lines = [
-      "| model | params | steps | memory at evaluation | valid ppl | test ppl "
-      "| test ppl without memory | train tokens/s |",
-      "|---|---:|---:|---|---:|---:|---:|---:|",
+  head = [
+      "model", "params", "steps", "memory at evaluation", "valid ppl",
+      "test ppl", "test ppl without memory", "train tokens/s",
+  ]  # fmt: skip
+  body = [
+      [
+          r["row"], f"{r['num_params']:,}", r["step"], _setting(r),
+          f"{r['valid']['ppl']:.2f}", f"{r['test']['ppl']:.2f}",
+          f"{r['test_plain']['ppl']:.2f}", common.tokens_per_s(r),
+      ]  # fmt: skip
+      for r in rows
   ]
-  for r in rows:
-    tps = r.get("train_tokens_per_s")
-    lines.append(
-        f"| {r['row']} | {r['num_params']:,} | {r['step']} | {_setting(r)} | "
-        f"{r['valid']['ppl']:.2f} | {r['test']['ppl']:.2f} | "
-        f"{r['test_plain']['ppl']:.2f} | {f'{tps:.0f}' if tps else '-'} |"
-    )
-  u = rows[0]["unigram"]
-  lines.append(
-      f"| unigram (train counts, add-one) | - | - | - | {u['valid']['ppl']:.2f} | "
-      f"{u['test']['ppl']:.2f} | - | - |"
+  body.append(
+      [common.UNIGRAM, "-", "-", "-", *common.unigram(rows, "ppl"), "-", "-"]
   )
-  return "\n".join(lines)
+  return common.markdown(head, "lrrlrrrr", body)
 
 
-def run_row(
-    name: str, variant: str, kind, source, workdir: str, cache: str, steps
-) -> dict:
-  """Trains (or reuses) one row's model and evaluates it; returns the row."""
+def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
+  """Trains (or reads back) one row's model and evaluates it; returns the
+  row (also written to its directory's ``row.json``)."""
+  from memjax import runfiles  # pylint: disable=g-import-not-at-top
   from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
-  from memjax import train  # pylint: disable=g-import-not-at-top
 
-  cfg = _load_config(variant)
-  cfg.data.cache_dir = cache
-  if steps:
-    cfg.train.num_steps = steps
-  row_dir = os.path.join(workdir, _dirname(name))
-  if source is None:
-    print(
-        f"== {name}: train {cfg.name}, {cfg.train.num_steps} steps", flush=True
+  cfg = demo.config(row.config, row.variant, steps)
+  row_dir = demo.run_dir(row)
+  if row.base:
+    res = dict(
+        common.read_json(os.path.join(demo.run_dir(row.base), "row.json"))
     )
-    res = train.train_and_evaluate(cfg, row_dir)
+    cfg.train.init_from = demo.run_dir(row.base)
   else:
-    with open(os.path.join(workdir, _dirname(source), "row.json")) as f:
-      res = dict(json.load(f))
-    cfg.train.init_from = os.path.join(workdir, _dirname(source))
-  res.update(row=name, test_plain=res["test"], valid_plain=res["valid"])
+    print(
+        f"== {row.label}: train {cfg.name}, {cfg.train.num_steps} steps",
+        flush=True,
+    )
+    res = common.train(cfg, row_dir)
+  res.update(row=row.label, test_plain=res["test"], valid_plain=res["valid"])
+  kind = row.options.get("memory")
   if kind is not None:
     cfg.eval_memory.kind = kind
-    print(f"== {name}: tune the {kind} memory on valid", flush=True)
+    print(f"== {row.label}: tune the {kind} memory on valid", flush=True)
     tuned = memory_modes.tune(cfg, row_dir)
     res.update(
         valid=tuned["valid"]["memory"],
@@ -130,54 +129,15 @@ def run_row(
         best=tuned["best"],
         grid_valid=tuned["grid_valid"],
     )
-    if source is not None:
+    if row.base:
       res.pop("train_tokens_per_s", None)
-  with open(os.path.join(row_dir, "row.json"), "w") as f:
-    json.dump(res, f, indent=2, sort_keys=True)
+  runfiles.write_json(os.path.join(row_dir, "row.json"), res)
   return res
 
 
-def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  import jax  # pylint: disable=g-import-not-at-top
-  import platform  # pylint: disable=g-import-not-at-top
-
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  cache = os.path.join(_WORKDIR.value, "cache")
-  rows = []
-  start = time.time()
-  for name, variant, kind, source in ROWS:
-    if _ROWS.value and name not in _ROWS.value:
-      continue
-    rows.append(
-        run_row(
-            name, variant, kind, source, _WORKDIR.value, cache, _STEPS.value
-        )
-    )
-  table = format_table(rows)
-  elapsed = time.time() - start
-  machine = (
-      f"{platform.machine()}, {os.cpu_count()} CPU cores, "
-      f"{jax.devices()[0].platform}, jax {jax.__version__}"
-  )
-  with open(os.path.join(_WORKDIR.value, "table.md"), "w") as f:
-    f.write(table + "\n")
-  with open(os.path.join(_WORKDIR.value, "table.json"), "w") as f:
-    json.dump(
-        {"rows": rows, "seconds": elapsed, "machine": machine},
-        f,
-        indent=2,
-        sort_keys=True,
-    )
-  print(
-      f"\nDemo corpus (WikiText format, {len(rows)} rows, {elapsed:.0f}s on "
-      f"{machine}):\n{table}\n"
-  )
-  print(f"written: {os.path.join(_WORKDIR.value, 'table.md')}")
-  sys.stdout.flush()
+def main() -> None:
+  common.run_rows(FLAGS, ROWS, run_row, format_table, about="WikiText format")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

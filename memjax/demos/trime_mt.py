@@ -16,22 +16,22 @@ workdir holds. The table lands in ``<workdir>/table.md`` / ``table.json``.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
+from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-from absl import logging
 
-_WORKDIR = flags.DEFINE_string(
-    "workdir", "runs/demo_trime_mt", "Output directory."
+from memjax import runfiles
+from memjax.demos import common
+
+FLAGS = common.define_flags(
+    "runs/demo_trime_mt",
+    steps="Training updates of each model.",
+    steps_default=150,
 )
-_STEPS = flags.DEFINE_integer("steps", 150, "Training updates of each model.")
 _SIZE = flags.DEFINE_string("size", "demo", "configs/trime_iwslt.py size.")
 _TEST = flags.DEFINE_integer(
     "test_sentences", 200, "Test sentences scored (0: all)."
@@ -42,10 +42,8 @@ _METHOD = flags.DEFINE_string(
 )  # fmt: skip
 
 
-def _config(method: str, size: str, steps: int, data_dir: str = ""):
-  from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
-
-  c = trime_iwslt.get_config(f"{method}_{size}")
+def _config(method: str, size: str, steps: int, data_dir: str = "") -> Any:
+  c = common.load_config("trime_iwslt", f"{method}_{size}")
   c.train.num_steps = int(steps)
   c.train.checkpoint_every = int(steps)
   # The end-of-training valid check: one decoding batch (64 sentences); a
@@ -67,15 +65,12 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   without the memory; returns its rows and timings."""
   # pylint: disable=g-import-not-at-top
   from memjax import experiment
-  from memjax import train
   from memjax.methods.external import mt_modes as tm
   from memjax.tasks.translation import parts
 
   times = {}
   tic = time.time()
-  trained = train.train_and_evaluate(
-      _config(method, size, steps, data_dir), workdir
-  )
+  trained = common.train(_config(method, size, steps, data_dir), workdir)
   times["train"] = time.time() - tic
   config = _config(method, size, steps, data_dir)
   config.translation.split = "test"
@@ -112,24 +107,34 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
 
 def _markdown(v: dict, t: dict, total: float) -> str:
   def line(name, s, nll):
-    return (
-        f"| {name} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | "
-        f"{s['chrf']:.2f} | {nll} |"
-    )
+    return [
+        name,
+        *(f"{s[k]:.2f}" for k in ("bleu", "bleu_lowercase", "chrf")),
+        nll,
+    ]
 
   def tuned(r):
-    b = r["tune"]["best"]
-    return f"{b['nll']:.3f}"
+    return f"{r['tune']['best']['nll']:.3f}"
 
-  plain_nll = f"{t['tune']['nll_without_memory']:.3f}"
+  table = common.markdown(
+      [
+          "test, beam 4", "BLEU", "lowercased BLEU", "chrF",
+          "valid NLL (teacher-forced)",
+      ],
+      "lllll",
+      [
+          line("vanilla", v["plain"], f"{v['tune']['nll_without_memory']:.3f}"),
+          line("vanilla + kNN-MT", v["memory"], tuned(v)),
+          line("TRIMEMT_ext", t["memory"], tuned(t)),
+          line(
+              "(TRIMEMT_ext model, no memory)",
+              t["plain"],
+              f"{t['tune']['nll_without_memory']:.3f}",
+          ),
+      ],
+  )  # fmt: skip
   lines = [
-      "| test, beam 4 | BLEU | lowercased BLEU | chrF | valid NLL "
-      "(teacher-forced) |",
-      "|---|---|---|---|---|",
-      line("vanilla", v["plain"], f"{v['tune']['nll_without_memory']:.3f}"),
-      line("vanilla + kNN-MT", v["memory"], tuned(v)),
-      line("TRIMEMT_ext", t["memory"], tuned(t)),
-      line("(TRIMEMT_ext model, no memory)", t["plain"], plain_nll),
+      table,
       "",
       "kNN-MT: " + _settings(v["memory"]["settings"], "knn"),
       "TRIMEMT_ext: " + _settings(t["memory"]["settings"], "trime"),
@@ -165,9 +170,9 @@ def _child(method: str, workdir: str, size, steps, test) -> subprocess.Popen:
 
 def run(workdir: str, size: str = "demo", steps: int = 150, test=200):
   """Both models' rows, the two methods in parallel processes (each is
-  one core's work for most of its run); writes table.json and table.md."""
-  start = time.time()
-  os.makedirs(workdir, exist_ok=True)
+  one core's work for most of its run); writes table.json and table.md and
+  prints the table."""
+  demo = common.Demo(workdir)
   children = {
       m: _child(m, workdir, size, steps, test) for m in ("vanilla", "trime_mt")
   }
@@ -177,40 +182,24 @@ def run(workdir: str, size: str = "demo", steps: int = 150, test=200):
       raise RuntimeError(
           f"the {m} part failed; see {os.path.join(workdir, m + '.log')}"
       )
-    with open(os.path.join(workdir, m, "rows.json")) as f:
-      rows[m] = json.load(f)
-  total = time.time() - start
-  table = {
-      **rows,
-      "total_seconds": total,
-      "markdown": _markdown(rows["vanilla"], rows["trime_mt"], total),
-  }
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
-
-  return runfiles.write_table(workdir, table)
+    rows[m] = common.read_json(os.path.join(workdir, m, "rows.json"))
+  total = time.time() - demo.start
+  return demo.finish(
+      {**rows, "total_seconds": total},
+      _markdown(rows["vanilla"], rows["trime_mt"], total),
+  )
 
 
-def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  from memjax import errors  # pylint: disable=g-import-not-at-top
-
-  try:
-    if _METHOD.value:
-      sub = os.path.join(_WORKDIR.value, _METHOD.value)
-      rows = run_method(
-          _METHOD.value, sub, _SIZE.value, _STEPS.value, _TEST.value
-      )
-      with open(os.path.join(sub, "rows.json"), "w") as f:
-        json.dump(rows, f, indent=2)
-      return
-    table = run(_WORKDIR.value, _SIZE.value, _STEPS.value, _TEST.value)
-  except errors.UserError as e:
-    print(f"memjax: error: {e}", file=sys.stderr)
-    sys.exit(2)
-  print(table["markdown"])
+def main() -> None:
+  if _METHOD.value:
+    sub = os.path.join(FLAGS.workdir.value, _METHOD.value)
+    rows = run_method(
+        _METHOD.value, sub, _SIZE.value, FLAGS.steps.value, _TEST.value
+    )
+    runfiles.write_json(os.path.join(sub, "rows.json"), rows)
+    return
+  run(FLAGS.workdir.value, _SIZE.value, FLAGS.steps.value, _TEST.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)
