@@ -136,7 +136,7 @@ def _exact(c: Any, run: str, kind: str, best: dict) -> dict:
   c.eval_memory.search = "exact"
   loaded = em_lib.load(c, run)
   return {
-      s: memory_modes._score(loaded, s, setting, desc=f"{kind} exact {s}")[  # pylint: disable=protected-access
+      s: memory_modes.score_split(loaded, s, setting, desc=f"{kind} exact {s}")[
           "grid"
       ][0]
       for s in ("valid", "test")

@@ -51,7 +51,7 @@ from memjax.eval.memory_grid import tuning_grid
 setting_str = em_lib.setting_str
 
 
-def _score(
+def score_split(
     loaded: Loaded,
     split: str,
     grid: Grid,
@@ -112,7 +112,7 @@ def memeval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   }
   lines = []
   for split in config.eval.splits:
-    r = _score(loaded, split, grid)
+    r = score_split(loaded, split, grid)
     memory = r["grid"][0] if r.get("grid") else r["plain"]
     results[split] = {"plain": r["plain"], "memory": memory}
     lines.append(
@@ -154,11 +154,11 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   loaded = load(config, workdir)
   unit = loaded.unit
   grid = tuning_grid(em, em.kind)
-  valid = _score(loaded, "valid", grid, desc=f"tune {em.kind} valid")
+  valid = score_split(loaded, "valid", grid, desc=f"tune {em.kind} valid")
   best = min(valid["grid"], key=lambda r: r["nll"])
   best_grid = grid_of({"kind": em.kind, **best})
   edges = grid_edges(grid, best)
-  test = _score(loaded, "test", best_grid, desc=f"tune {em.kind} test")
+  test = score_split(loaded, "test", best_grid, desc=f"tune {em.kind} test")
   setting = {k: best[k] for k in grid.axes() if k in best}
   results = {
       "mode": "tune",
@@ -216,7 +216,7 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     else:
       loaded_self = loaded_self or load(config, workdir, splits=("valid",))
       loaded = loaded_self
-    r = _score(
+    r = score_split(
         loaded,
         "valid",
         tuning_grid(em, kind, sizes),
@@ -307,7 +307,7 @@ def buckets(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if t.get("kind") == em.kind or em.kind == "none":
       grid = grid_of({"kind": t["kind"], **t["best"]})
       console.info("buckets: using the tuned setting of %s", tuned)
-  r = _score(loaded, "valid", grid, keep_tokens=True, desc="buckets valid")
+  r = score_split(loaded, "valid", grid, keep_tokens=True, desc="buckets valid")
   if em.bucket_counts == "valid":
     counts = np.bincount(loaded.splits["valid"], minlength=loaded.vocab_size)
   elif em.bucket_counts == "train":
