@@ -14,7 +14,9 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR",
     os.path.join(os.path.dirname(__file__), "..", ".cache", "xla"),
 )
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# Every program, however quick to compile: the same small programs compile
+# again in every process otherwise.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 import fcntl  # pylint: disable=g-import-not-at-top,g-bad-import-order
