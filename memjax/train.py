@@ -26,7 +26,6 @@ import jax
 import ml_collections
 import numpy as np
 import optax
-from clu import metric_writers
 from jax.sharding import Mesh
 
 from memjax import checkpointing
@@ -466,6 +465,9 @@ def train_and_evaluate(
       runfiles.write_run_files(
           workdir, config, task.vocabulary(config, workdir)
       )
+    # CLU's writer loads TensorFlow: only once the run has passed its checks.
+    from clu import metric_writers  # pylint: disable=g-import-not-at-top
+
     writer = metric_writers.create_default_writer(
         workdir, just_logging=jax.process_index() > 0
     )

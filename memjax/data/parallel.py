@@ -22,8 +22,6 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
-import seqio
-import tensorflow as tf
 
 from memjax import errors
 from memjax.data import sources
@@ -178,6 +176,8 @@ def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
   """The ``seqio.SentencePieceVocabulary`` of a sentencepiece model file."""
   if not os.path.isfile(path):
     raise errors.DataError(f"no sentencepiece model at {path}")
+  import seqio  # pylint: disable=g-import-not-at-top
+
   return seqio.SentencePieceVocabulary(path)
 
 
@@ -186,6 +186,8 @@ def _pairs_dataset(
     data_dir: str, src: str, tgt: str,
 ) -> tf.data.Dataset:  # fmt: skip
   del shuffle_files, seed  # Order is kept; the batcher shuffles.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   s, t = read_pairs(data_dir, _SEQIO_SPLITS[split], src, tgt)
   return tf.data.Dataset.from_tensor_slices({"inputs": s, "targets": t})
 
@@ -198,6 +200,11 @@ def register_task(
   Features: 'inputs' (source ids + EOS) and 'targets' (target ids + EOS),
   both in the joint vocabulary; splits train / validation / test.
   """
+  # SeqIO and TensorFlow load when a task is first made: a run that stops at
+  # its checks (or reads cached ids) never imports them.
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   data_dir = os.path.abspath(data_dir)
   digest = hashlib.sha1(f"{data_dir}|{vocab_path}".encode()).hexdigest()[:8]
   name = f"memjax_mt_{src}_{tgt}_{digest}"
