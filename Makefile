@@ -49,7 +49,7 @@ smoke: $(STAMP)
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
 
 test: $(STAMP) format-check
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=40 tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=40 tests
 
 # Google style, 2-space indentation; configuration in pyproject.toml.
 format: $(STAMP)

@@ -20,12 +20,40 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 import fcntl  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import json  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import subprocess  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import sys  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# The test files that take longest (they train runs or run memjax.main in
+# subprocesses), longest first. `make test` hands whole files to its test
+# processes in collection order (--dist loadfile --no-loadscope-reorder), so
+# these start first and the processes finish together instead of one of them
+# starting a long file at the end.
+LONGEST_FIRST = (
+    "tests/colabs/test_notebooks.py",
+    "tests/test_main.py",
+    "tests/models/test_transformer_memory.py",
+    "tests/test_multihost.py",
+    "tests/methods/marge/test_planted.py",
+    "tests/methods/trime/test_modes.py",
+    "tests/methods/recurrent/test_modes.py",
+    "tests/methods/pkm/test_bert.py",
+    "tests/test_sharding.py",
+    "tests/methods/trime/test_training.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+  """Moves the files of ``LONGEST_FIRST`` to the front, in its order."""
+  rank = {os.path.join(REPO, f): i for i, f in enumerate(LONGEST_FIRST)}
+  if missing := [f for f in rank if not os.path.isfile(f)]:
+    raise pytest.UsageError(f"LONGEST_FIRST names no test file: {missing}")
+  items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
 
 
 def run_main(*args, timeout=600, devices=1, env=None):
@@ -179,6 +207,44 @@ def _once(tmp_path_factory, name: str, make) -> str:
       make(root, workdir)
       done.touch()
   return str(workdir)
+
+
+# -- recurrent memory (configs/lamemo_wt103.py) -------------------------------
+
+
+def lamemo_smoke_config(cache_dir: str):
+  """``configs/lamemo_wt103.py:smoke`` cut to 6 steps of two micro-batches
+  of 8 lanes (one a device), logged and evaluated at steps 3 and 6."""
+  from configs import lamemo_wt103  # pylint: disable=g-import-not-at-top
+
+  c = lamemo_wt103.get_config("smoke")
+  c.data.cache_dir = cache_dir
+  c.train.num_steps = 6
+  c.train.log_every = 3
+  c.train.eval_every = 3
+  c.train.eval_max_windows = 2
+  c.train.checkpoint_every = 6
+  c.data.batch_size = 16
+  c.train.grad_accum = 2  # Sums add up over micro-batches.
+  c.eval.max_windows = 4
+  return c
+
+
+@pytest.fixture(scope="session")
+def lamemo_smoke_workdir(tmp_path_factory):
+  """The LaMemo smoke run (``lamemo_smoke_config``), trained in process and
+  shared by the statistics and recurrent-mode tests; what
+  ``train_and_evaluate`` returned is in ``<run>.returned.json``."""
+
+  def make(root, workdir):
+    from memjax import train  # pylint: disable=g-import-not-at-top
+
+    config = lamemo_smoke_config(str(root / "lamemo_smoke_cache"))
+    results = train.train_and_evaluate(config, str(workdir))
+    with open(f"{workdir}.returned.json", "w") as f:
+      json.dump(results, f)
+
+  return _once(tmp_path_factory, "lamemo_smoke", make)
 
 
 # -- BERT-style encoders (configs/pkm_bert.py) ---------------------------------

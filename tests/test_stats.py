@@ -13,9 +13,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from configs import lamemo_wt103
 from memjax import stats
-from memjax import train
 from memjax.models import transformer
 
 V, T, M = 64, 4, 4
@@ -83,18 +81,11 @@ def _scalars(workdir):
   return out
 
 
-def test_lamemo_smoke_logs_mean_alpha_per_layer(tmp_path):
-  config = lamemo_wt103.get_config("smoke")
-  config.train.num_steps = 6
-  config.train.log_every = 3
-  config.train.eval_every = 3
-  config.train.eval_max_windows = 2
-  config.train.checkpoint_every = 6
-  config.data.batch_size = 16  # Two micro-batches of 8 lanes, 1 a device.
-  config.train.grad_accum = 2  # Sums add up over micro-batches.
-  config.eval.max_windows = 2
-  workdir = str(tmp_path)
-  results = train.train_and_evaluate(config, workdir)
+def test_lamemo_smoke_logs_mean_alpha_per_layer(lamemo_smoke_workdir):
+  # 6 steps of two micro-batches, logged and evaluated at steps 3 and 6.
+  workdir = lamemo_smoke_workdir
+  with open(f"{workdir}.returned.json") as f:
+    results = json.load(f)  # What train_and_evaluate returned.
   assert glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
   scalars = _scalars(workdir)
   with open(os.path.join(workdir, "train_log.jsonl")) as f:

@@ -1,9 +1,9 @@
 """Every notebook under colabs/ runs headless, on the shared smoke run.
 
-Each notebook runs in a fresh IPython kernel of this interpreter, started in
-an empty directory, with
+Each notebook runs in a fresh IPython kernel of this interpreter, with
 
-* ``MEMJAX_ROOT``: the checkout (the set-up cell puts it on ``sys.path``);
+* its directory ``colabs/`` and no ``MEMJAX_ROOT``: the set-up cell finds
+  the checkout above it and puts it on ``sys.path``;
 * ``MEMJAX_OUT``: where the notebook writes (exports and the like);
 * the variables of ``SHARED_RUNS`` a notebook names, which notebooks reuse
   instead of training their own, e.g. ``MEMJAX_SMOKE_RUN``: the session's
@@ -99,6 +99,12 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs(path, tmp_path, request):
+  """The notebook runs in a kernel started in colabs/ without MEMJAX_ROOT.
+
+  The set-up cell finds the checkout above the kernel's directory and puts
+  it, not another installed memjax, first on ``sys.path`` (a last cell
+  prints what was imported); the notebook writes only under MEMJAX_OUT.
+  """
   nb = _read(path)
   out = tmp_path / "out"
   out.mkdir()
@@ -108,24 +114,16 @@ def test_notebook_runs(path, tmp_path, request):
       for var, fixture in SHARED_RUNS.items()
       if var in source
   }
-  env = _env(MEMJAX_ROOT=REPO, MEMJAX_OUT=str(out), **runs)
-  _execute(nb, os.path.basename(path), str(tmp_path), env)
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_setup_cell_finds_the_checkout_from_colabs(path):
-  """A kernel started in colabs/ without MEMJAX_ROOT finds the checkout.
-
-  The kernel runs this interpreter, and the set-up cell puts this checkout,
-  not another installed one, first on ``sys.path``.
-  """
-  nb = _read(path)
-  setup = next(c for c in nb.cells if c.cell_type == "code")
   check = nbformat.v4.new_code_cell(
       "import configs, memjax\n"
       "print(ROOT, os.path.dirname(memjax.__path__[0]), sys.executable)"
   )
-  nb.cells = [setup, check]
-  _execute(nb, os.path.basename(path), os.path.join(REPO, "colabs"), _env())
-  text = "".join(o.get("text", "") for o in nb.cells[1].outputs)
+  nb.cells.append(check)
+  colabs = os.path.join(REPO, "colabs")
+  before = sorted(os.listdir(colabs))
+  _execute(
+      nb, os.path.basename(path), colabs, _env(MEMJAX_OUT=str(out), **runs)
+  )
+  text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
   assert text.split() == [REPO, REPO, sys.executable], text
+  assert sorted(os.listdir(colabs)) == before  # Nothing written beside it.

@@ -5,6 +5,7 @@ generate modes)."""
 import functools
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ from memjax.methods.recurrent import analysis
 from memjax.methods.recurrent import extrapolate
 from memjax.data import streams
 from memjax.models import transformer
+from tests import conftest
 
 V, T = 64, 4
 
@@ -250,45 +252,41 @@ def test_config_variants():
   assert len({(c.train.num_steps, c.data.batch_size) for c in gpu}) == 1
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("cache"))
+def _check_results(results, workdir, steps):
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["step"] == steps
+  for split in ("valid", "test"):
+    assert np.isfinite(saved[split]["ppl"])
+    # Recurrent evaluation: 4 segments of 16 in each of 2 lanes.
+    assert saved[split]["tokens"] == 4 * 16 * 2
+  assert results["valid"]["nll"] == pytest.approx(saved["valid"]["nll"])
 
 
-def _smoke(config, cache_dir):
-  config.data.cache_dir = cache_dir
+def test_txl_smoke_config_trains_end_to_end(tmp_path):
+  config = txl_wt103.get_config("smoke")
+  config.data.cache_dir = str(tmp_path / "cache")
   config.train.num_steps = 4
   config.train.log_every = 2
   config.train.eval_every = 2
   config.train.eval_max_windows = 2
   config.train.checkpoint_every = 4
   config.eval.max_windows = 4
-  return config
-
-
-@pytest.mark.parametrize("variant", ["txl_wt103:smoke", "lamemo_wt103:smoke"])
-def test_smoke_config_trains_end_to_end_and_runs_the_modes(
-    variant, cache_dir, tmp_path
-):
-  module, arg = variant.split(":")
-  config = _smoke(
-      {"txl_wt103": txl_wt103, "lamemo_wt103": lamemo_wt103}[module].get_config(
-          arg
-      ),
-      cache_dir,
-  )
-  workdir = str(tmp_path)
+  workdir = str(tmp_path / "run")
   results = train.train_and_evaluate(config, workdir)
-  with open(os.path.join(workdir, "results.json")) as f:
-    saved = json.load(f)
-  assert saved["step"] == 4
-  for split in ("valid", "test"):
-    assert np.isfinite(saved[split]["ppl"])
-    # Recurrent evaluation: 4 segments of 16 in each of 2 lanes.
-    assert saved[split]["tokens"] == 4 * 16 * 2
-  assert results["valid"]["nll"] == pytest.approx(saved["valid"]["nll"])
-  if module != "lamemo_wt103":
-    return  # The modes run once, on the LaMemo run.
+  _check_results(results, workdir, steps=4)
+
+
+def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
+  """The shared LaMemo smoke run (6 steps), then its modes on a copy."""
+  with open(f"{lamemo_smoke_workdir}.returned.json") as f:
+    results = json.load(f)  # What train_and_evaluate returned.
+  _check_results(results, lamemo_smoke_workdir, steps=6)
+  workdir = str(tmp_path / "run")
+  shutil.copytree(lamemo_smoke_workdir, workdir)
+  config = conftest.lamemo_smoke_config(
+      os.path.join(os.path.dirname(lamemo_smoke_workdir), "lamemo_smoke_cache")
+  )
 
   # The Python API scores as --mode=eval does, memory carried in lanes.
   model = memjax.load(workdir)
