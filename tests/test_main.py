@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run_main(*args, timeout=600):
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # One CPU device, as a user's laptop has.
+  env["XLA_FLAGS"] = conftest.xla_flags(1)  # One CPU, as a user's laptop.
   return subprocess.run(
       [sys.executable, "-m", "memjax.main", *args],
       cwd=REPO,

@@ -33,6 +33,7 @@ import pytest
 from configs import trime_wt103
 from memjax import checkpointing
 from memjax import experiment
+from tests import conftest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_STEPS, CHECKPOINT_EVERY = 6, 3
@@ -50,7 +51,7 @@ TIMEOUT_S = 300  # Per run (one or two processes); a run takes 30-90 s.
 
 def _env(devices: int) -> dict[str, str]:
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = conftest.xla_flags(devices)
   env["JAX_PLATFORMS"] = "cpu"
   # Cross-process collectives on CPU (jax's default, stated for clarity).
   env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"

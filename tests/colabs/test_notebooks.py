@@ -25,7 +25,8 @@ from jupyter_client import kernelspec
 from jupyter_client import manager
 import pytest
 
-from tests.conftest import REPO  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests.conftest import REPO
+from tests.conftest import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, "colabs", "*.ipynb")))
 CELL_TIMEOUT_S = 600
@@ -55,7 +56,7 @@ def _kernel_manager() -> manager.AsyncKernelManager:
 
 def _env(**overrides: str | None) -> dict[str, str]:
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # One device, as in Colab or on a laptop.
+  env["XLA_FLAGS"] = xla_flags(1)  # One device, as in Colab or on a laptop.
   for key in ("MEMJAX_ROOT", "MEMJAX_OUT", *SHARED_RUNS):
     env.pop(key, None)
   env.update({k: v for k, v in overrides.items() if v is not None})

@@ -89,7 +89,8 @@ def planted(tmp_path_factory):
   runs = {v: str(root / v) for v in ("planted", "vanilla_planted")}
   # Both runs train at once, each in a one-device process (as a user runs
   # memjax.main): the tiny models train faster without the eight fake
-  # devices' collectives.
+  # devices' collectives. They run 300 steps each, so XLA optimises them
+  # (no conftest.COMPILE_FLAGS).
   procs = [
       subprocess.Popen(
           [sys.executable, "-m", "memjax.main", "--mode=train",

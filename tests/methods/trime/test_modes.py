@@ -16,6 +16,7 @@ from memjax.modes import frequency
 from memjax.methods.trime import packing
 
 from tests.conftest import REPO  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests.conftest import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _config(variant, **eval_memory):
@@ -144,7 +145,7 @@ def test_trime_ext_packs_offline_then_trains(tmp_path):
 
 def test_tune_without_a_checkpoint_is_one_line_error(tmp_path):
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags(1)
   proc = subprocess.run(
       [
           sys.executable,
