@@ -223,12 +223,13 @@ def _once(tmp_path_factory, name: str, make) -> str:
 # -- recurrent memory (configs/lamemo_wt103.py) -------------------------------
 
 
-def lamemo_smoke_config(cache_dir: str):
-  """``configs/lamemo_wt103.py:smoke`` cut to 6 steps of two micro-batches
-  of 8 lanes (one a device), logged and evaluated at steps 3 and 6."""
-  from configs import lamemo_wt103  # pylint: disable=g-import-not-at-top
+def recurrent_smoke_config(name: str, cache_dir: str):
+  """``configs/<name>.py:smoke`` (txl_wt103, lamemo_wt103) cut to 6 steps
+  of two micro-batches of 8 lanes (one a device), logged and evaluated at
+  steps 3 and 6."""
+  import importlib  # pylint: disable=g-import-not-at-top
 
-  c = lamemo_wt103.get_config("smoke")
+  c = importlib.import_module(f"configs.{name}").get_config("smoke")
   c.data.cache_dir = cache_dir
   c.train.num_steps = 6
   c.train.log_every = 3
@@ -243,14 +244,16 @@ def lamemo_smoke_config(cache_dir: str):
 
 @pytest.fixture(scope="session")
 def lamemo_smoke_workdir(tmp_path_factory):
-  """The LaMemo smoke run (``lamemo_smoke_config``), trained in process and
+  """The LaMemo smoke run (``recurrent_smoke_config``), trained in process and
   shared by the statistics and recurrent-mode tests; what
   ``train_and_evaluate`` returned is in ``<run>.returned.json``."""
 
   def make(root, workdir):
     from memjax import train  # pylint: disable=g-import-not-at-top
 
-    config = lamemo_smoke_config(str(root / "lamemo_smoke_cache"))
+    config = recurrent_smoke_config(
+        "lamemo_wt103", str(root / "lamemo_smoke_cache")
+    )
     results = train.train_and_evaluate(config, str(workdir))
     with open(f"{workdir}.returned.json", "w") as f:
       json.dump(results, f)

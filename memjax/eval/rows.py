@@ -141,7 +141,7 @@ class Scorer:
   ) -> tuple[float, float, dict[str, Any]]:
     """(summed NLL, predictions, {path: [..., 2]} module statistics) of a
     stream (the kinds' ``score``)."""
-    raise NotImplementedError
+    raise TypeError(self._rows_only())
 
   def describe(self) -> str:
     """How the scorer reads a stream, for the progress line ('' = plainly)."""
@@ -150,7 +150,13 @@ class Scorer:
   def stream_logprobs(self, params: Any, tokens: np.ndarray) -> np.ndarray:
     """[N - 1] float32 log p of every token of a stream [N] after its
     first, scored as ``score`` scores it."""
-    raise NotImplementedError
+    raise TypeError(self._rows_only())
+
+  def _rows_only(self) -> str:
+    return (
+        f"{type(self).__name__} runs batches of rows only; streams are scored"
+        " by the scorer that eval.scorer.scorer_for(run) picks"
+    )
 
   def document_logprobs(
       self,

@@ -397,7 +397,10 @@ class BlockStack(nn.Module):
       self, inputs: Array, targets: Optional[Array], deterministic: bool
   ) -> Any:
     """The family's scoring of a batch (see ``__call__``)."""
-    raise NotImplementedError
+    raise TypeError(
+        f"{type(self).__name__} defines no forward(): a family"
+        " built on BlockStack scores its batches there"
+    )
 
   def table(
       self,

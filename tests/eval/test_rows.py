@@ -92,3 +92,6 @@ def test_apply_takes_batches_of_their_own_lengths(lm):
   )
   assert out["nll_sum"] == pytest.approx(want, rel=1e-5)
   assert out["tokens"] == 3 * 4 + 2 * 7
+  # The base scorer runs rows only; it names what scores streams.
+  with pytest.raises(TypeError, match="scorer_for"):
+    scorer.score(params, a[0])

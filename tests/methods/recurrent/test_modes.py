@@ -264,17 +264,10 @@ def _check_results(results, workdir, steps):
 
 
 def test_txl_smoke_config_trains_end_to_end(tmp_path):
-  config = txl_wt103.get_config("smoke")
-  config.data.cache_dir = str(tmp_path / "cache")
-  config.train.num_steps = 4
-  config.train.log_every = 2
-  config.train.eval_every = 2
-  config.train.eval_max_windows = 2
-  config.train.checkpoint_every = 4
-  config.eval.max_windows = 4
+  config = conftest.recurrent_smoke_config("txl_wt103", str(tmp_path / "cache"))
   workdir = str(tmp_path / "run")
   results = train.train_and_evaluate(config, workdir)
-  _check_results(results, workdir, steps=4)
+  _check_results(results, workdir, steps=6)
 
 
 def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
@@ -284,8 +277,9 @@ def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
   _check_results(results, lamemo_smoke_workdir, steps=6)
   workdir = str(tmp_path / "run")
   shutil.copytree(lamemo_smoke_workdir, workdir)
-  config = conftest.lamemo_smoke_config(
-      os.path.join(os.path.dirname(lamemo_smoke_workdir), "lamemo_smoke_cache")
+  config = conftest.recurrent_smoke_config(
+      "lamemo_wt103",
+      os.path.join(os.path.dirname(lamemo_smoke_workdir), "lamemo_smoke_cache"),
   )
 
   # The Python API scores as --mode=eval does, memory carried in lanes.
