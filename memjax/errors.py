@@ -43,3 +43,7 @@ class ResumeError(UserError, ValueError):
 
 class NonFiniteLossError(UserError, FloatingPointError):
   """The loss or the gradient norm became NaN or infinite."""
+
+
+class MissingDependencyError(UserError, ImportError):
+  """An optional package (an extra of ``setup.py``) that is not installed."""

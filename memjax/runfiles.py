@@ -178,6 +178,7 @@ def write_run_files(
 
 def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
   """The vocabulary a run saved; runs that saved none rebuild it from data."""
+  from memjax.data import spm_vocab  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
   path = os.path.join(files.path, VOCAB_FILE)
@@ -196,9 +197,7 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
   if info["kind"] == "bytes":
     return vocab_lib.byte_vocabulary()
   if info["kind"] == "sentencepiece":
-    import seqio  # pylint: disable=g-import-not-at-top
-
-    return seqio.SentencePieceVocabulary(os.path.join(files.path, info["file"]))
+    return spm_vocab.load_sentencepiece(os.path.join(files.path, info["file"]))
   return vocab_lib.WordVocabulary.load(os.path.join(files.path, info["file"]))
 
 

@@ -38,6 +38,7 @@ from memjax import optim
 from memjax import runfiles
 from memjax import sharding as sharding_lib
 from memjax import stats
+from memjax import summaries
 from memjax import task as task_lib
 from memjax import train_step as train_step_lib
 from memjax.models import transformer
@@ -465,10 +466,7 @@ def train_and_evaluate(
       runfiles.write_run_files(
           workdir, config, task.vocabulary(config, workdir)
       )
-    # CLU's writer loads TensorFlow: only once the run has passed its checks.
-    from clu import metric_writers  # pylint: disable=g-import-not-at-top
-
-    writer = metric_writers.create_default_writer(
+    writer = summaries.EventWriter(
         workdir, just_logging=jax.process_index() > 0
     )
     train_tps = _train(s, writer, hooks)
@@ -480,7 +478,7 @@ def train_and_evaluate(
     # Let checkpoints already started finish writing before leaving.
     s.ckpt.close()
     if writer is not None:
-      writer.flush()
+      writer.close()
   results["num_params"] = s.num_params
   if train_tps is not None:
     results["train_tokens_per_s"] = train_tps

@@ -357,3 +357,52 @@ def _repetitive_setup(model, window: int):
   )["params"]
   one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
   return model, params, tokens, one
+
+
+# -- the core without the optional packages (tests/test_optional.py) ----------
+
+
+def core_data(family: str, root) -> str:
+  """The data directory of a cut-down run of ``family`` ('lm', 'mt' or
+  'encoder'), made under ``root`` where it is a subset."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(root)
+  if family == "lm":
+    return os.path.join(REPO, "demo_data", "wikitext")
+  if family == "encoder":
+    return _tiny_wiki(root)
+  data = root / "mt_data"
+  data.mkdir(exist_ok=True)
+  for split in ("train", "valid", "test"):
+    for lang in ("de", "en"):
+      src = os.path.join(REPO, "demo_data", "mt_de_en", f"{split}.{lang}")
+      with open(src, encoding="utf-8") as f:
+        lines = f.read().splitlines()[:300]
+      (data / f"{split}.{lang}").write_text(
+          "\n".join(lines) + "\n", encoding="utf-8"
+      )
+  return str(data)
+
+
+def core_config(family: str, data_dir: str):
+  """The smoke config of ``family`` on ``data_dir``, 4 steps, small eval."""
+  if family == "encoder":
+    c = bert_smoke_config("smoke", data_dir)
+    c.train.num_steps = 4
+    return c
+  if family == "mt":
+    from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
+
+    c = trime_iwslt.get_config("smoke")
+    for key, value in MT_SMOKE_SETTINGS.items():
+      section, name = key.split(".")
+      c[section][name] = value
+  else:
+    from configs import trime_wt103  # pylint: disable=g-import-not-at-top
+
+    c = trime_wt103.get_config("smoke")
+    c.eval.max_windows = 8
+  c.data.data_dir = data_dir
+  c.train.num_steps = 4
+  return c

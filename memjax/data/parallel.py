@@ -6,8 +6,8 @@ file translates line i of the target file. ``read_pairs`` reads a split and
 refuses files of different line counts and empty lines (one line naming the
 file and line). ``train_vocabulary`` trains one joint sentencepiece model on
 both sides of the training split (BPE, like the IWSLT recipe's joint BPE) and
-wraps it as a ``seqio.SentencePieceVocabulary`` (pad 0, EOS 1, UNK 2, no
-BOS). ``register_task`` registers a SeqIO task for either direction with
+loads it as a ``vocab.SentencePieceVocabulary`` (pad 0, EOS 1, UNK 2, no
+BOS; SeqIO's ``SentencePieceVocabulary`` in the tasks). ``register_task`` registers a SeqIO task for either direction with
 features 'inputs' (source ids + EOS) and 'targets' (target ids + EOS);
 ``encode_split`` runs it and caches the ids.
 """
@@ -19,12 +19,14 @@ import functools
 import hashlib
 import io
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from memjax import errors
+from memjax import optional
 from memjax.data import sources
+from memjax.data import spm_vocab
 
 SPLITS = ("train", "valid", "test")
 _SEQIO_SPLITS = {"train": "train", "validation": "valid", "test": "test"}
@@ -172,21 +174,22 @@ def train_sentencepiece(
   return path
 
 
-def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
-  """The ``seqio.SentencePieceVocabulary`` of a sentencepiece model file."""
-  if not os.path.isfile(path):
-    raise errors.DataError(f"no sentencepiece model at {path}")
-  import seqio  # pylint: disable=g-import-not-at-top
+def load_vocabulary(path: str) -> spm_vocab.SentencePieceVocabulary:
+  """The vocabulary of a sentencepiece model file (no SeqIO needed).
 
-  return seqio.SentencePieceVocabulary(path)
+  Raises:
+    errors.DataError: no file at ``path``.
+  """
+  return spm_vocab.load_sentencepiece(path)
 
 
 def _pairs_dataset(
     split: str, shuffle_files: bool, seed: Optional[int] = None, *,
     data_dir: str, src: str, tgt: str,
-) -> tf.data.Dataset:  # fmt: skip
+) -> Any:  # fmt: skip
+  """tf.data.Dataset of {'inputs', 'targets'} sentences, in order."""
   del shuffle_files, seed  # Order is kept; the batcher shuffles.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = optional.tensorflow("a SeqIO translation task")
 
   s, t = read_pairs(data_dir, _SEQIO_SPLITS[split], src, tgt)
   return tf.data.Dataset.from_tensor_slices({"inputs": s, "targets": t})
@@ -202,15 +205,17 @@ def register_task(
   """
   # SeqIO and TensorFlow load when a task is first made: a run that stops at
   # its checks (or reads cached ids) never imports them.
-  import seqio  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  seqio = optional.require("seqio", "tokenising parallel text")
+  from memjax.data import seqio_vocab  # pylint: disable=g-import-not-at-top
+
+  tf = seqio_vocab.tf
 
   data_dir = os.path.abspath(data_dir)
   digest = hashlib.sha1(f"{data_dir}|{vocab_path}".encode()).hexdigest()[:8]
   name = f"memjax_mt_{src}_{tgt}_{digest}"
   if name in seqio.TaskRegistry.names():
     return seqio.TaskRegistry.get(name)
-  vocab = load_vocabulary(vocab_path)
+  vocab = seqio_vocab.to_seqio(load_vocabulary(vocab_path))
   source = seqio.FunctionDataSource(
       dataset_fn=functools.partial(
           _pairs_dataset, data_dir=data_dir, src=src, tgt=tgt

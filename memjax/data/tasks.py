@@ -6,6 +6,9 @@ appended: WikiText's EOS ids come from the line breaks, the byte corpora
 have none). :func:`load_token_stream` concatenates the documents of a split
 into one id stream, the input of the batchers in ``memjax.data.streams``,
 and caches it as an .npz file.
+
+SeqIO and TensorFlow load only when a stream is tokenised (the ``[data]``
+extra): reading a cached stream needs neither.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ import dataclasses
 import functools
 import hashlib
 import os
-from typing import Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 import numpy as np
-import seqio
-import tensorflow as tf
 
+from memjax import optional
 from memjax.data import sources
 from memjax.data import vocab as vocab_lib
+
+if TYPE_CHECKING:
+  import seqio  # pylint: disable=g-bad-import-order
 
 # seqio split name -> corpus split name.
 SEQIO_SPLITS: dict[str, str] = {
@@ -84,9 +89,10 @@ def _documents_dataset(
     *,
     corpus: str,
     data_dir: str,
-) -> tf.data.Dataset:
-  """Dataset of {'text': scalar tf.string}, one per document, in order."""
+) -> Any:
+  """tf.data.Dataset of {'text': scalar tf.string}, one per document."""
   del shuffle_files, seed  # Order is kept; the batchers do the shuffling.
+  tf = optional.tensorflow("a SeqIO task")
   docs = sources.read_documents(corpus, data_dir, SEQIO_SPLITS[split])
   return tf.data.Dataset.from_generator(
       lambda: ({"text": d} for d in docs),
@@ -119,6 +125,9 @@ def register_lm_task(
   Raises:
       sources.DataError: unknown corpus, missing directory or train file.
   """
+  seqio = optional.require("seqio", f"tokenising {corpus}")
+  from memjax.data import seqio_vocab  # pylint: disable=g-import-not-at-top
+
   corpus = sources.canonical_corpus(corpus)
   data_dir = os.path.abspath(os.path.expanduser(data_dir))
   name = task_name(corpus, data_dir, vocab_source)
@@ -148,7 +157,11 @@ def register_lm_task(
           ),
       ],
       output_features={
-          "targets": seqio.Feature(vocabulary, add_eos=False, dtype=tf.int32),
+          "targets": seqio.Feature(
+              seqio_vocab.to_seqio(vocabulary),
+              add_eos=False,
+              dtype=seqio_vocab.tf.int32,
+          ),
       },
       metric_fns=[],
   )

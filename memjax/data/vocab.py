@@ -15,9 +15,16 @@ Byte vocabulary id layout (seqio.ByteVocabulary, as ByT5)::
 
     0 <pad>, 1 <eos>, 2 <unk>, 3 + b for byte b in 0..255  (259 ids)
 
-Byte corpora are encoded through ``ByteVocabulary.encode_tf`` on the raw
-bytes, so every byte of enwik8 is kept (its Python ``encode`` takes str and
-re-encodes as UTF-8, which cannot represent invalid byte sequences).
+Byte corpora are encoded on the raw bytes (:func:`encode_bytes`, as
+``seqio.ByteVocabulary.encode_tf``), so every byte of enwik8 is kept (the
+Python ``encode`` takes str and re-encodes as UTF-8, which cannot represent
+invalid byte sequences).
+
+The vocabularies here (and ``spm_vocab``'s sentencepiece models) are plain
+Python: a trained model encodes and decodes without TensorFlow or SeqIO. SeqIO tasks wrap them as
+``seqio.Vocabulary`` objects in ``memjax.data.seqio_vocab``; the ids are the
+same (tested), so token caches and checkpoints do not depend on which one
+made them.
 """
 
 from __future__ import annotations
@@ -29,8 +36,6 @@ import threading
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-import seqio
-import tensorflow as tf
 
 from memjax.data import sources
 
@@ -79,9 +84,6 @@ WHITESPACE_CODEPOINTS: tuple[int, ...] = (
     0x205F,
     0x3000,
 )  # pyformat: disable
-_WHITESPACE_RE2 = (
-    "[" + "".join(f"\\x{{{c:x}}}" for c in WHITESPACE_CODEPOINTS) + "]+"
-)
 
 
 def count_words(lines: Iterable[str]) -> tuple[list[str], list[int]]:
@@ -113,16 +115,17 @@ def count_words(lines: Iterable[str]) -> tuple[list[str], list[int]]:
   return tokens, counts
 
 
-class WordVocabulary(seqio.Vocabulary):
+class WordVocabulary:
   """Whitespace-split word vocabulary with one EOS per line.
 
   ``encode(text)`` splits each line on whitespace (Python ``str.split``
   semantics) and maps every '\\n' to EOS; a last line without '\\n' gets no
   EOS. Unknown words map to UNK. ``decode(ids)`` joins words with single
   spaces, turns EOS into '\\n' and drops PAD, so decoding an encoding gives
-  the text with each line's whitespace normalised. Unlike the seqio base
-  class, decoding does not stop at the first EOS: EOS is a line break here,
-  not the end of a sequence.
+  the text with each line's whitespace normalised. Unlike a
+  ``seqio.Vocabulary``, decoding does not stop at the first EOS: EOS is a
+  line break here, not the end of a sequence. The TensorFlow encoder of the
+  SeqIO tasks is ``seqio_vocab.SeqioWordVocabulary``.
   """
 
   def __init__(
@@ -159,9 +162,6 @@ class WordVocabulary(seqio.Vocabulary):
             f"Got {self._counts.shape[0]} counts for {len(tokens)} " "tokens."
         )
     self._hash = hash(self._tokens)
-    self._tf_lock = threading.Lock()
-    self._tf_tables: tuple[Any, Any] | None = None
-    super().__init__(extra_ids=0)
 
   # --- construction and files -------------------------------------------
 
@@ -233,7 +233,7 @@ class WordVocabulary(seqio.Vocabulary):
     has_counts = all(c is not None for c in counts)
     return cls(tokens, counts if has_counts else None)
 
-  # --- seqio.Vocabulary API ---------------------------------------------
+  # --- the seqio.Vocabulary API ------------------------------------------
 
   @property
   def bos_id(self) -> int | None:
@@ -252,7 +252,7 @@ class WordVocabulary(seqio.Vocabulary):
     return PAD_ID
 
   @property
-  def _base_vocab_size(self) -> int:
+  def vocab_size(self) -> int:
     return len(self._tokens)
 
   @property
@@ -280,7 +280,8 @@ class WordVocabulary(seqio.Vocabulary):
       return self._tokens[token_id]
     return UNK_TOKEN
 
-  def _encode(self, s: str | bytes) -> list[int]:
+  def encode(self, s: str | bytes) -> list[int]:
+    """Ids of ``s``: words of each line, EOS for every '\\n' (no EOS added)."""
     if isinstance(s, bytes):
       s = s.decode("utf-8")
     lookup = self._ids.get
@@ -294,11 +295,8 @@ class WordVocabulary(seqio.Vocabulary):
 
   def decode(self, ids: Iterable[int]) -> str:
     """Detokenizes ids to text; EOS -> '\\n', PAD dropped, no truncation."""
-    if isinstance(ids, (tf.Tensor, np.ndarray)):
+    if not isinstance(ids, (list, tuple)):
       ids = np.asarray(ids).reshape(-1).tolist()
-    return self._decode(ids)
-
-  def _decode(self, ids: Iterable[int]) -> str:
     parts: list[str] = []
     line: list[str] = []
     for i in ids:
@@ -314,82 +312,56 @@ class WordVocabulary(seqio.Vocabulary):
       parts.append(" ".join(line))
     return "".join(parts)
 
-  def _tables(self) -> tuple[Any, Any]:
-    """Returns (word -> id table, id -> string tensor), built once.
-
-    They are built eagerly (``tf.init_scope``) even when first needed
-    while tracing a tf.data map function, so every graph shares them.
-    """
-    with self._tf_lock:
-      if self._tf_tables is None:
-        with tf.init_scope():
-          keys = tf.constant(self._tokens, dtype=tf.string)
-          table = tf.lookup.StaticHashTable(
-              tf.lookup.KeyValueTensorInitializer(
-                  keys, tf.range(len(self._tokens), dtype=tf.int32)
-              ),
-              default_value=UNK_ID,
-          )
-          # Decode strings: EOS becomes a newline, PAD nothing.
-          out = list(self._tokens)
-          out[PAD_ID], out[EOS_ID] = "", "\n"
-          self._tf_tables = (table, tf.constant(out, tf.string))
-      return self._tf_tables
-
-  def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-    """Encodes a scalar tf.string into a [N] int32 tensor."""
-    table, _ = self._tables()
-    s = tf.convert_to_tensor(s, dtype=tf.string)
-    lines = tf.strings.split(s, "\n")  # [num_lines]
-    lines = tf.strings.regex_replace(lines, _WHITESPACE_RE2, " ")
-    words = tf.strings.split(lines)  # ragged [num_lines, None]
-    ids = tf.ragged.map_flat_values(table.lookup, words)
-    eos = tf.fill(tf.stack([tf.shape(lines, tf.int64)[0], 1]), EOS_ID)
-    ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
-    # Every line is followed by EOS except the last (no '\n' after it).
-    return ids.flat_values[:-1]
-
-  def decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
-    """Detokenizes [..., N] ids to [...] strings (no truncation at EOS)."""
-    ids = tf.convert_to_tensor(ids)
-    if ids.shape == (0,):
-      return tf.constant(b"", dtype=tf.string)
-    in_range = tf.logical_and(ids >= 0, ids < self._base_vocab_size)
-    ids = tf.where(in_range, ids, tf.cast(UNK_ID, ids.dtype))
-    return self._decode_tf(ids)
-
-  def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
-    _, strings = self._tables()
-    text = tf.strings.reduce_join(
-        tf.gather(strings, ids), axis=-1, separator=" "
-    )
-    text = tf.strings.regex_replace(text, " +", " ")  # dropped PADs
-    text = tf.strings.regex_replace(text, " ?\n ?", "\n")
-    return tf.strings.regex_replace(text, "^ | $", "")
-
   def __eq__(self, other: object) -> bool:
     return isinstance(other, WordVocabulary) and self._tokens == other._tokens
 
   def __hash__(self) -> int:
     return self._hash
 
-  def __getstate__(self) -> dict[str, Any]:
-    state = self.__dict__.copy()
-    state["_tf_tables"] = None
-    del state["_tf_lock"]
-    return state
-
-  def __setstate__(self, state: dict[str, Any]) -> None:
-    self.__dict__.update(state)
-    self._tf_lock = threading.Lock()
-
   def __repr__(self) -> str:
     return f"WordVocabulary(vocab_size={self.vocab_size})"
 
 
-def byte_vocabulary() -> seqio.ByteVocabulary:
+class ByteVocabulary:
+  """Bytes as ids (``seqio.ByteVocabulary``'s layout and behaviour).
+
+  ``encode(text)`` gives the UTF-8 bytes of ``text`` as ids b + 3;
+  ``decode(ids)`` stops after the first EOS (as a ``seqio.Vocabulary``),
+  drops the special ids and decodes the bytes as UTF-8, skipping invalid
+  sequences.
+  """
+
+  vocab_size: int = BYTE_VOCAB_SIZE
+  pad_id: int = PAD_ID
+  eos_id: int = EOS_ID
+  unk_id: int = UNK_ID
+  bos_id: int | None = None
+
+  def encode(self, s: str | bytes) -> list[int]:
+    """Ids of the UTF-8 bytes of ``s`` (no EOS added)."""
+    data = s if isinstance(s, bytes) else s.encode("utf-8")
+    return encode_bytes(data).tolist()
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """The text of ``ids`` up to the first EOS."""
+    ids = [int(i) for i in np.asarray(list(ids)).reshape(-1)]
+    if EOS_ID in ids:
+      ids = ids[: ids.index(EOS_ID)]
+    return decode_bytes(ids).decode("utf-8", errors="ignore")
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, ByteVocabulary)
+
+  def __hash__(self) -> int:
+    return hash(ByteVocabulary)
+
+  def __repr__(self) -> str:
+    return "ByteVocabulary(vocab_size=259)"
+
+
+def byte_vocabulary() -> ByteVocabulary:
   """The byte vocabulary of enwik8/text8: byte b -> id b + 3 (259 ids)."""
-  return seqio.ByteVocabulary()
+  return ByteVocabulary()
 
 
 def encode_bytes(data: bytes) -> np.ndarray:
@@ -433,7 +405,7 @@ def get_vocabulary(
     data_dir: str,
     cache_dir: str | None = None,
     min_count: int = 1,
-) -> seqio.Vocabulary:
+) -> WordVocabulary | ByteVocabulary:
   """Returns the vocabulary of ``corpus``.
 
   Args:

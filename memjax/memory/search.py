@@ -163,10 +163,20 @@ class ExactSearcher:
 
 
 def _scann():
-  # Imported lazily: it loads TensorFlow.
-  from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
+  """ScaNN's pybind module (the ``[retrieval]`` extra), imported lazily.
 
-  return scann_ops_pybind
+  The scann package's ``__init__`` imports TensorFlow when it is installed:
+  the accelerators are hidden from it first (``optional.tensorflow``).
+  """
+  from memjax import optional  # pylint: disable=g-import-not-at-top
+
+  try:
+    optional.tensorflow("ScaNN")
+  except errors.MissingDependencyError:
+    pass  # ScaNN's index runs without TensorFlow.
+  return optional.require(
+      "scann.scann_ops.py.scann_ops_pybind", "a ScaNN datastore index"
+  )
 
 
 def default_leaves(n: int) -> int:

@@ -5,8 +5,6 @@ import pickle
 
 import numpy as np
 import pytest
-import seqio
-import tensorflow as tf
 
 from memjax.data import sources
 from memjax.data import vocab as vocab_lib
@@ -60,29 +58,6 @@ def test_round_trip_gives_normalised_text(tmp_path):
   assert vocab.decode([99]) == "<unk>"
 
 
-def test_tensorflow_encoding_equals_python_encoding(tmp_path):
-  vocab = _vocab(tmp_path)
-  texts = [
-      "",
-      "b",
-      "b\n",
-      "\n\n",
-      " b\ta \n c\u00a0d\u3000a\x0bb \n\nzzz",
-      "a\r\nb\n",
-  ]
-  for text in texts:
-    expected = vocab.encode(text)
-    got = vocab.encode_tf(tf.constant(text)).numpy().tolist()
-    assert got == expected, text
-
-
-def test_tensorflow_decoding_equals_python_decoding(tmp_path):
-  vocab = _vocab(tmp_path)
-  ids = [[3, 4, 1, 1, 5], [0, 6, 1, 3, 0]]
-  got = vocab.decode_tf(tf.constant(ids)).numpy().tolist()
-  assert [g.decode() for g in got] == [vocab.decode(i) for i in ids]
-
-
 def test_whitespace_set_is_python_str_split():
   expected = tuple(c for c in range(0x110000) if chr(c).isspace())
   assert vocab_lib.WHITESPACE_CODEPOINTS == expected
@@ -116,23 +91,22 @@ def test_vocabulary_without_special_tokens_is_rejected():
 
 def test_pickle_keeps_vocabulary_and_encoding(tmp_path):
   vocab = _vocab(tmp_path)
-  vocab.encode_tf(tf.constant("a"))  # Builds the tf tables.
   copy = pickle.loads(pickle.dumps(vocab))
   assert copy == vocab
-  assert copy.encode_tf(tf.constant("a b\n")).numpy().tolist() == [4, 3, 1]
+  assert copy.encode("a b\n") == [4, 3, 1]
 
 
 def test_byte_vocabulary_id_layout():
   vocab = vocab_lib.byte_vocabulary()
-  assert isinstance(vocab, seqio.ByteVocabulary)
   assert vocab.vocab_size == 259 == vocab_lib.BYTE_VOCAB_SIZE
   assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2)
   assert vocab.encode("A\n") == [ord("A") + 3, ord("\n") + 3]
   raw = bytes([0, 65, 0xC3, 0xFF, 255, 10])  # Not valid UTF-8.
-  ids = vocab.encode_tf(tf.constant(raw)).numpy()
+  ids = vocab_lib.encode_bytes(raw)
   np.testing.assert_array_equal(ids, [3, 68, 198, 258, 258, 13])
-  np.testing.assert_array_equal(vocab_lib.encode_bytes(raw), ids)
   assert vocab_lib.decode_bytes(ids) == raw
+  # Decoding stops at EOS and drops the other special ids.
+  assert vocab.decode([3 + ord("h"), 0, 3 + ord("i"), 1, 3 + ord("x")]) == "hi"
 
 
 def test_get_vocabulary_builds_once_and_caches_a_file(tmp_path):
@@ -161,4 +135,4 @@ def test_get_vocabulary_defaults_to_a_cache_inside_the_data_dir(tmp_path):
 def test_get_vocabulary_of_byte_corpora():
   for corpus in ("enwik8", "text8"):
     vocab = vocab_lib.get_vocabulary(corpus, "/nonexistent", None)
-    assert isinstance(vocab, seqio.ByteVocabulary)
+    assert isinstance(vocab, vocab_lib.ByteVocabulary)

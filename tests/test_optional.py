@@ -1,0 +1,123 @@
+"""memjax.optional: the core runs without TensorFlow, SeqIO and ScaNN.
+
+The subprocess test makes ``import tensorflow``, ``import seqio`` and
+``import scann`` raise (``sys.modules[name] = None``, what Python does for a
+package that is not installed) and then trains, resumes, evaluates, exports
+and loads a decoder LM, a translation model and a BERT-style encoder from
+token caches prepared beforehand in this (full) environment.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from memjax import errors
+from memjax import optional
+from tests import conftest
+
+BLOCKED = ("tensorflow", "seqio", "scann", "tensorflow_text")
+
+# Runs in a fresh interpreter: the packages are made unimportable first.
+_SCRIPT = textwrap.dedent("""
+    import json, sys
+    for name in %r:
+      sys.modules[name] = None
+    args = json.loads(sys.argv[1])
+    import memjax
+    from memjax import api, experiment, train
+    from memjax.modes import evaluation
+    sys.path.insert(0, args["repo"])
+    from tests import conftest
+    out = {}
+    for family, spec in args["runs"].items():
+      config = conftest.core_config(family, spec["data"])
+      workdir = spec["workdir"]
+      config.train.checkpoint_every = 2
+      def stop(step, state):
+        if step == 2:
+          raise KeyboardInterrupt  # Interrupted after its step-2 checkpoint,
+      try:
+        train.train_and_evaluate(config, workdir, hooks=(stop,))
+      except KeyboardInterrupt:
+        pass
+      res = train.train_and_evaluate(config, workdir)  # ... it resumes.
+      ev = evaluation.evaluate_run(config, workdir)
+      exported = api.export(workdir, workdir + "_export")
+      restored = experiment.load(exported)
+      out[family] = {"step": int(res["step"]), "eval": ev,
+                     "num_params": int(res["num_params"]),
+                     "vocab": type(restored.vocab).__name__}
+      if family == "lm":
+        model = memjax.load(exported)
+        scored = model.score("the cat sat on the mat")
+        out["lm_score"] = [float(x) for x in scored["logprobs"][0]]
+    out["modules"] = sorted(
+        m for m in sys.modules if m.split(".")[0] in %r and sys.modules[m])
+    print("RESULT " + json.dumps(out, default=str))
+""") % (BLOCKED, BLOCKED)
+
+
+def test_require_names_the_extra(monkeypatch):
+  monkeypatch.setitem(sys.modules, "scann", None)
+  with pytest.raises(errors.MissingDependencyError) as e:
+    optional.require("scann", "a ScaNN datastore index")
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert "a ScaNN datastore index needs scann" in msg
+  assert "memjax[retrieval]" in msg
+
+
+def test_seqio_is_reported_as_the_data_extra(monkeypatch):
+  monkeypatch.setitem(sys.modules, "seqio", None)
+  monkeypatch.setitem(sys.modules, "tensorflow", None)
+  with pytest.raises(errors.MissingDependencyError, match=r"memjax\[data\]"):
+    optional.require("seqio", "tokenising wikitext103")
+
+
+def _prepare_caches(tmp_path) -> dict[str, dict[str, str]]:
+  """Token caches (and vocabularies) of the three runs, made with SeqIO."""
+  from memjax import task as task_lib  # pylint: disable=g-import-not-at-top
+
+  runs = {}
+  for family in ("lm", "mt", "encoder"):
+    data = conftest.core_data(family, tmp_path)
+    workdir = str(tmp_path / family)
+    config = conftest.core_config(family, data)
+    task_lib.get(config).load(config, workdir)  # Writes <workdir>/cache.
+    runs[family] = {"data": data, "workdir": workdir}
+  return runs
+
+
+def test_core_trains_evaluates_exports_and_loads_without_extras(tmp_path):
+  runs = _prepare_caches(tmp_path)
+  env = dict(os.environ, XLA_FLAGS=conftest.xla_flags(1))
+  arg = json.dumps({"repo": conftest.REPO, "runs": runs})
+  proc = subprocess.run(
+      [sys.executable, "-c", _SCRIPT, arg],
+      cwd=str(tmp_path), env=env, capture_output=True, text=True,
+      timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  out = json.loads(line[len("RESULT ") :])
+  assert out["modules"] == []  # None of them was imported.
+  for family in runs:
+    assert out[family]["step"] == 4, family
+    assert out[family]["num_params"] > 0
+  assert out["lm"]["vocab"] == "WordVocabulary"
+  assert out["mt"]["vocab"] == "SentencePieceVocabulary"
+  assert out["encoder"]["vocab"] == "SentencePieceVocabulary"
+  lm_eval = out["lm"]["eval"]["valid"]
+  assert np.isfinite(lm_eval["ppl"]) and lm_eval["ppl"] > 1
+  # Six words: five scored tokens, each a log-probability.
+  assert len(out["lm_score"]) == 5
+  assert all(np.isfinite(x) and x < 0 for x in out["lm_score"])
+  # Both halves of the resumed run logged their steps.
+  with open(os.path.join(runs["lm"]["workdir"], "train_log.jsonl")) as f:
+    steps = [json.loads(l)["step"] for l in f if '"step"' in l]
+  assert max(steps) == 4
