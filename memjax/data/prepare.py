@@ -10,8 +10,15 @@ WikiText-103 ends up as ``DIR/wiki.{train,valid,test}.tokens``; enwik8 and
 text8 as the single release file ``DIR/enwik8`` / ``DIR/text8``, which the
 readers split 90M/5M/5M (``--write_splits`` also writes the split files
 ``{train,valid,test}.xml`` / ``.txt``). Nothing is downloaded when the files
-are already there. Errors (no network, a broken zip) end the command with one
-line on stderr and exit status 1.
+are already there.
+
+The mirrors of ``memjax.data.releases`` are tried in order (``--url`` names
+one instead); an archive, downloaded or given with ``--zip``, is used only
+when its size and SHA-256 are the recorded ones (``--sha256=HEX`` names
+another checksum, ``--no_verify`` skips the check). A download is verified
+under a temporary name before it is unpacked. Errors (no mirror answers, a
+wrong checksum, a broken zip) end the command with one line on stderr and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ import urllib.error
 import urllib.request
 import zipfile
 
+from memjax import errors
+from memjax.data import releases
 from memjax.data import sources
 
 _CHUNK_BYTES = 1 << 20
+_USER_AGENT = "memjax-data-prepare"
 
 
 def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
@@ -44,8 +54,10 @@ def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
       sources.DataError: the download failed (no network, HTTP error).
   """
   tmp = f"{dest}.part"
+  # Some hosts refuse urllib's default User-Agent with 403.
+  request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
   try:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
       total = int(response.headers.get("Content-Length") or 0)
       done = 0
       with open(tmp, "wb") as f:
@@ -71,6 +83,109 @@ def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
     ) from e
   os.replace(tmp, dest)
   return dest
+
+
+def obtain_archive(
+    corpus: str,
+    data_dir: str,
+    url: str | None = None,
+    zip_path: str | None = None,
+    sha256: str | None = None,
+    verify: bool = True,
+) -> tuple[str, bool]:
+  """Returns a verified release archive of ``corpus``, downloading it if needed.
+
+  In order: the archive ``zip_path``; else ``data_dir/<archive>`` left by an
+  earlier ``--keep_zip``; else the first of ``url`` (or the corpus's
+  mirrors) whose download verifies.
+
+  Args:
+      corpus: canonical corpus name.
+      data_dir: the corpus directory, where a download is written.
+      url: one URL to download instead of the mirrors.
+      zip_path: an archive downloaded by other means.
+      sha256: the user's own checksum, instead of the recorded one.
+      verify: False to accept an archive unchecked (prints a warning).
+
+  Returns:
+      (archive path, whether it was downloaded now).
+
+  Raises:
+      sources.DataError: no checksum to verify with, no mirror gave the
+          archive, or the archive is missing.
+      releases.ArchiveMismatchError: the archive has the wrong checksum.
+  """
+  rel = releases.release(corpus)
+  expected = releases.expected_sha256(rel, sha256, verify)
+  if expected is None:
+    print(
+        f"warning: {rel.archive} is used without checking its SHA-256 "
+        "(--no_verify)",
+        file=sys.stderr,
+    )
+  if zip_path is not None:
+    releases.check_archive(zip_path, rel, expected)
+    return zip_path, False
+  kept = os.path.join(data_dir, rel.archive)
+  if os.path.exists(kept):
+    releases.check_archive(kept, rel, expected)
+    print(f"using {kept}, downloaded before", file=sys.stderr)
+    return kept, False
+  return fetch_release(rel, data_dir, (url,) if url else rel.mirrors, expected)
+
+
+def fetch_release(
+    rel: releases.Release,
+    data_dir: str,
+    urls: tuple[str, ...],
+    expected: str | None,
+) -> tuple[str, bool]:
+  """Downloads ``rel``'s archive from the first of ``urls`` that verifies.
+
+  Each download is written as ``data_dir/<archive>.unverified`` and takes
+  the archive's name only once its checksum matches ``expected`` (any file
+  when None); a failed or wrong one is deleted and the next URL tried.
+
+  Returns:
+      (``data_dir/<archive>``, True).
+
+  Raises:
+      sources.DataError: no URL gave the archive; names each one's failure.
+  """
+  final = os.path.join(data_dir, rel.archive)
+  unverified = f"{final}.unverified"
+  failures = []
+  for i, url in enumerate(urls, 1):
+    print(f"trying {url} ({i} of {len(urls)})", file=sys.stderr)
+    try:
+      download(url, unverified)
+      releases.check_archive(unverified, rel, expected)
+    except sources.DataError as e:
+      if os.path.exists(unverified):
+        os.remove(unverified)
+      failures.append(f"{url}: {_failure(e)}")
+      print(f"{url} failed: {_failure(e)}", file=sys.stderr)
+      continue
+    os.replace(unverified, final)
+    checked = "SHA-256 verified" if expected else "not verified"
+    print(f"using {url} ({checked})", file=sys.stderr)
+    return final, True
+  raise sources.DataError(
+      f"Could not download {rel.archive} ({'; '.join(failures)}); "
+      f"{releases.where_to_get(rel, expected)}."
+  )
+
+
+def _failure(error: errors.DataError) -> str:
+  """Why one download failed, in a few words."""
+  if isinstance(error, releases.ArchiveMismatchError):
+    return "not the release archive (wrong size or SHA-256)"
+  cause = error.__cause__
+  if isinstance(cause, urllib.error.HTTPError):
+    return f"HTTP {cause.code} {cause.reason}"
+  if isinstance(cause, urllib.error.URLError):
+    return str(cause.reason)
+  return str(cause or error)
 
 
 def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
@@ -111,17 +226,34 @@ def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
           f"{zip_path} has no {', '.join(missing)}; is it the "
           f"{spec.name} release ({spec.url})?"
       )
-    paths = []
-    for member in spec.release_members:
-      path = os.path.join(data_dir, member)
-      with (
-          archive.open(by_name[member]) as src,
-          open(f"{path}.part", "wb") as dst,
-      ):
-        shutil.copyfileobj(src, dst, _CHUNK_BYTES)
+    paths = [os.path.join(data_dir, m) for m in spec.release_members]
+    # Every member is extracted before any takes its name, so a failure
+    # leaves nothing half unpacked.
+    try:
+      for member, path in zip(spec.release_members, paths):
+        with (
+            archive.open(by_name[member]) as src,
+            open(f"{path}.part", "wb") as dst,
+        ):
+          shutil.copyfileobj(src, dst, _CHUNK_BYTES)
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+      _remove_parts(paths)
+      raise sources.DataError(
+          f"{zip_path} is damaged ({e}); delete it and run again."
+      ) from e
+    except BaseException:
+      _remove_parts(paths)
+      raise
+    for path in paths:
       os.replace(f"{path}.part", path)
-      paths.append(path)
   return paths
+
+
+def _remove_parts(paths: list[str]) -> None:
+  """Deletes the ``.part`` files of ``paths`` that exist."""
+  for path in paths:
+    if os.path.exists(f"{path}.part"):
+      os.remove(f"{path}.part")
 
 
 def write_split_files(corpus: str, data_dir: str) -> list[str]:
@@ -179,35 +311,37 @@ def prepare(
     zip_path: str | None = None,
     write_splits: bool = False,
     keep_zip: bool = False,
+    sha256: str | None = None,
+    verify: bool = True,
 ) -> list[str]:
   """Downloads (unless present) and unpacks ``corpus`` into ``data_dir``.
 
   Args:
       corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
       data_dir: destination directory.
-      url: release URL; defaults to the official one.
+      url: release URL; defaults to the corpus's mirrors, in order.
       zip_path: an already downloaded release zip; skips the download.
       write_splits: for enwik8/text8, also write the split files.
       keep_zip: keep the downloaded zip in ``data_dir``.
+      sha256: the archive's SHA-256, instead of the recorded one.
+      verify: False to use the archive without checking its SHA-256.
 
   Returns:
       The corpus files now in ``data_dir``.
 
   Raises:
-      sources.DataError: download or unpacking failed.
+      sources.DataError: download, verification or unpacking failed.
   """
   spec = sources.corpus_spec(corpus)
   data_dir = os.path.abspath(os.path.expanduser(data_dir))
   os.makedirs(data_dir, exist_ok=True)
   if not is_prepared(spec.name, data_dir):
-    downloaded = None
-    if zip_path is None:
-      url = url or spec.url
-      downloaded = os.path.join(data_dir, os.path.basename(url))
-      zip_path = download(url, downloaded)
+    zip_path, downloaded = obtain_archive(
+        spec.name, data_dir, url, zip_path, sha256, verify
+    )
     unpack(spec.name, zip_path, data_dir)
     if downloaded and not keep_zip:
-      os.remove(downloaded)
+      os.remove(zip_path)
   if write_splits and spec.release_file:
     release = os.path.join(data_dir, spec.release_file)
     if os.path.isfile(release):
@@ -226,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
       "--corpus", required=True, help="wikitext103, enwik8 or text8"
   )
   parser.add_argument("--data_dir", required=True, help="target directory")
-  parser.add_argument("--url", default=None, help="release zip URL")
+  parser.add_argument(
+      "--url", default=None, help="release zip URL, instead of the mirrors"
+  )
   parser.add_argument(
       "--zip", default=None, help="use this release zip, do not download"
   )
@@ -238,6 +374,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
       "--keep_zip", action="store_true", help="keep the downloaded zip"
   )
+  parser.add_argument(
+      "--sha256",
+      default=None,
+      help="the archive's SHA-256, instead of the recorded one",
+  )
+  parser.add_argument(
+      "--no_verify",
+      action="store_true",
+      help="use the archive without checking its SHA-256",
+  )
   args = parser.parse_args(argv)
   try:
     paths = prepare(
@@ -247,10 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         zip_path=args.zip,
         write_splits=args.write_splits,
         keep_zip=args.keep_zip,
+        sha256=args.sha256,
+        verify=not args.no_verify,
     )
-  except sources.DataError as e:
+  except errors.UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    return 1
+    return 2
   print(f"{sources.canonical_corpus(args.corpus)} ready: {', '.join(paths)}")
   return 0
 

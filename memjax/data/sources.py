@@ -64,7 +64,8 @@ class CorpusSpec:
           release that holds all splits; None when the release ships split
           files.
       release_members: files of the release zip that make up the corpus.
-      url: where the official release zip is downloaded from.
+      url: where the official release zip is downloaded from (the first
+          of its mirrors in ``memjax.data.releases``).
       demo_subdir: folder of the corpus under ``DEMO_DATA_DIR``.
       text_format: for word corpora, 'wikitext' (already tokenised,
           articles under ' = Title = ' headings) or 'sentences' (raw text,
@@ -89,10 +90,7 @@ CORPORA: dict[str, CorpusSpec] = {
         split_files={s: f"wiki.{s}.tokens" for s in SPLITS},
         release_file=None,
         release_members=tuple(f"wiki.{s}.tokens" for s in SPLITS),
-        url=(
-            "https://s3.amazonaws.com/research.metamind.io/wikitext/"
-            "wikitext-103-v1.zip"
-        ),
+        url="https://wikitext.smerity.com/wikitext-103-v1.zip",
         demo_subdir="wikitext",
     ),
     "enwik8": CorpusSpec(

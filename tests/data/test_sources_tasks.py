@@ -1,13 +1,11 @@
 """Tests of memjax.data.sources and memjax.data.tasks."""
 
 import os
-import zipfile
 
 import numpy as np
 import pytest
 import seqio
 
-from memjax.data import prepare
 from memjax.data import sources
 from memjax.data import tasks
 from memjax.data import vocab as vocab_lib
@@ -225,69 +223,3 @@ def test_byte_stream_keeps_invalid_utf8(tmp_path):
   )
   expected = np.frombuffer(raw[1:], np.uint8).astype(np.int32) + 3
   np.testing.assert_array_equal(stream.tokens, expected)
-
-
-# --- prepare: unpacking and splitting of release zips (no network) ----------
-
-
-def _zip(path, members):
-  with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-    for name, data in members.items():
-      z.writestr(name, data)
-  return str(path)
-
-
-def test_prepare_unpacks_a_wikitext_release_zip(tmp_path):
-  zip_path = _zip(
-      tmp_path / "wikitext-103-v1.zip",
-      {f"wikitext-103/wiki.{s}.tokens": WIKI_TEXT for s in sources.SPLITS},
-  )
-  data_dir = str(tmp_path / "data")
-  paths = prepare.prepare("wikitext103", data_dir, zip_path=zip_path)
-  assert paths == sorted(
-      os.path.join(data_dir, f"wiki.{s}.tokens") for s in sources.SPLITS
-  )
-  assert sources.read_documents("wikitext", data_dir, "train")[2] == ARTICLE_3
-
-
-def test_prepare_command_with_a_file_url_and_split_files(tmp_path, capsys):
-  eval_bytes = sources.EVAL_SPLIT_BYTES
-  data = b"<page>\xc3\xa9</page>\n" * (2 * eval_bytes // 16 + 500)
-  zip_path = _zip(tmp_path / "enwik8.zip", {"enwik8": data})
-  data_dir = tmp_path / "data"
-  status = prepare.main(
-      [
-          "--corpus=enwik8",
-          f"--data_dir={data_dir}",
-          f"--url=file://{zip_path}",
-          "--write_splits",
-      ]
-  )
-  assert status == 0, capsys.readouterr().err
-  assert (data_dir / "enwik8").read_bytes() == data
-  assert not (data_dir / "enwik8.zip").exists()
-  train_len = len(data) - 2 * eval_bytes
-  assert (data_dir / "train.xml").read_bytes() == data[:train_len]
-  assert (data_dir / "valid.xml").read_bytes() == data[
-      train_len : train_len + eval_bytes
-  ]
-  assert (data_dir / "test.xml").read_bytes() == data[-eval_bytes:]
-
-
-def test_prepare_fails_with_one_line(tmp_path, capsys):
-  status = prepare.main(
-      [
-          "--corpus=text8",
-          f"--data_dir={tmp_path}",
-          f"--url=file://{tmp_path}/missing.zip",
-      ]
-  )
-  err = capsys.readouterr().err
-  assert status == 1
-  assert err.startswith("error: Could not download") and err.count("\n") == 1
-
-
-def test_prepare_rejects_a_zip_without_the_corpus(tmp_path):
-  zip_path = _zip(tmp_path / "other.zip", {"readme.txt": "hello"})
-  with pytest.raises(sources.DataError, match="has no text8"):
-    prepare.prepare("text8", str(tmp_path / "data"), zip_path=zip_path)
