@@ -1,20 +1,26 @@
 # Two entry points: `make demo` and `make test`. Both create the virtual
-# environment from requirements.lock when it is missing.
+# environment from the locks in requirements/ when it is missing:
+# requirements/$(ACCEL).lock (the runtime: cpu, cuda12, cuda13 or tpu) and
+# requirements/dev.lock (tests, formatter, notebooks).
+#   make venv ACCEL=cuda12    # a GPU node (NVIDIA driver >= 525)
 PYTHON ?= python3.11
+ACCEL ?= cpu
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP = $(VENV)/.installed-$(ACCEL)
 WORKDIR ?= runs/demo
 # Test processes (pytest-xdist): one per core, at most 4 (each holds a jax
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
+.PHONY: locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
 
-$(STAMP): requirements.lock setup.py
+LOCK := requirements/$(ACCEL).lock
+
+$(STAMP): $(LOCK) requirements/dev.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q -r $(LOCK) -r requirements/dev.lock
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
@@ -63,6 +69,11 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Regenerates requirements/*.lock from setup.py (keeps existing pins; add
+# ARGS=--upgrade to move to the newest versions that resolve).
+locks: $(STAMP)
+	UV=$(VENV)/bin/uv requirements/compile.sh $(ARGS)
 
 # Translation: a vanilla encoder-decoder on the shipped German-English pairs.
 demo-mt: $(STAMP)

@@ -13,6 +13,8 @@ _BUILTIN = {
     "train": "memjax.train:train_and_evaluate",
     "eval": "memjax.modes.evaluation:evaluate_run",
     "export": "memjax.api:export_run",
+    # Token caches and vocabulary only (then train where SeqIO is absent).
+    "tokenize": "memjax.modes.tokenize:tokenize",
     "generate": "memjax.modes.generate:generate",
     # Evaluation with testing memories (memjax/modes/memory.py).
     "memeval": "memjax.modes.memory:memeval",
