@@ -57,12 +57,10 @@ class Preempted(Exception):
 
 
 def _preemption_service() -> bool:
-  """Whether JAX's preemption service agrees on the step to stop at.
-
-  Several processes means ``jax.distributed.initialize`` ran, and it starts
-  the service unless ``jax_enable_preemption_service`` is off.
-  """
-  return jax.process_count() > 1 and bool(
+  """Whether JAX's preemption service agrees on the step to stop at:
+  ``jax.distributed.initialize`` (several processes, or ``--multihost``
+  with one) starts it unless ``jax_enable_preemption_service`` is off."""
+  return jax.distributed.is_initialized() and bool(
       jax.config.jax_enable_preemption_service
   )
 
@@ -72,7 +70,8 @@ class StopSignal:
 
   The loop calls ``should_stop(step)`` after every update, on every process;
   it is a flag's read on one process. Entered outside the main thread (where
-  Python cannot install handlers), nothing is caught.
+  Python cannot install handlers), nothing is caught, and a signal whose
+  handler was installed outside Python is left to it.
   """
 
   def __init__(self):
@@ -88,7 +87,9 @@ class StopSignal:
     if threading.current_thread() is not threading.main_thread():
       return self
     for signum in _SIGNALS:
-      self._previous[signum] = signal.signal(signum, self._handle)
+      # None: a handler Python did not install, which it could not restore.
+      if signal.getsignal(signum) is not None:
+        self._previous[signum] = signal.signal(signum, self._handle)
     return self
 
   def __exit__(self, *exc_info) -> None:

@@ -402,7 +402,8 @@ def _train(
     pending.append((step, metrics))
     done = step + 1
     stopping = stop.should_stop(done)
-    if stopping or done % config.train.log_every == 0 or done == num_steps:
+    last = stopping or done == num_steps  # This run's last update.
+    if last or done % config.train.log_every == 0:
       _log_steps(
           pending, meter, writer, s.schedule, log_path, num_steps, s.ckpt
       )
@@ -410,19 +411,14 @@ def _train(
     if (
         config.train.eval_every
         and done % config.train.eval_every == 0
-        and done < num_steps
-        and not stopping
+        and not last
     ):
       evaluator.run(
           state.params, done, config.train.eval_max_windows, "periodic_",
           writer,
       )  # fmt: skip
     step_hooks.run(done, state.params)
-    if (
-        stopping
-        or done % config.train.checkpoint_every == 0
-        or done == num_steps
-    ):
+    if last or done % config.train.checkpoint_every == 0:
       position = data_position(config, done, step_hooks.states())
       s.ckpt.save(done, state, position)
     for hook in hooks:

@@ -73,7 +73,9 @@ def test_several_processes_ask_jax_preemption_service():
   # Unit test of the multi-process branch: two processes simulated.
   sync_points = {3}
   with (
-      mock.patch.object(preemption.jax, "process_count", return_value=2),
+      mock.patch.object(
+          preemption.jax.distributed, "is_initialized", return_value=True
+      ),
       mock.patch.object(
           preemption.multihost_utils,
           "reached_preemption_sync_point",
