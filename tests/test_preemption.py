@@ -157,6 +157,7 @@ def test_sigterm_mid_run_saves_and_relaunch_matches_uninterrupted(
   stopped = [l for l in out.splitlines() if "stopped on SIGTERM" in l]
   assert len(stopped) == 1 and "relaunching the same command resumes" in out
   step = int(stopped[0].split("at step ")[1].split(";")[0])
+  print(f"SIGTERM after update 2 stopped the run at update {step}")
   assert 2 <= step <= NUM_STEPS
   ckpts = os.listdir(os.path.join(workdir, "checkpoints"))
   assert str(step) in ckpts and all(int(c) <= step for c in ckpts)
