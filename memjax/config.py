@@ -161,6 +161,10 @@ def _train(c: ml_collections.ConfigDict) -> None:
   # calls, default 1) and any keys of the hook's own, e.g.
   #   c.train.hook_options.reindex = ml_collections.ConfigDict({"every": 500})
   c.train.hook_options = ml_collections.ConfigDict()
+  # (FIRST, COUNT): trace updates FIRST..FIRST+COUNT-1 (1-based, as in the
+  # progress lines) with jax.profiler into <workdir>/profile, for
+  # TensorBoard's profile plugin; () = no trace (memjax/profiling.py).
+  c.train.profile_steps = ()
 
 
 def _eval(c: ml_collections.ConfigDict) -> None:

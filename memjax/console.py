@@ -55,3 +55,28 @@ class Progress:
         eta = max(self.expected - self.done, 0) / max(rate, 1e-9)
         line += f", ETA {eta:.0f}s"
       info("%s", line)
+
+
+class ProgressMeter:
+  """Console progress: loss, tokens/s and an ETA from recent steps."""
+
+  def __init__(self, total_steps: int, tokens_per_step: int, start_step: int):
+    self.total = total_steps
+    self.tokens_per_step = tokens_per_step
+    self.last_step, self.last_time = start_step, time.time()
+    self.first_time = self.last_time
+    self.first_step = start_step
+
+  def update(self, step: int) -> dict[str, float]:
+    now = time.time()
+    dt = max(now - self.last_time, 1e-9)
+    steps = step - self.last_step
+    tps = steps * self.tokens_per_step / dt
+    sps = steps / dt
+    eta = (self.total - step) / max(sps, 1e-9)
+    self.last_step, self.last_time = step, now
+    return {"tokens_per_s": tps, "steps_per_s": sps, "eta_s": eta}
+
+  def overall_tokens_per_s(self, step: int) -> float:
+    dt = max(time.time() - self.first_time, 1e-9)
+    return (step - self.first_step) * self.tokens_per_step / dt

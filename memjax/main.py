@@ -17,6 +17,10 @@ one machine (``jax_cpu_collectives_implementation`` is ``gloo`` by default):
 
 Each process builds the same global batches and places its devices' slices;
 all take part in checkpoints; process 0 writes the logs and results.
+
+SIGTERM (a preemption) or Ctrl-C during training writes a checkpoint of the
+last update and exits with status 128 + the signal's number (143, 130); the
+same command resumes (memjax/preemption.py).
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
 
   from memjax import errors  # pylint: disable=g-import-not-at-top
+  from memjax import preemption  # pylint: disable=g-import-not-at-top
   from memjax import registry  # pylint: disable=g-import-not-at-top
 
   try:
@@ -196,6 +201,10 @@ def main(argv):
     # keeps its traceback.
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
+  except preemption.Preempted as e:
+    # The loop saved a checkpoint and said so; 143 for SIGTERM tells
+    # schedulers the run did not finish (memjax/preemption.py).
+    sys.exit(e.exit_status)
   if jax.process_index() != 0:
     return  # Process 0 wrote the results and reports them.
   report(results, config, workdir)

@@ -35,6 +35,8 @@ from memjax import experiment
 from memjax import hooks as hooks_lib
 from memjax import losses
 from memjax import optim
+from memjax import preemption
+from memjax import profiling
 from memjax import runfiles
 from memjax import sharding as sharding_lib
 from memjax import stats
@@ -53,34 +55,9 @@ Hook = Callable[[int, TrainState], None]
 # ----------------------------------------------------------------------------
 
 
-class ProgressMeter:
-  """Console progress: loss, tokens/s and an ETA from recent steps."""
-
-  def __init__(self, total_steps: int, tokens_per_step: int, start_step: int):
-    self.total = total_steps
-    self.tokens_per_step = tokens_per_step
-    self.last_step, self.last_time = start_step, time.time()
-    self.first_time = self.last_time
-    self.first_step = start_step
-
-  def update(self, step: int) -> dict[str, float]:
-    now = time.time()
-    dt = max(now - self.last_time, 1e-9)
-    steps = step - self.last_step
-    tps = steps * self.tokens_per_step / dt
-    sps = steps / dt
-    eta = (self.total - step) / max(sps, 1e-9)
-    self.last_step, self.last_time = step, now
-    return {"tokens_per_s": tps, "steps_per_s": sps, "eta_s": eta}
-
-  def overall_tokens_per_s(self, step: int) -> float:
-    dt = max(time.time() - self.first_time, 1e-9)
-    return (step - self.first_step) * self.tokens_per_step / dt
-
-
 def _log_steps(
     pending: list[tuple[int, dict]],
-    meter: ProgressMeter,
+    meter: console.ProgressMeter,
     writer: Any,
     schedule: Callable,
     log_path: str,
@@ -373,8 +350,19 @@ def _restore_or_init(config, ckpt, state, shardings) -> tuple[TrainState, dict]:
 # ----------------------------------------------------------------------------
 
 
-def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
-  """Runs the updates from ``s.start_step``; returns the tokens/s."""
+def _train(
+    s: Setup,
+    writer: Any,
+    hooks: tuple[Hook, ...],
+    stop: preemption.StopSignal,
+    trace: profiling.StepTrace,
+) -> Optional[float]:
+  """Runs the updates from ``s.start_step``; returns the tokens/s.
+
+  Raises:
+    preemption.Preempted: ``stop`` caught a signal; the checkpoint of the
+      last update is written.
+  """
   config = s.config
   num_steps = int(config.train.num_steps)
   if s.start_step >= num_steps:
@@ -391,7 +379,7 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
       segments_per_lane=int(config.data.segments_per_lane),
   )
   evaluator = task.evaluator(config, s.model, s.mesh, s.corpus)
-  meter = ProgressMeter(num_steps, tokens_per_step, s.start_step)
+  meter = console.ProgressMeter(num_steps, tokens_per_step, s.start_step)
   step_rng = jax.random.PRNGKey(config.seed + 1)
   pending: list[tuple[int, dict]] = []
   console.info(
@@ -411,10 +399,12 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
     batch = sharding_lib.put_global_batch(
         experiment.host_batch(s.batcher, step), s.mesh
     )
-    state, metrics = train_step(state, batch, step_rng)
+    state, metrics = trace.run(step + 1, train_step, state, batch, step_rng)
     pending.append((step, metrics))
     done = step + 1
-    if done % config.train.log_every == 0 or done == num_steps:
+    stopping = stop.should_stop(done)
+    last = stopping or done == num_steps  # This run's last update.
+    if last or done % config.train.log_every == 0:
       _log_steps(
           pending, meter, writer, s.schedule, log_path, num_steps, s.ckpt
       )
@@ -422,18 +412,20 @@ def _train(s: Setup, writer: Any, hooks: tuple[Hook, ...]) -> Optional[float]:
     if (
         config.train.eval_every
         and done % config.train.eval_every == 0
-        and done < num_steps
+        and not last
     ):
       evaluator.run(
           state.params, done, config.train.eval_max_windows, "periodic_",
           writer,
       )  # fmt: skip
     step_hooks.run(done, state.params)
-    if done % config.train.checkpoint_every == 0 or done == num_steps:
+    if last or done % config.train.checkpoint_every == 0:
       position = data_position(config, done, step_hooks.states())
       s.ckpt.save(done, state, position)
     for hook in hooks:
       hook(done, state)
+    if stopping:
+      raise stop.stopped(done, s.ckpt)
   s.state = state
   s.ckpt.wait()
   return meter.overall_tokens_per_s(num_steps)
@@ -469,7 +461,11 @@ def train_and_evaluate(
     writer = summaries.EventWriter(
         workdir, just_logging=jax.process_index() > 0
     )
-    train_tps = _train(s, writer, hooks)
+    with (
+        preemption.StopSignal() as stop,
+        profiling.StepTrace(config, workdir) as trace,
+    ):
+      train_tps = _train(s, writer, hooks, stop, trace)
     results = task.final_results(
         config, s.model, s.state.params, s.mesh, s.corpus,
         int(jax.device_get(s.state.step)), writer,

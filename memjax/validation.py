@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from memjax import errors
 from memjax import optim
+from memjax import profiling
 from memjax import registry
 from memjax import task as task_lib
 from memjax import sharding as sharding_lib
@@ -93,6 +94,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   registry.BATCHERS.get(config.data.batching)
   task_lib.get(config).check_config(config)  # e.g. an unknown corpus.
   optim.group_settings(config.optim)  # ConfigError for a malformed group.
+  profiling.profile_steps(config)
   run_config_checks(config)
 
 

@@ -54,6 +54,7 @@ LONGEST_FIRST = (
     "tests/methods/trime/test_modes.py",
     "tests/methods/recurrent/test_modes.py",
     "tests/methods/pkm/test_bert.py",
+    "tests/test_preemption.py",
     "tests/test_sharding.py",
     "tests/methods/trime/test_training.py",
 )
