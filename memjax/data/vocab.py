@@ -376,8 +376,8 @@ def decode_bytes(ids: np.ndarray | Sequence[int]) -> bytes:
   return (ids - BYTE_OFFSET).astype(np.uint8).tobytes()
 
 
-# Built vocabularies by (train path, size, mtime, min_count), so that tasks
-# and token streams of one process share one object.
+# Built vocabularies by (cache file, train path, size, mtime, min_count), so
+# that tasks and token streams of one process share one object.
 _VOCAB_MEMO: dict[tuple[Any, ...], WordVocabulary] = {}
 _VOCAB_MEMO_LOCK = threading.Lock()
 
@@ -429,11 +429,12 @@ def get_vocabulary(
     return byte_vocabulary()
   train = sources.split_path(spec.name, data_dir, "train")
   st = os.stat(train)
-  memo_key = (train, st.st_size, st.st_mtime_ns, min_count)
+  path = word_vocabulary_path(spec.name, data_dir, cache_dir, min_count)
+  # The cache file is part of the key: another cache directory gets its file.
+  memo_key = (path, train, st.st_size, st.st_mtime_ns, min_count)
   with _VOCAB_MEMO_LOCK:
     if memo_key in _VOCAB_MEMO:
       return _VOCAB_MEMO[memo_key]
-    path = word_vocabulary_path(spec.name, data_dir, cache_dir, min_count)
     if os.path.isfile(path):
       vocab = WordVocabulary.load(path)
     else:
