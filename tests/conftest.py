@@ -55,6 +55,7 @@ LONGEST_FIRST = (
     "tests/methods/recurrent/test_modes.py",
     "tests/methods/pkm/test_bert.py",
     "tests/test_preemption.py",
+    "tests/test_optional.py",
     "tests/test_sharding.py",
     "tests/methods/trime/test_training.py",
 )
