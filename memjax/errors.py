@@ -43,3 +43,13 @@ class ResumeError(UserError, ValueError):
 
 class NonFiniteLossError(UserError, FloatingPointError):
   """The loss or the gradient norm became NaN or infinite."""
+
+
+class StorageError(UserError, OSError):
+  """A location that cannot be opened: an unknown URL scheme, a filesystem
+  package that is not installed, or missing credentials."""
+
+
+class WorkdirError(UserError, ValueError):
+  """A workdir that holds something other than a run (an export, a
+  datastore, a token cache), which a mode must not write into."""
