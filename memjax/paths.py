@@ -112,6 +112,11 @@ def resolve(path: str) -> str:
   return os.path.abspath(os.path.expanduser(_local(path)))
 
 
+def realpath(path: str) -> str:
+  """``resolve`` with local symbolic links followed (a URL unchanged)."""
+  return path if is_url(path) else os.path.realpath(resolve(path))
+
+
 def join(base: str, *parts: str) -> str:
   """``base/part/...``; URLs join with ``/``."""
   base = os.fspath(base)
@@ -161,6 +166,17 @@ def getsize(path: str) -> int:
   if is_url(path):
     return int(filesystem(path).size(path))
   return os.path.getsize(_local(path))
+
+
+def du(path: str) -> int:
+  """Bytes in the files under the directory ``path``."""
+  if is_url(path):
+    return int(filesystem(path).du(path, total=True))
+  return sum(
+      os.path.getsize(os.path.join(d, f))
+      for d, _, files in os.walk(_local(path))
+      for f in files
+  )
 
 
 def makedirs(path: str) -> None:
