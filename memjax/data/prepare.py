@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 import zipfile
 
+from memjax import paths as paths_lib
 from memjax.data import sources
 
 _CHUNK_BYTES = 1 << 20
@@ -48,7 +49,7 @@ def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
       total = int(response.headers.get("Content-Length") or 0)
       done = 0
-      with open(tmp, "wb") as f:
+      with paths_lib.open(tmp, "wb") as f:
         while chunk := response.read(_CHUNK_BYTES):
           f.write(chunk)
           done += len(chunk)
@@ -61,15 +62,15 @@ def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
           )
       print(file=sys.stderr)
   except (urllib.error.URLError, OSError, ValueError) as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+    if paths_lib.exists(tmp):
+      paths_lib.remove(tmp)
     reason = getattr(e, "reason", None) or e
     raise sources.DataError(
         f"Could not download {url} ({reason}); download it by other means "
         f"and pass its path with --zip, or copy the unpacked files into "
-        f"{os.path.dirname(dest)}."
+        f"{paths_lib.dirname(dest)}."
     ) from e
-  os.replace(tmp, dest)
+  paths_lib.rename(tmp, dest)
   return dest
 
 
@@ -91,9 +92,9 @@ def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
       sources.DataError: not a zip, or a corpus file is missing from it.
   """
   spec = sources.corpus_spec(corpus)
-  os.makedirs(data_dir, exist_ok=True)
+  paths_lib.makedirs(data_dir)
   try:
-    archive = zipfile.ZipFile(zip_path)
+    archive = zipfile.ZipFile(paths_lib.local_file(zip_path))
   except (zipfile.BadZipFile, OSError) as e:
     raise sources.DataError(
         f"{zip_path} is not a readable zip file ({e}); delete it and run "
@@ -113,13 +114,13 @@ def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
       )
     paths = []
     for member in spec.release_members:
-      path = os.path.join(data_dir, member)
+      path = paths_lib.join(data_dir, member)
       with (
           archive.open(by_name[member]) as src,
-          open(f"{path}.part", "wb") as dst,
+          paths_lib.open(f"{path}.part", "wb") as dst,
       ):
         shutil.copyfileobj(src, dst, _CHUNK_BYTES)
-      os.replace(f"{path}.part", path)
+      paths_lib.rename(f"{path}.part", path)
       paths.append(path)
   return paths
 
@@ -142,22 +143,22 @@ def write_split_files(corpus: str, data_dir: str) -> list[str]:
     raise sources.DataError(
         f"{spec.name} ships split files; there is nothing to split."
     )
-  release = os.path.join(data_dir, spec.release_file)
-  if not os.path.isfile(release):
+  release = paths_lib.join(data_dir, spec.release_file)
+  if not paths_lib.isfile(release):
     raise sources.DataError(
         f"Release file {release} not found: "
         f"{sources.how_to_get(spec.name, data_dir)}."
     )
-  size = os.path.getsize(release)
+  size = paths_lib.getsize(release)
   paths = []
-  with open(release, "rb") as src:
+  with paths_lib.open(release, "rb") as src:
     for split in sources.SPLITS:
       start, end = sources.release_split_range(size, split)
-      path = os.path.join(data_dir, spec.split_files[split])
+      path = paths_lib.join(data_dir, spec.split_files[split])
       src.seek(start)
-      with open(f"{path}.part", "wb") as dst:
+      with paths_lib.open(f"{path}.part", "wb") as dst:
         dst.write(src.read(end - start))
-      os.replace(f"{path}.part", path)
+      paths_lib.rename(f"{path}.part", path)
       paths.append(path)
   return paths
 
@@ -197,20 +198,20 @@ def prepare(
       sources.DataError: download or unpacking failed.
   """
   spec = sources.corpus_spec(corpus)
-  data_dir = os.path.abspath(os.path.expanduser(data_dir))
-  os.makedirs(data_dir, exist_ok=True)
+  data_dir = paths_lib.resolve(data_dir)
+  paths_lib.makedirs(data_dir)
   if not is_prepared(spec.name, data_dir):
     downloaded = None
     if zip_path is None:
       url = url or spec.url
-      downloaded = os.path.join(data_dir, os.path.basename(url))
+      downloaded = paths_lib.join(data_dir, os.path.basename(url))
       zip_path = download(url, downloaded)
     unpack(spec.name, zip_path, data_dir)
     if downloaded and not keep_zip:
-      os.remove(downloaded)
+      paths_lib.remove(downloaded)
   if write_splits and spec.release_file:
-    release = os.path.join(data_dir, spec.release_file)
-    if os.path.isfile(release):
+    release = paths_lib.join(data_dir, spec.release_file)
+    if paths_lib.isfile(release):
       write_split_files(spec.name, data_dir)
   return sorted(
       {sources.split_path(spec.name, data_dir, s) for s in sources.SPLITS}
