@@ -41,6 +41,9 @@ setuptools.setup(
         "tensorflow-text>=2.20,<2.21",
     ],
     extras_require={
+        # Workdirs in cloud storage (memjax.paths): gs:// and s3:// through
+        # fsspec's backends; versions follow the installed fsspec's.
+        "cloud": ["gcsfs>=2024.2", "s3fs>=2024.2"],
         "test": [
             "ipykernel>=6.29",
             "jupyter_client>=8",
