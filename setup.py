@@ -51,6 +51,6 @@ setuptools.setup(
             "nbformat>=5.10",
             "pyink>=24",
             "pytest>=8",
-        ]
+        ],
     },
 )
