@@ -19,8 +19,6 @@ model).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -28,6 +26,7 @@ import numpy as np
 from memjax import console
 from memjax.eval import metrics
 from memjax import experiment
+from memjax import paths
 from memjax import runfiles
 
 TextOrTokens = Union[str, np.ndarray, Sequence[int]]
@@ -211,18 +210,15 @@ def export(
   """Writes ``path``'s parameters, config, vocabulary, signature and tuned
   memory setting to ``out_dir`` (default ``<workdir>/export``)."""
   out = experiment.export(path, out_dir, step=step, dtype=dtype)
-  tuned = os.path.join(path, "tune.json")
-  if os.path.isfile(tuned):
-    shutil.copy(tuned, os.path.join(out, "tune.json"))
+  tuned = paths.join(path, "tune.json")
+  if paths.isfile(tuned):
+    paths.copy(tuned, paths.join(out, "tune.json"))
   return out
 
 
 def _dir_size(path: str) -> int:
-  return sum(
-      os.path.getsize(os.path.join(d, f))
-      for d, _, files in os.walk(path)
-      for f in files
-  )
+  """Bytes in the files under ``path``."""
+  return paths.du(path)
 
 
 def export_run(config: Any, workdir: str) -> dict[str, Any]:

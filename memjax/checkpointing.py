@@ -13,7 +13,6 @@ A checkpoint step holds three items:
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 from typing import Any, Mapping, Optional, Sequence
@@ -22,6 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from memjax import errors
+from memjax import paths
 
 CheckpointMismatchError = errors.CheckpointMismatchError
 
@@ -50,7 +50,11 @@ def compare_signatures(
 
 
 class Checkpointer:
-  """Saves and restores train states under ``<workdir>/checkpoints``."""
+  """Saves and restores train states under ``<workdir>/checkpoints``.
+
+  A URL directory (``gs://...``) is handed to Orbax unchanged; Orbax
+  opens it itself.
+  """
 
   def __init__(
       self,
@@ -60,7 +64,7 @@ class Checkpointer:
       signature: Mapping[str, Any],
       create: bool = True,
   ):
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.resolve(directory)
     self.signature = dict(signature)
     self._manager = ocp.CheckpointManager(
         self.directory,
@@ -176,14 +180,14 @@ class Checkpointer:
     return None
 
   def _set_aside(self, step: int) -> str:
-    src = os.path.join(self.directory, str(step))
-    dest = os.path.join(self.directory, f"damaged-{step}")
+    src = paths.join(self.directory, str(step))
+    dest = paths.join(self.directory, f"damaged-{step}")
     n = 1
-    while os.path.exists(dest):
-      dest = os.path.join(self.directory, f"damaged-{step}.{n}")
+    while paths.exists(dest):
+      dest = paths.join(self.directory, f"damaged-{step}.{n}")
       n += 1
     if jax.process_index() == 0:
-      os.rename(src, dest)
+      paths.rename(src, dest)
     self._manager.reload()
     return dest
 
@@ -216,10 +220,10 @@ def restore_params(
   Raises:
     FileNotFoundError: no checkpoint there.
   """
-  directory = os.path.abspath(directory)
-  if os.path.isdir(os.path.join(directory, "checkpoints")):
-    directory = os.path.join(directory, "checkpoints")
-  if not os.path.isdir(directory):
+  directory = paths.resolve(directory)
+  if paths.isdir(paths.join(directory, "checkpoints")):
+    directory = paths.join(directory, "checkpoints")
+  if not paths.isdir(directory):
     raise FileNotFoundError(
         f"train.init_from: no checkpoint directory {directory}"
     )
@@ -325,7 +329,7 @@ def param_shapes(
   ckptr = ocp.StandardCheckpointer()
   try:
     meta = ckptr.metadata(
-        os.path.join(os.path.abspath(directory), str(step), "state")
+        paths.join(paths.resolve(directory), str(step), "state")
     ).item_metadata
   finally:
     ckptr.close()
@@ -335,7 +339,7 @@ def param_shapes(
 def save_export_params(directory: str, params: Any) -> None:
   """Writes a params-only Orbax checkpoint (an export's ``params/``)."""
   ckptr = ocp.StandardCheckpointer()
-  ckptr.save(os.path.abspath(directory), params)
+  ckptr.save(paths.resolve(directory), params)
   ckptr.wait_until_finished()
   ckptr.close()
 
@@ -344,9 +348,7 @@ def export_param_shapes(directory: str) -> dict[str, tuple[int, ...]]:
   """{'path/to/param': shape} of an export's ``params/``."""
   ckptr = ocp.StandardCheckpointer()
   try:
-    return _leaf_shapes(
-        ckptr.metadata(os.path.abspath(directory)).item_metadata
-    )
+    return _leaf_shapes(ckptr.metadata(paths.resolve(directory)).item_metadata)
   finally:
     ckptr.close()
 
@@ -357,7 +359,7 @@ def restore_export_params(directory: str, abstract_params: Any) -> Any:
 
   ckptr = ocp.PyTreeCheckpointer()
   try:
-    meta = ckptr.metadata(os.path.abspath(directory)).item_metadata
+    meta = ckptr.metadata(paths.resolve(directory)).item_metadata
     # Restore in the stored dtype (an export may be bfloat16), then cast.
     stored = jax.tree.map(
         lambda a, m: jax.ShapeDtypeStruct(
@@ -367,7 +369,7 @@ def restore_export_params(directory: str, abstract_params: Any) -> Any:
         _subtree(meta, abstract_params),
     )
     restored = ckptr.restore(
-        os.path.abspath(directory),
+        paths.resolve(directory),
         args=ocp.args.PyTreeRestore(
             item=stored,
             restore_args=ocp.checkpoint_utils.construct_restore_args(stored),

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import shutil
 from typing import Any, Optional
 
 import jax
@@ -19,6 +17,7 @@ import ml_collections
 import numpy as np
 
 from memjax import errors
+from memjax import paths
 from memjax import registry
 from memjax.data import sources
 
@@ -62,7 +61,7 @@ def data_dirs(
   """(data_dir, cache_dir) of a run; nothing is created."""
   d = config.data
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
-  return data_dir, d.cache_dir or os.path.join(workdir, "cache")
+  return data_dir, d.cache_dir or paths.join(workdir, "cache")
 
 
 @contextlib.contextmanager
@@ -74,12 +73,12 @@ def cleanup_on_error(workdir: str):
   before is then removed, so bad input leaves nothing behind. An existing
   workdir is never touched.
   """
-  existed = os.path.exists(workdir)
+  existed = paths.exists(workdir)
   try:
     yield
   except errors.UserError:
-    if not existed and os.path.isdir(workdir) and jax.process_index() == 0:
-      shutil.rmtree(workdir, ignore_errors=True)
+    if not existed and paths.isdir(workdir) and jax.process_index() == 0:
+      paths.rmtree(workdir, ignore_errors=True)
     raise
 
 
@@ -134,7 +133,7 @@ def read_stream(
   corpus, data_dir, vocab_source = eval_source(config, corpus, data_dir)
   sources.split_path(corpus, data_dir, split)
   cache_dir = data_dirs(config, workdir)[1]
-  os.makedirs(cache_dir, exist_ok=True)
+  paths.makedirs(cache_dir)
   return tasks.load_token_stream(
       corpus, data_dir, split, cache_dir, vocab_source
   )
@@ -160,7 +159,7 @@ def load_corpus(
   splits = tuple(config.eval.splits if splits is None else splits)
   check_data(config, splits, train)
   data_dir, cache_dir = data_dirs(config, workdir)
-  os.makedirs(cache_dir, exist_ok=True)
+  paths.makedirs(cache_dir)
   corpus = config.data.corpus
   train_stream = (
       tasks.load_token_stream(corpus, data_dir, "train", cache_dir)

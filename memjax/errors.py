@@ -47,3 +47,13 @@ class NonFiniteLossError(UserError, FloatingPointError):
 
 class MissingDependencyError(UserError, ImportError):
   """An optional package (an extra of ``setup.py``) that is not installed."""
+
+
+class StorageError(UserError, OSError):
+  """A location that cannot be opened: an unknown URL scheme, a filesystem
+  package that is not installed, or missing credentials."""
+
+
+class WorkdirError(UserError, ValueError):
+  """A workdir that holds something other than a run (an export, a
+  datastore, a token cache), which a mode must not write into."""

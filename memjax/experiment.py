@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Mapping, Optional
 
 import flax
@@ -43,6 +42,7 @@ from memjax import checkpointing
 from memjax import console
 from memjax import errors
 from memjax import optim
+from memjax import paths
 from memjax import registry
 from memjax import runfiles
 from memjax import sharding as sharding_lib
@@ -289,7 +289,7 @@ def load(
     errors.MissingRunError: no run or export at ``path``.
     errors.CheckpointMismatchError: ``config`` describes another model.
   """
-  path = os.path.abspath(path)
+  path = paths.resolve(path)
   files = runfiles.find(path)
   saved = runfiles.read_config(files)
   config = saved if config is None else config
@@ -380,8 +380,8 @@ def export(
     raise errors.ConfigError(
         f"export dtype must be one of {list(DTYPES)}, got {dtype!r}"
     )
-  out_dir = os.path.abspath(out_dir or os.path.join(path, "export"))
-  if os.path.exists(out_dir):
+  out_dir = paths.resolve(out_dir or paths.join(path, "export"))
+  if paths.exists(out_dir):
     raise errors.ConfigError(
         f"{out_dir} already exists: remove it or pass another export directory"
     )
@@ -412,7 +412,7 @@ def init_params_from(
     errors.CheckpointMismatchError: a shared parameter has another shape,
       or none is shared.
   """
-  files = runfiles.find(os.path.abspath(source))
+  files = runfiles.find(paths.resolve(source))
   abstract = checkpointing.abstract_with_sharding(
       state.params, shardings.params
   )

@@ -142,6 +142,20 @@ def resolve_config(mode: str, workdir: str) -> Any:
   return config
 
 
+def check_workdir(mode: str, workdir: str) -> None:
+  """Refuses, before anything is read or written, a workdir whose storage
+  cannot be opened or that holds something other than a run.
+
+  Raises:
+    errors.StorageError, errors.WorkdirError: one line naming what to fix.
+  """
+  from memjax import paths  # pylint: disable=g-import-not-at-top
+  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+
+  paths.check_workdir(workdir)
+  runfiles.check_workdir(workdir, training=mode == "train")
+
+
 def report(results: dict[str, Any], config: Any, workdir: str) -> None:
   """Prints a mode's results: files, summary lines, or split metrics."""
   if "files" in results:
@@ -151,7 +165,7 @@ def report(results: dict[str, Any], config: Any, workdir: str) -> None:
   if "unit" not in results or "summary_lines" in results:
     for line in results.get("summary_lines", ()):
       print(line)
-    path = results.get("results_path", os.path.join(workdir, "results.json"))
+    path = results.get("results_path", _results_path(workdir))
     print(f"results: {path}")
     return
   unit = results["unit"]
@@ -162,7 +176,13 @@ def report(results: dict[str, Any], config: Any, workdir: str) -> None:
         f"{int(r['tokens'])} tokens; unigram "
         f"{results['unigram'][split][unit]:.2f})"
     )
-  print(f"results: {os.path.join(workdir, 'results.json')}")
+  print(f"results: {_results_path(workdir)}")
+
+
+def _results_path(workdir: str) -> str:
+  from memjax import paths  # pylint: disable=g-import-not-at-top
+
+  return paths.join(workdir, "results.json")
 
 
 def main(argv):
@@ -194,6 +214,7 @@ def main(argv):
   module, fn = target.split(":")
   workdir = _WORKDIR.value
   try:
+    check_workdir(_MODE.value, workdir)
     config = resolve_config(_MODE.value, workdir)
     results = getattr(importlib.import_module(module), fn)(config, workdir)
   except errors.UserError as e:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Optional
 
 import ml_collections
 
 from memjax import config as config_lib
 from memjax import errors
+from memjax import paths
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.json"
@@ -31,8 +32,7 @@ def file_sha1(path: str) -> str:
   """The SHA-1 of a file's bytes (hex)."""
   import hashlib  # pylint: disable=g-import-not-at-top
 
-  with open(path, "rb") as f:
-    return hashlib.sha1(f.read()).hexdigest()
+  return hashlib.sha1(paths.read_bytes(path)).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,20 +49,19 @@ class RunFiles:
 
   @property
   def checkpoints(self) -> str:
-    return os.path.join(self.path, "checkpoints")
+    return paths.join(self.path, "checkpoints")
 
   @property
   def params_dir(self) -> str:
-    return os.path.join(self.path, "params")
+    return paths.join(self.path, "params")
 
   def read_json(self, name: str) -> dict[str, Any]:
-    with open(os.path.join(self.path, name)) as f:
-      return json.load(f)
+    return paths.read_json(paths.join(self.path, name))
 
 
 def _has_steps(directory: str) -> bool:
-  return os.path.isdir(directory) and any(
-      s.isdigit() for s in os.listdir(directory)
+  return paths.isdir(directory) and any(
+      s.isdigit() for s in paths.listdir(directory)
   )
 
 
@@ -72,12 +71,12 @@ def find(path: str) -> RunFiles:
   Raises:
     errors.MissingRunError: nothing restorable there.
   """
-  path = os.path.abspath(path)
-  if os.path.basename(path) == "checkpoints" and _has_steps(path):
-    path = os.path.dirname(path)
-  if os.path.isfile(os.path.join(path, EXPORT_FILE)):
+  path = paths.resolve(path)
+  if paths.basename(path) == "checkpoints" and _has_steps(path):
+    path = paths.dirname(path)
+  if paths.isfile(paths.join(path, EXPORT_FILE)):
     return RunFiles("export", path)
-  if _has_steps(os.path.join(path, "checkpoints")):
+  if _has_steps(paths.join(path, "checkpoints")):
     return RunFiles("run", path)
   raise errors.MissingRunError(
       f"{path} holds no trained run (no checkpoints/<step>) and no export "
@@ -85,20 +84,85 @@ def find(path: str) -> RunFiles:
   )
 
 
+# Entries only a training run writes into its workdir.
+_RUN_ENTRIES = (CONFIG_FILE, VOCAB_FILE, "checkpoints", "train_log.jsonl")
+# Files of a token cache (memjax.data.tasks, memjax.data.vocab,
+# memjax.data.mlm): <corpus>.<split>.v<size>.<key>.npz,
+# <corpus>.vocab.<key>.txt, mlm_<split>_<key>.npy, spm_mlm_<n>_<key>.model.
+_CACHE_FILE = re.compile(
+    r"(\.v\d+\.[0-9a-f]{12}\.npz|\.vocab\.[0-9a-f]+\.txt|^mlm_\w+_[0-9a-f]+"
+    r"\.npy|^spm_mlm_\d+_[0-9a-f]+\.model)$"
+)
+
+
+def not_a_run(path: str) -> Optional[str]:
+  """What ``path`` holds when it is something other than a run's workdir:
+  'an export', 'a datastore', 'a token cache', 'a checkpoints folder', 'an
+  Orbax checkpoint' or 'a file'; None for a run, an empty directory or
+  nothing (``path`` need not exist). Reads names only."""
+  if not paths.exists(path):
+    return None
+  if not paths.isdir(path):
+    return "a file"
+  names = set(paths.listdir(path))
+  if EXPORT_FILE in names:
+    return "an export"
+  if "build.json" in names or (
+      "manifest.json" in names and any(n.startswith("shard-") for n in names)
+  ):
+    return "a datastore"
+  if paths.basename(path) == "checkpoints" and _has_steps(path):
+    return "a checkpoints folder"
+  if names & {"_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt"}:
+    return "an Orbax checkpoint"
+  if not names & set(_RUN_ENTRIES) and any(
+      _CACHE_FILE.search(n) for n in names
+  ):
+    return "a token cache"
+  return None
+
+
+def check_workdir(workdir: str, training: bool) -> None:
+  """Refuses a workdir that holds something other than a run; reads names
+  only and writes nothing.
+
+  Every mode refuses datastores, token caches and checkpoint folders.
+  Training also refuses an export (other modes read one and write their
+  results beside its files) and a directory that holds files but none of
+  a run's (``config.json``, ``checkpoints/``, ``train_log.jsonl``).
+
+  Raises:
+    errors.WorkdirError: naming what ``workdir`` holds.
+  """
+  kind = not_a_run(workdir)
+  if kind == "a file":
+    raise errors.WorkdirError(
+        f"--workdir {workdir} exists and is not a directory: choose another"
+    )
+  if kind == "an export" and not training:
+    return
+  if kind is None and training and paths.isdir(workdir):
+    names = set(paths.listdir(workdir))
+    if names and not names & set(_RUN_ENTRIES + ("cache",)):
+      shown = sorted(names)[:3] + (["..."] if len(names) > 3 else [])
+      kind = f"files but no run ({', '.join(shown)})"
+  if kind is not None:
+    raise errors.WorkdirError(
+        f"--workdir {workdir} holds {kind}, not a run: nothing was written; "
+        "give a new or empty directory (or a run's) as --workdir"
+    )
+
+
 def write_json(path: str, obj: Any) -> None:
-  """Writes JSON atomically (temporary file, then rename)."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  """Writes JSON whole (locally: a temporary file, then a rename)."""
+  paths.write_json(path, obj)
 
 
 def write_table(workdir: str, table: dict[str, Any]) -> dict[str, Any]:
   """A demo's results: ``table`` as ``<workdir>/table.json`` and its
   ``markdown`` as ``table.md``; returns ``table``."""
-  write_json(os.path.join(workdir, "table.json"), table)
-  with open(os.path.join(workdir, "table.md"), "w") as f:
-    f.write(table["markdown"] + "\n")
+  write_json(paths.join(workdir, "table.json"), table)
+  paths.write_text(paths.join(workdir, "table.md"), table["markdown"] + "\n")
   return table
 
 
@@ -136,32 +200,25 @@ def read_config(files: RunFiles) -> ml_collections.ConfigDict:
   Raises:
     errors.MissingRunError: the directory has no ``config.json``.
   """
-  path = os.path.join(files.path, CONFIG_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(files.path, CONFIG_FILE)
+  if not paths.isfile(path):
     raise errors.MissingRunError(
         f"{files.path} has checkpoints but no {CONFIG_FILE}; pass the run's "
         "--config to restore it"
     )
-  with open(path) as f:
-    return config_from_json(f.read())
+  return config_from_json(paths.read_text(path))
 
 
 def write_run_files(
     directory: str, config: ml_collections.ConfigDict, vocab: Any
 ) -> None:
   """Writes ``config.json`` and the vocabulary files into ``directory``."""
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory, CONFIG_FILE + ".tmp")
-  with open(tmp, "w") as f:
-    f.write(config_to_json(config))
-  os.replace(tmp, os.path.join(directory, CONFIG_FILE))
+  paths.makedirs(directory)
+  paths.write_text(paths.join(directory, CONFIG_FILE), config_to_json(config))
   if hasattr(vocab, "sentencepiece_model_file"):  # Translation runs.
-    import shutil  # pylint: disable=g-import-not-at-top
-
-    dest = os.path.join(directory, SPM_FILE)
-    if os.path.abspath(vocab.sentencepiece_model_file) != dest:
-      shutil.copyfile(vocab.sentencepiece_model_file, dest + ".tmp")
-      os.replace(dest + ".tmp", dest)
+    dest = paths.join(directory, SPM_FILE)
+    if paths.resolve(vocab.sentencepiece_model_file) != paths.resolve(dest):
+      paths.write_bytes(dest, paths.read_bytes(vocab.sentencepiece_model_file))
     info = {
         "kind": "sentencepiece",
         "file": SPM_FILE,
@@ -169,11 +226,11 @@ def write_run_files(
         "sha1": file_sha1(dest),
     }
   elif hasattr(vocab, "tokens"):  # A WordVocabulary.
-    vocab.save(os.path.join(directory, "vocab.txt"))
+    vocab.save(paths.join(directory, "vocab.txt"))
     info = {"kind": "words", "file": "vocab.txt", "size": vocab.vocab_size}
   else:
     info = {"kind": "bytes", "size": int(vocab.vocab_size)}
-  write_json(os.path.join(directory, VOCAB_FILE), info)
+  write_json(paths.join(directory, VOCAB_FILE), info)
 
 
 def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
@@ -181,8 +238,8 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
   from memjax.data import spm_vocab  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
-  path = os.path.join(files.path, VOCAB_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(files.path, VOCAB_FILE)
+  if not paths.isfile(path):
     if files.kind == "export":
       raise errors.DataError(f"export {files.path} has no {VOCAB_FILE}")
     from memjax.data import sources  # pylint: disable=g-import-not-at-top
@@ -191,14 +248,14 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
     return vocab_lib.get_vocabulary(
         d.corpus,
         d.data_dir or sources.default_data_dir(d.corpus),
-        d.cache_dir or os.path.join(files.path, "cache"),
+        d.cache_dir or paths.join(files.path, "cache"),
     )
   info = files.read_json(VOCAB_FILE)
   if info["kind"] == "bytes":
     return vocab_lib.byte_vocabulary()
   if info["kind"] == "sentencepiece":
-    return spm_vocab.load_sentencepiece(os.path.join(files.path, info["file"]))
-  return vocab_lib.WordVocabulary.load(os.path.join(files.path, info["file"]))
+    return spm_vocab.load_sentencepiece(paths.join(files.path, info["file"]))
+  return vocab_lib.WordVocabulary.load(paths.join(files.path, info["file"]))
 
 
 def write_export(
@@ -216,21 +273,19 @@ def write_export(
   one, so ``out_dir`` always holds a whole export.
   """
   # Orbax and jax only here: the rest of this module reads run files.
-  import shutil  # pylint: disable=g-import-not-at-top
-
   import jax  # pylint: disable=g-import-not-at-top
 
   from memjax import checkpointing  # pylint: disable=g-import-not-at-top
 
   tmp, old = out_dir + ".partial", out_dir + ".old"
   for d in (tmp, old):
-    if os.path.exists(d):
-      shutil.rmtree(d)
+    if paths.exists(d):
+      paths.rmtree(d)
   write_run_files(tmp, config, vocab)
-  checkpointing.save_export_params(os.path.join(tmp, "params"), params)
+  checkpointing.save_export_params(paths.join(tmp, "params"), params)
   n = int(sum(x.size for x in jax.tree.leaves(params)))
-  write_json(os.path.join(tmp, EXPORT_FILE), {**meta, "num_params": n})
-  if os.path.exists(out_dir):
-    os.replace(out_dir, old)
-  os.replace(tmp, out_dir)
-  shutil.rmtree(old, ignore_errors=True)
+  write_json(paths.join(tmp, EXPORT_FILE), {**meta, "num_params": n})
+  if paths.exists(out_dir):
+    paths.rename(out_dir, old)
+  paths.rename(tmp, out_dir)
+  paths.rmtree(old, ignore_errors=True)

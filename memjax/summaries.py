@@ -108,11 +108,11 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   for name in sorted(paths.listdir(logdir)):
     if ".tfevents." not in name:
       continue
-    with paths.local_copy(paths.join(logdir, name)) as local:
-      for event in event_file_loader.EventFileLoader(local).Load():
-        for v in event.summary.value:
-          value = v.simple_value
-          if v.HasField("tensor"):
-            value = float(np.asarray(v.tensor.float_val or [0.0])[0])
-          out.setdefault(v.tag, []).append((int(event.step), float(value)))
+    local = paths.local_file(paths.join(logdir, name))
+    for event in event_file_loader.EventFileLoader(local).Load():
+      for v in event.summary.value:
+        value = v.simple_value
+        if v.HasField("tensor"):
+          value = float(np.asarray(v.tensor.float_val or [0.0])[0])
+        out.setdefault(v.tag, []).append((int(event.step), float(value)))
   return out

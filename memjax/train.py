@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any, Callable, Optional
 
@@ -37,6 +36,7 @@ from memjax import losses
 from memjax import optim
 from memjax import preemption
 from memjax import profiling
+from memjax import paths
 from memjax import runfiles
 from memjax import sharding as sharding_lib
 from memjax import stats
@@ -53,6 +53,12 @@ Hook = Callable[[int, TrainState], None]
 # ----------------------------------------------------------------------------
 # Loop
 # ----------------------------------------------------------------------------
+
+
+def _append_log(log_path: str, lines: list[str]) -> None:
+  """Appends ``lines`` to ``train_log.jsonl`` (process 0 only)."""
+  if lines and jax.process_index() == 0:
+    paths.append_text(log_path, "".join(lines))
 
 
 def _log_steps(
@@ -72,25 +78,27 @@ def _log_steps(
   """
   fetched = jax.device_get([m for _, m in pending])
   # Every process checks the metrics; process 0 writes them.
-  with open(log_path if jax.process_index() == 0 else os.devnull, "a") as f:
-    for (s, _), m in zip(pending, fetched):
-      if not m["finite"]:
-        ckpt.close()
-        raise NonFiniteLossError(
-            f"non-finite loss or gradient at step {s + 1} (loss "
-            f"{float(m['loss'])}, grad norm {float(m['grad_norm'])}); the "
-            f"update was skipped and the checkpoints in {ckpt.directory} are "
-            "intact: lower optim.learning_rate or set optim.clip_norm"
-        )
-      record = {
-          "step": s + 1,
-          "loss": float(m["loss"]),
-          "grad_norm": float(m["grad_norm"]),
-      }
-      aux = stats.means(m.get("stats", {}))
-      if aux:
-        record["aux"] = aux
-      f.write(json.dumps(record) + "\n")
+  lines = []
+  for (s, _), m in zip(pending, fetched):
+    if not m["finite"]:
+      _append_log(log_path, lines)
+      ckpt.close()
+      raise NonFiniteLossError(
+          f"non-finite loss or gradient at step {s + 1} (loss "
+          f"{float(m['loss'])}, grad norm {float(m['grad_norm'])}); the "
+          f"update was skipped and the checkpoints in {ckpt.directory} are "
+          "intact: lower optim.learning_rate or set optim.clip_norm"
+      )
+    record = {
+        "step": s + 1,
+        "loss": float(m["loss"]),
+        "grad_norm": float(m["grad_norm"]),
+    }
+    aux = stats.means(m.get("stats", {}))
+    if aux:
+      record["aux"] = aux
+    lines.append(json.dumps(record) + "\n")
+  _append_log(log_path, lines)
   done = pending[-1][0] + 1
   last = fetched[-1]
   mean_loss = float(np.mean([m["loss"] for m in fetched]))
@@ -228,8 +236,8 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   model, optimiser layout and schedule are checked when the checkpoint is
   restored (they need the model); a position that cannot be read is left
   to the restore, which sets a damaged step aside."""
-  directory = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(directory):
+  directory = paths.join(workdir, "checkpoints")
+  if not paths.isdir(directory):
     return
   ckpt = checkpointing.Checkpointer(
       directory, keep=1, signature={}, create=False
@@ -248,10 +256,11 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def check_workdir(workdir: str) -> None:
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise errors.ConfigError(
-        f"--workdir {workdir} exists and is not a directory: choose another"
-    )
+  """Refuses, before anything is written, a workdir whose filesystem cannot
+  be opened or that holds something other than a run (an export, a
+  datastore, a token cache, files of no run)."""
+  paths.check_workdir(workdir)
+  runfiles.check_workdir(workdir, training=True)
 
 
 @dataclasses.dataclass
@@ -309,7 +318,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str) -> Setup:
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
     console.info("model: %s parameters", f"{n_params:,}")
     signature = experiment.model_signature(config, corpus.vocab_size)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
+    ckpt_dir = paths.join(workdir, "checkpoints")
     ckpt = checkpointing.Checkpointer(
         ckpt_dir, keep=config.train.keep_checkpoints, signature=signature
     )
@@ -388,7 +397,7 @@ def _train(
       num_steps,
       tokens_per_step,
   )
-  log_path = os.path.join(s.workdir, "train_log.jsonl")
+  log_path = paths.join(s.workdir, "train_log.jsonl")
   step_hooks = hooks_lib.HookRunner(
       config, s.hook_states, workdir=s.workdir, model=s.model, mesh=s.mesh,
       corpus=s.corpus, batcher=s.batcher, writer=writer,
@@ -479,5 +488,5 @@ def train_and_evaluate(
   if train_tps is not None:
     results["train_tokens_per_s"] = train_tps
   if jax.process_index() == 0:
-    runfiles.write_json(os.path.join(workdir, "results.json"), results)
+    runfiles.write_json(paths.join(workdir, "results.json"), results)
   return results

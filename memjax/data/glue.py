@@ -16,16 +16,16 @@ of an epoch is filled with empty rows of weight 0.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Sequence
 
 import numpy as np
 
 from memjax import errors
+from memjax import paths
 from memjax import registry
 from memjax.data import sources
 
-DEFAULT_DIR = os.path.join(sources.DEMO_DATA_DIR, "sentiment")
+DEFAULT_DIR = paths.join(sources.DEMO_DATA_DIR, "sentiment")
 
 
 @dataclasses.dataclass
@@ -38,8 +38,8 @@ class Examples:
 
 
 def split_path(data_dir: str, split: str) -> str:
-  path = os.path.join(data_dir, f"{split}.tsv")
-  if not os.path.isfile(path):
+  path = paths.join(data_dir, f"{split}.tsv")
+  if not paths.isfile(path):
     raise errors.DataError(
         f"missing classification file {path}: classification.data_dir needs "
         f"{split}.tsv (header 'sentence<TAB>label')"
@@ -56,7 +56,7 @@ def read_tsv(path: str, labels: Sequence[str]) -> tuple[list[str], np.ndarray]:
       file and line number).
   """
   try:
-    with open(path, encoding="utf-8") as f:
+    with paths.open(path, encoding="utf-8") as f:
       lines = f.read().splitlines()
   except UnicodeDecodeError as e:
     raise errors.DataError(f"{path} is not UTF-8 text ({e.reason})") from None

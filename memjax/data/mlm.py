@@ -21,27 +21,27 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 import numpy as np
 
 from memjax import errors
+from memjax import paths
 from memjax import registry
 from memjax.data import parallel
 from memjax.data import sources
 
 CLS, MASK = "[CLS]", "[MASK]"
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-DEFAULT_DIR = os.path.join(sources.DEMO_DATA_DIR, "wikitext")
+DEFAULT_DIR = paths.join(sources.DEMO_DATA_DIR, "wikitext")
 _ESCAPES = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
 _CACHE_VERSION = 1
 
 
 def split_path(data_dir: str, split: str) -> str:
   """``<data_dir>/wiki.<split>.tokens``; DataError when it is missing."""
-  path = os.path.join(data_dir, f"wiki.{split}.tokens")
-  if not os.path.isfile(path):
+  path = paths.join(data_dir, f"wiki.{split}.tokens")
+  if not paths.isfile(path):
     raise errors.DataError(
         f"missing pretraining text {path}: mlm.data_dir needs "
         f"wiki.{{train,valid,test}}.tokens"
@@ -52,7 +52,7 @@ def split_path(data_dir: str, split: str) -> str:
 def paragraphs(path: str) -> list[str]:
   """The non-empty, non-heading lines of a WikiText file, unescaped."""
   try:
-    with open(path, encoding="utf-8") as f:
+    with paths.open(path, encoding="utf-8") as f:
       lines = f.read().splitlines()
   except UnicodeDecodeError as e:
     raise errors.DataError(f"{path} is not UTF-8 text ({e.reason})") from None
@@ -70,8 +70,8 @@ def paragraphs(path: str) -> list[str]:
 def _digest(*parts: Any) -> str:
   h = hashlib.sha1()
   for p in parts:
-    if isinstance(p, str) and os.path.isfile(p):
-      with open(p, "rb") as f:
+    if isinstance(p, str) and paths.isfile(p):
+      with paths.open(p, "rb") as f:
         h.update(hashlib.sha1(f.read()).digest())
     else:
       h.update(str(p).encode())
@@ -87,10 +87,10 @@ def train_vocabulary(data_dir: str, vocab_size: int, cache_dir: str) -> str:
   """
   train = split_path(data_dir, "train")
   key = _digest(train, vocab_size, _CACHE_VERSION)
-  path = os.path.join(cache_dir, f"spm_mlm_{vocab_size}_{key}.model")
-  if os.path.isfile(path):
+  path = paths.join(cache_dir, f"spm_mlm_{vocab_size}_{key}.model")
+  if paths.isfile(path):
     return path
-  os.makedirs(cache_dir, exist_ok=True)
+  paths.makedirs(cache_dir)
   return parallel.train_sentencepiece(
       paragraphs(train), path, vocab_size, train, "mlm.vocab_size",
       user_symbols=(CLS, MASK),
@@ -123,17 +123,15 @@ def read_split(
   """[N] int32 ids of a split's paragraphs, EOS after each (cached)."""
   path = split_path(data_dir, split)
   key = _digest(path, vocab_path, _CACHE_VERSION)
-  cache = os.path.join(cache_dir, f"mlm_{split}_{key}.npy")
-  if os.path.isfile(cache):
-    return np.load(cache)
+  cache = paths.join(cache_dir, f"mlm_{split}_{key}.npy")
+  if paths.isfile(cache):
+    return paths.np_load(cache)
   vocab = load_vocabulary(vocab_path)
   ids = encode(vocab, paragraphs(path))
   eos = np.array([EOS_ID], np.int32)
   stream = np.concatenate([np.concatenate([x, eos]) for x in ids])
-  os.makedirs(cache_dir, exist_ok=True)
-  tmp = f"{cache}.tmp{os.getpid()}.npy"
-  np.save(tmp, stream.astype(np.int32))
-  os.replace(tmp, cache)
+  paths.makedirs(cache_dir)
+  paths.np_save(cache, stream.astype(np.int32))
   return stream.astype(np.int32)
 
 

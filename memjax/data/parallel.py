@@ -25,6 +25,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import optional
+from memjax import paths as paths_lib
 from memjax.data import sources
 from memjax.data import spm_vocab
 
@@ -42,9 +43,9 @@ def split_files(
   Raises:
     errors.DataError: a file is missing.
   """
-  paths = tuple(os.path.join(data_dir, f"{split}.{l}") for l in (src, tgt))
+  paths = tuple(paths_lib.join(data_dir, f"{split}.{l}") for l in (src, tgt))
   for p in paths:
-    if not os.path.isfile(p):
+    if not paths_lib.isfile(p):
       raise errors.DataError(
           f"missing parallel text file {p}: data.data_dir needs "
           f"{split}.{src} and {split}.{tgt}"
@@ -54,8 +55,7 @@ def split_files(
 
 def _read_lines(path: str) -> list[str]:
   try:
-    with open(path, encoding="utf-8") as f:
-      return f.read().splitlines()
+    return paths_lib.read_text(path).splitlines()
   except UnicodeDecodeError as e:
     raise errors.DataError(f"{path} is not UTF-8 text ({e.reason})") from None
 
@@ -98,14 +98,12 @@ def read_pairs(
 def _fingerprint(*paths: str, extra: str = "") -> str:
   h = hashlib.sha1(extra.encode())
   for p in paths:
-    with open(p, "rb") as f:
-      h.update(hashlib.sha1(f.read()).digest())
+    h.update(hashlib.sha1(paths_lib.read_bytes(p)).digest())
   return h.hexdigest()[:12]
 
 
 def file_sha1(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.sha1(f.read()).hexdigest()
+  return hashlib.sha1(paths_lib.read_bytes(path)).hexdigest()
 
 
 def train_vocabulary(
@@ -119,10 +117,10 @@ def train_vocabulary(
   s, t = read_pairs(data_dir, "train", src, tgt)
   files = split_files(data_dir, "train", src, tgt)
   key = _fingerprint(*files, extra=f"{vocab_size}-{src}-{tgt}")
-  path = os.path.join(cache_dir, f"spm_{src}{tgt}_{vocab_size}_{key}.model")
-  if os.path.isfile(path):
+  path = paths_lib.join(cache_dir, f"spm_{src}{tgt}_{vocab_size}_{key}.model")
+  if paths_lib.isfile(path):
     return path
-  os.makedirs(cache_dir, exist_ok=True)
+  paths_lib.makedirs(cache_dir)
   return train_sentencepiece(
       s + t, path, vocab_size,
       f"{files[0]} and {files[1]}", "data.vocab_size",
@@ -167,10 +165,7 @@ def train_sentencepiece(
         f"cannot train a {vocab_size}-piece vocabulary on {source}: "
         f"{str(e).splitlines()[-1]}; lower {config_key}"
     ) from None
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(model.getvalue())
-  os.replace(tmp, path)
+  paths_lib.write_bytes(path, model.getvalue())
   return path
 
 
@@ -210,7 +205,7 @@ def register_task(
 
   tf = seqio_vocab.tf
 
-  data_dir = os.path.abspath(data_dir)
+  data_dir = paths_lib.resolve(data_dir)
   digest = hashlib.sha1(f"{data_dir}|{vocab_path}".encode()).hexdigest()[:8]
   name = f"memjax_mt_{src}_{tgt}_{digest}"
   if name in seqio.TaskRegistry.names():
@@ -266,8 +261,8 @@ def encode_split(
   key = _fingerprint(
       *files, vocab_path, extra=f"{_CACHE_VERSION}-{src}-{tgt}-{split}"
   )
-  path = os.path.join(cache_dir, f"mt_{split}_{src}{tgt}_{key}.npz")
-  if not os.path.isfile(path):
+  path = paths_lib.join(cache_dir, f"mt_{split}_{src}{tgt}_{key}.npz")
+  if not paths_lib.isfile(path):
     task = register_task(data_dir, src, tgt, vocab_path)
     seqio_split = {v: k for k, v in _SEQIO_SPLITS.items()}[split]
     ds = task.get_dataset(
@@ -278,17 +273,15 @@ def encode_split(
     for ex in ds.as_numpy_iterator():
       ins.append(ex["inputs"].astype(np.int32))
       tgs.append(ex["targets"].astype(np.int32))
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}.npz"
-    np.savez(
-        tmp,
+    paths_lib.makedirs(cache_dir)
+    paths_lib.np_savez(
+        path,
         inputs=np.concatenate(ins),
         input_lens=np.array([len(x) for x in ins]),
         targets=np.concatenate(tgs),
         target_lens=np.array([len(x) for x in tgs]),
     )
-    os.replace(tmp, path)
-  with np.load(path) as z:
+  with paths_lib.np_load(path) as z:
     source = np.split(z["inputs"], np.cumsum(z["input_lens"])[:-1])
     target = np.split(z["targets"], np.cumsum(z["target_lens"])[:-1])
   return ParallelSplit(s_text, t_text, source, target)

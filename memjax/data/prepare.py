@@ -33,6 +33,7 @@ import zipfile
 
 from memjax import errors
 from memjax.data import releases
+from memjax import paths as paths_lib
 from memjax.data import sources
 
 _CHUNK_BYTES = 1 << 20
@@ -60,7 +61,7 @@ def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
       total = int(response.headers.get("Content-Length") or 0)
       done = 0
-      with open(tmp, "wb") as f:
+      with paths_lib.open(tmp, "wb") as f:
         while chunk := response.read(_CHUNK_BYTES):
           f.write(chunk)
           done += len(chunk)
@@ -73,15 +74,15 @@ def download(url: str, dest: str, timeout_s: float = 60.0) -> str:
           )
       print(file=sys.stderr)
   except (urllib.error.URLError, OSError, ValueError) as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+    if paths_lib.exists(tmp):
+      paths_lib.remove(tmp)
     reason = getattr(e, "reason", None) or e
     raise sources.DataError(
         f"Could not download {url} ({reason}); download it by other means "
         f"and pass its path with --zip, or copy the unpacked files into "
-        f"{os.path.dirname(dest)}."
+        f"{paths_lib.dirname(dest)}."
     ) from e
-  os.replace(tmp, dest)
+  paths_lib.rename(tmp, dest)
   return dest
 
 
@@ -206,9 +207,9 @@ def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
       sources.DataError: not a zip, or a corpus file is missing from it.
   """
   spec = sources.corpus_spec(corpus)
-  os.makedirs(data_dir, exist_ok=True)
+  paths_lib.makedirs(data_dir)
   try:
-    archive = zipfile.ZipFile(zip_path)
+    archive = zipfile.ZipFile(paths_lib.local_file(zip_path))
   except (zipfile.BadZipFile, OSError) as e:
     raise sources.DataError(
         f"{zip_path} is not a readable zip file ({e}); delete it and run "
@@ -226,14 +227,14 @@ def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
           f"{zip_path} has no {', '.join(missing)}; is it the "
           f"{spec.name} release ({spec.url})?"
       )
-    paths = [os.path.join(data_dir, m) for m in spec.release_members]
+    paths = [paths_lib.join(data_dir, m) for m in spec.release_members]
     # Every member is extracted before any takes its name, so a failure
     # leaves nothing half unpacked.
     try:
       for member, path in zip(spec.release_members, paths):
         with (
             archive.open(by_name[member]) as src,
-            open(f"{path}.part", "wb") as dst,
+            paths_lib.open(f"{path}.part", "wb") as dst,
         ):
           shutil.copyfileobj(src, dst, _CHUNK_BYTES)
     except (zipfile.BadZipFile, OSError, EOFError) as e:
@@ -245,15 +246,15 @@ def unpack(corpus: str, zip_path: str, data_dir: str) -> list[str]:
       _remove_parts(paths)
       raise
     for path in paths:
-      os.replace(f"{path}.part", path)
+      paths_lib.rename(f"{path}.part", path)
   return paths
 
 
 def _remove_parts(paths: list[str]) -> None:
   """Deletes the ``.part`` files of ``paths`` that exist."""
   for path in paths:
-    if os.path.exists(f"{path}.part"):
-      os.remove(f"{path}.part")
+    if paths_lib.exists(f"{path}.part"):
+      paths_lib.remove(f"{path}.part")
 
 
 def write_split_files(corpus: str, data_dir: str) -> list[str]:
@@ -274,22 +275,22 @@ def write_split_files(corpus: str, data_dir: str) -> list[str]:
     raise sources.DataError(
         f"{spec.name} ships split files; there is nothing to split."
     )
-  release = os.path.join(data_dir, spec.release_file)
-  if not os.path.isfile(release):
+  release = paths_lib.join(data_dir, spec.release_file)
+  if not paths_lib.isfile(release):
     raise sources.DataError(
         f"Release file {release} not found: "
         f"{sources.how_to_get(spec.name, data_dir)}."
     )
-  size = os.path.getsize(release)
+  size = paths_lib.getsize(release)
   paths = []
-  with open(release, "rb") as src:
+  with paths_lib.open(release, "rb") as src:
     for split in sources.SPLITS:
       start, end = sources.release_split_range(size, split)
-      path = os.path.join(data_dir, spec.split_files[split])
+      path = paths_lib.join(data_dir, spec.split_files[split])
       src.seek(start)
-      with open(f"{path}.part", "wb") as dst:
+      with paths_lib.open(f"{path}.part", "wb") as dst:
         dst.write(src.read(end - start))
-      os.replace(f"{path}.part", path)
+      paths_lib.rename(f"{path}.part", path)
       paths.append(path)
   return paths
 
@@ -333,18 +334,18 @@ def prepare(
       sources.DataError: download, verification or unpacking failed.
   """
   spec = sources.corpus_spec(corpus)
-  data_dir = os.path.abspath(os.path.expanduser(data_dir))
-  os.makedirs(data_dir, exist_ok=True)
+  data_dir = paths_lib.resolve(data_dir)
+  paths_lib.makedirs(data_dir)
   if not is_prepared(spec.name, data_dir):
     zip_path, downloaded = obtain_archive(
         spec.name, data_dir, url, zip_path, sha256, verify
     )
     unpack(spec.name, zip_path, data_dir)
     if downloaded and not keep_zip:
-      os.remove(zip_path)
+      paths_lib.remove(zip_path)
   if write_splits and spec.release_file:
-    release = os.path.join(data_dir, spec.release_file)
-    if os.path.isfile(release):
+    release = paths_lib.join(data_dir, spec.release_file)
+    if paths_lib.isfile(release):
       write_split_files(spec.name, data_dir)
   return sorted(
       {sources.split_path(spec.name, data_dir, s) for s in sources.SPLITS}

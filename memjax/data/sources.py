@@ -28,6 +28,7 @@ import re
 import tempfile
 
 from memjax import errors
+from memjax import paths
 
 # The repository's small demo corpora: memjax/demo_data where pip installed
 # them (setup.py), else the checkout's memjax/../demo_data.
@@ -198,15 +199,15 @@ def resolve_cache_dir(cache_dir: str | None, data_dir: str) -> str:
       named by a hash of ``data_dir``.
   """
   if cache_dir:
-    path = os.path.abspath(os.path.expanduser(cache_dir))
+    path = paths.resolve(cache_dir)
   else:
-    data_dir = os.path.abspath(os.path.expanduser(data_dir))
-    if os.access(data_dir, os.W_OK):
-      path = os.path.join(data_dir, CACHE_SUBDIR)
+    data_dir = paths.resolve(data_dir)
+    if paths.is_url(data_dir) or os.access(data_dir, os.W_OK):
+      path = paths.join(data_dir, CACHE_SUBDIR)
     else:
       digest = hashlib.sha1(data_dir.encode()).hexdigest()[:8]
       path = os.path.join(tempfile.gettempdir(), CACHE_SUBDIR, digest)
-  os.makedirs(path, exist_ok=True)
+  paths.makedirs(path)
   return path
 
 
@@ -287,18 +288,18 @@ def split_path(corpus: str, data_dir: str, split: str) -> str:
   """
   spec = corpus_spec(corpus)
   split = canonical_split(split)
-  data_dir = os.path.abspath(os.path.expanduser(data_dir))
-  if not os.path.isdir(data_dir):
+  data_dir = paths.resolve(data_dir)
+  if not paths.isdir(data_dir):
     raise DataError(
         f"Data directory {data_dir} (corpus {spec.name}) does not exist: "
         f"{how_to_get(spec.name, data_dir)}."
     )
-  path = os.path.join(data_dir, spec.split_files[split])
-  if os.path.isfile(path):
+  path = paths.join(data_dir, spec.split_files[split])
+  if paths.isfile(path):
     return path
   if spec.release_file:
-    release = os.path.join(data_dir, spec.release_file)
-    if os.path.isfile(release):
+    release = paths.join(data_dir, spec.release_file)
+    if paths.isfile(release):
       return release
     raise DataError(
         f"Neither {path} nor the release file {release} exists (corpus "
@@ -323,8 +324,8 @@ def split_byte_range(
   """
   spec = corpus_spec(corpus)
   path = split_path(spec.name, data_dir, split)
-  size = os.path.getsize(path)
-  if spec.release_file and os.path.basename(path) == spec.release_file:
+  size = paths.getsize(path)
+  if spec.release_file and paths.basename(path) == spec.release_file:
     start, end = release_split_range(size, split)
     return path, start, end
   return path, 0, size
@@ -333,7 +334,7 @@ def split_byte_range(
 def read_split_bytes(corpus: str, data_dir: str, split: str) -> bytes:
   """Returns the raw bytes of ``split``, every byte of the file preserved."""
   path, start, end = split_byte_range(corpus, data_dir, split)
-  with open(path, "rb") as f:
+  with paths.open(path, "rb") as f:
     f.seek(start)
     return f.read(end - start)
 
@@ -415,8 +416,7 @@ def read_utf8(path: str) -> str:
     DataError: naming the file and the byte offset of the first byte that is
       not UTF-8.
   """
-  with open(path, "rb") as f:
-    data = f.read()
+  data = paths.read_bytes(path)
   try:
     return data.decode("utf-8")
   except UnicodeDecodeError as e:

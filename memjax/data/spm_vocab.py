@@ -8,12 +8,12 @@ encodes and decodes without TensorFlow or SeqIO.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable
 
 import numpy as np
 
 from memjax import errors
+from memjax import paths
 from memjax.data.vocab import PAD_ID
 
 
@@ -35,8 +35,7 @@ class SentencePieceVocabulary:
 
     self.sentencepiece_model_file = path
     self.tokenizer = spm.SentencePieceProcessor()
-    with open(path, "rb") as f:
-      self.tokenizer.LoadFromSerializedProto(f.read())
+    self.tokenizer.LoadFromSerializedProto(paths.read_bytes(path))
 
   @property
   def vocab_size(self) -> int:
@@ -99,6 +98,6 @@ def load_sentencepiece(path: str) -> SentencePieceVocabulary:
   Raises:
     errors.DataError: no file at ``path``.
   """
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise errors.DataError(f"no sentencepiece model at {path}")
   return SentencePieceVocabulary(path)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 from typing import Any, Optional, TYPE_CHECKING
 
 import numpy as np
 
 from memjax import optional
+from memjax import paths
 from memjax.data import sources
 from memjax.data import vocab as vocab_lib
 
@@ -53,7 +53,7 @@ def task_name(
   (and of the vocabulary's source when it is another corpus).
   """
   corpus = sources.canonical_corpus(corpus)
-  data_dir = os.path.abspath(os.path.expanduser(data_dir))
+  data_dir = paths.resolve(data_dir)
   key = data_dir
   if vocab_source is not None:
     key += "|" + "|".join(_vocab_source(corpus, data_dir, vocab_source))
@@ -79,7 +79,7 @@ def _vocab_source(
         f"({v_spec.name}) is {v_spec.level}-level: evaluate on a "
         f"{v_spec.level}-level corpus"
     )
-  return v_spec.name, os.path.abspath(os.path.expanduser(v_dir))
+  return v_spec.name, paths.resolve(v_dir)
 
 
 def _documents_dataset(
@@ -129,7 +129,7 @@ def register_lm_task(
   from memjax.data import seqio_vocab  # pylint: disable=g-import-not-at-top
 
   corpus = sources.canonical_corpus(corpus)
-  data_dir = os.path.abspath(os.path.expanduser(data_dir))
+  data_dir = paths.resolve(data_dir)
   name = task_name(corpus, data_dir, vocab_source)
   if name in seqio.TaskRegistry.names():
     return seqio.TaskRegistry.get(name)
@@ -196,8 +196,7 @@ def _source_key(
   # The vocabulary comes from the train split.
   for c, d, s in ((corpus, data_dir, split), (v_corpus, v_dir, "train")):
     path, start, end = sources.split_byte_range(c, d, s)
-    st = os.stat(path)
-    parts.append(f"{path}|{st.st_size}|{st.st_mtime_ns}|{start}|{end}")
+    parts.append(f"{path}|{paths.stamp(path)}|{start}|{end}")
   return "||".join(parts)
 
 
@@ -223,7 +222,7 @@ def token_stream_path(
       f"{_source_key(corpus, data_dir, split, vocab_source)}".encode()
   ).hexdigest()[:12]
   directory = sources.resolve_cache_dir(cache_dir, data_dir)
-  return os.path.join(
+  return paths.join(
       directory, f"{corpus}.{split}.v{vocabulary.vocab_size}.{key}.npz"
   )
 
@@ -254,8 +253,8 @@ def load_token_stream(
   corpus = sources.canonical_corpus(corpus)
   split = sources.canonical_split(split)
   path = token_stream_path(corpus, data_dir, split, cache_dir, vocab_source)
-  if os.path.isfile(path):
-    with np.load(path) as f:
+  if paths.isfile(path):
+    with paths.np_load(path) as f:
       return TokenStream(
           tokens=f["tokens"],
           doc_starts=f["doc_starts"],
@@ -280,13 +279,10 @@ def load_token_stream(
       doc_starts=(np.cumsum(lengths) - lengths).astype(np.int64),
       vocab_size=task.output_features["targets"].vocabulary.vocab_size,
   )
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    np.savez(
-        f,
-        tokens=stream.tokens,
-        doc_starts=stream.doc_starts,
-        vocab_size=np.int64(stream.vocab_size),
-    )
-  os.replace(tmp, path)
+  paths.np_savez(
+      path,
+      tokens=stream.tokens,
+      doc_starts=stream.doc_starts,
+      vocab_size=np.int64(stream.vocab_size),
+  )
   return stream

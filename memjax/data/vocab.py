@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import os
 import threading
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from memjax import paths
 from memjax.data import sources
 
 PAD_ID: int = 0
@@ -201,15 +201,14 @@ class WordVocabulary:
   def save(self, path: str) -> None:
     """Writes one token per line, followed by a tab and its count if known.
 
-    The write is atomic (temporary file, then rename).
+    The write is whole (``paths.write_text``: a local file through a
+    temporary file and a rename).
     """
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-      if self._counts is None:
-        f.writelines(f"{t}\n" for t in self._tokens)
-      else:
-        f.writelines(f"{t}\t{c}\n" for t, c in zip(self._tokens, self._counts))
-    os.replace(tmp, path)
+    if self._counts is None:
+      text = "".join(f"{t}\n" for t in self._tokens)
+    else:
+      text = "".join(f"{t}\t{c}\n" for t, c in zip(self._tokens, self._counts))
+    paths.write_text(path, text)
 
   @classmethod
   def load(cls, path: str) -> WordVocabulary:
@@ -219,7 +218,7 @@ class WordVocabulary:
     ``dict.txt`` lines parse too, given the three special tokens first).
     """
     tokens, counts = [], []
-    with open(path, encoding="utf-8", newline="\n") as f:
+    with paths.open(path, "r", encoding="utf-8", newline="\n") as f:
       for line_no, line in enumerate(f, 1):
         fields = line.split()
         if not fields:
@@ -392,12 +391,11 @@ def word_vocabulary_path(
   """
   corpus = sources.canonical_corpus(corpus)
   train = sources.split_path(corpus, data_dir, "train")
-  st = os.stat(train)
   key = hashlib.sha1(
-      f"{train}|{st.st_size}|{st.st_mtime_ns}|{min_count}".encode()
+      f"{train}|{paths.stamp(train)}|{min_count}".encode()
   ).hexdigest()[:10]
   directory = sources.resolve_cache_dir(cache_dir, data_dir)
-  return os.path.join(directory, f"{corpus}.vocab.{key}.txt")
+  return paths.join(directory, f"{corpus}.vocab.{key}.txt")
 
 
 def get_vocabulary(
@@ -428,14 +426,13 @@ def get_vocabulary(
   if spec.level == "byte":
     return byte_vocabulary()
   train = sources.split_path(spec.name, data_dir, "train")
-  st = os.stat(train)
   path = word_vocabulary_path(spec.name, data_dir, cache_dir, min_count)
   # The cache file is part of the key: another cache directory gets its file.
-  memo_key = (path, train, st.st_size, st.st_mtime_ns, min_count)
+  memo_key = (path, train, paths.stamp(train), min_count)
   with _VOCAB_MEMO_LOCK:
     if memo_key in _VOCAB_MEMO:
       return _VOCAB_MEMO[memo_key]
-    if os.path.isfile(path):
+    if paths.isfile(path):
       vocab = WordVocabulary.load(path)
     else:
       print(f"memjax.data: building the vocabulary of {train}", flush=True)

@@ -44,6 +44,7 @@ from absl import flags
 from absl import logging
 
 from memjax import errors
+from memjax import paths
 from memjax import runfiles
 
 # The flags define_flags defines belong to the demo that calls it (they show
@@ -214,8 +215,7 @@ def jsonable(obj: Any) -> Any:
 
 
 def read_json(path: str) -> Any:
-  with open(path) as f:
-    return json.load(f)
+  return paths.read_json(path)
 
 
 def once(path: str, make: Callable[[], Mapping[str, Any]]) -> Any:
@@ -226,11 +226,11 @@ def once(path: str, make: Callable[[], Mapping[str, Any]]) -> Any:
   way the file is read back, so a stage run now and one read from an
   earlier demo give the same values.
   """
-  if not os.path.exists(path):
+  if not paths.exists(path):
     out = make()
-    if not os.path.exists(path):
+    if not paths.exists(path):
       out = {k: v for k, v in out.items() if k != "summary_lines"}
-      os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+      paths.makedirs(paths.dirname(path) or ".")
       runfiles.write_json(path, jsonable(out))
   return read_json(path)
 
@@ -248,7 +248,7 @@ class Stages:
 
   def __call__(self, name: str, make: Callable[[], Mapping[str, Any]]) -> Any:
     start = time.time()
-    out = once(os.path.join(self.run_dir, f"{name}.json"), make)
+    out = once(paths.join(self.run_dir, f"{name}.json"), make)
     self.times[name] = time.time() - start
     return out
 
@@ -257,7 +257,7 @@ def finished(run_dir: str, steps: int) -> dict[str, Any] | None:
   """The ``results.json`` of a run in ``run_dir`` that finished ``steps``
   steps; None when there is none (not run, interrupted, other steps)."""
   try:
-    results = read_json(os.path.join(run_dir, "results.json"))
+    results = read_json(paths.join(run_dir, "results.json"))
   except (OSError, ValueError):
     return None
   if not isinstance(results, dict) or results.get("step") != steps:
@@ -281,7 +281,7 @@ def train(config: Any, run_dir: str) -> dict[str, Any]:
   start = time.time()
   results = train_lib.train_and_evaluate(config, run_dir)
   results["wall_s"] = time.time() - start
-  runfiles.write_json(os.path.join(run_dir, "results.json"), results)
+  runfiles.write_json(paths.join(run_dir, "results.json"), results)
   return results
 
 
@@ -334,11 +334,11 @@ class Demo:
   def __init__(self, workdir: str):
     self.workdir = workdir
     self.start = time.time()
-    os.makedirs(workdir, exist_ok=True)
+    paths.makedirs(workdir)
 
   def run_dir(self, row: Row | str) -> str:
     """The directory of a row (or of the row with that key)."""
-    return os.path.join(
+    return paths.join(
         self.workdir, row.dirname if isinstance(row, Row) else slug(row)
     )
 
@@ -346,7 +346,7 @@ class Demo:
     """``<name>.py:<variant>`` with the demo's data cache and, when given,
     ``steps`` training steps."""
     c = load_config(name, variant)
-    c.data.cache_dir = os.path.join(self.workdir, "cache")
+    c.data.cache_dir = paths.join(self.workdir, "cache")
     if steps:
       c.train.num_steps = int(steps)
     return c
@@ -374,7 +374,7 @@ class Demo:
       print(f"\n{title} ({about}{seconds:.0f}s on {where}):\n{table}\n")
     else:
       print(table)
-    print(f"written: {os.path.join(self.workdir, 'table.md')}", flush=True)
+    print(f"written: {paths.join(self.workdir, 'table.md')}", flush=True)
     return out
 
 

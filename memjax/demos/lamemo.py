@@ -26,11 +26,11 @@ read back, not run again.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 from absl import flags
 
+from memjax import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(
@@ -104,12 +104,12 @@ def extrapolate(out_dir, recurrent, configs, unit) -> None:
 
   curves, csv_rows = {}, []
   for key, name in recurrent:
-    res = extrapolate.extrapolate(configs[key], os.path.join(out_dir, key))
+    res = extrapolate.extrapolate(configs[key], paths.join(out_dir, key))
     curves[name] = res["rows"]
     csv_rows += [{"model": name, **r} for r in res["rows"]]
-  extrapolate.write_csv(os.path.join(out_dir, "extrapolation.csv"), csv_rows)
+  extrapolate.write_csv(paths.join(out_dir, "extrapolation.csv"), csv_rows)
   extrapolate.plot_extrapolation(
-      os.path.join(out_dir, "extrapolation.png"),
+      paths.join(out_dir, "extrapolation.png"),
       curves,
       unit,
       f"demo corpus, segments of {csv_rows[0]['segment_len']}, trained with "
@@ -127,7 +127,7 @@ def extrapolate(out_dir, recurrent, configs, unit) -> None:
           for i, r in enumerate(next(iter(curves.values())))
       ),
   )
-  with open(os.path.join(out_dir, "extrapolation.md"), "w") as f:
+  with paths.open(paths.join(out_dir, "extrapolation.md"), "w") as f:
     f.write(extrapolation_table + "\n")
   print(
       f"\nValid {unit} with memory m x segment length:\n"
@@ -143,9 +143,9 @@ def analyze(out_dir, recurrent, configs) -> None:
 
   dist = {}
   for key, name in recurrent:
-    summary = analysis.analyze(configs[key], os.path.join(out_dir, key))
+    summary = analysis.analyze(configs[key], paths.join(out_dir, key))
     dist[name] = np.nanmean(
-        np.load(os.path.join(out_dir, key, "attention_by_distance.npy")),
+        paths.np_load(paths.join(out_dir, key, "attention_by_distance.npy")),
         axis=0,
     )
     alpha = summary.get("alpha_mean_by_layer")
@@ -160,7 +160,7 @@ def analyze(out_dir, recurrent, configs) -> None:
         flush=True,
     )
   analysis.plot_attention_by_distance(
-      os.path.join(out_dir, "attention_by_distance.png"),
+      paths.join(out_dir, "attention_by_distance.png"),
       dist,
       configs[recurrent[0][0]].data.seq_len,
       "demo corpus, valid: mean over layers",

@@ -24,8 +24,8 @@ again, so the table can be rebuilt from finished runs.
 
 from __future__ import annotations
 
-import os
 
+from memjax import paths
 from memjax.demos import common
 from memjax.demos import marge_rows
 
@@ -47,10 +47,10 @@ def _knn_memory(cfg, run: str) -> None:
   from memjax.methods.external import modes as external  # pylint: disable=g-import-not-at-top
 
   path = external.datastore_path(cfg, run)
-  if not os.path.exists(os.path.join(path, "manifest.json")):
+  if not paths.exists(paths.join(path, "manifest.json")):
     external.datastore(cfg, run)
   metric = registry.EVAL_MEMORIES.get(cfg.eval_memory.kind).external_metric
-  if not os.path.isdir(search.index_dir(path, metric)):
+  if not paths.isdir(search.index_dir(path, metric)):
     external.index(cfg, run)
 
 
@@ -60,20 +60,20 @@ def _row(workdir: str, name: str) -> dict:
   from memjax.modes import position_loss  # pylint: disable=g-import-not-at-top
 
   spec = marge_rows.ROWS[name]
-  run = os.path.join(workdir, name)
-  base = os.path.join(workdir, spec.base or name)
+  run = paths.join(workdir, name)
+  base = paths.join(workdir, spec.base or name)
   cfg = marge_rows.row_config(name, base)
   res = common.train(cfg, base)
   if spec.options.get("eval_memory", {}).get("kind") == "knn":
     _knn_memory(cfg, run)
   pos = common.once(
-      os.path.join(run, "position_loss.json"),
+      paths.join(run, "position_loss.json"),
       lambda: position_loss.position_loss(cfg, run),
   )
   row = marge_rows.make_row(name, cfg, res, pos)
   if name == "marge":
     row["marge_eval"] = common.once(
-        os.path.join(run, "marge_eval.json"),
+        paths.join(run, "marge_eval.json"),
         lambda: marge_eval.marge_eval(cfg, run),
     )[SPLIT]
   return row
@@ -96,7 +96,7 @@ def plot(rows: list[dict], path: str) -> None:
   ax.set_ylabel(f"mean loss, {SPLIT} (nats)")
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  paths.savefig(fig, path, dpi=100)
   plt.close(fig)
 
 
@@ -104,7 +104,7 @@ def main() -> None:
   demo = common.Demo(FLAGS.workdir.value)
   names = marge_rows.parse_rows(",".join(FLAGS.rows.value))
   rows = [_row(demo.workdir, name) for name in names]
-  plot(rows, os.path.join(demo.workdir, "position_loss.png"))
+  plot(rows, paths.join(demo.workdir, "position_loss.png"))
   demo.finish({"rows": rows}, marge_rows.format_table(rows))
 
 

@@ -20,13 +20,13 @@ line if the model does not clear it.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
 
 from absl import flags
 
+from memjax import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(
@@ -79,7 +79,7 @@ def _scores(config: Any, workdir: str, trained: dict) -> tuple[dict, dict, int]:
   tr = parts.make_translator(
       config, restored.model, restored.params, restored.vocab
   )
-  spm = os.path.join(workdir, "spm.model")
+  spm = paths.join(workdir, "spm.model")
   valid = parts.read_split(config, "valid", spm, workdir)
   test = parts.read_split(config, "test", spm, workdir)
   rows = {}

@@ -20,9 +20,9 @@ run in separate processes (``--rows``) and a last call makes the table.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from memjax import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(
@@ -48,7 +48,7 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   res = common.train(cfg, run)
   if cfg.model.feed_forward != "ffn":
     usage = common.once(
-        os.path.join(run, "memory_usage.json"),
+        paths.join(run, "memory_usage.json"),
         lambda: pkm_usage.memory_usage(cfg, run),
     )
     res["usage"] = usage["layers"]

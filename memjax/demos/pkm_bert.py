@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 
 from absl import flags
 
+from memjax import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(
@@ -93,8 +93,8 @@ def pretrain(key: str, root: str, size: str) -> dict:
     c.optim.warmup_steps = steps // 10
   if row.base:
     pretrain(row.base, root, size)  # Read back when it has run.
-    c.train.init_from = os.path.join(root, row.base, "mlm")
-  return common.train(c, os.path.join(root, key, "mlm"))
+    c.train.init_from = paths.join(root, row.base, "mlm")
+  return common.train(c, paths.join(root, key, "mlm"))
 
 
 def finetune(key: str, root: str, size: str, seed: int, frozen: bool) -> dict:
@@ -102,9 +102,9 @@ def finetune(key: str, root: str, size: str, seed: int, frozen: bool) -> dict:
   method = ROWS[key].options["finetune"] + ("_frozen" if frozen else "")
   c = common.load_config("pkm_bert", f"{method}_{size}")
   c.seed = seed
-  c.train.init_from = os.path.join(root, key, "mlm")
+  c.train.init_from = paths.join(root, key, "mlm")
   name = f"cls{'_frozen' if frozen else ''}_seed{seed}"
-  return common.train(c, os.path.join(root, key, name))
+  return common.train(c, paths.join(root, key, name))
 
 
 def summarise(key: str, mlm_res: dict, fts: list[dict]) -> dict:
@@ -197,11 +197,11 @@ def plot_curves(root: str, keys: list[str]) -> str:
 
   fig, ax = plt.subplots(figsize=(6, 4))
   for key in keys:
-    path = os.path.join(root, key, "mlm", "train_log.jsonl")
-    if not os.path.isfile(path):
+    path = paths.join(root, key, "mlm", "train_log.jsonl")
+    if not paths.isfile(path):
       continue
     steps, ppl = [], []
-    with open(path) as f:
+    with paths.open(path) as f:
       for line in f:
         d = json.loads(line)
         if "loss" in d and math.isfinite(d["loss"]):
@@ -225,8 +225,8 @@ def plot_curves(root: str, keys: list[str]) -> str:
   ax.set_yscale("log")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  out = os.path.join(root, "figure3.png")
-  fig.savefig(out, dpi=100)
+  out = paths.join(root, "figure3.png")
+  paths.savefig(fig, out, dpi=100)
   plt.close(fig)
   return out
 

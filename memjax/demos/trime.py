@@ -24,9 +24,9 @@ stopped.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from memjax import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(
@@ -107,9 +107,7 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   cfg = demo.config(row.config, row.variant, steps)
   row_dir = demo.run_dir(row)
   if row.base:
-    res = dict(
-        common.read_json(os.path.join(demo.run_dir(row.base), "row.json"))
-    )
+    res = dict(common.read_json(paths.join(demo.run_dir(row.base), "row.json")))
     cfg.train.init_from = demo.run_dir(row.base)
   else:
     print(
@@ -131,7 +129,7 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
     )
     if row.base:
       res.pop("train_tokens_per_s", None)
-  runfiles.write_json(os.path.join(row_dir, "row.json"), res)
+  runfiles.write_json(paths.join(row_dir, "row.json"), res)
   return res
 
 

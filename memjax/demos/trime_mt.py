@@ -24,6 +24,7 @@ from typing import Any
 
 from absl import flags
 
+from memjax import paths
 from memjax import runfiles
 from memjax.demos import common
 
@@ -83,7 +84,7 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   times["tune"] = time.time() - tic
   restored = experiment.load(workdir, config=config)
   test = parts.read_split(
-      config, "test", os.path.join(workdir, "spm.model"), workdir
+      config, "test", paths.join(workdir, "spm.model"), workdir
   )
   tr = parts.make_translator(
       config, restored.model, restored.params, restored.vocab
@@ -157,6 +158,7 @@ def _settings(s: dict, kind: str) -> str:
 
 
 def _child(method: str, workdir: str, size, steps, test) -> subprocess.Popen:
+  # A local file: the subprocess writes its output into it.
   log = open(os.path.join(workdir, f"{method}.log"), "w")  # pylint: disable=consider-using-with
   return subprocess.Popen(
       [
@@ -180,9 +182,9 @@ def run(workdir: str, size: str = "demo", steps: int = 150, test=200):
   for m, proc in children.items():
     if proc.wait() != 0:
       raise RuntimeError(
-          f"the {m} part failed; see {os.path.join(workdir, m + '.log')}"
+          f"the {m} part failed; see {paths.join(workdir, m + '.log')}"
       )
-    rows[m] = common.read_json(os.path.join(workdir, m, "rows.json"))
+    rows[m] = common.read_json(paths.join(workdir, m, "rows.json"))
   total = time.time() - demo.start
   return demo.finish(
       {**rows, "total_seconds": total},
@@ -192,11 +194,11 @@ def run(workdir: str, size: str = "demo", steps: int = 150, test=200):
 
 def main() -> None:
   if _METHOD.value:
-    sub = os.path.join(FLAGS.workdir.value, _METHOD.value)
+    sub = paths.join(FLAGS.workdir.value, _METHOD.value)
     rows = run_method(
         _METHOD.value, sub, _SIZE.value, FLAGS.steps.value, _TEST.value
     )
-    runfiles.write_json(os.path.join(sub, "rows.json"), rows)
+    runfiles.write_json(paths.join(sub, "rows.json"), rows)
     return
   run(FLAGS.workdir.value, _SIZE.value, FLAGS.steps.value, _TEST.value)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 import time
 from typing import Any, Optional
 
@@ -28,6 +27,7 @@ import numpy as np
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.memory import blockwise
@@ -236,13 +236,13 @@ def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   if config.eval_memory.datastore:
     return config.eval_memory.datastore
   other = config.datastore.get("corpus", "")
-  return os.path.join(workdir, f"datastore-{other}" if other else "datastore")
+  return paths.join(workdir, f"datastore-{other}" if other else "datastore")
 
 
 def datastore_checkpoint(run: Any) -> dict[str, Any]:
   """Which parameters a datastore's keys come from (``run.path`` and
   ``run.step`` of a restored run)."""
-  return {"source": os.path.realpath(run.path), "step": int(run.step)}
+  return {"source": paths.realpath(run.path), "step": int(run.step)}
 
 
 def external_search(run: Any, metric: str, workdir: str) -> ExternalSearch:

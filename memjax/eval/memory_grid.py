@@ -12,7 +12,6 @@ steps (``memjax/eval/external.py``). ``load`` restores a run through
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -24,6 +23,7 @@ import numpy as np
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.eval import external as external_lib
@@ -369,7 +369,7 @@ def load(
     source = experiment.source_of(config, workdir)
   restored = experiment.load(source, config=config)
   corpus = experiment.load_corpus(config, workdir, tuple(splits), train=train)
-  os.makedirs(workdir, exist_ok=True)  # Results go here.
+  paths.makedirs(workdir)  # Results go here.
   console.info(
       "evaluating %s step %d with memories", restored.path, restored.step
   )

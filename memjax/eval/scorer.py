@@ -14,11 +14,10 @@ scorer this returns; every scorer also runs the model over given rows
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Union
 
 from memjax import errors
+from memjax import paths
 from memjax import registry
 from memjax.eval import memory_grid
 from memjax.eval import rows
@@ -69,12 +68,11 @@ def memory_setting(run: Any) -> dict[str, Any]:
   ``run.path``), else the config's ``eval_memory``; {'kind': 'none'} for a
   model that carries its own memory or has none configured."""
   em = run.config.eval_memory
-  tuned = os.path.join(run.path, "tune.json")
+  tuned = paths.join(run.path, "tune.json")
   if run.model.carries_memory():
     return {"kind": "none"}
-  if os.path.isfile(tuned):
-    with open(tuned) as f:
-      t = json.load(f)
+  if paths.isfile(tuned):
+    t = paths.read_json(tuned)
     return {"kind": t["kind"], **t["best"], "source": "tune.json"}
   if em.kind == "none":
     return {"kind": "none"}

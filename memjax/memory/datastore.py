@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import os
 import time
 import uuid
 from typing import Any, Callable, Iterator, Optional
@@ -41,6 +39,7 @@ import numpy as np
 from memjax import checkpointing
 from memjax import console
 from memjax import errors
+from memjax import paths
 from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.memory import evaluation
@@ -55,15 +54,11 @@ def _shard_name(s: int) -> str:
 
 
 def _read_json(path: str) -> Any:
-  with open(path) as f:
-    return json.load(f)
+  return paths.read_json(path)
 
 
 def _write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  paths.write_json(path, obj)
 
 
 @dataclasses.dataclass
@@ -73,7 +68,8 @@ class Datastore:
   Attributes:
     path: the directory.
     manifest: manifest.json.
-    keys: per shard, [n_s, dim] float16 memmaps.
+    keys: per shard, [n_s, dim] float16 memmaps (of a local copy when the
+      datastore is at a URL).
     values: per shard, [n_s] int32 memmaps.
   """
 
@@ -132,8 +128,8 @@ def open_datastore(
       or of the wrong size.
     errors.CheckpointMismatchError: built by another model or dimension.
   """
-  mpath = os.path.join(path, "manifest.json")
-  if not os.path.exists(mpath):
+  mpath = paths.join(path, "manifest.json")
+  if not paths.exists(mpath):
     raise errors.DataError(
         f"no datastore at {path} (no manifest.json); build it with "
         "--mode=datastore"
@@ -177,26 +173,28 @@ def open_datastore(
 def _open_shard(path: str, shard: dict[str, Any], d: int):
   """Memory-maps one shard's keys [n, d] and values [n] after checking that
   both files exist with their sizes (raises errors.DataError)."""
-  base = os.path.join(path, shard["name"])
+  base = paths.join(path, shard["name"])
   n = int(shard["count"])
   for suffix, size in ((".keys", n * d * 2), (".values", n * 4)):
     f = base + suffix
-    if not os.path.exists(f):
+    if not paths.exists(f):
       raise errors.DataError(
-          f"datastore {path}: shard file {os.path.basename(f)} is missing; "
+          f"datastore {path}: shard file {paths.basename(f)} is missing; "
           "rebuild that shard with --mode=datastore"
       )
-    if os.path.getsize(f) != size:
+    if paths.getsize(f) != size:
       raise errors.DataError(
-          f"datastore {path}: {os.path.basename(f)} has "
-          f"{os.path.getsize(f)} bytes, expected {size} (truncated?); "
+          f"datastore {path}: {paths.basename(f)} has "
+          f"{paths.getsize(f)} bytes, expected {size} (truncated?); "
           "delete it and its .json and resume --mode=datastore"
       )
   if not n:
     return np.zeros((0, d), np.float16), np.zeros((0,), np.int32)
   return (
-      np.memmap(base + ".keys", np.float16, "r", shape=(n, d)),
-      np.memmap(base + ".values", np.int32, "r", shape=(n,)),
+      np.memmap(
+          paths.local_file(base + ".keys"), np.float16, "r", shape=(n, d)
+      ),
+      np.memmap(paths.local_file(base + ".values"), np.int32, "r", shape=(n,)),
   )
 
 
@@ -254,9 +252,9 @@ def num_shards(spec: BuildSpec) -> int:
 def check_build_dir(path: str, spec: BuildSpec) -> None:
   """Raises a UserError if ``path`` holds a datastore or build of anything
   else than ``spec`` (nothing is written)."""
-  bpath = os.path.join(path, "build.json")
-  if not os.path.exists(bpath):
-    if os.path.isdir(path) and os.listdir(path):
+  bpath = paths.join(path, "build.json")
+  if not paths.exists(bpath):
+    if paths.isdir(path) and paths.listdir(path):
       raise errors.DataError(
           f"{path} is not empty and holds no datastore build: choose another "
           "eval_memory.datastore"
@@ -308,9 +306,9 @@ def build(
   Returns:
     The joined datastore, or None while other processes' shards are missing.
   """
-  os.makedirs(path, exist_ok=True)
-  if not os.path.exists(os.path.join(path, "build.json")):
-    _write_json(os.path.join(path, "build.json"), spec.to_json())
+  paths.makedirs(path)
+  if not paths.exists(paths.join(path, "build.json")):
+    _write_json(paths.join(path, "build.json"), spec.to_json())
   mine = _shards_to_write(path, spec, process_index, process_count)
   fn = sharding_lib.jit(make_feature_fn(model, spec.score_len), mesh)
   progress = console.Progress(
@@ -326,7 +324,7 @@ def build(
         batches, first - cursor, first - cursor + spec.shard_batches
     )
     cursor = first + spec.shard_batches
-    base = os.path.join(path, _shard_name(s))
+    base = paths.join(path, _shard_name(s))
     label = f"shard {s} ({written + 1}/{len(mine)})"
     count, first_pos = _write_shard(
         lambda b: fn(params, sharding_lib.put_global_batch(b, mesh)),
@@ -360,7 +358,7 @@ def _shards_to_write(
       s
       for s in range(total)
       if s % process_count == process_index
-      and not os.path.exists(os.path.join(path, _shard_name(s) + ".json"))
+      and not paths.exists(paths.join(path, _shard_name(s) + ".json"))
   ]
   console.info(
       "datastore: %d of %d shards to write (process %d of %d) into %s",
@@ -378,13 +376,12 @@ def _write_shard(
     label: str,
 ) -> tuple[int, int]:
   """Writes the scored pairs of ``batches`` to ``base``.keys / .values
-  (through .tmp files, renamed when complete); returns (count, first
-  position)."""
+  (locally through .tmp files, renamed when complete; a URL's files are
+  uploaded whole when closed); returns (count, first position)."""
   count, first_pos = 0, -1
-  with (
-      open(base + ".keys.tmp", "wb") as fk,
-      open(base + ".values.tmp", "wb") as fv,
-  ):
+  final = (base + ".keys", base + ".values")
+  tmp = final if paths.is_url(base) else (final[0] + ".tmp", final[1] + ".tmp")
+  with paths.open(tmp[0], "wb") as fk, paths.open(tmp[1], "wb") as fv:
     for batch in batches:
       g, tgt, pos = jax.device_get(features(batch))
       ok = pos.reshape(-1) >= 0
@@ -398,8 +395,9 @@ def _write_shard(
         first_pos = int(pos.reshape(-1)[ok][0])
       count += int(ok.sum())
       progress.add(int(ok.sum()), label)
-  os.replace(base + ".keys.tmp", base + ".keys")
-  os.replace(base + ".values.tmp", base + ".values")
+  for t, f in zip(tmp, final):
+    if t != f:
+      paths.rename(t, f)
   return count, first_pos
 
 
@@ -408,8 +406,8 @@ def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
   total = num_shards(spec)
   shards, missing = [], []
   for s in range(total):
-    j = os.path.join(path, _shard_name(s) + ".json")
-    if os.path.exists(j):
+    j = paths.join(path, _shard_name(s) + ".json")
+    if paths.exists(j):
       shards.append(_read_json(j))
     else:
       missing.append(s)
@@ -421,8 +419,8 @@ def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
         ", ".join(map(str, missing[:8])),
     )
     return None
-  mpath = os.path.join(path, "manifest.json")
-  if not os.path.exists(mpath):
+  mpath = paths.join(path, "manifest.json")
+  if not paths.exists(mpath):
     _write_manifest(
         path, shards, spec.signature, spec.dim, spec.corpus, spec.split,
         context={"window_len": spec.window_len, "score_len": spec.score_len},
@@ -436,7 +434,7 @@ def _write_manifest(
 ) -> None:
   """manifest.json, which joins ``shards`` into a datastore."""
   _write_json(
-      os.path.join(path, "manifest.json"),
+      paths.join(path, "manifest.json"),
       {
           "format_version": FORMAT_VERSION,
           "id": uuid.uuid4().hex,
@@ -478,12 +476,17 @@ def from_arrays(
   keys = np.asarray(keys)
   n, d = keys.shape
   size = shard_size or max(n, 1)
-  os.makedirs(path, exist_ok=True)
+  paths.makedirs(path)
   shards = []
   for s, a in enumerate(range(0, max(n, 1), size)):
-    base = os.path.join(path, _shard_name(s))
-    keys[a : a + size].astype(np.float16).tofile(base + ".keys")
-    np.asarray(values[a : a + size], np.int32).tofile(base + ".values")
+    base = paths.join(path, _shard_name(s))
+    paths.write_bytes(
+        base + ".keys", keys[a : a + size].astype(np.float16).tobytes()
+    )
+    paths.write_bytes(
+        base + ".values",
+        np.asarray(values[a : a + size], np.int32).tobytes(),
+    )
     shards.append(
         {
             "name": _shard_name(s),

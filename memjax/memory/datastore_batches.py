@@ -13,12 +13,12 @@ manifest of ``datastore`` (their file layout is one format).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from memjax import console
+from memjax import paths
 from memjax.memory import datastore as ds
 
 
@@ -66,14 +66,14 @@ def build_from_batches(
   Returns:
     The joined datastore.
   """
-  os.makedirs(path, exist_ok=True)
-  if not os.path.exists(os.path.join(path, "build.json")):
-    ds._write_json(os.path.join(path, "build.json"), spec.to_json())
+  paths.makedirs(path)
+  if not paths.exists(paths.join(path, "build.json")):
+    ds._write_json(paths.join(path, "build.json"), spec.to_json())
   total = max(1, -(-spec.num_batches // spec.shard_batches))
   progress = console.Progress(0)  # keys; their number is known at the end
   for s in range(total):
-    base = os.path.join(path, ds._shard_name(s))
-    if os.path.exists(base + ".json"):
+    base = paths.join(path, ds._shard_name(s))
+    if paths.exists(base + ".json"):
       continue
     first = s * spec.shard_batches
     stop = min(first + spec.shard_batches, spec.num_batches)
@@ -90,10 +90,10 @@ def build_from_batches(
         },
     )
   shards = [
-      ds._read_json(os.path.join(path, ds._shard_name(s) + ".json"))
+      ds._read_json(paths.join(path, ds._shard_name(s) + ".json"))
       for s in range(total)
   ]
-  if not os.path.exists(os.path.join(path, "manifest.json")):
+  if not paths.exists(paths.join(path, "manifest.json")):
     ds._write_manifest(
         path, shards, spec.signature, spec.dim, spec.corpus, spec.split,
         context=spec.context, checkpoint=spec.checkpoint,

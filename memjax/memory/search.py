@@ -19,9 +19,7 @@ top-k global datastore indices and their scores, merged across shards.
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -31,6 +29,7 @@ import numpy as np
 
 from memjax import console
 from memjax import errors
+from memjax import paths
 from memjax.memory import datastore as ds_lib
 
 METRICS = ("dot_product", "squared_l2")
@@ -268,7 +267,7 @@ class ScannSearcher:
 
 
 def index_dir(store_path: str, metric: str) -> str:
-  return os.path.join(store_path, f"index-{metric}")
+  return paths.join(store_path, f"index-{metric}")
 
 
 def build_index(
@@ -282,7 +281,7 @@ def build_index(
 ) -> ScannSearcher:
   """Builds and serialises one ScaNN searcher per shard beside the store."""
   out = index_dir(store.path, metric)
-  os.makedirs(out, exist_ok=True)
+  paths.makedirs(out)
   searchers, meta = [], []
   start = time.time()
   for s, keys in enumerate(store.keys):
@@ -295,9 +294,10 @@ def build_index(
         keys, metric, k, leaves=leaves,
         leaves_to_search=leaves_to_search, reorder=reorder,
     )  # fmt: skip
-    d = os.path.join(out, f"shard-{s:05d}")
-    os.makedirs(d, exist_ok=True)
-    srch.serialize(d, relative_path=True)  # the datastore may move
+    d = paths.join(out, f"shard-{s:05d}")
+    # ScaNN writes local files: built locally, uploaded for a URL.
+    with paths.local_dir(d, "w") as local:
+      srch.serialize(local, relative_path=True)  # the datastore may move
     searchers.append(srch)
     meta.append({"count": n, "leaves": min(leaves or default_leaves(n), n)})
     console.info(
@@ -307,17 +307,16 @@ def build_index(
         n,
         time.time() - start,
     )
-  with open(os.path.join(out, "index.json"), "w") as f:
-    json.dump(
-        {
-            "datastore_id": store.manifest["id"],
-            "metric": metric,
-            "k": int(k),
-            "shards": meta,
-        },
-        f,
-        indent=2,
-    )
+  paths.write_json(
+      paths.join(out, "index.json"),
+      {
+          "datastore_id": store.manifest["id"],
+          "metric": metric,
+          "k": int(k),
+          "shards": meta,
+      },
+      sort_keys=False,
+  )
   return ScannSearcher(store, metric, searchers, leaves_to_search)
 
 
@@ -334,13 +333,12 @@ def load_index(
     errors.DataError: the index belongs to another datastore.
   """
   out = index_dir(store.path, metric)
-  ipath = os.path.join(out, "index.json")
-  if not os.path.exists(ipath):
+  ipath = paths.join(out, "index.json")
+  if not paths.exists(ipath):
     raise errors.MissingRunError(
         f"no {metric} ScaNN index in {store.path}; build it with --mode=index"
     )
-  with open(ipath) as f:
-    meta = json.load(f)
+  meta = paths.read_json(ipath)
   counts = [len(v) for v in store.values]
   if (
       meta.get("datastore_id") != store.manifest.get("id")
@@ -352,8 +350,12 @@ def load_index(
     )
   searchers = []
   for s, n in enumerate(counts):
-    d = os.path.join(out, f"shard-{s:05d}")
-    searchers.append(_scann().load_searcher(d) if n else None)
+    d = paths.join(out, f"shard-{s:05d}")
+    if not n:
+      searchers.append(None)
+      continue
+    with paths.local_dir(d, "r") as local:  # ScaNN reads local files.
+      searchers.append(_scann().load_searcher(local))
   return ScannSearcher(store, metric, searchers, leaves_to_search, reorder)
 
 

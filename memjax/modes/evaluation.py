@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 
 from memjax import experiment
+from memjax import paths
 from memjax import runfiles
 from memjax import task as task_lib
 
@@ -30,7 +30,7 @@ def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
       restored.step,
   )  # fmt: skip
   results["checkpoint"] = restored.path
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   if jax.process_index() == 0:
-    runfiles.write_json(os.path.join(workdir, "results.json"), results)
+    runfiles.write_json(paths.join(workdir, "results.json"), results)
   return results

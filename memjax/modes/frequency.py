@@ -13,13 +13,13 @@ prints one Table 14-style markdown table from the ``buckets.json`` files that
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from memjax import paths
 
 
 def _short(n: int) -> str:
@@ -101,9 +101,8 @@ def merge(run_dirs: Sequence[str]) -> str:
   """One markdown table from several runs' buckets.json."""
   lines: list[str] = []
   for d in run_dirs:
-    with open(os.path.join(d, "buckets.json")) as f:
-      res = json.load(f)
-    table = markdown(res["rows"], title=res.get("name", os.path.basename(d)))
+    res = paths.read_json(paths.join(d, "buckets.json"))
+    table = markdown(res["rows"], title=res.get("name", paths.basename(d)))
     body = table.splitlines()
     lines = body if not lines else lines + body[3:]
   return "\n".join(lines)

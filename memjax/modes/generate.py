@@ -29,8 +29,6 @@ Writes ``<workdir>/generation.txt`` (settings, prompt, continuation),
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -40,6 +38,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import console
+from memjax import paths
 from memjax.eval import streams as recurrent_eval
 from memjax.data import vocab as vocab_lib
 
@@ -264,12 +263,11 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       f"{header}\n\n=== prompt ===\n{prompt_text}\n\n"
       f"=== continuation ===\n{new_text}\n"
   )
-  paths = [
-      os.path.join(workdir, "generation.txt"),
-      os.path.join(workdir, "generation.json"),
+  files = [
+      paths.join(workdir, "generation.txt"),
+      paths.join(workdir, "generation.json"),
   ]
-  with open(paths[0], "w") as f:
-    f.write(text)
+  paths.write_text(files[0], text)
   result = {
       "name": config.name,
       "step": restored.step,
@@ -279,8 +277,7 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "prompt_ids": prompt.tolist(),
       "ids": new.tolist(),
   }
-  with open(paths[1], "w") as f:
-    json.dump(result, f, indent=2)
+  paths.write_json(files[1], result, sort_keys=False)
   print(text, flush=True)
-  result["files"] = paths
+  result["files"] = files
   return result

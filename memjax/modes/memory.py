@@ -30,8 +30,6 @@ Every mode reports the plain model (no memory) alongside, from the same pass.
 from __future__ import annotations
 
 import csv
-import json
-import os
 from typing import Any
 
 import ml_collections
@@ -40,6 +38,7 @@ import numpy as np
 from memjax import console
 from memjax import errors
 from memjax.eval import memory_grid as em_lib
+from memjax import paths
 from memjax import registry
 from memjax.eval.memory_grid import Grid
 from memjax.eval.memory_grid import Loaded
@@ -72,10 +71,7 @@ def score_split(
 
 
 def _write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  paths.write_json(path, obj)
 
 
 def _check_tunable(kind: str) -> None:
@@ -120,7 +116,7 @@ def memeval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         f"{em.kind} memory ({setting_str(memory) or 'none'}); without "
         f"memory {r['plain'][loaded.unit]:.4f}"
     )
-  path = os.path.join(workdir, "memeval.json")
+  path = paths.join(workdir, "memeval.json")
   _write_json(path, results)
   return {**results, "results_path": path, "summary_lines": lines}
 
@@ -172,9 +168,9 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "grid_valid": valid["grid"],
       "on_grid_edge": edges,
   }
-  _write_json(os.path.join(workdir, "tune.json"), results)
+  _write_json(paths.join(workdir, "tune.json"), results)
   fields = list(setting) + ["nll", unit, "tokens"]
-  with open(os.path.join(workdir, "tune.csv"), "w", newline="") as f:
+  with paths.open(paths.join(workdir, "tune.csv"), "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     for r in valid["grid"]:
@@ -194,7 +190,7 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     lines.append("warning: " + warning)
   return {
       **results,
-      "results_path": os.path.join(workdir, "tune.json"),
+      "results_path": paths.join(workdir, "tune.json"),
       "summary_lines": lines,
   }
 
@@ -243,16 +239,16 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ]
   fields = ["kind", "long_mem_tokens", unit, "nll"]
   fields += list(dict.fromkeys(axes)) + ["plain_" + unit, "checkpoint"]
-  with open(os.path.join(workdir, "memsweep.csv"), "w", newline="") as f:
+  with paths.open(paths.join(workdir, "memsweep.csv"), "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     for row in rows:
       writer.writerow(row)
   _write_json(
-      os.path.join(workdir, "memsweep.json"),
+      paths.join(workdir, "memsweep.json"),
       {"mode": "memsweep", "metric": unit, "rows": rows},
   )
-  plot_memsweep(rows, unit, os.path.join(workdir, "memsweep.png"))
+  plot_memsweep(rows, unit, paths.join(workdir, "memsweep.png"))
   lines = [
       f"{r['kind']:6s} N={r['long_mem_tokens']:6d}  valid {unit} "
       f"{r[unit]:.4f}  ({setting_str(r)})"
@@ -261,7 +257,7 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return {
       "mode": "memsweep",
       "rows": rows,
-      "results_path": os.path.join(workdir, "memsweep.csv"),
+      "results_path": paths.join(workdir, "memsweep.csv"),
       "summary_lines": lines,
   }
 
@@ -289,7 +285,7 @@ def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  paths.savefig(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -300,10 +296,9 @@ def buckets(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   em = config.eval_memory
   loaded = load(config, workdir, splits=("valid",))
   grid = configured_grid(em)
-  tuned = os.path.join(workdir, "tune.json")
-  if os.path.exists(tuned):
-    with open(tuned) as f:
-      t = json.load(f)
+  tuned = paths.join(workdir, "tune.json")
+  if paths.exists(tuned):
+    t = paths.read_json(tuned)
     if t.get("kind") == em.kind or em.kind == "none":
       grid = grid_of({"kind": t["kind"], **t["best"]})
       console.info("buckets: using the tuned setting of %s", tuned)
@@ -334,12 +329,12 @@ def buckets(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "name": config.name,
       "rows": table,
   }
-  _write_json(os.path.join(workdir, "buckets.json"), results)
+  _write_json(paths.join(workdir, "buckets.json"), results)
   md = frequency.markdown(table, title=config.name)
-  with open(os.path.join(workdir, "buckets.md"), "w") as f:
+  with paths.open(paths.join(workdir, "buckets.md"), "w") as f:
     f.write(md + "\n")
   return {
       **results,
-      "results_path": os.path.join(workdir, "buckets.md"),
+      "results_path": paths.join(workdir, "buckets.md"),
       "summary_lines": md.splitlines(),
   }

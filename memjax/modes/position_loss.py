@@ -31,7 +31,6 @@ Writes ``<workdir>/position_loss.json`` and ``position_loss.png``.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import jax
@@ -39,6 +38,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import runfiles
 from memjax.eval import scorer as scorer_lib
 
@@ -170,9 +170,9 @@ def position_loss(config: Any, workdir: str) -> dict[str, Any]:
     for r in rows:
       nll_ = "-" if r["nll"] is None else f"{r['nll']:.4f}"
       print(f"  positions {r['bucket']:>8}: nll {nll_} ({r['tokens']} tokens)")
-  paths = [os.path.join(workdir, f"position_loss.{x}") for x in ("json", "png")]
+  paths = [paths.join(workdir, f"position_loss.{x}") for x in ("json", "png")]
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
+    paths.makedirs(workdir)
     runfiles.write_json(paths[0], results)
     plot(results, paths[1])
   return dict(results, files=paths)
@@ -197,5 +197,5 @@ def plot(results: dict[str, Any], path: str) -> None:
   ax.set_title(f"loss by position ({results['documents']})")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  paths.savefig(fig, path, dpi=100)
   plt.close(fig)

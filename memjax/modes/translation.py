@@ -4,7 +4,6 @@ train with ``--mode=train``, through ``memjax.tasks.translation.task``.)"""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ml_collections
@@ -12,6 +11,7 @@ import ml_collections
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax.data import parallel
 from memjax.tasks.translation import bleu
 from memjax.tasks.translation import parts
@@ -31,13 +31,13 @@ def translate(
   parts.check_config(config)
   source = experiment.source_of(config, workdir)
   if t.vocab_file:
-    parts.check_vocabulary(os.path.abspath(t.vocab_file), source)
+    parts.check_vocabulary(paths.resolve(t.vocab_file), source)
   if t.input_file:
-    if not os.path.isfile(t.input_file):
+    if not paths.isfile(t.input_file):
       raise errors.DataError(f"translation.input_file {t.input_file} not found")
-    with open(t.input_file, encoding="utf-8") as f:
+    with paths.open(t.input_file, encoding="utf-8") as f:
       sentences = f.read().splitlines()
-    name, refs = os.path.basename(t.input_file), None
+    name, refs = paths.basename(t.input_file), None
   else:
     src, ref = parallel.read_pairs(
         parts.data_dir(config), t.split, t.source_lang, t.target_lang
@@ -48,11 +48,11 @@ def translate(
       config, restored.model, restored.params, restored.vocab
   )
   hyps = tr.translate(sentences, desc=f"translating {name}")
-  out = t.output_file or os.path.join(
+  out = t.output_file or paths.join(
       workdir, "translations", f"{name}.beam{t.beam_size}.txt"
   )
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out, "w", encoding="utf-8") as f:
+  paths.makedirs(paths.dirname(paths.resolve(out)))
+  with paths.open(out, "w", encoding="utf-8") as f:
     f.write("\n".join(hyps) + "\n")
   console.info("wrote %d translations to %s", len(hyps), out)
   results: dict[str, Any] = {"output_file": out, "sentences": len(hyps)}
@@ -61,7 +61,7 @@ def translate(
     scores = bleu.score(hyps, refs)
     results[name] = scores
     lines.append(bleu.summary(scores, name))
-    path = os.path.join(workdir, f"translate_{name}.json")
+    path = paths.join(workdir, f"translate_{name}.json")
     from memjax import runfiles  # pylint: disable=g-import-not-at-top
 
     runfiles.write_json(path, results)

@@ -25,8 +25,6 @@ the two classes (their Figure 4).
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any, Iterator, Optional
 
 import flax
@@ -38,6 +36,7 @@ from jax.sharding import Mesh
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import registry
 from memjax import runfiles
 from memjax import stats
@@ -78,7 +77,7 @@ def save_best(config, data: ClassData) -> None:
       "signature": experiment.model_signature(config, data.vocab_size),
       "step": b["step"],
       "dtype": "float32",
-      "source": os.path.dirname(data.best_dir),
+      "source": paths.dirname(data.best_dir),
       config.classification.select_split: {"accuracy": b["accuracy"]},
   }
   runfiles.write_export(data.best_dir, config, data.vocab, b["params"], meta)
@@ -86,11 +85,10 @@ def save_best(config, data: ClassData) -> None:
 
 def read_best(config, best_dir: str) -> dict[str, Any]:
   """The best dev evaluation an earlier part of the run kept, or {}."""
-  path = os.path.join(best_dir, runfiles.EXPORT_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(best_dir, runfiles.EXPORT_FILE)
+  if not paths.isfile(path):
     return {}
-  with open(path) as f:
-    meta = json.load(f)
+  meta = paths.read_json(path)
   split = config.classification.select_split
   return {"accuracy": meta[split]["accuracy"], "step": meta["step"],
           "params": None}  # fmt: skip
@@ -121,8 +119,9 @@ def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   if config.mlm.vocab_file:
     return mlm_task.vocabulary_path(config, workdir)
   for run in (workdir, config.train.init_from):
-    if run and os.path.isfile(os.path.join(run, runfiles.SPM_FILE)):
-      return os.path.join(run, runfiles.SPM_FILE)
+    if run and paths.isfile(paths.join(run, runfiles.SPM_FILE)):
+      # sentencepiece reads local files.
+      return paths.local_file(paths.join(run, runfiles.SPM_FILE))
   return mlm_task.vocabulary_path(config, workdir)
 
 
@@ -260,12 +259,12 @@ class Classification(task.Task):
       return glue.encode_examples(text, labels, vocab, cls_id, c.max_len)
 
     splits = {s: read(s) for s in self._splits(config, False)}
-    best_dir = os.path.join(workdir, BEST_DIR) if train else None
+    best_dir = paths.join(workdir, BEST_DIR) if train else None
     return ClassData(
         name=f"classification on {data_dir(config)}",
         vocab_size=int(vocab.vocab_size), vocab_path=vocab_path, vocab=vocab,
         train=read("train") if train else None, splits=splits,
-        cache_dir=config.data.cache_dir or os.path.join(workdir, "cache"),
+        cache_dir=config.data.cache_dir or paths.join(workdir, "cache"),
         best_dir=best_dir, best=read_best(config, best_dir) if train else {},
     )  # fmt: skip
 

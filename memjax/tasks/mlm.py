@@ -20,7 +20,6 @@ product-key memory layers, MU, top-1 MU, KL_u and KL_w per memory layer
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import flax
@@ -32,6 +31,7 @@ from jax.sharding import Mesh
 
 from memjax import console
 from memjax import errors
+from memjax import paths
 from memjax import registry
 from memjax import runfiles
 from memjax import stats
@@ -73,15 +73,15 @@ def data_dir(config: ml_collections.ConfigDict) -> str:
 def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   """``mlm.vocab_file``, else the one the run saved, else a trained one."""
   if config.mlm.vocab_file:
-    if not os.path.isfile(config.mlm.vocab_file):
+    if not paths.isfile(config.mlm.vocab_file):
       raise errors.DataError(
           f"mlm.vocab_file {config.mlm.vocab_file} does not exist"
       )
-    return config.mlm.vocab_file
-  saved = os.path.join(workdir, runfiles.SPM_FILE)
-  if os.path.isfile(saved):
-    return saved
-  cache = config.data.cache_dir or os.path.join(workdir, "cache")
+    return paths.local_file(config.mlm.vocab_file)
+  saved = paths.join(workdir, runfiles.SPM_FILE)
+  if paths.isfile(saved):
+    return paths.local_file(saved)  # sentencepiece reads local files.
+  cache = config.data.cache_dir or paths.join(workdir, "cache")
   return mlm.train_vocabulary(
       data_dir(config), int(config.mlm.vocab_size), cache
   )
@@ -204,7 +204,7 @@ class MaskedLanguageModelling(task.Task):
     vocab_path = vocabulary_path(config, workdir)
     vocab = mlm.load_vocabulary(vocab_path)
     cls_id, mask_id = mlm.special_ids(vocab)
-    cache = config.data.cache_dir or os.path.join(workdir, "cache")
+    cache = config.data.cache_dir or paths.join(workdir, "cache")
     read = lambda s: mlm.read_split(data_dir(config), s, vocab_path, cache)
     v = int(vocab.vocab_size)
     return MLMData(

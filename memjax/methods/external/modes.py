@@ -13,8 +13,6 @@ and ``docs/external_memory.md`` for the whole pipeline.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any
 
@@ -26,6 +24,7 @@ from memjax import corpus as corpus_lib
 from memjax import errors
 from memjax.eval import memory_grid as em_lib
 from memjax import experiment
+from memjax import paths
 from memjax import registry
 from memjax import sharding as sharding_lib
 from memjax.data import streams
@@ -43,9 +42,7 @@ def _metric(config: ml_collections.ConfigDict) -> str:
 
 
 def _write_json(path: str, obj: Any) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(path + ".tmp", path)
+  paths.write_json(path, obj)
 
 
 def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -104,7 +101,7 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if store is None:
     return {**out, "summary_lines": [f"datastore: shards written in {path}"]}
   disk = sum(
-      os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+      paths.getsize(paths.join(path, f)) for f in paths.listdir(path)
       if f.startswith("shard-")
   )  # fmt: skip
   out.update(
@@ -113,7 +110,7 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
   )  # fmt: skip
   return {
       **out,
-      "results_path": os.path.join(path, "manifest.json"),
+      "results_path": paths.join(path, "manifest.json"),
       "summary_lines": [
           f"datastore {path}: {store.count} keys x {store.dim} "
           f"({disk / 2**20:.1f} MiB, {disk / max(store.count, 1):.0f} "
@@ -236,7 +233,7 @@ def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
       # Table 13, with exact search.
       "retrieval_accuracy": retrieval_accuracy(store, e_idx, targets),
   }
-  path = os.path.join(workdir, "recall.json")
+  path = paths.join(workdir, "recall.json")
   _write_json(path, res)
   return {
       **res,

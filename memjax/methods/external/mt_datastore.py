@@ -15,7 +15,6 @@ vocabulary is refused with one line (``CheckpointMismatchError``).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Iterator, Sequence
 
@@ -27,6 +26,7 @@ import numpy as np
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import runfiles
 from memjax import sharding as sharding_lib
 from memjax.data import token_batching
@@ -49,7 +49,7 @@ def memory_config(config: ml_collections.ConfigDict) -> Any:
 
 def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   path = memory_config(config).datastore
-  return os.path.abspath(path or os.path.join(workdir, "mt_datastore"))
+  return paths.resolve(path or paths.join(workdir, "mt_datastore"))
 
 
 def batch_plan(
@@ -144,11 +144,11 @@ def _signature(restored) -> dict[str, Any]:
 
 
 def _checkpoint(restored) -> dict[str, Any]:
-  return {"source": os.path.realpath(restored.path), "step": int(restored.step)}
+  return {"source": paths.realpath(restored.path), "step": int(restored.step)}
 
 
 def vocab_sha1(restored) -> str:
-  return runfiles.file_sha1(os.path.join(restored.path, runfiles.SPM_FILE))
+  return runfiles.file_sha1(paths.join(restored.path, runfiles.SPM_FILE))
 
 
 def build(config: Any, restored: Any, train: Any, path: str) -> Any:
@@ -166,7 +166,7 @@ def build(config: Any, restored: Any, train: Any, path: str) -> Any:
       signature=_signature(restored),
       checkpoint=_checkpoint(restored),
       dim=int(restored.model.d_model),
-      corpus=os.path.abspath(parts.data_dir(config)),
+      corpus=paths.resolve(parts.data_dir(config)),
       split="train",
       context={
           "task": "translation",
@@ -221,8 +221,8 @@ def open_store(restored: Any, path: str) -> ds_lib.Datastore:
 def searcher(store: ds_lib.Datastore, metric: str, mem: Any, k: int) -> Any:
   """The ``mem.search`` ('scann' or 'exact') searcher of ``store``; a ScaNN
   index missing for ``metric`` is built first."""
-  if mem.search == "scann" and not os.path.exists(
-      os.path.join(search_lib.index_dir(store.path, metric), "index.json")
+  if mem.search == "scann" and not paths.exists(
+      paths.join(search_lib.index_dir(store.path, metric), "index.json")
   ):
     search_lib.build_index(store, metric, k)
   return search_lib.make_searcher(store, metric, mem.search)

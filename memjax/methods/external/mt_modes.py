@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import runfiles
 from memjax.tasks.translation import bleu
 from memjax.methods.external import memory_decoding as md
@@ -44,7 +44,7 @@ def _restore(config, workdir):
 
 
 def _split(config, restored, split: str):
-  spm = os.path.join(restored.path, runfiles.SPM_FILE)
+  spm = paths.local_file(paths.join(restored.path, runfiles.SPM_FILE))
   return parts.read_split(config, split, spm, restored.path)
 
 
@@ -90,7 +90,7 @@ def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "dim": store.dim,
       "seconds": built,
       "index_seconds": time.time() - start - built,
-      "results_path": os.path.join(path, "manifest.json"),
+      "results_path": paths.join(path, "manifest.json"),
       "summary_lines": [
           f"MT datastore {path}: {store.count} keys x {store.dim} in "
           f"{built:.0f}s; {md.metric_of(kind)} index in "
@@ -191,7 +191,7 @@ def mt_tune(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "best": best,
       "grid": rows,
   }
-  path = os.path.join(workdir, f"mt_tune_{kind}.json")
+  path = paths.join(workdir, f"mt_tune_{kind}.json")
   runfiles.write_json(path, out)
   return {
       **out,
@@ -206,9 +206,9 @@ def mt_tune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def tuned_settings(config, workdir: str, kind: str) -> dict[str, Any]:
   """The best settings ``mt_tune`` wrote, else the config's."""
-  path = os.path.join(workdir, f"mt_tune_{kind}.json")
-  if os.path.exists(path):
-    with open(path) as f:
+  path = paths.join(workdir, f"mt_tune_{kind}.json")
+  if paths.exists(path):
+    with paths.open(path) as f:
       return json.load(f)["best"]
   return settings_of(mt_datastore.memory_config(config))
 
@@ -245,11 +245,11 @@ def mt_translate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   )  # fmt: skip
   hyps = scores.pop("hypotheses")
   scores.update(settings=settings, search_seconds=hook.neighbours.seconds)
-  path = os.path.join(workdir, f"mt_translate_{kind}_{split}.json")
+  path = paths.join(workdir, f"mt_translate_{kind}_{split}.json")
   runfiles.write_json(path, scores)
-  out_txt = os.path.join(workdir, "translations", f"{split}.{kind}.txt")
-  os.makedirs(os.path.dirname(out_txt), exist_ok=True)
-  with open(out_txt, "w", encoding="utf-8") as f:
+  out_txt = paths.join(workdir, "translations", f"{split}.{kind}.txt")
+  paths.makedirs(paths.dirname(out_txt))
+  with paths.open(out_txt, "w", encoding="utf-8") as f:
     f.write("\n".join(hyps) + "\n")
   console.info("wrote %s", out_txt)
   return {

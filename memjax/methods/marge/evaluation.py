@@ -18,7 +18,6 @@ both.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -27,6 +26,7 @@ import numpy as np
 from memjax import corpus as corpus_lib
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import runfiles
 from memjax.eval import scorer as scorer_lib
 from memjax.methods.marge import retrieval as marge_lib
@@ -125,7 +125,7 @@ def marge_eval(config: Any, workdir: str) -> dict[str, Any]:
             f"  positions {a['bucket']:>8}: nll {a['nll']:.4f} with, "
             f"{b['nll']:.4f} without ({a['tokens']} tokens)"
         )
-  path = os.path.join(workdir, "marge_eval.json")
+  path = paths.join(workdir, "marge_eval.json")
   if jax.process_index() == 0:
     runfiles.write_json(path, results)
   return dict(results, summary_lines=lines, results_path=path)

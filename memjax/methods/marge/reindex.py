@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from typing import Any
 
 import jax
@@ -27,6 +26,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import hooks
+from memjax import paths
 from memjax import registry
 from memjax import sharding as sharding_lib
 from memjax.methods.marge import model as marge_model
@@ -92,7 +92,7 @@ class MargeReindex(hooks.StepHook):
 
   def start(self) -> None:
     path = self.state.get("index")
-    if not path or not os.path.exists(path):
+    if not path or not paths.exists(path):
       return
     built = self.state.get("embedder")
     if built is not None and built != self._embedder():
@@ -100,7 +100,7 @@ class MargeReindex(hooks.StepHook):
           f"the MARGE index {path} was built by another embedder ({built}, "
           f"this model: {self._embedder()}); start a new run"
       )
-    self.ctx.batcher.use_index(np.load(path))
+    self.ctx.batcher.use_index(paths.np_load(path))
 
   def __call__(self, step: int, params: Any) -> None:
     batcher = self.ctx.batcher
@@ -115,11 +115,11 @@ class MargeReindex(hooks.StepHook):
     batcher.use_index(emb)
     new = batcher.index.topk(probes, batcher.k)
     stale = 1.0 if old is None else staleness(old, new)
-    out_dir = os.path.join(self.ctx.workdir, "marge_index")
-    path = os.path.join(out_dir, f"step_{step}.npy")
+    out_dir = paths.join(self.ctx.workdir, "marge_index")
+    path = paths.join(out_dir, f"step_{step}.npy")
     if self.ctx.is_chief:
-      os.makedirs(out_dir, exist_ok=True)
-      np.save(path, emb)
+      paths.makedirs(out_dir)
+      paths.np_save(path, np.asarray(emb))
     history = list(self.state.get("staleness", [])) + [[step, stale]]
     beta = float(np.asarray(jax.device_get(params["beta"])))
     self.state.update(index=path, staleness=history, embedder=self._embedder())
@@ -133,5 +133,5 @@ class MargeReindex(hooks.StepHook):
           step, {"marge/staleness": stale, "marge/beta": beta}
       )
     if self.ctx.is_chief:
-      with open(os.path.join(out_dir, "staleness.json"), "w") as f:
+      with paths.open(paths.join(out_dir, "staleness.json"), "w") as f:
         json.dump(history, f)

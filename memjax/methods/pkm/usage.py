@@ -22,7 +22,6 @@ the histogram of read counts over slots, and the staleness bars).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from memjax import checkpointing
 from memjax import console
 from memjax import errors
 from memjax import experiment
+from memjax import paths
 from memjax import registry
 from memjax import runfiles
 from memjax import stats
@@ -167,9 +167,9 @@ def memory_usage(
     )
   if u.staleness:
     results["staleness"] = {k: staleness(v) for k, v in top1_by_step.items()}
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   if jax.process_index() == 0:
-    path = os.path.join(workdir, "memory_usage.json")
+    path = paths.join(workdir, "memory_usage.json")
     runfiles.write_json(path, results)
     results["results_path"] = path
     results["plot"] = plot(results, reads, workdir)
@@ -211,8 +211,8 @@ def plot(results: dict[str, Any], reads: dict[str, np.ndarray], workdir: str):
       axes[1][j].set_xlabel("last checkpoint used as top-1")
       axes[1][j].set_ylabel("slots")
   fig.tight_layout()
-  path = os.path.join(workdir, "memory_usage.png")
-  fig.savefig(path, dpi=100)
+  path = paths.join(workdir, "memory_usage.png")
+  paths.savefig(fig, path, dpi=100)
   plt.close(fig)
   return path
 

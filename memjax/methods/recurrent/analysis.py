@@ -22,7 +22,6 @@ carried), reads the layers' ``sow`` intermediates and writes:
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import jax
@@ -32,6 +31,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import console
+from memjax import paths
 from memjax.eval import rows
 from memjax.eval import streams as streams_eval
 
@@ -172,7 +172,7 @@ def _plot_alpha(path: str, alpha: np.ndarray, title: str) -> None:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
-  fig.savefig(path)
+  paths.savefig(fig, path)
   plt.close(fig)
 
 
@@ -196,7 +196,7 @@ def plot_attention_by_distance(
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
-  fig.savefig(path)
+  paths.savefig(fig, path)
   plt.close(fig)
 
 
@@ -225,12 +225,12 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   title = f"{config.name}, step {restored.step}, {split}"
   files = []
   dist = res["attention_by_distance"]
-  path = os.path.join(workdir, "attention_by_distance.npy")
-  np.save(path, dist)
+  path = paths.join(workdir, "attention_by_distance.npy")
+  paths.np_save(path, dist)
   files.append(path)
   curves = {f"layer {i}": row for i, row in enumerate(dist)}
   curves["mean"] = np.nanmean(dist, axis=0)
-  path = os.path.join(workdir, "attention_by_distance.png")
+  path = paths.join(workdir, "attention_by_distance.png")
   plot_attention_by_distance(path, curves, analyzer.segment_len, title)
   files.append(path)
   summary: dict[str, Any] = {
@@ -245,10 +245,10 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "memory_share_by_layer": [float(x) for x in res["memory_share"]],
   }
   if "alpha" in res:
-    path = os.path.join(workdir, "alpha.npy")
-    np.save(path, res["alpha"])
+    path = paths.join(workdir, "alpha.npy")
+    paths.np_save(path, res["alpha"])
     files.append(path)
-    path = os.path.join(workdir, "alpha.png")
+    path = paths.join(workdir, "alpha.png")
     _plot_alpha(path, res["alpha"], title)
     files.append(path)
     summary["alpha_mean_by_layer"] = [
@@ -256,8 +256,8 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     ]
     for i, a in enumerate(summary["alpha_mean_by_layer"]):
       console.info("layer %d: mean alpha %.3f", i, a)
-  path = os.path.join(workdir, "analysis.json")
-  with open(path, "w") as f:
+  path = paths.join(workdir, "analysis.json")
+  with paths.open(path, "w") as f:
     json.dump(summary, f, indent=2)
   files.append(path)
   summary["files"] = files

@@ -10,8 +10,6 @@ parameter, so one trained model is scored at every length.
 from __future__ import annotations
 
 import csv
-import json
-import os
 from typing import Any, Sequence
 
 import ml_collections
@@ -20,13 +18,14 @@ from jax.sharding import Mesh
 
 from memjax import console
 from memjax import errors
+from memjax import paths
 from memjax.eval import rows as rows_lib
 from memjax.eval import streams
 
 
 def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
   """Writes dict rows (same keys) as a CSV file."""
-  with open(path, "w", newline="") as f:
+  with paths.open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
@@ -57,7 +56,7 @@ def plot_extrapolation(
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path)
+  paths.savefig(fig, path)
   plt.close(fig)
 
 
@@ -127,21 +126,20 @@ def extrapolate(
       restored.mesh,
       restored.unit,
   )
-  paths = {
-      k: os.path.join(workdir, f"extrapolation.{k}")
+  files = {
+      k: paths.join(workdir, f"extrapolation.{k}")
       for k in ("csv", "json", "png")
   }
-  write_csv(paths["csv"], rows)
+  write_csv(files["csv"], rows)
   result = {
       "name": config.name,
       "step": restored.step,
       "rows": rows,
-      "files": list(paths.values()),
+      "files": list(files.values()),
   }
-  with open(paths["json"], "w") as f:
-    json.dump(result, f, indent=2)
+  paths.write_json(files["json"], result, sort_keys=False)
   plot_extrapolation(
-      paths["png"],
+      files["png"],
       {config.name: rows},
       restored.unit,
       f"{config.name}, step {restored.step}",

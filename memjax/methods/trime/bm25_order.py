@@ -23,11 +23,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from memjax import paths
 from memjax.methods.trime.bm25 import _FORMAT_VERSION
 from memjax.methods.trime.bm25 import bm25_neighbours
 from memjax.methods.trime.bm25 import bm25_pack
@@ -83,10 +83,10 @@ def cached_bm25_order(
       "stopword_ids": stop,
       "n": int(tokens.size),
   }
-  cache_dir = os.path.expanduser(os.fspath(cache_dir))
-  path = os.path.join(cache_dir, f"bm25_order_{_cache_key(tokens, params)}.npy")
-  if os.path.exists(path):
-    order = np.load(path)
+  cache_dir = paths.resolve(os.fspath(cache_dir))
+  path = paths.join(cache_dir, f"bm25_order_{_cache_key(tokens, params)}.npy")
+  if paths.exists(path):
+    order = paths.np_load(path)
     if show_progress:
       logging.info("BM25 order read from %s", path)
     return order
@@ -98,16 +98,13 @@ def cached_bm25_order(
       show_progress,
       stopword_ids=stop,
   )
-  os.makedirs(cache_dir, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".npy.tmp")
-  with os.fdopen(fd, "wb") as f:
-    np.save(f, order)
-  os.replace(tmp, path)  # atomic: concurrent writers leave one whole file
+  paths.makedirs(cache_dir)
+  paths.np_save(path, order)  # whole: concurrent writers leave one file
   return order
 
 
 def _load_segments(path: str, key: str | None) -> np.ndarray:
-  with np.load(path) as data:
+  with paths.np_load(path) as data:
     if key is None:
       if len(data.files) != 1:
         raise ValueError(
@@ -159,19 +156,19 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-  out_dir = os.path.dirname(os.path.abspath(args.out))
+  out_dir = paths.dirname(paths.resolve(args.out))
   if args.neighbours:
-    paths = args.neighbours.split(",")
-    for path in paths:
-      if not os.path.exists(path):
+    tables = args.neighbours.split(",")
+    for path in tables:
+      if not paths.exists(path):
         raise SystemExit(f"--neighbours: no such file {path}")
     order, restarts = pack_from_neighbours(
-        np.concatenate([np.load(p) for p in paths]), args.seed
+        np.concatenate([paths.np_load(p) for p in tables]), args.seed
     )
     logging.info("packed %d segments, %d random restarts", len(order), restarts)
     result = order
   else:
-    if not os.path.exists(args.segments_npz or ""):
+    if not paths.exists(args.segments_npz or ""):
       raise SystemExit(f"--segments_npz: no such file {args.segments_npz}")
     segments = _load_segments(args.segments_npz, args.key)
     if args.shard_id is not None:
@@ -189,8 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           args.seed,
           show_progress=not args.no_progress,
       )
-  os.makedirs(out_dir, exist_ok=True)
-  np.save(args.out, result)
+  paths.makedirs(out_dir)
+  paths.np_save(args.out, result)
   logging.info("wrote %s %s", args.out, result.shape)
 
 

@@ -27,7 +27,6 @@ datastore returns at test time.
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any, Sequence
 
 import jax
@@ -38,6 +37,7 @@ import numpy as np
 from memjax import console
 from memjax import errors
 from memjax import losses
+from memjax import paths
 from memjax import registry
 from memjax.methods.trime import bm25
 from memjax.data import token_batching
@@ -175,9 +175,9 @@ def target_order(
   h.update(f"k={k},seed={seed},v={bm25._FORMAT_VERSION}".encode())  # pylint: disable=protected-access
   path = ""
   if cache_dir:
-    path = os.path.join(cache_dir, "bm25", f"targets_{h.hexdigest()[:32]}.npy")
-    if os.path.exists(path):
-      return np.load(path)
+    path = paths.join(cache_dir, "bm25", f"targets_{h.hexdigest()[:32]}.npy")
+    if paths.exists(path):
+      return paths.np_load(path)
   neighbours = bm25.bm25_neighbours(segs, k, show_progress=False)
   order, restarts = bm25.pack_from_neighbours(neighbours, seed)
   console.info(
@@ -185,10 +185,8 @@ def target_order(
       len(order), restarts,
   )  # fmt: skip
   if path:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + f".{os.getpid()}.tmp.npy"
-    np.save(tmp, order)
-    os.replace(tmp, path)
+    paths.makedirs(paths.dirname(path))
+    paths.np_save(path, order)
   return order
 
 

@@ -28,7 +28,6 @@ docs/trime.md); it splits over machines with
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import console
+from memjax import paths
 from memjax import registry
 from memjax.data import batchers
 from memjax.data import sources
@@ -88,7 +88,7 @@ def bm25_order(
       -(-len(tokens) // d.seq_len),
       d.seq_len,
       d.bm25_k,
-      os.path.join(cache_dir, "bm25"),
+      paths.join(cache_dir, "bm25"),
   )
   order = bm25_order.cached_bm25_order(
       tokens,
@@ -96,7 +96,7 @@ def bm25_order(
       d.batch_size,
       k=int(d.bm25_k),
       seed=int(d.bm25_seed),
-      cache_dir=os.path.join(cache_dir, "bm25"),
+      cache_dir=paths.join(cache_dir, "bm25"),
       stopword_ids=stopword_ids(config, cache_dir),
       show_progress=True,
   )
@@ -147,8 +147,8 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   d = config.data
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
-  cache_dir = d.cache_dir or os.path.join(workdir, "cache")
-  os.makedirs(cache_dir, exist_ok=True)
+  cache_dir = d.cache_dir or paths.join(workdir, "cache")
+  paths.makedirs(cache_dir)
   train = tasks.load_token_stream(d.corpus, data_dir, "train", cache_dir)
   start = time.time()
   order = bm25_order(config, train.tokens, cache_dir)
@@ -164,11 +164,11 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "seed": int(d.bm25_seed),
       "stopwords": bool(d.bm25_stopwords),
       "seconds": time.time() - start,
-      "cache_dir": os.path.join(cache_dir, "bm25"),
+      "cache_dir": paths.join(cache_dir, "bm25"),
   }
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "bm25_pack.json")
-  with open(path, "w") as f:
+  paths.makedirs(workdir)
+  path = paths.join(workdir, "bm25_pack.json")
+  with paths.open(path, "w") as f:
     json.dump(summary, f, indent=2, sort_keys=True)
   return {
       **summary,

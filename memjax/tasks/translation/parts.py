@@ -9,13 +9,12 @@ written.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import ml_collections
 
 from memjax import errors
+from memjax import paths
 from memjax import registry
 from memjax import runfiles
 from memjax.data import parallel
@@ -56,11 +55,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def check_vocabulary(vocab_path: str, workdir: str) -> None:
   """Raises CheckpointMismatchError if ``workdir`` holds a run trained with
   another vocabulary than ``vocab_path``."""
-  saved = os.path.join(workdir, runfiles.VOCAB_FILE)
-  if not os.path.isfile(saved):
+  saved = paths.join(workdir, runfiles.VOCAB_FILE)
+  if not paths.isfile(saved):
     return
-  with open(saved) as f:
-    info = json.load(f)
+  info = paths.read_json(saved)
   sha = runfiles.file_sha1(vocab_path)
   if info.get("kind") != "sentencepiece" or info.get("sha1") != sha:
     raise errors.CheckpointMismatchError(
@@ -75,16 +73,16 @@ def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   run in ``workdir`` saved, or one trained on the training split."""
   t = config.translation
   if t.vocab_file:
-    path = os.path.abspath(t.vocab_file)
+    path = paths.local_file(paths.resolve(t.vocab_file))
     parallel.load_vocabulary(path)
     check_vocabulary(path, workdir)
     return path
-  saved = os.path.join(workdir, runfiles.SPM_FILE)
-  if os.path.isfile(saved):
-    return saved
+  saved = paths.join(workdir, runfiles.SPM_FILE)
+  if paths.isfile(saved):
+    return paths.local_file(saved)  # sentencepiece reads local files.
   return parallel.train_vocabulary(
       data_dir(config), t.source_lang, t.target_lang, int(t.vocab_size),
-      os.path.join(workdir, "cache"),
+      paths.join(workdir, "cache"),
   )  # fmt: skip
 
 
@@ -92,7 +90,7 @@ def read_split(config, split: str, vocab_path: str, workdir: str):
   t = config.translation
   return parallel.encode_split(
       data_dir(config), split, t.source_lang, t.target_lang, vocab_path,
-      os.path.join(workdir, "cache"),
+      paths.join(workdir, "cache"),
   )  # fmt: skip
 
 

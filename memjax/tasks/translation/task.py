@@ -13,7 +13,6 @@ written to ``<workdir>/translations/<split>.txt``).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import jax
@@ -21,6 +20,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from memjax import console
+from memjax import paths
 from memjax import registry
 from memjax import task
 from memjax.data import parallel
@@ -70,9 +70,9 @@ class _BleuEvaluator(task.Evaluator):
       )
       hyps = scores.pop("hypotheses")
       if self.out_dir and jax.process_index() == 0:
-        os.makedirs(self.out_dir, exist_ok=True)
-        path = os.path.join(self.out_dir, f"{split}.txt")
-        with open(path, "w", encoding="utf-8") as f:
+        paths.makedirs(self.out_dir)
+        path = paths.join(self.out_dir, f"{split}.txt")
+        with paths.open(path, "w", encoding="utf-8") as f:
           f.write("\n".join(hyps) + "\n")
       console.info("%s", bleu.summary(scores, f"{prefix}{split}"))
       res[split] = scores
@@ -131,7 +131,7 @@ class Translation(task.Task):
         vocab=vocab,
         train=read("train") if train else None,
         splits={s: read(s) for s in t.eval_splits},
-        cache_dir=os.path.join(workdir, "cache"),
+        cache_dir=paths.join(workdir, "cache"),
     )
 
   def describe(self, data: ParallelData) -> str:
@@ -158,9 +158,9 @@ class Translation(task.Task):
       self, config, model, params, mesh, data, step, writer=None
   ) -> dict[str, Any]:
     del mesh
-    workdir = os.path.dirname(data.cache_dir)
+    workdir = paths.dirname(data.cache_dir)
     evaluator = _BleuEvaluator(
-        config, model, data, os.path.join(workdir, "translations")
+        config, model, data, paths.join(workdir, "translations")
     )
     results = {"name": config.name, "step": step, "unit": "bleu"}
     scores = evaluator.run(
