@@ -121,3 +121,22 @@ def test_core_trains_evaluates_exports_and_loads_without_extras(tmp_path):
   with open(os.path.join(runs["lm"]["workdir"], "train_log.jsonl")) as f:
     steps = [json.loads(l)["step"] for l in f if '"step"' in l]
   assert max(steps) == 4
+
+
+def test_token_caches_in_cloud_storage(tmp_path):
+  # Vocabulary and token streams written to, and read from, a URL (fsspec's
+  # in-memory filesystem stands in for a bucket).
+  import fsspec  # pylint: disable=g-import-not-at-top
+
+  from memjax import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from memjax import paths  # pylint: disable=g-import-not-at-top
+
+  config = conftest.core_config("lm", conftest.core_data("lm", tmp_path))
+  config.data.cache_dir = "memory://optional_test/cache"
+  first = corpus_lib.load_corpus(config, str(tmp_path / "run"))
+  names = sorted(paths.listdir(config.data.cache_dir))
+  assert [n.split(".")[1] for n in names] == ["test", "train", "valid", "vocab"]
+  again = corpus_lib.load_corpus(config, str(tmp_path / "run2"))
+  np.testing.assert_array_equal(first.train.tokens, again.train.tokens)
+  assert not os.path.exists(str(tmp_path / "run"))  # Nothing local.
+  fsspec.filesystem("memory").rm("/optional_test", recursive=True)
