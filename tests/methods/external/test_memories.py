@@ -436,3 +436,21 @@ def test_retrieval_accuracy_hand_worked(tmp_path):
   )
   # q0 finds 6 at rank 2, q1 never finds 9, q2 finds 7 at rank 1.
   assert acc == {"1": 1 / 3, "2": 2 / 3, "3": 2 / 3}
+
+
+def test_scann_index_of_a_datastore_rebuilt_with_the_same_sizes(tmp_path):
+  # Same key count and shard sizes, other keys: only the datastore's
+  # identity tells the index is stale.
+  rng = np.random.default_rng(5)
+  path = str(tmp_path / "a")
+  keys = rng.normal(size=(600, 8)).astype(np.float32)
+  store = ds_lib.from_arrays(path, keys, np.arange(600) % 7, signature=SIG,
+                             shard_size=300)  # fmt: skip
+  search.build_index(store, "dot_product", 10)
+  search.load_index(ds_lib.open_datastore(path), "dot_product")
+  ds_lib.from_arrays(path, -keys, np.arange(600) % 7, signature=SIG,
+                     shard_size=300)  # fmt: skip
+  store = ds_lib.open_datastore(path)
+  assert [len(v) for v in store.values] == [300, 300]
+  with pytest.raises(errors.DataError, match="does not match"):
+    search.load_index(store, "dot_product")
