@@ -120,6 +120,37 @@ def test_datastore_round_trip_resume_and_two_processes(setup, tmp_path):
     assert ds_lib.open_datastore(other).count == store.count
 
 
+def test_resume_after_a_crash_between_a_shards_arrays_and_its_entry(
+    setup, tmp_path
+):
+  # The crash came after shard 2's .keys/.values were renamed into place
+  # and before its .json (the shard's entry in the manifest) was written:
+  # the arrays are not trusted (here they hold zeros); the shard is written
+  # again and the datastore equals an uninterrupted build.
+  model, params, tokens, one = setup
+  spec = _spec(tokens)
+  full = str(tmp_path / "full")
+  store = ds_lib.build(model, params, tokens, spec, full, mesh=one)
+  part = str(tmp_path / "crashed")
+  assert ds_lib.build(
+      model, params, tokens, spec, part, mesh=one, stop_after_shards=3
+  ) is None  # fmt: skip
+  os.remove(os.path.join(part, "shard-00002.json"))
+  for ext in ("keys", "values"):
+    f = os.path.join(part, f"shard-00002.{ext}")
+    with open(f, "r+b") as fh:
+      fh.write(bytes(os.path.getsize(f)))
+  ds_lib.check_build_dir(part, spec)
+  resumed = ds_lib.build(model, params, tokens, spec, part, mesh=one)
+  assert resumed is not None and resumed.count == store.count
+  want = {k: v for k, v in _files(full).items() if k != "manifest.json"}
+  got = _files(part)
+  assert {k: v for k, v in got.items() if k != "manifest.json"} == want
+  np.testing.assert_array_equal(
+      resumed.gather(np.arange(resumed.count))[1], tokens[1:]
+  )
+
+
 def test_values_above_int16_survive(tmp_path):
   model = _model(vocab=40000)
   tokens = np.array([39999, 32768, 5, 32767, 33000, 7, 39000, 1, 35000, 2],
