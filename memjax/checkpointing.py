@@ -26,6 +26,18 @@ from memjax import paths
 CheckpointMismatchError = errors.CheckpointMismatchError
 
 
+# Steps set aside by ``Checkpointer.restore_latest``.
+_DAMAGED = re.compile(r"damaged-\d+(\.\d+)?$")
+
+
+def _sync_processes(name: str) -> None:
+  """A barrier across the processes of a multi-process run (none alone)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    multihost_utils.sync_global_devices(name)
+
+
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   out = {}
   for k, v in d.items():
@@ -140,17 +152,28 @@ class Checkpointer:
     )
 
   def restore_latest(
-      self, abstract_state: Any, check: Any = None
+      self,
+      abstract_state: Any,
+      check: Any = None,
+      restart_if_damaged: bool = False,
   ) -> Optional[tuple[Any, dict, int]]:
     """Restores the newest readable step: (state, data position, step).
 
     A step whose arrays cannot be read (a damaged or half-written
-    checkpoint) is moved aside to ``damaged-<step>`` (nothing is deleted)
-    with a warning naming it, and the previous step is tried. A checkpoint of
-    another model, or one that ``check(data_position)`` rejects, raises.
+    checkpoint) is moved aside to ``damaged-<step>`` (``damaged-<step>.<n>``
+    for a later copy of the same step; nothing is deleted) by the first
+    process only, with a warning naming it, and the previous step is tried.
+    A checkpoint of another model, or one that ``check(data_position)``
+    rejects, raises.
 
     Returns:
-      None when no step is left.
+      None when there is nothing to restore: no step was ever saved, or every
+      step is damaged and ``restart_if_damaged`` is set.
+
+    Raises:
+      errors.ResumeError: every step is damaged (now or in an earlier run)
+        and ``restart_if_damaged`` is not set: the run would silently start
+        again from step 0.
     """
     _quiet_abandoned_reads()
     for step in sorted(self.all_steps(), reverse=True):
@@ -164,7 +187,12 @@ class Checkpointer:
       except errors.UserError:
         raise
       except Exception as e:  # pylint: disable=broad-except
+        # Every process names the same destination before the first moves
+        # the step, and sees it moved before reading on.
+        _sync_processes(f"memjax-damaged-{step}")
         dest = self._set_aside(step)
+        _sync_processes(f"memjax-damaged-{step}-moved")
+        self._manager.reload()
         reason = " ".join(str(e).split()).split(" See full")[0][:200]
         from memjax import console  # pylint: disable=g-import-not-at-top
 
@@ -177,6 +205,24 @@ class Checkpointer:
             reason,
             dest,
         )
+    damaged = sorted(
+        n for n in paths.listdir(self.directory) if _DAMAGED.match(n)
+    )
+    if damaged and not restart_if_damaged:
+      raise errors.ResumeError(
+          f"every checkpoint in {self.directory} is damaged (set aside as "
+          f"{', '.join(damaged)}); set --config.train.restart_if_damaged=True "
+          "to start again from step 0 (they are kept), or use another "
+          "--workdir"
+      )
+    if damaged:
+      from memjax import console  # pylint: disable=g-import-not-at-top
+
+      console.warn(
+          "every checkpoint in %s is damaged; starting again from step 0 "
+          "(train.restart_if_damaged)",
+          self.directory,
+      )
     return None
 
   def _set_aside(self, step: int) -> str:

@@ -153,6 +153,9 @@ def _train(c: ml_collections.ConfigDict) -> None:
   # Resuming with another num_steps rebuilds the schedule over the new
   # horizon (otherwise it is an error: the schedule would silently stretch).
   c.train.extend_schedule = False
+  # When every checkpoint of the workdir is damaged (set aside as
+  # checkpoints/damaged-<step>), start again from step 0 instead of stopping.
+  c.train.restart_if_damaged = False
   # Step hooks (memjax.hooks.register_hook), run in this order after the
   # updates whose step is a multiple of their "every", before that step's
   # checkpoint; their state is saved with every checkpoint.

@@ -341,7 +341,9 @@ def _restore_or_init(config, ckpt, state, shardings) -> tuple[TrainState, dict]:
   returns the state and its data position (``{'step': 0}`` when new)."""
   abstract = checkpointing.abstract_with_sharding(state, shardings)
   restored = ckpt.restore_latest(
-      abstract, check=lambda p: check_position(config, p, ckpt.directory)
+      abstract,
+      check=lambda p: check_position(config, p, ckpt.directory),
+      restart_if_damaged=config.train.get("restart_if_damaged", False),
   )
   if restored is not None:
     state, position, step = restored

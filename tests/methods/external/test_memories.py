@@ -120,6 +120,37 @@ def test_datastore_round_trip_resume_and_two_processes(setup, tmp_path):
     assert ds_lib.open_datastore(other).count == store.count
 
 
+def test_resume_after_a_crash_between_a_shards_arrays_and_its_entry(
+    setup, tmp_path
+):
+  # The crash came after shard 2's .keys/.values were renamed into place
+  # and before its .json (the shard's entry in the manifest) was written:
+  # the arrays are not trusted (here they hold zeros); the shard is written
+  # again and the datastore equals an uninterrupted build.
+  model, params, tokens, one = setup
+  spec = _spec(tokens)
+  full = str(tmp_path / "full")
+  store = ds_lib.build(model, params, tokens, spec, full, mesh=one)
+  part = str(tmp_path / "crashed")
+  assert ds_lib.build(
+      model, params, tokens, spec, part, mesh=one, stop_after_shards=3
+  ) is None  # fmt: skip
+  os.remove(os.path.join(part, "shard-00002.json"))
+  for ext in ("keys", "values"):
+    f = os.path.join(part, f"shard-00002.{ext}")
+    with open(f, "r+b") as fh:
+      fh.write(bytes(os.path.getsize(f)))
+  ds_lib.check_build_dir(part, spec)
+  resumed = ds_lib.build(model, params, tokens, spec, part, mesh=one)
+  assert resumed is not None and resumed.count == store.count
+  want = {k: v for k, v in _files(full).items() if k != "manifest.json"}
+  got = _files(part)
+  assert {k: v for k, v in got.items() if k != "manifest.json"} == want
+  np.testing.assert_array_equal(
+      resumed.gather(np.arange(resumed.count))[1], tokens[1:]
+  )
+
+
 def test_values_above_int16_survive(tmp_path):
   model = _model(vocab=40000)
   tokens = np.array([39999, 32768, 5, 32767, 33000, 7, 39000, 1, 35000, 2],
@@ -436,3 +467,21 @@ def test_retrieval_accuracy_hand_worked(tmp_path):
   )
   # q0 finds 6 at rank 2, q1 never finds 9, q2 finds 7 at rank 1.
   assert acc == {"1": 1 / 3, "2": 2 / 3, "3": 2 / 3}
+
+
+def test_scann_index_of_a_datastore_rebuilt_with_the_same_sizes(tmp_path):
+  # Same key count and shard sizes, other keys: only the datastore's
+  # identity tells the index is stale.
+  rng = np.random.default_rng(5)
+  path = str(tmp_path / "a")
+  keys = rng.normal(size=(600, 8)).astype(np.float32)
+  store = ds_lib.from_arrays(path, keys, np.arange(600) % 7, signature=SIG,
+                             shard_size=300)  # fmt: skip
+  search.build_index(store, "dot_product", 10)
+  search.load_index(ds_lib.open_datastore(path), "dot_product")
+  ds_lib.from_arrays(path, -keys, np.arange(600) % 7, signature=SIG,
+                     shard_size=300)  # fmt: skip
+  store = ds_lib.open_datastore(path)
+  assert [len(v) for v in store.values] == [300, 300]
+  with pytest.raises(errors.DataError, match="does not match"):
+    search.load_index(store, "dot_product")

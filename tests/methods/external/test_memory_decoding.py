@@ -143,3 +143,108 @@ def test_hook_distributions_against_numpy():
   want = num / (np.exp(logits).sum(-1) + m.sum(-1))[:, None]
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
   np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-5)
+
+
+def numpy_target_prob(
+    kind, settings, tlp, log_z, scores, values, targets, dim=D
+):
+  """p(target) [Q] of ``md.target_log_probs`` in float64 NumPy, row by row.
+
+  kNN-MT: lam p_kNN + (1 - lam) p_MT with p_kNN = softmax(score / T) summed
+  over the neighbours holding the target; joint softmax: (exp(s_y) +
+  sum_{y_j = y} exp(m_j)) / (Z + sum_j exp(m_j)), m_j = score / (sqrt(D)
+  tau); interpolate: softmax(m) summed likewise, mixed with a fixed lam.
+  No neighbour (every score -inf): p_MT.
+  """
+  out = []
+  for q in range(len(tlp)):
+    p_mt = np.exp(np.float64(tlp[q]))
+    ok = np.isfinite(scores[q])
+    if not ok.any():
+      out.append(p_mt)
+      continue
+    s = np.float64(scores[q][ok])
+    hit = values[q][ok] == targets[q]
+    if kind == "knn":
+      w = np.exp(s / settings["knn_temperature"])
+      lam = settings["knn_lambda"]
+      out.append(lam * w[hit].sum() / w.sum() + (1 - lam) * p_mt)
+      continue
+    m = np.exp(s / (np.sqrt(dim) * settings["temperature"]))
+    if settings.get("interpolate"):
+      lam = settings["lambda"]
+      out.append(lam * m[hit].sum() / m.sum() + (1 - lam) * p_mt)
+      continue
+    z = np.exp(np.float64(log_z[q]))
+    out.append((p_mt * z + m[hit].sum()) / (z + m.sum()))
+  return np.asarray(out)
+
+
+SETTINGS = [
+    ("knn", {"knn_lambda": 0.3, "knn_temperature": 7.0}),
+    ("knn", {"knn_lambda": 0.3, "knn_temperature": 0.5}),
+    ("trime", {"temperature": 2.0}),
+    ("trime", {"temperature": 0.5, "interpolate": True, "lambda": 0.4}),
+]
+
+
+def _teacher_forced_case(seed=1, q=6, k=5):
+  """Random logits, neighbours and targets; row 4 has no neighbour, row 5
+  only two, and row 0's target is held by no neighbour."""
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=(q, V)).astype(np.float32)
+  log_z = np.log(np.exp(logits.astype(np.float64)).sum(-1))
+  logp = (logits - log_z[:, None]).astype(np.float32)
+  g = rng.normal(size=(q, D)).astype(np.float32)
+  scores = (rng.normal(size=(q, k)) * 3).astype(np.float32)
+  scores[4], scores[5, 2:] = -np.inf, -np.inf
+  values = rng.integers(3, 7, (q, k)).astype(np.int32)
+  targets = values[:, 0].copy()
+  targets[0] = 9
+  return logp, log_z.astype(np.float32), g, scores, values, targets
+
+
+@pytest.mark.parametrize("kind, settings", SETTINGS)
+def test_target_log_probs_against_numpy(kind, settings):
+  logp, log_z, _, scores, values, targets = _teacher_forced_case()
+  tlp = logp[np.arange(len(targets)), targets]
+  got = md.target_log_probs(
+      kind, settings, jnp.asarray(tlp), jnp.asarray(log_z),
+      jnp.asarray(scores), jnp.asarray(values), jnp.asarray(targets), D,
+  )  # fmt: skip
+  want = numpy_target_prob(kind, settings, tlp, log_z, scores, values, targets)
+  np.testing.assert_allclose(np.exp(got), want, rtol=1e-5, atol=1e-8)
+  assert got[4] == tlp[4]  # no neighbour: the plain decoder's score
+
+
+def test_target_log_probs_depend_on_the_temperature():
+  logp, log_z, _, scores, values, targets = _teacher_forced_case()
+  tlp = logp[np.arange(len(targets)), targets]
+  got = {}
+  for t in (0.5, 7.0):
+    got[t] = md.target_log_probs(
+        "knn", {"knn_lambda": 0.3, "knn_temperature": t}, tlp, log_z,
+        scores, values, targets, D,
+    )  # fmt: skip
+  assert np.all(np.abs(got[0.5] - got[7.0])[[1, 2, 3]] > 1e-3)
+
+
+@pytest.mark.parametrize("kind, settings", SETTINGS)
+def test_teacher_forced_score_is_the_hooks_log_prob_of_the_target(
+    kind, settings
+):
+  # For the same neighbours, scoring a target by teacher forcing (what
+  # mt_tune tunes) equals the beam hook's log-probability of that token.
+  logp, log_z, g, scores, values, targets = _teacher_forced_case()
+  hook = md.MemoryHook(
+      kind, settings, lambda q: (scores, values), scores.shape[1], D
+  )
+  args = (jnp.asarray(logp), jnp.asarray(g), 0)
+  if hook.takes_log_z:
+    args += (jnp.asarray(log_z),)
+  full = np.asarray(jax.jit(hook)(*args))
+  rows = np.arange(len(targets))
+  got = md.target_log_probs(
+      kind, settings, logp[rows, targets], log_z, scores, values, targets, D
+  )
+  np.testing.assert_allclose(got, full[rows, targets], rtol=1e-5, atol=1e-6)

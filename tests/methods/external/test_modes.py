@@ -57,7 +57,12 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
       ext_lambda_grid=(0.0, 0.3),
   )  # fmt: skip
   tuned = memory_modes.tune(config, workdir)
-  assert tuned["best"]["ext_lambda"] in (0.0, 0.3)
+  # The best setting is the grid's lowest valid NLL, and lambda matters.
+  nll = {r["ext_lambda"]: r["nll"] for r in tuned["grid_valid"]}
+  assert sorted(nll) == [0.0, 0.3]
+  assert nll[0.0] != pytest.approx(nll[0.3], rel=1e-4)
+  assert tuned["best"]["ext_lambda"] == min(nll, key=nll.get)
+  assert tuned["valid"]["memory"]["nll"] == min(nll.values())
   assert np.isfinite(tuned["test"]["memory"]["ppl"])
   # Table 14's columns with the external memory, at the tuned setting.
   avg = memory_modes.buckets(config, workdir)["rows"][-1]

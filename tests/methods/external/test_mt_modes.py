@@ -12,7 +12,10 @@ import pytest
 from memjax import errors
 from memjax import runfiles
 from memjax.data import parallel
+from memjax.memory import search as search_lib
+from memjax.methods.external import mt_datastore
 from memjax.methods.external import mt_modes as tm
+from tests.methods.external.test_memory_decoding import numpy_target_prob
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,29 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
   np.testing.assert_array_equal(np.sort(values), np.sort(np.concatenate(fits)))
   tuned = tm.mt_tune(config, str(out))
   assert tuned["tokens"] > 0 and len(tuned["grid"]) == 4
-  assert tuned["best"]["nll"] <= min(r["nll"] for r in tuned["grid"])
+  # Every grid score against NumPy over the same teacher-forced positions
+  # and exact neighbours.
+  restored = tm._restore(config, str(out))  # pylint: disable=protected-access
+  store = mt_datastore.open_store(restored, str(out / "ds"))
+  neighbours = mt_datastore.Neighbours(
+      search_lib.ExactSearcher(store, "squared_l2"), 4
+  )
+  tf = tm.teacher_forced_memory(
+      config, restored, tm._split(config, restored, "valid"), neighbours, 8
+  )  # pylint: disable=protected-access
+  assert len(tf["tlp"]) == tuned["tokens"]
+  assert tuned["nll_without_memory"] == pytest.approx(-np.mean(tf["tlp"]))
+  nll = {}
+  for row in tuned["grid"]:
+    k = row["k"]
+    p = numpy_target_prob(
+        "knn", row, tf["tlp"], tf["log_z"], tf["scores"][:, :k],
+        tf["values"][:, :k], tf["targets"],
+    )  # fmt: skip
+    assert row["nll"] == pytest.approx(-np.mean(np.log(p)), rel=1e-5)
+    nll[k, row["knn_temperature"]] = row["nll"]
+  assert nll[4, 10.0] != pytest.approx(nll[4, 100.0], rel=1e-4)
+  assert nll[1, 10.0] == pytest.approx(nll[1, 100.0])  # one neighbour: w = 1
 
 
 @pytest.mark.parametrize(

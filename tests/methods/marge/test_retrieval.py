@@ -8,6 +8,7 @@ import pytest
 
 from memjax import config as config_lib
 from memjax import errors
+from memjax.methods.marge import evaluation as marge_eval
 from memjax.methods.marge import retrieval as marge
 from memjax.methods.marge import reindex as marge_index
 
@@ -137,3 +138,53 @@ def test_index_of_another_embedder_refused(tmp_path, table):
   hook = marge_index.MargeReindex(ctx, {"index": str(path), "embedder": other})
   with pytest.raises(errors.ConfigError, match="another embedder"):
     hook.start()
+
+
+def _eval_case():
+  """Training: two documents (6 and 3 tokens); evaluated: two documents
+  (7 and 6 tokens); N = 3. Segments 0, 1 (train doc 0), 2 (train doc 1),
+  then 3, 4 (evaluated doc A, t = 0, 1) and 5, 6 (evaluated doc B)."""
+  import types  # pylint: disable=g-import-not-at-top
+
+  train = types.SimpleNamespace(
+      tokens=np.arange(9, dtype=np.int32), doc_starts=np.array([0, 6])
+  )
+  tokens = np.arange(100, 113, dtype=np.int32)
+  return marge_eval.eval_table(train, tokens, np.array([0, 7]), 3)
+
+
+def test_eval_table_pool_is_the_training_segments():
+  table, pool = _eval_case()
+  np.testing.assert_array_equal(table.start, [0, 3, 6, 9, 12, 16, 19])
+  np.testing.assert_array_equal(table.doc, [0, 0, 1, 2, 2, 3, 3])
+  assert pool == 3  # the first evaluated segment starts at token 9 exactly
+
+
+def test_eval_mask_with_a_pool_hand_case():
+  table, pool = _eval_case()
+  cand = np.array([[2, 3, 4, 5, 6, -1]] * 3)
+  got = table.allowed(np.array([4, 6, 3]), cand, pool)
+  np.testing.assert_array_equal(
+      got,
+      [
+          # A's S_1: the last training segment (pool - 1) and its own S_0,
+          # which is the first evaluated segment (id == pool).
+          [True, True, False, False, False, False],
+          # B's S_1: never A's segments (3 is exactly at the pool), its
+          # own S_0 (5) only.
+          [True, False, False, True, False, False],
+          # A's S_0: no past of its own; B is another evaluated document.
+          [True, False, False, False, False, False],
+      ],
+  )
+  # Without a pool (training) another document's segments are all allowed.
+  assert table.allowed(np.array([6]), cand[:1])[0].tolist() == [
+      True, True, True, True, False, False,
+  ]  # fmt: skip
+  # Causal top-k with the pool skips the other evaluated document even
+  # where it scores highest.
+  scores = np.array([[0.1, 9.0, 8.0, 0.5, 7.0, 0.0]])
+  np.testing.assert_array_equal(
+      marge.causal_topk(table, scores, cand[:1], np.array([6]), 3, pool),
+      [[5, 2, -1]],
+  )

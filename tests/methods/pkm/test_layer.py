@@ -4,6 +4,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -324,3 +325,47 @@ def test_sharded_equals_unsharded_on_eight_devices():
       g1,
       g2,
   )
+
+
+def test_lazy_adam_group_through_make_optimizer_against_numpy():
+  # A parameter group of config.optim with the lazy_adam transform, a
+  # warm-up and non-default b1, b2, eps: the group's rows follow NumPy's
+  # SparseAdam with lr_t = lr * min((t - 1) / warm, 1) at update t (the
+  # schedule read at the step count before the update, as optax's Adam
+  # does); the other parameter takes the base optimiser.
+  from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from memjax import optim  # pylint: disable=g-import-not-at-top
+
+  cfg = config_lib.base_config().optim
+  cfg.clip_norm = 0.0
+  cfg.groups.memory = ml_collections.ConfigDict({
+      "params": "/memory/values$", "transform": "lazy_adam",
+      "learning_rate": 0.1, "schedule": "constant", "warmup_steps": 3,
+      "b1": 0.5, "b2": 0.75, "eps": 0.01,
+  })  # fmt: skip
+  tx, _ = optim.make_optimizer(cfg, num_steps=20)
+  rng = np.random.default_rng(7)
+  p = rng.normal(size=(8, 3)).astype(np.float32)
+  params = {"layer_0": {"memory": {"values": jnp.asarray(p)}}, "w": jnp.ones(2)}
+  state = tx.init(params)
+  ref = (p, np.zeros_like(p), np.zeros_like(p))
+  step = jax.jit(tx.update)
+  for t, rows in enumerate([[1, 4], [4, 6, 7], [0, 1, 5], [1, 2]], start=1):
+    g = np.zeros((8, 3), np.float32)
+    g[rows] = rng.normal(size=(len(rows), 3))
+    grads = {
+        "layer_0": {"memory": {"values": jnp.asarray(g)}},
+        "w": jnp.ones(2),
+    }
+    updates, state = step(grads, state, params)
+    params = optax.apply_updates(params, updates)
+    lr = 0.1 * min((t - 1) / 3, 1.0)
+    ref = _np_sparse_adam(*ref, g, t, lr, b1=0.5, b2=0.75, eps=0.01)
+    np.testing.assert_allclose(
+        np.asarray(params["layer_0"]["memory"]["values"]),
+        ref[0],
+        rtol=1e-5,
+        atol=1e-7,
+    )
+  # The first update (lr 0 at the start of the warm-up) left every row.
+  assert not np.allclose(ref[0], p)

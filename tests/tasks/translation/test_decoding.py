@@ -105,3 +105,100 @@ def test_beam_scores_are_length_normalised_log_probs(tiny):
   np.testing.assert_allclose(
       res.scores[:, 0], total / lengths, rtol=1e-4, atol=1e-5
   )
+
+
+class FlipModel(TableModel):
+  """A table where the length penalty decides the winner (no ties).
+
+  From the start: A 0.6, B 0.4. After A: A 0.45, B 0.3, EOS 0.25. After B:
+  EOS 0.9, A 0.06, B 0.04. Beam 2, by hand: step 1 keeps B EOS (0.36,
+  finished), A A (0.27), A B (0.18); A EOS (0.15) is the fourth candidate,
+  not among the first two, so it is not finished. Step 2: A B EOS (0.162)
+  finishes, the second finished hypothesis, and the search stops.
+  """
+
+  def decode_step(self, token, pos, cache, src_mask):
+    del pos, src_mask
+    table = np.full((4, 4), 1e-7)
+    table[0, [A, B]] = 0.6, 0.4
+    table[A, [A, B, EOS]] = 0.45, 0.3, 0.25
+    table[B, [EOS, A, B]] = 0.9, 0.06, 0.04
+    logp = jnp.log(jnp.asarray(table / table.sum(1, keepdims=True)))[token]
+    return logp.astype(jnp.float32), jnp.zeros((token.shape[0], 2)), cache
+
+
+def _flip_nbest(lenpen: float) -> list[tuple[list[int], float]]:
+  """The two finished hypotheses (FlipModel) by hand, best first."""
+  hyps = [
+      ([B, EOS], np.log(0.4 * 0.9) / 2.0**lenpen),
+      ([A, B, EOS], np.log(0.6 * 0.3 * 0.9) / 3.0**lenpen),
+  ]
+  return sorted(hyps, key=lambda h: -h[1])
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 1.0, 2.0])
+def test_length_penalty_scores_and_orders_the_nbest(lenpen):
+  # lenpen 1: B EOS (-0.511) beats A B EOS (-0.607); lenpen 2 flips them
+  # (-0.255 < -0.202): the EOS counts in the length.
+  res = decoding.beam_search(
+      FlipModel(), {}, jnp.ones((1, 3), jnp.int32), 6, beam_size=2,
+      length_penalty=lenpen,
+  )  # fmt: skip
+  want = _flip_nbest(lenpen)
+  hyps = np.asarray(res.hypotheses[0])
+  for (tokens, score), hyp, got in zip(want, hyps, np.asarray(res.scores[0])):
+    np.testing.assert_array_equal(hyp[: len(tokens)], tokens)
+    assert not hyp[len(tokens) :].any()
+    np.testing.assert_allclose(got, score, atol=1e-5)
+  np.testing.assert_array_equal(res.tokens[0], hyps[0])
+
+
+class FakeVocab:
+  """Ids for the table models: every word is token A; decode spells ids."""
+
+  def encode(self, sentence: str) -> list[int]:
+    return [A] * len(sentence.split())
+
+  def decode(self, ids) -> str:
+    return " ".join({A: "a", B: "b"}[int(i)] for i in ids)
+
+
+@pytest.mark.parametrize(
+    "a, b, tokens",
+    # The source "x y z" (3 ids + EOS) is padded to 8 positions; greedy on
+    # TableModel takes A until EOS is forced at position int(a * 8 + b).
+    [(0.5, 2, 5), (0.0, 3, 2), (0.25, 0, 1), (10.0, 0, 63)],
+)
+def test_translator_decodes_at_most_a_times_source_plus_b(a, b, tokens):
+  from memjax.tasks.translation import translator as translator_lib  # pylint: disable=g-import-not-at-top
+
+  tr = translator_lib.Translator(
+      TableModel(), {}, FakeVocab(), beam_size=1, max_len_a=a, max_len_b=b
+  )
+  # (10, 0): 80 positions, capped at the model's max_len of 64.
+  assert tr.translate(["x y z"]) == [" ".join(["a"] * tokens)]
+
+
+def test_translator_passes_the_config_to_beam_search():
+  from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from memjax.tasks.translation import parts  # pylint: disable=g-import-not-at-top
+
+  config = config_lib.base_config()
+  t = config.translation
+  t.beam_size, t.length_penalty, t.max_len_a, t.max_len_b = 2, 2.0, 0.0, 6
+  tr = parts.make_translator(config, FlipModel(), {}, FakeVocab())
+  got = tr.hypotheses("x y")
+  want = [(FakeVocab().decode(h[:-1]), s) for h, s in _flip_nbest(2.0)]
+  assert [h for h, _ in got] == [h for h, _ in want] == ["a b", "b"]
+  np.testing.assert_allclose(
+      [s for _, s in got], [s for _, s in want], atol=1e-5
+  )
+  # The same search with max_len_b = 2 forces EOS at the second position:
+  # A B EOS cannot finish; B EOS and A EOS (0.6 * 0.25) do.
+  t.max_len_b = 2
+  tr = parts.make_translator(config, FlipModel(), {}, FakeVocab())
+  got = tr.hypotheses("x y")
+  assert [h for h, _ in got] == ["b", "a"]
+  np.testing.assert_allclose(
+      [s for _, s in got], np.log([0.36, 0.15]) / 4.0, atol=1e-5
+  )
