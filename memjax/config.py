@@ -90,6 +90,9 @@ def _model(c: ml_collections.ConfigDict) -> None:
   # 'post' (Transformer-XL's default pre_lnorm=False), and its epsilon.
   c.model.norm_position = "pre"
   c.model.norm_epsilon = 1e-6
+  # The feed-forward's activation: relu (Vaswani et al., fairseq's LMs) or
+  # gelu (BERT's exact erf form; the encoder configs).
+  c.model.activation = "relu"
   c.model.final_layer_norm = True  # pre-LN: LayerNorm after the last block
   c.model.dtype = "float32"  # float32 | bfloat16
   c.model.softmax_chunk = 4096

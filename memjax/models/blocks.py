@@ -59,6 +59,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import registry
+from memjax.models import feed_forward as feed_forward_lib
 
 Array = jax.Array
 
@@ -332,6 +333,8 @@ class BlockStack(nn.Module):
     norm_position: 'pre' or 'post' (see ``ResidualBlock``).
     norm_epsilon: LayerNorm epsilon.
     max_len: longest input (position table).
+    activation: the feed-forward's nonlinearity
+      (``feed_forward.ACTIVATIONS``), for the kinds that take one.
   """
 
   vocab_size: int
@@ -348,6 +351,7 @@ class BlockStack(nn.Module):
   norm_position: NormPosition = "pre"
   norm_epsilon: float = 1e-6
   max_len: int = 4096
+  activation: str = "relu"
 
   # Batch arrays the train step passes as keyword arguments.
   EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
@@ -428,6 +432,29 @@ class BlockStack(nn.Module):
         dropout_rate=self.attention_dropout_rate,
     )
 
+  def _activation(self, kind: str) -> dict[str, str]:
+    """{'activation': ...} for a feed-forward kind that takes one, else {}.
+
+    Raises:
+      errors.ConfigError: an unknown activation, or one other than relu for
+        a kind without one.
+    """
+    act = self.activation
+    if act not in feed_forward_lib.ACTIVATIONS:
+      raise errors.ConfigError(
+          f"model.activation must be one of "
+          f"{', '.join(feed_forward_lib.ACTIVATIONS)}, got {act!r}"
+      )
+    cls = registry.FEED_FORWARD.get(kind)
+    if "activation" in {f.name for f in dataclasses.fields(cls)}:
+      return {"activation": act}
+    if act != "relu":
+      raise errors.ConfigError(
+          f"model.activation {act!r}: feed-forward kind {kind!r} has no "
+          "activation to set"
+      )
+    return {}
+
   def make_block(
       self,
       name: str,
@@ -462,6 +489,7 @@ class BlockStack(nn.Module):
         d_ff=self.d_ff,
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
+        **self._activation(kind),
     )
     shared = ("norm_position", "norm_epsilon", "dropout_rate", "dtype")
     return block_cls(

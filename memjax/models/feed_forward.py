@@ -17,10 +17,19 @@ from memjax import registry
 
 Array = jax.Array
 
+# ``model.activation``: the feed-forward's nonlinearity. GELU is BERT's exact
+# form 0.5 x (1 + erf(x / sqrt(2))) (Devlin et al., Hendrycks & Gimpel),
+# not the tanh approximation.
+ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+}
+
 
 @registry.FEED_FORWARD.register("ffn")
 class FeedForward(nn.Module):
-  """Position-wise feed-forward block: D -> F -> D with ReLU ('ffn').
+  """Position-wise feed-forward block: D -> F -> D ('ffn'), ReLU or GELU
+  (``activation``, a key of ``ACTIVATIONS``).
 
   Parameters: wi {kernel [D, F] ('embed', 'mlp'), bias [F]}, wo {kernel
   [F, D] ('mlp', 'embed'), bias [D]}.
@@ -32,6 +41,7 @@ class FeedForward(nn.Module):
   dtype: jnp.dtype = jnp.float32
   # Dropout after the ReLU (fairseq's activation_dropout); < 0 = dropout_rate.
   activation_dropout: float = -1.0
+  activation: str = "relu"
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
@@ -45,7 +55,7 @@ class FeedForward(nn.Module):
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
     )(x)
-    h = nn.relu(h)
+    h = ACTIVATIONS[self.activation](h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     rate = (
         self.dropout_rate
