@@ -95,6 +95,10 @@ def get_config(arg: str = "demo"):
     c.loss.options.temperature = 10.0
     c.loss.options.topk_memory = 8
     c.loss.lm_warmup_fraction = 0.0
+    # g: the decoder's final output after its last LayerNorm (the authors'
+    # knn_embed) for the in-batch memory, the datastore and decoding;
+    # 'last_ffn_input' is the paper's text.
+    m.family_options.memory_feature = "final_output"
 
   if size == "smoke":
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 1, 32, 2, 16, 64
