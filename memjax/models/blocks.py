@@ -432,29 +432,6 @@ class BlockStack(nn.Module):
         dropout_rate=self.attention_dropout_rate,
     )
 
-  def _activation(self, kind: str) -> dict[str, str]:
-    """{'activation': ...} for a feed-forward kind that takes one, else {}.
-
-    Raises:
-      errors.ConfigError: an unknown activation, or one other than relu for
-        a kind without one.
-    """
-    act = self.activation
-    if act not in feed_forward_lib.ACTIVATIONS:
-      raise errors.ConfigError(
-          f"model.activation must be one of "
-          f"{', '.join(feed_forward_lib.ACTIVATIONS)}, got {act!r}"
-      )
-    cls = registry.FEED_FORWARD.get(kind)
-    if "activation" in {f.name for f in dataclasses.fields(cls)}:
-      return {"activation": act}
-    if act != "relu":
-      raise errors.ConfigError(
-          f"model.activation {act!r}: feed-forward kind {kind!r} has no "
-          "activation to set"
-      )
-    return {}
-
   def make_block(
       self,
       name: str,
@@ -489,7 +466,7 @@ class BlockStack(nn.Module):
         d_ff=self.d_ff,
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
-        **self._activation(kind),
+        **feed_forward_lib.activation_option(kind, self.activation),
     )
     shared = ("norm_position", "norm_epsilon", "dropout_rate", "dtype")
     return block_cls(

@@ -9,10 +9,13 @@ called as ``ffn(g [B, T, D], deterministic=...) -> [B, T, D]``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
 from memjax import registry
 
 Array = jax.Array
@@ -24,6 +27,29 @@ ACTIVATIONS = {
     "relu": nn.relu,
     "gelu": lambda x: nn.gelu(x, approximate=False),
 }
+
+
+def activation_option(kind: str, activation: str) -> dict[str, str]:
+  """{'activation': ...} for a feed-forward kind that takes one, else {}.
+
+  Raises:
+    errors.ConfigError: an unknown activation, or one other than relu for a
+      kind without one.
+  """
+  if activation not in ACTIVATIONS:
+    raise errors.ConfigError(
+        f"model.activation must be one of {', '.join(ACTIVATIONS)}, got "
+        f"{activation!r}"
+    )
+  cls = registry.FEED_FORWARD.get(kind)
+  if "activation" in {f.name for f in dataclasses.fields(cls)}:
+    return {"activation": activation}
+  if activation != "relu":
+    raise errors.ConfigError(
+        f"model.activation {activation!r}: feed-forward kind {kind!r} has no "
+        "activation to set"
+    )
+  return {}
 
 
 @registry.FEED_FORWARD.register("ffn")
