@@ -197,3 +197,21 @@ def test_topk_memory_at_temperature_10_matches_the_authors_criterion(
     assert abs(other - want) > 1e-4
   # k at least the whole memory: every in-batch token, as topk_memory=0.
   np.testing.assert_allclose(loss(10.0, 64), loss(10.0, 0), rtol=1e-6)
+
+
+def test_trime_mt_configs_take_the_authors_recipe():
+  from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
+
+  c = trime_iwslt.get_config("trime_mt_smoke")
+  assert dict(c.loss.options) == {
+      "epsilon": 0.0, "temperature": 10.0, "topk_memory": 8,
+  }  # fmt: skip
+  assert c.loss.lm_warmup_fraction == 0.0
+  assert c.model.family_options.memory_feature == "final_output"
+  mem = c.translation.memory
+  assert (mem.k, mem.temperature, mem.unnormalised) == (16, 15.0, False)
+  assert 15.0 in mem.temperature_grid and 16 in mem.k_grid
+  registry.OBJECTIVES.get("trime_mt")(c.loss, 100)  # builds
+  vanilla = trime_iwslt.get_config("smoke")
+  assert "memory_feature" not in vanilla.model.family_options
+  assert vanilla.translation.memory.temperature == 1.0
