@@ -110,7 +110,8 @@ def tuning_grid(
       kind,
       sizes,
       **{
-          a.values: tuple(em[a.config_grid]) or (float(em[a.key]),)
+          a.values: tuple(em[a.config_grid])
+          or ((float(em[a.key]),) if a.key in em else ())
           for a in memory.axes
       },
   )
