@@ -25,6 +25,8 @@ with the memory's keys and values held fixed (Table 5). Table 3's GLUE
 settings at the paper sizes: lr 2e-5, batch 32, 10 epochs, warm-up 6%,
 weight decay 0.1, length 128.
 
+The feed-forward uses GELU, as BERT does (``model.activation``).
+
 Memory: the paper's 512^2 slots, 4 heads, k = 32, k_dim 256 at 6l and base;
 128^2 at demo size; 8^2 at smoke. The paper's query BatchNorm is replaced
 by LayerNorm (the training loop carries no batch statistics). Values are
@@ -94,6 +96,7 @@ def get_config(arg: str = "demo"):
   m.max_len = seq
   m.norm_position = "post"  # BERT
   m.norm_epsilon = 1e-12
+  m.activation = "gelu"  # BERT's feed-forward
   m.dropout = 0.0 if size == "smoke" else 0.1
   m.attention_dropout = m.dropout
   m.cutoffs = ()

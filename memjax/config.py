@@ -90,6 +90,9 @@ def _model(c: ml_collections.ConfigDict) -> None:
   # 'post' (Transformer-XL's default pre_lnorm=False), and its epsilon.
   c.model.norm_position = "pre"
   c.model.norm_epsilon = 1e-6
+  # The feed-forward's activation: relu (Vaswani et al., fairseq's LMs) or
+  # gelu (BERT's exact erf form; the encoder configs).
+  c.model.activation = "relu"
   c.model.final_layer_norm = True  # pre-LN: LayerNorm after the last block
   c.model.dtype = "float32"  # float32 | bfloat16
   c.model.softmax_chunk = 4096
@@ -227,6 +230,10 @@ def _eval_memory(c: ml_collections.ConfigDict) -> None:
   em.kind = "none"
   em.long_mem_tokens = 0  # N: (g, next token) pairs before the window
   em.long_mem_grid = ()  # tune: sizes N to try; () = long_mem_tokens only
+  # Which N pairs M_long holds: before_window = the N predictions before the
+  # window; last_scored = the last N scored ones before the window's first
+  # scored prediction (the authors' --mem-size N; overlaps M_local).
+  em.long_mem_span = "before_window"
   em.sweep_tokens = (0, 1024, 2048, 4096, 8192, 12288, 16384, 24576)
   em.sweep_kinds = ()  # memsweep: the kinds swept (a method sets its own)
   em.batch_size = 8  # windows per evaluation batch

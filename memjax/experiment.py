@@ -117,6 +117,7 @@ LATER_MODEL_KEYS = {
     "final_layer_norm": True,
     "adaptive_dropout": 0.0,
     "feed_forward_layers": [],
+    "activation": "relu",
 }
 
 

@@ -105,8 +105,15 @@ def tuning_grid(
       else (em.long_mem_grid or (em.long_mem_tokens,))
   )
   memory = registry.EVAL_MEMORIES.get(kind)
+  # An empty tuning grid tunes nothing: the axis keeps its configured value.
   return Grid(
-      kind, sizes, **{a.values: tuple(em[a.config_grid]) for a in memory.axes}
+      kind,
+      sizes,
+      **{
+          a.values: tuple(em[a.config_grid])
+          or ((float(em[a.key]),) if a.key in em else ())
+          for a in memory.axes
+      },
   )
 
 

@@ -59,6 +59,7 @@ class MemoryScorer(rows.Scorer):
       score_len: Optional[int] = None,
       batch_size: Optional[int] = None,
       block_size: Optional[int] = -1,
+      long_span: Optional[str] = None,
   ) -> None:
     """Creates the scorer.
 
@@ -75,6 +76,8 @@ class MemoryScorer(rows.Scorer):
         rounded up to the data-parallel devices.
       block_size: blockwise block of the long-memory sums (None: dense;
         default ``eval_memory.block_size``).
+      long_span: which N pairs M_long holds (``evaluation.LONG_SPANS``;
+        default ``eval_memory.long_mem_span``).
     """
     super().__init__(run)
     c = self.config  # Read only for what is not given.
@@ -86,6 +89,9 @@ class MemoryScorer(rows.Scorer):
     if block_size == -1:
       block_size = int(c.eval_memory.block_size) or None
     self.block_size = block_size
+    if long_span is None:
+      long_span = c.eval_memory.get("long_mem_span", "before_window")
+    self.long_span = long_span
     self._external = external
     self._workdir = workdir
 
@@ -109,6 +115,7 @@ class MemoryScorer(rows.Scorer):
           self.model, window_len=self.window_len, score_len=self.score_len,
           kind=self.grid.kind, long_sizes=self.grid.long_sizes,
           settings=self.grid.values(), block_size=self.block_size,
+          long_span=self.long_span,
       )  # fmt: skip
       fn = sharding_lib.jit(
           _reduced(step, self.grid, keep_tokens),
@@ -251,12 +258,13 @@ def score_stream(
     keep_tokens: bool = False,
     desc: str = "memory eval",
     external: Any = None,
+    long_span: str = "before_window",
 ) -> dict[str, Any]:
   """``MemoryScorer.score_grid`` with every setting given (no config)."""
   scorer = MemoryScorer(
       rows.RunView(None, model, mesh, unit), grid, external=external,
       window_len=window_len, score_len=score_len, batch_size=batch_size,
-      block_size=block_size,
+      block_size=block_size, long_span=long_span,
   )  # fmt: skip
   return scorer.score_grid(
       params, tokens, max_items=max_windows, keep_tokens=keep_tokens, desc=desc

@@ -11,7 +11,12 @@ window w covers predictions [start_w, start_w + T) and scores S of them
   each with the g computed in the window that scored it. They are carried
   across windows in a FIFO ``evaluation.Bank`` that holds the last
   N + T - S scored pairs (the window's context part is scored earlier but
-  belongs to M_local, so the bank reaches back that much further).
+  belongs to M_local, so the bank reaches back that much further). With
+  ``long_span='last_scored'`` (the authors' ``--mem-size N``) M_long is
+  instead the last N scored pairs before the window's first scored
+  position, [s_w - N, s_w): it overlaps the window's context part, which
+  M_local also holds, with the g of this window
+  (``evaluation.long_memory_end``).
 
 ``make_eval_step`` builds the step that runs the model on a batch, sums the
 similarities over M_local u M_long at the scales the memory kind asks for
@@ -47,6 +52,7 @@ def make_eval_step(
     long_sizes: Sequence[int] = (0,),
     settings: Mapping[str, Sequence[float]] | None = None,
     block_size: int | None = 1024,
+    long_span: str = "before_window",
 ) -> Callable:
   """Builds ``step(params, bank, batch) -> (bank, outputs)`` (not jitted).
 
@@ -60,6 +66,7 @@ def make_eval_step(
     settings: the values of each of the kind's axes (``Axis.values`` ->
       values), e.g. {'temperatures': (1.0, 1.25)}.
     block_size: blockwise block of the long-memory sums.
+    long_span: which N pairs M_long holds (``evaluation.LONG_SPANS``).
 
   Returns:
     The step; ``step.capacity`` is the bank's. ``batch`` is from
@@ -80,6 +87,7 @@ def make_eval_step(
         f"long-term memory sizes must be >= 0, got {long_sizes}"
     )
   memory.check(settings)
+  evaluation.long_memory_end(0, 0, long_span)  # checks the name
 
   def step(params, bank: Bank, batch: dict[str, Array]):
     q, g, result, log_z = _forward(model, params, batch, score_len)
@@ -92,7 +100,7 @@ def make_eval_step(
     scales = jnp.asarray(memory.scales(settings, g.shape[-1]), jnp.float32)
     sums = _memory_sums(
         q, g, batch, bank, scales, long_sizes, window_len - score_len,
-        block_size,
+        block_size, long_span,
     )  # fmt: skip
     if memory.external_metric:
       result.update(
@@ -146,6 +154,7 @@ def _memory_sums(
     long_sizes: Sequence[int],
     context: int,
     block_size: int | None,
+    long_span: str,
 ) -> list[tuple[Array, Array]]:
   """Per memory size N, (lse_all, lse_pos) [G, W, S] over M_local u M_long.
 
@@ -158,13 +167,17 @@ def _memory_sums(
       long_sizes: the sizes N.
       context: T - S, the context positions of a window.
       block_size: blockwise block of the long-memory sums.
+      long_span: which N pairs M_long holds (``evaluation.LONG_SPANS``).
   """
   key_valid = batch["position"] >= 0
   loc_all, loc_pos = evaluation.local_sums(
       q.g, q.offsets, q.targets, g, batch["targets"], key_valid, scales
   )  # [G, W, S]
   flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-  starts = jnp.broadcast_to(batch["start"][:, None], q.positions.shape)
+  ends = evaluation.long_memory_end(
+      batch["start"], batch["score_from"], long_span
+  )
+  starts = jnp.broadcast_to(ends[:, None], q.positions.shape)
   per_size = []
   for n in long_sizes:
     if n == 0:

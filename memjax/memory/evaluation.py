@@ -275,6 +275,39 @@ def local_sums(
   return jax.vmap(one)(scales)
 
 
+# Where M_long ends for a window (``long_memory_end``): its N positions are
+# [end - N, end).
+LONG_SPANS = ("before_window", "last_scored")
+
+
+def long_memory_end(start: Array, score_from: Array, span: str) -> Array:
+  """[W] the stream position M_long ends at (exclusive), per window.
+
+  Args:
+    start: [W] int first prediction of each window.
+    score_from: [W] int first scored offset of each window.
+    span: 'before_window': the N predictions before the window (memjax's
+      reading; M_long and M_local do not overlap); 'last_scored': the last
+      N scored predictions before the window's first scored one, the
+      authors' ``--mem-size N`` (princeton-nlp/TRIME
+      ``fairseq/sequence_scorer.py`` 63-86 and 232-238 keep the last N
+      scored (g, y), read whole by every query of the next window;
+      ``fairseq/data/lm_context_window_dataset.py`` 44-56 marks only the
+      new tokens as targets), which overlap the window's context part. The
+      copies of the stream's first window (start 0,
+      ``data.windows.memory_eval_windows``) are one window there, scored
+      with no M_long.
+  """
+  if span == "before_window":
+    return start
+  if span == "last_scored":
+    return jnp.where(start > 0, start + score_from, start)
+  raise errors.ConfigError(
+      f"eval_memory.long_mem_span must be one of {', '.join(LONG_SPANS)}, "
+      f"got {span!r}"
+  )
+
+
 def long_sums(
     queries: Array,
     query_targets: Array,
@@ -286,12 +319,13 @@ def long_sums(
     scales: Array,
     block_size: int | None,
 ) -> tuple[Array, Array]:
-  """Log-sum-exps over M_long: keys at positions [start - N, start).
+  """Log-sum-exps over M_long: keys at positions [end - N, end).
 
   Args:
       queries: [Q, D] g.
       query_targets: [Q] int.
-      query_starts: [Q] int first position of each query's window.
+      query_starts: [Q] int where each query's M_long ends
+        (``long_memory_end``).
       keys: [K, D] candidate long-term entries.
       key_tokens: [K] int.
       key_positions: [K] int, -1 for empty entries.

@@ -59,6 +59,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import registry
+from memjax.models import feed_forward as feed_forward_lib
 
 Array = jax.Array
 
@@ -332,6 +333,8 @@ class BlockStack(nn.Module):
     norm_position: 'pre' or 'post' (see ``ResidualBlock``).
     norm_epsilon: LayerNorm epsilon.
     max_len: longest input (position table).
+    activation: the feed-forward's nonlinearity
+      (``feed_forward.ACTIVATIONS``), for the kinds that take one.
   """
 
   vocab_size: int
@@ -348,6 +351,7 @@ class BlockStack(nn.Module):
   norm_position: NormPosition = "pre"
   norm_epsilon: float = 1e-6
   max_len: int = 4096
+  activation: str = "relu"
 
   # Batch arrays the train step passes as keyword arguments.
   EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
@@ -462,6 +466,7 @@ class BlockStack(nn.Module):
         d_ff=self.d_ff,
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
+        **feed_forward_lib.activation_option(kind, self.activation),
     )
     shared = ("norm_position", "norm_epsilon", "dropout_rate", "dtype")
     return block_cls(

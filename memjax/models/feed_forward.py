@@ -9,18 +9,53 @@ called as ``ffn(g [B, T, D], deterministic=...) -> [B, T, D]``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
 from memjax import registry
 
 Array = jax.Array
 
+# ``model.activation``: the feed-forward's nonlinearity. GELU is BERT's exact
+# form 0.5 x (1 + erf(x / sqrt(2))) (Devlin et al., Hendrycks & Gimpel),
+# not the tanh approximation.
+ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+}
+
+
+def activation_option(kind: str, activation: str) -> dict[str, str]:
+  """{'activation': ...} for a feed-forward kind that takes one, else {}.
+
+  Raises:
+    errors.ConfigError: an unknown activation, or one other than relu for a
+      kind without one.
+  """
+  if activation not in ACTIVATIONS:
+    raise errors.ConfigError(
+        f"model.activation must be one of {', '.join(ACTIVATIONS)}, got "
+        f"{activation!r}"
+    )
+  cls = registry.FEED_FORWARD.get(kind)
+  if "activation" in {f.name for f in dataclasses.fields(cls)}:
+    return {"activation": activation}
+  if activation != "relu":
+    raise errors.ConfigError(
+        f"model.activation {activation!r}: feed-forward kind {kind!r} has no "
+        "activation to set"
+    )
+  return {}
+
 
 @registry.FEED_FORWARD.register("ffn")
 class FeedForward(nn.Module):
-  """Position-wise feed-forward block: D -> F -> D with ReLU ('ffn').
+  """Position-wise feed-forward block: D -> F -> D ('ffn'), ReLU or GELU
+  (``activation``, a key of ``ACTIVATIONS``).
 
   Parameters: wi {kernel [D, F] ('embed', 'mlp'), bias [F]}, wo {kernel
   [F, D] ('mlp', 'embed'), bias [D]}.
@@ -32,6 +67,7 @@ class FeedForward(nn.Module):
   dtype: jnp.dtype = jnp.float32
   # Dropout after the ReLU (fairseq's activation_dropout); < 0 = dropout_rate.
   activation_dropout: float = -1.0
+  activation: str = "relu"
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
@@ -45,7 +81,7 @@ class FeedForward(nn.Module):
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
     )(x)
-    h = nn.relu(h)
+    h = ACTIVATIONS[self.activation](h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     rate = (
         self.dropout_rate

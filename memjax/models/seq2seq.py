@@ -45,7 +45,8 @@ class Seq2SeqOutput(transformer.LMOutput):
   Attributes:
     target_logprob: [B, T] float32 log p(target) (None without targets).
     log_z: [B, T] float32 log-normaliser of the softmax.
-    features: [B, T, D] g, the last decoder layer's feed-forward input.
+    features: [B, T, D] g, the last decoder layer's feed-forward input (or
+        ``hidden``, with ``memory_feature='final_output'``).
     hidden: [B, T, D] the decoder's final hidden states.
     memory: always None (no recurrence; kept for the train step).
     mean_logprob: [B, T] float32 mean over the vocabulary of log p (the
@@ -163,9 +164,17 @@ class EncoderDecoder(blocks.BlockStack):
   decoder's depth, ``vocab_size`` the joint vocabulary's with pad id 0 and
   ``max_len`` the longest sentence):
     encoder_layers: the encoder's depth.
+    memory_feature: what g is (the key of TRIMEMT_ext's in-batch memory, its
+      datastore and its decoding, all read from ``features`` / the g of
+      ``decode_step``): 'last_ffn_input', the last decoder layer's
+      feed-forward input (the paper's text), or 'final_output', the
+      decoder's final output after its last LayerNorm (the authors'
+      ``knn_embed``, princeton-nlp/TRIME machine_translation/fairseq/models/
+      transformer.py 1116-1125, also saved by ``save_datastore.py`` 139).
   """
 
   encoder_layers: int = 2
+  memory_feature: str = "last_ffn_input"
   d_ff: int = 128
   norm_position: blocks.NormPosition = "post"
   norm_epsilon: float = 1e-5
@@ -226,6 +235,17 @@ class EncoderDecoder(blocks.BlockStack):
     """Every decoder layer's cross-attention keys and values of ``enc``."""
     return tuple(block.cross_kv(enc) for block in self.decoder)
 
+  def _memory_g(self, ffn_input: Array, hidden: Array) -> Array:
+    """g per ``memory_feature``: [B, T, D] of either source."""
+    if self.memory_feature == "last_ffn_input":
+      return ffn_input
+    if self.memory_feature == "final_output":
+      return hidden
+    raise errors.ConfigError(
+        "model.family_options.memory_feature must be 'last_ffn_input' or "
+        f"'final_output', got {self.memory_feature!r}"
+    )
+
   def _decoder_out(self, h: Array) -> tuple[Array, Array]:
     """Final hidden -> (hidden, [.., V] float32 logits of the tied output)."""
     if self.decoder_norm is not None:
@@ -269,6 +289,7 @@ class EncoderDecoder(blocks.BlockStack):
           cross_inputs={"kv": kv, "mask": src_mask[:, None, None, :]},
       )  # fmt: skip
     hidden, logits = self._decoder_out(x)
+    g = self._memory_g(g, hidden)
     if targets is None:
       return Seq2SeqOutput(None, None, g, hidden)
     log_z = jax.nn.logsumexp(logits, axis=-1)
@@ -322,7 +343,8 @@ class EncoderDecoder(blocks.BlockStack):
           cross_inputs={"kv": kv, "mask": src_mask[:, None, None, :]},
       )  # fmt: skip
       new_self.append(c)
-    _, logits = self._decoder_out(x[:, 0])
+    hidden, logits = self._decoder_out(x[:, 0])
+    g = self._memory_g(g, hidden[:, None])
     log_z = jax.nn.logsumexp(logits, axis=-1)
     new_cache = {"cross": cache["cross"], "self": tuple(new_self)}
     if with_log_z:
@@ -336,11 +358,14 @@ def encoder_decoder(
 ) -> EncoderDecoder:
   """The ``EncoderDecoder`` of a model config: ``num_layers`` decoder
   layers, ``family_options.encoder_layers`` encoder layers (default: as
-  many)."""
-  opts = transformer.family_options(mcfg, "encoder_decoder", ["encoder_layers"])
+  many) and ``family_options.memory_feature`` (``EncoderDecoder``)."""
+  opts = transformer.family_options(
+      mcfg, "encoder_decoder", ["encoder_layers", "memory_feature"]
+  )
   return EncoderDecoder(
       vocab_size=vocab_size,
       encoder_layers=int(opts.get("encoder_layers", mcfg.num_layers)),
+      memory_feature=str(opts.get("memory_feature", "last_ffn_input")),
       **transformer.block_settings(mcfg),
       dtype=dtype,
   )

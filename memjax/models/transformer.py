@@ -308,6 +308,7 @@ def block_settings(mcfg: Any) -> dict[str, Any]:
       attention_dropout_rate=mcfg.attention_dropout,
       feed_forward_options=config_options(mcfg.feed_forward_options),
       norm_epsilon=float(mcfg.norm_epsilon),
+      activation=str(getattr(mcfg, "activation", "relu")),
   )
 
 

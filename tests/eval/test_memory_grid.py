@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.eval import memory_grid as evaluate_memory
@@ -60,8 +61,13 @@ def _window_outputs(model, params, tokens):
   return out
 
 
-def reference(model, params, tokens, kind, n_long, tau=1.0, theta=0.0, lam=0.0):
-  """log p of every prediction, straight from Eq. 6 / Grave et al., float64."""
+def reference(
+    model, params, tokens, kind, n_long, tau=1.0, theta=0.0, lam=0.0,
+    span="before_window",
+):  # fmt: skip
+  """log p of every prediction, straight from Eq. 6 / Grave et al., float64;
+  M_long is the N predictions before the window, or (span='last_scored')
+  the N before the window's first scored one."""
   windows = _window_outputs(model, params, tokens)
   scored_g = {}
   for start, length, sfrom, g, _, _ in windows:
@@ -74,9 +80,10 @@ def reference(model, params, tokens, kind, n_long, tau=1.0, theta=0.0, lam=0.0):
       p = start + o
       y = tokens[p + 1]
       memory = [(g[j], tokens[start + j + 1]) for j in range(o)]  # M_local
+      end = start + sfrom if span == "last_scored" else start
       memory += [
           (scored_g[j], tokens[j + 1])  # M_long
-          for j in range(max(start - n_long, 0), start)
+          for j in range(max(end - n_long, 0), end)
       ]
       if kind == "trime":
         sims = [np.exp(g[o] @ k / math.sqrt(d) / tau) for k, _ in memory]
@@ -97,8 +104,12 @@ def reference(model, params, tokens, kind, n_long, tau=1.0, theta=0.0, lam=0.0):
   return np.array([logp[p] for p in range(len(tokens) - 1)])
 
 
-@pytest.mark.parametrize("n_long", [0, 5, 13])
-def test_trime_evaluation_matches_numpy(setup, n_long):
+@pytest.mark.parametrize(
+    "n_long, span",
+    [(0, "before_window"), (5, "before_window"), (13, "before_window"),
+     (5, "last_scored"), (13, "last_scored")],
+)  # fmt: skip
+def test_trime_evaluation_matches_numpy(setup, n_long, span):
   model, params, tokens, one = setup
   grid = evaluate_memory.Grid(
       kind="trime", long_sizes=(n_long,), temperatures=(0.7,)
@@ -115,11 +126,42 @@ def test_trime_evaluation_matches_numpy(setup, n_long):
       unit="ppl",
       block_size=4,
       keep_tokens=True,
+      long_span=span,
   )
-  ref = reference(model, params, tokens, "trime", n_long, tau=0.7)
+  ref = reference(model, params, tokens, "trime", n_long, tau=0.7, span=span)
   np.testing.assert_array_equal(r["positions"], np.arange(len(tokens) - 1))
   np.testing.assert_allclose(r["grid_logprob"][0], ref, rtol=2e-5, atol=2e-5)
   assert r["grid"][0]["nll"] == pytest.approx(-ref.mean(), rel=1e-5)
+
+
+def test_long_memory_spans_hand_listed():
+  from memjax.data import windows as data_windows  # pylint: disable=g-import-not-at-top
+
+  # A stream of 21 tokens (20 predictions), windows of T = 8 scoring S = 3:
+  # the windows score [0, 3), [3, 6), [6, 8) (three copies of the first
+  # window [0, 8), one window for the authors), [8, 11), [11, 14), [14, 17)
+  # and [17, 20); from the fourth on, each starts 5 predictions before the
+  # first it scores. M_long of N = 5, per window:
+  want = {
+      "before_window": [[], [], [], [0, 1, 2], [1, 2, 3, 4, 5],
+                        [4, 5, 6, 7, 8], [7, 8, 9, 10, 11]],
+      "last_scored": [[], [], [], [3, 4, 5, 6, 7], [6, 7, 8, 9, 10],
+                      [9, 10, 11, 12, 13], [12, 13, 14, 15, 16]],
+  }  # fmt: skip
+  for span, lists in want.items():
+    got = []
+    for b in data_windows.memory_eval_batches(np.arange(21), 8, 3, 3):
+      end = np.asarray(
+          evaluation.long_memory_end(b["start"], b["score_from"], span)
+      )
+      got += [
+          list(range(max(e - 5, 0), e))
+          for e, n in zip(end, b["score_count"])
+          if n
+      ]
+    assert got == lists, span
+  with pytest.raises(errors.ConfigError, match="long_mem_span"):
+    evaluation.long_memory_end(0, 0, "window")
 
 
 def test_cache_evaluation_matches_numpy(setup):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from memjax import config as config_lib
+from memjax import errors
 from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
@@ -106,6 +107,59 @@ def test_cached_decoding_equals_teacher_forcing(setup):
   ]
   np.testing.assert_allclose(got, out.target_logprob, atol=1e-4)
   np.testing.assert_allclose(g, out.features, atol=1e-4)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_memory_feature_is_the_same_g_in_training_and_decoding(norm_position):
+  """'final_output' (the authors' knn_embed) is the decoder's output after
+  its last LayerNorm, teacher-forced and step by step alike; the default,
+  the last FFN's input, is not."""
+  c = _config()
+  c.model.norm_position = norm_position
+  b = token_batching.make_pair_batch(
+      [np.array([5, 9, 7, 1]), np.array([4, 3, 1])],
+      [np.array([8, 6, 1]), np.array([3, 5, 7, 6, 1])], 6, 6,
+  )  # fmt: skip
+  feats = {}
+  for feature in ("last_ffn_input", "final_output"):
+    c.model.family_options.memory_feature = feature
+    model = experiment.build_model(c.model, V)
+    params = nn.meta.unbox(
+        model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))[
+            "params"
+        ]
+    )
+    out = model.apply(
+        {"params": params}, b["inputs"], b["targets"], source=b["source"]
+    )
+
+    @jax.jit
+    def stepwise(p, src, inputs):
+      enc, mask = model.apply({"params": p}, src, method=model.encode)
+      cache = model.apply({"params": p}, enc, 6, method=model.init_cache)
+
+      def body(cache, xs):
+        _, g, cache = model.apply(
+            {"params": p}, xs[0], xs[1], cache, mask, method=model.decode_step
+        )
+        return cache, g
+
+      _, g = jax.lax.scan(body, cache, (inputs.T, jnp.arange(6)))
+      return jnp.swapaxes(g, 0, 1)
+
+    np.testing.assert_allclose(
+        stepwise(params, b["source"], b["inputs"]), out.features, rtol=1e-4,
+        atol=1e-4,
+    )  # fmt: skip
+    feats[feature] = (np.asarray(out.features), np.asarray(out.hidden))
+  g, hidden = feats["final_output"]
+  np.testing.assert_array_equal(g, hidden)
+  np.testing.assert_array_equal(feats["last_ffn_input"][1], hidden)
+  assert not np.allclose(feats["last_ffn_input"][0], hidden)
+  c.model.family_options.memory_feature = "output"
+  model = experiment.build_model(c.model, V)
+  with pytest.raises(errors.ConfigError, match="memory_feature"):
+    model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
 
 
 def test_label_smoothing_matches_numpy(setup):

@@ -13,10 +13,16 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   """Adds the external memories' settings to the base config ``c``."""
   em = c.eval_memory
   em.external_kind = ""  # the method's kind with M_ext (demos)
-  em.ext_temperature = 10.5  # tau' of Eq. 8 (trime_ext)
+  # tau' of Eq. 8 (trime_ext) in the authors' units: P' ~ exp(g . g_j / tau'),
+  # the raw inner product (no sqrt(d)), as their --interp-temp 10.5.
+  em.ext_temperature = 10.5
   em.ext_lambda = 0.3  # lambda of Eq. 9 (trime_ext); 0 = Eq. 6
-  em.ext_temperature_grid = (2.0, 5.0, 10.5, 20.0, 40.0)
+  # The set P' runs over: 0 = the K external neighbours (the authors' code,
+  # knnlm.py:139), 1 = all of M_eval, local, long and external (Eq. 8's text).
+  em.ext_interp_local = 0.0
+  em.ext_temperature_grid = (2.5, 5.0, 10.5, 20.0, 40.0, 80.0)
   em.ext_lambda_grid = (0.0, 0.1, 0.2, 0.3, 0.5)
+  em.ext_interp_local_grid = ()  # () = ext_interp_local only
   em.knn_temperature = 1.0  # kNN-LM: none, as in Khandelwal et al.
   em.knn_lambda = 0.25  # kNN-LM interpolation weight
   em.knn_temperature_grid = (1.0,)

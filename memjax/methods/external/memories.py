@@ -14,10 +14,21 @@ kind its sums over the neighbours:
   M_local u M_long (Table 2's "kNN-LM + continuous cache").
 * ``trime_ext`` (TRIME Eq. 6-9): the K neighbours by inner product join
   M_local u M_long in one softmax with the vocabulary, memory logits
-  g . g_j / (sqrt(d) tau) (Eq. 6-7); then P' over all of M_eval (local,
-  long and external) at tau' (Eq. 8) and P_final = (1 - lam) P + lam P'
-  (Eq. 9; lam = 0 is Eq. 6 alone). With no external neighbours (K = 0) it
-  is exactly TRIMELM_long's M_local u M_long.
+  g . g_j / (sqrt(d) tau) (Eq. 6-7); then P' at g . g_j / tau' (Eq. 8, tau'
+  in the authors' units: the raw inner product, no sqrt(d)) and
+  P_final = (1 - lam) P + lam P' (Eq. 9; lam = 0 is Eq. 6 alone). P' runs
+  over the K external neighbours only (``ext_interp_local`` = 0, the
+  authors' code) or over all of M_eval, local, long and external (= 1, the
+  paper's text). With no external neighbours (K = 0) it is exactly
+  TRIMELM_long's M_local u M_long.
+
+The authors' evaluation (princeton-nlp/TRIME): ``fairseq/sequence_scorer.py``
+39-52 and 79-98 build Eq. 6's logits, dists / sqrt(d) / softmax_temp over
+M_local u M_long u kNN; lines 163-181 then interpolate with
+``fairseq/knnlm.py`` 127-151, ``log_softmax(dists / temp)`` (line 139) over
+the K neighbours only, where ``dists`` are faiss's raw inner products
+(``--faiss-metric-type ip``, ``knn_sim_func`` None: ``dist_func`` 91-105
+returns them as they are) and temp is ``--interp-temp`` (README: 10.5).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax import registry
+from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.methods.cache import memory as cache
 from memjax.methods.trime import memory as trime
@@ -68,7 +80,12 @@ class KnnMemory(evaluation.EvalMemory):
 
 
 class TrimeExtMemory(evaluation.EvalMemory):
-  """TRIMELM_ext: Eq. 6-7 over M_local u M_long u kNN(M_ext), then Eq. 8-9."""
+  """TRIMELM_ext: Eq. 6-7 over M_local u M_long u kNN(M_ext), then Eq. 8-9.
+
+  The axis ``ext_interp_local`` picks the set P' (Eq. 8) runs over: 0, the
+  K external neighbours only (the authors' ``knnlm.py:139``); 1, all of
+  M_eval (the paper's text). tau' divides the raw inner product in both.
+  """
 
   axes = (
       evaluation.Axis(
@@ -77,34 +94,49 @@ class TrimeExtMemory(evaluation.EvalMemory):
       evaluation.Axis("ext_temperature", "ext_temperatures",
                       "ext_temperature_grid"),
       evaluation.Axis("ext_lambda", "ext_lambdas", "ext_lambda_grid"),
+      evaluation.Axis("ext_interp_local", "ext_interp_locals",
+                      "ext_interp_local_grid", (0.0,)),
   )  # fmt: skip
   label = "TRIMELM_ext (Eq. 6-9)"
   external_metric = "dot_product"
   reads_local = True
+  joins_local = False  # combine joins them itself: P' may leave M_local out
 
   def check(self, settings: evaluation.Settings) -> None:
     for key in ("temperatures", "ext_temperatures", "ext_lambdas"):
       if not settings[key]:
         raise errors.ConfigError(f"trime_ext evaluation needs {key}")
+    if not set(settings.get("ext_interp_locals", (0.0,))) <= {0.0, 1.0}:
+      raise errors.ConfigError(
+          "eval_memory.ext_interp_local must be 0 (P' over the external "
+          "neighbours) or 1 (over all of M_eval)"
+      )
 
   def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
-    taus = list(settings["temperatures"]) + list(settings["ext_temperatures"])
-    return [1.0 / (math.sqrt(dim) * t) for t in taus]
+    """1 / (sqrt(d) tau) for Eq. 6, then 1 / tau' (raw g . g_j) for Eq. 8."""
+    eq6 = [1.0 / (math.sqrt(dim) * t) for t in settings["temperatures"]]
+    return eq6 + [1.0 / t for t in settings["ext_temperatures"]]
 
   def combine(self, settings, lm, log_z, sums):
-    """[N, tau, tau', lam, W, S]."""
+    """[N, tau, tau', lam, interp, W, S]; sums are (local all, local pos,
+    neighbours all, neighbours pos) [G, W, S] per N."""
     g1 = len(settings["temperatures"])
     lam = jnp.asarray(settings["ext_lambdas"], jnp.float32)
     lam = lam[None, None, :, None, None]
     out = []
-    for a, p in sums:
-      eq6 = trime.combine_log_prob(lm[None], log_z[None], a[:g1], p[:g1])
-      out.append(
-          cache.cache_from_sums(
-              eq6[:, None, None], a[g1:][None, :, None],
-              p[g1:][None, :, None], lam,
-          )
-      )  # fmt: skip
+    for a, p, e_a, e_p in sums:
+      j_a, j_p = blockwise.logaddexp(a, e_a), blockwise.logaddexp(p, e_p)
+      eq6 = trime.combine_log_prob(lm[None], log_z[None], j_a[:g1], j_p[:g1])
+      per_set = []
+      for reads_local in settings.get("ext_interp_locals", (0.0,)):
+        s_a, s_p = (j_a, j_p) if reads_local else (e_a, e_p)
+        per_set.append(
+            cache.cache_from_sums(
+                eq6[:, None, None], s_a[g1:][None, :, None],
+                s_p[g1:][None, :, None], lam,
+            )
+        )  # fmt: skip
+      out.append(jnp.stack(per_set, axis=3))
     return jnp.stack(out)
 
 

@@ -9,11 +9,16 @@ them on the device. Three ways (``translation.memory``):
   p_kNN(v) = sum_{j: y_j = v} softmax_j(-||g - g_j||^2 / T) over the K
   neighbours by squared L2 (defaults k = 32, lam = 0.2, T = 100).
 * ``trime`` (TRIMEMT_ext): the neighbours by inner product join the
-  vocabulary softmax,
+  vocabulary softmax (Eq. 6),
       p(v) = (exp(s_v) + sum_{j: y_j = v} exp(m_j)) / (Z + sum_j exp(m_j)),
       m_j = g . g_j / (sqrt(d) tau),
   i.e. p = lam p_mem + (1 - lam) p_MT with lam = exp(lse(m) - lse(s, m)),
-  the memory mass, as the authors' code computes it.
+  the memory mass, and p_mem = softmax(m) summed per token.
+* ``trime`` with ``unnormalised``: the authors' code, which takes the same
+  lam (princeton-nlp/TRIME ``machine_translation/fairseq/models/
+  transformer.py`` 940-946) but returns (1 - lam) p_MT + p_mem (line 1235,
+  ``knn_lambda_type`` 'trime'), without the factor lam on p_mem: the
+  scores sum to 2 - lam over the vocabulary, not 1.
 * ``trime`` with ``interpolate``: the same memory distribution softmax(m)
   mixed with a tuned lam instead of the mass.
 
@@ -105,8 +110,21 @@ def combine(
   if kind == "knn" or settings.get("interpolate"):
     lam = settings["knn_lambda"] if kind == "knn" else settings["lambda"]
     return interpolate(logp, lse_all, lse_pos, lam)
+  if settings.get("unnormalised"):
+    return unnormalised(logp, log_z, lse_all, lse_pos)
   # Joint softmax (Eq. 6): exactly logp where the memory is empty.
   return trime.combine_log_prob(logp, log_z, lse_all, lse_pos)
+
+
+def unnormalised(logp: Array, log_z: Array, lse_all: Array, lse_pos: Array):
+  """log((1 - lam) p_MT + p_mem), lam the memory mass (the authors'
+  ``transformer.py`` 1235); ``logp`` where the memory is empty."""
+  has = jnp.isfinite(lse_all)
+  all_ = jnp.where(has, lse_all, 0.0)
+  lz = jnp.broadcast_to(log_z, jnp.broadcast_shapes(log_z.shape, all_.shape))
+  mt = logp + lz - blockwise.logaddexp(lz, all_)  # log (1 - lam) p_MT
+  mem = jnp.where(has, lse_pos - all_, -jnp.inf)  # log p_mem
+  return jnp.where(has, blockwise.logaddexp(mt, mem), logp)
 
 
 def scale_of(kind: str, settings: dict[str, Any], dim: int) -> float:
@@ -122,7 +140,7 @@ class MemoryHook:
   Attributes:
     kind: 'knn' or 'trime'.
     settings: knn_lambda / knn_temperature, or temperature, interpolate,
-      lambda.
+      lambda, unnormalised.
     neighbours: host function ``g [N, D] -> (scores [N, K], values [N, K])``
       (``mt_datastore.Neighbours``).
     k: K.

@@ -107,6 +107,7 @@ def settings_of(mem: Any) -> dict[str, Any]:
       "knn_temperature": float(mem.knn_temperature),
       "temperature": float(mem.temperature),
       "interpolate": bool(mem.interpolate),
+      "unnormalised": bool(mem.get("unnormalised", False)),
       "lambda": float(mem.interpolate_lambda),
   }
 

@@ -12,3 +12,6 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.memory_usage.max_tokens = 0  # 0 = the whole split
   # Also every kept checkpoint: slots last used as top-1 at each (Figure 2).
   c.memory_usage.staleness = False
+  # How reads u' and top-1s t' count: token = once per token (Kim & Jung's
+  # t'_i, the argmax of the weights summed over heads); head = every head's.
+  c.memory_usage.count = "token"

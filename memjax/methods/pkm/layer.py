@@ -33,8 +33,10 @@ with logical axes ('memory_slots', 'embed'): the table shards over the
 Usage statistics: with the ``'aux'`` collection mutable the memory reports,
 per call, MU, top-1 MU, KL_u and KL_w of that call's reads
 (``memjax.stats``); with ``'pkm_usage'`` mutable it sows per-slot sums
-(read counts, top-1 counts, weights) that ``--mode=memory_usage`` adds over
-held-out data (``memjax.methods.pkm.usage``).
+(read counts, top-1 counts, weights; the counts per token as Kim & Jung
+define them, and per head as ``reads_per_head``, ``top1_per_head``) that
+``--mode=memory_usage`` adds over held-out data
+(``memjax.methods.pkm.usage``).
 """
 
 from __future__ import annotations
@@ -89,29 +91,85 @@ def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
   return scores, slots.astype(jnp.int32)
 
 
+USAGE_COUNTS = ("token", "head")
+
+
+def _token_slots(slots: Array, weights: Array) -> tuple[Array, Array, Array]:
+  """Each token's distinct slots and their weights summed over heads.
+
+  Args:
+    slots: [N, H, k] slots read.
+    weights: [N, H, k] their weights.
+
+  Returns:
+    (sorted slots [N, H*k], first [N, H*k] bool: the first entry of each
+    distinct slot, top [N] the slot of largest summed weight, ties to the
+    lower slot).
+  """
+  n = slots.shape[0]
+  flat_s, flat_w = slots.reshape(n, -1), weights.reshape(n, -1)
+  order = jnp.argsort(flat_s, axis=-1)
+  s = jnp.take_along_axis(flat_s, order, -1)
+  w = jnp.take_along_axis(flat_w, order, -1)
+  first = jnp.concatenate(
+      [jnp.ones((n, 1), bool), s[:, 1:] != s[:, :-1]], axis=-1
+  )
+  seg = jnp.cumsum(first, axis=-1) - 1  # [N, H*k] run of each entry
+  m = s.shape[1]
+  totals = jax.vmap(lambda x, i: jax.ops.segment_sum(x, i, m))(w, seg)
+  runs = jnp.arange(m)[None, :] <= seg[:, -1:]  # segments that hold a slot
+  totals = jnp.where(runs, totals, -1.0)
+  seg_slot = jax.vmap(lambda x, i: jax.ops.segment_max(x, i, m))(s, seg)
+  top = jnp.take_along_axis(seg_slot, jnp.argmax(totals, axis=-1)[:, None], -1)[
+      :, 0
+  ]
+  return s, first, top
+
+
 def usage_counts(
-    slots: Array, weights: Array, valid: Array, num_slots: int
+    slots: Array,
+    weights: Array,
+    valid: Array,
+    num_slots: int,
+    per: str = "token",
 ) -> tuple[Array, Array, Array]:
   """Per-slot sums of one call's reads (Kim & Jung, section 3.2).
+
+  Kim & Jung's t'_i = sum_x delta(argmax_j w(x)_j = i) counts one top-1 per
+  token x, w(x) its weights over the slots: here each head's softmax
+  weights summed per slot. u'_i = sum_x delta(w(x)_i > 0) likewise counts
+  a token once per slot however many heads read it. ``per='head'`` counts
+  every head's read and top-1 instead (H top-1 events per token).
 
   Args:
     slots: [N, H, k] slots read (top-1 first).
     weights: [N, H, k] their softmax weights.
     valid: [N] 1 for positions that count, 0 for padding.
     num_slots: |K|.
+    per: 'token' or 'head' (``USAGE_COUNTS``).
 
   Returns:
     (u' reads [|K|], t' top-1 reads [|K|], w' summed weights [|K|]), all
-    float32; each head's read counts once.
+    float32.
   """
-  v = valid.astype(jnp.float32)[:, None, None]
-  flat = slots.reshape(-1)
+  v = valid.astype(jnp.float32)
   zeros = jnp.zeros((num_slots,), jnp.float32)
-  reads = zeros.at[flat].add(jnp.broadcast_to(v, slots.shape).reshape(-1))
-  top1 = zeros.at[slots[..., 0].reshape(-1)].add(
-      jnp.broadcast_to(v[..., 0], slots.shape[:2]).reshape(-1)
+  wsum = zeros.at[slots.reshape(-1)].add(
+      (weights * v[:, None, None]).reshape(-1)
   )
-  wsum = zeros.at[flat].add((weights * v).reshape(-1))
+  if per == "head":
+    reads = zeros.at[slots.reshape(-1)].add(
+        jnp.broadcast_to(v[:, None, None], slots.shape).reshape(-1)
+    )
+    top1 = zeros.at[slots[..., 0].reshape(-1)].add(
+        jnp.broadcast_to(v[:, None], slots.shape[:2]).reshape(-1)
+    )
+    return reads, top1, wsum
+  if per != "token":
+    raise ValueError(f"per must be one of {USAGE_COUNTS}, got {per!r}")
+  s, first, top = _token_slots(slots, weights)
+  reads = zeros.at[s.reshape(-1)].add((first * v[:, None]).reshape(-1))
+  top1 = zeros.at[top].add(v)
   return reads, top1, wsum
 
 
@@ -248,7 +306,10 @@ class ProductKeyMemory(nn.Module):
       for name, value in usage_metrics(*sums).items():
         stats.report_mean(self, name, value)
     if want_sums:
-      for name, value in zip(("reads", "top1", "weights"), sums):
+      heads = usage_counts(slots, weights, valid, self.num_keys**2, "head")
+      named = dict(zip(("reads", "top1", "weights"), sums))
+      named.update(reads_per_head=heads[0], top1_per_head=heads[1])
+      for name, value in named.items():
         self.sow(
             USAGE_COLLECTION,
             name,
@@ -276,6 +337,7 @@ class MemoryFeedForward(nn.Module):
   topk: int = 32
   k_dim: int = 256
   query_norm: str = "layer"
+  activation: str = "relu"  # the FFN's (model.activation)
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
 
@@ -292,6 +354,7 @@ class MemoryFeedForward(nn.Module):
           dropout_rate=self.dropout_rate,
           dtype=self.dtype,
           activation_dropout=self.activation_dropout,
+          activation=self.activation,
           name="dense",
       )(x, deterministic=deterministic)
       out = out + self.ffn_weight * f

@@ -4,11 +4,15 @@ Runs a trained model over held-out data (``memory_usage.split``) in
 non-overlapping windows of ``eval.window_len`` tokens, so each token is
 read once, and adds up every memory layer's per-slot sums (the
 ``'pkm_usage'`` collection of ``memjax.methods.pkm.layer``: read counts u', top-1
-counts t', summed weights w'; each head's reads count). From them, per
-layer (Kim & Jung 2020, section 3.2):
+counts t', summed weights w'). ``memory_usage.count`` says how u' and t'
+count: 'token' (default), Kim & Jung's t'_i = sum_x delta(argmax_j w(x)_j
+= i), one top-1 per token (the argmax of its weights summed over heads per
+slot) and one read per token and slot; 'head', every head's read and top-1
+(H top-1 events per token). From them, per layer (Kim & Jung 2020,
+section 3.2):
 
 * MU: share of slots read at least once; top-1 MU: share of slots that were
-  some head's top-1 at least once;
+  a top-1 at least once;
 * KL_u, KL_w: KL divergence from uniform of the normalised counts and
   weights, ``log |K| + sum_i p_i log p_i`` (0 for uniform use, log |K| when
   one slot takes everything).
@@ -44,6 +48,12 @@ from memjax.methods.pkm import class_usage
 from memjax.methods.pkm import layer as pkm_layer
 
 KEYS = ("reads", "top1", "weights")
+# The sums of ``metrics`` per ``memory_usage.count``: the counts per token
+# (Kim & Jung's definition), or every head's.
+COUNT_KEYS = {
+    "token": KEYS,
+    "head": ("reads_per_head", "top1_per_head", "weights"),
+}
 
 
 def slot_sums(
@@ -78,13 +88,26 @@ def slot_sums(
   return stats.module_sums(out[pkm_layer.USAGE_COLLECTION])
 
 
-def metrics(sums: dict[str, np.ndarray]) -> dict[str, float]:
-  """MU, top-1 MU, KL_u, KL_w (and the reads counted) of one layer's sums."""
-  m = pkm_layer.usage_metrics(*(np.asarray(sums[k], np.float32) for k in KEYS))
+def metrics(
+    sums: dict[str, np.ndarray], count: str = "token"
+) -> dict[str, float]:
+  """MU, top-1 MU, KL_u, KL_w (and the reads counted) of one layer's sums,
+  u' and t' counted per ``count`` ('token' or 'head', ``COUNT_KEYS``)."""
+  keys = COUNT_KEYS[count]
+  m = pkm_layer.usage_metrics(*(np.asarray(sums[k], np.float32) for k in keys))
   out = {k: float(v) for k, v in m.items()}
-  out["slots"] = int(len(sums["reads"]))
-  out["reads"] = float(np.sum(sums["reads"]))
+  out["slots"] = int(len(sums[keys[0]]))
+  out["reads"] = float(np.sum(sums[keys[0]]))
   return out
+
+
+def check_count(count: str) -> None:
+  """Raises ConfigError unless ``memory_usage.count`` is one of COUNT_KEYS."""
+  if count not in COUNT_KEYS:
+    raise errors.ConfigError(
+        f"memory_usage.count must be one of {', '.join(COUNT_KEYS)}, got "
+        f"{count!r}"
+    )
 
 
 def staleness(
@@ -120,10 +143,12 @@ def memory_usage(
   """``--mode=memory_usage``: usage metrics per memory layer (module doc)."""
   experiment.validate_config(config)
   u = config.memory_usage
+  check_count(u.count)
+  top1_key = COUNT_KEYS[u.count][1]
   source = experiment.source_of(config, workdir)
   corpus = experiment.load_corpus(config, workdir, (u.split,), train=False)
   tokens = corpus.splits[u.split].tokens
-  results: dict[str, Any] = {"split": u.split, "layers": {}}
+  results: dict[str, Any] = {"split": u.split, "count": u.count, "layers": {}}
   top1_by_step: dict[str, dict[int, np.ndarray]] = {}
   reads = {}
   scorer = None
@@ -151,9 +176,9 @@ def memory_usage(
           "(model.feed_forward 'pkm' or 'resm')"
       )
     for name, s in sums.items():
-      top1_by_step.setdefault(name, {})[restored.step] = s["top1"]
-      results["layers"][name] = metrics(s)
-      reads[name] = s["reads"]
+      top1_by_step.setdefault(name, {})[restored.step] = s[top1_key]
+      results["layers"][name] = metrics(s, u.count)
+      reads[name] = s[COUNT_KEYS[u.count][0]]
     results["step"] = restored.step
     console.info(
         "memory usage at step %d (%.1fs): %s",

@@ -8,6 +8,21 @@ sentence-level task), with the LM's similarity g . g_j / sqrt(d):
     p(y | x, y_<t) = (exp(s_y) + sum_{j other rows, y_j = y} exp(sim))
                      / (Z_vocab + sum_{j other rows} exp(sim)).
 
+The authors' recipe (princeton-nlp/TRIME ``machine_translation/README.md``
+158-174 and ``fairseq/criterions/trime_mt_loss.py``) differs from the text
+in two settings, both options of the objective:
+
+* ``temperature`` tau divides the memory logits, g . g_j / (sqrt(d) tau)
+  (``--temp 10.0``, ``compute_sim`` 52-65 and line 118); 1 is the text's.
+* ``topk_memory`` k: only the k most similar in-batch tokens of other
+  sentences enter each query's memory, in the numerator and the normaliser
+  alike (``--topk-mem 8``, ``compute_in_bacth_logits`` 136-139); 0 keeps
+  every one (the text). Top-k runs on a dense [tokens, tokens] similarity
+  of the batch.
+
+``configs/trime_iwslt.py``'s trime_mt variants take the authors' values
+(tau 10, k 8, no label smoothing).
+
 Label smoothing (fairseq's, eps_i = eps / (V - 1)) smooths the vocabulary
 term only: the loss per token is
 
@@ -45,7 +60,62 @@ from memjax.methods.trime import memory as trime
 
 Array = jax.Array
 
-_OPTIONS = ("epsilon",)
+_OPTIONS = ("epsilon", "temperature", "topk_memory")
+
+
+def _masked_lse(x: Array, mask: Array) -> Array:
+  """log sum_{mask} exp(x) over the last axis; -inf where empty (NaN-free
+  gradients: masked entries are replaced before the exp)."""
+  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=-1, keepdims=True)
+  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+  total = jnp.sum(jnp.where(mask, jnp.exp(jnp.where(mask, x, m) - m), 0.0), -1)
+  ok = total > 0
+  return jnp.where(ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)
+
+
+def topk_memory_log_prob(
+    output: Any,
+    targets: Array,
+    weights: Array,
+    *,
+    k: int,
+    temperature: float,
+    stop_gradient_memory: bool,
+) -> Array:
+  """Eq. 5 over the k most similar tokens of the batch's other sentences.
+
+  The authors' ``compute_in_bacth_logits`` with ``topk_mem``: per query,
+  the logits g . g_j / (sqrt(d) tau) of every non-padding token of another
+  row, their top k, and p = (exp(s_y) + sum_{top k, y_j = y} exp(m_j)) /
+  (Z + sum_{top k} exp(m_j)).
+
+  Args:
+    output: features [B, T, D], target_logprob and log_z [B, T].
+    targets: [B, T] int.
+    weights: [B, T], 0 on padding.
+    k: memory entries per query.
+    temperature: tau.
+    stop_gradient_memory: no gradient into the keys.
+
+  Returns:
+    [B, T] float32 log p(y).
+  """
+  b, t, d = output.features.shape
+  g = output.features.reshape(b * t, d).astype(jnp.float32)
+  keys = jax.lax.stop_gradient(g) if stop_gradient_memory else g
+  y = targets.reshape(-1)
+  row = jnp.repeat(jnp.arange(b), t)
+  sim = (g @ keys.T) / (jnp.sqrt(float(d)) * temperature)  # [Q, Q]
+  vis = (row[:, None] != row[None, :]) & (weights.reshape(-1) > 0)[None, :]
+  top, idx = jax.lax.top_k(jnp.where(vis, sim, -jnp.inf), min(k, b * t))
+  ok = jnp.isfinite(top)
+  lse_all = _masked_lse(top, ok)
+  lse_pos = _masked_lse(top, ok & (y[idx] == y[:, None]))
+  logp = trime.combine_log_prob(
+      output.target_logprob.reshape(-1), output.log_z.reshape(-1),
+      lse_all, lse_pos,
+  )  # fmt: skip
+  return logp.reshape(b, t)
 
 
 def trime_mt_loss(
@@ -55,6 +125,8 @@ def trime_mt_loss(
     epsilon: float,
     block_size: int | None,
     stop_gradient_memory: bool,
+    temperature: float = 1.0,
+    topk_memory: int = 0,
 ) -> tuple[Array, dict[str, Array]]:
   """The smoothed TRIME loss of a batch of target sentences.
 
@@ -65,21 +137,31 @@ def trime_mt_loss(
     epsilon: label smoothing.
     block_size: blockwise tiles of the memory sums (None: dense).
     stop_gradient_memory: stop the gradient into the memory keys.
+    temperature: divides the memory logits (the authors' ``--temp``).
+    topk_memory: k most similar in-batch entries per query (the authors'
+      ``--topk-mem``); 0 = all.
 
   Returns:
     (mean smoothed loss per target token, metrics as ``losses``).
   """
   w = losses.batch_weights(batch)
-  logp = trime.trime_log_prob(
-      output.features,
-      output.target_logprob,
-      output.log_z,
-      batch["targets"],
-      w,
-      spec=trime.MemorySpec.external(hide_local=True),
-      block_size=block_size,
-      stop_gradient_memory=stop_gradient_memory,
-  )
+  if topk_memory > 0:
+    logp = topk_memory_log_prob(
+        output, batch["targets"], w, k=topk_memory, temperature=temperature,
+        stop_gradient_memory=stop_gradient_memory,
+    )  # fmt: skip
+  else:
+    logp = trime.trime_log_prob(
+        output.features,
+        output.target_logprob,
+        output.log_z,
+        batch["targets"],
+        w,
+        spec=trime.MemorySpec.external(hide_local=True),
+        temperature=temperature,
+        block_size=block_size,
+        stop_gradient_memory=stop_gradient_memory,
+    )
   v = output.vocab_size
   eps_i = epsilon / (v - 1)
   nll = -logp
@@ -106,6 +188,8 @@ def make_trime_mt_loss(
   """TRIMEMT_ext's objective (module docstring).
 
   Settings: ``loss.options.epsilon`` (label smoothing, 0.1),
+  ``loss.options.temperature`` (tau of the memory logits, 1),
+  ``loss.options.topk_memory`` (k in-batch entries per query, 0 = all),
   ``loss.lm_warmup_fraction`` (the first updates train with
   ``label_smoothed`` alone), ``loss.block_size`` (0 = dense) and
   ``loss.stop_gradient_memory``.
@@ -121,6 +205,13 @@ def make_trime_mt_loss(
   eps = float(options.get("epsilon", 0.1))
   if not 0.0 <= eps < 1.0:
     raise errors.ConfigError(f"loss.options.epsilon must be in [0, 1): {eps}")
+  temp = float(options.get("temperature", 1.0))
+  topk = int(options.get("topk_memory", 0))
+  if temp <= 0 or topk < 0:
+    raise errors.ConfigError(
+        "loss.options.temperature must be > 0 and loss.options.topk_memory "
+        f">= 0, got {temp} and {topk}"
+    )
   frac = float(cfg.get("lm_warmup_fraction", 0.0))
   if not 0.0 <= frac <= 1.0:
     raise errors.ConfigError(
@@ -129,13 +220,19 @@ def make_trime_mt_loss(
   warmup = int(round(frac * num_steps))
   block_size = int(cfg.get("block_size", 0)) or None
   stop_memory = bool(cfg.get("stop_gradient_memory", False))
-  plain = losses.make_label_smoothed_loss(cfg, num_steps)
+  # The warm-up's plain objective takes only the smoothing of the options.
+  plain_cfg = ml_collections.ConfigDict(cfg.to_dict())
+  plain_cfg.options = ml_collections.ConfigDict(
+      {k: v for k, v in options.items() if k == "epsilon"}
+  )
+  plain = losses.make_label_smoothed_loss(plain_cfg, num_steps)
 
   def loss_fn(output, batch, *, step, rng):
     def with_memory(_):
       return trime_mt_loss(
           output, batch, epsilon=eps, block_size=block_size,
-          stop_gradient_memory=stop_memory,
+          stop_gradient_memory=stop_memory, temperature=temp,
+          topk_memory=topk,
       )  # fmt: skip
 
     def without(_):

@@ -375,27 +375,140 @@ def test_trime_ext_matches_eq_6_to_9(setup, hand_store):
   k, n_long, taus, tau2, lams = 6, 5, (0.8, 1.5), (2.0, 5.0), (0.0, 0.3)
   grid = evaluate_memory.Grid(
       kind="trime_ext", long_sizes=(n_long,), temperatures=taus,
-      ext_temperatures=tau2, ext_lambdas=lams,
+      ext_temperatures=tau2, ext_lambdas=lams, ext_interp_locals=(0.0, 1.0),
   )  # fmt: skip
   ext = external.ExternalSearch(
       search.ExactSearcher(hand_store, "dot_product"), k
   )
-  got = _score(setup, grid, ext)["grid_logprob"].reshape(2, 2, 2, -1)
+  got = _score(setup, grid, ext)["grid_logprob"].reshape(2, 2, 2, 2, -1)
   d = 16
   for p, (g, y, tlp, lz, mem) in enumerate(_memories(setup, n_long)):
-    mem = mem + [(key, v) for key, v, _ in _ext(hand_store, g, k,
-                                                "dot_product")]  # fmt: skip
+    nb = [(key, v) for key, v, _ in _ext(hand_store, g, k, "dot_product")]
+    mem = mem + nb
     sims = np.array([g @ key / math.sqrt(d) for key, _ in mem])
     pos = np.array([v == y for _, v in mem])
+    ext_only = np.arange(len(mem)) >= len(mem) - k
     for a, tau in enumerate(taus):
       e = np.exp(sims / tau)
       p6 = (math.exp(lz + tlp) + e[pos].sum()) / (math.exp(lz) + e.sum())
       for b, t2 in enumerate(tau2):
-        e2 = np.exp(sims / t2)
-        p8 = e2[pos].sum() / e2.sum()
+        # tau' divides the raw inner product (the authors' units).
+        e2 = np.exp(sims * math.sqrt(d) / t2)
+        p8 = [
+            e2[pos & ext_only].sum() / e2[ext_only].sum(),  # the neighbours
+            e2[pos].sum() / e2.sum(),  # all of M_eval
+        ]
         for c, lam in enumerate(lams):
-          want = math.log((1 - lam) * p6 + lam * p8)
-          assert got[a, b, c, p] == pytest.approx(want, rel=1e-4, abs=1e-4)
+          for i in range(2):
+            want = math.log((1 - lam) * p6 + lam * p8[i])
+            assert got[a, b, c, i, p] == pytest.approx(want, rel=1e-4, abs=1e-4)
+
+
+# A query whose target is in M_local only (TRIME's evaluation, hand-worked):
+# window positions 0..3 with features G and next tokens Y; the query is
+# position 3 (target 4, which only position 1 also precedes); three external
+# neighbours (raw inner products 4, 4, 3 with the query) of tokens 1, 2, 3.
+_G = np.array([[1, 0, 2, 0], [2, 1, 0, 1], [0, 1, 1, 0], [1, 2, 0, 1]], float)
+_Y = np.array([2, 4, 0, 4])
+_EXT_KEYS = np.array([[1, 1, 1, 1], [0, 2, 0, 0], [3, 0, 0, 0]], float)
+_EXT_VALS = np.array([1, 2, 3])
+_LOGITS = np.array([0.5, -1.0, 0.2, 1.0, 0.1])  # the vocabulary's, V = 5
+
+
+def _lse(x):
+  m = np.max(x)
+  return m + np.log(np.sum(np.exp(x - m)))
+
+
+def _authors_trime_generate(tau, tau2, lam):
+  """A NumPy port of princeton-nlp/TRIME's ``SequenceScorer.trime_generate``
+  (fairseq/sequence_scorer.py) at mode 'gn' with --use-local,
+  --use-external and --use-interp, for the query at position 3."""
+  d, i, y = _G.shape[1], 3, _Y[3]
+  norm_t = _lse(_LOGITS)  # lines 131-134
+  token_logprob = _LOGITS[y] - norm_t
+  # retrieve_logits, lines 79-86: earlier positions of the window; the
+  # triu mask adds -10000 at j >= i.
+  local = _G @ _G[i] / math.sqrt(d) / tau
+  local = local + np.where(np.arange(4) >= i, -10000.0, 0.0)
+  # retrieve_from_ds, lines 39-52: raw inner products / sqrt(d) / tau.
+  dists = _EXT_KEYS @ _G[i]
+  aug = np.concatenate([local, dists / math.sqrt(d) / tau])
+  labels = np.concatenate([_Y, _EXT_VALS])
+  norm_c = _lse(aug)  # lines 146-155
+  ctx_prob = _lse(aug - norm_c + (labels != y) * -10000.0)
+  norm_tpc = np.logaddexp(norm_t, norm_c)
+  avg = np.logaddexp(token_logprob + norm_t - norm_tpc,
+                     ctx_prob + norm_c - norm_tpc)  # fmt: skip
+  # knnlm.py 139-146: log_softmax(dists / temp) over the K neighbours.
+  probs = dists / tau2 - _lse(dists / tau2)
+  knn = _lse(probs + np.where(_EXT_VALS == y, 0.0, -10000.0))
+  # combine_knn_and_vocab_probs, lines 100-107 and 181.
+  return np.logaddexp(avg + np.log(1 - lam), knn + np.log(lam))
+
+
+def _eq_8_text(tau, tau2, lam):
+  """Eq. 6 and Eq. 8-9 of the paper for the same query, P' over all of
+  M_eval = M_local u kNN(M_ext) at g . g_j / tau'."""
+  d, i, y = _G.shape[1], 3, _Y[3]
+  keys = np.concatenate([_G[:i], _EXT_KEYS])
+  vals = np.concatenate([_Y[:i], _EXT_VALS])
+  sim = keys @ _G[i]
+  e6 = np.exp(sim / math.sqrt(d) / tau)
+  z = np.exp(_LOGITS).sum()
+  p6 = (np.exp(_LOGITS[y]) + e6[vals == y].sum()) / (z + e6.sum())
+  e8 = np.exp(sim / tau2)
+  p8 = e8[vals == y].sum() / e8.sum()
+  return math.log((1 - lam) * p6 + lam * p8), math.log(p6)
+
+
+def test_trime_ext_hand_worked_authors_code_and_eq_8_text():
+  from memjax.memory import evaluation  # pylint: disable=g-import-not-at-top
+  from memjax.methods.external import memories  # pylint: disable=g-import-not-at-top
+
+  memory = memories.TrimeExtMemory()
+  taus, tau2s, lams = (1.25,), (10.5, 2.0), (0.3,)
+  settings = {"temperatures": taus, "ext_temperatures": tau2s,
+              "ext_lambdas": lams, "ext_interp_locals": (0.0, 1.0)}  # fmt: skip
+  scales = np.asarray(memory.scales(settings, 4), np.float32)
+  f32 = lambda x: np.asarray(x, np.float32)[None]  # noqa: E731
+  sums = evaluation.local_sums(
+      f32(_G[3:]), np.array([[3]]), np.array([[4]]), f32(_G),
+      np.array([_Y]), np.ones((1, 4), bool), scales,
+  )  # fmt: skip
+  log_z = _lse(_LOGITS)
+  out = {
+      "sums": np.stack([np.stack(sums)]),  # [N, 2, G, W, S]
+      "lm": np.array([[_LOGITS[4] - log_z]], np.float32),
+      "log_z": np.array([[log_z]], np.float32),
+      "targets": np.array([[4]]), "weights": np.ones((1, 1), np.float32),
+  }  # fmt: skip
+  got = external.make_combine_fn(memory, settings, 4)(
+      out, f32([_EXT_KEYS @ _G[3]]), np.array([[_EXT_VALS]])
+  )
+  got = np.asarray(got).reshape(2, 2)  # [tau', ext_interp_local]
+  for b, tau2 in enumerate(tau2s):
+    authors = _authors_trime_generate(1.25, tau2, 0.3)
+    text, log_p6 = _eq_8_text(1.25, tau2, 0.3)
+    # The target is not among the neighbours: the authors' P' is 0 there.
+    assert authors == pytest.approx(math.log(0.7) + log_p6, rel=1e-9)
+    assert got[b, 0] == pytest.approx(authors, rel=1e-5)
+    assert got[b, 1] == pytest.approx(text, rel=1e-5)
+    assert abs(text - authors) > 0.05
+
+
+def test_trime_ext_default_memory_scale_at_d_1024_is_the_authors():
+  from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
+
+  em = config_lib.base_config().eval_memory
+  em.kind = "trime_ext"
+  grid = evaluate_memory.configured_grid(em)
+  assert grid.values()["ext_interp_locals"] == (0.0,)  # the neighbours only
+  scales = grid.memory().scales(grid.values(), 1024)
+  assert scales == [1 / (32 * em.temperature), 1 / 10.5]
+  tuning = evaluate_memory.tuning_grid(em, "trime_ext").values()
+  taus = tuning["ext_temperatures"]
+  assert min(taus) < 10.5 < 40.0 < max(taus)  # README's values inside
 
 
 def test_knn_lm_with_a_cache_matches_numpy_and_both_parts(setup, hand_store):

@@ -248,3 +248,59 @@ def test_teacher_forced_score_is_the_hooks_log_prob_of_the_target(
       kind, settings, logp[rows, targets], log_z, scores, values, targets, D
   )
   np.testing.assert_allclose(got, full[rows, targets], rtol=1e-5, atol=1e-6)
+
+
+def _authors_trime_decoding(logits, dots, vals, temp):
+  """A NumPy port of the authors' decoding with ``knn_lambda_type`` 'trime'
+  (princeton-nlp/TRIME machine_translation/fairseq/models/transformer.py
+  940-946, 979-980 and 1230-1235; ``knn_datastore.calculate_knn_prob``
+  366-381): probabilities [N, V]."""
+  t = temp * np.sqrt(D)  # line 941
+  norm_t = np.log(np.exp(logits).sum(-1, keepdims=True))
+  norm_c = np.log(np.exp(dots / t).sum(-1, keepdims=True))
+  knn_lambda = np.exp(norm_c - np.logaddexp(norm_t, norm_c))
+  w = np.exp(dots / t) / np.exp(dots / t).sum(-1, keepdims=True)
+  knn_probs = np.zeros(logits.shape)
+  for i in range(len(logits)):
+    np.add.at(knn_probs[i], vals[i], w[i])
+  network = np.exp(logits - norm_t)
+  return network * (1 - knn_lambda) + knn_probs  # line 1235
+
+
+def test_unnormalised_decoding_is_the_authors_and_default_eq_6():
+  rng = np.random.default_rng(4)
+  n, k, temp = 3, 16, 15.0
+  logits = rng.normal(size=(n, V)) * 2.0
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  g = rng.normal(size=(n, D)).astype(np.float32)
+  dots = rng.normal(size=(n, k)) * 8.0
+  vals = rng.integers(0, 6, (n, k)).astype(np.int32)
+  log_z = np.log(np.exp(logits).sum(-1))
+  want = _authors_trime_decoding(logits, dots, vals, temp)
+  out = {}
+  for flag in (False, True):
+    hook = md.MemoryHook(
+        "trime", {"temperature": temp, "unnormalised": flag},
+        lambda q: (dots.astype(np.float32), vals), k, D,
+    )  # fmt: skip
+    args = (jnp.asarray(logp, jnp.float32), jnp.asarray(g), 0,
+            jnp.asarray(log_z, jnp.float32))  # fmt: skip
+    out[flag] = np.exp(np.asarray(jax.jit(hook)(*args), np.float64))
+  np.testing.assert_allclose(out[True], want, rtol=1e-4, atol=1e-7)
+  # The authors' scores sum to 2 - lam; the default is Eq. 6, normalised,
+  # and their memory term times lam.
+  lam = 1 - (out[True].sum(-1) - 1)
+  np.testing.assert_allclose(out[False].sum(-1), 1.0, rtol=1e-5)
+  mt = np.exp(logp) * (1 - lam[:, None])
+  np.testing.assert_allclose(
+      out[False], mt + lam[:, None] * (want - mt), rtol=1e-4, atol=1e-7
+  )
+  # Teacher-forced: the same, for the target token only.
+  targets = vals[:, 0]
+  tf = md.target_log_probs(
+      "trime", {"temperature": temp, "unnormalised": True},
+      jnp.asarray(logp[np.arange(n), targets], jnp.float32),
+      jnp.asarray(log_z, jnp.float32), jnp.asarray(dots, jnp.float32),
+      jnp.asarray(vals), jnp.asarray(targets), D,
+  )  # fmt: skip
+  np.testing.assert_allclose(np.exp(tf), want[np.arange(n), targets], rtol=1e-4)

@@ -98,12 +98,24 @@ def test_layer_matches_numpy_reference(layer_and_params):
   np.testing.assert_allclose(got_s, scores, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(got_i, slots)
   np.testing.assert_allclose(jax.nn.softmax(got_s, -1), w, rtol=1e-5, atol=1e-6)
-  # The sown per-slot sums are the reads of the reference.
+  # The sown per-slot sums are the reads of the reference: per head, and
+  # per token (a slot once per token; the top-1 of the weights summed over
+  # heads per slot).
   sums = state[pkm.USAGE_COLLECTION]
   reads = np.bincount(slots.reshape(-1), minlength=C * C)
-  np.testing.assert_array_equal(sums["reads"], reads)
+  np.testing.assert_array_equal(sums["reads_per_head"], reads)
   top1 = np.bincount(slots[..., 0].reshape(-1), minlength=C * C)
-  np.testing.assert_array_equal(sums["top1"], top1)
+  np.testing.assert_array_equal(sums["top1_per_head"], top1)
+  tok_reads, tok_top1 = np.zeros(C * C), np.zeros(C * C)
+  for ts, tw in zip(slots.reshape(len(xf), -1), w.reshape(len(xf), -1)):
+    summed = {}
+    for slot, weight in zip(ts, tw):
+      summed[int(slot)] = summed.get(int(slot), 0.0) + weight
+    tok_reads[list(summed)] += 1
+    tok_top1[max(summed, key=lambda j: (summed[j], -j))] += 1
+  np.testing.assert_array_equal(sums["reads"], tok_reads)
+  np.testing.assert_array_equal(sums["top1"], tok_top1)
+  assert tok_top1.sum() == len(xf) < top1.sum()
   wsum = np.bincount(slots.reshape(-1), w.reshape(-1), minlength=C * C)
   np.testing.assert_allclose(sums["weights"], wsum, rtol=1e-5, atol=1e-6)
 
@@ -287,6 +299,29 @@ def test_usage_metrics_on_hand_made_patterns():
   half = pkm.usage_metrics(reads, top1, wsum)
   np.testing.assert_allclose(half["mu"], 2 / 8)
   np.testing.assert_allclose(half["kl_u"], np.log(8) - np.log(2), rtol=1e-6)
+
+
+def test_top1_counts_one_per_token_and_per_head_as_a_switch():
+  # One token, two heads of k = 2: head 0 reads slots 3, 5 (weights 0.6,
+  # 0.4), head 1 slots 5, 1 (0.7, 0.3). Summed over heads: slot 5 has 1.1,
+  # slot 3 0.6, slot 1 0.3. A second, padding token reads slot 0.
+  slots = jnp.asarray([[[3, 5], [5, 1]], [[0, 2], [0, 4]]])
+  w = jnp.asarray([[[0.6, 0.4], [0.7, 0.3]], [[0.5, 0.5], [0.9, 0.1]]])
+  valid = jnp.asarray([1, 0])
+  reads, top1, wsum = pkm.usage_counts(slots, w, valid, 8)
+  # Per token (the default): one top-1, slot 5, which head 0 ranks second.
+  np.testing.assert_array_equal(top1, [0, 0, 0, 0, 0, 1, 0, 0])
+  np.testing.assert_array_equal(reads, [0, 1, 0, 1, 0, 1, 0, 0])
+  h_reads, h_top1, h_wsum = pkm.usage_counts(slots, w, valid, 8, "head")
+  # Per head: each head's top-1 counts, two events.
+  np.testing.assert_array_equal(h_top1, [0, 0, 0, 1, 0, 1, 0, 0])
+  np.testing.assert_array_equal(h_reads, [0, 1, 0, 1, 0, 2, 0, 0])
+  assert float(top1.sum()) == 1 and float(h_top1.sum()) == 2
+  np.testing.assert_allclose(wsum, [0, 0.3, 0, 0.6, 0, 1.1, 0, 0], rtol=1e-6)
+  np.testing.assert_allclose(h_wsum, wsum)
+  # KL_u reads the per-token u': three slots read once each.
+  kl_u = pkm.usage_metrics(reads, top1, wsum)["kl_u"]
+  np.testing.assert_allclose(kl_u, np.log(8) - np.log(3), rtol=1e-6)
 
 
 def test_sharded_equals_unsharded_on_eight_devices():

@@ -45,13 +45,14 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   assert os.path.getsize(tmp_path / "memory_usage.png") > 0
   assert saved["step"] == 4 and set(saved["layers"]) == set(LAYERS)
   num_keys, heads, topk, _ = pkm_wt103.MEMORY["smoke"]
-  # Whole windows only, every head's k reads of every token counted once.
+  # Whole windows only; a token reads a slot once however many heads do.
   window, batch = config.eval.window_len, config.eval.batch_size
   tokens = 2048 // window // batch * batch * window
+  assert saved["count"] == "token"
   for layer in LAYERS:
     m = saved["layers"][layer]
     assert m["slots"] == num_keys**2
-    assert m["reads"] == tokens * heads * topk
+    assert tokens * topk <= m["reads"] <= tokens * heads * topk
     _in_range(m, num_keys**2)
     st = saved["staleness"][layer]
     assert set(st) == {"never", "2", "4"}
@@ -59,6 +60,16 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
     # Slots last used at the final checkpoint are its top-1 slots.
     np.testing.assert_allclose(st["4"] / num_keys**2, m["top1_mu"])
   assert res["summary_lines"][0].startswith(LAYERS[0])
+  # Counted per head: every head's k reads of every token.
+  config.memory_usage.update(staleness=False, count="head")
+  heads_res = pkm_usage.memory_usage(config, str(tmp_path / "heads"))
+  for layer in LAYERS:
+    m, t = heads_res["layers"][layer], saved["layers"][layer]
+    assert m["reads"] == tokens * heads * topk
+    assert m["mu"] == t["mu"]  # the same slots are read
+  config.memory_usage.count = "slot"
+  with pytest.raises(errors.ConfigError, match="memory_usage.count"):
+    pkm_usage.memory_usage(config, str(tmp_path / "bad"))
 
 
 def _config(**options):

@@ -131,3 +131,87 @@ def test_bm25_packing_over_targets_groups_similar_targets(tmp_path):
   assert len({int(r[0] - 10) // 10 for r in mixed}) > 1
   # The order is cached: a second batcher reads it.
   assert list((tmp_path / "bm25").iterdir())
+
+
+def _authors_trime_mt_loss(out, batch, temp, topk_mem):
+  """A NumPy port of princeton-nlp/TRIME's ``TrimeMTLoss`` (machine_translation/
+  fairseq/criterions/trime_mt_loss.py): ``compute_in_bacth_logits`` (lines
+  102-141, one process), the ``norm_tpc`` step (166-188) and the summed NLL
+  (13-26, label smoothing ignored) over the target tokens."""
+  g = np.asarray(out.features, np.float64)
+  b, length, d = g.shape
+  # fairseq's ids: <s> = 0, <pad> = 1, so tokens are shifted past them.
+  labels = np.where(batch["weights"] > 0, batch["targets"] + 2, 1).reshape(-1)
+  pad = 1
+  reps = g.reshape(-1, d)
+  keep = labels != 0  # line 112-114: the gather's padding (none here)
+  inbatch_reps, inbatch_labels = reps[keep], labels[keep]
+  logits = reps @ inbatch_reps.T / np.sqrt(d) / temp  # compute_sim, l. 118
+  own = np.kron(np.eye(b), np.ones((length, length))) * -10000.0  # 120-125
+  logits = logits + own
+  logits[:, inbatch_labels == pad] -= 10000.0  # line 134
+  idx = np.argsort(-logits, axis=-1, kind="stable")[:, :topk_mem]  # 136-139
+  logits = np.take_along_axis(logits, idx, -1)
+  mem_labels = inbatch_labels[idx]
+
+  def lse(x):
+    m = x.max(-1, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[..., 0]
+
+  logs = logits - lse(logits)[:, None]  # lines 179-186
+  negatives = labels[:, None] != mem_labels
+  ctx = lse(logs + negatives * -10000.0)
+  norm_c = lse(logits)
+  norm_t = np.asarray(out.log_z, np.float64).reshape(-1)
+  lprobs = np.asarray(out.target_logprob, np.float64).reshape(-1)
+  norm_tpc = np.logaddexp(norm_t, norm_c)
+  norm_lprobs = np.logaddexp(
+      lprobs + norm_t - norm_tpc, ctx + norm_c - norm_tpc
+  )
+  nll = np.where(labels == pad, 0.0, -norm_lprobs)
+  return nll.sum() / (labels != pad).sum()
+
+
+def test_topk_memory_at_temperature_10_matches_the_authors_criterion(
+    output_and_batch,
+):
+  out, batch = output_and_batch
+  w = batch["weights"]
+  # Each target token sees more than 8 tokens of the other sentences, so
+  # top-8 leaves some out.
+  lengths = w.sum(1)
+  assert (lengths.sum() - lengths > 8).all()
+
+  def loss(temperature, topk):
+    c = _loss_config()
+    c.options.update(epsilon=0.0, temperature=temperature, topk_memory=topk)
+    fn = registry.OBJECTIVES.get("trime_mt")(c, 100)
+    return float(fn(out, batch, step=jnp.int32(10), rng=None)[0])
+
+  want = _authors_trime_mt_loss(out, batch, 10.0, 8)
+  np.testing.assert_allclose(loss(10.0, 8), want, rtol=1e-5)
+  np.testing.assert_allclose(
+      loss(1.0, 4), _authors_trime_mt_loss(out, batch, 1.0, 4), rtol=1e-5
+  )
+  for other in (loss(1.0, 8), loss(10.0, 4), loss(10.0, 0)):
+    assert abs(other - want) > 1e-4
+  # k at least the whole memory: every in-batch token, as topk_memory=0.
+  np.testing.assert_allclose(loss(10.0, 64), loss(10.0, 0), rtol=1e-6)
+
+
+def test_trime_mt_configs_take_the_authors_recipe():
+  from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
+
+  c = trime_iwslt.get_config("trime_mt_smoke")
+  assert dict(c.loss.options) == {
+      "epsilon": 0.0, "temperature": 10.0, "topk_memory": 8,
+  }  # fmt: skip
+  assert c.loss.lm_warmup_fraction == 0.0
+  assert c.model.family_options.memory_feature == "final_output"
+  mem = c.translation.memory
+  assert (mem.k, mem.temperature, mem.unnormalised) == (16, 15.0, False)
+  assert 15.0 in mem.temperature_grid and 16 in mem.k_grid
+  registry.OBJECTIVES.get("trime_mt")(c.loss, 100)  # builds
+  vanilla = trime_iwslt.get_config("smoke")
+  assert "memory_feature" not in vanilla.model.family_options
+  assert vanilla.translation.memory.temperature == 1.0
