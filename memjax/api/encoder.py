@@ -17,6 +17,7 @@ each product-key memory layer.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -77,7 +78,8 @@ class MaskedLM(base.Loaded):
 
     Args:
       texts: N texts, each read as one row ([CLS] first).
-      seed: the masking draw (one seed, one set of masked positions).
+      seed: the masking draw (one seed and text, one set of masked
+        positions).
       mask_prob: the share of tokens chosen (default ``mlm.mask_prob``).
 
     Returns:
@@ -88,13 +90,15 @@ class MaskedLM(base.Loaded):
     """
     ids = [self.encode(t) for t in texts]
     p = float(self.config.mlm.mask_prob if mask_prob is None else mask_prob)
-    rng = np.random.default_rng(seed)
+    # Each text's draw depends on the seed and the text only, so a text is
+    # masked alike alone or among others.
     masked = [
         mlm.mask_tokens(
-            x[None], rng, mask_id=self.mask_id, first_ordinary=self.mask_id + 1,
+            x[None], np.random.default_rng([seed, zlib.crc32(t.encode())]),
+            mask_id=self.mask_id, first_ordinary=self.mask_id + 1,
             vocab_size=int(self.restored.vocab_size), mask_prob=p,
         )  # fmt: skip
-        for x in ids
+        for t, x in zip(texts, ids)
     ]
     collections = tuple(r.collection for r in stats.sum_reports())
     out = self._scorer.apply(
