@@ -31,6 +31,7 @@ from memjax import console
 from memjax import experiment
 from memjax import paths
 from memjax import runfiles
+from memjax.api.base import export
 from memjax.api.encoder import Classifier
 from memjax.api.encoder import MaskedLM
 from memjax.api.lm import LanguageModel
@@ -89,22 +90,6 @@ def load(
   if cls is None:
     raise ValueError(f"memjax.load serves tasks {sorted(KINDS)}, not {task!r}")
   return cls(experiment.load(path, step=step, mesh=mesh))
-
-
-def export(
-    path: str,
-    out_dir: Optional[str] = None,
-    *,
-    dtype: str = "float32",
-    step: Optional[int] = None,
-) -> str:
-  """Writes ``path``'s parameters, config, vocabulary, signature and tuned
-  memory setting to ``out_dir`` (default ``<workdir>/export``)."""
-  out = experiment.export(path, out_dir, step=step, dtype=dtype)
-  tuned = paths.join(path, "tune.json")
-  if paths.isfile(tuned):
-    paths.copy(tuned, paths.join(out, "tune.json"))
-  return out
 
 
 def export_run(config: Any, workdir: str) -> dict[str, Any]:

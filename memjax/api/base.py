@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from memjax import experiment
+from memjax import paths
 
 
 class Loaded:
@@ -27,11 +28,9 @@ class Loaded:
       self, out_dir: Optional[str] = None, dtype: str = "float32"
   ) -> str:
     """Writes a self-contained export (see ``memjax.export``)."""
-    from memjax import api  # pylint: disable=g-import-not-at-top
-
     if self.restored.kind != "run":
       raise ValueError("this model was loaded from an export already")
-    return api.export(self.restored.path, out_dir, dtype=dtype, step=self.step)
+    return export(self.restored.path, out_dir, dtype=dtype, step=self.step)
 
   def __repr__(self) -> str:
     r = self.restored
@@ -39,3 +38,19 @@ class Loaded:
         f"{type(self).__name__}({r.kind} {r.path}, step {r.step}, "
         f"{self.config.model.family}, vocab {r.vocab_size})"
     )
+
+
+def export(
+    path: str,
+    out_dir: Optional[str] = None,
+    *,
+    dtype: str = "float32",
+    step: Optional[int] = None,
+) -> str:
+  """Writes ``path``'s parameters, config, vocabulary, signature and tuned
+  memory setting to ``out_dir`` (default ``<workdir>/export``)."""
+  out = experiment.export(path, out_dir, step=step, dtype=dtype)
+  tuned = paths.join(path, "tune.json")
+  if paths.isfile(tuned):
+    paths.copy(tuned, paths.join(out, "tune.json"))
+  return out
