@@ -166,7 +166,7 @@ def test_the_set_up_cell_in_colab_clones_and_installs_without_jax(tmp_path):
   ]
   pip = [l for l in lines if l.startswith("$ ")]
   # This environment has every requirement: memjax alone, no dependencies.
-  assert pip == [f"$ -m pip install -q --no-deps -e {clone}"], lines
+  assert pip == [f"$ pip install -q --no-deps -e {clone}"], lines
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
