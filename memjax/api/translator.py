@@ -74,6 +74,11 @@ class Translator(base.Loaded):
     """
     return self._translator(memory).translate(list(sentences), int(beam))
 
+  def hypotheses(self, sentence: str, beam: int = 4) -> list[tuple[str, float]]:
+    """Every finished hypothesis of the beam for ``sentence``, best first,
+    with its score (sum of log-probabilities / length ** lenpen)."""
+    return self._translator(None).hypotheses(sentence, int(beam))
+
   def score(
       self, source: Sequence[str], target: Sequence[str]
   ) -> dict[str, Any]:

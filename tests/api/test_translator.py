@@ -71,3 +71,12 @@ def test_score_is_the_sum_of_teacher_forced_logprobs(mt):
   assert r["nll"] < wrong["nll"]
   with pytest.raises(ValueError, match="6 sources but 5 targets"):
     mt.score(source, target[:5])
+
+
+def test_hypotheses_are_the_beams_best_first(mt):
+  source, _ = _pairs(1)
+  hyps = mt.hypotheses(source[0], beam=3)
+  assert 1 <= len(hyps) <= 3
+  scores = [s for _, s in hyps]
+  assert scores == sorted(scores, reverse=True)
+  assert hyps[0][0] == mt.translate(source[:1], beam=3)[0]
