@@ -5,6 +5,7 @@
     model.score("some text")["ppl"]
     memjax.export("runs/demo/trimelm")
     memjax.train(config, "runs/mine")          # as --mode=train
+    memjax.run_mode("tune", config, "runs/x")  # any --mode, in process
 
 ``load`` returns the object of the run's kind (``LanguageModel``,
 ``Translator``, ``MaskedLM``, ``Classifier``; see ``memjax.api``). These
@@ -29,6 +30,13 @@ def export(path: str, out_dir: Any = None, **kwargs) -> str:
   from memjax import api  # pylint: disable=g-import-not-at-top
 
   return api.export(path, out_dir, **kwargs)
+
+
+def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
+  """``memjax.api.run_mode``: runs ``--mode=name`` in this process."""
+  from memjax import api  # pylint: disable=g-import-not-at-top
+
+  return api.run_mode(name, config, workdir)
 
 
 class TrainModule(types.ModuleType):

@@ -7,6 +7,7 @@
     mt = memjax.load("runs/demo_mt/vanilla")    # a translation run
     mt.translate(["ein Haus ."], beam=4)
     memjax.train(config, "runs/mine")           # as --mode=train
+    memjax.run_mode("tune", config, "runs/mine")  # any --mode, in process
 
 ``load`` returns the object of the run's kind (``config.task``):
 
@@ -47,6 +48,7 @@ __all__ = [
     "export_run",
     "load",
     "memory_setting",
+    "run_mode",
     "train",
 ]
 
@@ -122,3 +124,31 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
   paths.check_workdir(workdir)
   runfiles.check_workdir(workdir, training=True)
   return train_lib.train_and_evaluate(config, workdir)
+
+
+def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
+  """Runs ``--mode=name`` in this process, as ``memjax.main`` runs it.
+
+  Args:
+    name: a mode of ``registry.MODES`` (``--mode=list`` shows them).
+    config: the config the mode reads (e.g. ``train.init_from`` naming the
+      run to evaluate).
+    workdir: where the mode reads the run and writes its results.
+
+  Returns:
+    The mode's results dict.
+
+  Raises:
+    errors.UserError: an unknown mode, a run of a kind the mode does not
+      take, or other bad input (one line naming what to fix).
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  from memjax import registry  # pylint: disable=g-import-not-at-top
+
+  mode = registry.MODES.get(name)
+  paths.check_workdir(workdir)
+  runfiles.check_workdir(workdir, training=name == "train")
+  mode.check(name, config)
+  module, fn = mode.run.split(":")
+  return getattr(importlib.import_module(module), fn)(config, workdir)
