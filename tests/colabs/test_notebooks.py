@@ -41,6 +41,7 @@ SHARED_RUNS = {
     "MEMJAX_MT_RUN": "mt_smoke_workdir",
     "MEMJAX_MARGE_RUN": "marge_smoke_workdir",
     "MEMJAX_BERT_CLS_RUN": "bert_cls_smoke_workdir",
+    "MEMJAX_LAMEMO_RUN": "lamemo_smoke_workdir",
 }
 
 
