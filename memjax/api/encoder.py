@@ -196,21 +196,31 @@ class Classifier(base.Loaded):
   def usage(
       self, sentences: Sequence[str], labels: Optional[Sequence[Any]] = None
   ) -> dict[str, Any]:
-    """Memory usage over ``sentences`` and, with two classes, by class.
+    """Memory usage over ``sentences``, and per class.
 
     Args:
       sentences: N sentences.
       labels: their N labels (names or indices); None: the predicted ones.
 
     Returns:
-      {report key: {module: metrics}} (e.g. 'memory': MU, top-1 MU, KL per
-      layer) and, with two labels, 'class_divergence': the report's
-      comparison of the two classes' usage (top-1 usage KL and IOU, Kim &
-      Jung's Figure 4); {} without memory layers.
+      {report key: {module: metrics}} over all the sentences (e.g.
+      'memory': MU, top-1 MU, KL per layer), 'by_class': {label name:
+      {report key: {module: metrics}}} over each class's sentences, and,
+      with two labels, 'class_divergence': the report's comparison of the
+      two classes (top-1 usage KL and IOU, Kim & Jung's Figure 4); {} and
+      empty classes without memory layers.
     """
     if labels is None:
       labels = self.predict(sentences)["labels"]
-    return classification.usage_analysis(
-        self._scorer, self.restored.params,
-        self._examples(sentences, labels), self.config,
-    )  # fmt: skip
+    ex = self._examples(sentences, labels)
+    params = self.restored.params
+    out = classification.usage_analysis(self._scorer, params, ex, self.config)
+    out["by_class"] = {}
+    for index, name in enumerate(self.labels):
+      rows_ = np.flatnonzero(ex.labels == index)
+      if len(rows_):
+        _, sums = classification.predict(
+            self._scorer, params, ex, self.config, rows_
+        )
+        out["by_class"][name] = _reports(sums)
+    return out

@@ -105,5 +105,13 @@ def test_classifier_predicts_labels_and_probabilities(classifier):
 def test_classifier_usage_by_class(classifier):
   usage = classifier.usage(REVIEWS, labels=["1", "0", "1", "0"])
   assert usage["memory"] and set(usage["class_divergence"])
+  by_class = usage["by_class"]
+  assert set(by_class) == {"0", "1"}
+  # A class's usage is the usage over its sentences alone.
+  positive = classifier.usage([REVIEWS[0], REVIEWS[2]], labels=["1", "1"])
+  assert set(positive["by_class"]) == {"1"}
+  assert by_class["1"]["memory"] == positive["memory"]
+  for layer, m in usage["memory"].items():  # All reads: at least a class's.
+    assert m["mu"] >= max(c["memory"][layer]["mu"] for c in by_class.values())
   predicted = classifier.usage(REVIEWS)  # by the predicted labels
   assert predicted["memory"] == usage["memory"]  # same inputs, same usage
