@@ -13,9 +13,14 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
+.PHONY: help locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
 
 LOCK := requirements/$(ACCEL).lock
+
+# `make help`: the targets and their minutes on a 2-core CPU, from the `##`
+# comments after each target (minutes as measured in docs/ and the README).
+help:
+	@awk -F':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): $(LOCK) requirements/dev.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,61 +29,61 @@ $(STAMP): $(LOCK) requirements/dev.lock setup.py
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) ## minutes not recorded (downloads): the virtual environment from requirements/$(ACCEL).lock
 
-demo: $(STAMP)
+demo: $(STAMP) ## ~11 min: vanilla, vanilla + cache and TRIMELM (docs/trime.md)
 	$(PY) -m memjax.demos.trime --workdir=$(WORKDIR)
 
 # Transformer+RPE, Transformer-XL and LaMemo with the same steps, then the
 # extrapolation and attention analyses; see docs/lamemo.md.
-demo-lamemo: $(STAMP)
+demo-lamemo: $(STAMP) ## minutes not recorded: Transformer+RPE, XL, LaMemo (docs/lamemo.md)
 	$(PY) -m memjax.demos.lamemo --workdir=runs/lamemo_demo
 
 # Memory-less, PKM and ResM LMs with the same steps; see docs/pkm.md.
-demo-pkm: $(STAMP)
+demo-pkm: $(STAMP) ## ~60 min (measured under load): memory-less, PKM and ResM LMs (docs/pkm.md)
 	$(PY) -m memjax.demos.pkm --workdir=runs/pkm_demo
 
 # BERT-style encoders with PKM / ResM, initialisation and sentiment
 # fine-tuning (Kim & Jung); see docs/pkm_bert.md.
-demo-pkm-bert: $(STAMP)
+demo-pkm-bert: $(STAMP) ## ~60 min: BERT-style encoders with PKM/ResM, fine-tuning (docs/pkm_bert.md)
 	$(PY) -m memjax.demos.pkm_bert --workdir=runs/pkm_bert_demo --extra_steps=100
 
 # kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
-demo-ext: $(STAMP)
+demo-ext: $(STAMP) ## minutes not recorded: kNN-LM and TRIMELM_ext (docs/external_memory.md)
 	$(PY) -m memjax.demos.external --workdir=runs/extmem_demo
 
 # Vanilla LM and modified MARGE with the same steps; see docs/marge.md.
-demo-marge: $(STAMP)
+demo-marge: $(STAMP) ## ~57 min (measured under load): vanilla LM and modified MARGE, then four more rows (docs/marge.md)
 	$(PY) -m memjax.demos.marge --workdir=runs/marge_demo
 
-smoke: $(STAMP)
+smoke: $(STAMP) ## <1 min: a few steps of configs/trime_wt103.py:smoke
 	$(PY) -m memjax.main --config=configs/trime_wt103.py:smoke --workdir=runs/smoke
 
-test: $(STAMP) format-check
+test: $(STAMP) format-check ## <15 min: the test suite (docs/testing.md)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=40 tests
 
 # Google style, 2-space indentation; configuration in pyproject.toml.
-format: $(STAMP)
+format: $(STAMP) ## <1 min: pyink the code
 	$(VENV)/bin/pyink .
 
-format-check: $(STAMP)
+format-check: $(STAMP) ## <1 min: check the formatting
 	$(VENV)/bin/pyink --check .
 
-bench: $(STAMP)
+bench: $(STAMP) ## minutes not recorded: training throughput (benchmarks/)
 	$(PY) benchmarks/train_throughput.py --config=configs/trime_wt103.py:demo
 
-clean-venv:
+clean-venv: ## seconds: remove the virtual environment
 	rm -rf $(VENV)
 
 # Regenerates requirements/*.lock from setup.py (keeps existing pins; add
 # ARGS=--upgrade to move to the newest versions that resolve).
-locks: $(STAMP)
+locks: $(STAMP) ## a few min: regenerate requirements/*.lock
 	UV=$(VENV)/bin/uv requirements/compile.sh $(ARGS)
 
 # Translation: a vanilla encoder-decoder on the shipped German-English pairs.
-demo-mt: $(STAMP)
+demo-mt: $(STAMP) ## ~69 min: vanilla encoder-decoder on German-English (docs/translation.md)
 	$(PY) -m memjax.demos.mt --workdir=runs/demo_mt
 
 # Table 6: vanilla, vanilla + kNN-MT and TRIMEMT_ext, same steps (docs/trime_mt.md).
-demo-trime-mt: $(STAMP)
+demo-trime-mt: $(STAMP) ## ~11 min: vanilla, kNN-MT and TRIMEMT_ext (docs/trime_mt.md)
 	$(PY) -m memjax.demos.trime_mt --workdir=runs/demo_trime_mt

@@ -4,12 +4,17 @@
     model = memjax.load("runs/demo/trimelm")   # a workdir or an export
     model.score("some text")["ppl"]
     memjax.export("runs/demo/trimelm")
+    memjax.train(config, "runs/mine")          # as --mode=train
+    memjax.run_mode("tune", config, "runs/x")  # any --mode, in process
 
-``load`` and ``export`` import the heavy modules on first use.
+``load`` returns the object of the run's kind (``LanguageModel``,
+``Translator``, ``MaskedLM``, ``Classifier``; see ``memjax.api``). These
+functions import the heavy modules on first use.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 
@@ -25,3 +30,32 @@ def export(path: str, out_dir: Any = None, **kwargs) -> str:
   from memjax import api  # pylint: disable=g-import-not-at-top
 
   return api.export(path, out_dir, **kwargs)
+
+
+def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
+  """``memjax.api.run_mode``: runs ``--mode=name`` in this process."""
+  from memjax import api  # pylint: disable=g-import-not-at-top
+
+  return api.run_mode(name, config, workdir)
+
+
+class TrainModule(types.ModuleType):
+  """The module ``memjax.train``, callable as ``memjax.train(config,
+  workdir)``: importing a submodule makes it the package's attribute of
+  that name, so the function and the module share the name this way."""
+
+  def __call__(self, config: Any, workdir: str) -> dict[str, Any]:
+    """``memjax.api.train``: trains as ``--mode=train`` does."""
+    from memjax import api  # pylint: disable=g-import-not-at-top
+
+    return api.train(config, workdir)
+
+
+def __getattr__(name: str) -> Any:
+  # ``memjax.train`` before anything imported it: import it (it becomes the
+  # attribute).
+  if name == "train":
+    import importlib  # pylint: disable=g-import-not-at-top
+
+    return importlib.import_module("memjax.train")
+  raise AttributeError(f"module 'memjax' has no attribute {name!r}")

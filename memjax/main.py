@@ -43,17 +43,24 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
-# Modes are registered in memjax.registry.MODES as "module:function" (the
-# built-ins in memjax/modes/__init__.py), called as function(config, workdir)
-# and returning a results dict. Modules import lazily (TensorFlow is slow).
-_MODE = flags.DEFINE_string(
-    "mode",
-    "train",
-    "train (resumes if the workdir has checkpoints), eval (evaluates the "
-    "latest checkpoint), export, or an analysis mode of a memory method: "
-    "any name in memjax.registry.MODES (extrapolate, analyze, generate, "
-    "memeval, tune, memsweep, buckets, pack, memory_usage).",
-)
+
+
+def _mode_help() -> str:
+  """--mode's help: every registered mode with the run kinds it takes
+  (``memjax.registry.MODES``; reading it imports no mode module)."""
+  from memjax import registry  # pylint: disable=g-import-not-at-top
+
+  lines = "\n".join(registry.MODES.table())
+  return (
+      "What to do with the run; 'list' prints the modes with the kinds of run "
+      "(task/model.family) each takes:\n" + lines
+  )
+
+
+# Modes are registered in memjax.registry.MODES (the built-ins in
+# memjax/modes/__init__.py), called as function(config, workdir) and
+# returning a results dict. Modules import lazily (TensorFlow is slow).
+_MODE = flags.DEFINE_string("mode", "train", _mode_help())
 _MULTIHOST = flags.DEFINE_bool(
     "multihost",
     False,
@@ -82,8 +89,6 @@ _EXPORT_DTYPE = flags.DEFINE_enum(
     "export_dtype", None, ["float32", "bfloat16"],
     "--mode=export: dtype of the stored parameters (default float32).",
 )  # fmt: skip
-
-flags.mark_flags_as_required(["workdir"])
 
 
 def _one_line(e: BaseException) -> str:
@@ -185,9 +190,27 @@ def _results_path(workdir: str) -> str:
   return paths.join(workdir, "results.json")
 
 
+def print_modes() -> None:
+  """``--mode=list``: every mode, the run kinds it takes and what it does."""
+  from memjax import registry  # pylint: disable=g-import-not-at-top
+
+  print("modes (--mode=NAME), the runs they take, what they do:")
+  for line in registry.MODES.table():
+    print(f"  {line}")
+  print("run kinds (task/model.family):")
+  for kind, text in registry.RUN_KINDS.items():
+    print(f"  {kind:<15} {text}")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _MODE.value == "list":
+    print_modes()
+    return
+  if not _WORKDIR.value:
+    print("memjax: error: --workdir is required", file=sys.stderr)
+    sys.exit(2)
   if not flags.FLAGS["verbosity"].present:
     # Library chatter (Orbax, CLU, TensorFlow) only at WARNING by default; our
     # own progress lines go to stdout. --verbosity=0 shows it all.
@@ -201,7 +224,7 @@ def main(argv):
   from memjax import registry  # pylint: disable=g-import-not-at-top
 
   try:
-    target = registry.MODES.get(_MODE.value)
+    mode = registry.MODES.get(_MODE.value)
   except errors.UserError as e:
     print(f"memjax: error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -211,11 +234,12 @@ def main(argv):
         num_processes=_NUM_PROCESSES.value,
         process_id=_PROCESS_ID.value,
     )
-  module, fn = target.split(":")
+  module, fn = mode.run.split(":")
   workdir = _WORKDIR.value
   try:
     check_workdir(_MODE.value, workdir)
     config = resolve_config(_MODE.value, workdir)
+    mode.check(_MODE.value, config)
     results = getattr(importlib.import_module(module), fn)(config, workdir)
   except errors.UserError as e:
     # Input problems: one line. Any other exception is a bug in our code and
@@ -231,5 +255,10 @@ def main(argv):
   report(results, config, workdir)
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The ``memjax`` console script: ``python -m memjax.main``."""
   app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  run()

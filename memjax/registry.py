@@ -13,7 +13,7 @@ registered names.
 | ``OBJECTIVES`` | ``loss.name`` | ``make(loss_config, num_steps, seed) -> loss_fn`` |
 | ``BATCHERS`` | ``data.batching`` | ``make(config, train_stream, cache_dir) -> batcher`` |
 | ``EVAL_MEMORIES`` | ``eval_memory.kind`` | an ``evaluation.EvalMemory`` |
-| ``MODES`` | ``--mode`` | ``'module:function'``, imported when run |
+| ``MODES`` | ``--mode`` | a ``Mode``: ``'module:function'`` (imported when run), a line of help and the run kinds it takes |
 | ``CONFIG_CHECKS`` | (all run) | ``check(config)`` raising ``ConfigError`` |
 | ``TASKS`` | ``task`` | a ``task.Task``: data, vocabulary and evaluation |
 | ``HOOKS`` | ``train.hooks`` | a ``hooks.StepHook`` subclass |
@@ -29,7 +29,8 @@ importing anything,
 
 * ``REGISTERS``: {registry name: modules that register into it}, imported
   when that registry is first read;
-* ``MODES``: {mode: ``'module:function'``};
+* ``MODES``: {mode: {'run': ``'module:function'``, 'help': one line,
+  'kinds': the run kinds it takes (``RUN_KINDS``)}};
 * ``CONFIG``: ``'module:function'`` adding the method's config keys
   (``memjax.config.base_config``).
 
@@ -42,11 +43,15 @@ starts::
     class GatedFeedForward(nn.Module):
       ...
 
-    registry.MODES.register("mymode", "mypackage.modes:mymode")
+    registry.MODES.register(
+        "mymode",
+        registry.Mode("mypackage.modes:mymode", "what it does", ("lm",)),
+    )
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -179,8 +184,8 @@ class Registry(Generic[T]):
         importlib.import_module(module)
       for method in methods() if self.name else ():
         if self.name == "MODES":
-          for mode, target in getattr(method, "MODES", {}).items():
-            self.register(mode, target)
+          for mode, declared in getattr(method, "MODES", {}).items():
+            self.register(mode, declared)
         for module in getattr(method, "REGISTERS", {}).get(self.name, ()):
           importlib.import_module(module)
     except BaseException:
@@ -222,6 +227,105 @@ def _is_hook(name: str, value: Any) -> None:
       for b in bases
   ):
     raise TypeError(f"hook {name!r}: {value!r} is not a StepHook subclass")
+
+
+# The kinds of run a mode can be given: a run's ``task``, and, for a mode
+# that needs one model family, ``'<task>/<model.family>'``.
+RUN_KINDS = {
+    "lm": "decoder language model (task 'lm')",
+    "translation": "encoder-decoder translation (task 'translation')",
+    "mlm": "masked-LM encoder (task 'mlm')",
+    "classification": "fine-tuned encoder classifier (task 'classification')",
+}
+
+
+def run_kind(config: Any) -> str:
+  """``'<task>/<model.family>'`` of a config (task 'lm' by default)."""
+  return f"{config.get('task', 'lm')}/{config.model.family}"
+
+
+def describe_kind(kind: str) -> str:
+  """A run kind in words ('lm/marge' -> 'decoder language model (task
+  'lm') of model.family 'marge'')."""
+  task, _, family = kind.partition("/")
+  text = RUN_KINDS.get(task, f"task {task!r}")
+  return f"{text} of model.family {family!r}" if family else text
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  """One ``--mode``.
+
+  Attributes:
+    run: ``'module:function'``, called as ``function(config, workdir)``
+      (returns a results dict); the module is imported when the mode runs.
+    help: what the mode does, in one line.
+    kinds: the run kinds it takes (``RUN_KINDS`` keys, or
+      ``'<task>/<model.family>'``); empty: every run.
+  """
+
+  run: str
+  help: str = ""
+  kinds: tuple[str, ...] = ()
+
+  def takes(self, kind: str) -> bool:
+    """Whether a run of ``kind`` (``run_kind``) fits this mode."""
+    task = kind.partition("/")[0]
+    return not self.kinds or any(k in (task, kind) for k in self.kinds)
+
+  def kinds_text(self) -> str:
+    """The kinds in words, e.g. 'any run' or 'lm, translation'."""
+    return ", ".join(self.kinds) if self.kinds else "any run"
+
+  def check(self, name: str, config: Any) -> None:
+    """Raises ``errors.ConfigError`` (one line naming the kinds the mode
+    takes) for a run of another kind."""
+    kind = run_kind(config)
+    if not self.takes(kind):
+      wanted = "; ".join(describe_kind(k) for k in self.kinds)
+      raise errors.ConfigError(
+          f"--mode={name} takes a run of kind {self.kinds_text()} ({wanted}); "
+          f"this run is {kind} ({describe_kind(kind)}): pick another --mode "
+          "(--mode=list shows each mode's kinds) or another --config"
+      )
+
+
+def as_mode(value: Any) -> Mode:
+  """A ``Mode`` from a Mode, a ``'module:function'`` string, or a dict
+  {'run', 'help', 'kinds'} (how the methods declare theirs)."""
+  if isinstance(value, Mode):
+    return value
+  if isinstance(value, str):
+    return Mode(value)
+  if isinstance(value, dict):
+    return Mode(
+        value["run"], value.get("help", ""), tuple(value.get("kinds", ()))
+    )
+  raise TypeError(f"a mode is a Mode, a 'module:function' or a dict: {value!r}")
+
+
+class ModeRegistry(Registry[Mode]):
+  """``MODES``: registers a ``Mode`` from what ``as_mode`` takes."""
+
+  def register(
+      self, name: str, value: Any = _MISSING, *, replace: bool = False
+  ) -> Any:
+    if value is _MISSING:
+      return super().register(name, replace=replace)
+    mode = as_mode(value)
+    if self._entries.get(name) == mode:
+      return self._entries[name]  # The same mode declared twice.
+    return super().register(name, mode, replace=replace)
+
+  def table(self) -> list[str]:
+    """One line per mode: its name, the kinds it takes and its help."""
+    names = self.names()
+    width = max(len(n) for n in names)
+    kinds = {n: self.get(n).kinds_text() for n in names}
+    kwidth = max(len(k) for k in kinds.values())
+    return [
+        f"{n:<{width}}  {kinds[n]:<{kwidth}}  {self.get(n).help}" for n in names
+    ]
 
 
 ATTENTION: Registry[type] = Registry(
@@ -266,7 +370,7 @@ EVAL_MEMORIES: Registry[Any] = Registry(
     ("memjax.memory.evaluation",),
     name="EVAL_MEMORIES",
 )
-MODES: Registry[str] = Registry(
+MODES: ModeRegistry = ModeRegistry(
     "mode", "--mode", ("memjax.modes",), name="MODES"
 )
 TASKS: Registry[Any] = Registry(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -27,6 +28,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+import memjax
 from memjax import checkpointing
 from memjax import console
 from memjax import errors
@@ -492,3 +494,8 @@ def train_and_evaluate(
   if jax.process_index() == 0:
     runfiles.write_json(paths.join(workdir, "results.json"), results)
   return results
+
+
+# ``memjax.train(config, workdir)``: this module, once imported, is the
+# package's attribute ``train``, so it is callable (``memjax.api.train``).
+sys.modules[__name__].__class__ = memjax.TrainModule

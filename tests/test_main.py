@@ -254,3 +254,100 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
   )  # fmt: skip
   assert proc.returncode != 0 and proc.returncode != 2
   assert "Traceback" in proc.stderr and "memjax: error" not in proc.stderr
+
+
+# -- discovering the modes ------------------------------------------------------
+
+
+def test_mode_list_and_help_show_every_mode_with_its_kinds(tmp_path):
+  from memjax import registry  # pylint: disable=g-import-not-at-top
+
+  listed = _run_main("--mode=list", timeout=120)
+  assert listed.returncode == 0, listed.stderr[-2000:]
+  helped = _run_main("--help", timeout=120)  # absl exits 1 after --help.
+  assert "--mode:" in helped.stdout, helped.stderr[-2000:]
+  lines = listed.stdout.splitlines()
+  end = lines.index("run kinds (task/model.family):")
+  rows = {l.split()[0]: l.split()[1] for l in lines[1:end]}
+  # Every mode the methods and the engine register, and no other.
+  assert set(rows) == set(registry.MODES.names()) and len(rows) >= 22
+  assert rows["train"] == "any" and rows["translate"] == "translation"
+  assert rows["marge_eval"] == "lm/marge" and rows["memeval"] == "lm/decoder_lm"
+  help_text = " ".join(helped.stdout.split())
+  for name in registry.MODES.names():
+    assert f" {name} " in help_text, name
+  assert not os.listdir(tmp_path)  # --mode=list needs no workdir.
+
+
+@pytest.mark.parametrize(
+    "config,mode,wanted,got",
+    [
+        (
+            "configs/trime_iwslt.py:smoke",
+            "position_loss",
+            "kind lm (decoder language model",
+            "this run is translation/encoder_decoder",
+        ),
+        (
+            "configs/pkm_bert.py:pkm_smoke",
+            "memory_usage",
+            "kind lm/decoder_lm",
+            "this run is mlm/encoder",
+        ),
+        (
+            "configs/trime_wt103.py:smoke",
+            "translate",
+            "kind translation",
+            "this run is lm/decoder_lm",
+        ),
+    ],
+)
+def test_a_mode_given_another_kind_of_run_names_the_kinds_it_takes(
+    tmp_path, config, mode, wanted, got
+):
+  workdir = tmp_path / "run"
+  proc = _run_main(
+      f"--config={config}", f"--workdir={workdir}", f"--mode={mode}"
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert f"--mode={mode} takes a run of {wanted}" in lines[0]
+  assert got in lines[0] and "--mode=list" in lines[0]
+  assert not workdir.exists()  # Refused before anything was written.
+
+
+def test_the_console_script_is_memjax_main():
+  import ast  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(REPO, "setup.py")) as f:
+    tree = ast.parse(f.read())
+  scripts = [
+      ast.literal_eval(k.value)["console_scripts"]
+      for node in ast.walk(tree)
+      if isinstance(node, ast.Call)
+      for k in node.keywords
+      if k.arg == "entry_points"
+  ]
+  assert scripts == [["memjax = memjax.main:run"]]
+  # What the script runs: memjax.main.run, as `python -m memjax.main` does.
+  proc = subprocess.run(
+      [sys.executable, "-c",
+       "import sys; from memjax import main; "
+       "sys.argv = ['memjax', '--mode=list']; main.run()"],
+      cwd=REPO, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 0 and " tune " in proc.stdout, proc.stderr
+
+
+def test_make_help_lists_every_target_with_its_minutes():
+  proc = subprocess.run(
+      ["make", "-s", "help"], cwd=REPO, capture_output=True, text=True,
+      timeout=60,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  listed = {l.split()[0]: l for l in proc.stdout.splitlines()}
+  with open(os.path.join(REPO, "Makefile")) as f:
+    phony = next(l for l in f if l.startswith(".PHONY:")).split()[1:]
+  assert set(listed) == set(phony) - {"help"}
+  assert "~11 min" in listed["demo"] and "min" in listed["test"]

@@ -229,9 +229,10 @@ def test_methods_are_found_and_declare_modules_that_exist():
       assert isinstance(getattr(registry, reg), registry.Registry), reg
       for module in modules:
         importlib.import_module(module)  # every listed module exists
-    for mode, target in getattr(method, "MODES", {}).items():
-      assert registry.MODES.get(mode) == target
-      module, fn = target.split(":")
+    for mode, declared in getattr(method, "MODES", {}).items():
+      assert registry.MODES.get(mode) == registry.as_mode(declared)
+      assert declared["help"] and declared["kinds"], mode
+      module, fn = declared["run"].split(":")
       assert callable(getattr(importlib.import_module(module), fn))
   # What the methods register is there without importing them by hand.
   assert {"lamemo", "xl"} <= set(registry.ATTENTION.names())

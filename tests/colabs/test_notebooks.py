@@ -41,6 +41,7 @@ SHARED_RUNS = {
     "MEMJAX_MT_RUN": "mt_smoke_workdir",
     "MEMJAX_MARGE_RUN": "marge_smoke_workdir",
     "MEMJAX_BERT_CLS_RUN": "bert_cls_smoke_workdir",
+    "MEMJAX_LAMEMO_RUN": "lamemo_smoke_workdir",
 }
 
 
@@ -96,6 +97,77 @@ def _read(path: str) -> nbformat.NotebookNode:
 
 def test_there_are_notebooks():
   assert NOTEBOOKS
+
+
+SETUP_CELL = os.path.join(REPO, "colabs", "setup_cell.py")
+
+
+def test_every_notebook_starts_with_the_one_set_up_cell():
+  # The repository URL has one home, colabs/setup_cell.py, copied into each
+  # notebook by colabs/set_repository.py.
+  with open(SETUP_CELL, encoding="utf-8") as f:
+    cell = f.read()
+  assert cell.count("MEMJAX_REPO', '") == 1
+  for path in NOTEBOOKS:
+    assert "".join(_read(path).cells[1].source).startswith(cell), path
+
+
+def test_set_repository_writes_the_url_everywhere(tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  colabs = tmp_path / "colabs"
+  shutil.copytree(os.path.join(REPO, "colabs"), colabs)
+  url = "https://example.org/fork/memjax.git"
+  subprocess.run(
+      [sys.executable, str(colabs / "set_repository.py"), url], check=True
+  )
+  cell = (colabs / "setup_cell.py").read_text(encoding="utf-8")
+  assert f"'MEMJAX_REPO', {url!r}" in cell
+  for path in sorted(colabs.glob("*.ipynb")):
+    nb = _read(str(path))
+    assert "".join(nb.cells[1].source).startswith(cell), path
+    # The rest of the notebook is as it was.
+    before = _read(os.path.join(REPO, "colabs", path.name))
+    assert [c.source for c in nb.cells[2:]] == [
+        c.source for c in before.cells[2:]
+    ]
+
+
+def test_the_set_up_cell_in_colab_clones_and_installs_without_jax(tmp_path):
+  """The set-up cell as Colab runs it (google.colab imported, memjax not
+  installed, the kernel outside any checkout), cloning from a local clone
+  (this checkout's committed state); pip runs dry."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  clone = tmp_path / "content" / "memjax"
+  run = (
+      "import importlib.util, sys, types\n"
+      "sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+      "find = importlib.util.find_spec\n"
+      "importlib.util.find_spec = (\n"
+      "    lambda n, *a: None if n == 'memjax' else find(n, *a))\n"
+      f"exec(open({SETUP_CELL!r}).read())\n"
+      "import memjax\n"
+      "print('ROOT', ROOT, os.getcwd(), memjax.__file__)\n"
+  )
+  env = _env(MEMJAX_REPO=REPO, MEMJAX_CLONE=str(clone), MEMJAX_PIP_DRY_RUN="1")
+  proc = subprocess.run(
+      [sys.executable, "-c", run], cwd=tmp_path, env=env,
+      capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (clone / ".git").is_dir() and (clone / "setup.py").is_file()
+  lines = proc.stdout.splitlines()
+  root_line = next(l for l in lines if l.startswith("ROOT ")).split()
+  assert root_line[1:] == [
+      str(clone),
+      str(clone),
+      str(clone / "memjax" / "__init__.py"),
+  ]
+  pip = [l for l in lines if l.startswith("$ ")]
+  # This environment has every requirement: memjax alone, no dependencies.
+  assert pip == [f"$ pip install -q --no-deps -e {clone}"], lines
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)

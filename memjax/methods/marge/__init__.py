@@ -11,4 +11,10 @@ REGISTERS = {
     "BATCHERS": (f"{__name__}.retrieval",),
     "HOOKS": (f"{__name__}.reindex",),
 }
-MODES = {"marge_eval": f"{__name__}.evaluation:marge_eval"}
+MODES = {
+    "marge_eval": {
+        "run": f"{__name__}.evaluation:marge_eval",
+        "help": "evaluate modified MARGE with retrieval on and off",
+        "kinds": ("lm/marge",),
+    }
+}

@@ -13,5 +13,11 @@ REGISTERS = {
     "OPTIMIZER_TRANSFORMS": (f"{__name__}.lazy_adam",),
     "SUM_REPORTS": (f"{__name__}.usage",),
 }
-MODES = {"memory_usage": f"{__name__}.usage:memory_usage"}
+MODES = {
+    "memory_usage": {
+        "run": f"{__name__}.usage:memory_usage",
+        "help": "memory-layer usage (MU, top-1 MU, KL) on the splits",
+        "kinds": ("lm/decoder_lm",),
+    }
+}
 CONFIG = f"{__name__}.config:add_defaults"

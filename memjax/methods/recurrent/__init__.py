@@ -10,7 +10,15 @@
 
 REGISTERS = {"ATTENTION": (f"{__name__}.relative", f"{__name__}.lamemo")}
 MODES = {
-    "extrapolate": f"{__name__}.extrapolate:extrapolate",
-    "analyze": f"{__name__}.analysis:analyze",
+    "extrapolate": {
+        "run": f"{__name__}.extrapolate:extrapolate",
+        "help": "evaluate with memories of m times the segment length",
+        "kinds": ("lm/decoder_lm",),
+    },
+    "analyze": {
+        "run": f"{__name__}.analysis:analyze",
+        "help": "attention analyses (alpha per layer, attention by distance)",
+        "kinds": ("lm/decoder_lm",),
+    },
 }
 CONFIG = f"{__name__}.config:add_defaults"

@@ -14,5 +14,11 @@ REGISTERS = {
     "EVAL_MEMORIES": (f"{__name__}.memory",),
     "BATCHERS": (f"{__name__}.packing", f"{__name__}.mt"),
 }
-MODES = {"pack": f"{__name__}.packing:pack"}
+MODES = {
+    "pack": {
+        "run": f"{__name__}.packing:pack",
+        "help": "pack the training corpus into BM25 batches (Algorithm 1)",
+        "kinds": ("lm",),
+    }
+}
 CONFIG = f"{__name__}.config:add_defaults"

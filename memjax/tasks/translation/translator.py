@@ -109,12 +109,16 @@ class Translator:
     )
     return [self.vocab.decode(x) for x in ids]
 
-  def hypotheses(self, sentence: str) -> list[tuple[str, float]]:
+  def hypotheses(
+      self, sentence: str, beam_size: Optional[int] = None
+  ) -> list[tuple[str, float]]:
     """The beam's finished hypotheses of one sentence with their scores
-    (sum of log-probabilities / length ** lenpen), best first."""
+    (sum of log-probabilities / length ** lenpen), best first (beam
+    ``beam_size``, default the translator's, at least 2)."""
     src = self.encode(sentence)
     padded = token_batching.pad_rows([src], decoding.source_bucket(len(src)))
-    res = self._search(padded, max(2, self.beam_size))
+    beam = self.beam_size if beam_size is None else int(beam_size)
+    res = self._search(padded, max(2, beam))
     hyps = np.asarray(res.hypotheses[0])
     scores = np.asarray(res.scores[0])
     return [

@@ -1,9 +1,9 @@
-"""The Python API: load a trained run or an export, score text, generate.
+"""``LanguageModel``: a decoder LM restored for scoring and generation.
 
     import memjax
     model = memjax.load("runs/demo/trimelm")      # a workdir or an export
     r = model.score("the cat sat on the mat")      # per-token log-probs, ppl
-    print(model.generate("the history of", num_tokens=30))
+    print(model.generate(["the history of", "in"], num_tokens=30))
     model.export()                                 # <workdir>/export
 
 Scoring follows the evaluation of the command line exactly: models without
@@ -18,21 +18,22 @@ model).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from memjax import console
-from memjax.eval import metrics
+from memjax import errors
 from memjax import experiment
 from memjax import paths
-from memjax import runfiles
+from memjax.api import base
+from memjax.eval import metrics
 
 TextOrTokens = Union[str, np.ndarray, Sequence[int]]
 
 
-class LanguageModel:
+class LanguageModel(base.Loaded):
   """A trained language model restored for scoring and generation.
 
   Attributes:
@@ -46,13 +47,11 @@ class LanguageModel:
   """
 
   def __init__(self, restored: experiment.Restored):
-    self.restored = restored
-    self.config = restored.config
-    self.step = restored.step
+    super().__init__(restored)
     self.unit = restored.unit
-    self.vocab = restored.vocab
     self.memory = memory_setting(restored)
     self._scorers: dict[str, Any] = {}
+    self._samplers: dict[tuple[float, float], Any] = {}
 
   # -------------------------------------------------------------- text
   def encode(self, text: str) -> np.ndarray:
@@ -108,6 +107,48 @@ class LanguageModel:
     out["tokens"] = int(count)
     return out
 
+  def attach(
+      self,
+      datastore: str,
+      setting: Optional[dict[str, Any]] = None,
+      **eval_memory: Any,
+  ) -> "LanguageModel":
+    """Scores with an external memory (kNN-LM, TRIMELM_ext) from now on.
+
+    Args:
+      datastore: the datastore directory ``--mode=datastore`` wrote (e.g.
+        ``<workdir>/datastore``).
+      setting: the evaluation memory, e.g. {'kind': 'knn', 'knn_lambda':
+        0.25, ...}; None: the ``tune.json`` beside the datastore (what
+        ``--mode=tune`` chose there), else the run's setting.
+      **eval_memory: other ``eval_memory`` keys of the search (``ext_k``,
+        ``search``, ``leaves_to_search``...).
+
+    Returns:
+      self, scoring with the datastore.
+
+    Raises:
+      errors.DataError: no datastore at ``datastore``.
+    """
+    if not paths.isfile(paths.join(datastore, "manifest.json")):
+      raise errors.DataError(
+          f"{datastore} holds no datastore (manifest.json): build one with "
+          "--mode=datastore"
+      )
+    tuned = paths.join(paths.dirname(paths.resolve(datastore)), "tune.json")
+    if setting is None and paths.isfile(tuned):
+      t = paths.read_json(tuned)
+      setting = {"kind": t["kind"], **t["best"], "source": tuned}
+    config = self.config.copy_and_resolve_references()
+    with config.unlocked():
+      config.eval_memory.datastore = datastore
+      config.eval_memory.update(eval_memory)
+    self.restored = dataclasses.replace(self.restored, config=config)
+    self.config = config
+    self.memory = dict(setting or self.memory)
+    self._scorers.clear()
+    return self
+
   def _scorer(self, setting: dict[str, Any]) -> Any:
     """The run's scorer with ``setting`` (kept: one compilation)."""
     from memjax.eval import scorer as scorer_lib  # pylint: disable=g-import-not-at-top
@@ -122,50 +163,59 @@ class LanguageModel:
   # -------------------------------------------------------------- generate
   def generate(
       self,
-      prompt: TextOrTokens,
+      prompts: Union[TextOrTokens, Sequence[TextOrTokens]],
       num_tokens: int = 64,
       *,
       top_p: float = 0.95,
       temperature: float = 1.0,
       seed: int = 0,
-  ) -> Union[str, np.ndarray]:
-    """Continues ``prompt`` by top-p sampling (memory carried by segments).
+  ) -> Any:
+    """Continues each prompt by top-p sampling (memory carried by segments).
+
+    The sampler runs [1, T] segments (T the run's segment length), so it
+    compiles once for all prompts and lengths and is kept for later calls
+    with the same ``top_p`` and ``temperature``.
 
     Args:
-      prompt: a text, or a token array [n >= 1].
-      num_tokens: new tokens to draw.
+      prompts: a text or a token array [n >= 1], or a list of either.
+      num_tokens: new tokens to draw per prompt.
       top_p: nucleus mass in (0, 1].
       temperature: divides the log-probabilities before filtering.
-      seed: one seed gives one continuation.
+      seed: one seed gives one continuation (prompt i draws with seed + i).
 
     Returns:
-      The continuation as text for a text prompt, else [num_tokens] int32
-      token ids.
+      Per prompt, the continuation as text for a text prompt, else
+      [num_tokens] int32 token ids; a list for a list of prompts.
     """
+    many = isinstance(prompts, (list, tuple)) and not (
+        prompts and isinstance(prompts[0], (int, np.integer))
+    )
+    sampler = self._sampler(float(top_p), float(temperature))
+    out = []
+    for i, prompt in enumerate(prompts if many else [prompts]):
+      new = sampler.generate(
+          self.restored.params, self._tokens(prompt), int(num_tokens),
+          int(seed) + i,
+      )  # fmt: skip
+      out.append(self.decode(new) if isinstance(prompt, str) else new)
+    return out if many else out[0]
+
+  def _sampler(self, top_p: float, temperature: float) -> Any:
+    """The kept ``modes.generate.Sampler`` of these settings."""
     from memjax.modes import generate  # pylint: disable=g-import-not-at-top
-    from memjax.eval import streams as recurrent_eval  # pylint: disable=g-import-not-at-top
+    from memjax.eval import streams  # pylint: disable=g-import-not-at-top
 
-    ids = self._tokens(prompt)
-    r = self.restored
-    model = r.model
-    mem_len = int(self.config.generate.mem_len or self.config.model.mem_len)
-    if model.carries_memory() and mem_len != model.mem_len:
-      model = model.clone(mem_len=mem_len)
-    sampler = generate.Sampler(
-        model, recurrent_eval.segment_len_of(self.config), top_p=top_p,
-        temperature=temperature,
-    )  # fmt: skip
-    new = sampler.generate(r.params, ids, int(num_tokens), int(seed))
-    return self.decode(new) if isinstance(prompt, str) else new
-
-  # -------------------------------------------------------------- export
-  def export(
-      self, out_dir: Optional[str] = None, dtype: str = "float32"
-  ) -> str:
-    """Writes a self-contained export (see ``memjax.export``)."""
-    if self.restored.kind != "run":
-      raise ValueError("this model was loaded from an export already")
-    return export(self.restored.path, out_dir, dtype=dtype, step=self.step)
+    key = (top_p, temperature)
+    if key not in self._samplers:
+      model = self.restored.model
+      mem_len = int(self.config.generate.mem_len or self.config.model.mem_len)
+      if model.carries_memory() and mem_len != model.mem_len:
+        model = model.clone(mem_len=mem_len)
+      self._samplers[key] = generate.Sampler(
+          model, streams.segment_len_of(self.config), top_p=top_p,
+          temperature=temperature,
+      )  # fmt: skip
+    return self._samplers[key]
 
   def __repr__(self) -> str:
     r = self.restored
@@ -182,53 +232,3 @@ def memory_setting(restored: experiment.Restored) -> dict[str, Any]:
   from memjax.eval import scorer as scorer_lib  # pylint: disable=g-import-not-at-top
 
   return scorer_lib.memory_setting(restored)
-
-
-def load(
-    path: str,
-    step: Optional[int] = None,
-    *,
-    mesh: Optional[dict[str, int]] = None,
-) -> LanguageModel:
-  """Restores a training workdir or an export for scoring and generation.
-
-  Args:
-    path: a workdir (``config.json`` + ``checkpoints/``) or an export.
-    step: the checkpoint step of a workdir (None = latest).
-    mesh: mesh axis sizes, e.g. {'data': 8} (default: all devices, data).
-  """
-  return LanguageModel(experiment.load(path, step=step, mesh=mesh))
-
-
-def export(
-    path: str,
-    out_dir: Optional[str] = None,
-    *,
-    dtype: str = "float32",
-    step: Optional[int] = None,
-) -> str:
-  """Writes ``path``'s parameters, config, vocabulary, signature and tuned
-  memory setting to ``out_dir`` (default ``<workdir>/export``)."""
-  out = experiment.export(path, out_dir, step=step, dtype=dtype)
-  tuned = paths.join(path, "tune.json")
-  if paths.isfile(tuned):
-    paths.copy(tuned, paths.join(out, "tune.json"))
-  return out
-
-
-def _dir_size(path: str) -> int:
-  """Bytes in the files under ``path``."""
-  return paths.du(path)
-
-
-def export_run(config: Any, workdir: str) -> dict[str, Any]:
-  """``--mode=export``: writes ``export.dir`` (default ``<workdir>/export``)."""
-  out = export(workdir, config.export.dir or None, dtype=config.export.dtype)
-  meta = runfiles.RunFiles("export", out).read_json(runfiles.EXPORT_FILE)
-  size = _dir_size(out)
-  line = (
-      f"exported step {meta['step']} ({meta['num_params']:,} parameters, "
-      f"{meta['dtype']}) to {out}: {size / 2**20:.1f} MiB"
-  )
-  console.info("%s", line)
-  return {"summary_lines": [line], "results_path": out, "export": out}

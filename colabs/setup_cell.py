@@ -1,0 +1,42 @@
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+# Colab only: the memjax repository to clone (the one place it is written;
+# a fork runs `python colabs/set_repository.py URL`). MEMJAX_REPO overrides
+# it, e.g. with the path of a local clone.
+MEMJAX_REPO = os.environ.get(
+    'MEMJAX_REPO', 'https://github.com/<owner>/memjax.git'
+)
+IN_COLAB = 'google.colab' in sys.modules
+
+
+def is_checkout(path):
+  return (path / 'memjax').is_dir() and (path / 'configs').is_dir()
+
+
+ROOT = os.environ.get('MEMJAX_ROOT')
+if not ROOT:  # The kernel's directory or one above it.
+  here = pathlib.Path.cwd().resolve()
+  ROOT = next((str(p) for p in (here, *here.parents) if is_checkout(p)), None)
+if not ROOT and (spec := importlib.util.find_spec('memjax')):  # pip install -e
+  checkout = pathlib.Path(spec.origin).parent.parent
+  ROOT = str(checkout) if is_checkout(checkout) else None
+if not ROOT and IN_COLAB:
+  ROOT = os.environ.get('MEMJAX_CLONE', '/content/memjax')
+  if not os.path.isdir(ROOT):
+    subprocess.run(['git', 'clone', '-q', MEMJAX_REPO, ROOT], check=True)
+if not ROOT:
+  raise RuntimeError('No memjax checkout here or above: set MEMJAX_ROOT.')
+ROOT = os.path.abspath(ROOT)
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)  # `configs` is not installed with the package.
+if IN_COLAB:
+  os.chdir(ROOT)
+  from memjax import colab  # Imports nothing memjax depends on.
+
+  # What this runtime lacks, then memjax: never the lock's CPU jaxlib over
+  # Colab's own jax. If pip upgraded a package, restart and run again.
+  colab.install(ROOT, dry_run=bool(os.environ.get('MEMJAX_PIP_DRY_RUN')))

@@ -1,0 +1,29 @@
+"""Counting the programs JAX lowers (one per new shape of a jitted
+function; a program found in the persistent cache is still lowered)."""
+
+import contextlib
+
+import jax
+
+_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+_counts = []
+
+
+def _listen(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  if event == _EVENT and _counts:
+    _counts[-1] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_listen)
+
+
+@contextlib.contextmanager
+def count_lowerings():
+  """Yields a function returning the programs lowered so far inside."""
+  _counts.append(0)
+  box = [0]
+  try:
+    yield lambda: _counts[-1] if _counts else box[0]
+  finally:
+    box[0] = _counts.pop()
