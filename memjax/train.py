@@ -496,6 +496,5 @@ def train_and_evaluate(
   return results
 
 
-# ``memjax.train(config, workdir)``: this module, once imported, is the
-# package's attribute ``train``, so it is callable (``memjax.api.train``).
+# memjax.train(config, workdir): the package's attribute is this module.
 sys.modules[__name__].__class__ = memjax.TrainModule
