@@ -31,7 +31,7 @@ _BUILTIN = {
     "tokenize": registry.Mode(
         "memjax.modes.tokenize:tokenize",
         "write the token caches and vocabulary, train nothing",
-        ("lm",),
+        (),
     ),
     "generate": registry.Mode(
         "memjax.modes.generate:generate",
