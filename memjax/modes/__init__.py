@@ -23,6 +23,8 @@ _BUILTIN = {
     "translate": "memjax.modes.translation:translate",
     # Early-token analysis (any run): loss by position in a document.
     "position_loss": "memjax.modes.position_loss:position_loss",
+    # Compile the train step for a target without running it (docs/plan.md).
+    "plan": "memjax.modes.plan:plan",
 }
 for _name, _target in _BUILTIN.items():
   registry.MODES.register(_name, _target)
