@@ -34,7 +34,8 @@ bfloat16):
   twice the batch gives the slope);
 * the step time and tokens/s at ``plan.utilization`` of the platform's peak
   for the per-device FLOPs of the compiled, partitioned step (work repeated
-  on every device included).
+  on every device included; "repeated" in the table is the per-device FLOPs
+  times the devices over the program's, 1 when no work is repeated).
 
 Figures compiled on CPU for a GPU or TPU are estimates (``estimate: true``):
 XLA's CPU backend fuses and lays out differently.
@@ -95,20 +96,25 @@ def _variant(config, **changes) -> ml_collections.ConfigDict:
   return c
 
 
-def _fit(config, devices, memory, usable: float) -> dict[str, Any]:
+def _fit(config, devices, step, memory, usable: float) -> dict[str, Any]:
   """The largest micro-batch (global rows) that fits ``usable`` bytes per
   device: a second compile at twice ``data.batch_size`` gives the slope of
-  the per-device total in micro-batch rows."""
+  the per-device total in micro-batch rows. None when the batch does not
+  grow with ``data.batch_size`` (batches by token count)."""
   d, accum = config.data, int(config.train.grad_accum)
-  micro = int(d.batch_size) // accum
   big = _variant(config, **{"data.batch_size": 2 * int(d.batch_size)})
-  memory2 = plan_compile.step_memory(plan_compile.build_step(big, devices))
-  slope = (memory2["total"] - memory["total"]) / micro
-  fixed = memory["total"] - slope * micro
-  step = int(d.segments_per_lane) * plan_compile.data_parallel(config, devices)
+  big_step = plan_compile.build_step(big, devices)
+  micro = step.args[1]["inputs"].shape[0] // accum
+  extra = big_step.args[1]["inputs"].shape[0] // accum - micro
+  if extra <= 0:
+    return {"max_micro_batch": None, "bytes_per_row": None}
+  memory2 = plan_compile.step_memory(big_step)
+  slope = (memory2["total"] - memory["total"]) / extra
   if slope <= 0:
     return {"max_micro_batch": None, "bytes_per_row": slope}
-  rows = int((usable - fixed) // slope) // step * step
+  fixed = memory["total"] - slope * micro
+  unit = int(d.segments_per_lane) * plan_compile.data_parallel(config, devices)
+  rows = int((usable - fixed) // slope) // unit * unit
   return {"max_micro_batch": max(rows, 0), "bytes_per_row": slope}
 
 
@@ -119,7 +125,7 @@ def plan_dtype(config, devices, dtype: str, flops: dict, usable: float):
   memory = plan_compile.step_memory(step)
   out = {"memory": memory, "fits": memory["total"] <= usable}
   if config.plan.fit_batch:
-    out.update(_fit(c, devices, memory, usable))
+    out.update(_fit(c, devices, step, memory, usable))
   platform = platforms.get(config.plan.platform)
   peak = platform.peak_bf16 if dtype == "bfloat16" else platform.peak_fp32
   seconds = flops["flops_per_device"] / (peak * float(config.plan.utilization))
@@ -182,8 +188,8 @@ def write(results: dict[str, Any], workdir: str) -> dict[str, Any]:
 HEADER = (
     "| config | target | dtype | params | GFLOPs/token XLA (formula) | "
     "per device: params + opt + temp = total GiB | fits | max micro-batch "
-    "| step s | tokens/s |\n"
-    "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"
+    "| repeated | step s | tokens/s |\n"
+    "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"
 )
 
 
@@ -192,10 +198,13 @@ def rows(results: dict[str, Any]) -> list[str]:
   gib = 2.0**30
   f = results["formula_flops_per_token"]
   flops = (
-      f"{results['flops_per_token'] / 1e9:.3g} "
-      f"({f['with_recompute'] / 1e9:.3g}; model {f['model'] / 1e9:.3g})"
+      f"{results['flops_per_token'] / 1e9:.4g} "
+      f"({f['with_recompute'] / 1e9:.4g}; model {f['model'] / 1e9:.4g})"
   )
   target = f"{results['devices']}x {results['platform']}"
+  # Per-device FLOPs x devices over the program's: 1 when no work repeats.
+  fl = results["flops"]
+  repeated = fl["flops_per_device"] * results["devices"] / fl["flops"]
   if results["estimate"]:
     target += " (est.)"
   out = []
@@ -210,7 +219,7 @@ def rows(results: dict[str, Any]) -> list[str]:
         f"| {results['name']} | {target} | {dtype} | "
         f"{results['num_params'] / 1e6:.1f}M | {flops} | {mem} | "
         f"{'yes' if r['fits'] else 'no'} | {'-' if fit is None else fit} | "
-        f"{r['step_time_s']:.3g} | {r['tokens_per_s']:.3g} |"
+        f"{repeated:.2f} | {r['step_time_s']:.3g} | {r['tokens_per_s']:.3g} |"
     )
   return out
 
