@@ -203,8 +203,12 @@ def rows(results: dict[str, Any]) -> list[str]:
   )
   target = f"{results['devices']}x {results['platform']}"
   # Per-device FLOPs x devices over the program's: 1 when no work repeats.
+  # (Unknown, "-", where the compiler analyses compiled programs only.)
   fl = results["flops"]
-  repeated = fl["flops_per_device"] * results["devices"] / fl["flops"]
+  repeated = "-"
+  if "flops_loops_once" in fl:
+    ratio = fl["flops_per_device"] * results["devices"] / fl["flops"]
+    repeated = f"{ratio:.2f}"
   if results["estimate"]:
     target += " (est.)"
   out = []
@@ -219,7 +223,7 @@ def rows(results: dict[str, Any]) -> list[str]:
         f"| {results['name']} | {target} | {dtype} | "
         f"{results['num_params'] / 1e6:.1f}M | {flops} | {mem} | "
         f"{'yes' if r['fits'] else 'no'} | {'-' if fit is None else fit} | "
-        f"{repeated:.2f} | {r['step_time_s']:.3g} | {r['tokens_per_s']:.3g} |"
+        f"{repeated} | {r['step_time_s']:.3g} | {r['tokens_per_s']:.3g} |"
     )
   return out
 

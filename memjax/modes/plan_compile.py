@@ -207,16 +207,22 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
     (work repeated on every device counted on each); 'flops_loops_once':
     XLA's count of the looping lowering (every loop body once), for
     comparison; 'seconds': the time all this took. ``per_device`` False
-    leaves out the compilation and 'flops_per_device'.
+    leaves out the compilation and 'flops_per_device'. The TPU compiler
+    analyses compiled programs only: there 'flops' is the per-device count
+    times the devices and 'flops_loops_once' is left out.
   """
   start = time.time()
   with unroll.unrolled():
     lowered = step.make_fn().lower(*step.args)
-  flops = float(lowered.cost_analysis()["flops"])
-  looping = step.make_fn().lower(*step.args).cost_analysis()
-  out = {"flops": flops, "flops_loops_once": float(looping["flops"])}
-  if per_device:
+  whole = lowered.cost_analysis()
+  out = {}
+  if whole is not None:
+    out["flops"] = float(whole["flops"])
+    looping = step.make_fn().lower(*step.args).cost_analysis()
+    out["flops_loops_once"] = float(looping["flops"])
+  if per_device or whole is None:
     out["flops_per_device"] = float(lowered.compile().cost_analysis()["flops"])
+  out.setdefault("flops", out["flops_per_device"] * step.mesh.size)
   out["seconds"] = time.time() - start
   return out
 
