@@ -222,7 +222,8 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
     out["flops_loops_once"] = float(looping["flops"])
   if per_device or whole is None:
     out["flops_per_device"] = float(lowered.compile().cost_analysis()["flops"])
-  out.setdefault("flops", out["flops_per_device"] * step.mesh.size)
+  if whole is None:
+    out["flops"] = out["flops_per_device"] * step.mesh.size
   out["seconds"] = time.time() - start
   return out
 
