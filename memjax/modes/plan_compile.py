@@ -197,31 +197,46 @@ def build_step(config: ml_collections.ConfigDict, devices: list[Any]) -> Step:
   )  # fmt: skip
 
 
+def _micro_step(step: Step) -> Step:
+  """The step of one micro-batch (``train.grad_accum`` 1)."""
+  accum = int(step.config.train.grad_accum)
+  c = ml_collections.ConfigDict(step.config.to_dict())
+  c.data.batch_size, c.train.grad_accum = c.data.batch_size // accum, 1
+  return build_step(c, list(step.mesh.devices.flat))
+
+
 def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
   """FLOPs of one step.
 
   Returns:
     'flops': all devices together, of the unrolled lowering (every loop
     iteration counted, before the program is split over the devices);
-    'flops_per_device': of the unrolled program compiled for one device
-    (work repeated on every device counted on each); 'flops_loops_once':
-    XLA's count of the looping lowering (every loop body once), for
-    comparison; 'seconds': the time all this took. ``per_device`` False
-    leaves out the compilation and 'flops_per_device'. The TPU compiler
-    analyses compiled programs only: there 'flops' is the per-device count
-    times the devices and 'flops_loops_once' is left out.
+    'flops_per_device': ``train.grad_accum`` times the FLOPs of one
+    micro-batch's step, unrolled and compiled for one device (work repeated
+    on every device counted on each; the optimiser update, a few FLOPs per
+    parameter, is counted once per micro-batch; one micro-batch keeps the
+    compilation small); 'flops_loops_once': XLA's count of the looping
+    lowering (every loop body once), for comparison; 'seconds': the time
+    all this took. ``per_device`` False leaves out the compilation and
+    'flops_per_device'. The TPU compiler analyses compiled programs only:
+    there 'flops' is the per-device count times the devices and
+    'flops_loops_once' is left out.
   """
   start = time.time()
   with unroll.unrolled():
-    lowered = step.make_fn().lower(*step.args)
-  whole = lowered.cost_analysis()
+    whole = step.make_fn().lower(*step.args).cost_analysis()
   out = {}
   if whole is not None:
     out["flops"] = float(whole["flops"])
     looping = step.make_fn().lower(*step.args).cost_analysis()
     out["flops_loops_once"] = float(looping["flops"])
   if per_device or whole is None:
-    out["flops_per_device"] = float(lowered.compile().cost_analysis()["flops"])
+    micro = _micro_step(step)
+    with unroll.unrolled():
+      lowered = micro.make_fn().lower(*micro.args)
+    accum = int(step.config.train.grad_accum)
+    compiled = lowered.compile().cost_analysis()
+    out["flops_per_device"] = accum * float(compiled["flops"])
   if whole is None:
     out["flops"] = out["flops_per_device"] * step.mesh.size
   out["seconds"] = time.time() - start
