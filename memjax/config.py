@@ -268,9 +268,32 @@ def _mesh(c: ml_collections.ConfigDict) -> None:
   c.mesh.tensor = 1
 
 
+def _plan(c: ml_collections.ConfigDict) -> None:
+  """--mode=plan (memjax/modes/plan.py, docs/plan.md)."""
+  # --mode=plan: compile the train step for a target without running it.
+  c.plan = ml_collections.ConfigDict()
+  # Devices planned for; 0 = the devices the mesh names (its fixed axes).
+  c.plan.devices = 0
+  # A name in memjax/modes/platforms.py: tpu_v4 | tpu_v5e | tpu_v5p | h100 |
+  # h200 | a100 | cpu.
+  c.plan.platform = "cpu"
+  # Compile TPU platforms against a libtpu topology when libtpu is
+  # installed (else on fake CPU devices, labelled as estimates).
+  c.plan.tpu_topology = True
+  c.plan.tpu_shape = ""  # e.g. "4x8x8"; "" = the standard slice of devices
+  # V of the planned model; 0 = the config's (translation.vocab_size,
+  # mlm.vocab_size) or the corpus's published vocabulary.
+  c.plan.vocab_size = 0
+  c.plan.utilization = 0.4  # share of the peak FLOP/s for the step time
+  c.plan.memory_fraction = 0.0  # usable share of memory; 0 = platform's
+  c.plan.dtypes = ("float32", "bfloat16")
+  # Also compile a micro-batch twice as large to find the largest that fits.
+  c.plan.fit_batch = True
+
+
 ENGINE_SECTIONS = (
     _data, _model, _loss, _optim, _train, _eval, _position_loss, _generate,
-    _eval_memory, _export, _mesh,
+    _eval_memory, _export, _mesh, _plan,
 )  # fmt: skip
 # The tasks' sections ('module:function'); the methods' are found by the
 # registry.

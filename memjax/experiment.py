@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import flax
 import flax.linen as nn
@@ -155,33 +155,30 @@ def _init_variables(model, seq_len: int, key: Array) -> Any:
   )["params"]
 
 
-def create_state(
+def abstract_state(
     model,
     tx: Optional[optax.GradientTransformation],
     mesh: Mesh,
-    sample: dict[str, np.ndarray],
-    rng: Array,
-) -> tuple[TrainState, Any]:
-  """Initialises the train state directly on the mesh.
+    sample: dict[str, Any],
+) -> tuple[Callable[[Array], TrainState], TrainState, Any]:
+  """The train state's shapes and shardings, without allocating it.
 
   Args:
     model: the TransformerLM.
     tx: the optimiser, or None for parameters only (``opt_state`` None).
     mesh: device mesh.
-    sample: a batch ('inputs' [B, L]; 'reset' [lanes] for lane batches).
-    rng: initialisation key.
+    sample: a batch, arrays or ``jax.ShapeDtypeStruct`` ('inputs' [B, L];
+      'reset' [lanes] for lane batches).
 
   Returns:
-    (state, state_shardings) where the shardings follow the model's logical
-    axis names through ``sharding.LOGICAL_RULES``.
+    (init_fn, abstract, shardings): ``init_fn(key)`` builds the boxed
+    state, ``abstract`` its unboxed ``jax.ShapeDtypeStruct`` tree, and the
+    shardings follow the model's logical axis names through
+    ``sharding.LOGICAL_RULES``.
   """
   seq_len = sample["inputs"].shape[1]
   # The carried memory has one row per lane ('reset' is [lanes]).
-  batch = (
-      sample["reset"].shape[0]
-      if "reset" in sample
-      else sample["inputs"].shape[0]
-  )
+  batch = sample["reset" if "reset" in sample else "inputs"].shape[0]
 
   def init_fn(key):
     params = _init_variables(model, seq_len, key)
@@ -193,7 +190,7 @@ def create_state(
     )
 
   with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
-    abstract = jax.eval_shape(init_fn, rng)
+    abstract = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
     logical = nn.get_partition_spec(abstract)
     shardings = sharding_lib.logical_sharding(mesh, logical)
   if abstract.memory is not None:
@@ -211,6 +208,19 @@ def create_state(
       nn.meta.unbox(abstract),
       is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
   )
+  return init_fn, nn.meta.unbox(abstract), shardings
+
+
+def create_state(
+    model,
+    tx: Optional[optax.GradientTransformation],
+    mesh: Mesh,
+    sample: dict[str, np.ndarray],
+    rng: Array,
+) -> tuple[TrainState, Any]:
+  """(state, state_shardings): the train state initialised from ``rng``
+  directly on the mesh (the other arguments as ``abstract_state``'s)."""
+  init_fn, _, shardings = abstract_state(model, tx, mesh, sample)
   with sharding_lib.mesh_rules(mesh):
     state = jax.jit(
         lambda k: nn.meta.unbox(init_fn(k)), out_shardings=shardings

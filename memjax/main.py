@@ -202,6 +202,27 @@ def print_modes() -> None:
     print(f"  {kind:<15} {text}")
 
 
+def _plan_devices() -> None:
+  """--mode=plan: starts JAX with the planned number of fake devices.
+
+  XLA reads the host device count once, when JAX's CPU backend starts, so
+  the flag is set here, before the first ``import jax`` (loading a
+  ``configs/*.py`` file imports no JAX). Bad plan settings: one line.
+  """
+  from memjax import errors  # pylint: disable=g-import-not-at-top
+  from memjax.modes import platforms  # pylint: disable=g-import-not-at-top
+
+  if _CONFIG.value is None:
+    print("memjax: error: --mode=plan needs --config=FILE:VARIANT",
+          file=sys.stderr)  # fmt: skip
+    sys.exit(2)
+  try:
+    platforms.set_device_flags(_CONFIG.value)
+  except errors.UserError as e:
+    print(f"memjax: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -217,6 +238,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   import importlib  # pylint: disable=g-import-not-at-top
 
+  if _MODE.value == "plan":
+    _plan_devices()
   import jax  # pylint: disable=g-import-not-at-top
 
   from memjax import errors  # pylint: disable=g-import-not-at-top

@@ -162,6 +162,12 @@ class MeshFunction:
     with mesh_rules(self.mesh, self.rules):
       return self.jitted(*args, **kwargs)
 
+  def lower(self, *args, **kwargs) -> Any:
+    """``jax.jit(...).lower`` under the mesh rules: arrays or
+    ``jax.ShapeDtypeStruct`` (with shardings) as arguments."""
+    with mesh_rules(self.mesh, self.rules):
+      return self.jitted.lower(*args, **kwargs)
+
   def memory_bytes(self, *args, **kwargs) -> int:
     """Arguments + outputs + temporaries - donated aliases, in bytes."""
     with mesh_rules(self.mesh, self.rules):

@@ -18,6 +18,7 @@ from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax import stats
+from memjax import unroll
 from memjax.models import transformer
 
 Array = jax.Array
@@ -120,6 +121,7 @@ def run_lane_segments_with_stats(
           to_segments(batch["targets"]),
           jnp.arange(m),
       ),
+      unroll=unroll.factor(m),
   )
   outs = jax.tree.map(to_rows, outs).replace(memory=new_memory)
   return outs, stats.total(sums)
@@ -175,7 +177,10 @@ def _accumulate(
   init_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init_m)
   zeros = jax.tree.map(jnp.zeros_like, state.params)
   (grads, metrics), new_mem = jax.lax.scan(
-      body, (zeros, init_m), (micro, mem_micro, jnp.arange(grad_accum))
+      body,
+      (zeros, init_m),
+      (micro, mem_micro, jnp.arange(grad_accum)),
+      unroll=unroll.factor(grad_accum),
   )
   if new_mem is not None:
     new_mem = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), new_mem)

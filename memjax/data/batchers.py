@@ -10,7 +10,7 @@ register in ``memjax.methods.trime.packing``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
@@ -35,7 +35,43 @@ def lanes_of(config: ml_collections.ConfigDict) -> int:
   return d.batch_size // m
 
 
+# The batch arrays of a batcher, known from the config alone:
+# {name: (shape, dtype name)}; ``--mode=plan`` compiles the train step for
+# them without reading data.
+BatchShapes = dict[str, tuple[tuple[int, ...], str]]
+ShapesFn = Callable[[ml_collections.ConfigDict, int], BatchShapes]
+
+
+def with_shapes(shapes: ShapesFn) -> Callable[[Any], Any]:
+  """Declares a batcher factory's ``batch_shapes(config, devices)``: the
+  arrays of its batches on ``devices`` devices, without data."""
+
+  def wrap(factory):
+    factory.batch_shapes = shapes
+    return factory
+
+  return wrap
+
+
+def segment_shapes(
+    config: ml_collections.ConfigDict, devices: int
+) -> BatchShapes:
+  """'inputs', 'targets' [B, L] int32 (B = data.batch_size, L = seq_len)."""
+  del devices
+  b, length = int(config.data.batch_size), int(config.data.seq_len)
+  return {"inputs": ((b, length), "int32"), "targets": ((b, length), "int32")}
+
+
+def lane_shapes(config: ml_collections.ConfigDict, devices: int) -> BatchShapes:
+  """``segment_shapes`` with 'lane_id' [B] int32 and 'reset' [lanes] bool."""
+  out = segment_shapes(config, devices)
+  out["lane_id"] = ((int(config.data.batch_size),), "int32")
+  out["reset"] = ((lanes_of(config),), "bool")
+  return out
+
+
 @registry.BATCHERS.register("random")
+@with_shapes(segment_shapes)
 def random_batcher(
     config: ml_collections.ConfigDict, train: Any, cache_dir: str
 ) -> streams.RandomSegments:
@@ -48,6 +84,7 @@ def random_batcher(
 
 
 @registry.BATCHERS.register("consecutive")
+@with_shapes(lane_shapes)
 def consecutive_batcher(
     config: ml_collections.ConfigDict, train: Any, cache_dir: str
 ) -> streams.ConsecutiveSegments:

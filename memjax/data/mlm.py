@@ -28,6 +28,7 @@ import numpy as np
 from memjax import errors
 from memjax import paths
 from memjax import registry
+from memjax.data import batchers
 from memjax.data import parallel
 from memjax.data import sources
 
@@ -227,7 +228,15 @@ class MLMBatcher:
     )  # fmt: skip
 
 
+def _mlm_shapes(config: Any, devices: int) -> batchers.BatchShapes:
+  """'inputs', 'targets' [B, L] int32 and 'weights' [B, L] float32."""
+  out = batchers.segment_shapes(config, devices)
+  out["weights"] = (out["inputs"][0], "float32")
+  return out
+
+
 @registry.BATCHERS.register("mlm")
+@batchers.with_shapes(_mlm_shapes)
 def make_mlm_batcher(config: Any, train: Any, cache_dir: str) -> MLMBatcher:
   """The 'mlm' batcher over an ``mlm_task.MLMData``'s training stream."""
   del cache_dir

@@ -20,6 +20,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import registry
+from memjax.data import batchers
 
 # Decoder inputs start with the pad id (SeqIO's encoder-decoder convention).
 DECODER_START = 0
@@ -135,7 +136,21 @@ class TokenBatcher:
     return make_pair_batch(src + [empty] * fill, tgt + [empty] * fill, b, b)
 
 
+def batch_shapes(config: Any, devices: int) -> dict[str, Any]:
+  """The arrays of a batch of the longest bucket (the most memory and
+  attention per token) on ``devices`` devices: 'source', 'inputs',
+  'targets' [rows, L] int32, 'weights' [rows, L] float32."""
+  t = config.translation
+  length = max(int(b) for b in t.buckets)
+  multiple = max(1, devices // max(1, int(config.mesh.tensor)))
+  rows = max(int(t.max_tokens) // length // multiple, 1) * multiple
+  out = {k: ((rows, length), "int32") for k in ("source", "inputs", "targets")}
+  out["weights"] = ((rows, length), "float32")
+  return out
+
+
 @registry.BATCHERS.register("tokens")
+@batchers.with_shapes(batch_shapes)
 def make_token_batcher(config: Any, train: Any, cache_dir: str) -> TokenBatcher:
   """The 'tokens' batcher over a ``parallel.ParallelSplit``."""
   del cache_dir

@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from memjax import unroll
+
 Array = jax.Array
 VisibleFn = Callable[[Any, Any], Array]
 BlockSize = int | Sequence[int] | None
@@ -230,6 +232,7 @@ def _blockwise_logsumexp(
   bq, bk = _block_sizes(block_size, num_q, num_k)
   nq = -(-num_q // bq)
   nk = -(-num_k // bk)
+  ku, qu = unroll.factor(nk), unroll.factor(nq)  # see memjax.unroll
 
   # Queries: pad to nq * bq, then strided blocks [nq, bq, ...].
   def to_q_blocks(x):
@@ -277,13 +280,13 @@ def _blockwise_logsumexp(
         jnp.full((bq,), _NEG_INF, jnp.float32),
         jnp.zeros((bq,), jnp.float32),
     )
-    (m_all, l_all, m_pos, l_pos), _ = lax.scan(body, init, k_blks)
+    (m_all, l_all, m_pos, l_pos), _ = lax.scan(body, init, k_blks, unroll=ku)
     return _finalize(m_all, l_all), _finalize(m_pos, l_pos)
 
   def outer(carry, q_blk):
     return carry, query_block(q_blk, k_blocks)
 
-  _, (lse_all, lse_pos) = lax.scan(outer, None, q_blocks)
+  _, (lse_all, lse_pos) = lax.scan(outer, None, q_blocks, unroll=qu)
 
   def from_q_blocks(x):  # [nq, bq] -> [Q]
     return jnp.moveaxis(x, 0, 1).reshape(nq * bq)[:num_q]

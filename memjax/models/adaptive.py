@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
+from memjax import unroll
 
 Array = jax.Array
 
@@ -226,6 +227,7 @@ class AdaptiveEmbed(nn.Module):
         variable_broadcast="params",
         split_rngs={"params": False, "dropout": True},
         length=hs.shape[0],
+        unroll=unroll.factor(hs.shape[0]),
     )(self, None, (hs, ys))
     return lp.reshape(-1)[:n].reshape(lead), lz.reshape(-1)[:n].reshape(lead)
 

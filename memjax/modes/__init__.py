@@ -71,6 +71,12 @@ _BUILTIN = {
         "mean loss by position within a document",
         ("lm",),
     ),
+    # Compile the train step for a target without running it (docs/plan.md).
+    "plan": registry.Mode(
+        "memjax.modes.plan:plan",
+        "compile the train step for --config.plan.* (devices, platform), run nothing",
+        (),
+    ),
 }
 for _name, _mode in _BUILTIN.items():
   registry.MODES.register(_name, _mode)

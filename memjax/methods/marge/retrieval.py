@@ -33,6 +33,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import registry
+from memjax.data import batchers
 from memjax.memory import search as search_lib
 
 SEARCHES = ("exact", "scann")
@@ -314,7 +315,27 @@ def table_of(config: ml_collections.ConfigDict, train: Any) -> SegmentTable:
   return SegmentTable.build(train.tokens, train.doc_starts, n)
 
 
+def _marge_shapes(
+    config: ml_collections.ConfigDict, devices: int
+) -> batchers.BatchShapes:
+  """The arrays of ``window_arrays`` a train step takes (N = segment_len,
+  K = num_sources)."""
+  del devices
+  opts = config.model.family_options
+  b = int(config.data.batch_size)
+  n2 = 2 * int(opts.get("segment_len", 16))
+  k = int(opts.get("num_sources", 4))
+  return {
+      "inputs": ((b, n2), "int32"),
+      "targets": ((b, n2), "int32"),
+      "weights": ((b, n2), "float32"),
+      "sources": ((b, k, n2), "int32"),
+      "source_mask": ((b, k, n2), "bool"),
+  }
+
+
 @registry.BATCHERS.register("marge")
+@batchers.with_shapes(_marge_shapes)
 def marge_batcher(
     config: ml_collections.ConfigDict, train: Any, cache_dir: str
 ) -> MargeBatcher:

@@ -55,6 +55,7 @@ from memjax import losses
 from memjax import paths
 from memjax import registry
 from memjax.methods.trime import bm25
+from memjax.data import batchers
 from memjax.data import token_batching
 from memjax.methods.trime import memory as trime
 
@@ -316,6 +317,7 @@ class Bm25TokenBatcher(token_batching.TokenBatcher):
 
 
 @registry.BATCHERS.register("tokens_bm25")
+@batchers.with_shapes(token_batching.batch_shapes)
 def make_bm25_token_batcher(
     config: Any, train: Any, cache_dir: str
 ) -> Bm25TokenBatcher:

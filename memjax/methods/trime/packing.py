@@ -106,7 +106,15 @@ def bm25_order(
   return order
 
 
+def _block_shapes(config: ml_collections.ConfigDict, devices: int):
+  """'inputs', 'targets' [B, L] int32 and 'lane_id' [B] int32."""
+  out = batchers.segment_shapes(config, devices)
+  out["lane_id"] = ((int(config.data.batch_size),), "int32")
+  return out
+
+
 @registry.BATCHERS.register("blocks")
+@batchers.with_shapes(_block_shapes)
 def blocks_batcher(
     config: ml_collections.ConfigDict, train: Any, cache_dir: str
 ) -> streams.RandomBlocks:
@@ -124,6 +132,7 @@ def blocks_batcher(
 
 
 @registry.BATCHERS.register("bm25")
+@batchers.with_shapes(batchers.segment_shapes)
 def bm25_batcher(
     config: ml_collections.ConfigDict, train: Any, cache_dir: str
 ) -> streams.PackedSegments:

@@ -1,0 +1,233 @@
+"""``--mode=plan``: compile a config's train step for a target, don't run it.
+
+    python -m memjax.main --mode=plan --workdir=plans/247m \\
+        --config=configs/trime_wt103.py:trime_247m \\
+        --config.plan.devices=256 --config.plan.platform=tpu_v4
+
+The step is lowered and compiled ahead of time with ``plan.devices``
+devices and the config's mesh (``memjax.modes.plan_compile``): fake CPU
+devices (``--xla_force_host_platform_device_count``, set by
+``memjax.main`` before JAX starts), or a libtpu topology for a TPU platform
+when libtpu is installed. No corpus is read (the vocabulary size comes from
+the config, ``plan.vocab_size`` or the corpus's published size), nothing is
+trained and no checkpoint is written: only ``plan.json`` and ``plan.md`` in
+the workdir (a re-run replaces them).
+
+What it reports, per dtype (``plan.dtypes``: model.dtype float32 and
+bfloat16):
+
+* parameters, and FLOPs per token: XLA's cost analysis of the step with its
+  scans unrolled (``memjax.unroll``), next to the formula
+  ``6 N + 12 n_layer T d_attn`` (PaLM, Chowdhery et al. 2022, App. B: N
+  parameters, T the attended positions, d_attn = heads x head_dim; the 12
+  counts QK^T and AV, forward and backward, without exploiting the causal
+  mask, as the step computes them) plus the recomputation the step does:
+  ``2 N_softmax`` when the adaptive softmax is chunked (its chunks are
+  rematerialised) and ``2 N_layers + 4 n_layer T d_attn`` with
+  ``model.remat``. Every parameter counts once per token: the adaptive
+  input and softmax are tied and every softmax cluster is scored for every
+  position (not so for product-key memories, whose values are gathered);
+* per-device memory (XLA's memory analysis of the compiled step):
+  parameters, optimiser state, temporaries, total, and the largest
+  micro-batch that fits ``plan.memory_fraction`` of the platform's memory
+  (temporaries grow linearly with the micro-batch: a second compile at
+  twice the batch gives the slope);
+* the step time and tokens/s at ``plan.utilization`` of the platform's peak
+  for the per-device FLOPs of the compiled, partitioned step (work repeated
+  on every device included; "repeated" in the table is the per-device FLOPs
+  times the devices over the program's, 1 when no work is repeated).
+
+Figures compiled on CPU for a GPU or TPU are estimates (``estimate: true``):
+XLA's CPU backend fuses and lays out differently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import ml_collections
+
+from memjax import console
+from memjax.modes import plan_compile
+from memjax.modes import platforms
+
+
+def formula_flops(
+    config: ml_collections.ConfigDict,
+    num_params: int,
+    softmax_params: int,
+    seq_len: int,
+) -> dict[str, float]:
+  """FLOPs per token by formula (see the module doc).
+
+  Args:
+    config: the planned config.
+    num_params: N.
+    softmax_params: N_softmax, the adaptive embedding's parameters.
+    seq_len: positions per row of the batch.
+
+  Returns:
+    'model': 6 N + 12 n_layer T d_attn; 'with_recompute': plus the
+    rematerialised forward passes.
+  """
+  m = config.model
+  layers = int(m.num_layers) + int(m.family_options.get("encoder_layers", 0))
+  span = seq_len + int(m.mem_len)
+  attn = 12.0 * layers * span * int(m.num_heads) * int(m.head_dim)
+  model = 6.0 * num_params + attn
+  extra = 0.0
+  tokens = seq_len * int(config.data.batch_size) // int(config.train.grad_accum)
+  if m.cutoffs and tokens > int(m.softmax_chunk):
+    extra += 2.0 * softmax_params
+  if m.remat:
+    extra += 2.0 * (num_params - softmax_params) + attn / 3.0
+  return {"model": model, "with_recompute": model + extra}
+
+
+def _variant(config, **changes) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with 'section.key' values changed."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for key, value in changes.items():
+    section, name = key.split(".")
+    c[section][name] = value
+  return c
+
+
+def _fit(config, devices, step, memory, usable: float) -> dict[str, Any]:
+  """The largest micro-batch (global rows) that fits ``usable`` bytes per
+  device: a second compile at twice ``data.batch_size`` gives the slope of
+  the per-device total in micro-batch rows. None when the batch does not
+  grow with ``data.batch_size`` (batches by token count)."""
+  d, accum = config.data, int(config.train.grad_accum)
+  big = _variant(config, **{"data.batch_size": 2 * int(d.batch_size)})
+  big_step = plan_compile.build_step(big, devices)
+  micro = step.args[1]["inputs"].shape[0] // accum
+  extra = big_step.args[1]["inputs"].shape[0] // accum - micro
+  if extra <= 0:
+    return {"max_micro_batch": None, "bytes_per_row": None}
+  memory2 = plan_compile.step_memory(big_step)
+  slope = (memory2["total"] - memory["total"]) / extra
+  if slope <= 0:
+    return {"max_micro_batch": None, "bytes_per_row": slope}
+  fixed = memory["total"] - slope * micro
+  unit = int(d.segments_per_lane) * plan_compile.data_parallel(config, devices)
+  rows = int((usable - fixed) // slope) // unit * unit
+  return {"max_micro_batch": max(rows, 0), "bytes_per_row": slope}
+
+
+def plan_dtype(config, devices, dtype: str, flops: dict, usable: float):
+  """Memory, fit and speed of the step in ``dtype`` (model.dtype)."""
+  c = _variant(config, **{"model.dtype": dtype})
+  step = plan_compile.build_step(c, devices)
+  memory = plan_compile.step_memory(step)
+  out = {"memory": memory, "fits": memory["total"] <= usable}
+  if config.plan.fit_batch:
+    out.update(_fit(c, devices, step, memory, usable))
+  platform = platforms.get(config.plan.platform)
+  peak = platform.peak_bf16 if dtype == "bfloat16" else platform.peak_fp32
+  seconds = flops["flops_per_device"] / (peak * float(config.plan.utilization))
+  out["step_time_s"] = seconds
+  out["tokens_per_s"] = step.tokens / seconds
+  return out
+
+
+def plan(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Compiles the train step of ``config`` for ``plan.*``; writes
+  ``plan.json`` and ``plan.md`` in ``workdir`` and returns the results."""
+  start = time.time()
+  platform = platforms.get(config.plan.platform)
+  devices, where = plan_compile.plan_devices(config)
+  console.info("plan: %s on %s for %d %s", config.name, where,
+               len(devices), platform.name)  # fmt: skip
+  step = plan_compile.build_step(config, devices)
+  flops = plan_compile.step_flops(step)
+  softmax = plan_compile.module_params(step, "embedder")
+  seq_len = int(step.args[1]["inputs"].shape[1])
+  formula = formula_flops(config, step.num_params, softmax, seq_len)
+  fraction = float(config.plan.memory_fraction) or platform.memory_fraction
+  usable = platform.memory * fraction
+  results = {
+      "name": config.name,
+      "platform": platform.name,
+      "devices": len(devices),
+      "compiled_on": where,
+      "estimate": platform.name != "cpu" and "topology" not in where,
+      "mesh": dict(step.mesh.shape),
+      "vocab_size": plan_compile.vocab_size(config),
+      "num_params": step.num_params,
+      "tokens_per_step": step.tokens,
+      "grad_accum": int(config.train.grad_accum),
+      "flops": flops,
+      "flops_per_token": flops["flops"] / step.tokens,
+      "formula_flops_per_token": formula,
+      "usable_memory_bytes": usable,
+      "utilization": float(config.plan.utilization),
+      "dtypes": {},
+  }
+  for dtype in config.plan.dtypes:
+    results["dtypes"][dtype] = plan_dtype(config, devices, dtype, flops, usable)
+  results["seconds"] = time.time() - start
+  return write(results, workdir)
+
+
+def write(results: dict[str, Any], workdir: str) -> dict[str, Any]:
+  """Writes ``plan.json`` and ``plan.md``; returns the mode's results."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "plan.json")
+  with open(path, "w") as f:
+    json.dump(results, f, indent=2, sort_keys=True)
+  table = markdown(results)
+  with open(os.path.join(workdir, "plan.md"), "w") as f:
+    f.write(table + "\n")
+  return dict(results, results_path=path, summary_lines=table.splitlines())
+
+
+HEADER = (
+    "| config | target | dtype | params | GFLOPs/token XLA (formula) | "
+    "per device: params + opt + temp = total GiB | fits | max micro-batch "
+    "| repeated | step s | tokens/s |\n"
+    "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"
+)
+
+
+def rows(results: dict[str, Any]) -> list[str]:
+  """The table rows of one plan, one per dtype (see ``HEADER``)."""
+  gib = 2.0**30
+  f = results["formula_flops_per_token"]
+  flops = (
+      f"{results['flops_per_token'] / 1e9:.4g} "
+      f"({f['with_recompute'] / 1e9:.4g}; model {f['model'] / 1e9:.4g})"
+  )
+  target = f"{results['devices']}x {results['platform']}"
+  # Per-device FLOPs x devices over the program's: 1 when no work repeats.
+  # (Unknown, "-", where the compiler analyses compiled programs only.)
+  fl = results["flops"]
+  repeated = "-"
+  if "flops_loops_once" in fl:
+    ratio = fl["flops_per_device"] * results["devices"] / fl["flops"]
+    repeated = f"{ratio:.2f}"
+  if results["estimate"]:
+    target += " (est.)"
+  out = []
+  for dtype, r in results["dtypes"].items():
+    m = r["memory"]
+    mem = (
+        f"{m['params'] / gib:.2f} + {m['opt_state'] / gib:.2f} + "
+        f"{m['temporaries'] / gib:.2f} = {m['total'] / gib:.2f}"
+    )
+    fit = r.get("max_micro_batch")
+    out.append(
+        f"| {results['name']} | {target} | {dtype} | "
+        f"{results['num_params'] / 1e6:.1f}M | {flops} | {mem} | "
+        f"{'yes' if r['fits'] else 'no'} | {'-' if fit is None else fit} | "
+        f"{repeated} | {r['step_time_s']:.3g} | {r['tokens_per_s']:.3g} |"
+    )
+  return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+  """The plan as a markdown table (``HEADER`` and ``rows``)."""
+  return "\n".join([HEADER] + rows(results))

@@ -1,0 +1,283 @@
+"""Ahead-of-time compilation of a config's train step for ``--mode=plan``.
+
+Everything is abstract: the train state comes from
+``experiment.abstract_state`` (``jax.eval_shape`` of the initialiser), the
+batch from the batcher's declared ``batch_shapes`` (``memjax.data.
+batchers.with_shapes``), so no corpus is read and nothing is allocated. The
+step is the one training runs (``train_step.make_train_step``) on a mesh of
+the planned devices: fake CPU devices, or the devices of a libtpu topology.
+
+FLOPs: XLA's cost analysis counts a loop body once. The step's scans (over
+micro-batches, lane segments, adaptive-softmax chunks and memory blocks)
+are therefore traced fully unrolled (``memjax.unroll``) and the FLOPs read
+from that lowering (the whole program, before it is split over the
+devices); memory comes from the compiled, looping program that training
+runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from memjax import checkpointing
+from memjax import errors
+from memjax import experiment
+from memjax import losses
+from memjax import registry
+from memjax import sharding as sharding_lib
+from memjax import task as task_lib
+from memjax import train_step as train_step_lib
+from memjax import unroll
+from memjax.data import sources
+from memjax.modes import platforms
+
+# Published vocabularies of the word corpora (V = word types + <pad> and
+# <eos>, memjax.data.vocab.SPECIAL_TOKENS; <unk> is one of the types):
+# WikiText-103 has 267,735 types (Merity et al. 2016, Table 1).
+WORD_VOCAB_SIZES = {"wikitext103": 267_735 + 2}
+# Byte corpora: 256 bytes + <pad>, <eos>, <unk> (seqio.ByteVocabulary).
+BYTE_VOCAB_SIZE = 259
+
+
+def vocab_size(config: ml_collections.ConfigDict) -> int:
+  """V of the planned model, without reading the corpus.
+
+  ``plan.vocab_size`` when set; else the config's own (the task section's
+  ``vocab_size``: ``translation.vocab_size``, ``mlm.vocab_size``); else the
+  corpus's published vocabulary.
+
+  Raises:
+    errors.ConfigError: none of these is known.
+  """
+  if int(config.plan.vocab_size) > 0:
+    return int(config.plan.vocab_size)
+  section = config.get(config.get("task", "lm"))
+  if isinstance(section, ml_collections.ConfigDict) and "vocab_size" in section:
+    return int(section.vocab_size)
+  corpus = sources.canonical_corpus(config.data.corpus)
+  if corpus in WORD_VOCAB_SIZES:
+    return WORD_VOCAB_SIZES[corpus]
+  if sources.corpus_spec(corpus).level == "byte":
+    return BYTE_VOCAB_SIZE
+  raise errors.ConfigError(
+      f"the vocabulary size of corpus {corpus!r} comes from its files: set "
+      "--config.plan.vocab_size"
+  )
+
+
+def plan_devices(config: ml_collections.ConfigDict) -> tuple[list[Any], str]:
+  """(devices, where) of the plan: a libtpu topology's devices, or this
+  process's fake CPU devices.
+
+  Raises:
+    errors.ConfigError: the process has another number of devices than
+      ``plan.devices`` (it was started without ``--mode=plan``'s flags).
+  """
+  n = platforms.planned_devices(config)
+  if platforms.uses_topology(config):
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+
+    platform = platforms.get(config.plan.platform)
+    name = platforms.topology_name(platform, n, config.plan.tpu_shape)
+    kwargs = (
+        {} if platform.topology == "v5e" else {"chip_config_name": "megacore"}
+    )
+    devices = topologies.get_topology_desc(
+        platform="tpu", topology_name=name, **kwargs
+    ).devices
+    return list(devices), f"libtpu topology {name}"
+  devices = jax.devices()
+  if len(devices) != n:
+    raise errors.ConfigError(
+        f"plan.devices is {n} but JAX started with {len(devices)} devices: "
+        "run the plan as python -m memjax.main --mode=plan, which sets "
+        "XLA_FLAGS before JAX starts"
+    )
+  return devices, f"{n} fake CPU devices"
+
+
+def abstract_batch(
+    config: ml_collections.ConfigDict, mesh: Any
+) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch of a step as ``jax.ShapeDtypeStruct``s placed as
+  ``sharding.put_global_batch`` places a real one.
+
+  Raises:
+    errors.ConfigError: the batcher declares no batch shapes.
+  """
+  name = config.data.batching
+  make = registry.BATCHERS.get(name)
+  shapes_fn = getattr(make, "batch_shapes", None)
+  if shapes_fn is None:
+    raise errors.ConfigError(
+        f"data.batching {name!r} declares no batch shapes "
+        "(memjax.data.batchers.with_shapes): --mode=plan cannot build its "
+        "batch without data"
+    )
+  out = {}
+  for key, (shape, dtype) in shapes_fn(config, mesh.size).items():
+    sharding = sharding_lib.batch_sharding(mesh, len(shape))
+    out[key] = jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=sharding)
+  return out
+
+
+@dataclasses.dataclass
+class Step:
+  """A step traced for the plan.
+
+  Attributes:
+    config: the config it was built from.
+    mesh: the mesh.
+    make_fn: builds the jitted train step (``sharding.MeshFunction``); a
+      fresh one for each lowering, since JAX caches traces by argument and
+      ``memjax.unroll``'s switch is not one.
+    args: its abstract (state, batch, rng).
+    num_params: parameters.
+    state_bytes: per-device bytes of 'params' and 'opt_state'.
+    tokens: positions per step (the batch's 'inputs').
+  """
+
+  config: ml_collections.ConfigDict
+  mesh: Any
+  make_fn: Any
+  args: tuple[Any, Any, Any]
+  num_params: int
+  state_bytes: dict[str, int]
+  tokens: int
+
+
+def _per_device_bytes(tree: Any) -> int:
+  """Bytes of one device's shards of a tree of sharded ShapeDtypeStructs."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shard = x.sharding.shard_shape(x.shape)
+    total += int(np.prod(shard, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def build_step(config: ml_collections.ConfigDict, devices: list[Any]) -> Step:
+  """The train step of ``config`` on ``devices``, with abstract arguments.
+
+  Raises:
+    errors.UserError: a config the run itself would refuse.
+  """
+  experiment.validate_config(config)
+  mesh = sharding_lib.make_mesh(config.mesh.to_dict(), devices)
+  task_lib.get(config).check_batch_fits(config, mesh)
+  batch = abstract_batch(config, mesh)
+  model = experiment.build_model(config.model, vocab_size(config))
+  num_steps = int(config.train.num_steps)
+  tx, _ = experiment.make_optimizer(config, num_steps)
+  loss_fn = losses.make_loss(config.loss, num_steps, seed=config.seed)
+  _, abstract, shardings = experiment.abstract_state(model, tx, mesh, batch)
+  state = checkpointing.abstract_with_sharding(abstract, shardings)
+  rng = jax.ShapeDtypeStruct(
+      (2,), jnp.uint32, sharding=sharding_lib.replicated(mesh)
+  )
+  make_fn = lambda: train_step_lib.make_train_step(
+      model, tx, loss_fn, grad_accum=int(config.train.grad_accum),
+      state_shardings=shardings, mesh=mesh,
+      segments_per_lane=int(config.data.segments_per_lane),
+  )  # fmt: skip
+  num_params = sum(
+      int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params)
+  )
+  return Step(
+      config, mesh, make_fn, (state, batch, rng), num_params,
+      {"params": _per_device_bytes(state.params),
+       "opt_state": _per_device_bytes(state.opt_state)},
+      int(np.prod(batch["inputs"].shape)),
+  )  # fmt: skip
+
+
+def _micro_step(step: Step) -> Step:
+  """The step of one micro-batch (``train.grad_accum`` 1)."""
+  accum = int(step.config.train.grad_accum)
+  c = ml_collections.ConfigDict(step.config.to_dict())
+  c.data.batch_size, c.train.grad_accum = c.data.batch_size // accum, 1
+  return build_step(c, list(step.mesh.devices.flat))
+
+
+def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
+  """FLOPs of one step.
+
+  Returns:
+    'flops': all devices together, of the unrolled lowering (every loop
+    iteration counted, before the program is split over the devices);
+    'flops_per_device': ``train.grad_accum`` times the FLOPs of one
+    micro-batch's step, unrolled and compiled for one device (work repeated
+    on every device counted on each; the optimiser update, a few FLOPs per
+    parameter, is counted once per micro-batch; one micro-batch keeps the
+    compilation small); 'flops_loops_once': XLA's count of the looping
+    lowering (every loop body once), for comparison; 'seconds': the time
+    all this took. ``per_device`` False leaves out the compilation and
+    'flops_per_device'. The TPU compiler analyses compiled programs only:
+    there 'flops' is the per-device count times the devices and
+    'flops_loops_once' is left out.
+  """
+  start = time.time()
+  with unroll.unrolled():
+    whole = step.make_fn().lower(*step.args).cost_analysis()
+  out = {}
+  if whole is not None:
+    out["flops"] = float(whole["flops"])
+    looping = step.make_fn().lower(*step.args).cost_analysis()
+    out["flops_loops_once"] = float(looping["flops"])
+  if per_device or whole is None:
+    micro = _micro_step(step)
+    with unroll.unrolled():
+      lowered = micro.make_fn().lower(*micro.args)
+    accum = int(step.config.train.grad_accum)
+    compiled = lowered.compile().cost_analysis()
+    out["flops_per_device"] = accum * float(compiled["flops"])
+  if whole is None:
+    out["flops"] = out["flops_per_device"] * step.mesh.size
+  out["seconds"] = time.time() - start
+  return out
+
+
+def module_params(step: Step, name: str) -> int:
+  """Parameters of the model's top-level module ``name`` (0 if none)."""
+  params = step.args[0].params
+  if name not in params:
+    return 0
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params[name]))
+
+
+def data_parallel(config: ml_collections.ConfigDict, devices: list[Any]) -> int:
+  """Devices a micro-batch is split over (mesh data x fsdp)."""
+  mesh = sharding_lib.mesh_shape(config.mesh.to_dict(), len(devices))
+  return int(mesh[0] * mesh[1])
+
+
+def step_memory(step: Step) -> dict[str, float]:
+  """Per-device memory of the compiled step (XLA's memory analysis).
+
+  Returns:
+    bytes of 'params' and 'opt_state' (their shards), 'arguments',
+    'outputs', 'aliased' (donated state written in place), 'temporaries',
+    'total' (arguments + outputs + temporaries - aliased), and 'seconds'
+    the compilation took.
+  """
+  start = time.time()
+  compiled = step.make_fn().lower(*step.args).compile()
+  ma = compiled.memory_analysis()
+  out = dict(step.state_bytes)
+  out.update(
+      arguments=int(ma.argument_size_in_bytes),
+      outputs=int(ma.output_size_in_bytes),
+      aliased=int(ma.alias_size_in_bytes),
+      temporaries=int(ma.temp_size_in_bytes),
+  )
+  out["total"] = (
+      out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
+  )
+  out["seconds"] = time.time() - start
+  return out

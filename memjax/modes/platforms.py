@@ -1,0 +1,230 @@
+"""Accelerators ``--mode=plan`` plans for, and its device set-up.
+
+Nothing here imports JAX: ``memjax.main`` calls ``set_device_flags`` before
+the first ``import jax``, because XLA reads the fake CPU device count
+(``--xla_force_host_platform_device_count``) once, when its CPU backend
+starts.
+
+Peak FLOP/s are dense (no structured sparsity) per device as JAX sees it: a
+TPU v4 or v5p chip (its two TensorCores form one megacore device), a TPU
+v5e chip, one GPU. The float32 column is what JAX's default matmul precision
+runs float32 products at: on TPUs one bfloat16 pass of the MXU (so the
+bfloat16 peak; no float32 figure is published), on NVIDIA GPUs TF32 tensor
+cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from memjax import errors
+
+TFLOPS = 1e12
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+  """One kind of device.
+
+  Attributes:
+    name: the ``plan.platform`` value.
+    peak_bf16: dense bfloat16 FLOP/s per device.
+    peak_fp32: FLOP/s of float32 matmuls at JAX's default precision.
+    memory: device memory in bytes.
+    memory_fraction: the share of ``memory`` a run may use by default.
+    topology: 'tpu_v4'-style name of the libtpu topology ('v4', 'v5e',
+      'v5p'), '' for platforms compiled on fake CPU devices.
+    source: where the numbers come from.
+  """
+
+  name: str
+  peak_bf16: float
+  peak_fp32: float
+  memory: float
+  memory_fraction: float
+  topology: str
+  source: str
+
+
+# JAX on GPUs preallocates 75% of the memory (XLA_PYTHON_CLIENT_MEM_FRACTION,
+# https://docs.jax.dev/en/latest/gpu_memory_allocation.html); on TPUs XLA
+# owns the HBM, less a few percent for the runtime.
+_GPU_FRACTION, _TPU_FRACTION = 0.75, 0.95
+
+PLATFORMS: dict[str, Platform] = {
+    # 275 TFLOP/s bf16 and 32 GiB HBM per chip:
+    # https://cloud.google.com/tpu/docs/v4
+    "tpu_v4": Platform(
+        "tpu_v4",
+        275 * TFLOPS,
+        275 * TFLOPS,
+        32 * GIB,
+        _TPU_FRACTION,
+        "v4",
+        "cloud.google.com/tpu/docs/v4",
+    ),
+    # 197 TFLOP/s bf16 and 16 GiB HBM per chip:
+    # https://cloud.google.com/tpu/docs/v5e
+    "tpu_v5e": Platform(
+        "tpu_v5e",
+        197 * TFLOPS,
+        197 * TFLOPS,
+        16 * GIB,
+        _TPU_FRACTION,
+        "v5e",
+        "cloud.google.com/tpu/docs/v5e",
+    ),
+    # 459 TFLOP/s bf16 and 95 GiB HBM per chip:
+    # https://cloud.google.com/tpu/docs/v5p
+    "tpu_v5p": Platform(
+        "tpu_v5p",
+        459 * TFLOPS,
+        459 * TFLOPS,
+        95 * GIB,
+        _TPU_FRACTION,
+        "v5p",
+        "cloud.google.com/tpu/docs/v5p",
+    ),
+    # H100 SXM5: 989.4 TFLOP/s bf16 and 494.7 TF32 dense (the datasheet's
+    # 1,979 / 989 are with sparsity), 80 GB HBM3:
+    # https://www.nvidia.com/en-us/data-center/h100/ and the H100 whitepaper
+    # (resources.nvidia.com/en-us-tensor-core), table 3.
+    "h100": Platform(
+        "h100",
+        989.4 * TFLOPS,
+        494.7 * TFLOPS,
+        80 * GIB,
+        _GPU_FRACTION,
+        "",
+        "nvidia.com/en-us/data-center/h100 (SXM5, dense)",
+    ),
+    # H200 SXM: the H100's tensor cores, 141 GB HBM3e:
+    # https://www.nvidia.com/en-us/data-center/h200/
+    "h200": Platform(
+        "h200",
+        989.4 * TFLOPS,
+        494.7 * TFLOPS,
+        141e9,
+        _GPU_FRACTION,
+        "",
+        "nvidia.com/en-us/data-center/h200 (SXM, dense)",
+    ),
+    # A100 SXM4 80GB: 312 TFLOP/s bf16 and 156 TF32 dense, 80 GB HBM2e:
+    # https://www.nvidia.com/en-us/data-center/a100/ (datasheet, dense).
+    "a100": Platform(
+        "a100",
+        312 * TFLOPS,
+        156 * TFLOPS,
+        80 * GIB,
+        _GPU_FRACTION,
+        "",
+        "nvidia.com/en-us/data-center/a100 (SXM4 80GB, dense)",
+    ),
+    # One x86 core with two AVX2 FMA units at 3 GHz: 2 units x 8 float32
+    # lanes x 2 FLOPs x 3e9 = 96 GFLOP/s (bfloat16 is converted, no faster);
+    # the memory is 4 GiB per fake device, a nominal share of a host.
+    "cpu": Platform(
+        "cpu",
+        96e9,
+        96e9,
+        4 * GIB,
+        0.9,
+        "",
+        "nominal AVX2 core: 2 FMA units x 8 lanes x 2 FLOPs x 3 GHz",
+    ),
+}
+
+
+def get(name: str) -> Platform:
+  """The platform named by ``plan.platform`` (ConfigError listing them)."""
+  if name not in PLATFORMS:
+    raise errors.ConfigError(
+        f"plan.platform {name!r} is not known; use one of "
+        f"{', '.join(PLATFORMS)}"
+    )
+  return PLATFORMS[name]
+
+
+def planned_devices(config) -> int:
+  """``plan.devices``, or (0) the devices the config's mesh names: the
+  product of its fixed axes (an axis of -1 counts as 1)."""
+  n = int(config.plan.devices)
+  if n < 0:
+    raise errors.ConfigError(f"plan.devices must be >= 0, got {n}")
+  if n:
+    return n
+  sizes = [int(v) for v in config.mesh.to_dict().values()]
+  out = 1
+  for s in sizes:
+    out *= max(s, 1)
+  return out
+
+
+def set_device_flags(config, environ=None) -> None:
+  """Makes JAX start with the planned number of fake CPU devices.
+
+  Sets ``XLA_FLAGS`` (any earlier host device count replaced) and
+  ``JAX_PLATFORMS=cpu`` in ``environ`` (default ``os.environ``); must run
+  before JAX initialises its backends. A TPU platform compiled against a
+  libtpu topology needs no fake devices and keeps JAX's platforms.
+  """
+  environ = os.environ if environ is None else environ
+  n = planned_devices(config)
+  flags = re.sub(
+      r"--xla_force_host_platform_device_count=\S*", "",
+      environ.get("XLA_FLAGS", ""),
+  ).split()  # fmt: skip
+  environ["XLA_FLAGS"] = " ".join(
+      flags + [f"--xla_force_host_platform_device_count={n}"]
+  )
+  if not uses_topology(config):
+    environ["JAX_PLATFORMS"] = "cpu"
+
+
+def uses_topology(config) -> bool:
+  """Whether the plan compiles against a libtpu topology (a TPU platform,
+  ``plan.tpu_topology`` not switched off, and libtpu installed)."""
+  platform = get(config.plan.platform)
+  if not platform.topology or not config.plan.tpu_topology:
+    return False
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  return importlib.util.find_spec("libtpu") is not None
+
+
+def topology_name(platform: Platform, devices: int, shape: str = "") -> str:
+  """The libtpu topology name, e.g. 'v4:4x8x8' for 256 TPU v4 chips.
+
+  Args:
+    platform: a TPU platform.
+    devices: chips.
+    shape: 'AxBxC' (or 'AxB' for v5e) to use instead of the default: the
+      chips as a power of two, spread over the axes as Cloud TPU's slices
+      are (v4/v5p: 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, ...; v5e: 2x2, 2x4,
+      4x4, ...).
+
+  Raises:
+    errors.ConfigError: a count that is not a power of two >= 4 and no shape.
+  """
+  if shape:
+    return f"{platform.topology}:{shape}"
+  if devices < 4 or devices & (devices - 1):
+    raise errors.ConfigError(
+        f"plan.devices {devices} is no standard {platform.name} slice (a "
+        "power of two >= 4): set --config.plan.tpu_shape=AxBxC"
+    )
+  dims = [2, 2] if platform.topology == "v5e" else [2, 2, 1]
+  while _product(dims) < devices:
+    i = max(j for j, d in enumerate(dims) if d == min(dims))
+    dims[i] *= 2
+  return f"{platform.topology}:{'x'.join(map(str, dims))}"
+
+
+def _product(xs) -> int:
+  out = 1
+  for x in xs:
+    out *= x
+  return out

@@ -1,0 +1,116 @@
+"""``--mode=plan``: the 7m model's parameters counted from an initialised
+model, its FLOPs per token against the textbook formula, FLOPs per step that
+double with the micro-batches, TPU slice shapes, the device flags set
+before JAX starts, and a run of the mode through ``memjax.main`` that
+writes nothing but the plan."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import trime_wt103
+from memjax import errors
+from memjax import experiment
+from memjax.modes import plan_compile
+from memjax.modes import platforms
+from tests.conftest import run_main
+
+
+def _count(tree) -> int:
+  return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
+
+
+def test_7m_parameters_and_flops_per_token():
+  config = trime_wt103.get_config("7m")
+  config.plan.devices = 8  # the suite's eight fake CPU devices
+  step = plan_compile.build_step(config, jax.devices())
+  # An initialised model, counted leaf by leaf.
+  model = experiment.build_model(config.model, 267_737)
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  params = model.init(
+      {"params": jax.random.PRNGKey(0)}, tokens, tokens, deterministic=True
+  )["params"]
+  n = _count(params)
+  assert step.num_params == n
+  assert 7.0e6 < n < 7.2e6
+  # 6 N + 12 n_layer T d_attn (PaLM App. B), plus the forward pass of the
+  # adaptive softmax that its chunked scoring recomputes (2 N_softmax).
+  layers, t, d_attn = 8, 3072, 4 * 32
+  formula = 6 * n + 12 * layers * t * d_attn + 2 * _count(params["embedder"])
+  flops = plan_compile.step_flops(step, per_device=False)
+  per_token = flops["flops"] / (8 * 3072)
+  assert abs(per_token / formula - 1) < 0.10, (per_token, formula)
+  # XLA counts each of the softmax's 6 chunks once without the unrolling.
+  assert flops["flops_loops_once"] < 0.8 * flops["flops"]
+
+
+def _smoke(batch_size: int, grad_accum: int):
+  c = trime_wt103.get_config("smoke")
+  c.plan.devices = 8
+  c.data.batch_size, c.train.grad_accum = batch_size, grad_accum
+  return plan_compile.build_step(c, jax.devices())
+
+
+def test_doubling_grad_accum_doubles_flops_per_step():
+  # The same micro-batch of 8 segments, 2 then 4 times per step.
+  two = plan_compile.step_flops(_smoke(16, 2), per_device=False)
+  four = plan_compile.step_flops(_smoke(32, 4), per_device=False)
+  assert four["flops"] / two["flops"] == pytest.approx(2.0, rel=0.01)
+  # XLA's own count sees one micro-batch either way.
+  assert four["flops_loops_once"] / two["flops_loops_once"] < 1.1
+
+
+def test_tpu_slices_and_device_flags():
+  v4, v5e = platforms.get("tpu_v4"), platforms.get("tpu_v5e")
+  assert platforms.topology_name(v4, 4) == "v4:2x2x1"
+  assert platforms.topology_name(v4, 256) == "v4:4x8x8"
+  assert platforms.topology_name(v5e, 8) == "v5e:2x4"
+  assert platforms.topology_name(v4, 6, "1x2x3") == "v4:1x2x3"
+  with pytest.raises(errors.ConfigError, match="plan.tpu_shape"):
+    platforms.topology_name(v4, 6)
+  with pytest.raises(errors.ConfigError, match="h100"):
+    platforms.get("tpu_v9")
+  config = trime_wt103.get_config("smoke")
+  config.plan.devices, config.plan.platform = 16, "h100"
+  env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"}
+  platforms.set_device_flags(config, env)
+  assert env["XLA_FLAGS"].split() == [
+      "--foo",
+      "--xla_force_host_platform_device_count=16",
+  ]
+  assert env["JAX_PLATFORMS"] == "cpu"
+  # Default: the devices the mesh names.
+  config.plan.devices = 0
+  config.mesh.fsdp, config.mesh.tensor = 2, 2
+  assert platforms.planned_devices(config) == 4
+
+
+def test_main_plans_without_data_or_checkpoints(tmp_path):
+  workdir = str(tmp_path / "plan")
+  # Started with one device: --config.plan.devices=4 must reach XLA.
+  r = run_main(
+      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
+      "--mode=plan", "--config.plan.devices=4",
+      "--config.plan.platform=h100", "--config.data.data_dir=/nonexistent",
+      "--config.plan.dtypes=('bfloat16',)", devices=1,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert sorted(os.listdir(workdir)) == ["plan.json", "plan.md"]
+  with open(os.path.join(workdir, "plan.json")) as f:
+    plan = json.load(f)
+  assert plan["devices"] == 4 and plan["mesh"]["data"] == 4
+  assert plan["estimate"] is True
+  assert list(plan["dtypes"]) == ["bfloat16"]
+  assert plan["dtypes"]["bfloat16"]["max_micro_batch"] % 4 == 0
+  assert "| 4x h100 (est.) | bfloat16 |" in r.stdout
+  bad = run_main(
+      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}2",
+      "--mode=plan", "--config.plan.platform=tpu_v9",
+  )  # fmt: skip
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines()[-1].startswith("memjax: error: ")
+  assert not os.path.exists(f"{workdir}2")
