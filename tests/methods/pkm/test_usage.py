@@ -6,6 +6,7 @@ import math
 import os
 
 import flax
+import matplotlib.image
 import numpy as np
 import pytest
 
@@ -44,7 +45,13 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   res = pkm_usage.memory_usage(config, str(tmp_path))
   with open(tmp_path / "memory_usage.json") as f:
     saved = json.load(f)
-  assert os.path.getsize(tmp_path / "memory_usage.png") > 0
+  # The figure read back: per layer (columns of 4 inches) the read-count
+  # histogram over the staleness bars (rows of 3 inches), at 100 dpi, drawn
+  # in matplotlib's first colour (C0 #1f77b4).
+  image = matplotlib.image.imread(tmp_path / "memory_usage.png")
+  assert image.shape[:2] == (2 * 300, len(LAYERS) * 400)
+  pixels = np.round(image[..., :3] * 255).astype(int).reshape(-1, 3)
+  assert (np.abs(pixels - (0x1F, 0x77, 0xB4)).max(-1) <= 2).sum() > 100
   assert saved["step"] == 4 and set(saved["layers"]) == set(LAYERS)
   num_keys, heads, topk, _ = pkm_wt103.MEMORY["smoke"]
   # Whole windows only, every head's k reads of every token counted once.
