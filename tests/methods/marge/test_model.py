@@ -97,18 +97,34 @@ def test_cross_attention_matches_numpy():
     np.testing.assert_allclose(y[i], ref, rtol=2e-4, atol=2e-5)
 
 
+def _numpy_embedding(model, params, tokens):
+  """e(.) of the first N positions of [M, T] ids in NumPy: the plain LM's
+  first-layer output (the embedder is the lower half, here one layer), the
+  LayerNorm ``embed_norm``, the mean over N positions, unit length."""
+  _, state = model.apply(
+      {"params": params}, tokens, tokens,
+      capture_intermediates=True, mutable=["intermediates"],
+  )  # fmt: skip
+  h = np.asarray(
+      state["intermediates"]["layer_0"]["__call__"][0][0], np.float64
+  )
+  mu = h.mean(-1, keepdims=True)
+  var = ((h - mu) ** 2).mean(-1, keepdims=True)
+  norm = params["embed_norm"]
+  h = (h - mu) / np.sqrt(var + model.norm_epsilon) * np.asarray(
+      norm["scale"], np.float64
+  ) + np.asarray(norm["bias"], np.float64)
+  v = h[:, :N].mean(1)
+  return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
 def test_bias_is_beta_times_cosine_of_query_segment(setup):
   model, params, x, src, _ = setup
+  assert model.num_layers == 2 and model.pooling == "mean"  # The reference's.
   bias = np.asarray(_bias(model, params, x, src))
-  embed = jax.jit(
-      lambda p, t: model.apply(
-          {"params": p}, t, method=marge.MargeLM.embed_segments
-      )
-  )
-  e_q = np.asarray(embed(params, x[:, :N]))
-  e_s = np.asarray(embed(params, src[..., :N]))
-  np.testing.assert_allclose(np.linalg.norm(e_q, axis=-1), 1.0, rtol=1e-5)
-  ref = 0.7 * np.einsum("bd,bkd->bk", e_q, e_s)
+  e_q = _numpy_embedding(model, params, np.asarray(x))
+  e_s = _numpy_embedding(model, params, np.asarray(src).reshape(2 * K, -1))
+  ref = 0.7 * np.einsum("bd,bkd->bk", e_q, e_s.reshape(2, K, -1))
   np.testing.assert_allclose(bias, ref, rtol=1e-4, atol=1e-6)
 
 

@@ -126,8 +126,13 @@ def planted(tmp_path_factory):
   b = table.segment_tokens(table.next[query])
   cont = table.segment_tokens(np.maximum(table.next[np.maximum(ids, 0)], 0))
   hit = ((cont == b[:, None]).all(-1) & (ids >= 0) & (ids < pool)).any(-1)
+  # Chance by hand: a query may retrieve any of the pool's training
+  # segments and the segments before it in its own article (its position).
+  candidates = pool + table.pos[query]
   everything = np.broadcast_to(np.arange(len(table)), (len(query), len(table)))
-  candidates = table.allowed(query, everything, pool).sum(1)
+  np.testing.assert_array_equal(
+      table.allowed(query, everything, pool).sum(1), candidates
+  )
   batch = marge_lib.window_arrays(table, query, ids)
   scored = batch["weights"] > 0  # the N tokens of B
   vanilla, _ = experiment.load_for_mode(

@@ -8,6 +8,7 @@ partial initialisation from the MLM run, the fine-tune's results, and a
 resume that keeps the best dev parameters.
 """
 
+import csv
 import json
 import os
 import shutil
@@ -233,16 +234,87 @@ def test_partial_init_restores_every_shared_parameter(
   assert "not used: none" in printed
 
 
+def _scores_and_usage(restored, ids):
+  """(class logits [N, C], {layer: {'reads', 'top1', 'weights'} [K]}) of
+  the encoded sentences ``ids`` in one batch, straight from the model (not
+  through the run's scorer and batching)."""
+  inputs = np.zeros((len(ids), max(len(x) for x in ids)), np.int32)
+  for i, x in enumerate(ids):
+    inputs[i, : len(x)] = x
+  model = restored.model
+  out, sown = model.apply(
+      {"params": restored.params}, inputs, None, True,
+      method=model.forward, mutable=["pkm_usage"],
+  )  # fmt: skip
+  flat = flax.traverse_util.flatten_dict(sown["pkm_usage"], sep="/")
+  usage = {}
+  for key, value in flat.items():
+    layer, name = key.rsplit("/", 1)
+    usage.setdefault(layer, {})[name] = np.asarray(value, np.float64)
+  return np.asarray(out.logits), usage
+
+
 def test_finetune_reports_accuracy_and_class_usage(bert_cls_smoke_workdir):
+  """The reported test accuracy, class IOU and KL and memory usage,
+  recomputed with NumPy from the best dev checkpoint's scores and sown
+  counts."""
   with open(os.path.join(bert_cls_smoke_workdir, "results.json")) as f:
     res = json.load(f)
-  assert 0.0 <= res["test"]["accuracy"] <= 1.0
   assert res["best_step"] in (1, 2)
+  best = experiment.load(
+      os.path.join(bert_cls_smoke_workdir, "best_dev"), mesh={"data": 1}
+  )
+  assert best.step == res["best_step"]
+  c = best.config.classification
+  vocab = mlm.load_vocabulary(os.path.join(bert_cls_smoke_workdir, "spm.model"))
+  cls_id, _ = mlm.special_ids(vocab)
+
+  def read(split):
+    path = os.path.join(glue.DEFAULT_DIR, f"{split}.tsv")
+    with open(path, encoding="utf-8") as f:
+      rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    labels = np.array([list(c.labels).index(r["label"]) for r in rows])
+    ex = glue.encode_examples(
+        [r["sentence"] for r in rows], labels, vocab, cls_id, c.max_len
+    )
+    return ex.ids, labels
+
+  ids, labels = read("test")
+  logits, _ = _scores_and_usage(best, ids)
+  assert res["test"]["accuracy"] == pytest.approx(
+      np.mean(logits.argmax(-1) == labels), abs=1e-12
+  )
+  ids, labels = read("dev")  # classification.usage_split
+  _, usage = _scores_and_usage(best, ids)
+  by_class = [
+      _scores_and_usage(best, [ids[i] for i in np.flatnonzero(labels == k)])[1]
+      for k in (1, 0)
+  ]
   layers = res["class_divergence"]
-  assert sorted(layers) == ["layer_0/ffn/memory", "layer_1/ffn/memory"]
-  for d in layers.values():
-    assert 0.0 <= d["iou"] <= 1.0 and d["kl"] >= 0.0
-  assert all(0 < m["mu"] <= 1 for m in res["memory"].values())
+  assert (
+      sorted(layers)
+      == sorted(usage)
+      == [
+          "layer_0/ffn/memory",
+          "layer_1/ffn/memory",
+      ]
+  )
+  for layer, d in layers.items():
+    pos, neg = (u[layer]["top1"] for u in by_class)
+    np.testing.assert_allclose(
+        d["iou"], np.minimum(pos, neg).sum() / np.maximum(pos, neg).sum()
+    )
+    p, q = pos / pos.sum(), neg / neg.sum()
+    assert (p > 0).all() and (q > 0).all()  # No floor needed here.
+    np.testing.assert_allclose(d["kl"], np.sum(p * np.log(p / q)), rtol=1e-6)
+    m, u = res["memory"][layer], usage[layer]
+    assert m["reads"] == u["reads"].sum()
+    assert m["mu"] == np.mean(u["reads"] > 0)
+    assert m["top1_mu"] == np.mean(u["top1"] > 0)
+    r = u["reads"] / u["reads"].sum()
+    np.testing.assert_allclose(
+        m["kl_u"], np.log(len(r)) + np.sum(r * np.log(r)), rtol=1e-5
+    )
 
 
 def test_resumed_finetune_keeps_the_best_dev_parameters(

@@ -5,11 +5,14 @@ import json
 import math
 import os
 
+import flax
+import matplotlib.image
 import numpy as np
 import pytest
 
 from configs import pkm_wt103
 from memjax import errors
+from memjax import experiment
 from memjax.methods.pkm import usage as pkm_usage
 from memjax import validation
 
@@ -42,23 +45,48 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   res = pkm_usage.memory_usage(config, str(tmp_path))
   with open(tmp_path / "memory_usage.json") as f:
     saved = json.load(f)
-  assert os.path.getsize(tmp_path / "memory_usage.png") > 0
+  # The figure read back: per layer (columns of 4 inches) the read-count
+  # histogram over the staleness bars (rows of 3 inches), at 100 dpi, drawn
+  # in matplotlib's first colour (C0 #1f77b4).
+  image = matplotlib.image.imread(tmp_path / "memory_usage.png")
+  assert image.shape[:2] == (2 * 300, len(LAYERS) * 400)
+  pixels = np.round(image[..., :3] * 255).astype(int).reshape(-1, 3)
+  assert (np.abs(pixels - (0x1F, 0x77, 0xB4)).max(-1) <= 2).sum() > 100
   assert saved["step"] == 4 and set(saved["layers"]) == set(LAYERS)
   num_keys, heads, topk, _ = pkm_wt103.MEMORY["smoke"]
   # Whole windows only; a token reads a slot once however many heads do.
   window, batch = config.eval.window_len, config.eval.batch_size
   tokens = 2048 // window // batch * batch * window
   assert saved["count"] == "token"
+  # Independently: the per-slot sums that the model itself sows over the
+  # same windows at each checkpoint, and the metrics from them with NumPy.
+  split = experiment.load_corpus(
+      config, str(tmp_path), (config.memory_usage.split,), train=False
+  ).splits[config.memory_usage.split]
+  windows = np.asarray(split.tokens[:tokens], np.int32).reshape(-1, window)
+  sown = {
+      step: _sown_sums(resm_smoke_workdir, step, windows) for step in (2, 4)
+  }
   for layer in LAYERS:
     m = saved["layers"][layer]
     assert m["slots"] == num_keys**2
     assert tokens * topk <= m["reads"] <= tokens * heads * topk
     _in_range(m, num_keys**2)
-    st = saved["staleness"][layer]
-    assert set(st) == {"never", "2", "4"}
-    assert sum(st.values()) == num_keys**2
-    # Slots last used at the final checkpoint are its top-1 slots.
-    np.testing.assert_allclose(st["4"] / num_keys**2, m["top1_mu"])
+    reads, top1, weights = (
+        sown[4][layer][k] for k in ("reads", "top1", "weights")
+    )
+    assert m["reads"] == reads.sum()
+    assert m["mu"] == np.mean(reads > 0)
+    assert m["top1_mu"] == np.mean(top1 > 0)
+    np.testing.assert_allclose(m["kl_u"], _kl_uniform(reads), rtol=1e-5)
+    np.testing.assert_allclose(m["kl_w"], _kl_uniform(weights), rtol=1e-5)
+    # Staleness: the last checkpoint at which each slot was a top-1.
+    used = {s: sown[s][layer]["top1"] > 0 for s in (2, 4)}
+    assert saved["staleness"][layer] == {
+        "never": int(np.sum(~used[2] & ~used[4])),
+        "2": int(np.sum(used[2] & ~used[4])),
+        "4": int(np.sum(used[4])),
+    }
   assert res["summary_lines"][0].startswith(LAYERS[0])
   # Counted per head: every head's k reads of every token.
   config.memory_usage.update(staleness=False, count="head")
@@ -70,6 +98,28 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   config.memory_usage.count = "slot"
   with pytest.raises(errors.ConfigError, match="memory_usage.count"):
     pkm_usage.memory_usage(config, str(tmp_path / "bad"))
+
+
+def _sown_sums(run, step, windows):
+  """{layer: {'reads', 'top1', 'weights'} [K] float64} that the model at
+  ``step`` sows over ``windows`` [N, T] in one batch."""
+  r = experiment.load(run, step=step, mesh={"data": 1})
+  _, sown = r.model.apply(
+      {"params": r.params}, windows, None, True,
+      method=r.model.forward, mutable=["pkm_usage"],
+  )  # fmt: skip
+  out = {}
+  flat = flax.traverse_util.flatten_dict(sown["pkm_usage"], sep="/")
+  for key, value in flat.items():
+    layer, name = key.rsplit("/", 1)
+    out.setdefault(layer, {})[name] = np.asarray(value, np.float64)
+  return out
+
+
+def _kl_uniform(counts):
+  """KL(p || uniform) of p = counts / sum, in nats (0 log 0 = 0)."""
+  p = counts[counts > 0] / counts.sum()
+  return np.log(len(counts)) + np.sum(p * np.log(p))
 
 
 def _config(**options):

@@ -193,7 +193,9 @@ def test_cached_order(tmp_path, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("recomputed despite the cache")
 
+  # bm25_order binds bm25_pack by name: replace both.
   monkeypatch.setattr(bm25, "bm25_pack", fail)
+  monkeypatch.setattr(bm25_order, "bm25_pack", fail)
   again = bm25_order.cached_bm25_order(
       tokens, 50, 8, k=5, seed=1, cache_dir=tmp_path, show_progress=False
   )  # batch size does not matter

@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 
+import matplotlib.image
 import numpy as np
 import pytest
 
 from configs import trime_wt103
 from memjax.modes import memory as memory_modes
+from memjax import summaries
 from memjax import train
 from memjax.modes import frequency
 from memjax.methods.trime import packing
@@ -46,10 +48,36 @@ def long_run(tmp_path_factory):
 
 
 def test_trime_long_trains_and_logs_memory_metrics(long_run):
-  _, workdir, res = long_run
+  config, workdir, res = long_run
   assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])
-  events = [f for f in os.listdir(workdir) if f.startswith("events.out")]
-  assert events
+  scalars = summaries.read_scalars(workdir)  # The TensorBoard events.
+  memory = ("memory_on", "hide_local", "with_positive", "memory_share")
+  for name in ("loss", "lm_loss") + memory:
+    assert [s for s, _ in scalars[f"train/{name}"]] == [3, 6], name
+  value = lambda tag: dict(scalars[tag])
+  # round(0.05 * 6) = 0 warm-up steps: the memory is on at every step, and
+  # the long memory never hides the local one.
+  assert config.loss.lm_warmup_fraction * 6 < 0.5
+  assert value("train/memory_on") == {3: 1.0, 6: 1.0}
+  assert value("train/hide_local") == {3: 0.0, 6: 0.0}
+  for step in (3, 6):
+    assert 0.0 < value("train/with_positive")[step] <= 1.0
+    assert 0.0 < value("train/memory_share")[step] < 1.0
+    # The TRIME loss is not the plain LM loss once the memory is on.
+    assert value("train/loss")[step] != value("train/lm_loss")[step]
+  # The logged loss is the mean of the steps' losses since the last log
+  # (every step has the same number of tokens).
+  with open(os.path.join(workdir, "train_log.jsonl")) as f:
+    losses = [json.loads(line)["loss"] for line in f]
+  assert len(losses) == 6
+  for step in (3, 6):
+    np.testing.assert_allclose(
+        value("train/loss")[step], np.mean(losses[step - 3 : step]), rtol=1e-5
+    )
+  for split in ("valid", "test"):
+    nll = value(f"{split}/nll")[6]
+    np.testing.assert_allclose(nll, res[split]["nll"], rtol=1e-6)
+    np.testing.assert_allclose(value(f"{split}/ppl")[6], np.exp(nll), rtol=1e-5)
 
 
 def test_tune_writes_best_setting_and_test_at_it(long_run):
@@ -87,7 +115,13 @@ def test_memsweep_writes_csv_and_plot(long_run):
       ("cache", 32),
       ("cache", 64),
   ]
-  assert os.path.getsize(os.path.join(workdir, "memsweep.png")) > 1000
+  # The figure read back: 5 x 3.5 inches at 120 dpi, with a line of each
+  # kind in matplotlib's first two colours (C0 #1f77b4, C1 #ff7f0e).
+  image = matplotlib.image.imread(os.path.join(workdir, "memsweep.png"))
+  assert image.shape[:2] == (420, 600)
+  pixels = np.round(image[..., :3] * 255).astype(int).reshape(-1, 3)
+  for colour in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)):
+    assert (np.abs(pixels - colour).max(-1) <= 2).sum() > 100, colour
 
 
 def test_buckets_and_memeval(long_run):

@@ -15,6 +15,7 @@ from memjax import config as config_lib
 from memjax import experiment
 from memjax import registry
 from memjax.data import token_batching
+from memjax.methods.trime import bm25
 
 V = 40
 EPS = 0.1
@@ -103,7 +104,9 @@ def test_one_sentence_batch_is_label_smoothed(output_and_batch):
   np.testing.assert_allclose(loss1, ref1, rtol=1e-6)
 
 
-def test_bm25_packing_over_targets_groups_similar_targets(tmp_path):
+def test_bm25_packing_over_targets_groups_similar_targets(
+    tmp_path, monkeypatch
+):
   """Four topics of 8 targets with disjoint words: every batch of 8 rows
   (the 8 fake devices) holds one topic; the plain batcher mixes them."""
   rng = np.random.default_rng(0)
@@ -129,8 +132,19 @@ def test_bm25_packing_over_targets_groups_similar_targets(tmp_path):
   plain = registry.BATCHERS.get("tokens")(c, train, str(tmp_path))
   mixed = plain.batch(0)["targets"]
   assert len({int(r[0] - 10) // 10 for r in mixed}) > 1
-  # The order is cached: a second batcher reads it.
-  assert list((tmp_path / "bm25").iterdir())
+  # The order is cached: a second batcher reads it, and no BM25 search runs.
+  assert len(list((tmp_path / "bm25").iterdir())) == 1
+
+  def fail(*args, **kwargs):
+    raise AssertionError("recomputed despite the cache")
+
+  for name in ("bm25_neighbours", "pack_from_neighbours"):
+    monkeypatch.setattr(bm25, name, fail)
+  again = registry.BATCHERS.get("tokens_bm25")(c, train, str(tmp_path))
+  for step in range(4):
+    np.testing.assert_array_equal(
+        again.batch(step)["targets"], batcher.batch(step)["targets"]
+    )
 
 
 def _authors_trime_mt_loss(out, batch, temp, topk_mem):

@@ -5,6 +5,7 @@ import pytest
 
 from configs import trime_wt103
 from memjax.methods.trime import bm25
+from memjax.methods.trime import bm25_order
 from memjax.methods.trime import packing
 from memjax.data import streams
 from memjax.data import tasks
@@ -57,7 +58,7 @@ def test_packed_segments_follow_the_order_and_keep_batches_whole():
     streams.PackedSegments(tokens, 8, 16, order, seed=0)
 
 
-def test_bm25_batcher_reads_the_cached_order(tmp_path):
+def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
   rng = np.random.default_rng(0)
   # Four topics with disjoint vocabularies, shuffled segments of 16 tokens.
   segs = [
@@ -89,9 +90,15 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path):
       len(topic(batcher.batch(s))) == 1 for s in range(batcher.steps_per_epoch)
   )
   assert pure >= 3  # BM25 keeps most batches within one topic
-  again = packing.bm25_batcher(
-      cfg, stream, str(tmp_path)
-  )  # read, not recomputed
+
+  def fail(*args, **kwargs):
+    raise AssertionError("recomputed despite the cache")
+
+  # The order is read, not recomputed: any BM25 search now fails.
+  for name in ("bm25_pack", "bm25_neighbours"):
+    monkeypatch.setattr(bm25, name, fail)
+    monkeypatch.setattr(bm25_order, name, fail)
+  again = packing.bm25_batcher(cfg, stream, str(tmp_path))
   np.testing.assert_array_equal(
       again.batch(2)["inputs"], batcher.batch(2)["inputs"]
   )

@@ -86,8 +86,24 @@ def test_token_batches_cover_an_epoch_once(data):
     assert np.all(batch["inputs"][:, 0] == token_batching.DECODER_START)
     seen += [tuple(r[r != 0]) for r in batch["targets"] if r.any()]
   assert sorted(seen) == sorted(tuple(t) for t in split.target)
-  # A pure function of the step.
-  np.testing.assert_array_equal(b.batch(3)["source"], b.batch(3)["source"])
+  # A pure function of the step: a fresh batcher asked for the steps in
+  # another order (the next epoch's first) gives the same batches, and the
+  # next epoch is another shuffle of the same pairs.
+  fresh = token_batching.TokenBatcher(
+      split.source, split.target, max_tokens=64, buckets=(8, 16, 32),
+      seed=0, row_multiple=2,
+  )  # fmt: skip
+  n = b.num_batches
+  for step in (n + 3, 3, n + 1):
+    np.testing.assert_array_equal(
+        fresh.batch(step)["source"], b.batch(step)["source"], err_msg=step
+    )
+  epochs = [
+      [b.batch(e * n + s)["targets"].tolist() for s in range(n)] for e in (0, 1)
+  ]
+  assert epochs[0] != epochs[1]
+  flat = lambda e: sorted(tuple(r) for batch in e for r in batch)
+  assert flat(epochs[0]) == flat(epochs[1])
 
 
 def test_vocabulary_of_another_run_is_refused(data, tmp_path):
