@@ -103,6 +103,7 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   name order.
   """
   from tensorboard.backend.event_processing import event_file_loader  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
 
   out: dict[str, list[tuple[int, float]]] = {}
   for name in sorted(paths.listdir(logdir)):
@@ -112,7 +113,7 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     for event in event_file_loader.EventFileLoader(local).Load():
       for v in event.summary.value:
         value = v.simple_value
-        if v.HasField("tensor"):
-          value = float(np.asarray(v.tensor.float_val or [0.0])[0])
+        if v.HasField("tensor"):  # tf.summary v2 scalars (CLU, TensorFlow)
+          value = float(np.asarray(tensor_util.make_ndarray(v.tensor)))
         out.setdefault(v.tag, []).append((int(event.step), float(value)))
   return out

@@ -42,3 +42,19 @@ def test_other_processes_write_nothing(tmp_path):
   writer.write_scalars(1, {"loss": 1.0})
   writer.close()
   assert not (tmp_path / "x").exists()
+
+
+def test_tensor_scalars_of_other_writers_read_back(tmp_path):
+  # tf.summary v2 (CLU's writer) stores scalars as tensors.
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboard.compat.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboard.summary.writer import record_writer  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+
+  value = summary_pb2.Summary.Value(
+      tag="loss", tensor=tensor_util.make_tensor_proto(np.float32(0.75))
+  )
+  event = event_pb2.Event(step=9, summary=summary_pb2.Summary(value=[value]))
+  with open(tmp_path / "events.out.tfevents.1.other", "wb") as f:
+    record_writer.RecordWriter(f).write(event.SerializeToString())
+  assert summaries.read_scalars(str(tmp_path)) == {"loss": [(9, 0.75)]}
