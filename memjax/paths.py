@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import io
 import json
+import logging
 import os
 import posixpath
 import shutil
@@ -41,6 +42,9 @@ from typing import Any, IO, Iterator, Optional
 import numpy as np
 
 from memjax import errors
+
+# Loggers of the fsspec backends, quiet while check_workdir probes.
+_BACKEND_LOGGERS = ("gcsfs", "s3fs", "fsspec", "google", "aiobotocore")
 
 # How long check_workdir waits for a remote filesystem to answer.
 PROBE_TIMEOUT_S = 8.0
@@ -459,9 +463,18 @@ def check_workdir(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     except Exception as e:  # pylint: disable=broad-except
       outcome["error"] = e
 
+  # The backends log their retries (gcsfs: "Could not determine bucket
+  # type ..."); the answer is the one line below, so they stay quiet.
+  quiet = [logging.getLogger(n) for n in _BACKEND_LOGGERS]
+  levels = [q.level for q in quiet]
+  for q in quiet:
+    q.setLevel(logging.CRITICAL)
   thread = threading.Thread(target=probe, daemon=True)
   thread.start()
   thread.join(timeout_s)
+  if not thread.is_alive():
+    for q, level in zip(quiet, levels):
+      q.setLevel(level)
   how = _CREDENTIALS.get(scheme, f"the credentials of {scheme}://")
   if thread.is_alive():
     raise errors.StorageError(

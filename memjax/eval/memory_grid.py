@@ -89,8 +89,12 @@ class MemoryScorer(rows.Scorer):
     if block_size == -1:
       block_size = int(c.eval_memory.block_size) or None
     self.block_size = block_size
-    if long_span is None:
-      long_span = c.eval_memory.get("long_mem_span", "before_window")
+    if long_span is None:  # Without a config: memjax's reading.
+      long_span = (
+          c.eval_memory.get("long_mem_span", "before_window")
+          if c is not None
+          else "before_window"
+      )
     self.long_span = long_span
     self._external = external
     self._workdir = workdir
