@@ -90,11 +90,20 @@ def filesystem(path: str) -> Any:
   Raises:
     errors.StorageError: an unknown scheme or one whose package is missing.
   """
+  return _filesystem_class(path)()
+
+
+def _filesystem_class(path: str) -> Any:
+  """The ``fsspec`` filesystem class of a URL's scheme (nothing connects).
+
+  Raises:
+    errors.StorageError: an unknown scheme or one whose package is missing.
+  """
   import fsspec  # pylint: disable=g-import-not-at-top
 
   scheme = _scheme(path)
   try:
-    return fsspec.filesystem(scheme)
+    return fsspec.get_filesystem_class(scheme)
   except ImportError:
     package = _PACKAGES.get(scheme, f"the fsspec backend for {scheme}://")
     raise errors.StorageError(
@@ -453,13 +462,13 @@ def check_workdir(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
   """
   if not is_url(path):
     return
-  fs = filesystem(path)
+  _filesystem_class(path)  # An unknown scheme or a missing package: now.
   scheme = _scheme(path)
   outcome: dict[str, Any] = {}
 
   def probe() -> None:
-    try:
-      outcome["exists"] = fs.exists(path)
+    try:  # Making the filesystem may look for credentials: timed too.
+      outcome["exists"] = filesystem(path).exists(path)
     except Exception as e:  # pylint: disable=broad-except
       outcome["error"] = e
 

@@ -314,8 +314,9 @@ def test_finetune_reports_accuracy_and_class_usage(bert_cls_smoke_workdir):
     assert m["mu"] == np.mean(u["reads"] > 0)
     assert m["top1_mu"] == np.mean(u["top1"] > 0)
     r = u["reads"] / u["reads"].sum()
+    # float32 sums in the model against float64 here: 1e-4.
     np.testing.assert_allclose(
-        m["kl_u"], np.log(len(r)) + np.sum(r * np.log(r)), rtol=1e-5
+        m["kl_u"], np.log(len(r)) + np.sum(r * np.log(r)), rtol=1e-4
     )
 
 
