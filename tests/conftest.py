@@ -149,6 +149,23 @@ def mt_smoke_config():
   return make
 
 
+def mt_subset(root) -> str:
+  """``<root>/mt_data``: the first 300 shipped pairs of each split."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  data = pathlib.Path(root) / "mt_data"
+  data.mkdir(exist_ok=True)
+  for split in ("train", "valid", "test"):
+    for lang in ("de", "en"):
+      src = os.path.join(REPO, "demo_data", "mt_de_en", f"{split}.{lang}")
+      with open(src, encoding="utf-8") as f:
+        lines = f.read().splitlines()[:300]
+      (data / f"{split}.{lang}").write_text(
+          "\n".join(lines) + "\n", encoding="utf-8"
+      )
+  return str(data)
+
+
 @pytest.fixture(scope="session")
 def mt_smoke_workdir(tmp_path_factory):
   """A 4-step translation smoke run (configs/trime_iwslt.py:smoke) on the
@@ -156,18 +173,8 @@ def mt_smoke_workdir(tmp_path_factory):
   shared by the translation tests and notebook."""
 
   def subset(root):
-    data = root / "mt_data"
-    data.mkdir(exist_ok=True)
-    for split in ("train", "valid", "test"):
-      for lang in ("de", "en"):
-        src = os.path.join(REPO, "demo_data", "mt_de_en", f"{split}.{lang}")
-        with open(src, encoding="utf-8") as f:
-          lines = f.read().splitlines()[:300]
-        (data / f"{split}.{lang}").write_text(
-            "\n".join(lines) + "\n", encoding="utf-8"
-        )
     flags = [f"--config.{k}={v}" for k, v in MT_SMOKE_SETTINGS.items()]
-    return (f"--config.data.data_dir={data}", *flags)
+    return (f"--config.data.data_dir={mt_subset(root)}", *flags)
 
   return _shared_run(
       tmp_path_factory,
@@ -374,17 +381,7 @@ def core_data(family: str, root) -> str:
     return os.path.join(REPO, "demo_data", "wikitext")
   if family == "encoder":
     return _tiny_wiki(root)
-  data = root / "mt_data"
-  data.mkdir(exist_ok=True)
-  for split in ("train", "valid", "test"):
-    for lang in ("de", "en"):
-      src = os.path.join(REPO, "demo_data", "mt_de_en", f"{split}.{lang}")
-      with open(src, encoding="utf-8") as f:
-        lines = f.read().splitlines()[:300]
-      (data / f"{split}.{lang}").write_text(
-          "\n".join(lines) + "\n", encoding="utf-8"
-      )
-  return str(data)
+  return mt_subset(root)
 
 
 def core_config(family: str, data_dir: str):

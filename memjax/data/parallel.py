@@ -102,10 +102,6 @@ def _fingerprint(*paths: str, extra: str = "") -> str:
   return h.hexdigest()[:12]
 
 
-def file_sha1(path: str) -> str:
-  return hashlib.sha1(paths_lib.read_bytes(path)).hexdigest()
-
-
 def train_vocabulary(
     data_dir: str, src: str, tgt: str, vocab_size: int, cache_dir: str
 ) -> str:

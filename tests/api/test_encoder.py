@@ -10,7 +10,6 @@ import pytest
 import memjax
 from memjax.api import encoder as encoder_api
 from tests import conftest
-from tests.api.helpers import count_lowerings
 
 TEXTS = [
     "the game was released in japan in 1998 .",
@@ -42,7 +41,7 @@ def pkm_mlm(bert_mlm_smoke_workdir, tmp_path_factory):
   return memjax.load(workdir)
 
 
-def test_masked_lm_scores_masked_tokens_compiled_once(pkm_mlm):
+def test_masked_lm_scores_masked_tokens_compiled_once(pkm_mlm, count_lowerings):
   assert isinstance(pkm_mlm, encoder_api.MaskedLM)
   with count_lowerings() as lowered:
     alone = [pkm_mlm.score([t], seed=3) for t in TEXTS[:1]]
@@ -87,7 +86,9 @@ def test_classifier_is_the_best_dev_parameters(
   assert last.restored.path == bert_cls_smoke_workdir
 
 
-def test_classifier_predicts_labels_and_probabilities(classifier):
+def test_classifier_predicts_labels_and_probabilities(
+    classifier, count_lowerings
+):
   with count_lowerings() as lowered:
     one_by_one = [classifier.predict([r]) for r in REVIEWS]
   assert lowered() <= 1  # One length bucket: one program.

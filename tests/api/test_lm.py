@@ -6,7 +6,6 @@ import pytest
 import memjax
 from configs import trime_wt103
 from memjax.api import lm as lm_api
-from tests.api.helpers import count_lowerings
 
 TEXTS = [
     "the cat sat on the mat",
@@ -29,7 +28,7 @@ def test_load_gives_a_language_model(model):
   assert model.memory["kind"] == "cache" and model.memory["source"] == "config"
 
 
-def test_scoring_many_inputs_compiles_once(model):
+def test_scoring_many_inputs_compiles_once(model, count_lowerings):
   with count_lowerings() as first:
     alone = model.score(TEXTS[0])
   assert first() >= 1  # The counter sees the scorer's program.
@@ -47,7 +46,9 @@ def test_scoring_many_inputs_compiles_once(model):
   assert all(np.all(lp <= 0) for lp in many["logprobs"])
 
 
-def test_generate_takes_a_batch_of_prompts_and_compiles_once(model):
+def test_generate_takes_a_batch_of_prompts_and_compiles_once(
+    model, count_lowerings
+):
   prompts = ["the history of", "in 1990", "music is"]
   with count_lowerings() as first:
     one = model.generate(prompts[1], num_tokens=4, seed=1)

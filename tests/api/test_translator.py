@@ -9,7 +9,6 @@ import pytest
 import memjax
 from memjax.api import translator as translator_api
 from memjax.tasks.translation import decoding
-from tests.api.helpers import count_lowerings
 from tests.conftest import REPO
 
 
@@ -31,7 +30,9 @@ def _bucket_of(mt, sentence):
   return decoding.source_bucket(len(mt.vocab.encode(sentence)) + 1)  # + EOS
 
 
-def test_translating_one_at_a_time_compiles_once_per_bucket(mt):
+def test_translating_one_at_a_time_compiles_once_per_bucket(
+    mt, count_lowerings
+):
   assert isinstance(mt, translator_api.Translator)
   source, _ = _pairs(40)
   source = [s for s in source if _bucket_of(mt, s) == 16][:6]
@@ -46,7 +47,7 @@ def test_translating_one_at_a_time_compiles_once_per_bucket(mt):
   assert all(isinstance(t, str) for t in together)
 
 
-def test_score_is_the_sum_of_teacher_forced_logprobs(mt):
+def test_score_is_the_sum_of_teacher_forced_logprobs(mt, count_lowerings):
   source, target = _pairs(6)
   with count_lowerings() as lowered:
     r = mt.score(source, target)

@@ -31,12 +31,17 @@ class TableModel(nn.Module):
     del max_len
     return {"cross": (), "self": (jnp.zeros((enc.shape[0], 1)),)}
 
-  def decode_step(self, token, pos, cache, src_mask):
-    del pos, src_mask
+  def table(self) -> np.ndarray:
+    """[4, 4] next-token probabilities (rows: the previous token)."""
     table = np.full((4, 4), 1e-9)
     table[0, [A, B]] = 0.6, 0.4
     table[A, [A, B, EOS]] = 0.4, 0.3, 0.3
     table[B, [EOS, A, B]] = 0.9, 0.05, 0.05
+    return table
+
+  def decode_step(self, token, pos, cache, src_mask):
+    del pos, src_mask
+    table = self.table()
     logp = jnp.log(jnp.asarray(table / table.sum(1, keepdims=True)))[token]
     return logp.astype(jnp.float32), jnp.zeros((token.shape[0], 2)), cache
 
@@ -117,14 +122,12 @@ class FlipModel(TableModel):
   finishes, the second finished hypothesis, and the search stops.
   """
 
-  def decode_step(self, token, pos, cache, src_mask):
-    del pos, src_mask
+  def table(self) -> np.ndarray:
     table = np.full((4, 4), 1e-7)
     table[0, [A, B]] = 0.6, 0.4
     table[A, [A, B, EOS]] = 0.45, 0.3, 0.25
     table[B, [EOS, A, B]] = 0.9, 0.06, 0.04
-    logp = jnp.log(jnp.asarray(table / table.sum(1, keepdims=True)))[token]
-    return logp.astype(jnp.float32), jnp.zeros((token.shape[0], 2)), cache
+    return table
 
 
 def _flip_nbest(lenpen: float) -> list[tuple[list[int], float]]:

@@ -1,9 +1,11 @@
-"""Counting the programs JAX lowers (one per new shape of a jitted
-function; a program found in the persistent cache is still lowered)."""
+"""Fixtures of the API tests: counting the programs JAX lowers (one per new
+shape of a jitted function; a program found in the persistent cache is
+still lowered)."""
 
 import contextlib
 
 import jax
+import pytest
 
 _EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 _counts = []
@@ -19,7 +21,7 @@ jax.monitoring.register_event_duration_secs_listener(_listen)
 
 
 @contextlib.contextmanager
-def count_lowerings():
+def _count_lowerings():
   """Yields a function returning the programs lowered so far inside."""
   _counts.append(0)
   box = [0]
@@ -27,3 +29,9 @@ def count_lowerings():
     yield lambda: _counts[-1] if _counts else box[0]
   finally:
     box[0] = _counts.pop()
+
+
+@pytest.fixture
+def count_lowerings():
+  """``with count_lowerings() as lowered:`` ... ``lowered()`` programs."""
+  return _count_lowerings
