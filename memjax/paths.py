@@ -47,7 +47,7 @@ from memjax import errors
 _BACKEND_LOGGERS = ("gcsfs", "s3fs", "fsspec", "google", "aiobotocore")
 
 # How long check_workdir waits for a remote filesystem to answer.
-PROBE_TIMEOUT_S = 8.0
+PROBE_TIMEOUT_S = 6.0
 
 # What provides each common scheme, for the one-line errors.
 _PACKAGES = {
