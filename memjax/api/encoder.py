@@ -6,6 +6,7 @@
     cls = memjax.load("runs/pkm_bert_demo/cls_pkm")  # task 'classification'
     cls.predict(["a fine film ."])                   # labels, probabilities
     cls.usage(texts, labels)                         # usage by class
+    cls.usage(texts, labels)["slot_sums"]            # per-slot counts
 
 Both score through ``memjax.eval``'s rows scorer as the tasks' evaluations
 do (``memjax.tasks.mlm``, ``memjax.tasks.classification``): sentences are
@@ -42,6 +43,17 @@ def _reports(sums: dict[str, Any]) -> dict[str, Any]:
   out = {}
   for report in stats.sum_reports():
     by_module = report.by_module(sums.get(report.collection) or {})
+    if by_module:
+      out[report.key] = by_module
+  return out
+
+
+def _slot_sums(sums: dict[str, Any]) -> dict[str, Any]:
+  """{report key: {module: {sum name: [K] array}}} of the registered sum
+  reports that were sown."""
+  out = {}
+  for report in stats.sum_reports():
+    by_module = stats.module_sums(sums.get(report.collection) or {})
     if by_module:
       out[report.key] = by_module
   return out
@@ -207,15 +219,19 @@ class Classifier(base.Loaded):
       'memory': MU, top-1 MU, KL per layer), 'by_class': {label name:
       {report key: {module: metrics}}} over each class's sentences, and,
       with two labels, 'class_divergence': the report's comparison of the
-      two classes (top-1 usage KL and IOU, Kim & Jung's Figure 4); {} and
-      empty classes without memory layers.
+      two classes (top-1 usage KL and IOU, Kim & Jung's Figure 4), and
+      'slot_sums': {label name: {report key: {module: {sum name: [K]
+      float array}}}}, the per-slot sums behind each class's metrics (K
+      slots; for a product-key memory layer 'reads', 'weights', 'top1' (the
+      times each slot was some head's first choice) and their per-head
+      counts); {} and empty classes without memory layers.
     """
     if labels is None:
       labels = self.predict(sentences)["labels"]
     ex = self._examples(sentences, labels)
     params = self.restored.params
     out = classification.usage_analysis(self._scorer, params, ex, self.config)
-    out["by_class"] = {}
+    out["by_class"], out["slot_sums"] = {}, {}
     for index, name in enumerate(self.labels):
       rows_ = np.flatnonzero(ex.labels == index)
       if len(rows_):
@@ -223,4 +239,5 @@ class Classifier(base.Loaded):
             self._scorer, params, ex, self.config, rows_
         )
         out["by_class"][name] = _reports(sums)
+        out["slot_sums"][name] = _slot_sums(sums)
     return out

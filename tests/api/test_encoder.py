@@ -114,5 +114,20 @@ def test_classifier_usage_by_class(classifier):
   assert by_class["1"]["memory"] == positive["memory"]
   for layer, m in usage["memory"].items():  # All reads: at least a class's.
     assert m["mu"] >= max(c["memory"][layer]["mu"] for c in by_class.values())
+  # The per-slot sums behind the metrics: top-1 MU is the share of slots
+  # some head picked first, the reads add up over the classes, and the
+  # class divergence's IOU is sum(min) / sum(max) of the two top-1 counts.
+  slots = usage["slot_sums"]
+  assert set(slots) == {"0", "1"}
+  for layer, m in usage["memory"].items():
+    for name, c in by_class.items():
+      top1 = slots[name]["memory"][layer]["top1"]
+      assert top1.shape == (m["slots"],)
+      assert c["memory"][layer]["top1_mu"] == pytest.approx(np.mean(top1 > 0))
+    reads = sum(np.sum(s["memory"][layer]["reads"]) for s in slots.values())
+    assert m["reads"] == pytest.approx(reads, rel=1e-6)
+    pos, neg = (slots[n]["memory"][layer]["top1"] for n in ("1", "0"))
+    iou = np.minimum(pos, neg).sum() / np.maximum(pos, neg).sum()
+    assert usage["class_divergence"][layer]["iou"] == pytest.approx(iou)
   predicted = classifier.usage(REVIEWS)  # by the predicted labels
   assert predicted["memory"] == usage["memory"]  # same inputs, same usage

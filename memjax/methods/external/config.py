@@ -43,3 +43,8 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.datastore.leaves = 0
   c.datastore.reorder = 0  # candidates re-ordered exactly; 0 = max(2k, 256)
   c.datastore.recall_queries = 1000  # held-out (valid) queries of --mode=recall
+  # --mode=recall also measures recall and time per query with each of these
+  # numbers of leaves searched (a recall-speed curve), and writes the exact
+  # neighbours of this many of its queries (token ids) to recall.json.
+  c.datastore.recall_leaves = ()
+  c.datastore.recall_examples = 0

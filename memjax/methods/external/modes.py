@@ -14,7 +14,7 @@ and ``docs/external_memory.md`` for the whole pipeline.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import ml_collections
@@ -198,18 +198,91 @@ def retrieval_accuracy(
   return {str(k): float(np.mean(first < k)) for k in ks if k <= idx.shape[1]}
 
 
+def recall_curve(
+    store: ds_lib.Datastore,
+    metric: str,
+    queries: np.ndarray,
+    exact_idx: np.ndarray,
+    k: int,
+    leaves: Sequence[int],
+    reorder: int,
+) -> list[dict[str, float]]:
+  """ScaNN's recall@k against ``exact_idx`` [Q, k] and its time per query
+  for each number of leaves searched (the index reloaded with each)."""
+  rows = []
+  for n in leaves:
+    searcher = search_lib.load_index(store, metric, int(n), reorder)
+    searcher.search(queries[:8], k)  # compiles, loads
+    (_, found), seconds = search_lib.timed(searcher.search, queries, k)
+    rows.append(
+        {
+            "leaves_to_search": int(n),
+            "recall": search_lib.recall_at_k(found, exact_idx),
+            "ms_per_query": 1000 * seconds / max(len(queries), 1),
+        }
+    )
+  return rows
+
+
+def neighbour_examples(
+    store: ds_lib.Datastore,
+    tokens: np.ndarray,
+    scores: np.ndarray,
+    idx: np.ndarray,
+    count: int,
+    context: int = 12,
+    shown: int = 8,
+) -> list[dict[str, Any]]:
+  """What exact search retrieves for ``count`` queries spread evenly over
+  the Q held-out queries (query i is the prediction of ``tokens[i + 1]``
+  after ``tokens[: i + 1]``).
+
+  Args:
+    store: the datastore searched.
+    tokens: [N] the queries' split.
+    scores: [Q, k] exact scores of the neighbours, best first.
+    idx: [Q, k] their indices in the datastore (-1: none).
+    count: the queries shown.
+    context: the tokens of context shown, the query's last.
+    shown: the neighbours shown per query (at most k).
+
+  Returns:
+    Per query: {'position': i, 'context': the last ``context`` token ids,
+    'next': the true next token id, 'scores': [shown] float, 'tokens':
+    [shown] the neighbours' next-token ids}.
+  """
+  _, values = store.gather(idx[:, :shown])
+  out = []
+  for j in range(count):
+    i = (j + 1) * len(idx) // (count + 1)
+    ok = idx[i, :shown] >= 0
+    out.append(
+        {
+            "position": int(i),
+            "context": [
+                int(t) for t in tokens[max(i + 1 - context, 0) : i + 1]
+            ],
+            "next": int(tokens[i + 1]),
+            "scores": [float(x) for x in scores[i, :shown][ok]],
+            "tokens": [int(v) for v in values[i][ok]],
+        }
+    )
+  return out
+
+
 def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """recall@k of the ScaNN index against exact search on valid queries
-  (``--mode=recall``) -> ``recall.json``."""
+  (``--mode=recall``) -> ``recall.json``; with ``datastore.recall_leaves``
+  also the recall and time per query of each number of leaves searched
+  ('curve'), with ``datastore.recall_examples`` the neighbours of that many
+  queries ('examples', token ids)."""
   loaded, store = _load_store(config, workdir, splits=("valid",))
   k = int(config.eval_memory.ext_k)
   search_lib.check_k(store, k)
   metric = _metric(config)
+  reorder = int(config.eval_memory.reorder_candidates)
   scann = search_lib.load_index(
-      store,
-      metric,
-      int(config.eval_memory.leaves_to_search),
-      int(config.eval_memory.reorder_candidates),
+      store, metric, int(config.eval_memory.leaves_to_search), reorder
   )
   queries, targets = held_out_queries(
       loaded, "valid", int(config.datastore.recall_queries), True
@@ -217,7 +290,7 @@ def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
   exact = search_lib.ExactSearcher(store, metric)
   exact.search(queries[:8], k)  # compiles the program every chunk runs
   scann.search(queries[:8], k)
-  (_, e_idx), t_exact = search_lib.timed(exact.search, queries, k)
+  (e_scores, e_idx), t_exact = search_lib.timed(exact.search, queries, k)
   (_, a_idx), t_scann = search_lib.timed(scann.search, queries, k)
   r = search_lib.recall_at_k(a_idx, e_idx)
   res = {
@@ -232,20 +305,30 @@ def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "speedup": t_exact / t_scann,
       # Table 13, with exact search.
       "retrieval_accuracy": retrieval_accuracy(store, e_idx, targets),
+      "curve": recall_curve(
+          store, metric, queries, e_idx, k,
+          tuple(config.datastore.recall_leaves), reorder,
+      ),  # fmt: skip
+      "examples": neighbour_examples(
+          store, np.asarray(loaded.splits["valid"]), e_scores, e_idx,
+          int(config.datastore.recall_examples),
+      ),  # fmt: skip
   }
   path = paths.join(workdir, "recall.json")
   _write_json(path, res)
-  return {
-      **res,
-      "results_path": path,
-      "summary_lines": [
-          f"ScaNN recall@{k} against exact search: {r:.4f} on {len(queries)} "
-          f"valid queries, {store.count} keys; {res['scann_queries_per_s']:.0f}"
-          f" vs {res['exact_queries_per_s']:.0f} queries/s "
-          f"({res['speedup']:.1f}x)",
-          "top-K retrieval accuracy (next token among the neighbours'): "
-          + ", ".join(
-              f"K={k}: {a:.3f}" for k, a in res["retrieval_accuracy"].items()
-          ),
-      ],
-  }
+  lines = [
+      f"ScaNN recall@{k} against exact search: {r:.4f} on {len(queries)} "
+      f"valid queries, {store.count} keys; {res['scann_queries_per_s']:.0f}"
+      f" vs {res['exact_queries_per_s']:.0f} queries/s "
+      f"({res['speedup']:.1f}x)",
+      "top-K retrieval accuracy (next token among the neighbours'): "
+      + ", ".join(
+          f"K={k}: {a:.3f}" for k, a in res["retrieval_accuracy"].items()
+      ),
+  ]
+  lines += [
+      f"  {p['leaves_to_search']} leaves searched: recall@{k} "
+      f"{p['recall']:.4f}, {p['ms_per_query']:.3f} ms/query"
+      for p in res["curve"]
+  ]
+  return {**res, "results_path": path, "summary_lines": lines}

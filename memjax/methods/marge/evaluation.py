@@ -12,8 +12,9 @@ with none (retrieval off), so the two numbers cover the same tokens; the
 tokens of each document's S_0 have no causal query and are not scored.
 
 Writes ``<workdir>/marge_eval.json``: per split, perplexity with and without
-retrieval and the loss by position bucket (``position_loss.buckets``) of
-both.
+retrieval, the loss by position bucket (``position_loss.buckets``) of
+both, and under 'examples' what the first ``EXAMPLES`` windows retrieved
+(token ids of S_t, S_{t+1} and each source with its similarity).
 """
 
 from __future__ import annotations
@@ -45,6 +46,55 @@ def eval_table(
   doc_starts = np.concatenate([train.doc_starts, np.asarray(starts) + offset])
   table = marge_lib.SegmentTable.build(joint, doc_starts, n)
   return table, int(np.sum(table.start < offset))
+
+
+# The windows of each split whose sources marge_eval.json shows.
+EXAMPLES = 3
+
+
+def _ids(tokens: np.ndarray) -> list[int]:
+  return [int(t) for t in np.asarray(tokens).reshape(-1)]
+
+
+def examples(
+    table: marge_lib.SegmentTable,
+    emb: np.ndarray,
+    query: np.ndarray,
+    sources: np.ndarray,
+    pool: int,
+) -> list[dict[str, Any]]:
+  """What each query segment retrieved, as token ids.
+
+  Args:
+    table: the segments (``eval_table``).
+    emb: [M, D] e(.) of every segment.
+    query: [Q] ids of the query segments S_t.
+    sources: [Q, K] their source segment ids, best first (-1: none).
+    pool: the number of training segments (ids >= pool are the evaluated
+      documents', i.e. the query's own past).
+
+  Returns:
+    Per query: {'segment': S_t [N], 'next': S_{t+1} [N], 'sources': per
+    source {'similarity': e(S_t).e(source), 'segment': [N], 'continuation':
+    the segment after it [N] ([] at a document's end), 'own_past': bool}}.
+  """
+  out = []
+  for q, row in zip(query, sources):
+    found = []
+    for j in row[row >= 0]:
+      nxt = table.next[j]
+      found.append({
+          "similarity": float(np.dot(emb[q], emb[j])),
+          "segment": _ids(table.segment_tokens(j)),
+          "continuation": _ids(table.segment_tokens(nxt)) if nxt >= 0 else [],
+          "own_past": bool(j >= pool),
+      })  # fmt: skip
+    out.append({
+        "segment": _ids(table.segment_tokens(q)),
+        "next": _ids(table.segment_tokens(table.next[q])),
+        "sources": found,
+    })  # fmt: skip
+  return out
 
 
 def score(scorer: Any, params: Any, batch: dict, retrieval: bool) -> np.ndarray:
@@ -79,7 +129,8 @@ def _split(config, restored, train, stream, documents, bounds, search):
   query = table.targets[table.targets >= pool]
   if config.eval.max_windows:
     query = query[: config.eval.max_windows]
-  batch = marge_lib.window_arrays(table, query, index.topk(query, k))
+  sources = index.topk(query, k)
+  batch = marge_lib.window_arrays(table, query, sources)
   w = batch["weights"] > 0
   offset = (table.pos[query][:, None] + 1) * n + np.arange(2 * n) - (n - 1)
   positions = np.broadcast_to(offset, w.shape)[w]
@@ -95,6 +146,9 @@ def _split(config, restored, train, stream, documents, bounds, search):
   own = (batch["source_ids"] >= pool) & (batch["source_ids"] >= 0)
   out["own_past_share"] = float(
       own.sum() / max((batch["source_ids"] >= 0).sum(), 1)
+  )
+  out["examples"] = examples(
+      table, emb, query[:EXAMPLES], sources[:EXAMPLES], pool
   )
   return out
 

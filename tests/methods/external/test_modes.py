@@ -45,10 +45,20 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   assert store.manifest["split"] == "train"
   assert store.manifest["context"] == {"window_len": 32, "score_len": 16}
   external_modes.index(config, workdir)
+  config.datastore.recall_leaves = (1, 16)
+  config.datastore.recall_examples = 2
   res = external_modes.recall(config, workdir)
   assert res["recall"] >= 0.95 and res["queries"] == 64
   with open(os.path.join(workdir, "recall.json")) as f:
-    assert json.load(f)["recall"] == res["recall"]
+    saved = json.load(f)
+  assert saved["recall"] == res["recall"]
+  # The curve: searching all 16 leaves finds what the configured 16 find,
+  # one leaf finds less or as much.
+  one, every = saved["curve"]
+  assert (one["leaves_to_search"], every["leaves_to_search"]) == (1, 16)
+  assert every["recall"] == res["recall"] and one["recall"] <= res["recall"]
+  assert one["ms_per_query"] > 0 and every["ms_per_query"] > 0
+  _check_examples(config, workdir, store, saved["examples"])
   # Table 13's accuracy grows with K (K = 1, 8 of the 32 neighbours).
   acc = res["retrieval_accuracy"]
   assert set(acc) == {"1", "8"} and 0 <= acc["1"] <= acc["8"] <= 1
@@ -75,6 +85,28 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   assert r["test"]["memory"]["nll"] == pytest.approx(
       r["test"]["plain"]["nll"], rel=1e-6
   )
+
+
+def _check_examples(config, workdir, store, examples):
+  """The neighbours of queries 21 and 42 of 64 against NumPy: the top 8
+  inner products of the query with every key, and their next tokens."""
+  from memjax.eval import memory_grid  # pylint: disable=g-import-not-at-top
+
+  loaded = memory_grid.load(config, workdir, splits=("valid",))
+  valid = np.asarray(loaded.splits["valid"])
+  queries = external_modes.held_out_queries(loaded, "valid", 64)
+  keys = np.concatenate(store.keys).astype(np.float32)
+  values = np.concatenate(store.values)
+  assert [e["position"] for e in examples] == [21, 42]
+  for e in examples:
+    i = e["position"]
+    assert e["next"] == valid[i + 1] and e["context"] == list(
+        valid[i - 11 : i + 1]
+    )
+    scores = keys @ queries[i]
+    top = np.argsort(-scores, kind="stable")[:8]
+    np.testing.assert_allclose(e["scores"], scores[top], rtol=1e-3, atol=1e-3)
+    assert e["tokens"] == list(values[top])
 
 
 def test_bad_input_is_a_user_error_and_changes_nothing(built, smoke_workdir):
