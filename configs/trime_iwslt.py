@@ -43,6 +43,10 @@ def _memory(method: str):
   mem.search = "scann"  # scann | exact
   mem.rows = 64  # pairs per teacher-forced batch (datastore, tuning)
   mem.shard_keys = 1 << 20  # about this many positions per datastore shard
+  # --mode=mt_datastore: source sentences whose greedy translation it
+  # follows, writing the k nearest entries' tokens at each target position
+  # (<workdir>/mt_retrieved.json).
+  mem.show_sentences = ()
   # kNN-MT (Khandelwal et al. 2021; the authors' settings).
   mem.k = 16 if method == "trime_mt" else 32
   mem.knn_lambda, mem.knn_temperature = 0.2, 100.0

@@ -3,7 +3,10 @@ docs/trime_mt.md.
 
 * ``--mode=mt_datastore``: the datastore of the training targets' decoder
   states (``translation/mt_datastore.py``) and its ScaNN index for the
-  metric of ``translation.memory.kind``.
+  metric of ``translation.memory.kind``; with
+  ``translation.memory.show_sentences``, what the memory retrieves along
+  each of those sentences' greedy translations (exact search), in
+  ``<workdir>/mt_retrieved.json`` (``retrieved_tokens``).
 * ``--mode=mt_tune``: K, lam and the temperature on valid by teacher-forced
   NLL (beam search over a grid is too slow); writes
   ``<workdir>/mt_tune_<kind>.json``.
@@ -84,7 +87,7 @@ def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
   built = time.time() - start
   k = max(int(mem.k), *[int(x) for x in mem.k_grid])
   mt_datastore.searcher(store, md.metric_of(kind), mem, k)
-  return {
+  out = {
       "mode": "mt_datastore",
       "keys": store.count,
       "dim": store.dim,
@@ -97,6 +100,20 @@ def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
           f"{time.time() - start - built:.0f}s"
       ],
   }
+  shown = tuple(mem.get("show_sentences", ()))
+  if shown:
+    out["retrieved"] = [
+        {
+            "source": sentence,
+            "positions": retrieved_tokens(
+                config, restored, store, sentence, metric=md.metric_of(kind)
+            ),
+        }
+        for sentence in shown
+    ]
+    out["retrieved_path"] = paths.join(workdir, "mt_retrieved.json")
+    runfiles.write_json(out["retrieved_path"], out["retrieved"])
+  return out
 
 
 def settings_of(mem: Any) -> dict[str, Any]:

@@ -11,7 +11,8 @@ exact search. The N tokens of S_{t+1} are scored with those sources and
 with none (retrieval off), so the two numbers cover the same tokens; the
 tokens of each document's S_0 have no causal query and are not scored.
 
-Writes ``<workdir>/marge_eval.json``: per split, perplexity with and without
+Writes ``<workdir>/marge_eval.json``: the run's beta and, per split,
+perplexity with and without
 retrieval, the loss by position bucket (``position_loss.buckets``) of
 both, and under 'examples' what the first ``EXAMPLES`` windows retrieved
 (token ids of S_t, S_{t+1} and each source with its similarity).
@@ -163,7 +164,10 @@ def marge_eval(config: Any, workdir: str) -> dict[str, Any]:
     )
   train = corpus_lib.load_corpus(config, workdir, splits=(), train=True).train
   search = marge_lib.marge_settings(config)["search"]
-  results: dict[str, Any] = dict(step=restored.step, documents=documents)
+  beta = float(jax.device_get(restored.params["beta"]))
+  results: dict[str, Any] = dict(
+      step=restored.step, documents=documents, beta=beta
+  )
   lines = []
   for split, stream in corpus.splits.items():
     r = _split(config, restored, train, stream, documents, bounds, search)

@@ -17,6 +17,8 @@ from memjax.methods.external import mt_datastore
 from memjax.methods.external import mt_modes as tm
 from tests.methods.external.test_memory_decoding import numpy_target_prob
 
+SHOWN = "Das Haus ist groß."
+
 
 @pytest.fixture(scope="module")
 def built(mt_smoke_workdir, tmp_path_factory):
@@ -29,6 +31,7 @@ def built(mt_smoke_workdir, tmp_path_factory):
     mem.search, mem.k, mem.k_grid = "exact", 4, (1, 4)
     mem.knn_lambda_grid, mem.knn_temperature_grid = (0.2,), (10.0, 100.0)
     mem.tune_sentences = 8
+    mem.show_sentences = (SHOWN,)
   result = tm.mt_datastore_mode(config, str(out))
   return config, out, result
 
@@ -77,6 +80,28 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
     nll[k, row["knn_temperature"]] = row["nll"]
   assert nll[4, 10.0] != pytest.approx(nll[4, 100.0], rel=1e-4)
   assert nll[1, 10.0] == pytest.approx(nll[1, 100.0])  # one neighbour: w = 1
+
+
+def test_datastore_mode_shows_what_the_memory_retrieves(built):
+  config, out, result = built
+  with open(out / "mt_retrieved.json") as f:
+    saved = json.load(f)
+  assert saved == result["retrieved"] and saved[0]["source"] == SHOWN
+  positions = saved[0]["positions"]
+  assert positions[-1]["token"] == "</s>"  # the greedy translation's EOS
+  manifest = json.loads((out / "ds" / "manifest.json").read_text())
+  values = np.concatenate(
+      [np.fromfile(out / "ds" / f"{s['name']}.values", np.int32)
+       for s in manifest["shards"]]
+  )  # fmt: skip
+  restored = tm._restore(config, str(out))  # pylint: disable=protected-access
+  stored = {restored.vocab.decode([int(v)]) or "</s>" for v in set(values)}
+  for p in positions:
+    # 4 neighbours (squared L2 for kNN-MT: scores -d^2, best first), each
+    # a target piece of the training set.
+    assert len(p["retrieved"]) == len(p["scores"]) == 4
+    assert p["scores"] == sorted(p["scores"], reverse=True)
+    assert all(s <= 0 for s in p["scores"]) and set(p["retrieved"]) <= stored
 
 
 @pytest.mark.parametrize(
