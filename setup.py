@@ -52,6 +52,11 @@ setuptools.setup(
             "tensorflow-datasets>=4.9",
             "tensorflow-text>=2.20,<2.21",
         ],
+        # Offline jobs (BM25 packing, memjax.methods.trime.pack_beam) on Apache Beam:
+        # DirectRunner locally, Dataflow, Flink or Spark at scale.
+        # Beam needs protobuf < 7, and sentencepiece 0.2.3's generated
+        # proto needs the protobuf 7 runtime; 0.2.2's works with both.
+        "beam": ["apache-beam>=2.60", "sentencepiece>=0.2,<0.2.3"],
         # The ScaNN index of external datastores.
         "retrieval": ["scann==1.4.2"],
         # Accelerators: JAX's CUDA plugins and libtpu.

@@ -5,7 +5,15 @@ words removed), and synthetic corpora of Zipfian token ids (vocabulary 50k,
 L = 150) of growing size. Prints one JSON line per case as it finishes and a
 final JSON summary with the machine and a power-law fit of time against S.
 
-    python benchmarks/bm25_packing.py [--sizes=12500,25000,50000,100000]
+    python benchmarks/bm25_packing.py [--sizes=12500,25000,50000,100000] \
+        [--beam_workers=2]
+
+With --beam_workers=N (0: skip), the demo corpus is also packed through the
+Beam pipeline (DirectRunner, N processes; ``pack_beam``) in the same run, and
+both ways report CPU-seconds per segment searched (this process and its
+children: wall time on busy cores says little about scaling) and CPU-hours
+extrapolated to WikiText-103 (103M tokens, 690k segments of 150) with the
+search's quadratic growth: cpu_s_per_segment * 690k * (690k / S).
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ import argparse
 import json
 import math
 import os
+import resource
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,11 +109,62 @@ def time_case(name: str, segments, k: int, stopword_ids=None) -> dict:
   }
 
 
+def _cpu_s() -> float:
+  """CPU seconds of this process and its finished children."""
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _per_segment(name: str, cpu_s: float, wall_s: float, num: int) -> dict:
+  per = cpu_s / num
+  return {
+      "case": name,
+      "segments": num,
+      "cpu_s": round(cpu_s, 1),
+      "wall_s": round(wall_s, 1),
+      "cpu_s_per_segment": round(per, 5),
+      "wt103_cpu_hours_quadratic": round(
+          per * WT103_SEGMENTS * (WT103_SEGMENTS / num) / 3600, 1
+      ),
+  }
+
+
+def cpu_cases(tokens: np.ndarray, seq_len: int, k: int, workers: int):
+  """In-process and Beam packing of one stream: CPU-seconds per segment."""
+  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
+
+  num = -(-len(tokens) // seq_len)
+  c0, w0 = _cpu_s(), time.perf_counter()
+  ref = bm25.bm25_pack(
+      bm25.split_segments(tokens, seq_len), 1, k, 0, show_progress=False
+  )
+  rows = [
+      _per_segment("in_process", _cpu_s() - c0, time.perf_counter() - w0, num)
+  ]
+  settings = pack_beam.PackSettings(seq_len, k, 0)
+  with tempfile.TemporaryDirectory() as tmp:
+    out = pack_beam.task_dir(tmp, "memjax_bm25_benchmark")
+    c0, w0 = _cpu_s(), time.perf_counter()
+    pack_beam.run(tokens, settings, out, runner="DirectRunner", workers=workers)
+    row = _per_segment(
+        f"beam_direct_{workers}_workers", _cpu_s() - c0,
+        time.perf_counter() - w0, num,
+    )  # fmt: skip
+    task = pack_beam.register_task(
+        "memjax_bm25_benchmark", tokens, settings, tmp
+    )
+    order = pack_beam.read_order(task, num, out)
+  row["same_order_as_in_process"] = bool(np.array_equal(order, ref))
+  return rows + [row]
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--sizes", default="12500,25000,50000,100000")
   parser.add_argument("--k", type=int, default=20)
   parser.add_argument("--seq_len", type=int, default=150)
+  parser.add_argument("--beam_workers", type=int, default=2)
   args = parser.parse_args()
   # No JAX program runs here: the machine without JAX's devices.
   machine = {**harness.machine(devices=False), "bm25s": bm25s.__version__}
@@ -121,6 +182,9 @@ def main() -> None:
     report(
         time_case("demo_wikitext_en_stopwords", segs, args.k, stopword_ids=stop)
     )
+    if args.beam_workers:
+      for row in cpu_cases(tokens, args.seq_len, args.k, args.beam_workers):
+        report(row)
   for num in (int(s) for s in args.sizes.split(",") if s):
     report(time_case(f"zipf_{num}", zipf_segments(num, args.seq_len), args.k))
 

@@ -47,6 +47,11 @@ def _memory(method: str):
   # follows, writing the k nearest entries' tokens at each target position
   # (<workdir>/mt_retrieved.json).
   mem.show_sentences = ()
+  # --mode=mt_datastore over processes: process k writes the shards s with
+  # s % n == k (-1 / 0: jax.process_index() / jax.process_count()); the
+  # build that finds every shard written joins them in one manifest.
+  mem.process_index = -1
+  mem.process_count = 0
   # kNN-MT (Khandelwal et al. 2021; the authors' settings).
   mem.k = 16 if method == "trime_mt" else 32
   mem.knn_lambda, mem.knn_temperature = 0.2, 100.0

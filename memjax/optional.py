@@ -2,12 +2,14 @@
 
 memjax's core (training, evaluation, export, ``memjax.load``, scoring and
 generation of every model family) needs only JAX, Flax, Optax, Orbax and
-small pure-Python packages. Three heavy packages are optional and load only
+small pure-Python packages. The heavy packages are optional and load only
 where they are used:
 
 * ``[data]``: SeqIO, TensorFlow, tensorflow-text and tensorflow-datasets,
   which turn raw text into token streams (once; the streams are cached) and
   keep the SeqIO tasks registered for t5x/seqio users;
+* ``[beam]``: Apache Beam, which runs the offline BM25 packing as a
+  cached SeqIO task (``memjax.methods.trime.pack_beam``);
 * ``[retrieval]``: ScaNN, the index of the external datastores.
 
 A missing one is one line (``errors.MissingDependencyError``, exit status
@@ -29,6 +31,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "tensorflow_text": ("tensorflow-text", "data"),
     "tensorflow_datasets": ("tensorflow-datasets", "data"),
     "seqio": ("seqio", "data"),
+    "apache_beam": ("apache-beam", "beam"),
     "scann": ("scann", "retrieval"),
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the locks from setup.py (run through `make locks`):
-#   cpu.lock     the runtime: core + [data, retrieval, cloud], CPU jaxlib
+#   cpu.lock     the runtime: core + [data, beam, retrieval, cloud], CPU jaxlib
 #   cuda12.lock  cpu.lock + jax[cuda12] (NVIDIA driver >= 525)
 #   cuda13.lock  cpu.lock + jax[cuda13] (NVIDIA driver >= 580)
 #   tpu.lock     cpu.lock + jax[tpu] (libtpu; TPU VMs)
@@ -19,7 +19,7 @@ compile() {  # compile <out> <platform> [uv args...]
     -o "$out" "$@" "${EXTRA_ARGS[@]}"
 }
 EXTRA_ARGS=("$@")
-RUNTIME=(--extra data --extra retrieval --extra cloud)
+RUNTIME=(--extra data --extra beam --extra retrieval --extra cloud)
 compile cpu.lock x86_64-manylinux_2_28 "${RUNTIME[@]}"
 compile cuda12.lock x86_64-manylinux_2_28 "${RUNTIME[@]}" --extra cuda12 -c cpu.lock
 compile cuda13.lock x86_64-manylinux_2_28 "${RUNTIME[@]}" --extra cuda13 -c cpu.lock

@@ -77,7 +77,7 @@ def test_accelerator_locks_are_the_cpu_lock_plus_their_platform():
 
 def test_setup_requirements_are_met_by_the_locks():
   locks = {name: _lock(name) for name in LOCKS}
-  lock_of = {"": "cpu", "data": "cpu", "retrieval": "cpu", "cloud": "cpu",
+  lock_of = {"": "cpu", "data": "cpu", "beam": "cpu", "retrieval": "cpu", "cloud": "cpu",
              "cuda12": "cuda12", "cuda13": "cuda13", "tpu": "tpu",
              "dev": "dev", "notebooks": "dev"}  # fmt: skip
   requirements = _setup_requirements()

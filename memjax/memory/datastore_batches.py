@@ -48,7 +48,10 @@ def build_from_batches(
     batches: Callable[[int, int], Iterator[dict[str, np.ndarray]]],
     spec: BatchBuildSpec,
     path: str,
-) -> ds.Datastore:
+    *,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> ds.Datastore | None:
   """Writes (or resumes) a datastore of the pairs ``features`` returns.
 
   The general form of ``datastore.build`` for models other than the LM: shard s
@@ -62,16 +65,19 @@ def build_from_batches(
     batches: ``batches(first, stop)`` yields batches first..stop-1.
     spec: the build.
     path: the datastore directory.
+    process_index: k; this process writes the shards s with s % n == k.
+    process_count: n.
 
   Returns:
-    The joined datastore.
+    The joined datastore, or None while other processes' shards are
+    missing (the build that writes the last one joins them).
   """
   paths.makedirs(path)
   if not paths.exists(paths.join(path, "build.json")):
     ds._write_json(paths.join(path, "build.json"), spec.to_json())
   total = max(1, -(-spec.num_batches // spec.shard_batches))
   progress = console.Progress(0)  # keys; their number is known at the end
-  for s in range(total):
+  for s in range(process_index, total, process_count):
     base = paths.join(path, ds._shard_name(s))
     if paths.exists(base + ".json"):
       continue
@@ -89,10 +95,15 @@ def build_from_batches(
             "first_position": first_pos,
         },
     )
-  shards = [
-      ds._read_json(paths.join(path, ds._shard_name(s) + ".json"))
-      for s in range(total)
-  ]
+  names = [paths.join(path, ds._shard_name(s) + ".json") for s in range(total)]
+  missing = sum(not paths.exists(n) for n in names)
+  if missing:
+    console.info(
+        "datastore: %d of %d shards are other processes' to write; the "
+        "last build joins them", missing, total,
+    )  # fmt: skip
+    return None
+  shards = [ds._read_json(n) for n in names]
   if not paths.exists(paths.join(path, "manifest.json")):
     ds._write_manifest(
         path, shards, spec.signature, spec.dim, spec.corpus, spec.split,

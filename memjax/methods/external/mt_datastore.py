@@ -151,12 +151,39 @@ def vocab_sha1(restored) -> str:
   return runfiles.file_sha1(paths.join(restored.path, runfiles.SPM_FILE))
 
 
+def process_share(config: Any) -> tuple[int, int]:
+  """(k, n): this build writes the shards s with s % n == k.
+
+  ``translation.memory.process_index`` / ``process_count`` when set (>= 0 /
+  > 0), else jax.process_index() / jax.process_count().
+
+  Raises:
+    errors.ConfigError: k outside [0, n).
+  """
+  mem = memory_config(config)
+  k = int(mem.get("process_index", -1))
+  n = int(mem.get("process_count", 0))
+  k = jax.process_index() if k < 0 else k
+  n = jax.process_count() if n <= 0 else n
+  if not 0 <= k < n:
+    raise errors.ConfigError(
+        f"translation.memory.process_index={k} must be in "
+        f"[0, translation.memory.process_count={n})"
+    )
+  return k, n
+
+
 def build(config: Any, restored: Any, train: Any, path: str) -> Any:
-  """Builds (or resumes) the datastore of ``train``'s target positions.
+  """Builds (or resumes) this process's share of the datastore of
+  ``train``'s target positions (see :func:`process_share`).
+
+  Returns:
+    The joined datastore, or None while other processes' shards are missing.
 
   Raises:
     errors.CheckpointMismatchError: ``path`` holds a build of another model.
   """
+  process_index, process_count = process_share(config)
   rows = _rows(config, restored)
   plan = batch_plan(
       train.source, train.target, config.translation.buckets, rows
@@ -192,7 +219,10 @@ def build(config: Any, restored: Any, train: Any, path: str) -> Any:
 
   console.info("MT datastore: %d batches of %d pairs into %s", len(plan),
                rows, path)  # fmt: skip
-  return datastore_batches.build_from_batches(features, batches, spec, path)
+  return datastore_batches.build_from_batches(
+      features, batches, spec, path, process_index=process_index,
+      process_count=process_count,
+  )  # fmt: skip
 
 
 def open_store(restored: Any, path: str) -> ds_lib.Datastore:

@@ -251,6 +251,68 @@ def _top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
   return out
 
 
+def build_index(
+    segments: Segments,
+    *,
+    stopword_ids: Iterable[int] | None = None,
+    dense_terms: int | None = None,
+    k1: float = 1.5,
+    b: float = 0.75,
+    show_progress: bool = True,
+) -> _Index:
+  """The BM25 index of the segments (see bm25_neighbours for the args)."""
+  return _Index(
+      _as_segment_list(segments), stopword_ids, dense_terms, k1, b,
+      show_progress,
+  )  # fmt: skip
+
+
+def query_chunk(num_segments: int) -> int:
+  """Queries scored per block: the [chunk, S] float32 block stays ~64 MB.
+
+  Offline splits of the search cut at multiples of this, so every block is
+  scored on the same rows as in one process and gives the same floats.
+  """
+  return int(min(max(_CHUNK_ENTRIES // max(num_segments, 1), 16), 4096))
+
+
+def search_rows(
+    index: _Index,
+    queries: np.ndarray,
+    k: int,
+    *,
+    chunk: int | None = None,
+    show_progress: bool = False,
+) -> np.ndarray:
+  """[len(queries), k] int64 top-k hits of the given segments (-1 pads).
+
+  Args:
+      index: from build_index.
+      queries: [Q] consecutive segment indices; when they start at a
+          multiple of query_chunk(S) the blocks (and floats) are those of
+          one process searching all S.
+      k: hits per query.
+      chunk: queries per scored block (None: query_chunk(S)).
+      show_progress: a progress bar.
+  """
+  if k <= 0:
+    raise ValueError(f"k must be positive; got {k}.")
+  out = np.full((len(queries), k), -1, np.int64)
+  chunk = chunk or query_chunk(index.num_segments)
+  starts = range(0, len(queries), chunk)
+  if show_progress and tqdm is not None:
+    starts = tqdm(
+        starts,
+        desc="BM25 search",
+        unit="chunk",
+        total=-(-len(queries) // chunk),
+    )
+  for start in starts:
+    rows = slice(start, min(start + chunk, len(queries)))
+    out[rows] = _top_k_rows(index.scores(queries[rows]), k)
+  return out
+
+
 def bm25_neighbours(
     segments: Segments,
     k: int = 20,
@@ -298,20 +360,7 @@ def bm25_neighbours(
       )
     queries = np.array_split(queries, num_shards)[shard_id]
   index = _Index(segs, stopword_ids, dense_terms, k1, b, show_progress)
-  out = np.full((len(queries), k), -1, np.int64)
-  chunk = int(min(max(_CHUNK_ENTRIES // max(num, 1), 16), 4096))
-  starts = range(0, len(queries), chunk)
-  if show_progress and tqdm is not None:
-    starts = tqdm(
-        starts,
-        desc="BM25 search",
-        unit="chunk",
-        total=-(-len(queries) // chunk),
-    )
-  for start in starts:
-    rows = slice(start, min(start + chunk, len(queries)))
-    out[rows] = _top_k_rows(index.scores(queries[rows]), k)
-  return out
+  return search_rows(index, queries, k, show_progress=show_progress)
 
 
 def pack_from_neighbours(

@@ -42,6 +42,58 @@ def _cache_key(tokens: np.ndarray, params: dict) -> str:
   return h.hexdigest()[:32]
 
 
+def order_params(
+    tokens: np.ndarray,
+    seq_len: int,
+    k: int,
+    seed: int,
+    stopword_ids: Iterable[int] | None,
+) -> dict:
+  """The settings that change the packed order (not batch_size)."""
+  stop = (
+      sorted(int(t) for t in stopword_ids) if stopword_ids is not None else None
+  )
+  return {
+      "version": _FORMAT_VERSION,
+      "seq_len": int(seq_len),
+      "k": int(k),
+      "seed": int(seed),
+      "stopword_ids": stop,
+      "n": int(np.asarray(tokens).size),
+  }
+
+
+def order_key(
+    tokens: np.ndarray,
+    seq_len: int,
+    k: int,
+    seed: int,
+    stopword_ids: Iterable[int] | None,
+) -> str:
+  """32 hex digits naming the packed order of these tokens and settings."""
+  tokens = np.asarray(tokens).reshape(-1)
+  return _cache_key(
+      tokens, order_params(tokens, seq_len, k, seed, stopword_ids)
+  )
+
+
+def _read_order(path: str, num_segments: int) -> np.ndarray | None:
+  """The cached order, or None (one warning line) when it is unreadable."""
+  try:
+    order = paths.np_load(path)
+  except (ValueError, OSError, EOFError) as e:
+    order, why = None, f"unreadable ({type(e).__name__})"
+  else:
+    ok = order.shape == (num_segments,) and np.array_equal(
+        np.sort(order), np.arange(num_segments)
+    )
+    why = "not a permutation of the segments"
+  if order is None or not ok:
+    logging.warning("BM25 order %s is %s: recomputing it", path, why)
+    return None
+  return order
+
+
 def cached_bm25_order(
     tokens: np.ndarray,
     seq_len: int,
@@ -72,24 +124,16 @@ def cached_bm25_order(
       [ceil(N / L)] int64 order of the segments.
   """
   tokens = np.asarray(tokens).reshape(-1)
-  stop = (
-      sorted(int(t) for t in stopword_ids) if stopword_ids is not None else None
-  )
-  params = {
-      "version": _FORMAT_VERSION,
-      "seq_len": int(seq_len),
-      "k": int(k),
-      "seed": int(seed),
-      "stopword_ids": stop,
-      "n": int(tokens.size),
-  }
+  params = order_params(tokens, seq_len, k, seed, stopword_ids)
+  stop = params["stopword_ids"]
   cache_dir = paths.resolve(os.fspath(cache_dir))
   path = paths.join(cache_dir, f"bm25_order_{_cache_key(tokens, params)}.npy")
   if paths.exists(path):
-    order = paths.np_load(path)
-    if show_progress:
-      logging.info("BM25 order read from %s", path)
-    return order
+    order = _read_order(path, -(-tokens.size // seq_len))
+    if order is not None:
+      if show_progress:
+        logging.info("BM25 order read from %s", path)
+      return order
   order = bm25_pack(
       split_segments(tokens, seq_len),
       batch_size,

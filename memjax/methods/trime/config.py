@@ -16,6 +16,15 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.data.bm25_k = 20
   c.data.bm25_seed = 0
   c.data.bm25_stopwords = False
+  # --mode=pack: '' packs in this process (bm25_order's .npy cache); a Beam
+  # runner (DirectRunner, DataflowRunner, FlinkRunner, SparkRunner) writes
+  # the packed SeqIO task's cache instead (pack_beam), with `workers` local
+  # processes (DirectRunner) and `options` passed to Beam as flags, e.g.
+  # '--project=p --region=r --temp_location=gs://b/tmp'.
+  c.pack = ml_collections.ConfigDict()
+  c.pack.runner = ""
+  c.pack.workers = 2
+  c.pack.options = ""
   # The TRIME objective (loss.name='trime'): its training memory (local |
   # long | external), the plain-LM warm-up share of the updates, the
   # probability of hiding the local memory (external), no gradient into the

@@ -21,8 +21,10 @@ job ahead of training (progress bars on the console):
 or let the first training step compute it (same cache file); every later
 run, and every host of a multi-host run, reads the file. For WikiText-103
 the search is the expensive part (hours on two CPU cores, see
-docs/trime.md); it splits over machines with
-``python -m memjax.methods.trime.bm25_order --num_shards=...``.
+docs/trime.md); ``--config.pack.runner=DirectRunner
+--config.pack.workers=N`` (or DataflowRunner, Flink, Spark) runs it as an
+Apache Beam pipeline that writes the packed SeqIO task's cache
+(``pack_beam``), which the batcher reads first when it is there.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def bm25_order(
   if int(d.bm25_k) < 1:
     raise errors.ConfigError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
   start = time.time()
+  cached = _beam_cached_order(config, tokens, cache_dir)
+  if cached is not None:
+    return cached
   console.info(
       "BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
       -(-len(tokens) // d.seq_len),
@@ -103,6 +108,50 @@ def bm25_order(
   console.info(
       "BM25 order ready: %d segments in %.1fs", len(order), time.time() - start
   )
+  return order
+
+
+def _pack_settings(config: ml_collections.ConfigDict, cache_dir: str):
+  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
+
+  d = config.data
+  stop = stopword_ids(config, cache_dir)
+  return pack_beam.PackSettings(
+      int(d.seq_len),
+      int(d.bm25_k),
+      int(d.bm25_seed),
+      tuple(stop) if stop is not None else None,
+  )
+
+
+def _beam_cached_order(
+    config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
+) -> np.ndarray | None:
+  """The order from the packed SeqIO task's Beam cache, if there is one.
+
+  A partial or unreadable cache is one warning line; the in-process order
+  is used instead.
+  """
+  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
+
+  settings = _pack_settings(config, cache_dir)
+  name = pack_beam.task_name(config.data.corpus, tokens, settings)
+  directory = pack_beam.task_dir(cache_dir, name)
+  if not paths.exists(directory):
+    return None
+  task = pack_beam.register_task(name, tokens, settings, cache_dir)
+  try:
+    order = pack_beam.read_order(
+        task, -(-len(tokens) // settings.seq_len), directory
+    )
+  except pack_beam.CacheError as e:
+    console.warn(
+        "%s: packing in process instead (--mode=pack with "
+        "--config.pack.runner rebuilds it)",
+        e,
+    )
+    return None
+  console.info("BM25 order read from the SeqIO task %s", name)
   return order
 
 
@@ -145,12 +194,52 @@ def bm25_batcher(
   )
 
 
+def _pack_with_beam(
+    config: ml_collections.ConfigDict,
+    tokens: np.ndarray,
+    cache_dir: str,
+    vocabulary: Any,
+) -> tuple[np.ndarray, dict[str, Any]]:
+  """Writes (or reuses) the packed task's Beam cache; returns its order."""
+  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
+
+  p = config.pack
+  if int(p.workers) < 1:
+    raise errors.ConfigError(f"pack.workers must be >= 1, got {p.workers}")
+  settings = _pack_settings(config, cache_dir)
+  name = pack_beam.task_name(config.data.corpus, tokens, settings)
+  directory = pack_beam.task_dir(cache_dir, name)
+  task = pack_beam.register_task(name, tokens, settings, cache_dir, vocabulary)
+  num_segments = -(-len(tokens) // settings.seq_len)
+  if paths.exists(directory):
+    try:
+      order = pack_beam.read_order(task, num_segments, directory)
+      console.info(
+          "BM25-packed task %s is already cached in %s", name, directory
+      )
+      return order, {"task": name, "task_dir": directory, "reused": True}
+    except pack_beam.CacheError as e:
+      console.warn("%s: rebuilding it", e)
+  console.info(
+      "BM25 packing on Beam (%s, %d workers): %d segments into %s",
+      p.runner, int(p.workers), num_segments, directory,
+  )  # fmt: skip
+  pack_beam.run(
+      tokens, settings, directory, runner=p.runner, workers=int(p.workers),
+      extra_options=p.options,
+  )  # fmt: skip
+  order = pack_beam.read_order(task, num_segments, directory)
+  return order, {"task": name, "task_dir": directory, "reused": False}
+
+
 def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """The offline packing job (``--mode=pack``): writes the BM25 order.
 
-  Reads the training split through its SeqIO task, runs Algorithm 1 into the
-  cache directory that training reads, and writes ``<workdir>/bm25_pack.json``
-  (counts and timing).
+  Reads the training split through its SeqIO task and runs Algorithm 1:
+  in this process into the cache directory that training reads, or with
+  ``pack.runner`` set, as a Beam pipeline that writes the packed SeqIO task's
+  cache (``pack_beam``). Writes ``<workdir>/bm25_pack.json`` (counts,
+  timing and, with Beam, the task's name and directory).
   """
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
@@ -160,7 +249,16 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   paths.makedirs(cache_dir)
   train = tasks.load_token_stream(d.corpus, data_dir, "train", cache_dir)
   start = time.time()
-  order = bm25_order(config, train.tokens, cache_dir)
+  beam = {}
+  if config.pack.runner:
+    vocabulary = (
+        tasks.register_lm_task(d.corpus, data_dir, cache_dir)
+        .output_features["targets"]
+        .vocabulary
+    )
+    order, beam = _pack_with_beam(config, train.tokens, cache_dir, vocabulary)
+  else:
+    order = bm25_order(config, train.tokens, cache_dir)
   batcher = streams.PackedSegments(
       train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
   )
@@ -174,17 +272,23 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "stopwords": bool(d.bm25_stopwords),
       "seconds": time.time() - start,
       "cache_dir": paths.join(cache_dir, "bm25"),
+      "runner": config.pack.runner or "in-process",
+      **beam,
   }
   paths.makedirs(workdir)
   path = paths.join(workdir, "bm25_pack.json")
   with paths.open(path, "w") as f:
     json.dump(summary, f, indent=2, sort_keys=True)
+  where = (
+      f"SeqIO task {beam['task']} cached in {beam['task_dir']}"
+      if beam
+      else summary["cache_dir"]
+  )
   return {
       **summary,
       "results_path": path,
       "summary_lines": [
           f"BM25 order of {len(order)} segments "
-          f"({batcher.num_batches} batches of {d.batch_size}) in "
-          f"{summary['cache_dir']}"
+          f"({batcher.num_batches} batches of {d.batch_size}) in {where}"
       ],
   }

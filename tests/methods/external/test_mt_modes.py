@@ -144,3 +144,28 @@ def test_lambda_outside_zero_one_is_refused(built, key, value):
   with pytest.raises(errors.ConfigError, match=f"memory.{key} must lie in"):
     tm.mt_tune(bad, str(work))
   assert not work.exists()
+
+
+def test_datastore_built_as_two_shares_equals_the_one_process_build(built):
+  config, out, _ = built
+  config = config.copy_and_resolve_references()
+  restored = tm._restore(config, str(out))  # pylint: disable=protected-access
+  train = tm._split(config, restored, "train")  # pylint: disable=protected-access
+  mem = config.translation.memory
+  mem.shard_keys = 1  # one batch per shard: several shards
+  whole = mt_datastore.build(config, restored, train, str(out / "one"))
+  assert whole is not None and len(whole.keys) >= 2
+  mem.process_count = 2
+  mem.process_index = 0
+  assert mt_datastore.build(config, restored, train, str(out / "two")) is None
+  assert not os.path.exists(out / "two" / "manifest.json")
+  mem.process_index = 1  # the second process, run after: joins the shards
+  joined = mt_datastore.build(config, restored, train, str(out / "two"))
+  assert joined.count == whole.count and len(joined.keys) == len(whole.keys)
+  for a, b in zip(whole.keys, joined.keys):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for a, b in zip(whole.values, joined.values):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  mem.process_index = 2
+  with pytest.raises(errors.ConfigError, match="process_index=2"):
+    mt_datastore.process_share(config)

@@ -1,0 +1,206 @@
+"""BM25 packing on Apache Beam (DirectRunner, 2 workers) as a SeqIO task.
+
+One pipeline run (module fixture; Beam's start-up dominates) serves every
+test: its order must be the in-process order exactly. The workers are
+threads (9 s here, against 26 s for 2 processes, which import TensorFlow
+each); benchmarks/bm25_packing.py runs the same pipeline on 2 processes and
+checks the same order.
+"""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from configs import trime_wt103
+from memjax.data import tasks
+from memjax.methods.trime import bm25
+from memjax.methods.trime import bm25_order
+from memjax.methods.trime import pack_beam
+from memjax.methods.trime import packing
+
+SEQ_LEN, BATCH, K = 16, 8, 5
+
+
+def _topic_corpus() -> np.ndarray:
+  """4 topics with disjoint vocabularies, 8 shuffled segments of 16 each."""
+  rng = np.random.default_rng(0)
+  segs = [
+      rng.integers(100 * t, 100 * t + 30, SEQ_LEN)
+      for t in range(4)
+      for _ in range(8)
+  ]
+  perm = rng.permutation(len(segs))
+  return np.concatenate(
+      [segs[i] for i in perm] + [np.zeros(1, np.int64)]
+  ).astype(np.int32)
+
+
+def _config():
+  cfg = trime_wt103.get_config("trime_ext_smoke")
+  cfg.data.seq_len, cfg.data.batch_size, cfg.data.bm25_k = SEQ_LEN, BATCH, K
+  return cfg
+
+
+SETTINGS = pack_beam.PackSettings(SEQ_LEN, K, 0)
+
+
+@pytest.fixture(scope="module")
+def beam_cache(tmp_path_factory):
+  """(cache_dir, task name, task dir) of one Beam run with 2 workers."""
+  cache_dir = str(tmp_path_factory.mktemp("beam_cache"))
+  tokens = _topic_corpus()
+  name = pack_beam.task_name("wikitext103", tokens, SETTINGS)
+  directory = pack_beam.task_dir(cache_dir, name)
+  # 8 queries per block: 5 work items over the 2 worker processes.
+  pack_beam.run(
+      tokens, SETTINGS, directory, runner="DirectRunner", workers=2,
+      block_rows=8, extra_options="--direct_running_mode=multi_threading",
+  )  # fmt: skip
+  return cache_dir, name, directory
+
+
+def _in_process_order(tokens):
+  return bm25.bm25_pack(
+      bm25.split_segments(tokens, SEQ_LEN), BATCH, k=K, seed=0,
+      show_progress=False,
+  )  # fmt: skip
+
+
+def test_beam_packing_is_the_in_process_packing(beam_cache):
+  cache_dir, name, directory = beam_cache
+  tokens = _topic_corpus()
+  task = pack_beam.register_task(name, tokens, SETTINGS, cache_dir)
+  order = pack_beam.read_order(task, 33, directory)
+  np.testing.assert_array_equal(order, _in_process_order(tokens))
+  topics = [
+      {int(t) // 100 for s in order[b : b + BATCH] for t in
+       tokens[s * SEQ_LEN : (s + 1) * SEQ_LEN]}
+      for b in range(0, 32, BATCH)
+  ]  # fmt: skip
+  assert sum(len(t) == 1 for t in topics) >= 3  # topics stay in one batch
+  assert sorted(os.listdir(directory)) == [
+      "COMPLETED", "info.train.json", "stats.train.json",
+      "train.tfrecord-00000-of-00002", "train.tfrecord-00001-of-00002",
+  ]  # fmt: skip
+  assert not os.path.exists(directory + ".inputs")
+
+
+def test_cached_task_reads_back_through_seqio(beam_cache):
+  cache_dir, name, _ = beam_cache
+  tokens = _topic_corpus()
+  task = pack_beam.register_task(name, tokens, SETTINGS, cache_dir)
+  cached = list(
+      task.get_dataset(
+          split="train", use_cached=True, shuffle=False
+      ).as_numpy_iterator()
+  )
+  cached.sort(key=lambda ex: ex["packed_position"])
+  assert [int(ex["packed_position"]) for ex in cached] == list(range(33))
+  for ex in cached:
+    s = int(ex["segment_id"])
+    np.testing.assert_array_equal(
+        ex["targets"], tokens[s * SEQ_LEN : (s + 1) * SEQ_LEN]
+    )
+  # Uncached, the same task packs in process, in packed order.
+  fresh = list(
+      task.get_dataset(
+          split="train", use_cached=False, shuffle=False
+      ).as_numpy_iterator()
+  )
+  assert [int(ex["segment_id"]) for ex in fresh] == [
+      int(ex["segment_id"]) for ex in cached
+  ]
+  assert task.get_cached_stats("train") == {  # seqio counts no id 0 (pad)
+      "examples": 33, "targets_tokens": int(np.sum(tokens != 0)),
+      "targets_max_tokens": SEQ_LEN,
+  }  # fmt: skip
+
+
+def _stream(tokens):
+  return tasks.TokenStream(
+      tokens=tokens, doc_starts=np.zeros(1, np.int64), vocab_size=400
+  )
+
+
+def test_bm25_batcher_serves_the_same_batches_from_either_source(
+    beam_cache, tmp_path, monkeypatch
+):
+  cache_dir, _, _ = beam_cache
+  stream, cfg = _stream(_topic_corpus()), _config()
+  in_process = packing.bm25_batcher(cfg, stream, str(tmp_path))
+
+  def fail(*args, **kwargs):
+    raise AssertionError("searched despite the Beam cache")
+
+  for name in ("bm25_pack", "bm25_neighbours"):
+    monkeypatch.setattr(bm25, name, fail)
+    monkeypatch.setattr(bm25_order, name, fail)
+  from_beam = packing.bm25_batcher(cfg, stream, cache_dir)
+  assert not os.path.exists(os.path.join(cache_dir, "bm25", "bm25_order_"))
+  for step in range(2 * in_process.steps_per_epoch):
+    for key in ("inputs", "targets"):
+      np.testing.assert_array_equal(
+          from_beam.batch(step)[key], in_process.batch(step)[key]
+      )
+
+
+@pytest.mark.parametrize("damage", ["partial", "truncated"])
+def test_damaged_cache_is_one_line_and_packing_rebuilds_it(
+    beam_cache, tmp_path, monkeypatch, capsys, damage
+):
+  good_cache, name, good_dir = beam_cache
+  cache_dir = str(tmp_path)
+  directory = pack_beam.task_dir(cache_dir, name)
+  shutil.copytree(good_dir, directory)
+  if damage == "partial":
+    os.remove(os.path.join(directory, "COMPLETED"))
+  else:
+    path = os.path.join(directory, "train.tfrecord-00000-of-00002")
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 2)
+  tokens = _topic_corpus()
+  stream, cfg = _stream(tokens), _config()
+  # The batcher: one warning line, then the in-process order.
+  batcher = packing.bm25_batcher(cfg, stream, cache_dir)
+  lines = [l for l in capsys.readouterr().err.splitlines() if "BM25 cache" in l]
+  assert len(lines) == 1 and directory in lines[0], lines
+  assert ("partial" if damage == "partial" else "unreadable") in lines[0]
+  ref = _in_process_order(tokens)
+  np.testing.assert_array_equal(
+      batcher.batches.reshape(-1), ref[ref < 32]  # segment 32 has no target
+  )
+  # --mode=pack's Beam path: one line, then the pipeline writes it anew
+  # (here a stand-in that copies the good cache: Beam already ran once).
+  calls = []
+
+  def rerun(tokens_, settings, out_dir, **kwargs):
+    calls.append(out_dir)
+    shutil.rmtree(out_dir)
+    shutil.copytree(good_dir, out_dir)
+
+  monkeypatch.setattr(pack_beam, "run", rerun)
+  cfg.pack.runner = "DirectRunner"
+  order, info = packing._pack_with_beam(cfg, tokens, cache_dir, None)
+  assert calls == [directory] and not info["reused"]
+  assert "rebuilding it" in capsys.readouterr().err
+  np.testing.assert_array_equal(order, _in_process_order(tokens))
+  # Now whole: reused without running anything.
+  _, info = packing._pack_with_beam(cfg, tokens, cache_dir, None)
+  assert info["reused"] and calls == [directory]
+
+
+def test_corrupt_in_process_order_is_recomputed(tmp_path, caplog):
+  tokens = _topic_corpus()
+  first = bm25_order.cached_bm25_order(
+      tokens, SEQ_LEN, BATCH, k=K, cache_dir=tmp_path, show_progress=False
+  )
+  (path,) = tmp_path.glob("bm25_order_*.npy")
+  path.write_bytes(b"not an array")
+  again = bm25_order.cached_bm25_order(
+      tokens, SEQ_LEN, BATCH, k=K, cache_dir=tmp_path, show_progress=False
+  )
+  np.testing.assert_array_equal(again, first)
+  assert any("unreadable" in r.message for r in caplog.records)
+  np.testing.assert_array_equal(np.load(path), first)
