@@ -266,6 +266,23 @@ def restore_params(
   Raises:
     FileNotFoundError: no checkpoint there.
   """
+  params, _, step = restore_variables(directory, abstract_params, step)
+  return params, step
+
+
+def restore_variables(
+    directory: str,
+    abstract_params: Any,
+    step: Optional[int] = None,
+    abstract_model_state: Any = None,
+) -> tuple[Any, Any, int]:
+  """(params, model state, step) of a run's checkpoint: ``restore_params``
+  that also restores ``TrainState.model_state`` when
+  ``abstract_model_state`` is given (else the state is None).
+
+  Raises:
+    FileNotFoundError: no checkpoint there.
+  """
   directory = paths.resolve(directory)
   if paths.isdir(paths.join(directory, "checkpoints")):
     directory = paths.join(directory, "checkpoints")
@@ -283,19 +300,22 @@ def restore_params(
     raise FileNotFoundError(
         f"train.init_from: no checkpoint steps in {directory}"
     )
-  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
+  item = {"params": abstract_params}
+  if abstract_model_state is not None:
+    item["model_state"] = abstract_model_state
   restored = mngr.restore(
       step,
       args=ocp.args.Composite(
           state=ocp.args.PyTreeRestore(
-              item={"params": abstract_params},
-              restore_args={"params": restore_args},
+              item=item,
+              restore_args=ocp.checkpoint_utils.construct_restore_args(item),
               partial_restore=True,
           )
       ),
   )
   mngr.close()
-  return restored.state["params"], step
+  state = restored.state
+  return state["params"], state.get("model_state"), step
 
 
 def _is_abandoned_read_noise(exc: BaseException) -> bool:

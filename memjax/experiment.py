@@ -61,6 +61,7 @@ from memjax.corpus import vocabulary
 from memjax.sharding import check_batch_fits
 from memjax.validation import make_mesh
 from memjax.validation import validate_config
+from memjax.models import state as model_state_lib
 from memjax.models import transformer
 
 Array = jax.Array
@@ -77,12 +78,31 @@ class TrainState:
     opt_state: optimiser state (None when restored for inference).
     memory: carried recurrent memory (per-layer pytrees with a leading batch
       axis) or None for models without recurrence.
+    model_state: {collection: tree} of the mutable collections the model
+      declares and made (``memjax.models.state``, e.g. a BatchNorm's
+      'batch_stats'), replicated; None when there are none (every
+      checkpoint written before the field existed).
   """
 
   step: Array
   params: Any
   opt_state: Any
   memory: Any = None
+  model_state: Any = None
+
+  @property
+  def variables(self) -> Any:
+    """What inference takes: the parameters, or with the model state a
+    variables dict (``memjax.models.state.as_variables``)."""
+    return variables_of(self.params, self.model_state)
+
+
+def variables_of(params: Any, model_state: Any) -> Any:
+  """``params`` alone, or {'params': params, **model_state} when the model
+  carries state: what every scoring path takes as its parameters."""
+  if not model_state:
+    return params
+  return model_state_lib.as_variables(params, model_state)
 
 
 # ----------------------------------------------------------------------------
@@ -148,11 +168,13 @@ def make_optimizer(
   return optim.make_optimizer(config.optim, steps)
 
 
-def _init_variables(model, seq_len: int, key: Array) -> Any:
+def _init_variables(model, seq_len: int, key: Array) -> tuple[Any, Any]:
+  """(params, model state or None) of a fresh model."""
   tokens = jnp.zeros((1, seq_len), jnp.int32)
-  return model.init(
+  variables = model.init(
       {"params": key, "dropout": key}, tokens, tokens, deterministic=True
-  )["params"]
+  )
+  return model_state_lib.split(model, variables)
 
 
 def abstract_state(
@@ -181,12 +203,13 @@ def abstract_state(
   batch = sample["reset" if "reset" in sample else "inputs"].shape[0]
 
   def init_fn(key):
-    params = _init_variables(model, seq_len, key)
+    params, model_state = _init_variables(model, seq_len, key)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
         opt_state=None if tx is None else tx.init(params),
         memory=model.init_memory(batch),
+        model_state=model_state,
     )
 
   with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
@@ -199,6 +222,14 @@ def abstract_state(
         nn.meta.unbox(abstract.memory),
     )
     shardings = shardings.replace(memory=mem_shard)
+  if abstract.model_state is not None:
+    # Running statistics are small: every device holds them whole.
+    shardings = shardings.replace(
+        model_state=jax.tree.map(
+            lambda _: sharding_lib.replicated(mesh),
+            nn.meta.unbox(abstract.model_state),
+        )
+    )
   # A boxed parameter whose optimiser state is empty in a parameter group
   # (optax's MaskedNode inside the box) got a sharding leaf: give the
   # shardings the state's own structure, which checkpoint restores pair
@@ -230,15 +261,31 @@ def create_state(
 
 def abstract_params(model, mesh: Mesh, seq_len: int = 8) -> Any:
   """The parameters' shapes and shardings, as ``jax.ShapeDtypeStruct``."""
+  return abstract_variables(model, mesh, seq_len)[0]
+
+
+def abstract_variables(model, mesh: Mesh, seq_len: int = 8) -> tuple[Any, Any]:
+  """(parameters, model state or None) as ``jax.ShapeDtypeStruct`` with
+  shardings; the model state replicated."""
   key = jax.random.PRNGKey(0)
   with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
-    abstract = jax.eval_shape(lambda k: _init_variables(model, seq_len, k), key)
-    shardings = sharding_lib.logical_sharding(
-        mesh, nn.get_partition_spec(abstract)
+    params, state = jax.eval_shape(
+        lambda k: _init_variables(model, seq_len, k), key
     )
-  return checkpointing.abstract_with_sharding(
-      nn.meta.unbox(abstract), shardings
+    shardings = sharding_lib.logical_sharding(
+        mesh, nn.get_partition_spec(params)
+    )
+  params = checkpointing.abstract_with_sharding(
+      nn.meta.unbox(params), shardings
   )
+  if state is not None:
+    state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=sharding_lib.replicated(mesh)
+        ),
+        nn.meta.unbox(state),
+    )
+  return params, state
 
 
 # ----------------------------------------------------------------------------
@@ -262,6 +309,7 @@ class Restored:
     path: the workdir or export directory.
     kind: 'run' or 'export'.
     opt_state: the optimiser state (runs, when asked for), else None.
+    model_state: the model's state collections (``TrainState``), or None.
   """
 
   config: ml_collections.ConfigDict
@@ -275,6 +323,13 @@ class Restored:
   path: str
   kind: str
   opt_state: Any = None
+  model_state: Any = None
+
+  @property
+  def variables(self) -> Any:
+    """What the scoring paths take: the parameters, with the model state
+    when there is one (``variables_of``)."""
+    return variables_of(self.params, self.model_state)
 
 
 def load(
@@ -309,16 +364,20 @@ def load(
   model = build_model(config.model, vocab_size)
   mesh_ = make_mesh(config, mesh or {"data": -1, "fsdp": 1, "tensor": 1})
   signature = model_signature(config, vocab_size)
-  abstract = abstract_params(model, mesh_)
-  opt_state = None
+  abstract, abstract_state_ = abstract_variables(model, mesh_)
+  opt_state = model_state = None
   if files.kind == "export":
     checkpointing.check_signature(
         files.read_json("export.json")["signature"], signature, path
     )
     params = checkpointing.restore_export_params(files.params_dir, abstract)
+    if abstract_state_ is not None:
+      model_state = checkpointing.restore_export_params(
+          files.model_state_dir, abstract_state_
+      )
     step_ = int(files.read_json("export.json")["step"])
   elif with_optimizer:
-    params, opt_state, step_ = _restore_with_optimizer(
+    params, opt_state, model_state, step_ = _restore_with_optimizer(
         files, config, model, mesh_, signature, step
     )
   else:
@@ -330,8 +389,8 @@ def load(
       ckpt.check_compatible(step_)
     finally:
       ckpt.close()
-    params, step_ = checkpointing.restore_params(
-        files.checkpoints, abstract, step_
+    params, model_state, step_ = checkpointing.restore_variables(
+        files.checkpoints, abstract, step_, abstract_state_
     )
   console.info("loaded %s %s (step %d)", files.kind, path, step_)
   return Restored(
@@ -346,6 +405,7 @@ def load(
       path=path,
       kind=files.kind,
       opt_state=opt_state,
+      model_state=model_state,
   )
 
 
@@ -365,7 +425,7 @@ def _restore_with_optimizer(files, config, model, mesh, signature, step):
     restored, _ = ckpt.restore(step, abstract)
   finally:
     ckpt.close()
-  return restored.params, restored.opt_state, step
+  return restored.params, restored.opt_state, restored.model_state, step
 
 
 def export(
@@ -398,13 +458,17 @@ def export(
     )
   restored = load(path, step=step, mesh={"data": -1, "fsdp": 1, "tensor": 1})
   params = jax.tree.map(lambda x: x.astype(DTYPES[dtype]), restored.params)
+  # The running statistics stay float32 (they are not parameters).
   meta = {
       "signature": model_signature(restored.config, restored.vocab_size),
       "step": restored.step,
       "dtype": dtype,
       "source": restored.path,
   }
-  runfiles.write_export(out_dir, restored.config, restored.vocab, params, meta)
+  runfiles.write_export(
+      out_dir, restored.config, restored.vocab, params, meta,
+      model_state=restored.model_state,
+  )  # fmt: skip
   return out_dir
 
 

@@ -55,6 +55,11 @@ class RunFiles:
   def params_dir(self) -> str:
     return paths.join(self.path, "params")
 
+  @property
+  def model_state_dir(self) -> str:
+    """An export's model state (``TrainState.model_state``), if it has one."""
+    return paths.join(self.path, "model_state")
+
   def read_json(self, name: str) -> dict[str, Any]:
     return paths.read_json(paths.join(self.path, name))
 
@@ -264,8 +269,11 @@ def write_export(
     vocab: Any,
     params: Any,
     meta: dict[str, Any],
+    *,
+    model_state: Any = None,
 ) -> None:
-  """Writes an export of ``params`` (``experiment.load`` restores it).
+  """Writes an export of ``params`` (``experiment.load`` restores it), and
+  of ``model_state`` in ``model_state/`` when the model carries one.
 
   ``export.json`` holds ``meta`` (signature, step, dtype, source, ...) and
   the number of parameters. The export is written under
@@ -283,6 +291,10 @@ def write_export(
       paths.rmtree(d)
   write_run_files(tmp, config, vocab)
   checkpointing.save_export_params(paths.join(tmp, "params"), params)
+  if model_state:
+    checkpointing.save_export_params(
+        paths.join(tmp, "model_state"), model_state
+    )
   n = int(sum(x.size for x in jax.tree.leaves(params)))
   write_json(paths.join(tmp, EXPORT_FILE), {**meta, "num_params": n})
   if paths.exists(out_dir):
