@@ -12,6 +12,7 @@ A checkpoint step holds three items:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import sys
@@ -25,6 +26,11 @@ from memjax import paths
 
 CheckpointMismatchError = errors.CheckpointMismatchError
 
+
+# Fields of the train state added after checkpoints were first written:
+# saved and restored only when they hold something, so a state without
+# them has the tree of the checkpoints written before them.
+LATER_STATE_FIELDS = ("model_state",)
 
 # Steps set aside by ``Checkpointer.restore_latest``.
 _DAMAGED = re.compile(r"damaged-\d+(\.\d+)?$")
@@ -47,6 +53,18 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     else:
       out[key] = list(v) if isinstance(v, tuple) else v
   return out
+
+
+def _stored(state: Any) -> Any:
+  """The tree saved for ``state``: a dataclass state less its
+  ``LATER_STATE_FIELDS`` that are None, as a dict."""
+  if not dataclasses.is_dataclass(state):
+    return state
+  names = [f.name for f in dataclasses.fields(state)]
+  empty = [n for n in LATER_STATE_FIELDS if getattr(state, n, 0) is None]
+  if not empty:
+    return state
+  return {n: getattr(state, n) for n in names if n not in empty}
 
 
 def compare_signatures(
@@ -123,7 +141,7 @@ class Checkpointer:
     saved = self._manager.save(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
+            state=ocp.args.StandardSave(_stored(state)),
             data=ocp.args.JsonSave(dict(data_position)),
             meta=ocp.args.JsonSave(self.signature),
         ),
@@ -134,14 +152,18 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restores (state, data position); ``abstract_state`` carries shardings."""
     self.check_compatible(step)
+    item = _stored(abstract_state)
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
+            state=ocp.args.StandardRestore(item),
             data=ocp.args.JsonRestore(),
         ),
     )
-    return restored.state, dict(restored.data)
+    state = restored.state
+    if item is not abstract_state:
+      state = abstract_state.replace(**state)
+    return state, dict(restored.data)
 
   def read_data(self, step: int) -> dict[str, Any]:
     """The data position saved with ``step``."""
