@@ -3,7 +3,8 @@
 A checkpoint step holds three items:
 
 * ``state``: the train state pytree (params, optimiser state, step, carried
-  recurrent memory), saved and restored sharded;
+  recurrent memory, the model state such as BatchNorm statistics when the
+  model has one), saved and restored sharded;
 * ``data``: the data position (JSON), so a resumed run sees the same batches;
 * ``meta``: the model configuration (JSON), checked on restore so that a
   checkpoint of another model is refused with a message naming the keys that
@@ -23,6 +24,12 @@ import orbax.checkpoint as ocp
 
 from memjax import errors
 from memjax import paths
+
+# Parameters alone, re-exported so that callers restore through this module.
+from memjax.checkpoint_params import leaf_shapes
+from memjax.checkpoint_params import param_shapes  # pylint: disable=unused-import
+from memjax.checkpoint_params import restore_params  # pylint: disable=unused-import
+from memjax.checkpoint_params import restore_variables  # pylint: disable=unused-import
 
 CheckpointMismatchError = errors.CheckpointMismatchError
 
@@ -267,79 +274,6 @@ class Checkpointer:
     self._manager.close()
 
 
-def restore_params(
-    directory: str, abstract_params: Any, step: Optional[int] = None
-) -> tuple[Any, int]:
-  """Restores only the parameters of another run (``train.init_from``).
-
-  Parameters present in ``abstract_params`` but absent from the checkpoint
-  (for example a memory layer added to a memory-less model) are reported by
-  the caller, which keeps their fresh initialisation; see
-  ``memjax.train.init_params_from``.
-
-  Args:
-    directory: a workdir or its ``checkpoints`` folder.
-    abstract_params: pytree of jax.ShapeDtypeStruct with shardings.
-    step: which step; None = latest.
-
-  Returns:
-    (params, step).
-
-  Raises:
-    FileNotFoundError: no checkpoint there.
-  """
-  params, _, step = restore_variables(directory, abstract_params, step)
-  return params, step
-
-
-def restore_variables(
-    directory: str,
-    abstract_params: Any,
-    step: Optional[int] = None,
-    abstract_model_state: Any = None,
-) -> tuple[Any, Any, int]:
-  """(params, model state, step) of a run's checkpoint: ``restore_params``
-  that also restores ``TrainState.model_state`` when
-  ``abstract_model_state`` is given (else the state is None).
-
-  Raises:
-    FileNotFoundError: no checkpoint there.
-  """
-  directory = paths.resolve(directory)
-  if paths.isdir(paths.join(directory, "checkpoints")):
-    directory = paths.join(directory, "checkpoints")
-  if not paths.isdir(directory):
-    raise FileNotFoundError(
-        f"train.init_from: no checkpoint directory {directory}"
-    )
-  mngr = ocp.CheckpointManager(
-      directory,
-      item_names=("state", "data", "meta"),
-      options=ocp.CheckpointManagerOptions(create=False),
-  )
-  step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(
-        f"train.init_from: no checkpoint steps in {directory}"
-    )
-  item = {"params": abstract_params}
-  if abstract_model_state is not None:
-    item["model_state"] = abstract_model_state
-  restored = mngr.restore(
-      step,
-      args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(
-              item=item,
-              restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-              partial_restore=True,
-          )
-      ),
-  )
-  mngr.close()
-  state = restored.state
-  return state["params"], state.get("model_state"), step
-
-
 def _is_abandoned_read_noise(exc: BaseException) -> bool:
   text = str(exc)
   return (
@@ -395,35 +329,6 @@ def check_signature(
     )
 
 
-def _leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  import flax  # pylint: disable=g-import-not-at-top
-
-  flat = flax.traverse_util.flatten_dict(tree, sep="/")
-  return {k: tuple(v.shape) for k, v in flat.items() if hasattr(v, "shape")}
-
-
-def param_shapes(
-    directory: str, step: Optional[int] = None
-) -> dict[str, tuple[int, ...]]:
-  """{'path/to/param': shape} of a run's checkpoint (latest step)."""
-  if step is None:
-    mngr = ocp.CheckpointManager(
-        directory,
-        item_names=("state", "data", "meta"),
-        options=ocp.CheckpointManagerOptions(create=False),
-    )
-    step = mngr.latest_step()
-    mngr.close()
-  ckptr = ocp.StandardCheckpointer()
-  try:
-    meta = ckptr.metadata(
-        paths.join(paths.resolve(directory), str(step), "state")
-    ).item_metadata
-  finally:
-    ckptr.close()
-  return _leaf_shapes(dict(meta)["params"])
-
-
 def save_export_params(directory: str, params: Any) -> None:
   """Writes a params-only Orbax checkpoint (an export's ``params/``)."""
   ckptr = ocp.StandardCheckpointer()
@@ -436,7 +341,7 @@ def export_param_shapes(directory: str) -> dict[str, tuple[int, ...]]:
   """{'path/to/param': shape} of an export's ``params/``."""
   ckptr = ocp.StandardCheckpointer()
   try:
-    return _leaf_shapes(ckptr.metadata(paths.resolve(directory)).item_metadata)
+    return leaf_shapes(ckptr.metadata(paths.resolve(directory)).item_metadata)
   finally:
     ckptr.close()
 

@@ -4,7 +4,8 @@ A workdir holds ``config.json`` (the whole config), ``vocab.json`` (which
 vocabulary: ``{"kind": "words", "file": "vocab.txt"}`` or ``{"kind":
 "bytes"}`` or ``"sentencepiece"``) with ``vocab.txt`` for word corpora
 and ``spm.model`` for translation, and ``checkpoints/``. An
-export holds the same two files, ``export.json`` and ``params/``. With these
+export holds the same two files, ``export.json`` and ``params/`` (and
+``model_state/`` for a model that carries state). With these
 a run is restored from its directory alone: no config file, flags or corpus
 are needed to load it.
 """
