@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+import memjax
 from configs import pkm_wt103
 from memjax import experiment
 from memjax import train
@@ -122,6 +123,11 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
       loaded.variables, batch, batch_size=4
   )
   assert exported["nll_sum"] == pytest.approx(got["nll_sum"], rel=1e-6)
+  # memjax.load (the API) scores the run and its export alike.
+  text = ["the game was released in japan in the same year"]
+  a = memjax.load(straight).score(text, mask_prob=0.5)
+  b = memjax.load(out).score(text, mask_prob=0.5)
+  assert a["tokens"] > 0 and a["nll"] == pytest.approx(b["nll"], rel=1e-6)
 
 
 def test_batchnorm_in_a_causal_model_is_one_line_with_exit_2(tmp_path):
