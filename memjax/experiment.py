@@ -117,9 +117,19 @@ def model_signature(
   """What a checkpoint or export must match: the whole model config + V.
 
   Less ``RUNTIME_MODEL_KEYS``, and less ``LATER_MODEL_KEYS`` while they hold
-  their original value.
+  their original value; likewise the feed-forward options that the kind
+  declares as added later (its class attribute ``LATER_OPTIONS``, {name:
+  the value every model saved before it had}).
   """
   m = json.loads(config.model.to_json_best_effort())
+  if m.get("feed_forward_options"):
+    kind = registry.FEED_FORWARD.get(m.get("feed_forward", "ffn"))
+    later = getattr(kind, "LATER_OPTIONS", {})
+    m["feed_forward_options"] = {
+        k: v
+        for k, v in m["feed_forward_options"].items()
+        if not (k in later and v == later[k])
+    }
   sig = {
       k: v
       for k, v in m.items()

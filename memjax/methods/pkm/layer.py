@@ -351,6 +351,11 @@ class MemoryFeedForward(nn.Module):
   # The query BatchNorm's running mean and variance, carried by the train
   # state (``memjax.models.state``).
   STATE_COLLECTIONS: ClassVar[tuple[str, ...]] = ("batch_stats",)
+  # Options added after runs were saved, at the value those runs had: left
+  # out of the model signature at it (``experiment.model_signature``).
+  LATER_OPTIONS: ClassVar[dict[str, Any]] = {
+      "allow_batchnorm_future_leak": False
+  }
 
   @nn.compact
   def __call__(
