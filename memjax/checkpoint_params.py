@@ -48,7 +48,8 @@ def restore_variables(
 ) -> tuple[Any, Any, int]:
   """(params, model state, step) of a run's checkpoint: ``restore_params``
   that also restores ``TrainState.model_state`` when
-  ``abstract_model_state`` is given (else the state is None).
+  ``abstract_model_state`` is given (else the state is None), and only it
+  when ``abstract_params`` is None (the params are then None).
 
   Raises:
     FileNotFoundError: no checkpoint there.
@@ -70,7 +71,7 @@ def restore_variables(
     raise FileNotFoundError(
         f"train.init_from: no checkpoint steps in {directory}"
     )
-  item = {"params": abstract_params}
+  item = {} if abstract_params is None else {"params": abstract_params}
   if abstract_model_state is not None:
     item["model_state"] = abstract_model_state
   restored = mngr.restore(
@@ -85,21 +86,25 @@ def restore_variables(
   )
   mngr.close()
   state = restored.state
-  return state["params"], state.get("model_state"), step
+  return state.get("params"), state.get("model_state"), step
 
 
 def leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """{"path/to/leaf": shape} of a nested tree of arrays (or metadata)."""
   import flax  # pylint: disable=g-import-not-at-top
 
-  flat = flax.traverse_util.flatten_dict(tree, sep="/")
+  def plain(t: Any) -> Any:  # Orbax's tree metadata is a mapping, no dict.
+    return {k: plain(v) for k, v in t.items()} if hasattr(t, "items") else t
+
+  flat = flax.traverse_util.flatten_dict(plain(tree), sep="/")
   return {k: tuple(v.shape) for k, v in flat.items() if hasattr(v, "shape")}
 
 
 def param_shapes(
-    directory: str, step: Optional[int] = None
+    directory: str, step: Optional[int] = None, item: str = "params"
 ) -> dict[str, tuple[int, ...]]:
-  """{'path/to/param': shape} of a run's checkpoint (latest step)."""
+  """{'path/to/param': shape} of a run's checkpoint (latest step); with
+  ``item='model_state'``, of its model state ({} when it has none)."""
   if step is None:
     mngr = ocp.CheckpointManager(
         directory,
@@ -115,4 +120,4 @@ def param_shapes(
     ).item_metadata
   finally:
     ckptr.close()
-  return leaf_shapes(dict(meta)["params"])
+  return leaf_shapes(dict(meta).get(item) or {})

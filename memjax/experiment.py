@@ -337,8 +337,9 @@ def init_params_from(
 ) -> TrainState:
   """Takes the parameters this model shares with the run at ``source``.
 
-  Parameters with the same path and shape are restored; parameters only this
-  model has keep their fresh initialisation (e.g. a memory layer added to a
+  Parameters with the same path and shape are restored (so is the model
+  state, e.g. BatchNorm statistics, ``_model_state_from``); parameters only
+  this model has keep their fresh initialisation (e.g. a memory layer added to a
   trained model); parameters only the source has are left out. Both lists
   are printed.
 
@@ -393,8 +394,42 @@ def init_params_from(
       ", ".join(unused) or "none",
   )
   return state.replace(
-      params=flax.traverse_util.unflatten_dict(params, sep="/")
+      params=flax.traverse_util.unflatten_dict(params, sep="/"),
+      model_state=_model_state_from(files, state, shardings),
   )
+
+
+def _model_state_from(
+    files: runfiles.RunFiles, state: TrainState, shardings: Any
+) -> Any:
+  """``state``'s model state with what the source holds at the same path
+  and shape restored over it (e.g. a pretrained BatchNorm's statistics for
+  a fine-tune); the fresh state where the source has none."""
+  if state.model_state is None:
+    return None
+  if files.kind == "export":
+    if not paths.isdir(files.model_state_dir):
+      return state.model_state
+    saved = checkpointing.export_param_shapes(files.model_state_dir)
+  else:
+    saved = checkpointing.param_shapes(files.checkpoints, item="model_state")
+  abstract = checkpointing.abstract_with_sharding(
+      state.model_state, shardings.model_state
+  )
+  flat = flax.traverse_util.flatten_dict(abstract, sep="/")
+  shared = {k: v for k, v in flat.items() if saved.get(k) == tuple(v.shape)}
+  if not shared:
+    return state.model_state
+  sub = flax.traverse_util.unflatten_dict(shared, sep="/")
+  if files.kind == "export":
+    got = checkpointing.restore_export_params(files.model_state_dir, sub)
+  else:
+    _, got, _ = checkpointing.restore_variables(
+        files.checkpoints, None, None, sub
+    )
+  fresh = flax.traverse_util.flatten_dict(state.model_state, sep="/")
+  fresh.update(flax.traverse_util.flatten_dict(got, sep="/"))
+  return flax.traverse_util.unflatten_dict(fresh, sep="/")
 
 
 def source_of(config: ml_collections.ConfigDict, workdir: str) -> str:

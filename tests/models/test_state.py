@@ -130,6 +130,29 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   assert a["tokens"] > 0 and a["nll"] == pytest.approx(b["nll"], rel=1e-6)
 
 
+def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
+    bert_runs, tmp_path
+):
+  straight, _, _, _ = bert_runs
+  run = experiment.load(straight)
+  out = experiment.export(straight, str(tmp_path / "export"))
+  config = run.config
+  model = experiment.build_model(config.model, run.vocab_size)
+  tx, _ = experiment.make_optimizer(config)
+  sample = {"inputs": np.zeros((2, 8), np.int32)}
+  for source in (straight, out):
+    state, shardings = experiment.create_state(
+        model, tx, run.mesh, sample, jax.random.PRNGKey(5)
+    )
+    np.testing.assert_array_equal(_norm(state.model_state)["mean"], 0.0)
+    state = experiment.init_params_from(source, state, shardings, config)
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        jax.device_get(state.model_state),
+        run.model_state,
+    )
+
+
 def test_batchnorm_in_a_causal_model_is_one_line_with_exit_2(tmp_path):
   proc = conftest.run_main(
       "--config=configs/pkm_wt103.py:pkm_smoke",
