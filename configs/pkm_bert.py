@@ -28,9 +28,12 @@ weight decay 0.1, length 128.
 The feed-forward uses GELU, as BERT does (``model.activation``).
 
 Memory: the paper's 512^2 slots, 4 heads, k = 32, k_dim 256 at 6l and base;
-128^2 at demo size; 8^2 at smoke. The paper's query BatchNorm is replaced
-by LayerNorm (the training loop carries no batch statistics). Values are
-trained by lazy Adam at 1e-3 (Lample et al.) in their own group.
+128^2 at demo size; 8^2 at smoke. The query is normalised by a BatchNorm
+over the batch's real tokens, as in the paper (its running mean and
+variance are carried by the train state and used in evaluation);
+``--config.model.feed_forward_options.query_norm=layer`` gives the
+LayerNorm of runs written before. Values are trained by lazy Adam at 1e-3
+(Lample et al.) in their own group.
 """
 
 import os
@@ -165,7 +168,7 @@ def _memory(c, kind, num_keys, heads, topk, k_dim, frozen=False) -> None:
   m.feed_forward_layers = memory_layers(m.num_layers)
   o = m.feed_forward_options
   o.num_keys, o.heads, o.topk, o.k_dim = num_keys, heads, topk, k_dim
-  o.query_norm = "layer"
+  o.query_norm = "batch"  # Kim & Jung, section 5.1
   if frozen:
     c.optim.groups.memory_frozen = ml_collections.ConfigDict(
         {"params": FROZEN, "transform": "frozen"}

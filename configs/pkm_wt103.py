@@ -85,6 +85,9 @@ def apply_memory(
   m.feed_forward_options.topk = topk
   m.feed_forward_options.k_dim = k_dim
   m.feed_forward_options.query_norm = "layer"  # Causal: no batch statistics.
+  # BatchNorm queries (query_norm='batch') see later positions through the
+  # batch statistics: refused unless this is set (docs/pkm.md).
+  m.feed_forward_options.allow_batchnorm_future_leak = False
   c.optim.groups.memory_values = ml_collections.ConfigDict(
       {
           "params": "/ffn/memory/values$",

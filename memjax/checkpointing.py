@@ -3,7 +3,8 @@
 A checkpoint step holds three items:
 
 * ``state``: the train state pytree (params, optimiser state, step, carried
-  recurrent memory), saved and restored sharded;
+  recurrent memory, the model state such as BatchNorm statistics when the
+  model has one), saved and restored sharded;
 * ``data``: the data position (JSON), so a resumed run sees the same batches;
 * ``meta``: the model configuration (JSON), checked on restore so that a
   checkpoint of another model is refused with a message naming the keys that
@@ -12,6 +13,7 @@ A checkpoint step holds three items:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import sys
@@ -23,8 +25,19 @@ import orbax.checkpoint as ocp
 from memjax import errors
 from memjax import paths
 
+# Parameters alone, re-exported so that callers restore through this module.
+from memjax.checkpoint_params import leaf_shapes
+from memjax.checkpoint_params import param_shapes  # pylint: disable=unused-import
+from memjax.checkpoint_params import restore_params  # pylint: disable=unused-import
+from memjax.checkpoint_params import restore_variables  # pylint: disable=unused-import
+
 CheckpointMismatchError = errors.CheckpointMismatchError
 
+
+# Fields of the train state added after checkpoints were first written:
+# saved and restored only when they hold something, so a state without
+# them has the tree of the checkpoints written before them.
+LATER_STATE_FIELDS = ("model_state",)
 
 # Steps set aside by ``Checkpointer.restore_latest``.
 _DAMAGED = re.compile(r"damaged-\d+(\.\d+)?$")
@@ -47,6 +60,18 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     else:
       out[key] = list(v) if isinstance(v, tuple) else v
   return out
+
+
+def _stored(state: Any) -> Any:
+  """The tree saved for ``state``: a dataclass state less its
+  ``LATER_STATE_FIELDS`` that are None, as a dict."""
+  if not dataclasses.is_dataclass(state):
+    return state
+  names = [f.name for f in dataclasses.fields(state)]
+  empty = [n for n in LATER_STATE_FIELDS if getattr(state, n, 0) is None]
+  if not empty:
+    return state
+  return {n: getattr(state, n) for n in names if n not in empty}
 
 
 def compare_signatures(
@@ -123,7 +148,7 @@ class Checkpointer:
     saved = self._manager.save(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
+            state=ocp.args.StandardSave(_stored(state)),
             data=ocp.args.JsonSave(dict(data_position)),
             meta=ocp.args.JsonSave(self.signature),
         ),
@@ -134,14 +159,18 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restores (state, data position); ``abstract_state`` carries shardings."""
     self.check_compatible(step)
+    item = _stored(abstract_state)
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
+            state=ocp.args.StandardRestore(item),
             data=ocp.args.JsonRestore(),
         ),
     )
-    return restored.state, dict(restored.data)
+    state = restored.state
+    if item is not abstract_state:
+      state = abstract_state.replace(**state)
+    return state, dict(restored.data)
 
   def read_data(self, step: int) -> dict[str, Any]:
     """The data position saved with ``step``."""
@@ -245,59 +274,6 @@ class Checkpointer:
     self._manager.close()
 
 
-def restore_params(
-    directory: str, abstract_params: Any, step: Optional[int] = None
-) -> tuple[Any, int]:
-  """Restores only the parameters of another run (``train.init_from``).
-
-  Parameters present in ``abstract_params`` but absent from the checkpoint
-  (for example a memory layer added to a memory-less model) are reported by
-  the caller, which keeps their fresh initialisation; see
-  ``memjax.train.init_params_from``.
-
-  Args:
-    directory: a workdir or its ``checkpoints`` folder.
-    abstract_params: pytree of jax.ShapeDtypeStruct with shardings.
-    step: which step; None = latest.
-
-  Returns:
-    (params, step).
-
-  Raises:
-    FileNotFoundError: no checkpoint there.
-  """
-  directory = paths.resolve(directory)
-  if paths.isdir(paths.join(directory, "checkpoints")):
-    directory = paths.join(directory, "checkpoints")
-  if not paths.isdir(directory):
-    raise FileNotFoundError(
-        f"train.init_from: no checkpoint directory {directory}"
-    )
-  mngr = ocp.CheckpointManager(
-      directory,
-      item_names=("state", "data", "meta"),
-      options=ocp.CheckpointManagerOptions(create=False),
-  )
-  step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(
-        f"train.init_from: no checkpoint steps in {directory}"
-    )
-  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
-  restored = mngr.restore(
-      step,
-      args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(
-              item={"params": abstract_params},
-              restore_args={"params": restore_args},
-              partial_restore=True,
-          )
-      ),
-  )
-  mngr.close()
-  return restored.state["params"], step
-
-
 def _is_abandoned_read_noise(exc: BaseException) -> bool:
   text = str(exc)
   return (
@@ -353,35 +329,6 @@ def check_signature(
     )
 
 
-def _leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  import flax  # pylint: disable=g-import-not-at-top
-
-  flat = flax.traverse_util.flatten_dict(tree, sep="/")
-  return {k: tuple(v.shape) for k, v in flat.items() if hasattr(v, "shape")}
-
-
-def param_shapes(
-    directory: str, step: Optional[int] = None
-) -> dict[str, tuple[int, ...]]:
-  """{'path/to/param': shape} of a run's checkpoint (latest step)."""
-  if step is None:
-    mngr = ocp.CheckpointManager(
-        directory,
-        item_names=("state", "data", "meta"),
-        options=ocp.CheckpointManagerOptions(create=False),
-    )
-    step = mngr.latest_step()
-    mngr.close()
-  ckptr = ocp.StandardCheckpointer()
-  try:
-    meta = ckptr.metadata(
-        paths.join(paths.resolve(directory), str(step), "state")
-    ).item_metadata
-  finally:
-    ckptr.close()
-  return _leaf_shapes(dict(meta)["params"])
-
-
 def save_export_params(directory: str, params: Any) -> None:
   """Writes a params-only Orbax checkpoint (an export's ``params/``)."""
   ckptr = ocp.StandardCheckpointer()
@@ -394,7 +341,7 @@ def export_param_shapes(directory: str) -> dict[str, tuple[int, ...]]:
   """{'path/to/param': shape} of an export's ``params/``."""
   ckptr = ocp.StandardCheckpointer()
   try:
-    return _leaf_shapes(ckptr.metadata(paths.resolve(directory)).item_metadata)
+    return leaf_shapes(ckptr.metadata(paths.resolve(directory)).item_metadata)
   finally:
     ckptr.close()
 

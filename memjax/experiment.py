@@ -5,7 +5,7 @@ nothing but this module and ``memjax.checkpointing`` touches Orbax:
 
 * ``validate_config``, ``make_mesh``, ``load_corpus``, ``make_batcher``,
   ``build_model``, ``make_optimizer``, ``create_state``: a run's parts from
-  its config. Evaluation reads the splits with ``load_corpus(...,
+  its config (the train state from ``memjax.train_state``). Evaluation reads the splits with ``load_corpus(...,
   train=False)`` and never builds the training batcher.
 * ``write_run_files``: what a run saves beside its checkpoints
   (``config.json``, ``vocab.json`` and the word list), so that
@@ -20,17 +20,17 @@ nothing but this module and ``memjax.checkpointing`` touches Orbax:
 Layout of a workdir: ``config.json``, ``vocab.json`` (+ ``vocab.txt`` for
 word corpora), ``checkpoints/<step>/{state,data,meta}``. Layout of an
 export: ``export.json`` (signature, step, dtype, source), ``config.json``,
-``vocab.json`` (+ ``vocab.txt``), ``params/`` (Orbax).
+``vocab.json`` (+ ``vocab.txt``), ``params/`` (Orbax), and ``model_state/``
+(Orbax) for a model that carries state (``TrainState.model_state``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -45,7 +45,6 @@ from memjax import optim
 from memjax import paths
 from memjax import registry
 from memjax import runfiles
-from memjax import sharding as sharding_lib
 
 # The corpus and validation parts of the layer, re-exported so that callers
 # build everything through ``memjax.experiment``.
@@ -63,26 +62,17 @@ from memjax.validation import make_mesh
 from memjax.validation import validate_config
 from memjax.models import transformer
 
+# The train state, re-exported so that callers build it through
+# ``memjax.experiment``.
+from memjax.train_state import TrainState  # pylint: disable=unused-import
+from memjax.train_state import abstract_params  # pylint: disable=unused-import
+from memjax.train_state import abstract_state  # pylint: disable=unused-import
+from memjax.train_state import abstract_variables
+from memjax.train_state import create_state
+from memjax.train_state import variables_of
+
 Array = jax.Array
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything a step updates.
-
-  Attributes:
-    step: scalar int32 update counter.
-    params: model parameters.
-    opt_state: optimiser state (None when restored for inference).
-    memory: carried recurrent memory (per-layer pytrees with a leading batch
-      axis) or None for models without recurrence.
-  """
-
-  step: Array
-  params: Any
-  opt_state: Any
-  memory: Any = None
 
 
 # ----------------------------------------------------------------------------
@@ -127,9 +117,19 @@ def model_signature(
   """What a checkpoint or export must match: the whole model config + V.
 
   Less ``RUNTIME_MODEL_KEYS``, and less ``LATER_MODEL_KEYS`` while they hold
-  their original value.
+  their original value; likewise the feed-forward options that the kind
+  declares as added later (its class attribute ``LATER_OPTIONS``, {name:
+  the value every model saved before it had}).
   """
   m = json.loads(config.model.to_json_best_effort())
+  if m.get("feed_forward_options"):
+    kind = registry.FEED_FORWARD.get(m.get("feed_forward", "ffn"))
+    later = getattr(kind, "LATER_OPTIONS", {})
+    m["feed_forward_options"] = {
+        k: v
+        for k, v in m["feed_forward_options"].items()
+        if not (k in later and v == later[k])
+    }
   sig = {
       k: v
       for k, v in m.items()
@@ -146,99 +146,6 @@ def make_optimizer(
   """(optimiser, learning-rate schedule) over ``num_steps`` updates."""
   steps = int(config.train.num_steps if num_steps is None else num_steps)
   return optim.make_optimizer(config.optim, steps)
-
-
-def _init_variables(model, seq_len: int, key: Array) -> Any:
-  tokens = jnp.zeros((1, seq_len), jnp.int32)
-  return model.init(
-      {"params": key, "dropout": key}, tokens, tokens, deterministic=True
-  )["params"]
-
-
-def abstract_state(
-    model,
-    tx: Optional[optax.GradientTransformation],
-    mesh: Mesh,
-    sample: dict[str, Any],
-) -> tuple[Callable[[Array], TrainState], TrainState, Any]:
-  """The train state's shapes and shardings, without allocating it.
-
-  Args:
-    model: the TransformerLM.
-    tx: the optimiser, or None for parameters only (``opt_state`` None).
-    mesh: device mesh.
-    sample: a batch, arrays or ``jax.ShapeDtypeStruct`` ('inputs' [B, L];
-      'reset' [lanes] for lane batches).
-
-  Returns:
-    (init_fn, abstract, shardings): ``init_fn(key)`` builds the boxed
-    state, ``abstract`` its unboxed ``jax.ShapeDtypeStruct`` tree, and the
-    shardings follow the model's logical axis names through
-    ``sharding.LOGICAL_RULES``.
-  """
-  seq_len = sample["inputs"].shape[1]
-  # The carried memory has one row per lane ('reset' is [lanes]).
-  batch = sample["reset" if "reset" in sample else "inputs"].shape[0]
-
-  def init_fn(key):
-    params = _init_variables(model, seq_len, key)
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        opt_state=None if tx is None else tx.init(params),
-        memory=model.init_memory(batch),
-    )
-
-  with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
-    abstract = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
-    logical = nn.get_partition_spec(abstract)
-    shardings = sharding_lib.logical_sharding(mesh, logical)
-  if abstract.memory is not None:
-    mem_shard = jax.tree.map(
-        lambda x: sharding_lib.batch_sharding(mesh, x.ndim),
-        nn.meta.unbox(abstract.memory),
-    )
-    shardings = shardings.replace(memory=mem_shard)
-  # A boxed parameter whose optimiser state is empty in a parameter group
-  # (optax's MaskedNode inside the box) got a sharding leaf: give the
-  # shardings the state's own structure, which checkpoint restores pair
-  # leaf by leaf.
-  shardings = jax.tree.broadcast(
-      shardings,
-      nn.meta.unbox(abstract),
-      is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
-  )
-  return init_fn, nn.meta.unbox(abstract), shardings
-
-
-def create_state(
-    model,
-    tx: Optional[optax.GradientTransformation],
-    mesh: Mesh,
-    sample: dict[str, np.ndarray],
-    rng: Array,
-) -> tuple[TrainState, Any]:
-  """(state, state_shardings): the train state initialised from ``rng``
-  directly on the mesh (the other arguments as ``abstract_state``'s)."""
-  init_fn, _, shardings = abstract_state(model, tx, mesh, sample)
-  with sharding_lib.mesh_rules(mesh):
-    state = jax.jit(
-        lambda k: nn.meta.unbox(init_fn(k)), out_shardings=shardings
-    )(rng)
-  return state, shardings
-
-
-def abstract_params(model, mesh: Mesh, seq_len: int = 8) -> Any:
-  """The parameters' shapes and shardings, as ``jax.ShapeDtypeStruct``."""
-  key = jax.random.PRNGKey(0)
-  with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
-    abstract = jax.eval_shape(lambda k: _init_variables(model, seq_len, k), key)
-    shardings = sharding_lib.logical_sharding(
-        mesh, nn.get_partition_spec(abstract)
-    )
-  return checkpointing.abstract_with_sharding(
-      nn.meta.unbox(abstract), shardings
-  )
 
 
 # ----------------------------------------------------------------------------
@@ -262,6 +169,7 @@ class Restored:
     path: the workdir or export directory.
     kind: 'run' or 'export'.
     opt_state: the optimiser state (runs, when asked for), else None.
+    model_state: the model's state collections (``TrainState``), or None.
   """
 
   config: ml_collections.ConfigDict
@@ -275,6 +183,13 @@ class Restored:
   path: str
   kind: str
   opt_state: Any = None
+  model_state: Any = None
+
+  @property
+  def variables(self) -> Any:
+    """What the scoring paths take: the parameters, with the model state
+    when there is one (``variables_of``)."""
+    return variables_of(self.params, self.model_state)
 
 
 def load(
@@ -309,16 +224,20 @@ def load(
   model = build_model(config.model, vocab_size)
   mesh_ = make_mesh(config, mesh or {"data": -1, "fsdp": 1, "tensor": 1})
   signature = model_signature(config, vocab_size)
-  abstract = abstract_params(model, mesh_)
-  opt_state = None
+  abstract, abstract_state_ = abstract_variables(model, mesh_)
+  opt_state = model_state = None
   if files.kind == "export":
     checkpointing.check_signature(
         files.read_json("export.json")["signature"], signature, path
     )
     params = checkpointing.restore_export_params(files.params_dir, abstract)
+    if abstract_state_ is not None:
+      model_state = checkpointing.restore_export_params(
+          files.model_state_dir, abstract_state_
+      )
     step_ = int(files.read_json("export.json")["step"])
   elif with_optimizer:
-    params, opt_state, step_ = _restore_with_optimizer(
+    params, opt_state, model_state, step_ = _restore_with_optimizer(
         files, config, model, mesh_, signature, step
     )
   else:
@@ -330,8 +249,8 @@ def load(
       ckpt.check_compatible(step_)
     finally:
       ckpt.close()
-    params, step_ = checkpointing.restore_params(
-        files.checkpoints, abstract, step_
+    params, model_state, step_ = checkpointing.restore_variables(
+        files.checkpoints, abstract, step_, abstract_state_
     )
   console.info("loaded %s %s (step %d)", files.kind, path, step_)
   return Restored(
@@ -346,6 +265,7 @@ def load(
       path=path,
       kind=files.kind,
       opt_state=opt_state,
+      model_state=model_state,
   )
 
 
@@ -365,7 +285,7 @@ def _restore_with_optimizer(files, config, model, mesh, signature, step):
     restored, _ = ckpt.restore(step, abstract)
   finally:
     ckpt.close()
-  return restored.params, restored.opt_state, step
+  return restored.params, restored.opt_state, restored.model_state, step
 
 
 def export(
@@ -398,13 +318,17 @@ def export(
     )
   restored = load(path, step=step, mesh={"data": -1, "fsdp": 1, "tensor": 1})
   params = jax.tree.map(lambda x: x.astype(DTYPES[dtype]), restored.params)
+  # The running statistics stay float32 (they are not parameters).
   meta = {
       "signature": model_signature(restored.config, restored.vocab_size),
       "step": restored.step,
       "dtype": dtype,
       "source": restored.path,
   }
-  runfiles.write_export(out_dir, restored.config, restored.vocab, params, meta)
+  runfiles.write_export(
+      out_dir, restored.config, restored.vocab, params, meta,
+      model_state=restored.model_state,
+  )  # fmt: skip
   return out_dir
 
 
@@ -413,8 +337,9 @@ def init_params_from(
 ) -> TrainState:
   """Takes the parameters this model shares with the run at ``source``.
 
-  Parameters with the same path and shape are restored; parameters only this
-  model has keep their fresh initialisation (e.g. a memory layer added to a
+  Parameters with the same path and shape are restored (so is the model
+  state, e.g. BatchNorm statistics, ``_model_state_from``); parameters only
+  this model has keep their fresh initialisation (e.g. a memory layer added to a
   trained model); parameters only the source has are left out. Both lists
   are printed.
 
@@ -469,8 +394,42 @@ def init_params_from(
       ", ".join(unused) or "none",
   )
   return state.replace(
-      params=flax.traverse_util.unflatten_dict(params, sep="/")
+      params=flax.traverse_util.unflatten_dict(params, sep="/"),
+      model_state=_model_state_from(files, state, shardings),
   )
+
+
+def _model_state_from(
+    files: runfiles.RunFiles, state: TrainState, shardings: Any
+) -> Any:
+  """``state``'s model state with what the source holds at the same path
+  and shape restored over it (e.g. a pretrained BatchNorm's statistics for
+  a fine-tune); the fresh state where the source has none."""
+  if state.model_state is None:
+    return None
+  if files.kind == "export":
+    if not paths.isdir(files.model_state_dir):
+      return state.model_state
+    saved = checkpointing.export_param_shapes(files.model_state_dir)
+  else:
+    saved = checkpointing.param_shapes(files.checkpoints, item="model_state")
+  abstract = checkpointing.abstract_with_sharding(
+      state.model_state, shardings.model_state
+  )
+  flat = flax.traverse_util.flatten_dict(abstract, sep="/")
+  shared = {k: v for k, v in flat.items() if saved.get(k) == tuple(v.shape)}
+  if not shared:
+    return state.model_state
+  sub = flax.traverse_util.unflatten_dict(shared, sep="/")
+  if files.kind == "export":
+    got = checkpointing.restore_export_params(files.model_state_dir, sub)
+  else:
+    _, got, _ = checkpointing.restore_variables(
+        files.checkpoints, None, None, sub
+    )
+  fresh = flax.traverse_util.flatten_dict(state.model_state, sep="/")
+  fresh.update(flax.traverse_util.flatten_dict(got, sep="/"))
+  return flax.traverse_util.unflatten_dict(fresh, sep="/")
 
 
 def source_of(config: ml_collections.ConfigDict, workdir: str) -> str:

@@ -4,7 +4,8 @@ A workdir holds ``config.json`` (the whole config), ``vocab.json`` (which
 vocabulary: ``{"kind": "words", "file": "vocab.txt"}`` or ``{"kind":
 "bytes"}`` or ``"sentencepiece"``) with ``vocab.txt`` for word corpora
 and ``spm.model`` for translation, and ``checkpoints/``. An
-export holds the same two files, ``export.json`` and ``params/``. With these
+export holds the same two files, ``export.json`` and ``params/`` (and
+``model_state/`` for a model that carries state). With these
 a run is restored from its directory alone: no config file, flags or corpus
 are needed to load it.
 """
@@ -54,6 +55,11 @@ class RunFiles:
   @property
   def params_dir(self) -> str:
     return paths.join(self.path, "params")
+
+  @property
+  def model_state_dir(self) -> str:
+    """An export's model state (``TrainState.model_state``), if it has one."""
+    return paths.join(self.path, "model_state")
 
   def read_json(self, name: str) -> dict[str, Any]:
     return paths.read_json(paths.join(self.path, name))
@@ -264,8 +270,11 @@ def write_export(
     vocab: Any,
     params: Any,
     meta: dict[str, Any],
+    *,
+    model_state: Any = None,
 ) -> None:
-  """Writes an export of ``params`` (``experiment.load`` restores it).
+  """Writes an export of ``params`` (``experiment.load`` restores it), and
+  of ``model_state`` in ``model_state/`` when the model carries one.
 
   ``export.json`` holds ``meta`` (signature, step, dtype, source, ...) and
   the number of parameters. The export is written under
@@ -283,6 +292,10 @@ def write_export(
       paths.rmtree(d)
   write_run_files(tmp, config, vocab)
   checkpointing.save_export_params(paths.join(tmp, "params"), params)
+  if model_state:
+    checkpointing.save_export_params(
+        paths.join(tmp, "model_state"), model_state
+    )
   n = int(sum(x.size for x in jax.tree.leaves(params)))
   write_json(paths.join(tmp, EXPORT_FILE), {**meta, "num_params": n})
   if paths.exists(out_dir):

@@ -27,7 +27,7 @@ collection and add what each report says to their results.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -86,8 +86,28 @@ def apply(model: nn.Module, variables: Any, *args, **kwargs) -> tuple[Any, Any]:
   Returns:
     (the model's output, {path: [2] float32 (weighted sum, weight)}).
   """
-  out, state = model.apply(variables, *args, mutable=[COLLECTION], **kwargs)
-  return out, flatten(state.get(COLLECTION, {}))
+  out, sums, _ = apply_with_state(model, variables, (), *args, **kwargs)
+  return out, sums
+
+
+def apply_with_state(
+    model: nn.Module,
+    variables: Any,
+    state_collections: Sequence[str],
+    *args,
+    **kwargs,
+) -> tuple[Any, Any, dict[str, Any]]:
+  """``apply`` that also lets the model write ``state_collections``
+  (e.g. a BatchNorm's 'batch_stats' while training).
+
+  Returns:
+    (the model's output, the 'aux' sums as ``apply``'s, {collection: the
+    tree the model left} of ``state_collections``).
+  """
+  mutable = [COLLECTION, *state_collections]
+  out, state = model.apply(variables, *args, mutable=mutable, **kwargs)
+  new = {c: state[c] for c in state_collections if c in state}
+  return out, flatten(state.get(COLLECTION, {})), new
 
 
 def total(sums: Mapping[str, Array]) -> dict[str, Array]:

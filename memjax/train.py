@@ -428,10 +428,10 @@ def _train(
         and not last
     ):
       evaluator.run(
-          state.params, done, config.train.eval_max_windows, "periodic_",
+          state.variables, done, config.train.eval_max_windows, "periodic_",
           writer,
       )  # fmt: skip
-    step_hooks.run(done, state.params)
+    step_hooks.run(done, state.variables)
     if last or done % config.train.checkpoint_every == 0:
       position = data_position(config, done, step_hooks.states())
       s.ckpt.save(done, state, position)
@@ -480,7 +480,7 @@ def train_and_evaluate(
     ):
       train_tps = _train(s, writer, hooks, stop, trace)
     results = task.final_results(
-        config, s.model, s.state.params, s.mesh, s.corpus,
+        config, s.model, s.state.variables, s.mesh, s.corpus,
         int(jax.device_get(s.state.step)), writer,
     )  # fmt: skip
   finally:

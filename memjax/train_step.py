@@ -19,6 +19,7 @@ from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax import stats
 from memjax import unroll
+from memjax.models import state as model_state_lib
 from memjax.models import transformer
 
 Array = jax.Array
@@ -87,11 +88,14 @@ def run_lane_segments_with_stats(
     *,
     rng: Array,
     deterministic: bool = False,
-) -> tuple[transformer.LMOutput, dict[str, Array]]:
+    model_state: Any = None,
+) -> tuple[transformer.LMOutput, dict[str, Array], Any]:
   """``run_lane_segments`` that also returns the auxiliary statistics the
   modules report (``memjax.stats``), summed over the m segments:
-  {path: [2] float32 (weighted sum, weight)}."""
+  {path: [2] float32 (weighted sum, weight)}, and the model state (see
+  ``make_train_step``) after the m segments, updated in their order."""
   m = segments_per_lane
+  names = tuple(model_state or ())
 
   def to_segments(x):  # [lanes * m, ...] -> [m, lanes, ...]
     return jnp.swapaxes(x.reshape((-1, m) + x.shape[1:]), 0, 1)
@@ -100,22 +104,24 @@ def run_lane_segments_with_stats(
     x = jnp.swapaxes(x, 0, 1)
     return x.reshape((-1,) + x.shape[2:])
 
-  def body(mem, xs):
+  def body(carry, xs):
+    mem, ms = carry
     inputs, targets, k = xs
-    out, sums = stats.apply(
+    out, sums, new_ms = stats.apply_with_state(
         model,
-        {"params": params},
+        model_state_lib.as_variables(params, ms),
+        () if deterministic else names,
         inputs,
         targets,
         memory=mem,
         deterministic=deterministic,
         rngs={"dropout": jax.random.fold_in(rng, k)},
     )
-    return out.memory, (out.replace(memory=None), sums)
+    return (out.memory, new_ms or ms), (out.replace(memory=None), sums)
 
-  new_memory, (outs, sums) = jax.lax.scan(
+  (new_memory, new_state), (outs, sums) = jax.lax.scan(
       body,
-      memory,
+      (memory, model_state),
       (
           to_segments(batch["inputs"]),
           to_segments(batch["targets"]),
@@ -124,7 +130,7 @@ def run_lane_segments_with_stats(
       unroll=unroll.factor(m),
   )
   outs = jax.tree.map(to_rows, outs).replace(memory=new_memory)
-  return outs, stats.total(sums)
+  return outs, stats.total(sums), new_state
 
 
 def _accumulate(
@@ -138,16 +144,19 @@ def _accumulate(
   """Sums ``micro_grads`` over ``grad_accum`` micro-batches with a scan.
 
   Args:
-    micro_grads: (params, micro-batch, memory, rng, step) -> (grads,
-      metrics, new memory), the gradient of one micro-batch.
-    state: the train state (params and step).
+    micro_grads: (params, model state, micro-batch, memory, rng, step) ->
+      (grads, metrics, new memory, new model state), the gradient of one
+      micro-batch.
+    state: the train state (params, model state and step); the model state
+      passes through the micro-batches in order.
     batch: the step's batch, rows [B, ...]; 'reset' is not split.
     memory: the memory pytree with leading batch axis B, or None.
     rng: the step's key; micro-batch i uses fold_in(rng, i).
     grad_accum: n, dividing B.
 
   Returns:
-    (summed grads, summed metrics, new memory with leading axis B or None).
+    (summed grads, summed metrics, new memory with leading axis B or None,
+    the model state after the last micro-batch).
   """
   split = lambda x: _split_micro(x, grad_accum)
   micro = jax.tree.map(split, {k: v for k, v in batch.items() if k != "reset"})
@@ -155,19 +164,21 @@ def _accumulate(
 
   def body(acc, xs):
     mb, mem, i = xs
-    g, m, new_mem = micro_grads(
-        state.params, mb, mem, jax.random.fold_in(rng, i), state.step
+    acc_g, acc_m, ms = acc
+    g, m, new_mem, new_ms = micro_grads(
+        state.params, ms, mb, mem, jax.random.fold_in(rng, i), state.step
     )
-    acc_g, acc_m = acc
     return (
         jax.tree.map(jnp.add, acc_g, g),
         jax.tree.map(jnp.add, acc_m, m),
+        new_ms,
     ), new_mem
 
   first = lambda tree: jax.tree.map(lambda x: x[0], tree)
   init_m = jax.eval_shape(
       lambda: micro_grads(
           state.params,
+          state.model_state,
           first(micro),
           None if mem_micro is None else first(mem_micro),
           rng,
@@ -176,15 +187,15 @@ def _accumulate(
   )
   init_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init_m)
   zeros = jax.tree.map(jnp.zeros_like, state.params)
-  (grads, metrics), new_mem = jax.lax.scan(
+  (grads, metrics, model_state), new_mem = jax.lax.scan(
       body,
-      (zeros, init_m),
+      (zeros, init_m, state.model_state),
       (micro, mem_micro, jnp.arange(grad_accum)),
       unroll=unroll.factor(grad_accum),
   )
   if new_mem is not None:
     new_mem = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), new_mem)
-  return grads, metrics, new_mem
+  return grads, metrics, new_mem, model_state
 
 
 def make_train_step(
@@ -210,16 +221,23 @@ def make_train_step(
   loss's sums) and ``stats``: the auxiliary statistics the modules report
   (``memjax.stats``), {path: [2] (weighted sum, weight)} summed over the
   micro-batches, segments and devices of the step.
-  """
 
-  def forward(p, mb, memory, rng):
+  The model state (``TrainState.model_state``: the collections the model
+  declares, ``memjax.models.state``) is mutable in every forward pass and
+  passes through the micro-batches (and segments) in order; a step that is
+  not finite keeps the old one.
+  """
+  names = lambda ms: tuple(ms or ())  # noqa: E731
+
+  def forward(p, ms, mb, memory, rng):
     if memory is not None and segments_per_lane > 1:
       return run_lane_segments_with_stats(
-          model, p, mb, memory, segments_per_lane, rng=rng
+          model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
       )
-    return stats.apply(
+    out, sums, new_ms = stats.apply_with_state(
         model,
-        {"params": p},
+        model_state_lib.as_variables(p, ms),
+        names(ms),
         mb["inputs"],
         mb["targets"],
         memory=memory,
@@ -227,19 +245,20 @@ def make_train_step(
         rngs={"dropout": rng},
         **model_inputs(model, mb),
     )
+    return out, sums, (new_ms or ms)
 
-  def micro_grads(params, mb, memory, rng, step):
+  def micro_grads(params, ms, mb, memory, rng, step):
     def f(p):
-      out, sums = forward(p, mb, memory, rng)
+      out, sums, new_ms = forward(p, ms, mb, memory, rng)
       loss, metrics = loss_fn(out, mb, step=step, rng=rng)
       metrics = dict(metrics, stats=sums)
       # Scale so that summing micro-batch gradients gives the batch mean.
-      return loss * metrics["tokens"], (metrics, out.memory)
+      return loss * metrics["tokens"], (metrics, out.memory, new_ms)
 
-    (_, (metrics, new_memory)), grads = jax.value_and_grad(f, has_aux=True)(
-        params
-    )
-    return grads, metrics, new_memory
+    (_, (metrics, new_memory, new_ms)), grads = jax.value_and_grad(
+        f, has_aux=True
+    )(params)
+    return grads, metrics, new_memory, new_ms
 
   def step_fn(state: TrainState, batch: dict[str, Array], rng: Array):
     rng = jax.random.fold_in(rng, state.step)
@@ -247,14 +266,14 @@ def make_train_step(
     if memory is not None and "reset" in batch:
       memory = model.reset_memory(memory, batch["reset"])
     if grad_accum == 1:
-      grads, metrics, new_memory = micro_grads(
-          state.params, batch, memory, rng, state.step
+      grads, metrics, new_memory, new_ms = micro_grads(
+          state.params, state.model_state, batch, memory, rng, state.step
       )
     else:
-      grads, metrics, new_memory = _accumulate(
+      grads, metrics, new_memory, new_ms = _accumulate(
           micro_grads, state, batch, memory, rng, grad_accum
       )
-    return _apply_update(tx, state, grads, metrics, new_memory)
+    return _apply_update(tx, state, grads, metrics, new_memory, new_ms)
 
   return sharding_lib.jit(
       step_fn, mesh, donate_argnums=(0,), out_shardings=(state_shardings, None)
@@ -267,10 +286,12 @@ def _apply_update(
     grads: Any,
     metrics: dict[str, Array],
     new_memory: Any,
+    new_model_state: Any = None,
 ) -> tuple[TrainState, dict[str, Array]]:
   """The state after one update from gradients summed over the step's
   weighted targets; a step whose loss or gradient norm is not finite keeps
-  the parameters and optimiser state (``finite`` = 0 in the metrics)."""
+  the parameters, optimiser state and model state (``finite`` = 0 in the
+  metrics)."""
   tokens = jnp.maximum(metrics["tokens"], 1.0)
   grads = jax.tree.map(lambda g: g / tokens, grads)
   loss = metrics["nll_sum"] / tokens
@@ -286,6 +307,7 @@ def _apply_update(
       params=keep(new_params, state.params),
       opt_state=keep(new_opt, state.opt_state),
       memory=new_memory,
+      model_state=keep(new_model_state, state.model_state),
   )
   out = dict(metrics)
   out.update(loss=loss, grad_norm=gnorm, finite=finite.astype(jnp.float32))

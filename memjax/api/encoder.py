@@ -114,7 +114,7 @@ class MaskedLM(base.Loaded):
     ]
     collections = tuple(r.collection for r in stats.sum_reports())
     out = self._scorer.apply(
-        self.restored.params, self._batches(masked),
+        self.restored.variables, self._batches(masked),
         keep=("target_logprob",), collections=collections,
     )  # fmt: skip
     positions = [np.flatnonzero(m["weights"][0]) for m in masked]
@@ -193,7 +193,7 @@ class Classifier(base.Loaded):
       of the logits; C = len(self.labels)), 'logits': [N, C]}.
     """
     logits, _ = classification.predict(
-        self._scorer, self.restored.params, self._examples(sentences),
+        self._scorer, self.restored.variables, self._examples(sentences),
         self.config,
     )  # fmt: skip
     logits = np.asarray(logits, np.float32)
@@ -229,7 +229,7 @@ class Classifier(base.Loaded):
     if labels is None:
       labels = self.predict(sentences)["labels"]
     ex = self._examples(sentences, labels)
-    params = self.restored.params
+    params = self.restored.variables
     out = classification.usage_analysis(self._scorer, params, ex, self.config)
     out["by_class"], out["slot_sums"] = {}, {}
     for index, name in enumerate(self.labels):

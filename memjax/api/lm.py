@@ -99,7 +99,9 @@ class LanguageModel(base.Loaded):
     items = [self._tokens(x) for x in (inputs if many else [inputs])]
     setting = self.memory if memory else {"kind": "none"}
     scorer = self._scorer(setting)
-    logprobs = [scorer.stream_logprobs(self.restored.params, t) for t in items]
+    logprobs = [
+        scorer.stream_logprobs(self.restored.variables, t) for t in items
+    ]
     total = float(-sum(float(np.sum(lp, dtype=np.float64)) for lp in logprobs))
     count = float(sum(len(lp) for lp in logprobs))
     out = {"logprobs": logprobs, "memory": setting}
@@ -194,7 +196,7 @@ class LanguageModel(base.Loaded):
     out = []
     for i, prompt in enumerate(prompts if many else [prompts]):
       new = sampler.generate(
-          self.restored.params, self._tokens(prompt), int(num_tokens),
+          self.restored.variables, self._tokens(prompt), int(num_tokens),
           int(seed) + i,
       )  # fmt: skip
       out.append(self.decode(new) if isinstance(prompt, str) else new)

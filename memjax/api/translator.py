@@ -48,7 +48,7 @@ class Translator(base.Loaded):
       r = self.restored
       self._translators[key] = (
           parts.make_translator(
-              self.config, r.model, r.params, r.vocab, memory
+              self.config, r.model, r.variables, r.vocab, memory
           ),
           memory,  # Keeps the hook alive, so its id stays its own.
       )
@@ -100,7 +100,7 @@ class Translator(base.Loaded):
     tgt = [tr.encode(t) for t in target]
     size = rows.batch_rows(int(self.config.eval.batch_size), self.restored.mesh)
     out = self._scorer.apply(
-        self.restored.params, _pair_batches(src, tgt, size),
+        self.restored.variables, _pair_batches(src, tgt, size),
         keep=("target_logprob",),
     )  # fmt: skip
     per_row = out.get("target_logprob", np.zeros((0, 1), np.float32))

@@ -77,7 +77,7 @@ def _scores(config: Any, workdir: str, trained: dict) -> tuple[dict, dict, int]:
 
   restored = experiment.load(workdir, config=config)
   tr = parts.make_translator(
-      config, restored.model, restored.params, restored.vocab
+      config, restored.model, restored.variables, restored.vocab
   )
   spm = paths.join(workdir, "spm.model")
   valid = parts.read_split(config, "valid", spm, workdir)

@@ -87,7 +87,7 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
       config, "test", paths.join(workdir, "spm.model"), workdir
   )
   tr = parts.make_translator(
-      config, restored.model, restored.params, restored.vocab
+      config, restored.model, restored.variables, restored.vocab
   )
   plain = parts.score_split(tr, test, int(test_sentences), "test, no memory")
   tic = time.time()

@@ -342,7 +342,9 @@ def _tokens_in_order(
 
 @dataclasses.dataclass
 class Loaded:
-  """A model restored for evaluation, with its data."""
+  """A model restored for evaluation, with its data; ``params`` is what
+  the scorers take (``experiment.Restored.variables``: the parameters, with
+  the model state when the model carries one)."""
 
   config: ml_collections.ConfigDict
   mesh: Any
@@ -389,7 +391,7 @@ def load(
       config,
       restored.mesh,
       restored.model,
-      restored.params,
+      restored.variables,
       restored.vocab_size,
       corpus.train.tokens if train else None,
       {s: corpus.splits[s].tokens for s in splits},

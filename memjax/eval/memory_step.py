@@ -39,6 +39,7 @@ from memjax import registry
 from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.memory.evaluation import Bank
+from memjax.models import state as model_state
 
 Array = jax.Array
 
@@ -130,7 +131,10 @@ def _forward(
   [W, T, D] of every position, the plain outputs ('lm' [W, S] log p, 0 where
   not scored; 'weights', 'targets', 'positions' [W, S]), log Z [W, S])."""
   out = model.apply(
-      {"params": params}, batch["inputs"], batch["targets"], deterministic=True
+      model_state.as_variables(params),
+      batch["inputs"],
+      batch["targets"],
+      deterministic=True,
   )
   q = evaluation.scored_queries(out.features, batch, score_len)
   take = lambda x: evaluation.take_scored(x, batch["score_from"], score_len)  # noqa: E731

@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 
 from memjax import sharding as sharding_lib
 from memjax.eval import metrics
+from memjax.models import state as model_state
 
 Array = jax.Array
 
@@ -257,7 +258,7 @@ class Scorer:
       def fn(params, batch):
         extra = {k: batch[k] for k in extra_inputs(model) if k in batch}
         out, state = model.apply(
-            {"params": params}, batch["inputs"], batch.get("targets"),
+            model_state.as_variables(params), batch["inputs"], batch.get("targets"),
             mutable=list(collections), **extra,
         )  # fmt: skip
         sums = {c: state.get(c, {}) for c in collections}

@@ -34,6 +34,7 @@ from memjax import stats
 from memjax.data import streams
 from memjax.data import windows
 from memjax.eval import rows
+from memjax.models import state as model_state
 
 Array = jax.Array
 
@@ -140,7 +141,7 @@ class StreamScorer(rows.Scorer):
     memory = self.model.reset_memory(memory, segment["reset"])
     out, sums = stats.apply(
         self.model,
-        {"params": params},
+        model_state.as_variables(params),
         segment["inputs"],
         segment["targets"],
         memory=memory,

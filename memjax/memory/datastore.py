@@ -43,6 +43,7 @@ from memjax import paths
 from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.memory import evaluation
+from memjax.models import state as model_state
 
 KEY_DTYPE = "float16"
 VALUE_DTYPE = "int32"
@@ -205,7 +206,7 @@ def make_feature_fn(model: Any, score_len: int) -> Callable:
 
   def fn(params, batch):
     out = model.apply(
-        {"params": params},
+        model_state.as_variables(params),
         batch["inputs"],
         batch["targets"],
         deterministic=True,

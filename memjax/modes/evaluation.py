@@ -26,7 +26,7 @@ def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:
   task = task_lib.get(config)
   data = task.load(config, workdir)
   results = task.final_results(
-      config, restored.model, restored.params, restored.mesh, data,
+      config, restored.model, restored.variables, restored.mesh, data,
       restored.step,
   )  # fmt: skip
   results["checkpoint"] = restored.path

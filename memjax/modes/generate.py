@@ -41,6 +41,7 @@ from memjax import console
 from memjax import paths
 from memjax.eval import streams as recurrent_eval
 from memjax.data import vocab as vocab_lib
+from memjax.models import state as model_state
 
 Array = jax.Array
 
@@ -112,11 +113,17 @@ class Sampler:
         )  # [1, D]
         return mdl.log_probs(h)[0]
 
-      return model.apply({"params": params}, segment, memory, method=fn)
+      return model.apply(
+          model_state.as_variables(params), segment, memory, method=fn
+      )
 
     def commit(params, memory, segment):
       return model.apply(
-          {"params": params}, segment, None, memory, deterministic=True
+          model_state.as_variables(params),
+          segment,
+          None,
+          memory,
+          deterministic=True,
       ).memory
 
     self._log_probs = jax.jit(log_probs)
@@ -248,7 +255,7 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       model.mem_len if model.carries_memory() else 0,
   )
   new = sampler.generate(
-      restored.params, prompt, int(g.num_tokens), int(g.seed)
+      restored.variables, prompt, int(g.num_tokens), int(g.seed)
   )
   vocab = restored.vocab
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)

@@ -163,7 +163,7 @@ def position_loss(config: Any, workdir: str) -> dict[str, Any]:
       vocab = restored.vocab
       extra = section_starts(tokens, vocab.token_to_id("="), vocab.eos_id)
     spans = document_spans(len(tokens), stream.doc_starts, extra)
-    scores = document_scores(scorer, restored.params, tokens, spans)
+    scores = document_scores(scorer, restored.variables, tokens, spans)
     rows = bucket_means(*scores, bounds)
     results[split] = dict(documents=len(spans), buckets=rows)
     print(f"{split}: {len(spans)} {documents}")

@@ -45,7 +45,7 @@ def translate(
     sentences, name, refs = src, t.split, ref
   restored = experiment.load(source, config=config)
   tr = parts.make_translator(
-      config, restored.model, restored.params, restored.vocab
+      config, restored.model, restored.variables, restored.vocab
   )
   hyps = tr.translate(sentences, desc=f"translating {name}")
   out = t.output_file or paths.join(

@@ -45,6 +45,7 @@ from memjax.data import glue
 from memjax.data import mlm
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
+from memjax.models import state as model_state
 from memjax.tasks import mlm as mlm_task
 
 BEST_DIR = "best_dev"
@@ -80,7 +81,14 @@ def save_best(config, data: ClassData) -> None:
       "source": paths.dirname(data.best_dir),
       config.classification.select_split: {"accuracy": b["accuracy"]},
   }
-  runfiles.write_export(data.best_dir, config, data.vocab, b["params"], meta)
+  # ``params`` is what the evaluation scored: the parameters, or a
+  # variables dict with the model state (``memjax.models.state``).
+  variables = model_state.as_variables(b["params"])
+  params = variables.pop("params")
+  runfiles.write_export(
+      data.best_dir, config, data.vocab, params, meta,
+      model_state=variables or None,
+  )  # fmt: skip
 
 
 def read_best(config, best_dir: str) -> dict[str, Any]:
@@ -98,7 +106,7 @@ def best_params(data: ClassData, mesh: Mesh) -> Any:
   """The best dev parameters (restored from ``best_dir`` after a resume)."""
   if data.best["params"] is None:
     restored = experiment.load(data.best_dir, mesh=dict(mesh.shape))
-    data.best["params"] = restored.params
+    data.best["params"] = restored.variables
   return data.best["params"]
 
 

@@ -34,6 +34,7 @@ from memjax.memory import datastore as ds_lib
 from memjax.memory import datastore_batches
 from memjax.memory import search as search_lib
 from memjax.tasks.translation import parts
+from memjax.models import state as model_state
 
 
 def memory_config(config: ml_collections.ConfigDict) -> Any:
@@ -100,7 +101,7 @@ def make_teacher_forced_fn(model: Any):
 
   def fn(params, batch):
     out = model.apply(
-        {"params": params}, batch["inputs"], batch["targets"],
+        model_state.as_variables(params), batch["inputs"], batch["targets"],
         source=batch["source"], deterministic=True,
     )  # fmt: skip
     t = batch["targets"].shape[1]
@@ -136,7 +137,7 @@ def teacher_forced(
   for b, idx in plan:
     batch = plan_batch(src, tgt, b, idx, rows)
     put = sharding_lib.put_global_batch(batch, restored.mesh)
-    yield jax.device_get(fn(restored.params, put))
+    yield jax.device_get(fn(restored.variables, put))
 
 
 def _signature(restored) -> dict[str, Any]:
@@ -209,7 +210,7 @@ def build(config: Any, restored: Any, train: Any, path: str) -> Any:
 
   def features(batch):
     out = fn(
-        restored.params, sharding_lib.put_global_batch(batch, restored.mesh)
+        restored.variables, sharding_lib.put_global_batch(batch, restored.mesh)
     )
     return out["g"], out["targets"], out["positions"]
 

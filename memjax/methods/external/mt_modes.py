@@ -266,7 +266,7 @@ def mt_translate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   split = config.translation.split
   data = _split(config, restored, split)
   tr = parts.make_translator(
-      config, restored.model, restored.params, restored.vocab, hook=hook
+      config, restored.model, restored.variables, restored.vocab, hook=hook
   )
   scores = parts.score_split(
       tr, data, int(config.translation.eval_max_sentences),
@@ -309,7 +309,7 @@ def retrieved_tokens(
   from memjax.memory import search as search_lib  # pylint: disable=g-import-not-at-top
 
   tr = parts.make_translator(
-      config, restored.model, restored.params, restored.vocab
+      config, restored.model, restored.variables, restored.vocab
   )
   src = tr.encode(sentence)
   ids = np.asarray(tr.translate_ids([src], beam_size=1)[0] + [1], np.int32)

@@ -123,7 +123,7 @@ def _split(config, restored, train, stream, documents, bounds, search):
   starts = pl.document_spans(len(tokens), stream.doc_starts, extra)[:, 0]
   table, pool = eval_table(train, tokens, starts, n)
   emb = marge_index.embed_all(
-      model, restored.params, table.segment_tokens(np.arange(len(table))),
+      model, restored.variables, table.segment_tokens(np.arange(len(table))),
       256, restored.mesh,
   )  # fmt: skip
   index = marge_lib.SegmentIndex(table, emb, search, pool=pool)
@@ -138,7 +138,7 @@ def _split(config, restored, train, stream, documents, bounds, search):
   out: dict[str, Any] = dict(windows=int(len(query)), tokens=int(w.sum()))
   scorer = scorer_lib.scorer_for(restored)
   for name, on in (("retrieval", True), ("no_retrieval", False)):
-    nll = score(scorer, restored.params, batch, on)[w]
+    nll = score(scorer, restored.variables, batch, on)[w]
     out[name] = dict(
         nll=float(nll.mean()),
         ppl=float(np.exp(nll.mean())),

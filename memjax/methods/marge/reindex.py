@@ -30,6 +30,7 @@ from memjax import paths
 from memjax import registry
 from memjax import sharding as sharding_lib
 from memjax.methods.marge import model as marge_model
+from memjax.models import state as model_state
 
 
 @functools.lru_cache(maxsize=8)
@@ -39,7 +40,9 @@ def _embed_fn(model: Any, mesh: Any) -> Any:
 
   def fn(p, toks):
     e = model.apply(
-        {"params": p}, toks, method=marge_model.MargeLM.embed_segments
+        model_state.as_variables(p),
+        toks,
+        method=marge_model.MargeLM.embed_segments,
     )
     return jax.lax.stop_gradient(e)
 

@@ -41,7 +41,7 @@ define them, and per head as ``reads_per_head``, ``top1_per_head``) that
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import flax.linen as nn
 import jax
@@ -59,6 +59,8 @@ QUERY_NORMS = ("layer", "batch")
 # Model families whose positions must not see later ones: batch statistics
 # over a batch would leak them.
 CAUSAL_FAMILIES = ("decoder_lm",)
+# The option that lets a causal model take the query BatchNorm anyway.
+LEAK_SWITCH = "allow_batchnorm_future_leak"
 
 
 def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
@@ -324,7 +326,10 @@ class MemoryFeedForward(nn.Module):
 
   The FFN (module ``dense``) exists only when alpha != 0; the memory
   (``memory``) only when beta != 0. Options (``model.feed_forward_options``)
-  are the ``ProductKeyMemory`` attributes plus ``activation_dropout``.
+  are the ``ProductKeyMemory`` attributes plus ``activation_dropout`` and
+  ``allow_batchnorm_future_leak``: a causal model (``CAUSAL_FAMILIES``)
+  takes ``query_norm='batch'`` only with it set, since a batch's statistics
+  mix every position, later ones included.
   """
 
   d_model: int
@@ -337,9 +342,20 @@ class MemoryFeedForward(nn.Module):
   topk: int = 32
   k_dim: int = 256
   query_norm: str = "layer"
+  # Checked by check_config only: BatchNorm in a causal model.
+  allow_batchnorm_future_leak: bool = False
   activation: str = "relu"  # the FFN's (model.activation)
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
+
+  # The query BatchNorm's running mean and variance, carried by the train
+  # state (``memjax.models.state``).
+  STATE_COLLECTIONS: ClassVar[tuple[str, ...]] = ("batch_stats",)
+  # Options added after runs were saved, at the value those runs had: left
+  # out of the model signature at it (``experiment.model_signature``).
+  LATER_OPTIONS: ClassVar[dict[str, Any]] = {
+      "allow_batchnorm_future_leak": False
+  }
 
   @nn.compact
   def __call__(
@@ -392,11 +408,13 @@ class MemoryFeedForward(nn.Module):
       raise errors.ConfigError(
           f"{where}.query_norm must be one of {QUERY_NORMS}, got {norm!r}"
       )
-    if norm == "batch" and mcfg.family in CAUSAL_FAMILIES:
+    leak = bool(opts.get(LEAK_SWITCH, False))
+    if norm == "batch" and mcfg.family in CAUSAL_FAMILIES and not leak:
       raise errors.ConfigError(
-          f"{where}.query_norm='batch' leaks later positions through batch "
-          f"statistics in the causal model.family {mcfg.family!r}; use "
-          "'layer'"
+          f"{where}.query_norm='batch' in the causal model.family "
+          f"{mcfg.family!r} lets each position see later ones through the "
+          f"batch statistics: set {where}.{LEAK_SWITCH}=True to train it "
+          "anyway (its perplexity is then no causal score), or use 'layer'"
       )
 
 

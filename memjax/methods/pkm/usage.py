@@ -164,7 +164,7 @@ def memory_usage(
     scorer = scorer or scorer_lib.scorer_for(restored)
     sums = slot_sums(
         scorer,
-        restored.params,
+        restored.variables,
         tokens,
         config.eval.window_len,
         config.eval.batch_size,

@@ -34,6 +34,7 @@ from memjax import console
 from memjax import paths
 from memjax.eval import rows
 from memjax.eval import streams as streams_eval
+from memjax.models import state as model_state
 
 Array = jax.Array
 
@@ -78,7 +79,7 @@ class AttentionAnalyzer(streams_eval.StreamScorer):
   ) -> tuple[Any, dict[str, Array]]:
     memory = self.model.reset_memory(memory, segment["reset"])
     out, state = self.model.apply(
-        {"params": params},
+        model_state.as_variables(params),
         segment["inputs"],
         segment["targets"],
         memory=memory,
@@ -217,7 +218,7 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   )
   num = int(config.analyze.num_segments)
   res = analyzer.analyze(
-      restored.params,
+      restored.variables,
       corpus.splits[split].tokens,
       num,
       desc=f"analyze {split}",

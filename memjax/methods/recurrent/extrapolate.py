@@ -121,7 +121,7 @@ def extrapolate(
   rows = extrapolation_rows(
       config,
       restored.model,
-      restored.params,
+      restored.variables,
       corpus.splits[split].tokens,
       restored.mesh,
       restored.unit,

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax.data import token_batching
+from memjax.models import state as model_state
 
 Array = jax.Array
 LogProbHook = Callable[[Array, Array, Array], Array]
@@ -49,23 +50,32 @@ def max_target_len(src_len: int, max_len_a: float, max_len_b: int) -> int:
 
 def _start(model, params, source, rows_per_sentence, max_len):
   """Encodes and builds the cache for ``rows_per_sentence`` rows each."""
-  enc, mask = model.apply({"params": params}, source, method=model.encode)
+  enc, mask = model.apply(
+      model_state.as_variables(params), source, method=model.encode
+  )
   if rows_per_sentence > 1:
     rep = lambda x: jnp.repeat(x, rows_per_sentence, axis=0)
     enc, mask = rep(enc), rep(mask)
-  cache = model.apply({"params": params}, enc, max_len, method=model.init_cache)
+  cache = model.apply(
+      model_state.as_variables(params), enc, max_len, method=model.init_cache
+  )
   return cache, mask
 
 
 def _step(model, params, hook, token, t, cache, mask):
   if getattr(hook, "takes_log_z", False):
     logp, g, cache, log_z = model.apply(
-        {"params": params}, token, t, cache, mask, True,
+        model_state.as_variables(params), token, t, cache, mask, True,
         method=model.decode_step,
     )  # fmt: skip
     return hook(logp, g, t, log_z), cache
   logp, g, cache = model.apply(
-      {"params": params}, token, t, cache, mask, method=model.decode_step
+      model_state.as_variables(params),
+      token,
+      t,
+      cache,
+      mask,
+      method=model.decode_step,
   )
   if hook is not None:
     logp = hook(logp, g, t)

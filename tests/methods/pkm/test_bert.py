@@ -243,7 +243,7 @@ def _scores_and_usage(restored, ids):
     inputs[i, : len(x)] = x
   model = restored.model
   out, sown = model.apply(
-      {"params": restored.params}, inputs, None, True,
+      restored.variables, inputs, None, True,
       method=model.forward, mutable=["pkm_usage"],
   )  # fmt: skip
   flat = flax.traverse_util.flatten_dict(sown["pkm_usage"], sep="/")

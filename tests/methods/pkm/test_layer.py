@@ -404,3 +404,18 @@ def test_lazy_adam_group_through_make_optimizer_against_numpy():
     )
   # The first update (lr 0 at the start of the warm-up) left every row.
   assert not np.allclose(ref[0], p)
+
+
+def test_the_leak_switch_at_false_keeps_the_signature_of_runs_saved_before():
+  from configs import pkm_wt103  # pylint: disable=g-import-not-at-top
+  from memjax import experiment  # pylint: disable=g-import-not-at-top
+
+  config = pkm_wt103.get_config("pkm_smoke")
+  opts = config.model.feed_forward_options
+  assert opts.allow_batchnorm_future_leak is False
+  now = experiment.model_signature(config, 100)
+  del opts["allow_batchnorm_future_leak"]  # as every run saved before
+  assert experiment.model_signature(config, 100) == now
+  opts.allow_batchnorm_future_leak = True
+  got = experiment.model_signature(config, 100)["model"]
+  assert got["feed_forward_options"]["allow_batchnorm_future_leak"] is True

@@ -141,7 +141,11 @@ def _config(**options):
         ),
         (dict(feed_forward_layers=(3,)), r"to model.num_layers 2$"),
         (dict(topk=17), r"topk 17 must be between 1 and num_keys 16"),
-        (dict(query_norm="batch"), r"query_norm='batch' leaks later"),
+        (
+            dict(query_norm="batch"),
+            r"query_norm='batch' in the causal .* set "
+            r"model.feed_forward_options.allow_batchnorm_future_leak=True",
+        ),
     ],
 )
 def test_bad_memory_settings_are_config_errors(options, message):

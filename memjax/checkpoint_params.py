@@ -1,0 +1,123 @@
+"""A run's parameters (and model state) alone, from its checkpoints.
+
+What ``train.init_from`` and ``memjax.experiment.load`` read of a
+training checkpoint without the rest of its train state:
+``restore_params``, ``restore_variables`` and ``param_shapes``
+(``memjax.checkpointing`` re-exports them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import orbax.checkpoint as ocp
+
+from memjax import paths
+
+
+def restore_params(
+    directory: str, abstract_params: Any, step: Optional[int] = None
+) -> tuple[Any, int]:
+  """Restores only the parameters of another run (``train.init_from``).
+
+  Parameters present in ``abstract_params`` but absent from the checkpoint
+  (for example a memory layer added to a memory-less model) are reported by
+  the caller, which keeps their fresh initialisation; see
+  ``memjax.train.init_params_from``.
+
+  Args:
+    directory: a workdir or its ``checkpoints`` folder.
+    abstract_params: pytree of jax.ShapeDtypeStruct with shardings.
+    step: which step; None = latest.
+
+  Returns:
+    (params, step).
+
+  Raises:
+    FileNotFoundError: no checkpoint there.
+  """
+  params, _, step = restore_variables(directory, abstract_params, step)
+  return params, step
+
+
+def restore_variables(
+    directory: str,
+    abstract_params: Any,
+    step: Optional[int] = None,
+    abstract_model_state: Any = None,
+) -> tuple[Any, Any, int]:
+  """(params, model state, step) of a run's checkpoint: ``restore_params``
+  that also restores ``TrainState.model_state`` when
+  ``abstract_model_state`` is given (else the state is None), and only it
+  when ``abstract_params`` is None (the params are then None).
+
+  Raises:
+    FileNotFoundError: no checkpoint there.
+  """
+  directory = paths.resolve(directory)
+  if paths.isdir(paths.join(directory, "checkpoints")):
+    directory = paths.join(directory, "checkpoints")
+  if not paths.isdir(directory):
+    raise FileNotFoundError(
+        f"train.init_from: no checkpoint directory {directory}"
+    )
+  mngr = ocp.CheckpointManager(
+      directory,
+      item_names=("state", "data", "meta"),
+      options=ocp.CheckpointManagerOptions(create=False),
+  )
+  step = mngr.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(
+        f"train.init_from: no checkpoint steps in {directory}"
+    )
+  item = {} if abstract_params is None else {"params": abstract_params}
+  if abstract_model_state is not None:
+    item["model_state"] = abstract_model_state
+  restored = mngr.restore(
+      step,
+      args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              item=item,
+              restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+              partial_restore=True,
+          )
+      ),
+  )
+  mngr.close()
+  state = restored.state
+  return state.get("params"), state.get("model_state"), step
+
+
+def leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """{"path/to/leaf": shape} of a nested tree of arrays (or metadata)."""
+  import flax  # pylint: disable=g-import-not-at-top
+
+  def plain(t: Any) -> Any:  # Orbax's tree metadata is a mapping, no dict.
+    return {k: plain(v) for k, v in t.items()} if hasattr(t, "items") else t
+
+  flat = flax.traverse_util.flatten_dict(plain(tree), sep="/")
+  return {k: tuple(v.shape) for k, v in flat.items() if hasattr(v, "shape")}
+
+
+def param_shapes(
+    directory: str, step: Optional[int] = None, item: str = "params"
+) -> dict[str, tuple[int, ...]]:
+  """{'path/to/param': shape} of a run's checkpoint (latest step); with
+  ``item='model_state'``, of its model state ({} when it has none)."""
+  if step is None:
+    mngr = ocp.CheckpointManager(
+        directory,
+        item_names=("state", "data", "meta"),
+        options=ocp.CheckpointManagerOptions(create=False),
+    )
+    step = mngr.latest_step()
+    mngr.close()
+  ckptr = ocp.StandardCheckpointer()
+  try:
+    meta = ckptr.metadata(
+        paths.join(paths.resolve(directory), str(step), "state")
+    ).item_metadata
+  finally:
+    ckptr.close()
+  return leaf_shapes(dict(meta).get(item) or {})

@@ -1,0 +1,182 @@
+"""Model state (``memjax.models.state``) end to end: an encoder whose
+memory's query has a BatchNorm trains, resumes bit-identically, evaluates
+with its running statistics and exports; a causal model takes the
+BatchNorm only with the switch that names the leak."""
+
+import jax
+import numpy as np
+import pytest
+
+import memjax
+from configs import pkm_wt103
+from memjax import experiment
+from memjax import train
+from memjax.models import state as model_state
+from tests import conftest
+
+QUERY_NORM = ("batch_stats", "layer_0", "ffn", "memory", "query_norm")
+
+
+class _Interrupt(Exception):
+  pass
+
+
+def _norm(tree):
+  for key in QUERY_NORM:
+    tree = tree[key]
+  return {k: np.asarray(v) for k, v in tree.items()}
+
+
+def test_as_variables_and_params_of():
+  params = {"layer_0": {"w": 1}}
+  assert model_state.as_variables(params) == {"params": params}
+  both = model_state.as_variables(params, {"batch_stats": {"m": 2}})
+  assert both == {"params": params, "batch_stats": {"m": 2}}
+  assert model_state.as_variables(both) == both
+  assert model_state.params_of(both) is params
+  assert model_state.params_of(params) is params
+
+
+@pytest.fixture(scope="module")
+def bert_runs(tmp_path_factory):
+  """configs/pkm_bert.py:resm_smoke (query BatchNorm, the default) on the
+  tiny corpus, 4 steps straight and 2 + resume + 2, and the states after
+  each update (``hook(step, state)``) of the straight run."""
+  root = tmp_path_factory.mktemp("bert_state")
+  config = conftest.bert_smoke_config(
+      "resm_smoke", conftest.core_data("encoder", root)
+  )
+  config.train.num_steps = 4
+  config.train.checkpoint_every = 2
+  config.train.log_every = 1
+  states = {}
+
+  def keep(step, state):
+    states[step] = jax.device_get(state.model_state)
+
+  straight = str(root / "straight")
+  results = train.train_and_evaluate(config, straight, hooks=(keep,))
+
+  def stop_after_2(step, state):
+    del state
+    if step == 2:
+      raise _Interrupt()
+
+  parts = str(root / "parts")
+  with pytest.raises(_Interrupt):
+    train.train_and_evaluate(config, parts, hooks=(stop_after_2,))
+  train.train_and_evaluate(config, parts)
+  return straight, parts, states, results
+
+
+def test_the_query_batchnorm_trains_and_resumes_bit_identically(bert_runs):
+  straight, parts, states, _ = bert_runs
+  assert (
+      experiment.load(straight).config.model.feed_forward_options["query_norm"]
+      == "batch"
+  )
+  # Every update moves the running statistics.
+  seen = [_norm(states[s])["mean"] for s in (1, 2, 3, 4)]
+  for a, b in zip(seen, seen[1:]):
+    assert np.abs(a - b).max() > 0
+  a, b = experiment.load(straight), experiment.load(parts)
+  assert a.step == b.step == 4
+  for x, y in ((a.params, b.params), (a.model_state, b.model_state)):
+    jax.tree.map(np.testing.assert_array_equal, x, y)
+  np.testing.assert_array_equal(_norm(a.model_state)["mean"], seen[-1])
+
+
+def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
+  straight, _, states, results = bert_runs
+  restored = experiment.load(straight)
+  before = _norm(restored.model_state)
+  # The final evaluation ran after step 4 and the checkpoint kept step 4's.
+  np.testing.assert_array_equal(before["mean"], _norm(states[4])["mean"])
+  # Evaluation uses the running averages: other statistics, other scores.
+  from memjax.eval import scorer as scorer_lib  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(5, 200, size=(4, 16)).astype(np.int32)
+  batch = {"inputs": tokens, "targets": tokens,
+           "weights": np.ones(tokens.shape, np.float32)}  # fmt: skip
+  scorer = scorer_lib.scorer_for(restored)
+  got = scorer.rows(restored.variables, batch, batch_size=4)
+  moved = jax.tree.map(lambda x: x + 3.0, restored.model_state)
+  other = scorer.rows(
+      model_state.as_variables(restored.params, moved), batch, batch_size=4
+  )
+  # (A 4-step model's memory adds little: a small, not a rounding, gap.)
+  assert abs(float(got["nll_sum"]) - float(other["nll_sum"])) > 1e-3
+  again = scorer.rows(restored.variables, batch, batch_size=4)
+  assert again["nll_sum"] == got["nll_sum"]  # deterministic, nothing moved
+  np.testing.assert_array_equal(_norm(restored.model_state)["mean"],
+                                before["mean"])  # fmt: skip
+  assert results["valid"]  # the final evaluation ran with them
+  # Exported and loaded: the same statistics and scores.
+  out = experiment.export(straight, str(tmp_path / "export"))
+  loaded = experiment.load(out)
+  assert loaded.kind == "export"
+  jax.tree.map(
+      np.testing.assert_array_equal, loaded.model_state, restored.model_state
+  )
+  exported = scorer_lib.scorer_for(loaded).rows(
+      loaded.variables, batch, batch_size=4
+  )
+  assert exported["nll_sum"] == pytest.approx(got["nll_sum"], rel=1e-6)
+  # memjax.load (the API) scores the run and its export alike.
+  text = ["the game was released in japan in the same year"]
+  a = memjax.load(straight).score(text, mask_prob=0.5)
+  b = memjax.load(out).score(text, mask_prob=0.5)
+  assert a["tokens"] > 0 and a["nll"] == pytest.approx(b["nll"], rel=1e-6)
+
+
+def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
+    bert_runs, tmp_path
+):
+  straight, _, _, _ = bert_runs
+  run = experiment.load(straight)
+  out = experiment.export(straight, str(tmp_path / "export"))
+  config = run.config
+  model = experiment.build_model(config.model, run.vocab_size)
+  tx, _ = experiment.make_optimizer(config)
+  sample = {"inputs": np.zeros((2, 8), np.int32)}
+  for source in (straight, out):
+    state, shardings = experiment.create_state(
+        model, tx, run.mesh, sample, jax.random.PRNGKey(5)
+    )
+    np.testing.assert_array_equal(_norm(state.model_state)["mean"], 0.0)
+    state = experiment.init_params_from(source, state, shardings, config)
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        jax.device_get(state.model_state),
+        run.model_state,
+    )
+
+
+def test_batchnorm_in_a_causal_model_is_one_line_with_exit_2(tmp_path):
+  proc = conftest.run_main(
+      "--config=configs/pkm_wt103.py:pkm_smoke",
+      "--config.model.feed_forward_options.query_norm=batch",
+      f"--workdir={tmp_path / 'run'}",
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "allow_batchnorm_future_leak=True" in lines[0]
+  assert "Traceback" not in proc.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_the_leak_switch_trains_a_causal_model_with_batch_stats(tmp_path):
+  config = pkm_wt103.get_config("pkm_smoke")
+  opts = config.model.feed_forward_options
+  opts.query_norm = "batch"
+  opts.allow_batchnorm_future_leak = True
+  config.train.num_steps = 2
+  config.train.eval_every = 0
+  config.train.checkpoint_every = 2
+  config.eval.max_windows = 4
+  config.eval.splits = ("valid",)
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  restored = experiment.load(str(tmp_path / "run"))
+  stats_ = jax.tree.leaves(restored.model_state)
+  assert stats_ and any(np.abs(np.asarray(x)).max() > 0 for x in stats_)
