@@ -86,7 +86,12 @@ def _build(stages: common.Stages, c: Any, row: common.Row) -> dict:
 
   run = stages.run_dir
   if c.data.batching == "bm25":
-    stages("pack", lambda: packing.pack(c, run))
+    # The packing job's summary goes beside the run, not in it: training
+    # refuses a workdir that holds files but no run. The BM25 order itself
+    # lands in the data cache, where training reads it.
+    packed = common.Stages(f"{run}_pack")
+    packed("pack", lambda: packing.pack(c, packed.run_dir))
+    stages.times.update(packed.times)
   print(f"== {row.variant}: train {c.train.num_steps} steps", flush=True)
   trained = stages("train", lambda: common.train(c, run))
   print(f"== {row.variant}: datastore of the training split", flush=True)
