@@ -3,15 +3,18 @@
     python -m memjax.demos.external --workdir=runs/extmem_demo   # make demo-ext
 
 Two models train with the TRIME demo's steps, model and batch
-(``configs/trime_wt103.py``, size ``demo``):
+(``configs/trime_wt103.py``, size ``demo``; ``external_rows.MODELS``):
 
 * vanilla: the plain LM objective; evaluated without memory, with
   kNN-LM (``knn``: squared L2, lambda and temperature tuned on valid) and
-  with kNN-LM plus a continuous cache over M_local u M_long
-  (``knn_cache``, Table 2's "kNN-LM + continuous cache");
+  with kNN-LM plus a continuous cache over M_local (``knn_cache`` with
+  N = 0, Table 2's "kNN-LM + continuous cache");
 * TRIMELM_ext: BM25-packed batches (the offline packing runs first);
-  evaluated with M_local u M_long (``trime``) and with the external memory
-  (``trime_ext``, Eq. 6-9: tau, tau', lambda and the long-term size tuned).
+  evaluated with M_local u M_long (``trime``), with the external memory
+  (``trime_ext``, Eq. 6-9: tau, tau', lambda and the long-term size tuned),
+  and with M_local u M_ext (``trime_ext`` with N = 0: Table 2's "TRIMELM_ext
+  w/o M_long", which §5.1 sets beside kNN-LM + continuous cache because the
+  two read the same memories).
 
 Each model's datastore holds (g, next token) of every prediction of the
 demo training split, with the evaluation windows' context
@@ -20,7 +23,8 @@ searched during tuning; ScaNN's recall@K against exact search is measured
 on valid queries (``--mode=recall``), and valid and test are scored again
 at the tuned setting with exact search (the paper's dagger rows). The table
 lands in ``<workdir>/table.md`` and ``table.json``; a finished step is not
-repeated when the demo is run again.
+repeated when the demo is run again (each step is kept under a name that
+says its memories, so a step whose setting changed runs again).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any, Callable
 from absl import flags
 
 from memjax.demos import common
+from memjax.demos import external_rows
 
 FLAGS = common.define_flags(
     "runs/extmem_demo", steps="Override the training steps of both models."
@@ -60,35 +65,6 @@ _ABLATIONS = flags.DEFINE_bool(
     "memory, each with its own datastore, on valid.",
 )
 
-# The two models: variant METHOD_SIZE of configs/trime_wt103.py; "kind":
-# the external memory each is scored with.
-MODELS = (
-    common.Row(
-        "vanilla", "vanilla", "trime_wt103", "vanilla", options={"kind": "knn"}
-    ),
-    common.Row(
-        "trime_ext",
-        "TRIMELM_ext",
-        "trime_wt103",
-        "trime_ext",
-        options={"kind": "trime_ext"},
-    ),
-)
-
-# Tables 11 and 15: TRIMELM_ext with config overrides (dotted keys).
-ABLATIONS = tuple(
-    common.Row(key, label, "trime_wt103", "trime_ext",
-               options={"kind": "trime_ext", "overrides": overrides})
-    for label, key, overrides in (
-        ("random batches (Table 11)", "random_batches",
-         {"data.batching": "random"}),
-        ("no gradient into the memory (Table 11)", "stop_gradient_memory",
-         {"loss.stop_gradient_memory": True}),
-        ("p = 0 (Table 15)", "hide_p0", {"loss.local_hide_prob": 0.0}),
-        ("p = 0.5 (Table 15)", "hide_p05", {"loss.local_hide_prob": 0.5}),
-    )
-)  # fmt: skip
-
 
 def _config(demo: common.Demo, row: common.Row, steps: int | None) -> Any:
   c = demo.config(row.config, f"{row.variant}_{_SIZE.value}", steps)
@@ -110,7 +86,12 @@ def _build(stages: common.Stages, c: Any, row: common.Row) -> dict:
 
   run = stages.run_dir
   if c.data.batching == "bm25":
-    stages("pack", lambda: packing.pack(c, run))
+    # The packing job's summary goes beside the run, not in it: training
+    # refuses a workdir that holds files but no run. The BM25 order itself
+    # lands in the data cache, where training reads it.
+    packed = common.Stages(f"{run}_pack")
+    packed("pack", lambda: packing.pack(c, packed.run_dir))
+    stages.times.update(packed.times)
   print(f"== {row.variant}: train {c.train.num_steps} steps", flush=True)
   trained = stages("train", lambda: common.train(c, run))
   print(f"== {row.variant}: datastore of the training split", flush=True)
@@ -147,16 +128,18 @@ def _prepare(
     demo: common.Demo, row: common.Row, steps: int | None
 ) -> tuple[Any, common.Stages, Callable[[str], dict]]:
   """A row's config, its stages, and ``tune(stage)``: the stage that tunes
-  the config's evaluation memory as it is when the stage runs."""
+  the config's evaluation memory as it is when the stage runs (kept under
+  ``stage`` and a digest of those settings, ``external_rows.stage_name``)."""
   from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
 
   c = _config(demo, row, steps)
   stages = common.Stages(demo.run_dir(row))
-  return (
-      c,
-      stages,
-      lambda name: stages(name, lambda: memory_modes.tune(c, stages.run_dir)),
-  )
+
+  def tune(stage: str) -> dict:
+    name = external_rows.stage_name(stage, c.eval_memory.to_dict())
+    return stages(name, lambda: memory_modes.tune(c, stages.run_dir))
+
+  return c, stages, tune
 
 
 def _local_long(
@@ -194,12 +177,11 @@ def run_model(
   out["scann"] = tune("tune_scann")
   print(f"== {method}: score {kind} with exact search", flush=True)
   best = out["scann"]["best"]
-  out["exact"] = stages("exact", lambda: _exact(c, run, kind, best))
-  if method == "vanilla":
-    c.eval_memory.kind, c.eval_memory.search = "knn_cache", "scann"
-    c.eval_memory.long_mem_grid = (0, 1024)
-    print(f"== {method}: tune knn_cache with ScaNN", flush=True)
-    out["knn_cache"] = tune("tune_knn_cache")
+  exact = external_rows.stage_name(
+      "exact", {**c.eval_memory.to_dict(), "best": best}
+  )
+  out["exact"] = stages(exact, lambda: _exact(c, run, kind, best))
+  out["without_long"] = external_rows.tune_local(c, method, tune)
   return out
 
 
@@ -230,104 +212,6 @@ def run_domain(
   return out
 
 
-def format_ablations(main: list[dict], ablations: list[dict]) -> str:
-  """Markdown, Tables 11 and 15: valid perplexity of TRIMELM_ext variants."""
-  rows = [dict(m, row="BM25 batches, gradients, p = 0.9") for m in main]
-  body = [
-      [
-          m["row"], em_setting(m["scann"]["best"]),
-          f"{m['scann']['valid']['plain']['ppl']:.2f}",
-          f"{m['scann']['valid']['memory']['ppl']:.2f}",
-      ]
-      for m in rows + ablations
-  ]  # fmt: skip
-  head = [
-      "TRIMELM_ext trained with", "setting (tuned on valid)",
-      "valid ppl without memory", "valid ppl, M_local u M_long u M_ext",
-  ]  # fmt: skip
-  return common.markdown(head, "llrr", body)
-
-
-def _memory_cells(r: dict) -> list[str]:
-  """The setting, valid and test cells of a tuned evaluation memory."""
-  return [
-      em_setting(r["best"]),
-      f"{r['valid']['memory']['ppl']:.2f}",
-      f"{r['test']['memory']['ppl']:.2f}",
-  ]
-
-
-def format_domain_table(models: list[dict]) -> str:
-  """Markdown, Table 5's layout: iwslt_en perplexity per datastore."""
-  body = []
-  for m in models:
-    d, name = m["domain"], {"vanilla": "vanilla"}.get(
-        m["method"], "TRIMELM_ext"
-    )
-    plain = d["wiki"]
-    body.append(
-        [name, "-", "-", "-", f"{plain['valid']['plain']['ppl']:.2f}",
-         f"{plain['test']['plain']['ppl']:.2f}"]
-    )  # fmt: skip
-    mem = "M_ext" if m["kind"] == "knn" else "M_local u M_long u M_ext"
-    for what, store, r in (
-        ("M_local u M_long", "-", d.get("local_long")),
-        (mem, "Wikipedia train", d["wiki"]),
-        (mem, "iwslt_en train", d["own"]),
-    ):
-      if r:
-        body.append([name, what, store, *_memory_cells(r)])
-  head = [
-      "model", "memory at evaluation", "datastore",
-      "setting (tuned on iwslt_en valid)", "valid ppl", "test ppl",
-  ]  # fmt: skip
-  return common.markdown(head, "llllrr", body)
-
-
-def format_table(models: list[dict]) -> str:
-  """Markdown: one row per evaluation, Table 2's order."""
-  by = {m["method"]: m for m in models}
-  van, ext = by.get("vanilla"), by.get("trime_ext")
-  body = [
-      [name, "-", "-", f"{m['scann']['valid']['plain']['ppl']:.2f}",
-       f"{m['scann']['test']['plain']['ppl']:.2f}", "-", "-"]
-      for name, m in (("vanilla", van), ("TRIMELM_ext", ext))
-      if m
-  ]  # fmt: skip
-
-  def row(name, mem, r, m=None):
-    exact = (
-        [f"{m['exact']['test']['ppl']:.2f}", f"{m['recall']['recall']:.3f}"]
-        if m
-        else ["-", "-"]
-    )
-    setting, valid, test = _memory_cells(r)
-    return [name, mem, setting, valid, test, *exact]
-
-  if van:
-    body.append(row("vanilla + kNN-LM", "M_ext", van["scann"], van))
-    body.append(
-        row("vanilla + kNN-LM + cache", "M_local u M_long; M_ext",
-            van["knn_cache"])
-    )  # fmt: skip
-  if ext:
-    body.append(row("TRIMELM_ext", "M_local u M_long", ext["local_long"]))
-    body.append(
-        row("TRIMELM_ext", "M_local u M_long u M_ext", ext["scann"], ext)
-    )
-  head = [
-      "model", "memory at evaluation", "setting (tuned on valid)", "valid ppl",
-      "test ppl", "test ppl, exact search", "ScaNN recall@K",
-  ]  # fmt: skip
-  return common.markdown(head, "lllrrrr", body)
-
-
-def em_setting(best: dict) -> str:
-  from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
-
-  return em_lib.setting_str(best).replace("long_mem_tokens", "N")
-
-
 def _print_datastores(models: list[dict]) -> None:
   for m in models:
     ds, rec = m["datastore"], m["recall"]
@@ -342,23 +226,24 @@ def _print_datastores(models: list[dict]) -> None:
 def main() -> None:
   demo = common.Demo(FLAGS.workdir.value)
   steps = FLAGS.steps.value
-  selected = common.select(MODELS, _METHODS.value, flag="methods")
+  selected = common.select(external_rows.MODELS, _METHODS.value, flag="methods")
   models = [run_model(demo, row, steps) for row in selected]
   ablations = [
       dict(run_model(demo, row, steps), row=row.label)
-      for row in (ABLATIONS if _ABLATIONS.value else ())
+      for row in (external_rows.ABLATIONS if _ABLATIONS.value else ())
   ]
   if _DOMAIN.value:
     for row, m in zip(selected, models):
       m["domain"] = run_domain(demo, row, steps)
-  table = format_table(models)
+  table = external_rows.format_table(models)
   if ablations:
-    table += "\n\nAblations (valid):\n\n" + format_ablations(
+    table += "\n\nAblations (valid):\n\n" + external_rows.format_ablations(
         [m for m in models if m["method"] == "trime_ext"], ablations
     )
   if _DOMAIN.value:
-    table += "\n\nDomain adaptation (iwslt_en):\n\n" + format_domain_table(
-        models
+    table += (
+        "\n\nDomain adaptation (iwslt_en):\n\n"
+        + external_rows.format_domain_table(models)
     )
   _print_datastores(models)
   demo.finish({"models": models}, table, title="External memory demo")
