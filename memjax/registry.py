@@ -262,11 +262,15 @@ class Mode:
     help: what the mode does, in one line.
     kinds: the run kinds it takes (``RUN_KINDS`` keys, or
       ``'<task>/<model.family>'``); empty: every run.
+    writes: names of the files the mode may leave in a workdir before the
+      run trains there (an offline job's summary, a plan), so that training
+      takes that workdir (``runfiles.check_workdir``).
   """
 
   run: str
   help: str = ""
   kinds: tuple[str, ...] = ()
+  writes: tuple[str, ...] = ()
 
   def takes(self, kind: str) -> bool:
     """Whether a run of ``kind`` (``run_kind``) fits this mode."""
@@ -292,20 +296,27 @@ class Mode:
 
 def as_mode(value: Any) -> Mode:
   """A ``Mode`` from a Mode, a ``'module:function'`` string, or a dict
-  {'run', 'help', 'kinds'} (how the methods declare theirs)."""
+  {'run', 'help', 'kinds', 'writes'} (how the methods declare theirs)."""
   if isinstance(value, Mode):
     return value
   if isinstance(value, str):
     return Mode(value)
   if isinstance(value, dict):
     return Mode(
-        value["run"], value.get("help", ""), tuple(value.get("kinds", ()))
+        value["run"],
+        value.get("help", ""),
+        tuple(value.get("kinds", ())),
+        tuple(value.get("writes", ())),
     )
   raise TypeError(f"a mode is a Mode, a 'module:function' or a dict: {value!r}")
 
 
 class ModeRegistry(Registry[Mode]):
   """``MODES``: registers a ``Mode`` from what ``as_mode`` takes."""
+
+  def files_before_training(self) -> frozenset[str]:
+    """The file names any registered mode declares in ``Mode.writes``."""
+    return frozenset(f for n in self.names() for f in self.get(n).writes)
 
   def register(
       self, name: str, value: Any = _MISSING, *, replace: bool = False

@@ -135,7 +135,9 @@ def check_workdir(workdir: str, training: bool) -> None:
   Every mode refuses datastores, token caches and checkpoint folders.
   Training also refuses an export (other modes read one and write their
   results beside its files) and a directory that holds files but none of
-  a run's (``config.json``, ``checkpoints/``, ``train_log.jsonl``).
+  a run's (``config.json``, ``checkpoints/``, ``train_log.jsonl``) or of
+  what a mode leaves before training (``registry.Mode.writes``, e.g.
+  ``--mode=pack``'s summary).
 
   Raises:
     errors.WorkdirError: naming what ``workdir`` holds.
@@ -149,7 +151,10 @@ def check_workdir(workdir: str, training: bool) -> None:
     return
   if kind is None and training and paths.isdir(workdir):
     names = set(paths.listdir(workdir))
-    if names and not names & set(_RUN_ENTRIES + ("cache",)):
+    from memjax import registry  # pylint: disable=g-import-not-at-top
+
+    allowed = set(_RUN_ENTRIES + ("cache",))
+    if names and not names & (allowed | registry.MODES.files_before_training()):
       shown = sorted(names)[:3] + (["..."] if len(names) > 3 else [])
       kind = f"files but no run ({', '.join(shown)})"
   if kind is not None:

@@ -59,6 +59,13 @@ def test_training_refuses_what_other_modes_read(tmp_path):
   with pytest.raises(errors.WorkdirError, match="files but no run"):
     runfiles.check_workdir(str(other), training=True)
   runfiles.check_workdir(str(other), training=False)  # Results go beside.
+  # What a mode declares it leaves before training (registry.Mode.writes):
+  # --mode=plan's files, --mode=pack's summary; training then takes the dir.
+  for name in ("plan.json", "bm25_pack.json"):
+    prepared = tmp_path / name.replace(".", "_")
+    prepared.mkdir()
+    (prepared / name).write_text("{}")
+    runfiles.check_workdir(str(prepared), training=True)
   export = tmp_path / "export"
   export.mkdir()
   (export / runfiles.EXPORT_FILE).write_text("{}")

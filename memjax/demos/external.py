@@ -86,9 +86,8 @@ def _build(stages: common.Stages, c: Any, row: common.Row) -> dict:
 
   run = stages.run_dir
   if c.data.batching == "bm25":
-    # The packing job's summary goes beside the run, not in it: training
-    # refuses a workdir that holds files but no run. The BM25 order itself
-    # lands in the data cache, where training reads it.
+    # The packing stage keeps its files beside the run (<run>_pack/); the
+    # BM25 order itself lands in the data cache, where training reads it.
     packed = common.Stages(f"{run}_pack")
     packed("pack", lambda: packing.pack(c, packed.run_dir))
     stages.times.update(packed.times)

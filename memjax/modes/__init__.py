@@ -76,6 +76,7 @@ _BUILTIN = {
         "memjax.modes.plan:plan",
         "compile the train step for --config.plan.* (devices, platform), run nothing",
         (),
+        ("plan.json", "plan.md"),
     ),
 }
 for _name, _mode in _BUILTIN.items():

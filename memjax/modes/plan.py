@@ -43,14 +43,13 @@ XLA's CPU backend fuses and lays out differently.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any
 
 import ml_collections
 
 from memjax import console
+from memjax import paths
 from memjax.modes import plan_compile
 from memjax.modes import platforms
 
@@ -175,13 +174,11 @@ def plan(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 def write(results: dict[str, Any], workdir: str) -> dict[str, Any]:
   """Writes ``plan.json`` and ``plan.md``; returns the mode's results."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "plan.json")
-  with open(path, "w") as f:
-    json.dump(results, f, indent=2, sort_keys=True)
+  paths.makedirs(workdir)
+  path = paths.join(workdir, "plan.json")
+  paths.write_json(path, results)
   table = markdown(results)
-  with open(os.path.join(workdir, "plan.md"), "w") as f:
-    f.write(table + "\n")
+  paths.write_text(paths.join(workdir, "plan.md"), table + "\n")
   return dict(results, results_path=path, summary_lines=table.splitlines())
 
 

@@ -19,6 +19,7 @@ MODES = {
         "run": f"{__name__}.packing:pack",
         "help": "pack the training corpus into BM25 batches (Algorithm 1)",
         "kinds": ("lm",),
+        "writes": ("bm25_pack.json",),
     }
 }
 CONFIG = f"{__name__}.config:add_defaults"

@@ -12,6 +12,7 @@ import pytest
 
 from configs import trime_wt103
 from memjax.modes import memory as memory_modes
+from memjax import runfiles
 from memjax import summaries
 from memjax import train
 from memjax.modes import frequency
@@ -169,10 +170,13 @@ def test_trime_ext_packs_offline_then_trains(tmp_path):
   config.eval.window_len, config.eval.score_len = 256, 128
   config.model.max_len = 256
   config.data.cache_dir = str(tmp_path / "cache")
-  summary = packing.pack(config, str(tmp_path / "pack"))
+  run = str(tmp_path / "run")
+  summary = packing.pack(config, run)  # --mode=pack, then train, one workdir
   assert summary["segments"] == -(-483571 // 256)
+  assert os.listdir(run) == ["bm25_pack.json"]
+  runfiles.check_workdir(run, training=True)  # What main runs first.
   order_files = os.listdir(os.path.join(config.data.cache_dir, "bm25"))
-  res = train.train_and_evaluate(config, str(tmp_path / "run"))
+  res = train.train_and_evaluate(config, run)
   assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])
   assert os.listdir(os.path.join(config.data.cache_dir, "bm25")) == order_files
 
