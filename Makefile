@@ -36,11 +36,11 @@ demo: $(STAMP) ## ~11 min: vanilla, vanilla + cache and TRIMELM (docs/trime.md)
 
 # Transformer+RPE, Transformer-XL and LaMemo with the same steps, then the
 # extrapolation and attention analyses; see docs/lamemo.md.
-demo-lamemo: $(STAMP) ## minutes not recorded: Transformer+RPE, XL, LaMemo (docs/lamemo.md)
+demo-lamemo: $(STAMP) ## ~15 min (17 CPU-min): Transformer+RPE, XL, LaMemo (docs/lamemo.md)
 	$(PY) -m memjax.demos.lamemo --workdir=runs/lamemo_demo
 
 # Memory-less, PKM and ResM LMs with the same steps; see docs/pkm.md.
-demo-pkm: $(STAMP) ## ~60 min (measured under load): memory-less, PKM and ResM LMs (docs/pkm.md)
+demo-pkm: $(STAMP) ## ~60 min: memory-less, PKM and ResM LMs (docs/pkm.md)
 	$(PY) -m memjax.demos.pkm --workdir=runs/pkm_demo
 
 # BERT-style encoders with PKM / ResM, initialisation and sentiment
@@ -49,11 +49,11 @@ demo-pkm-bert: $(STAMP) ## ~60 min: BERT-style encoders with PKM/ResM, fine-tuni
 	$(PY) -m memjax.demos.pkm_bert --workdir=runs/pkm_bert_demo --extra_steps=100
 
 # kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
-demo-ext: $(STAMP) ## minutes not recorded: kNN-LM and TRIMELM_ext (docs/external_memory.md)
+demo-ext: $(STAMP) ## ~15 min (19 CPU-min): kNN-LM and TRIMELM_ext (docs/external_memory.md)
 	$(PY) -m memjax.demos.external --workdir=runs/extmem_demo
 
 # Vanilla LM and modified MARGE with the same steps; see docs/marge.md.
-demo-marge: $(STAMP) ## ~57 min (measured under load): vanilla LM and modified MARGE, then four more rows (docs/marge.md)
+demo-marge: $(STAMP) ## ~21 min: vanilla LM and modified MARGE (docs/marge.md)
 	$(PY) -m memjax.demos.marge --workdir=runs/marge_demo
 
 smoke: $(STAMP) ## <1 min: a few steps of configs/trime_wt103.py:smoke
