@@ -64,11 +64,20 @@ _ABLATIONS = flags.DEFINE_bool(
     "gradients into the memory, and with p = 0 and 0.5 of hiding the local "
     "memory, each with its own datastore, on valid.",
 )
+_PACK_RUNNER = flags.DEFINE_string(
+    "pack_runner",
+    "",
+    "Run TRIMELM_ext's BM25 packing as an Apache Beam pipeline on this "
+    "runner (e.g. DirectRunner; config pack.runner), which writes a cached "
+    "SeqIO task that training reads; empty: in this process. Either way the "
+    "order is the same.",
+)
 
 
 def _config(demo: common.Demo, row: common.Row, steps: int | None) -> Any:
   c = demo.config(row.config, f"{row.variant}_{_SIZE.value}", steps)
   c.eval.max_windows = _WINDOWS.value
+  c.pack.runner = _PACK_RUNNER.value
   c.datastore.shard_keys = 250_000  # two shards: searched and merged
   if row.variant == "vanilla":  # kNN-LM's temperature: none (1) or tuned.
     c.eval_memory.knn_temperature_grid = (1.0, 3.0, 10.0)
