@@ -45,7 +45,7 @@ demo-pkm: $(STAMP) ## ~60 min: memory-less, PKM and ResM LMs (docs/pkm.md)
 
 # BERT-style encoders with PKM / ResM, initialisation and sentiment
 # fine-tuning (Kim & Jung); see docs/pkm_bert.md.
-demo-pkm-bert: $(STAMP) ## ~60 min: BERT-style encoders with PKM/ResM, fine-tuning (docs/pkm_bert.md)
+demo-pkm-bert: $(STAMP) ## ~13 min: BERT-style encoders with PKM/ResM, fine-tuning (docs/pkm_bert.md)
 	$(PY) -m memjax.demos.pkm_bert --workdir=runs/pkm_bert_demo --extra_steps=100
 
 # kNN-LM and TRIMELM_ext with a ScaNN-searched datastore (docs/external_memory.md).
