@@ -13,6 +13,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 import memjax
@@ -130,11 +131,21 @@ def test_bfloat16_export_is_half_the_size(smoke_workdir, tmp_path):
     np.testing.assert_array_equal(
         np.asarray(x).astype(jnp.bfloat16).astype(np.float32), np.asarray(y)
     )
-  # On disk: smaller than the same export in float32 by at least the two
-  # bytes per parameter that bfloat16 saves.
+  # On disk every array is stored as bfloat16 (Orbax's own metadata), and
+  # the export is smaller than the same export in float32 by at least one
+  # byte per parameter: of the two that bfloat16 saves, Orbax's storage
+  # layout (OCDBT files, compression) keeps a varying share (1.9-2.6 bytes
+  # per parameter measured).
+  meta = ocp.PyTreeCheckpointer().metadata(os.path.join(out, "params"))
+  stored = jax.tree.leaves(
+      getattr(meta, "item_metadata", meta),
+      is_leaf=lambda x: hasattr(x, "dtype"),
+  )
+  assert len(stored) == len(params)
+  assert all(x.dtype == jnp.bfloat16 for x in stored)
   f32 = memjax.export(smoke_workdir, str(tmp_path / "f32"))
   n = sum(x.size for x in params)
-  assert _bytes(f32) - _bytes(out) >= 2 * n
+  assert _bytes(f32) - _bytes(out) >= n
 
 
 def test_init_from_restores_shared_parameters_only(smoke_workdir):
