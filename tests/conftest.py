@@ -56,6 +56,7 @@ LONGEST_FIRST = (
     "tests/methods/pkm/test_bert.py",
     "tests/test_preemption.py",
     "tests/test_optional.py",
+    "tests/methods/trime/test_pack_beam.py",
     "tests/test_sharding.py",
     "tests/methods/trime/test_training.py",
 )

@@ -7,6 +7,7 @@ each); benchmarks/bm25_packing.py runs the same pipeline on 2 processes and
 checks the same order.
 """
 
+import json
 import os
 import shutil
 
@@ -14,11 +15,14 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
+from memjax.data import sources
 from memjax.data import tasks
 from memjax.methods.trime import bm25
 from memjax.methods.trime import bm25_order
 from memjax.methods.trime import pack_beam
 from memjax.methods.trime import packing
+
+from tests.conftest import run_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SEQ_LEN, BATCH, K = 16, 8, 5
 
@@ -204,3 +208,41 @@ def test_corrupt_in_process_order_is_recomputed(tmp_path, caplog):
   np.testing.assert_array_equal(again, first)
   assert any("unreadable" in r.message for r in caplog.records)
   np.testing.assert_array_equal(np.load(path), first)
+
+
+def test_main_packs_on_beam_then_trains_in_the_same_workdir(tmp_path):
+  """`--mode=pack` with a Beam runner through memjax.main, then training in
+  the same workdir reads the packed task; its order is the in-process one."""
+  work = str(tmp_path / "run")
+  flags = [
+      "--config=configs/trime_wt103.py:trime_ext_smoke", f"--workdir={work}",
+      "--config.data.seq_len=256", "--config.model.max_len=256",
+      "--config.eval.window_len=256", "--config.eval.score_len=128",
+      "--config.eval.max_windows=4", "--config.train.eval_every=0",
+  ]  # fmt: skip
+  proc = run_main(
+      *flags, "--mode=pack", "--config.pack.runner=DirectRunner",
+      "--config.pack.workers=2",
+      "--config.pack.options=--direct_running_mode=multi_threading",
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.load(open(os.path.join(work, "bm25_pack.json")))
+  assert summary["runner"] == "DirectRunner" and not summary["reused"]
+  assert summary["task"].startswith("memjax_bm25_wikitext103_")
+  proc = run_main(*flags, "--config.train.num_steps=2")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"BM25 order read from the SeqIO task {summary['task']}" in (
+      proc.stdout + proc.stderr
+  )
+  cfg = trime_wt103.get_config("trime_ext_smoke")
+  cfg.data.seq_len = 256
+  cache = os.path.join(work, "cache")
+  tokens = tasks.load_token_stream(
+      "wikitext103", sources.default_data_dir("wikitext103"), "train", cache
+  ).tokens
+  task = pack_beam.register_task(
+      summary["task"], tokens, packing._pack_settings(cfg, cache), cache
+  )  # pylint: disable=protected-access
+  order = pack_beam.read_order(task, summary["segments"], summary["task_dir"])
+  in_process = packing.bm25_order(cfg, tokens, str(tmp_path / "in_process"))
+  np.testing.assert_array_equal(order, in_process)
