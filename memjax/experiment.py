@@ -69,7 +69,7 @@ from memjax.train_state import abstract_params  # pylint: disable=unused-import
 from memjax.train_state import abstract_state  # pylint: disable=unused-import
 from memjax.train_state import abstract_variables
 from memjax.train_state import create_state
-from memjax.train_state import variables_of
+from memjax.train_state import WithVariables
 
 Array = jax.Array
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -154,7 +154,7 @@ def make_optimizer(
 
 
 @dataclasses.dataclass
-class Restored:
+class Restored(WithVariables):
   """A trained model restored from a run or an export.
 
   Attributes:
@@ -184,12 +184,6 @@ class Restored:
   kind: str
   opt_state: Any = None
   model_state: Any = None
-
-  @property
-  def variables(self) -> Any:
-    """What the scoring paths take: the parameters, with the model state
-    when there is one (``variables_of``)."""
-    return variables_of(self.params, self.model_state)
 
 
 def load(

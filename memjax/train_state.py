@@ -26,8 +26,18 @@ from memjax.models import state as model_state_lib
 Array = jax.Array
 
 
+class WithVariables:
+  """``variables`` of a class with ``params`` and ``model_state``: the
+  parameters, or with the model state a variables dict (``variables_of``):
+  what every scoring path takes."""
+
+  @property
+  def variables(self) -> Any:
+    return variables_of(self.params, self.model_state)
+
+
 @flax.struct.dataclass
-class TrainState:
+class TrainState(WithVariables):
   """Everything a step updates.
 
   Attributes:
@@ -47,12 +57,6 @@ class TrainState:
   opt_state: Any
   memory: Any = None
   model_state: Any = None
-
-  @property
-  def variables(self) -> Any:
-    """What inference takes: the parameters, or with the model state a
-    variables dict (``memjax.models.state.as_variables``)."""
-    return variables_of(self.params, self.model_state)
 
 
 def variables_of(params: Any, model_state: Any) -> Any:

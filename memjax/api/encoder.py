@@ -38,22 +38,15 @@ def _bucket(length: int, cap: int) -> int:
   return min(cap, max(8, 1 << (max(1, length) - 1).bit_length()))
 
 
-def _reports(sums: dict[str, Any]) -> dict[str, Any]:
-  """{report key: {module: metrics}} of the registered sum reports."""
+def _reports(sums: dict[str, Any], raw: bool = False) -> dict[str, Any]:
+  """{report key: {module: metrics}} of the registered sum reports that
+  were sown; raw: {report key: {module: {sum name: [K] array}}} instead."""
   out = {}
   for report in stats.sum_reports():
-    by_module = report.by_module(sums.get(report.collection) or {})
-    if by_module:
-      out[report.key] = by_module
-  return out
-
-
-def _slot_sums(sums: dict[str, Any]) -> dict[str, Any]:
-  """{report key: {module: {sum name: [K] array}}} of the registered sum
-  reports that were sown."""
-  out = {}
-  for report in stats.sum_reports():
-    by_module = stats.module_sums(sums.get(report.collection) or {})
+    collection = sums.get(report.collection) or {}
+    by_module = (
+        stats.module_sums(collection) if raw else report.by_module(collection)
+    )
     if by_module:
       out[report.key] = by_module
   return out
@@ -239,5 +232,5 @@ class Classifier(base.Loaded):
             self._scorer, params, ex, self.config, rows_
         )
         out["by_class"][name] = _reports(sums)
-        out["slot_sums"][name] = _slot_sums(sums)
+        out["slot_sums"][name] = _reports(sums, raw=True)
     return out

@@ -5,6 +5,7 @@ still lowered)."""
 import contextlib
 
 import jax
+import numpy as np
 import pytest
 
 _EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
@@ -33,5 +34,13 @@ def _count_lowerings():
 
 @pytest.fixture
 def count_lowerings():
-  """``with count_lowerings() as lowered:`` ... ``lowered()`` programs."""
+  """``with count_lowerings() as lowered:`` ... ``lowered()`` programs.
+
+  Checks first that the counter counts: a new jitted function lowered
+  inside it is exactly one program (were JAX to rename the event, every
+  "no new program" test would pass with a count of 0).
+  """
+  with _count_lowerings() as lowered:
+    jax.jit(lambda x: x * 3 + 1).lower(np.zeros(3, np.float32))
+    assert lowered() == 1, "the lowering counter does not see JAX's event"
   return _count_lowerings
