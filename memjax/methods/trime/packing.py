@@ -124,34 +124,52 @@ def _pack_settings(config: ml_collections.ConfigDict, cache_dir: str):
   )
 
 
+def _task_location(
+    config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
+) -> tuple[Any, str, str]:
+  """(PackSettings, task name, cache directory) of the packed SeqIO task."""
+  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
+
+  settings = _pack_settings(config, cache_dir)
+  name = pack_beam.task_name(config.data.corpus, tokens, settings)
+  return settings, name, pack_beam.task_dir(cache_dir, name)
+
+
+def _read_cached(
+    task: Any, num_segments: int, directory: str, instead: str
+) -> np.ndarray | None:
+  """The order in the task's cache, or None after one warning line saying
+  the cache is partial or unreadable and what happens ``instead``."""
+  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
+
+  try:
+    return pack_beam.read_order(task, num_segments, directory)
+  except pack_beam.CacheError as e:
+    console.warn("%s: %s", e, instead)
+    return None
+
+
 def _beam_cached_order(
     config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
 ) -> np.ndarray | None:
   """The order from the packed SeqIO task's Beam cache, if there is one.
 
   A partial or unreadable cache is one warning line; the in-process order
-  is used instead.
+  is used instead. Without the cache nothing is imported (SeqIO included).
   """
-  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
-
-  settings = _pack_settings(config, cache_dir)
-  name = pack_beam.task_name(config.data.corpus, tokens, settings)
-  directory = pack_beam.task_dir(cache_dir, name)
+  settings, name, directory = _task_location(config, tokens, cache_dir)
   if not paths.exists(directory):
     return None
+  from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
+
   task = pack_beam.register_task(name, tokens, settings, cache_dir)
-  try:
-    order = pack_beam.read_order(
-        task, -(-len(tokens) // settings.seq_len), directory
-    )
-  except pack_beam.CacheError as e:
-    console.warn(
-        "%s: packing in process instead (--mode=pack with "
-        "--config.pack.runner rebuilds it)",
-        e,
-    )
-    return None
-  console.info("BM25 order read from the SeqIO task %s", name)
+  order = _read_cached(
+      task, -(-len(tokens) // settings.seq_len), directory,
+      "packing in process instead (--mode=pack with --config.pack.runner "
+      "rebuilds it)",
+  )  # fmt: skip
+  if order is not None:
+    console.info("BM25 order read from the SeqIO task %s", name)
   return order
 
 
@@ -206,20 +224,16 @@ def _pack_with_beam(
   p = config.pack
   if int(p.workers) < 1:
     raise errors.ConfigError(f"pack.workers must be >= 1, got {p.workers}")
-  settings = _pack_settings(config, cache_dir)
-  name = pack_beam.task_name(config.data.corpus, tokens, settings)
-  directory = pack_beam.task_dir(cache_dir, name)
+  settings, name, directory = _task_location(config, tokens, cache_dir)
   task = pack_beam.register_task(name, tokens, settings, cache_dir, vocabulary)
   num_segments = -(-len(tokens) // settings.seq_len)
   if paths.exists(directory):
-    try:
-      order = pack_beam.read_order(task, num_segments, directory)
+    order = _read_cached(task, num_segments, directory, "rebuilding it")
+    if order is not None:
       console.info(
           "BM25-packed task %s is already cached in %s", name, directory
       )
       return order, {"task": name, "task_dir": directory, "reused": True}
-    except pack_beam.CacheError as e:
-      console.warn("%s: rebuilding it", e)
   console.info(
       "BM25 packing on Beam (%s, %d workers): %d segments into %s",
       p.runner, int(p.workers), num_segments, directory,
