@@ -29,11 +29,18 @@ class _FakeCheckpointer:
     self.waited = True
 
 
+# The unit tests send signals with signal.raise_signal, which delivers them
+# to this (the main) thread before it returns. os.kill(os.getpid(), ...) may
+# land on any of the process's threads (XLA's included), and Python then
+# runs the handler only when the main thread next checks: the assertion
+# right after it could run first.
+
+
 def test_sigterm_is_a_request_and_the_handler_is_restored_after():
   before = signal.getsignal(signal.SIGTERM)
   with preemption.StopSignal() as stop:
     assert not stop.should_stop(1)
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)
     assert stop.should_stop(2) and stop.received == signal.SIGTERM
     ckpt = _FakeCheckpointer()
     e = stop.stopped(2, ckpt)
@@ -45,13 +52,13 @@ def test_sigterm_is_a_request_and_the_handler_is_restored_after():
 
 def test_second_ctrl_c_interrupts_at_once():
   with preemption.StopSignal() as stop:
-    os.kill(os.getpid(), signal.SIGINT)
+    signal.raise_signal(signal.SIGINT)
     assert (
         stop.should_stop(1)
         and stop.stopped(1, _FakeCheckpointer()).exit_status == 130
     )
     with pytest.raises(KeyboardInterrupt):
-      os.kill(os.getpid(), signal.SIGINT)
+      signal.raise_signal(signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
