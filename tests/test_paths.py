@@ -234,8 +234,11 @@ def test_unknown_scheme_is_one_line():
 
 
 def test_gs_workdir_that_cannot_be_opened_exits_2_in_one_line(tmp_path):
-  """Here gcsfs is missing; with gcsfs and no credentials the probe's
-  timeout (paths.PROBE_TIMEOUT_S) keeps this under 10 s too."""
+  """With gcsfs and no network or credentials, the probe's timeout
+  (paths.PROBE_TIMEOUT_S, 6 s) ends the run: about 8 s here in all, with
+  the process's start-up. The bound leaves room for a start-up slowed by
+  other work on the machine, and still fails a probe that outlives its
+  timeout by much."""
   env = dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONPATH=REPO)
   start = time.time()
   proc = subprocess.run(
@@ -251,5 +254,5 @@ def test_gs_workdir_that_cannot_be_opened_exits_2_in_one_line(tmp_path):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("memjax: error:"), lines
   assert "gs://memjax-no-such-bucket/run" in lines[0]
-  assert elapsed < 10, elapsed
+  assert elapsed < paths.PROBE_TIMEOUT_S + 24, elapsed
   assert os.listdir(tmp_path) == []  # No local folder named gs:.
