@@ -14,6 +14,8 @@ best (beam, token) continuations; an EOS among the first K is finished with
 the score sum(log p) / length**lenpen (length counts the EOS); the K best
 others stay alive; a sentence is done once it has K finished hypotheses,
 and the best finished one is returned. With K = 1 this is greedy search.
+Neither ever picks the padding id 0 (fairseq's ``lprobs[:, pad] = -inf``,
+"never select pad"): a pad would end the output early (``strip``).
 
 ``hook(log_probs [N, V], g [N, D], step) -> log_probs`` adjusts every
 step's log-probabilities before the choice (N = batch x beam rows, g the
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax.data import token_batching
+from memjax.data import vocab
 from memjax.models import state as model_state
 
 Array = jax.Array
@@ -68,7 +71,7 @@ def _step(model, params, hook, token, t, cache, mask):
         model_state.as_variables(params), token, t, cache, mask, True,
         method=model.decode_step,
     )  # fmt: skip
-    return hook(logp, g, t, log_z), cache
+    return _never_pad(hook(logp, g, t, log_z)), cache
   logp, g, cache = model.apply(
       model_state.as_variables(params),
       token,
@@ -79,7 +82,12 @@ def _step(model, params, hook, token, t, cache, mask):
   )
   if hook is not None:
     logp = hook(logp, g, t)
-  return logp, cache
+  return _never_pad(logp), cache
+
+
+def _never_pad(logp: Array) -> Array:
+  """[N, V] log-probabilities with the pad id's set to NEG."""
+  return logp.at[:, vocab.PAD_ID].set(NEG)
 
 
 def greedy_search(

@@ -73,6 +73,28 @@ def test_hook_adjusts_every_step():
   np.testing.assert_array_equal(np.asarray(res.tokens)[0], [A, EOS, 0, 0])
 
 
+@pytest.mark.parametrize("beam", [0, 2])
+def test_pad_is_never_picked(beam):
+  """A hook that makes pad (id 0) the most likely token at every step: the
+  search takes the best other token (fairseq's "never select pad"), so
+  the output is the same as with pad banned outright."""
+  m = TableModel()
+  pad_first = lambda logp, g, step: logp.at[:, 0].set(0.0)  # noqa: E731
+  ban_pad = lambda logp, g, step: logp.at[:, 0].set(decoding.NEG)  # noqa: E731
+
+  def run(hook):
+    if beam:
+      return np.asarray(
+          decoding.beam_search(m, {}, SOURCE, 6, beam, hook=hook).tokens
+      )
+    return np.asarray(decoding.greedy_search(m, {}, SOURCE, 6, hook=hook))
+
+  out = run(pad_first)
+  np.testing.assert_array_equal(out, run(ban_pad))
+  expected = [B, EOS, 0, 0, 0, 0] if beam else [A, A, A, A, A, EOS]
+  np.testing.assert_array_equal(out[0], expected)
+
+
 @pytest.fixture(scope="module")
 def tiny():
   m = seq2seq.EncoderDecoder(
