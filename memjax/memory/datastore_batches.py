@@ -51,10 +51,10 @@ def build_from_batches(
 ) -> ds.Datastore | None:
   """Writes (or resumes) a datastore of the pairs ``features`` returns.
 
-  The general form of ``datastore.build`` for models other than the LM: shard s
-  holds the pairs of batches [s * shard_batches, (s + 1) * shard_batches);
-  complete shards are kept on resume. ``datastore.check_build_dir(path, spec)`` must
-  have passed.
+  The general form of ``datastore.build`` for models other than the LM:
+  shard s holds the pairs of batches [s * shard_batches, (s + 1) *
+  shard_batches); complete shards are kept on resume (``shards.write``).
+  ``datastore.check_build_dir(path, spec)`` must have passed.
 
   Args:
     features: ``features(batch) -> (g [..., D], values [...], positions
