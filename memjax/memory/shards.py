@@ -131,7 +131,7 @@ def write(
     batches: Callable[[int], Iterable[dict[str, np.ndarray]]],
     dim: int,
     *,
-    expected_keys: Callable[[int], int] = lambda shards: 0,
+    expected_keys: Callable[[int], int] = lambda n: 0,
     stop_after_shards: int = 0,
 ) -> bool:
   """Writes ``build.json`` (once) and this process's unwritten shards.
