@@ -22,44 +22,30 @@ Shard s holds the scored predictions of evaluation batches
 resumable (complete shards are kept, an interrupted one is written again)
 and shardable (process k of n writes shards s with s % n == k); whichever
 process finds every shard complete writes the manifest, which joins them.
+The writing steps are ``memory/shards.py``'s, shared with
+``memory/datastore_batches.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
-import uuid
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from memjax import checkpointing
-from memjax import console
 from memjax import errors
 from memjax import paths
 from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.memory import evaluation
+from memjax.memory import shards
 from memjax.models import state as model_state
 
-KEY_DTYPE = "float16"
-VALUE_DTYPE = "int32"
-FORMAT_VERSION = 1
-
-
-def _shard_name(s: int) -> str:
-  return f"shard-{s:05d}"
-
-
-def _read_json(path: str) -> Any:
-  return paths.read_json(path)
-
-
-def _write_json(path: str, obj: Any) -> None:
-  paths.write_json(path, obj)
+KEY_DTYPE = shards.KEY_DTYPE
+VALUE_DTYPE = shards.VALUE_DTYPE
+FORMAT_VERSION = shards.FORMAT_VERSION
 
 
 @dataclasses.dataclass
@@ -135,7 +121,7 @@ def open_datastore(
         f"no datastore at {path} (no manifest.json); build it with "
         "--mode=datastore"
     )
-  m = _read_json(mpath)
+  m = paths.read_json(mpath)
   if m.get("key_dtype") != KEY_DTYPE or m.get("value_dtype") != VALUE_DTYPE:
     raise errors.DataError(
         f"datastore {path} has keys {m.get('key_dtype')} / values "
@@ -165,9 +151,9 @@ def open_datastore(
         "eval_memory.datastore)"
     )
   d = int(m["dim"])
-  shards = [_open_shard(path, shard, d) for shard in m["shards"]]
-  keys = [k for k, _ in shards]
-  values = [v for _, v in shards]
+  opened = [_open_shard(path, shard, d) for shard in m["shards"]]
+  keys = [k for k, _ in opened]
+  values = [v for _, v in opened]
   return Datastore(path, m, keys, values)
 
 
@@ -261,7 +247,7 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
           "eval_memory.datastore"
       )
     return
-  old = _read_json(bpath)
+  old = paths.read_json(bpath)
   if old.get("signature", {}).get("model") != spec.signature["model"]:
     raise errors.CheckpointMismatchError(
         f"the datastore at {path} was built by another model: choose another "
@@ -307,150 +293,46 @@ def build(
   Returns:
     The joined datastore, or None while other processes' shards are missing.
   """
-  paths.makedirs(path)
-  if not paths.exists(paths.join(path, "build.json")):
-    _write_json(paths.join(path, "build.json"), spec.to_json())
-  mine = _shards_to_write(path, spec, process_index, process_count)
   fn = sharding_lib.jit(make_feature_fn(model, spec.score_len), mesh)
-  progress = console.Progress(
-      min(
-          len(mine) * spec.shard_batches * spec.batch_size * spec.score_len,
-          spec.num_tokens - 1,
-      )
-  )
-  batches, cursor = _batches(tokens, spec), 0
-  for written, s in enumerate(mine):
-    first = s * spec.shard_batches
-    shard = itertools.islice(
-        batches, first - cursor, first - cursor + spec.shard_batches
-    )
-    cursor = first + spec.shard_batches
-    base = paths.join(path, _shard_name(s))
-    label = f"shard {s} ({written + 1}/{len(mine)})"
-    count, first_pos = _write_shard(
-        lambda b: fn(params, sharding_lib.put_global_batch(b, mesh)),
-        shard, base, spec.dim, progress, label,
-    )  # fmt: skip
-    _write_json(
-        base + ".json",
-        {"name": _shard_name(s), "count": count, "first_position": first_pos},
-    )
-    if stop_after_shards and written + 1 >= stop_after_shards:
-      console.info("datastore: stopped after %d shards", written + 1)
-      return None
-  elapsed = time.time() - progress.start
-  console.info(
-      "datastore: wrote %d shards, %d keys in %.1fs (%.0f keys/s)",
-      len(mine),
-      progress.done,
-      elapsed,
-      progress.done / max(elapsed, 1e-9),
-  )
-  return join(path, spec)
-
-
-def _shards_to_write(
-    path: str, spec: BuildSpec, process_index: int, process_count: int
-) -> list[int]:
-  """The shards s with s % n == k that are not written yet (a resumed build
-  skips the others)."""
-  total = num_shards(spec)
-  mine = [
-      s
-      for s in range(total)
-      if s % process_count == process_index
-      and not paths.exists(paths.join(path, _shard_name(s) + ".json"))
-  ]
-  console.info(
-      "datastore: %d of %d shards to write (process %d of %d) into %s",
-      len(mine), total, process_index, process_count, path,
+  keys_per_shard = spec.shard_batches * spec.batch_size * spec.score_len
+  done = shards.write(
+      path, spec.to_json(), num_shards(spec), (process_index, process_count),
+      lambda b: fn(params, sharding_lib.put_global_batch(b, mesh)),
+      _shard_batches(tokens, spec), spec.dim,
+      expected_keys=lambda n: min(n * keys_per_shard, spec.num_tokens - 1),
+      stop_after_shards=stop_after_shards,
   )  # fmt: skip
-  return mine
+  return join(path, spec) if done else None
 
 
-def _write_shard(
-    features: Callable,
-    batches: Iterator[dict[str, np.ndarray]],
-    base: str,
-    dim: int,
-    progress: console.Progress,
-    label: str,
-) -> tuple[int, int]:
-  """Writes the scored pairs of ``batches`` to ``base``.keys / .values
-  (locally through .tmp files, renamed when complete; a URL's files are
-  uploaded whole when closed); returns (count, first position)."""
-  count, first_pos = 0, -1
-  final = (base + ".keys", base + ".values")
-  tmp = final if paths.is_url(base) else (final[0] + ".tmp", final[1] + ".tmp")
-  with paths.open(tmp[0], "wb") as fk, paths.open(tmp[1], "wb") as fv:
-    for batch in batches:
-      g, tgt, pos = jax.device_get(features(batch))
-      ok = pos.reshape(-1) >= 0
-      fk.write(
-          np.ascontiguousarray(
-              g.reshape(-1, dim)[ok].astype(np.float16)
-          ).tobytes()
-      )
-      fv.write(tgt.reshape(-1)[ok].astype(np.int32).tobytes())
-      if first_pos < 0 and ok.any():
-        first_pos = int(pos.reshape(-1)[ok][0])
-      count += int(ok.sum())
-      progress.add(int(ok.sum()), label)
-  for t, f in zip(tmp, final):
-    if t != f:
-      paths.rename(t, f)
-  return count, first_pos
+def _shard_batches(
+    tokens: np.ndarray, spec: BuildSpec
+) -> Callable[[int], Iterable[dict[str, np.ndarray]]]:
+  """``batches(s)``: shard s's evaluation batches [s * shard_batches,
+  (s + 1) * shard_batches), all from one pass over the stream (shards are
+  asked for in ascending order, each read whole before the next)."""
+  stream, cursor = _batches(tokens, spec), [0]
+
+  def batches(s: int) -> Iterable[dict[str, np.ndarray]]:
+    first = s * spec.shard_batches
+    out = itertools.islice(
+        stream, first - cursor[0], first - cursor[0] + spec.shard_batches
+    )
+    cursor[0] = first + spec.shard_batches
+    return out
+
+  return batches
 
 
 def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
   """Writes manifest.json once every shard is complete (else None)."""
-  total = num_shards(spec)
-  shards, missing = [], []
-  for s in range(total):
-    j = paths.join(path, _shard_name(s) + ".json")
-    if paths.exists(j):
-      shards.append(_read_json(j))
-    else:
-      missing.append(s)
-  if missing:
-    console.info(
-        "datastore: %d shards still missing (%s); the last process to "
-        "finish joins them",
-        len(missing),
-        ", ".join(map(str, missing[:8])),
-    )
-    return None
-  mpath = paths.join(path, "manifest.json")
-  if not paths.exists(mpath):
-    _write_manifest(
-        path, shards, spec.signature, spec.dim, spec.corpus, spec.split,
-        context={"window_len": spec.window_len, "score_len": spec.score_len},
-        checkpoint=spec.checkpoint,
-    )  # fmt: skip
-  return open_datastore(path)
-
-
-def _write_manifest(
-    path, shards, signature, dim, corpus, split, context, checkpoint=None
-) -> None:
-  """manifest.json, which joins ``shards`` into a datastore."""
-  _write_json(
-      paths.join(path, "manifest.json"),
-      {
-          "format_version": FORMAT_VERSION,
-          "id": uuid.uuid4().hex,
-          "signature": signature,
-          "checkpoint": checkpoint,
-          "dim": dim,
-          "key_dtype": KEY_DTYPE,
-          "value_dtype": VALUE_DTYPE,
-          "count": int(sum(s["count"] for s in shards)),
-          "corpus": corpus,
-          "split": split,
-          "context": context,
-          "shards": shards,
-      },
-  )
+  joined = shards.join(
+      path, num_shards(spec), signature=spec.signature, dim=spec.dim,
+      corpus=spec.corpus, split=spec.split,
+      context={"window_len": spec.window_len, "score_len": spec.score_len},
+      checkpoint=spec.checkpoint,
+  )  # fmt: skip
+  return open_datastore(path) if joined else None
 
 
 def from_arrays(
@@ -478,9 +360,9 @@ def from_arrays(
   n, d = keys.shape
   size = shard_size or max(n, 1)
   paths.makedirs(path)
-  shards = []
+  entries = []
   for s, a in enumerate(range(0, max(n, 1), size)):
-    base = paths.join(path, _shard_name(s))
+    base = paths.join(path, shards.shard_name(s))
     paths.write_bytes(
         base + ".keys", keys[a : a + size].astype(np.float16).tobytes()
     )
@@ -488,12 +370,12 @@ def from_arrays(
         base + ".values",
         np.asarray(values[a : a + size], np.int32).tobytes(),
     )
-    shards.append(
+    entries.append(
         {
-            "name": _shard_name(s),
+            "name": shards.shard_name(s),
             "count": int(min(size, n - a)),
             "first_position": a,
         }
     )
-  _write_manifest(path, shards, signature, int(d), corpus, split, {})
+  shards.write_manifest(path, entries, signature, int(d), corpus, split, {})
   return open_datastore(path)

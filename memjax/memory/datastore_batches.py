@@ -4,11 +4,9 @@
 evaluation windows; ``build_from_batches`` is the same on-disk format
 (shards, ``build.json``, manifest; resumable) for other models, e.g. a
 translation decoder's teacher-forced states over the training targets
-(``memjax/methods/external/mt_datastore.py``). It reuses the shard writer and
-manifest of ``datastore`` (their file layout is one format).
+(``memjax/methods/external/mt_datastore.py``). Both write through
+``memory/shards.py`` (their file layout is one format).
 """
-
-# pylint: disable=protected-access
 
 from __future__ import annotations
 
@@ -17,9 +15,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from memjax import console
-from memjax import paths
 from memjax.memory import datastore as ds
+from memjax.memory import shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +51,10 @@ def build_from_batches(
 ) -> ds.Datastore | None:
   """Writes (or resumes) a datastore of the pairs ``features`` returns.
 
-  The general form of ``datastore.build`` for models other than the LM: shard s
-  holds the pairs of batches [s * shard_batches, (s + 1) * shard_batches);
-  complete shards are kept on resume. ``datastore.check_build_dir(path, spec)`` must
-  have passed.
+  The general form of ``datastore.build`` for models other than the LM:
+  shard s holds the pairs of batches [s * shard_batches, (s + 1) *
+  shard_batches); complete shards are kept on resume (``shards.write``).
+  ``datastore.check_build_dir(path, spec)`` must have passed.
 
   Args:
     features: ``features(batch) -> (g [..., D], values [...], positions
@@ -72,41 +69,18 @@ def build_from_batches(
     The joined datastore, or None while other processes' shards are
     missing (the build that writes the last one joins them).
   """
-  paths.makedirs(path)
-  if not paths.exists(paths.join(path, "build.json")):
-    ds._write_json(paths.join(path, "build.json"), spec.to_json())
   total = max(1, -(-spec.num_batches // spec.shard_batches))
-  progress = console.Progress(0)  # keys; their number is known at the end
-  for s in range(process_index, total, process_count):
-    base = paths.join(path, ds._shard_name(s))
-    if paths.exists(base + ".json"):
-      continue
+
+  def shard_batches(s: int) -> Iterator[dict[str, np.ndarray]]:
     first = s * spec.shard_batches
-    stop = min(first + spec.shard_batches, spec.num_batches)
-    count, first_pos = ds._write_shard(
-        features, batches(first, stop), base, spec.dim, progress,
-        f"shard {s + 1}/{total}",
-    )  # fmt: skip
-    ds._write_json(
-        base + ".json",
-        {
-            "name": ds._shard_name(s),
-            "count": count,
-            "first_position": first_pos,
-        },
-    )
-  names = [paths.join(path, ds._shard_name(s) + ".json") for s in range(total)]
-  missing = sum(not paths.exists(n) for n in names)
-  if missing:
-    console.info(
-        "datastore: %d of %d shards are other processes' to write; the "
-        "last build joins them", missing, total,
-    )  # fmt: skip
-    return None
-  shards = [ds._read_json(n) for n in names]
-  if not paths.exists(paths.join(path, "manifest.json")):
-    ds._write_manifest(
-        path, shards, spec.signature, spec.dim, spec.corpus, spec.split,
-        context=spec.context, checkpoint=spec.checkpoint,
-    )  # fmt: skip
-  return ds.open_datastore(path)
+    return batches(first, min(first + spec.shard_batches, spec.num_batches))
+
+  shards.write(
+      path, spec.to_json(), total, (process_index, process_count), features,
+      shard_batches, spec.dim,
+  )  # fmt: skip
+  joined = shards.join(
+      path, total, signature=spec.signature, dim=spec.dim, corpus=spec.corpus,
+      split=spec.split, context=spec.context, checkpoint=spec.checkpoint,
+  )  # fmt: skip
+  return ds.open_datastore(path) if joined else None

@@ -30,6 +30,7 @@ from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.data import windows
 from memjax.memory import datastore as ds_lib
+from memjax.memory import shards
 from memjax.eval import external as external_lib
 from memjax.memory import search as search_lib
 
@@ -48,11 +49,9 @@ def _write_json(path: str, obj: Any) -> None:
 def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Builds this process's shards of the datastore (``--mode=datastore``)."""
   dc, c = config.datastore, config
-  if not 0 <= dc.process_index < dc.process_count:
-    raise errors.ConfigError(
-        f"datastore.process_index={dc.process_index} must be in "
-        f"[0, datastore.process_count={dc.process_count})"
-    )
+  share = shards.process_share(
+      dc.get("process_index", -1), dc.get("process_count", 0), "datastore"
+  )
   if dc.split not in ("train", "valid", "test"):
     raise errors.ConfigError(
         f"datastore.split must be train, valid or test, got {dc.split!r}"
@@ -93,8 +92,7 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.time()
   store = ds_lib.build(
       loaded.model, loaded.params, tokens, spec, path, mesh=loaded.mesh,
-      process_index=int(dc.process_index),
-      process_count=int(dc.process_count),
+      process_index=share[0], process_count=share[1],
   )  # fmt: skip
   elapsed = time.time() - start
   out = {"mode": "datastore", "path": path, "seconds": elapsed}

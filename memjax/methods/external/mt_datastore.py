@@ -33,6 +33,7 @@ from memjax.data import token_batching
 from memjax.memory import datastore as ds_lib
 from memjax.memory import datastore_batches
 from memjax.memory import search as search_lib
+from memjax.memory import shards
 from memjax.tasks.translation import parts
 from memjax.models import state as model_state
 
@@ -162,16 +163,11 @@ def process_share(config: Any) -> tuple[int, int]:
     errors.ConfigError: k outside [0, n).
   """
   mem = memory_config(config)
-  k = int(mem.get("process_index", -1))
-  n = int(mem.get("process_count", 0))
-  k = jax.process_index() if k < 0 else k
-  n = jax.process_count() if n <= 0 else n
-  if not 0 <= k < n:
-    raise errors.ConfigError(
-        f"translation.memory.process_index={k} must be in "
-        f"[0, translation.memory.process_count={n})"
-    )
-  return k, n
+  return shards.process_share(
+      mem.get("process_index", -1),
+      mem.get("process_count", 0),
+      "translation.memory",
+  )
 
 
 def build(config: Any, restored: Any, train: Any, path: str) -> Any:

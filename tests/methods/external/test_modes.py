@@ -123,6 +123,15 @@ def test_bad_input_is_a_user_error_and_changes_nothing(built, smoke_workdir):
     external_modes.datastore(
         _config(smoke_workdir, "knn", batch_size=16), workdir
     )
+  # The process share: defaults (-1 / 0) are jax's (0 of 1, as the build
+  # above); an explicit k outside [0, n) is one line.
+  bad = _config(smoke_workdir, "knn")
+  bad.datastore.process_index, bad.datastore.process_count = 2, 2
+  with pytest.raises(errors.ConfigError) as e:
+    external_modes.datastore(bad, workdir)
+  assert str(e.value) == (
+      "datastore.process_index=2 must be in [0, datastore.process_count=2)"
+  )
   after = {f: os.path.getmtime(os.path.join(path, f)) for f in os.listdir(path)}
   assert after == before
 
