@@ -37,9 +37,12 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.datastore.shard_keys = 1_000_000  # about this many keys per shard
   c.datastore.batch_size = 0  # windows per batch; 0 = eval_memory.batch_size
   c.datastore.max_windows = 0  # only the first this many windows (0 = all)
-  # k: this process writes shards s % n == k; -1 = jax.process_index().
-  c.datastore.process_index = -1
-  c.datastore.process_count = 0  # n; 0 = jax.process_count()
+  # k of n: this process writes shards s % n == k. Separate jobs set them;
+  # the default 0 of 1 writes every shard (every process of a multi-host
+  # job in step, as the features run on the global mesh); -1 / 0 take
+  # jax.process_index() / jax.process_count().
+  c.datastore.process_index = 0
+  c.datastore.process_count = 1
   # --mode=index / recall: ScaNN per shard (0 = sqrt(n) leaves, 1/10 searched).
   c.datastore.leaves = 0
   c.datastore.reorder = 0  # candidates re-ordered exactly; 0 = max(2k, 256)

@@ -123,8 +123,7 @@ def test_bad_input_is_a_user_error_and_changes_nothing(built, smoke_workdir):
     external_modes.datastore(
         _config(smoke_workdir, "knn", batch_size=16), workdir
     )
-  # The process share: defaults (-1 / 0) are jax's (0 of 1, as the build
-  # above); an explicit k outside [0, n) is one line.
+  # The process share: a k outside [0, n) is one line.
   bad = _config(smoke_workdir, "knn")
   bad.datastore.process_index, bad.datastore.process_count = 2, 2
   with pytest.raises(errors.ConfigError) as e:
