@@ -18,9 +18,11 @@ memjax needs neither. The stages:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
-from typing import Any, Iterable
+import tempfile
+from typing import Any, Iterable, Iterator
 
 import apache_beam as beam
 from apache_beam.options import pipeline_options as beam_options
@@ -122,6 +124,23 @@ def options(
   return beam_options.PipelineOptions(flags + shlex.split(extra or ""))
 
 
+@contextlib.contextmanager
+def _scratch_tempdir() -> Iterator[str]:
+  """Points ``tempfile`` at a directory that is removed afterwards.
+
+  Each run of Beam's DirectRunner leaves folders in the system's temporary
+  directory (``beam-temp*``, ``beam-requirements-cache``, ``tmp*``), made
+  with ``tempfile`` in this process; they go here instead.
+  """
+  before = tempfile.tempdir
+  with tempfile.TemporaryDirectory(prefix="memjax-beam-") as scratch:
+    tempfile.tempdir = scratch
+    try:
+      yield scratch
+    finally:
+      tempfile.tempdir = before
+
+
 def run(
     tokens_path: str,
     num_segments: int,
@@ -148,7 +167,10 @@ def run(
       "targets": seqio.Feature(seqio.PassThroughVocabulary(1), add_eos=False)
   }
   prefix = seqio.get_cached_tfrecord_prefix(output_dir, SPLIT)
-  with beam.Pipeline(options=options(runner, workers, extra_options)) as p:
+  with (
+      _scratch_tempdir(),
+      beam.Pipeline(options=options(runner, workers, extra_options)) as p,
+  ):
     examples = (
         p
         | "items" >> beam.Create(items)

@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -58,12 +59,24 @@ def beam_cache(tmp_path_factory):
   tokens = _topic_corpus()
   name = pack_beam.task_name("wikitext103", tokens, SETTINGS)
   directory = pack_beam.task_dir(cache_dir, name)
+  before = set(glob.glob(os.path.join(tempfile.gettempdir(), "beam-*")))
   # 8 queries per block: 5 work items over the 2 worker processes.
   pack_beam.run(
       tokens, SETTINGS, directory, runner="DirectRunner", workers=2,
       block_rows=8, extra_options="--direct_running_mode=multi_threading",
   )  # fmt: skip
+  after = set(glob.glob(os.path.join(tempfile.gettempdir(), "beam-*")))
+  _LEFT_IN_TMP["beam_cache"] = after - before
   return cache_dir, name, directory
+
+
+# What the Beam run of `beam_cache` left in the system's temporary directory.
+_LEFT_IN_TMP = {}
+
+
+def test_beam_leaves_nothing_in_the_temporary_directory(beam_cache):
+  del beam_cache  # Its run is what is checked.
+  assert _LEFT_IN_TMP["beam_cache"] == set()
 
 
 def _in_process_order(tokens):
