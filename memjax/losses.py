@@ -18,14 +18,16 @@ in: 'lm' and 'label_smoothed'; a method registers its own beside its code
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from memjax import errors
 from memjax import registry
+from memjax import stats
 from memjax.models.transformer import LMOutput
 
 Array = jax.Array
@@ -128,4 +130,29 @@ def summarize_aux(metrics: dict[str, Any]) -> dict[str, float]:
       out[k[4:-4]] = float(v) / tokens
     else:
       out[k[4:]] = float(v)
+  return out
+
+
+def interval_scalars(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+  """What the training loop logs for the steps since its last log, each a
+  mean over those steps: 'train/loss', 'train/grad_norm', 'train/<aux>'
+  (``summarize_aux`` of each step) and 'train/aux/<module path>/<name>'
+  (the module statistics' weighted sums over the steps, ``stats.means``).
+
+  Args:
+    steps: the host metrics of each step: scalar 'loss' and 'grad_norm',
+      the objective's 'aux_*' values with 'tokens', and optionally
+      'stats' {path: [2] (weighted sum, weight)}.
+  """
+  out = {
+      "train/loss": float(np.mean([m["loss"] for m in steps])),
+      "train/grad_norm": float(np.mean([m["grad_norm"] for m in steps])),
+  }
+  per_step = [summarize_aux(m) for m in steps]
+  for k in per_step[-1]:
+    out[f"train/{k}"] = float(np.mean([a[k] for a in per_step if k in a]))
+  names = steps[-1].get("stats", {})
+  interval = {k: np.stack([m["stats"][k] for m in steps]) for k in names}
+  for k, v in stats.means(interval).items():
+    out[f"train/aux/{k}"] = v
   return out

@@ -102,22 +102,12 @@ def _log_steps(
     lines.append(json.dumps(record) + "\n")
   _append_log(log_path, lines)
   done = pending[-1][0] + 1
-  last = fetched[-1]
-  mean_loss = float(np.mean([m["loss"] for m in fetched]))
   speed = meter.update(done)
-  scalars = {
-      "train/loss": mean_loss,
-      "train/grad_norm": float(last["grad_norm"]),
-      "train/lr": float(schedule(done - 1)),
-      "train/tokens_per_s": speed["tokens_per_s"],
-  }
-  for k, v in losses.summarize_aux(last).items():
-    scalars[f"train/{k}"] = v
-  # Module statistics: means over every step since the last log.
-  names = last.get("stats", {})
-  interval = {k: np.stack([m["stats"][k] for m in fetched]) for k in names}
-  for k, v in stats.means(interval).items():
-    scalars[f"train/aux/{k}"] = v
+  # Every scalar is a mean over the steps since the last log.
+  scalars = losses.interval_scalars(fetched)
+  mean_loss = scalars["train/loss"]
+  scalars["train/lr"] = float(schedule(done - 1))
+  scalars["train/tokens_per_s"] = speed["tokens_per_s"]
   writer.write_scalars(done, scalars)
   console.info(
       "step %d/%d  loss %.4f  ppl %.1f  lr %.2e  %.0f tok/s  ETA %s",
