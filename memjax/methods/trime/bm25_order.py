@@ -77,6 +77,29 @@ def order_key(
   )
 
 
+def order_path(cache_dir: str | os.PathLike, key: str) -> str:
+  """Where the order of ``key`` (``order_key``) is kept in ``cache_dir``."""
+  return paths.join(
+      paths.resolve(os.fspath(cache_dir)), f"bm25_order_{key}.npy"
+  )
+
+
+def read_cached(
+    cache_dir: str | os.PathLike, key: str, num_segments: int
+) -> np.ndarray | None:
+  """The order of ``key`` kept in ``cache_dir``, or None when there is none
+  (or it is unreadable: one warning line)."""
+  path = order_path(cache_dir, key)
+  return _read_order(path, num_segments) if paths.exists(path) else None
+
+
+def save(cache_dir: str | os.PathLike, key: str, order: np.ndarray) -> None:
+  """Keeps [S] ``order`` as the order of ``key`` in ``cache_dir``."""
+  paths.makedirs(paths.resolve(os.fspath(cache_dir)))
+  # Whole: concurrent writers leave one file.
+  paths.np_save(order_path(cache_dir, key), order)
+
+
 def _read_order(path: str, num_segments: int) -> np.ndarray | None:
   """The cached order, or None (one warning line) when it is unreadable."""
   try:
@@ -104,6 +127,7 @@ def cached_bm25_order(
     *,
     stopword_ids: Iterable[int] | None = None,
     show_progress: bool = True,
+    key: str | None = None,
 ) -> np.ndarray:
   """bm25_pack of a token stream cut into segments, cached on disk.
 
@@ -119,6 +143,8 @@ def cached_bm25_order(
       cache_dir: where orders are kept as bm25_order_<hash>.npy.
       stopword_ids: token ids removed before indexing.
       show_progress: progress bars.
+      key: ``order_key`` of these tokens and settings, where the caller
+          has it already (hashing 100M tokens takes about a second).
 
   Returns:
       [ceil(N / L)] int64 order of the segments.
@@ -126,14 +152,12 @@ def cached_bm25_order(
   tokens = np.asarray(tokens).reshape(-1)
   params = order_params(tokens, seq_len, k, seed, stopword_ids)
   stop = params["stopword_ids"]
-  cache_dir = paths.resolve(os.fspath(cache_dir))
-  path = paths.join(cache_dir, f"bm25_order_{_cache_key(tokens, params)}.npy")
-  if paths.exists(path):
-    order = _read_order(path, -(-tokens.size // seq_len))
-    if order is not None:
-      if show_progress:
-        logging.info("BM25 order read from %s", path)
-      return order
+  key = key or _cache_key(tokens, params)
+  order = read_cached(cache_dir, key, -(-tokens.size // seq_len))
+  if order is not None:
+    if show_progress:
+      logging.info("BM25 order read from %s", order_path(cache_dir, key))
+    return order
   order = bm25_pack(
       split_segments(tokens, seq_len),
       batch_size,
@@ -142,8 +166,7 @@ def cached_bm25_order(
       show_progress,
       stopword_ids=stop,
   )
-  paths.makedirs(cache_dir)
-  paths.np_save(path, order)  # whole: concurrent writers leave one file
+  save(cache_dir, key, order)
   return order
 
 

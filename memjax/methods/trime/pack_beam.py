@@ -56,10 +56,17 @@ class PackSettings:
   stopword_ids: tuple[int, ...] | None = None
 
 
-def task_name(corpus: str, tokens: np.ndarray, s: PackSettings) -> str:
-  """memjax_bm25_<corpus>_<first 12 hex digits of the order's key>."""
-  key = bm25_order.order_key(tokens, s.seq_len, s.k, s.seed, s.stopword_ids)
-  return f"memjax_bm25_{corpus}_{key[:12]}"
+def order_key(tokens: np.ndarray, s: PackSettings) -> str:
+  """``bm25_order.order_key`` of ``tokens`` packed with ``s``."""
+  return bm25_order.order_key(tokens, s.seq_len, s.k, s.seed, s.stopword_ids)
+
+
+def task_name(
+    corpus: str, tokens: np.ndarray, s: PackSettings, key: str | None = None
+) -> str:
+  """memjax_bm25_<corpus>_<first 12 hex digits of the order's key>
+  (``key``: :func:`order_key`, where the caller has it already)."""
+  return f"memjax_bm25_{corpus}_{(key or order_key(tokens, s))[:12]}"
 
 
 def seqio_cache_root(cache_dir: str) -> str:

@@ -29,7 +29,6 @@ Apache Beam pipeline that writes the packed SeqIO task's cache
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -85,9 +84,25 @@ def bm25_order(
   if int(d.bm25_k) < 1:
     raise errors.ConfigError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
   start = time.time()
-  cached = _beam_cached_order(config, tokens, cache_dir)
-  if cached is not None:
-    return cached
+  # The settings, their key (a hash of every token) and the task's place:
+  # worked out once for the .npy order, the Beam cache and the packing.
+  where = _task_location(config, tokens, cache_dir)
+  settings, key = where[0], where[1]
+  bm25_dir = paths.join(cache_dir, "bm25")
+  num_segments = -(-len(tokens) // int(d.seq_len))
+  # The .npy order first: it loads in milliseconds, where the SeqIO cache
+  # is read back record by record through TensorFlow.
+  order = bm25_order.read_cached(bm25_dir, key, num_segments)
+  if order is not None:
+    console.info(
+        "BM25 order read from %s", bm25_order.order_path(bm25_dir, key)
+    )
+    return order
+  order = _beam_cached_order(tokens, cache_dir, where)
+  if order is not None:
+    # Kept as the .npy order too: later starts read it in milliseconds.
+    bm25_order.save(bm25_dir, key, order)
+    return order
   console.info(
       "BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
       -(-len(tokens) // d.seq_len),
@@ -101,9 +116,10 @@ def bm25_order(
       d.batch_size,
       k=int(d.bm25_k),
       seed=int(d.bm25_seed),
-      cache_dir=paths.join(cache_dir, "bm25"),
-      stopword_ids=stopword_ids(config, cache_dir),
+      cache_dir=bm25_dir,
+      stopword_ids=settings.stopword_ids,
       show_progress=True,
+      key=key,
   )
   console.info(
       "BM25 order ready: %d segments in %.1fs", len(order), time.time() - start
@@ -126,13 +142,15 @@ def _pack_settings(config: ml_collections.ConfigDict, cache_dir: str):
 
 def _task_location(
     config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
-) -> tuple[Any, str, str]:
-  """(PackSettings, task name, cache directory) of the packed SeqIO task."""
+) -> tuple[Any, str, str, str]:
+  """(PackSettings, the order's key, task name, cache directory) of the
+  packed order and its SeqIO task."""
   from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
 
   settings = _pack_settings(config, cache_dir)
-  name = pack_beam.task_name(config.data.corpus, tokens, settings)
-  return settings, name, pack_beam.task_dir(cache_dir, name)
+  key = pack_beam.order_key(tokens, settings)
+  name = pack_beam.task_name(config.data.corpus, tokens, settings, key)
+  return settings, key, name, pack_beam.task_dir(cache_dir, name)
 
 
 def _read_cached(
@@ -150,14 +168,15 @@ def _read_cached(
 
 
 def _beam_cached_order(
-    config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
+    tokens: np.ndarray, cache_dir: str, where: tuple[Any, str, str, str]
 ) -> np.ndarray | None:
   """The order from the packed SeqIO task's Beam cache, if there is one.
 
   A partial or unreadable cache is one warning line; the in-process order
   is used instead. Without the cache nothing is imported (SeqIO included).
+  ``where``: ``_task_location``'s answer.
   """
-  settings, name, directory = _task_location(config, tokens, cache_dir)
+  settings, _, name, directory = where
   if not paths.exists(directory):
     return None
   from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
@@ -224,7 +243,7 @@ def _pack_with_beam(
   p = config.pack
   if int(p.workers) < 1:
     raise errors.ConfigError(f"pack.workers must be >= 1, got {p.workers}")
-  settings, name, directory = _task_location(config, tokens, cache_dir)
+  settings, _, name, directory = _task_location(config, tokens, cache_dir)
   task = pack_beam.register_task(name, tokens, settings, cache_dir, vocabulary)
   num_segments = -(-len(tokens) // settings.seq_len)
   if paths.exists(directory):
@@ -291,8 +310,7 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   }
   paths.makedirs(workdir)
   path = paths.join(workdir, "bm25_pack.json")
-  with paths.open(path, "w") as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
+  paths.write_json(path, summary)
   where = (
       f"SeqIO task {beam['task']} cached in {beam['task_dir']}"
       if beam

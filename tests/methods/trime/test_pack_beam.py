@@ -162,6 +162,11 @@ def test_bm25_batcher_serves_the_same_batches_from_either_source(
       np.testing.assert_array_equal(
           from_beam.batch(step)[key], in_process.batch(step)[key]
       )
+  # The first read also kept the order as the .npy order: the next start
+  # reads that, not the SeqIO records.
+  monkeypatch.setattr(pack_beam, "read_order", fail)
+  again = packing.bm25_batcher(cfg, stream, cache_dir)
+  np.testing.assert_array_equal(again.batches, from_beam.batches)
 
 
 def _damage(directory: str, damage: str) -> str:
