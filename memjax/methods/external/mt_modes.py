@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 import ml_collections
@@ -113,14 +113,12 @@ def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
   }
   shown = tuple(mem.get("show_sentences", ()))
   if shown:
+    found = retrieved_tokens(
+        config, restored, store, shown, metric=md.metric_of(kind)
+    )
     out["retrieved"] = [
-        {
-            "source": sentence,
-            "positions": retrieved_tokens(
-                config, restored, store, sentence, metric=md.metric_of(kind)
-            ),
-        }
-        for sentence in shown
+        {"source": sentence, "positions": positions}
+        for sentence, positions in zip(shown, found)
     ]
     out["retrieved_path"] = paths.join(workdir, "mt_retrieved.json")
     runfiles.write_json(out["retrieved_path"], out["retrieved"])
@@ -289,21 +287,30 @@ def mt_translate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def retrieved_tokens(
-    config, restored, store, sentence: str, k: int = 4, metric="dot_product"
-) -> list[dict[str, Any]]:
-  """What the memory returns along one sentence's greedy translation.
+    config,
+    restored,
+    store,
+    sentences: Sequence[str],
+    k: int = 4,
+    metric: str = "dot_product",
+) -> list[list[dict[str, Any]]]:
+  """What the memory returns along each sentence's greedy translation.
+
+  One translator and one searcher serve every sentence; the translations
+  run teacher-forced together.
 
   Args:
     config: the run's config (with ``translation.memory``).
     restored: the run (``experiment.load``).
     store: its datastore (``mt_datastore.open_store``).
-    sentence: a source sentence.
+    sentences: source sentences.
     k: neighbours shown per position.
     metric: 'dot_product' (TRIMEMT_ext) or 'squared_l2' (kNN-MT).
 
   Returns:
-    Per target position: {'token': the translation's piece there,
-    'retrieved': the k nearest entries' tokens, 'scores': their scores}.
+    Per sentence, per target position: {'token': the translation's piece
+    there, 'retrieved': the k nearest entries' tokens, 'scores': their
+    scores} (empty for a pair longer than the longest bucket).
   """
   from memjax.data import parallel  # pylint: disable=g-import-not-at-top
   from memjax.memory import search as search_lib  # pylint: disable=g-import-not-at-top
@@ -311,19 +318,29 @@ def retrieved_tokens(
   tr = parts.make_translator(
       config, restored.model, restored.variables, restored.vocab
   )
-  src = tr.encode(sentence)
-  ids = np.asarray(tr.translate_ids([src], beam_size=1)[0] + [1], np.int32)
-  split = parallel.ParallelSplit([sentence], [""], [src], [ids])
-  out = next(mt_datastore.teacher_forced(config, restored, split))
-  g = out["g"][0][: len(ids)]
+  srcs = [tr.encode(sentence) for sentence in sentences]
+  # One at a time: the length limit depends on the batch's source length.
+  ids = [
+      np.asarray(tr.translate_ids([src], beam_size=1)[0] + [1], np.int32)
+      for src in srcs
+  ]  # + EOS
+  split = parallel.ParallelSplit(list(sentences), [""] * len(ids), srcs, ids)
   near = mt_datastore.Neighbours(search_lib.ExactSearcher(store, metric), k)
-  scores, values = near(g)
   piece = lambda i: restored.vocab.decode([int(i)]) or "</s>"  # noqa: E731
-  return [
-      {
-          "token": piece(t),
-          "retrieved": [piece(v) for v in vals],
-          "scores": [float(s) for s in sc],
-      }
-      for t, vals, sc in zip(ids, values, scores)
-  ]
+  found: list[list[dict[str, Any]]] = [[] for _ in sentences]
+  for out in mt_datastore.teacher_forced(config, restored, split):
+    t = out["positions"].shape[1]
+    for row, first in enumerate(out["positions"][:, 0]):
+      if first < 0:  # a filling row
+        continue
+      i = int(first) // t  # positions are pair index * T + t
+      scores, values = near(out["g"][row][: len(ids[i])])
+      found[i] = [
+          {
+              "token": piece(tok),
+              "retrieved": [piece(v) for v in vals],
+              "scores": [float(x) for x in sc],
+          }
+          for tok, vals, sc in zip(ids[i], values, scores)
+      ]
+  return found

@@ -15,9 +15,13 @@ from memjax.data import parallel
 from memjax.memory import search as search_lib
 from memjax.methods.external import mt_datastore
 from memjax.methods.external import mt_modes as tm
+from memjax.tasks.translation import parts
 from tests.methods.external.test_memory_decoding import numpy_target_prob
 
 SHOWN = "Das Haus ist groß."
+# A second one: the sentences are searched together, so each must
+# get its own translation's positions back.
+SHOWN_2 = "Öffnen Sie die Datei."
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,7 @@ def built(mt_smoke_workdir, tmp_path_factory):
     mem.search, mem.k, mem.k_grid = "exact", 4, (1, 4)
     mem.knn_lambda_grid, mem.knn_temperature_grid = (0.2,), (10.0, 100.0)
     mem.tune_sentences = 8
-    mem.show_sentences = (SHOWN,)
+    mem.show_sentences = (SHOWN, SHOWN_2)
   result = tm.mt_datastore_mode(config, str(out))
   return config, out, result
 
@@ -102,6 +106,15 @@ def test_datastore_mode_shows_what_the_memory_retrieves(built):
     assert len(p["retrieved"]) == len(p["scores"]) == 4
     assert p["scores"] == sorted(p["scores"], reverse=True)
     assert all(s <= 0 for s in p["scores"]) and set(p["retrieved"]) <= stored
+  # Each sentence's positions are its own greedy translation, one at a time.
+  tr = parts.make_translator(
+      config, restored.model, restored.variables, restored.vocab
+  )
+  assert [r["source"] for r in saved] == [SHOWN, SHOWN_2]
+  for r in saved:
+    ids = tr.translate_ids([tr.encode(r["source"])], beam_size=1)[0]
+    pieces = [restored.vocab.decode([i]) or "</s>" for i in ids] + ["</s>"]
+    assert [p["token"] for p in r["positions"]] == pieces
 
 
 @pytest.mark.parametrize(
