@@ -5,8 +5,9 @@ nothing but this module and ``memjax.checkpointing`` touches Orbax:
 
 * ``validate_config``, ``make_mesh``, ``load_corpus``, ``make_batcher``,
   ``build_model``, ``make_optimizer``, ``create_state``: a run's parts from
-  its config (the train state from ``memjax.train_state``). Evaluation reads the splits with ``load_corpus(...,
-  train=False)`` and never builds the training batcher.
+  its config (the train state from ``memjax.train_state``). Evaluation
+  reads the splits with ``load_corpus(..., train=False)`` and never builds
+  the training batcher.
 * ``write_run_files``: what a run saves beside its checkpoints
   (``config.json``, ``vocab.json`` and the word list), so that
   ``load(workdir)`` needs nothing but the directory.

@@ -19,7 +19,8 @@ and switched on in the config: ``config.train.hooks = ("reindex",)``,
 ``config.train.hook_options.reindex = ConfigDict({"every": 1000})``. The
 loop calls each hook, in the order of ``train.hooks``, after every update
 whose step (1-based) is a multiple of its ``every`` and before that step's
-checkpoint, with the current parameters (sharded ``jax.Array``s).
+checkpoint, with the current variables (sharded ``jax.Array``s: the
+parameter tree, or a variables dict when the model carries state).
 
 A hook may write files into ``ctx.workdir`` (only from process 0,
 ``ctx.is_chief``, on several hosts) and change what the batcher reads. Its
@@ -100,7 +101,9 @@ class StepHook(abc.ABC):
 
   @abc.abstractmethod
   def __call__(self, step: int, params: Any) -> None:
-    """Runs after update ``step`` (1-based) with the current parameters."""
+    """Runs after update ``step`` (1-based) with the current variables:
+    the parameter tree, or {'params': ..., <collection>: ...} when the
+    model carries state (``models.state.params_of`` gives the tree)."""
 
 
 def _options(config: ml_collections.ConfigDict, name: str) -> Any:

@@ -258,8 +258,8 @@ class Scorer:
       def fn(params, batch):
         extra = {k: batch[k] for k in extra_inputs(model) if k in batch}
         out, state = model.apply(
-            model_state.as_variables(params), batch["inputs"], batch.get("targets"),
-            mutable=list(collections), **extra,
+            model_state.as_variables(params), batch["inputs"],
+            batch.get("targets"), mutable=list(collections), **extra,
         )  # fmt: skip
         sums = {c: state.get(c, {}) for c in collections}
         if "targets" in batch:

@@ -31,6 +31,7 @@ from memjax import console
 from memjax import errors
 from memjax import paths
 from memjax.memory import datastore as ds_lib
+from memjax.memory import shards
 
 METRICS = ("dot_product", "squared_l2")
 
@@ -294,7 +295,7 @@ def build_index(
         keys, metric, k, leaves=leaves,
         leaves_to_search=leaves_to_search, reorder=reorder,
     )  # fmt: skip
-    d = paths.join(out, f"shard-{s:05d}")
+    d = paths.join(out, shards.shard_name(s))
     # ScaNN writes local files: built locally, uploaded for a URL.
     with paths.local_dir(d, "w") as local:
       srch.serialize(local, relative_path=True)  # the datastore may move
@@ -350,7 +351,7 @@ def load_index(
     )
   searchers = []
   for s, n in enumerate(counts):
-    d = paths.join(out, f"shard-{s:05d}")
+    d = paths.join(out, shards.shard_name(s))
     if not n:
       searchers.append(None)
       continue

@@ -129,7 +129,8 @@ def _load_store(config, workdir, splits=()) -> tuple[Any, ds_lib.Datastore]:
 
 
 def index(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Builds and serialises the ScaNN index of the datastore (``--mode=index``)."""
+  """Builds and serialises the ScaNN index of the datastore
+  (``--mode=index``)."""
   _, store = _load_store(config, workdir)
   k = int(config.eval_memory.ext_k)
   search_lib.check_k(store, k)
@@ -148,7 +149,8 @@ def index(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "results_path": search_lib.index_dir(store.path, metric),
       "summary_lines": [
           f"index ({metric}) of {store.count} keys in {len(store.keys)} "
-          f"shards: {elapsed:.1f}s, in {search_lib.index_dir(store.path, metric)}"
+          f"shards: {elapsed:.1f}s, in "
+          f"{search_lib.index_dir(store.path, metric)}"
       ],
   }
 

@@ -124,7 +124,9 @@ class MargeReindex(hooks.StepHook):
       paths.makedirs(out_dir)
       paths.np_save(path, np.asarray(emb))
     history = list(self.state.get("staleness", [])) + [[step, stale]]
-    beta = float(np.asarray(jax.device_get(params["beta"])))
+    beta = float(
+        np.asarray(jax.device_get(model_state.params_of(params)["beta"]))
+    )
     self.state.update(index=path, staleness=history, embedder=self._embedder())
     print(
         f"marge_reindex step {step}: {len(table)} segments, staleness "

@@ -21,8 +21,8 @@ A t5x/seqio user reads it with
     task = pack_beam.register_task(name, tokens, ...)  # once per process
     ds = task.get_dataset(split='train', use_cached=True, shuffle=False)
 
-(``seqio.add_global_cache_dirs([<cache_dir>/bm25/seqio])`` is done by
-``register_task``.) ``--mode=pack`` prints the name and writes it to
+(``register_task`` puts ``<cache_dir>/bm25/seqio`` first among SeqIO's
+global cache directories.) ``--mode=pack`` prints the name and writes it to
 ``bm25_pack.json``.
 """
 

@@ -42,7 +42,7 @@ from memjax.models import state as model_state
 
 Array = jax.Array
 LogProbHook = Callable[[Array, Array, Array], Array]
-EOS = 1
+EOS = vocab.EOS_ID
 NEG = -1e9
 
 
@@ -225,7 +225,7 @@ def strip(ids: np.ndarray) -> list[int]:
   """The ids before the first EOS (or pad)."""
   out = []
   for i in np.asarray(ids).tolist():
-    if i in (EOS, 0):
+    if i in (EOS, vocab.PAD_ID):
       break
     out.append(int(i))
   return out
