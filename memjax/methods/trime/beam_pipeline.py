@@ -32,6 +32,7 @@ from seqio import beam_utils
 
 from memjax import paths
 from memjax.methods.trime import bm25
+from memjax.methods.trime import bm25_order
 
 SPLIT = "train"
 
@@ -76,25 +77,15 @@ def _pack(
     seq_len: int,
     seed: int,
 ) -> Iterable[dict[str, Any]]:
-  """Algorithm 1 on the joined lists; one example per segment.
-
-  Yields:
-    {'targets': int32 [<= L] the segment's tokens, 'segment_id': int64 its
-    index in the stream, 'packed_position': int64 its place in the order}.
-  """
+  """Algorithm 1 on the joined lists; one example per segment
+  (``bm25_order.segment_examples``)."""
   neighbours = np.concatenate(
       [t for _, t in sorted(tables, key=lambda t: t[0])]
   )
   order, _ = bm25.pack_from_neighbours(neighbours, seed)
-  tokens = paths.np_load(tokens_path)
-  for position, segment in enumerate(order.tolist()):
-    yield {
-        "targets": tokens[segment * seq_len : (segment + 1) * seq_len].astype(
-            np.int32
-        ),
-        "segment_id": np.int64(segment),
-        "packed_position": np.int64(position),
-    }
+  yield from bm25_order.segment_examples(
+      order, paths.np_load(tokens_path), seq_len
+  )
 
 
 def work_items(

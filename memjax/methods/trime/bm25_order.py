@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import os
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -100,6 +100,31 @@ def save(cache_dir: str | os.PathLike, key: str, order: np.ndarray) -> None:
   paths.np_save(order_path(cache_dir, key), order)
 
 
+def segment_examples(
+    order: np.ndarray, tokens: np.ndarray, seq_len: int
+) -> Iterator[dict[str, Any]]:
+  """The packed task's examples, one per segment in ``order`` [S].
+
+  Yields:
+    {'targets': int32 [<= L] the segment's tokens, 'segment_id': int64 its
+    index in the stream, 'packed_position': int64 its place in the order}.
+  """
+  for position, segment in enumerate(np.asarray(order).tolist()):
+    yield {
+        "targets": np.asarray(
+            tokens[segment * seq_len : (segment + 1) * seq_len], np.int32
+        ),
+        "segment_id": np.int64(segment),
+        "packed_position": np.int64(position),
+    }
+
+
+def is_permutation(a: np.ndarray, n: int) -> bool:
+  """Whether ``a`` is [n] and holds each of 0..n-1 once."""
+  a = np.asarray(a)
+  return a.shape == (n,) and np.array_equal(np.sort(a), np.arange(n))
+
+
 def _read_order(path: str, num_segments: int) -> np.ndarray | None:
   """The cached order, or None (one warning line) when it is unreadable."""
   try:
@@ -107,9 +132,7 @@ def _read_order(path: str, num_segments: int) -> np.ndarray | None:
   except (ValueError, OSError, EOFError) as e:
     order, why = None, f"unreadable ({type(e).__name__})"
   else:
-    ok = order.shape == (num_segments,) and np.array_equal(
-        np.sort(order), np.arange(num_segments)
-    )
+    ok = is_permutation(order, num_segments)
     why = "not a permutation of the segments"
   if order is None or not ok:
     logging.warning("BM25 order %s is %s: recomputing it", path, why)

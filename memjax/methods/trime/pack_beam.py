@@ -96,16 +96,8 @@ def _in_process_dataset(
       stopword_ids=s.stopword_ids, show_progress=False,
   )  # fmt: skip
 
-  def examples():
-    for position, segment in enumerate(order.tolist()):
-      yield {
-          "targets": tokens[segment * s.seq_len : (segment + 1) * s.seq_len],
-          "segment_id": segment,
-          "packed_position": position,
-      }
-
   return tf.data.Dataset.from_generator(
-      examples,
+      lambda: bm25_order.segment_examples(order, tokens, s.seq_len),
       output_signature={
           "targets": tf.TensorSpec([None], tf.int32),
           "segment_id": tf.TensorSpec([], tf.int64),
@@ -206,10 +198,8 @@ def read_order(task: Any, num_segments: int, directory: str) -> np.ndarray:
   positions = np.array([p for p, _ in pairs], np.int64)
   segments = np.array([s for _, s in pairs], np.int64)
   order = np.full(num_segments, -1, np.int64)
-  valid = (
-      len(pairs) == num_segments
-      and np.array_equal(np.sort(positions), np.arange(num_segments))
-      and np.array_equal(np.sort(segments), np.arange(num_segments))
+  valid = all(
+      bm25_order.is_permutation(a, num_segments) for a in (positions, segments)
   )
   if not valid:
     raise CacheError(
