@@ -84,8 +84,8 @@ def main() -> None:
   args = parser.parse_args()
 
   from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
-  from memjax import train  # pylint: disable=g-import-not-at-top
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+  from memjax.run import loop  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
   from memjax import errors  # pylint: disable=g-import-not-at-top
   from memjax.eval import external as external_lib  # pylint: disable=g-import-not-at-top
   from memjax.methods.external import modes  # pylint: disable=g-import-not-at-top
@@ -96,7 +96,7 @@ def main() -> None:
     runfiles.find(w)
   except errors.MissingRunError:
     harness.log(f"training {args.train_steps} steps into {w}")
-    train.train_and_evaluate(config, w)
+    loop.train_and_evaluate(config, w)
   store_path = modes.datastore_path(config, w)
   built = os.path.exists(os.path.join(store_path, "manifest.json"))
   ds = modes.datastore(config, w)

@@ -36,7 +36,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from memjax import losses
-from memjax import optim
+from memjax.run import optim
 from memjax import sharding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -271,7 +271,7 @@ class TrainBench:
     self.state, shardings = exp.create_state(
         self.model, tx, self.mesh, batches[0], jax.random.PRNGKey(cfg.seed)
     )
-    from memjax import train_step  # pylint: disable=g-import-not-at-top
+    from memjax.run import step as train_step  # pylint: disable=g-import-not-at-top
 
     self.step = train_step.make_train_step(
         self.model,

@@ -35,7 +35,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)  # `configs` is not installed with the package.
 if IN_COLAB:
   os.chdir(ROOT)
-  from memjax import colab  # Imports nothing memjax depends on.
+  from colabs import colab  # Imports nothing memjax depends on.
 
   # What this runtime lacks, then memjax: never the lock's CPU jaxlib over
   # Colab's own jax. If pip upgraded a package, restart and run again.

@@ -14,7 +14,6 @@ functions import the heavy modules on first use.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 
@@ -39,23 +38,8 @@ def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
   return api.run_mode(name, config, workdir)
 
 
-class TrainModule(types.ModuleType):
-  """The module ``memjax.train``, callable as ``memjax.train(config,
-  workdir)``: importing a submodule makes it the package's attribute of
-  that name, so the function and the module share the name this way."""
+def train(config: Any, workdir: str) -> dict[str, Any]:
+  """``memjax.api.train``: trains as ``--mode=train`` does."""
+  from memjax import api  # pylint: disable=g-import-not-at-top
 
-  def __call__(self, config: Any, workdir: str) -> dict[str, Any]:
-    """``memjax.api.train``: trains as ``--mode=train`` does."""
-    from memjax import api  # pylint: disable=g-import-not-at-top
-
-    return api.train(config, workdir)
-
-
-def __getattr__(name: str) -> Any:
-  # ``memjax.train`` before anything imported it: import it (it becomes the
-  # attribute).
-  if name == "train":
-    import importlib  # pylint: disable=g-import-not-at-top
-
-    return importlib.import_module("memjax.train")
-  raise AttributeError(f"module 'memjax' has no attribute {name!r}")
+  return api.train(config, workdir)

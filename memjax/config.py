@@ -121,7 +121,7 @@ def _optim(c: ml_collections.ConfigDict) -> None:
   c.optim.b2 = 0.98
   c.optim.eps = 1e-8
   c.optim.momentum = 0.99
-  # A transformation registered with memjax.optim.register_transform that
+  # A transformation registered with memjax.run.optim.register_transform that
   # replaces optim.optimizer ("" = the optimizer above).
   c.optim.transform = ""
   # Parameter groups with their own optimiser settings, e.g.
@@ -159,7 +159,7 @@ def _train(c: ml_collections.ConfigDict) -> None:
   # When every checkpoint of the workdir is damaged (set aside as
   # checkpoints/damaged-<step>), start again from step 0 instead of stopping.
   c.train.restart_if_damaged = False
-  # Step hooks (memjax.hooks.register_hook), run in this order after the
+  # Step hooks (memjax.run.hooks.register_hook), run in this order after the
   # updates whose step is a multiple of their "every", before that step's
   # checkpoint; their state is saved with every checkpoint.
   c.train.hooks = ()
@@ -169,7 +169,7 @@ def _train(c: ml_collections.ConfigDict) -> None:
   c.train.hook_options = ml_collections.ConfigDict()
   # (FIRST, COUNT): trace updates FIRST..FIRST+COUNT-1 (1-based, as in the
   # progress lines) with jax.profiler into <workdir>/profile, for
-  # TensorBoard's profile plugin; () = no trace (memjax/profiling.py).
+  # TensorBoard's profile plugin; () = no trace (memjax/run/profiling.py).
   c.train.profile_steps = ()
 
 

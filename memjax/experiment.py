@@ -1,11 +1,11 @@
 """The experiment layer: build a run from its config; restore any run or export.
 
 Every mode, demo, notebook and benchmark builds through this module, and
-nothing but this module and ``memjax.checkpointing`` touches Orbax:
+nothing but this module and ``memjax.checkpoints.checkpointing`` touches Orbax:
 
 * ``validate_config``, ``make_mesh``, ``load_corpus``, ``make_batcher``,
   ``build_model``, ``make_optimizer``, ``create_state``: a run's parts from
-  its config (the train state from ``memjax.train_state``). Evaluation
+  its config (the train state from ``memjax.run.state``). Evaluation
   reads the splits with ``load_corpus(..., train=False)`` and never builds
   the training batcher.
 * ``write_run_files``: what a run saves beside its checkpoints
@@ -39,25 +39,25 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from memjax import checkpointing
-from memjax import console
+from memjax.checkpoints import checkpointing
+from memjax.io import console
 from memjax import errors
-from memjax import optim
-from memjax import paths
+from memjax.run import optim
+from memjax.io import paths
 from memjax import registry
-from memjax import runfiles
+from memjax.checkpoints import runfiles
 
 # The corpus and validation parts of the layer, re-exported so that callers
 # build everything through ``memjax.experiment``.
-from memjax.corpus import Corpus  # pylint: disable=unused-import
-from memjax.corpus import check_data
-from memjax.corpus import cleanup_on_error
-from memjax.corpus import data_dirs
-from memjax.corpus import host_batch
-from memjax.corpus import load_corpus
-from memjax.corpus import make_batcher
-from memjax.corpus import metric_unit
-from memjax.corpus import vocabulary
+from memjax.data.corpus import Corpus  # pylint: disable=unused-import
+from memjax.data.corpus import check_data
+from memjax.data.corpus import cleanup_on_error
+from memjax.data.corpus import data_dirs
+from memjax.data.corpus import host_batch
+from memjax.data.corpus import load_corpus
+from memjax.data.corpus import make_batcher
+from memjax.data.corpus import metric_unit
+from memjax.data.corpus import vocabulary
 from memjax.sharding import check_batch_fits
 from memjax.validation import make_mesh
 from memjax.validation import validate_config
@@ -65,12 +65,12 @@ from memjax.models import transformer
 
 # The train state, re-exported so that callers build it through
 # ``memjax.experiment``.
-from memjax.train_state import TrainState  # pylint: disable=unused-import
-from memjax.train_state import abstract_params  # pylint: disable=unused-import
-from memjax.train_state import abstract_state  # pylint: disable=unused-import
-from memjax.train_state import abstract_variables
-from memjax.train_state import create_state
-from memjax.train_state import WithVariables
+from memjax.run.state import TrainState  # pylint: disable=unused-import
+from memjax.run.state import abstract_params  # pylint: disable=unused-import
+from memjax.run.state import abstract_state  # pylint: disable=unused-import
+from memjax.run.state import abstract_variables
+from memjax.run.state import create_state
+from memjax.run.state import WithVariables
 
 Array = jax.Array
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

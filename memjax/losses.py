@@ -27,7 +27,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import registry
-from memjax import stats
+from memjax.models import stats
 from memjax.models.transformer import LMOutput
 
 Array = jax.Array

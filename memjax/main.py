@@ -20,7 +20,7 @@ all take part in checkpoints; process 0 writes the logs and results.
 
 SIGTERM (a preemption) or Ctrl-C during training writes a checkpoint of the
 last update and exits with status 128 + the signal's number (143, 130); the
-same command resumes (memjax/preemption.py).
+same command resumes (memjax/run/preemption.py).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def resolve_config(mode: str, workdir: str) -> Any:
     errors.ConfigError: no --config and nothing saved to take one from.
   """
   from memjax import errors  # pylint: disable=g-import-not-at-top
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   if config is None:
@@ -154,8 +154,8 @@ def check_workdir(mode: str, workdir: str) -> None:
   Raises:
     errors.StorageError, errors.WorkdirError: one line naming what to fix.
   """
-  from memjax import paths  # pylint: disable=g-import-not-at-top
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+  from memjax.io import paths  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
 
   paths.check_workdir(workdir)
   runfiles.check_workdir(workdir, training=mode == "train")
@@ -185,7 +185,7 @@ def report(results: dict[str, Any], config: Any, workdir: str) -> None:
 
 
 def _results_path(workdir: str) -> str:
-  from memjax import paths  # pylint: disable=g-import-not-at-top
+  from memjax.io import paths  # pylint: disable=g-import-not-at-top
 
   return paths.join(workdir, "results.json")
 
@@ -243,7 +243,7 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
 
   from memjax import errors  # pylint: disable=g-import-not-at-top
-  from memjax import preemption  # pylint: disable=g-import-not-at-top
+  from memjax.run import preemption  # pylint: disable=g-import-not-at-top
   from memjax import registry  # pylint: disable=g-import-not-at-top
 
   try:
@@ -271,7 +271,7 @@ def main(argv):
     sys.exit(2)
   except preemption.Preempted as e:
     # The loop saved a checkpoint and said so; 143 for SIGTERM tells
-    # schedulers the run did not finish (memjax/preemption.py).
+    # schedulers the run did not finish (memjax/run/preemption.py).
     sys.exit(e.exit_status)
   if jax.process_index() != 0:
     return  # Process 0 wrote the results and reports them.

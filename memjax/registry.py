@@ -220,10 +220,10 @@ def method_config_sections() -> tuple[str, ...]:
 
 def _is_hook(name: str, value: Any) -> None:
   """Raises TypeError unless ``value`` subclasses ``hooks.StepHook`` (found
-  by name: ``memjax.hooks`` imports this module)."""
+  by name: ``memjax.run.hooks`` imports this module)."""
   bases = getattr(value, "__mro__", ())
   if not any(
-      f"{b.__module__}.{b.__qualname__}" == "memjax.hooks.StepHook"
+      f"{b.__module__}.{b.__qualname__}" == "memjax.run.hooks.StepHook"
       for b in bases
   ):
     raise TypeError(f"hook {name!r}: {value!r} is not a StepHook subclass")
@@ -402,20 +402,24 @@ CONFIG_CHECKS: Registry[Callable[[Any], None]] = Registry(
     "config check", "(every registered check runs)", name="CONFIG_CHECKS"
 )
 # Step hooks: ``hooks.StepHook`` subclasses the training loop runs every N
-# updates (``memjax/hooks.py``).
+# updates (``memjax/run/hooks.py``).
 HOOKS: Registry[type] = Registry(
-    "step hook", "train.hooks", ("memjax.hooks",), name="HOOKS", check=_is_hook
+    "step hook",
+    "train.hooks",
+    ("memjax.run.hooks",),
+    name="HOOKS",
+    check=_is_hook,
 )
 # Optimiser transformations that replace ``optim.optimizer`` for the base or
-# a parameter group (``memjax/optim.py``).
+# a parameter group (``memjax/run/optim.py``).
 OPTIMIZER_TRANSFORMS: Registry[Callable[..., Any]] = Registry(
     "optimiser transform",
     "optim.transform",
-    ("memjax.optim",),
+    ("memjax.run.optim",),
     name="OPTIMIZER_TRANSFORMS",
 )
 # Per-slot sums that modules sow during evaluation and how to report them
-# (``memjax.stats.SumReport``), e.g. the reads of a memory layer's slots.
+# (``memjax.models.stats.SumReport``), e.g. the reads of a memory layer's slots.
 SUM_REPORTS: Registry[Any] = Registry(
     "sum report", "(every registered report is collected)", name="SUM_REPORTS"
 )

@@ -13,10 +13,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from memjax import errors
-from memjax import optim
-from memjax import profiling
+from memjax.run import optim
+from memjax.run import profiling
 from memjax import registry
-from memjax import task as task_lib
+from memjax.tasks import base as task_lib
 from memjax import sharding as sharding_lib
 
 # Compute dtypes by config name (``model.dtype``).

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from memjax import checkpointing
+from memjax.checkpoints import checkpointing
 from memjax import errors
 from tests import conftest
 

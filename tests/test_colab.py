@@ -1,8 +1,8 @@
-"""memjax.colab: what a hosted notebook installs."""
+"""colabs.colab: what a hosted notebook installs."""
 
 import sys
 
-from memjax import colab
+from colabs import colab
 from tests.conftest import REPO
 
 

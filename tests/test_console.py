@@ -1,6 +1,6 @@
 """Progress lines of long jobs: a rate always, an ETA only for known totals."""
 
-from memjax import console
+from memjax.io import console
 
 
 def _lines(capsys) -> list[str]:

@@ -22,7 +22,7 @@ from memjax import errors
 from memjax.modes import evaluation as evaluation_mode
 from memjax.data import windows
 from memjax import experiment
-from memjax import runfiles
+from memjax.checkpoints import runfiles
 from memjax.modes import memory as memory_modes
 from tests.conftest import run_main
 

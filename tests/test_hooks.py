@@ -1,4 +1,4 @@
-"""Step hooks (memjax.hooks): schedule, state saved with checkpoints and
+"""Step hooks (memjax.run.hooks): schedule, state saved with checkpoints and
 restored on resume, files in the workdir, config errors."""
 
 import json
@@ -9,12 +9,12 @@ import ml_collections
 import pytest
 
 from configs import trime_wt103
-from memjax import checkpointing
+from memjax.checkpoints import checkpointing
 from memjax import errors
-from memjax import hooks
+from memjax.run import hooks
 from memjax import registry
-from memjax import runfiles
-from memjax import train
+from memjax.checkpoints import runfiles
+from memjax.run import loop
 
 STARTS = []  # The state each CountCalls instance started from.
 
@@ -76,11 +76,11 @@ def test_hook_state_survives_an_interrupted_run(tmp_path):
 
   STARTS.clear()
   with pytest.raises(_Interrupt):
-    train.train_and_evaluate(config, workdir, hooks=(stop_after_7,))
+    loop.train_and_evaluate(config, workdir, hooks=(stop_after_7,))
   # Called at steps 3 and 6; the checkpoint of step 4 holds the first call.
   assert seen == {"calls": 2, "steps": [3, 6], "every": 3}
   assert _saved_hooks(workdir, 4) == {"calls": 1, "steps": [3]}
-  train.train_and_evaluate(config, workdir)
+  loop.train_and_evaluate(config, workdir)
   # Resumed from step 4: the call at 6 is made again, once; none at 8.
   assert STARTS == [{}, {"calls": 1, "steps": [3]}]
   assert _saved_hooks(workdir, 8) == {"calls": 2, "steps": [3, 6]}
@@ -107,7 +107,7 @@ def test_bad_hook_config_is_refused_before_anything_is_written(
   )
   workdir = str(tmp_path / "run")
   with pytest.raises(errors.ConfigError, match=needle):
-    train.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(config, workdir)
   assert not os.path.exists(workdir)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from configs import trime_wt103
 from memjax.modes import evaluation as evaluation_mode
-from memjax import train
+from memjax.run import loop
 from tests import conftest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +174,7 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
   config.train.eval_every = 0
   config.eval.max_windows = 4
   whole = str(tmp_path / "whole")
-  res_whole = train.train_and_evaluate(config, whole)
+  res_whole = loop.train_and_evaluate(config, whole)
 
   def stop_after_4(step, state):
     if step == 4:
@@ -182,8 +182,8 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
 
   parts = str(tmp_path / "parts")
   with pytest.raises(_Interrupt):
-    train.train_and_evaluate(config, parts, hooks=(stop_after_4,))
-  res_parts = train.train_and_evaluate(config, parts)
+    loop.train_and_evaluate(config, parts, hooks=(stop_after_4,))
+  res_parts = loop.train_and_evaluate(config, parts)
   a, b = _losses(whole), _losses(parts)
   assert sorted(a) == list(range(1, 9)) and sorted(b) == list(range(1, 9))
   np.testing.assert_allclose(

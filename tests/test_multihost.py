@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import trime_wt103
-from memjax import checkpointing
+from memjax.checkpoints import checkpointing
 from memjax import experiment
 from tests import conftest
 

@@ -1,4 +1,4 @@
-"""Learning-rate schedules and optimisers of memjax.optim against NumPy."""
+"""Learning-rate schedules and optimisers of memjax.run.optim against NumPy."""
 
 import math
 from typing import Any
@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from memjax import config as config_lib
-from memjax import optim
+from memjax.run import optim
 
 LR = 0.01
 Params = dict[str, np.ndarray]  # {"a": [3], "b": [2, 2]}

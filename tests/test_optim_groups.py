@@ -1,4 +1,4 @@
-"""Parameter groups of memjax.optim: labels, errors, a frozen group trains
+"""Parameter groups of memjax.run.optim: labels, errors, a frozen group trains
 nothing while the rest trains, and registered transformations."""
 
 import flax.linen as nn
@@ -14,11 +14,11 @@ from memjax import config as config_lib
 from memjax import errors
 from memjax import experiment
 from memjax import losses
-from memjax import optim
+from memjax.run import optim
 from memjax import registry
 from memjax import sharding as sharding_lib
-from memjax import train
-from memjax import train_step as train_step_lib
+from memjax.run import loop
+from memjax.run import step as train_step_lib
 
 
 def _params():
@@ -127,16 +127,16 @@ def test_registered_transform_updates_its_group_only():
 
 def test_resume_with_other_groups_is_refused():
   config = trime_wt103.get_config("smoke")
-  saved = train.data_position(config, 10)
+  saved = loop.data_position(config, 10)
   config.optim.groups.frozen = ml_collections.ConfigDict(
       {"params": "^final_norm/", "learning_rate": 0.0}
   )
   with pytest.raises(errors.ResumeError, match="optimiser layout"):
-    train.check_position(config, saved, "run")
+    loop.check_position(config, saved, "run")
   # Only the learning rate of a group changes: its state still fits.
-  saved = train.data_position(config, 10)
+  saved = loop.data_position(config, 10)
   config.optim.groups.frozen.learning_rate = 1e-4
-  train.check_position(config, saved, "run")
+  loop.check_position(config, saved, "run")
 
 
 def test_group_with_zero_learning_rate_stays_bit_identical(tmp_path):

@@ -1,4 +1,4 @@
-"""memjax.optional: the core runs without TensorFlow, SeqIO and ScaNN.
+"""memjax.io.optional: the core runs without TensorFlow, SeqIO and ScaNN.
 
 The subprocess test makes ``import tensorflow``, ``import seqio`` and
 ``import scann`` raise (``sys.modules[name] = None``, what Python does for a
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from memjax import errors
-from memjax import optional
+from memjax.io import optional
 from tests import conftest
 
 BLOCKED = ("tensorflow", "seqio", "scann", "tensorflow_text")
@@ -81,7 +81,7 @@ def test_seqio_is_reported_as_the_data_extra(monkeypatch):
 
 def _prepare_caches(tmp_path) -> dict[str, dict[str, str]]:
   """Token caches (and vocabularies) of the three runs, made with SeqIO."""
-  from memjax import task as task_lib  # pylint: disable=g-import-not-at-top
+  from memjax.tasks import base as task_lib  # pylint: disable=g-import-not-at-top
 
   runs = {}
   for family in ("lm", "mt", "encoder"):
@@ -128,8 +128,8 @@ def test_token_caches_in_cloud_storage(tmp_path):
   # in-memory filesystem stands in for a bucket).
   import fsspec  # pylint: disable=g-import-not-at-top
 
-  from memjax import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
-  from memjax import paths  # pylint: disable=g-import-not-at-top
+  from memjax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from memjax.io import paths  # pylint: disable=g-import-not-at-top
 
   config = conftest.core_config("lm", conftest.core_data("lm", tmp_path))
   config.data.cache_dir = "memory://optional_test/cache"

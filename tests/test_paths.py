@@ -1,4 +1,4 @@
-"""memjax.paths: every file memjax writes, on fsspec's in-memory filesystem
+"""memjax.io.paths: every file memjax writes, on fsspec's in-memory filesystem
 (no bucket is reachable here), and workdirs that cannot be opened."""
 
 import json
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from tests.conftest import REPO, xla_flags
 
 
@@ -94,7 +94,7 @@ def _config():
 
 
 def test_run_files_config_and_vocabulary_on_memory(mem):
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
   config = _config()
@@ -113,12 +113,12 @@ def test_run_files_config_and_vocabulary_on_memory(mem):
 
 
 def test_training_log_and_results_on_memory(mem):
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
-  from memjax import train  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
+  from memjax.run import loop  # pylint: disable=g-import-not-at-top
 
   log = paths.join(mem, "train_log.jsonl")
-  train._append_log(log, ['{"step": 1}\n'])  # pylint: disable=protected-access
-  train._append_log(log, ['{"step": 2}\n', '{"step": 3}\n'])  # pylint: disable=protected-access
+  loop._append_log(log, ['{"step": 1}\n'])  # pylint: disable=protected-access
+  loop._append_log(log, ['{"step": 2}\n', '{"step": 3}\n'])  # pylint: disable=protected-access
   steps = [json.loads(l)["step"] for l in paths.read_text(log).splitlines()]
   assert steps == [1, 2, 3]
   runfiles.write_json(paths.join(mem, "results.json"), {"valid": {"ppl": 2.5}})
@@ -126,8 +126,8 @@ def test_training_log_and_results_on_memory(mem):
 
 
 def test_export_metadata_on_memory(mem, monkeypatch):
-  from memjax import checkpointing  # pylint: disable=g-import-not-at-top
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import checkpointing  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
   # Orbax writes the arrays (it opens gs:// itself, not memory://): here a

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from memjax import preemption
+from memjax.run import preemption
 from tests import conftest
 
 NUM_STEPS = 20  # configs/trime_wt103.py:smoke, as the shared smoke run.

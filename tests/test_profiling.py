@@ -14,7 +14,7 @@ import pytest
 
 from memjax import config as config_lib
 from memjax import errors
-from memjax import profiling
+from memjax.run import profiling
 
 
 def _config(steps):

@@ -20,7 +20,7 @@ from memjax import errors
 from memjax import experiment
 from memjax import losses
 from memjax import registry
-from memjax import train
+from memjax.run import loop
 
 
 class GatedFeedForward(nn.Module):
@@ -105,7 +105,7 @@ def _scalars(workdir):
 def test_smoke_run_with_a_registered_feed_forward_and_objective(tmp_path):
   config = _config()
   workdir = str(tmp_path / "run")
-  res = train.train_and_evaluate(config, workdir)
+  res = loop.train_and_evaluate(config, workdir)
   assert res["step"] == 4 and np.isfinite(res["valid"]["ppl"])
   # The objective's extra metric was computed and logged.
   penalty = _scalars(workdir)["train/l2_penalty"]

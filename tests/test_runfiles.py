@@ -1,4 +1,4 @@
-"""memjax.runfiles: what a workdir holds, and workdirs that are no run."""
+"""memjax.checkpoints.runfiles: what a workdir holds, and workdirs that are no run."""
 
 import hashlib
 import os
@@ -8,7 +8,7 @@ import pytest
 
 import memjax
 from memjax import errors
-from memjax import runfiles
+from memjax.checkpoints import runfiles
 from memjax.memory import datastore as ds
 from tests.conftest import run_main
 

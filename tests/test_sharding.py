@@ -9,7 +9,7 @@ import pytest
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax import experiment
-from memjax import train_step
+from memjax.run import step as train_step
 from memjax.models import transformer
 
 

@@ -1,4 +1,4 @@
-"""Module statistics (memjax.stats): LaMemo's mean alpha per layer, from the
+"""Module statistics (memjax.models.stats): LaMemo's mean alpha per layer, from the
 layer to the train step, TensorBoard, train_log.jsonl and evaluation."""
 
 import glob
@@ -13,7 +13,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from memjax import stats
+from memjax.models import stats
 from memjax.models import transformer
 
 V, T, M = 64, 4, 4

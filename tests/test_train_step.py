@@ -9,7 +9,7 @@ from memjax import config as config_lib
 from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax import train_step
+from memjax.run import step as train_step
 from memjax.models import encoder
 
 KD, HEADS = 8, 2  # the memory's k_dim and heads: the query has 16 features

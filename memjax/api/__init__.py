@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from memjax import console
+from memjax.io import console
 from memjax import experiment
-from memjax import paths
-from memjax import runfiles
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax.api.base import export
 from memjax.api.encoder import Classifier
 from memjax.api.encoder import MaskedLM
@@ -119,7 +119,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     errors.UserError: bad input (one line naming what to fix), before
       anything is written.
   """
-  from memjax import train as train_lib  # pylint: disable=g-import-not-at-top
+  from memjax.run import loop as train_lib  # pylint: disable=g-import-not-at-top
 
   paths.check_workdir(workdir)
   runfiles.check_workdir(workdir, training=True)

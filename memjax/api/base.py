@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from memjax import experiment
-from memjax import paths
+from memjax.io import paths
 
 
 class Loaded:

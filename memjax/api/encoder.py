@@ -12,7 +12,7 @@ Both score through ``memjax.eval``'s rows scorer as the tasks' evaluations
 do (``memjax.tasks.mlm``, ``memjax.tasks.classification``): sentences are
 padded to a few length buckets in batches of ``eval.batch_size``, so N
 sentences compile once per bucket. Memory usage is what every registered
-sum report (``memjax.stats.SumReport``) says, e.g. MU, top-1 MU and KL of
+sum report (``memjax.models.stats.SumReport``) says, e.g. MU, top-1 MU and KL of
 each product-key memory layer.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from memjax import experiment
-from memjax import stats
+from memjax.models import stats
 from memjax.api import base
 from memjax.data import glue
 from memjax.data import mlm

@@ -26,7 +26,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import experiment
-from memjax import paths
+from memjax.io import paths
 from memjax.api import base
 from memjax.eval import metrics
 

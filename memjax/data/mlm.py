@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
 from memjax.data import batchers
 from memjax.data import parallel

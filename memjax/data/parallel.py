@@ -24,8 +24,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from memjax import errors
-from memjax import optional
-from memjax import paths as paths_lib
+from memjax.io import optional
+from memjax.io import paths as paths_lib
 from memjax.data import sources
 from memjax.data import spm_vocab
 

@@ -33,7 +33,7 @@ import zipfile
 
 from memjax import errors
 from memjax.data import releases
-from memjax import paths as paths_lib
+from memjax.io import paths as paths_lib
 from memjax.data import sources
 
 _CHUNK_BYTES = 1 << 20

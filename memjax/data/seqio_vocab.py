@@ -6,7 +6,7 @@ inside tf.data. :func:`to_seqio` gives SeqIO's own ``ByteVocabulary`` and
 ``SentencePieceVocabulary`` for bytes and sentencepiece models, and a
 :class:`SeqioWordVocabulary` (TensorFlow lookup tables) for word
 vocabularies. Importing this module imports SeqIO and TensorFlow (with the
-accelerators hidden from it, ``memjax.optional.tensorflow``).
+accelerators hidden from it, ``memjax.io.optional.tensorflow``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from memjax import optional
+from memjax.io import optional
 from memjax.data import spm_vocab
 from memjax.data import vocab as vocab_lib
 

@@ -28,7 +28,7 @@ import re
 import tempfile
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 
 # The repository's small demo corpora: memjax/demo_data where pip installed
 # them (setup.py), else the checkout's memjax/../demo_data.

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax.data.vocab import PAD_ID
 
 

@@ -20,8 +20,8 @@ from typing import Any, Optional, TYPE_CHECKING
 
 import numpy as np
 
-from memjax import optional
-from memjax import paths
+from memjax.io import optional
+from memjax.io import paths
 from memjax.data import sources
 from memjax.data import vocab as vocab_lib
 

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from memjax import paths
+from memjax.io import paths
 from memjax.data import sources
 
 PAD_ID: int = 0

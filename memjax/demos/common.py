@@ -44,8 +44,8 @@ from absl import flags
 from absl import logging
 
 from memjax import errors
-from memjax import paths
-from memjax import runfiles
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 
 # The flags define_flags defines belong to the demo that calls it (they show
 # in its --helpshort).
@@ -276,7 +276,7 @@ def train(config: Any, run_dir: str) -> dict[str, Any]:
   if results is not None:
     print(f"reusing the finished run in {run_dir}", flush=True)
     return results
-  from memjax import train as train_lib
+  from memjax.run import loop as train_lib
 
   start = time.time()
   results = train_lib.train_and_evaluate(config, run_dir)

@@ -30,7 +30,7 @@ from typing import Any
 
 from absl import flags
 
-from memjax import paths
+from memjax.io import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(

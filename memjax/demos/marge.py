@@ -25,7 +25,7 @@ again, so the table can be rebuilt from finished runs.
 from __future__ import annotations
 
 
-from memjax import paths
+from memjax.io import paths
 from memjax.demos import common
 from memjax.demos import marge_rows
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memjax import paths
+from memjax.io import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(

@@ -31,7 +31,7 @@ import time
 
 from absl import flags
 
-from memjax import paths
+from memjax.io import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(

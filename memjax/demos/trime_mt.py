@@ -24,8 +24,8 @@ from typing import Any
 
 from absl import flags
 
-from memjax import paths
-from memjax import runfiles
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax.demos import common
 
 FLAGS = common.define_flags(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memjax import paths
+from memjax.io import paths
 from memjax.demos import common
 
 # Variants of configs/trime_wt103.py. options: "memory", the memory kind tuned
@@ -114,7 +114,7 @@ def tuned_memory(demo: common.Demo, row: common.Row, cfg: Any) -> None:
 def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   """Trains (or reads back) one row's model and tunes its memory again;
   returns the row (also written to its directory's ``row.json``)."""
-  from memjax import runfiles  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
   from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
 
   cfg = demo.config(row.config, row.variant, steps)

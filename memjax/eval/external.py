@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax import experiment
-from memjax import paths
+from memjax.io import paths
 from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.memory import blockwise

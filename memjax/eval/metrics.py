@@ -9,8 +9,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from memjax import console
-from memjax import stats
+from memjax.io import console
+from memjax.models import stats
 
 
 def summarize(nll_sum: float, tokens: float, unit: str) -> dict[str, float]:
@@ -28,7 +28,7 @@ def with_stats(
     result: dict[str, float], sums: Mapping[str, Any]
 ) -> dict[str, float]:
   """``result`` plus 'aux/<path>': the mean of each statistic the modules
-  reported (``sums``: {path: [..., 2]} from ``memjax.stats``)."""
+  reported (``sums``: {path: [..., 2]} from ``memjax.models.stats``)."""
   result.update({f"aux/{k}": v for k, v in stats.means(sums).items()})
   return result
 

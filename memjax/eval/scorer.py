@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Union
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
 from memjax.eval import memory_grid
 from memjax.eval import rows

@@ -27,10 +27,10 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax import sharding as sharding_lib
-from memjax import stats
+from memjax.models import stats
 from memjax.data import streams
 from memjax.data import windows
 from memjax.eval import rows
@@ -152,7 +152,7 @@ class StreamScorer(rows.Scorer):
         "nll_sum": -jnp.sum(out.target_logprob * w, axis=1),
         "tokens": jnp.sum(w, axis=1),
     }
-    # Module statistics of the segment ([2] each; ``memjax.stats``).
+    # Module statistics of the segment ([2] each; ``memjax.models.stats``).
     res.update({f"aux/{k}": v for k, v in sums.items()})
     if self.keep_tokens:
       res["logprob"] = out.target_logprob * w
@@ -249,7 +249,7 @@ class StreamScorer(rows.Scorer):
     Returns:
       {'nll_sum', 'tokens'}: [S, lanes] float64 sums per segment and lane;
       'aux/<path>': [S, 2] sums of the statistics the modules report
-      (``memjax.stats``).
+      (``memjax.models.stats``).
     """
     num, lanes = segments["inputs"].shape[:2]
     out = self.run_segments(params, segments, desc)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from memjax import stats
+from memjax.models import stats
 from memjax.data import windows
 from memjax.eval import rows
 

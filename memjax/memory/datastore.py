@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from memjax import checkpointing
+from memjax.checkpoints import checkpointing
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax import sharding as sharding_lib
 from memjax.data import streams
 from memjax.memory import evaluation

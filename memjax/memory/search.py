@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax.memory import datastore as ds_lib
 from memjax.memory import shards
 
@@ -168,7 +168,7 @@ def _scann():
   The scann package's ``__init__`` imports TensorFlow when it is installed:
   the accelerators are hidden from it first (``optional.tensorflow``).
   """
-  from memjax import optional  # pylint: disable=g-import-not-at-top
+  from memjax.io import optional  # pylint: disable=g-import-not-at-top
 
   try:
     optional.tensorflow("ScaNN")

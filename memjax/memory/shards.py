@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterable, Optional
 import jax
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 
 KEY_DTYPE = "float16"
 VALUE_DTYPE = "int32"

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import unroll
+from memjax.models import unroll
 
 Array = jax.Array
 

@@ -16,7 +16,7 @@ from memjax import registry
 _LM = ("lm/decoder_lm",)  # Sliding windows over a corpus: decoder LMs.
 _BUILTIN = {
     "train": registry.Mode(
-        "memjax.train:train_and_evaluate",
+        "memjax.run.loop:train_and_evaluate",
         "train (resumes from the workdir's latest checkpoint)",
     ),
     "eval": registry.Mode(

@@ -7,9 +7,9 @@ from typing import Any
 import jax
 
 from memjax import experiment
-from memjax import paths
-from memjax import runfiles
-from memjax import task as task_lib
+from memjax.io import paths
+from memjax.checkpoints import runfiles
+from memjax.tasks import base as task_lib
 
 
 def evaluate_run(config: Any, workdir: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from memjax import paths
+from memjax.io import paths
 
 
 def _short(n: int) -> str:

@@ -37,8 +37,8 @@ import ml_collections
 import numpy as np
 
 from memjax import errors
-from memjax import console
-from memjax import paths
+from memjax.io import console
+from memjax.io import paths
 from memjax.eval import streams as recurrent_eval
 from memjax.data import vocab as vocab_lib
 from memjax.models import state as model_state

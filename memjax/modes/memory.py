@@ -35,10 +35,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax.eval import memory_grid as em_lib
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
 from memjax.eval.memory_grid import Grid
 from memjax.eval.memory_grid import Loaded

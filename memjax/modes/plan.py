@@ -17,7 +17,7 @@ What it reports, per dtype (``plan.dtypes``: model.dtype float32 and
 bfloat16):
 
 * parameters, and FLOPs per token: XLA's cost analysis of the step with its
-  scans unrolled (``memjax.unroll``), next to the formula
+  scans unrolled (``memjax.models.unroll``), next to the formula
   ``6 N + 12 n_layer T d_attn`` (PaLM, Chowdhery et al. 2022, App. B: N
   parameters, T the attended positions, d_attn = heads x head_dim; the 12
   counts QK^T and AV, forward and backward, without exploiting the causal
@@ -48,8 +48,8 @@ from typing import Any
 
 import ml_collections
 
-from memjax import console
-from memjax import paths
+from memjax.io import console
+from memjax.io import paths
 from memjax.modes import plan_compile
 from memjax.modes import platforms
 

@@ -9,7 +9,7 @@ the planned devices: fake CPU devices, or the devices of a libtpu topology.
 
 FLOPs: XLA's cost analysis counts a loop body once. The step's scans (over
 micro-batches, lane segments, adaptive-softmax chunks and memory blocks)
-are therefore traced fully unrolled (``memjax.unroll``) and the FLOPs read
+are therefore traced fully unrolled (``memjax.models.unroll``) and the FLOPs read
 from that lowering (the whole program, before it is split over the
 devices); memory comes from the compiled, looping program that training
 runs.
@@ -26,15 +26,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from memjax import checkpointing
+from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax import experiment
 from memjax import losses
 from memjax import registry
 from memjax import sharding as sharding_lib
-from memjax import task as task_lib
-from memjax import train_step as train_step_lib
-from memjax import unroll
+from memjax.tasks import base as task_lib
+from memjax.run import step as train_step_lib
+from memjax.models import unroll
 from memjax.data import sources
 from memjax.modes import platforms
 
@@ -137,7 +137,7 @@ class Step:
     mesh: the mesh.
     make_fn: builds the jitted train step (``sharding.MeshFunction``); a
       fresh one for each lowering, since JAX caches traces by argument and
-      ``memjax.unroll``'s switch is not one.
+      ``memjax.models.unroll``'s switch is not one.
     args: its abstract (state, batch, rng).
     num_params: parameters.
     state_bytes: per-device bytes of 'params' and 'opt_state'.

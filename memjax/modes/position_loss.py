@@ -38,8 +38,8 @@ import numpy as np
 
 from memjax import errors
 from memjax import experiment
-from memjax import paths
-from memjax import runfiles
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax.eval import scorer as scorer_lib
 
 BUCKETS = (1, 17, 65, 257)  # bucket lower bounds: 1-16, 17-64, 65-256, 257+

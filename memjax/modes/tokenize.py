@@ -14,8 +14,8 @@ from typing import Any
 
 import ml_collections
 
-from memjax import paths
-from memjax import task as task_lib
+from memjax.io import paths
+from memjax.tasks import base as task_lib
 
 
 def tokenize(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

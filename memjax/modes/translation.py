@@ -8,10 +8,10 @@ from typing import Any
 
 import ml_collections
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax import experiment
-from memjax import paths
+from memjax.io import paths
 from memjax.data import parallel
 from memjax.tasks.translation import bleu
 from memjax.tasks.translation import parts
@@ -62,7 +62,7 @@ def translate(
     results[name] = scores
     lines.append(bleu.summary(scores, name))
     path = paths.join(workdir, f"translate_{name}.json")
-    from memjax import runfiles  # pylint: disable=g-import-not-at-top
+    from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
 
     runfiles.write_json(path, results)
     results["results_path"] = path

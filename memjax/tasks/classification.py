@@ -15,7 +15,7 @@ Evaluation: accuracy on ``classification.select_split`` (dev) at every
 best dev accuracy (earliest on ties) as an export in ``<workdir>/best_dev``
 (``experiment.load`` restores it; a resumed run starts from it) and scores
 ``test_split`` once, with those. The final results also hold, at the best
-parameters, what every registered sum report (``memjax.stats.SumReport``)
+parameters, what every registered sum report (``memjax.models.stats.SumReport``)
 says over ``usage_split`` and its comparison of the positive and negative
 examples: with product-key memory layers, each layer's usage (MU, top-1
 MU, KL_u, KL_w; Kim & Jung's Table 6) and the top-1 usage KL and IOU of
@@ -33,14 +33,14 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax import experiment
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
-from memjax import runfiles
-from memjax import stats
-from memjax import task
+from memjax.checkpoints import runfiles
+from memjax.models import stats
+from memjax.tasks import base as task
 from memjax.data import glue
 from memjax.data import mlm
 from memjax.eval import rows

@@ -1,7 +1,7 @@
 """Language modelling: a corpus read as token streams, scored in perplexity
 (words) or bits per character (bytes).
 
-The built-in task (``config.task = 'lm'``): data from ``memjax.corpus``
+The built-in task (``config.task = 'lm'``): data from ``memjax.data.corpus``
 (SeqIO tasks over the corpus files, cached token streams), evaluation by the
 run's scorer (``memjax.eval.scorer_for``: sliding windows, or whole streams
 with the memory carried for recurrent models), and the add-one unigram floor
@@ -15,9 +15,9 @@ from typing import Any
 import ml_collections
 from jax.sharding import Mesh
 
-from memjax import corpus as corpus_lib
+from memjax.data import corpus as corpus_lib
 from memjax import registry
-from memjax import task
+from memjax.tasks import base as task
 from memjax.data import sources
 from memjax.eval import metrics
 from memjax.eval import rows

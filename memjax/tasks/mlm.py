@@ -12,7 +12,7 @@ the chosen tokens over the non-overlapping windows of each split in
 ``eval.splits``, masked with a fixed draw (``mlm.eval_seed``), so every
 checkpoint and every model sees the same corrupted inputs. The same pass
 adds up the per-slot sums of every registered sum report
-(``memjax.stats.SumReport``) and puts what each says in the results: with
+(``memjax.models.stats.SumReport``) and puts what each says in the results: with
 product-key memory layers, MU, top-1 MU, KL_u and KL_w per memory layer
 (Kim & Jung's Table 2).
 """
@@ -29,13 +29,13 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
-from memjax import runfiles
-from memjax import stats
-from memjax import task
+from memjax.checkpoints import runfiles
+from memjax.models import stats
+from memjax.tasks import base as task
 from memjax.data import mlm
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib

@@ -94,7 +94,7 @@ class _Config:
 def test_train_reads_back_a_run_finished_with_the_same_steps(
     tmp_path, monkeypatch
 ):
-  from memjax import train as train_lib  # pylint: disable=g-import-not-at-top
+  from memjax.run import loop as train_lib  # pylint: disable=g-import-not-at-top
 
   calls = []
 

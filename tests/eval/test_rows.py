@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from memjax import sharding as sharding_lib
-from memjax import stats
+from memjax.models import stats
 from memjax.eval import rows
 from memjax.models import transformer
 

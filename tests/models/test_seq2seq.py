@@ -14,7 +14,7 @@ from memjax import errors
 from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax import train_step
+from memjax.run import step as train_step
 from memjax.data import token_batching
 
 V = 40

@@ -10,7 +10,7 @@ import pytest
 import memjax
 from configs import pkm_wt103
 from memjax import experiment
-from memjax import train
+from memjax.run import loop
 from memjax.models import state as model_state
 from tests import conftest
 
@@ -55,7 +55,7 @@ def bert_runs(tmp_path_factory):
     states[step] = jax.device_get(state.model_state)
 
   straight = str(root / "straight")
-  results = train.train_and_evaluate(config, straight, hooks=(keep,))
+  results = loop.train_and_evaluate(config, straight, hooks=(keep,))
 
   def stop_after_2(step, state):
     del state
@@ -64,8 +64,8 @@ def bert_runs(tmp_path_factory):
 
   parts = str(root / "parts")
   with pytest.raises(_Interrupt):
-    train.train_and_evaluate(config, parts, hooks=(stop_after_2,))
-  train.train_and_evaluate(config, parts)
+    loop.train_and_evaluate(config, parts, hooks=(stop_after_2,))
+  loop.train_and_evaluate(config, parts)
   return straight, parts, states, results
 
 
@@ -176,7 +176,7 @@ def test_the_leak_switch_trains_a_causal_model_with_batch_stats(tmp_path):
   config.train.checkpoint_every = 2
   config.eval.max_windows = 4
   config.eval.splits = ("valid",)
-  train.train_and_evaluate(config, str(tmp_path / "run"))
+  loop.train_and_evaluate(config, str(tmp_path / "run"))
   restored = experiment.load(str(tmp_path / "run"))
   stats_ = jax.tree.leaves(restored.model_state)
   assert stats_ and any(np.abs(np.asarray(x)).max() > 0 for x in stats_)

@@ -17,7 +17,7 @@ import pytest
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax import experiment
-from memjax import train_step
+from memjax.run import step as train_step
 from memjax.models import transformer
 
 V, B, T, M = 64, 8, 4, 6

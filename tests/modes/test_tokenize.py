@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from memjax import corpus as corpus_lib
+from memjax.data import corpus as corpus_lib
 from memjax.modes import tokenize
 from tests import conftest
 

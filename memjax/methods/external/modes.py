@@ -20,11 +20,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from memjax import corpus as corpus_lib
+from memjax.data import corpus as corpus_lib
 from memjax import errors
 from memjax.eval import memory_grid as em_lib
 from memjax import experiment
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
 from memjax import sharding as sharding_lib
 from memjax.data import streams

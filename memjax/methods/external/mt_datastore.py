@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax import experiment
-from memjax import paths
-from memjax import runfiles
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax import sharding as sharding_lib
 from memjax.data import token_batching
 from memjax.memory import datastore as ds_lib

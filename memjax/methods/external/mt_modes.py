@@ -26,11 +26,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax import experiment
-from memjax import paths
-from memjax import runfiles
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax.tasks.translation import bleu
 from memjax.methods.external import memory_decoding as md
 from memjax.methods.external import mt_datastore

@@ -25,11 +25,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from memjax import corpus as corpus_lib
+from memjax.data import corpus as corpus_lib
 from memjax import errors
 from memjax import experiment
-from memjax import paths
-from memjax import runfiles
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax.eval import scorer as scorer_lib
 from memjax.methods.marge import retrieval as marge_lib
 from memjax.methods.marge import reindex as marge_index

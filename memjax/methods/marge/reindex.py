@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
-from memjax import hooks
-from memjax import paths
+from memjax.run import hooks
+from memjax.io import paths
 from memjax import registry
 from memjax import sharding as sharding_lib
 from memjax.methods.marge import model as marge_model

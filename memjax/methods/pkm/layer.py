@@ -32,7 +32,7 @@ with logical axes ('memory_slots', 'embed'): the table shards over the
 
 Usage statistics: with the ``'aux'`` collection mutable the memory reports,
 per call, MU, top-1 MU, KL_u and KL_w of that call's reads
-(``memjax.stats``); with ``'pkm_usage'`` mutable it sows per-slot sums
+(``memjax.models.stats``); with ``'pkm_usage'`` mutable it sows per-slot sums
 (read counts, top-1 counts, weights; the counts per token as Kim & Jung
 define them, and per head as ``reads_per_head``, ``top1_per_head``) that
 ``--mode=memory_usage`` adds over held-out data
@@ -50,7 +50,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import registry
-from memjax import stats
+from memjax.models import stats
 from memjax.models import feed_forward
 
 Array = jax.Array

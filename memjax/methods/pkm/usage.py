@@ -34,14 +34,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from memjax import checkpointing
-from memjax import console
+from memjax.checkpoints import checkpointing
+from memjax.io import console
 from memjax import errors
 from memjax import experiment
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
-from memjax import runfiles
-from memjax import stats
+from memjax.checkpoints import runfiles
+from memjax.models import stats
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
 from memjax.methods.pkm import class_usage
@@ -247,7 +247,7 @@ def top1_by_layer(sums: Any) -> dict[str, np.ndarray]:
   return {k: v["top1"] for k, v in stats.module_sums(sums).items()}
 
 
-# What evaluation reports of the memory layers (``memjax.stats.SumReport``):
+# What evaluation reports of the memory layers (``memjax.models.stats.SumReport``):
 # the MLM and classification tasks add it to their results under 'memory',
 # and the classifier compares the top-1 usage of its two classes.
 REPORT = stats.SumReport(

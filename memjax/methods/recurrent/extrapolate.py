@@ -16,9 +16,9 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax.eval import rows as rows_lib
 from memjax.eval import streams
 

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import registry
-from memjax import stats
+from memjax.models import stats
 from memjax.models import attention as attention_lib
 from memjax.models import recurrence
 from memjax.methods.recurrent import memory as rmemory
@@ -246,7 +246,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
         alpha: [B, M, H] float32 interpolation weights of the old memory
             (when refreshing; 0 on invalid slots).
 
-    Reports (collection 'aux', ``memjax.stats``): ``alpha``, the mean
+    Reports (collection 'aux', ``memjax.models.stats``): ``alpha``, the mean
     interpolation weight over valid memory slots and heads (when
     refreshing).
     """

@@ -30,7 +30,7 @@ import numpy as np
 import seqio
 from seqio import beam_utils
 
-from memjax import paths
+from memjax.io import paths
 from memjax.methods.trime import bm25
 from memjax.methods.trime import bm25_order
 

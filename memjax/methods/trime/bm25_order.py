@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from memjax import paths
+from memjax.io import paths
 from memjax.methods.trime.bm25 import _FORMAT_VERSION
 from memjax.methods.trime.bm25 import bm25_neighbours
 from memjax.methods.trime.bm25 import bm25_pack

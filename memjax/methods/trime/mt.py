@@ -49,10 +49,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 from memjax import losses
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
 from memjax.methods.trime import bm25
 from memjax.data import batchers

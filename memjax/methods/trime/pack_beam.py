@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from memjax import errors
-from memjax import optional
-from memjax import paths
+from memjax.io import optional
+from memjax.io import paths
 from memjax.methods.trime import bm25_order
 
 SPLIT = "train"

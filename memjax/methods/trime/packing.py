@@ -36,8 +36,8 @@ import ml_collections
 import numpy as np
 
 from memjax import errors
-from memjax import console
-from memjax import paths
+from memjax.io import console
+from memjax.io import paths
 from memjax import registry
 from memjax.data import batchers
 from memjax.data import sources

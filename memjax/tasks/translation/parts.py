@@ -14,9 +14,9 @@ import time
 import ml_collections
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
-from memjax import runfiles
+from memjax.checkpoints import runfiles
 from memjax.data import parallel
 from memjax.tasks.translation import bleu
 from memjax.tasks.translation import translator as translator_lib

@@ -19,10 +19,10 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
-from memjax import console
-from memjax import paths
+from memjax.io import console
+from memjax.io import paths
 from memjax import registry
-from memjax import task
+from memjax.tasks import base as task
 from memjax.data import parallel
 from memjax.tasks.translation import bleu
 from memjax.tasks.translation import parts

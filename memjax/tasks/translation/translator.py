@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from memjax import console
+from memjax.io import console
 from memjax.data import token_batching
 from memjax.tasks.translation import decoding
 

@@ -140,7 +140,7 @@ def test_domain_adaptation_reads_another_corpus_with_the_run_vocab(
 ):
   """Table 5: a WikiText model, a datastore of iwslt_en's training part and
   iwslt_en's valid scored with kNN-LM, all in the run's word vocabulary."""
-  from memjax import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from memjax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from memjax.data import sources  # pylint: disable=g-import-not-at-top
 
   workdir = str(tmp_path)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from memjax import errors
-from memjax import runfiles
+from memjax.checkpoints import runfiles
 from memjax.data import parallel
 from memjax.memory import search as search_lib
 from memjax.methods.external import mt_datastore

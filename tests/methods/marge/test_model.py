@@ -194,7 +194,7 @@ def test_sharded_equals_unsharded():
   from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
   from memjax import experiment  # pylint: disable=g-import-not-at-top
   from memjax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-  from memjax import train_step  # pylint: disable=g-import-not-at-top
+  from memjax.run import step as train_step  # pylint: disable=g-import-not-at-top
 
   c = config_lib.base_config()
   m = c.model

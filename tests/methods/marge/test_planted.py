@@ -33,7 +33,7 @@ import sys
 import numpy as np
 import pytest
 
-from memjax import corpus as corpus_lib
+from memjax.data import corpus as corpus_lib
 from memjax import experiment
 from memjax.eval import scorer as scorer_lib
 from memjax.methods.marge import retrieval as marge_lib

@@ -119,7 +119,7 @@ def test_bad_settings():
 
 
 def test_index_of_another_embedder_refused(tmp_path, table):
-  from memjax import hooks  # pylint: disable=g-import-not-at-top
+  from memjax.run import hooks  # pylint: disable=g-import-not-at-top
   from memjax.methods.marge import model as marge_model  # pylint: disable=g-import-not-at-top
 
   path = tmp_path / "step_1.npy"

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from configs import pkm_bert
-from memjax import checkpointing
+from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax import experiment
 from memjax import losses
-from memjax import train
+from memjax.run import loop
 from memjax.methods.pkm import class_usage
 from memjax.tasks.classification import accuracy
 from memjax.data import glue
@@ -340,6 +340,6 @@ def test_resumed_finetune_keeps_the_best_dev_parameters(
   workdir = tmp_path / "resumed"
   shutil.copytree(run, workdir)
   os.remove(workdir / "results.json")
-  res = train.train_and_evaluate(final.config, str(workdir))
+  res = loop.train_and_evaluate(final.config, str(workdir))
   for key in ("best_step", "dev", "test", "class_divergence", "memory"):
     assert res[key] == first[key], key

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from memjax import sharding as sharding_lib
-from memjax import stats
+from memjax.models import stats
 from memjax.methods.pkm import layer as pkm
 from memjax.models import transformer
 
@@ -369,7 +369,7 @@ def test_lazy_adam_group_through_make_optimizer_against_numpy():
   # schedule read at the step count before the update, as optax's Adam
   # does); the other parameter takes the base optimiser.
   from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from memjax import optim  # pylint: disable=g-import-not-at-top
+  from memjax.run import optim  # pylint: disable=g-import-not-at-top
 
   cfg = config_lib.base_config().optim
   cfg.clip_norm = 0.0

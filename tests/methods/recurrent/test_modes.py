@@ -22,7 +22,7 @@ from memjax import experiment
 from memjax.modes import generate as generate_lib
 from memjax.eval import streams as recurrent_eval
 from memjax import sharding as sharding_lib
-from memjax import train
+from memjax.run import loop
 from memjax.methods.recurrent import analysis
 from memjax.methods.recurrent import extrapolate
 from memjax.data import streams
@@ -266,7 +266,7 @@ def _check_results(results, workdir, steps):
 def test_txl_smoke_config_trains_end_to_end(tmp_path):
   config = conftest.recurrent_smoke_config("txl_wt103", str(tmp_path / "cache"))
   workdir = str(tmp_path / "run")
-  results = train.train_and_evaluate(config, workdir)
+  results = loop.train_and_evaluate(config, workdir)
   _check_results(results, workdir, steps=6)
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from configs import trime_wt103
 from memjax.modes import memory as memory_modes
-from memjax import runfiles
-from memjax import summaries
-from memjax import train
+from memjax.checkpoints import runfiles
+from memjax.io import events
+from memjax.run import loop
 from memjax.modes import frequency
 from memjax.methods.trime import packing
 
@@ -44,14 +44,14 @@ def long_run(tmp_path_factory):
       cache_theta_grid=(0.05,),
       cache_lambda_grid=(0.1, 0.2),
   )
-  res = train.train_and_evaluate(config, workdir)
+  res = loop.train_and_evaluate(config, workdir)
   return config, workdir, res
 
 
 def test_trime_long_trains_and_logs_memory_metrics(long_run):
   config, workdir, res = long_run
   assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])
-  scalars = summaries.read_scalars(workdir)  # The TensorBoard events.
+  scalars = events.read_scalars(workdir)  # The TensorBoard events.
   memory = ("memory_on", "hide_local", "with_positive", "memory_share")
   for name in ("loss", "lm_loss") + memory:
     assert [s for s, _ in scalars[f"train/{name}"]] == [3, 6], name
@@ -176,7 +176,7 @@ def test_trime_ext_packs_offline_then_trains(tmp_path):
   assert os.listdir(run) == ["bm25_pack.json"]
   runfiles.check_workdir(run, training=True)  # What main runs first.
   order_files = os.listdir(os.path.join(config.data.cache_dir, "bm25"))
-  res = train.train_and_evaluate(config, run)
+  res = loop.train_and_evaluate(config, run)
   assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])
   assert os.listdir(os.path.join(config.data.cache_dir, "bm25")) == order_files
 

@@ -12,7 +12,7 @@ from memjax import losses
 from memjax.methods.trime import objective
 from memjax import sharding as sharding_lib
 from memjax import experiment
-from memjax import train_step
+from memjax.run import step as train_step
 from memjax.methods.trime import memory as trime
 from memjax.models import transformer
 from tests.methods.trime import test_memory

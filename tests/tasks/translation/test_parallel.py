@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from memjax import errors
-from memjax import runfiles
+from memjax.checkpoints import runfiles
 from memjax.data import parallel
 from memjax.data import token_batching
 from memjax.tasks.translation import parts

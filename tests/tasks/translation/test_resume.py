@@ -11,8 +11,8 @@ import sacrebleu
 
 from memjax import errors
 from memjax import experiment
-from memjax import task as task_lib
-from memjax import train
+from memjax.tasks import base as task_lib
+from memjax.run import loop
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_resume_with_other_translation_data_stops(
       for n in names
   }
   with pytest.raises(errors.ResumeError) as e:
-    train.train_and_evaluate(mt_smoke_config(data, **overrides), workdir)
+    loop.train_and_evaluate(mt_smoke_config(data, **overrides), workdir)
   message = str(e.value)
   assert isinstance(e.value, errors.UserError) and "\n" not in message
   assert named in message and "other data settings" in message
@@ -142,4 +142,4 @@ def test_resume_with_the_same_translation_data_passes_the_check(
     run, mt_smoke_config
 ):
   workdir, data = run
-  train.check_resume(mt_smoke_config(data), workdir)  # Raises if it disagreed.
+  loop.check_resume(mt_smoke_config(data), workdir)  # Raises if it disagreed.

@@ -11,7 +11,7 @@ import sacrebleu
 from memjax import errors
 from memjax.data import parallel
 from memjax.modes import translation
-from memjax import train
+from memjax.run import loop
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,6 @@ def test_misaligned_files_stop_before_anything_is_written(
     (data / f"{split}.en").write_text("Hello.\n")
   workdir = tmp_path / "run"
   with pytest.raises(errors.DataError, match="has 2 lines but") as e:
-    train.train_and_evaluate(mt_smoke_config(str(data)), str(workdir))
+    loop.train_and_evaluate(mt_smoke_config(str(data)), str(workdir))
   assert isinstance(e.value, errors.UserError) and "\n" not in str(e.value)
   assert not workdir.exists()

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from memjax import checkpointing
+from memjax.checkpoints import checkpointing
 from memjax import sharding as sharding_lib
 from memjax.models import state as model_state_lib
 

@@ -23,13 +23,13 @@ import jax
 import orbax.checkpoint as ocp
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 
 # Parameters alone, re-exported so that callers restore through this module.
-from memjax.checkpoint_params import leaf_shapes
-from memjax.checkpoint_params import param_shapes  # pylint: disable=unused-import
-from memjax.checkpoint_params import restore_params  # pylint: disable=unused-import
-from memjax.checkpoint_params import restore_variables  # pylint: disable=unused-import
+from memjax.checkpoints.params import leaf_shapes
+from memjax.checkpoints.params import param_shapes  # pylint: disable=unused-import
+from memjax.checkpoints.params import restore_params  # pylint: disable=unused-import
+from memjax.checkpoints.params import restore_variables  # pylint: disable=unused-import
 
 CheckpointMismatchError = errors.CheckpointMismatchError
 
@@ -223,7 +223,7 @@ class Checkpointer:
         _sync_processes(f"memjax-damaged-{step}-moved")
         self._manager.reload()
         reason = " ".join(str(e).split()).split(" See full")[0][:200]
-        from memjax import console  # pylint: disable=g-import-not-at-top
+        from memjax.io import console  # pylint: disable=g-import-not-at-top
 
         console.warn(
             "checkpoint step %d in %s is damaged (%s: %s); moved it to %s "
@@ -245,7 +245,7 @@ class Checkpointer:
           "--workdir"
       )
     if damaged:
-      from memjax import console  # pylint: disable=g-import-not-at-top
+      from memjax.io import console  # pylint: disable=g-import-not-at-top
 
       console.warn(
           "every checkpoint in %s is damaged; starting again from step 0 "

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 from memjax import registry
 from memjax.data import sources
 

@@ -17,8 +17,8 @@ from jax.sharding import Mesh
 from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax import stats
-from memjax import unroll
+from memjax.models import stats
+from memjax.models import unroll
 from memjax.models import state as model_state_lib
 from memjax.models import transformer
 
@@ -91,7 +91,7 @@ def run_lane_segments_with_stats(
     model_state: Any = None,
 ) -> tuple[transformer.LMOutput, dict[str, Array], Any]:
   """``run_lane_segments`` that also returns the auxiliary statistics the
-  modules report (``memjax.stats``), summed over the m segments:
+  modules report (``memjax.models.stats``), summed over the m segments:
   {path: [2] float32 (weighted sum, weight)}, and the model state (see
   ``make_train_step``) after the m segments, updated in their order."""
   m = segments_per_lane
@@ -219,7 +219,7 @@ def make_train_step(
 
   The metrics are float32 scalars (``loss``, ``grad_norm``, ``finite``, the
   loss's sums) and ``stats``: the auxiliary statistics the modules report
-  (``memjax.stats``), {path: [2] (weighted sum, weight)} summed over the
+  (``memjax.models.stats``), {path: [2] (weighted sum, weight)} summed over the
   micro-batches, segments and devices of the step.
 
   The model state (``TrainState.model_state``: the collections the model

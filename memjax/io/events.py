@@ -1,9 +1,9 @@
 """TensorBoard event files, written without TensorFlow.
 
 CLU's default writer writes its events through TensorFlow; memjax's core
-does not need TensorFlow (``memjax.optional``), so it writes the same event
+does not need TensorFlow (``memjax.io.optional``), so it writes the same event
 files with TensorBoard's own record writer and protocol buffers (the
-``tensorboard`` package, no TensorFlow), through ``memjax.paths`` so that a
+``tensorboard`` package, no TensorFlow), through ``memjax.io.paths`` so that a
 workdir in cloud storage gets them too. ``tensorboard --logdir <workdir>``
 reads them.
 
@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from memjax import paths
+from memjax.io import paths
 
 
 class EventWriter:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -28,23 +27,22 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-import memjax
-from memjax import checkpointing
-from memjax import console
+from memjax.checkpoints import checkpointing
+from memjax.io import console
 from memjax import errors
 from memjax import experiment
-from memjax import hooks as hooks_lib
+from memjax.run import hooks as hooks_lib
 from memjax import losses
-from memjax import optim
-from memjax import preemption
-from memjax import profiling
-from memjax import paths
-from memjax import runfiles
+from memjax.run import optim
+from memjax.run import preemption
+from memjax.run import profiling
+from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax import sharding as sharding_lib
-from memjax import stats
-from memjax import summaries
-from memjax import task as task_lib
-from memjax import train_step as train_step_lib
+from memjax.models import stats
+from memjax.io import events
+from memjax.tasks import base as task_lib
+from memjax.run import step as train_step_lib
 from memjax.models import transformer
 
 Array = jax.Array
@@ -447,7 +445,7 @@ def train_and_evaluate(
       ``config.json``, vocabulary, ``train_log.jsonl``, ``results.json``).
     hooks: callables ``hook(step, state)`` run after each update and its
       checkpoint (profilers, custom logging, tests that interrupt a run).
-      The step hooks of ``config.train.hooks`` (``memjax.hooks``) run
+      The step hooks of ``config.train.hooks`` (``memjax.run.hooks``) run
       before the checkpoint, and their state is saved with it.
 
   Returns:
@@ -461,9 +459,7 @@ def train_and_evaluate(
       runfiles.write_run_files(
           workdir, config, task.vocabulary(config, workdir)
       )
-    writer = summaries.EventWriter(
-        workdir, just_logging=jax.process_index() > 0
-    )
+    writer = events.EventWriter(workdir, just_logging=jax.process_index() > 0)
     with (
         preemption.StopSignal() as stop,
         profiling.StepTrace(config, workdir) as trace,
@@ -484,7 +480,3 @@ def train_and_evaluate(
   if jax.process_index() == 0:
     runfiles.write_json(paths.join(workdir, "results.json"), results)
   return results
-
-
-# memjax.train(config, workdir): the package's attribute is this module.
-sys.modules[__name__].__class__ = memjax.TrainModule

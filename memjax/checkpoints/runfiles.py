@@ -21,7 +21,7 @@ import ml_collections
 
 from memjax import config as config_lib
 from memjax import errors
-from memjax import paths
+from memjax.io import paths
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.json"
@@ -289,7 +289,7 @@ def write_export(
   # Orbax and jax only here: the rest of this module reads run files.
   import jax  # pylint: disable=g-import-not-at-top
 
-  from memjax import checkpointing  # pylint: disable=g-import-not-at-top
+  from memjax.checkpoints import checkpointing  # pylint: disable=g-import-not-at-top
 
   tmp, old = out_dir + ".partial", out_dir + ".old"
   for d in (tmp, old):

@@ -58,7 +58,7 @@ class Task(abc.ABC):
     of a run, by config key (``{'translation.max_tokens': 4096}``).
 
     Saved with every checkpoint; resuming with other values stops with a
-    ResumeError naming them (``memjax.train.check_position``).
+    ResumeError naming them (``memjax.run.loop.check_position``).
     """
     del config
     return {}

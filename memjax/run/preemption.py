@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from memjax import console
+from memjax.io import console
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from memjax import console
+from memjax.io import console
 from memjax import errors
 
 

@@ -3,7 +3,7 @@
 What ``train.init_from`` and ``memjax.experiment.load`` read of a
 training checkpoint without the rest of its train state:
 ``restore_params``, ``restore_variables`` and ``param_shapes``
-(``memjax.checkpointing`` re-exports them).
+(``memjax.checkpoints.checkpointing`` re-exports them).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import orbax.checkpoint as ocp
 
-from memjax import paths
+from memjax.io import paths
 
 
 def restore_params(
