@@ -29,8 +29,9 @@ _SCRIPT = textwrap.dedent("""
       sys.modules[name] = None
     args = json.loads(sys.argv[1])
     import memjax
-    from memjax import api, experiment, train
+    from memjax import api, experiment
     from memjax.modes import evaluation
+    from memjax.run import loop as train
     sys.path.insert(0, args["repo"])
     from tests import conftest
     out = {}
