@@ -23,9 +23,8 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from memjax.io import console
 from memjax import errors
@@ -39,16 +38,6 @@ from memjax.models import state as model_state
 Array = jax.Array
 
 _KEYS = ("inputs", "targets", "weights", "reset")
-
-
-def segment_len_of(config: ml_collections.ConfigDict) -> int:
-  """Evaluation segment length: ``eval.segment_len`` or ``data.seq_len``."""
-  return int(config.eval.segment_len or config.data.seq_len)
-
-
-def mem_len_of(config: ml_collections.ConfigDict) -> int:
-  """Evaluation memory length: ``eval.mem_len`` or ``model.mem_len``."""
-  return int(config.eval.mem_len or config.model.mem_len)
 
 
 def stacked_segments(
@@ -84,7 +73,7 @@ class StreamScorer(rows.Scorer):
 
   def __init__(
       self,
-      run: Any,
+      scoring: rows.Scoring,
       *,
       segment_len: Optional[int] = None,
       mem_len: Optional[int] = None,
@@ -94,10 +83,12 @@ class StreamScorer(rows.Scorer):
     """Creates the scorer.
 
     Args:
-      run: what ``rows.Scorer`` needs; its model carries memory.
-      segment_len: L, predictions per segment (default ``eval.segment_len``
-        or ``data.seq_len``).
-      mem_len: memory length M (default ``eval.mem_len`` or the model's).
+      scoring: the model and its settings (``rows.Scoring``); its model
+        carries memory.
+      segment_len: L, predictions per segment (default the scoring's:
+        ``eval.segment_len`` or ``data.seq_len``).
+      mem_len: memory length M (default the scoring's: ``eval.mem_len`` or
+        the model's).
       lanes: contiguous lanes per split (default ``eval.lanes``; padded with
         empty lanes to a multiple of the data-parallel size).
       chunk: segments per compiled scan.
@@ -106,20 +97,22 @@ class StreamScorer(rows.Scorer):
       errors.ConfigError: the model carries no memory, or a length is not
         positive.
     """
-    super().__init__(run)
-    c = self.config
+    super().__init__(scoring)
     model = self.model
-    mem_len = mem_len_of(c) if mem_len is None else int(mem_len)
+    if mem_len is None:
+      mem_len = scoring.mem_len or model.mem_len
+    mem_len = int(mem_len)
     if mem_len != model.mem_len:
       model = model.clone(mem_len=mem_len)
     if not model.carries_memory():
       raise errors.ConfigError(
           f"recurrent evaluation needs a model that carries memory (attention "
           f"'xl' or 'lamemo' with mem_len > 0); got attention "
-          f"{model.attention!r}, mem_len {model.mem_len}"
+          f"{model.attention_name!r}, mem_len {model.mem_len}"
       )
-    segment_len = segment_len_of(c) if segment_len is None else segment_len
-    lanes = int(c.eval.lanes) if lanes is None else lanes
+    if segment_len is None:
+      segment_len = scoring.segment_len
+    lanes = int(scoring.eval.lanes) if lanes is None else lanes
     if segment_len < 1 or lanes < 1 or chunk < 1:
       raise errors.ConfigError(
           f"eval segment_len, lanes and chunk must be >= 1; got {segment_len}, "

@@ -33,15 +33,16 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from memjax import errors
+from memjax.data import corpus as corpus_lib
+from memjax.data import vocab as vocab_lib
 from memjax.io import console
 from memjax.io import paths
-from memjax.eval import streams as recurrent_eval
-from memjax.data import vocab as vocab_lib
 from memjax.models import state as model_state
+from memjax.run import restore
+from memjax.run import spec
 
 Array = jax.Array
 
@@ -215,16 +216,16 @@ def decode(vocab: Any, ids: np.ndarray) -> str:
   return vocab_lib.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
-def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def generate(run: spec.Run) -> dict[str, Any]:
   """``--mode=generate``: continues a prompt from a split (see module doc)."""
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
-
-  g = config.generate
-  restored, corpus = experiment.load_for_mode(config, workdir)
+  s, workdir = run.settings, run.workdir
+  g = s.generate
+  restored = restore.restore_source(run)
+  corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
   if g.split not in corpus.splits:
     raise errors.ConfigError(
         f"generate.split {g.split!r} is not in eval.splits "
-        f"{tuple(config.eval.splits)}"
+        f"{tuple(s.eval.splits)}"
     )
   tokens = corpus.splits[g.split].tokens
   start, length = int(g.prompt_offset), int(g.prompt_len)
@@ -235,10 +236,10 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     )
   prompt = np.asarray(tokens[start : start + length])
   model = restored.model
-  mem_len = int(g.mem_len or config.model.mem_len)
+  mem_len = int(g.mem_len or s.model.mem_len)
   if model.carries_memory() and mem_len != model.mem_len:
     model = model.clone(mem_len=mem_len)
-  seg = recurrent_eval.segment_len_of(config)
+  seg = int(s.eval.segment_len or s.data.seq_len)
   sampler = Sampler(
       model, seg, top_p=float(g.top_p), temperature=float(g.temperature)
   )
@@ -260,7 +261,7 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   vocab = restored.vocab
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
-      f"model {config.name}, step {restored.step}; prompt "
+      f"model {s.name}, step {restored.step}; prompt "
       f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
       f"top-p {float(g.top_p)}, temperature {float(g.temperature)}, "
       f"seed {int(g.seed)}, segments of {seg}, memory "
@@ -276,7 +277,7 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ]
   paths.write_text(files[0], text)
   result = {
-      "name": config.name,
+      "name": s.name,
       "step": restored.step,
       "header": header,
       "prompt": prompt_text,

@@ -1,28 +1,30 @@
 """Optimisers, learning-rate schedules and parameter groups (optax).
 
-``make_optimizer(config.optim, num_steps)`` builds the base optimiser
-(``optim.optimizer`` with its schedule) and, when ``optim.groups`` names
-parameter groups, gives the parameters each group's regex matches the
-group's own optimiser and schedule. A registered transformation
-(``register_transform``) can replace the optimiser of the base or a group.
+``make_optimizer(settings.optim, num_steps, transforms)`` builds the base
+optimiser (``optim.optimizer`` with its schedule) and, when ``optim.groups``
+names parameter groups, gives the parameters each group's regex matches the
+group's own optimiser and schedule. A transform the engine or a method
+declares (``extend.Method.optimizer_transforms``) can replace the optimiser
+of the base or a group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Callable, Mapping
 
 import jax
-import ml_collections
 import optax
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
+
+Optim = settings_lib.Optim
 
 
-def make_schedule(
-    cfg: ml_collections.ConfigDict, num_steps: int
-) -> optax.Schedule:
+def make_schedule(cfg: Optim, num_steps: int) -> optax.Schedule:
   """Learning-rate schedule with linear warm-up.
 
   * ``cosine``: warm-up then cosine decay to ``min_lr_ratio * lr`` at
@@ -79,7 +81,7 @@ def make_schedule(
 # Custom transformations and parameter groups
 # ----------------------------------------------------------------------------
 
-# A registered transformation (``registry.OPTIMIZER_TRANSFORMS``):
+# A declared transformation (``extend.Method.optimizer_transforms``):
 # factory(optim settings, schedule) -> optax.GradientTransformation.
 # ``optim.transform = name`` (or a group's ``transform``) replaces the standard
 # optimiser of ``optim.optimizer`` with ``factory(settings, schedule)``:
@@ -90,8 +92,9 @@ def make_schedule(
 # up (lazy Adam). Clipping by ``optim.clip_norm`` still comes first, over all
 # gradients.
 TransformFactory = Callable[
-    [ml_collections.ConfigDict, optax.Schedule], optax.GradientTransformation
+    [Optim, optax.Schedule], optax.GradientTransformation
 ]
+Transforms = extend.Lookup[TransformFactory]
 
 # Keys of ``optim`` a parameter group may override (besides ``params``).
 GROUP_KEYS = (
@@ -111,10 +114,7 @@ GROUP_KEYS = (
 BASE_GROUP = "base"
 
 
-@registry.OPTIMIZER_TRANSFORMS.register("frozen")
-def _frozen(
-    cfg: ml_collections.ConfigDict, sched: optax.Schedule
-) -> optax.GradientTransformation:
+def frozen(cfg: Optim, sched: optax.Schedule) -> optax.GradientTransformation:
   """Leaves a group's parameters exactly as they are (zero updates), e.g.
   the memory of a fine-tuned model held fixed (Kim & Jung's Table 5)."""
   del cfg, sched
@@ -122,18 +122,16 @@ def _frozen(
 
 
 def _standard_optimizer(
-    cfg: ml_collections.ConfigDict, sched: optax.Schedule, where: str
+    cfg: Optim, sched: optax.Schedule, where: str, transforms: Transforms
 ) -> optax.GradientTransformation:
-  """The optimiser of ``cfg.optimizer`` or the registered ``cfg.transform``."""
-  transform = cfg.get("transform", "")
-  if transform:
-    if transform not in registry.OPTIMIZER_TRANSFORMS:
+  """The optimiser of ``cfg.optimizer`` or the declared ``cfg.transform``."""
+  if cfg.transform:
+    if cfg.transform not in transforms:
       raise errors.ConfigError(
-          f"unknown {where}.transform {transform!r}; registered: "
-          f"{', '.join(registry.OPTIMIZER_TRANSFORMS.names())} "
-          "(memjax.registry.OPTIMIZER_TRANSFORMS)"
+          f"unknown {where}.transform {cfg.transform!r}; there are: "
+          f"{', '.join(transforms.names())}"
       )
-    return registry.OPTIMIZER_TRANSFORMS.get(transform)(cfg, sched)
+    return transforms.get(cfg.transform)(cfg, sched)
   name = cfg.optimizer
   if name == "adam":
     return optax.adamw(
@@ -154,9 +152,7 @@ def _standard_optimizer(
   )
 
 
-def group_settings(
-    cfg: ml_collections.ConfigDict,
-) -> dict[str, tuple[re.Pattern, ml_collections.ConfigDict]]:
+def group_settings(cfg: Optim) -> dict[str, tuple[re.Pattern, Optim]]:
   """The parameter groups of ``cfg.groups``: {name: (regex, settings)}.
 
   ``settings`` are the base ``optim`` keys with the group's overrides.
@@ -166,12 +162,11 @@ def group_settings(
       regex or an invalid one, overrides an unknown key, or is named 'base'.
   """
   out = {}
-  base = {k: v for k, v in cfg.items() if k != "groups"}
-  for name, group in (cfg.get("groups") or {}).items():
+  for name, group in (cfg.groups or {}).items():
     where = f"optim.groups.{name}"
     if name == BASE_GROUP:
       raise errors.ConfigError(f"{where}: the group name 'base' is reserved")
-    if not isinstance(group, (ml_collections.ConfigDict, dict)):
+    if not isinstance(group, Mapping):
       raise errors.ConfigError(
           f"{where} must be a ConfigDict of settings, got {group!r}"
       )
@@ -194,7 +189,7 @@ def group_settings(
       raise errors.ConfigError(
           f"{where}.params {pattern!r} is not a regex: {e}"
       ) from None
-    out[name] = (regex, ml_collections.ConfigDict({**base, **group}))
+    out[name] = (regex, dataclasses.replace(cfg, groups={}, **group))
   return out
 
 
@@ -245,12 +240,12 @@ def param_labels(params: Any, groups: Mapping[str, re.Pattern]) -> Any:
   return labels
 
 
-def layout(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+def layout(cfg: Optim) -> dict[str, Any]:
   """What shapes the optimiser state: the optimiser or transform of the base
   and of every group, and the groups' regexes (saved with checkpoints)."""
 
   def kind(c):
-    return {"optimizer": c.optimizer, "transform": c.get("transform", "")}
+    return {"optimizer": c.optimizer, "transform": c.transform}
 
   out = kind(cfg)
   groups = group_settings(cfg)
@@ -263,9 +258,10 @@ def layout(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def make_optimizer(
-    cfg: ml_collections.ConfigDict, num_steps: int
+    cfg: Optim, num_steps: int, transforms: Transforms
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Builds the optimiser from ``config.optim``.
+  """Builds the optimiser of the ``optim`` settings ``cfg``, with the
+  declared ``transforms`` by name.
 
   Parameters matching a group of ``cfg.groups`` are updated by the group's
   optimiser and schedule (``optax.multi_transform``), the others by the base
@@ -276,17 +272,17 @@ def make_optimizer(
     (over all parameters) comes first when ``clip_norm > 0``.
   """
   sched = make_schedule(cfg, num_steps)
-  opt = _standard_optimizer(cfg, sched, "optim")
+  opt = _standard_optimizer(cfg, sched, "optim", transforms)
   groups = group_settings(cfg)
   if groups:
-    transforms = {BASE_GROUP: opt}
+    by_group = {BASE_GROUP: opt}
     for name, (_, c) in groups.items():
-      transforms[name] = _standard_optimizer(
-          c, make_schedule(c, num_steps), f"optim.groups.{name}"
+      by_group[name] = _standard_optimizer(
+          c, make_schedule(c, num_steps), f"optim.groups.{name}", transforms
       )
     patterns = {name: regex for name, (regex, _) in groups.items()}
     opt = optax.multi_transform(
-        transforms, lambda params: param_labels(params, patterns)
+        by_group, lambda params: param_labels(params, patterns)
     )
   parts: list[Any] = []
   if cfg.clip_norm and cfg.clip_norm > 0:

@@ -14,28 +14,21 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax.models import stats
-from memjax.models import unroll
 from memjax.models import state as model_state_lib
+from memjax.models import stats
 from memjax.models import transformer
+from memjax.models import unroll
+from memjax.run import state as state_lib
 
 Array = jax.Array
-TrainState = experiment.TrainState
+TrainState = state_lib.TrainState
 
 
 # ----------------------------------------------------------------------------
 # Step
 # ----------------------------------------------------------------------------
-
-
-def model_inputs(model, batch: dict[str, Array]) -> dict[str, Array]:
-  """The batch arrays a model family takes as keyword arguments besides
-  inputs and targets (its class attribute ``EXTRA_INPUTS``, e.g. the
-  encoder-decoder's 'source')."""
-  return {k: batch[k] for k in getattr(model, "EXTRA_INPUTS", ())}
 
 
 def _split_micro(x: Array, n: int) -> Array:
@@ -207,8 +200,13 @@ def make_train_step(
     state_shardings: Any,
     mesh: Mesh,
     segments_per_lane: int = 1,
+    extra_inputs: tuple[str, ...] = (),
 ) -> Callable:
   """Builds the jitted ``(state, batch, rng) -> (state, metrics)``.
+
+  ``extra_inputs`` names the batch arrays the model takes as keyword
+  arguments besides inputs and targets (``extend.Family.extra_inputs``,
+  e.g. the encoder-decoder's 'source').
 
   Gradients are accumulated over ``grad_accum`` micro-batches with
   ``lax.scan``. A step whose loss or gradient norm is not finite leaves the
@@ -243,7 +241,7 @@ def make_train_step(
         memory=memory,
         deterministic=False,
         rngs={"dropout": rng},
-        **model_inputs(model, mb),
+        **{k: mb[k] for k in extra_inputs},
     )
     return out, sums, (new_ms or ms)
 

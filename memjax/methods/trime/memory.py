@@ -52,7 +52,6 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
 from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.memory.visibility import MemorySpec, draw_hide_local, position_meta, visible
@@ -396,6 +395,3 @@ class TrimeMemory(evaluation.EvalMemory):
     return jnp.stack(
         [combine_log_prob(lm[None], log_z[None], a, p) for a, p in sums]
     )  # [N, G, W, S]
-
-
-registry.EVAL_MEMORIES.register("trime", TrimeMemory())
