@@ -47,11 +47,9 @@ class Translator(base.Loaded):
     key = id(memory)
     if key not in self._translators:
       r = self.restored
+      t = self.settings.of(task_config.Translation)
       self._translators[key] = (
-          parts.make_translator(
-              self.settings.of(task_config.Translation), r.model,
-              r.variables, r.vocab, memory,
-          ),  # fmt: skip
+          parts.make_translator(t, r.model, r.variables, r.vocab, memory),
           memory,  # Keeps the hook alive, so its id stays its own.
       )
     return self._translators[key][0]
