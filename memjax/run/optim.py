@@ -24,7 +24,7 @@ from memjax import settings as settings_lib
 Optim = settings_lib.Optim
 
 
-def make_schedule(cfg: Optim, num_steps: int) -> optax.Schedule:
+def make_schedule(o: Optim, num_steps: int) -> optax.Schedule:
   """Learning-rate schedule with linear warm-up.
 
   * ``cosine``: warm-up then cosine decay to ``min_lr_ratio * lr`` at
@@ -34,17 +34,17 @@ def make_schedule(cfg: Optim, num_steps: int) -> optax.Schedule:
   * ``linear``: warm-up then linear decay to ``min_lr_ratio * lr`` at
     ``num_steps`` (BERT's schedule).
   """
-  lr = float(cfg.learning_rate)
-  warm = int(cfg.warmup_steps)
-  if cfg.schedule == "cosine":
+  lr = float(o.learning_rate)
+  warm = int(o.warmup_steps)
+  if o.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0 if warm else lr,
         peak_value=lr,
         warmup_steps=warm,
         decay_steps=max(num_steps, warm + 1),
-        end_value=lr * float(cfg.min_lr_ratio),
+        end_value=lr * float(o.min_lr_ratio),
     )
-  if cfg.schedule == "inverse_sqrt":
+  if o.schedule == "inverse_sqrt":
 
     def sched(step):
       import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -57,22 +57,22 @@ def make_schedule(cfg: Optim, num_steps: int) -> optax.Schedule:
       )
 
     return sched
-  if cfg.schedule == "linear":
+  if o.schedule == "linear":
     return optax.join_schedules(
         [
             optax.linear_schedule(0.0 if warm else lr, lr, max(warm, 1)),
             optax.linear_schedule(
-                lr, lr * float(cfg.min_lr_ratio), max(num_steps - warm, 1)
+                lr, lr * float(o.min_lr_ratio), max(num_steps - warm, 1)
             ),
         ],
         [warm],
     )
-  if cfg.schedule == "constant":
+  if o.schedule == "constant":
     if warm:
       return optax.linear_schedule(0.0, lr, warm)
     return optax.constant_schedule(lr)
   raise errors.ConfigError(
-      f"unknown optim.schedule {cfg.schedule!r}; use cosine, inverse_sqrt, "
+      f"unknown optim.schedule {o.schedule!r}; use cosine, inverse_sqrt, "
       "constant or linear"
   )
 
@@ -114,46 +114,46 @@ GROUP_KEYS = (
 BASE_GROUP = "base"
 
 
-def frozen(cfg: Optim, sched: optax.Schedule) -> optax.GradientTransformation:
+def frozen(o: Optim, sched: optax.Schedule) -> optax.GradientTransformation:
   """Leaves a group's parameters exactly as they are (zero updates), e.g.
   the memory of a fine-tuned model held fixed (Kim & Jung's Table 5)."""
-  del cfg, sched
+  del o, sched
   return optax.set_to_zero()
 
 
 def _standard_optimizer(
-    cfg: Optim, sched: optax.Schedule, where: str, transforms: Transforms
+    o: Optim, sched: optax.Schedule, where: str, transforms: Transforms
 ) -> optax.GradientTransformation:
-  """The optimiser of ``cfg.optimizer`` or the declared ``cfg.transform``."""
-  if cfg.transform:
-    if cfg.transform not in transforms:
+  """The optimiser of ``o.optimizer`` or the declared ``o.transform``."""
+  if o.transform:
+    if o.transform not in transforms:
       raise errors.ConfigError(
-          f"unknown {where}.transform {cfg.transform!r}; there are: "
+          f"unknown {where}.transform {o.transform!r}; there are: "
           f"{', '.join(transforms.names())}"
       )
-    return transforms.get(cfg.transform)(cfg, sched)
-  name = cfg.optimizer
+    return transforms.get(o.transform)(o, sched)
+  name = o.optimizer
   if name == "adam":
     return optax.adamw(
-        sched, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+        sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay
     )
   if name == "nag":
     # fairseq's NAG with momentum 0.99, as in Baevski & Auli.
     return optax.chain(
-        optax.add_decayed_weights(cfg.weight_decay)
-        if cfg.weight_decay
+        optax.add_decayed_weights(o.weight_decay)
+        if o.weight_decay
         else optax.identity(),
-        optax.sgd(sched, momentum=cfg.momentum, nesterov=True),
+        optax.sgd(sched, momentum=o.momentum, nesterov=True),
     )
   if name == "sgd":
-    return optax.sgd(sched, momentum=cfg.momentum or None)
+    return optax.sgd(sched, momentum=o.momentum or None)
   raise errors.ConfigError(
       f"unknown {where}.optimizer {name!r}; use adam, nag or sgd"
   )
 
 
-def group_settings(cfg: Optim) -> dict[str, tuple[re.Pattern, Optim]]:
-  """The parameter groups of ``cfg.groups``: {name: (regex, settings)}.
+def group_settings(o: Optim) -> dict[str, tuple[re.Pattern, Optim]]:
+  """The parameter groups of ``o.groups``: {name: (regex, settings)}.
 
   ``settings`` are the base ``optim`` keys with the group's overrides.
 
@@ -162,7 +162,7 @@ def group_settings(cfg: Optim) -> dict[str, tuple[re.Pattern, Optim]]:
       regex or an invalid one, overrides an unknown key, or is named 'base'.
   """
   out = {}
-  for name, group in (cfg.groups or {}).items():
+  for name, group in (o.groups or {}).items():
     where = f"optim.groups.{name}"
     if name == BASE_GROUP:
       raise errors.ConfigError(f"{where}: the group name 'base' is reserved")
@@ -189,7 +189,7 @@ def group_settings(cfg: Optim) -> dict[str, tuple[re.Pattern, Optim]]:
       raise errors.ConfigError(
           f"{where}.params {pattern!r} is not a regex: {e}"
       ) from None
-    out[name] = (regex, dataclasses.replace(cfg, groups={}, **group))
+    out[name] = (regex, dataclasses.replace(o, groups={}, **group))
   return out
 
 
@@ -240,30 +240,30 @@ def param_labels(params: Any, groups: Mapping[str, re.Pattern]) -> Any:
   return labels
 
 
-def layout(cfg: Optim) -> dict[str, Any]:
+def layout(o: Optim) -> dict[str, Any]:
   """What shapes the optimiser state: the optimiser or transform of the base
   and of every group, and the groups' regexes (saved with checkpoints)."""
 
-  def kind(c):
-    return {"optimizer": c.optimizer, "transform": c.transform}
+  def kind(group: Optim) -> dict[str, str]:
+    return {"optimizer": group.optimizer, "transform": group.transform}
 
-  out = kind(cfg)
-  groups = group_settings(cfg)
+  out = kind(o)
+  groups = group_settings(o)
   if groups:
     out["groups"] = {
-        name: {"params": regex.pattern, **kind(c)}
-        for name, (regex, c) in groups.items()
+        name: {"params": regex.pattern, **kind(group)}
+        for name, (regex, group) in groups.items()
     }
   return out
 
 
 def make_optimizer(
-    cfg: Optim, num_steps: int, transforms: Transforms
+    o: Optim, num_steps: int, transforms: Transforms
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Builds the optimiser of the ``optim`` settings ``cfg``, with the
+  """Builds the optimiser of the ``optim`` settings ``o``, with the
   declared ``transforms`` by name.
 
-  Parameters matching a group of ``cfg.groups`` are updated by the group's
+  Parameters matching a group of ``o.groups`` are updated by the group's
   optimiser and schedule (``optax.multi_transform``), the others by the base
   one; see ``group_settings`` and ``param_labels``.
 
@@ -271,9 +271,9 @@ def make_optimizer(
     (transformation, the base schedule). Gradient clipping by global norm
     (over all parameters) comes first when ``clip_norm > 0``.
   """
-  sched = make_schedule(cfg, num_steps)
-  opt = _standard_optimizer(cfg, sched, "optim", transforms)
-  groups = group_settings(cfg)
+  sched = make_schedule(o, num_steps)
+  opt = _standard_optimizer(o, sched, "optim", transforms)
+  groups = group_settings(o)
   if groups:
     by_group = {BASE_GROUP: opt}
     for name, (_, c) in groups.items():
@@ -285,7 +285,7 @@ def make_optimizer(
         by_group, lambda params: param_labels(params, patterns)
     )
   parts: list[Any] = []
-  if cfg.clip_norm and cfg.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(cfg.clip_norm))
+  if o.clip_norm and o.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(o.clip_norm))
   parts.append(opt)
   return optax.chain(*parts), sched

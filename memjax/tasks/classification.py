@@ -93,13 +93,13 @@ def save_best(run: spec.Run, data: ClassData) -> None:
   )  # fmt: skip
 
 
-def read_best(c: Classes, best_dir: str) -> dict[str, Any]:
+def read_best(cs: Classes, best_dir: str) -> dict[str, Any]:
   """The best dev evaluation an earlier part of the run kept, or {}."""
   path = paths.join(best_dir, runfiles.EXPORT_FILE)
   if not paths.isfile(path):
     return {}
   meta = paths.read_json(path)
-  return {"accuracy": meta[c.select_split]["accuracy"], "step": meta["step"],
+  return {"accuracy": meta[cs.select_split]["accuracy"], "step": meta["step"],
           "params": None}  # fmt: skip
 
 
@@ -120,8 +120,8 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
   return float(np.mean(np.argmax(np.asarray(logits), axis=-1) == labels))
 
 
-def data_dir(c: Classes) -> str:
-  return c.data_dir or glue.DEFAULT_DIR
+def data_dir(cs: Classes) -> str:
+  return cs.data_dir or glue.DEFAULT_DIR
 
 
 def vocabulary_path(s: Settings, workdir: str) -> str:
@@ -158,17 +158,17 @@ def sentence_batches(
 
 
 def predict(
-    scorer: Any, params: Any, ex: glue.Examples, c: Classes, rows_: Any = None
+    scorer: Any, params: Any, ex: glue.Examples, cs: Classes, rows_: Any = None
 ) -> tuple[np.ndarray, dict[str, Any]]:
   """(logits [N, C], {collection: sums} of every sum report) over the
   examples ``rows_`` (default all)."""
   collections = tuple(r.collection for r in scorer.scoring.sum_reports)
   batches = sentence_batches(
-      ex, scorer.scoring.eval.batch_size, tuple(c.buckets), scorer.mesh, rows_
+      ex, scorer.scoring.eval.batch_size, tuple(cs.buckets), scorer.mesh, rows_
   )
   out = scorer.apply(params, batches, keep=("logits",), collections=collections)
   n = len(ex.ids) if rows_ is None else len(rows_)
-  logits = out.get("logits", np.zeros((n, len(c.labels))))
+  logits = out.get("logits", np.zeros((n, len(cs.labels))))
   return logits, {k: out[k] for k in collections}
 
 
@@ -199,20 +199,20 @@ class AccuracyEvaluator(task.Evaluator):
     return {split: {"accuracy": acc}}
 
 
-def usage_analysis(scorer, params, ex, c: Classes) -> dict[str, Any]:
+def usage_analysis(scorer, params, ex, cs: Classes) -> dict[str, Any]:
   """What the sum reports say over ``ex`` (e.g. memory usage) and, with two
   labels, their comparison of the positive and negative examples
   ('class_divergence'); empty when nothing was sown."""
-  _, sums = predict(scorer, params, ex, c)
+  _, sums = predict(scorer, params, ex, cs)
   out: dict[str, Any] = {}
   for report in scorer.scoring.sum_reports:
     by_module = report.by_module(sums[report.collection])
     if not by_module:
       continue
     out[report.key] = by_module
-    if len(c.labels) == 2 and report.compare is not None:
+    if len(cs.labels) == 2 and report.compare is not None:
       pos, neg = (
-          predict(scorer, params, ex, c, np.flatnonzero(ex.labels == k))[1][
+          predict(scorer, params, ex, cs, np.flatnonzero(ex.labels == k))[1][
               report.collection
           ]
           for k in (1, 0)

@@ -179,18 +179,18 @@ def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
   return loss_fn
 
 
-def _settings(cfg: config.TrimeLoss, num_steps: int) -> tuple[str, float, int]:
+def _settings(loss: config.TrimeLoss, num_steps: int) -> tuple[str, float, int]:
   """(training memory, local hide probability, warm-up updates) of
   ``config.loss``, checked."""
-  memory = cfg.memory
+  memory = loss.memory
   if memory not in TRIME_MEMORIES:
     raise errors.ConfigError(
         f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
     )
-  p = float(cfg.local_hide_prob)
+  p = float(loss.local_hide_prob)
   if not 0.0 <= p <= 1.0:
     raise errors.ConfigError(f"loss.local_hide_prob must be in [0, 1], got {p}")
-  frac = float(cfg.lm_warmup_fraction)
+  frac = float(loss.lm_warmup_fraction)
   if not 0.0 <= frac <= 1.0:
     raise errors.ConfigError(
         f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
