@@ -147,7 +147,14 @@ ENGINE = extend.Method(
             before_jax=platforms.set_device_flags,
         ),
     },
-    settings=settings.ENGINE + task_config.SETTINGS,
+    settings=settings.ENGINE
+    + (
+        position_loss.PositionLoss,
+        generate.Generate,
+        export.Export,
+        platforms.Plan,
+    )
+    + task_config.SETTINGS,
 )
 
 # Where the methods are: every package in this folder is one.

@@ -295,51 +295,6 @@ class Eval:
 
 
 @dataclasses.dataclass(frozen=True)
-class PositionLoss:
-  """``config.position_loss``: --mode=position_loss, the mean loss by
-  position within a document, context reset at document boundaries
-  (Komatsuzaki 2021, Appendix 6.3.4).
-
-  Attributes:
-    documents: articles | sections.
-    buckets: lower bounds of the position buckets.
-    memory: none (the model alone; a model that carries memory carries it
-      within each document) | eval (a windowed model with its evaluation
-      memory: tune.json, else eval_memory).
-  """
-
-  SECTION: ClassVar[str] = "position_loss"
-  documents: str = "articles"
-  buckets: tuple[int, ...] = (1, 17, 65, 257)
-  memory: str = "none"
-
-
-@dataclasses.dataclass(frozen=True)
-class Generate:
-  """``config.generate``: --mode=generate, top-p sampling after a prompt
-  from a split.
-
-  Attributes:
-    split: where the prompt comes from.
-    prompt_offset: its first token in the split.
-    prompt_len, num_tokens: the prompt's and the continuation's lengths.
-    top_p, temperature: the sampling.
-    mem_len: memory length (0 = model.mem_len).
-    seed: the sampling's seed.
-  """
-
-  SECTION: ClassVar[str] = "generate"
-  split: str = "test"
-  prompt_offset: int = 0
-  prompt_len: int = 512
-  num_tokens: int = 256
-  top_p: float = 0.95
-  temperature: float = 1.0
-  mem_len: int = 0
-  seed: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
 class EvalMemory:
   """``config.eval_memory``: evaluation with testing memories (modes
   memeval, tune, memsweep, buckets) and an external datastore; the windows
@@ -392,20 +347,6 @@ class EvalMemory:
 
 
 @dataclasses.dataclass(frozen=True)
-class Export:
-  """``config.export``: --mode=export, a params-only, self-contained copy.
-
-  Attributes:
-    dir: '' = <workdir>/export.
-    dtype: float32 | bfloat16.
-  """
-
-  SECTION: ClassVar[str] = "export"
-  dir: str = ""
-  dtype: str = "float32"
-
-
-@dataclasses.dataclass(frozen=True)
 class Mesh:
   """``config.mesh``: the device mesh's axis sizes (-1: the devices
   left)."""
@@ -420,42 +361,9 @@ class Mesh:
     return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """``config.plan``: --mode=plan compiles the train step for a target
-  without running it (docs/plan.md).
-
-  Attributes:
-    devices: devices planned for; 0 = those the mesh names.
-    platform: tpu_v4 | tpu_v5e | tpu_v5p | h100 | h200 | a100 | cpu.
-    tpu_topology: compile TPU platforms against a libtpu topology when
-      libtpu is installed (else on fake CPU devices, as estimates).
-    tpu_shape: e.g. "4x8x8"; '' = the standard slice of ``devices``.
-    vocab_size: V of the planned model; 0 = the config's or the corpus's
-      published vocabulary.
-    utilization: share of the peak FLOP/s for the step time.
-    memory_fraction: usable share of memory; 0 = the platform's.
-    dtypes: the compute dtypes planned.
-    fit_batch: also compile a micro-batch twice as large.
-  """
-
-  SECTION: ClassVar[str] = "plan"
-  devices: int = 0
-  platform: str = "cpu"
-  tpu_topology: bool = True
-  tpu_shape: str = ""
-  vocab_size: int = 0
-  utilization: float = 0.4
-  memory_fraction: float = 0.0
-  dtypes: tuple[str, ...] = ("float32", "bfloat16")
-  fit_batch: bool = True
-
-
-# The engine's sections, in the order the base config lists them.
-ENGINE = (
-    Data, Model, Loss, Optim, Train, Eval, PositionLoss, Generate,
-    EvalMemory, Export, Mesh, Plan,
-)  # fmt: skip
+# The engine's sections every run reads, in the order the base config lists
+# them (the modes' own sections live beside their modes).
+ENGINE = (Data, Model, Loss, Optim, Train, Eval, EvalMemory, Mesh)
 # The keys at the top of the config.
 TOP_KEYS = {"name": "vanilla", "seed": 0, "task": "lm"}
 
@@ -469,8 +377,8 @@ class Settings:
     seed: its seed.
     task: what it learns from and how it is scored (lm, translation, mlm,
       classification).
-    data, model, loss, optim, train, eval, eval_memory, export, mesh,
-      plan, generate, position_loss: the engine's sections.
+    data, model, loss, optim, train, eval, eval_memory, mesh: the
+      sections every run reads.
     sections: {settings class: its instance} of every declared section,
       the engine's, the tasks' and the methods' (``of``).
     raw: {section: {key: plain value}} of every section of the config as
@@ -488,11 +396,7 @@ class Settings:
   train: Train
   eval: Eval
   eval_memory: EvalMemory
-  export: Export
   mesh: Mesh
-  plan: Plan
-  generate: Generate
-  position_loss: PositionLoss
   sections: Mapping[type, Any] = dataclasses.field(repr=False)
   raw: Mapping[str, Mapping[str, Any]] = dataclasses.field(
       default_factory=dict, repr=False

@@ -210,7 +210,7 @@ class LanguageModel(base.Loaded):
     key = (top_p, temperature)
     if key not in self._samplers:
       model, s = self.restored.model, self.settings
-      mem_len = int(s.generate.mem_len or s.model.mem_len)
+      mem_len = int(s.of(generate.Generate).mem_len or s.model.mem_len)
       if model.carries_memory() and mem_len != model.mem_len:
         model = model.clone(mem_len=mem_len)
       self._samplers[key] = generate.Sampler(

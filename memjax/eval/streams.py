@@ -2,7 +2,7 @@
 
 A model that carries memory (Transformer-XL, LaMemo) is evaluated the way it
 is trained: the split's stream is cut into ``lanes`` contiguous lanes
-(``streams.SegmentStream``), and ``jax.lax.scan`` runs the model over the
+(``windows.SegmentStream``), and ``jax.lax.scan`` runs the model over the
 consecutive segments of every lane, carrying the memory from one segment to
 the next. Every prediction is scored exactly once, with the memory of the
 segments before it in its lane. The segment length and the memory length may
@@ -30,7 +30,6 @@ from memjax.io import console
 from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.models import stats
-from memjax.data import streams
 from memjax.data import windows
 from memjax.eval import rows
 from memjax.models import state as model_state
@@ -56,7 +55,7 @@ def stacked_segments(
     'inputs', 'targets' int32, 'weights' float32 [S, lanes, L]; 'reset'
     [S, lanes] bool (True at segment 0).
   """
-  stream = streams.SegmentStream(tokens, segment_len, lanes)
+  stream = windows.SegmentStream(tokens, segment_len, lanes)
   stacked = stream.stacked()
   out = {k: stacked[k] for k in _KEYS}
   if max_segments:

@@ -1,7 +1,7 @@
 """A datastore of (g, next token) pairs on disk: the external memory M_ext.
 
 A trained model is run over a corpus split with the evaluation windows
-(``streams.memory_eval_batches``: every prediction gets the context it gets
+(``windows.memory_eval_batches``: every prediction gets the context it gets
 when scored), and each scored prediction adds one pair: the key g (the
 memory feature of the TRIME loss, the last feed-forward block's input) as
 float16, and the value, the token that followed, as int32 (WikiText-103's
@@ -38,14 +38,13 @@ from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax.io import paths
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import windows
 from memjax.memory import evaluation
 from memjax.memory import shards
 from memjax.models import state as model_state
 
 KEY_DTYPE = shards.KEY_DTYPE
 VALUE_DTYPE = shards.VALUE_DTYPE
-FORMAT_VERSION = shards.FORMAT_VERSION
 
 
 @dataclasses.dataclass
@@ -223,16 +222,16 @@ class BuildSpec:
 
 
 def _batches(tokens, spec: BuildSpec) -> Iterator[dict[str, np.ndarray]]:
-  return streams.memory_eval_batches(
+  return windows.memory_eval_batches(
       tokens, spec.window_len, spec.score_len, spec.batch_size
   )
 
 
 def num_shards(spec: BuildSpec) -> int:
-  windows = streams.memory_eval_windows(
+  starts = windows.memory_eval_windows(
       max(spec.num_tokens - 1, 0), spec.window_len, spec.score_len
   )
-  batches = -(-len(windows) // spec.batch_size)
+  batches = -(-len(starts) // spec.batch_size)
   return max(1, -(-batches // spec.shard_batches))
 
 

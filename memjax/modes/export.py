@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar
 
 from memjax.checkpoints import runfiles
 from memjax.io import console
@@ -11,10 +12,24 @@ from memjax.run import restore
 from memjax.run import spec
 
 
+@dataclasses.dataclass(frozen=True)
+class Export:
+  """``config.export``: --mode=export, a params-only, self-contained copy.
+
+  Attributes:
+    dir: '' = <workdir>/export.
+    dtype: float32 | bfloat16.
+  """
+
+  SECTION: ClassVar[str] = "export"
+  dir: str = ""
+  dtype: str = "float32"
+
+
 def export_run(run: spec.Run) -> dict[str, Any]:
   """Writes ``export.dir`` (default ``<workdir>/export``) in
   ``export.dtype``, with the run's ``tune.json`` when it has one."""
-  e = run.settings.export
+  e = run.settings.of(Export)
   out = paths.resolve(e.dir or paths.join(run.workdir, "export"))
   files = runfiles.find(run.workdir)
   restored = restore.restore(run, files)

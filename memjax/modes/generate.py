@@ -29,7 +29,8 @@ Writes ``<workdir>/generation.txt`` (settings, prompt, continuation),
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import dataclasses
+from typing import Any, Callable, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,32 @@ from memjax.io import paths
 from memjax.models import state as model_state
 from memjax.run import restore
 from memjax.run import spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Generate:
+  """``config.generate``: --mode=generate, top-p sampling after a prompt
+  from a split.
+
+  Attributes:
+    split: where the prompt comes from.
+    prompt_offset: its first token in the split.
+    prompt_len, num_tokens: the prompt's and the continuation's lengths.
+    top_p, temperature: the sampling.
+    mem_len: memory length (0 = model.mem_len).
+    seed: the sampling's seed.
+  """
+
+  SECTION: ClassVar[str] = "generate"
+  split: str = "test"
+  prompt_offset: int = 0
+  prompt_len: int = 512
+  num_tokens: int = 256
+  top_p: float = 0.95
+  temperature: float = 1.0
+  mem_len: int = 0
+  seed: int = 0
+
 
 Array = jax.Array
 
@@ -219,7 +246,7 @@ def decode(vocab: Any, ids: np.ndarray) -> str:
 def generate(run: spec.Run) -> dict[str, Any]:
   """``--mode=generate``: continues a prompt from a split (see module doc)."""
   s, workdir = run.settings, run.workdir
-  g = s.generate
+  g = s.of(Generate)
   restored = restore.restore_source(run)
   corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
   if g.split not in corpus.splits:

@@ -119,11 +119,13 @@ def plan_dtype(
   step = plan_compile.build_step(variant, devices)
   memory = plan_compile.step_memory(step)
   out = {"memory": memory, "fits": memory["total"] <= usable}
-  if s.plan.fit_batch:
+  if s.of(platforms.Plan).fit_batch:
     out.update(_fit(variant, devices, step, memory, usable))
-  platform = platforms.get(s.plan.platform)
+  platform = platforms.get(s.of(platforms.Plan).platform)
   peak = platform.peak_bf16 if dtype == "bfloat16" else platform.peak_fp32
-  seconds = flops["flops_per_device"] / (peak * float(s.plan.utilization))
+  seconds = flops["flops_per_device"] / (
+      peak * float(s.of(platforms.Plan).utilization)
+  )
   out["step_time_s"] = seconds
   out["tokens_per_s"] = step.tokens / seconds
   return out
@@ -134,7 +136,7 @@ def plan(run: spec.Run) -> dict[str, Any]:
   ``plan.md`` in the workdir and returns the results."""
   start = time.time()
   s = run.settings
-  platform = platforms.get(s.plan.platform)
+  platform = platforms.get(s.of(platforms.Plan).platform)
   devices, where = plan_compile.plan_devices(s)
   console.info("plan: %s on %s for %d %s", s.name, where,
                len(devices), platform.name)  # fmt: skip
@@ -143,7 +145,9 @@ def plan(run: spec.Run) -> dict[str, Any]:
   softmax = plan_compile.module_params(step, "embedder")
   seq_len = int(step.args[1]["inputs"].shape[1])
   formula = formula_flops(s, step.num_params, softmax, seq_len)
-  fraction = float(s.plan.memory_fraction) or platform.memory_fraction
+  fraction = (
+      float(s.of(platforms.Plan).memory_fraction) or platform.memory_fraction
+  )
   usable = platform.memory * fraction
   results = {
       "name": s.name,
@@ -160,10 +164,10 @@ def plan(run: spec.Run) -> dict[str, Any]:
       "flops_per_token": flops["flops"] / step.tokens,
       "formula_flops_per_token": formula,
       "usable_memory_bytes": usable,
-      "utilization": float(s.plan.utilization),
+      "utilization": float(s.of(platforms.Plan).utilization),
       "dtypes": {},
   }
-  for dtype in s.plan.dtypes:
+  for dtype in s.of(platforms.Plan).dtypes:
     results["dtypes"][dtype] = plan_dtype(run, devices, dtype, flops, usable)
   results["seconds"] = time.time() - start
   return write(results, run.workdir)

@@ -54,8 +54,8 @@ def vocab_size(s: settings_lib.Settings) -> int:
   Raises:
     errors.ConfigError: none of these is known.
   """
-  if int(s.plan.vocab_size) > 0:
-    return int(s.plan.vocab_size)
+  if int(s.of(platforms.Plan).vocab_size) > 0:
+    return int(s.of(platforms.Plan).vocab_size)
   section = s.values(s.task)
   if "vocab_size" in section:
     return int(section["vocab_size"])
@@ -82,8 +82,8 @@ def plan_devices(s: settings_lib.Settings) -> tuple[list[Any], str]:
   if platforms.uses_topology(s):
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
 
-    platform = platforms.get(s.plan.platform)
-    name = platforms.topology_name(platform, n, s.plan.tpu_shape)
+    platform = platforms.get(s.of(platforms.Plan).platform)
+    name = platforms.topology_name(platform, n, s.of(platforms.Plan).tpu_shape)
     kwargs = (
         {} if platform.topology == "v5e" else {"chip_config_name": "megacore"}
     )

@@ -19,9 +19,42 @@ import dataclasses
 import os
 import re
 import sys
+from typing import ClassVar
 
 from memjax import errors
 from memjax import settings as settings_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """``config.plan``: --mode=plan compiles the train step for a target
+  without running it (docs/plan.md).
+
+  Attributes:
+    devices: devices planned for; 0 = those the mesh names.
+    platform: tpu_v4 | tpu_v5e | tpu_v5p | h100 | h200 | a100 | cpu.
+    tpu_topology: compile TPU platforms against a libtpu topology when
+      libtpu is installed (else on fake CPU devices, as estimates).
+    tpu_shape: e.g. "4x8x8"; '' = the standard slice of ``devices``.
+    vocab_size: V of the planned model; 0 = the config's or the corpus's
+      published vocabulary.
+    utilization: share of the peak FLOP/s for the step time.
+    memory_fraction: usable share of memory; 0 = the platform's.
+    dtypes: the compute dtypes planned.
+    fit_batch: also compile a micro-batch twice as large.
+  """
+
+  SECTION: ClassVar[str] = "plan"
+  devices: int = 0
+  platform: str = "cpu"
+  tpu_topology: bool = True
+  tpu_shape: str = ""
+  vocab_size: int = 0
+  utilization: float = 0.4
+  memory_fraction: float = 0.0
+  dtypes: tuple[str, ...] = ("float32", "bfloat16")
+  fit_batch: bool = True
+
 
 TFLOPS = 1e12
 GIB = 2**30
@@ -153,7 +186,7 @@ def get(name: str) -> Platform:
 def planned_devices(s: settings_lib.Settings) -> int:
   """``plan.devices``, or (0) the devices the mesh settings name: the
   product of its fixed axes (an axis of -1 counts as 1)."""
-  n = int(s.plan.devices)
+  n = int(s.of(Plan).devices)
   if n < 0:
     raise errors.ConfigError(f"plan.devices must be >= 0, got {n}")
   if n:
@@ -193,8 +226,8 @@ def set_device_flags(s: settings_lib.Settings, environ=None) -> None:
 def uses_topology(s: settings_lib.Settings) -> bool:
   """Whether the plan compiles against a libtpu topology (a TPU platform,
   ``plan.tpu_topology`` not switched off, and libtpu installed)."""
-  platform = get(s.plan.platform)
-  if not platform.topology or not s.plan.tpu_topology:
+  platform = get(s.of(Plan).platform)
+  if not platform.topology or not s.of(Plan).tpu_topology:
     return False
   import importlib.util  # pylint: disable=g-import-not-at-top
 

@@ -31,7 +31,8 @@ Writes ``<workdir>/position_loss.json`` and ``position_loss.png``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, ClassVar, Sequence
 
 import jax
 import numpy as np
@@ -44,6 +45,27 @@ from memjax.eval import scorer as scorer_lib
 from memjax.io import paths
 from memjax.run import restore
 from memjax.run import spec
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionLoss:
+  """``config.position_loss``: --mode=position_loss, the mean loss by
+  position within a document, context reset at document boundaries
+  (Komatsuzaki 2021, Appendix 6.3.4).
+
+  Attributes:
+    documents: articles | sections.
+    buckets: lower bounds of the position buckets.
+    memory: none (the model alone; a model that carries memory carries it
+      within each document) | eval (a windowed model with its evaluation
+      memory: tune.json, else eval_memory).
+  """
+
+  SECTION: ClassVar[str] = "position_loss"
+  documents: str = "articles"
+  buckets: tuple[int, ...] = (1, 17, 65, 257)
+  memory: str = "none"
+
 
 BUCKETS = (1, 17, 65, 257)  # bucket lower bounds: 1-16, 17-64, 65-256, 257+
 DOCUMENTS = ("articles", "sections")
@@ -146,7 +168,7 @@ def check(p: settings_lib.PositionLoss) -> tuple[str, tuple[int, ...], str]:
 
 def position_loss(run: spec.Run) -> dict[str, Any]:
   """``--mode=position_loss``: the loss by position table and plot."""
-  documents, bounds, memory = check(run.settings.position_loss)
+  documents, bounds, memory = check(run.settings.of(PositionLoss))
   workdir = run.workdir
   restored = restore.restore_source(run)
   s = run.settings

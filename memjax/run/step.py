@@ -191,6 +191,49 @@ def _accumulate(
   return grads, metrics, new_mem, model_state
 
 
+def _micro_grads_fn(
+    model, loss_fn: losses.LossFn, segments_per_lane: int,
+    extra_inputs: tuple[str, ...],
+) -> Callable:  # fmt: skip
+  """``(params, model_state, micro_batch, memory, rng, step) -> (grads,
+  metrics, new_memory, new_model_state)``: one micro-batch's gradient of the
+  loss times its weighted targets (``make_train_step``)."""
+  names = lambda ms: tuple(ms or ())  # noqa: E731
+
+  def forward(p, ms, mb, memory, rng):
+    if memory is not None and segments_per_lane > 1:
+      return run_lane_segments_with_stats(
+          model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
+      )
+    out, sums, new_ms = stats.apply_with_state(
+        model,
+        model_state_lib.as_variables(p, ms),
+        names(ms),
+        mb["inputs"],
+        mb["targets"],
+        memory=memory,
+        deterministic=False,
+        rngs={"dropout": rng},
+        **{k: mb[k] for k in extra_inputs},
+    )
+    return out, sums, (new_ms or ms)
+
+  def micro_grads(params, ms, mb, memory, rng, step):
+    def f(p):
+      out, sums, new_ms = forward(p, ms, mb, memory, rng)
+      loss, metrics = loss_fn(out, mb, step=step, rng=rng)
+      metrics = dict(metrics, stats=sums)
+      # Scale so that summing micro-batch gradients gives the batch mean.
+      return loss * metrics["tokens"], (metrics, out.memory, new_ms)
+
+    (_, (metrics, new_memory, new_ms)), grads = jax.value_and_grad(
+        f, has_aux=True
+    )(params)
+    return grads, metrics, new_memory, new_ms
+
+  return micro_grads
+
+
 def make_train_step(
     model,
     tx,
@@ -225,38 +268,7 @@ def make_train_step(
   passes through the micro-batches (and segments) in order; a step that is
   not finite keeps the old one.
   """
-  names = lambda ms: tuple(ms or ())  # noqa: E731
-
-  def forward(p, ms, mb, memory, rng):
-    if memory is not None and segments_per_lane > 1:
-      return run_lane_segments_with_stats(
-          model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
-      )
-    out, sums, new_ms = stats.apply_with_state(
-        model,
-        model_state_lib.as_variables(p, ms),
-        names(ms),
-        mb["inputs"],
-        mb["targets"],
-        memory=memory,
-        deterministic=False,
-        rngs={"dropout": rng},
-        **{k: mb[k] for k in extra_inputs},
-    )
-    return out, sums, (new_ms or ms)
-
-  def micro_grads(params, ms, mb, memory, rng, step):
-    def f(p):
-      out, sums, new_ms = forward(p, ms, mb, memory, rng)
-      loss, metrics = loss_fn(out, mb, step=step, rng=rng)
-      metrics = dict(metrics, stats=sums)
-      # Scale so that summing micro-batch gradients gives the batch mean.
-      return loss * metrics["tokens"], (metrics, out.memory, new_ms)
-
-    (_, (metrics, new_memory, new_ms)), grads = jax.value_and_grad(
-        f, has_aux=True
-    )(params)
-    return grads, metrics, new_memory, new_ms
+  micro_grads = _micro_grads_fn(model, loss_fn, segments_per_lane, extra_inputs)
 
   def step_fn(state: TrainState, batch: dict[str, Array], rng: Array):
     rng = jax.random.fold_in(rng, state.step)

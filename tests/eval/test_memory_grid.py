@@ -9,7 +9,7 @@ import pytest
 
 from memjax import errors
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import windows as data_windows
 from memjax.eval import memory_grid as evaluate_memory
 from memjax.eval import rows
 from memjax.eval import windows
@@ -40,7 +40,7 @@ def setup(repetitive_setup):
 def _window_outputs(model, params, tokens):
   """Per eval_windows window: (start, length, score_from, g, tlp, log_z)."""
   out = []
-  for start, length, sfrom in streams.eval_windows(
+  for start, length, sfrom in data_windows.eval_windows(
       len(tokens) - 1, WINDOW, SCORE
   ):
     inp = np.zeros((1, WINDOW), np.int32)
@@ -135,7 +135,6 @@ def test_trime_evaluation_matches_numpy(setup, n_long, span):
 
 
 def test_long_memory_spans_hand_listed():
-  from memjax.data import windows as data_windows  # pylint: disable=g-import-not-at-top
 
   # A stream of 21 tokens (20 predictions), windows of T = 8 scoring S = 3:
   # the windows score [0, 3), [3, 6), [6, 8) (three copies of the first

@@ -22,7 +22,6 @@ import numpy as np
 from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.data import corpus as corpus_lib
-from memjax.data import streams
 from memjax.data import windows
 from memjax.eval import external as external_lib
 from memjax.io import paths
@@ -168,7 +167,7 @@ def held_out_queries(
   )
   dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
   out, targets, have = [], [], 0
-  for batch in streams.memory_eval_batches(
+  for batch in windows.memory_eval_batches(
       loaded.splits[split], c.eval.window_len, c.eval.score_len,
       -(-int(c.eval_memory.batch_size) // dp) * dp,
   ):  # fmt: skip

@@ -166,7 +166,7 @@ def _split(
 def marge_eval(run: spec.Run) -> dict[str, Any]:
   """``--mode=marge_eval`` (see the module docstring)."""
   s, workdir = run.settings, run.workdir
-  documents, bounds, _ = pl.check(s.position_loss)
+  documents, bounds, _ = pl.check(s.of(pl.PositionLoss))
   restored = restore.restore_source(run)
   corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
   if not isinstance(restored.model, marge_model.MargeLM):

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
-from memjax.memory.visibility import MemorySpec, draw_hide_local, position_meta, visible
+from memjax.memory.visibility import MemorySpec, position_meta, visible
 
 Array = jax.Array
 
@@ -62,7 +62,6 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "MemorySpec",
     "combine_log_prob",
-    "draw_hide_local",
     "log_prob_with_memory",
     "trime_log_prob",
     "trime_loss",

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import losses
 from memjax import settings as settings_lib
+from memjax.memory import visibility
 from memjax.methods.trime import config
 from memjax.methods.trime import memory as trime
 from memjax.models import transformer
@@ -60,7 +61,7 @@ def hide_local_draw(seed: int, step: Array, p: float) -> Array:
   every host of a step agrees, and a resumed run draws the same values.
   """
   key = jax.random.fold_in(jax.random.PRNGKey(seed), _HIDE_LOCAL_STREAM)
-  return trime.draw_hide_local(jax.random.fold_in(key, step), p)
+  return visibility.draw_hide_local(jax.random.fold_in(key, step), p)
 
 
 def check_trime_batching(s: settings_lib.Settings) -> None:

@@ -15,7 +15,7 @@ import pytest
 from memjax import errors
 from memjax.eval import memory_grid as evaluate_memory
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import windows
 from memjax.memory import datastore as ds_lib
 from memjax.eval import external
 from memjax.memory import search
@@ -49,7 +49,7 @@ def _spec(tokens, dim=16, shard_batches=1, batch_size=2, sig=SIG):
 def _windows(model, params, tokens):
   """Per eval window: (start, length, score_from, g, log p_vocab(y), log Z)."""
   out = []
-  for start, length, sfrom in streams.eval_windows(
+  for start, length, sfrom in windows.eval_windows(
       len(tokens) - 1, WINDOW, SCORE
   ):
     inp = np.zeros((1, WINDOW), np.int32)

@@ -25,7 +25,7 @@ from memjax import sharding as sharding_lib
 from memjax.run import loop
 from memjax.methods.recurrent import analysis
 from memjax.methods.recurrent import extrapolate
-from memjax.data import streams
+from memjax.data import windows
 from memjax.models import transformer
 from tests import conftest
 
@@ -62,7 +62,7 @@ def loop_scores(model, params, tokens, lanes):
   )
   memory = model.init_memory(lanes)
   nll, logps = [], []
-  for seg in streams.SegmentStream(tokens, T, lanes):
+  for seg in windows.SegmentStream(tokens, T, lanes):
     out = step(memory, seg["inputs"], seg["targets"])
     memory = out.memory
     lp = np.asarray(out.target_logprob)

@@ -8,6 +8,7 @@ from memjax.methods.trime import bm25
 from memjax.methods.trime import bm25_order
 from memjax.methods.trime import packing
 from memjax.data import streams
+from memjax.data import windows
 from memjax.data import tasks
 
 
@@ -110,12 +111,12 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
 def test_memory_windows_score_each_prediction_once_with_eval_windows_context(
     n, window, score
 ):
-  ref = streams.eval_windows(n, window, score)
+  ref = windows.eval_windows(n, window, score)
   context = {}
   for start, length, sfrom in ref:
     for o in range(sfrom, length):
       context[start + o] = start
-  rows = streams.memory_eval_windows(n, window, score)
+  rows = windows.memory_eval_windows(n, window, score)
   seen = []
   for start, length, lo, hi in rows:
     assert 0 < hi - lo <= score
@@ -124,7 +125,7 @@ def test_memory_windows_score_each_prediction_once_with_eval_windows_context(
       seen.append(start + o)
   assert sorted(seen) == list(range(n)) == seen
   batches = list(
-      streams.memory_eval_batches(np.arange(n + 1), window, score, 3)
+      windows.memory_eval_batches(np.arange(n + 1), window, score, 3)
   )
   count = np.concatenate([b["score_count"] for b in batches])
   assert count.sum() == n
