@@ -54,8 +54,8 @@ LONGEST_FIRST = (
     "tests/methods/trime/test_modes.py",
     "tests/methods/recurrent/test_modes.py",
     "tests/methods/pkm/test_bert.py",
-    "tests/test_preemption.py",
-    "tests/test_optional.py",
+    "tests/run/test_preemption.py",
+    "tests/io/test_optional.py",
     "tests/methods/trime/test_pack_beam.py",
     "tests/test_sharding.py",
     "tests/methods/trime/test_training.py",
@@ -369,7 +369,7 @@ def _repetitive_setup(model, window: int):
   return model, params, tokens, one
 
 
-# -- the core without the optional packages (tests/test_optional.py) ----------
+# -- the core without the optional packages (tests/io/test_optional.py) ----------
 
 
 def core_data(family: str, root) -> str:

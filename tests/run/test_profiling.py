@@ -1,7 +1,7 @@
 """Traces of chosen updates (train.profile_steps).
 
 A real run's trace is checked with the preempted run of
-tests/test_preemption.py, whose losses must match an untraced run.
+tests/run/test_preemption.py, whose losses must match an untraced run.
 """
 
 import glob
