@@ -30,6 +30,7 @@ from memjax import settings as settings_lib
 from memjax import sharding
 from memjax.checkpoints import runfiles
 from memjax.io import paths
+from memjax.models import transformer
 from memjax.run import hooks
 from memjax.run import optim
 from memjax.run import profiling
@@ -55,10 +56,14 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   parts.families.get(s.model.family)
   parts.attention.get(s.model.attention)
   kind = parts.feed_forward.get(s.model.feed_forward)
+  transformer.block_settings(s.model, parts)  # feed_forward_layers in range.
   if kind.check is not None:
     kind.check(s.model)
   parts.objectives.get(s.loss.name)
   parts.batchers.get(s.data.batching)
+  parts.eval_memories.get(s.eval_memory.kind)
+  if s.optim.transform:
+    parts.optimizer_transforms.get(s.optim.transform)
   optim.group_settings(s.optim)  # ConfigError for a malformed group.
   profiling.profile_steps(s.train)
   hooks.check(s.train, parts.hooks)

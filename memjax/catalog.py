@@ -34,6 +34,7 @@ from memjax.modes import platforms
 from memjax.modes import position_loss
 from memjax.modes import tokenize
 from memjax.modes import translation as translate_mode
+from memjax.run import hooks
 from memjax.run import loop
 from memjax.run import optim
 from memjax.tasks import classification
@@ -199,5 +200,12 @@ def _parts(specs: tuple[extend.Method, ...]) -> extend.Parts:
   """The parts of ``specs``, kept per set of specs."""
   key = tuple(id(m) for m in specs)
   if key not in _PARTS:
-    _PARTS[key] = extend.Parts(specs)
+    made = extend.Parts(specs)
+    for name, hook in made.hooks.items():
+      if not (isinstance(hook, type) and issubclass(hook, hooks.StepHook)):
+        raise TypeError(
+            f"step hook {name!r} is not a memjax.run.hooks.StepHook "
+            f"subclass: {hook!r}"
+        )
+    _PARTS[key] = made
   return _PARTS[key]

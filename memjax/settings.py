@@ -458,6 +458,13 @@ class Settings:
 def read_all(config: Any, classes: Iterable[type]) -> Settings:
   """The ``Settings`` of a config: every class of ``classes`` read from
   its section."""
+  absent = sorted({c.SECTION for c in classes if c.SECTION not in config})
+  if absent:
+    raise errors.ConfigError(
+        f"the config has no section {', '.join(absent)}: build it with "
+        "memjax.config.base_config() after extend.add of the method that "
+        "declares it"
+    )
   sections = {cls: read(cls, config[cls.SECTION]) for cls in classes}
   missing = [cls.__name__ for cls in ENGINE if cls not in sections]
   if missing:
@@ -492,6 +499,10 @@ _NON_NEGATIVE = (
     "train.eval_every", "train.eval_max_windows", "eval.max_windows",
     "model.mem_len", "optim.warmup_steps",
 )  # fmt: skip
+_NON_NEGATIVE_REAL = (
+    "optim.learning_rate", "optim.clip_norm", "optim.weight_decay",
+    "optim.min_lr_ratio",
+)  # fmt: skip
 DTYPES = ("float32", "bfloat16")
 
 
@@ -514,6 +525,10 @@ def check(s: Settings) -> None:
     v = _value(s, key)
     if not isinstance(v, int) or v < 0:
       raise errors.ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+  for key in _NON_NEGATIVE_REAL:
+    v = _value(s, key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+      raise errors.ConfigError(f"{key} must be a number >= 0, got {v!r}")
   if s.eval.score_len > s.eval.window_len:
     raise errors.ConfigError(
         f"eval.score_len {s.eval.score_len} must be <= eval.window_len "

@@ -1,81 +1,58 @@
-"""Plug-in points: a feed-forward kind and an objective registered from here.
+"""memjax.extend and memjax.catalog: method specs, found and added.
 
-Nothing in memjax/ knows the gated feed-forward or the L2-penalised
-objective below; they register under new names and a config picks them, as a
-new memory method would.
+The method defined outside memjax is the one docs/extending.md shows: the
+test runs the page's code block, so the page stays true. Nothing in memjax/
+knows its gated feed-forward, its L2-penalised objective, its ``l2``
+section, its check or its mode; a config picks them by name.
 """
 
 import glob
 import os
+import re
+import subprocess
+import sys
+import types
 
-import flax.linen as nn
-import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
+import memjax
 from configs import trime_wt103
+from memjax import build
+from memjax import catalog
+from memjax import config as config_lib
 from memjax import errors
-from memjax import experiment
-from memjax import losses
-from memjax import registry
-from memjax.run import loop
+from memjax import extend
+from memjax import settings as settings_lib
+from memjax.run import hooks
+from tests.conftest import REPO
+
+DOC = os.path.join(REPO, "docs", "extending.md")
 
 
-class GatedFeedForward(nn.Module):
-  """GLU feed-forward: wo(act(wi_gate x) * wi x), width ``d_hidden``."""
-
-  d_model: int
-  d_ff: int
-  dropout_rate: float = 0.0
-  dtype: jnp.dtype = jnp.float32
-  d_hidden: int = 0  # 0 = d_ff
-
-  @nn.compact
-  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
-    """[B, T, D] -> [B, T, D]."""
-    width = self.d_hidden or self.d_ff
-    dense = lambda n, name: nn.Dense(n, dtype=self.dtype, name=name)
-    h = nn.silu(dense(width, "wi_gate")(x)) * dense(width, "wi")(x)
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return dense(self.d_model, "wo")(h)
+def _doc_method() -> types.ModuleType:
+  """The module docs/extending.md's toy-method block defines (and adds)."""
+  text = open(DOC).read()
+  block = re.search(r"<!-- toy-method -->\n```python\n(.*?)```", text, re.S)
+  module = types.ModuleType("toy_method")
+  exec(compile(block.group(1), DOC, "exec"), module.__dict__)  # pylint: disable=exec-used
+  return module
 
 
-def make_l2_loss(cfg, num_steps, seed=0):
-  """The LM loss plus ``loss.options.l2_weight`` * mean squared g."""
-  del num_steps, seed
-  weight = float(cfg.options.get("l2_weight", 1e-3))
-
-  def loss_fn(output, batch, *, step, rng):
-    lm, metrics = losses.lm_loss(output, batch, step=step, rng=rng)
-    penalty = jnp.mean(jnp.square(output.features.astype(jnp.float32)))
-    loss = lm + weight * penalty
-    tokens = metrics["tokens"]
-    return loss, {
-        "nll_sum": loss * tokens,
-        "tokens": tokens,
-        "aux_l2_penalty_sum": jax.lax.stop_gradient(penalty * tokens),
-    }
-
-  return loss_fn
+@pytest.fixture(scope="module")
+def toy():
+  module = _doc_method()
+  yield module
+  extend.remove("gated_l2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugins():
-  registry.FEED_FORWARD.register("gated", GatedFeedForward)
-  registry.OBJECTIVES.register("l2", make_l2_loss)
-  yield
-  registry.FEED_FORWARD.remove("gated")
-  registry.OBJECTIVES.remove("l2")
-
-
-def _config():
+def _config(**l2):
   c = trime_wt103.get_config("smoke")
   c.model.feed_forward = "gated"
   c.model.feed_forward_options.d_hidden = 48
   c.loss.name = "l2"
-  c.loss.options.l2_weight = 0.01
+  c.l2.weight = l2.get("weight", 0.01)
   c.train.num_steps = 4
   c.train.log_every = 2
   c.train.eval_every = 0
@@ -102,41 +79,80 @@ def _scalars(workdir):
   return out
 
 
-def test_smoke_run_with_a_registered_feed_forward_and_objective(tmp_path):
+def test_the_documented_method_trains_restores_and_runs_its_mode(toy, tmp_path):
   config = _config()
   workdir = str(tmp_path / "run")
-  res = loop.train_and_evaluate(config, workdir)
+  res = memjax.train(config, workdir)
   assert res["step"] == 4 and np.isfinite(res["valid"]["ppl"])
-  # The objective's extra metric was computed and logged.
+  # The objective's extra metric was computed and logged, and is positive.
   penalty = _scalars(workdir)["train/l2_penalty"]
   assert penalty and all(np.isfinite(p) and p > 0 for p in penalty)
-  # The run restores with the kind's own parameters, built with its options.
-  restored = experiment.load(workdir)
+  # The run restores from its directory alone, with the kind's own
+  # parameters built with its options and the method's section read back.
+  restored = build.load(workdir)
   ffn = restored.params["layer_0"]["ffn"]
   assert set(ffn) == {"wi_gate", "wi", "wo"}
   assert ffn["wi_gate"]["kernel"].shape == (32, 48)
-  assert restored.config.loss.options.l2_weight == 0.01
-
-
-def test_the_signature_names_a_registered_kind_and_omits_the_default():
-  config = _config()
-  sig = experiment.model_signature(config, 100)["model"]
-  assert sig["feed_forward"] == "gated"
-  assert sig["feed_forward_options"] == {"d_hidden": 48}
-  default = experiment.model_signature(trime_wt103.get_config("smoke"), 100)
-  # Models saved before these keys existed keep matching their configs.
-  assert not {"family", "feed_forward", "feed_forward_options"} & set(
-      default["model"]
+  assert restored.settings.of(toy.L2) == toy.L2(weight=0.01)
+  # Its mode runs through the one dispatch and writes its file; the norms
+  # are those of the restored kernels (an independent computation).
+  out = memjax.run_mode("gate_norms", None, workdir)
+  kernels = {
+      f"layer_{i}": np.asarray(
+          restored.params[f"layer_{i}"]["ffn"]["wi_gate"]["kernel"], np.float64
+      )
+      for i in range(config.model.num_layers)
+  }
+  want = {k: np.sqrt(np.sum(np.square(v))) for k, v in kernels.items()}
+  assert out["step"] == 4
+  np.testing.assert_allclose(
+      [out["norms"][k] for k in sorted(want)],
+      [want[k] for k in sorted(want)],
+      rtol=1e-5,
   )
+  assert os.path.isfile(os.path.join(workdir, "gate_norms.json"))
+
+
+def test_the_method_check_and_section_are_read_before_anything_is_written(
+    toy, tmp_path
+):
+  with pytest.raises(errors.ConfigError, match="l2.weight must be >= 0"):
+    build.build(_config(weight=-1.0), str(tmp_path))
+  assert not os.listdir(tmp_path)
+  run = build.build(_config(weight=0.5), str(tmp_path))
+  assert run.settings.of(toy.L2).weight == 0.5
+  assert run.settings.values("l2") == {"weight": 0.5}
+
+
+def test_a_config_made_before_the_method_was_added_is_one_clear_error(toy):
+  extend.remove("gated_l2")
+  try:
+    config = trime_wt103.get_config("smoke")
+  finally:
+    extend.add(toy.METHOD)
+  with pytest.raises(errors.ConfigError, match="no section l2"):
+    build.build(config, "unused")
+
+
+def test_the_signature_names_the_kind_and_its_options(toy):
+  del toy
+  run = build.build(_config(), "unused")
+  sig = run.signature(100)
+  assert sig["signature_version"] == 3
+  assert sig["model"]["feed_forward"] == "gated"
+  assert sig["model"]["feed_forward_options"] == {"d_hidden": 48}
+  assert sig["model"]["vocab_size"] == 100
+  # Runtime keys change how, not what, the model computes.
+  assert not set(settings_lib.Model.RUNTIME_KEYS) & set(sig["model"])
 
 
 @pytest.mark.parametrize(
-    "key, value, registered",
+    "key, value, declared",
     [
-        ("model.feed_forward", "nope", "ffn, gated"),
+        ("model.feed_forward", "nope", "ffn, gated, pkm, resm"),
         ("model.attention", "nope", "lamemo, rpe, vanilla, xl"),
         ("model.family", "nope", "decoder_lm, encoder, encoder_decoder, marge"),
-        ("loss.name", "nope", "l2, label_smoothed, lm, trime"),
+        ("loss.name", "nope", "l2, label_smoothed, lm, trime, trime_mt"),
         (
             "data.batching",
             "nope",
@@ -145,120 +161,134 @@ def test_the_signature_names_a_registered_kind_and_omits_the_default():
         ),
     ],
 )
-def test_an_unknown_name_lists_the_registered_ones(key, value, registered):
+def test_an_unknown_name_lists_the_declared_ones(toy, key, value, declared):
+  del toy
   config = _config()
   section, name = key.split(".")
   config[section][name] = value
   with pytest.raises(errors.ConfigError) as e:
-    experiment.validate_config(config)
+    build.build(config, "unused")
   assert f"unknown {key} 'nope'" in str(e.value)
-  assert f"registered: {registered}" in str(e.value)
+  assert f"there are: {declared}" in str(e.value)
 
 
-def test_an_unknown_task_lists_the_registered_ones():
-  config = _config()
+def test_an_unknown_task_evaluation_memory_and_mode_list_the_declared_ones():
+  config = trime_wt103.get_config("smoke")
   config.task = "nope"
   with pytest.raises(
       errors.ConfigError,
       match="unknown task 'nope'.*: classification, lm, mlm, translation",
   ):
-    experiment.validate_config(config)
-
-
-def test_an_unknown_evaluation_memory_and_mode_list_the_registered_ones():
+    build.build(config, "unused")
+  parts = catalog.parts()
   with pytest.raises(
       errors.ConfigError, match="cache, knn, knn_cache, none, trime, trime_ext"
   ):
-    registry.EVAL_MEMORIES.get("nope")
+    parts.eval_memories.get("nope")
   with pytest.raises(errors.ConfigError, match="--mode 'nope'.*memeval"):
-    registry.MODES.get("nope")
+    build.mode_of("nope")
 
 
-def test_a_registered_config_check_runs_before_anything_is_written():
-  def check(config):
-    if config.model.feed_forward == "gated" and config.model.d_ff < 100:
-      raise errors.ConfigError("gated needs model.d_ff >= 100")
-
-  registry.CONFIG_CHECKS.register("gated_width", check)
-  try:
-    config = _config()
-    with pytest.raises(errors.ConfigError, match="gated needs"):
-      experiment.validate_config(config)
-    config.model.d_ff = 128
-    experiment.validate_config(config)
-  finally:
-    registry.CONFIG_CHECKS.remove("gated_width")
-  # The built-in check of TRIMELM_long's batches is registered the same way.
-  assert "trime_long_batching" in registry.CONFIG_CHECKS.names()
-
-
-def test_an_option_the_kind_does_not_take_is_refused():
+def test_an_option_the_kind_does_not_take_is_refused(toy):
+  del toy
   config = _config()
   config.model.feed_forward_options.width = 3
-  model = experiment.build_model(config.model, 5000)
-  tokens = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(errors.ConfigError, match="width.*d_hidden"):
-    model.init(jax.random.PRNGKey(0), tokens, tokens)
+    model = build.build(config, "unused").model(5000)
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    model.init(__import__("jax").random.PRNGKey(0), tokens, tokens)
 
 
-def test_registry_register_lookup_and_names():
-  reg = registry.Registry("widget", "widgets.kind")
-
-  @reg.register("b")
-  def b():
-    return "b"
-
-  reg.register("a", 1)
-  assert reg.get("b") is b and reg.get("a") == 1
-  assert reg.names() == ("a", "b") and "a" in reg and "c" not in reg
-  with pytest.raises(ValueError, match="already registered"):
-    reg.register("a", 2)
-  reg.register("a", 2, replace=True)
-  assert reg.get("a") == 2
-  with pytest.raises(errors.ConfigError, match="widgets.kind 'c'.*a, b"):
-    reg.get("c")
+def test_lookup_gets_names_and_refuses_unknown_names():
+  lookup = extend.Lookup("widget", "widgets.kind", {"b": 2, "a": 1})
+  assert lookup.get("a") == 1 and lookup.get("b") == 2
+  assert lookup.names() == ("a", "b") and "a" in lookup and "c" not in lookup
+  assert list(lookup.items()) == [("a", 1), ("b", 2)]
+  with pytest.raises(
+      errors.ConfigError, match="unknown widgets.kind 'c'.*there are: a, b"
+  ):
+    lookup.get("c")
 
 
-def test_methods_are_found_and_declare_modules_that_exist():
-  import importlib  # pylint: disable=g-import-not-at-top
+def test_two_specs_declaring_one_name_or_key_are_refused():
+  one = extend.Method(name="one", objectives={"lm": lambda s, n: None})
+  with pytest.raises(ValueError, match="training objective 'lm'.*'one'"):
+    extend.Parts((catalog.ENGINE, one))
+  with pytest.raises(TypeError, match="extend.Method"):
+    extend.add("not a spec")
+  extend.add(one)
+  try:
+    extend.add(one)  # The same spec again: nothing happens.
+    assert extend.added().count(one) == 1
+    with pytest.raises(ValueError, match="named 'one' was added"):
+      extend.add(extend.Method(name="one"))
+  finally:
+    extend.remove("one")
+  assert one not in extend.added()
 
-  names = [m.__name__.rsplit(".", 1)[1] for m in registry.methods()]
-  assert names == ["cache", "external", "marge", "pkm", "recurrent", "trime"]
-  for method in registry.methods():
-    for reg, modules in method.REGISTERS.items():
-      assert isinstance(getattr(registry, reg), registry.Registry), reg
-      for module in modules:
-        importlib.import_module(module)  # every listed module exists
-    for mode, declared in getattr(method, "MODES", {}).items():
-      assert registry.MODES.get(mode) == registry.as_mode(declared)
-      assert declared["help"] and declared["kinds"], mode
-      module, fn = declared["run"].split(":")
-      assert callable(getattr(importlib.import_module(module), fn))
-  # What the methods register is there without importing them by hand.
-  assert {"lamemo", "xl"} <= set(registry.ATTENTION.names())
-  assert {"pkm", "resm"} <= set(registry.FEED_FORWARD.names())
-  assert "marge_reindex" in registry.HOOKS.names()
-  assert "lazy_adam" in registry.OPTIMIZER_TRANSFORMS.names()
-  assert "memory" in registry.SUM_REPORTS.names()
+
+def test_a_hook_must_be_a_step_hook():
+  bad = extend.Method(name="bad_hook", hooks={"nope": object})
+  with pytest.raises(TypeError, match="not a memjax.run.hooks.StepHook"):
+    catalog._parts((catalog.ENGINE, bad))  # pylint: disable=protected-access
+  assert issubclass(catalog.parts().hooks.get("marge_reindex"), hooks.StepHook)
+
+
+def test_the_methods_are_found_with_what_they_declare():
+  found = catalog.found()
+  assert [m.name for m in found] == [
+      "cache", "external", "marge", "pkm", "recurrent", "trime",
+  ]  # fmt: skip
+  for method in found:
+    folder = os.path.join(catalog.METHODS_DIR, method.name)
+    assert os.path.isfile(os.path.join(folder, "__init__.py"))
+    for mode in method.modes.values():
+      assert callable(mode.run) and mode.help, method.name
+    for name in method.builds_on:
+      assert name in {m.name for m in found}
+  assert {m.name for m in found if m.builds_on} == {"external"}
+  parts = catalog.parts()
+  assert {"lamemo", "xl"} <= set(parts.attention.names())
+  assert {"pkm", "resm"} <= set(parts.feed_forward.names())
+  assert "marge_reindex" in parts.hooks.names()
+  assert "lazy_adam" in parts.optimizer_transforms.names()
+  assert "memory" in parts.sum_reports.names()
 
 
 def test_each_method_owns_its_config_keys():
-  # The engine's base has no method keys; each method's section adds them.
-  from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
-
+  # The engine's sections alone hold no method's keys; each method's
+  # settings classes add them.
+  engine = {
+      cls.SECTION: set(settings_lib.section_defaults(cls))
+      for cls in catalog.ENGINE.settings
+      if cls.SECTION in {"loss", "eval_memory", "data"}
+  }
   full = config_lib.base_config()
-  engine = ml_collections.ConfigDict()
-  engine.name, engine.seed, engine.task = "x", 0, "lm"
-  for section in config_lib.ENGINE_SECTIONS:
-    section(engine)
-  assert "memory" in full.loss and "memory" not in engine.loss
+  assert "memory" in full.loss and "memory" not in engine["loss"]
   assert "temperature" in full.eval_memory
-  assert "temperature" not in engine.eval_memory
-  assert "datastore" in full and "datastore" not in engine
+  assert "temperature" not in engine["eval_memory"]
+  assert "bm25_k" in full.data and "bm25_k" not in engine["data"]
+  sections = {c.SECTION for c in catalog.ENGINE.settings}
+  assert "datastore" in full and "datastore" not in sections
   assert "memory_usage" in full and "extrapolate" in full
   assert tuple(full.eval_memory.sweep_kinds) == ("trime", "cache")
 
 
-def test_a_hook_must_be_a_step_hook():
-  with pytest.raises(TypeError, match="not a StepHook subclass"):
-    registry.HOOKS.register("test_not_a_hook", object)
+def test_finding_the_methods_starts_no_jax_backend():
+  # --mode=plan sets XLA's fake device count after the specs are read and
+  # before the first backend starts: reading them must start none.
+  script = (
+      "from memjax import catalog, config\n"
+      "catalog.parts(); config.base_config()\n"
+      "from jax._src import xla_bridge\n"
+      "assert not xla_bridge.backends_are_initialized(), 'started'\n"
+      "print('ok')\n"
+  )
+  out = subprocess.run(
+      [sys.executable, "-c", script],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
