@@ -45,6 +45,67 @@ def read(
   return settings_lib.read_all(config, parts.settings)
 
 
+# ----------------------------------------------------------------------------
+# Checks every run relies on
+# ----------------------------------------------------------------------------
+
+_POSITIVE = (
+    "data.seq_len", "data.batch_size", "data.segments_per_lane",
+    "train.num_steps", "train.grad_accum", "train.log_every",
+    "train.checkpoint_every", "train.keep_checkpoints", "eval.window_len",
+    "eval.score_len", "eval.batch_size", "model.num_layers", "model.d_model",
+    "model.num_heads", "model.head_dim", "model.d_ff",
+)  # fmt: skip
+_NON_NEGATIVE = (
+    "train.eval_every", "train.eval_max_windows", "eval.max_windows",
+    "model.mem_len", "optim.warmup_steps",
+)  # fmt: skip
+_NON_NEGATIVE_REAL = (
+    "optim.learning_rate", "optim.clip_norm", "optim.weight_decay",
+    "optim.min_lr_ratio",
+)  # fmt: skip
+DTYPES = ("float32", "bfloat16")
+
+
+def _value(s: settings_lib.Settings, key: str) -> Any:
+  section, name = key.split(".")
+  return getattr(getattr(s, section), name)
+
+
+def check_values(s: settings_lib.Settings) -> None:
+  """Checks the values every run relies on, before anything is written.
+
+  Raises:
+    errors.ConfigError: naming the key and the accepted values.
+  """
+  for key in _POSITIVE:
+    v = _value(s, key)
+    if not isinstance(v, int) or v < 1:
+      raise errors.ConfigError(f"{key} must be a positive integer, got {v!r}")
+  for key in _NON_NEGATIVE:
+    v = _value(s, key)
+    if not isinstance(v, int) or v < 0:
+      raise errors.ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+  for key in _NON_NEGATIVE_REAL:
+    v = _value(s, key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+      raise errors.ConfigError(f"{key} must be a number >= 0, got {v!r}")
+  if s.eval.score_len > s.eval.window_len:
+    raise errors.ConfigError(
+        f"eval.score_len {s.eval.score_len} must be <= eval.window_len "
+        f"{s.eval.window_len}"
+    )
+  if s.data.batch_size % s.train.grad_accum:
+    raise errors.ConfigError(
+        f"data.batch_size {s.data.batch_size} is not divisible by "
+        f"train.grad_accum {s.train.grad_accum}"
+    )
+  if s.model.dtype not in DTYPES:
+    raise errors.ConfigError(
+        f"model.dtype must be one of {list(DTYPES)}, got {s.model.dtype!r}"
+    )
+
+
 def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   """Checks the settings before anything is written.
 
@@ -52,7 +113,7 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
     errors.ConfigError: naming the key and what it takes (a name nothing
       declares, a number out of range, what the task or a method refuses).
   """
-  settings_lib.check(s)
+  check_values(s)
   parts.families.get(s.model.family)
   parts.attention.get(s.model.attention)
   kind = parts.feed_forward.get(s.model.feed_forward)

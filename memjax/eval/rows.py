@@ -31,8 +31,6 @@ from memjax import sharding as sharding_lib
 from memjax.eval import metrics
 from memjax.models import state as model_state
 
-Array = jax.Array
-
 
 @dataclasses.dataclass(frozen=True)
 class Scoring:

@@ -34,8 +34,6 @@ from memjax.data import windows
 from memjax.eval import rows
 from memjax.models import state as model_state
 
-Array = jax.Array
-
 _KEYS = ("inputs", "targets", "weights", "reset")
 
 
@@ -320,13 +318,13 @@ class StreamScorer(rows.Scorer):
 
   def _document_lanes(self) -> "StreamScorer":
     """The scorer whose lanes are ``eval.batch_size`` documents (kept)."""
-    size = getattr(getattr(self.config, "eval", None), "batch_size", 0)
+    size = self.scoring.eval.batch_size
     lanes = max(1, int(size or self.lanes))
     if lanes == self.lanes:
       return self
     if "documents" not in self._compiled:
       self._compiled["documents"] = StreamScorer(
-          self.run, segment_len=self.segment_len, mem_len=self.mem_len,
+          self.scoring, segment_len=self.segment_len, mem_len=self.mem_len,
           lanes=lanes, chunk=self.chunk,
       )  # fmt: skip
     return self._compiled["documents"]

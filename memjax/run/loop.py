@@ -45,7 +45,6 @@ from memjax.run import spec
 from memjax.run import state as state_lib
 from memjax.run import step as step_lib
 
-Array = jax.Array
 TrainState = state_lib.TrainState
 NonFiniteLossError = errors.NonFiniteLossError
 Hook = Callable[[int, TrainState], None]
