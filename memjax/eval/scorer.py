@@ -53,7 +53,7 @@ def scorer_for(
     memory = grid_lib.grid_of(memory, scoring.memories)
   grid = memory
   if scoring.model.carries_memory():
-    if grid is not None and grid.memory().uses_memory:
+    if grid is not None and grid.memory.uses_memory:
       raise errors.ConfigError(
           f"evaluation memory {grid.kind!r} reads sliding windows; this "
           "model carries its own memory (scored with it already): set "

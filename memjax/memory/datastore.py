@@ -104,7 +104,7 @@ def open_datastore(
 
   Args:
     path: its directory.
-    signature: the model it must belong to (``experiment.model_signature``).
+    signature: the model it must belong to (``memjax.run.spec.Run.signature``).
     dim: the feature dimension it must have.
     checkpoint: {'source', 'step'} of the parameters it must come from
       (checked when the manifest records one).

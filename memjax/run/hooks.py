@@ -64,7 +64,7 @@ class HookContext:
     is_chief: whether this process writes files (process 0).
     model: the ``TransformerLM``.
     mesh: the device mesh.
-    corpus: the corpus (``experiment.Corpus``).
+    corpus: the corpus (``memjax.data.corpus.Corpus``).
     batcher: the training batcher, whose data a hook may change.
     writer: the metric writer (TensorBoard), or None.
   """

@@ -174,10 +174,10 @@ def memory_usage(run: spec.Run) -> dict[str, Any]:
           f"the model of {source} has no product-key memory layer "
           "(model.feed_forward 'pkm' or 'resm')"
       )
-    for name, s in sums.items():
-      top1_by_step.setdefault(name, {})[restored.step] = s[top1_key]
-      results["layers"][name] = metrics(s, u.count)
-      reads[name] = s[COUNT_KEYS[u.count][0]]
+    for name, layer in sums.items():
+      top1_by_step.setdefault(name, {})[restored.step] = layer[top1_key]
+      results["layers"][name] = metrics(layer, u.count)
+      reads[name] = layer[COUNT_KEYS[u.count][0]]
     results["step"] = restored.step
     console.info(
         "memory usage at step %d (%.1fs): %s",

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from configs import pkm_wt103
+from memjax import build
 from memjax import errors
-from memjax import experiment
+from memjax.data import corpus as corpus_lib
 from memjax.methods.pkm import usage as pkm_usage
-from memjax import validation
 
 LAYERS = ("layer_0/ffn/memory", "layer_1/ffn/memory")
 METRICS = ("mu", "top1_mu", "kl_u", "kl_w")
@@ -40,9 +40,12 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   config.train.init_from = resm_smoke_workdir
   config.memory_usage.staleness = True
   config.memory_usage.max_tokens = 2048
-  config.mesh.data = 1  # One device: the sums are tested, not the sharding.
+  # One device: the sums are tested, not the sharding.
+  config.mesh.data = 1
+  one_device = config.mesh.to_dict()
   config.data.cache_dir = os.path.join(resm_smoke_workdir, "cache")
-  res = pkm_usage.memory_usage(config, str(tmp_path))
+  run = build.build(config, str(tmp_path), mesh=one_device)
+  res = pkm_usage.memory_usage(run)
   with open(tmp_path / "memory_usage.json") as f:
     saved = json.load(f)
   # The figure read back: per layer (columns of 4 inches) the read-count
@@ -60,8 +63,12 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   assert saved["count"] == "token"
   # Independently: the per-slot sums that the model itself sows over the
   # same windows at each checkpoint, and the metrics from them with NumPy.
-  split = experiment.load_corpus(
-      config, str(tmp_path), (config.memory_usage.split,), train=False
+  split = corpus_lib.load_corpus(
+      run.settings.data,
+      run.settings.eval,
+      str(tmp_path),
+      (config.memory_usage.split,),
+      train=False,
   ).splits[config.memory_usage.split]
   windows = np.asarray(split.tokens[:tokens], np.int32).reshape(-1, window)
   sown = {
@@ -90,20 +97,24 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   assert res["summary_lines"][0].startswith(LAYERS[0])
   # Counted per head: every head's k reads of every token.
   config.memory_usage.update(staleness=False, count="head")
-  heads_res = pkm_usage.memory_usage(config, str(tmp_path / "heads"))
+  heads_res = pkm_usage.memory_usage(
+      build.build(config, str(tmp_path / "heads"), mesh=one_device)
+  )
   for layer in LAYERS:
     m, t = heads_res["layers"][layer], saved["layers"][layer]
     assert m["reads"] == tokens * heads * topk
     assert m["mu"] == t["mu"]  # the same slots are read
   config.memory_usage.count = "slot"
   with pytest.raises(errors.ConfigError, match="memory_usage.count"):
-    pkm_usage.memory_usage(config, str(tmp_path / "bad"))
+    pkm_usage.memory_usage(
+        build.build(config, str(tmp_path / "bad"), mesh=one_device)
+    )
 
 
 def _sown_sums(run, step, windows):
   """{layer: {'reads', 'top1', 'weights'} [K] float64} that the model at
   ``step`` sows over ``windows`` [N, T] in one batch."""
-  r = experiment.load(run, step=step, mesh={"data": 1})
+  r = build.load(run, step=step, mesh={"data": 1})
   _, sown = r.model.apply(
       {"params": r.params}, windows, None, True,
       method=r.model.forward, mutable=["pkm_usage"],
@@ -148,7 +159,7 @@ def _config(**options):
         ),
     ],
 )
-def test_bad_memory_settings_are_config_errors(options, message):
+def test_bad_memory_settings_are_config_errors(options, message, tmp_path):
   with pytest.raises(errors.ConfigError, match=message) as e:
-    validation.validate_config(_config(**options))
+    build.build(_config(**options), str(tmp_path))
   assert "\n" not in str(e.value)
