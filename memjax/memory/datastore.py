@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from memjax.checkpoints import checkpointing
+from memjax.checkpoints import convert
 from memjax import errors
 from memjax.io import paths
 from memjax import sharding as sharding_lib
@@ -134,8 +135,11 @@ def open_datastore(
     )
   diffs = []
   if signature is not None:
+    # A datastore built by an earlier version recorded that version's
+    # signature: compared as today's would read it.
+    saved_signature = convert.upgrade(m.get("signature", {}))
     diffs = checkpointing.compare_signatures(
-        m.get("signature", {}).get("model", {}), signature.get("model", {})
+        saved_signature.get("model", {}), signature.get("model", {})
     )
   saved = m.get("checkpoint")
   if checkpoint is not None and saved and saved != checkpoint:
@@ -247,6 +251,8 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
       )
     return
   old = paths.read_json(bpath)
+  if "signature" in old:  # As today's signature reads an earlier one.
+    old["signature"] = convert.upgrade(old["signature"])
   if old.get("signature", {}).get("model") != spec.signature["model"]:
     raise errors.CheckpointMismatchError(
         f"the datastore at {path} was built by another model: choose another "

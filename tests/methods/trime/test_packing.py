@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
+from memjax import build
+from memjax import catalog
 from memjax.methods.trime import bm25
 from memjax.methods.trime import bm25_order
 from memjax.methods.trime import packing
@@ -76,7 +78,8 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
   stream = tasks.TokenStream(
       tokens=tokens, doc_starts=np.zeros(1, np.int64), vocab_size=400
   )
-  batcher = packing.bm25_batcher(cfg, stream, str(tmp_path))
+  settings = build.read(cfg, catalog.parts())
+  batcher = packing.bm25_batcher(settings, stream, str(tmp_path))
   files = list((tmp_path / "bm25").glob("bm25_order_*.npy"))
   assert len(files) == 1
   order = np.load(files[0])
@@ -99,7 +102,7 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
   for name in ("bm25_pack", "bm25_neighbours"):
     monkeypatch.setattr(bm25, name, fail)
     monkeypatch.setattr(bm25_order, name, fail)
-  again = packing.bm25_batcher(cfg, stream, str(tmp_path))
+  again = packing.bm25_batcher(settings, stream, str(tmp_path))
   np.testing.assert_array_equal(
       again.batch(2)["inputs"], batcher.batch(2)["inputs"]
   )
