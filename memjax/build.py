@@ -247,9 +247,12 @@ def run_mode(
   mode = mode_of(name)
   check_workdir(workdir, training=mode.training)
   config = resolve(name, config, workdir, overrides)
+  s = read(config, catalog.parts())
   if mode.before_jax is not None:  # Before the mesh starts JAX's backends.
-    mode.before_jax(read(config, catalog.parts()))
-  run = build(config, workdir)
+    mode.before_jax(s)
+  # A mode that trains uses every device; one that reads a trained run may
+  # name a smaller mesh ({'data': 1}: the first device).
+  run = build(config, workdir, mesh=None if mode.training else s.mesh.spec())
   mode.check(name, run.kind)
   return mode.run(run)
 

@@ -216,9 +216,7 @@ def _tree(path: str) -> ast.Module:
 
 def test_at_most_ten_modules_at_the_top():
   top = sorted(
-      f
-      for f in os.listdir(PACKAGE)
-      if f.endswith(".py") and f != "__init__.py"
+      f for f in os.listdir(PACKAGE) if f.endswith(".py") and f != "__init__.py"
   )
   assert len(top) <= MAX_TOP_MODULES, top
 
@@ -339,9 +337,9 @@ def test_methods_declare_their_parts_in_one_typed_spec():
         if isinstance(n, ast.Assign)
         and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["METHOD"]
     ]
-    assert spec and ast.unparse(spec[0].value).startswith("extend.Method("), (
-        init
-    )
+    assert spec and ast.unparse(spec[0].value).startswith(
+        "extend.Method("
+    ), init
     for line, text in _strings(init):
       assert not re.match(r"^memjax\.|^[\w.]+:\w+$", text), (init, line, text)
     declared = {

@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+import memjax
+
 from configs import trime_wt103
 from memjax import build
 from memjax import errors
@@ -34,7 +36,7 @@ def _config(smoke_workdir, kind, **em):
 def built(smoke_workdir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("extmem"))
   config = _config(smoke_workdir, "trime_ext")
-  out = external_modes.datastore(build.build(config, workdir))
+  out = memjax.run_mode("datastore", config, workdir)
   return config, workdir, out
 
 
@@ -46,10 +48,10 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   assert len(store.keys) > 1 and out["bytes_per_key"] >= 2 * store.dim + 4
   assert store.manifest["split"] == "train"
   assert store.manifest["context"] == {"window_len": 32, "score_len": 16}
-  external_modes.index(build.build(config, workdir))
+  memjax.run_mode("index", config, workdir)
   config.datastore.recall_leaves = (1, 16)
   config.datastore.recall_examples = 2
-  res = external_modes.recall(build.build(config, workdir))
+  res = memjax.run_mode("recall", config, workdir)
   assert res["recall"] >= 0.95 and res["queries"] == 64
   with open(os.path.join(workdir, "recall.json")) as f:
     saved = json.load(f)

@@ -9,6 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
+import memjax
+
 from memjax import build
 from memjax import catalog
 from memjax import errors
@@ -42,7 +44,7 @@ def built(mt_smoke_workdir, tmp_path_factory):
     mem.knn_lambda_grid, mem.knn_temperature_grid = (0.2,), (1.0, 10.0)
     mem.tune_sentences = 8
     mem.show_sentences = (SHOWN, SHOWN_2)
-  result = tm.mt_datastore_mode(build.build(config, str(out)))
+  result = memjax.run_mode("mt_datastore", config, str(out))
   return config, out, result
 
 
@@ -66,7 +68,7 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
   assert result["keys"] == sum(len(t) for t in fits) == len(values)
   np.testing.assert_array_equal(np.sort(values), np.sort(np.concatenate(fits)))
   run = build.build(config, str(out))
-  tuned = tm.mt_tune(run)
+  tuned = memjax.run_mode("mt_tune", config, str(out))
   assert tuned["tokens"] > 0 and len(tuned["grid"]) == 4
   # Every grid score against NumPy over the same teacher-forced positions
   # and exact neighbours.
@@ -92,6 +94,14 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
     nll[k, row["knn_temperature"]] = row["nll"]
   assert nll[4, 1.0] != pytest.approx(nll[4, 10.0], rel=1e-4)
   assert nll[1, 1.0] == pytest.approx(nll[1, 10.0])  # one neighbour: w = 1
+  # The tuned setting decodes the split: one line per sentence scored.
+  config.translation.eval_max_sentences = 3
+  translated = memjax.run_mode("mt_translate", config, str(out))
+  assert translated["settings"] == tuned["best"]
+  assert translated["sentences"] == 3 and 0 <= translated["bleu"] <= 100
+  split = config.translation.split
+  lines = (out / "translations" / f"{split}.knn.txt").read_text().split("\n")
+  assert len(lines) == 4 and lines[-1] == ""
 
 
 def test_datastore_mode_shows_what_the_memory_retrieves(built):

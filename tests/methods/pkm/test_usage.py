@@ -10,11 +10,12 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import memjax
+
 from configs import pkm_wt103
 from memjax import build
 from memjax import errors
 from memjax.data import corpus as corpus_lib
-from memjax.methods.pkm import usage as pkm_usage
 
 LAYERS = ("layer_0/ffn/memory", "layer_1/ffn/memory")
 METRICS = ("mu", "top1_mu", "kl_u", "kl_w")
@@ -42,10 +43,10 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   config.memory_usage.max_tokens = 2048
   # One device: the sums are tested, not the sharding.
   config.mesh.data = 1
-  one_device = config.mesh.to_dict()
   config.data.cache_dir = os.path.join(resm_smoke_workdir, "cache")
-  run = build.build(config, str(tmp_path), mesh=one_device)
-  res = pkm_usage.memory_usage(run)
+  # Through the one dispatch: a mode that reads a trained run may name a
+  # mesh smaller than the host's devices.
+  res = memjax.run_mode("memory_usage", config, str(tmp_path))
   with open(tmp_path / "memory_usage.json") as f:
     saved = json.load(f)
   # The figure read back: per layer (columns of 4 inches) the read-count
@@ -63,6 +64,7 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   assert saved["count"] == "token"
   # Independently: the per-slot sums that the model itself sows over the
   # same windows at each checkpoint, and the metrics from them with NumPy.
+  run = build.build(config, str(tmp_path), mesh={"data": 1})
   split = corpus_lib.load_corpus(
       run.settings.data,
       run.settings.eval,
@@ -97,18 +99,14 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   assert res["summary_lines"][0].startswith(LAYERS[0])
   # Counted per head: every head's k reads of every token.
   config.memory_usage.update(staleness=False, count="head")
-  heads_res = pkm_usage.memory_usage(
-      build.build(config, str(tmp_path / "heads"), mesh=one_device)
-  )
+  heads_res = memjax.run_mode("memory_usage", config, str(tmp_path / "heads"))
   for layer in LAYERS:
     m, t = heads_res["layers"][layer], saved["layers"][layer]
     assert m["reads"] == tokens * heads * topk
     assert m["mu"] == t["mu"]  # the same slots are read
   config.memory_usage.count = "slot"
   with pytest.raises(errors.ConfigError, match="memory_usage.count"):
-    pkm_usage.memory_usage(
-        build.build(config, str(tmp_path / "bad"), mesh=one_device)
-    )
+    memjax.run_mode("memory_usage", config, str(tmp_path / "bad"))
 
 
 def _sown_sums(run, step, windows):

@@ -9,9 +9,7 @@ import pytest
 import sacrebleu
 
 import memjax
-from memjax import build
 from memjax import errors
-from memjax.modes import translation
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +64,7 @@ def test_translate_a_file(mt_run, mt_smoke_config, tmp_path):
     src.write_text("\n".join(order) + "\n", encoding="utf-8")
     out = tmp_path / f"{name}.en"
     c = mt_smoke_config(data, input_file=str(src), output_file=str(out))
-    assert translation.translate(build.build(c, workdir))["sentences"] == 3
+    assert memjax.run_mode("translate", c, workdir)["sentences"] == 3
     outs.append(out.read_text(encoding="utf-8").split("\n"))
   forward, backward = outs
   assert len(forward) == 4 and forward[-1] == ""  # 3 lines
