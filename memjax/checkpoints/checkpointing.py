@@ -152,6 +152,22 @@ class Checkpointer:
     )
     return bool(saved)
 
+  def saved_memory(self, step: int, sharding: Any) -> Any:
+    """The recurrent memory saved with ``step`` as abstract arrays placed
+    with ``sharding`` (None when the state carries none): its shapes follow
+    the training batch, which a restore without the corpus cannot know."""
+    stored = (
+        ocp.StandardCheckpointer()
+        .metadata(self._manager.directory / str(step) / "state")
+        .item_metadata
+    )
+    if stored is None or stored.get("memory") is None:
+      return None
+    return jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+        stored["memory"],
+    )
+
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restores (state, data position) in today's layout (``convert``);
     ``abstract_state`` carries shardings."""

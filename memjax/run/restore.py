@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from memjax import errors
+from memjax import sharding as sharding_lib
 from memjax.checkpoints import checkpointing
 from memjax.checkpoints import convert
 from memjax.checkpoints import params as params_lib
@@ -191,7 +192,9 @@ def restore(
 
 def _with_optimizer(run, files, model, step):
   tx, _ = run.optimizer()
-  sample = {"inputs": np.zeros((1, 8), np.int32)}
+  # A batch row per data shard, so a recurrent memory's template divides.
+  rows = run.mesh.shape["data"] * run.mesh.shape["fsdp"]
+  sample = {"inputs": np.zeros((rows, 8), np.int32)}
   state, shardings = state_lib.create_state(
       model, tx, run.mesh, sample, jax.random.PRNGKey(0),
       run.state_collections(),
@@ -205,7 +208,10 @@ def _with_optimizer(run, files, model, step):
   try:
     step = ckpt.latest_step() if step is None else int(step)
     abstract = checkpointing.abstract_with_sharding(state, shardings)
-    abstract = abstract.replace(memory=None)
+    # The carried memory is read (in its saved shapes) and dropped.
+    abstract = abstract.replace(
+        memory=ckpt.saved_memory(step, sharding_lib.replicated(run.mesh))
+    )
     restored, _ = ckpt.restore(step, abstract)
   finally:
     ckpt.close()
