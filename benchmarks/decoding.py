@@ -80,11 +80,13 @@ def time_benches(benches, args, sentences: int) -> list[dict]:
 
 def _model(args, config):
   """(model, params, vocab): the run at --workdir, or a fresh model."""
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
-  from memjax.data import parallel  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from memjax import build
+  from memjax.data import parallel
+  from memjax.run import state as state_lib
 
   if args.workdir:
-    r = experiment.load(args.workdir, config=config)
+    r = build.load(args.workdir, config=config)
     return r.model, r.params, r.vocab
   t = config.translation
   cache = tempfile.mkdtemp(prefix="decoding_bench_")
@@ -92,11 +94,11 @@ def _model(args, config):
       parallel.DEFAULT_DIR, t.source_lang, t.target_lang, t.vocab_size, cache
   )
   vocab = parallel.load_vocabulary(path)
-  model = experiment.build_model(config.model, int(vocab.vocab_size))
-  mesh = experiment.make_mesh(config)
+  run = build.build(config, cache)
+  model = run.model(int(vocab.vocab_size))
   sample = {"inputs": np.zeros((1, 8), np.int32)}
-  state, _ = experiment.create_state(
-      model, None, mesh, sample, jax.random.PRNGKey(0)
+  state, _ = state_lib.create_state(
+      model, None, run.mesh, sample, jax.random.PRNGKey(0)
   )
   return model, state.params, vocab
 

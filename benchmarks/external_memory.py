@@ -47,7 +47,7 @@ def _eval_rate(loaded, grid, external, windows: int) -> float:
   """Predictions/s of scoring the first ``windows`` valid windows."""
   from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
 
-  c = loaded.config
+  c = loaded.settings
 
   def score(n):
     return em_lib.score_stream(
@@ -83,12 +83,14 @@ def main() -> None:
   add("--out", default="")
   args = parser.parse_args()
 
-  from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
-  from memjax.run import loop  # pylint: disable=g-import-not-at-top
-  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
-  from memjax import errors  # pylint: disable=g-import-not-at-top
-  from memjax.eval import external as external_lib  # pylint: disable=g-import-not-at-top
-  from memjax.methods.external import modes  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from memjax import api
+  from memjax import build
+  from memjax import errors
+  from memjax.checkpoints import runfiles
+  from memjax.eval import external as external_lib
+  from memjax.eval import grid as grid_lib
+  from memjax.run import restore
 
   config = _config(args)
   w = args.workdir
@@ -96,21 +98,25 @@ def main() -> None:
     runfiles.find(w)
   except errors.MissingRunError:
     harness.log(f"training {args.train_steps} steps into {w}")
-    loop.train_and_evaluate(config, w)
-  store_path = modes.datastore_path(config, w)
+    api.train(config, w)
+  run = build.build(config, w)
+  loaded = restore.load_splits(run, splits=("valid",))
+  scoring = loaded.scoring()
+  store_path = external_lib.datastore_path(scoring, w)
   built = os.path.exists(os.path.join(store_path, "manifest.json"))
-  ds = modes.datastore(config, w)
+  ds = api.run_mode("datastore", config, w)
   index_dir = os.path.join(store_path, "index-dot_product")
   if not os.path.exists(os.path.join(index_dir, "index.json")):
-    idx = modes.index(config, w)
+    idx = api.run_mode("index", config, w)
   else:
     idx = {"seconds": None}
-  rec = modes.recall(config, w)
+  rec = api.run_mode("recall", config, w)
 
-  loaded = em_lib.load(config, w, splits=("valid",))
-  ext = external_lib.external_search(loaded, "dot_product", w)
-  grid = em_lib.configured_grid(config.eval_memory)
-  plain = _eval_rate(loaded, em_lib.Grid(kind="none"), None, args.eval_windows)
+  ext = external_lib.external_search(scoring, "dot_product", w)
+  memories = run.parts.eval_memories
+  grid = grid_lib.configured_grid(run.settings.values("eval_memory"), memories)
+  none = grid_lib.make(memories, "none")
+  plain = _eval_rate(loaded, none, None, args.eval_windows)
   with_ext = _eval_rate(loaded, grid, ext, args.eval_windows)
 
   search = [

@@ -12,8 +12,8 @@
   alternate within rounds, the median round is reported, with ratios
   against the first (baseline) config, as JSON with the machine.
 
-The model-building functions come from the memjax module ``_experiment``
-names, and from nowhere else.
+The parts come from the run ``memjax.build.build`` makes of a config
+(``_build``), as the training loop gets them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import resource
 import statistics
 import sys
 import time
-import types
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import flags
@@ -35,8 +34,6 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-from memjax import losses
-from memjax.run import optim
 from memjax import sharding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,15 +45,16 @@ LM_WARMUP_NOTE = (
 )
 
 
-def _experiment() -> types.ModuleType:
-  """``memjax.experiment``, which builds models, data and train states.
+def _build(cfg: ml_collections.ConfigDict, workdir: str = "") -> Any:
+  """The run ``memjax.build.build`` makes of ``cfg``: its model, batcher,
+  objective and optimiser.
 
-  Imported on first use: it loads TensorFlow (SeqIO), which the config
-  parsing and the statistics here do not need.
+  Imported on first use: the whole package loads, which the config parsing
+  and the statistics here do not need.
   """
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
 
-  return experiment
+  return build.build(cfg, workdir)
 
 
 # Configs.
@@ -214,24 +212,26 @@ def load_corpus(
     cfg: ml_collections.ConfigDict, workdir: str
 ) -> tuple[Any, int]:
   """The training batcher of ``cfg``'s corpus and its vocabulary size."""
-  exp = _experiment()
-  corpus = exp.load_corpus(cfg, workdir, splits=(), train=True)
-  return (
-      exp.make_batcher(cfg, corpus.train, corpus.cache_dir),
-      corpus.vocab_size,
-  )
+  from memjax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+
+  run = _build(cfg, workdir)
+  s = run.settings
+  corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, (), train=True)
+  return run.batcher(corpus.train, corpus.cache_dir), corpus.vocab_size
 
 
 def make_batcher(
     cfg: ml_collections.ConfigDict, stream: Any, cache_dir: str
 ) -> Any:
   """The batcher of ``cfg.data.batching`` over a token stream."""
-  return _experiment().make_batcher(cfg, stream, cache_dir)
+  return _build(cfg, cache_dir).batcher(stream, cache_dir)
 
 
 def host_batches(batcher: Any, count: int) -> list[dict[str, np.ndarray]]:
   """The first ``count`` global batches, as the train step consumes them."""
-  return [_experiment().host_batch(batcher, i) for i in range(count)]
+  from memjax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+
+  return [corpus_lib.host_batch(batcher, i) for i in range(count)]
 
 
 class TrainBench:
@@ -258,22 +258,24 @@ class TrainBench:
       vocab_size: int,
       batches: Sequence[Mapping[str, np.ndarray]],
   ):
+    # pylint: disable=g-import-not-at-top
+    from memjax.run import state as state_lib
+    from memjax.run import step as step_lib
+
     t0 = time.time()
-    exp = _experiment()
     self.name = name
     self.timing_changes = disable_lm_warmup(cfg)
     self.cfg = cfg
-    self.mesh = sharding.make_mesh(cfg.mesh.to_dict())
-    self.model = exp.build_model(cfg.model, vocab_size)
-    num_steps = int(cfg.train.num_steps)
-    tx, _ = optim.make_optimizer(cfg.optim, num_steps)
-    loss_fn = losses.make_loss(cfg.loss, num_steps, seed=cfg.seed)
-    self.state, shardings = exp.create_state(
-        self.model, tx, self.mesh, batches[0], jax.random.PRNGKey(cfg.seed)
-    )
-    from memjax.run import step as train_step  # pylint: disable=g-import-not-at-top
-
-    self.step = train_step.make_train_step(
+    run = _build(cfg)
+    self.mesh = run.mesh
+    self.model = run.model(vocab_size)
+    tx, _ = run.optimizer()
+    loss_fn = run.objective()
+    self.state, shardings = state_lib.create_state(
+        self.model, tx, self.mesh, batches[0], jax.random.PRNGKey(cfg.seed),
+        run.state_collections(),
+    )  # fmt: skip
+    self.step = step_lib.make_train_step(
         self.model,
         tx,
         loss_fn,
@@ -281,6 +283,7 @@ class TrainBench:
         state_shardings=shardings,
         mesh=self.mesh,
         segments_per_lane=int(cfg.data.segments_per_lane),
+        extra_inputs=run.extra_inputs,
     )
     self.batches = [sharding.put_global_batch(b, self.mesh) for b in batches]
     self.rng = jax.random.PRNGKey(cfg.seed + 1)

@@ -41,28 +41,30 @@ def main() -> None:
   args = parser.parse_args()
   config = harness.load_config(args.config, args.set)
   # pylint: disable=g-import-not-at-top
-  from memjax import experiment
+  from memjax import build
   from memjax.data import parallel
-  from memjax.methods.external import mt_modes as tm
   from memjax.methods.external import mt_datastore
+  from memjax.methods.external import mt_modes as tm
+  from memjax.tasks import config as task_config
   from memjax.tasks.translation import parts
 
-  restored = experiment.load(args.workdir, config=config)
+  restored = build.load(args.workdir, config=config)
+  s = restored.settings
   kind = config.translation.memory.kind
   store = mt_datastore.open_store(
-      restored, mt_datastore.datastore_path(config, args.workdir)
+      restored, mt_datastore.datastore_path(s, args.workdir)
   )
-  settings = tm.tuned_settings(config, args.workdir, kind)
-  hook = tm.make_hook(config, restored, store, kind, settings)
+  settings = tm.tuned_settings(s, args.workdir, kind)
+  hook = tm.make_hook(s, restored, store, kind, settings)
+  t = s.of(task_config.Translation)
   plain = parts.make_translator(
-      config, restored.model, restored.params, restored.vocab
+      t, restored.model, restored.params, restored.vocab
   )
   memory = parts.make_translator(
-      config, restored.model, restored.params, restored.vocab, hook=hook
+      t, restored.model, restored.params, restored.vocab, hook=hook
   )
-  t = config.translation
   src, _ = parallel.read_pairs(
-      parts.data_dir(config), "valid", t.source_lang, t.target_lang
+      parts.data_dir(s.data), "valid", t.source_lang, t.target_lang
   )
   sources = [plain.encode(s) for s in src[: args.sentences]]
   benches = [

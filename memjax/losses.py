@@ -8,12 +8,12 @@ where ``loss`` is the mean negative log-likelihood per weighted target and
 start with ``aux_``; those ending in ``_sum`` are token-weighted sums that
 the training loop divides by ``tokens`` before logging them.
 
-Objectives register a factory in ``memjax.registry.OBJECTIVES`` under the
-name ``loss.name`` picks: ``make(loss_config, num_steps, seed) -> loss_fn``
-with ``config.loss`` (an objective's own settings go in
-``config.loss.options``), the run's number of updates and its seed. Built
-in: 'lm' and 'label_smoothed'; a method registers its own beside its code
-(``memjax/methods/<method>/``).
+An objective is a factory declared under the name ``loss.name`` picks (the
+engine's spec, or a method's ``extend.Method.objectives``):
+``make(settings, num_steps) -> loss_fn`` with the run's settings (``loss``,
+the seed, a method's own section) and number of updates. Built in: 'lm'
+and 'label_smoothed' (its ``loss.options.epsilon``); a method declares its
+own beside its code (``memjax/methods/<method>/``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from memjax import errors
-from memjax import registry
+from memjax import settings as settings_lib
 from memjax.models import stats
 from memjax.models.transformer import LMOutput
 
@@ -53,26 +52,22 @@ def lm_loss(
   return loss, {"nll_sum": nll_sum, "tokens": tokens}
 
 
-@registry.OBJECTIVES.register("lm")
-def make_lm_loss(
-    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
-) -> LossFn:
+def make_lm_loss(settings: settings_lib.Settings, num_steps: int) -> LossFn:
   """The plain objective (``lm_loss``); it has no settings."""
-  del cfg, num_steps, seed
+  del settings, num_steps
   return lm_loss
 
 
-@registry.OBJECTIVES.register("label_smoothed")
 def make_label_smoothed_loss(
-    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+    settings: settings_lib.Settings, num_steps: int
 ) -> LossFn:
   """fairseq's ``label_smoothed_cross_entropy`` (``loss.options.epsilon``,
   default 0.1): with eps_i = eps / (V - 1),
   ``(1 - eps - eps_i) * nll + eps_i * sum_v(-log p_v)``; the output must
   carry ``mean_logprob`` (the encoder-decoder's does). ``nll_sum`` holds the
   smoothed loss that is optimised; ``aux_nll_sum`` the plain NLL."""
-  del num_steps, seed
-  options = dict(cfg.options) if cfg.get("options") else {}
+  del num_steps
+  options = dict(settings.loss.options or {})
   unknown = sorted(set(options) - {"epsilon"})
   if unknown:
     raise errors.ConfigError(
@@ -100,23 +95,6 @@ def make_label_smoothed_loss(
     }
 
   return loss_fn
-
-
-def make_loss(
-    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
-) -> LossFn:
-  """Builds the objective ``config.loss.name`` names (registry.OBJECTIVES).
-
-  Args:
-    cfg: ``config.loss``.
-    num_steps: total updates of the run.
-    seed: the run's seed (``config.seed``).
-
-  Raises:
-    errors.ConfigError: an unknown loss name (the message lists the
-      registered ones) or bad loss settings.
-  """
-  return registry.OBJECTIVES.get(cfg.name)(cfg, num_steps, seed)
 
 
 def summarize_aux(metrics: dict[str, Any]) -> dict[str, float]:

@@ -46,20 +46,20 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 
 
 def _mode_help() -> str:
-  """--mode's help: every registered mode with the run kinds it takes
-  (``memjax.registry.MODES``; reading it imports no mode module)."""
-  from memjax import registry  # pylint: disable=g-import-not-at-top
+  """--mode's help: every mode with the run kinds it takes
+  (``memjax.catalog``)."""
+  from memjax import catalog  # pylint: disable=g-import-not-at-top
 
-  lines = "\n".join(registry.MODES.table())
+  lines = "\n".join(catalog.parts().modes_table())
   return (
       "What to do with the run; 'list' prints the modes with the kinds of run "
       "(task/model.family) each takes:\n" + lines
   )
 
 
-# Modes are registered in memjax.registry.MODES (the built-ins in
-# memjax/modes/__init__.py), called as function(config, workdir) and
-# returning a results dict. Modules import lazily (TensorFlow is slow).
+# The modes are the engine's and the methods' (memjax.catalog), each run on
+# the run built from the config by memjax.build.run_mode, which returns its
+# results dict.
 _MODE = flags.DEFINE_string("mode", "train", _mode_help())
 _MULTIHOST = flags.DEFINE_bool(
     "multihost",
@@ -104,7 +104,8 @@ def _one_line(e: BaseException) -> str:
     if isinstance(root, (KeyError, AttributeError)):
       msg = (
           f"unknown config key {msg}: check the --config.* overrides against "
-          "memjax/config.py"
+          "the settings classes (memjax/settings.py, memjax/tasks/config.py, "
+          "memjax/methods/*/config.py)"
       )
   lines = [l.strip() for l in msg.splitlines() if l.strip()]
   return " ".join(lines) or type(e).__name__
@@ -122,46 +123,18 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(2)
 
 
-def resolve_config(mode: str, workdir: str) -> Any:
-  """The --config given, else the config a run or export saved.
-
-  Raises:
-    errors.ConfigError: no --config and nothing saved to take one from.
-  """
-  from memjax import errors  # pylint: disable=g-import-not-at-top
-  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
-
-  config = _CONFIG.value
-  if config is None:
-    try:
-      config = runfiles.read_config(runfiles.find(workdir))
-    except errors.MissingRunError:
-      raise errors.ConfigError(
-          f"--mode={mode} needs --config=FILE:VARIANT: {workdir} holds no "
-          "run or export whose saved config.json could be used"
-      ) from None
-  if mode == "export":
-    with config.unlocked():
-      config.export.dir = _EXPORT_DIR.value or config.export.dir
-      config.export.dtype = _EXPORT_DTYPE.value or config.export.dtype
-  return config
+def overrides() -> dict[str, Any]:
+  """The config values the command line's own flags set (--export_dir,
+  --export_dtype)."""
+  out = {}
+  if _EXPORT_DIR.value:
+    out["export.dir"] = _EXPORT_DIR.value
+  if _EXPORT_DTYPE.value:
+    out["export.dtype"] = _EXPORT_DTYPE.value
+  return out
 
 
-def check_workdir(mode: str, workdir: str) -> None:
-  """Refuses, before anything is read or written, a workdir whose storage
-  cannot be opened or that holds something other than a run.
-
-  Raises:
-    errors.StorageError, errors.WorkdirError: one line naming what to fix.
-  """
-  from memjax.io import paths  # pylint: disable=g-import-not-at-top
-  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
-
-  paths.check_workdir(workdir)
-  runfiles.check_workdir(workdir, training=mode == "train")
-
-
-def report(results: dict[str, Any], config: Any, workdir: str) -> None:
+def report(results: dict[str, Any], workdir: str) -> None:
   """Prints a mode's results: files, summary lines, or split metrics."""
   if "files" in results:
     for path in results["files"]:
@@ -174,8 +147,9 @@ def report(results: dict[str, Any], config: Any, workdir: str) -> None:
     print(f"results: {path}")
     return
   unit = results["unit"]
-  for split in config.eval.splits:
-    r = results[split]
+  for split, r in results.items():
+    if not (isinstance(r, dict) and unit in r and "nll" in r):
+      continue
     print(
         f"{split}: {unit} {r[unit]:.4f} (nll {r['nll']:.4f} over "
         f"{int(r['tokens'])} tokens; unigram "
@@ -192,35 +166,15 @@ def _results_path(workdir: str) -> str:
 
 def print_modes() -> None:
   """``--mode=list``: every mode, the run kinds it takes and what it does."""
-  from memjax import registry  # pylint: disable=g-import-not-at-top
+  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  from memjax import extend  # pylint: disable=g-import-not-at-top
 
   print("modes (--mode=NAME), the runs they take, what they do:")
-  for line in registry.MODES.table():
+  for line in catalog.parts().modes_table():
     print(f"  {line}")
   print("run kinds (task/model.family):")
-  for kind, text in registry.RUN_KINDS.items():
+  for kind, text in extend.RUN_KINDS.items():
     print(f"  {kind:<15} {text}")
-
-
-def _plan_devices() -> None:
-  """--mode=plan: starts JAX with the planned number of fake devices.
-
-  XLA reads the host device count once, when JAX's CPU backend starts, so
-  the flag is set here, before the first ``import jax`` (loading a
-  ``configs/*.py`` file imports no JAX). Bad plan settings: one line.
-  """
-  from memjax import errors  # pylint: disable=g-import-not-at-top
-  from memjax.modes import platforms  # pylint: disable=g-import-not-at-top
-
-  if _CONFIG.value is None:
-    print("memjax: error: --mode=plan needs --config=FILE:VARIANT",
-          file=sys.stderr)  # fmt: skip
-    sys.exit(2)
-  try:
-    platforms.set_device_flags(_CONFIG.value)
-  except errors.UserError as e:
-    print(f"memjax: error: {e}", file=sys.stderr)
-    sys.exit(2)
 
 
 def main(argv):
@@ -236,34 +190,22 @@ def main(argv):
     # Library chatter (Orbax, CLU, TensorFlow) only at WARNING by default; our
     # own progress lines go to stdout. --verbosity=0 shows it all.
     logging.set_verbosity(logging.WARNING)
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  if _MODE.value == "plan":
-    _plan_devices()
   import jax  # pylint: disable=g-import-not-at-top
 
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax import errors  # pylint: disable=g-import-not-at-top
   from memjax.run import preemption  # pylint: disable=g-import-not-at-top
-  from memjax import registry  # pylint: disable=g-import-not-at-top
 
-  try:
-    mode = registry.MODES.get(_MODE.value)
-  except errors.UserError as e:
-    print(f"memjax: error: {e}", file=sys.stderr)
-    sys.exit(2)
-  if _MULTIHOST.value:
-    jax.distributed.initialize(
-        coordinator_address=_COORDINATOR.value,
-        num_processes=_NUM_PROCESSES.value,
-        process_id=_PROCESS_ID.value,
-    )
-  module, fn = mode.run.split(":")
   workdir = _WORKDIR.value
   try:
-    check_workdir(_MODE.value, workdir)
-    config = resolve_config(_MODE.value, workdir)
-    mode.check(_MODE.value, config)
-    results = getattr(importlib.import_module(module), fn)(config, workdir)
+    build.mode_of(_MODE.value)  # An unknown mode: one line, before JAX.
+    if _MULTIHOST.value:
+      jax.distributed.initialize(
+          coordinator_address=_COORDINATOR.value,
+          num_processes=_NUM_PROCESSES.value,
+          process_id=_PROCESS_ID.value,
+      )
+    results = build.run_mode(_MODE.value, _CONFIG.value, workdir, overrides())
   except errors.UserError as e:
     # Input problems: one line. Any other exception is a bug in our code and
     # keeps its traceback.
@@ -275,7 +217,7 @@ def main(argv):
     sys.exit(e.exit_status)
   if jax.process_index() != 0:
     return  # Process 0 wrote the results and reports them.
-  report(results, config, workdir)
+  report(results, workdir)
 
 
 def run() -> None:

@@ -20,12 +20,11 @@ from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memjax import errors
-from memjax import registry
+from memjax import settings as settings_lib
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -89,6 +88,20 @@ def make_mesh(
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(spec, len(devices))
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def mesh_of(
+    mesh: settings_lib.Mesh, spec: Mapping[str, int] | None = None
+) -> Mesh:
+  """The mesh of the ``mesh`` settings, or of ``spec``: an explicit
+  ``spec`` without -1 may use the first devices only (e.g. {'data': 1})."""
+  if spec is None:
+    return make_mesh(mesh.spec())
+  sizes = [int(spec.get(a, 1)) for a in MESH_AXES]
+  devices = jax.devices()
+  if -1 not in sizes and 0 < int(np.prod(sizes)) < len(devices):
+    devices = devices[: int(np.prod(sizes))]
+  return make_mesh(dict(spec), devices)
 
 
 def check_batch(mesh: Mesh, batch_size: int, what: str = "batch size") -> None:
@@ -192,17 +205,24 @@ def jit(
   return MeshFunction(jax.jit(fn, **jit_kwargs), mesh, rules)
 
 
-def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
-  """Raises MeshError/ConfigError for batches the mesh or lanes cannot split."""
-  m = config.model
-  if not registry.ATTENTION.get(m.attention).carries_memory(m.mem_len):
+def check_batch_fits(
+    s: settings_lib.Settings, carries_memory: bool, mesh: Mesh
+) -> None:
+  """Raises MeshError/ConfigError for batches the mesh or lanes cannot split.
+
+  Args:
+    s: the run's settings.
+    carries_memory: the model carries a recurrent memory across steps.
+    mesh: the device mesh.
+  """
+  m, d, accum = s.model, s.data, int(s.train.grad_accum)
+  if not carries_memory:
     check_batch(
         mesh,
-        config.data.batch_size // config.train.grad_accum,
+        d.batch_size // accum,
         "micro-batch size (data.batch_size / train.grad_accum)",
     )
     return
-  d = config.data
   if d.batching != "consecutive":
     raise errors.ConfigError(
         f"model.attention={m.attention!r} with model.mem_len={m.mem_len} "
@@ -210,7 +230,6 @@ def check_batch_fits(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
         f"{d.batching!r})"
     )
   lanes = d.batch_size // max(int(d.segments_per_lane), 1)
-  accum = int(config.train.grad_accum)
   if lanes % accum:
     raise errors.ConfigError(
         f"{lanes} lanes (data.batch_size / data.segments_per_lane) are not "

@@ -54,8 +54,8 @@ LONGEST_FIRST = (
     "tests/methods/trime/test_modes.py",
     "tests/methods/recurrent/test_modes.py",
     "tests/methods/pkm/test_bert.py",
-    "tests/test_preemption.py",
-    "tests/test_optional.py",
+    "tests/run/test_preemption.py",
+    "tests/io/test_optional.py",
     "tests/methods/trime/test_pack_beam.py",
     "tests/test_sharding.py",
     "tests/methods/trime/test_training.py",
@@ -259,12 +259,12 @@ def lamemo_smoke_workdir(tmp_path_factory):
   ``train_and_evaluate`` returned is in ``<run>.returned.json``."""
 
   def make(root, workdir):
-    from memjax.run import loop  # pylint: disable=g-import-not-at-top
+    import memjax  # pylint: disable=g-import-not-at-top
 
     config = recurrent_smoke_config(
         "lamemo_wt103", str(root / "lamemo_smoke_cache")
     )
-    results = loop.train_and_evaluate(config, str(workdir))
+    results = memjax.train(config, str(workdir))
     with open(f"{workdir}.returned.json", "w") as f:
       json.dump(results, f)
 
@@ -309,10 +309,10 @@ def bert_mlm_smoke_workdir(tmp_path_factory):
   shares compiled programs with the tests beside it)."""
 
   def make(root, workdir):
-    from memjax.run import loop  # pylint: disable=g-import-not-at-top
+    import memjax  # pylint: disable=g-import-not-at-top
 
     config = bert_smoke_config("smoke", _tiny_wiki(root))
-    loop.train_and_evaluate(config, str(workdir))
+    memjax.train(config, str(workdir))
 
   return _once(tmp_path_factory, "bert_mlm_smoke", make)
 
@@ -324,12 +324,12 @@ def bert_cls_smoke_workdir(tmp_path_factory, bert_mlm_smoke_workdir):
   by the fine-tuning test and the notebook."""
 
   def make(root, workdir):
-    from memjax.run import loop  # pylint: disable=g-import-not-at-top
+    import memjax  # pylint: disable=g-import-not-at-top
 
     config = bert_smoke_config("cls_resm_smoke", str(root / "bert_tiny_wiki"))
     config.train.init_from = bert_mlm_smoke_workdir
     config.train.eval_every = 1
-    loop.train_and_evaluate(config, str(workdir))
+    memjax.train(config, str(workdir))
 
   return _once(tmp_path_factory, "bert_cls_smoke", make)
 
@@ -369,7 +369,7 @@ def _repetitive_setup(model, window: int):
   return model, params, tokens, one
 
 
-# -- the core without the optional packages (tests/test_optional.py) ----------
+# -- the core without the optional packages (tests/io/test_optional.py) ----------
 
 
 def core_data(family: str, root) -> str:

@@ -31,8 +31,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import trime_wt103
+from memjax import build
 from memjax.checkpoints import checkpointing
-from memjax import experiment
+from memjax.data import corpus as corpus_lib
 from tests import conftest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,7 +167,8 @@ def runs(tmp_path_factory):
   cache = [f"--config.data.cache_dir={root / 'cache'}"]
   config = trime_wt103.get_config("smoke")
   config.data.cache_dir = str(root / "cache")
-  experiment.load_corpus(config, str(root / "cache"))
+  s = build.build(config, str(root / "cache")).settings
+  corpus_lib.load_corpus(s.data, s.eval, str(root / "cache"))
   one, two = str(root / "one"), str(root / "two")
   # Concurrently: the two-process run spends much of its time waiting.
   started = []

@@ -195,3 +195,178 @@ def test_the_allow_list_is_short_and_current():
         and n.name == name
     ]
     assert sizes and max(sizes) > MAX_FUNCTION_LINES, (module, name)
+
+
+# ----------------------------------------------------------------------------
+# The run built once: few top-level modules, no facades, typed parts
+# ----------------------------------------------------------------------------
+
+# At most this many modules at the top of memjax/ (besides __init__.py).
+MAX_TOP_MODULES = 10
+# At most this many functions take a whole config: the builders, the config
+# file's own functions, the entry points (memjax.main, memjax.api, the
+# demos). Counted by annotation and by the names below.
+MAX_CONFIG_FUNCTIONS = 40
+CONFIG_NAMES = {"config", "cfg", "conf", "c"}
+
+
+def _tree(path: str) -> ast.Module:
+  return ast.parse(open(path, encoding="utf-8").read())
+
+
+def test_at_most_ten_modules_at_the_top():
+  top = sorted(
+      f for f in os.listdir(PACKAGE) if f.endswith(".py") and f != "__init__.py"
+  )
+  assert len(top) <= MAX_TOP_MODULES, top
+
+
+def config_functions(modules=None) -> list[str]:
+  """'module.function' of every function with a parameter annotated as a
+  ConfigDict or named config, cfg, conf or c."""
+  out = []
+  for module, path in sorted((modules or MODULES).items()):
+    for node in ast.walk(_tree(path)):
+      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      a = node.args
+      params = a.posonlyargs + a.args + a.kwonlyargs
+      params += [p for p in (a.vararg, a.kwarg) if p is not None]
+      for p in params:
+        note = ast.unparse(p.annotation) if p.annotation else ""
+        if p.arg in CONFIG_NAMES or "ConfigDict" in note:
+          out.append(f"{module}.{node.name}")
+          break
+  return out
+
+
+def test_few_functions_take_a_config():
+  found = config_functions()
+  assert len(found) <= MAX_CONFIG_FUNCTIONS, "\n".join(found)
+
+
+def test_the_config_counter_counts_names_and_annotations(tmp_path):
+  path = tmp_path / "planted.py"
+  path.write_text(
+      "def a(config): pass\n"
+      "def b(x: ml_collections.ConfigDict): pass\n"
+      "def d(*, c=None): pass\n"
+      "def e(settings): pass\n"
+  )
+  found = config_functions({"planted": str(path)})
+  assert found == ["planted.a", "planted.b", "planted.d"]
+
+
+def passed_on(path: str) -> list[str]:
+  """Names a module imports (or binds to another module's attribute,
+  ``X = mod.X``) without using them itself: only to pass them on."""
+  tree = _tree(path)
+  bound: dict[str, int] = {}
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+      for a in node.names:
+        bound[a.asname or a.name] = node.lineno
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        bound[a.asname or a.name.split(".")[0]] = node.lineno
+    elif (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Attribute)
+    ):
+      root = node.value
+      while isinstance(root, ast.Attribute):
+        root = root.value
+      if isinstance(root, ast.Name) and root.id in bound:
+        bound[node.targets[0].id] = node.lineno
+  used = {
+      n.id
+      for n in ast.walk(tree)
+      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+  }
+  return sorted(f"{name} (line {line})" for name, line in bound.items()
+                if name not in used)  # fmt: skip
+
+
+def _states_its_api(path: str) -> bool:
+  """A package's __init__.py with an ``__all__``."""
+  if os.path.basename(path) != "__init__.py":
+    return False
+  return any(
+      isinstance(n, ast.Assign)
+      and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+      for n in _tree(path).body
+  )
+
+
+def test_no_module_imports_a_name_only_to_pass_it_on():
+  bad = [
+      f"{module}: {', '.join(names)}"
+      for module, path in sorted(MODULES.items())
+      if not _states_its_api(path) and (names := passed_on(path))
+  ]
+  assert not bad, "\n".join(bad)
+
+
+def test_the_pass_on_finder_finds_a_planted_facade(tmp_path):
+  path = tmp_path / "facade.py"
+  path.write_text(
+      "from a import used, forwarded\n"
+      "import b\n"
+      "Alias = b.Thing\n"
+      "def f():\n  return used()\n"
+  )
+  assert passed_on(str(path)) == [
+      "Alias (line 3)", "forwarded (line 1)"
+  ]  # fmt: skip
+
+
+def test_methods_declare_their_parts_in_one_typed_spec():
+  """Every method's package exports ``METHOD = extend.Method(...)`` built
+  from real imports, and names no module in a string."""
+  methods_dir = os.path.join(PACKAGE, "methods")
+  for name in sorted(os.listdir(methods_dir)):
+    init = os.path.join(methods_dir, name, "__init__.py")
+    if not os.path.isfile(init):
+      continue
+    tree = _tree(init)
+    spec = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["METHOD"]
+    ]
+    assert spec and ast.unparse(spec[0].value).startswith(
+        "extend.Method("
+    ), init
+    for line, text in _strings(init):
+      assert not re.match(r"^memjax\.|^[\w.]+:\w+$", text), (init, line, text)
+    declared = {
+        t.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    assert not declared & {"REGISTERS", "MODES", "CONFIG"}, init
+
+
+def _package_of(module: str) -> str:
+  """'memjax.<top>' of a module: its top-level module or package."""
+  return ".".join(module.split(".")[:2])
+
+
+def test_no_cycle_among_the_packages():
+  """The top-level modules and packages import each other in layers, so
+  no import runs back up: no cycle even with each package as one node."""
+  graph: dict[str, set[str]] = {}
+  for module, targets in _graph().items():
+    a = _package_of(module)
+    graph.setdefault(a, set())
+    for t in targets:
+      b = _package_of(t)
+      if b != a:
+        graph[a].add(b)
+        graph.setdefault(b, set())
+  assert _cycles(graph) == []

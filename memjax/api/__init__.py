@@ -28,16 +28,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from memjax.io import console
-from memjax import experiment
-from memjax.io import paths
-from memjax.checkpoints import runfiles
+from memjax import build
 from memjax.api.base import export
 from memjax.api.encoder import Classifier
 from memjax.api.encoder import MaskedLM
 from memjax.api.lm import LanguageModel
 from memjax.api.lm import memory_setting
 from memjax.api.translator import Translator
+from memjax.checkpoints import runfiles
+from memjax.run import restore
 
 __all__ = [
     "Classifier",
@@ -45,7 +44,6 @@ __all__ = [
     "MaskedLM",
     "Translator",
     "export",
-    "export_run",
     "load",
     "memory_setting",
     "run_mode",
@@ -59,9 +57,6 @@ KINDS = {
     "mlm": MaskedLM,
     "classification": Classifier,
 }
-# Where a classification run keeps the parameters of its best dev accuracy
-# (``memjax.tasks.classification.BEST_DIR``).
-_BEST_DIR = "best_dev"
 
 
 def load(
@@ -74,37 +69,28 @@ def load(
 
   Args:
     path: a workdir (``config.json`` + ``checkpoints/``) or an export.
-    step: the checkpoint step of a workdir (None = latest; a classification
-      run without a step gives the parameters of its best dev accuracy,
-      ``<workdir>/best_dev``, which the run chose).
+    step: the checkpoint step of a workdir (None = the parameters the run's
+      task chose: the latest, or for a classification run those of its best
+      dev accuracy, ``<workdir>/best_dev``).
     mesh: mesh axis sizes, e.g. {'data': 8} (default: all devices, data).
 
   Returns:
     A ``LanguageModel``, ``Translator``, ``MaskedLM`` or ``Classifier``.
   """
-  best = paths.join(paths.resolve(path), _BEST_DIR)
   files = runfiles.find(path)
-  task = runfiles.read_config(files).get("task", "lm")
-  if task == "classification" and step is None and files.kind == "run":
-    if paths.isfile(paths.join(best, runfiles.EXPORT_FILE)):
-      path = best
-  cls = KINDS.get(task)
-  if cls is None:
-    raise ValueError(f"memjax.load serves tasks {sorted(KINDS)}, not {task!r}")
-  return cls(experiment.load(path, step=step, mesh=mesh))
-
-
-def export_run(config: Any, workdir: str) -> dict[str, Any]:
-  """``--mode=export``: writes ``export.dir`` (default ``<workdir>/export``)."""
-  out = export(workdir, config.export.dir or None, dtype=config.export.dtype)
-  meta = runfiles.RunFiles("export", out).read_json(runfiles.EXPORT_FILE)
-  size = paths.du(out)
-  line = (
-      f"exported step {meta['step']} ({meta['num_params']:,} parameters, "
-      f"{meta['dtype']}) to {out}: {size / 2**20:.1f} MiB"
+  run = build.build(
+      build.saved_config(files.path),
+      files.path,
+      mesh=mesh or {"data": -1, "fsdp": 1, "tensor": 1},
   )
-  console.info("%s", line)
-  return {"summary_lines": [line], "results_path": out, "export": out}
+  cls = KINDS.get(run.settings.task)
+  if cls is None:
+    raise ValueError(
+        f"memjax.load serves tasks {sorted(KINDS)}, not {run.settings.task!r}"
+    )
+  if step is None:
+    files = run.task.chosen(files)
+  return cls(restore.restore(run, files, step=step))
 
 
 def train(config: Any, workdir: str) -> dict[str, Any]:
@@ -119,18 +105,14 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     errors.UserError: bad input (one line naming what to fix), before
       anything is written.
   """
-  from memjax.run import loop as train_lib  # pylint: disable=g-import-not-at-top
-
-  paths.check_workdir(workdir)
-  runfiles.check_workdir(workdir, training=True)
-  return train_lib.train_and_evaluate(config, workdir)
+  return build.run_mode("train", config, workdir)
 
 
 def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
   """Runs ``--mode=name`` in this process, as ``memjax.main`` runs it.
 
   Args:
-    name: a mode of ``registry.MODES`` (``--mode=list`` shows them).
+    name: a mode (``--mode=list`` shows them).
     config: the config the mode reads (e.g. ``train.init_from`` naming the
       run to evaluate).
     workdir: where the mode reads the run and writes its results.
@@ -142,13 +124,4 @@ def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
     errors.UserError: an unknown mode, a run of a kind the mode does not
       take, or other bad input (one line naming what to fix).
   """
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  from memjax import registry  # pylint: disable=g-import-not-at-top
-
-  mode = registry.MODES.get(name)
-  paths.check_workdir(workdir)
-  runfiles.check_workdir(workdir, training=name == "train")
-  mode.check(name, config)
-  module, fn = mode.run.split(":")
-  return getattr(importlib.import_module(module), fn)(config, workdir)
+  return build.run_mode(name, config, workdir)

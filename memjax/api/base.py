@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-from memjax import experiment
+from memjax import build
+from memjax import config as config_lib
 from memjax.io import paths
+from memjax.run import restore
 
 
 class Loaded:
   """A restored run or export.
 
   Attributes:
-    restored: the underlying ``experiment.Restored`` (model, params, mesh).
-    config: the run's config (``ml_collections.ConfigDict``).
+    restored: the underlying ``memjax.run.restore.Restored`` (model,
+      params, mesh, run).
+    settings: the run's settings (``memjax.settings.Settings``).
+    config: the run's config (``ml_collections.ConfigDict``), as saved.
     step: training step of the parameters.
     vocab: the run's vocabulary.
   """
 
-  def __init__(self, restored: experiment.Restored):
+  def __init__(self, restored: restore.Restored):
     self.restored = restored
-    self.config = restored.config
+    self.settings = restored.settings
+    self.config = config_lib.from_json(restored.run.config_json)
     self.step = restored.step
     self.vocab = restored.vocab
 
@@ -36,7 +41,7 @@ class Loaded:
     r = self.restored
     return (
         f"{type(self).__name__}({r.kind} {r.path}, step {r.step}, "
-        f"{self.config.model.family}, vocab {r.vocab_size})"
+        f"{self.settings.model.family}, vocab {r.vocab_size})"
     )
 
 
@@ -48,9 +53,20 @@ def export(
     step: Optional[int] = None,
 ) -> str:
   """Writes ``path``'s parameters, config, vocabulary, signature and tuned
-  memory setting to ``out_dir`` (default ``<workdir>/export``)."""
-  out = experiment.export(path, out_dir, step=step, dtype=dtype)
+  memory setting to ``out_dir`` (default ``<workdir>/export``).
+
+  Raises:
+    errors.ConfigError: a bad dtype, or ``out_dir`` exists.
+  """
+  out_dir = paths.resolve(out_dir or paths.join(path, "export"))
+  restored = build.load(path, step, mesh={"data": -1, "fsdp": 1, "tensor": 1})
+  out = restore.export(restored, out_dir, dtype=dtype)
   tuned = paths.join(path, "tune.json")
   if paths.isfile(tuned):
     paths.copy(tuned, paths.join(out, "tune.json"))
   return out
+
+
+def loaded_kind(restored: Any) -> str:
+  """The run's kind, ``'<task>/<model.family>'``."""
+  return restored.run.kind

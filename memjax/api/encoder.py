@@ -23,14 +23,15 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from memjax import experiment
-from memjax.models import stats
 from memjax.api import base
 from memjax.data import glue
 from memjax.data import mlm
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
+from memjax.models import stats
+from memjax.run import restore
 from memjax.tasks import classification
+from memjax.tasks import config as task_config
 
 
 def _bucket(length: int, cap: int) -> int:
@@ -38,11 +39,13 @@ def _bucket(length: int, cap: int) -> int:
   return min(cap, max(8, 1 << (max(1, length) - 1).bit_length()))
 
 
-def _reports(sums: dict[str, Any], raw: bool = False) -> dict[str, Any]:
-  """{report key: {module: metrics}} of the registered sum reports that
-  were sown; raw: {report key: {module: {sum name: [K] array}}} instead."""
+def _reports(
+    reports: Sequence[Any], sums: dict[str, Any], raw: bool = False
+) -> dict[str, Any]:
+  """{report key: {module: metrics}} of the sum reports that were sown;
+  raw: {report key: {module: {sum name: [K] array}}} instead."""
   out = {}
-  for report in stats.sum_reports():
+  for report in reports:
     collection = sums.get(report.collection) or {}
     by_module = (
         stats.module_sums(collection) if raw else report.by_module(collection)
@@ -56,20 +59,20 @@ class MaskedLM(base.Loaded):
   """A masked-LM encoder: masked-token scores and memory usage.
 
   Attributes:
-    restored: the underlying ``experiment.Restored``.
-    config: the run's config (``mlm.mask_prob``: the share masked).
+    restored: the underlying ``memjax.run.restore.Restored``.
+    settings: the run's settings (``mlm.mask_prob``: the share masked).
     vocab: its sentencepiece vocabulary ([CLS] and [MASK] pieces).
   """
 
-  def __init__(self, restored: experiment.Restored):
+  def __init__(self, restored: restore.Restored):
     super().__init__(restored)
     self.cls_id, self.mask_id = mlm.special_ids(self.vocab)
-    self._scorer = scorer_lib.scorer_for(restored)
+    self._scorer = scorer_lib.scorer_for(restored.scoring())
 
   def encode(self, text: str) -> np.ndarray:
     """[CLS] + the text's pieces, cut to ``model.max_len``: [n] int32."""
     ids = mlm.encode(self.vocab, [text])[0]
-    cap = int(self.config.model.max_len)
+    cap = int(self.settings.model.max_len)
     return np.concatenate([[self.cls_id], ids[: cap - 1]]).astype(np.int32)
 
   def score(
@@ -94,7 +97,8 @@ class MaskedLM(base.Loaded):
       {module: metrics}} over these inputs (empty without memory layers)}.
     """
     ids = [self.encode(t) for t in texts]
-    p = float(self.config.mlm.mask_prob if mask_prob is None else mask_prob)
+    own = self.settings.of(task_config.MaskedLM).mask_prob
+    p = float(own if mask_prob is None else mask_prob)
     # Each text's draw depends on the seed and the text only, so a text is
     # masked alike alone or among others.
     masked = [
@@ -105,7 +109,8 @@ class MaskedLM(base.Loaded):
         )  # fmt: skip
         for t, x in zip(texts, ids)
     ]
-    collections = tuple(r.collection for r in stats.sum_reports())
+    reports = self._scorer.scoring.sum_reports
+    collections = tuple(r.collection for r in reports)
     out = self._scorer.apply(
         self.restored.variables, self._batches(masked),
         keep=("target_logprob",), collections=collections,
@@ -121,7 +126,7 @@ class MaskedLM(base.Loaded):
         "nll": nll,
         "tokens": int(count),
         "ppl": float(np.exp(nll)),
-        "usage": _reports(out),
+        "usage": _reports(reports, out),
     }
 
   def usage(self, texts: Sequence[str], *, seed: int = 0) -> dict[str, Any]:
@@ -133,8 +138,10 @@ class MaskedLM(base.Loaded):
   def _batches(self, masked: Sequence[dict[str, np.ndarray]]):
     """(batch, real rows) of the masked rows in input order, each batch
     padded to its length bucket and to ``eval.batch_size`` rows."""
-    size = rows.batch_rows(int(self.config.eval.batch_size), self.restored.mesh)
-    cap = int(self.config.model.max_len)
+    size = rows.batch_rows(
+        int(self.settings.eval.batch_size), self.restored.mesh
+    )
+    cap = int(self.settings.model.max_len)
     for first in range(0, len(masked), size):
       part = masked[first : first + size]
       length = _bucket(max(m["inputs"].shape[1] for m in part), cap)
@@ -151,17 +158,18 @@ class Classifier(base.Loaded):
   """A fine-tuned encoder classifier: labels, probabilities, usage.
 
   Attributes:
-    restored: the underlying ``experiment.Restored`` (a classification
-      run's best dev parameters when loaded without a step).
-    config: the run's config.
+    restored: the underlying ``memjax.run.restore.Restored`` (a
+      classification run's best dev parameters when loaded without a step).
+    settings: the run's settings.
     labels: the label names, in the order of the probabilities.
   """
 
-  def __init__(self, restored: experiment.Restored):
+  def __init__(self, restored: restore.Restored):
     super().__init__(restored)
-    self.labels = tuple(self.config.classification.labels)
+    self.c = self.settings.of(task_config.Classification)
+    self.labels = tuple(self.c.labels)
     self.cls_id, _ = mlm.special_ids(self.vocab)
-    self._scorer = scorer_lib.scorer_for(restored)
+    self._scorer = scorer_lib.scorer_for(restored.scoring())
 
   def _examples(
       self, sentences: Sequence[str], labels: Optional[Sequence[Any]] = None
@@ -172,7 +180,7 @@ class Classifier(base.Loaded):
       index = np.asarray([names.get(l, l) for l in labels], np.int32)
     return glue.encode_examples(
         list(sentences), index, self.vocab, self.cls_id,
-        int(self.config.classification.max_len),
+        int(self.c.max_len),
     )  # fmt: skip
 
   def predict(self, sentences: Sequence[str]) -> dict[str, Any]:
@@ -187,7 +195,7 @@ class Classifier(base.Loaded):
     """
     logits, _ = classification.predict(
         self._scorer, self.restored.variables, self._examples(sentences),
-        self.config,
+        self.c,
     )  # fmt: skip
     logits = np.asarray(logits, np.float32)
     z = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -223,14 +231,15 @@ class Classifier(base.Loaded):
       labels = self.predict(sentences)["labels"]
     ex = self._examples(sentences, labels)
     params = self.restored.variables
-    out = classification.usage_analysis(self._scorer, params, ex, self.config)
+    out = classification.usage_analysis(self._scorer, params, ex, self.c)
+    reports = self._scorer.scoring.sum_reports
     out["by_class"], out["slot_sums"] = {}, {}
     for index, name in enumerate(self.labels):
       rows_ = np.flatnonzero(ex.labels == index)
       if len(rows_):
         _, sums = classification.predict(
-            self._scorer, params, ex, self.config, rows_
+            self._scorer, params, ex, self.c, rows_
         )
-        out["by_class"][name] = _reports(sums)
-        out["slot_sums"][name] = _reports(sums, raw=True)
+        out["by_class"][name] = _reports(reports, sums)
+        out["slot_sums"][name] = _reports(reports, sums, raw=True)
     return out

@@ -25,10 +25,11 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
 from memjax.api import base
 from memjax.eval import metrics
+from memjax.eval import scorer as scorer_lib
+from memjax.io import paths
+from memjax.run import restore
 
 TextOrTokens = Union[str, np.ndarray, Sequence[int]]
 
@@ -37,16 +38,18 @@ class LanguageModel(base.Loaded):
   """A trained language model restored for scoring and generation.
 
   Attributes:
-    config: the run's config (``ml_collections.ConfigDict``).
+    settings: the run's settings (``memjax.settings.Settings``).
+    config: the run's config (``ml_collections.ConfigDict``), as saved.
     step: training step of the parameters.
     unit: 'ppl' (word corpora) or 'bpc' (byte corpora).
     vocab: the corpus vocabulary.
-    restored: the underlying ``experiment.Restored`` (model, params, mesh).
+    restored: the underlying ``memjax.run.restore.Restored`` (model,
+      params, mesh).
     memory: the evaluation-memory setting ``score`` uses ({'kind': 'none'}
       for none).
   """
 
-  def __init__(self, restored: experiment.Restored):
+  def __init__(self, restored: restore.Restored):
     super().__init__(restored)
     self.unit = restored.unit
     self.memory = memory_setting(restored)
@@ -141,24 +144,22 @@ class LanguageModel(base.Loaded):
     if setting is None and paths.isfile(tuned):
       t = paths.read_json(tuned)
       setting = {"kind": t["kind"], **t["best"], "source": tuned}
-    config = self.config.copy_and_resolve_references()
-    with config.unlocked():
-      config.eval_memory.datastore = datastore
-      config.eval_memory.update(eval_memory)
-    self.restored = dataclasses.replace(self.restored, config=config)
-    self.config = config
+    s = self.settings.with_values(
+        "eval_memory", datastore=datastore, **eval_memory
+    )
+    run = self.restored.run.replace(*s.sections.values())
+    self.restored = dataclasses.replace(self.restored, run=run)
+    self.settings = s
     self.memory = dict(setting or self.memory)
     self._scorers.clear()
     return self
 
   def _scorer(self, setting: dict[str, Any]) -> Any:
     """The run's scorer with ``setting`` (kept: one compilation)."""
-    from memjax.eval import scorer as scorer_lib  # pylint: disable=g-import-not-at-top
-
     key = json.dumps(setting, sort_keys=True)
     if key not in self._scorers:
       self._scorers[key] = scorer_lib.scorer_for(
-          self.restored, setting, workdir=self.restored.path
+          self.restored.scoring(), setting, workdir=self.restored.path
       )
     return self._scorers[key]
 
@@ -205,16 +206,15 @@ class LanguageModel(base.Loaded):
   def _sampler(self, top_p: float, temperature: float) -> Any:
     """The kept ``modes.generate.Sampler`` of these settings."""
     from memjax.modes import generate  # pylint: disable=g-import-not-at-top
-    from memjax.eval import streams  # pylint: disable=g-import-not-at-top
 
     key = (top_p, temperature)
     if key not in self._samplers:
-      model = self.restored.model
-      mem_len = int(self.config.generate.mem_len or self.config.model.mem_len)
+      model, s = self.restored.model, self.settings
+      mem_len = int(s.of(generate.Generate).mem_len or s.model.mem_len)
       if model.carries_memory() and mem_len != model.mem_len:
         model = model.clone(mem_len=mem_len)
       self._samplers[key] = generate.Sampler(
-          model, streams.segment_len_of(self.config), top_p=top_p,
+          model, self.restored.scoring().segment_len, top_p=top_p,
           temperature=temperature,
       )  # fmt: skip
     return self._samplers[key]
@@ -223,14 +223,12 @@ class LanguageModel(base.Loaded):
     r = self.restored
     return (
         f"LanguageModel({r.kind} {r.path}, step {r.step}, "
-        f"{self.config.model.attention} attention, vocab {r.vocab_size}, "
+        f"{self.settings.model.attention} attention, vocab {r.vocab_size}, "
         f"memory {self.memory})"
     )
 
 
-def memory_setting(restored: experiment.Restored) -> dict[str, Any]:
+def memory_setting(restored: restore.Restored) -> dict[str, Any]:
   """The evaluation memory of a run: ``tune.json``'s choice, else the
-  config's ``eval_memory`` (kind 'none' for plain models)."""
-  from memjax.eval import scorer as scorer_lib  # pylint: disable=g-import-not-at-top
-
-  return scorer_lib.memory_setting(restored)
+  settings' ``eval_memory`` (kind 'none' for plain models)."""
+  return scorer_lib.memory_setting(restored.scoring())

@@ -17,11 +17,12 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from memjax import experiment
 from memjax.api import base
 from memjax.data import token_batching
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
+from memjax.run import restore
+from memjax.tasks import config as task_config
 from memjax.tasks.translation import decoding
 from memjax.tasks.translation import parts
 
@@ -30,26 +31,25 @@ class Translator(base.Loaded):
   """A trained encoder-decoder for translating and scoring sentences.
 
   Attributes:
-    restored: the underlying ``experiment.Restored``.
-    config: the run's config; ``translation.*`` holds its decoding settings
-      (length penalty, maximum length, batch size).
+    restored: the underlying ``memjax.run.restore.Restored``.
+    settings: the run's settings; ``translation`` holds its decoding
+      settings (length penalty, maximum length, batch size).
     vocab: the joint sentencepiece vocabulary.
   """
 
-  def __init__(self, restored: experiment.Restored):
+  def __init__(self, restored: restore.Restored):
     super().__init__(restored)
     self._translators: dict[Any, Any] = {}
-    self._scorer = scorer_lib.scorer_for(restored)
+    self._scorer = scorer_lib.scorer_for(restored.scoring())
 
   def _translator(self, memory: Any) -> Any:
     """The kept ``translator.Translator`` with ``memory`` as its hook."""
     key = id(memory)
     if key not in self._translators:
       r = self.restored
+      t = self.settings.of(task_config.Translation)
       self._translators[key] = (
-          parts.make_translator(
-              self.config, r.model, r.variables, r.vocab, memory
-          ),
+          parts.make_translator(t, r.model, r.variables, r.vocab, memory),
           memory,  # Keeps the hook alive, so its id stays its own.
       )
     return self._translators[key][0]
@@ -98,7 +98,9 @@ class Translator(base.Loaded):
     tr = self._translator(None)
     src = [tr.encode(s) for s in source]
     tgt = [tr.encode(t) for t in target]
-    size = rows.batch_rows(int(self.config.eval.batch_size), self.restored.mesh)
+    size = rows.batch_rows(
+        int(self.settings.eval.batch_size), self.restored.mesh
+    )
     out = self._scorer.apply(
         self.restored.variables, _pair_batches(src, tgt, size),
         keep=("target_logprob",),

@@ -23,13 +23,9 @@ import jax
 import orbax.checkpoint as ocp
 
 from memjax import errors
+from memjax.checkpoints import convert
+from memjax.checkpoints import params as params_lib
 from memjax.io import paths
-
-# Parameters alone, re-exported so that callers restore through this module.
-from memjax.checkpoints.params import leaf_shapes
-from memjax.checkpoints.params import param_shapes  # pylint: disable=unused-import
-from memjax.checkpoints.params import restore_params  # pylint: disable=unused-import
-from memjax.checkpoints.params import restore_variables  # pylint: disable=unused-import
 
 CheckpointMismatchError = errors.CheckpointMismatchError
 
@@ -124,7 +120,7 @@ class Checkpointer:
       self, step: int, *, ignore: tuple[str, ...] = ()
   ) -> None:
     """Raises CheckpointMismatchError if ``step`` holds another model."""
-    saved = self.read_meta(step).get("model", {})
+    saved = convert.upgrade(self.read_meta(step)).get("model", {})
     diffs = [
         d
         for d in compare_signatures(saved, self.signature.get("model", {}))
@@ -156,10 +152,29 @@ class Checkpointer:
     )
     return bool(saved)
 
+  def saved_memory(self, step: int, sharding: Any) -> Any:
+    """The recurrent memory saved with ``step`` as abstract arrays placed
+    with ``sharding`` (None when the state carries none): its shapes follow
+    the training batch, which a restore without the corpus cannot know."""
+    stored = (
+        ocp.StandardCheckpointer()
+        .metadata(self._manager.directory / str(step) / "state")
+        .item_metadata
+    )
+    if stored is None or stored.get("memory") is None:
+      return None
+    return jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+        stored["memory"],
+    )
+
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-    """Restores (state, data position); ``abstract_state`` carries shardings."""
+    """Restores (state, data position) in today's layout (``convert``);
+    ``abstract_state`` carries shardings."""
     self.check_compatible(step)
-    item = _stored(abstract_state)
+    layout = convert.Layout.of(self.read_meta(step))
+    target = layout.to_saved(abstract_state)
+    item = _stored(target)
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(
@@ -168,9 +183,9 @@ class Checkpointer:
         ),
     )
     state = restored.state
-    if item is not abstract_state:
-      state = abstract_state.replace(**state)
-    return state, dict(restored.data)
+    if item is not target:
+      state = target.replace(**state)
+    return layout.to_current(state), dict(restored.data)
 
   def read_data(self, step: int) -> dict[str, Any]:
     """The data position saved with ``step``."""
@@ -314,9 +329,11 @@ def check_signature(
 ) -> None:
   """Raises CheckpointMismatchError unless two model signatures agree.
 
-  Signatures written before the whole model config was recorded
-  (``signature_version`` < 2) are compared on the keys they hold.
+  A signature of an earlier version is read as today's (``convert``);
+  one written before the whole model config was recorded
+  (``signature_version`` < 2) is compared on the keys it holds.
   """
+  saved = convert.upgrade(saved)
   a, b = dict(saved.get("model", {})), dict(current.get("model", {}))
   if int(saved.get("signature_version", 1)) < 2:
     b = {k: v for k, v in b.items() if k in a}
@@ -337,19 +354,28 @@ def save_export_params(directory: str, params: Any) -> None:
   ckptr.close()
 
 
-def export_param_shapes(directory: str) -> dict[str, tuple[int, ...]]:
-  """{'path/to/param': shape} of an export's ``params/``."""
+def export_param_shapes(
+    directory: str, layout: convert.Layout = convert.CURRENT
+) -> dict[str, tuple[int, ...]]:
+  """{'path/to/param': shape} of an export's ``params/``, in today's
+  layout (the export's is ``layout``)."""
   ckptr = ocp.StandardCheckpointer()
   try:
-    return leaf_shapes(ckptr.metadata(paths.resolve(directory)).item_metadata)
+    meta = ckptr.metadata(paths.resolve(directory)).item_metadata
+    return layout.shapes_to_current(params_lib.leaf_shapes(meta))
   finally:
     ckptr.close()
 
 
-def restore_export_params(directory: str, abstract_params: Any) -> Any:
+def restore_export_params(
+    directory: str,
+    abstract_params: Any,
+    layout: convert.Layout = convert.CURRENT,
+) -> Any:
   """Restores an export's parameters into ``abstract_params``' dtypes and
-  shardings (a subtree restores only those parameters)."""
-
+  shardings (a subtree restores only those parameters); the export's
+  arrays are laid out as ``layout`` says, the result as today's."""
+  abstract_params = layout.to_saved(abstract_params)
   ckptr = ocp.PyTreeCheckpointer()
   try:
     meta = ckptr.metadata(paths.resolve(directory)).item_metadata
@@ -371,10 +397,12 @@ def restore_export_params(directory: str, abstract_params: Any) -> Any:
     )
   finally:
     ckptr.close()
-  return jax.tree.map(
-      lambda x, a: x.astype(a.dtype) if x.dtype != a.dtype else x,
-      restored,
-      abstract_params,
+  return layout.to_current(
+      jax.tree.map(
+          lambda x, a: x.astype(a.dtype) if x.dtype != a.dtype else x,
+          restored,
+          abstract_params,
+      )
   )
 
 

@@ -1,9 +1,9 @@
 """A run's parameters (and model state) alone, from its checkpoints.
 
-What ``train.init_from`` and ``memjax.experiment.load`` read of a
-training checkpoint without the rest of its train state:
-``restore_params``, ``restore_variables`` and ``param_shapes``
-(``memjax.checkpoints.checkpointing`` re-exports them).
+What ``train.init_from`` and ``memjax.run.restore`` read of a training
+checkpoint without the rest of its train state: ``restore_params``,
+``restore_variables`` and ``param_shapes``, each in today's layout
+(``memjax.checkpoints.convert``) whatever the checkpoint's.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import orbax.checkpoint as ocp
 
+from memjax.checkpoints import convert
 from memjax.io import paths
 
 
@@ -23,7 +24,7 @@ def restore_params(
   Parameters present in ``abstract_params`` but absent from the checkpoint
   (for example a memory layer added to a memory-less model) are reported by
   the caller, which keeps their fresh initialisation; see
-  ``memjax.experiment.init_params_from``.
+  ``memjax.run.restore.init_params_from``.
 
   Args:
     directory: a workdir or its ``checkpoints`` folder.
@@ -71,9 +72,11 @@ def restore_variables(
     raise FileNotFoundError(
         f"train.init_from: no checkpoint steps in {directory}"
     )
+  layout = _layout(mngr, step)
   item = {} if abstract_params is None else {"params": abstract_params}
   if abstract_model_state is not None:
     item["model_state"] = abstract_model_state
+  item = layout.to_saved(item)
   restored = mngr.restore(
       step,
       args=ocp.args.Composite(
@@ -85,8 +88,16 @@ def restore_variables(
       ),
   )
   mngr.close()
-  state = restored.state
+  state = layout.to_current(dict(restored.state))
   return state.get("params"), state.get("model_state"), step
+
+
+def _layout(mngr: Any, step: int) -> convert.Layout:
+  """The layout of a checkpoint step's arrays, from its signature."""
+  meta = mngr.restore(
+      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+  ).meta
+  return convert.Layout.of(meta or {})
 
 
 def leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
@@ -103,16 +114,18 @@ def leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
 def param_shapes(
     directory: str, step: Optional[int] = None, item: str = "params"
 ) -> dict[str, tuple[int, ...]]:
-  """{'path/to/param': shape} of a run's checkpoint (latest step); with
-  ``item='model_state'``, of its model state ({} when it has none)."""
+  """{'path/to/param': shape} of a run's checkpoint (latest step), in
+  today's layout; with ``item='model_state'``, of its model state ({} when
+  it has none)."""
+  mngr = ocp.CheckpointManager(
+      directory,
+      item_names=("state", "data", "meta"),
+      options=ocp.CheckpointManagerOptions(create=False),
+  )
   if step is None:
-    mngr = ocp.CheckpointManager(
-        directory,
-        item_names=("state", "data", "meta"),
-        options=ocp.CheckpointManagerOptions(create=False),
-    )
     step = mngr.latest_step()
-    mngr.close()
+  layout = _layout(mngr, step)
+  mngr.close()
   ckptr = ocp.StandardCheckpointer()
   try:
     meta = ckptr.metadata(
@@ -120,4 +133,4 @@ def param_shapes(
     ).item_metadata
   finally:
     ckptr.close()
-  return leaf_shapes(dict(meta).get(item) or {})
+  return layout.shapes_to_current(leaf_shapes(dict(meta).get(item) or {}))

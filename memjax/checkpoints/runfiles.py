@@ -13,13 +13,10 @@ are needed to load it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-import ml_collections
 
-from memjax import config as config_lib
 from memjax import errors
 from memjax.io import paths
 
@@ -128,7 +125,9 @@ def not_a_run(path: str) -> Optional[str]:
   return None
 
 
-def check_workdir(workdir: str, training: bool) -> None:
+def check_workdir(
+    workdir: str, training: bool, before_training: frozenset[str] = frozenset()
+) -> None:
   """Refuses a workdir that holds something other than a run; reads names
   only and writes nothing.
 
@@ -136,8 +135,8 @@ def check_workdir(workdir: str, training: bool) -> None:
   Training also refuses an export (other modes read one and write their
   results beside its files) and a directory that holds files but none of
   a run's (``config.json``, ``checkpoints/``, ``train_log.jsonl``) or of
-  what a mode leaves before training (``registry.Mode.writes``, e.g.
-  ``--mode=pack``'s summary).
+  ``before_training``, what a mode leaves before training
+  (``extend.Mode.writes``, e.g. ``--mode=pack``'s summary).
 
   Raises:
     errors.WorkdirError: naming what ``workdir`` holds.
@@ -151,10 +150,8 @@ def check_workdir(workdir: str, training: bool) -> None:
     return
   if kind is None and training and paths.isdir(workdir):
     names = set(paths.listdir(workdir))
-    from memjax import registry  # pylint: disable=g-import-not-at-top
-
-    allowed = set(_RUN_ENTRIES + ("cache",))
-    if names and not names & (allowed | registry.MODES.files_before_training()):
+    allowed = set(_RUN_ENTRIES + ("cache",)) | set(before_training)
+    if names and not names & allowed:
       shown = sorted(names)[:3] + (["..."] if len(names) > 3 else [])
       kind = f"files but no run ({', '.join(shown)})"
   if kind is not None:
@@ -177,39 +174,11 @@ def write_table(workdir: str, table: dict[str, Any]) -> dict[str, Any]:
   return table
 
 
-def config_to_json(config: ml_collections.ConfigDict) -> str:
-  return config.to_json_best_effort(indent=2, sort_keys=True)
-
-
-def _merge(base: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
-  for k, v in values.items():
-    if k in base and isinstance(base[k], ml_collections.ConfigDict):
-      if isinstance(v, Mapping):
-        _merge(base[k], v)
-        continue
-    if k in base and isinstance(base[k], tuple) and isinstance(v, list):
-      v = tuple(v)
-    elif isinstance(v, Mapping):
-      v = ml_collections.ConfigDict(v)
-    with base.unlocked():
-      if k in base and isinstance(base[k], float) and isinstance(v, int):
-        v = float(v)
-      base[k] = v
-
-
-def config_from_json(text: str) -> ml_collections.ConfigDict:
-  """A config saved by ``config_to_json``, with the base config's types."""
-  config = config_lib.base_config()
-  _merge(config, json.loads(text))
-  config.lock()
-  return config
-
-
-def read_config(files: RunFiles) -> ml_collections.ConfigDict:
-  """The config a run or export saved.
+def read_config_text(files: RunFiles) -> str:
+  """The text of the ``config.json`` a run or export saved.
 
   Raises:
-    errors.MissingRunError: the directory has no ``config.json``.
+    errors.MissingRunError: the directory has none.
   """
   path = paths.join(files.path, CONFIG_FILE)
   if not paths.isfile(path):
@@ -217,15 +186,14 @@ def read_config(files: RunFiles) -> ml_collections.ConfigDict:
         f"{files.path} has checkpoints but no {CONFIG_FILE}; pass the run's "
         "--config to restore it"
     )
-  return config_from_json(paths.read_text(path))
+  return paths.read_text(path)
 
 
-def write_run_files(
-    directory: str, config: ml_collections.ConfigDict, vocab: Any
-) -> None:
-  """Writes ``config.json`` and the vocabulary files into ``directory``."""
+def write_run_files(directory: str, config_json: str, vocab: Any) -> None:
+  """Writes ``config.json`` (the text ``config_json``) and the vocabulary
+  files into ``directory``."""
   paths.makedirs(directory)
-  paths.write_text(paths.join(directory, CONFIG_FILE), config_to_json(config))
+  paths.write_text(paths.join(directory, CONFIG_FILE), config_json)
   if hasattr(vocab, "sentencepiece_model_file"):  # Translation runs.
     dest = paths.join(directory, SPM_FILE)
     if paths.resolve(vocab.sentencepiece_model_file) != paths.resolve(dest):
@@ -244,8 +212,9 @@ def write_run_files(
   write_json(paths.join(directory, VOCAB_FILE), info)
 
 
-def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
-  """The vocabulary a run saved; runs that saved none rebuild it from data."""
+def read_vocabulary(files: RunFiles, data: Any) -> Any:
+  """The vocabulary a run saved; runs that saved none rebuild it from the
+  data their ``data`` settings (``settings.Data``) name."""
   from memjax.data import spm_vocab  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
@@ -255,7 +224,7 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
       raise errors.DataError(f"export {files.path} has no {VOCAB_FILE}")
     from memjax.data import sources  # pylint: disable=g-import-not-at-top
 
-    d = config.data
+    d = data
     return vocab_lib.get_vocabulary(
         d.corpus,
         d.data_dir or sources.default_data_dir(d.corpus),
@@ -271,14 +240,14 @@ def read_vocabulary(files: RunFiles, config: ml_collections.ConfigDict) -> Any:
 
 def write_export(
     out_dir: str,
-    config: ml_collections.ConfigDict,
+    config_json: str,
     vocab: Any,
     params: Any,
     meta: dict[str, Any],
     *,
     model_state: Any = None,
 ) -> None:
-  """Writes an export of ``params`` (``experiment.load`` restores it), and
+  """Writes an export of ``params`` (``memjax.build.load`` restores it), and
   of ``model_state`` in ``model_state/`` when the model carries one.
 
   ``export.json`` holds ``meta`` (signature, step, dtype, source, ...) and
@@ -295,7 +264,7 @@ def write_export(
   for d in (tmp, old):
     if paths.exists(d):
       paths.rmtree(d)
-  write_run_files(tmp, config, vocab)
+  write_run_files(tmp, config_json, vocab)
   checkpointing.save_export_params(paths.join(tmp, "params"), params)
   if model_state:
     checkpointing.save_export_params(

@@ -1,9 +1,9 @@
-"""A run's corpus: token streams through SeqIO, the vocabulary, the batcher.
+"""A run's corpus: token streams through SeqIO and the vocabulary.
 
-Part of the experiment layer (``memjax.experiment`` re-exports every name
-here): ``load_corpus`` reads the splits a run needs (evaluation never builds
-the training batcher), ``make_batcher`` builds the training batcher of
-``data.batching`` from its registry.
+``load_corpus`` reads the splits a run needs (evaluation never builds the
+training batcher); ``host_batch`` takes from a batcher's batch the arrays a
+step consumes. The corpus is named by the ``data`` settings, the splits
+scored by the ``eval`` settings (``memjax.settings``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import dataclasses
 from typing import Any, Optional
 
 import jax
-import ml_collections
 import numpy as np
 
 from memjax import errors
-from memjax.io import paths
-from memjax import registry
+from memjax import settings as settings_lib
 from memjax.data import sources
+from memjax.io import paths
 
 # ``data.corpus`` of translation runs: parallel text read by
 # ``memjax.data.parallel`` (not a language-modelling corpus of ``sources``).
@@ -55,11 +54,12 @@ class Corpus:
   cache_dir: str
 
 
-def data_dirs(
-    config: ml_collections.ConfigDict, workdir: str
-) -> tuple[str, str]:
+Data = settings_lib.Data
+Eval = settings_lib.Eval
+
+
+def data_dirs(d: Data, workdir: str) -> tuple[str, str]:
   """(data_dir, cache_dir) of a run; nothing is created."""
-  d = config.data
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
   return data_dir, d.cache_dir or paths.join(workdir, "cache")
 
@@ -83,7 +83,7 @@ def cleanup_on_error(workdir: str):
 
 
 def eval_source(
-    config: ml_collections.ConfigDict, corpus: str = "", data_dir: str = ""
+    d: Data, e: Eval, corpus: str = "", data_dir: str = ""
 ) -> tuple[str, str, Optional[tuple[str, str]]]:
   """(corpus, data_dir, vocab_source) of a corpus read with a run's vocabulary.
 
@@ -91,36 +91,29 @@ def eval_source(
   vocabulary of the run's training corpus; vocab_source is None when it is
   the run's corpus itself.
   """
-  own = config.data.data_dir or sources.default_data_dir(config.data.corpus)
-  corpus = corpus or config.eval.get("corpus", "") or config.data.corpus
+  own = d.data_dir or sources.default_data_dir(d.corpus)
+  corpus = corpus or e.corpus or d.corpus
   if sources.canonical_corpus(corpus) == sources.canonical_corpus(
-      config.data.corpus
-  ) and not (data_dir or config.eval.get("data_dir", "")):
-    return config.data.corpus, own, None
-  data_dir = (
-      data_dir
-      or config.eval.get("data_dir", "")
-      or sources.default_data_dir(corpus)
-  )
-  return corpus, data_dir, (config.data.corpus, own)
+      d.corpus
+  ) and not (data_dir or e.data_dir):
+    return d.corpus, own, None
+  data_dir = data_dir or e.data_dir or sources.default_data_dir(corpus)
+  return corpus, data_dir, (d.corpus, own)
 
 
-def check_data(
-    config: ml_collections.ConfigDict, splits: tuple[str, ...], train: bool
-) -> None:
+def check_data(d: Data, e: Eval, splits: tuple[str, ...], train: bool) -> None:
   """Raises DataError if a needed split file is missing; writes nothing."""
-  data_dir = config.data.data_dir or sources.default_data_dir(
-      config.data.corpus
-  )
+  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
   if train:
-    sources.split_path(config.data.corpus, data_dir, "train")
-  corpus, data_dir, _ = eval_source(config)
+    sources.split_path(d.corpus, data_dir, "train")
+  corpus, data_dir, _ = eval_source(d, e)
   for split in splits:
     sources.split_path(corpus, data_dir, split)
 
 
 def read_stream(
-    config: ml_collections.ConfigDict,
+    d: Data,
+    e: Eval,
     workdir: str,
     split: str,
     corpus: str = "",
@@ -130,9 +123,9 @@ def read_stream(
   ``tasks.TokenStream`` in the run's vocabulary."""
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
-  corpus, data_dir, vocab_source = eval_source(config, corpus, data_dir)
+  corpus, data_dir, vocab_source = eval_source(d, e, corpus, data_dir)
   sources.split_path(corpus, data_dir, split)
-  cache_dir = data_dirs(config, workdir)[1]
+  cache_dir = data_dirs(d, workdir)[1]
   paths.makedirs(cache_dir)
   return tasks.load_token_stream(
       corpus, data_dir, split, cache_dir, vocab_source
@@ -140,7 +133,8 @@ def read_stream(
 
 
 def load_corpus(
-    config: ml_collections.ConfigDict,
+    d: Data,
+    e: Eval,
     workdir: str,
     splits: Optional[tuple[str, ...]] = None,
     train: bool = True,
@@ -148,7 +142,8 @@ def load_corpus(
   """Reads the corpus through its SeqIO task (token streams are cached).
 
   Args:
-    config: the run's config.
+    d: the run's data settings.
+    e: its evaluation settings (the corpus and splits scored).
     workdir: the run's directory (default cache ``<workdir>/cache``).
     splits: evaluation splits to read (default ``eval.splits``).
     train: also read the training split (training, unigram baselines).
@@ -156,17 +151,17 @@ def load_corpus(
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
-  splits = tuple(config.eval.splits if splits is None else splits)
-  check_data(config, splits, train)
-  data_dir, cache_dir = data_dirs(config, workdir)
+  splits = tuple(e.splits if splits is None else splits)
+  check_data(d, e, splits, train)
+  data_dir, cache_dir = data_dirs(d, workdir)
   paths.makedirs(cache_dir)
-  corpus = config.data.corpus
+  corpus = d.corpus
   train_stream = (
       tasks.load_token_stream(corpus, data_dir, "train", cache_dir)
       if train
       else None
   )
-  streams_ = {s: read_stream(config, workdir, s) for s in splits}
+  streams_ = {s: read_stream(d, e, workdir, s) for s in splits}
   vocab = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
   return Corpus(
       sources.canonical_corpus(corpus),
@@ -178,38 +173,24 @@ def load_corpus(
   )
 
 
-def vocabulary(config: ml_collections.ConfigDict, workdir: str) -> Any:
-  """The corpus vocabulary of a run's config (built or read from the cache)."""
+def vocabulary(d: Data, workdir: str) -> Any:
+  """The corpus vocabulary of a run (built or read from the cache)."""
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
-  data_dir, cache_dir = data_dirs(config, workdir)
-  return vocab_lib.get_vocabulary(config.data.corpus, data_dir, cache_dir)
+  data_dir, cache_dir = data_dirs(d, workdir)
+  return vocab_lib.get_vocabulary(d.corpus, data_dir, cache_dir)
 
 
-def make_batcher(
-    config: ml_collections.ConfigDict, train: Any, cache_dir: str
-) -> Any:
-  """The training batcher of ``data.batching`` (a pure function of the step).
-
-  The batcher registered under that name in ``registry.BATCHERS`` is built
-  from the config, the training ``tasks.TokenStream`` and the cache
-  directory.
-  """
-  from memjax import validation  # pylint: disable=g-import-not-at-top
-
-  validation.run_config_checks(config)
-  make = registry.BATCHERS.get(config.data.batching)
-  return make(config, train, cache_dir)
-
-
-# The batch arrays every train step may consume; a batcher adds the ones its
-# model family takes besides (``batcher.model_inputs``, e.g. a translation
+# The batch arrays every train step may consume; a model family takes
+# others besides (``extend.Family.extra_inputs``, e.g. a translation
 # batch's 'source').
 STEP_KEYS = ("inputs", "targets", "weights", "reset", "lane_id")
 
 
-def host_batch(batcher: Any, step: int) -> dict[str, np.ndarray]:
+def host_batch(
+    batcher: Any, step: int, extra_inputs: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
   """The global batch of a step with only the arrays the step consumes."""
   b = batcher.batch(step)
-  keep = STEP_KEYS + tuple(getattr(batcher, "model_inputs", ()))
+  keep = STEP_KEYS + tuple(extra_inputs)
   return {k: np.asarray(v) for k, v in b.items() if k in keep}

@@ -22,8 +22,6 @@ import numpy as np
 
 from memjax import errors
 from memjax.io import paths
-from memjax import registry
-from memjax.data import batchers
 from memjax.data import sources
 
 DEFAULT_DIR = paths.join(sources.DEMO_DATA_DIR, "sentiment")
@@ -150,29 +148,3 @@ class SentenceBatcher:
     ids += [np.zeros((0,), np.int32)] * fill
     labels += [0] * fill
     return pad_batch(ids, np.asarray(labels), self.buckets)
-
-
-def _sentence_shapes(config: Any, devices: int) -> batchers.BatchShapes:
-  """A batch of the longest bucket: 'inputs' [B, L] int32, 'targets' [B, 1]
-  int32, 'weights' [B, 1] float32."""
-  del devices
-  b = int(config.data.batch_size)
-  length = max(int(x) for x in config.classification.buckets)
-  return {
-      "inputs": ((b, length), "int32"),
-      "targets": ((b, 1), "int32"),
-      "weights": ((b, 1), "float32"),
-  }
-
-
-@registry.BATCHERS.register("sentences")
-@batchers.with_shapes(_sentence_shapes)
-def make_sentence_batcher(
-    config: Any, train: Any, cache_dir: str
-) -> SentenceBatcher:
-  """The 'sentences' batcher over the training ``Examples``."""
-  del cache_dir
-  return SentenceBatcher(
-      train, batch_size=int(config.data.batch_size),
-      buckets=tuple(config.classification.buckets), seed=int(config.seed),
-  )  # fmt: skip

@@ -13,7 +13,7 @@
   with probability ``mask_prob`` (15%); a chosen token becomes ``[MASK]``
   80% of the time, a random ordinary piece 10%, stays itself 10%; the loss
   weight is 1 exactly at the chosen positions.
-* ``MLMBatcher`` ('mlm' in ``registry.BATCHERS``): rows ``[CLS]`` + a
+* ``MLMBatcher`` (the 'mlm' batcher of ``memjax.tasks.mlm``): rows ``[CLS]`` + a
   random window of ``data.seq_len - 1`` stream tokens, masked; a pure
   function of (seed, step).
 """
@@ -27,8 +27,6 @@ import numpy as np
 
 from memjax import errors
 from memjax.io import paths
-from memjax import registry
-from memjax.data import batchers
 from memjax.data import parallel
 from memjax.data import sources
 
@@ -226,23 +224,3 @@ class MLMBatcher:
         tokens, rng, mask_id=self.mask_id, first_ordinary=self.mask_id + 1,
         vocab_size=self.vocab_size, mask_prob=self.mask_prob,
     )  # fmt: skip
-
-
-def _mlm_shapes(config: Any, devices: int) -> batchers.BatchShapes:
-  """'inputs', 'targets' [B, L] int32 and 'weights' [B, L] float32."""
-  out = batchers.segment_shapes(config, devices)
-  out["weights"] = (out["inputs"][0], "float32")
-  return out
-
-
-@registry.BATCHERS.register("mlm")
-@batchers.with_shapes(_mlm_shapes)
-def make_mlm_batcher(config: Any, train: Any, cache_dir: str) -> MLMBatcher:
-  """The 'mlm' batcher over an ``mlm_task.MLMData``'s training stream."""
-  del cache_dir
-  return MLMBatcher(
-      train.tokens, seq_len=int(config.data.seq_len),
-      batch_size=int(config.data.batch_size), seed=int(config.seed),
-      cls_id=train.cls_id, mask_id=train.mask_id,
-      vocab_size=train.vocab_size, mask_prob=float(config.mlm.mask_prob),
-  )  # fmt: skip

@@ -188,7 +188,7 @@ def _pairs_dataset(
 
 def register_task(
     data_dir: str, src: str, tgt: str, vocab_path: str
-) -> seqio.Task:
+) -> Any:  # A seqio.Task: SeqIO is imported only here.
   """Registers (once) the SeqIO task translating ``src`` into ``tgt``.
 
   Features: 'inputs' (source ids + EOS) and 'targets' (target ids + EOS),

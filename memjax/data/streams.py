@@ -40,11 +40,6 @@ import numpy as np
 from memjax import errors
 from memjax.data.windows import as_stream as _as_stream
 from memjax.data.windows import check_positive as _check_positive
-from memjax.data.windows import eval_batches
-from memjax.data.windows import eval_windows
-from memjax.data.windows import memory_eval_batches
-from memjax.data.windows import memory_eval_windows
-from memjax.data.windows import SegmentStream
 
 
 class RandomSegments:

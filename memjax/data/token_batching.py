@@ -13,14 +13,11 @@ permutation of the pairs within each bucket and of the batches, seeded by
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
-import jax
 import numpy as np
 
 from memjax import errors
-from memjax import registry
-from memjax.data import batchers
 
 # Decoder inputs start with the pad id (SeqIO's encoder-decoder convention).
 DECODER_START = 0
@@ -66,11 +63,7 @@ class TokenBatcher:
     rows: pairs per batch of each bucket.
     num_batches: batches per epoch.
     dropped: training pairs longer than the last bucket.
-    model_inputs: batch arrays the encoder-decoder takes besides the
-      decoder's inputs and targets (kept by ``experiment.host_batch``).
   """
-
-  model_inputs = ("source",)
 
   def __init__(
       self,
@@ -134,31 +127,3 @@ class TokenBatcher:
     empty = np.zeros((0,), np.int32)
     fill = self.rows[b] - len(idx)
     return make_pair_batch(src + [empty] * fill, tgt + [empty] * fill, b, b)
-
-
-def batch_shapes(config: Any, devices: int) -> dict[str, Any]:
-  """The arrays of a batch of the longest bucket (the most memory and
-  attention per token) on ``devices`` devices: 'source', 'inputs',
-  'targets' [rows, L] int32, 'weights' [rows, L] float32."""
-  t = config.translation
-  length = max(int(b) for b in t.buckets)
-  multiple = max(1, devices // max(1, int(config.mesh.tensor)))
-  rows = max(int(t.max_tokens) // length // multiple, 1) * multiple
-  out = {k: ((rows, length), "int32") for k in ("source", "inputs", "targets")}
-  out["weights"] = ((rows, length), "float32")
-  return out
-
-
-@registry.BATCHERS.register("tokens")
-@batchers.with_shapes(batch_shapes)
-def make_token_batcher(config: Any, train: Any, cache_dir: str) -> TokenBatcher:
-  """The 'tokens' batcher over a ``parallel.ParallelSplit``."""
-  del cache_dir
-  t = config.translation
-  # The batch is split over the data and fsdp axes: every device but the
-  # tensor-parallel ones.
-  devices = max(1, jax.device_count() // max(1, int(config.mesh.tensor)))
-  return TokenBatcher(
-      train.source, train.target, max_tokens=int(t.max_tokens),
-      buckets=tuple(t.buckets), seed=int(config.seed), row_multiple=devices,
-  )  # fmt: skip

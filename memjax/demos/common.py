@@ -276,13 +276,21 @@ def train(config: Any, run_dir: str) -> dict[str, Any]:
   if results is not None:
     print(f"reusing the finished run in {run_dir}", flush=True)
     return results
-  from memjax.run import loop as train_lib
+  from memjax import api  # pylint: disable=g-import-not-at-top
 
   start = time.time()
-  results = train_lib.train_and_evaluate(config, run_dir)
+  results = api.train(config, run_dir)
   results["wall_s"] = time.time() - start
   runfiles.write_json(paths.join(run_dir, "results.json"), results)
   return results
+
+
+def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
+  """``memjax.run_mode``: runs ``--mode=name`` on ``config`` in
+  ``workdir`` (memjax is imported on first use)."""
+  from memjax import api  # pylint: disable=g-import-not-at-top
+
+  return api.run_mode(name, config, workdir)
 
 
 def machine() -> str:

@@ -89,23 +89,19 @@ def _config(demo: common.Demo, row: common.Row, steps: int | None) -> Any:
 
 def _build(stages: common.Stages, c: Any, row: common.Row) -> dict:
   """Packs (BM25 batches), trains, and builds the datastore and its index."""
-  # pylint: disable=g-import-not-at-top
-  from memjax.methods.external import modes as external
-  from memjax.methods.trime import packing
-
   run = stages.run_dir
   if c.data.batching == "bm25":
     # The packing stage keeps its files beside the run (<run>_pack/); the
     # BM25 order itself lands in the data cache, where training reads it.
     packed = common.Stages(f"{run}_pack")
-    packed("pack", lambda: packing.pack(c, packed.run_dir))
+    packed("pack", lambda: common.run_mode("pack", c, packed.run_dir))
     stages.times.update(packed.times)
   print(f"== {row.variant}: train {c.train.num_steps} steps", flush=True)
   trained = stages("train", lambda: common.train(c, run))
   print(f"== {row.variant}: datastore of the training split", flush=True)
-  store = stages("datastore", lambda: external.datastore(c, run))
+  store = stages("datastore", lambda: common.run_mode("datastore", c, run))
   c.eval_memory.kind = row.options["kind"]
-  stages("index", lambda: external.index(c, run))
+  stages("index", lambda: common.run_mode("index", c, run))
   return {
       "method": row.variant,
       "kind": row.options["kind"],
@@ -118,12 +114,15 @@ def _build(stages: common.Stages, c: Any, row: common.Row) -> dict:
 def _exact(c: Any, run: str, kind: str, best: dict) -> dict:
   """Valid and test scored at the setting ``best`` with exact search."""
   # pylint: disable=g-import-not-at-top
-  from memjax.eval import memory_grid as em_lib
+  from memjax import build
+  from memjax.eval import grid as grid_lib
   from memjax.modes import memory as memory_modes
+  from memjax.run import restore
 
-  setting = em_lib.grid_of({"kind": kind, **best})
   c.eval_memory.search = "exact"
-  loaded = em_lib.load(c, run)
+  built = build.build(c, run)
+  setting = grid_lib.grid_of({"kind": kind, **best}, built.parts.eval_memories)
+  loaded = restore.load_splits(built)
   return {
       s: memory_modes.score_split(loaded, s, setting, desc=f"{kind} exact {s}")[
           "grid"
@@ -138,14 +137,12 @@ def _prepare(
   """A row's config, its stages, and ``tune(stage)``: the stage that tunes
   the config's evaluation memory as it is when the stage runs (kept under
   ``stage`` and a digest of those settings, ``external_rows.stage_name``)."""
-  from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
-
   c = _config(demo, row, steps)
   stages = common.Stages(demo.run_dir(row))
 
   def tune(stage: str) -> dict:
     name = external_rows.stage_name(stage, c.eval_memory.to_dict())
-    return stages(name, lambda: memory_modes.tune(c, stages.run_dir))
+    return stages(name, lambda: common.run_mode("tune", c, stages.run_dir))
 
   return c, stages, tune
 
@@ -169,8 +166,6 @@ def run_model(
 
   An ablation row (config ``overrides``) is tuned with ScaNN on valid only.
   """
-  from memjax.methods.external import modes as external  # pylint: disable=g-import-not-at-top
-
   c, stages, tune = _prepare(demo, row, steps)
   run, method, kind = stages.run_dir, row.variant, row.options["kind"]
   out = _build(stages, c, row)
@@ -178,7 +173,7 @@ def run_model(
     print(f"== {row.key}: tune {kind} with ScaNN", flush=True)
     out["scann"] = tune("tune_scann")
     return out
-  out["recall"] = stages("recall", lambda: external.recall(c, run))
+  out["recall"] = stages("recall", lambda: common.run_mode("recall", c, run))
   if method == "trime_ext":
     out["local_long"] = _local_long(c, tune, "tune_trime", method)
   print(f"== {method}: tune {kind} with ScaNN", flush=True)
@@ -197,8 +192,6 @@ def run_domain(
     demo: common.Demo, row: common.Row, steps: int | None
 ) -> dict[str, Any]:
   """Table 5: the trained model on iwslt_en, two datastores."""
-  from memjax.methods.external import modes as external  # pylint: disable=g-import-not-at-top
-
   c, stages, tune = _prepare(demo, row, steps)
   c.eval.corpus = "iwslt_en"
   run, method, kind = stages.run_dir, row.variant, row.options["kind"]
@@ -212,9 +205,9 @@ def run_domain(
   c.datastore.corpus = "iwslt_en"
   print(f"== {method}: datastore of iwslt_en's training part", flush=True)
   out["datastore"] = stages(
-      "domain_datastore", lambda: external.datastore(c, run)
+      "domain_datastore", lambda: common.run_mode("datastore", c, run)
   )
-  stages("domain_index", lambda: external.index(c, run))
+  stages("domain_index", lambda: common.run_mode("index", c, run))
   print(f"== {method} on iwslt_en: {kind}, iwslt_en datastore", flush=True)
   out["own"] = tune("domain_own")
   return out

@@ -145,9 +145,12 @@ def format_table(models: list[dict]) -> str:
 
 
 def em_setting(best: dict) -> str:
-  from memjax.eval import memory_grid as em_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from memjax import catalog
+  from memjax.eval import grid as grid_lib
 
-  return em_lib.setting_str(best).replace("long_mem_tokens", "N")
+  words = grid_lib.setting_str(best, catalog.parts().eval_memories)
+  return words.replace("long_mem_tokens", "N")
 
 
 # The evaluations with the local memory only (N = 0) that pair a baseline

@@ -104,7 +104,7 @@ def extrapolate(out_dir, recurrent, configs, unit) -> None:
 
   curves, csv_rows = {}, []
   for key, name in recurrent:
-    res = extrapolate.extrapolate(configs[key], paths.join(out_dir, key))
+    res = common.run_mode("extrapolate", configs[key], paths.join(out_dir, key))
     curves[name] = res["rows"]
     csv_rows += [{"model": name, **r} for r in res["rows"]]
   extrapolate.write_csv(paths.join(out_dir, "extrapolation.csv"), csv_rows)
@@ -143,7 +143,7 @@ def analyze(out_dir, recurrent, configs) -> None:
 
   dist = {}
   for key, name in recurrent:
-    summary = analysis.analyze(configs[key], paths.join(out_dir, key))
+    summary = common.run_mode("analyze", configs[key], paths.join(out_dir, key))
     dist[name] = np.nanmean(
         paths.np_load(paths.join(out_dir, key, "attention_by_distance.npy")),
         axis=0,

@@ -25,6 +25,8 @@ again, so the table can be rebuilt from finished runs.
 from __future__ import annotations
 
 
+from typing import Any
+
 from memjax.io import paths
 from memjax.demos import common
 from memjax.demos import marge_rows
@@ -40,25 +42,26 @@ FLAGS = common.define_flags(
 SPLIT = marge_rows.SPLIT
 
 
-def _knn_memory(cfg, run: str) -> None:
-  """The datastore of the training split and its ScaNN index (once)."""
-  from memjax import registry  # pylint: disable=g-import-not-at-top
-  from memjax.memory import search  # pylint: disable=g-import-not-at-top
-  from memjax.methods.external import modes as external  # pylint: disable=g-import-not-at-top
+def _knn_memory(cfg: Any, run: str) -> None:
+  """The datastore of the training split and its ScaNN index (once), in
+  ``eval_memory.datastore`` (``<run>/datastore`` by default, as
+  ``--mode=datastore`` places it)."""
+  # pylint: disable=g-import-not-at-top
+  from memjax import catalog
+  from memjax.memory import search
 
-  path = external.datastore_path(cfg, run)
+  other = cfg.datastore.corpus
+  name = f"datastore-{other}" if other else "datastore"
+  path = cfg.eval_memory.datastore or paths.join(run, name)
   if not paths.exists(paths.join(path, "manifest.json")):
-    external.datastore(cfg, run)
-  metric = registry.EVAL_MEMORIES.get(cfg.eval_memory.kind).external_metric
-  if not paths.isdir(search.index_dir(path, metric)):
-    external.index(cfg, run)
+    common.run_mode("datastore", cfg, run)
+  kind = catalog.parts().eval_memories.get(cfg.eval_memory.kind)
+  if not paths.isdir(search.index_dir(path, kind.external_metric)):
+    common.run_mode("index", cfg, run)
 
 
 def _row(workdir: str, name: str) -> dict:
   """Trains and scores row ``name`` (or reads its files back)."""
-  from memjax.methods.marge import evaluation as marge_eval  # pylint: disable=g-import-not-at-top
-  from memjax.modes import position_loss  # pylint: disable=g-import-not-at-top
-
   spec = marge_rows.ROWS[name]
   run = paths.join(workdir, name)
   base = paths.join(workdir, spec.base or name)
@@ -68,13 +71,13 @@ def _row(workdir: str, name: str) -> dict:
     _knn_memory(cfg, run)
   pos = common.once(
       paths.join(run, "position_loss.json"),
-      lambda: position_loss.position_loss(cfg, run),
+      lambda: common.run_mode("position_loss", cfg, run),
   )
   row = marge_rows.make_row(name, cfg, res, pos)
   if name == "marge":
     row["marge_eval"] = common.once(
         paths.join(run, "marge_eval.json"),
-        lambda: marge_eval.marge_eval(cfg, run),
+        lambda: common.run_mode("marge_eval", cfg, run),
     )[SPLIT]
   return row
 

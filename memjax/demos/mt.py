@@ -71,17 +71,21 @@ def check_floor(model: dict, copy: dict) -> str:
 def _scores(config: Any, workdir: str, trained: dict) -> tuple[dict, dict, int]:
   """The valid rows (copy, greedy, beam), the test scores (beam) and the
   number of valid pairs."""
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from memjax import build
+  from memjax.tasks import config as task_config
   from memjax.tasks.translation import bleu
   from memjax.tasks.translation import parts
 
-  restored = experiment.load(workdir, config=config)
+  restored = build.load(workdir, config=config)
+  s = restored.settings
   tr = parts.make_translator(
-      config, restored.model, restored.variables, restored.vocab
-  )
+      s.of(task_config.Translation), restored.model, restored.variables,
+      restored.vocab,
+  )  # fmt: skip
   spm = paths.join(workdir, "spm.model")
-  valid = parts.read_split(config, "valid", spm, workdir)
-  test = parts.read_split(config, "test", spm, workdir)
+  valid = parts.read_split(s, "valid", spm, workdir)
+  test = parts.read_split(s, "test", spm, workdir)
   rows = {}
   rows["copy the source (baseline)"] = copy_baseline(
       valid.source_text, valid.target_text

@@ -38,8 +38,6 @@ ROWS = (
 
 def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   """Trains (or reads back) one row and, for a memory model, its usage."""
-  from memjax.methods.pkm import usage as pkm_usage  # pylint: disable=g-import-not-at-top
-
   cfg = demo.config(row.config, row.variant, steps)
   if steps:
     cfg.train.eval_every = cfg.train.checkpoint_every = steps
@@ -49,7 +47,7 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   if cfg.model.feed_forward != "ffn":
     usage = common.once(
         paths.join(run, "memory_usage.json"),
-        lambda: pkm_usage.memory_usage(cfg, run),
+        lambda: common.run_mode("memory_usage", cfg, run),
     )
     res["usage"] = usage["layers"]
   res.update(row=row.label, key=row.key)

@@ -65,8 +65,8 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   """Trains one model, builds its memory, tunes, and scores test with and
   without the memory; returns its rows and timings."""
   # pylint: disable=g-import-not-at-top
-  from memjax import experiment
-  from memjax.methods.external import mt_modes as tm
+  from memjax import build
+  from memjax.tasks import config as task_config
   from memjax.tasks.translation import parts
 
   times = {}
@@ -77,21 +77,21 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   config.translation.split = "test"
   config.translation.eval_max_sentences = int(test_sentences)
   tic = time.time()
-  built = tm.mt_datastore_mode(config, workdir)
+  built = common.run_mode("mt_datastore", config, workdir)
   times["datastore_and_index"] = time.time() - tic
   tic = time.time()
-  tuned = tm.mt_tune(config, workdir)
+  tuned = common.run_mode("mt_tune", config, workdir)
   times["tune"] = time.time() - tic
-  restored = experiment.load(workdir, config=config)
-  test = parts.read_split(
-      config, "test", paths.join(workdir, "spm.model"), workdir
-  )
+  restored = build.load(workdir, config=config)
+  s = restored.settings
+  test = parts.read_split(s, "test", paths.join(workdir, "spm.model"), workdir)
   tr = parts.make_translator(
-      config, restored.model, restored.variables, restored.vocab
-  )
+      s.of(task_config.Translation), restored.model, restored.variables,
+      restored.vocab,
+  )  # fmt: skip
   plain = parts.score_split(tr, test, int(test_sentences), "test, no memory")
   tic = time.time()
-  with_memory = tm.mt_translate(config, workdir)
+  with_memory = common.run_mode("mt_translate", config, workdir)
   times["memory_decoding"] = time.time() - tic
   return {
       "config": config.name,

@@ -115,7 +115,6 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   """Trains (or reads back) one row's model and tunes its memory again;
   returns the row (also written to its directory's ``row.json``)."""
   from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
-  from memjax.modes import memory as memory_modes  # pylint: disable=g-import-not-at-top
 
   cfg = demo.config(row.config, row.variant, steps)
   row_dir = demo.run_dir(row)
@@ -137,7 +136,7 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
         f"(N in {tuple(em.long_mem_grid) or (em.long_mem_tokens,)})",
         flush=True,
     )
-    tuned = memory_modes.tune(cfg, row_dir)
+    tuned = common.run_mode("tune", cfg, row_dir)
     res.update(
         valid=tuned["valid"]["memory"],
         test=tuned["test"]["memory"],

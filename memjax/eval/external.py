@@ -21,12 +21,9 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from memjax.io import console
-from memjax import errors
-from memjax import experiment
 from memjax.io import paths
 from memjax import sharding as sharding_lib
 from memjax.data import windows
@@ -230,45 +227,45 @@ def _batch_sums(
 _SEARCHERS: dict[tuple[Any, ...], Any] = {}
 
 
-def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
+def datastore_path(scoring: Any, workdir: str) -> str:
   """``eval_memory.datastore``, else ``<workdir>/datastore`` (or
   ``datastore-<corpus>`` for one built from ``datastore.corpus``)."""
-  if config.eval_memory.datastore:
-    return config.eval_memory.datastore
-  other = config.datastore.get("corpus", "")
+  if scoring.memory["datastore"]:
+    return scoring.memory["datastore"]
+  other = scoring.datastore_corpus
   return paths.join(workdir, f"datastore-{other}" if other else "datastore")
 
 
-def datastore_checkpoint(run: Any) -> dict[str, Any]:
-  """Which parameters a datastore's keys come from (``run.path`` and
-  ``run.step`` of a restored run)."""
-  return {"source": paths.realpath(run.path), "step": int(run.step)}
+def datastore_checkpoint(scoring: Any) -> dict[str, Any]:
+  """Which parameters a datastore's keys come from (the path and step of
+  the restored run the scoring describes)."""
+  return {"source": paths.realpath(scoring.path), "step": int(scoring.step)}
 
 
-def external_search(run: Any, metric: str, workdir: str) -> ExternalSearch:
-  """The datastore and searcher of ``run.config.eval_memory`` (cached).
+def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
+  """The datastore and searcher of the scoring's ``eval_memory`` (cached).
 
   Args:
-    run: a restored run (``experiment.Restored``, ``memory_grid.Loaded``):
-      config, model, vocab_size, path and step.
+    scoring: what the model is scored with (``rows.Scoring`` of a restored
+      run: its model, signature, path and step).
     metric: 'dot_product' or 'squared_l2'.
     workdir: the directory whose datastore is read (unless
       ``eval_memory.datastore`` names one).
   """
-  em = run.config.eval_memory
-  path = datastore_path(run.config, workdir)
+  em = scoring.memory
+  path = datastore_path(scoring, workdir)
   store = ds_lib.open_datastore(
       path,
-      signature=experiment.model_signature(run.config, run.vocab_size),
-      dim=run.model.d_model,
-      checkpoint=datastore_checkpoint(run),
+      signature=scoring.signature,
+      dim=scoring.model.d_model,
+      checkpoint=datastore_checkpoint(scoring),
   )
-  search_lib.check_k(store, int(em.ext_k))
-  key = (path, store.manifest["id"], metric, em.search, em.leaves_to_search)
-  key += (em.reorder_candidates,)
+  search_lib.check_k(store, int(em["ext_k"]))
+  key = (path, store.manifest["id"], metric, em["search"])
+  key += (em["leaves_to_search"], em["reorder_candidates"])
   if key not in _SEARCHERS:
     _SEARCHERS[key] = search_lib.make_searcher(
-        store, metric, em.search, int(em.leaves_to_search),
-        int(em.reorder_candidates),
+        store, metric, em["search"], int(em["leaves_to_search"]),
+        int(em["reorder_candidates"]),
     )  # fmt: skip
-  return ExternalSearch(_SEARCHERS[key], int(em.ext_k), bool(em.pipeline))
+  return ExternalSearch(_SEARCHERS[key], int(em["ext_k"]), bool(em["pipeline"]))

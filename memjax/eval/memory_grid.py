@@ -4,26 +4,20 @@
 memory kind, long-term memory sizes, the values of the kind's axes) in one
 pass over sliding windows (``memory_step.make_eval_step``); a kind with an
 external memory searches its datastore on the host between two jitted
-steps (``memjax/eval/external.py``). ``load`` restores a run through
-``memjax.experiment`` with the splits it scores. The modes built on these
-(memeval, tune, memsweep, buckets) are in ``memjax/modes/memory.py``.
+steps (``memjax/eval/external.py``). The modes built on it (memeval,
+tune, memsweep, buckets) are in ``memjax/modes/memory.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from memjax.io import console
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
 from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.eval import external as external_lib
@@ -31,14 +25,10 @@ from memjax.eval import grid as grid_lib
 from memjax.eval import memory_step
 from memjax.eval import metrics
 from memjax.eval import rows
+from memjax.io import console
 from memjax.memory import evaluation
 
-# The grids, re-exported: the modes and tests name them through this module.
 Grid = grid_lib.Grid
-configured_grid = grid_lib.configured_grid
-tuning_grid = grid_lib.tuning_grid
-grid_of = grid_lib.grid_of
-setting_str = grid_lib.setting_str
 
 # ----------------------------------------------------------------------------
 # Scoring a stream
@@ -50,7 +40,7 @@ class MemoryScorer(rows.Scorer):
 
   def __init__(
       self,
-      run: Any,
+      scoring: rows.Scoring,
       grid: Grid,
       *,
       external: Any = None,
@@ -64,8 +54,9 @@ class MemoryScorer(rows.Scorer):
     """Creates the scorer.
 
     Args:
-      run: what ``rows.Scorer`` needs; for a kind with an external memory
-        also what ``external.external_search`` needs (a restored run).
+      scoring: the model and its settings (``rows.Scoring``; for a kind
+        with an external memory, a restored run's, with its signature,
+        path and step).
       grid: the settings.
       external: the kind's ``external.ExternalSearch``; None: opened from
         the run's datastore on first use (kinds that read one).
@@ -79,33 +70,27 @@ class MemoryScorer(rows.Scorer):
       long_span: which N pairs M_long holds (``evaluation.LONG_SPANS``;
         default ``eval_memory.long_mem_span``).
     """
-    super().__init__(run)
-    c = self.config  # Read only for what is not given.
+    super().__init__(scoring)
+    e, em = scoring.eval, scoring.memory  # Read only for what is not given.
     self.grid = grid
-    self.window_len = int(window_len or c.eval.window_len)
-    self.score_len = int(score_len or c.eval.score_len)
-    size = batch_size or c.eval_memory.batch_size
+    self.window_len = int(window_len or e.window_len)
+    self.score_len = int(score_len or e.score_len)
+    size = batch_size or em["batch_size"]
     self.batch_size = rows.batch_rows(size, self.mesh)
     if block_size == -1:
-      block_size = int(c.eval_memory.block_size) or None
+      block_size = int(em["block_size"]) or None
     self.block_size = block_size
-    if long_span is None:  # Without a config: memjax's reading.
-      long_span = (
-          c.eval_memory.get("long_mem_span", "before_window")
-          if c is not None
-          else "before_window"
-      )
-    self.long_span = long_span
+    self.long_span = long_span or em["long_mem_span"]
     self._external = external
     self._workdir = workdir
 
   @property
   def external(self) -> Any:
     """The external memory of a kind that reads one (else None)."""
-    metric = self.grid.memory().external_metric
+    metric = self.grid.memory.external_metric
     if metric and self._external is None:
       self._external = external_lib.external_search(
-          self.run, metric, self._workdir
+          self.scoring, metric, self._workdir
       )
     return self._external
 
@@ -117,7 +102,8 @@ class MemoryScorer(rows.Scorer):
     if key not in self._compiled:
       step = memory_step.make_eval_step(
           self.model, window_len=self.window_len, score_len=self.score_len,
-          kind=self.grid.kind, long_sizes=self.grid.long_sizes,
+          kind=self.grid.kind, memory=self.grid.memory,
+          long_sizes=self.grid.long_sizes,
           settings=self.grid.values(), block_size=self.block_size,
           long_span=self.long_span,
       )  # fmt: skip
@@ -157,7 +143,7 @@ class MemoryScorer(rows.Scorer):
     t, s = self.window_len, self.score_len
     tokens = windows.truncate_windows(np.asarray(tokens), t, s, max_items)
     step, fn = self._fns(keep_tokens)
-    memory = self.grid.memory()
+    memory = self.grid.memory
     if memory.external_metric:
       if self.external is None:
         raise errors.ConfigError(
@@ -172,8 +158,9 @@ class MemoryScorer(rows.Scorer):
     else:
       fetched, start = self._run(fn, step.capacity, params, tokens, desc)
     return summarize_stream(
-        fetched, self.grid, self.unit, keep_tokens, desc, start
-    )
+        fetched, self.grid, self.unit, keep_tokens, desc, start,
+        self.scoring.memories,
+    )  # fmt: skip
 
   def _run(
       self, fn: Any, capacity: int, params: Any, tokens: np.ndarray, desc: str
@@ -264,9 +251,9 @@ def score_stream(
     external: Any = None,
     long_span: str = "before_window",
 ) -> dict[str, Any]:
-  """``MemoryScorer.score_grid`` with every setting given (no config)."""
+  """``MemoryScorer.score_grid`` with every setting given (no run)."""
   scorer = MemoryScorer(
-      rows.RunView(None, model, mesh, unit), grid, external=external,
+      rows.Scoring(model, mesh, unit), grid, external=external,
       window_len=window_len, score_len=score_len, batch_size=batch_size,
       block_size=block_size, long_span=long_span,
   )  # fmt: skip
@@ -282,6 +269,7 @@ def summarize_stream(
     keep_tokens: bool,
     desc: str,
     start: float,
+    memories: Optional[grid_lib.Memories] = None,
 ) -> dict[str, Any]:
   """``score_grid``'s results from its per-batch sums (host arrays)."""
   count = float(sum(r["tokens"] for r in fetched))
@@ -308,7 +296,9 @@ def summarize_stream(
       time.time() - start,
       unit,
       out["plain"][unit],
-      f", best {unit}={best[unit]:.4f} at {setting_str(best)}" if best else "",
+      f", best {unit}={best[unit]:.4f} at {_setting(best, grid, memories)}"
+      if best
+      else "",
   )
   return out
 
@@ -335,68 +325,9 @@ def _tokens_in_order(
   return out
 
 
-# ----------------------------------------------------------------------------
-# Restoring a model
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Loaded:
-  """A model restored for evaluation, with its data; ``params`` is what
-  the scorers take (``experiment.Restored.variables``: the parameters, with
-  the model state when the model carries one)."""
-
-  config: ml_collections.ConfigDict
-  mesh: Any
-  model: Any
-  params: Any
-  vocab_size: int
-  train_tokens: Optional[np.ndarray]
-  splits: dict[str, np.ndarray]
-  unit: str
-  step: int
-  source: str
-  workdir: str = ""  # where the mode writes its results
-
-  @property
-  def path(self) -> str:
-    """The run or export the parameters come from."""
-    return self.source
-
-
-def load(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    source: Optional[str] = None,
-    splits: Sequence[str] = ("valid", "test"),
-    train: bool = False,
-) -> Loaded:
-  """Restores ``source`` (default: ``workdir``, else ``train.init_from``)
-  through ``memjax.experiment.load`` and reads the splits (and the training
-  split when ``train``); the training batcher is never built.
-
-  Raises:
-    errors.MissingRunError: nothing to evaluate.
-    errors.CheckpointMismatchError: ``config`` describes another model.
-  """
-  if source is None:
-    source = experiment.source_of(config, workdir)
-  restored = experiment.load(source, config=config)
-  corpus = experiment.load_corpus(config, workdir, tuple(splits), train=train)
-  paths.makedirs(workdir)  # Results go here.
-  console.info(
-      "evaluating %s step %d with memories", restored.path, restored.step
-  )
-  return Loaded(
-      config,
-      restored.mesh,
-      restored.model,
-      restored.variables,
-      restored.vocab_size,
-      corpus.train.tokens if train else None,
-      {s: corpus.splits[s].tokens for s in splits},
-      restored.unit,
-      restored.step,
-      restored.path,
-      workdir,
-  )
+def _setting(r: dict[str, Any], grid: Grid, memories: Any) -> str:
+  """A result's settings in words (the grid's own keys without memories)."""
+  if memories is not None:
+    return grid_lib.setting_str(r, memories)
+  keys = grid.axes()
+  return ", ".join(f"{k}={r[k]:g}" for k in keys if k in r)

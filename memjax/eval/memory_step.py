@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
 from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.memory.evaluation import Bank
@@ -50,6 +49,7 @@ def make_eval_step(
     window_len: int,
     score_len: int,
     kind: str,
+    memory: evaluation.EvalMemory,
     long_sizes: Sequence[int] = (0,),
     settings: Mapping[str, Sequence[float]] | None = None,
     block_size: int | None = 1024,
@@ -61,7 +61,8 @@ def make_eval_step(
     model: a decoder LM (its outputs supply g, log p_vocab, log Z).
     window_len: T.
     score_len: S.
-    kind: a name in ``registry.EVAL_MEMORIES``.
+    kind: the memory's name (its outputs' key).
+    memory: the evaluation memory.
     long_sizes: memory sizes N to score (static; the bank holds max(N) +
       T - S pairs).
     settings: the values of each of the kind's axes (``Axis.values`` ->
@@ -80,7 +81,6 @@ def make_eval_step(
     [W, S, D] float32 g, 'log_z' [W, S] and, if it reads M_local u M_long,
     'sums' [len(long_sizes), 2, G, W, S] (lse_all, lse_pos at each scale).
   """
-  memory = registry.EVAL_MEMORIES.get(kind)
   settings = {k: tuple(v) for k, v in (settings or {}).items()}
   long_sizes = tuple(int(n) for n in long_sizes)
   if any(n < 0 for n in long_sizes):
@@ -119,7 +119,7 @@ def make_eval_step(
     return new_bank, result
 
   step.capacity = evaluation.bank_capacity(
-      kind, long_sizes, window_len, score_len
+      memory, long_sizes, window_len, score_len
   )
   return step
 

@@ -9,6 +9,8 @@ them, jitted once per shape through ``sharding.jit`` (the one place a
 function is jitted for the mesh), and returns the sums and per-row outputs
 the caller asks for. The stream scorers (``windows``, ``streams``,
 ``memory_grid``) subclass ``Scorer``; ``memjax.eval.scorer_for`` picks one.
+``Scoring`` is what every scorer is given (``memjax.run.spec.Run.scoring``
+makes one).
 """
 
 from __future__ import annotations
@@ -20,32 +22,58 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from memjax import extend
+from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
 from memjax.eval import metrics
 from memjax.models import state as model_state
 
-Array = jax.Array
 
-
-@dataclasses.dataclass
-class RunView:
-  """What a scorer needs of a run (``experiment.Restored`` has it too).
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+  """What a scorer needs: a model and the settings it is scored with.
 
   Attributes:
-    config: the run's config.
     model: the model.
     mesh: the device mesh.
     unit: 'ppl' or 'bpc'.
+    eval: the evaluation settings (windows, batch size, lanes).
+    memory: {key: value} of the ``eval_memory`` section, the engine's keys
+      and every memory kind's (``settings.Settings.values``).
+    memories: the evaluation memories by name.
+    extra_inputs: the batch arrays the model takes besides inputs and
+      targets (``extend.Family.extra_inputs``).
+    segment_len: a recurrent model's evaluation segment length.
+    mem_len: its evaluation memory length.
+    path: the run or export the parameters come from (its ``tune.json``
+      and datastore).
+    sum_reports: the per-slot sums collected (``stats.SumReport``).
+    signature: the model's signature (a datastore built from it must
+      match it).
+    step: the training step of the parameters scored.
+    datastore_corpus: ``datastore.corpus``: a datastore of another corpus
+      is ``datastore-<corpus>`` in the workdir.
   """
 
-  config: ml_collections.ConfigDict
   model: Any
   mesh: Mesh
   unit: str = "ppl"
+  eval: settings_lib.Eval = settings_lib.Eval()
+  memory: Mapping[str, Any] = dataclasses.field(
+      default_factory=lambda: dataclasses.asdict(settings_lib.EvalMemory())
+  )
+  memories: Optional[extend.Lookup[Any]] = None
+  extra_inputs: tuple[str, ...] = ()
+  segment_len: int = 0
+  mem_len: int = 0
+  path: str = ""
+  sum_reports: tuple[Any, ...] = ()
+  signature: Optional[Mapping[str, Any]] = None
+  step: int = 0
+  datastore_corpus: str = ""
 
 
 def data_parallel(mesh: Mesh) -> int:
@@ -94,12 +122,6 @@ def row_batches(
     yield pad_rows(part, size), real
 
 
-def extra_inputs(model: Any) -> tuple[str, ...]:
-  """The batch arrays a model family takes besides inputs and targets (its
-  class attribute ``EXTRA_INPUTS``, e.g. the encoder-decoder's 'source')."""
-  return tuple(getattr(model, "EXTRA_INPUTS", ()))
-
-
 def add_up(total: Any, got: Any) -> Any:
   """``total + got`` leaf by leaf in float64 (``total`` None: ``got``)."""
   got = jax.tree.map(lambda x: np.asarray(x, np.float64), got)
@@ -114,12 +136,11 @@ class Scorer:
   the model over given rows with ``rows``.
   """
 
-  def __init__(self, run: Any) -> None:
-    self.run = run
-    self.config = run.config
-    self.model = run.model
-    self.mesh = run.mesh
-    self.unit = getattr(run, "unit", "ppl")
+  def __init__(self, scoring: Scoring) -> None:
+    self.scoring = scoring
+    self.model = scoring.model
+    self.mesh = scoring.mesh
+    self.unit = scoring.unit
     self._compiled: dict[Any, Any] = {}
 
   # -- streams (the subclasses) ------------------------------------------
@@ -192,7 +213,7 @@ class Scorer:
       params: the parameters.
       arrays: 'inputs' [N, L] and, optionally, 'targets' [N, L] (then the
         target log-probabilities are summed), 'weights' [N, L] and the
-        model's ``EXTRA_INPUTS`` (e.g. MARGE's 'sources', 'source_mask');
+        model's extra inputs (e.g. MARGE's 'sources', 'source_mask');
         other keys are ignored.
       batch_size: rows per batch (default ``eval.batch_size``).
       keep: output fields returned per row, e.g. 'target_logprob' [N, L]
@@ -205,7 +226,7 @@ class Scorer:
       See ``apply``; N' = N, or the rows of the full batches with
       ``drop_remainder``.
     """
-    size = batch_size or int(self.config.eval.batch_size)
+    size = batch_size or int(self.scoring.eval.batch_size)
     batches = row_batches(arrays, size, self.mesh, drop_remainder)
     return self.apply(params, batches, keep=keep, collections=collections)
 
@@ -232,7 +253,8 @@ class Scorer:
       1), each name of ``keep`` [N', ...] over the real rows and each of
       ``collections`` (a pytree of float64 sums, {} when nothing was sown).
     """
-    names = set(extra_inputs(self.model)) | {"inputs", "targets", "weights"}
+    extra = tuple(self.scoring.extra_inputs)
+    names = set(extra) | {"inputs", "targets", "weights"}
     total, kept = None, {k: [] for k in keep}
     for arrays, real in batches:
       batch = {k: v for k, v in arrays.items() if k in names}
@@ -253,10 +275,10 @@ class Scorer:
     """The jitted forward of ``apply`` for batches with keys ``names``."""
     key = ("rows", names, keep, collections)
     if key not in self._compiled:
-      model = self.model
+      model, names_in = self.model, tuple(self.scoring.extra_inputs)
 
       def fn(params, batch):
-        extra = {k: batch[k] for k in extra_inputs(model) if k in batch}
+        extra = {k: batch[k] for k in names_in if k in batch}
         out, state = model.apply(
             model_state.as_variables(params), batch["inputs"],
             batch.get("targets"), mutable=list(collections), **extra,

@@ -17,28 +17,28 @@ from __future__ import annotations
 from typing import Any, Union
 
 from memjax import errors
+from memjax.eval import grid as grid_lib
 from memjax.io import paths
-from memjax import registry
 from memjax.eval import memory_grid
 from memjax.eval import rows
 from memjax.eval import streams
 from memjax.eval import windows
 
-Memory = Union[None, memory_grid.Grid, dict[str, Any]]
+Memory = Union[None, grid_lib.Grid, dict[str, Any]]
 
 
 def scorer_for(
-    run: Any,
+    scoring: rows.Scoring,
     memory: Memory = None,
     *,
     workdir: str = "",
     external: Any = None,
 ) -> rows.Scorer:
-  """The scorer of ``run`` (see the module docstring).
+  """The scorer of a model (see the module docstring).
 
   Args:
-    run: config, model, mesh and unit (``experiment.Restored``, or
-      ``rows.RunView`` during training).
+    scoring: the model and its settings (``memjax.run.spec.Run.scoring``,
+      or a restored run's ``scoring()``).
     memory: None or kind 'none': no evaluation memory; a setting
       ({'kind', 'long_mem_tokens', <axis keys>...}) or a grid: score with it.
     workdir: where the datastore of an external memory is.
@@ -49,37 +49,41 @@ def scorer_for(
     errors.ConfigError: an evaluation memory for a model that carries its
       own.
   """
-  grid = memory_grid.grid_of(memory) if isinstance(memory, dict) else memory
-  if run.model.carries_memory():
-    if grid is not None and grid.memory().uses_memory:
+  if isinstance(memory, dict):
+    memory = grid_lib.grid_of(memory, scoring.memories)
+  grid = memory
+  if scoring.model.carries_memory():
+    if grid is not None and grid.memory.uses_memory:
       raise errors.ConfigError(
           f"evaluation memory {grid.kind!r} reads sliding windows; this "
           "model carries its own memory (scored with it already): set "
           "eval_memory.kind to 'none'"
       )
-    return streams.StreamScorer(run)
-  if grid is None or not grid.memory().uses_memory:
-    return windows.WindowScorer(run)
-  return memory_grid.MemoryScorer(run, grid, workdir=workdir, external=external)
+    return streams.StreamScorer(scoring)
+  if grid is None or not grid.memory.uses_memory:
+    return windows.WindowScorer(scoring)
+  return memory_grid.MemoryScorer(
+      scoring, grid, workdir=workdir, external=external
+  )
 
 
-def memory_setting(run: Any) -> dict[str, Any]:
+def memory_setting(scoring: rows.Scoring) -> dict[str, Any]:
   """The evaluation memory of a restored run: ``tune.json``'s choice (in
-  ``run.path``), else the config's ``eval_memory``; {'kind': 'none'} for a
-  model that carries its own memory or has none configured."""
-  em = run.config.eval_memory
-  tuned = paths.join(run.path, "tune.json")
-  if run.model.carries_memory():
+  ``scoring.path``), else the settings' ``eval_memory``; {'kind': 'none'}
+  for a model that carries its own memory or has none configured."""
+  em = scoring.memory
+  tuned = paths.join(scoring.path, "tune.json")
+  if scoring.model.carries_memory():
     return {"kind": "none"}
   if paths.isfile(tuned):
     t = paths.read_json(tuned)
     return {"kind": t["kind"], **t["best"], "source": "tune.json"}
-  if em.kind == "none":
+  if em["kind"] == "none":
     return {"kind": "none"}
-  memory = registry.EVAL_MEMORIES.get(em.kind)
+  memory = scoring.memories.get(em["kind"])
   return {
-      "kind": em.kind,
-      "long_mem_tokens": int(em.long_mem_tokens),
+      "kind": em["kind"],
+      "long_mem_tokens": int(em["long_mem_tokens"]),
       **{a.key: float(em[a.key]) for a in memory.axes},
       "source": "config",
   }

@@ -2,7 +2,7 @@
 
 A model that carries memory (Transformer-XL, LaMemo) is evaluated the way it
 is trained: the split's stream is cut into ``lanes`` contiguous lanes
-(``streams.SegmentStream``), and ``jax.lax.scan`` runs the model over the
+(``windows.SegmentStream``), and ``jax.lax.scan`` runs the model over the
 consecutive segments of every lane, carrying the memory from one segment to
 the next. Every prediction is scored exactly once, with the memory of the
 segments before it in its lane. The segment length and the memory length may
@@ -23,32 +23,18 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from memjax.io import console
 from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.models import stats
-from memjax.data import streams
 from memjax.data import windows
 from memjax.eval import rows
 from memjax.models import state as model_state
 
-Array = jax.Array
-
 _KEYS = ("inputs", "targets", "weights", "reset")
-
-
-def segment_len_of(config: ml_collections.ConfigDict) -> int:
-  """Evaluation segment length: ``eval.segment_len`` or ``data.seq_len``."""
-  return int(config.eval.segment_len or config.data.seq_len)
-
-
-def mem_len_of(config: ml_collections.ConfigDict) -> int:
-  """Evaluation memory length: ``eval.mem_len`` or ``model.mem_len``."""
-  return int(config.eval.mem_len or config.model.mem_len)
 
 
 def stacked_segments(
@@ -67,7 +53,7 @@ def stacked_segments(
     'inputs', 'targets' int32, 'weights' float32 [S, lanes, L]; 'reset'
     [S, lanes] bool (True at segment 0).
   """
-  stream = streams.SegmentStream(tokens, segment_len, lanes)
+  stream = windows.SegmentStream(tokens, segment_len, lanes)
   stacked = stream.stacked()
   out = {k: stacked[k] for k in _KEYS}
   if max_segments:
@@ -84,7 +70,7 @@ class StreamScorer(rows.Scorer):
 
   def __init__(
       self,
-      run: Any,
+      scoring: rows.Scoring,
       *,
       segment_len: Optional[int] = None,
       mem_len: Optional[int] = None,
@@ -94,10 +80,12 @@ class StreamScorer(rows.Scorer):
     """Creates the scorer.
 
     Args:
-      run: what ``rows.Scorer`` needs; its model carries memory.
-      segment_len: L, predictions per segment (default ``eval.segment_len``
-        or ``data.seq_len``).
-      mem_len: memory length M (default ``eval.mem_len`` or the model's).
+      scoring: the model and its settings (``rows.Scoring``); its model
+        carries memory.
+      segment_len: L, predictions per segment (default the scoring's:
+        ``eval.segment_len`` or ``data.seq_len``).
+      mem_len: memory length M (default the scoring's: ``eval.mem_len`` or
+        the model's).
       lanes: contiguous lanes per split (default ``eval.lanes``; padded with
         empty lanes to a multiple of the data-parallel size).
       chunk: segments per compiled scan.
@@ -106,20 +94,22 @@ class StreamScorer(rows.Scorer):
       errors.ConfigError: the model carries no memory, or a length is not
         positive.
     """
-    super().__init__(run)
-    c = self.config
+    super().__init__(scoring)
     model = self.model
-    mem_len = mem_len_of(c) if mem_len is None else int(mem_len)
+    if mem_len is None:
+      mem_len = scoring.mem_len or model.mem_len
+    mem_len = int(mem_len)
     if mem_len != model.mem_len:
       model = model.clone(mem_len=mem_len)
     if not model.carries_memory():
       raise errors.ConfigError(
           f"recurrent evaluation needs a model that carries memory (attention "
           f"'xl' or 'lamemo' with mem_len > 0); got attention "
-          f"{model.attention!r}, mem_len {model.mem_len}"
+          f"{model.attention_name!r}, mem_len {model.mem_len}"
       )
-    segment_len = segment_len_of(c) if segment_len is None else segment_len
-    lanes = int(c.eval.lanes) if lanes is None else lanes
+    if segment_len is None:
+      segment_len = scoring.segment_len
+    lanes = int(scoring.eval.lanes) if lanes is None else lanes
     if segment_len < 1 or lanes < 1 or chunk < 1:
       raise errors.ConfigError(
           f"eval segment_len, lanes and chunk must be >= 1; got {segment_len}, "
@@ -328,13 +318,13 @@ class StreamScorer(rows.Scorer):
 
   def _document_lanes(self) -> "StreamScorer":
     """The scorer whose lanes are ``eval.batch_size`` documents (kept)."""
-    size = getattr(getattr(self.config, "eval", None), "batch_size", 0)
+    size = self.scoring.eval.batch_size
     lanes = max(1, int(size or self.lanes))
     if lanes == self.lanes:
       return self
     if "documents" not in self._compiled:
       self._compiled["documents"] = StreamScorer(
-          self.run, segment_len=self.segment_len, mem_len=self.mem_len,
+          self.scoring, segment_len=self.segment_len, mem_len=self.mem_len,
           lanes=lanes, chunk=self.chunk,
       )  # fmt: skip
     return self._compiled["documents"]

@@ -22,7 +22,7 @@ class WindowScorer(rows.Scorer):
 
   def __init__(
       self,
-      run: Any,
+      scoring: rows.Scoring,
       *,
       window_len: Optional[int] = None,
       score_len: Optional[int] = None,
@@ -31,14 +31,14 @@ class WindowScorer(rows.Scorer):
     """Creates the scorer.
 
     Args:
-      run: what ``rows.Scorer`` needs (config, model, mesh, unit).
+      scoring: the model and its settings (``rows.Scoring``).
       window_len: tokens per window (default ``eval.window_len``).
       score_len: scored predictions per window (``eval.score_len``).
       batch_size: windows per batch (``eval.batch_size``), rounded up to
         the data-parallel devices.
     """
-    super().__init__(run)
-    e = getattr(self.config, "eval", None)  # Read only for what is not given.
+    super().__init__(scoring)
+    e = scoring.eval
     self.window_len = int(window_len or e.window_len)
     self.score_len = int(score_len or e.score_len)
     self.batch_size = rows.batch_rows(batch_size or e.batch_size, self.mesh)

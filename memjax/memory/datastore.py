@@ -1,7 +1,7 @@
 """A datastore of (g, next token) pairs on disk: the external memory M_ext.
 
 A trained model is run over a corpus split with the evaluation windows
-(``streams.memory_eval_batches``: every prediction gets the context it gets
+(``windows.memory_eval_batches``: every prediction gets the context it gets
 when scored), and each scored prediction adds one pair: the key g (the
 memory feature of the TRIME loss, the last feed-forward block's input) as
 float16, and the value, the token that followed, as int32 (WikiText-103's
@@ -35,17 +35,17 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from memjax.checkpoints import checkpointing
+from memjax.checkpoints import convert
 from memjax import errors
 from memjax.io import paths
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import windows
 from memjax.memory import evaluation
 from memjax.memory import shards
 from memjax.models import state as model_state
 
 KEY_DTYPE = shards.KEY_DTYPE
 VALUE_DTYPE = shards.VALUE_DTYPE
-FORMAT_VERSION = shards.FORMAT_VERSION
 
 
 @dataclasses.dataclass
@@ -105,7 +105,7 @@ def open_datastore(
 
   Args:
     path: its directory.
-    signature: the model it must belong to (``experiment.model_signature``).
+    signature: the model it must belong to (``memjax.run.spec.Run.signature``).
     dim: the feature dimension it must have.
     checkpoint: {'source', 'step'} of the parameters it must come from
       (checked when the manifest records one).
@@ -135,8 +135,11 @@ def open_datastore(
     )
   diffs = []
   if signature is not None:
+    # A datastore built by an earlier version recorded that version's
+    # signature: compared as today's would read it.
+    saved_signature = convert.upgrade(m.get("signature", {}))
     diffs = checkpointing.compare_signatures(
-        m.get("signature", {}).get("model", {}), signature.get("model", {})
+        saved_signature.get("model", {}), signature.get("model", {})
     )
   saved = m.get("checkpoint")
   if checkpoint is not None and saved and saved != checkpoint:
@@ -223,16 +226,16 @@ class BuildSpec:
 
 
 def _batches(tokens, spec: BuildSpec) -> Iterator[dict[str, np.ndarray]]:
-  return streams.memory_eval_batches(
+  return windows.memory_eval_batches(
       tokens, spec.window_len, spec.score_len, spec.batch_size
   )
 
 
 def num_shards(spec: BuildSpec) -> int:
-  windows = streams.memory_eval_windows(
+  starts = windows.memory_eval_windows(
       max(spec.num_tokens - 1, 0), spec.window_len, spec.score_len
   )
-  batches = -(-len(windows) // spec.batch_size)
+  batches = -(-len(starts) // spec.batch_size)
   return max(1, -(-batches // spec.shard_batches))
 
 
@@ -248,6 +251,8 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
       )
     return
   old = paths.read_json(bpath)
+  if "signature" in old:  # As today's signature reads an earlier one.
+    old["signature"] = convert.upgrade(old["signature"])
   if old.get("signature", {}).get("model") != spec.signature["model"]:
     raise errors.CheckpointMismatchError(
         f"the datastore at {path} was built by another model: choose another "

@@ -1,13 +1,12 @@
 """Evaluation memories: the kinds, the long-term bank and the memory sums.
 
-An evaluation memory kind (``EvalMemory``, registered in
-``memjax.registry.EVAL_MEMORIES`` under the name ``eval_memory.kind``
-picks) scores each query from the plain model's outputs and the
+An evaluation memory kind (``EvalMemory``, declared by the engine or a
+method under the name ``eval_memory.kind`` picks) scores each query from the plain model's outputs and the
 log-sum-exps of similarities over the query's visible memory M = M_local u
 M_long (``memjax/eval/memory_step.py`` says which entries each query sees):
 it names its grid axes, the similarity scales of its memory sums and how it
 combines them with the plain model's scores. 'none', the plain model, is
-here; the methods register theirs (TRIME's Eq. 6, the continuous cache, the
+here; the methods declare theirs (TRIME's Eq. 6, the continuous cache, the
 external memories) in their packages.
 
 One pass scores a whole grid of settings (memory sizes N and the kind's
@@ -21,14 +20,13 @@ vector of scales.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import flax
 import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
 from memjax.memory import blockwise
 
 Array = jax.Array
@@ -55,7 +53,7 @@ class Axis(NamedTuple):
 
 
 class EvalMemory:
-  """An evaluation-time memory kind (``registry.EVAL_MEMORIES``).
+  """An evaluation-time memory kind (``extend.Method.eval_memories``).
 
   A kind scores each query from the plain model's outputs and the
   log-sum-exps of similarities over the query's visible memory (M_local and
@@ -121,9 +119,6 @@ class EvalMemory:
 
 class PlainModel(EvalMemory):
   """No memory: the plain model's scores only."""
-
-
-registry.EVAL_MEMORIES.register("none", PlainModel())
 
 
 @flax.struct.dataclass
@@ -360,10 +355,13 @@ def long_sums(
 
 
 def bank_capacity(
-    kind: str, long_sizes: Sequence[int], window_len: int, score_len: int
+    memory: EvalMemory,
+    long_sizes: Sequence[int],
+    window_len: int,
+    score_len: int,
 ) -> int:
   """Slots the bank needs: max(N) + T - S (0 without a long memory)."""
   n = max([int(x) for x in long_sizes] or [0])
-  if not registry.EVAL_MEMORIES.get(kind).uses_memory or n == 0:
+  if not memory.uses_memory or n == 0:
     return 0
   return n + window_len - score_len

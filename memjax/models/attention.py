@@ -1,9 +1,8 @@
 """Attention kinds: the base class, and causal attention with absolute positions.
 
-Every attention kind subclasses ``AttentionKind`` and registers itself in
-``memjax.registry.ATTENTION`` under the name ``model.attention`` picks
-('vanilla' here; 'rpe' and 'xl' in ``relative.py``, 'lamemo' in
-``lamemo.py``). A kind owns its recurrent memory: the class says whether it
+Every attention kind subclasses ``AttentionKind``; the engine's spec and
+the methods' declare them under the names ``model.attention`` picks
+('vanilla' here; 'rpe', 'xl' and 'lamemo' in ``memjax/methods/recurrent``). A kind owns its recurrent memory: the class says whether it
 carries one and how it spans the layer stack (``init_stack_memory``,
 ``enter_stack``, ``leave_stack``), so ``TransformerLM`` runs any kind
 without knowing it.
@@ -17,8 +16,6 @@ from typing import Any, ClassVar, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-
-from memjax import registry
 
 Array = jax.Array
 
@@ -47,7 +44,7 @@ class StackDims:
 
 
 class AttentionKind(nn.Module):
-  """Base of the attention kinds of ``registry.ATTENTION``.
+  """Base of the attention kinds (``extend.Method.attention``).
 
   A kind is built with ``d_model``, ``num_heads``, ``head_dim``,
   ``mem_len``, ``dropout_rate``, ``dtype`` and its own options (the keys of
@@ -167,7 +164,6 @@ def output_projection(
   )
 
 
-@registry.ATTENTION.register("vanilla")
 class CausalSelfAttention(AttentionKind):
   """Multi-head causal self-attention over the current segment only.
 

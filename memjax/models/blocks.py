@@ -3,26 +3,24 @@
 One ``ResidualBlock`` serves the decoder LM (``transformer.TransformerLM``),
 the translation encoder and decoder (``seq2seq.EncoderDecoder``), the
 BERT-style encoder (``encoder.Encoder``) and any LM with cross-attention
-layers. A block runs up to three residual sub-layers:
+layers (MARGE). A block runs up to three residual sub-layers, in order:
 
-1. self-attention (``attend``), with a state: the decoder LM's recurrent
-   memory or the translation decoder's key/value cache;
-2. an optional cross-attention (``cross``) over something outside the
-   sequence (the encoder output, retrieved sources);
-3. a feed-forward kind (``feed_forward``), given the padding mask when its
-   ``__call__`` takes ``mask`` (product-key memory).
+1. ``attention``: self-attention, with a state (the decoder LM's recurrent
+   memory, the translation decoder's key/value cache);
+2. ``cross_attention`` (optional): over something outside the sequence
+   (the encoder output, retrieved sources);
+3. ``ffn``: a feed-forward kind, given the padding mask when it takes one
+   (product-key memory).
 
 Each sub-layer is ``x + Drop(f(LN(x)))`` (``norm_position='pre'``) or
-``LN(x + Drop(f(x)))`` (``'post'``). Besides its output the block returns
-g, the feed-forward sub-layer's input as that sub-layer sees it
-(``LN_ffn(h)`` pre, ``h`` post): TRIME's memory key.
+``LN(x + Drop(f(x)))`` (``'post'``), with its LayerNorm ``ln_attn``,
+``ln_cross`` or ``ln_ffn`` and one residual dropout (``Dropout_0``) for
+all three. Flax derives the parameter paths (``layer_0/ln_attn/scale``),
+the initial weights and the dropout streams from these names. Besides its
+output the block returns g, the feed-forward sub-layer's input as that
+sub-layer sees it (``LN_ffn(h)`` pre, ``h`` post): TRIME's memory key.
 
-The sub-layers are given as ``Sublayer`` specs (a module class and its
-constructor arguments) and built inside the block under the names of its
-``names`` (a ``Names``), so each family keeps the parameter paths its
-checkpoints were written with (``layer_0/ln_attn/scale``,
-``decoder_0/self_attention/query``, ...). Attention sub-layers share one
-calling convention::
+Attention sub-layers share one calling convention::
 
     layer(x [B, T, D], state, *, deterministic, **inputs)
         -> (y [B, T, D], new_state)
@@ -32,25 +30,16 @@ A cross-attention gets its keys and values or its sources through
 
 ``BlockStack`` is the base of the families: the settings they share (sizes,
 dropouts, the feed-forward kind, LayerNorm placement), the model interface
-``model(inputs, targets, memory, deterministic=..., **EXTRA_INPUTS)`` that
+``model(inputs, targets, memory, deterministic=..., **extra_inputs)`` that
 the train step and the evaluations call (each family implements
-``forward``), and ``make_block``, which builds a block with the family's
-settings.
+``forward``; its ``extend.Family`` names the extra inputs), and
+``make_block``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from typing import (
-    Any,
-    Callable,
-    ClassVar,
-    Literal,
-    Mapping,
-    NamedTuple,
-    Optional,
-)
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -58,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
 from memjax.models import feed_forward as feed_forward_lib
 
 Array = jax.Array
@@ -66,6 +55,21 @@ Array = jax.Array
 # Where a block's LayerNorms sit (``ResidualBlock``).
 NormPosition = Literal["pre", "post"]
 NORM_POSITIONS = ("pre", "post")
+# Compute dtypes by name (``model.dtype``); parameters stay float32.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def compute_dtype(name: str) -> Any:
+  """The jnp dtype of ``model.dtype``.
+
+  Raises:
+    errors.ConfigError: an unknown name.
+  """
+  if name not in DTYPES:
+    raise errors.ConfigError(
+        f"model.dtype must be one of {list(DTYPES)}, got {name!r}"
+    )
+  return DTYPES[name]
 
 
 def check_norm_position(norm_position: str) -> None:
@@ -106,150 +110,80 @@ class Sublayer:
   Attributes:
     module: the Flax module class.
     kwargs: its constructor arguments, all but ``name``.
+    takes_mask: a feed-forward that is given the padding mask.
   """
 
   module: type[nn.Module]
   kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  takes_mask: bool = False
 
   def build(self, name: str) -> nn.Module:
     """The module, named ``name``."""
     return self.module(**self.kwargs, name=name)
 
-  def takes(self, argument: str) -> bool:
-    """Whether the module's ``__call__`` has a parameter ``argument``."""
-    return argument in inspect.signature(self.module.__call__).parameters
-
 
 def make_sublayer(
-    reg: registry.Registry,
-    kind: str,
+    module: type[nn.Module],
     options: Optional[Mapping[str, Any]],
-    options_key: str,
+    where: str,
+    *,
+    takes_mask: bool = False,
     **kwargs: Any,
 ) -> Sublayer:
-  """The sub-layer registered as ``kind``, with ``kwargs`` and options.
+  """``module`` with ``kwargs`` and the kind's own ``options``.
 
   Args:
-    reg: the registry (``registry.ATTENTION`` or ``FEED_FORWARD``).
-    kind: the registered name.
-    options: the kind's own attributes (a dict), or None.
-    options_key: the config key of ``options``, for messages.
-    **kwargs: the attributes every kind of ``reg`` takes.
+    module: the kind's module class.
+    options: its own attributes (a dict), or None.
+    where: the config key of ``options`` and what the kind is, for
+      messages ("model.attention_options of attention kind 'xl'").
+    takes_mask: a feed-forward given the padding mask.
+    **kwargs: the attributes every kind of its sort takes.
 
   Raises:
-    errors.ConfigError: an unknown kind, or an option the kind does not take.
+    errors.ConfigError: an option the kind does not take.
   """
-  cls = reg.get(kind)
   options = dict(options or {})
-  fields = {f.name for f in dataclasses.fields(cls)} - {"parent", "name"}
+  fields = {f.name for f in dataclasses.fields(module)} - {"parent", "name"}
   unknown = sorted(set(options) - (fields - set(kwargs)))
   if unknown:
     own = sorted(fields - set(kwargs))
+    key, _, kind = where.partition(" of ")
     raise errors.ConfigError(
-        f"{options_key} has {', '.join(unknown)}, which {reg.what} {kind!r} "
-        f"does not take; its options: {', '.join(own) or 'none'}"
+        f"{key} has {', '.join(unknown)}, which {kind} does not take; its "
+        f"options: {', '.join(own) or 'none'}"
     )
-  return Sublayer(cls, {**kwargs, **options})
-
-
-class Names(NamedTuple):
-  """The names of a block's sub-layers: its parameter paths.
-
-  The defaults are the decoder LM's (and MARGE's); the translation model
-  and the BERT-style encoder name some of theirs otherwise.
-  """
-
-  attention: str = "attention"
-  ln_attention: str = "ln_attn"
-  cross_attention: str = "cross_attention"
-  ln_cross: str = "ln_cross"
-  ffn: str = "ffn"
-  ln_ffn: str = "ln_ffn"
-  # No parameters; its name seeds the residual dropout's random stream.
-  dropout: str = "Dropout_0"
+  return Sublayer(module, {**kwargs, **options}, takes_mask)
 
 
 class ResidualBlock(nn.Module):
   """Self-attention, an optional cross-attention and a feed-forward kind.
 
-  See the module docstring. The fields are not named like the sub-layers,
-  which are attributes of the block under ``names``.
+  See the module docstring.
 
   Attributes:
-    attend: the self-attention sub-layer.
+    attention: the self-attention sub-layer.
     feed_forward: the feed-forward sub-layer.
     cross: the cross-attention sub-layer, or None (no cross-attention).
-    names: the sub-layers' names.
     norm_position: 'pre' or 'post'.
     norm_epsilon: the LayerNorms' epsilon.
     dropout_rate: residual dropout.
     dtype: compute dtype of the LayerNorms.
   """
 
-  attend: Sublayer
+  attention: Sublayer
   feed_forward: Sublayer
   cross: Optional[Sublayer] = None
-  names: Names = Names()
   norm_position: NormPosition = "pre"
   norm_epsilon: float = 1e-6
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
 
   def setup(self):
-    n = self.names
-    norms = [n.ln_attention, n.ln_ffn]
-    layers = {
-        n.attention: self.attend.build(n.attention),
-        n.ffn: self.feed_forward.build(n.ffn),
-        n.dropout: nn.Dropout(self.dropout_rate),
-    }
+    # The one sub-layer built here: a decoder reads its keys and values
+    # outside a call (``cross_kv``). The others are built in __call__.
     if self.cross is not None:
-      layers[n.cross_attention] = self.cross.build(n.cross_attention)
-      norms.append(n.ln_cross)
-    for name in norms:
-      layers[name] = layer_norm(name, self.dtype, self.norm_epsilon)
-    for name, layer in layers.items():
-      setattr(self, name, layer)
-
-  def _residual(
-      self,
-      x: Array,
-      norm: str,
-      f: Callable[[Array], tuple[Array, Any]],
-      deterministic: bool,
-  ) -> tuple[Array, Any, Array]:
-    """One residual sub-layer over x [B, T, D].
-
-    Args:
-      x: [B, T, D] the sub-layer's residual input.
-      norm: the name of its LayerNorm.
-      f: the sub-layer, [B, T, D] -> ([B, T, D], state).
-      deterministic: disables dropout.
-
-    Returns:
-      ([B, T, D] output, f's state, [B, T, D] f's input).
-    """
-    pre = self.norm_position == "pre"
-    ln = getattr(self, norm)
-    y = ln(x) if pre else x
-    out, state = f(y)
-    drop = getattr(self, self.names.dropout)
-    h = x + drop(out, deterministic=deterministic)
-    return (h if pre else ln(h)), state, y
-
-  def _attention(
-      self,
-      x: Array,
-      name: str,
-      norm: str,
-      state: Any,
-      inputs: Optional[Mapping[str, Any]],
-      deterministic: bool,
-  ) -> tuple[Array, Any]:
-    """An attention sub-layer over x [B, T, D]: ([B, T, D], new state)."""
-    layer = getattr(self, name)
-    f = lambda y: layer(y, state, deterministic=deterministic, **(inputs or {}))
-    return self._residual(x, norm, f, deterministic)[:2]
+      self.cross_attention = self.cross.build("cross_attention")
 
   def cross_kv(self, source: Array) -> Any:
     """The cross-attention's keys and values of ``source`` [B, S, D].
@@ -257,8 +191,9 @@ class ResidualBlock(nn.Module):
     For a cross-attention kind with a ``kv`` method (``seq2seq.Attention``:
     keys, values [B, S, H, d_h]), so a decoder computes them once per input.
     """
-    return getattr(self, self.names.cross_attention).kv(source)
+    return self.cross_attention.kv(source)
 
+  @nn.compact
   def __call__(
       self,
       x: Array,
@@ -278,7 +213,7 @@ class ResidualBlock(nn.Module):
       deterministic: disables dropout (static under ``nn.remat``: argument
         3, counting the module).
       mask: [B, T] bool, True = a real position, for a feed-forward kind
-        that takes ``mask``; None = every position.
+        that takes it; None = every position.
       attend_inputs: keyword inputs of the self-attention (e.g. its
         attention mask).
       cross_inputs: keyword inputs of the cross-attention (ignored without
@@ -287,24 +222,40 @@ class ResidualBlock(nn.Module):
     Returns:
       ([B, T, D] output, [B, T, D] g, the self-attention's new state).
     """
-    n = self.names
-    h, new_state = self._attention(
-        x, n.attention, n.ln_attention, state, attend_inputs, deterministic
+    drop = nn.Dropout(self.dropout_rate)  # Named Dropout_0 by Flax.
+
+    def residual(h, norm, f):
+      """One sub-layer: (its output, f's state, f's input)."""
+      ln = layer_norm(norm, self.dtype, self.norm_epsilon)
+      y = ln(h) if self.norm_position == "pre" else h
+      out, f_state = f(y)
+      h = h + drop(out, deterministic=deterministic)
+      return (h if self.norm_position == "pre" else ln(h)), f_state, y
+
+    attend = self.attention.build("attention")
+    h, new_state, _ = residual(
+        x,
+        "ln_attn",
+        lambda y: attend(
+            y, state, deterministic=deterministic, **(attend_inputs or {})
+        ),
     )
     if self.cross is not None:
-      h, _ = self._attention(
-          h, n.cross_attention, n.ln_cross, None, cross_inputs, deterministic
+      h, _, _ = residual(
+          h,
+          "ln_cross",
+          lambda y: self.cross_attention(
+              y, None, deterministic=deterministic, **(cross_inputs or {})
+          ),
       )
     h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-    extra = {}
-    if mask is not None and self.feed_forward.takes("mask"):
-      extra["mask"] = mask
-    ffn = getattr(self, n.ffn)
-    out, _, g = self._residual(
+    ffn = self.feed_forward.build("ffn")
+    takes_mask = mask is not None and self.feed_forward.takes_mask
+    extra = {"mask": mask} if takes_mask else {}
+    out, _, g = residual(
         h,
-        n.ln_ffn,
+        "ln_ffn",
         lambda y: (ffn(y, deterministic=deterministic, **extra), None),
-        deterministic,
     )
     out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
     return out, g, new_state
@@ -326,8 +277,12 @@ class BlockStack(nn.Module):
     head_dim: d_h (H * d_h need not equal D).
     dtype: compute dtype (float32 or bfloat16); parameters stay float32.
     d_ff: feed-forward width.
-    feed_forward: feed-forward kind, a name in ``registry.FEED_FORWARD``.
-    feed_forward_options: kind-specific feed-forward attributes (a dict).
+    feed_forward: the feed-forward kind of ``feed_forward_layers``.
+    feed_forward_options: its own attributes (a dict).
+    feed_forward_layers: 1-based numbers of the layers of that kind; the
+      others use the plain feed-forward with the options it takes. () =
+      every layer.
+    kind_name: ``model.feed_forward``, for messages.
     dropout_rate: residual, embedding and feed-forward dropout.
     attention_dropout_rate: dropout on attention probabilities.
     norm_position: 'pre' or 'post' (see ``ResidualBlock``).
@@ -344,17 +299,16 @@ class BlockStack(nn.Module):
   head_dim: int = 32
   dtype: Any = jnp.float32
   d_ff: int = 256
-  feed_forward: str = "ffn"
+  feed_forward: extend.FeedForward = feed_forward_lib.PLAIN
   feed_forward_options: Optional[Mapping[str, Any]] = None
+  feed_forward_layers: Sequence[int] = ()
+  kind_name: str = "ffn"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   norm_position: NormPosition = "pre"
   norm_epsilon: float = 1e-6
   max_len: int = 4096
   activation: str = "relu"
-
-  # Batch arrays the train step passes as keyword arguments.
-  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ()
 
   def carries_memory(self) -> bool:
     """Whether the model carries a recurrent memory across segments."""
@@ -388,7 +342,8 @@ class BlockStack(nn.Module):
       memory: the recurrent memory from the previous segment (see
         ``init_memory``), or None; only a family with a memory takes one.
       deterministic: disables dropout.
-      **extra_inputs: the family's ``EXTRA_INPUTS`` (arrays of the batch).
+      **extra_inputs: the arrays of the batch the family takes besides
+        (``extend.Family.extra_inputs``).
 
     Returns:
       The family's output (``forward``'s).
@@ -432,48 +387,57 @@ class BlockStack(nn.Module):
         dropout_rate=self.attention_dropout_rate,
     )
 
-  def make_block(
-      self,
-      name: str,
-      attend: Sublayer,
-      feed_forward: tuple[str, Optional[Mapping[str, Any]]],
-      *,
-      cross: Optional[Sublayer] = None,
-      names: Names = Names(),
-      block_cls: Callable[..., ResidualBlock] = ResidualBlock,
-  ) -> ResidualBlock:
-    """A block with the model's LayerNorm settings, dropout and dtype.
-
-    Args:
-      name: the block's name (``layer_0``, ...).
-      attend: its self-attention.
-      feed_forward: its feed-forward kind and that kind's options.
-      cross: its cross-attention, or None.
-      names: its sub-layers' names.
-      block_cls: ``ResidualBlock`` or a lifted version of it (``nn.remat``).
+  def feed_forward_sublayer(self, layer: int) -> Sublayer:
+    """The feed-forward of the 0-based ``layer``: the model's kind at its
+    ``feed_forward_layers``, else the plain one with the options it takes.
 
     Raises:
-      errors.ConfigError: an unknown feed-forward kind, or an option it does
-        not take.
+      errors.ConfigError: an option the kind does not take, or an
+        activation it has none of.
     """
-    kind, options = feed_forward
-    ffn = make_sublayer(
-        registry.FEED_FORWARD,
-        kind,
+    chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
+    kind, name = self.feed_forward, self.kind_name
+    options = dict(self.feed_forward_options or {})
+    if layer + 1 not in chosen:
+      kind, name = feed_forward_lib.PLAIN, "ffn"
+      takes = {f.name for f in dataclasses.fields(kind.module)}
+      options = {k: v for k, v in options.items() if k in takes}
+    return make_sublayer(
+        kind.module,
         options,
-        "model.feed_forward_options",
+        f"model.feed_forward_options of feed-forward kind {name!r}",
+        takes_mask=kind.takes_mask,
         d_model=self.d_model,
         d_ff=self.d_ff,
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
-        **feed_forward_lib.activation_option(kind, self.activation),
+        **feed_forward_lib.activation_option(kind, name, self.activation),
     )
+
+  def make_block(
+      self,
+      name: str,
+      layer: int,
+      attention: Sublayer,
+      *,
+      cross: Optional[Sublayer] = None,
+      block_cls: Callable[..., ResidualBlock] = ResidualBlock,
+  ) -> ResidualBlock:
+    """Block ``layer`` (0-based) with the model's LayerNorm settings,
+    dropout, dtype and feed-forward (``feed_forward_sublayer``).
+
+    Args:
+      name: the block's name (``layer_0``, ...).
+      layer: its index, which picks its feed-forward.
+      attention: its self-attention.
+      cross: its cross-attention, or None.
+      block_cls: ``ResidualBlock`` or a lifted version of it (``nn.remat``).
+    """
     shared = ("norm_position", "norm_epsilon", "dropout_rate", "dtype")
     return block_cls(
-        attend=attend,
-        feed_forward=ffn,
+        attention=attention,
+        feed_forward=self.feed_forward_sublayer(layer),
         cross=cross,
-        names=names,
         name=name,
         **{k: getattr(self, k) for k in shared},
     )

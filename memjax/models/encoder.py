@@ -3,7 +3,7 @@
 A stack of residual blocks (``blocks.ResidualBlock``: self-attention,
 then the feed-forward kind) built from the translation model's attention
 (``seq2seq.Attention``: the LM's head projections and logical axes) and the
-feed-forward kinds of ``registry.FEED_FORWARD``: ``model.feed_forward`` at
+feed-forward kinds: ``model.feed_forward`` at
 the 1-based layers ``model.feed_forward_layers`` (e.g. product-key memory
 'pkm' or residual memory 'resm' at layers 4 and 8 of 12, Kim & Jung), the
 plain 'ffn' elsewhere. As BERT: learned absolute positions, an embedding
@@ -29,7 +29,7 @@ every encoder parameter of a pretrained MLM by ``train.init_from``.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional
 
 import flax
 import flax.linen as nn
@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
 from memjax.models import blocks
 from memjax.models import seq2seq
 from memjax.models import transformer
@@ -63,10 +64,6 @@ class EncoderOutput(transformer.LMOutput):
   logits: Optional[Array] = None
 
 
-# The sub-layer names of a layer (parameter paths).
-NAMES = blocks.Names(ln_attention="ln_attention", dropout="drop")
-
-
 class Encoder(blocks.BlockStack):
   """The BERT-style encoder with an MLM or a classification head.
 
@@ -82,7 +79,6 @@ class Encoder(blocks.BlockStack):
   norm_position: blocks.NormPosition = "post"
   norm_epsilon: float = 1e-12
   max_len: int = 512
-  feed_forward_layers: Sequence[int] = ()
   head: str = "mlm"
   num_classes: int = 2
 
@@ -92,17 +88,9 @@ class Encoder(blocks.BlockStack):
     self.embedding = self.table("embedding", init, self.vocab_size)
     self.positions = self.table("positions", init, self.max_len, None)
     self.embed_norm = self.norm("embed_norm")
-    chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
     attend = blocks.Sublayer(seq2seq.Attention, self.attention_settings())
-    kind = (self.feed_forward, self.feed_forward_options)
     self.layers = [
-        self.make_block(
-            f"layer_{i}",
-            attend,
-            kind if i + 1 in chosen else ("ffn", None),
-            names=NAMES,
-        )
-        for i in range(self.num_layers)
+        self.make_block(f"layer_{i}", i, attend) for i in range(self.num_layers)
     ]
     self.final_norm = (
         self.norm("final_norm") if self.norm_position == "pre" else None
@@ -202,17 +190,15 @@ class Encoder(blocks.BlockStack):
     return EncoderOutput(tgt - log_z, log_z, g, hidden)
 
 
-@registry.MODEL_FAMILIES.register("encoder")
-def encoder(mcfg: Any, *, vocab_size: int, dtype: Any) -> Encoder:
-  """The ``Encoder`` of a model config; ``family_options``: ``head``
-  ('mlm' or 'classify') and ``num_classes``."""
-  opts = transformer.family_options(mcfg, "encoder", ["head", "num_classes"])
-  settings = transformer.block_settings(mcfg)
+def build(
+    model: settings_lib.Model, *, vocab_size: int, parts: extend.Parts
+) -> Encoder:
+  """The ``Encoder`` of a model's settings ('encoder'); ``family_options``:
+  ``head`` ('mlm' or 'classify') and ``num_classes``."""
+  opts = transformer.family_options(model, "encoder", ["head", "num_classes"])
   return Encoder(
       vocab_size=vocab_size,
-      **settings,
-      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
+      **transformer.block_settings(model, parts),
       head=str(opts.get("head", "mlm")),
       num_classes=int(opts.get("num_classes", 2)),
-      dtype=dtype,
   )

@@ -1,22 +1,22 @@
 """Feed-forward kinds: the block's position-wise sub-layer.
 
-Every kind registers itself in ``memjax.registry.FEED_FORWARD`` under the
-name ``model.feed_forward`` picks. A kind is a Flax module built with
-``d_model``, ``d_ff``, ``dropout_rate``, ``dtype`` and its own options (the
-keys of ``model.feed_forward_options``), named ``ffn`` in each block, and
-called as ``ffn(g [B, T, D], deterministic=...) -> [B, T, D]``.
+A kind (``extend.FeedForward``, named by ``model.feed_forward``) is a Flax
+module built with ``d_model``, ``d_ff``, ``dropout_rate``, ``dtype`` and
+its own options (the keys of ``model.feed_forward_options``), named ``ffn``
+in each block, and called as ``ffn(g [B, T, D], deterministic=...) -> [B,
+T, D]``. The plain one ('ffn', ``PLAIN``) is here; the methods declare
+theirs (product-key memory).
 """
 
 from __future__ import annotations
 
-import dataclasses
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
 
 Array = jax.Array
 
@@ -29,8 +29,15 @@ ACTIVATIONS = {
 }
 
 
-def activation_option(kind: str, activation: str) -> dict[str, str]:
+def activation_option(
+    kind: extend.FeedForward, name: str, activation: str
+) -> dict[str, str]:
   """{'activation': ...} for a feed-forward kind that takes one, else {}.
+
+  Args:
+    kind: the feed-forward kind.
+    name: its name (``model.feed_forward``), for messages.
+    activation: ``model.activation``.
 
   Raises:
     errors.ConfigError: an unknown activation, or one other than relu for a
@@ -41,18 +48,16 @@ def activation_option(kind: str, activation: str) -> dict[str, str]:
         f"model.activation must be one of {', '.join(ACTIVATIONS)}, got "
         f"{activation!r}"
     )
-  cls = registry.FEED_FORWARD.get(kind)
-  if "activation" in {f.name for f in dataclasses.fields(cls)}:
+  if kind.takes_activation:
     return {"activation": activation}
   if activation != "relu":
     raise errors.ConfigError(
-        f"model.activation {activation!r}: feed-forward kind {kind!r} has no "
+        f"model.activation {activation!r}: feed-forward kind {name!r} has no "
         "activation to set"
     )
   return {}
 
 
-@registry.FEED_FORWARD.register("ffn")
 class FeedForward(nn.Module):
   """Position-wise feed-forward block: D -> F -> D ('ffn'), ReLU or GELU
   (``activation``, a key of ``ACTIVATIONS``).
@@ -100,3 +105,8 @@ class FeedForward(nn.Module):
             nn.initializers.zeros, ("embed",)
         ),
     )(h)
+
+
+# The plain kind ('ffn'), which the layers outside
+# ``model.feed_forward_layers`` use.
+PLAIN = extend.FeedForward(FeedForward, takes_activation=True)

@@ -1,7 +1,7 @@
 """Encoder-decoder Transformer for translation ('encoder_decoder').
 
 fairseq's ``transformer_iwslt_de_en`` built from the LM's parts: the
-feed-forward kinds of ``registry.FEED_FORWARD``, the head projections and
+feed-forward kinds (``model.feed_forward``), the head projections and
 logical axes of ``models/attention.py``, the residual block of
 ``models/blocks.py`` (encoder layers: self-attention and FFN; decoder
 layers: causal self-attention, cross-attention over the encoder output and
@@ -20,7 +20,7 @@ memory key), for the memory of the MT variant.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import flax
 import flax.linen as nn
@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import transformer
@@ -151,12 +152,6 @@ class Attention(nn.Module):
     return self.attend(x, k, v, mask, deterministic), cache
 
 
-# The sub-layer names of the encoder and decoder layers (parameter paths).
-NAMES = blocks.Names(
-    attention="self_attention", ln_attention="ln_self", dropout="drop"
-)
-
-
 class EncoderDecoder(blocks.BlockStack):
   """The translation Transformer (see the module docstring).
 
@@ -180,21 +175,18 @@ class EncoderDecoder(blocks.BlockStack):
   norm_epsilon: float = 1e-5
   max_len: int = 1024
 
-  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ("source",)
-
   def setup(self):
     blocks.check_norm_position(self.norm_position)
     emb_init = nn.initializers.normal(self.d_model**-0.5)
     self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
     self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
     attend = blocks.Sublayer(Attention, self.attention_settings())
-    ffn = (self.feed_forward, self.feed_forward_options)
     self.encoder = [
-        self.make_block(f"encoder_{i}", attend, ffn, names=NAMES)
+        self.make_block(f"encoder_{i}", i, attend)
         for i in range(self.encoder_layers)
     ]
     self.decoder = [
-        self.make_block(f"decoder_{i}", attend, ffn, cross=attend, names=NAMES)
+        self.make_block(f"decoder_{i}", i, attend, cross=attend)
         for i in range(self.num_layers)
     ]
     pre = self.norm_position == "pre"
@@ -352,20 +344,21 @@ class EncoderDecoder(blocks.BlockStack):
     return jax.nn.log_softmax(logits, axis=-1), g[:, 0], new_cache
 
 
-@registry.MODEL_FAMILIES.register("encoder_decoder")
 def encoder_decoder(
-    mcfg: Any, *, vocab_size: int, dtype: Any
+    model: settings_lib.Model, *, vocab_size: int, parts: extend.Parts
 ) -> EncoderDecoder:
-  """The ``EncoderDecoder`` of a model config: ``num_layers`` decoder
+  """The ``EncoderDecoder`` of a model's settings: ``num_layers`` decoder
   layers, ``family_options.encoder_layers`` encoder layers (default: as
   many) and ``family_options.memory_feature`` (``EncoderDecoder``)."""
   opts = transformer.family_options(
-      mcfg, "encoder_decoder", ["encoder_layers", "memory_feature"]
+      model, "encoder_decoder", ["encoder_layers", "memory_feature"]
   )
+  settings = transformer.block_settings(model, parts)
+  # Every layer of each stack uses model.feed_forward.
+  settings.update(feed_forward_layers=())
   return EncoderDecoder(
       vocab_size=vocab_size,
-      encoder_layers=int(opts.get("encoder_layers", mcfg.num_layers)),
+      encoder_layers=int(opts.get("encoder_layers", model.num_layers)),
       memory_feature=str(opts.get("memory_feature", "last_ffn_input")),
-      **transformer.block_settings(mcfg),
-      dtype=dtype,
+      **settings,
   )

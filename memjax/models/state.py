@@ -1,9 +1,11 @@
 """Model state besides the parameters: the mutable collections a run carries.
 
 A layer that keeps state across training steps (a BatchNorm's running
-mean and variance in Flax's ``'batch_stats'``) declares the collection in
-its class attribute ``STATE_COLLECTIONS``; so may a model family. The train
-state carries those collections (``experiment.TrainState.model_state``):
+mean and variance in Flax's ``'batch_stats'``) is a feed-forward kind that
+declares the collection (``extend.FeedForward.state_collections``); so may
+a model family (``extend.Family.state_collections``); the run gathers them
+(``memjax.run.spec.Run.state_collections``). The train state carries those
+collections (``memjax.run.state.TrainState.model_state``):
 every training step applies the model with them mutable and keeps what it
 wrote; evaluation reads them (``deterministic=True``: BatchNorm uses its
 running averages) and never writes them.
@@ -15,29 +17,16 @@ turns both into what ``model.apply`` takes.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
-
-from memjax import registry
-
-
-def collections(model: Any) -> tuple[str, ...]:
-  """The state collections ``model`` declares: its own
-  ``STATE_COLLECTIONS`` and those of its feed-forward kinds (the model's
-  ``feed_forward`` and the plain 'ffn' of its other layers)."""
-  names = list(getattr(model, "STATE_COLLECTIONS", ()))
-  kinds = {"ffn", getattr(model, "feed_forward", "ffn")}
-  for kind in sorted(kinds):
-    names += getattr(registry.FEED_FORWARD.get(kind), "STATE_COLLECTIONS", ())
-  return tuple(dict.fromkeys(names))
+from typing import Any, Mapping, Optional, Sequence
 
 
 def split(
-    model: Any, variables: Mapping[str, Any]
+    variables: Mapping[str, Any], collections: Sequence[str]
 ) -> tuple[Any, Optional[dict[str, Any]]]:
   """(params, model state) of ``model.init``'s variables; the state holds
-  the declared collections that the model made, None when it made none
-  (e.g. a memory layer with a LayerNorm query)."""
-  state = {c: variables[c] for c in collections(model) if c in variables}
+  the ``collections`` the model declares that it made, None when it made
+  none (e.g. a memory layer with a LayerNorm query)."""
+  state = {c: variables[c] for c in collections if c in variables}
   return variables["params"], (state or None)
 
 

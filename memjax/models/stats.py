@@ -18,9 +18,9 @@ over its micro-batches and lane segments, the loop logs their means as
 (``--mode=analyze``) stay in the ``'intermediates'`` collection.
 
 Per-slot sums (a memory layer's reads of each slot, say) are too large for
-'aux': a method sows them into a collection of its own and registers a
-``SumReport`` (``registry.SUM_REPORTS``) saying how to turn one module's sums
-into metrics; the tasks' evaluations collect every registered report's
+'aux': a method sows them into a collection of its own and declares a
+``SumReport`` (``extend.Method.sum_reports``) saying how to turn one
+module's sums into metrics; the tasks' evaluations collect every report's
 collection and add what each report says to their results.
 """
 
@@ -166,10 +166,3 @@ def module_sums(sums: Any) -> dict[str, dict[str, np.ndarray]]:
     module, name = k.rsplit("/", 1)
     out.setdefault(module, {})[name] = np.asarray(v)
   return out
-
-
-def sum_reports() -> list[SumReport]:
-  """The registered reports (``registry.SUM_REPORTS``), by name."""
-  from memjax import registry  # pylint: disable=g-import-not-at-top
-
-  return [registry.SUM_REPORTS.get(n) for n in registry.SUM_REPORTS.names()]

@@ -10,9 +10,9 @@ LayerNorm.
 Blocks are ``blocks.ResidualBlock`` (pre-LN:
 ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``),
 with sub-layers named ``attention``, ``ln_attn``, ``ffn`` and ``ln_ffn``.
-The attention and the feed-forward sub-layers are looked up by name in
-``memjax.registry.ATTENTION`` (``attention``) and ``FEED_FORWARD``
-(``feed_forward``), with their options; see ``attention.AttentionKind`` and
+The attention kind and the feed-forward kind are given (``decoder_lm``
+looks up the names ``model.attention`` and ``model.feed_forward`` in the
+run's parts), with their options; see ``attention.AttentionKind`` and
 ``feed_forward``. Attention kinds share one signature,
 ``attn(x_normed [B,T,D], memory | None, deterministic=...) -> (y [B,T,D], new_memory)``.
 
@@ -26,7 +26,6 @@ empties the lanes where ``reset`` is set.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping, Optional, Sequence
 
 import flax
@@ -35,7 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
@@ -73,11 +73,9 @@ class TransformerLM(blocks.BlockStack):
     scale_embedding: multiply input embeddings by sqrt(D).
     adaptive_dropout: dropout inside the adaptive softmax's tail clusters
       (fairseq's ``adaptive_softmax_dropout``), training only.
-    attention: attention kind, a name in ``registry.ATTENTION``.
+    attention: the attention kind (an ``attention.AttentionKind`` class).
     attention_options: kind-specific attention attributes (a dict).
-    feed_forward_layers: 1-based numbers of the layers that use
-      ``feed_forward``; the others use 'ffn' with the options it takes. ()
-      = every layer.
+    attention_name: ``model.attention``, for messages.
     mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
       memory). Changing it changes no parameter, so a model can be
       evaluated with another M.
@@ -92,9 +90,11 @@ class TransformerLM(blocks.BlockStack):
   adaptive_factor: int = 4
   scale_embedding: bool = False
   adaptive_dropout: float = 0.0
-  attention: str = "vanilla"
+  attention: type[attention_lib.AttentionKind] = (
+      attention_lib.CausalSelfAttention
+  )
   attention_options: Optional[Mapping[str, Any]] = None
-  feed_forward_layers: Sequence[int] = ()
+  attention_name: str = "vanilla"
   mem_len: int = 0
   remat: bool = False
   final_layer_norm: bool = True
@@ -118,22 +118,21 @@ class TransformerLM(blocks.BlockStack):
         else blocks.ResidualBlock
     )
     attend = blocks.make_sublayer(
-        registry.ATTENTION,
         self.attention,
         self.attention_options,
-        "model.attention_options",
+        "model.attention_options of attention kind " f"{self.attention_name!r}",
         mem_len=self.mem_len,
         **self.attention_settings(),
     )
     self.blocks = [
         self.make_block(
             f"layer_{i}",
+            i,
             attend,
-            feed_forward,
             cross=self.cross_sublayer(i),
             block_cls=block_cls,
         )
-        for i, feed_forward in enumerate(self._feed_forward_kinds())
+        for i in range(self.num_layers)
     ]
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
     pre = self.norm_position == "pre"
@@ -151,24 +150,9 @@ class TransformerLM(blocks.BlockStack):
     del layer
     return None
 
-  def _feed_forward_kinds(self) -> list[tuple[str, Any]]:
-    """(kind, options) of each layer's feed-forward sub-layer."""
-    chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
-    plain = registry.FEED_FORWARD.get("ffn")
-    takes = {f.name for f in dataclasses.fields(plain)}
-    plain_options = {
-        k: v for k, v in (self.feed_forward_options or {}).items() if k in takes
-    }
-    return [
-        (self.feed_forward, self.feed_forward_options)
-        if i + 1 in chosen
-        else ("ffn", plain_options or None)
-        for i in range(self.num_layers)
-    ]
-
   def attention_kind(self) -> type[attention_lib.AttentionKind]:
     """The attention kind's class (works on an unbound module)."""
-    return registry.ATTENTION.get(self.attention)
+    return self.attention
 
   def carries_memory(self) -> bool:
     """Whether the model carries a recurrent memory across segments."""
@@ -277,74 +261,91 @@ class TransformerLM(blocks.BlockStack):
     return self.embedder.log_probs(hidden)
 
 
-def config_options(options: Any) -> Optional[dict[str, Any]]:
-  """A config's options (a ConfigDict or mapping) as a dict; None if empty."""
-  if not options:
-    return None
-  return options.to_dict() if hasattr(options, "to_dict") else dict(options)
+def options_of(options: Any) -> Optional[dict[str, Any]]:
+  """A section's options (a mapping) as a dict; None if empty."""
+  return dict(options) if options else None
 
 
-# Keys of ``config.model`` that the model families take under their name.
+# Fields of ``settings.Model`` that the model families take under their name.
 _SAME_KEYS = (
     "num_layers",
     "d_model",
     "num_heads",
     "head_dim",
     "d_ff",
-    "feed_forward",
     "norm_position",
     "max_len",
+    "activation",
 )
 
 
-def block_settings(mcfg: Any) -> dict[str, Any]:
-  """The ``blocks.BlockStack`` settings a family reads from ``config.model``.
+def block_settings(
+    model: settings_lib.Model, parts: extend.Parts
+) -> dict[str, Any]:
+  """The ``blocks.BlockStack`` settings a family reads from its model
+  settings, with the feed-forward kind looked up in ``parts``; all but
+  ``vocab_size``.
 
-  All but ``vocab_size`` and ``dtype``, which the family is given.
+  Raises:
+    errors.ConfigError: an unknown feed-forward kind or dtype, or
+      feed-forward layers out of range.
   """
+  kind = parts.feed_forward.get(model.feed_forward)
+  for n in model.feed_forward_layers:
+    if not isinstance(n, int) or not 1 <= n <= model.num_layers:
+      raise errors.ConfigError(
+          f"model.feed_forward_layers has {n!r}: layer numbers count from 1 "
+          f"to model.num_layers {model.num_layers}"
+      )
   return dict(
-      {k: getattr(mcfg, k) for k in _SAME_KEYS},
-      dropout_rate=mcfg.dropout,
-      attention_dropout_rate=mcfg.attention_dropout,
-      feed_forward_options=config_options(mcfg.feed_forward_options),
-      norm_epsilon=float(mcfg.norm_epsilon),
-      activation=str(getattr(mcfg, "activation", "relu")),
+      {k: getattr(model, k) for k in _SAME_KEYS},
+      dtype=blocks.compute_dtype(model.dtype),
+      dropout_rate=model.dropout,
+      attention_dropout_rate=model.attention_dropout,
+      feed_forward=kind,
+      feed_forward_options=options_of(model.feed_forward_options),
+      feed_forward_layers=tuple(model.feed_forward_layers),
+      kind_name=model.feed_forward,
+      norm_epsilon=float(model.norm_epsilon),
   )
 
 
-def lm_settings(mcfg: Any, *, vocab_size: int, dtype: Any) -> dict[str, Any]:
-  """The ``TransformerLM`` attributes that a model config describes.
+def lm_settings(
+    model: settings_lib.Model, *, vocab_size: int, parts: extend.Parts
+) -> dict[str, Any]:
+  """The ``TransformerLM`` attributes that a model's settings describe.
 
   Args:
-    mcfg: the model config (read by attribute; any object with the keys).
+    model: the model settings (``config.model``).
     vocab_size: V.
-    dtype: the compute dtype (``mcfg.dtype`` resolved).
+    parts: where its attention and feed-forward kinds are looked up.
   """
   return dict(
-      block_settings(mcfg),
+      block_settings(model, parts),
       vocab_size=vocab_size,
-      dtype=dtype,
-      cutoffs=tuple(mcfg.cutoffs),
-      adaptive_factor=mcfg.adaptive_factor,
-      scale_embedding=mcfg.scale_embedding,
-      adaptive_dropout=mcfg.adaptive_dropout,
-      attention=mcfg.attention,
-      attention_options=config_options(mcfg.attention_options),
-      feed_forward_layers=tuple(mcfg.get("feed_forward_layers", ())),
-      mem_len=mcfg.mem_len,
-      remat=mcfg.remat,
-      softmax_chunk=mcfg.softmax_chunk,
-      final_layer_norm=mcfg.final_layer_norm,
+      cutoffs=tuple(model.cutoffs),
+      adaptive_factor=model.adaptive_factor,
+      scale_embedding=model.scale_embedding,
+      adaptive_dropout=model.adaptive_dropout,
+      attention=parts.attention.get(model.attention),
+      attention_options=options_of(model.attention_options),
+      attention_name=model.attention,
+      mem_len=model.mem_len,
+      remat=model.remat,
+      softmax_chunk=model.softmax_chunk,
+      final_layer_norm=model.final_layer_norm,
   )
 
 
-def family_options(mcfg: Any, family: str, names: Sequence[str]) -> dict:
+def family_options(
+    model: settings_lib.Model, family: str, names: Sequence[str]
+) -> dict:
   """``model.family_options`` of ``family``, which takes the options ``names``.
 
   Raises:
     errors.ConfigError: an option the family does not take.
   """
-  opts = dict(config_options(mcfg.get("family_options")) or {})
+  opts = dict(model.family_options or {})
   unknown = sorted(set(opts) - set(names))
   if unknown:
     raise errors.ConfigError(
@@ -354,13 +355,14 @@ def family_options(mcfg: Any, family: str, names: Sequence[str]) -> dict:
   return opts
 
 
-@registry.MODEL_FAMILIES.register("decoder_lm")
-def decoder_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> TransformerLM:
-  """The ``TransformerLM`` that a model config (``config.model``) describes.
+def decoder_lm(
+    model: settings_lib.Model, *, vocab_size: int, parts: extend.Parts
+) -> TransformerLM:
+  """The ``TransformerLM`` that a model's settings describe ('decoder_lm').
 
   Args:
-    mcfg: the model config (read by attribute; any object with the keys).
+    model: the model settings (``config.model``).
     vocab_size: V.
-    dtype: the compute dtype (``mcfg.dtype`` resolved).
+    parts: where its attention and feed-forward kinds are looked up.
   """
-  return TransformerLM(**lm_settings(mcfg, vocab_size=vocab_size, dtype=dtype))
+  return TransformerLM(**lm_settings(model, vocab_size=vocab_size, parts=parts))

@@ -29,19 +29,47 @@ Writes ``<workdir>/generation.txt`` (settings, prompt, continuation),
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import dataclasses
+from typing import Any, Callable, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from memjax import errors
+from memjax.data import corpus as corpus_lib
+from memjax.data import vocab as vocab_lib
 from memjax.io import console
 from memjax.io import paths
-from memjax.eval import streams as recurrent_eval
-from memjax.data import vocab as vocab_lib
 from memjax.models import state as model_state
+from memjax.run import restore
+from memjax.run import spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Generate:
+  """``config.generate``: --mode=generate, top-p sampling after a prompt
+  from a split.
+
+  Attributes:
+    split: where the prompt comes from.
+    prompt_offset: its first token in the split.
+    prompt_len, num_tokens: the prompt's and the continuation's lengths.
+    top_p, temperature: the sampling.
+    mem_len: memory length (0 = model.mem_len).
+    seed: the sampling's seed.
+  """
+
+  SECTION: ClassVar[str] = "generate"
+  split: str = "test"
+  prompt_offset: int = 0
+  prompt_len: int = 512
+  num_tokens: int = 256
+  top_p: float = 0.95
+  temperature: float = 1.0
+  mem_len: int = 0
+  seed: int = 0
+
 
 Array = jax.Array
 
@@ -215,16 +243,16 @@ def decode(vocab: Any, ids: np.ndarray) -> str:
   return vocab_lib.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
-def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def generate(run: spec.Run) -> dict[str, Any]:
   """``--mode=generate``: continues a prompt from a split (see module doc)."""
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
-
-  g = config.generate
-  restored, corpus = experiment.load_for_mode(config, workdir)
+  s, workdir = run.settings, run.workdir
+  g = s.of(Generate)
+  restored = restore.restore_source(run)
+  corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
   if g.split not in corpus.splits:
     raise errors.ConfigError(
         f"generate.split {g.split!r} is not in eval.splits "
-        f"{tuple(config.eval.splits)}"
+        f"{tuple(s.eval.splits)}"
     )
   tokens = corpus.splits[g.split].tokens
   start, length = int(g.prompt_offset), int(g.prompt_len)
@@ -235,10 +263,10 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     )
   prompt = np.asarray(tokens[start : start + length])
   model = restored.model
-  mem_len = int(g.mem_len or config.model.mem_len)
+  mem_len = int(g.mem_len or s.model.mem_len)
   if model.carries_memory() and mem_len != model.mem_len:
     model = model.clone(mem_len=mem_len)
-  seg = recurrent_eval.segment_len_of(config)
+  seg = int(s.eval.segment_len or s.data.seq_len)
   sampler = Sampler(
       model, seg, top_p=float(g.top_p), temperature=float(g.temperature)
   )
@@ -260,7 +288,7 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   vocab = restored.vocab
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
-      f"model {config.name}, step {restored.step}; prompt "
+      f"model {s.name}, step {restored.step}; prompt "
       f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
       f"top-p {float(g.top_p)}, temperature {float(g.temperature)}, "
       f"seed {int(g.seed)}, segments of {seg}, memory "
@@ -276,7 +304,7 @@ def generate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ]
   paths.write_text(files[0], text)
   result = {
-      "name": config.name,
+      "name": s.name,
       "step": restored.step,
       "header": header,
       "prompt": prompt_text,

@@ -32,22 +32,19 @@ from __future__ import annotations
 import csv
 from typing import Any
 
-import ml_collections
 import numpy as np
 
-from memjax.io import console
 from memjax import errors
-from memjax.eval import memory_grid as em_lib
+from memjax.eval import grid as grid_lib
+from memjax.eval import memory_grid
+from memjax.io import console
 from memjax.io import paths
-from memjax import registry
-from memjax.eval.memory_grid import Grid
-from memjax.eval.memory_grid import Loaded
-from memjax.eval.memory_grid import configured_grid
-from memjax.eval.memory_grid import grid_of
-from memjax.eval.memory_grid import load
-from memjax.eval.memory_grid import tuning_grid
+from memjax.modes import frequency
+from memjax.run import restore
+from memjax.run import spec
 
-setting_str = em_lib.setting_str
+Grid = grid_lib.Grid
+Loaded = restore.Loaded
 
 
 def score_split(
@@ -60,11 +57,12 @@ def score_split(
   """``split`` of ``loaded`` scored with every setting of ``grid`` (the
   external memory of a kind that reads one opened from the run's
   datastore)."""
-  scorer = em_lib.MemoryScorer(loaded, grid, workdir=loaded.workdir)
+  scoring = loaded.scoring()
+  scorer = memory_grid.MemoryScorer(scoring, grid, workdir=loaded.workdir)
   return scorer.score_grid(
       loaded.params,
       loaded.splits[split],
-      max_items=int(loaded.config.eval.max_windows),
+      max_items=int(scoring.eval.max_windows),
       keep_tokens=keep_tokens,
       desc=desc or f"{grid.kind} {split}",
   )
@@ -74,15 +72,11 @@ def _write_json(path: str, obj: Any) -> None:
   paths.write_json(path, obj)
 
 
-def _check_tunable(kind: str) -> None:
-  """Raises ConfigError unless ``kind`` is a registered evaluation memory
-  with settings to tune (not 'none')."""
-  if not registry.EVAL_MEMORIES.get(kind).uses_memory:
-    tunable = tuple(
-        k
-        for k in registry.EVAL_MEMORIES.names()
-        if registry.EVAL_MEMORIES.get(k).uses_memory
-    )
+def _check_tunable(kind: str, memories: grid_lib.Memories) -> None:
+  """Raises ConfigError unless ``kind`` is an evaluation memory with
+  settings to tune (not 'none')."""
+  if not memories.get(kind).uses_memory:
+    tunable = tuple(k for k, m in memories.items() if m.uses_memory)
     raise errors.ConfigError(
         f"eval_memory.kind must be one of {tunable} here, got {kind!r}"
     )
@@ -93,37 +87,39 @@ def _check_tunable(kind: str) -> None:
 # ----------------------------------------------------------------------------
 
 
-def memeval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def memeval(run: spec.Run) -> dict[str, Any]:
   """Scores eval.splits with the configured memory (``--mode=memeval``)."""
-  em = config.eval_memory
-  registry.EVAL_MEMORIES.get(em.kind)  # ConfigError for an unknown kind.
-  loaded = load(config, workdir, splits=tuple(config.eval.splits))
-  grid = configured_grid(em)
+  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
+  memories.get(em["kind"])  # ConfigError for an unknown kind.
+  splits = tuple(run.settings.eval.splits)
+  loaded = restore.load_splits(run, splits=splits)
+  grid = grid_lib.configured_grid(em, memories)
   results: dict[str, Any] = {
       "mode": "memeval",
-      "kind": em.kind,
+      "kind": em["kind"],
       "metric": loaded.unit,
       "checkpoint": loaded.source,
       "step": loaded.step,
   }
   lines = []
-  for split in config.eval.splits:
+  for split in splits:
     r = score_split(loaded, split, grid)
     memory = r["grid"][0] if r.get("grid") else r["plain"]
     results[split] = {"plain": r["plain"], "memory": memory}
+    words = grid_lib.setting_str(memory, memories) or "none"
     lines.append(
         f"{split}: {loaded.unit} {memory[loaded.unit]:.4f} with "
-        f"{em.kind} memory ({setting_str(memory) or 'none'}); without "
+        f"{em['kind']} memory ({words}); without "
         f"memory {r['plain'][loaded.unit]:.4f}"
     )
-  path = paths.join(workdir, "memeval.json")
+  path = paths.join(run.workdir, "memeval.json")
   _write_json(path, results)
   return {**results, "results_path": path, "summary_lines": lines}
 
 
 def _grid_key(grid: Grid, key: str) -> str:
   """The ``config.eval_memory`` key of the tuning grid of setting ``key``."""
-  for axis in grid.memory().axes:
+  for axis in grid.memory.axes:
     if axis.key == key:
       return axis.config_grid
   return "long_mem_grid"
@@ -143,22 +139,23 @@ def grid_edges(grid: Grid, best: dict[str, Any]) -> dict[str, float]:
   return out
 
 
-def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def tune(run: spec.Run) -> dict[str, Any]:
   """Grid search on valid, test at the best setting (``--mode=tune``)."""
-  em = config.eval_memory
-  _check_tunable(em.kind)
-  loaded = load(config, workdir)
+  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
+  kind, workdir = em["kind"], run.workdir
+  _check_tunable(kind, memories)
+  loaded = restore.load_splits(run)
   unit = loaded.unit
-  grid = tuning_grid(em, em.kind)
-  valid = score_split(loaded, "valid", grid, desc=f"tune {em.kind} valid")
+  grid = grid_lib.tuning_grid(em, memories, kind)
+  valid = score_split(loaded, "valid", grid, desc=f"tune {kind} valid")
   best = min(valid["grid"], key=lambda r: r["nll"])
-  best_grid = grid_of({"kind": em.kind, **best})
+  best_grid = grid_lib.grid_of({"kind": kind, **best}, memories)
   edges = grid_edges(grid, best)
-  test = score_split(loaded, "test", best_grid, desc=f"tune {em.kind} test")
+  test = score_split(loaded, "test", best_grid, desc=f"tune {kind} test")
   setting = {k: best[k] for k in grid.axes() if k in best}
   results = {
       "mode": "tune",
-      "kind": em.kind,
+      "kind": kind,
       "metric": unit,
       "checkpoint": loaded.source,
       "step": loaded.step,
@@ -176,7 +173,8 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for r in valid["grid"]:
       writer.writerow(r)
   lines = [
-      f"tune {em.kind}: best on valid at {setting_str(best)}",
+      f"tune {kind}: best on valid at "
+      f"{grid_lib.setting_str(best, memories)}",
       f"valid: {unit} {best[unit]:.4f} (without memory {valid['plain'][unit]:.4f})",
       f"test: {unit} {test['grid'][0][unit]:.4f} (without memory "
       f"{test['plain'][unit]:.4f})",
@@ -195,27 +193,28 @@ def tune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   }
 
 
-def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def memsweep(run: spec.Run) -> dict[str, Any]:
   """Valid perplexity against the long-term memory size (``--mode=memsweep``)."""
-  em = config.eval_memory
-  sizes = tuple(sorted({int(n) for n in em.sweep_tokens}))
+  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
+  workdir = run.workdir
+  sizes = tuple(sorted({int(n) for n in em["sweep_tokens"]}))
   if not sizes:
     raise errors.ConfigError("eval_memory.sweep_tokens is empty")
   rows = []
   loaded_self = None
-  for kind in em.sweep_kinds:
-    _check_tunable(kind)
-    key = registry.EVAL_MEMORIES.get(kind).sweep_source_key
+  for kind in em["sweep_kinds"]:
+    _check_tunable(kind, memories)
+    key = memories.get(kind).sweep_source_key
     source = em.get(key) if key else None
     if source:
-      loaded = load(config, workdir, source=source, splits=("valid",))
+      loaded = restore.load_splits(run, splits=("valid",), source=source)
     else:
-      loaded_self = loaded_self or load(config, workdir, splits=("valid",))
+      loaded_self = loaded_self or restore.load_splits(run, splits=("valid",))
       loaded = loaded_self
     r = score_split(
         loaded,
         "valid",
-        tuning_grid(em, kind, sizes),
+        grid_lib.tuning_grid(em, memories, kind, sizes),
         desc=f"memsweep {kind} valid",
     )
     for n in sizes:
@@ -232,11 +231,7 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           }
       )
   unit = (loaded_self or loaded).unit
-  axes = [
-      a.key
-      for kind in em.sweep_kinds
-      for a in registry.EVAL_MEMORIES.get(kind).axes
-  ]
+  axes = [a.key for kind in em["sweep_kinds"] for a in memories.get(kind).axes]
   fields = ["kind", "long_mem_tokens", unit, "nll"]
   fields += list(dict.fromkeys(axes)) + ["plain_" + unit, "checkpoint"]
   with paths.open(paths.join(workdir, "memsweep.csv"), "w", newline="") as f:
@@ -248,10 +243,11 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       paths.join(workdir, "memsweep.json"),
       {"mode": "memsweep", "metric": unit, "rows": rows},
   )
-  plot_memsweep(rows, unit, paths.join(workdir, "memsweep.png"))
+  labels = {k: memories.get(k).label or k for k in em["sweep_kinds"]}
+  plot_memsweep(rows, unit, paths.join(workdir, "memsweep.png"), labels)
   lines = [
       f"{r['kind']:6s} N={r['long_mem_tokens']:6d}  valid {unit} "
-      f"{r[unit]:.4f}  ({setting_str(r)})"
+      f"{r[unit]:.4f}  ({grid_lib.setting_str(r, memories)})"
       for r in rows
   ]
   return {
@@ -262,8 +258,11 @@ def memsweep(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   }
 
 
-def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
-  """Figure 3 style: valid perplexity against the long-term memory size."""
+def plot_memsweep(
+    rows: list[dict[str, Any]], unit: str, path: str, labels: dict[str, str]
+) -> None:
+  """Figure 3 style: valid perplexity against the long-term memory size
+  (``labels``: how the legend names each kind)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
@@ -278,7 +277,7 @@ def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
         [p[0] for p in pts],
         [p[1] for p in pts],
         marker="o",
-        label=registry.EVAL_MEMORIES.get(kind).label or kind,
+        label=labels.get(kind, kind),
     )
   ax.set_xlabel("long-term memory size (tokens)")
   ax.set_ylabel(f"valid {unit}")
@@ -289,48 +288,46 @@ def plot_memsweep(rows: list[dict[str, Any]], unit: str, path: str) -> None:
   plt.close(fig)
 
 
-def buckets(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def buckets(run: spec.Run) -> dict[str, Any]:
   """Perplexity by frequency bucket on valid, Table 14 (``--mode=buckets``)."""
-  from memjax.modes import frequency  # pylint: disable=g-import-not-at-top
-
-  em = config.eval_memory
-  loaded = load(config, workdir, splits=("valid",))
-  grid = configured_grid(em)
+  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
+  workdir, name = run.workdir, run.settings.name
+  loaded = restore.load_splits(run, splits=("valid",))
+  grid = grid_lib.configured_grid(em, memories)
   tuned = paths.join(workdir, "tune.json")
   if paths.exists(tuned):
     t = paths.read_json(tuned)
-    if t.get("kind") == em.kind or em.kind == "none":
-      grid = grid_of({"kind": t["kind"], **t["best"]})
+    if t.get("kind") == em["kind"] or em["kind"] == "none":
+      grid = grid_lib.grid_of({"kind": t["kind"], **t["best"]}, memories)
       console.info("buckets: using the tuned setting of %s", tuned)
   r = score_split(loaded, "valid", grid, keep_tokens=True, desc="buckets valid")
-  if em.bucket_counts == "valid":
+  if em["bucket_counts"] == "valid":
     counts = np.bincount(loaded.splits["valid"], minlength=loaded.vocab_size)
-  elif em.bucket_counts == "train":
+  elif em["bucket_counts"] == "train":
     counts = np.bincount(loaded.train_tokens, minlength=loaded.vocab_size)
   else:
     raise errors.ConfigError(
         f"eval_memory.bucket_counts must be valid or train, got "
-        f"{em.bucket_counts!r}"
+        f"{em['bucket_counts']!r}"
     )
-  edges = tuple(int(e) for e in em.bucket_edges)
+  edges = tuple(int(e) for e in em["bucket_edges"])
   columns = {"no memory": r["lm_logprob"]}
   if r.get("grid_logprob") is not None:
-    columns[f"{grid.kind} memory ({setting_str(r['grid'][0])})"] = r[
-        "grid_logprob"
-    ][0]
+    words = grid_lib.setting_str(r["grid"][0], memories)
+    columns[f"{grid.kind} memory ({words})"] = r["grid_logprob"][0]
   table = frequency.bucket_table(r["targets"], columns, counts, edges)
   results = {
       "mode": "buckets",
       "metric": "ppl",
-      "counts_from": em.bucket_counts,
+      "counts_from": em["bucket_counts"],
       "edges": list(edges),
       "checkpoint": loaded.source,
       "step": loaded.step,
-      "name": config.name,
+      "name": name,
       "rows": table,
   }
   _write_json(paths.join(workdir, "buckets.json"), results)
-  md = frequency.markdown(table, title=config.name)
+  md = frequency.markdown(table, title=name)
   with paths.open(paths.join(workdir, "buckets.md"), "w") as f:
     f.write(md + "\n")
   return {

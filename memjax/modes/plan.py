@@ -43,19 +43,20 @@ XLA's CPU backend fuses and lays out differently.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
-import ml_collections
-
+from memjax import settings as settings_lib
 from memjax.io import console
 from memjax.io import paths
 from memjax.modes import plan_compile
 from memjax.modes import platforms
+from memjax.run import spec
 
 
 def formula_flops(
-    config: ml_collections.ConfigDict,
+    s: settings_lib.Settings,
     num_params: int,
     softmax_params: int,
     seq_len: int,
@@ -63,7 +64,7 @@ def formula_flops(
   """FLOPs per token by formula (see the module doc).
 
   Args:
-    config: the planned config.
+    s: the planned run's settings.
     num_params: N.
     softmax_params: N_softmax, the adaptive embedding's parameters.
     seq_len: positions per row of the batch.
@@ -72,13 +73,13 @@ def formula_flops(
     'model': 6 N + 12 n_layer T d_attn; 'with_recompute': plus the
     rematerialised forward passes.
   """
-  m = config.model
+  m = s.model
   layers = int(m.num_layers) + int(m.family_options.get("encoder_layers", 0))
   span = seq_len + int(m.mem_len)
   attn = 12.0 * layers * span * int(m.num_heads) * int(m.head_dim)
   model = 6.0 * num_params + attn
   extra = 0.0
-  tokens = seq_len * int(config.data.batch_size) // int(config.train.grad_accum)
+  tokens = seq_len * int(s.data.batch_size) // int(s.train.grad_accum)
   if m.cutoffs and tokens > int(m.softmax_chunk):
     extra += 2.0 * softmax_params
   if m.remat:
@@ -86,22 +87,14 @@ def formula_flops(
   return {"model": model, "with_recompute": model + extra}
 
 
-def _variant(config, **changes) -> ml_collections.ConfigDict:
-  """A copy of ``config`` with 'section.key' values changed."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  for key, value in changes.items():
-    section, name = key.split(".")
-    c[section][name] = value
-  return c
-
-
-def _fit(config, devices, step, memory, usable: float) -> dict[str, Any]:
+def _fit(run: spec.Run, devices, step, memory, usable: float) -> dict[str, Any]:
   """The largest micro-batch (global rows) that fits ``usable`` bytes per
   device: a second compile at twice ``data.batch_size`` gives the slope of
   the per-device total in micro-batch rows. None when the batch does not
   grow with ``data.batch_size`` (batches by token count)."""
-  d, accum = config.data, int(config.train.grad_accum)
-  big = _variant(config, **{"data.batch_size": 2 * int(d.batch_size)})
+  s = run.settings
+  d, accum = s.data, int(s.train.grad_accum)
+  big = run.replace(dataclasses.replace(d, batch_size=2 * int(d.batch_size)))
   big_step = plan_compile.build_step(big, devices)
   micro = step.args[1]["inputs"].shape[0] // accum
   extra = big_step.args[1]["inputs"].shape[0] // accum - micro
@@ -112,64 +105,72 @@ def _fit(config, devices, step, memory, usable: float) -> dict[str, Any]:
   if slope <= 0:
     return {"max_micro_batch": None, "bytes_per_row": slope}
   fixed = memory["total"] - slope * micro
-  unit = int(d.segments_per_lane) * plan_compile.data_parallel(config, devices)
+  unit = int(d.segments_per_lane) * plan_compile.data_parallel(s, devices)
   rows = int((usable - fixed) // slope) // unit * unit
   return {"max_micro_batch": max(rows, 0), "bytes_per_row": slope}
 
 
-def plan_dtype(config, devices, dtype: str, flops: dict, usable: float):
+def plan_dtype(
+    run: spec.Run, devices, dtype: str, flops: dict, usable: float
+) -> dict[str, Any]:
   """Memory, fit and speed of the step in ``dtype`` (model.dtype)."""
-  c = _variant(config, **{"model.dtype": dtype})
-  step = plan_compile.build_step(c, devices)
+  s = run.settings
+  variant = run.replace(dataclasses.replace(s.model, dtype=dtype))
+  step = plan_compile.build_step(variant, devices)
   memory = plan_compile.step_memory(step)
   out = {"memory": memory, "fits": memory["total"] <= usable}
-  if config.plan.fit_batch:
-    out.update(_fit(c, devices, step, memory, usable))
-  platform = platforms.get(config.plan.platform)
+  if s.of(platforms.Plan).fit_batch:
+    out.update(_fit(variant, devices, step, memory, usable))
+  platform = platforms.get(s.of(platforms.Plan).platform)
   peak = platform.peak_bf16 if dtype == "bfloat16" else platform.peak_fp32
-  seconds = flops["flops_per_device"] / (peak * float(config.plan.utilization))
+  seconds = flops["flops_per_device"] / (
+      peak * float(s.of(platforms.Plan).utilization)
+  )
   out["step_time_s"] = seconds
   out["tokens_per_s"] = step.tokens / seconds
   return out
 
 
-def plan(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Compiles the train step of ``config`` for ``plan.*``; writes
-  ``plan.json`` and ``plan.md`` in ``workdir`` and returns the results."""
+def plan(run: spec.Run) -> dict[str, Any]:
+  """Compiles the run's train step for ``plan.*``; writes ``plan.json`` and
+  ``plan.md`` in the workdir and returns the results."""
   start = time.time()
-  platform = platforms.get(config.plan.platform)
-  devices, where = plan_compile.plan_devices(config)
-  console.info("plan: %s on %s for %d %s", config.name, where,
+  s = run.settings
+  platform = platforms.get(s.of(platforms.Plan).platform)
+  devices, where = plan_compile.plan_devices(s)
+  console.info("plan: %s on %s for %d %s", s.name, where,
                len(devices), platform.name)  # fmt: skip
-  step = plan_compile.build_step(config, devices)
+  step = plan_compile.build_step(run, devices)
   flops = plan_compile.step_flops(step)
   softmax = plan_compile.module_params(step, "embedder")
   seq_len = int(step.args[1]["inputs"].shape[1])
-  formula = formula_flops(config, step.num_params, softmax, seq_len)
-  fraction = float(config.plan.memory_fraction) or platform.memory_fraction
+  formula = formula_flops(s, step.num_params, softmax, seq_len)
+  fraction = (
+      float(s.of(platforms.Plan).memory_fraction) or platform.memory_fraction
+  )
   usable = platform.memory * fraction
   results = {
-      "name": config.name,
+      "name": s.name,
       "platform": platform.name,
       "devices": len(devices),
       "compiled_on": where,
       "estimate": platform.name != "cpu" and "topology" not in where,
       "mesh": dict(step.mesh.shape),
-      "vocab_size": plan_compile.vocab_size(config),
+      "vocab_size": plan_compile.vocab_size(s),
       "num_params": step.num_params,
       "tokens_per_step": step.tokens,
-      "grad_accum": int(config.train.grad_accum),
+      "grad_accum": int(s.train.grad_accum),
       "flops": flops,
       "flops_per_token": flops["flops"] / step.tokens,
       "formula_flops_per_token": formula,
       "usable_memory_bytes": usable,
-      "utilization": float(config.plan.utilization),
+      "utilization": float(s.of(platforms.Plan).utilization),
       "dtypes": {},
   }
-  for dtype in config.plan.dtypes:
-    results["dtypes"][dtype] = plan_dtype(config, devices, dtype, flops, usable)
+  for dtype in s.of(platforms.Plan).dtypes:
+    results["dtypes"][dtype] = plan_dtype(run, devices, dtype, flops, usable)
   results["seconds"] = time.time() - start
-  return write(results, workdir)
+  return write(results, run.workdir)
 
 
 def write(results: dict[str, Any], workdir: str) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """Ahead-of-time compilation of a config's train step for ``--mode=plan``.
 
 Everything is abstract: the train state comes from
-``experiment.abstract_state`` (``jax.eval_shape`` of the initialiser), the
-batch from the batcher's declared ``batch_shapes`` (``memjax.data.
-batchers.with_shapes``), so no corpus is read and nothing is allocated. The
-step is the one training runs (``train_step.make_train_step``) on a mesh of
-the planned devices: fake CPU devices, or the devices of a libtpu topology.
+``run.state.abstract_state`` (``jax.eval_shape`` of the initialiser), the
+batch from the batcher's declared shapes (``extend.Batcher.shapes``), so no
+corpus is read and nothing is allocated. The step is the one training runs
+(``run.step.make_train_step``) on a mesh of the planned devices: fake CPU
+devices, or the devices of a libtpu topology.
 
 FLOPs: XLA's cost analysis counts a loop body once. The step's scans (over
 micro-batches, lane segments, adaptive-softmax chunks and memory blocks)
@@ -23,20 +23,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from memjax.checkpoints import checkpointing
 from memjax import errors
-from memjax import experiment
-from memjax import losses
-from memjax import registry
+from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
-from memjax.tasks import base as task_lib
-from memjax.run import step as train_step_lib
-from memjax.models import unroll
+from memjax.checkpoints import checkpointing
 from memjax.data import sources
+from memjax.models import unroll
 from memjax.modes import platforms
+from memjax.run import spec
+from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 # Published vocabularies of the word corpora (V = word types + <pad> and
 # <eos>, memjax.data.vocab.SPECIAL_TOKENS; <unk> is one of the types):
@@ -46,22 +44,22 @@ WORD_VOCAB_SIZES = {"wikitext103": 267_735 + 2}
 BYTE_VOCAB_SIZE = 259
 
 
-def vocab_size(config: ml_collections.ConfigDict) -> int:
+def vocab_size(s: settings_lib.Settings) -> int:
   """V of the planned model, without reading the corpus.
 
-  ``plan.vocab_size`` when set; else the config's own (the task section's
+  ``plan.vocab_size`` when set; else the settings' own (the task section's
   ``vocab_size``: ``translation.vocab_size``, ``mlm.vocab_size``); else the
   corpus's published vocabulary.
 
   Raises:
     errors.ConfigError: none of these is known.
   """
-  if int(config.plan.vocab_size) > 0:
-    return int(config.plan.vocab_size)
-  section = config.get(config.get("task", "lm"))
-  if isinstance(section, ml_collections.ConfigDict) and "vocab_size" in section:
-    return int(section.vocab_size)
-  corpus = sources.canonical_corpus(config.data.corpus)
+  if int(s.of(platforms.Plan).vocab_size) > 0:
+    return int(s.of(platforms.Plan).vocab_size)
+  section = s.values(s.task)
+  if "vocab_size" in section:
+    return int(section["vocab_size"])
+  corpus = sources.canonical_corpus(s.data.corpus)
   if corpus in WORD_VOCAB_SIZES:
     return WORD_VOCAB_SIZES[corpus]
   if sources.corpus_spec(corpus).level == "byte":
@@ -72,7 +70,7 @@ def vocab_size(config: ml_collections.ConfigDict) -> int:
   )
 
 
-def plan_devices(config: ml_collections.ConfigDict) -> tuple[list[Any], str]:
+def plan_devices(s: settings_lib.Settings) -> tuple[list[Any], str]:
   """(devices, where) of the plan: a libtpu topology's devices, or this
   process's fake CPU devices.
 
@@ -80,12 +78,12 @@ def plan_devices(config: ml_collections.ConfigDict) -> tuple[list[Any], str]:
     errors.ConfigError: the process has another number of devices than
       ``plan.devices`` (it was started without ``--mode=plan``'s flags).
   """
-  n = platforms.planned_devices(config)
-  if platforms.uses_topology(config):
+  n = platforms.planned_devices(s)
+  if platforms.uses_topology(s):
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
 
-    platform = platforms.get(config.plan.platform)
-    name = platforms.topology_name(platform, n, config.plan.tpu_shape)
+    platform = platforms.get(s.of(platforms.Plan).platform)
+    name = platforms.topology_name(platform, n, s.of(platforms.Plan).tpu_shape)
     kwargs = (
         {} if platform.topology == "v5e" else {"chip_config_name": "megacore"}
     )
@@ -103,26 +101,15 @@ def plan_devices(config: ml_collections.ConfigDict) -> tuple[list[Any], str]:
   return devices, f"{n} fake CPU devices"
 
 
-def abstract_batch(
-    config: ml_collections.ConfigDict, mesh: Any
-) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(run: spec.Run, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
   """The global batch of a step as ``jax.ShapeDtypeStruct``s placed as
   ``sharding.put_global_batch`` places a real one.
 
   Raises:
     errors.ConfigError: the batcher declares no batch shapes.
   """
-  name = config.data.batching
-  make = registry.BATCHERS.get(name)
-  shapes_fn = getattr(make, "batch_shapes", None)
-  if shapes_fn is None:
-    raise errors.ConfigError(
-        f"data.batching {name!r} declares no batch shapes "
-        "(memjax.data.batchers.with_shapes): --mode=plan cannot build its "
-        "batch without data"
-    )
   out = {}
-  for key, (shape, dtype) in shapes_fn(config, mesh.size).items():
+  for key, (shape, dtype) in run.batch_shapes(mesh.size).items():
     sharding = sharding_lib.batch_sharding(mesh, len(shape))
     out[key] = jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=sharding)
   return out
@@ -133,7 +120,7 @@ class Step:
   """A step traced for the plan.
 
   Attributes:
-    config: the config it was built from.
+    run: the run it was built from.
     mesh: the mesh.
     make_fn: builds the jitted train step (``sharding.MeshFunction``); a
       fresh one for each lowering, since JAX caches traces by argument and
@@ -144,7 +131,7 @@ class Step:
     tokens: positions per step (the batch's 'inputs').
   """
 
-  config: ml_collections.ConfigDict
+  run: spec.Run
   mesh: Any
   make_fn: Any
   args: tuple[Any, Any, Any]
@@ -162,35 +149,37 @@ def _per_device_bytes(tree: Any) -> int:
   return total
 
 
-def build_step(config: ml_collections.ConfigDict, devices: list[Any]) -> Step:
-  """The train step of ``config`` on ``devices``, with abstract arguments.
+def build_step(run: spec.Run, devices: list[Any]) -> Step:
+  """The train step of ``run`` on ``devices``, with abstract arguments.
 
   Raises:
-    errors.UserError: a config the run itself would refuse.
+    errors.UserError: settings the run itself would refuse.
   """
-  experiment.validate_config(config)
-  mesh = sharding_lib.make_mesh(config.mesh.to_dict(), devices)
-  task_lib.get(config).check_batch_fits(config, mesh)
-  batch = abstract_batch(config, mesh)
-  model = experiment.build_model(config.model, vocab_size(config))
-  num_steps = int(config.train.num_steps)
-  tx, _ = experiment.make_optimizer(config, num_steps)
-  loss_fn = losses.make_loss(config.loss, num_steps, seed=config.seed)
-  _, abstract, shardings = experiment.abstract_state(model, tx, mesh, batch)
+  s = run.settings
+  mesh = sharding_lib.make_mesh(s.mesh.spec(), devices)
+  run.task.check_batch_fits(mesh, run.carries_memory())
+  batch = abstract_batch(run, mesh)
+  model = run.model(vocab_size(s))
+  tx, _ = run.optimizer()
+  loss_fn = run.objective()
+  _, abstract, shardings = state_lib.abstract_state(
+      model, tx, mesh, batch, run.state_collections()
+  )
   state = checkpointing.abstract_with_sharding(abstract, shardings)
   rng = jax.ShapeDtypeStruct(
       (2,), jnp.uint32, sharding=sharding_lib.replicated(mesh)
   )
-  make_fn = lambda: train_step_lib.make_train_step(
-      model, tx, loss_fn, grad_accum=int(config.train.grad_accum),
+  make_fn = lambda: step_lib.make_train_step(
+      model, tx, loss_fn, grad_accum=int(s.train.grad_accum),
       state_shardings=shardings, mesh=mesh,
-      segments_per_lane=int(config.data.segments_per_lane),
+      segments_per_lane=int(s.data.segments_per_lane),
+      extra_inputs=run.extra_inputs,
   )  # fmt: skip
   num_params = sum(
       int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params)
   )
   return Step(
-      config, mesh, make_fn, (state, batch, rng), num_params,
+      run, mesh, make_fn, (state, batch, rng), num_params,
       {"params": _per_device_bytes(state.params),
        "opt_state": _per_device_bytes(state.opt_state)},
       int(np.prod(batch["inputs"].shape)),
@@ -199,10 +188,13 @@ def build_step(config: ml_collections.ConfigDict, devices: list[Any]) -> Step:
 
 def _micro_step(step: Step) -> Step:
   """The step of one micro-batch (``train.grad_accum`` 1)."""
-  accum = int(step.config.train.grad_accum)
-  c = ml_collections.ConfigDict(step.config.to_dict())
-  c.data.batch_size, c.train.grad_accum = c.data.batch_size // accum, 1
-  return build_step(c, list(step.mesh.devices.flat))
+  s = step.run.settings
+  accum = int(s.train.grad_accum)
+  micro = step.run.replace(
+      dataclasses.replace(s.data, batch_size=s.data.batch_size // accum),
+      dataclasses.replace(s.train, grad_accum=1),
+  )
+  return build_step(micro, list(step.mesh.devices.flat))
 
 
 def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
@@ -234,7 +226,7 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
     micro = _micro_step(step)
     with unroll.unrolled():
       lowered = micro.make_fn().lower(*micro.args)
-    accum = int(step.config.train.grad_accum)
+    accum = int(step.run.settings.train.grad_accum)
     compiled = lowered.compile().cost_analysis()
     out["flops_per_device"] = accum * float(compiled["flops"])
   if whole is None:
@@ -251,9 +243,9 @@ def module_params(step: Step, name: str) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params[name]))
 
 
-def data_parallel(config: ml_collections.ConfigDict, devices: list[Any]) -> int:
+def data_parallel(s: settings_lib.Settings, devices: list[Any]) -> int:
   """Devices a micro-batch is split over (mesh data x fsdp)."""
-  mesh = sharding_lib.mesh_shape(config.mesh.to_dict(), len(devices))
+  mesh = sharding_lib.mesh_shape(s.mesh.spec(), len(devices))
   return int(mesh[0] * mesh[1])
 
 

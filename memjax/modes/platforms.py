@@ -18,8 +18,43 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
+from typing import ClassVar
 
 from memjax import errors
+from memjax import settings as settings_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """``config.plan``: --mode=plan compiles the train step for a target
+  without running it (docs/plan.md).
+
+  Attributes:
+    devices: devices planned for; 0 = those the mesh names.
+    platform: tpu_v4 | tpu_v5e | tpu_v5p | h100 | h200 | a100 | cpu.
+    tpu_topology: compile TPU platforms against a libtpu topology when
+      libtpu is installed (else on fake CPU devices, as estimates).
+    tpu_shape: e.g. "4x8x8"; '' = the standard slice of ``devices``.
+    vocab_size: V of the planned model; 0 = the config's or the corpus's
+      published vocabulary.
+    utilization: share of the peak FLOP/s for the step time.
+    memory_fraction: usable share of memory; 0 = the platform's.
+    dtypes: the compute dtypes planned.
+    fit_batch: also compile a micro-batch twice as large.
+  """
+
+  SECTION: ClassVar[str] = "plan"
+  devices: int = 0
+  platform: str = "cpu"
+  tpu_topology: bool = True
+  tpu_shape: str = ""
+  vocab_size: int = 0
+  utilization: float = 0.4
+  memory_fraction: float = 0.0
+  dtypes: tuple[str, ...] = ("float32", "bfloat16")
+  fit_batch: bool = True
+
 
 TFLOPS = 1e12
 GIB = 2**30
@@ -148,31 +183,33 @@ def get(name: str) -> Platform:
   return PLATFORMS[name]
 
 
-def planned_devices(config) -> int:
-  """``plan.devices``, or (0) the devices the config's mesh names: the
+def planned_devices(s: settings_lib.Settings) -> int:
+  """``plan.devices``, or (0) the devices the mesh settings name: the
   product of its fixed axes (an axis of -1 counts as 1)."""
-  n = int(config.plan.devices)
+  n = int(s.of(Plan).devices)
   if n < 0:
     raise errors.ConfigError(f"plan.devices must be >= 0, got {n}")
   if n:
     return n
-  sizes = [int(v) for v in config.mesh.to_dict().values()]
+  sizes = [int(v) for v in s.mesh.spec().values()]
   out = 1
   for s in sizes:
     out *= max(s, 1)
   return out
 
 
-def set_device_flags(config, environ=None) -> None:
+def set_device_flags(s: settings_lib.Settings, environ=None) -> None:
   """Makes JAX start with the planned number of fake CPU devices.
 
   Sets ``XLA_FLAGS`` (any earlier host device count replaced) and
-  ``JAX_PLATFORMS=cpu`` in ``environ`` (default ``os.environ``); must run
-  before JAX initialises its backends. A TPU platform compiled against a
-  libtpu topology needs no fake devices and keeps JAX's platforms.
+  ``JAX_PLATFORMS=cpu`` in ``environ`` (default ``os.environ``; JAX read
+  that variable when it was imported, so its setting is changed too); must
+  run before JAX initialises its backends. A TPU platform compiled against
+  a libtpu topology needs no fake devices and keeps JAX's platforms.
   """
+  own = environ is None
   environ = os.environ if environ is None else environ
-  n = planned_devices(config)
+  n = planned_devices(s)
   flags = re.sub(
       r"--xla_force_host_platform_device_count=\S*", "",
       environ.get("XLA_FLAGS", ""),
@@ -180,15 +217,17 @@ def set_device_flags(config, environ=None) -> None:
   environ["XLA_FLAGS"] = " ".join(
       flags + [f"--xla_force_host_platform_device_count={n}"]
   )
-  if not uses_topology(config):
+  if not uses_topology(s):
     environ["JAX_PLATFORMS"] = "cpu"
+    if own and "jax" in sys.modules:
+      sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
-def uses_topology(config) -> bool:
+def uses_topology(s: settings_lib.Settings) -> bool:
   """Whether the plan compiles against a libtpu topology (a TPU platform,
   ``plan.tpu_topology`` not switched off, and libtpu installed)."""
-  platform = get(config.plan.platform)
-  if not platform.topology or not config.plan.tpu_topology:
+  platform = get(s.of(Plan).platform)
+  if not platform.topology or not s.of(Plan).tpu_topology:
     return False
   import importlib.util  # pylint: disable=g-import-not-at-top
 

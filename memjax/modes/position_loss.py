@@ -31,16 +31,41 @@ Writes ``<workdir>/position_loss.json`` and ``position_loss.png``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, ClassVar, Sequence
 
 import jax
 import numpy as np
 
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
+from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
+from memjax.data import corpus as corpus_lib
 from memjax.eval import scorer as scorer_lib
+from memjax.io import paths
+from memjax.run import restore
+from memjax.run import spec
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionLoss:
+  """``config.position_loss``: --mode=position_loss, the mean loss by
+  position within a document, context reset at document boundaries
+  (Komatsuzaki 2021, Appendix 6.3.4).
+
+  Attributes:
+    documents: articles | sections.
+    buckets: lower bounds of the position buckets.
+    memory: none (the model alone; a model that carries memory carries it
+      within each document) | eval (a windowed model with its evaluation
+      memory: tune.json, else eval_memory).
+  """
+
+  SECTION: ClassVar[str] = "position_loss"
+  documents: str = "articles"
+  buckets: tuple[int, ...] = (1, 17, 65, 257)
+  memory: str = "none"
+
 
 BUCKETS = (1, 17, 65, 257)  # bucket lower bounds: 1-16, 17-64, 65-256, 257+
 DOCUMENTS = ("articles", "sections")
@@ -93,7 +118,7 @@ def document_scores(
   (``spans`` [D, 2] of ``tokens``), each document read from an empty
   context; a prediction's position is its offset in its document (from 1).
   ``eval.max_windows`` bounds the windows of a windowed model."""
-  max_windows = int(scorer.config.eval.max_windows)
+  max_windows = int(scorer.scoring.eval.max_windows)
   logp = scorer.document_logprobs(params, tokens, spans, max_windows)
   pos = [np.arange(1, len(lp) + 1, dtype=np.int64) for lp in logp]
   nll = [-np.asarray(lp, np.float32) for lp in logp]
@@ -103,53 +128,52 @@ def document_scores(
   )
 
 
-def run_scorer(config: Any, restored: Any, workdir: str, memory: str) -> Any:
+def run_scorer(restored: restore.Restored, workdir: str, memory: str) -> Any:
   """How the run's documents are scored (see the module docstring)."""
   if memory == "none":
-    return scorer_lib.scorer_for(restored)
+    return scorer_lib.scorer_for(restored.scoring())
   if restored.model.carries_memory():
     raise errors.ConfigError(
         "position_loss.memory 'eval' reads an evaluation memory over "
         "sliding windows; this model carries its own memory (scored with "
         "it already): set position_loss.memory to 'none'"
     )
-  setting = scorer_lib.memory_setting(restored)
-  return scorer_lib.scorer_for(restored, setting, workdir=workdir)
+  scoring = restored.scoring()
+  setting = scorer_lib.memory_setting(scoring)
+  return scorer_lib.scorer_for(scoring, setting, workdir=workdir)
 
 
-def memory_of(config: Any) -> str:
-  """``position_loss.memory``: 'none' (default) or 'eval'."""
-  memory = dict(config.get("position_loss") or {}).get("memory", "none")
-  if memory not in MEMORIES:
-    raise errors.ConfigError(
-        f"position_loss.memory must be one of {MEMORIES}, got {memory!r}"
-    )
-  return memory
+def check(p: settings_lib.PositionLoss) -> tuple[str, tuple[int, ...], str]:
+  """(documents, bucket bounds, memory) of the ``position_loss`` settings.
 
-
-def _settings(config: Any) -> tuple[str, tuple[int, ...]]:
-  opts = dict(config.get("position_loss") or {})
-  documents = opts.get("documents", "articles")
-  bounds = tuple(int(b) for b in opts.get("buckets", BUCKETS))
-  if documents not in DOCUMENTS:
+  Raises:
+    errors.ConfigError: a value out of what each takes.
+  """
+  bounds = tuple(int(b) for b in p.buckets)
+  if p.documents not in DOCUMENTS:
     raise errors.ConfigError(
         f"position_loss.documents must be one of {DOCUMENTS}, got "
-        f"{documents!r}"
+        f"{p.documents!r}"
     )
-  memory_of(config)
+  if p.memory not in MEMORIES:
+    raise errors.ConfigError(
+        f"position_loss.memory must be one of {MEMORIES}, got {p.memory!r}"
+    )
   if not bounds or bounds[0] != 1 or list(bounds) != sorted(set(bounds)):
     raise errors.ConfigError(
         f"position_loss.buckets must rise from 1, got {bounds}"
     )
-  return documents, bounds
+  return p.documents, bounds, p.memory
 
 
-def position_loss(config: Any, workdir: str) -> dict[str, Any]:
+def position_loss(run: spec.Run) -> dict[str, Any]:
   """``--mode=position_loss``: the loss by position table and plot."""
-  documents, bounds = _settings(config)
-  restored, corpus = experiment.load_for_mode(config, workdir)
-  memory = memory_of(config)
-  scorer = run_scorer(config, restored, workdir, memory)
+  documents, bounds, memory = check(run.settings.of(PositionLoss))
+  workdir = run.workdir
+  restored = restore.restore_source(run)
+  s = run.settings
+  corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
+  scorer = run_scorer(restored, workdir, memory)
   results: dict[str, Any] = dict(
       documents=documents,
       step=restored.step,
@@ -170,12 +194,12 @@ def position_loss(config: Any, workdir: str) -> dict[str, Any]:
     for r in rows:
       nll_ = "-" if r["nll"] is None else f"{r['nll']:.4f}"
       print(f"  positions {r['bucket']:>8}: nll {nll_} ({r['tokens']} tokens)")
-  paths = [paths.join(workdir, f"position_loss.{x}") for x in ("json", "png")]
+  files = [paths.join(workdir, f"position_loss.{x}") for x in ("json", "png")]
   if jax.process_index() == 0:
     paths.makedirs(workdir)
-    runfiles.write_json(paths[0], results)
-    plot(results, paths[1])
-  return dict(results, files=paths)
+    runfiles.write_json(files[0], results)
+    plot(results, files[1])
+  return dict(results, files=files)
 
 
 def plot(results: dict[str, Any], path: str) -> None:

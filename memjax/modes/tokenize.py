@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
-
 from memjax.io import paths
-from memjax.tasks import base as task_lib
+from memjax.run import spec
 
 
-def tokenize(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Tokenises the training and evaluation splits of ``config``'s task.
+def tokenize(run: spec.Run) -> dict[str, Any]:
+  """Tokenises the training and evaluation splits of the run's task.
 
   Returns:
     {'files': the files now in the cache directory}.
@@ -27,10 +25,8 @@ def tokenize(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   Raises:
     errors.UserError: missing data or a missing ``[data]`` package.
   """
-  task = task_lib.get(config)
-  task.check_config(config)
-  task.check_data(config, train=True)
-  data = task.load(config, workdir, train=True)
+  run.task.check_data(train=True)
+  data = run.task.load(run.workdir, train=True)
   cache = data.cache_dir
   names = sorted(n for n in paths.listdir(cache) if ".tmp" not in n)
   return {"files": [paths.join(cache, n) for n in names]}

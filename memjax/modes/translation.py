@@ -6,20 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
-
-from memjax.io import console
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
+from memjax.checkpoints import runfiles
 from memjax.data import parallel
+from memjax.io import console
+from memjax.io import paths
+from memjax.run import restore
+from memjax.run import spec
+from memjax.tasks import config as task_config
 from memjax.tasks.translation import bleu
 from memjax.tasks.translation import parts
 
 
-def translate(
-    config: ml_collections.ConfigDict, workdir: str
-) -> dict[str, Any]:
+def translate(run: spec.Run) -> dict[str, Any]:
   """``--mode=translate``: translates ``translation.input_file`` (one
   sentence per line), or the split ``translation.split`` and scores it.
 
@@ -27,9 +26,9 @@ def translate(
   ``<workdir>/translations/<split or file name>.beam<K>.txt``) and, for a
   split, ``<workdir>/translate_<split>.json``.
   """
-  t = config.translation
-  parts.check_config(config)
-  source = experiment.source_of(config, workdir)
+  t = run.settings.of(task_config.Translation)
+  workdir = run.workdir
+  source = run.source()
   if t.vocab_file:
     parts.check_vocabulary(paths.resolve(t.vocab_file), source)
   if t.input_file:
@@ -40,12 +39,15 @@ def translate(
     name, refs = paths.basename(t.input_file), None
   else:
     src, ref = parallel.read_pairs(
-        parts.data_dir(config), t.split, t.source_lang, t.target_lang
+        parts.data_dir(run.settings.data),
+        t.split,
+        t.source_lang,
+        t.target_lang,
     )
     sentences, name, refs = src, t.split, ref
-  restored = experiment.load(source, config=config)
+  restored = restore.restore(run, runfiles.find(paths.resolve(source)))
   tr = parts.make_translator(
-      config, restored.model, restored.variables, restored.vocab
+      t, restored.model, restored.variables, restored.vocab
   )
   hyps = tr.translate(sentences, desc=f"translating {name}")
   out = t.output_file or paths.join(
@@ -62,8 +64,6 @@ def translate(
     results[name] = scores
     lines.append(bleu.summary(scores, name))
     path = paths.join(workdir, f"translate_{name}.json")
-    from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
-
     runfiles.write_json(path, results)
     results["results_path"] = path
   results["summary_lines"] = lines

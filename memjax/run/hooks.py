@@ -1,9 +1,8 @@
 """Step hooks: registered code the training loop runs every N updates.
 
-A hook is a ``StepHook`` subclass registered under a name in
-``memjax.registry.HOOKS``::
+A hook is a ``StepHook`` subclass that a method declares under a name
+(``extend.Method.hooks``)::
 
-    @registry.HOOKS.register("reindex")
     class Reindex(hooks.StepHook):
 
       def start(self):  # Before the first update, new run or resumed.
@@ -14,6 +13,8 @@ A hook is a ``StepHook`` subclass registered under a name in
         path = build_index(params, self.ctx.workdir, step)
         self.ctx.batcher.use_index(path)
         self.state["index"] = path
+
+    METHOD = extend.Method(name="mine", hooks={"reindex": Reindex})
 
 and switched on in the config: ``config.train.hooks = ("reindex",)``,
 ``config.train.hook_options.reindex = ConfigDict({"every": 1000})``. The
@@ -33,9 +34,8 @@ atomically. Batches are a pure function of the step and of what the batcher
 reads, so a hook that changes the data must record in its state what it
 changed and re-apply it in ``start``.
 
-A method's hooks are found through its package (``REGISTERS['HOOKS']``);
-hooks registered outside ``memjax`` are found once their module is imported
-(a config file can import it).
+A method's hooks are found through its spec; a method defined outside
+``memjax`` joins with ``extend.add`` (a config file can call it).
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ import json
 from typing import Any, Mapping, Optional
 
 import jax
-import ml_collections
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
 
 
 @dataclasses.dataclass
@@ -57,21 +57,21 @@ class HookContext:
   """What a hook can reach.
 
   Attributes:
-    name: the hook's registered name.
+    name: the hook's name.
     options: its ``train.hook_options.<name>`` (``every`` included).
-    config: the run's config.
+    settings: the run's settings.
     workdir: the run's directory.
     is_chief: whether this process writes files (process 0).
     model: the ``TransformerLM``.
     mesh: the device mesh.
-    corpus: the corpus (``experiment.Corpus``).
+    corpus: the corpus (``memjax.data.corpus.Corpus``).
     batcher: the training batcher, whose data a hook may change.
     writer: the metric writer (TensorBoard), or None.
   """
 
   name: str
-  options: ml_collections.ConfigDict
-  config: ml_collections.ConfigDict
+  options: dict[str, Any]
+  settings: settings_lib.Settings
   workdir: str
   is_chief: bool = True
   model: Any = None
@@ -106,37 +106,35 @@ class StepHook(abc.ABC):
     model carries state (``models.state.params_of`` gives the tree)."""
 
 
-def _options(config: ml_collections.ConfigDict, name: str) -> Any:
-  return (config.train.get("hook_options") or {}).get(name)
+def _options(train: settings_lib.Train, name: str) -> Any:
+  return (train.hook_options or {}).get(name)
 
 
-def every_of(config: ml_collections.ConfigDict, name: str) -> int:
+def every_of(train: settings_lib.Train, name: str) -> int:
   """Steps between calls of hook ``name`` (``hook_options.<name>.every``,
   default 1)."""
-  options = _options(config, name)
+  options = _options(train, name)
   return 1 if options is None else options.get("every", 1)
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check(train: settings_lib.Train, hooks: extend.Lookup[type]) -> None:
   """Raises errors.ConfigError for an unknown hook name, a name listed
   twice, or an ``every`` that is not a positive integer."""
-  names = tuple(config.train.get("hooks") or ())
+  names = tuple(train.hooks or ())
   for name in names:
-    if name not in registry.HOOKS:
+    if name not in hooks:
       raise errors.ConfigError(
-          f"unknown step hook {name!r} in train.hooks; registered: "
-          f"{', '.join(registry.HOOKS.names()) or 'none'} "
-          "(memjax.registry.HOOKS; import the module that registers it, "
-          "e.g. from the config file)"
+          f"unknown step hook {name!r} in train.hooks; there are: "
+          f"{', '.join(hooks.names()) or 'none'} (a method declares its "
+          "hooks; one defined outside memjax joins with extend.add, e.g. "
+          "from the config file)"
       )
-    options = _options(config, name)
-    if options is not None and not isinstance(
-        options, (ml_collections.ConfigDict, dict)
-    ):
+    options = _options(train, name)
+    if options is not None and not isinstance(options, Mapping):
       raise errors.ConfigError(
           f"train.hook_options.{name} must be a ConfigDict, got {options!r}"
       )
-    every = every_of(config, name)
+    every = every_of(train, name)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
       raise errors.ConfigError(
           f"train.hook_options.{name}.every must be a positive integer, "
@@ -151,33 +149,33 @@ class HookRunner:
 
   def __init__(
       self,
-      config: ml_collections.ConfigDict,
+      settings: settings_lib.Settings,
+      hooks: extend.Lookup[type],
       states: Optional[Mapping[str, Any]] = None,
       **context: Any,
   ) -> None:
-    """Creates the hooks of ``config.train.hooks``.
+    """Creates the hooks of ``train.hooks``.
 
     Args:
-      config: the run's config (checked with ``check_config``).
+      settings: the run's settings.
+      hooks: the declared hooks by name.
       states: {name: state} saved with the checkpoint resumed from.
       **context: the other ``HookContext`` fields (workdir, model, ...).
     """
-    check_config(config)
+    train = settings.train
+    check(train, hooks)
     states = dict(states or {})
     self.hooks: list[tuple[StepHook, int]] = []
-    for name in tuple(config.train.get("hooks") or ()):
-      options = _options(config, name)
+    for name in tuple(train.hooks or ()):
       ctx = HookContext(
           name=name,
-          options=ml_collections.ConfigDict(dict(options or {})),
-          config=config,
+          options=dict(_options(train, name) or {}),
+          settings=settings,
           is_chief=jax.process_index() == 0,
           **context,
       )
       state = json.loads(json.dumps(states.get(name, {})))
-      self.hooks.append(
-          (registry.HOOKS.get(name)(ctx, state), every_of(config, name))
-      )
+      self.hooks.append((hooks.get(name)(ctx, state), every_of(train, name)))
 
   def start(self) -> None:
     for hook, _ in self.hooks:

@@ -1,28 +1,30 @@
 """Optimisers, learning-rate schedules and parameter groups (optax).
 
-``make_optimizer(config.optim, num_steps)`` builds the base optimiser
-(``optim.optimizer`` with its schedule) and, when ``optim.groups`` names
-parameter groups, gives the parameters each group's regex matches the
-group's own optimiser and schedule. A registered transformation
-(``register_transform``) can replace the optimiser of the base or a group.
+``make_optimizer(settings.optim, num_steps, transforms)`` builds the base
+optimiser (``optim.optimizer`` with its schedule) and, when ``optim.groups``
+names parameter groups, gives the parameters each group's regex matches the
+group's own optimiser and schedule. A transform the engine or a method
+declares (``extend.Method.optimizer_transforms``) can replace the optimiser
+of the base or a group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Callable, Mapping
 
 import jax
-import ml_collections
 import optax
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
+
+Optim = settings_lib.Optim
 
 
-def make_schedule(
-    cfg: ml_collections.ConfigDict, num_steps: int
-) -> optax.Schedule:
+def make_schedule(o: Optim, num_steps: int) -> optax.Schedule:
   """Learning-rate schedule with linear warm-up.
 
   * ``cosine``: warm-up then cosine decay to ``min_lr_ratio * lr`` at
@@ -32,17 +34,17 @@ def make_schedule(
   * ``linear``: warm-up then linear decay to ``min_lr_ratio * lr`` at
     ``num_steps`` (BERT's schedule).
   """
-  lr = float(cfg.learning_rate)
-  warm = int(cfg.warmup_steps)
-  if cfg.schedule == "cosine":
+  lr = float(o.learning_rate)
+  warm = int(o.warmup_steps)
+  if o.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0 if warm else lr,
         peak_value=lr,
         warmup_steps=warm,
         decay_steps=max(num_steps, warm + 1),
-        end_value=lr * float(cfg.min_lr_ratio),
+        end_value=lr * float(o.min_lr_ratio),
     )
-  if cfg.schedule == "inverse_sqrt":
+  if o.schedule == "inverse_sqrt":
 
     def sched(step):
       import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -55,22 +57,22 @@ def make_schedule(
       )
 
     return sched
-  if cfg.schedule == "linear":
+  if o.schedule == "linear":
     return optax.join_schedules(
         [
             optax.linear_schedule(0.0 if warm else lr, lr, max(warm, 1)),
             optax.linear_schedule(
-                lr, lr * float(cfg.min_lr_ratio), max(num_steps - warm, 1)
+                lr, lr * float(o.min_lr_ratio), max(num_steps - warm, 1)
             ),
         ],
         [warm],
     )
-  if cfg.schedule == "constant":
+  if o.schedule == "constant":
     if warm:
       return optax.linear_schedule(0.0, lr, warm)
     return optax.constant_schedule(lr)
   raise errors.ConfigError(
-      f"unknown optim.schedule {cfg.schedule!r}; use cosine, inverse_sqrt, "
+      f"unknown optim.schedule {o.schedule!r}; use cosine, inverse_sqrt, "
       "constant or linear"
   )
 
@@ -79,7 +81,7 @@ def make_schedule(
 # Custom transformations and parameter groups
 # ----------------------------------------------------------------------------
 
-# A registered transformation (``registry.OPTIMIZER_TRANSFORMS``):
+# A declared transformation (``extend.Method.optimizer_transforms``):
 # factory(optim settings, schedule) -> optax.GradientTransformation.
 # ``optim.transform = name`` (or a group's ``transform``) replaces the standard
 # optimiser of ``optim.optimizer`` with ``factory(settings, schedule)``:
@@ -90,8 +92,9 @@ def make_schedule(
 # up (lazy Adam). Clipping by ``optim.clip_norm`` still comes first, over all
 # gradients.
 TransformFactory = Callable[
-    [ml_collections.ConfigDict, optax.Schedule], optax.GradientTransformation
+    [Optim, optax.Schedule], optax.GradientTransformation
 ]
+Transforms = extend.Lookup[TransformFactory]
 
 # Keys of ``optim`` a parameter group may override (besides ``params``).
 GROUP_KEYS = (
@@ -111,53 +114,46 @@ GROUP_KEYS = (
 BASE_GROUP = "base"
 
 
-@registry.OPTIMIZER_TRANSFORMS.register("frozen")
-def _frozen(
-    cfg: ml_collections.ConfigDict, sched: optax.Schedule
-) -> optax.GradientTransformation:
+def frozen(o: Optim, sched: optax.Schedule) -> optax.GradientTransformation:
   """Leaves a group's parameters exactly as they are (zero updates), e.g.
   the memory of a fine-tuned model held fixed (Kim & Jung's Table 5)."""
-  del cfg, sched
+  del o, sched
   return optax.set_to_zero()
 
 
 def _standard_optimizer(
-    cfg: ml_collections.ConfigDict, sched: optax.Schedule, where: str
+    o: Optim, sched: optax.Schedule, where: str, transforms: Transforms
 ) -> optax.GradientTransformation:
-  """The optimiser of ``cfg.optimizer`` or the registered ``cfg.transform``."""
-  transform = cfg.get("transform", "")
-  if transform:
-    if transform not in registry.OPTIMIZER_TRANSFORMS:
+  """The optimiser of ``o.optimizer`` or the declared ``o.transform``."""
+  if o.transform:
+    if o.transform not in transforms:
       raise errors.ConfigError(
-          f"unknown {where}.transform {transform!r}; registered: "
-          f"{', '.join(registry.OPTIMIZER_TRANSFORMS.names())} "
-          "(memjax.registry.OPTIMIZER_TRANSFORMS)"
+          f"unknown {where}.transform {o.transform!r}; there are: "
+          f"{', '.join(transforms.names())}"
       )
-    return registry.OPTIMIZER_TRANSFORMS.get(transform)(cfg, sched)
-  name = cfg.optimizer
+    return transforms.get(o.transform)(o, sched)
+  name = o.optimizer
   if name == "adam":
     return optax.adamw(
-        sched, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+        sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay
     )
   if name == "nag":
     # fairseq's NAG with momentum 0.99, as in Baevski & Auli.
     return optax.chain(
-        optax.add_decayed_weights(cfg.weight_decay)
-        if cfg.weight_decay
+        optax.add_decayed_weights(o.weight_decay)
+        if o.weight_decay
         else optax.identity(),
-        optax.sgd(sched, momentum=cfg.momentum, nesterov=True),
+        optax.sgd(sched, momentum=o.momentum, nesterov=True),
     )
   if name == "sgd":
-    return optax.sgd(sched, momentum=cfg.momentum or None)
+    return optax.sgd(sched, momentum=o.momentum or None)
   raise errors.ConfigError(
       f"unknown {where}.optimizer {name!r}; use adam, nag or sgd"
   )
 
 
-def group_settings(
-    cfg: ml_collections.ConfigDict,
-) -> dict[str, tuple[re.Pattern, ml_collections.ConfigDict]]:
-  """The parameter groups of ``cfg.groups``: {name: (regex, settings)}.
+def group_settings(o: Optim) -> dict[str, tuple[re.Pattern, Optim]]:
+  """The parameter groups of ``o.groups``: {name: (regex, settings)}.
 
   ``settings`` are the base ``optim`` keys with the group's overrides.
 
@@ -166,12 +162,11 @@ def group_settings(
       regex or an invalid one, overrides an unknown key, or is named 'base'.
   """
   out = {}
-  base = {k: v for k, v in cfg.items() if k != "groups"}
-  for name, group in (cfg.get("groups") or {}).items():
+  for name, group in (o.groups or {}).items():
     where = f"optim.groups.{name}"
     if name == BASE_GROUP:
       raise errors.ConfigError(f"{where}: the group name 'base' is reserved")
-    if not isinstance(group, (ml_collections.ConfigDict, dict)):
+    if not isinstance(group, Mapping):
       raise errors.ConfigError(
           f"{where} must be a ConfigDict of settings, got {group!r}"
       )
@@ -194,7 +189,7 @@ def group_settings(
       raise errors.ConfigError(
           f"{where}.params {pattern!r} is not a regex: {e}"
       ) from None
-    out[name] = (regex, ml_collections.ConfigDict({**base, **group}))
+    out[name] = (regex, dataclasses.replace(o, groups={}, **group))
   return out
 
 
@@ -245,29 +240,30 @@ def param_labels(params: Any, groups: Mapping[str, re.Pattern]) -> Any:
   return labels
 
 
-def layout(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+def layout(o: Optim) -> dict[str, Any]:
   """What shapes the optimiser state: the optimiser or transform of the base
   and of every group, and the groups' regexes (saved with checkpoints)."""
 
-  def kind(c):
-    return {"optimizer": c.optimizer, "transform": c.get("transform", "")}
+  def kind(group: Optim) -> dict[str, str]:
+    return {"optimizer": group.optimizer, "transform": group.transform}
 
-  out = kind(cfg)
-  groups = group_settings(cfg)
+  out = kind(o)
+  groups = group_settings(o)
   if groups:
     out["groups"] = {
-        name: {"params": regex.pattern, **kind(c)}
-        for name, (regex, c) in groups.items()
+        name: {"params": regex.pattern, **kind(group)}
+        for name, (regex, group) in groups.items()
     }
   return out
 
 
 def make_optimizer(
-    cfg: ml_collections.ConfigDict, num_steps: int
+    o: Optim, num_steps: int, transforms: Transforms
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Builds the optimiser from ``config.optim``.
+  """Builds the optimiser of the ``optim`` settings ``o``, with the
+  declared ``transforms`` by name.
 
-  Parameters matching a group of ``cfg.groups`` are updated by the group's
+  Parameters matching a group of ``o.groups`` are updated by the group's
   optimiser and schedule (``optax.multi_transform``), the others by the base
   one; see ``group_settings`` and ``param_labels``.
 
@@ -275,21 +271,21 @@ def make_optimizer(
     (transformation, the base schedule). Gradient clipping by global norm
     (over all parameters) comes first when ``clip_norm > 0``.
   """
-  sched = make_schedule(cfg, num_steps)
-  opt = _standard_optimizer(cfg, sched, "optim")
-  groups = group_settings(cfg)
+  sched = make_schedule(o, num_steps)
+  opt = _standard_optimizer(o, sched, "optim", transforms)
+  groups = group_settings(o)
   if groups:
-    transforms = {BASE_GROUP: opt}
+    by_group = {BASE_GROUP: opt}
     for name, (_, c) in groups.items():
-      transforms[name] = _standard_optimizer(
-          c, make_schedule(c, num_steps), f"optim.groups.{name}"
+      by_group[name] = _standard_optimizer(
+          c, make_schedule(c, num_steps), f"optim.groups.{name}", transforms
       )
     patterns = {name: regex for name, (regex, _) in groups.items()}
     opt = optax.multi_transform(
-        transforms, lambda params: param_labels(params, patterns)
+        by_group, lambda params: param_labels(params, patterns)
     )
   parts: list[Any] = []
-  if cfg.clip_norm and cfg.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(cfg.clip_norm))
+  if o.clip_norm and o.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(o.clip_norm))
   parts.append(opt)
   return optax.chain(*parts), sched

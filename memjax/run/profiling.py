@@ -16,19 +16,19 @@ import os
 from typing import Any, Callable
 
 import jax
-import ml_collections
 
-from memjax.io import console
 from memjax import errors
+from memjax import settings as settings_lib
+from memjax.io import console
 
 
-def profile_steps(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+def profile_steps(train: settings_lib.Train) -> tuple[int, ...]:
   """``train.profile_steps``: () or (first, count), checked.
 
   Raises:
     errors.ConfigError: not () or two positive integers.
   """
-  steps = tuple(config.train.get("profile_steps", ()))
+  steps = tuple(train.profile_steps or ())
   if steps and (
       len(steps) != 2 or not all(isinstance(v, int) and v >= 1 for v in steps)
   ):
@@ -46,8 +46,8 @@ class StepTrace:
   inside the traced updates still writes what it traced.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    steps = profile_steps(config)
+  def __init__(self, train: settings_lib.Train, workdir: str):
+    steps = profile_steps(train)
     self.first, self.last = (steps[0], sum(steps) - 1) if steps else (1, 0)
     self.enabled = bool(steps) and jax.process_index() == 0
     self.directory = os.path.join(workdir, "profile")

@@ -4,12 +4,13 @@
 model state), ``abstract_state`` / ``create_state`` (its shapes and
 shardings from the model's logical axes; initialised directly on the mesh),
 ``abstract_params`` / ``abstract_variables`` (what a restore fills in).
-``memjax.experiment`` re-exports them; build through it.
+``collections`` is the run's state collections
+(``memjax.run.spec.Run.state_collections``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -67,13 +68,15 @@ def variables_of(params: Any, model_state: Any) -> Any:
   return model_state_lib.as_variables(params, model_state)
 
 
-def _init_variables(model, seq_len: int, key: Array) -> tuple[Any, Any]:
+def _init_variables(
+    model, collections: Sequence[str], seq_len: int, key: Array
+) -> tuple[Any, Any]:
   """(params, model state or None) of a fresh model."""
   tokens = jnp.zeros((1, seq_len), jnp.int32)
   variables = model.init(
       {"params": key, "dropout": key}, tokens, tokens, deterministic=True
   )
-  return model_state_lib.split(model, variables)
+  return model_state_lib.split(variables, collections)
 
 
 def abstract_state(
@@ -81,15 +84,17 @@ def abstract_state(
     tx: Optional[optax.GradientTransformation],
     mesh: Mesh,
     sample: dict[str, Any],
+    collections: Sequence[str] = (),
 ) -> tuple[Callable[[Array], TrainState], TrainState, Any]:
   """The train state's shapes and shardings, without allocating it.
 
   Args:
-    model: the TransformerLM.
+    model: the model.
     tx: the optimiser, or None for parameters only (``opt_state`` None).
     mesh: device mesh.
     sample: a batch, arrays or ``jax.ShapeDtypeStruct`` ('inputs' [B, L];
       'reset' [lanes] for lane batches).
+    collections: the model's state collections.
 
   Returns:
     (init_fn, abstract, shardings): ``init_fn(key)`` builds the boxed
@@ -102,7 +107,7 @@ def abstract_state(
   batch = sample["reset" if "reset" in sample else "inputs"].shape[0]
 
   def init_fn(key):
-    params, model_state = _init_variables(model, seq_len, key)
+    params, model_state = _init_variables(model, collections, seq_len, key)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -147,10 +152,11 @@ def create_state(
     mesh: Mesh,
     sample: dict[str, np.ndarray],
     rng: Array,
+    collections: Sequence[str] = (),
 ) -> tuple[TrainState, Any]:
   """(state, state_shardings): the train state initialised from ``rng``
   directly on the mesh (the other arguments as ``abstract_state``'s)."""
-  init_fn, _, shardings = abstract_state(model, tx, mesh, sample)
+  init_fn, _, shardings = abstract_state(model, tx, mesh, sample, collections)
   with sharding_lib.mesh_rules(mesh):
     state = jax.jit(
         lambda k: nn.meta.unbox(init_fn(k)), out_shardings=shardings
@@ -160,16 +166,18 @@ def create_state(
 
 def abstract_params(model, mesh: Mesh, seq_len: int = 8) -> Any:
   """The parameters' shapes and shardings, as ``jax.ShapeDtypeStruct``."""
-  return abstract_variables(model, mesh, seq_len)[0]
+  return abstract_variables(model, mesh, (), seq_len)[0]
 
 
-def abstract_variables(model, mesh: Mesh, seq_len: int = 8) -> tuple[Any, Any]:
+def abstract_variables(
+    model, mesh: Mesh, collections: Sequence[str] = (), seq_len: int = 8
+) -> tuple[Any, Any]:
   """(parameters, model state or None) as ``jax.ShapeDtypeStruct`` with
-  shardings; the model state replicated."""
+  shardings; the model state (of ``collections``) replicated."""
   key = jax.random.PRNGKey(0)
   with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
     params, state = jax.eval_shape(
-        lambda k: _init_variables(model, seq_len, k), key
+        lambda k: _init_variables(model, collections, seq_len, k), key
     )
     shardings = sharding_lib.logical_sharding(
         mesh, nn.get_partition_spec(params)

@@ -14,28 +14,21 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from memjax import experiment
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax.models import stats
-from memjax.models import unroll
 from memjax.models import state as model_state_lib
+from memjax.models import stats
 from memjax.models import transformer
+from memjax.models import unroll
+from memjax.run import state as state_lib
 
 Array = jax.Array
-TrainState = experiment.TrainState
+TrainState = state_lib.TrainState
 
 
 # ----------------------------------------------------------------------------
 # Step
 # ----------------------------------------------------------------------------
-
-
-def model_inputs(model, batch: dict[str, Array]) -> dict[str, Array]:
-  """The batch arrays a model family takes as keyword arguments besides
-  inputs and targets (its class attribute ``EXTRA_INPUTS``, e.g. the
-  encoder-decoder's 'source')."""
-  return {k: batch[k] for k in getattr(model, "EXTRA_INPUTS", ())}
 
 
 def _split_micro(x: Array, n: int) -> Array:
@@ -198,6 +191,49 @@ def _accumulate(
   return grads, metrics, new_mem, model_state
 
 
+def _micro_grads_fn(
+    model, loss_fn: losses.LossFn, segments_per_lane: int,
+    extra_inputs: tuple[str, ...],
+) -> Callable:  # fmt: skip
+  """``(params, model_state, micro_batch, memory, rng, step) -> (grads,
+  metrics, new_memory, new_model_state)``: one micro-batch's gradient of the
+  loss times its weighted targets (``make_train_step``)."""
+  names = lambda ms: tuple(ms or ())  # noqa: E731
+
+  def forward(p, ms, mb, memory, rng):
+    if memory is not None and segments_per_lane > 1:
+      return run_lane_segments_with_stats(
+          model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
+      )
+    out, sums, new_ms = stats.apply_with_state(
+        model,
+        model_state_lib.as_variables(p, ms),
+        names(ms),
+        mb["inputs"],
+        mb["targets"],
+        memory=memory,
+        deterministic=False,
+        rngs={"dropout": rng},
+        **{k: mb[k] for k in extra_inputs},
+    )
+    return out, sums, (new_ms or ms)
+
+  def micro_grads(params, ms, mb, memory, rng, step):
+    def f(p):
+      out, sums, new_ms = forward(p, ms, mb, memory, rng)
+      loss, metrics = loss_fn(out, mb, step=step, rng=rng)
+      metrics = dict(metrics, stats=sums)
+      # Scale so that summing micro-batch gradients gives the batch mean.
+      return loss * metrics["tokens"], (metrics, out.memory, new_ms)
+
+    (_, (metrics, new_memory, new_ms)), grads = jax.value_and_grad(
+        f, has_aux=True
+    )(params)
+    return grads, metrics, new_memory, new_ms
+
+  return micro_grads
+
+
 def make_train_step(
     model,
     tx,
@@ -207,8 +243,13 @@ def make_train_step(
     state_shardings: Any,
     mesh: Mesh,
     segments_per_lane: int = 1,
+    extra_inputs: tuple[str, ...] = (),
 ) -> Callable:
   """Builds the jitted ``(state, batch, rng) -> (state, metrics)``.
+
+  ``extra_inputs`` names the batch arrays the model takes as keyword
+  arguments besides inputs and targets (``extend.Family.extra_inputs``,
+  e.g. the encoder-decoder's 'source').
 
   Gradients are accumulated over ``grad_accum`` micro-batches with
   ``lax.scan``. A step whose loss or gradient norm is not finite leaves the
@@ -227,38 +268,7 @@ def make_train_step(
   passes through the micro-batches (and segments) in order; a step that is
   not finite keeps the old one.
   """
-  names = lambda ms: tuple(ms or ())  # noqa: E731
-
-  def forward(p, ms, mb, memory, rng):
-    if memory is not None and segments_per_lane > 1:
-      return run_lane_segments_with_stats(
-          model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
-      )
-    out, sums, new_ms = stats.apply_with_state(
-        model,
-        model_state_lib.as_variables(p, ms),
-        names(ms),
-        mb["inputs"],
-        mb["targets"],
-        memory=memory,
-        deterministic=False,
-        rngs={"dropout": rng},
-        **model_inputs(model, mb),
-    )
-    return out, sums, (new_ms or ms)
-
-  def micro_grads(params, ms, mb, memory, rng, step):
-    def f(p):
-      out, sums, new_ms = forward(p, ms, mb, memory, rng)
-      loss, metrics = loss_fn(out, mb, step=step, rng=rng)
-      metrics = dict(metrics, stats=sums)
-      # Scale so that summing micro-batch gradients gives the batch mean.
-      return loss * metrics["tokens"], (metrics, out.memory, new_ms)
-
-    (_, (metrics, new_memory, new_ms)), grads = jax.value_and_grad(
-        f, has_aux=True
-    )(params)
-    return grads, metrics, new_memory, new_ms
+  micro_grads = _micro_grads_fn(model, loss_fn, segments_per_lane, extra_inputs)
 
   def step_fn(state: TrainState, batch: dict[str, Array], rng: Array):
     rng = jax.random.fold_in(rng, state.step)

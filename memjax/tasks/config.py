@@ -1,54 +1,103 @@
-"""The tasks' config sections, added to ``memjax.config.base_config``.
+"""The tasks' settings: each task's section of the config.
 
 Each task's settings live in a section of its own (``translation``,
 ``mlm``, ``classification``); the language-modelling task reads ``data``
 and ``eval``, the engine's.
 """
 
-import ml_collections
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
 
 
-def translation(c: ml_collections.ConfigDict) -> None:
-  """Translation runs (model.family='encoder_decoder', data.corpus='parallel',
-  data.batching='tokens'; memjax/tasks/translation, docs/translation.md)."""
-  c.translation = t = ml_collections.ConfigDict()
-  t.source_lang = "de"  # files {split}.{source_lang}
-  t.target_lang = "en"
-  t.vocab_size = 10000  # joint sentencepiece (BPE) pieces
-  t.vocab_file = ""  # a sentencepiece model; "" = train one
-  t.max_tokens = 4096  # tokens per update (rows x bucket length)
-  t.buckets = (16, 32, 64, 128)  # padded sentence lengths
-  t.beam_size = 4
-  t.length_penalty = 1.0  # fairseq lenpen
-  t.max_len_a = 1.2  # decode at most a * source length + b
-  t.max_len_b = 10
-  t.decode_batch_size = 32  # sentences per decoding batch
-  t.eval_splits = ("valid",)  # scored after training (tune here)
-  t.eval_max_sentences = 0  # 0 = the whole split
-  t.split = "test"  # --mode=translate: the split scored
-  t.input_file = ""  # --mode=translate: translate a file instead
-  t.output_file = ""  # "" = <workdir>/translations/<name>.txt
+@dataclasses.dataclass(frozen=True)
+class Translation:
+  """``config.translation``: translation runs (model.family=
+  'encoder_decoder', data.corpus='parallel', data.batching='tokens';
+  memjax/tasks/translation, docs/translation.md).
+
+  Attributes:
+    source_lang, target_lang: the files {split}.{source_lang}.
+    vocab_size: joint sentencepiece (BPE) pieces.
+    vocab_file: a sentencepiece model; '' = train one.
+    max_tokens: tokens per update (rows x bucket length).
+    buckets: padded sentence lengths.
+    beam_size, length_penalty: beam search (fairseq's lenpen).
+    max_len_a, max_len_b: decode at most a * source length + b.
+    decode_batch_size: sentences per decoding batch.
+    eval_splits: scored after training (tune here).
+    eval_max_sentences: 0 = the whole split.
+    split: --mode=translate: the split scored.
+    input_file: --mode=translate: translate a file instead.
+    output_file: '' = <workdir>/translations/<name>.txt.
+  """
+
+  SECTION: ClassVar[str] = "translation"
+  source_lang: str = "de"
+  target_lang: str = "en"
+  vocab_size: int = 10000
+  vocab_file: str = ""
+  max_tokens: int = 4096
+  buckets: tuple[int, ...] = (16, 32, 64, 128)
+  beam_size: int = 4
+  length_penalty: float = 1.0
+  max_len_a: float = 1.2
+  max_len_b: int = 10
+  decode_batch_size: int = 32
+  eval_splits: tuple[str, ...] = ("valid",)
+  eval_max_sentences: int = 0
+  split: str = "test"
+  input_file: str = ""
+  output_file: str = ""
 
 
-def mlm(c: ml_collections.ConfigDict) -> None:
-  """Masked-LM pretraining (task='mlm', model.family='encoder',
-  data.batching='mlm'; memjax/tasks/mlm.py, docs/pkm_bert.md)."""
-  c.mlm = m = ml_collections.ConfigDict()
-  m.data_dir = ""  # wiki.{train,valid,test}.tokens; "" = demo_data/wikitext
-  m.vocab_size = 8000  # sentencepiece (BPE) pieces trained on train
-  m.vocab_file = ""  # a sentencepiece model with [CLS], [MASK]; "" = train
-  m.mask_prob = 0.15  # share of tokens chosen (80/10/10 mask/random/keep)
-  m.eval_seed = 1234  # the fixed masking draw of the evaluation splits
+@dataclasses.dataclass(frozen=True)
+class MaskedLM:
+  """``config.mlm``: masked-LM pretraining (task='mlm',
+  model.family='encoder', data.batching='mlm'; memjax/tasks/mlm.py,
+  docs/pkm_bert.md).
+
+  Attributes:
+    data_dir: wiki.{train,valid,test}.tokens; '' = demo_data/wikitext.
+    vocab_size: sentencepiece (BPE) pieces trained on train.
+    vocab_file: a sentencepiece model with [CLS], [MASK]; '' = train one.
+    mask_prob: share of tokens chosen (80/10/10 mask/random/keep).
+    eval_seed: the fixed masking draw of the evaluation splits.
+  """
+
+  SECTION: ClassVar[str] = "mlm"
+  data_dir: str = ""
+  vocab_size: int = 8000
+  vocab_file: str = ""
+  mask_prob: float = 0.15
+  eval_seed: int = 1234
 
 
-def classification(c: ml_collections.ConfigDict) -> None:
-  """Sentence classification (task='classification', model.family='encoder'
-  with family_options.head='classify', data.batching='sentences')."""
-  c.classification = s = ml_collections.ConfigDict()
-  s.data_dir = ""  # {train,dev,test}.tsv; "" = demo sentiment
-  s.labels = ("0", "1")  # the label set (column 'label')
-  s.max_len = 128  # [CLS] + pieces, longer ones cut
-  s.buckets = (32, 64, 128)  # padded lengths (one compile each)
-  s.select_split = "dev"  # best checkpoint chosen on this
-  s.test_split = "test"  # scored once, at the best dev params
-  s.usage_split = "dev"  # usage per class (Figure 4)
+@dataclasses.dataclass(frozen=True)
+class Classification:
+  """``config.classification``: sentence classification
+  (task='classification', model.family='encoder' with
+  family_options.head='classify', data.batching='sentences').
+
+  Attributes:
+    data_dir: {train,dev,test}.tsv; '' = the demo sentiment data.
+    labels: the label set (column 'label').
+    max_len: [CLS] + pieces, longer ones cut.
+    buckets: padded lengths (one compile each).
+    select_split: the best checkpoint is chosen on this.
+    test_split: scored once, at the best dev parameters.
+    usage_split: usage per class (Figure 4).
+  """
+
+  SECTION: ClassVar[str] = "classification"
+  data_dir: str = ""
+  labels: tuple[str, ...] = ("0", "1")
+  max_len: int = 128
+  buckets: tuple[int, ...] = (32, 64, 128)
+  select_split: str = "dev"
+  test_split: str = "test"
+  usage_split: str = "dev"
+
+
+SETTINGS = (Translation, MaskedLM, Classification)

@@ -12,31 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
-from jax.sharding import Mesh
-
 from memjax.data import corpus as corpus_lib
-from memjax import registry
-from memjax.tasks import base as task
 from memjax.data import sources
 from memjax.eval import metrics
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
+from memjax.run import spec
+from memjax.tasks import base as task
 
 
 class SplitsEvaluator(task.Evaluator):
   """Scores the corpus's evaluation splits; compiles once, reuse it."""
 
-  def __init__(
-      self,
-      config: ml_collections.ConfigDict,
-      model: Any,
-      mesh: Mesh,
-      data: corpus_lib.Corpus,
-  ) -> None:
-    self.scorer = scorer_lib.scorer_for(
-        rows.RunView(config, model, mesh, data.unit)
-    )
+  def __init__(self, scoring: rows.Scoring, data: corpus_lib.Corpus) -> None:
+    self.scorer = scorer_lib.scorer_for(scoring)
     self.splits = data.splits
 
   def run(
@@ -61,42 +50,44 @@ class SplitsEvaluator(task.Evaluator):
     return res
 
 
-@registry.TASKS.register("lm")
 class LanguageModelling(task.Task):
   """Next-token prediction over a corpus (``data.corpus``)."""
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    sources.corpus_spec(config.data.corpus)  # DataError for an unknown one.
+  def check_settings(self) -> None:
+    sources.corpus_spec(self.settings.data.corpus)  # DataError if unknown.
 
-  def check_data(self, config, train=True):
-    corpus_lib.check_data(config, tuple(config.eval.splits), train=train)
+  def check_data(self, train=True):
+    s = self.settings
+    corpus_lib.check_data(s.data, s.eval, tuple(s.eval.splits), train=train)
 
-  def load(self, config, workdir, train=True) -> corpus_lib.Corpus:
-    return corpus_lib.load_corpus(config, workdir, train=train)
+  def load(self, workdir, train=True) -> corpus_lib.Corpus:
+    s = self.settings
+    return corpus_lib.load_corpus(s.data, s.eval, workdir, train=train)
 
   def describe(self, data: corpus_lib.Corpus) -> str:
     splits = ", ".join(f"{k} {len(v.tokens)}" for k, v in data.splits.items())
     train = f", train {len(data.train.tokens)} tokens" if data.train else ""
     return f"corpus {data.name}: vocab {data.vocab_size}{train}, {splits}"
 
-  def vocabulary(self, config, workdir) -> Any:
-    return corpus_lib.vocabulary(config, workdir)
+  def vocabulary(self, workdir) -> Any:
+    return corpus_lib.vocabulary(self.settings.data, workdir)
 
-  def tokens_per_step(self, config) -> int:
-    return int(config.data.batch_size * config.data.seq_len)
+  def tokens_per_step(self) -> int:
+    d = self.settings.data
+    return int(d.batch_size * d.seq_len)
 
-  def evaluator(self, config, model, mesh: Mesh, data) -> task.Evaluator:
-    return SplitsEvaluator(config, model, mesh, data)
+  def evaluator(self, run: spec.Run, model, data) -> task.Evaluator:
+    return SplitsEvaluator(run.scoring(model, unit=data.unit), data)
 
   def final_results(
-      self, config, model, params, mesh, data, step, writer=None
+      self, run: spec.Run, model, params, data, step, writer=None
   ) -> dict[str, Any]:
     """Scores ``eval.splits`` and the add-one unigram floor beside them."""
-    results = {"name": config.name, "step": step, "unit": data.unit}
+    s = self.settings
+    results = {"name": s.name, "step": step, "unit": data.unit}
+    evaluator = SplitsEvaluator(run.scoring(model, unit=data.unit), data)
     results.update(
-        SplitsEvaluator(config, model, mesh, data).run(
-            params, step, int(config.eval.max_windows), "", writer
-        )
+        evaluator.run(params, step, int(s.eval.max_windows), "", writer)
     )
     for split, stream in data.splits.items():
       results.setdefault("unigram", {})[split] = metrics.unigram_baseline(

@@ -22,23 +22,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import flax
-import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
-from jax.sharding import Mesh
 
-from memjax.io import console
 from memjax import errors
-from memjax.io import paths
-from memjax import registry
+from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
-from memjax.models import stats
-from memjax.tasks import base as task
+from memjax.data import batchers
 from memjax.data import mlm
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
+from memjax.io import console
+from memjax.io import paths
+from memjax.run import spec
+from memjax.tasks import base as task
+from memjax.tasks import config as task_config
+
+Settings = settings_lib.Settings
 
 
 @dataclasses.dataclass
@@ -66,25 +65,22 @@ class MLMData:
   mask_id: int
 
 
-def data_dir(config: ml_collections.ConfigDict) -> str:
-  return config.mlm.data_dir or mlm.DEFAULT_DIR
+def data_dir(m: task_config.MaskedLM) -> str:
+  return m.data_dir or mlm.DEFAULT_DIR
 
 
-def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
+def vocabulary_path(s: Settings, workdir: str) -> str:
   """``mlm.vocab_file``, else the one the run saved, else a trained one."""
-  if config.mlm.vocab_file:
-    if not paths.isfile(config.mlm.vocab_file):
-      raise errors.DataError(
-          f"mlm.vocab_file {config.mlm.vocab_file} does not exist"
-      )
-    return paths.local_file(config.mlm.vocab_file)
+  m = s.of(task_config.MaskedLM)
+  if m.vocab_file:
+    if not paths.isfile(m.vocab_file):
+      raise errors.DataError(f"mlm.vocab_file {m.vocab_file} does not exist")
+    return paths.local_file(m.vocab_file)
   saved = paths.join(workdir, runfiles.SPM_FILE)
   if paths.isfile(saved):
     return paths.local_file(saved)  # sentencepiece reads local files.
-  cache = config.data.cache_dir or paths.join(workdir, "cache")
-  return mlm.train_vocabulary(
-      data_dir(config), int(config.mlm.vocab_size), cache
-  )
+  cache = s.data.cache_dir or paths.join(workdir, "cache")
+  return mlm.train_vocabulary(data_dir(m), int(m.vocab_size), cache)
 
 
 def eval_batches(
@@ -112,21 +108,22 @@ class MLMEvaluator(task.Evaluator):
   """MLM perplexity (and what the registered sum reports add, e.g. memory
   usage) on each evaluation split."""
 
-  def __init__(self, config, model, mesh: Mesh, data: MLMData):
-    self.config, self.mesh, self.data = config, mesh, data
-    self.scorer = scorer_lib.scorer_for(rows.RunView(config, model, mesh))
-    self.reports = stats.sum_reports()
+  def __init__(self, scoring: rows.Scoring, s: Settings, data: MLMData):
+    self.seq_len = int(s.data.seq_len)
+    self.m = s.of(task_config.MaskedLM)
+    self.data = data
+    self.scorer = scorer_lib.scorer_for(scoring)
+    self.reports = scoring.sum_reports
     self._batches: dict[tuple[str, int], dict[str, np.ndarray]] = {}
 
   def batches(self, split: str, max_items: int) -> dict[str, np.ndarray]:
     key = (split, max_items)
     if key not in self._batches:
-      c = self.config
       self._batches[key] = eval_batches(
-          self.data.splits[split], int(c.data.seq_len), self.data.cls_id,
+          self.data.splits[split], self.seq_len, self.data.cls_id,
           self.data.mask_id, self.data.vocab_size,
-          seed=int(c.mlm.eval_seed) + sorted(self.data.splits).index(split),
-          mask_prob=float(c.mlm.mask_prob), max_windows=max_items,
+          seed=int(self.m.eval_seed) + sorted(self.data.splits).index(split),
+          mask_prob=float(self.m.mask_prob), max_windows=max_items,
       )  # fmt: skip
     return self._batches[key]
 
@@ -172,46 +169,50 @@ class MLMEvaluator(task.Evaluator):
     return res
 
 
-@registry.TASKS.register("mlm")
 class MaskedLanguageModelling(task.Task):
   """BERT-style masked LM over ``mlm.data_dir`` (see the module doc)."""
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    if config.model.family != "encoder":
+  @property
+  def m(self) -> task_config.MaskedLM:
+    return self.settings.of(task_config.MaskedLM)
+
+  def check_settings(self) -> None:
+    s = self.settings
+    if s.model.family != "encoder":
       raise errors.ConfigError(
-          f"task 'mlm' needs model.family 'encoder', got "
-          f"{config.model.family!r}"
+          f"task 'mlm' needs model.family 'encoder', got {s.model.family!r}"
       )
-    if config.data.batching != "mlm":
+    if s.data.batching != "mlm":
       raise errors.ConfigError(
-          f"task 'mlm' needs data.batching 'mlm', got "
-          f"{config.data.batching!r}"
+          f"task 'mlm' needs data.batching 'mlm', got {s.data.batching!r}"
       )
-    p = float(config.mlm.mask_prob)
+    p = float(self.m.mask_prob)
     if not 0.0 < p < 1.0:
       raise errors.ConfigError(f"mlm.mask_prob must be in (0, 1), got {p}")
-    if config.data.seq_len > config.model.max_len:
+    if s.data.seq_len > s.model.max_len:
       raise errors.ConfigError(
-          f"data.seq_len {config.data.seq_len} exceeds model.max_len "
-          f"{config.model.max_len}"
+          f"data.seq_len {s.data.seq_len} exceeds model.max_len "
+          f"{s.model.max_len}"
       )
 
-  def check_data(self, config, train=True):
-    for split in (("train",) if train else ()) + tuple(config.eval.splits):
-      mlm.split_path(data_dir(config), split)
+  def check_data(self, train=True):
+    splits = (("train",) if train else ()) + tuple(self.settings.eval.splits)
+    for split in splits:
+      mlm.split_path(data_dir(self.m), split)
 
-  def load(self, config, workdir, train=True) -> MLMData:
-    vocab_path = vocabulary_path(config, workdir)
+  def load(self, workdir, train=True) -> MLMData:
+    s = self.settings
+    vocab_path = vocabulary_path(s, workdir)
     vocab = mlm.load_vocabulary(vocab_path)
     cls_id, mask_id = mlm.special_ids(vocab)
-    cache = config.data.cache_dir or paths.join(workdir, "cache")
-    read = lambda s: mlm.read_split(data_dir(config), s, vocab_path, cache)
+    cache = s.data.cache_dir or paths.join(workdir, "cache")
+    read = lambda x: mlm.read_split(data_dir(self.m), x, vocab_path, cache)
     v = int(vocab.vocab_size)
     return MLMData(
-        name=f"masked LM on {data_dir(config)}", vocab_size=v,
+        name=f"masked LM on {data_dir(self.m)}", vocab_size=v,
         vocab_path=vocab_path, vocab=vocab,
         train=TrainStream(read("train"), cls_id, mask_id, v) if train else None,
-        splits={s: read(s) for s in config.eval.splits}, cache_dir=cache,
+        splits={x: read(x) for x in s.eval.splits}, cache_dir=cache,
         cls_id=cls_id, mask_id=mask_id,
     )  # fmt: skip
 
@@ -220,28 +221,48 @@ class MaskedLanguageModelling(task.Task):
     train = f", train {len(data.train.tokens)} tokens" if data.train else ""
     return f"{data.name}: vocabulary {data.vocab_size}{train}, {splits}"
 
-  def vocabulary(self, config, workdir) -> Any:
-    return mlm.load_vocabulary(vocabulary_path(config, workdir))
+  def vocabulary(self, workdir) -> Any:
+    return mlm.load_vocabulary(vocabulary_path(self.settings, workdir))
 
-  def tokens_per_step(self, config) -> int:
-    return int(config.data.batch_size * config.data.seq_len)
+  def tokens_per_step(self) -> int:
+    d = self.settings.data
+    return int(d.batch_size * d.seq_len)
 
-  def evaluator(self, config, model, mesh, data) -> task.Evaluator:
-    return MLMEvaluator(config, model, mesh, data)
+  def evaluator(self, run: spec.Run, model, data) -> task.Evaluator:
+    return MLMEvaluator(run.scoring(model), self.settings, data)
 
   def final_results(
-      self, config, model, params, mesh, data, step, writer=None
+      self, run: spec.Run, model, params, data, step, writer=None
   ) -> dict[str, Any]:
-    scores = MLMEvaluator(config, model, mesh, data).run(
-        params, step, int(config.eval.max_windows), "", writer
-    )
-    results = {"name": config.name, "step": step, "unit": "ppl"}
+    s = self.settings
+    evaluator = MLMEvaluator(run.scoring(model), s, data)
+    scores = evaluator.run(params, step, int(s.eval.max_windows), "", writer)
+    results = {"name": s.name, "step": step, "unit": "ppl"}
     results.update(scores)
     lines = []
-    for split, s in scores.items():
-      lines.append(f"{split}: MLM perplexity {s['ppl']:.3f}")
-      for report in stats.sum_reports():
-        for module, m in s.get(report.key, {}).items():
+    for split, x in scores.items():
+      lines.append(f"{split}: MLM perplexity {x['ppl']:.3f}")
+      for report in evaluator.reports:
+        for module, m in x.get(report.key, {}).items():
           lines.append(f"  {module}: {report.describe(m)}")
     results["summary_lines"] = lines
     return results
+
+
+def mlm_shapes(s: Settings, devices: int) -> batchers.BatchShapes:
+  """'inputs', 'targets' [B, L] int32 and 'weights' [B, L] float32."""
+  out = batchers.segment_shapes(s, devices)
+  out["weights"] = (out["inputs"][0], "float32")
+  return out
+
+
+def make_mlm_batcher(s: Settings, train: Any, cache_dir: str) -> mlm.MLMBatcher:
+  """The 'mlm' batcher over an ``MLMData``'s training stream."""
+  del cache_dir
+  return mlm.MLMBatcher(
+      train.tokens, seq_len=int(s.data.seq_len),
+      batch_size=int(s.data.batch_size), seed=int(s.seed),
+      cls_id=train.cls_id, mask_id=train.mask_id,
+      vocab_size=train.vocab_size,
+      mask_prob=float(s.of(task_config.MaskedLM).mask_prob),
+  )  # fmt: skip

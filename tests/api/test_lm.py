@@ -5,6 +5,7 @@ import pytest
 
 import memjax
 from configs import trime_wt103
+from memjax import build
 from memjax.api import lm as lm_api
 
 TEXTS = [
@@ -75,7 +76,8 @@ def test_attach_scores_with_a_datastore(smoke_workdir, tmp_path):
   from memjax.methods.external import modes as external_modes  # pylint: disable=g-import-not-at-top
 
   workdir = str(tmp_path / "ext")
-  out = external_modes.datastore(_datastore_config(smoke_workdir), workdir)
+  run = build.build(_datastore_config(smoke_workdir), workdir)
+  out = external_modes.datastore(run)
   model = memjax.load(smoke_workdir)
   plain = model.score(TEXTS[:2], memory=False)
   setting = {

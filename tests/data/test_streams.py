@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from memjax.data import streams
+from memjax.data import windows
 
 
 def _arange_stream(n):
@@ -138,10 +139,10 @@ WINDOW_CASES = [
 def test_eval_windows_score_every_prediction_once(
     num_tokens, window_len, score_len
 ):
-  windows = streams.eval_windows(num_tokens, window_len, score_len)
-  assert windows.ndim == 2 and windows.shape[1] == 3
+  starts = windows.eval_windows(num_tokens, window_len, score_len)
+  assert starts.ndim == 2 and starts.shape[1] == 3
   scored = np.zeros(num_tokens, np.int64)
-  for w, (start, length, score_from) in enumerate(windows):
+  for w, (start, length, score_from) in enumerate(starts):
     assert 0 <= start and start + length <= num_tokens
     assert 0 < length <= window_len
     if w == 0:
@@ -156,9 +157,9 @@ def test_eval_windows_score_every_prediction_once(
 
 def test_eval_windows_reject_bad_lengths():
   with pytest.raises(ValueError):
-    streams.eval_windows(10, 4, 5)
+    windows.eval_windows(10, 4, 5)
   with pytest.raises(ValueError):
-    streams.eval_windows(10, 4, 0)
+    windows.eval_windows(10, 4, 0)
 
 
 @pytest.mark.parametrize(
@@ -170,9 +171,9 @@ def test_eval_batches_score_each_prediction_once(
 ):
   tokens = np.random.default_rng(0).integers(3, 50, n).astype(np.int32)
   batches = list(
-      streams.eval_batches(tokens, window_len, score_len, batch_size)
+      windows.eval_batches(tokens, window_len, score_len, batch_size)
   )
-  num_windows = len(streams.eval_windows(n - 1, window_len, score_len))
+  num_windows = len(windows.eval_windows(n - 1, window_len, score_len))
   assert len(batches) == -(-num_windows // batch_size)
   scored = np.zeros(n - 1, np.int64)
   total = 0.0
@@ -205,7 +206,7 @@ def test_eval_batches_score_each_prediction_once(
 )
 def test_segment_stream_covers_every_prediction_once(n, seq_len, lanes):
   tokens = _arange_stream(n)
-  stream = streams.SegmentStream(tokens, seq_len, lanes)
+  stream = windows.SegmentStream(tokens, seq_len, lanes)
   stacked = stream.stacked()
   t = len(stream)
   assert stacked["inputs"].shape == (t, lanes, seq_len)

@@ -94,7 +94,7 @@ class _Config:
 def test_train_reads_back_a_run_finished_with_the_same_steps(
     tmp_path, monkeypatch
 ):
-  from memjax.run import loop as train_lib  # pylint: disable=g-import-not-at-top
+  from memjax import api  # pylint: disable=g-import-not-at-top
 
   calls = []
 
@@ -103,7 +103,7 @@ def test_train_reads_back_a_run_finished_with_the_same_steps(
     os.makedirs(workdir, exist_ok=True)  # as the trainer makes it
     return {"step": config.train.num_steps, "valid": {"ppl": 9.0}}
 
-  monkeypatch.setattr(train_lib, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(api, "train", fake_train)
   run = tmp_path / "vanilla"
   assert common.finished(str(run), 30) is None  # nothing there: train
   res = common.train(_Config, str(run))

@@ -4,10 +4,11 @@ and the table (no training: the tuning is replaced by a stand-in)."""
 
 import json
 
+from memjax import build
+from memjax import catalog
 from memjax.demos import common
 from memjax.demos import trime_rows
 from memjax.eval import grid as grid_lib
-from memjax.modes import memory as memory_modes
 
 LABELS = [
     "vanilla",
@@ -23,8 +24,10 @@ def _sizes(demo, row):
   cfg = demo.config(row.config, row.variant)
   if "memory" in row.options:
     trime_rows.tuned_memory(demo, row, cfg)
-  em = cfg.eval_memory
-  return em.kind, tuple(grid_lib.tuning_grid(em, em.kind).long_sizes)
+  parts = catalog.parts()
+  em = build.read(cfg, parts).values("eval_memory")
+  grid = grid_lib.tuning_grid(em, parts.eval_memories, em["kind"])
+  return em["kind"], tuple(grid.long_sizes)
 
 
 def test_each_cache_row_reads_the_memories_of_the_trime_row_beside_it(
@@ -73,13 +76,15 @@ def test_a_cache_row_is_tuned_again_not_read_back(tmp_path, monkeypatch):
   )
   calls = []
 
-  def fake_tune(cfg, workdir):
+  def fake_run_mode(name, cfg, workdir):
+    assert name == "tune"
+    del workdir
     em = cfg.eval_memory
     calls.append((em.kind, tuple(em.long_mem_grid), cfg.train.init_from))
     n = max(em.long_mem_grid)
     return _tuned(n, 0.05, 0.2, 189.99) if n == 0 else _tuned(n, 0.2, 0.4, 1.0)
 
-  monkeypatch.setattr(memory_modes, "tune", fake_tune)
+  monkeypatch.setattr(common, "run_mode", fake_run_mode)
   rows = {r.label: r for r in trime_rows.ROWS}
   cache = trime_rows.run_row(demo, rows["vanilla + continuous cache"], None)
   assert calls == [("cache", (0,), str(tmp_path / "vanilla"))]

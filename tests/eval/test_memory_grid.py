@@ -7,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax import catalog
 from memjax import errors
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import windows as data_windows
+from memjax.eval import grid as grid_lib
 from memjax.eval import memory_grid as evaluate_memory
 from memjax.eval import rows
 from memjax.eval import windows
@@ -32,6 +34,13 @@ def _model():
   )
 
 
+def _grid(kind, long_sizes, **values):
+  """The grid of the evaluation memory ``kind`` (the run's memories)."""
+  return grid_lib.make(
+      catalog.parts().eval_memories, kind, long_sizes, **values
+  )
+
+
 @pytest.fixture(scope="module")
 def setup(repetitive_setup):
   return repetitive_setup(_model(), WINDOW)
@@ -40,7 +49,7 @@ def setup(repetitive_setup):
 def _window_outputs(model, params, tokens):
   """Per eval_windows window: (start, length, score_from, g, tlp, log_z)."""
   out = []
-  for start, length, sfrom in streams.eval_windows(
+  for start, length, sfrom in data_windows.eval_windows(
       len(tokens) - 1, WINDOW, SCORE
   ):
     inp = np.zeros((1, WINDOW), np.int32)
@@ -111,9 +120,7 @@ def reference(
 )  # fmt: skip
 def test_trime_evaluation_matches_numpy(setup, n_long, span):
   model, params, tokens, one = setup
-  grid = evaluate_memory.Grid(
-      kind="trime", long_sizes=(n_long,), temperatures=(0.7,)
-  )
+  grid = _grid("trime", long_sizes=(n_long,), temperatures=(0.7,))
   r = evaluate_memory.score_stream(
       model,
       params,
@@ -135,7 +142,6 @@ def test_trime_evaluation_matches_numpy(setup, n_long, span):
 
 
 def test_long_memory_spans_hand_listed():
-  from memjax.data import windows as data_windows  # pylint: disable=g-import-not-at-top
 
   # A stream of 21 tokens (20 predictions), windows of T = 8 scoring S = 3:
   # the windows score [0, 3), [3, 6), [6, 8) (three copies of the first
@@ -166,9 +172,7 @@ def test_long_memory_spans_hand_listed():
 
 def test_cache_evaluation_matches_numpy(setup):
   model, params, tokens, one = setup
-  grid = evaluate_memory.Grid(
-      kind="cache", long_sizes=(6,), thetas=(0.05,), lambdas=(0.0, 0.3)
-  )
+  grid = _grid("cache", long_sizes=(6,), thetas=(0.05,), lambdas=(0.0, 0.3))
   r = evaluate_memory.score_stream(
       model,
       params,
@@ -204,16 +208,14 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
       model,
       params,
       tokens,
-      evaluate_memory.Grid(
-          kind="trime", long_sizes=(0, 9), temperatures=(1.0,)
-      ),
+      _grid("trime", long_sizes=(0, 9), temperatures=(1.0,)),
       **kw,
   )
   local = evaluate_memory.score_stream(
       model,
       params,
       tokens,
-      evaluate_memory.Grid(kind="trime", long_sizes=(0,), temperatures=(1.0,)),
+      _grid("trime", long_sizes=(0,), temperatures=(1.0,)),
       **kw,
   )
   assert both["grid"][0]["nll"] == pytest.approx(
@@ -224,16 +226,14 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
   )
   # The plain scores and the lam = 0 cache equal memjax.eval.windows's protocol.
   plain = windows.WindowScorer(
-      rows.RunView(None, model, one), window_len=WINDOW, score_len=SCORE,
+      rows.Scoring(model, one), window_len=WINDOW, score_len=SCORE,
       batch_size=4,
   ).score(params, tokens)  # fmt: skip
   cache0 = evaluate_memory.score_stream(
       model,
       params,
       tokens,
-      evaluate_memory.Grid(
-          kind="cache", long_sizes=(9,), thetas=(0.1,), lambdas=(0.0,)
-      ),
+      _grid("cache", long_sizes=(9,), thetas=(0.1,), lambdas=(0.0,)),
       **kw,
   )
   assert cache0["grid"][0]["nll"] == pytest.approx(plain["nll"], rel=1e-6)
@@ -243,9 +243,7 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
 
 def test_sharded_evaluation_equals_unsharded(setup):
   model, params, tokens, one = setup
-  grid = evaluate_memory.Grid(
-      kind="trime", long_sizes=(0, 11), temperatures=(0.8, 1.3)
-  )
+  grid = _grid("trime", long_sizes=(0, 11), temperatures=(0.8, 1.3))
   kw = dict(window_len=WINDOW, score_len=SCORE, unit="ppl", block_size=4)
   a = evaluate_memory.score_stream(
       model, params, tokens, grid, batch_size=8, mesh=one, **kw
@@ -276,5 +274,6 @@ def test_fifo_bank_keeps_exactly_the_last_pairs():
     assert np.all(got[: 5 - len(last)] == -1)
     np.testing.assert_array_equal(np.asarray(bank.tokens)[got >= 0], last + 100)
     np.testing.assert_array_equal(np.asarray(bank.keys)[got >= 0, 0], last)
-  assert evaluation.bank_capacity("trime", (0, 100, 50), 8, 3) == 105
-  assert evaluation.bank_capacity("trime", (0,), 8, 3) == 0
+  trime = catalog.parts().eval_memories.get("trime")
+  assert evaluation.bank_capacity(trime, (0, 100, 50), 8, 3) == 105
+  assert evaluation.bank_capacity(trime, (0,), 8, 3) == 0

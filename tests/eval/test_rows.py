@@ -53,7 +53,7 @@ def test_rows_equal_one_direct_call(lm, devices):
       "weights": (rng.random((11, 6)) > 0.3).astype(np.float32),
       "position": np.zeros((11, 6), np.int32),  # not a model input: ignored
   }
-  scorer = rows.Scorer(rows.RunView(None, model, mesh))
+  scorer = rows.Scorer(rows.Scoring(model, mesh))
   out = scorer.rows(
       params, arrays, batch_size=4, keep=("target_logprob",),
       collections=(stats.COLLECTION,),
@@ -76,7 +76,7 @@ def test_apply_takes_batches_of_their_own_lengths(lm):
   rng = np.random.default_rng(1)
   a = rng.integers(1, 30, (3, 4)).astype(np.int32)
   b = rng.integers(1, 30, (3, 7)).astype(np.int32)
-  scorer = rows.Scorer(rows.RunView(None, model, mesh))
+  scorer = rows.Scorer(rows.Scoring(model, mesh))
   wb = np.ones((3, 7), np.float32)
   wb[2] = 0.0  # a padding row
   out = scorer.apply(

@@ -2,37 +2,41 @@
 the kinds agree with each other where their protocols coincide."""
 
 import json
-import types
 
 import jax
 import numpy as np
 import pytest
 
+from memjax import build
 from memjax import config as config_lib
 from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.eval import memory_grid
-from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
 from memjax.eval import streams
 from memjax.eval import windows
 from memjax.models import transformer
 
 
-def _run(attention="vanilla", mem_len=0, **eval_settings):
+def _run(attention="vanilla", mem_len=0, path="", memory=None):
+  """(scoring, params) of a one-layer model of ``attention``, its settings
+  the base config's with small windows and the ``eval_memory`` keys of
+  ``memory``, its parameters from ``path``."""
   c = config_lib.base_config()
   c.eval.update(dict(window_len=8, score_len=4, batch_size=2, segment_len=4))
-  c.eval.update(eval_settings)
   c.eval_memory.batch_size, c.eval_memory.block_size = 2, 4
+  c.eval_memory.update(memory or {})
   c.model.attention, c.model.mem_len = attention, mem_len
+  run = build.build(c, path or "/nonexistent/run")
   model = transformer.TransformerLM(
       vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, attention=attention, mem_len=mem_len,
+      d_ff=32, attention=run.parts.attention.get(attention),
+      attention_name=attention, mem_len=mem_len,
   )  # fmt: skip
   x = np.zeros((1, 4), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  return rows.RunView(c, model, mesh), params
+  return run.scoring(model, mesh=mesh, path=path), params
 
 
 def test_the_choice_follows_the_model_and_the_memory():
@@ -81,25 +85,20 @@ def test_a_stream_scores_alike_by_lanes_and_as_one_document():
 
 
 def test_memory_setting_prefers_tune_json(tmp_path):
-  run, _ = _run()
-  restored = types.SimpleNamespace(
-      config=run.config, model=run.model, path=str(tmp_path)
-  )
-  assert scorer_lib.memory_setting(restored) == {"kind": "none"}
-  run.config.eval_memory.kind = "trime"
-  run.config.eval_memory.temperature = 1.5
-  assert scorer_lib.memory_setting(restored) == {
+  plain, _ = _run(path=str(tmp_path))
+  assert scorer_lib.memory_setting(plain) == {"kind": "none"}
+  trime = {"kind": "trime", "temperature": 1.5}
+  configured, _ = _run(path=str(tmp_path), memory=trime)
+  assert scorer_lib.memory_setting(configured) == {
       "kind": "trime", "long_mem_tokens": 0, "temperature": 1.5,
       "source": "config",
   }  # fmt: skip
   with open(tmp_path / "tune.json", "w") as f:
     json.dump({"kind": "cache", "best": {"cache_theta": 0.2}}, f)
-  assert scorer_lib.memory_setting(restored) == {
+  assert scorer_lib.memory_setting(configured) == {
       "kind": "cache",
       "cache_theta": 0.2,
       "source": "tune.json",
   }
-  xl, _ = _run("xl", 8)
-  xl.config.eval_memory.kind = "trime"
-  restored.model = xl.model
-  assert scorer_lib.memory_setting(restored) == {"kind": "none"}
+  xl, _ = _run("xl", 8, path=str(tmp_path), memory=trime)
+  assert scorer_lib.memory_setting(xl) == {"kind": "none"}

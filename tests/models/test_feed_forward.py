@@ -1,5 +1,6 @@
 """The feed-forward's activation (``model.activation``): ReLU or BERT's GELU."""
 
+import json
 import math
 
 import flax.linen as nn
@@ -9,8 +10,11 @@ import pytest
 
 from configs import pkm_bert
 from configs import trime_wt103
+from memjax import build
+from memjax import config as config_lib
 from memjax import errors
-from memjax import experiment
+from memjax.checkpoints import checkpointing
+from memjax.checkpoints import convert
 from memjax.methods.pkm import layer as pkm
 from memjax.models import feed_forward
 
@@ -55,25 +59,50 @@ def test_residual_memory_ffn_takes_the_activation():
   assert not np.allclose(out["relu"], out["gelu"])
 
 
+def _signature(config, vocab_size=100):
+  """The signature a checkpoint of ``config``'s model must match."""
+  return build.build(config, "unused").signature(vocab_size)
+
+
 def test_encoder_configs_use_gelu_and_old_signatures_still_match():
   config = pkm_bert.get_config("resm_smoke")
   assert config.model.activation == "gelu"
-  sig = experiment.model_signature(config, 100)["model"]
+  sig = _signature(config)["model"]
   assert sig["activation"] == "gelu"
   # A config saved before the key existed (ReLU) keeps its signature.
   config.model.activation = "relu"
-  relu = experiment.model_signature(config, 100)
-  del config.model["activation"]
-  assert experiment.model_signature(config, 100) == relu
+  relu = _signature(config)
+  saved = json.loads(config_lib.to_json(config))
+  del saved["model"]["activation"]
+  assert _signature(config_lib.from_json(json.dumps(saved))) == relu
   lm = trime_wt103.get_config("smoke")
   assert lm.model.activation == "relu"
-  assert "activation" not in experiment.model_signature(lm, 100)["model"]
+  # A version-2 signature, written before the key existed (without it, as
+  # every key added later while it held its first value), still matches.
+  now = _signature(lm)
+  old = {
+      "name": now["name"],
+      "signature_version": 2,
+      "model": {
+          k: v
+          for k, v in now["model"].items()
+          if not (
+              k in convert.LATER_MODEL_KEYS and v == convert.LATER_MODEL_KEYS[k]
+          )
+      },
+  }
+  assert "activation" not in old["model"]
+  assert convert.upgrade(old) == now
+  checkpointing.check_signature(old, now, "old")
+  lm.model.activation = "gelu"  # ... and a model of another activation not.
+  with pytest.raises(errors.CheckpointMismatchError, match="activation"):
+    checkpointing.check_signature(old, _signature(lm), "old")
 
 
 def test_unknown_activation_is_a_config_error():
   config = trime_wt103.get_config("smoke")
   config.model.activation = "swish"
-  model = experiment.build_model(config.model, 24)
+  model = build.build(config, "unused").model(24)
   tokens = np.zeros((1, 4), np.int32)
   with pytest.raises(errors.ConfigError, match="model.activation"):
     model.init(jax.random.PRNGKey(0), tokens, tokens, deterministic=True)

@@ -9,13 +9,12 @@ import ml_collections
 import numpy as np
 import pytest
 
+from memjax import build
 from memjax import config as config_lib
 from memjax import errors
-from memjax import experiment
-from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax.run import step as train_step
 from memjax.data import token_batching
+from memjax.run import state as state_lib
 
 V = 40
 
@@ -30,9 +29,14 @@ def _config():
   return c
 
 
+def _model(c):
+  """The model ``c`` describes, with a vocabulary of V."""
+  return build.build(c, "unused").model(V)
+
+
 @pytest.fixture(scope="module")
 def setup():
-  model = experiment.build_model(_config().model, V)
+  model = _model(_config())
   rng = np.random.default_rng(0)
   pairs = [
       (
@@ -123,7 +127,7 @@ def test_memory_feature_is_the_same_g_in_training_and_decoding(norm_position):
   feats = {}
   for feature in ("last_ffn_input", "final_output"):
     c.model.family_options.memory_feature = feature
-    model = experiment.build_model(c.model, V)
+    model = _model(c)
     params = nn.meta.unbox(
         model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))[
             "params"
@@ -157,7 +161,7 @@ def test_memory_feature_is_the_same_g_in_training_and_decoding(norm_position):
   np.testing.assert_array_equal(feats["last_ffn_input"][1], hidden)
   assert not np.allclose(feats["last_ffn_input"][0], hidden)
   c.model.family_options.memory_feature = "output"
-  model = experiment.build_model(c.model, V)
+  model = _model(c)
   with pytest.raises(errors.ConfigError, match="memory_feature"):
     model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
 
@@ -165,10 +169,11 @@ def test_memory_feature_is_the_same_g_in_training_and_decoding(norm_position):
 def test_label_smoothing_matches_numpy(setup):
   _, params, b, apply = setup
   out = apply(params, b["source"], b["inputs"], b["targets"])
-  cfg = ml_collections.ConfigDict(
-      {"name": "label_smoothed", "options": {"epsilon": 0.1}}
-  )
-  loss, metrics = losses.make_loss(cfg, 10)(out, b, step=0, rng=None)
+  c = _config()
+  c.loss.name = "label_smoothed"
+  c.loss.options = ml_collections.ConfigDict({"epsilon": 0.1})
+  loss_fn = build.build(c, "unused").objective(10)
+  loss, metrics = loss_fn(out, b, step=0, rng=None)
   # fairseq's label_smoothed_nll_loss on the full log-softmax, in float64.
   logits = np.asarray(
       jnp.einsum("btd,vd->btv", out.hidden, params["target_embedding"]),
@@ -186,15 +191,18 @@ def test_label_smoothing_matches_numpy(setup):
 def test_sharded_equals_unsharded(setup):
   model, _, b, apply = setup
   assert jax.device_count() == 8
-  mesh = experiment.make_mesh(_config(), {"data": 2, "fsdp": 2, "tensor": 2})
-  state, _ = experiment.create_state(
-      model, None, mesh, b, jax.random.PRNGKey(3)
+  run = build.build(
+      _config(), "unused", mesh={"data": 2, "fsdp": 2, "tensor": 2}
+  )
+  mesh = run.mesh
+  state, _ = state_lib.create_state(
+      model, None, mesh, b, jax.random.PRNGKey(3), run.state_collections()
   )
 
   def f(p, batch):
     out = model.apply(
         {"params": p}, batch["inputs"], batch["targets"],
-        **train_step.model_inputs(model, batch),
+        **{k: batch[k] for k in run.extra_inputs},
     )  # fmt: skip
     return out.target_logprob
 

@@ -9,9 +9,11 @@ import pytest
 
 import memjax
 from configs import pkm_wt103
-from memjax import experiment
-from memjax.run import loop
+from memjax import build
 from memjax.models import state as model_state
+from memjax.run import loop
+from memjax.run import restore as restore_lib
+from memjax.run import state as state_lib
 from tests import conftest
 
 QUERY_NORM = ("batch_stats", "layer_0", "ffn", "memory", "query_norm")
@@ -55,7 +57,9 @@ def bert_runs(tmp_path_factory):
     states[step] = jax.device_get(state.model_state)
 
   straight = str(root / "straight")
-  results = loop.train_and_evaluate(config, straight, hooks=(keep,))
+  results = loop.train_and_evaluate(
+      build.build(config, straight), hooks=(keep,)
+  )
 
   def stop_after_2(step, state):
     del state
@@ -64,22 +68,22 @@ def bert_runs(tmp_path_factory):
 
   parts = str(root / "parts")
   with pytest.raises(_Interrupt):
-    loop.train_and_evaluate(config, parts, hooks=(stop_after_2,))
-  loop.train_and_evaluate(config, parts)
+    loop.train_and_evaluate(build.build(config, parts), hooks=(stop_after_2,))
+  memjax.train(config, parts)
   return straight, parts, states, results
 
 
 def test_the_query_batchnorm_trains_and_resumes_bit_identically(bert_runs):
   straight, parts, states, _ = bert_runs
   assert (
-      experiment.load(straight).config.model.feed_forward_options["query_norm"]
+      build.load(straight).settings.model.feed_forward_options["query_norm"]
       == "batch"
   )
   # Every update moves the running statistics.
   seen = [_norm(states[s])["mean"] for s in (1, 2, 3, 4)]
   for a, b in zip(seen, seen[1:]):
     assert np.abs(a - b).max() > 0
-  a, b = experiment.load(straight), experiment.load(parts)
+  a, b = build.load(straight), build.load(parts)
   assert a.step == b.step == 4
   for x, y in ((a.params, b.params), (a.model_state, b.model_state)):
     jax.tree.map(np.testing.assert_array_equal, x, y)
@@ -88,7 +92,7 @@ def test_the_query_batchnorm_trains_and_resumes_bit_identically(bert_runs):
 
 def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   straight, _, states, results = bert_runs
-  restored = experiment.load(straight)
+  restored = build.load(straight)
   before = _norm(restored.model_state)
   # The final evaluation ran after step 4 and the checkpoint kept step 4's.
   np.testing.assert_array_equal(before["mean"], _norm(states[4])["mean"])
@@ -99,7 +103,7 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   tokens = rng.integers(5, 200, size=(4, 16)).astype(np.int32)
   batch = {"inputs": tokens, "targets": tokens,
            "weights": np.ones(tokens.shape, np.float32)}  # fmt: skip
-  scorer = scorer_lib.scorer_for(restored)
+  scorer = scorer_lib.scorer_for(restored.scoring())
   got = scorer.rows(restored.variables, batch, batch_size=4)
   moved = jax.tree.map(lambda x: x + 3.0, restored.model_state)
   other = scorer.rows(
@@ -113,13 +117,13 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
                                 before["mean"])  # fmt: skip
   assert results["valid"]  # the final evaluation ran with them
   # Exported and loaded: the same statistics and scores.
-  out = experiment.export(straight, str(tmp_path / "export"))
-  loaded = experiment.load(out)
+  out = restore_lib.export(restored, str(tmp_path / "export"))
+  loaded = build.load(out)
   assert loaded.kind == "export"
   jax.tree.map(
       np.testing.assert_array_equal, loaded.model_state, restored.model_state
   )
-  exported = scorer_lib.scorer_for(loaded).rows(
+  exported = scorer_lib.scorer_for(loaded.scoring()).rows(
       loaded.variables, batch, batch_size=4
   )
   assert exported["nll_sum"] == pytest.approx(got["nll_sum"], rel=1e-6)
@@ -134,22 +138,23 @@ def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
     bert_runs, tmp_path
 ):
   straight, _, _, _ = bert_runs
-  run = experiment.load(straight)
-  out = experiment.export(straight, str(tmp_path / "export"))
-  config = run.config
-  model = experiment.build_model(config.model, run.vocab_size)
-  tx, _ = experiment.make_optimizer(config)
+  restored = build.load(straight)
+  out = restore_lib.export(restored, str(tmp_path / "export"))
+  run = restored.run
+  model = run.model(restored.vocab_size)
+  tx, _ = run.optimizer()
   sample = {"inputs": np.zeros((2, 8), np.int32)}
   for source in (straight, out):
-    state, shardings = experiment.create_state(
-        model, tx, run.mesh, sample, jax.random.PRNGKey(5)
-    )
+    state, shardings = state_lib.create_state(
+        model, tx, run.mesh, sample, jax.random.PRNGKey(5),
+        run.state_collections(),
+    )  # fmt: skip
     np.testing.assert_array_equal(_norm(state.model_state)["mean"], 0.0)
-    state = experiment.init_params_from(source, state, shardings, config)
+    state = restore_lib.init_params_from(run, source, state, shardings)
     jax.tree.map(
         np.testing.assert_array_equal,
         jax.device_get(state.model_state),
-        run.model_state,
+        restored.model_state,
     )
 
 
@@ -176,7 +181,7 @@ def test_the_leak_switch_trains_a_causal_model_with_batch_stats(tmp_path):
   config.train.checkpoint_every = 2
   config.eval.max_windows = 4
   config.eval.splits = ("valid",)
-  loop.train_and_evaluate(config, str(tmp_path / "run"))
-  restored = experiment.load(str(tmp_path / "run"))
+  memjax.train(config, str(tmp_path / "run"))
+  restored = build.load(str(tmp_path / "run"))
   stats_ = jax.tree.leaves(restored.model_state)
   assert stats_ and any(np.abs(np.asarray(x)).max() > 0 for x in stats_)

@@ -14,16 +14,18 @@ import numpy as np
 import optax
 import pytest
 
+from memjax import catalog
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax import experiment
-from memjax.run import step as train_step
 from memjax.models import transformer
+from memjax.run import state as state_lib
+from memjax.run import step as train_step
 
 V, B, T, M = 64, 8, 4, 6
 
 
 def make_model(kind, **kwargs):
+  """A two-layer LM of the attention kind named ``kind``."""
   return transformer.TransformerLM(
       vocab_size=V,
       num_layers=2,
@@ -32,7 +34,8 @@ def make_model(kind, **kwargs):
       head_dim=8,
       d_ff=32,
       cutoffs=(16, 40),
-      attention=kind,
+      attention=catalog.parts().attention.get(kind),
+      attention_name=kind,
       mem_len=M,
       **kwargs,
   )
@@ -99,7 +102,7 @@ def _run_train_steps(kind, m, mesh_spec, devices, steps=2):
   tx = optax.sgd(0.5)  # Adam would amplify rounding in ~0 gradients.
   _, batches = _batches(B, m, steps)
   mesh = sharding_lib.make_mesh(mesh_spec, devices)
-  state, shardings = experiment.create_state(
+  state, shardings = state_lib.create_state(
       model, tx, mesh, batches[0], jax.random.PRNGKey(0)
   )
   step = train_step.make_train_step(

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
+from memjax import build
+from memjax import catalog
 from memjax import errors
-from memjax import experiment
 from memjax.modes import plan_compile
 from memjax.modes import platforms
 from tests.conftest import run_main
@@ -24,12 +25,13 @@ def _count(tree) -> int:
   return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
 
 
-def test_7m_parameters_and_flops_per_token():
+def test_7m_parameters_and_flops_per_token(tmp_path):
   config = trime_wt103.get_config("7m")
   config.plan.devices = 8  # the suite's eight fake CPU devices
-  step = plan_compile.build_step(config, jax.devices())
+  run = build.build(config, str(tmp_path))
+  step = plan_compile.build_step(run, jax.devices())
   # An initialised model, counted leaf by leaf.
-  model = experiment.build_model(config.model, 267_737)
+  model = run.model(267_737)
   tokens = jnp.zeros((1, 8), jnp.int32)
   params = model.init(
       {"params": jax.random.PRNGKey(0)}, tokens, tokens, deterministic=True
@@ -52,7 +54,7 @@ def _smoke(batch_size: int, grad_accum: int):
   c = trime_wt103.get_config("smoke")
   c.plan.devices = 8
   c.data.batch_size, c.train.grad_accum = batch_size, grad_accum
-  return plan_compile.build_step(c, jax.devices())
+  return plan_compile.build_step(build.build(c, "plan"), jax.devices())
 
 
 def test_doubling_grad_accum_doubles_flops_per_step():
@@ -62,6 +64,11 @@ def test_doubling_grad_accum_doubles_flops_per_step():
   assert four["flops"] / two["flops"] == pytest.approx(2.0, rel=0.01)
   # XLA's own count sees one micro-batch either way.
   assert four["flops_loops_once"] / two["flops_loops_once"] < 1.1
+
+
+def _settings(config):
+  """The typed settings of ``config`` (what runs before JAX starts)."""
+  return build.read(config, catalog.parts())
 
 
 def test_tpu_slices_and_device_flags():
@@ -77,7 +84,7 @@ def test_tpu_slices_and_device_flags():
   config = trime_wt103.get_config("smoke")
   config.plan.devices, config.plan.platform = 16, "h100"
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"}
-  platforms.set_device_flags(config, env)
+  platforms.set_device_flags(_settings(config), env)
   assert env["XLA_FLAGS"].split() == [
       "--foo",
       "--xla_force_host_platform_device_count=16",
@@ -86,7 +93,7 @@ def test_tpu_slices_and_device_flags():
   # Default: the devices the mesh names.
   config.plan.devices = 0
   config.mesh.fsdp, config.mesh.tensor = 2, 2
-  assert platforms.planned_devices(config) == 4
+  assert platforms.planned_devices(_settings(config)) == 4
 
 
 def test_main_plans_without_data_or_checkpoints(tmp_path):

@@ -4,15 +4,15 @@ document's first tokens independent of the document before it, a recurrent
 model's memory carried within each document, and the kNN-LM evaluation
 memory inside the mode."""
 
-import types
-
 import jax
 import numpy as np
 
+from memjax import build
+from memjax import catalog
 from memjax import config as config_lib
-from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.eval import external
+from memjax.eval import grid as grid_lib
 from memjax.eval import memory_grid as em_lib
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
@@ -20,6 +20,7 @@ from memjax.memory import datastore as ds_lib
 from memjax.memory import search
 from memjax.models import transformer
 from memjax.modes import position_loss as pl
+from memjax.run import restore
 
 EQ, EOS = 7, 1
 
@@ -77,7 +78,7 @@ def test_first_tokens_ignore_previous_document():
   wa = windows.document_windows(a, spans, 8, 4)
   wb = windows.document_windows(b, spans, 8, 4)
   both = {k: np.concatenate([wa[k], wb[k]]) for k in wa}
-  scorer = rows.Scorer(rows.RunView(None, model, mesh))
+  scorer = rows.Scorer(rows.Scoring(model, mesh))
   out = scorer.rows(params, both, batch_size=8, keep=("target_logprob",))
   nll = -out["target_logprob"]
   half = len(wa["inputs"]) // 2  # the windows of the second document
@@ -93,11 +94,20 @@ def _config(**eval_settings):
   return c
 
 
-def _restored(model, x, config=None):
+def _restored(model, x, config=None, path=""):
+  """``model`` freshly initialised as a restored run of ``config`` (default
+  ``_config()``) at ``path``, on one device."""
   params = model.init(jax.random.key(0), x, x)["params"]
-  one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  return types.SimpleNamespace(model=model, params=params, mesh=one,
-                               unit="ppl", config=config)  # fmt: skip
+  run = build.build(config or _config(), path, mesh={"data": 1})
+  return restore.Restored(
+      run=run, model=model, params=params, step=0, vocab=None,
+      vocab_size=model.vocab_size, unit="ppl", path=path, kind="run",
+  )  # fmt: skip
+
+
+def _memories():
+  """The evaluation memories of a run."""
+  return catalog.parts().eval_memories
 
 
 def _stream(lengths, seed=0):
@@ -113,11 +123,12 @@ def test_carried_memory_equals_one_window_per_document():
   # one window from an empty memory; no document sees the one before it.
   model = transformer.TransformerLM(
       vocab_size=20, num_layers=2, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, cutoffs=(), attention="xl", mem_len=16,
+      d_ff=32, cutoffs=(), attention=catalog.parts().attention.get("xl"),
+      attention_name="xl", mem_len=16,
   )  # fmt: skip
   config = _config(segment_len=4, mem_len=16, batch_size=2)  # 2 lanes
   restored = _restored(model, np.zeros((1, 4), np.int32), config)
-  scorer = pl.run_scorer(config, restored, "", "none")
+  scorer = pl.run_scorer(restored, "", "none")
   toks, spans = _stream([13, 17, 9])  # 3 documents: two lane groups
   pos, nll = pl.document_scores(scorer, restored.params, toks, spans)
   # The reference: every document alone in one window (padded to one
@@ -157,12 +168,12 @@ def test_knn_memory_in_position_loss(tmp_path):
   toks, spans = _stream([12, 15])
   params = restored.params
   alone = pl.document_scores(
-      scorer_lib.scorer_for(restored), params, toks, spans
+      scorer_lib.scorer_for(restored.scoring()), params, toks, spans
   )
 
   def knn(lam, tokens):
     setting = {"kind": "knn", "knn_lambda": lam, "knn_temperature": 1.0}
-    scorer = scorer_lib.scorer_for(restored, setting, external=ext)
+    scorer = scorer_lib.scorer_for(restored.scoring(), setting, external=ext)
     return pl.document_scores(scorer, params, tokens, spans)
 
   at0 = knn(0.0, toks)
@@ -184,10 +195,9 @@ def test_config_memory_setting_keeps_external_settings(tmp_path):
   config.eval_memory.kind = "knn"
   config.eval_memory.knn_lambda, config.eval_memory.knn_temperature = 0.4, 2.0
   model = transformer.TransformerLM(vocab_size=20)
-  restored = types.SimpleNamespace(
-      config=config, path=str(tmp_path), model=model
-  )
-  grid = em_lib.grid_of(scorer_lib.memory_setting(restored))
+  scoring = build.build(config, str(tmp_path)).scoring(model)
+  setting = scorer_lib.memory_setting(scoring)
+  grid = grid_lib.grid_of(setting, _memories())
   values = grid.values()
   assert (grid.kind, values["knn_lambdas"], values["knn_temperatures"]) == (
       "knn", (0.4,), (2.0,),
@@ -205,11 +215,11 @@ def test_long_memory_compiled_once_for_all_documents():
   )  # fmt: skip
   restored = _restored(model, np.zeros((1, 8), np.int32))
   toks, spans = _stream([13, 22, 19], seed=5)
-  grid = em_lib.grid_of({"kind": "trime", "long_mem_tokens": 16})
+  grid = grid_lib.grid_of({"kind": "trime", "long_mem_tokens": 16}, _memories())
 
   def scorer():
     return em_lib.MemoryScorer(
-        rows.RunView(None, model, restored.mesh), grid, window_len=8,
+        rows.Scoring(model, restored.mesh), grid, window_len=8,
         score_len=4, batch_size=4, block_size=4,
     )  # fmt: skip
 

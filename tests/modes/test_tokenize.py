@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from memjax.data import corpus as corpus_lib
+from memjax import build
 from memjax.modes import tokenize
 from tests import conftest
 
@@ -13,12 +13,13 @@ def test_tokenize_writes_the_caches_training_reads(tmp_path):
   config = conftest.core_config("lm", conftest.core_data("lm", tmp_path))
   config.data.cache_dir = str(tmp_path / "cache")
   workdir = str(tmp_path / "run")
-  out = tokenize.tokenize(config, workdir)
+  run = build.build(config, workdir)
+  out = tokenize.tokenize(run)
   names = sorted(os.path.basename(f) for f in out["files"])
   assert [n.split(".")[1] for n in names] == ["test", "train", "valid", "vocab"]
   assert not os.path.exists(workdir)  # A cache elsewhere: no workdir made.
   stamps = {f: os.stat(f).st_mtime_ns for f in out["files"]}
-  corpus = corpus_lib.load_corpus(config, workdir)  # What training reads.
+  corpus = run.task.load(workdir)  # What training reads.
   assert {f: os.stat(f).st_mtime_ns for f in out["files"]} == stamps
   with np.load([f for f in out["files"] if ".train." in f][0]) as z:
     np.testing.assert_array_equal(corpus.train.tokens, z["tokens"])

@@ -1,8 +1,15 @@
 """The continuous cache (Grave et al. 2017), as an evaluation memory.
 
 ``memory``: the cache over M_local u M_long ('cache'), interpolated with
-the model's distribution.
+the model's distribution; ``config``: its settings.
 """
 
-REGISTERS = {"EVAL_MEMORIES": (f"{__name__}.memory",)}
-CONFIG = f"{__name__}.config:add_defaults"
+from memjax import extend
+from memjax.methods.cache import config
+from memjax.methods.cache import memory
+
+METHOD = extend.Method(
+    name="cache",
+    eval_memories={"cache": memory.CacheMemory()},
+    settings=(config.CacheEvalMemory,),
+)

@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
 from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.memory.visibility import MemorySpec, position_meta, visible
@@ -236,6 +235,3 @@ class CacheMemory(evaluation.EvalMemory):
         ]
     )  # [N, L, G, W, S]
     return jnp.swapaxes(logp, 1, 2)
-
-
-registry.EVAL_MEMORIES.register("cache", CacheMemory())

@@ -3,42 +3,57 @@
 * ``memories``: the evaluation memories 'knn', 'knn_cache' and 'trime_ext';
 * ``modes``: ``--mode=datastore``, ``index`` and ``recall``;
 * ``mt_datastore``, ``memory_decoding``, ``mt_modes``: the same for
-  translation (``--mode=mt_datastore``, ``mt_tune``, ``mt_translate``).
+  translation (``--mode=mt_datastore``, ``mt_tune``, ``mt_translate``);
+* ``config``: its settings.
 
 It builds on TRIME (``trime_ext``) and the cache (``knn_cache``).
 """
 
-REGISTERS = {"EVAL_MEMORIES": (f"{__name__}.memories",)}
-MODES = {
-    "datastore": {
-        "run": f"{__name__}.modes:datastore",
-        "help": "build the kNN datastore of a corpus's keys and next tokens",
-        "kinds": ("lm/decoder_lm",),
+from memjax import extend
+from memjax.methods.external import config
+from memjax.methods.external import memories
+from memjax.methods.external import modes
+from memjax.methods.external import mt_modes
+
+_LM = ("lm/decoder_lm",)
+
+METHOD = extend.Method(
+    name="external",
+    builds_on=("trime", "cache"),
+    eval_memories={
+        "knn": memories.KnnMemory(),
+        "knn_cache": memories.KnnCacheMemory(),
+        "trime_ext": memories.TrimeExtMemory(),
     },
-    "index": {
-        "run": f"{__name__}.modes:index",
-        "help": "build the ScaNN index of the datastore",
-        "kinds": ("lm/decoder_lm",),
+    modes={
+        "datastore": extend.Mode(
+            modes.datastore,
+            "build the kNN datastore of a corpus's keys and next tokens",
+            _LM,
+        ),
+        "index": extend.Mode(
+            modes.index, "build the ScaNN index of the datastore", _LM
+        ),
+        "recall": extend.Mode(
+            modes.recall,
+            "recall and speed of the index against exact search",
+            _LM,
+        ),
+        "mt_datastore": extend.Mode(
+            mt_modes.mt_datastore_mode,
+            "datastore and index of the training targets' decoder states",
+            ("translation",),
+        ),
+        "mt_tune": extend.Mode(
+            mt_modes.mt_tune,
+            "tune kNN-MT's K, lambda, temperature by teacher-forced NLL",
+            ("translation",),
+        ),
+        "mt_translate": extend.Mode(
+            mt_modes.mt_translate,
+            "beam search with the external memory, sacreBLEU",
+            ("translation",),
+        ),
     },
-    "recall": {
-        "run": f"{__name__}.modes:recall",
-        "help": "recall and speed of the index against exact search",
-        "kinds": ("lm/decoder_lm",),
-    },
-    "mt_datastore": {
-        "run": f"{__name__}.mt_modes:mt_datastore_mode",
-        "help": "datastore and index of the training targets' decoder states",
-        "kinds": ("translation",),
-    },
-    "mt_tune": {
-        "run": f"{__name__}.mt_modes:mt_tune",
-        "help": "tune kNN-MT's K, lambda, temperature by teacher-forced NLL",
-        "kinds": ("translation",),
-    },
-    "mt_translate": {
-        "run": f"{__name__}.mt_modes:mt_translate",
-        "help": "beam search with the external memory, sacreBLEU",
-        "kinds": ("translation",),
-    },
-}
-CONFIG = f"{__name__}.config:add_defaults"
+    settings=(config.ExternalEvalMemory, config.Datastore),
+)

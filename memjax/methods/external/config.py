@@ -1,4 +1,4 @@
-"""The external memories' config keys, added to ``memjax.config.base_config``.
+"""The external memories' settings.
 
 kNN-LM and TRIMELM_ext read a datastore of (g, next token) built by
 ``--mode=datastore`` (its settings: the ``datastore`` section) and searched
@@ -6,49 +6,165 @@ with the ScaNN index of ``--mode=index`` or exactly (the engine's
 ``eval_memory.datastore``, ``search``, ``ext_k``...).
 """
 
-import ml_collections
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from memjax import errors
+from memjax import settings as settings_lib
 
 
-def add_defaults(c: ml_collections.ConfigDict) -> None:
-  """Adds the external memories' settings to the base config ``c``."""
-  em = c.eval_memory
-  em.external_kind = ""  # the method's kind with M_ext (demos)
-  # tau' of Eq. 8 (trime_ext) in the authors' units: P' ~ exp(g . g_j / tau'),
-  # the raw inner product (no sqrt(d)), as their --interp-temp 10.5.
-  em.ext_temperature = 10.5
-  em.ext_lambda = 0.3  # lambda of Eq. 9 (trime_ext); 0 = Eq. 6
-  # The set P' runs over: 0 = the K external neighbours (the authors' code,
-  # knnlm.py:139), 1 = all of M_eval, local, long and external (Eq. 8's text).
-  em.ext_interp_local = 0.0
-  em.ext_temperature_grid = (2.5, 5.0, 10.5, 20.0, 40.0, 80.0)
-  em.ext_lambda_grid = (0.0, 0.1, 0.2, 0.3, 0.5)
-  em.ext_interp_local_grid = ()  # () = ext_interp_local only
-  em.knn_temperature = 1.0  # kNN-LM: none, as in Khandelwal et al.
-  em.knn_lambda = 0.25  # kNN-LM interpolation weight
-  em.knn_temperature_grid = (1.0,)
-  em.knn_lambda_grid = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5)
+@dataclasses.dataclass(frozen=True)
+class ExternalEvalMemory:
+  """``config.eval_memory``'s external memories (knn, knn_cache,
+  trime_ext).
 
-  # --mode=datastore: (g, next token) of a split, in shards.
-  c.datastore = ml_collections.ConfigDict()
-  c.datastore.split = "train"  # train | valid | test
-  # Build from another corpus, read with the run's vocabulary (Table 5).
-  c.datastore.corpus = ""  # "" = data.corpus
-  c.datastore.data_dir = ""  # "" = datastore.corpus's demo copy
-  c.datastore.shard_keys = 1_000_000  # about this many keys per shard
-  c.datastore.batch_size = 0  # windows per batch; 0 = eval_memory.batch_size
-  c.datastore.max_windows = 0  # only the first this many windows (0 = all)
-  # k of n: this process writes shards s % n == k. Separate jobs set them;
-  # the default 0 of 1 writes every shard (every process of a multi-host
-  # job in step, as the features run on the global mesh); -1 / 0 take
-  # jax.process_index() / jax.process_count().
-  c.datastore.process_index = 0
-  c.datastore.process_count = 1
-  # --mode=index / recall: ScaNN per shard (0 = sqrt(n) leaves, 1/10 searched).
-  c.datastore.leaves = 0
-  c.datastore.reorder = 0  # candidates re-ordered exactly; 0 = max(2k, 256)
-  c.datastore.recall_queries = 1000  # held-out (valid) queries of --mode=recall
-  # --mode=recall also measures recall and time per query with each of these
-  # numbers of leaves searched (a recall-speed curve), and writes the exact
-  # neighbours of this many of its queries (token ids) to recall.json.
-  c.datastore.recall_leaves = ()
-  c.datastore.recall_examples = 0
+  Attributes:
+    external_kind: the method's kind with M_ext (demos).
+    ext_temperature: tau' of Eq. 8 (trime_ext) in the authors' units: P' ~
+      exp(g . g_j / tau'), the raw inner product (no sqrt(d)), as their
+      --interp-temp 10.5.
+    ext_lambda: lambda of Eq. 9 (trime_ext); 0 = Eq. 6.
+    ext_interp_local: the set P' runs over: 0 = the K external neighbours
+      (the authors' code, knnlm.py:139), 1 = all of M_eval, local, long and
+      external (Eq. 8's text).
+    ext_temperature_grid, ext_lambda_grid: what ``--mode=tune`` tries.
+    ext_interp_local_grid: () = ext_interp_local only.
+    knn_temperature: kNN-LM: none, as in Khandelwal et al.
+    knn_lambda: the kNN-LM interpolation weight.
+    knn_temperature_grid, knn_lambda_grid: what ``--mode=tune`` tries.
+  """
+
+  SECTION: ClassVar[str] = "eval_memory"
+  external_kind: str = ""
+  ext_temperature: float = 10.5
+  ext_lambda: float = 0.3
+  ext_interp_local: float = 0.0
+  ext_temperature_grid: tuple[float, ...] = (2.5, 5.0, 10.5, 20.0, 40.0, 80.0)
+  ext_lambda_grid: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.5)
+  ext_interp_local_grid: tuple[float, ...] = ()
+  knn_temperature: float = 1.0
+  knn_lambda: float = 0.25
+  knn_temperature_grid: tuple[float, ...] = (1.0,)
+  knn_lambda_grid: tuple[float, ...] = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Datastore:
+  """``config.datastore``: --mode=datastore, (g, next token) of a split, in
+  shards; --mode=index and --mode=recall.
+
+  Attributes:
+    split: train | valid | test.
+    corpus: build from another corpus, read with the run's vocabulary
+      (Table 5); '' = data.corpus.
+    data_dir: '' = datastore.corpus's demo copy.
+    shard_keys: about this many keys per shard.
+    batch_size: windows per batch; 0 = eval_memory.batch_size.
+    max_windows: only the first this many windows (0 = all).
+    process_index, process_count: k of n: this process writes shards s %
+      n == k. Separate jobs set them; the default 0 of 1 writes every
+      shard (every process of a multi-host job in step, as the features
+      run on the global mesh); -1 / 0 take jax.process_index() /
+      jax.process_count().
+    leaves: ScaNN leaves per shard (0 = sqrt(n) leaves, 1/10 searched).
+    reorder: candidates re-ordered exactly; 0 = max(2k, 256).
+    recall_queries: held-out (valid) queries of --mode=recall.
+    recall_leaves: --mode=recall also measures recall and time per query
+      with each of these numbers of leaves searched (a recall-speed curve).
+    recall_examples: and writes the exact neighbours of this many of its
+      queries (token ids) to recall.json.
+  """
+
+  SECTION: ClassVar[str] = "datastore"
+  split: str = "train"
+  corpus: str = ""
+  data_dir: str = ""
+  shard_keys: int = 1_000_000
+  batch_size: int = 0
+  max_windows: int = 0
+  process_index: int = 0
+  process_count: int = 1
+  leaves: int = 0
+  reorder: int = 0
+  recall_queries: int = 1000
+  recall_leaves: tuple[int, ...] = ()
+  recall_examples: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MtMemory:
+  """``translation.memory``: the external memory of a translation run at
+  decoding time. Not a key of the base config: the translation configs set
+  the whole section (``configs/trime_iwslt.py``, whose values these
+  defaults follow for kNN-MT).
+
+  Attributes:
+    kind: 'knn' (kNN-MT) or 'trime' (TRIMEMT_ext's joint softmax).
+    datastore: '' = <workdir>/mt_datastore.
+    search: scann | exact.
+    rows: pairs per teacher-forced batch (datastore, tuning).
+    shard_keys: about this many positions per datastore shard.
+    show_sentences: --mode=mt_datastore: source sentences whose greedy
+      translation it follows, writing the k nearest entries' tokens at each
+      target position (<workdir>/mt_retrieved.json).
+    process_index, process_count: --mode=mt_datastore over processes:
+      process k writes the shards s with s % n == k (-1 / 0:
+      jax.process_index() / jax.process_count()).
+    k: neighbours.
+    knn_lambda, knn_temperature: kNN-MT (Khandelwal et al. 2021).
+    temperature: TRIMEMT_ext's memory logits g . g_j / (sqrt(d) tau).
+    interpolate, interpolate_lambda: a tuned lam instead of the memory's
+      mass.
+    unnormalised: with lam = the memory mass: False = (1 - lam) p_MT + lam
+      p_mem, Eq. 6's normalised joint softmax; True = (1 - lam) p_MT +
+      p_mem, as the authors' transformer.py 1235 returns it.
+    tune_sentences: valid sentences of --mode=mt_tune.
+    k_grid, knn_lambda_grid, knn_temperature_grid, temperature_grid,
+      interpolate_lambda_grid: what --mode=mt_tune tries.
+  """
+
+  kind: str = "knn"
+  datastore: str = ""
+  search: str = "scann"
+  rows: int = 64
+  shard_keys: int = 1 << 20
+  show_sentences: tuple[str, ...] = ()
+  process_index: int = -1
+  process_count: int = 0
+  k: int = 32
+  knn_lambda: float = 0.2
+  knn_temperature: float = 100.0
+  temperature: float = 1.0
+  interpolate: bool = False
+  interpolate_lambda: float = 0.2
+  unnormalised: bool = False
+  tune_sentences: int = 200
+  k_grid: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+  knn_lambda_grid: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
+  knn_temperature_grid: tuple[float, ...] = (10.0, 100.0, 1000.0)
+  temperature_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+  interpolate_lambda_grid: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
+
+
+def mt_memory(s: settings_lib.Settings) -> MtMemory:
+  """The ``translation.memory`` a translation config set.
+
+  Raises:
+    errors.ConfigError: the config has none (not a configs/trime_iwslt.py
+      config), or it holds keys ``MtMemory`` does not know.
+  """
+  mem = s.values("translation").get("memory")
+  if mem is None:
+    raise errors.ConfigError(
+        "translation.memory is not set: use a config of configs/trime_iwslt.py"
+    )
+  known = {f.name for f in dataclasses.fields(MtMemory)}
+  unknown = sorted(set(mem) - known)
+  if unknown:
+    raise errors.ConfigError(
+        f"translation.memory has {', '.join(unknown)}, which it does not "
+        f"take; its keys: {', '.join(sorted(known))}"
+    )
+  return MtMemory(**dict(mem))

@@ -38,7 +38,6 @@ import math
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
 from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.methods.cache import memory as cache
@@ -192,12 +191,3 @@ class KnnCacheMemory(evaluation.EvalMemory):
           )
       )  # fmt: skip
     return jnp.stack(out)
-
-
-registry.EVAL_MEMORIES.register("knn", KnnMemory())
-
-
-registry.EVAL_MEMORIES.register("knn_cache", KnnCacheMemory())
-
-
-registry.EVAL_MEMORIES.register("trime_ext", TrimeExtMemory())

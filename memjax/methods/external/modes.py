@@ -17,28 +17,26 @@ import time
 from typing import Any, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
-from memjax.data import corpus as corpus_lib
 from memjax import errors
-from memjax.eval import memory_grid as em_lib
-from memjax import experiment
-from memjax.io import paths
-from memjax import registry
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import corpus as corpus_lib
 from memjax.data import windows
-from memjax.memory import datastore as ds_lib
-from memjax.memory import shards
 from memjax.eval import external as external_lib
+from memjax.io import paths
+from memjax.memory import datastore as ds_lib
 from memjax.memory import search as search_lib
+from memjax.memory import shards
+from memjax.methods.external import config as ext_config
+from memjax.run import restore
+from memjax.run import spec
 
 
-def _metric(config: ml_collections.ConfigDict) -> str:
+def _metric(run: spec.Run) -> str:
   """The metric of eval_memory.kind's external memory (inner product for a
   kind without one, TRIME's similarity)."""
-  kind = registry.EVAL_MEMORIES.get(config.eval_memory.kind)
+  kind = run.parts.eval_memories.get(run.settings.eval_memory.kind)
   return kind.external_metric or "dot_product"
 
 
@@ -46,25 +44,24 @@ def _write_json(path: str, obj: Any) -> None:
   paths.write_json(path, obj)
 
 
-def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def datastore(run: spec.Run) -> dict:
   """Builds this process's shards of the datastore (``--mode=datastore``)."""
-  dc, c = config.datastore, config
-  share = shards.process_share(
-      dc.get("process_index", -1), dc.get("process_count", 0), "datastore"
-  )
+  c, workdir = run.settings, run.workdir
+  dc = c.of(ext_config.Datastore)
+  share = shards.process_share(dc.process_index, dc.process_count, "datastore")
   if dc.split not in ("train", "valid", "test"):
     raise errors.ConfigError(
         f"datastore.split must be train, valid or test, got {dc.split!r}"
     )
-  split, other = dc.split, dc.get("corpus", "")
+  split, other = dc.split, dc.corpus
   if other:  # another corpus, read with the run's vocabulary (Table 5)
     tokens = corpus_lib.read_stream(
-        config, workdir, split, other, dc.get("data_dir", "")
+        c.data, c.eval, workdir, split, other, dc.data_dir
     ).tokens
-    loaded = em_lib.load(config, workdir, splits=())
+    loaded = restore.load_splits(run, splits=())
   else:
-    loaded = em_lib.load(
-        config, workdir, splits=() if split == "train" else (split,),
+    loaded = restore.load_splits(
+        run, splits=() if split == "train" else (split,),
         train=split == "train",
     )  # fmt: skip
     tokens = loaded.train_tokens if split == "train" else loaded.splits[split]
@@ -75,9 +72,10 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
   dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
   bs = int(dc.batch_size or c.eval_memory.batch_size)
   bs = -(-bs // dp) * dp
-  spec = ds_lib.BuildSpec(
-      signature=experiment.model_signature(loaded.config, loaded.vocab_size),
-      checkpoint=external_lib.datastore_checkpoint(loaded),
+  scoring = loaded.scoring()
+  build = ds_lib.BuildSpec(
+      signature=scoring.signature,
+      checkpoint=external_lib.datastore_checkpoint(scoring),
       dim=int(loaded.model.d_model),
       corpus=other or c.data.corpus,
       split=split,
@@ -87,11 +85,11 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
       shard_batches=max(1, int(dc.shard_keys) // (bs * c.eval.score_len)),
       num_tokens=int(len(tokens)),
   )
-  path = external_lib.datastore_path(config, workdir)
-  ds_lib.check_build_dir(path, spec)
+  path = external_lib.datastore_path(scoring, workdir)
+  ds_lib.check_build_dir(path, build)
   start = time.time()
   store = ds_lib.build(
-      loaded.model, loaded.params, tokens, spec, path, mesh=loaded.mesh,
+      loaded.model, loaded.params, tokens, build, path, mesh=loaded.mesh,
       process_index=share[0], process_count=share[1],
   )  # fmt: skip
   elapsed = time.time() - start
@@ -117,29 +115,32 @@ def datastore(config: ml_collections.ConfigDict, workdir: str) -> dict:
   }
 
 
-def _load_store(config, workdir, splits=()) -> tuple[Any, ds_lib.Datastore]:
-  loaded = em_lib.load(config, workdir, splits=splits)
+def _load_store(
+    run: spec.Run, splits: Sequence[str] = ()
+) -> tuple[restore.Loaded, ds_lib.Datastore]:
+  loaded = restore.load_splits(run, splits=tuple(splits))
+  scoring = loaded.scoring()
   store = ds_lib.open_datastore(
-      external_lib.datastore_path(config, workdir),
-      signature=experiment.model_signature(loaded.config, loaded.vocab_size),
+      external_lib.datastore_path(scoring, run.workdir),
+      signature=scoring.signature,
       dim=loaded.model.d_model,
-      checkpoint=external_lib.datastore_checkpoint(loaded),
+      checkpoint=external_lib.datastore_checkpoint(scoring),
   )
   return loaded, store
 
 
-def index(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def index(run: spec.Run) -> dict:
   """Builds and serialises the ScaNN index of the datastore
   (``--mode=index``)."""
-  _, store = _load_store(config, workdir)
-  k = int(config.eval_memory.ext_k)
+  _, store = _load_store(run)
+  em, dc = run.settings.eval_memory, run.settings.of(ext_config.Datastore)
+  k = int(em.ext_k)
   search_lib.check_k(store, k)
-  metric = _metric(config)
+  metric = _metric(run)
   start = time.time()
   search_lib.build_index(
-      store, metric, k, leaves=int(config.datastore.leaves),
-      leaves_to_search=int(config.eval_memory.leaves_to_search),
-      reorder=int(config.datastore.reorder),
+      store, metric, k, leaves=int(dc.leaves),
+      leaves_to_search=int(em.leaves_to_search), reorder=int(dc.reorder),
   )  # fmt: skip
   elapsed = time.time() - start
   return {
@@ -156,17 +157,17 @@ def index(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def held_out_queries(
-    loaded: em_lib.Loaded, split: str, count: int, with_targets: bool = False
-):
+    loaded: restore.Loaded, split: str, count: int, with_targets: bool = False
+) -> Any:
   """g of the first ``count`` scored predictions of ``split`` [Q, D] (and
   their next tokens [Q] with ``with_targets``)."""
-  c = loaded.config
+  c = loaded.settings
   fn = sharding_lib.jit(
       ds_lib.make_feature_fn(loaded.model, c.eval.score_len), loaded.mesh
   )
   dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
   out, targets, have = [], [], 0
-  for batch in streams.memory_eval_batches(
+  for batch in windows.memory_eval_batches(
       loaded.splits[split], c.eval.window_len, c.eval.score_len,
       -(-int(c.eval_memory.batch_size) // dp) * dp,
   ):  # fmt: skip
@@ -279,22 +280,23 @@ def neighbour_examples(
   return out
 
 
-def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def recall(run: spec.Run) -> dict:
   """recall@k of the ScaNN index against exact search on valid queries
   (``--mode=recall``) -> ``recall.json``; with ``datastore.recall_leaves``
   also the recall and time per query of each number of leaves searched
   ('curve'), with ``datastore.recall_examples`` the neighbours of that many
   queries ('examples', token ids)."""
-  loaded, store = _load_store(config, workdir, splits=("valid",))
-  k = int(config.eval_memory.ext_k)
+  loaded, store = _load_store(run, splits=("valid",))
+  em, dc = run.settings.eval_memory, run.settings.of(ext_config.Datastore)
+  k = int(em.ext_k)
   search_lib.check_k(store, k)
-  metric = _metric(config)
-  reorder = int(config.eval_memory.reorder_candidates)
+  metric = _metric(run)
+  reorder = int(em.reorder_candidates)
   scann = search_lib.load_index(
-      store, metric, int(config.eval_memory.leaves_to_search), reorder
+      store, metric, int(em.leaves_to_search), reorder
   )
   queries, targets = held_out_queries(
-      loaded, "valid", int(config.datastore.recall_queries), True
+      loaded, "valid", int(dc.recall_queries), True
   )
   exact = search_lib.ExactSearcher(store, metric)
   exact.search(queries[:8], k)  # compiles the program every chunk runs
@@ -315,14 +317,14 @@ def recall(config: ml_collections.ConfigDict, workdir: str) -> dict:
       # Table 13, with exact search.
       "retrieval_accuracy": retrieval_accuracy(store, e_idx, targets),
       "curve": recall_curve(
-          scann, queries, e_idx, k, tuple(config.datastore.recall_leaves)
+          scann, queries, e_idx, k, tuple(dc.recall_leaves)
       ),
       "examples": neighbour_examples(
           store, np.asarray(loaded.splits["valid"]), e_scores, e_idx,
-          int(config.datastore.recall_examples),
+          int(dc.recall_examples),
       ),  # fmt: skip
   }
-  path = paths.join(workdir, "recall.json")
+  path = paths.join(run.workdir, "recall.json")
   _write_json(path, res)
   lines = [
       f"ScaNN recall@{k} against exact search: {r:.4f} on {len(queries)} "

@@ -20,37 +20,30 @@ from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from memjax.io import console
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
-from memjax.checkpoints import runfiles
+from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
+from memjax.checkpoints import runfiles
 from memjax.data import token_batching
+from memjax.io import console
+from memjax.io import paths
 from memjax.memory import datastore as ds_lib
 from memjax.memory import datastore_batches
 from memjax.memory import search as search_lib
 from memjax.memory import shards
-from memjax.tasks.translation import parts
+from memjax.methods.external import config as ext_config
 from memjax.models import state as model_state
+from memjax.tasks import config as task_config
+from memjax.tasks.translation import parts
+
+Settings = settings_lib.Settings
 
 
-def memory_config(config: ml_collections.ConfigDict) -> Any:
-  """``config.translation.memory`` (raises ConfigError if the config has
-  none, e.g. not a ``configs/trime_iwslt.py`` config)."""
-  mem = config.translation.get("memory")
-  if mem is None:
-    raise errors.ConfigError(
-        "translation.memory is not set: use a config of configs/trime_iwslt.py"
-    )
-  return mem
-
-
-def datastore_path(config: ml_collections.ConfigDict, workdir: str) -> str:
-  path = memory_config(config).datastore
+def datastore_path(s: Settings, workdir: str) -> str:
+  """``translation.memory.datastore``, else ``<workdir>/mt_datastore``."""
+  path = ext_config.mt_memory(s).datastore
   return paths.resolve(path or paths.join(workdir, "mt_datastore"))
 
 
@@ -119,21 +112,21 @@ def make_teacher_forced_fn(model: Any):
   return fn
 
 
-def _rows(config, restored) -> int:
+def _rows(s: Settings, restored: Any) -> int:
   dp = restored.mesh.shape["data"] * restored.mesh.shape["fsdp"]
-  rows = int(memory_config(config).rows)
+  rows = int(ext_config.mt_memory(s).rows)
   return -(-rows // dp) * dp
 
 
 def teacher_forced(
-    config: Any, restored: Any, split: Any, limit: int = 0
+    s: Settings, restored: Any, split: Any, limit: int = 0
 ) -> Iterator[dict[str, np.ndarray]]:
   """Yields the teacher-forced outputs (``make_teacher_forced_fn``) of the
   first ``limit`` pairs (0: all) of a ``parallel.ParallelSplit``."""
   n = len(split.source) if not limit else min(limit, len(split.source))
   src, tgt = split.source[:n], split.target[:n]
-  rows = _rows(config, restored)
-  plan = batch_plan(src, tgt, config.translation.buckets, rows)
+  rows = _rows(s, restored)
+  plan = batch_plan(src, tgt, s.of(task_config.Translation).buckets, rows)
   fn = sharding_lib.jit(make_teacher_forced_fn(restored.model), restored.mesh)
   for b, idx in plan:
     batch = plan_batch(src, tgt, b, idx, rows)
@@ -141,8 +134,8 @@ def teacher_forced(
     yield jax.device_get(fn(restored.variables, put))
 
 
-def _signature(restored) -> dict[str, Any]:
-  return experiment.model_signature(restored.config, restored.vocab_size)
+def _signature(restored: Any) -> dict[str, Any]:
+  return restored.run.signature(restored.vocab_size)
 
 
 def _checkpoint(restored) -> dict[str, Any]:
@@ -153,7 +146,7 @@ def vocab_sha1(restored) -> str:
   return runfiles.file_sha1(paths.join(restored.path, runfiles.SPM_FILE))
 
 
-def process_share(config: Any) -> tuple[int, int]:
+def process_share(s: Settings) -> tuple[int, int]:
   """(k, n): this build writes the shards s with s % n == k.
 
   ``translation.memory.process_index`` / ``process_count`` when set (>= 0 /
@@ -162,15 +155,13 @@ def process_share(config: Any) -> tuple[int, int]:
   Raises:
     errors.ConfigError: k outside [0, n).
   """
-  mem = memory_config(config)
+  mem = ext_config.mt_memory(s)
   return shards.process_share(
-      mem.get("process_index", -1),
-      mem.get("process_count", 0),
-      "translation.memory",
+      mem.process_index, mem.process_count, "translation.memory"
   )
 
 
-def build(config: Any, restored: Any, train: Any, path: str) -> Any:
+def build(s: Settings, restored: Any, train: Any, path: str) -> Any:
   """Builds (or resumes) this process's share of the datastore of
   ``train``'s target positions (see :func:`process_share`).
 
@@ -180,22 +171,21 @@ def build(config: Any, restored: Any, train: Any, path: str) -> Any:
   Raises:
     errors.CheckpointMismatchError: ``path`` holds a build of another model.
   """
-  process_index, process_count = process_share(config)
-  rows = _rows(config, restored)
-  plan = batch_plan(
-      train.source, train.target, config.translation.buckets, rows
-  )
-  mem = memory_config(config)
+  process_index, process_count = process_share(s)
+  rows = _rows(s, restored)
+  t = s.of(task_config.Translation)
+  plan = batch_plan(train.source, train.target, t.buckets, rows)
+  mem = ext_config.mt_memory(s)
   spec = datastore_batches.BatchBuildSpec(
       signature=_signature(restored),
       checkpoint=_checkpoint(restored),
       dim=int(restored.model.d_model),
-      corpus=paths.resolve(parts.data_dir(config)),
+      corpus=paths.resolve(parts.data_dir(s.data)),
       split="train",
       context={
           "task": "translation",
           "values": "target tokens",
-          "target_lang": config.translation.target_lang,
+          "target_lang": t.target_lang,
           "vocab_sha1": vocab_sha1(restored),
       },
       num_batches=len(plan),

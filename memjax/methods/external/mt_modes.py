@@ -23,37 +23,38 @@ import time
 from typing import Any, Sequence
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from memjax.io import console
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
+from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
-from memjax.tasks.translation import bleu
+from memjax.io import console
+from memjax.io import paths
+from memjax.methods.external import config as ext_config
 from memjax.methods.external import memory_decoding as md
 from memjax.methods.external import mt_datastore
+from memjax.run import restore
+from memjax.run import spec
+from memjax.tasks import config as task_config
+from memjax.tasks.translation import bleu
 from memjax.tasks.translation import parts
 
-
-def _restore(config, workdir):
-  parts.check_config(config)
-  mt_datastore.memory_config(config)
-  restored = experiment.load(
-      experiment.source_of(config, workdir), config=config
-  )
-  return restored
+Settings = settings_lib.Settings
 
 
-def _split(config, restored, split: str):
+def _restore(run: spec.Run) -> restore.Restored:
+  ext_config.mt_memory(run.settings)  # ConfigError without one.
+  return restore.restore_source(run)
+
+
+def _split(s: Settings, restored: restore.Restored, split: str) -> Any:
   spm = paths.local_file(paths.join(restored.path, runfiles.SPM_FILE))
-  return parts.read_split(config, split, spm, restored.path)
+  return parts.read_split(s, split, spm, restored.path)
 
 
-def _kind(config) -> str:
+def _kind(s: Settings) -> str:
   """The memory kind; raises ConfigError for a bad kind or lambda."""
-  mem = mt_datastore.memory_config(config)
+  mem = ext_config.mt_memory(s)
   if mem.kind not in ("knn", "trime"):
     raise errors.ConfigError(
         f"translation.memory.kind must be 'knn' or 'trime', got {mem.kind!r}"
@@ -63,8 +64,8 @@ def _kind(config) -> str:
   # beam search finishes no hypothesis.
   for key in ("knn_lambda", "interpolate_lambda"):
     for name, values in (
-        (key, [mem[key]]),
-        (f"{key}_grid", mem[key + "_grid"]),
+        (key, [getattr(mem, key)]),
+        (f"{key}_grid", getattr(mem, key + "_grid")),
     ):
       bad = [v for v in values if not 0.0 <= float(v) < 1.0]
       if bad:
@@ -74,19 +75,18 @@ def _kind(config) -> str:
   return mem.kind
 
 
-def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def mt_datastore_mode(run: spec.Run) -> dict:
   """``--mode=mt_datastore``: builds (or resumes) the datastore and index."""
-  kind = _kind(config)
-  restored = _restore(config, workdir)
-  mem = mt_datastore.memory_config(config)
-  path = mt_datastore.datastore_path(config, workdir)
+  s, workdir = run.settings, run.workdir
+  kind = _kind(s)
+  restored = _restore(run)
+  mem = ext_config.mt_memory(s)
+  path = mt_datastore.datastore_path(s, workdir)
   start = time.time()
-  store = mt_datastore.build(
-      config, restored, _split(config, restored, "train"), path
-  )
+  store = mt_datastore.build(s, restored, _split(s, restored, "train"), path)
   built = time.time() - start
   if store is None:  # other processes' shards are still missing
-    index, count = mt_datastore.process_share(config)
+    index, count = mt_datastore.process_share(s)
     return {
         "mode": "mt_datastore",
         "seconds": built,
@@ -111,10 +111,10 @@ def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
           f"{time.time() - start - built:.0f}s"
       ],
   }
-  shown = tuple(mem.get("show_sentences", ()))
+  shown = tuple(mem.show_sentences)
   if shown:
     found = retrieved_tokens(
-        config, restored, store, shown, metric=md.metric_of(kind)
+        s, restored, store, shown, metric=md.metric_of(kind)
     )
     out["retrieved"] = [
         {"source": sentence, "positions": positions}
@@ -125,7 +125,7 @@ def mt_datastore_mode(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return out
 
 
-def settings_of(mem: Any) -> dict[str, Any]:
+def settings_of(mem: ext_config.MtMemory) -> dict[str, Any]:
   """The memory settings of ``translation.memory``."""
   return {
       "k": int(mem.k),
@@ -133,12 +133,12 @@ def settings_of(mem: Any) -> dict[str, Any]:
       "knn_temperature": float(mem.knn_temperature),
       "temperature": float(mem.temperature),
       "interpolate": bool(mem.interpolate),
-      "unnormalised": bool(mem.get("unnormalised", False)),
+      "unnormalised": bool(mem.unnormalised),
       "lambda": float(mem.interpolate_lambda),
   }
 
 
-def grid_of(kind: str, mem: Any) -> list[dict[str, Any]]:
+def grid_of(kind: str, mem: ext_config.MtMemory) -> list[dict[str, Any]]:
   """Every setting tuned: K x (lam x T) for kNN-MT, K x tau (x lam with
   ``interpolate``) for TRIMEMT_ext."""
   base = settings_of(mem)
@@ -159,45 +159,48 @@ def grid_of(kind: str, mem: Any) -> list[dict[str, Any]]:
   ]
 
 
-def teacher_forced_memory(config, restored, split, neighbours, limit: int):
+def teacher_forced_memory(
+    s: Settings, restored: Any, split: Any, neighbours: Any, limit: int
+) -> dict[str, np.ndarray]:
   """Host arrays over the scored positions of ``split``'s first ``limit``
   pairs: tlp, log_z, targets [Q] and their neighbours' scores, values
   [Q, K]."""
   cols: dict[str, list[np.ndarray]] = {
       k: [] for k in ("tlp", "log_z", "targets", "scores", "values")
   }
-  for out in mt_datastore.teacher_forced(config, restored, split, limit):
+  for out in mt_datastore.teacher_forced(s, restored, split, limit):
     ok = out["weights"].reshape(-1) > 0
     for key in ("tlp", "log_z", "targets"):
       cols[key].append(out[key].reshape(-1)[ok])
     g = out["g"].reshape(-1, out["g"].shape[-1])[ok]
-    s, v = neighbours(g)
-    cols["scores"].append(s)
-    cols["values"].append(v)
+    scores, values = neighbours(g)
+    cols["scores"].append(scores)
+    cols["values"].append(values)
   return {k: np.concatenate(v) for k, v in cols.items()}
 
 
 def tune_grid(kind: str, grid, tf: dict[str, np.ndarray], dim: int) -> list:
   """Teacher-forced NLL per target token of every setting of ``grid``."""
   rows = []
-  for s in grid:
-    k = int(s["k"])
+  for setting in grid:
+    k = int(setting["k"])
     logp = md.target_log_probs(
-        kind, s, jnp.asarray(tf["tlp"]), jnp.asarray(tf["log_z"]),
+        kind, setting, jnp.asarray(tf["tlp"]), jnp.asarray(tf["log_z"]),
         jnp.asarray(tf["scores"][:, :k]), jnp.asarray(tf["values"][:, :k]),
         jnp.asarray(tf["targets"]), dim,
     )  # fmt: skip
-    rows.append(dict(s, nll=float(-jnp.mean(logp))))
+    rows.append(dict(setting, nll=float(-jnp.mean(logp))))
   return rows
 
 
-def mt_tune(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def mt_tune(run: spec.Run) -> dict:
   """``--mode=mt_tune``: the grid on valid by teacher-forced NLL."""
-  kind = _kind(config)
-  mem = mt_datastore.memory_config(config)
-  restored = _restore(config, workdir)
+  s, workdir = run.settings, run.workdir
+  kind = _kind(s)
+  mem = ext_config.mt_memory(s)
+  restored = _restore(run)
   store = mt_datastore.open_store(
-      restored, mt_datastore.datastore_path(config, workdir)
+      restored, mt_datastore.datastore_path(s, workdir)
   )
   grid = grid_of(kind, mem)
   kmax = max(int(s["k"]) for s in grid)
@@ -205,7 +208,7 @@ def mt_tune(config: ml_collections.ConfigDict, workdir: str) -> dict:
       mt_datastore.searcher(store, md.metric_of(kind), mem, kmax), kmax
   )
   tf = teacher_forced_memory(
-      config, restored, _split(config, restored, "valid"), neighbours,
+      s, restored, _split(s, restored, "valid"), neighbours,
       int(mem.tune_sentences),
   )  # fmt: skip
   rows = tune_grid(kind, grid, tf, int(restored.model.d_model))
@@ -231,19 +234,21 @@ def mt_tune(config: ml_collections.ConfigDict, workdir: str) -> dict:
   }
 
 
-def tuned_settings(config, workdir: str, kind: str) -> dict[str, Any]:
+def tuned_settings(s: Settings, workdir: str, kind: str) -> dict[str, Any]:
   """The best settings ``mt_tune`` wrote, else the config's."""
   path = paths.join(workdir, f"mt_tune_{kind}.json")
   if paths.exists(path):
     with paths.open(path) as f:
       return json.load(f)["best"]
-  return settings_of(mt_datastore.memory_config(config))
+  return settings_of(ext_config.mt_memory(s))
 
 
-def make_hook(config, restored, store, kind, settings) -> md.MemoryHook:
+def make_hook(
+    s: Settings, restored: Any, store: Any, kind: str, settings: dict
+) -> md.MemoryHook:
   """The decoding hook of a memory setting over ``store``."""
   k = int(settings["k"])
-  mem = mt_datastore.memory_config(config)
+  mem = ext_config.mt_memory(s)
   neighbours = mt_datastore.Neighbours(
       mt_datastore.searcher(store, md.metric_of(kind), mem, k), k
   )
@@ -252,22 +257,24 @@ def make_hook(config, restored, store, kind, settings) -> md.MemoryHook:
   )
 
 
-def mt_translate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def mt_translate(run: spec.Run) -> dict:
   """``--mode=mt_translate``: beam search with the memory on a split."""
-  kind = _kind(config)
-  restored = _restore(config, workdir)
+  s, workdir = run.settings, run.workdir
+  t = s.of(task_config.Translation)
+  kind = _kind(s)
+  restored = _restore(run)
   store = mt_datastore.open_store(
-      restored, mt_datastore.datastore_path(config, workdir)
+      restored, mt_datastore.datastore_path(s, workdir)
   )
-  settings = tuned_settings(config, workdir, kind)
-  hook = make_hook(config, restored, store, kind, settings)
-  split = config.translation.split
-  data = _split(config, restored, split)
+  settings = tuned_settings(s, workdir, kind)
+  hook = make_hook(s, restored, store, kind, settings)
+  split = t.split
+  data = _split(s, restored, split)
   tr = parts.make_translator(
-      config, restored.model, restored.variables, restored.vocab, hook=hook
+      t, restored.model, restored.variables, restored.vocab, hook=hook
   )
   scores = parts.score_split(
-      tr, data, int(config.translation.eval_max_sentences),
+      tr, data, int(t.eval_max_sentences),
       f"decoding {split} with {kind} memory",
   )  # fmt: skip
   hyps = scores.pop("hypotheses")
@@ -287,9 +294,9 @@ def mt_translate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def retrieved_tokens(
-    config,
-    restored,
-    store,
+    s: Settings,
+    restored: Any,
+    store: Any,
     sentences: Sequence[str],
     k: int = 4,
     metric: str = "dot_product",
@@ -300,8 +307,8 @@ def retrieved_tokens(
   run teacher-forced together.
 
   Args:
-    config: the run's config (with ``translation.memory``).
-    restored: the run (``experiment.load``).
+    s: the run's settings (with ``translation.memory``).
+    restored: the run (``memjax.run.restore.restore``).
     store: its datastore (``mt_datastore.open_store``).
     sentences: source sentences.
     k: neighbours shown per position.
@@ -316,8 +323,9 @@ def retrieved_tokens(
   from memjax.memory import search as search_lib  # pylint: disable=g-import-not-at-top
 
   tr = parts.make_translator(
-      config, restored.model, restored.variables, restored.vocab
-  )
+      s.of(task_config.Translation), restored.model, restored.variables,
+      restored.vocab,
+  )  # fmt: skip
   srcs = [tr.encode(sentence) for sentence in sentences]
   # One at a time: the length limit depends on the batch's source length.
   ids = [
@@ -328,7 +336,7 @@ def retrieved_tokens(
   near = mt_datastore.Neighbours(search_lib.ExactSearcher(store, metric), k)
   piece = lambda i: restored.vocab.decode([int(i)]) or "</s>"  # noqa: E731
   found: list[list[dict[str, Any]]] = [[] for _ in sentences]
-  for out in mt_datastore.teacher_forced(config, restored, split):
+  for out in mt_datastore.teacher_forced(s, restored, split):
     t = out["positions"].shape[1]
     for row, first in enumerate(out["positions"][:, 0]):
       if first < 0:  # a filling row

@@ -6,15 +6,24 @@
 * ``evaluation``: ``--mode=marge_eval``, with retrieval on and off.
 """
 
-REGISTERS = {
-    "MODEL_FAMILIES": (f"{__name__}.model",),
-    "BATCHERS": (f"{__name__}.retrieval",),
-    "HOOKS": (f"{__name__}.reindex",),
-}
-MODES = {
-    "marge_eval": {
-        "run": f"{__name__}.evaluation:marge_eval",
-        "help": "evaluate modified MARGE with retrieval on and off",
-        "kinds": ("lm/marge",),
-    }
-}
+from memjax import extend
+from memjax.methods.marge import evaluation
+from memjax.methods.marge import model
+from memjax.methods.marge import reindex
+from memjax.methods.marge import retrieval
+
+METHOD = extend.Method(
+    name="marge",
+    families={"marge": model.FAMILY},
+    batchers={
+        "marge": extend.Batcher(retrieval.marge_batcher, retrieval.marge_shapes)
+    },
+    hooks={"marge_reindex": reindex.MargeReindex},
+    modes={
+        "marge_eval": extend.Mode(
+            evaluation.marge_eval,
+            "evaluate modified MARGE with retrieval on and off",
+            ("lm/marge",),
+        )
+    },
+)

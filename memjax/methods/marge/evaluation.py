@@ -25,16 +25,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from memjax.data import corpus as corpus_lib
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
 from memjax.checkpoints import runfiles
+from memjax.data import corpus as corpus_lib
 from memjax.eval import scorer as scorer_lib
-from memjax.methods.marge import retrieval as marge_lib
-from memjax.methods.marge import reindex as marge_index
+from memjax.io import paths
 from memjax.methods.marge import model as marge_model
+from memjax.methods.marge import reindex as marge_index
+from memjax.methods.marge import retrieval as marge_lib
 from memjax.modes import position_loss as pl
+from memjax.run import restore
+from memjax.run import spec
 
 
 def eval_table(
@@ -110,7 +111,14 @@ def score(scorer: Any, params: Any, batch: dict, retrieval: bool) -> np.ndarray:
   return -np.asarray(out["target_logprob"])
 
 
-def _split(config, restored, train, stream, documents, bounds, search):
+def _split(
+    restored: restore.Restored,
+    train: Any,
+    stream: Any,
+    documents: str,
+    bounds: tuple[int, ...],
+    search: str,
+) -> dict[str, Any]:
   """Results of one split (see the module docstring)."""
   model = restored.model
   n, k = model.segment_len, model.num_sources
@@ -128,15 +136,16 @@ def _split(config, restored, train, stream, documents, bounds, search):
   )  # fmt: skip
   index = marge_lib.SegmentIndex(table, emb, search, pool=pool)
   query = table.targets[table.targets >= pool]
-  if config.eval.max_windows:
-    query = query[: config.eval.max_windows]
+  max_windows = restored.settings.eval.max_windows
+  if max_windows:
+    query = query[:max_windows]
   sources = index.topk(query, k)
   batch = marge_lib.window_arrays(table, query, sources)
   w = batch["weights"] > 0
   offset = (table.pos[query][:, None] + 1) * n + np.arange(2 * n) - (n - 1)
   positions = np.broadcast_to(offset, w.shape)[w]
   out: dict[str, Any] = dict(windows=int(len(query)), tokens=int(w.sum()))
-  scorer = scorer_lib.scorer_for(restored)
+  scorer = scorer_lib.scorer_for(restored.scoring())
   for name, on in (("retrieval", True), ("no_retrieval", False)):
     nll = score(scorer, restored.variables, batch, on)[w]
     out[name] = dict(
@@ -154,23 +163,27 @@ def _split(config, restored, train, stream, documents, bounds, search):
   return out
 
 
-def marge_eval(config: Any, workdir: str) -> dict[str, Any]:
+def marge_eval(run: spec.Run) -> dict[str, Any]:
   """``--mode=marge_eval`` (see the module docstring)."""
-  documents, bounds = pl._settings(config)  # pylint: disable=protected-access
-  restored, corpus = experiment.load_for_mode(config, workdir)
+  s, workdir = run.settings, run.workdir
+  documents, bounds, _ = pl.check(s.of(pl.PositionLoss))
+  restored = restore.restore_source(run)
+  corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
   if not isinstance(restored.model, marge_model.MargeLM):
     raise errors.ConfigError(
         "--mode=marge_eval needs a run of model.family 'marge'"
     )
-  train = corpus_lib.load_corpus(config, workdir, splits=(), train=True).train
-  search = marge_lib.marge_settings(config)["search"]
+  train = corpus_lib.load_corpus(
+      s.data, s.eval, workdir, splits=(), train=True
+  ).train
+  search = marge_lib.marge_settings(s)["search"]
   beta = float(jax.device_get(restored.params["beta"]))
   results: dict[str, Any] = dict(
       step=restored.step, documents=documents, beta=beta
   )
   lines = []
   for split, stream in corpus.splits.items():
-    r = _split(config, restored, train, stream, documents, bounds, search)
+    r = _split(restored, train, stream, documents, bounds, search)
     results[split] = r
     lines.append(
         f"{split}: ppl with retrieval {r['retrieval']['ppl']:.2f}, without "

@@ -27,14 +27,15 @@ the sources and the decoder's lower half is the embedder itself.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import transformer
@@ -144,8 +145,6 @@ class MargeLM(transformer.TransformerLM):
   beta_init: float = 1.0
   embed_gradient: bool = True
 
-  EXTRA_INPUTS: ClassVar[tuple[str, ...]] = ("sources", "source_mask")
-
   def setup(self):
     self._check()
     super().setup()
@@ -186,7 +185,10 @@ class MargeLM(transformer.TransformerLM):
           f"half, {self.half() + 1}..{self.num_layers} (the lower half is "
           "the embedder)"
       )
-    if self.norm_position != "pre" or self.attention != "vanilla":
+    if (
+        self.norm_position != "pre"
+        or self.attention is not attention_lib.CausalSelfAttention
+    ):
       raise errors.ConfigError(
           "model 'marge' takes model.norm_position 'pre' and "
           "model.attention 'vanilla'"
@@ -269,17 +271,23 @@ class MargeLM(transformer.TransformerLM):
     return transformer.LMOutput(logp, log_z, g, hidden, None)
 
 
-@registry.MODEL_FAMILIES.register("marge")
-def marge_lm(mcfg: Any, *, vocab_size: int, dtype: Any) -> MargeLM:
-  """The ``MargeLM`` of a model config (``family_options``: segment_len,
-  num_sources, cross_layers, pooling, beta_init, embed_gradient).
+def marge_lm(
+    model: settings_lib.Model, *, vocab_size: int, parts: extend.Parts
+) -> MargeLM:
+  """The ``MargeLM`` of a model's settings (``family_options``:
+  segment_len, num_sources, cross_layers, pooling, beta_init,
+  embed_gradient).
 
   The attention takes no options and no memory, and no block is
   rematerialised.
   """
-  opts = transformer.family_options(mcfg, "marge", OPTIONS)
+  opts = transformer.family_options(model, "marge", OPTIONS)
   if "cross_layers" in opts:
     opts["cross_layers"] = tuple(opts["cross_layers"])
-  settings = transformer.lm_settings(mcfg, vocab_size=vocab_size, dtype=dtype)
+  settings = transformer.lm_settings(model, vocab_size=vocab_size, parts=parts)
   settings.update(attention_options=None, mem_len=0, remat=False)
   return MargeLM(**settings, **opts)
+
+
+# The batch arrays the model takes besides inputs and targets.
+FAMILY = extend.Family(marge_lm, extra_inputs=("sources", "source_mask"))

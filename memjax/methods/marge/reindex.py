@@ -25,10 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
-from memjax.run import hooks
-from memjax.io import paths
-from memjax import registry
 from memjax import sharding as sharding_lib
+from memjax.io import paths
+from memjax.run import hooks
 from memjax.methods.marge import model as marge_model
 from memjax.models import state as model_state
 
@@ -77,14 +76,13 @@ def staleness(old: np.ndarray, new: np.ndarray) -> float:
   return changed / max(total, 1)
 
 
-@registry.HOOKS.register("marge_reindex")
 class MargeReindex(hooks.StepHook):
   """Rebuilds the MARGE index with the current embedder."""
 
   def _probes(self) -> np.ndarray:
     batcher = self.ctx.batcher
     n = int(self.ctx.options.get("probes", 256))
-    rng = np.random.default_rng(self.ctx.config.seed)
+    rng = np.random.default_rng(self.ctx.settings.seed)
     return np.sort(rng.choice(batcher.table.targets, n))
 
   def _embedder(self) -> dict[str, Any]:

@@ -28,12 +28,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-import ml_collections
 import numpy as np
 
 from memjax import errors
-from memjax import registry
-from memjax.data import batchers
+from memjax import settings as settings_lib
 from memjax.memory import search as search_lib
 
 SEARCHES = ("exact", "scann")
@@ -241,8 +239,6 @@ class MargeBatcher:
   """Training batches of windows with retrieved sources (a pure function of
   the step and of the index in use)."""
 
-  model_inputs = ("sources", "source_mask")
-
   def __init__(
       self,
       table: SegmentTable,
@@ -291,9 +287,10 @@ class MargeBatcher:
     return window_arrays(self.table, query, sources)
 
 
-def marge_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """``data.marge`` with defaults (same_doc_steps, sub_batch, search)."""
-  opts = dict(config.data.get("marge") or {})
+def marge_settings(s: settings_lib.Settings) -> dict[str, Any]:
+  """``data.marge`` (a config file may set it) with defaults
+  (same_doc_steps, sub_batch, search)."""
+  opts = dict(s.values("data").get("marge") or {})
   out = dict(same_doc_steps=0, sub_batch=4, search="exact")
   unknown = sorted(set(opts) - set(out))
   if unknown:
@@ -304,25 +301,23 @@ def marge_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return out
 
 
-def table_of(config: ml_collections.ConfigDict, train: Any) -> SegmentTable:
-  """The segment table of the training stream for ``config``."""
-  n = int(config.model.family_options.get("segment_len", 16))
-  if 2 * n > int(config.model.max_len) or n < 1:
+def table_of(m: settings_lib.Model, train: Any) -> SegmentTable:
+  """The segment table of the training stream for the model settings."""
+  n = int(m.family_options.get("segment_len", 16))
+  if 2 * n > int(m.max_len) or n < 1:
     raise errors.ConfigError(
         f"model.family_options.segment_len {n} must be positive with 2N <= "
-        f"model.max_len {config.model.max_len}"
+        f"model.max_len {m.max_len}"
     )
   return SegmentTable.build(train.tokens, train.doc_starts, n)
 
 
-def _marge_shapes(
-    config: ml_collections.ConfigDict, devices: int
-) -> batchers.BatchShapes:
+def marge_shapes(s: settings_lib.Settings, devices: int) -> dict[str, Any]:
   """The arrays of ``window_arrays`` a train step takes (N = segment_len,
   K = num_sources)."""
   del devices
-  opts = config.model.family_options
-  b = int(config.data.batch_size)
+  opts = s.model.family_options
+  b = int(s.data.batch_size)
   n2 = 2 * int(opts.get("segment_len", 16))
   k = int(opts.get("num_sources", 4))
   return {
@@ -334,27 +329,25 @@ def _marge_shapes(
   }
 
 
-@registry.BATCHERS.register("marge")
-@batchers.with_shapes(_marge_shapes)
 def marge_batcher(
-    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+    s: settings_lib.Settings, train: Any, cache_dir: str
 ) -> MargeBatcher:
   """Windows S_t S_{t+1} with K causally retrieved sources."""
   del cache_dir
-  n = int(config.model.family_options.get("segment_len", 16))
-  if config.data.seq_len != 2 * n:
+  opts = s.model.family_options
+  n = int(opts.get("segment_len", 16))
+  if s.data.seq_len != 2 * n:
     raise errors.ConfigError(
-        f"data.seq_len {config.data.seq_len} must be 2 * "
+        f"data.seq_len {s.data.seq_len} must be 2 * "
         f"model.family_options.segment_len ({2 * n}) for batching 'marge'"
     )
-  table = table_of(config, train)
-  k = int(config.model.family_options.get("num_sources", 4))
+  table = table_of(s.model, train)
+  k = int(opts.get("num_sources", 4))
   if k > len(table) - 1:
     raise errors.ConfigError(
         f"model.family_options.num_sources {k} exceeds the {len(table) - 1} "
         "candidate segments of the corpus"
     )
   return MargeBatcher(
-      table, config.data.batch_size, k, seed=config.seed,
-      **marge_settings(config),
-  )  # fmt: skip
+      table, s.data.batch_size, k, seed=s.seed, **marge_settings(s)
+  )

@@ -5,19 +5,27 @@
   ('lazy_adam');
 * ``usage``: memory usage (MU, top-1 MU, KL), ``--mode=memory_usage`` and
   the report evaluation adds up ('memory');
-* ``class_usage``: top-1 usage by class (Kim & Jung's Figure 4).
+* ``class_usage``: top-1 usage by class (Kim & Jung's Figure 4);
+* ``config``: its settings.
 """
 
-REGISTERS = {
-    "FEED_FORWARD": (f"{__name__}.layer",),
-    "OPTIMIZER_TRANSFORMS": (f"{__name__}.lazy_adam",),
-    "SUM_REPORTS": (f"{__name__}.usage",),
-}
-MODES = {
-    "memory_usage": {
-        "run": f"{__name__}.usage:memory_usage",
-        "help": "memory-layer usage (MU, top-1 MU, KL) on the splits",
-        "kinds": ("lm/decoder_lm",),
-    }
-}
-CONFIG = f"{__name__}.config:add_defaults"
+from memjax import extend
+from memjax.methods.pkm import config
+from memjax.methods.pkm import layer
+from memjax.methods.pkm import lazy_adam
+from memjax.methods.pkm import usage
+
+METHOD = extend.Method(
+    name="pkm",
+    feed_forward={"pkm": layer.PKM, "resm": layer.RESM},
+    optimizer_transforms={"lazy_adam": lazy_adam.lazy_adam_of},
+    sum_reports={"memory": usage.REPORT},
+    modes={
+        "memory_usage": extend.Mode(
+            usage.memory_usage,
+            "memory-layer usage (MU, top-1 MU, KL) on the splits",
+            ("lm/decoder_lm",),
+        )
+    },
+    settings=(config.MemoryUsage,),
+)

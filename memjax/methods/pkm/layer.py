@@ -10,7 +10,7 @@ The memory has C^2 slots, but the forward pass only ever holds [N, H, C]
 sub-key scores and [N, H, k^2] candidate sums, never a [tokens, slots]
 array.
 
-Two feed-forward kinds (``memjax.registry.FEED_FORWARD``) put the memory in
+Two feed-forward kinds (``PKM``, ``RESM``) put the memory in
 a block, following Kim & Jung's section 4.2,
 ``x' = LN(x + alpha FFN(x) + beta PKM(x))``:
 
@@ -41,7 +41,7 @@ define them, and per head as ``reads_per_head``, ``top1_per_head``) that
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -49,7 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
 from memjax.models import stats
 from memjax.models import feed_forward
 
@@ -342,20 +343,11 @@ class MemoryFeedForward(nn.Module):
   topk: int = 32
   k_dim: int = 256
   query_norm: str = "layer"
-  # Checked by check_config only: BatchNorm in a causal model.
+  # Checked by check_model only: BatchNorm in a causal model.
   allow_batchnorm_future_leak: bool = False
   activation: str = "relu"  # the FFN's (model.activation)
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
-
-  # The query BatchNorm's running mean and variance, carried by the train
-  # state (``memjax.models.state``).
-  STATE_COLLECTIONS: ClassVar[tuple[str, ...]] = ("batch_stats",)
-  # Options added after runs were saved, at the value those runs had: left
-  # out of the model signature at it (``experiment.model_signature``).
-  LATER_OPTIONS: ClassVar[dict[str, Any]] = {
-      "allow_batchnorm_future_leak": False
-  }
 
   @nn.compact
   def __call__(
@@ -388,37 +380,7 @@ class MemoryFeedForward(nn.Module):
       out = out + self.memory_weight * m.astype(out.dtype)
     return out
 
-  @classmethod
-  def check_config(cls, mcfg: Any) -> None:
-    """Raises ConfigError for options that cannot work (before any run)."""
-    opts = dict(mcfg.feed_forward_options or {})
-    where = "model.feed_forward_options"
-    num_keys = int(opts.get("num_keys", cls.num_keys))
-    topk = int(opts.get("topk", cls.topk))
-    k_dim = int(opts.get("k_dim", cls.k_dim))
-    norm = opts.get("query_norm", cls.query_norm)
-    if topk < 1 or topk > num_keys:
-      raise errors.ConfigError(
-          f"{where}.topk {topk} must be between 1 and num_keys {num_keys} "
-          "(the sub-keys each half chooses from)"
-      )
-    if k_dim < 2 or k_dim % 2:
-      raise errors.ConfigError(f"{where}.k_dim {k_dim} must be even and >= 2")
-    if norm not in QUERY_NORMS:
-      raise errors.ConfigError(
-          f"{where}.query_norm must be one of {QUERY_NORMS}, got {norm!r}"
-      )
-    leak = bool(opts.get(LEAK_SWITCH, False))
-    if norm == "batch" and mcfg.family in CAUSAL_FAMILIES and not leak:
-      raise errors.ConfigError(
-          f"{where}.query_norm='batch' in the causal model.family "
-          f"{mcfg.family!r} lets each position see later ones through the "
-          f"batch statistics: set {where}.{LEAK_SWITCH}=True to train it "
-          "anyway (its perplexity is then no causal score), or use 'layer'"
-      )
 
-
-@registry.FEED_FORWARD.register("pkm")
 class PKMFeedForward(MemoryFeedForward):
   """The memory in place of the FFN ('pkm': alpha = 0, beta = 1)."""
 
@@ -426,9 +388,57 @@ class PKMFeedForward(MemoryFeedForward):
   memory_weight: float = 1.0
 
 
-@registry.FEED_FORWARD.register("resm")
 class ResMFeedForward(MemoryFeedForward):
   """Residual memory ('resm': FFN + PKM, alpha = beta = 1)."""
 
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
+
+
+def check_model(model: settings_lib.Model) -> None:
+  """Raises ConfigError for memory options that cannot work (before any
+  run)."""
+  opts = dict(model.feed_forward_options or {})
+  where = "model.feed_forward_options"
+  defaults = MemoryFeedForward
+  num_keys = int(opts.get("num_keys", defaults.num_keys))
+  topk = int(opts.get("topk", defaults.topk))
+  k_dim = int(opts.get("k_dim", defaults.k_dim))
+  norm = opts.get("query_norm", defaults.query_norm)
+  if topk < 1 or topk > num_keys:
+    raise errors.ConfigError(
+        f"{where}.topk {topk} must be between 1 and num_keys {num_keys} "
+        "(the sub-keys each half chooses from)"
+    )
+  if k_dim < 2 or k_dim % 2:
+    raise errors.ConfigError(f"{where}.k_dim {k_dim} must be even and >= 2")
+  if norm not in QUERY_NORMS:
+    raise errors.ConfigError(
+        f"{where}.query_norm must be one of {QUERY_NORMS}, got {norm!r}"
+    )
+  leak = bool(opts.get(LEAK_SWITCH, False))
+  if norm == "batch" and model.family in CAUSAL_FAMILIES and not leak:
+    raise errors.ConfigError(
+        f"{where}.query_norm='batch' in the causal model.family "
+        f"{model.family!r} lets each position see later ones through the "
+        f"batch statistics: set {where}.{LEAK_SWITCH}=True to train it "
+        "anyway (its perplexity is then no causal score), or use 'layer'"
+    )
+
+
+def _kind(module: type[nn.Module]) -> extend.FeedForward:
+  """A memory feed-forward kind: given the padding mask; its query
+  BatchNorm's running mean and variance ('batch_stats') carried by the
+  train state; the leak switch changes no weight (not in the signature)."""
+  return extend.FeedForward(
+      module,
+      takes_mask=True,
+      state_collections=("batch_stats",),
+      runtime_options=(LEAK_SWITCH,),
+      takes_activation=True,
+      check=check_model,
+  )
+
+
+PKM = _kind(PKMFeedForward)
+RESM = _kind(ResMFeedForward)

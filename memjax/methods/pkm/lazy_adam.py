@@ -1,7 +1,7 @@
 """Lazy (sparse) Adam: only the rows a step read change, moments included.
 
 Registered as the optimiser transform ``lazy_adam``
-(``memjax.registry.OPTIMIZER_TRANSFORMS``) for parameter groups of lookup
+(declared by the method as 'lazy_adam') for parameter groups of lookup
 tables, such as the product-key memory values::
 
   c.optim.groups.memory = ml_collections.ConfigDict({
@@ -33,10 +33,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
-from memjax import registry
+from memjax import settings as settings_lib
 
 Array = jax.Array
 
@@ -136,11 +135,10 @@ def lazy_adam(
   return optax.GradientTransformation(init, update)
 
 
-@registry.OPTIMIZER_TRANSFORMS.register("lazy_adam")
-def _lazy_adam_from_config(
-    cfg: ml_collections.ConfigDict, sched: optax.Schedule
+def lazy_adam_of(
+    optim: settings_lib.Optim, sched: optax.Schedule
 ) -> optax.GradientTransformation:
   """``lazy_adam`` with the group's schedule, b1, b2 and eps."""
   return lazy_adam(
-      sched, b1=float(cfg.b1), b2=float(cfg.b2), eps=float(cfg.eps)
+      sched, b1=float(optim.b1), b2=float(optim.b2), eps=float(optim.eps)
   )

@@ -29,23 +29,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import flax
 import jax
-import ml_collections
 import numpy as np
 
-from memjax.checkpoints import checkpointing
-from memjax.io import console
 from memjax import errors
-from memjax import experiment
-from memjax.io import paths
-from memjax import registry
+from memjax.checkpoints import checkpointing
 from memjax.checkpoints import runfiles
-from memjax.models import stats
+from memjax.data import corpus as corpus_lib
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
+from memjax.io import console
+from memjax.io import paths
 from memjax.methods.pkm import class_usage
+from memjax.methods.pkm import config as pkm_config
 from memjax.methods.pkm import layer as pkm_layer
+from memjax.models import stats
+from memjax.run import restore
+from memjax.run import spec
 
 KEYS = ("reads", "top1", "weights")
 # The sums of ``metrics`` per ``memory_usage.count``: the counts per token
@@ -127,7 +127,7 @@ def _steps(path: str, all_steps: bool) -> list[int]:
   files = runfiles.find(path)
   if files.kind != "run" or not all_steps:
     return [-1]
-  # Only listed here; experiment.load checks each step's signature.
+  # Only listed here; the restore checks each step's signature.
   ckpt = checkpointing.Checkpointer(
       files.checkpoints, keep=1, signature={}, create=False
   )
@@ -137,37 +137,36 @@ def _steps(path: str, all_steps: bool) -> list[int]:
     ckpt.close()
 
 
-def memory_usage(
-    config: ml_collections.ConfigDict, workdir: str
-) -> dict[str, Any]:
+def memory_usage(run: spec.Run) -> dict[str, Any]:
   """``--mode=memory_usage``: usage metrics per memory layer (module doc)."""
-  experiment.validate_config(config)
-  u = config.memory_usage
+  s, workdir = run.settings, run.workdir
+  u = s.of(pkm_config.MemoryUsage)
   check_count(u.count)
   top1_key = COUNT_KEYS[u.count][1]
-  source = experiment.source_of(config, workdir)
-  corpus = experiment.load_corpus(config, workdir, (u.split,), train=False)
+  source = run.source()
+  corpus = corpus_lib.load_corpus(
+      s.data, s.eval, workdir, (u.split,), train=False
+  )
   tokens = corpus.splits[u.split].tokens
   results: dict[str, Any] = {"split": u.split, "count": u.count, "layers": {}}
   top1_by_step: dict[str, dict[int, np.ndarray]] = {}
   reads = {}
   scorer = None
   for step in _steps(source, bool(u.staleness)):
-    restored = experiment.load(
-        source,
-        config=config,
+    restored = restore.restore(
+        run,
+        runfiles.find(paths.resolve(source)),
         step=None if step < 0 else step,
-        mesh=config.mesh.to_dict(),
     )
     start = time.time()
     # One scorer, so one compilation, for every checkpoint of the run.
-    scorer = scorer or scorer_lib.scorer_for(restored)
+    scorer = scorer or scorer_lib.scorer_for(restored.scoring())
     sums = slot_sums(
         scorer,
         restored.variables,
         tokens,
-        config.eval.window_len,
-        config.eval.batch_size,
+        s.eval.window_len,
+        s.eval.batch_size,
         int(u.max_tokens),
     )
     if not sums:
@@ -175,10 +174,10 @@ def memory_usage(
           f"the model of {source} has no product-key memory layer "
           "(model.feed_forward 'pkm' or 'resm')"
       )
-    for name, s in sums.items():
-      top1_by_step.setdefault(name, {})[restored.step] = s[top1_key]
-      results["layers"][name] = metrics(s, u.count)
-      reads[name] = s[COUNT_KEYS[u.count][0]]
+    for name, layer in sums.items():
+      top1_by_step.setdefault(name, {})[restored.step] = layer[top1_key]
+      results["layers"][name] = metrics(layer, u.count)
+      reads[name] = layer[COUNT_KEYS[u.count][0]]
     results["step"] = restored.step
     console.info(
         "memory usage at step %d (%.1fs): %s",
@@ -268,4 +267,3 @@ REPORT = stats.SumReport(
         f"{d.get('iou', float('nan')):.3f}"
     ),
 )
-registry.SUM_REPORTS.register("memory", REPORT)

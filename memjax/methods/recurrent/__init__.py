@@ -5,20 +5,37 @@
 * ``lamemo``: look-ahead memory ('lamemo');
 * ``memory``: their memory pytrees;
 * ``extrapolate``, ``analysis``: ``--mode=extrapolate`` and
-  ``--mode=analyze``.
+  ``--mode=analyze``;
+* ``config``: their settings.
 """
 
-REGISTERS = {"ATTENTION": (f"{__name__}.relative", f"{__name__}.lamemo")}
-MODES = {
-    "extrapolate": {
-        "run": f"{__name__}.extrapolate:extrapolate",
-        "help": "evaluate with memories of m times the segment length",
-        "kinds": ("lm/decoder_lm",),
+from memjax import extend
+from memjax.methods.recurrent import analysis
+from memjax.methods.recurrent import config
+from memjax.methods.recurrent import extrapolate
+from memjax.methods.recurrent import lamemo
+from memjax.methods.recurrent import relative
+
+_LM = ("lm/decoder_lm",)
+
+METHOD = extend.Method(
+    name="recurrent",
+    attention={
+        "xl": relative.XLAttention,
+        "rpe": relative.DisentangledAttention,
+        "lamemo": lamemo.LaMemoAttention,
     },
-    "analyze": {
-        "run": f"{__name__}.analysis:analyze",
-        "help": "attention analyses (alpha per layer, attention by distance)",
-        "kinds": ("lm/decoder_lm",),
+    modes={
+        "extrapolate": extend.Mode(
+            extrapolate.extrapolate,
+            "evaluate with memories of m times the segment length",
+            _LM,
+        ),
+        "analyze": extend.Mode(
+            analysis.analyze,
+            "attention analyses (alpha per layer, attention by distance)",
+            _LM,
+        ),
     },
-}
-CONFIG = f"{__name__}.config:add_defaults"
+    settings=(config.Extrapolate, config.Analyze),
+)

@@ -1,6 +1,6 @@
 """Attention analyses of recurrent-memory models (LaMemo paper, Figures 1, 6).
 
-``analyze(config, workdir)`` (``--mode=analyze``) restores the latest
+``analyze(run)`` (``--mode=analyze``) restores the latest
 checkpoint, runs it over the first ``analyze.num_segments`` segments of every
 lane of ``analyze.split`` (segments and memory as in evaluation, the memory
 carried), reads the layers' ``sow`` intermediates and writes:
@@ -21,20 +21,23 @@ carried), reads the layers' ``sow`` intermediates and writes:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from memjax import errors
+from memjax.data import corpus as corpus_lib
+from memjax.eval import streams as streams_eval
 from memjax.io import console
 from memjax.io import paths
-from memjax.eval import rows
-from memjax.eval import streams as streams_eval
+from memjax.methods.recurrent import config as recurrent_config
 from memjax.models import state as model_state
+from memjax.run import restore
+from memjax.run import spec
 
 Array = jax.Array
 
@@ -201,29 +204,30 @@ def plot_attention_by_distance(
   plt.close(fig)
 
 
-def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def analyze(run: spec.Run) -> dict[str, Any]:
   """``--mode=analyze``: alpha and attention by distance (see module doc)."""
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
-
-  restored, corpus = experiment.load_for_mode(config, workdir)
-  split = config.analyze.split
+  s, workdir = run.settings, run.workdir
+  a = s.of(recurrent_config.Analyze)
+  restored = restore.restore_source(run)
+  corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
+  split = a.split
   if split not in corpus.splits:
     raise errors.ConfigError(
         f"analyze.split {split!r} is not in eval.splits "
-        f"{tuple(config.eval.splits)}"
+        f"{tuple(s.eval.splits)}"
     )
   model = restored.model.clone(remat=False)  # sow outside remat
   analyzer = AttentionAnalyzer(
-      rows.RunView(config, model, restored.mesh, restored.unit)
+      dataclasses.replace(restored.scoring(), model=model)
   )
-  num = int(config.analyze.num_segments)
+  num = int(a.num_segments)
   res = analyzer.analyze(
       restored.variables,
       corpus.splits[split].tokens,
       num,
       desc=f"analyze {split}",
   )
-  title = f"{config.name}, step {restored.step}, {split}"
+  title = f"{s.name}, step {restored.step}, {split}"
   files = []
   dist = res["attention_by_distance"]
   path = paths.join(workdir, "attention_by_distance.npy")
@@ -235,7 +239,7 @@ def analyze(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   plot_attention_by_distance(path, curves, analyzer.segment_len, title)
   files.append(path)
   summary: dict[str, Any] = {
-      "name": config.name,
+      "name": s.name,
       "step": restored.step,
       "split": split,
       "segments_per_lane": num,

@@ -1,17 +1,38 @@
-"""The recurrent models' mode settings, added to ``memjax.config.base_config``."""
+"""The recurrent models' mode settings."""
 
-import ml_collections
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
 
 
-def add_defaults(c: ml_collections.ConfigDict) -> None:
-  """Adds ``extrapolate`` and ``analyze`` to the base config ``c``."""
-  # --mode=extrapolate: memories of m x segment length (LaMemo, Figure 5).
-  c.extrapolate = ml_collections.ConfigDict()
-  c.extrapolate.ratios = tuple(range(1, 11))
-  c.extrapolate.split = "valid"
-  c.extrapolate.max_segments = 0  # segments per lane (0 = whole split)
+@dataclasses.dataclass(frozen=True)
+class Extrapolate:
+  """``config.extrapolate``: --mode=extrapolate, memories of m x the
+  segment length (LaMemo, Figure 5).
 
-  # --mode=analyze: alpha by layer and memory slot, attention by distance.
-  c.analyze = ml_collections.ConfigDict()
-  c.analyze.split = "valid"
-  c.analyze.num_segments = 100  # segments per lane averaged over
+  Attributes:
+    ratios: the multiples m.
+    split: the split scored.
+    max_segments: segments per lane (0 = the whole split).
+  """
+
+  SECTION: ClassVar[str] = "extrapolate"
+  ratios: tuple[int, ...] = tuple(range(1, 11))
+  split: str = "valid"
+  max_segments: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Analyze:
+  """``config.analyze``: --mode=analyze, alpha by layer and memory slot,
+  attention by distance.
+
+  Attributes:
+    split: the split read.
+    num_segments: segments per lane averaged over.
+  """
+
+  SECTION: ClassVar[str] = "analyze"
+  split: str = "valid"
+  num_segments: int = 100

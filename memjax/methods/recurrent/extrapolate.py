@@ -1,8 +1,8 @@
 """``--mode=extrapolate``: recurrent models with longer memories (LaMemo, Figure 5).
 
-``extrapolate(config, workdir)`` evaluates the latest checkpoint with
-memories of ``m`` times the segment length for every m in
-``config.extrapolate.ratios`` and writes ``extrapolation.csv``,
+``extrapolate(run)`` evaluates the latest checkpoint with memories of
+``m`` times the segment length for every m in ``extrapolate.ratios``
+(``config.Extrapolate``) and writes ``extrapolation.csv``,
 ``extrapolation.json`` and ``extrapolation.png``. The memory length is not a
 parameter, so one trained model is scored at every length.
 """
@@ -12,15 +12,17 @@ from __future__ import annotations
 import csv
 from typing import Any, Sequence
 
-import ml_collections
 import numpy as np
-from jax.sharding import Mesh
 
-from memjax.io import console
 from memjax import errors
-from memjax.io import paths
+from memjax.data import corpus as corpus_lib
 from memjax.eval import rows as rows_lib
 from memjax.eval import streams
+from memjax.io import console
+from memjax.io import paths
+from memjax.methods.recurrent import config as recurrent_config
+from memjax.run import restore
+from memjax.run import spec
 
 
 def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
@@ -61,35 +63,34 @@ def plot_extrapolation(
 
 
 def extrapolation_rows(
-    config: ml_collections.ConfigDict,
-    model,
+    scoring: rows_lib.Scoring,
+    e: recurrent_config.Extrapolate,
     params: Any,
     tokens: np.ndarray,
-    mesh: Mesh,
-    unit: str,
 ) -> list[dict[str, Any]]:
-  """Evaluates with memory m * T for every m of ``config.extrapolate.ratios``."""
-  seg = streams.segment_len_of(config)
-  ratios = [int(m) for m in config.extrapolate.ratios]
+  """Evaluates the scoring's model with memory m * T for every m of the
+  ``extrapolate`` settings ``e`` (T its evaluation segment length)."""
+  seg = int(scoring.segment_len)
+  unit = scoring.unit
+  ratios = [int(m) for m in e.ratios]
   if not ratios or min(ratios) < 1:
     raise errors.ConfigError(
         f"extrapolate.ratios must be positive integers, got {ratios}"
     )
   out = []
-  run = rows_lib.RunView(config, model, mesh, unit)
   for m in ratios:
-    r = streams.StreamScorer(run, mem_len=m * seg).score(
+    r = streams.StreamScorer(scoring, mem_len=m * seg).score(
         params,
         tokens,
-        int(config.extrapolate.max_segments),
-        desc=f"{config.extrapolate.split} m={m}",
+        int(e.max_segments),
+        desc=f"{e.split} m={m}",
     )
     out.append(
         {
             "m": m,
             "mem_len": m * seg,
             "segment_len": seg,
-            "split": config.extrapolate.split,
+            "split": e.split,
             "nll": r["nll"],
             unit: r[unit],
             "tokens": int(r["tokens"]),
@@ -98,33 +99,27 @@ def extrapolation_rows(
   return out
 
 
-def extrapolate(
-    config: ml_collections.ConfigDict, workdir: str
-) -> dict[str, Any]:
+def extrapolate(run: spec.Run) -> dict[str, Any]:
   """``--mode=extrapolate``: the latest checkpoint with longer memories.
 
-  Evaluates ``config.extrapolate.split`` with segments of ``eval.segment_len``
+  Evaluates ``extrapolate.split`` with segments of ``eval.segment_len``
   (or ``data.seq_len``) T and memories of m * T for m in
-  ``config.extrapolate.ratios``, and writes ``<workdir>/extrapolation.csv``
+  ``extrapolate.ratios``, and writes ``<workdir>/extrapolation.csv``
   (m, mem_len, segment_len, split, nll, ppl|bpc, tokens),
   ``extrapolation.json`` and ``extrapolation.png``.
   """
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
-
-  restored, corpus = experiment.load_for_mode(config, workdir)
-  split = config.extrapolate.split
+  s, workdir = run.settings, run.workdir
+  e = s.of(recurrent_config.Extrapolate)
+  restored = restore.restore_source(run)
+  corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
+  split = e.split
   if split not in corpus.splits:
     raise errors.ConfigError(
         f"extrapolate.split {split!r} is not in eval.splits "
-        f"{tuple(config.eval.splits)}"
+        f"{tuple(s.eval.splits)}"
     )
   rows = extrapolation_rows(
-      config,
-      restored.model,
-      restored.variables,
-      corpus.splits[split].tokens,
-      restored.mesh,
-      restored.unit,
+      restored.scoring(), e, restored.variables, corpus.splits[split].tokens
   )
   files = {
       k: paths.join(workdir, f"extrapolation.{k}")
@@ -132,7 +127,7 @@ def extrapolate(
   }
   write_csv(files["csv"], rows)
   result = {
-      "name": config.name,
+      "name": s.name,
       "step": restored.step,
       "rows": rows,
       "files": list(files.values()),
@@ -140,9 +135,9 @@ def extrapolate(
   paths.write_json(files["json"], result, sort_keys=False)
   plot_extrapolation(
       files["png"],
-      {config.name: rows},
+      {s.name: rows},
       restored.unit,
-      f"{config.name}, step {restored.step}",
+      f"{s.name}, step {restored.step}",
   )
   for r in rows:
     console.info(

@@ -51,7 +51,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from memjax import registry
 from memjax.models import stats
 from memjax.models import attention as attention_lib
 from memjax.models import recurrence
@@ -110,7 +109,6 @@ def look_ahead_window(mem_len: int, seg_len: int) -> tuple[int, int]:
   return mem_len - width + 1, width
 
 
-@registry.ATTENTION.register("lamemo")
 class LaMemoAttention(relative.RelativeAttentionBase):
   """Look-ahead memory attention layer (LaMemo Eq. 6-12).
 

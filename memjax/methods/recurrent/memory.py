@@ -20,6 +20,8 @@ Types:
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax
 import jax
 import jax.numpy as jnp

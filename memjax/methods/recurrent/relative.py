@@ -38,7 +38,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from memjax import registry
 from memjax.models import attention as attention_lib
 from memjax.methods.recurrent import memory as rmemory
 
@@ -432,7 +431,6 @@ class _SegmentAttention(RelativeAttentionBase):
     return y, rmemory.push_xl_memory(memory, x, new_len)
 
 
-@registry.ATTENTION.register("xl")
 class XLAttention(_SegmentAttention):
   """Transformer-XL relative attention (Dai et al. 2019; LaMemo Eq. 6).
 
@@ -457,7 +455,6 @@ class XLAttention(_SegmentAttention):
     return self.POSITION
 
 
-@registry.ATTENTION.register("rpe")
 class DisentangledAttention(_SegmentAttention):
   """Relative attention with disentangled positions (LaMemo Eq. 12).
 

@@ -4,22 +4,43 @@
   training memories ('trime');
 * ``memory``: its maths, and the evaluation memory of Eq. 6 ('trime');
 * ``bm25``, ``bm25_order``, ``packing``: BM25 batches (Algorithm 1), the
-  offline packing (``--mode=pack``) and the 'bm25' batcher;
-* ``mt``: TRIMEMT_ext's objective and BM25 token batches for translation.
+  offline packing (``--mode=pack``) and the 'blocks' and 'bm25' batchers;
+* ``mt``: TRIMEMT_ext's objective and BM25 token batches for translation;
+* ``config``: its settings.
 """
 
-REGISTERS = {
-    "OBJECTIVES": (f"{__name__}.objective", f"{__name__}.mt"),
-    "CONFIG_CHECKS": (f"{__name__}.objective",),
-    "EVAL_MEMORIES": (f"{__name__}.memory",),
-    "BATCHERS": (f"{__name__}.packing", f"{__name__}.mt"),
-}
-MODES = {
-    "pack": {
-        "run": f"{__name__}.packing:pack",
-        "help": "pack the training corpus into BM25 batches (Algorithm 1)",
-        "kinds": ("lm",),
-        "writes": ("bm25_pack.json",),
-    }
-}
-CONFIG = f"{__name__}.config:add_defaults"
+from memjax import extend
+from memjax.data import batchers
+from memjax.methods.trime import config
+from memjax.methods.trime import memory
+from memjax.methods.trime import mt
+from memjax.methods.trime import objective
+from memjax.methods.trime import packing
+from memjax.tasks.translation import task as translation
+
+METHOD = extend.Method(
+    name="trime",
+    objectives={
+        "trime": objective.make_trime_loss,
+        "trime_mt": mt.make_trime_mt_loss,
+    },
+    checks=(objective.check_trime_batching,),
+    eval_memories={"trime": memory.TrimeMemory()},
+    batchers={
+        "blocks": extend.Batcher(packing.blocks_batcher, packing.block_shapes),
+        "bm25": extend.Batcher(packing.bm25_batcher, batchers.segment_shapes),
+        "tokens_bm25": extend.Batcher(
+            mt.make_bm25_token_batcher, translation.token_shapes
+        ),
+    },
+    modes={
+        "pack": extend.Mode(
+            packing.pack,
+            "pack the training corpus into BM25 batches (Algorithm 1)",
+            kinds=("lm",),
+            writes=("bm25_pack.json",),
+        )
+    },
+    settings=config.SETTINGS,
+    defaults=config.DEFAULTS,
+)

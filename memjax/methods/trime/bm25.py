@@ -53,7 +53,6 @@ import logging
 import time
 from typing import Iterable, Sequence
 
-import bm25s
 import numpy as np
 import scipy.sparse as sp
 
@@ -134,6 +133,10 @@ class _Index:
     ]
     num_terms = len(self.vocab) + 1
     self.remapped = remapped
+
+    # Imported here: bm25s starts JAX's backends when it is imported, and
+    # --mode=plan sets the devices JAX starts with after the methods load.
+    import bm25s  # pylint: disable=g-import-not-at-top
 
     retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
     # The (ids, vocab) form: bm25s takes our ids as its term ids.

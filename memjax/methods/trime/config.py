@@ -1,41 +1,89 @@
-"""TRIME's config keys, added to ``memjax.config.base_config``.
+"""TRIME's settings: the keys it adds to the config and their defaults.
 
-The flat keys are those of the loss, data and evaluation-memory sections
+The flat keys sit in the loss, data and evaluation-memory sections
 (``--config.loss.memory``, ``--config.data.bm25_k``,
 ``--config.eval_memory.temperature``), so command lines name them as they
-name the engine's.
+name the engine's; ``pack`` is a section of its own.
 """
 
-import ml_collections
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
 
 
-def add_defaults(c: ml_collections.ConfigDict) -> None:
-  """Adds TRIME's settings to the base config ``c``."""
-  # bm25 batching (Algorithm 1): hits per query, the seed of the chain's
-  # random starts, and English stop words dropped (word corpora).
-  c.data.bm25_k = 20
-  c.data.bm25_seed = 0
-  c.data.bm25_stopwords = False
-  # --mode=pack: '' packs in this process (bm25_order's .npy cache); a Beam
-  # runner (DirectRunner, DataflowRunner, FlinkRunner, SparkRunner) writes
-  # the packed SeqIO task's cache instead (pack_beam), with `workers` local
-  # processes (DirectRunner) and `options` passed to Beam as flags, e.g.
-  # '--project=p --region=r --temp_location=gs://b/tmp'.
-  c.pack = ml_collections.ConfigDict()
-  c.pack.runner = ""
-  c.pack.workers = 2
-  c.pack.options = ""
-  # The TRIME objective (loss.name='trime'): its training memory (local |
-  # long | external), the plain-LM warm-up share of the updates, the
-  # probability of hiding the local memory (external), no gradient into the
-  # memory keys (an ablation) and the keys per block of the blockwise loss.
-  c.loss.memory = "local"
-  c.loss.lm_warmup_fraction = 0.05
-  c.loss.local_hide_prob = 0.9
-  c.loss.stop_gradient_memory = False
-  c.loss.block_size = 1024
-  # Evaluation memory 'trime' (Eq. 6): tau divides the memory logits only.
-  c.eval_memory.temperature = 1.0
-  c.eval_memory.temperature_grid = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
-  # --mode=memsweep (Figure 3): TRIME's memory against the cache.
-  c.eval_memory.sweep_kinds = ("trime", "cache")
+@dataclasses.dataclass(frozen=True)
+class Bm25:
+  """``config.data``'s BM25 batching (Algorithm 1, ``data.batching='bm25'``).
+
+  Attributes:
+    bm25_k: hits per query.
+    bm25_seed: the seed of the chain's random starts.
+    bm25_stopwords: drop English stop words (word corpora).
+  """
+
+  SECTION: ClassVar[str] = "data"
+  bm25_k: int = 20
+  bm25_seed: int = 0
+  bm25_stopwords: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Pack:
+  """``config.pack``: --mode=pack.
+
+  Attributes:
+    runner: '' packs in this process (bm25_order's .npy cache); a Beam
+      runner (DirectRunner, DataflowRunner, FlinkRunner, SparkRunner)
+      writes the packed SeqIO task's cache instead (pack_beam).
+    workers: local processes of the DirectRunner.
+    options: flags passed to Beam, e.g. '--project=p --region=r
+      --temp_location=gs://b/tmp'.
+  """
+
+  SECTION: ClassVar[str] = "pack"
+  runner: str = ""
+  workers: int = 2
+  options: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimeLoss:
+  """``config.loss``'s TRIME objective (``loss.name='trime'``).
+
+  Attributes:
+    memory: the training memory: local | long | external.
+    lm_warmup_fraction: the plain-LM warm-up share of the updates.
+    local_hide_prob: the probability of hiding the local memory for a
+      step (external).
+    stop_gradient_memory: no gradient into the memory keys (an ablation).
+    block_size: keys per block of the blockwise loss.
+  """
+
+  SECTION: ClassVar[str] = "loss"
+  memory: str = "local"
+  lm_warmup_fraction: float = 0.05
+  local_hide_prob: float = 0.9
+  stop_gradient_memory: bool = False
+  block_size: int = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimeEvalMemory:
+  """``config.eval_memory``'s evaluation memory 'trime' (Eq. 6).
+
+  Attributes:
+    temperature: tau, which divides the memory logits only.
+    temperature_grid: the values ``--mode=tune`` tries.
+  """
+
+  SECTION: ClassVar[str] = "eval_memory"
+  temperature: float = 1.0
+  temperature_grid: tuple[float, ...] = (
+      0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
+  )  # fmt: skip
+
+
+SETTINGS = (Bm25, Pack, TrimeLoss, TrimeEvalMemory)
+# --mode=memsweep (Figure 3): TRIME's memory against the cache.
+DEFAULTS = {"eval_memory.sweep_kinds": ("trime", "cache")}

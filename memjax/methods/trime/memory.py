@@ -52,10 +52,9 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax import registry
 from memjax.memory import blockwise
 from memjax.memory import evaluation
-from memjax.memory.visibility import MemorySpec, draw_hide_local, position_meta, visible
+from memjax.memory.visibility import MemorySpec, position_meta, visible
 
 Array = jax.Array
 
@@ -63,7 +62,6 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "MemorySpec",
     "combine_log_prob",
-    "draw_hide_local",
     "log_prob_with_memory",
     "trime_log_prob",
     "trime_loss",
@@ -396,6 +394,3 @@ class TrimeMemory(evaluation.EvalMemory):
     return jnp.stack(
         [combine_log_prob(lm[None], log_z[None], a, p) for a, p in sums]
     )  # [N, G, W, S]
-
-
-registry.EVAL_MEMORIES.register("trime", TrimeMemory())

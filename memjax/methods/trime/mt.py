@@ -41,23 +41,24 @@ datastore returns at test time.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from memjax.io import console
 from memjax import errors
 from memjax import losses
-from memjax.io import paths
-from memjax import registry
-from memjax.methods.trime import bm25
-from memjax.data import batchers
+from memjax import settings as settings_lib
 from memjax.data import token_batching
+from memjax.io import console
+from memjax.io import paths
+from memjax.methods.trime import bm25
+from memjax.methods.trime import config as trime_config
 from memjax.methods.trime import memory as trime
+from memjax.tasks import config as task_config
 
 Array = jax.Array
 
@@ -182,9 +183,8 @@ def trime_mt_loss(
   }
 
 
-@registry.OBJECTIVES.register("trime_mt")
 def make_trime_mt_loss(
-    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
+    s: settings_lib.Settings, num_steps: int
 ) -> losses.LossFn:
   """TRIMEMT_ext's objective (module docstring).
 
@@ -195,8 +195,8 @@ def make_trime_mt_loss(
   ``label_smoothed`` alone), ``loss.block_size`` (0 = dense) and
   ``loss.stop_gradient_memory``.
   """
-  del seed
-  options = dict(cfg.options) if cfg.get("options") else {}
+  cfg = s.of(trime_config.TrimeLoss)
+  options = dict(s.loss.options or {})
   unknown = sorted(set(options) - set(_OPTIONS))
   if unknown:
     raise errors.ConfigError(
@@ -213,20 +213,19 @@ def make_trime_mt_loss(
         "loss.options.temperature must be > 0 and loss.options.topk_memory "
         f">= 0, got {temp} and {topk}"
     )
-  frac = float(cfg.get("lm_warmup_fraction", 0.0))
+  frac = float(cfg.lm_warmup_fraction)
   if not 0.0 <= frac <= 1.0:
     raise errors.ConfigError(
         f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
     )
   warmup = int(round(frac * num_steps))
-  block_size = int(cfg.get("block_size", 0)) or None
-  stop_memory = bool(cfg.get("stop_gradient_memory", False))
+  block_size = int(cfg.block_size) or None
+  stop_memory = bool(cfg.stop_gradient_memory)
   # The warm-up's plain objective takes only the smoothing of the options.
-  plain_cfg = ml_collections.ConfigDict(cfg.to_dict())
-  plain_cfg.options = ml_collections.ConfigDict(
-      {k: v for k, v in options.items() if k == "epsilon"}
+  smoothing = {k: v for k, v in options.items() if k == "epsilon"}
+  plain = losses.make_label_smoothed_loss(
+      s.replace(dataclasses.replace(s.loss, options=smoothing)), num_steps
   )
-  plain = losses.make_label_smoothed_loss(plain_cfg, num_steps)
 
   def loss_fn(output, batch, *, step, rng):
     def with_memory(_):
@@ -316,20 +315,18 @@ class Bm25TokenBatcher(token_batching.TokenBatcher):
     return self._plan
 
 
-@registry.BATCHERS.register("tokens_bm25")
-@batchers.with_shapes(token_batching.batch_shapes)
 def make_bm25_token_batcher(
-    config: Any, train: Any, cache_dir: str
+    s: settings_lib.Settings, train: Any, cache_dir: str
 ) -> Bm25TokenBatcher:
   """The 'tokens_bm25' batcher over a ``parallel.ParallelSplit``
   (``data.bm25_k`` hits per query, ``data.bm25_seed``)."""
-  t, d = config.translation, config.data
-  if int(d.bm25_k) < 1:
-    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
-  order = target_order(train.target, int(d.bm25_k), int(d.bm25_seed), cache_dir)
-  devices = max(1, jax.device_count() // max(1, int(config.mesh.tensor)))
+  t, b = s.of(task_config.Translation), s.of(trime_config.Bm25)
+  if int(b.bm25_k) < 1:
+    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {b.bm25_k}")
+  order = target_order(train.target, int(b.bm25_k), int(b.bm25_seed), cache_dir)
+  devices = max(1, jax.device_count() // max(1, int(s.mesh.tensor)))
   return Bm25TokenBatcher(
       train.source, train.target, order=order,
       max_tokens=int(t.max_tokens), buckets=tuple(t.buckets),
-      seed=int(config.seed), row_multiple=devices,
+      seed=int(s.seed), row_multiple=devices,
   )  # fmt: skip

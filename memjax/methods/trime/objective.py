@@ -1,7 +1,8 @@
 """The TRIME training objective (Eq. 5) with its three training memories.
 
-Registered in ``memjax.registry.OBJECTIVES`` as 'trime' (``loss.name``),
-with the config check 'trime_long_batching'. The loss maths are in
+Declared as the objective 'trime' (``loss.name``) with the check
+``check_trime_batching`` (``memjax/methods/trime/__init__.py``); its
+settings are ``config.TrimeLoss``. The loss maths are in
 ``memjax/methods/trime/memory.py``; the visibility rules of the memories in
 ``memjax/memory/visibility.py``.
 """
@@ -12,14 +13,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from memjax import errors
-from memjax import registry
-from memjax.losses import LossFn
-from memjax.losses import batch_weights
+from memjax import losses
+from memjax import settings as settings_lib
+from memjax.memory import visibility
+from memjax.methods.trime import config
 from memjax.methods.trime import memory as trime
-from memjax.models.transformer import LMOutput
+from memjax.models import transformer
+
+LossFn = losses.LossFn
+LMOutput = transformer.LMOutput
 
 Array = jax.Array
 
@@ -57,18 +61,17 @@ def hide_local_draw(seed: int, step: Array, p: float) -> Array:
   every host of a step agrees, and a resumed run draws the same values.
   """
   key = jax.random.fold_in(jax.random.PRNGKey(seed), _HIDE_LOCAL_STREAM)
-  return trime.draw_hide_local(jax.random.fold_in(key, step), p)
+  return visibility.draw_hide_local(jax.random.fold_in(key, step), p)
 
 
-@registry.CONFIG_CHECKS.register("trime_long_batching")
-def check_trime_batching(config: ml_collections.ConfigDict) -> None:
+def check_trime_batching(s: settings_lib.Settings) -> None:
   """Raises ConfigError where the loss's memory cannot work with the batches.
 
   'long' needs lanes of m > 1 consecutive segments, and every micro-batch
   must hold whole lanes (each micro-batch is its own in-batch memory).
   """
-  loss, d = config.loss, config.data
-  if loss.name != "trime" or loss.memory != "long":
+  d = s.data
+  if s.loss.name != "trime" or s.of(config.TrimeLoss).memory != "long":
     return
   m = int(d.segments_per_lane)
   if d.batching not in ("blocks", "consecutive") or m < 2:
@@ -76,7 +79,7 @@ def check_trime_batching(config: ml_collections.ConfigDict) -> None:
         "loss.memory='long' needs lanes of consecutive segments: set "
         "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1"
     )
-  micro = d.batch_size // max(int(config.train.grad_accum), 1)
+  micro = d.batch_size // max(int(s.train.grad_accum), 1)
   if micro % m:
     raise errors.ConfigError(
         f"loss.memory='long': the micro-batch of {micro} rows (data.batch_size / "
@@ -104,11 +107,9 @@ def _training_memory(
   return trime.MemorySpec.local(), hide
 
 
-@registry.OBJECTIVES.register("trime")
-def make_trime_loss(
-    cfg: ml_collections.ConfigDict, num_steps: int, seed: int = 0
-) -> LossFn:
-  """The TRIME objective (Eq. 5) with the training memory of ``cfg.memory``.
+def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
+  """The TRIME objective (Eq. 5) with the training memory of
+  ``loss.memory`` (``cfg`` below: the ``config.TrimeLoss`` settings).
 
   * 'local': earlier tokens of the same segment (TRIMELM);
   * 'long': earlier tokens of the same lane in the batch, across its
@@ -123,9 +124,8 @@ def make_trime_loss(
   memory keys; ``cfg.block_size`` (0 = dense) sets the blockwise tiles.
 
   Args:
-    cfg: ``config.loss``.
+    s: the run's settings (the seed: the external mode's per-step draw).
     num_steps: total updates of the run (for the warm-up).
-    seed: the run's seed (for the external mode's per-step draw).
 
   Returns:
     A LossFn.
@@ -133,6 +133,7 @@ def make_trime_loss(
   Raises:
     ValueError: for an unknown memory or a hide probability outside [0, 1].
   """
+  cfg, seed = s.of(config.TrimeLoss), s.seed
   memory, p, warmup_steps = _settings(cfg, num_steps)
   block_size = int(cfg.block_size) or None
   stop_memory = bool(cfg.stop_gradient_memory)
@@ -155,7 +156,7 @@ def make_trime_loss(
       output: LMOutput, batch: dict[str, Array], *, step: Array, rng: Array
   ) -> tuple[Array, dict[str, Array]]:
     del rng
-    w = batch_weights(batch)
+    w = losses.batch_weights(batch)
     tokens = jnp.sum(w)
     spec, hide = _training_memory(memory, batch, seed, step, p)
     args = (
@@ -179,20 +180,18 @@ def make_trime_loss(
   return loss_fn
 
 
-def _settings(
-    cfg: ml_collections.ConfigDict, num_steps: int
-) -> tuple[str, float, int]:
+def _settings(loss: config.TrimeLoss, num_steps: int) -> tuple[str, float, int]:
   """(training memory, local hide probability, warm-up updates) of
   ``config.loss``, checked."""
-  memory = cfg.memory
+  memory = loss.memory
   if memory not in TRIME_MEMORIES:
     raise errors.ConfigError(
         f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
     )
-  p = float(cfg.local_hide_prob)
+  p = float(loss.local_hide_prob)
   if not 0.0 <= p <= 1.0:
     raise errors.ConfigError(f"loss.local_hide_prob must be in [0, 1], got {p}")
-  frac = float(cfg.lm_warmup_fraction)
+  frac = float(loss.lm_warmup_fraction)
   if not 0.0 <= frac <= 1.0:
     raise errors.ConfigError(
         f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"

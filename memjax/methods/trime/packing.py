@@ -1,6 +1,6 @@
 """Training batchers of the TRIME memories: random blocks and BM25 packing.
 
-Both register in ``memjax.registry.BATCHERS`` (see ``memjax.data.batchers``).
+Both are declared in TRIME's spec (see ``memjax.data.batchers``).
 
 * ``data.batching='blocks'``: b random blocks of m = ``data.segments_per_lane``
   consecutive segments per step (``streams.RandomBlocks``), the in-batch
@@ -32,24 +32,25 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from memjax import errors
-from memjax.io import console
-from memjax.io import paths
-from memjax import registry
+from memjax import settings as settings_lib
 from memjax.data import batchers
 from memjax.data import sources
 from memjax.data import streams
+from memjax.io import console
+from memjax.io import paths
+from memjax.methods.trime import config as trime_config
+from memjax.run import spec
+
+Settings = settings_lib.Settings
 
 
-def stopword_ids(
-    config: ml_collections.ConfigDict, cache_dir: str
-) -> list[int] | None:
+def stopword_ids(s: Settings, cache_dir: str) -> list[int] | None:
   """Ids of bm25s's English stop words in the word vocabulary, if enabled."""
-  d = config.data
-  if not d.bm25_stopwords:
+  d = s.data
+  if not s.of(trime_config.Bm25).bm25_stopwords:
     return None
   if sources.corpus_spec(d.corpus).level != "word":
     raise errors.ConfigError(
@@ -65,13 +66,11 @@ def stopword_ids(
   return sorted(ids)
 
 
-def bm25_order(
-    config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
-) -> np.ndarray:
+def bm25_order(s: Settings, tokens: np.ndarray, cache_dir: str) -> np.ndarray:
   """The packed order of the training segments, computed once and cached.
 
   Args:
-    config: the experiment config (data.seq_len, batch_size, bm25_*).
+    s: the run's settings (data.seq_len, batch_size, bm25_*).
     tokens: [N] training token stream.
     cache_dir: the run's cache directory; the order goes to ``<cache_dir>/bm25``.
 
@@ -80,13 +79,13 @@ def bm25_order(
   """
   from memjax.methods.trime import bm25_order  # pylint: disable=g-import-not-at-top
 
-  d = config.data
-  if int(d.bm25_k) < 1:
-    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {d.bm25_k}")
+  d, b = s.data, s.of(trime_config.Bm25)
+  if int(b.bm25_k) < 1:
+    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {b.bm25_k}")
   start = time.time()
   # The settings, their key (a hash of every token) and the task's place:
   # worked out once for the .npy order, the Beam cache and the packing.
-  where = _task_location(config, tokens, cache_dir)
+  where = _task_location(s, tokens, cache_dir)
   settings, key = where[0], where[1]
   bm25_dir = paths.join(cache_dir, "bm25")
   num_segments = -(-len(tokens) // int(d.seq_len))
@@ -107,15 +106,15 @@ def bm25_order(
       "BM25 packing: %d segments of %d tokens, k=%d (cached in %s)",
       -(-len(tokens) // d.seq_len),
       d.seq_len,
-      d.bm25_k,
+      b.bm25_k,
       paths.join(cache_dir, "bm25"),
   )
   order = bm25_order.cached_bm25_order(
       tokens,
       d.seq_len,
       d.batch_size,
-      k=int(d.bm25_k),
-      seed=int(d.bm25_seed),
+      k=int(b.bm25_k),
+      seed=int(b.bm25_seed),
       cache_dir=bm25_dir,
       stopword_ids=settings.stopword_ids,
       show_progress=True,
@@ -127,29 +126,30 @@ def bm25_order(
   return order
 
 
-def _pack_settings(config: ml_collections.ConfigDict, cache_dir: str):
+def _pack_settings(s: Settings, cache_dir: str) -> Any:
+  """The ``pack_beam.PackSettings`` of the run."""
   from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
 
-  d = config.data
-  stop = stopword_ids(config, cache_dir)
+  b = s.of(trime_config.Bm25)
+  stop = stopword_ids(s, cache_dir)
   return pack_beam.PackSettings(
-      int(d.seq_len),
-      int(d.bm25_k),
-      int(d.bm25_seed),
+      int(s.data.seq_len),
+      int(b.bm25_k),
+      int(b.bm25_seed),
       tuple(stop) if stop is not None else None,
   )
 
 
 def _task_location(
-    config: ml_collections.ConfigDict, tokens: np.ndarray, cache_dir: str
+    s: Settings, tokens: np.ndarray, cache_dir: str
 ) -> tuple[Any, str, str, str]:
   """(PackSettings, the order's key, task name, cache directory) of the
   packed order and its SeqIO task."""
   from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
 
-  settings = _pack_settings(config, cache_dir)
+  settings = _pack_settings(s, cache_dir)
   key = pack_beam.order_key(tokens, settings)
-  name = pack_beam.task_name(config.data.corpus, tokens, settings, key)
+  name = pack_beam.task_name(s.data.corpus, tokens, settings, key)
   return settings, key, name, pack_beam.task_dir(cache_dir, name)
 
 
@@ -192,47 +192,43 @@ def _beam_cached_order(
   return order
 
 
-def _block_shapes(config: ml_collections.ConfigDict, devices: int):
+def block_shapes(s: Settings, devices: int) -> batchers.BatchShapes:
   """'inputs', 'targets' [B, L] int32 and 'lane_id' [B] int32."""
-  out = batchers.segment_shapes(config, devices)
-  out["lane_id"] = ((int(config.data.batch_size),), "int32")
+  out = batchers.segment_shapes(s, devices)
+  out["lane_id"] = ((int(s.data.batch_size),), "int32")
   return out
 
 
-@registry.BATCHERS.register("blocks")
-@batchers.with_shapes(_block_shapes)
 def blocks_batcher(
-    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+    s: Settings, train: Any, cache_dir: str
 ) -> streams.RandomBlocks:
   """b random blocks of m = ``data.segments_per_lane`` consecutive segments
   per step (TRIMELM_long's in-batch long-term memory)."""
   del cache_dir
-  d = config.data
+  d = s.data
   return streams.RandomBlocks(
       train.tokens,
       d.seq_len,
-      batchers.lanes_of(config),
+      batchers.lanes_of(d),
       int(d.segments_per_lane),
-      seed=config.seed,
+      seed=s.seed,
   )
 
 
-@registry.BATCHERS.register("bm25")
-@batchers.with_shapes(batchers.segment_shapes)
 def bm25_batcher(
-    config: ml_collections.ConfigDict, train: Any, cache_dir: str
+    s: Settings, train: Any, cache_dir: str
 ) -> streams.PackedSegments:
   """Segments in the BM25 packed order (TRIMELM_ext), read from (or first
   written to) ``<cache_dir>/bm25``."""
-  d = config.data
-  order = bm25_order(config, train.tokens, cache_dir)
+  d = s.data
+  order = bm25_order(s, train.tokens, cache_dir)
   return streams.PackedSegments(
-      train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
+      train.tokens, d.seq_len, d.batch_size, order, seed=s.seed
   )
 
 
 def _pack_with_beam(
-    config: ml_collections.ConfigDict,
+    s: Settings,
     tokens: np.ndarray,
     cache_dir: str,
     vocabulary: Any,
@@ -240,10 +236,10 @@ def _pack_with_beam(
   """Writes (or reuses) the packed task's Beam cache; returns its order."""
   from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
 
-  p = config.pack
+  p = s.of(trime_config.Pack)
   if int(p.workers) < 1:
     raise errors.ConfigError(f"pack.workers must be >= 1, got {p.workers}")
-  settings, _, name, directory = _task_location(config, tokens, cache_dir)
+  settings, _, name, directory = _task_location(s, tokens, cache_dir)
   task = pack_beam.register_task(name, tokens, settings, cache_dir, vocabulary)
   num_segments = -(-len(tokens) // settings.seq_len)
   if paths.exists(directory):
@@ -265,7 +261,7 @@ def _pack_with_beam(
   return order, {"task": name, "task_dir": directory, "reused": False}
 
 
-def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def pack(run: spec.Run) -> dict[str, Any]:
   """The offline packing job (``--mode=pack``): writes the BM25 order.
 
   Reads the training split through its SeqIO task and runs Algorithm 1:
@@ -276,36 +272,37 @@ def pack(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
-  d = config.data
+  s, workdir = run.settings, run.workdir
+  d, b, p = s.data, s.of(trime_config.Bm25), s.of(trime_config.Pack)
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
   cache_dir = d.cache_dir or paths.join(workdir, "cache")
   paths.makedirs(cache_dir)
   train = tasks.load_token_stream(d.corpus, data_dir, "train", cache_dir)
   start = time.time()
   beam = {}
-  if config.pack.runner:
+  if p.runner:
     vocabulary = (
         tasks.register_lm_task(d.corpus, data_dir, cache_dir)
         .output_features["targets"]
         .vocabulary
     )
-    order, beam = _pack_with_beam(config, train.tokens, cache_dir, vocabulary)
+    order, beam = _pack_with_beam(s, train.tokens, cache_dir, vocabulary)
   else:
-    order = bm25_order(config, train.tokens, cache_dir)
+    order = bm25_order(s, train.tokens, cache_dir)
   batcher = streams.PackedSegments(
-      train.tokens, d.seq_len, d.batch_size, order, seed=config.seed
+      train.tokens, d.seq_len, d.batch_size, order, seed=s.seed
   )
   summary = {
       "segments": int(len(order)),
       "batches_per_epoch": batcher.num_batches,
       "seq_len": int(d.seq_len),
       "batch_size": int(d.batch_size),
-      "k": int(d.bm25_k),
-      "seed": int(d.bm25_seed),
-      "stopwords": bool(d.bm25_stopwords),
+      "k": int(b.bm25_k),
+      "seed": int(b.bm25_seed),
+      "stopwords": bool(b.bm25_stopwords),
       "seconds": time.time() - start,
       "cache_dir": paths.join(cache_dir, "bm25"),
-      "runner": config.pack.runner or "in-process",
+      "runner": p.runner or "in-process",
       **beam,
   }
   paths.makedirs(workdir)

@@ -10,32 +10,32 @@ written.
 from __future__ import annotations
 
 import time
-
-import ml_collections
+from typing import Any
 
 from memjax import errors
-from memjax.io import paths
-from memjax import registry
+from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
+from memjax.io import paths
 from memjax.data import parallel
+from memjax.tasks import config as task_config
 from memjax.tasks.translation import bleu
 from memjax.tasks.translation import translator as translator_lib
 
-
-def data_dir(config: ml_collections.ConfigDict) -> str:
-  return config.data.data_dir or parallel.DEFAULT_DIR
+Settings = settings_lib.Settings
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def data_dir(d: settings_lib.Data) -> str:
+  return d.data_dir or parallel.DEFAULT_DIR
+
+
+def check_settings(s: Settings) -> None:
   """Raises ConfigError for settings a translation run cannot use."""
-  if config.model.family != "encoder_decoder":
+  if s.model.family != "encoder_decoder":
     raise errors.ConfigError(
         "a translation run needs model.family='encoder_decoder', got "
-        f"{config.model.family!r}"
+        f"{s.model.family!r}"
     )
-  registry.OBJECTIVES.get(config.loss.name)
-  registry.BATCHERS.get(config.data.batching)
-  t = config.translation
+  t = s.of(task_config.Translation)
   if t.source_lang == t.target_lang:
     raise errors.ConfigError(
         "translation.source_lang and target_lang must differ, both are "
@@ -45,10 +45,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(
         "translation.beam_size and decode_batch_size must be >= 1"
     )
-  if max(t.buckets) > config.model.max_len:
+  if max(t.buckets) > s.model.max_len:
     raise errors.ConfigError(
         f"translation.buckets {tuple(t.buckets)} exceed model.max_len "
-        f"{config.model.max_len}"
+        f"{s.model.max_len}"
     )
 
 
@@ -68,10 +68,10 @@ def check_vocabulary(vocab_path: str, workdir: str) -> None:
     )
 
 
-def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
+def vocabulary_path(s: Settings, workdir: str) -> str:
   """The sentencepiece model of a run: ``translation.vocab_file``, the one a
   run in ``workdir`` saved, or one trained on the training split."""
-  t = config.translation
+  t = s.of(task_config.Translation)
   if t.vocab_file:
     path = paths.local_file(paths.resolve(t.vocab_file))
     parallel.load_vocabulary(path)
@@ -81,21 +81,25 @@ def vocabulary_path(config: ml_collections.ConfigDict, workdir: str) -> str:
   if paths.isfile(saved):
     return paths.local_file(saved)  # sentencepiece reads local files.
   return parallel.train_vocabulary(
-      data_dir(config), t.source_lang, t.target_lang, int(t.vocab_size),
+      data_dir(s.data), t.source_lang, t.target_lang, int(t.vocab_size),
       paths.join(workdir, "cache"),
   )  # fmt: skip
 
 
-def read_split(config, split: str, vocab_path: str, workdir: str):
-  t = config.translation
+def read_split(s: Settings, split: str, vocab_path: str, workdir: str) -> Any:
+  """A split of the parallel data, encoded (``parallel.ParallelSplit``)."""
+  t = s.of(task_config.Translation)
   return parallel.encode_split(
-      data_dir(config), split, t.source_lang, t.target_lang, vocab_path,
+      data_dir(s.data), split, t.source_lang, t.target_lang, vocab_path,
       paths.join(workdir, "cache"),
   )  # fmt: skip
 
 
-def make_translator(config, model, params, vocab, hook=None):
-  t = config.translation
+def make_translator(
+    t: task_config.Translation, model: Any, params: Any, vocab: Any,
+    hook: Any = None,
+) -> translator_lib.Translator:  # fmt: skip
+  """The beam-search translator of the ``translation`` settings ``t``."""
   return translator_lib.Translator(
       model, params, vocab, beam_size=t.beam_size,
       length_penalty=t.length_penalty, max_len_a=t.max_len_a,

@@ -1,7 +1,7 @@
 """Translation as a training task (``config.task = 'translation'``).
 
 Training goes through the same loop as every language model
-(``memjax.train``: ``--mode=train``), with this task supplying what differs:
+(``memjax.run.loop``: ``--mode=train``), with this task supplying what differs:
 the parallel splits and their joint sentencepiece vocabulary (trained on the
 training split, or ``translation.vocab_file``, or the one a run saved), the
 token batches' size for throughput, and evaluation by beam search scored
@@ -16,14 +16,16 @@ import dataclasses
 from typing import Any
 
 import jax
-import ml_collections
 from jax.sharding import Mesh
 
+from memjax import settings as settings_lib
+from memjax.data import parallel
+from memjax.data import token_batching
 from memjax.io import console
 from memjax.io import paths
-from memjax import registry
+from memjax.run import spec
 from memjax.tasks import base as task
-from memjax.data import parallel
+from memjax.tasks import config as task_config
 from memjax.tasks.translation import bleu
 from memjax.tasks.translation import parts
 
@@ -57,12 +59,18 @@ class ParallelData:
 class _BleuEvaluator(task.Evaluator):
   """Beam search over each evaluation split, scored with sacreBLEU."""
 
-  def __init__(self, config, model, data: ParallelData, out_dir: str = ""):
-    self.config, self.model, self.data = config, model, data
+  def __init__(
+      self,
+      t: task_config.Translation,
+      model: Any,
+      data: ParallelData,
+      out_dir: str = "",
+  ):
+    self.t, self.model, self.data = t, model, data
     self.out_dir = out_dir
 
   def run(self, params, step, max_items, prefix="", writer=None):
-    tr = parts.make_translator(self.config, self.model, params, self.data.vocab)
+    tr = parts.make_translator(self.t, self.model, params, self.data.vocab)
     res = {}
     for split, data in self.data.splits.items():
       scores = parts.score_split(
@@ -88,19 +96,22 @@ class _BleuEvaluator(task.Evaluator):
     return res
 
 
-@registry.TASKS.register("translation")
 class Translation(task.Task):
   """Sentence-level translation of ``translation.source_lang`` into
   ``translation.target_lang`` with an encoder-decoder."""
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    parts.check_config(config)
+  @property
+  def t(self) -> task_config.Translation:
+    return self.settings.of(task_config.Translation)
 
-  def data_settings(self, config) -> dict[str, Any]:
+  def check_settings(self) -> None:
+    parts.check_settings(self.settings)
+
+  def data_settings(self) -> dict[str, Any]:
     # The batches depend on the languages, max_tokens and buckets; the
     # vocabulary on the languages and vocab_size (a translation.vocab_file
     # is checked against the run's own by its SHA-1 instead).
-    t = config.translation
+    t = self.t
     settings = {
         "translation.source_lang": t.source_lang,
         "translation.target_lang": t.target_lang,
@@ -111,19 +122,20 @@ class Translation(task.Task):
       settings["translation.vocab_size"] = int(t.vocab_size)
     return settings
 
-  def check_data(self, config, train=True):
-    t = config.translation
+  def check_data(self, train=True):
+    t = self.t
     splits = (("train",) if train else ()) + tuple(t.eval_splits)
     for split in splits:
       parallel.split_files(
-          parts.data_dir(config), split, t.source_lang, t.target_lang
-      )
+          parts.data_dir(self.settings.data), split, t.source_lang,
+          t.target_lang,
+      )  # fmt: skip
 
-  def load(self, config, workdir, train=True) -> ParallelData:
-    t = config.translation
-    vocab_path = parts.vocabulary_path(config, workdir)
+  def load(self, workdir, train=True) -> ParallelData:
+    t = self.t
+    vocab_path = parts.vocabulary_path(self.settings, workdir)
     vocab = parallel.load_vocabulary(vocab_path)
-    read = lambda s: parts.read_split(config, s, vocab_path, workdir)
+    read = lambda s: parts.read_split(self.settings, s, vocab_path, workdir)
     return ParallelData(
         name=f"parallel {t.source_lang}-{t.target_lang}",
         vocab_size=int(vocab.vocab_size),
@@ -139,33 +151,60 @@ class Translation(task.Task):
     train = f", train {len(data.train.source)} pairs" if data.train else ""
     return f"{data.name}: vocabulary {data.vocab_size}{train}, {splits}"
 
-  def vocabulary(self, config, workdir) -> Any:
-    return parallel.load_vocabulary(parts.vocabulary_path(config, workdir))
+  def vocabulary(self, workdir) -> Any:
+    return parallel.load_vocabulary(
+        parts.vocabulary_path(self.settings, workdir)
+    )
 
-  def tokens_per_step(self, config) -> int:
-    return int(config.translation.max_tokens)
+  def tokens_per_step(self) -> int:
+    return int(self.t.max_tokens)
 
-  def check_batch_fits(self, config, mesh: Mesh) -> None:
+  def check_batch_fits(self, mesh: Mesh, carries_memory: bool) -> None:
     # The token batcher rounds every bucket's rows to the data-parallel
     # size itself (``token_batching.TokenBatcher``).
-    del config, mesh
+    del mesh, carries_memory
 
-  def evaluator(self, config, model, mesh, data) -> task.Evaluator:
-    del mesh
-    return _BleuEvaluator(config, model, data)
+  def evaluator(self, run: spec.Run, model, data) -> task.Evaluator:
+    return _BleuEvaluator(self.t, model, data)
 
   def final_results(
-      self, config, model, params, mesh, data, step, writer=None
+      self, run: spec.Run, model, params, data, step, writer=None
   ) -> dict[str, Any]:
-    del mesh
-    workdir = paths.dirname(data.cache_dir)
     evaluator = _BleuEvaluator(
-        config, model, data, paths.join(workdir, "translations")
+        self.t, model, data, paths.join(run.workdir, "translations")
     )
-    results = {"name": config.name, "step": step, "unit": "bleu"}
+    results = {"name": self.settings.name, "step": step, "unit": "bleu"}
     scores = evaluator.run(
-        params, step, int(config.translation.eval_max_sentences), "", writer
+        params, step, int(self.t.eval_max_sentences), "", writer
     )
     results.update(scores)
     results["summary_lines"] = [bleu.summary(v, k) for k, v in scores.items()]
     return results
+
+
+def token_shapes(s: settings_lib.Settings, devices: int) -> dict[str, Any]:
+  """The arrays of a 'tokens' batch of the longest bucket (the most memory
+  and attention per token) on ``devices`` devices: 'source', 'inputs',
+  'targets' [rows, L] int32, 'weights' [rows, L] float32."""
+  t = s.of(task_config.Translation)
+  length = max(int(b) for b in t.buckets)
+  multiple = max(1, devices // max(1, int(s.mesh.tensor)))
+  rows = max(int(t.max_tokens) // length // multiple, 1) * multiple
+  out = {k: ((rows, length), "int32") for k in ("source", "inputs", "targets")}
+  out["weights"] = ((rows, length), "float32")
+  return out
+
+
+def token_batcher(
+    s: settings_lib.Settings, train: Any, cache_dir: str
+) -> token_batching.TokenBatcher:
+  """The 'tokens' batcher over a ``parallel.ParallelSplit``."""
+  del cache_dir
+  t = s.of(task_config.Translation)
+  # The batch is split over the data and fsdp axes: every device but the
+  # tensor-parallel ones.
+  devices = max(1, jax.device_count() // max(1, int(s.mesh.tensor)))
+  return token_batching.TokenBatcher(
+      train.source, train.target, max_tokens=int(t.max_tokens),
+      buckets=tuple(t.buckets), seed=int(s.seed), row_multiple=devices,
+  )  # fmt: skip

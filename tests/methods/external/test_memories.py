@@ -12,17 +12,22 @@ import jax
 import numpy as np
 import pytest
 
+from memjax import build
+from memjax import catalog
+from memjax import config as config_lib
 from memjax import errors
+from memjax.eval import grid as grid_lib
 from memjax.eval import memory_grid as evaluate_memory
 from memjax import sharding as sharding_lib
-from memjax.data import streams
+from memjax.data import windows
 from memjax.memory import datastore as ds_lib
 from memjax.eval import external
 from memjax.memory import search
 from memjax.models import transformer
+from tests.conftest import REPO
 
 WINDOW, SCORE = 8, 3
-SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 2}
+SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 3}
 
 
 def _model(vocab=24):
@@ -49,7 +54,7 @@ def _spec(tokens, dim=16, shard_batches=1, batch_size=2, sig=SIG):
 def _windows(model, params, tokens):
   """Per eval window: (start, length, score_from, g, log p_vocab(y), log Z)."""
   out = []
-  for start, length, sfrom in streams.eval_windows(
+  for start, length, sfrom in windows.eval_windows(
       len(tokens) - 1, WINDOW, SCORE
   ):
     inp = np.zeros((1, WINDOW), np.int32)
@@ -176,6 +181,28 @@ def _unchanged(path, fn, error):
   return str(e.value)
 
 
+def test_a_datastore_of_an_earlier_version_opens_with_its_model(tmp_path):
+  # The signature an earlier version recorded (a fixture export's, version
+  # 2) is compared as today's code reads it.
+  fixture = os.path.join(REPO, "tests", "fixtures", "families", "decoder_pkm")
+  saved = json.load(open(os.path.join(fixture, "export", "export.json")))
+  old = saved["signature"]
+  assert old["signature_version"] == 2
+  config = config_lib.from_json(
+      open(os.path.join(fixture, "run", "config.json")).read()
+  )
+  today = build.build(config, "unused").signature(old["model"]["vocab_size"])
+  assert today != old
+  rng = np.random.default_rng(0)
+  path = str(tmp_path / "ds")
+  ds_lib.from_arrays(path, rng.normal(size=(30, 16)), np.arange(30),
+                     signature=old, shard_size=10)  # fmt: skip
+  assert ds_lib.open_datastore(path, signature=today).count == 30
+  wider = dict(today, model=dict(today["model"], d_model=99))
+  with pytest.raises(errors.CheckpointMismatchError, match="d_model"):
+    ds_lib.open_datastore(path, signature=wider)
+
+
 def test_bad_datastores_fail_with_one_line_and_change_nothing(tmp_path):
   rng = np.random.default_rng(0)
   path = str(tmp_path / "ds")
@@ -294,6 +321,11 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
 # --------------------------------------------------------------- evaluation
 
 
+def _grid(kind, **values):
+  """The grid of the evaluation memory ``kind`` (the run's memories)."""
+  return grid_lib.make(catalog.parts().eval_memories, kind, **values)
+
+
 def _score(setup, grid, ext, **kw):
   model, params, tokens, one = setup
   return evaluate_memory.score_stream(
@@ -337,9 +369,7 @@ def _ext(store, q, k, metric):
 
 def test_knn_lm_at_lambda_0_is_the_model_and_at_1_numpy_knn(setup, hand_store):
   k = 12
-  grid = evaluate_memory.Grid(
-      kind="knn", knn_temperatures=(1.0, 3.0), knn_lambdas=(0.0, 1.0, 0.25)
-  )
+  grid = _grid("knn", knn_temperatures=(1.0, 3.0), knn_lambdas=(0.0, 1.0, 0.25))
   ext = external.ExternalSearch(search.ExactSearcher(hand_store, "squared_l2"),
                                 k)  # fmt: skip
   r = _score(setup, grid, ext)
@@ -360,10 +390,9 @@ def test_knn_lm_at_lambda_0_is_the_model_and_at_1_numpy_knn(setup, hand_store):
 
 
 def test_trime_ext_with_empty_external_memory_is_local_and_long(setup):
-  trime = evaluate_memory.Grid(kind="trime", long_sizes=(0, 5),
-                               temperatures=(0.7, 1.3))  # fmt: skip
-  ext_grid = evaluate_memory.Grid(
-      kind="trime_ext", long_sizes=(0, 5), temperatures=(0.7, 1.3),
+  trime = _grid("trime", long_sizes=(0, 5), temperatures=(0.7, 1.3))
+  ext_grid = _grid(
+      "trime_ext", long_sizes=(0, 5), temperatures=(0.7, 1.3),
       ext_temperatures=(2.0,), ext_lambdas=(0.0,),
   )  # fmt: skip
   want = _score(setup, trime, None)["grid_logprob"]
@@ -373,8 +402,8 @@ def test_trime_ext_with_empty_external_memory_is_local_and_long(setup):
 
 def test_trime_ext_matches_eq_6_to_9(setup, hand_store):
   k, n_long, taus, tau2, lams = 6, 5, (0.8, 1.5), (2.0, 5.0), (0.0, 0.3)
-  grid = evaluate_memory.Grid(
-      kind="trime_ext", long_sizes=(n_long,), temperatures=taus,
+  grid = _grid(
+      "trime_ext", long_sizes=(n_long,), temperatures=taus,
       ext_temperatures=tau2, ext_lambdas=lams, ext_interp_locals=(0.0, 1.0),
   )  # fmt: skip
   ext = external.ExternalSearch(
@@ -498,15 +527,19 @@ def test_trime_ext_hand_worked_authors_code_and_eq_8_text():
 
 
 def test_trime_ext_default_memory_scale_at_d_1024_is_the_authors():
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
 
-  em = config_lib.base_config().eval_memory
-  em.kind = "trime_ext"
-  grid = evaluate_memory.configured_grid(em)
+  c = config_lib.base_config()
+  c.eval_memory.kind = "trime_ext"
+  parts = catalog.parts()
+  em = build.read(c, parts).values("eval_memory")
+  memories = parts.eval_memories
+  grid = grid_lib.configured_grid(em, memories)
   assert grid.values()["ext_interp_locals"] == (0.0,)  # the neighbours only
-  scales = grid.memory().scales(grid.values(), 1024)
-  assert scales == [1 / (32 * em.temperature), 1 / 10.5]
-  tuning = evaluate_memory.tuning_grid(em, "trime_ext").values()
+  scales = grid.memory.scales(grid.values(), 1024)
+  assert scales == [1 / (32 * em["temperature"]), 1 / 10.5]
+  tuning = grid_lib.tuning_grid(em, memories, "trime_ext").values()
   taus = tuning["ext_temperatures"]
   assert min(taus) < 10.5 < 40.0 < max(taus)  # README's values inside
 
@@ -521,21 +554,17 @@ def test_knn_lm_with_a_cache_matches_numpy_and_both_parts(setup, hand_store):
       (0.0, 0.4),
   )
   kw = dict(long_sizes=(n_long,), thetas=thetas, lambdas=lam_c)
-  grid = evaluate_memory.Grid(
-      kind="knn_cache", knn_temperatures=temps, knn_lambdas=lams, **kw
-  )
+  grid = _grid("knn_cache", knn_temperatures=temps, knn_lambdas=lams, **kw)
   ext = external.ExternalSearch(
       search.ExactSearcher(hand_store, "squared_l2"), k
   )
   got = _score(setup, grid, ext)["grid_logprob"].reshape(2, 2, -1)
   knn = _score(
       setup,
-      evaluate_memory.Grid(
-          kind="knn", knn_temperatures=temps, knn_lambdas=lams
-      ),
+      _grid("knn", knn_temperatures=temps, knn_lambdas=lams),
       ext,
   )
-  cache_only = _score(setup, evaluate_memory.Grid(kind="cache", **kw), None)
+  cache_only = _score(setup, _grid("cache", **kw), None)
   # lam_c = 0: the kNN-LM; lam = 0: the model with the cache.
   np.testing.assert_allclose(got[0], knn["grid_logprob"].reshape(2, -1),
                              rtol=1e-6, atol=1e-6)  # fmt: skip
@@ -556,9 +585,7 @@ def test_knn_lm_with_a_cache_matches_numpy_and_both_parts(setup, hand_store):
 
 
 def test_pipelined_search_equals_sequential(setup, hand_store):
-  grid = evaluate_memory.Grid(
-      kind="knn", knn_temperatures=(1.0,), knn_lambdas=(0.3,)
-  )
+  grid = _grid("knn", knn_temperatures=(1.0,), knn_lambdas=(0.3,))
   out = []
   for pipeline in (True, False):
     ext = external.ExternalSearch(

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax import build
 from memjax import config as config_lib
-from memjax import experiment
 from memjax.data import token_batching
 from memjax.memory import datastore as ds_lib
 from memjax.memory import search as search_lib
@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
   m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 1, D, 2, 8, 32
   m.family_options.encoder_layers = 1
   m.dropout = 0.0
-  model = experiment.build_model(m, V)
+  model = build.build(c, str(tmp_path_factory.mktemp("mt_model"))).model(V)
   params = nn.meta.unbox(
       jax.jit(model.init)(jax.random.PRNGKey(2), jnp.zeros((1, 4), jnp.int32))[
           "params"

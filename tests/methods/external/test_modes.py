@@ -7,11 +7,15 @@ import os
 import numpy as np
 import pytest
 
+import memjax
+
 from configs import trime_wt103
+from memjax import build
 from memjax import errors
 from memjax.memory import datastore as ds_lib
 from memjax.methods.external import modes as external_modes
 from memjax.modes import memory as memory_modes
+from memjax.run import restore
 
 
 def _config(smoke_workdir, kind, **em):
@@ -32,7 +36,7 @@ def _config(smoke_workdir, kind, **em):
 def built(smoke_workdir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("extmem"))
   config = _config(smoke_workdir, "trime_ext")
-  out = external_modes.datastore(config, workdir)
+  out = memjax.run_mode("datastore", config, workdir)
   return config, workdir, out
 
 
@@ -44,10 +48,10 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   assert len(store.keys) > 1 and out["bytes_per_key"] >= 2 * store.dim + 4
   assert store.manifest["split"] == "train"
   assert store.manifest["context"] == {"window_len": 32, "score_len": 16}
-  external_modes.index(config, workdir)
+  memjax.run_mode("index", config, workdir)
   config.datastore.recall_leaves = (1, 16)
   config.datastore.recall_examples = 2
-  res = external_modes.recall(config, workdir)
+  res = memjax.run_mode("recall", config, workdir)
   assert res["recall"] >= 0.95 and res["queries"] == 64
   with open(os.path.join(workdir, "recall.json")) as f:
     saved = json.load(f)
@@ -66,7 +70,7 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
       temperature_grid=(1.0,), ext_temperature_grid=(5.0,),
       ext_lambda_grid=(0.0, 0.3),
   )  # fmt: skip
-  tuned = memory_modes.tune(config, workdir)
+  tuned = memory_modes.tune(build.build(config, workdir))
   # The best setting is the grid's lowest valid NLL, and lambda matters.
   nll = {r["ext_lambda"]: r["nll"] for r in tuned["grid_valid"]}
   assert sorted(nll) == [0.0, 0.3]
@@ -75,13 +79,13 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   assert tuned["valid"]["memory"]["nll"] == min(nll.values())
   assert np.isfinite(tuned["test"]["memory"]["ppl"])
   # Table 14's columns with the external memory, at the tuned setting.
-  avg = memory_modes.buckets(config, workdir)["rows"][-1]
+  avg = memory_modes.buckets(build.build(config, workdir))["rows"][-1]
   assert avg["tokens"] == tuned["valid"]["memory"]["tokens"]
   memory_ppl = [v for k, v in avg.items() if k.startswith("trime_ext memory")]
   assert memory_ppl == [pytest.approx(tuned["valid"]["memory"]["ppl"])]
   # kNN-LM on the same datastore searched exactly (its own metric, L2).
   knn = _config(smoke_workdir, "knn", search="exact", knn_lambda_grid=(0.0,))
-  r = memory_modes.tune(knn, workdir)
+  r = memory_modes.tune(build.build(knn, workdir))
   assert r["test"]["memory"]["nll"] == pytest.approx(
       r["test"]["plain"]["nll"], rel=1e-6
   )
@@ -90,9 +94,7 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
 def _check_examples(config, workdir, store, examples):
   """The neighbours of queries 21 and 42 of 64 against NumPy: the top 8
   inner products of the query with every key, and their next tokens."""
-  from memjax.eval import memory_grid  # pylint: disable=g-import-not-at-top
-
-  loaded = memory_grid.load(config, workdir, splits=("valid",))
+  loaded = restore.load_splits(build.build(config, workdir), splits=("valid",))
   valid = np.asarray(loaded.splits["valid"])
   queries = external_modes.held_out_queries(loaded, "valid", 64)
   keys = np.concatenate(store.keys).astype(np.float32)
@@ -117,17 +119,19 @@ def test_bad_input_is_a_user_error_and_changes_nothing(built, smoke_workdir):
   }
   # A UserError: memjax.main prints its one line and exits with status 2.
   with pytest.raises(errors.UserError) as e:
-    external_modes.index(_config(smoke_workdir, "knn", ext_k=100000), workdir)
+    external_modes.index(
+        build.build(_config(smoke_workdir, "knn", ext_k=100000), workdir)
+    )
   assert str(e.value).startswith("eval_memory.ext_k=100000 must be in [1, 656]")
   with pytest.raises(errors.ResumeError, match="other settings"):
     external_modes.datastore(
-        _config(smoke_workdir, "knn", batch_size=16), workdir
+        build.build(_config(smoke_workdir, "knn", batch_size=16), workdir)
     )
   # The process share: a k outside [0, n) is one line.
   bad = _config(smoke_workdir, "knn")
   bad.datastore.process_index, bad.datastore.process_count = 2, 2
   with pytest.raises(errors.ConfigError) as e:
-    external_modes.datastore(bad, workdir)
+    external_modes.datastore(build.build(bad, workdir))
   assert str(e.value) == (
       "datastore.process_index=2 must be in [0, datastore.process_count=2)"
   )
@@ -148,8 +152,9 @@ def test_domain_adaptation_reads_another_corpus_with_the_run_vocab(
   c.datastore.max_windows = 10
   c.datastore.corpus = c.eval.corpus = "iwslt_en"
   c.eval.splits = ("valid",)
-  stream = corpus_lib.read_stream(c, workdir, "valid")
-  vocab = corpus_lib.vocabulary(c, workdir)  # the run's: WikiText's
+  s = build.build(c, workdir).settings
+  stream = corpus_lib.read_stream(s.data, s.eval, workdir, "valid")
+  vocab = corpus_lib.vocabulary(s.data, workdir)  # the run's: WikiText's
   first = open(
       os.path.join(sources.default_data_dir("iwslt_en"), "valid.en"),
       encoding="utf-8",
@@ -157,14 +162,15 @@ def test_domain_adaptation_reads_another_corpus_with_the_run_vocab(
   words = sources.tokenize_sentences(first).split()  # 13a: ',' split off
   want = [vocab.encode(w)[0] for w in words] + [vocab.eos_id]
   np.testing.assert_array_equal(stream.tokens[: len(want)], want)
-  out = external_modes.datastore(c, workdir)
+  out = external_modes.datastore(build.build(c, workdir))
   store = ds_lib.open_datastore(out["path"])
   assert out["path"] == os.path.join(workdir, "datastore-iwslt_en")
   assert store.manifest["corpus"] == "iwslt_en" and store.count == 32 + 9 * 16
-  r = memory_modes.memeval(c, workdir)
+  r = memory_modes.memeval(build.build(c, workdir))
   assert r["valid"]["memory"]["tokens"] == r["valid"]["plain"]["tokens"] > 0
   assert np.isfinite(r["valid"]["memory"]["ppl"])
   # A byte-level corpus cannot be read with a word vocabulary.
   c.eval.corpus = "text8"
+  s = build.build(c, workdir).settings
   with pytest.raises(errors.DataError, match="byte-level"):
-    corpus_lib.read_stream(c, workdir, "valid")
+    corpus_lib.read_stream(s.data, s.eval, workdir, "valid")

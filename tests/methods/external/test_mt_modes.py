@@ -9,12 +9,17 @@ import shutil
 import numpy as np
 import pytest
 
+import memjax
+
+from memjax import build
+from memjax import catalog
 from memjax import errors
 from memjax.checkpoints import runfiles
 from memjax.data import parallel
 from memjax.memory import search as search_lib
 from memjax.methods.external import mt_datastore
 from memjax.methods.external import mt_modes as tm
+from memjax.tasks import config as task_config
 from memjax.tasks.translation import parts
 from tests.methods.external.test_memory_decoding import numpy_target_prob
 
@@ -27,16 +32,19 @@ SHOWN_2 = "Öffnen Sie die Datei."
 @pytest.fixture(scope="module")
 def built(mt_smoke_workdir, tmp_path_factory):
   out = tmp_path_factory.mktemp("mt_memory_modes")
-  config = runfiles.read_config(runfiles.find(mt_smoke_workdir))
+  config = build.saved_config(mt_smoke_workdir)
   with config.unlocked():
     config.train.init_from = mt_smoke_workdir
     mem = config.translation.memory
     mem.datastore = str(out / "ds")
     mem.search, mem.k, mem.k_grid = "exact", 4, (1, 4)
-    mem.knn_lambda_grid, mem.knn_temperature_grid = (0.2,), (10.0, 100.0)
+    # The smoke model's 4 nearest squared distances lie within a few units
+    # of each other: temperatures of that order weigh them apart (at 10 and
+    # 100 the weights are nearly uniform and the NLLs differ by < 1e-4).
+    mem.knn_lambda_grid, mem.knn_temperature_grid = (0.2,), (1.0, 10.0)
     mem.tune_sentences = 8
     mem.show_sentences = (SHOWN, SHOWN_2)
-  result = tm.mt_datastore_mode(config, str(out))
+  result = memjax.run_mode("mt_datastore", config, str(out))
   return config, out, result
 
 
@@ -59,17 +67,19 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
   )  # fmt: skip
   assert result["keys"] == sum(len(t) for t in fits) == len(values)
   np.testing.assert_array_equal(np.sort(values), np.sort(np.concatenate(fits)))
-  tuned = tm.mt_tune(config, str(out))
+  run = build.build(config, str(out))
+  tuned = memjax.run_mode("mt_tune", config, str(out))
   assert tuned["tokens"] > 0 and len(tuned["grid"]) == 4
   # Every grid score against NumPy over the same teacher-forced positions
   # and exact neighbours.
-  restored = tm._restore(config, str(out))  # pylint: disable=protected-access
+  restored = tm._restore(run)  # pylint: disable=protected-access
   store = mt_datastore.open_store(restored, str(out / "ds"))
   neighbours = mt_datastore.Neighbours(
       search_lib.ExactSearcher(store, "squared_l2"), 4
   )
+  s = run.settings
   tf = tm.teacher_forced_memory(
-      config, restored, tm._split(config, restored, "valid"), neighbours, 8
+      s, restored, tm._split(s, restored, "valid"), neighbours, 8
   )  # pylint: disable=protected-access
   assert len(tf["tlp"]) == tuned["tokens"]
   assert tuned["nll_without_memory"] == pytest.approx(-np.mean(tf["tlp"]))
@@ -82,8 +92,16 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
     )  # fmt: skip
     assert row["nll"] == pytest.approx(-np.mean(np.log(p)), rel=1e-5)
     nll[k, row["knn_temperature"]] = row["nll"]
-  assert nll[4, 10.0] != pytest.approx(nll[4, 100.0], rel=1e-4)
-  assert nll[1, 10.0] == pytest.approx(nll[1, 100.0])  # one neighbour: w = 1
+  assert nll[4, 1.0] != pytest.approx(nll[4, 10.0], rel=1e-4)
+  assert nll[1, 1.0] == pytest.approx(nll[1, 10.0])  # one neighbour: w = 1
+  # The tuned setting decodes the split: one line per sentence scored.
+  config.translation.eval_max_sentences = 3
+  translated = memjax.run_mode("mt_translate", config, str(out))
+  assert translated["settings"] == tuned["best"]
+  assert translated["sentences"] == 3 and 0 <= translated["bleu"] <= 100
+  split = config.translation.split
+  lines = (out / "translations" / f"{split}.knn.txt").read_text().split("\n")
+  assert len(lines) == 4 and lines[-1] == ""
 
 
 def test_datastore_mode_shows_what_the_memory_retrieves(built):
@@ -98,7 +116,8 @@ def test_datastore_mode_shows_what_the_memory_retrieves(built):
       [np.fromfile(out / "ds" / f"{s['name']}.values", np.int32)
        for s in manifest["shards"]]
   )  # fmt: skip
-  restored = tm._restore(config, str(out))  # pylint: disable=protected-access
+  run = build.build(config, str(out))
+  restored = tm._restore(run)  # pylint: disable=protected-access
   stored = {restored.vocab.decode([int(v)]) or "</s>" for v in set(values)}
   for p in positions:
     # 4 neighbours (squared L2 for kNN-MT: scores -d^2, best first), each
@@ -108,7 +127,10 @@ def test_datastore_mode_shows_what_the_memory_retrieves(built):
     assert all(s <= 0 for s in p["scores"]) and set(p["retrieved"]) <= stored
   # Each sentence's positions are its own greedy translation, one at a time.
   tr = parts.make_translator(
-      config, restored.model, restored.variables, restored.vocab
+      run.settings.of(task_config.Translation),
+      restored.model,
+      restored.variables,
+      restored.vocab,
   )
   assert [r["source"] for r in saved] == [SHOWN, SHOWN_2]
   for r in saved:
@@ -136,7 +158,7 @@ def test_datastore_of_another_model_or_vocabulary(built, field, value, words):
     config.translation.memory.datastore = str(bad)
   try:
     with pytest.raises(errors.CheckpointMismatchError, match=words) as e:
-      tm.mt_tune(config, str(work))
+      tm.mt_tune(build.build(config, str(work)))
   finally:
     with config.unlocked():
       config.translation.memory.datastore = str(out / "ds")
@@ -155,25 +177,33 @@ def test_lambda_outside_zero_one_is_refused(built, key, value):
   bad.translation.memory[key] = value
   work = out / f"work_{key}"
   with pytest.raises(errors.ConfigError, match=f"memory.{key} must lie in"):
-    tm.mt_tune(bad, str(work))
+    tm.mt_tune(build.build(bad, str(work)))
   assert not work.exists()
 
 
 def test_datastore_built_as_two_shares_equals_the_one_process_build(built):
   config, out, _ = built
   config = config.copy_and_resolve_references()
-  restored = tm._restore(config, str(out))  # pylint: disable=protected-access
-  train = tm._split(config, restored, "train")  # pylint: disable=protected-access
+  run = build.build(config, str(out))
+  restored = tm._restore(run)  # pylint: disable=protected-access
+
+  def settings():
+    """The settings of ``config`` as the test has changed it so far."""
+    return build.read(config, catalog.parts())
+
+  train = tm._split(settings(), restored, "train")  # pylint: disable=protected-access
   mem = config.translation.memory
   mem.shard_keys = 1  # one batch per shard: several shards
-  whole = mt_datastore.build(config, restored, train, str(out / "one"))
+  whole = mt_datastore.build(settings(), restored, train, str(out / "one"))
   assert whole is not None and len(whole.keys) >= 2
   mem.process_count = 2
   mem.process_index = 0
-  assert mt_datastore.build(config, restored, train, str(out / "two")) is None
+  assert (
+      mt_datastore.build(settings(), restored, train, str(out / "two")) is None
+  )
   assert not os.path.exists(out / "two" / "manifest.json")
   mem.process_index = 1  # the second process, run after: joins the shards
-  joined = mt_datastore.build(config, restored, train, str(out / "two"))
+  joined = mt_datastore.build(settings(), restored, train, str(out / "two"))
   assert joined.count == whole.count and len(joined.keys) == len(whole.keys)
   for a, b in zip(whole.keys, joined.keys):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -181,4 +211,4 @@ def test_datastore_built_as_two_shares_equals_the_one_process_build(built):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   mem.process_index = 2
   with pytest.raises(errors.ConfigError, match="process_index=2"):
-    mt_datastore.process_share(config)
+    mt_datastore.process_share(settings())

@@ -190,18 +190,21 @@ def test_padding_and_retrieval_off_equal_plain_lm(setup):
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
-def test_sharded_equals_unsharded():
+def test_sharded_equals_unsharded(tmp_path):
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from memjax import experiment  # pylint: disable=g-import-not-at-top
   from memjax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-  from memjax.run import step as train_step  # pylint: disable=g-import-not-at-top
+  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
 
   c = config_lib.base_config()
   m = c.model
   m.family, m.cutoffs, m.max_len, m.dropout = "marge", (), 64, 0.0
   m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 2, 16, 2, 8, 32
   m.family_options.segment_len, m.family_options.num_sources = N, K
-  model = experiment.build_model(m, V)
+  mesh = {"data": 2, "fsdp": 2, "tensor": 2}
+  run = build.build(c, str(tmp_path), mesh=mesh)
+  model = run.model(V)
+  assert run.extra_inputs == ("sources", "source_mask")
   rng = np.random.default_rng(4)
   b = dict(
       inputs=rng.integers(0, V, (8, 2 * N)).astype(np.int32),
@@ -210,13 +213,16 @@ def test_sharded_equals_unsharded():
       source_mask=rng.random((8, K, 2 * N)) > 0.3,
   )
   assert jax.device_count() == 8
-  mesh = experiment.make_mesh(c, {"data": 2, "fsdp": 2, "tensor": 2})
-  state, _ = experiment.create_state(model, None, mesh, b, jax.random.key(3))
+  mesh = run.mesh
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  state, _ = state_lib.create_state(
+      model, None, mesh, b, jax.random.key(3), run.state_collections()
+  )
 
   def f(p, batch):
     return model.apply(
         {"params": p}, batch["inputs"], batch["targets"],
-        **train_step.model_inputs(model, batch),
+        **{k: batch[k] for k in run.extra_inputs},
     ).target_logprob  # fmt: skip
 
   sharded = sharding_lib.jit(f, mesh)(

@@ -33,12 +33,13 @@ import sys
 import numpy as np
 import pytest
 
+from memjax import build
 from memjax.data import corpus as corpus_lib
-from memjax import experiment
 from memjax.eval import scorer as scorer_lib
 from memjax.methods.marge import retrieval as marge_lib
 from memjax.methods.marge import reindex as marge_index
 from memjax.methods.marge import evaluation as marge_eval
+from memjax.run import restore as restore_lib
 from tests import conftest
 
 N = 4  # segment_len of the 'planted' variant
@@ -80,6 +81,16 @@ def _config(variant: str, data_dir: str):
   return c
 
 
+def _load_for_mode(config, workdir):
+  """What an analysis mode reads: the run of ``workdir`` restored with
+  ``config``, and its evaluation splits (no training split, no batcher)."""
+  run = build.build(config, workdir)
+  corpus = corpus_lib.load_corpus(
+      run.settings.data, run.settings.eval, workdir, train=False
+  )
+  return run, restore_lib.restore_source(run), corpus
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
   """Trains both runs and measures what the tests check."""
@@ -105,8 +116,10 @@ def planted(tmp_path_factory):
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-3000:]
   config = _config("planted", data)
-  restored, corpus = experiment.load_for_mode(config, runs["planted"])
-  train = corpus_lib.load_corpus(config, runs["planted"], (), True).train
+  run, restored, corpus = _load_for_mode(config, runs["planted"])
+  train = corpus_lib.load_corpus(
+      run.settings.data, run.settings.eval, runs["planted"], (), True
+  ).train
   test = corpus.splits["test"]
   table, pool = marge_eval.eval_table(
       train, np.asarray(test.tokens), np.asarray(test.doc_starts), N
@@ -135,12 +148,11 @@ def planted(tmp_path_factory):
   )
   batch = marge_lib.window_arrays(table, query, ids)
   scored = batch["weights"] > 0  # the N tokens of B
-  vanilla, _ = experiment.load_for_mode(
+  _, vanilla, _ = _load_for_mode(
       _config("vanilla_planted", data), runs["vanilla_planted"]
   )
-  scorer, plain = scorer_lib.scorer_for(restored), scorer_lib.scorer_for(
-      vanilla
-  )
+  scorer = scorer_lib.scorer_for(restored.scoring())
+  plain = scorer_lib.scorer_for(vanilla.scoring())
   nll = {
       "retrieval": marge_eval.score(scorer, restored.params, batch, True),
       "no_retrieval": marge_eval.score(scorer, restored.params, batch, False),

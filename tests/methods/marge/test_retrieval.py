@@ -6,6 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+from memjax import build
+from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax.methods.marge import evaluation as marge_eval
@@ -102,16 +104,20 @@ def test_bad_settings():
   )
   c.data.seq_len = 8
   train = type("S", (), dict(tokens=TOKENS, doc_starts=DOCS))
+
+  def batcher():  # The batcher of the config's settings as they are now.
+    return marge.marge_batcher(build.read(c, catalog.parts()), train, "")
+
   with pytest.raises(errors.ConfigError, match="seq_len 8 must be 2"):
-    marge.marge_batcher(c, train, "")
+    batcher()
   c.data.seq_len = 6
   c.model.family_options.num_sources = 9
   with pytest.raises(errors.ConfigError, match="num_sources 9 exceeds"):
-    marge.marge_batcher(c, train, "")
+    batcher()
   c.model.family_options.num_sources = 2
   c.model.max_len = 5  # 2N = 6 tokens do not fit
   with pytest.raises(errors.ConfigError, match="segment_len 3 must be"):
-    marge.marge_batcher(c, train, "")
+    batcher()
   with pytest.raises(errors.ConfigError, match="another corpus"):
     marge.SegmentIndex(
         marge.SegmentTable.build(TOKENS, DOCS, 3), np.ones((4, 2)), "exact"
@@ -126,8 +132,9 @@ def test_index_of_another_embedder_refused(tmp_path, table):
   np.save(path, np.ones((len(table), 8), np.float32))
   model = marge_model.MargeLM(vocab_size=9, d_model=8, segment_len=3)
   ctx = hooks.HookContext(
-      name="marge_reindex", options=ml_collections.ConfigDict(),
-      config=config_lib.base_config(), workdir=str(tmp_path), model=model,
+      name="marge_reindex", options={},
+      settings=build.read(config_lib.base_config(), catalog.parts()),
+      workdir=str(tmp_path), model=model,
       batcher=marge.MargeBatcher(table, 2, 2),
   )  # fmt: skip
   ok = marge_index.MargeReindex(ctx, {"index": str(path)})

@@ -20,12 +20,16 @@ import numpy as np
 import pytest
 
 from configs import pkm_bert
+import memjax
+from memjax import build
+from memjax import catalog
 from memjax.checkpoints import checkpointing
 from memjax import errors
-from memjax import experiment
 from memjax import losses
-from memjax.run import loop
+from memjax.run import restore
+from memjax.run import state as state_lib
 from memjax.methods.pkm import class_usage
+from memjax.tasks import config as task_config
 from memjax.tasks.classification import accuracy
 from memjax.data import glue
 from memjax.data import mlm
@@ -37,8 +41,9 @@ MEM = dict(num_keys=4, heads=2, topk=2, k_dim=8)
 def _tiny(**kw):
   args = dict(
       vocab_size=40, num_layers=2, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, feed_forward="resm", feed_forward_options=MEM,
-      feed_forward_layers=(2,), max_len=16,
+      d_ff=32, feed_forward=catalog.parts().feed_forward.get("resm"),
+      kind_name="resm", feed_forward_options=MEM, feed_forward_layers=(2,),
+      max_len=16,
   )  # fmt: skip
   args.update(kw)
   return encoder.Encoder(**args)
@@ -164,14 +169,15 @@ def test_init_from_sharing_nothing_is_refused():
 # -- frozen memory -------------------------------------------------------------
 
 
-def test_frozen_memory_is_bit_identical():
+def test_frozen_memory_is_bit_identical(tmp_path):
   config = pkm_bert.get_config("cls_resm_frozen_smoke")
-  model = experiment.build_model(config.model, 50)
+  run = build.build(config, str(tmp_path))
+  model = run.model(50)
   x = jnp.ones((2, 8), jnp.int32)
   params = flax.core.meta.unbox(
       jax.jit(model.init)(jax.random.PRNGKey(0), x, x)["params"]
   )
-  tx, _ = experiment.make_optimizer(config, 10)
+  tx, _ = run.optimizer(10)
   opt = jax.jit(tx.init)(params)
 
   @jax.jit
@@ -203,21 +209,22 @@ def test_frozen_memory_is_bit_identical():
 
 
 def test_partial_init_restores_every_shared_parameter(
-    bert_mlm_smoke_workdir, capsys
+    bert_mlm_smoke_workdir, capsys, tmp_path
 ):
   vanilla_run = bert_mlm_smoke_workdir
   config = pkm_bert.get_config("init_resm_smoke")
   config.train.init_from = vanilla_run
-  source = experiment.load(vanilla_run, mesh={"data": 1})
-  mesh = experiment.make_mesh(config)
-  model = experiment.build_model(config.model, source.vocab_size)
-  tx, _ = experiment.make_optimizer(config)
+  source = build.load(vanilla_run, mesh={"data": 1})
+  run = build.build(config, str(tmp_path))
+  model = run.model(source.vocab_size)
+  tx, _ = run.optimizer()
   sample = {"inputs": np.zeros((16, 32), np.int32)}
-  state, shardings = experiment.create_state(
-      model, tx, mesh, sample, jax.random.PRNGKey(7)
-  )
+  state, shardings = state_lib.create_state(
+      model, tx, run.mesh, sample, jax.random.PRNGKey(7),
+      run.state_collections(),
+  )  # fmt: skip
   capsys.readouterr()
-  new = experiment.init_params_from(vanilla_run, state, shardings, config)
+  new = restore.init_params_from(run, vanilla_run, state, shardings)
   printed = capsys.readouterr().out
   s = flax.traverse_util.flatten_dict(jax.device_get(source.params), sep="/")
   n = flax.traverse_util.flatten_dict(jax.device_get(new.params), sep="/")
@@ -261,11 +268,11 @@ def test_finetune_reports_accuracy_and_class_usage(bert_cls_smoke_workdir):
   with open(os.path.join(bert_cls_smoke_workdir, "results.json")) as f:
     res = json.load(f)
   assert res["best_step"] in (1, 2)
-  best = experiment.load(
+  best = build.load(
       os.path.join(bert_cls_smoke_workdir, "best_dev"), mesh={"data": 1}
   )
   assert best.step == res["best_step"]
-  c = best.config.classification
+  c = best.settings.of(task_config.Classification)
   vocab = mlm.load_vocabulary(os.path.join(bert_cls_smoke_workdir, "spm.model"))
   cls_id, _ = mlm.special_ids(vocab)
 
@@ -331,15 +338,15 @@ def test_resumed_finetune_keeps_the_best_dev_parameters(
   run = bert_cls_smoke_workdir
   with open(os.path.join(run, "results.json")) as f:
     first = json.load(f)
-  best = experiment.load(os.path.join(run, "best_dev"), mesh={"data": 1})
+  best = build.load(os.path.join(run, "best_dev"), mesh={"data": 1})
   assert best.step == first["best_step"]
-  final = experiment.load(run, mesh={"data": 1})
+  final = build.load(run, mesh={"data": 1})
   if best.step != final.step:
     leaves = zip(jax.tree.leaves(best.params), jax.tree.leaves(final.params))
     assert any(not np.array_equal(a, b) for a, b in leaves)
   workdir = tmp_path / "resumed"
   shutil.copytree(run, workdir)
   os.remove(workdir / "results.json")
-  res = loop.train_and_evaluate(final.config, str(workdir))
+  res = memjax.train(build.saved_config(run), str(workdir))
   for key in ("best_step", "dev", "test", "class_divergence", "memory"):
     assert res[key] == first[key], key

@@ -10,11 +10,12 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import memjax
+
 from configs import pkm_wt103
+from memjax import build
 from memjax import errors
-from memjax import experiment
-from memjax.methods.pkm import usage as pkm_usage
-from memjax import validation
+from memjax.data import corpus as corpus_lib
 
 LAYERS = ("layer_0/ffn/memory", "layer_1/ffn/memory")
 METRICS = ("mu", "top1_mu", "kl_u", "kl_w")
@@ -40,9 +41,12 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   config.train.init_from = resm_smoke_workdir
   config.memory_usage.staleness = True
   config.memory_usage.max_tokens = 2048
-  config.mesh.data = 1  # One device: the sums are tested, not the sharding.
+  # One device: the sums are tested, not the sharding.
+  config.mesh.data = 1
   config.data.cache_dir = os.path.join(resm_smoke_workdir, "cache")
-  res = pkm_usage.memory_usage(config, str(tmp_path))
+  # Through the one dispatch: a mode that reads a trained run may name a
+  # mesh smaller than the host's devices.
+  res = memjax.run_mode("memory_usage", config, str(tmp_path))
   with open(tmp_path / "memory_usage.json") as f:
     saved = json.load(f)
   # The figure read back: per layer (columns of 4 inches) the read-count
@@ -60,8 +64,13 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   assert saved["count"] == "token"
   # Independently: the per-slot sums that the model itself sows over the
   # same windows at each checkpoint, and the metrics from them with NumPy.
-  split = experiment.load_corpus(
-      config, str(tmp_path), (config.memory_usage.split,), train=False
+  run = build.build(config, str(tmp_path), mesh={"data": 1})
+  split = corpus_lib.load_corpus(
+      run.settings.data,
+      run.settings.eval,
+      str(tmp_path),
+      (config.memory_usage.split,),
+      train=False,
   ).splits[config.memory_usage.split]
   windows = np.asarray(split.tokens[:tokens], np.int32).reshape(-1, window)
   sown = {
@@ -90,20 +99,20 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
   assert res["summary_lines"][0].startswith(LAYERS[0])
   # Counted per head: every head's k reads of every token.
   config.memory_usage.update(staleness=False, count="head")
-  heads_res = pkm_usage.memory_usage(config, str(tmp_path / "heads"))
+  heads_res = memjax.run_mode("memory_usage", config, str(tmp_path / "heads"))
   for layer in LAYERS:
     m, t = heads_res["layers"][layer], saved["layers"][layer]
     assert m["reads"] == tokens * heads * topk
     assert m["mu"] == t["mu"]  # the same slots are read
   config.memory_usage.count = "slot"
   with pytest.raises(errors.ConfigError, match="memory_usage.count"):
-    pkm_usage.memory_usage(config, str(tmp_path / "bad"))
+    memjax.run_mode("memory_usage", config, str(tmp_path / "bad"))
 
 
 def _sown_sums(run, step, windows):
   """{layer: {'reads', 'top1', 'weights'} [K] float64} that the model at
   ``step`` sows over ``windows`` [N, T] in one batch."""
-  r = experiment.load(run, step=step, mesh={"data": 1})
+  r = build.load(run, step=step, mesh={"data": 1})
   _, sown = r.model.apply(
       {"params": r.params}, windows, None, True,
       method=r.model.forward, mutable=["pkm_usage"],
@@ -148,7 +157,7 @@ def _config(**options):
         ),
     ],
 )
-def test_bad_memory_settings_are_config_errors(options, message):
+def test_bad_memory_settings_are_config_errors(options, message, tmp_path):
   with pytest.raises(errors.ConfigError, match=message) as e:
-    validation.validate_config(_config(**options))
+    build.build(_config(**options), str(tmp_path))
   assert "\n" not in str(e.value)

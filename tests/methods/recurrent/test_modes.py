@@ -15,17 +15,19 @@ import pytest
 from configs import lamemo_wt103
 from configs import txl_wt103
 import memjax
+from memjax import build
+from memjax import catalog
 from memjax import config as config_lib
+from memjax.data import corpus as corpus_lib
 from memjax.eval import rows as rows_lib
 from memjax.eval import scorer as scorer_lib
-from memjax import experiment
 from memjax.modes import generate as generate_lib
 from memjax.eval import streams as recurrent_eval
 from memjax import sharding as sharding_lib
-from memjax.run import loop
 from memjax.methods.recurrent import analysis
+from memjax.methods.recurrent import config as recurrent_config
 from memjax.methods.recurrent import extrapolate
-from memjax.data import streams
+from memjax.data import windows
 from memjax.models import transformer
 from tests import conftest
 
@@ -42,7 +44,8 @@ def tiny(kind="lamemo", mem_len=T):
       head_dim=8,
       d_ff=32,
       cutoffs=(16, 40),
-      attention=kind,
+      attention=catalog.parts().attention.get(kind),
+      attention_name=kind,
       mem_len=mem_len,
   )
   x = jnp.zeros((1, T), jnp.int32)
@@ -62,7 +65,7 @@ def loop_scores(model, params, tokens, lanes):
   )
   memory = model.init_memory(lanes)
   nll, logps = [], []
-  for seg in streams.SegmentStream(tokens, T, lanes):
+  for seg in windows.SegmentStream(tokens, T, lanes):
     out = step(memory, seg["inputs"], seg["targets"])
     memory = out.memory
     lp = np.asarray(out.target_logprob)
@@ -78,7 +81,7 @@ def test_stream_evaluation_equals_python_loop_over_segments():
   lanes = 3
   mesh = sharding_lib.make_mesh({"data": -1})
   ev = recurrent_eval.StreamScorer(
-      rows_lib.RunView(None, model, mesh), segment_len=T,
+      rows_lib.Scoring(model=model, mesh=mesh), segment_len=T,
       mem_len=model.mem_len, lanes=lanes, chunk=2,
   )  # fmt: skip
   assert ev.padded_lanes == 8
@@ -93,20 +96,20 @@ def test_stream_evaluation_equals_python_loop_over_segments():
   assert res["ppl"] == pytest.approx(np.exp(res["nll"]))
 
 
-def test_extrapolation_with_m1_equals_recurrent_evaluation():
+def test_extrapolation_with_m1_equals_recurrent_evaluation(tmp_path):
   model, params = tiny()
   config = config_lib.base_config()
   config.data.seq_len = T
   config.model.mem_len = T
   config.extrapolate.ratios = (1, 3)
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
+  run = build.build(config, str(tmp_path), mesh={"data": 1})
+  scoring = run.scoring(model, mesh=mesh, unit="ppl")
   tokens = stream_tokens(60, seed=1)
   rows = extrapolate.extrapolation_rows(
-      config, model, params, tokens, mesh, "ppl"
+      scoring, run.settings.of(recurrent_config.Extrapolate), params, tokens
   )
-  plain = scorer_lib.scorer_for(rows_lib.RunView(config, model, mesh)).score(
-      params, tokens
-  )
+  plain = scorer_lib.scorer_for(scoring).score(params, tokens)
   assert [r["mem_len"] for r in rows] == [T, 3 * T]
   assert rows[0]["nll"] == pytest.approx(plain["nll"], rel=1e-6)
   assert rows[0]["tokens"] == plain["tokens"] == 59
@@ -178,21 +181,26 @@ def test_attention_by_distance_counts_each_key_once():
   np.testing.assert_allclose(np.asarray(counts), [2, 2, 1, 0])
 
 
-def test_memory_models_need_consecutive_batches_of_whole_lanes():
+def test_memory_models_need_consecutive_batches_of_whole_lanes(tmp_path):
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
+
+  def check_batch_fits(config):
+    run = build.build(config, str(tmp_path), mesh={"data": 1})
+    run.task.check_batch_fits(mesh, run.carries_memory())
+
   config = lamemo_wt103.get_config("smoke")
   config.data.batching = "random"
   with pytest.raises(ValueError, match="consecutive"):
-    experiment.check_batch_fits(config, mesh)
+    check_batch_fits(config)
   config = lamemo_wt103.get_config("smoke")
   config.data.segments_per_lane = 4  # 2 lanes
   config.train.grad_accum = 4
   with pytest.raises(ValueError, match="whole lanes"):
-    experiment.check_batch_fits(config, mesh)
-  experiment.check_batch_fits(txl_wt103.get_config("rpe_smoke"), mesh)
+    check_batch_fits(config)
+  check_batch_fits(txl_wt103.get_config("rpe_smoke"))
 
 
-def test_config_variants():
+def test_config_variants(tmp_path):
   base = lamemo_wt103.get_config("base")
   assert (
       base.model.num_layers,
@@ -244,7 +252,7 @@ def test_config_variants():
       lamemo_wt103.get_config("char_gpu"),
   ]
   for c in gpu:
-    experiment.validate_config(c)
+    build.build(c, str(tmp_path))
     assert c.data.corpus == "enwik8" and c.data.seq_len >= 256
     assert tuple(c.model.cutoffs) == ()
   assert gpu[0].model.mem_len == 0
@@ -266,14 +274,14 @@ def _check_results(results, workdir, steps):
 def test_txl_smoke_config_trains_end_to_end(tmp_path):
   config = conftest.recurrent_smoke_config("txl_wt103", str(tmp_path / "cache"))
   workdir = str(tmp_path / "run")
-  results = loop.train_and_evaluate(config, workdir)
+  results = memjax.train(config, workdir)
   _check_results(results, workdir, steps=6)
 
 
 def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
   """The shared LaMemo smoke run (6 steps), then its modes on a copy."""
   with open(f"{lamemo_smoke_workdir}.returned.json") as f:
-    results = json.load(f)  # What train_and_evaluate returned.
+    results = json.load(f)  # What memjax.train returned.
   _check_results(results, lamemo_smoke_workdir, steps=6)
   workdir = str(tmp_path / "run")
   shutil.copytree(lamemo_smoke_workdir, workdir)
@@ -284,9 +292,12 @@ def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
 
   # The Python API scores as --mode=eval does, memory carried in lanes.
   model = memjax.load(workdir)
-  stream = experiment.load_corpus(config, workdir, ("valid",), train=False)
+  run = build.build(config, workdir)
+  stream = corpus_lib.load_corpus(
+      run.settings.data, run.settings.eval, workdir, ("valid",), train=False
+  )
   tokens = stream.splits["valid"].tokens[:300]
-  ev = scorer_lib.scorer_for(model.restored)
+  ev = scorer_lib.scorer_for(model.restored.scoring())
   want = ev.score(model.restored.params, tokens, 0, "valid prefix")
   got = model.score(tokens)
   assert got["tokens"] == want["tokens"] == 299
@@ -295,10 +306,10 @@ def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
 
   config.extrapolate.ratios = (1, 2)
   config.extrapolate.max_segments = 3
-  res = extrapolate.extrapolate(config, workdir)
+  res = memjax.run_mode("extrapolate", config, workdir)
   assert [r["m"] for r in res["rows"]] == [1, 2]
   config.analyze.num_segments = 3
-  res = analysis.analyze(config, workdir)
+  res = memjax.run_mode("analyze", config, workdir)
   dist = np.load(os.path.join(workdir, "attention_by_distance.npy"))
   assert dist.shape == (2, 32)
   alpha = np.load(os.path.join(workdir, "alpha.npy"))
@@ -306,7 +317,7 @@ def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
   assert ((alpha >= 0) & (alpha <= 1)).all()
   config.generate.num_tokens = 5
   config.generate.prompt_len = 20
-  res = generate_lib.generate(config, workdir)
+  res = memjax.run_mode("generate", config, workdir)
   assert len(res["ids"]) == 5
   for name in (
       "extrapolation.csv",

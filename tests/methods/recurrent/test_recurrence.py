@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax import catalog
 from memjax import sharding as sharding_lib
 from memjax.models import recurrence
 from memjax.methods.recurrent import memory as rmemory
@@ -39,7 +40,8 @@ def make_model(
       head_dim=8,
       d_ff=32,
       cutoffs=(),
-      attention=kind,
+      attention=catalog.parts().attention.get(kind),
+      attention_name=kind,
       attention_options=dict(options) or None,
       mem_len=M,
       dtype=dtype,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from memjax.memory import visibility
 from memjax.methods.trime import memory as trime
 from memjax.methods.trime.memory import MemorySpec
 
@@ -520,7 +521,8 @@ def test_hide_local_is_traced_not_static():
     np.testing.assert_allclose(loss, -want[w > 0].mean(), rtol=1e-5)
   assert cache_size() == compiled
   draws = [
-      bool(trime.draw_hide_local(jax.random.key(i), 0.9)) for i in range(200)
+      bool(visibility.draw_hide_local(jax.random.key(i), 0.9))
+      for i in range(200)
   ]
   assert 150 < sum(draws) < 200
 

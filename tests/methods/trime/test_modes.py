@@ -10,13 +10,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import memjax
 from configs import trime_wt103
-from memjax.modes import memory as memory_modes
-from memjax.checkpoints import runfiles
+from memjax import build
 from memjax.io import events
-from memjax.run import loop
 from memjax.modes import frequency
-from memjax.methods.trime import packing
 
 from tests.conftest import REPO  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests.conftest import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -44,7 +42,7 @@ def long_run(tmp_path_factory):
       cache_theta_grid=(0.05,),
       cache_lambda_grid=(0.1, 0.2),
   )
-  res = loop.train_and_evaluate(config, workdir)
+  res = memjax.train(config, workdir)
   return config, workdir, res
 
 
@@ -83,7 +81,7 @@ def test_trime_long_trains_and_logs_memory_metrics(long_run):
 
 def test_tune_writes_best_setting_and_test_at_it(long_run):
   config, workdir, res = long_run
-  out = memory_modes.tune(config, workdir)
+  out = memjax.run_mode("tune", config, workdir)
   with open(os.path.join(workdir, "tune.json")) as f:
     saved = json.load(f)
   assert saved["best"]["long_mem_tokens"] in (0, 32)
@@ -105,7 +103,7 @@ def test_tune_writes_best_setting_and_test_at_it(long_run):
 
 def test_memsweep_writes_csv_and_plot(long_run):
   config, workdir, _ = long_run
-  memory_modes.memsweep(config, workdir)
+  memjax.run_mode("memsweep", config, workdir)
   with open(os.path.join(workdir, "memsweep.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [(r["kind"], int(r["long_mem_tokens"])) for r in rows] == [
@@ -127,7 +125,7 @@ def test_memsweep_writes_csv_and_plot(long_run):
 
 def test_buckets_and_memeval(long_run):
   config, workdir, _ = long_run
-  res = memory_modes.buckets(config, workdir)
+  res = memjax.run_mode("buckets", config, workdir)
   rows = res["rows"]
   assert [r["bucket"] for r in rows][-1] == "avg"
   assert sum(r["tokens"] for r in rows[:-1]) == rows[-1]["tokens"]
@@ -140,7 +138,7 @@ def test_buckets_and_memeval(long_run):
       tuned["valid"]["memory"]["ppl"], rel=1e-5
   )
   assert "| tokens |" in frequency.merge([workdir, workdir])
-  out = memory_modes.memeval(config, workdir)
+  out = memjax.run_mode("memeval", config, workdir)
   assert (
       out["valid"]["memory"]["long_mem_tokens"]
       == config.eval_memory.long_mem_tokens
@@ -171,12 +169,12 @@ def test_trime_ext_packs_offline_then_trains(tmp_path):
   config.model.max_len = 256
   config.data.cache_dir = str(tmp_path / "cache")
   run = str(tmp_path / "run")
-  summary = packing.pack(config, run)  # --mode=pack, then train, one workdir
+  summary = memjax.run_mode("pack", config, run)  # then train, one workdir
   assert summary["segments"] == -(-483571 // 256)
   assert os.listdir(run) == ["bm25_pack.json"]
-  runfiles.check_workdir(run, training=True)  # What main runs first.
+  build.check_workdir(run, training=True)  # What main runs first.
   order_files = os.listdir(os.path.join(config.data.cache_dir, "bm25"))
-  res = loop.train_and_evaluate(config, run)
+  res = memjax.train(config, run)
   assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])
   assert os.listdir(os.path.join(config.data.cache_dir, "bm25")) == order_files
 

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax import build
+from memjax import catalog
 from memjax import config as config_lib
-from memjax import experiment
-from memjax import registry
 from memjax.data import token_batching
 from memjax.methods.trime import bm25
 
@@ -27,18 +27,33 @@ def _loss_config():
   c.loss.options.epsilon = EPS
   c.loss.lm_warmup_fraction = 0.0
   c.loss.block_size = 8  # several tiles of the blockwise path
-  return c.loss
+  return c
+
+
+def _settings(c):
+  """The typed settings of config ``c``."""
+  return build.read(c, catalog.parts())
+
+
+def _objective(name, c, num_steps=100):
+  """The loss function of objective ``name`` with config ``c``'s settings."""
+  return catalog.parts().objectives.get(name)(_settings(c), num_steps)
+
+
+def _batcher(name, c, train, cache_dir):
+  """The batcher ``name`` over ``train`` with config ``c``'s settings."""
+  return catalog.parts().batchers.get(name).make(_settings(c), train, cache_dir)
 
 
 @pytest.fixture(scope="module")
-def output_and_batch():
+def output_and_batch(tmp_path_factory):
   c = config_lib.base_config()
   m = c.model
   m.family, m.cutoffs, m.max_len = "encoder_decoder", (), 64
   m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 1, 16, 2, 8, 32
   m.family_options.encoder_layers = 1
   m.dropout = 0.0
-  model = experiment.build_model(m, V)
+  model = build.build(c, str(tmp_path_factory.mktemp("mt"))).model(V)
   rng = np.random.default_rng(0)
   # Few token types, so many memory entries share the query's target.
   src = [np.append(rng.integers(3, 9, n), 1) for n in (5, 3, 6)]
@@ -86,7 +101,7 @@ def _reference(out, batch):
 
 def test_loss_matches_numpy_eq5(output_and_batch):
   out, batch = output_and_batch
-  loss_fn = registry.OBJECTIVES.get("trime_mt")(_loss_config(), 100)
+  loss_fn = _objective("trime_mt", _loss_config())
   loss, metrics = loss_fn(out, batch, step=jnp.int32(10), rng=None)
   np.testing.assert_allclose(loss, _reference(out, batch), rtol=1e-5)
   assert float(metrics["tokens"]) == batch["weights"].sum()
@@ -97,9 +112,9 @@ def test_one_sentence_batch_is_label_smoothed(output_and_batch):
   out, batch = output_and_batch
   one = {k: v[:1] for k, v in batch.items()}
   out1 = jax.tree.map(lambda x: x[:1], out)
-  smoothed = registry.OBJECTIVES.get("label_smoothed")(_loss_config(), 100)
+  smoothed = _objective("label_smoothed", _loss_config())
   ref1, _ = smoothed(out1, one, step=jnp.int32(0), rng=None)
-  loss_fn = registry.OBJECTIVES.get("trime_mt")(_loss_config(), 100)
+  loss_fn = _objective("trime_mt", _loss_config())
   loss1, _ = loss_fn(out1, one, step=jnp.int32(50), rng=None)
   np.testing.assert_allclose(loss1, ref1, rtol=1e-6)
 
@@ -120,7 +135,7 @@ def test_bm25_packing_over_targets_groups_similar_targets(
   c.translation.max_tokens, c.translation.buckets = 8 * 8, (8,)
   c.data.bm25_k = 8
   train = types.SimpleNamespace(source=sources, target=targets)
-  batcher = registry.BATCHERS.get("tokens_bm25")(c, train, str(tmp_path))
+  batcher = _batcher("tokens_bm25", c, train, str(tmp_path))
   assert batcher.num_batches == 4
   seen = []
   for step in range(4):
@@ -129,7 +144,7 @@ def test_bm25_packing_over_targets_groups_similar_targets(
     assert len(topics) == 1
     seen += rows
   assert len(set(seen)) == 32  # an epoch covers every pair once
-  plain = registry.BATCHERS.get("tokens")(c, train, str(tmp_path))
+  plain = _batcher("tokens", c, train, str(tmp_path))
   mixed = plain.batch(0)["targets"]
   assert len({int(r[0] - 10) // 10 for r in mixed}) > 1
   # The order is cached: a second batcher reads it, and no BM25 search runs.
@@ -140,7 +155,7 @@ def test_bm25_packing_over_targets_groups_similar_targets(
 
   for name in ("bm25_neighbours", "pack_from_neighbours"):
     monkeypatch.setattr(bm25, name, fail)
-  again = registry.BATCHERS.get("tokens_bm25")(c, train, str(tmp_path))
+  again = _batcher("tokens_bm25", c, train, str(tmp_path))
   for step in range(4):
     np.testing.assert_array_equal(
         again.batch(step)["targets"], batcher.batch(step)["targets"]
@@ -198,8 +213,10 @@ def test_topk_memory_at_temperature_10_matches_the_authors_criterion(
 
   def loss(temperature, topk):
     c = _loss_config()
-    c.options.update(epsilon=0.0, temperature=temperature, topk_memory=topk)
-    fn = registry.OBJECTIVES.get("trime_mt")(c, 100)
+    c.loss.options.update(
+        epsilon=0.0, temperature=temperature, topk_memory=topk
+    )
+    fn = _objective("trime_mt", c)
     return float(fn(out, batch, step=jnp.int32(10), rng=None)[0])
 
   want = _authors_trime_mt_loss(out, batch, 10.0, 8)
@@ -225,7 +242,7 @@ def test_trime_mt_configs_take_the_authors_recipe():
   mem = c.translation.memory
   assert (mem.k, mem.temperature, mem.unnormalised) == (16, 15.0, False)
   assert 15.0 in mem.temperature_grid and 16 in mem.k_grid
-  registry.OBJECTIVES.get("trime_mt")(c.loss, 100)  # builds
+  _objective("trime_mt", c)  # builds
   vanilla = trime_iwslt.get_config("smoke")
   assert "memory_feature" not in vanilla.model.family_options
   assert vanilla.translation.memory.temperature == 1.0

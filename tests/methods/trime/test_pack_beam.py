@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
+from memjax import build
+from memjax import catalog
 from memjax.data import sources
 from memjax.data import tasks
 from memjax.methods.trime import bm25
@@ -47,6 +49,11 @@ def _config():
   cfg = trime_wt103.get_config("trime_ext_smoke")
   cfg.data.seq_len, cfg.data.batch_size, cfg.data.bm25_k = SEQ_LEN, BATCH, K
   return cfg
+
+
+def _settings(cfg):
+  """The typed settings the packing functions take, of config ``cfg``."""
+  return build.read(cfg, catalog.parts())
 
 
 SETTINGS = pack_beam.PackSettings(SEQ_LEN, K, 0)
@@ -146,7 +153,7 @@ def test_bm25_batcher_serves_the_same_batches_from_either_source(
     beam_cache, tmp_path, monkeypatch
 ):
   cache_dir, _, _ = beam_cache
-  stream, cfg = _stream(_topic_corpus()), _config()
+  stream, cfg = _stream(_topic_corpus()), _settings(_config())
   in_process = packing.bm25_batcher(cfg, stream, str(tmp_path))
 
   def fail(*args, **kwargs):
@@ -203,7 +210,7 @@ def test_damaged_cache_is_one_line_and_packing_rebuilds_it(
   tokens = _topic_corpus()
   stream, cfg = _stream(tokens), _config()
   # The batcher: one warning line, then the in-process order.
-  batcher = packing.bm25_batcher(cfg, stream, cache_dir)
+  batcher = packing.bm25_batcher(_settings(cfg), stream, cache_dir)
   lines = [l for l in capsys.readouterr().err.splitlines() if "BM25 cache" in l]
   assert len(lines) == 1 and directory in lines[0], lines
   assert words in lines[0], lines
@@ -222,12 +229,13 @@ def test_damaged_cache_is_one_line_and_packing_rebuilds_it(
 
   monkeypatch.setattr(pack_beam, "run", rerun)
   cfg.pack.runner = "DirectRunner"
-  order, info = packing._pack_with_beam(cfg, tokens, cache_dir, None)
+  settings = _settings(cfg)
+  order, info = packing._pack_with_beam(settings, tokens, cache_dir, None)
   assert calls == [directory] and not info["reused"]
   assert "rebuilding it" in capsys.readouterr().err
   np.testing.assert_array_equal(order, _in_process_order(tokens))
   # Now whole: reused without running anything.
-  _, info = packing._pack_with_beam(cfg, tokens, cache_dir, None)
+  _, info = packing._pack_with_beam(settings, tokens, cache_dir, None)
   assert info["reused"] and calls == [directory]
 
 
@@ -272,13 +280,16 @@ def test_main_packs_on_beam_then_trains_in_the_same_workdir(tmp_path):
   )
   cfg = trime_wt103.get_config("trime_ext_smoke")
   cfg.data.seq_len = 256
+  settings = _settings(cfg)
   cache = os.path.join(work, "cache")
   tokens = tasks.load_token_stream(
       "wikitext103", sources.default_data_dir("wikitext103"), "train", cache
   ).tokens
   task = pack_beam.register_task(
-      summary["task"], tokens, packing._pack_settings(cfg, cache), cache
+      summary["task"], tokens, packing._pack_settings(settings, cache), cache
   )  # pylint: disable=protected-access
   order = pack_beam.read_order(task, summary["segments"], summary["task_dir"])
-  in_process = packing.bm25_order(cfg, tokens, str(tmp_path / "in_process"))
+  in_process = packing.bm25_order(
+      settings, tokens, str(tmp_path / "in_process")
+  )
   np.testing.assert_array_equal(order, in_process)

@@ -4,10 +4,13 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
+from memjax import build
+from memjax import catalog
 from memjax.methods.trime import bm25
 from memjax.methods.trime import bm25_order
 from memjax.methods.trime import packing
 from memjax.data import streams
+from memjax.data import windows
 from memjax.data import tasks
 
 
@@ -75,7 +78,8 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
   stream = tasks.TokenStream(
       tokens=tokens, doc_starts=np.zeros(1, np.int64), vocab_size=400
   )
-  batcher = packing.bm25_batcher(cfg, stream, str(tmp_path))
+  settings = build.read(cfg, catalog.parts())
+  batcher = packing.bm25_batcher(settings, stream, str(tmp_path))
   files = list((tmp_path / "bm25").glob("bm25_order_*.npy"))
   assert len(files) == 1
   order = np.load(files[0])
@@ -98,7 +102,7 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
   for name in ("bm25_pack", "bm25_neighbours"):
     monkeypatch.setattr(bm25, name, fail)
     monkeypatch.setattr(bm25_order, name, fail)
-  again = packing.bm25_batcher(cfg, stream, str(tmp_path))
+  again = packing.bm25_batcher(settings, stream, str(tmp_path))
   np.testing.assert_array_equal(
       again.batch(2)["inputs"], batcher.batch(2)["inputs"]
   )
@@ -110,12 +114,12 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
 def test_memory_windows_score_each_prediction_once_with_eval_windows_context(
     n, window, score
 ):
-  ref = streams.eval_windows(n, window, score)
+  ref = windows.eval_windows(n, window, score)
   context = {}
   for start, length, sfrom in ref:
     for o in range(sfrom, length):
       context[start + o] = start
-  rows = streams.memory_eval_windows(n, window, score)
+  rows = windows.memory_eval_windows(n, window, score)
   seen = []
   for start, length, lo, hi in rows:
     assert 0 < hi - lo <= score
@@ -124,7 +128,7 @@ def test_memory_windows_score_each_prediction_once_with_eval_windows_context(
       seen.append(start + o)
   assert sorted(seen) == list(range(n)) == seen
   batches = list(
-      streams.memory_eval_batches(np.arange(n + 1), window, score, 3)
+      windows.memory_eval_batches(np.arange(n + 1), window, score, 3)
   )
   count = np.concatenate([b["score_count"] for b in batches])
   assert count.sum() == n

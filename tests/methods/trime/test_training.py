@@ -1,17 +1,20 @@
-"""The TRIME objective through make_loss and the train step (8 fake devices)."""
+"""The TRIME objective through the run's objective and the train step (8 fake
+devices)."""
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from configs import trime_wt103
+from memjax import build
+from memjax import catalog
+from memjax import config as config_lib
 from memjax import losses
 from memjax.methods.trime import objective
 from memjax import sharding as sharding_lib
-from memjax import experiment
+from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from memjax.methods.trime import memory as trime
 from memjax.models import transformer
@@ -32,7 +35,9 @@ def _model():
 
 
 def _loss_cfg(memory, **kw):
-  cfg = ml_collections.ConfigDict(
+  """A config whose loss section is TRIME's with ``memory`` (seed 0)."""
+  cfg = config_lib.base_config()
+  cfg.loss.update(
       dict(
           name="trime",
           memory=memory,
@@ -42,8 +47,16 @@ def _loss_cfg(memory, **kw):
           block_size=16,
       )
   )
-  cfg.update(kw)
+  cfg.loss.update(kw)
   return cfg
+
+
+def _make_loss(cfg, num_steps):
+  """The objective ``cfg.loss.name`` of ``cfg``'s settings over
+  ``num_steps`` updates (what ``Run.objective`` builds)."""
+  parts = catalog.parts()
+  settings = build.read(cfg, parts)
+  return parts.objectives.get(settings.loss.name)(settings, num_steps)
 
 
 def _batch(rows=8, seq_len=6, lanes=4):
@@ -64,13 +77,13 @@ def _run_step(memory, mesh_spec, devices=None, grad_accum=1):
   batch = _batch()
   tx = optax.adam(1e-2)
   mesh = sharding_lib.make_mesh(mesh_spec, devices)
-  state, shardings = experiment.create_state(
+  state, shardings = state_lib.create_state(
       model, tx, mesh, batch, jax.random.PRNGKey(0)
   )
   step = train_step.make_train_step(
       model,
       tx,
-      losses.make_loss(_loss_cfg(memory), 10),
+      _make_loss(_loss_cfg(memory), 10),
       grad_accum=grad_accum,
       state_shardings=shardings,
       mesh=mesh,
@@ -140,7 +153,7 @@ def _outputs(seed=0, rows=4, length=5, d=8):
 def test_warmup_uses_the_plain_loss_then_trime(memory):
   out, batch = _outputs()
   loss_fn = jax.jit(
-      losses.make_loss(_loss_cfg(memory, lm_warmup_fraction=0.1), 100),
+      _make_loss(_loss_cfg(memory, lm_warmup_fraction=0.1), 100),
       static_argnames=(),
   )
   w = jnp.ones(batch["targets"].shape)
@@ -157,6 +170,12 @@ def test_warmup_uses_the_plain_loss_then_trime(memory):
     )
   else:
     spec = trime.MemorySpec.local()
+  # The objective after the warm-up is trime_loss with the step's memory.
+  direct, _ = trime.trime_loss(
+      out.features, out.target_logprob, out.log_z, batch["targets"], w,
+      spec=spec, block_size=16,
+  )  # fmt: skip
+  assert float(late) == pytest.approx(float(direct), rel=1e-6)
   # Eq. 5 by explicit float64 loops: a lane's rows are its segments in
   # row order; TRIMELM_ext hides the local memory when the draw says so.
   ref = test_memory.ref_log_prob(
@@ -187,9 +206,7 @@ def test_hide_local_is_drawn_once_per_step_with_probability_p():
 
 def test_stop_gradient_memory_changes_only_the_gradient():
   out, batch = _outputs()
-  f = lambda stop: losses.make_loss(
-      _loss_cfg("local", stop_gradient_memory=stop), 10
-  )
+  f = lambda stop: _make_loss(_loss_cfg("local", stop_gradient_memory=stop), 10)
 
   def grad_of(fn):
     def loss(g):
@@ -202,23 +219,23 @@ def test_stop_gradient_memory_changes_only_the_gradient():
   assert not np.allclose(g1, g2)
 
 
-def test_bad_loss_settings_raise_one_clear_error():
+def test_bad_loss_settings_raise_one_clear_error(tmp_path):
   with pytest.raises(ValueError, match="loss.memory"):
-    losses.make_loss(_loss_cfg("global"), 10)
+    _make_loss(_loss_cfg("global"), 10)
   with pytest.raises(ValueError, match="local_hide_prob"):
-    losses.make_loss(_loss_cfg("external", local_hide_prob=1.5), 10)
+    _make_loss(_loss_cfg("external", local_hide_prob=1.5), 10)
   out, batch = _outputs()
   del batch["lane_id"]
   with pytest.raises(ValueError, match="lane_id"):
-    losses.make_loss(_loss_cfg("long"), 10)(out, batch, step=0, rng=None)
+    _make_loss(_loss_cfg("long"), 10)(out, batch, step=0, rng=None)
   cfg = trime_wt103.get_config("trime_long_smoke")
   cfg.data.batching = "random"
   with pytest.raises(ValueError, match="blocks"):
-    experiment.validate_config(cfg)
+    build.build(cfg, str(tmp_path))
   cfg = trime_wt103.get_config("trime_long_smoke")
   cfg.train.grad_accum = 4  # micro-batches of 2 rows split lanes of 4
   with pytest.raises(ValueError, match="not a multiple"):
-    experiment.validate_config(cfg)
+    build.build(cfg, str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -231,9 +248,9 @@ def test_bad_loss_settings_raise_one_clear_error():
         "trime_long_247m",
     ],
 )
-def test_paper_sizes_keep_table_9_in_batch_memories(variant):
+def test_paper_sizes_keep_table_9_in_batch_memories(variant, tmp_path):
   cfg = trime_wt103.get_config(variant)
   micro = cfg.data.batch_size // cfg.train.grad_accum
   expected = {"7m": 24576, "150m": 9000, "247m": 24576}[variant.split("_")[-1]]
   assert micro * cfg.data.seq_len == expected
-  experiment.validate_config(cfg)
+  build.build(cfg, str(tmp_path))

@@ -205,13 +205,21 @@ def test_translator_decodes_at_most_a_times_source_plus_b(a, b, tokens):
 
 
 def test_translator_passes_the_config_to_beam_search():
+  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax import catalog  # pylint: disable=g-import-not-at-top
   from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from memjax.tasks import config as task_config  # pylint: disable=g-import-not-at-top
   from memjax.tasks.translation import parts  # pylint: disable=g-import-not-at-top
+
+  def translator(config):
+    s = build.read(config, catalog.parts())
+    t = s.of(task_config.Translation)
+    return parts.make_translator(t, FlipModel(), {}, FakeVocab())
 
   config = config_lib.base_config()
   t = config.translation
   t.beam_size, t.length_penalty, t.max_len_a, t.max_len_b = 2, 2.0, 0.0, 6
-  tr = parts.make_translator(config, FlipModel(), {}, FakeVocab())
+  tr = translator(config)
   got = tr.hypotheses("x y")
   want = [(FakeVocab().decode(h[:-1]), s) for h, s in _flip_nbest(2.0)]
   assert [h for h, _ in got] == [h for h, _ in want] == ["a b", "b"]
@@ -221,7 +229,7 @@ def test_translator_passes_the_config_to_beam_search():
   # The same search with max_len_b = 2 forces EOS at the second position:
   # A B EOS cannot finish; B EOS and A EOS (0.6 * 0.25) do.
   t.max_len_b = 2
-  tr = parts.make_translator(config, FlipModel(), {}, FakeVocab())
+  tr = translator(config)
   got = tr.hypotheses("x y")
   assert [h for h, _ in got] == ["b", "a"]
   np.testing.assert_allclose(

@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from memjax import config as config_lib
 from memjax import errors
 from memjax.checkpoints import runfiles
 from memjax.data import parallel
@@ -112,7 +113,9 @@ def test_vocabulary_of_another_run_is_refused(data, tmp_path):
   os.makedirs(run)
   other = parallel.train_vocabulary(d, "de", "en", 70, cache)
   runfiles.write_run_files(
-      run, trainer_config(), parallel.load_vocabulary(other)
+      run,
+      config_lib.to_json(trainer_config()),
+      parallel.load_vocabulary(other),
   )
   with pytest.raises(
       errors.CheckpointMismatchError, match="not the vocabulary"

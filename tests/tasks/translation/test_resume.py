@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import sacrebleu
 
+import memjax
+from memjax import build
 from memjax import errors
-from memjax import experiment
-from memjax.tasks import base as task_lib
 from memjax.run import loop
+from memjax.run import position
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +68,10 @@ def _greedy_by_teacher_forcing(model, params, sources, t) -> list[list[int]]:
 def test_periodic_evaluation_scores_the_first_sentences(run, mt_smoke_config):
   workdir, data = run
   config = mt_smoke_config(data, beam_size=1)
-  restored = experiment.load(workdir, config=config)
-  task = task_lib.get(config)
-  corpus = task.load(config, workdir, train=False)
-  evaluator = task.evaluator(config, restored.model, None, corpus)
+  restored = build.load(workdir, config=config)
+  task = restored.run.task
+  corpus = task.load(workdir, train=False)
+  evaluator = task.evaluator(restored.run, restored.model, corpus)
   # After 4 steps the padding id 0 scores highest everywhere, so greedy
   # translations would all be empty: with a zero padding row of the tied
   # target table it scores 0 and other ids win.
@@ -126,7 +127,7 @@ def test_resume_with_other_translation_data_stops(
       for n in names
   }
   with pytest.raises(errors.ResumeError) as e:
-    loop.train_and_evaluate(mt_smoke_config(data, **overrides), workdir)
+    memjax.train(mt_smoke_config(data, **overrides), workdir)
   message = str(e.value)
   assert isinstance(e.value, errors.UserError) and "\n" not in message
   assert named in message and "other data settings" in message
@@ -142,4 +143,6 @@ def test_resume_with_the_same_translation_data_passes_the_check(
     run, mt_smoke_config
 ):
   workdir, data = run
-  loop.check_resume(mt_smoke_config(data), workdir)  # Raises if it disagreed.
+  run = build.build(mt_smoke_config(data), workdir)
+  # What training checks first; raises if it disagreed.
+  position.check_resume(loop.position(run, 0), workdir)

@@ -8,10 +8,8 @@ import os
 import pytest
 import sacrebleu
 
+import memjax
 from memjax import errors
-from memjax.data import parallel
-from memjax.modes import translation
-from memjax.run import loop
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +64,7 @@ def test_translate_a_file(mt_run, mt_smoke_config, tmp_path):
     src.write_text("\n".join(order) + "\n", encoding="utf-8")
     out = tmp_path / f"{name}.en"
     c = mt_smoke_config(data, input_file=str(src), output_file=str(out))
-    assert translation.translate(c, workdir)["sentences"] == 3
+    assert memjax.run_mode("translate", c, workdir)["sentences"] == 3
     outs.append(out.read_text(encoding="utf-8").split("\n"))
   forward, backward = outs
   assert len(forward) == 4 and forward[-1] == ""  # 3 lines
@@ -85,6 +83,6 @@ def test_misaligned_files_stop_before_anything_is_written(
     (data / f"{split}.en").write_text("Hello.\n")
   workdir = tmp_path / "run"
   with pytest.raises(errors.DataError, match="has 2 lines but") as e:
-    loop.train_and_evaluate(mt_smoke_config(str(data)), str(workdir))
+    memjax.train(mt_smoke_config(str(data)), str(workdir))
   assert isinstance(e.value, errors.UserError) and "\n" not in str(e.value)
   assert not workdir.exists()

@@ -8,18 +8,20 @@ import jax
 import ml_collections
 import pytest
 
+import memjax
 from configs import trime_wt103
-from memjax.checkpoints import checkpointing
+from memjax import build
+from memjax import catalog
 from memjax import errors
-from memjax.run import hooks
-from memjax import registry
+from memjax import extend
+from memjax.checkpoints import checkpointing
 from memjax.checkpoints import runfiles
+from memjax.run import hooks
 from memjax.run import loop
 
 STARTS = []  # The state each CountCalls instance started from.
 
 
-@registry.HOOKS.register("test_count_calls")
 class CountCalls(hooks.StepHook):
   """Counts its calls and the steps they came at; writes them to a file."""
 
@@ -32,7 +34,25 @@ class CountCalls(hooks.StepHook):
     self.state["steps"] = self.state.get("steps", []) + [step]
     if self.ctx.is_chief:
       path = os.path.join(self.ctx.workdir, "count_calls.json")
-      runfiles.write_json(path, dict(self.state, every=self.ctx.options.every))
+      runfiles.write_json(
+          path, dict(self.state, every=self.ctx.options["every"])
+      )
+
+
+# The hook joins as a method defined outside memjax would.
+METHOD = extend.Method(
+    name="test_hooks", hooks={"test_count_calls": CountCalls}
+)
+
+
+@pytest.fixture(autouse=True)
+def count_calls_hook():
+  """``test_count_calls`` declared while a test runs."""
+  extend.add(METHOD)
+  try:
+    yield
+  finally:
+    extend.remove(METHOD.name)
 
 
 class _Interrupt(Exception):
@@ -76,11 +96,11 @@ def test_hook_state_survives_an_interrupted_run(tmp_path):
 
   STARTS.clear()
   with pytest.raises(_Interrupt):
-    loop.train_and_evaluate(config, workdir, hooks=(stop_after_7,))
+    loop.train_and_evaluate(build.build(config, workdir), hooks=(stop_after_7,))
   # Called at steps 3 and 6; the checkpoint of step 4 holds the first call.
   assert seen == {"calls": 2, "steps": [3, 6], "every": 3}
   assert _saved_hooks(workdir, 4) == {"calls": 1, "steps": [3]}
-  loop.train_and_evaluate(config, workdir)
+  memjax.train(config, workdir)
   # Resumed from step 4: the call at 6 is made again, once; none at 8.
   assert STARTS == [{}, {"calls": 1, "steps": [3]}]
   assert _saved_hooks(workdir, 8) == {"calls": 2, "steps": [3, 6]}
@@ -107,34 +127,46 @@ def test_bad_hook_config_is_refused_before_anything_is_written(
   )
   workdir = str(tmp_path / "run")
   with pytest.raises(errors.ConfigError, match=needle):
-    loop.train_and_evaluate(config, workdir)
+    memjax.train(config, workdir)
   assert not os.path.exists(workdir)
 
 
 def test_every_defaults_to_one_and_hooks_run_in_order():
   calls = []
 
-  @registry.HOOKS.register("test_order_a")
   class A(hooks.StepHook):
 
     def __call__(self, step, params):
       calls.append(("a", step))
 
-  @registry.HOOKS.register("test_order_b")
   class B(A):
 
     def __call__(self, step, params):
       calls.append(("b", step))
 
-  config = _config()
-  config.train.hooks = ("test_order_b", "test_order_a")
-  config.train.hook_options.test_order_a = ml_collections.ConfigDict(
-      {"every": 2}
+  order = extend.Method(
+      name="test_order", hooks={"test_order_a": A, "test_order_b": B}
   )
-  runner = hooks.HookRunner(config, {"test_order_a": {"x": 1}}, workdir="w")
-  for step in range(1, 5):
-    runner.run(step, {})
-  assert calls == [("b", 1), ("b", 2), ("a", 2), ("b", 3), ("b", 4), ("a", 4)]
-  assert runner.states() == {"test_order_b": {}, "test_order_a": {"x": 1}}
-  with pytest.raises(ValueError, match="already registered"):
-    registry.HOOKS.register("test_order_a", B)
+  extend.add(order)
+  try:
+    config = _config()
+    config.train.hooks = ("test_order_b", "test_order_a")
+    config.train.hook_options.test_order_a = ml_collections.ConfigDict(
+        {"every": 2}
+    )
+    runner = build.build(config, "w").hooks({"test_order_a": {"x": 1}})
+    for step in range(1, 5):
+      runner.run(step, {})
+    assert calls == [
+        ("b", 1), ("b", 2), ("a", 2), ("b", 3), ("b", 4), ("a", 4),
+    ]  # fmt: skip
+    assert runner.states() == {"test_order_b": {}, "test_order_a": {"x": 1}}
+    # A second hook of one name is refused.
+    extend.add(
+        extend.Method(name="test_order_again", hooks={"test_order_a": B})
+    )
+    with pytest.raises(ValueError, match="'test_order_a' is declared twice"):
+      catalog.parts()
+  finally:
+    extend.remove("test_order")
+    extend.remove("test_order_again")

@@ -13,6 +13,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
+from memjax import catalog
 from memjax.models import stats
 from memjax.models import transformer
 
@@ -43,7 +44,8 @@ def test_reports_add_up_and_cost_nothing_unless_collected():
 def test_lamemo_alpha_mean_is_the_mean_of_the_analysed_alpha():
   model = transformer.TransformerLM(
       vocab_size=V, num_layers=2, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, attention="lamemo", mem_len=M,
+      d_ff=32, attention=catalog.parts().attention.get("lamemo"),
+      attention_name="lamemo", mem_len=M,
   )  # fmt: skip
   x = jnp.asarray(np.random.default_rng(0).integers(0, V, (3, T)), jnp.int32)
   params = model.init(jax.random.PRNGKey(0), x, x)["params"]

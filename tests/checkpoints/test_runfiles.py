@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import memjax
+from memjax import catalog
 from memjax import errors
 from memjax.checkpoints import runfiles
 from memjax.memory import datastore as ds
@@ -53,29 +54,34 @@ def test_what_a_directory_holds(tmp_path):
 
 
 def test_training_refuses_what_other_modes_read(tmp_path):
+  # What a mode declares it leaves before training (extend.Mode.writes).
+  before = catalog.parts().files_before_training()
+
+  def check(workdir, training):
+    runfiles.check_workdir(workdir, training, before)
+
   other = tmp_path / "notes"
   other.mkdir()
   (other / "todo.txt").write_text("x")
   with pytest.raises(errors.WorkdirError, match="files but no run"):
-    runfiles.check_workdir(str(other), training=True)
-  runfiles.check_workdir(str(other), training=False)  # Results go beside.
-  # What a mode declares it leaves before training (registry.Mode.writes):
+    check(str(other), training=True)
+  check(str(other), training=False)  # Results go beside.
   # --mode=plan's files, --mode=pack's summary; training then takes the dir.
   for name in ("plan.json", "bm25_pack.json"):
     prepared = tmp_path / name.replace(".", "_")
     prepared.mkdir()
     (prepared / name).write_text("{}")
-    runfiles.check_workdir(str(prepared), training=True)
+    check(str(prepared), training=True)
   export = tmp_path / "export"
   export.mkdir()
   (export / runfiles.EXPORT_FILE).write_text("{}")
   with pytest.raises(errors.WorkdirError, match="holds an export"):
-    runfiles.check_workdir(str(export), training=True)
-  runfiles.check_workdir(str(export), training=False)  # e.g. --mode=eval.
+    check(str(export), training=True)
+  check(str(export), training=False)  # e.g. --mode=eval.
   store = _datastore(str(tmp_path / "ds"))
   for training in (True, False):
     with pytest.raises(errors.WorkdirError, match="holds a datastore"):
-      runfiles.check_workdir(store, training=training)
+      check(store, training=training)
 
 
 def _refused(workdir: str, needle: str) -> None:

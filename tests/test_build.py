@@ -1,9 +1,10 @@
-"""The experiment layer and the Python API on a trained smoke run.
+"""memjax.build: the run built once, and the Python API on a trained run.
 
-``memjax.load(...).score`` must reproduce ``--mode=eval`` and
-``--mode=memeval`` on the same tokens; an export written on one device
-must load on eight and score the same; ``init_from`` restores the shared
-parameters only.
+The config is read once into typed settings that hold its values; a bad
+config is refused before anything is written; ``memjax.load(...).score``
+must reproduce ``--mode=eval`` and ``--mode=memeval`` on the same tokens;
+an export written on one device must load on eight and score the same;
+``init_from`` restores the shared parameters only.
 """
 
 import json
@@ -18,29 +19,92 @@ import pytest
 
 import memjax
 from configs import trime_wt103
+from memjax import build
 from memjax import errors
-from memjax.modes import evaluation as evaluation_mode
+from memjax import settings as settings_lib
+from memjax.data import corpus as corpus_lib
 from memjax.data import windows
-from memjax import experiment
-from memjax.checkpoints import runfiles
+from memjax.modes import evaluation as evaluation_mode
 from memjax.modes import memory as memory_modes
+from memjax.run import restore
+from memjax.run import state as state_lib
 from tests.conftest import run_main
 
 
 def _valid_prefix(config, workdir):
-  corpus = experiment.load_corpus(config, workdir, ("valid",), train=False)
-  e = config.eval
+  s = build.build(config, workdir).settings
+  corpus = corpus_lib.load_corpus(
+      s.data, s.eval, workdir, ("valid",), train=False
+  )
+  e = s.eval
   return windows.truncate_windows(
       corpus.splits["valid"].tokens, e.window_len, e.score_len, e.max_windows
   )
 
 
 def test_saved_config_round_trips(smoke_workdir):
-  files = runfiles.find(smoke_workdir)
-  saved = runfiles.read_config(files)
+  saved = build.saved_config(smoke_workdir)
   config = trime_wt103.get_config("smoke")
   assert saved.to_dict() == config.to_dict()
   assert isinstance(saved.model.cutoffs, tuple)
+
+
+def test_the_settings_hold_the_config_values_typed():
+  config = trime_wt103.get_config("smoke")
+  config.eval.batch_size = 3
+  run = build.build(config, "unused")
+  s = run.settings
+  assert (s.name, s.seed, s.task) == (config.name, config.seed, "lm")
+  for section in ("data", "model", "loss", "optim", "train", "eval", "mesh"):
+    want = settings_lib.plain(config[section])
+    got = s.values(section)
+    assert got == {k: want[k] for k in got}, section
+  assert s.eval.batch_size == 3 and isinstance(s.model.cutoffs, tuple)
+  # Every key of every section is read by some settings class.
+  for section, values in config.items():
+    if hasattr(values, "keys"):
+      assert set(s.values(section)) == set(values.keys()), section
+  # Settings are frozen; a changed copy rebuilds what depends on them.
+  with pytest.raises(Exception, match="cannot assign"):
+    s.eval.batch_size = 4  # pytype: disable=attribute-error
+  other = run.replace(s.eval.__class__(**dict(s.values("eval"), batch_size=5)))
+  assert other.settings.eval.batch_size == 5 and s.eval.batch_size == 3
+  assert other.task is not run.task and other.task.settings is other.settings
+  assert s.with_values("eval", batch_size=6).eval.batch_size == 6
+  with pytest.raises(errors.ConfigError, match="eval has no key nope"):
+    s.with_values("eval", nope=1)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("optim.learning_rate", -1.0, "optim.learning_rate"),
+        ("data.batch_size", 0, "data.batch_size"),
+        ("eval_memory.kind", "nope", "unknown eval_memory.kind 'nope'"),
+        ("mesh.data", 3, "mesh"),
+    ],
+)
+def test_a_bad_config_is_refused_before_anything_is_written(
+    tmp_path, key, value, message
+):
+  config = trime_wt103.get_config("smoke")
+  section, name = key.split(".")
+  config[section][name] = value
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.UserError, match=message):
+    build.run_mode("train", config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_a_mode_without_a_config_takes_the_saved_one_with_overrides(
+    smoke_workdir, tmp_path
+):
+  config = build.resolve("eval", None, smoke_workdir, {"eval.batch_size": 2})
+  saved = trime_wt103.get_config("smoke")
+  assert config.eval.batch_size == 2 and config.name == saved.name
+  assert config.eval.window_len == saved.eval.window_len
+  with pytest.raises(errors.ConfigError, match="--mode=eval needs --config"):
+    build.resolve("eval", None, str(tmp_path), None)
 
 
 def test_score_reproduces_eval_and_memeval(smoke_workdir, tmp_path):
@@ -48,8 +112,8 @@ def test_score_reproduces_eval_and_memeval(smoke_workdir, tmp_path):
   config.train.init_from = smoke_workdir
   out = str(tmp_path / "eval")
   os.makedirs(out)
-  res = evaluation_mode.evaluate_run(config, out)
-  mem = memory_modes.memeval(config, out)
+  res = evaluation_mode.evaluate_run(build.build(config, out))
+  mem = memory_modes.memeval(build.build(config, out))
   model = memjax.load(smoke_workdir)
   tokens = _valid_prefix(config, out)
   plain = model.score(tokens, memory=False)
@@ -92,7 +156,8 @@ def test_export_on_one_device_loads_on_eight(smoke_workdir, tmp_path):
   exported = memjax.load(out)
   assert exported.restored.mesh.size == 8 and exported.step == 20
   run = memjax.load(smoke_workdir, mesh={"data": 1})
-  tokens = _valid_prefix(run.config, smoke_workdir)[:300]
+  tokens = _valid_prefix(build.saved_config(smoke_workdir), smoke_workdir)
+  tokens = tokens[:300]
   a = run.score(tokens, memory=False)["logprobs"][0]
   b = exported.score(tokens, memory=False)["logprobs"][0]
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -148,18 +213,23 @@ def test_bfloat16_export_is_half_the_size(smoke_workdir, tmp_path):
   assert _bytes(f32) - _bytes(out) >= n
 
 
+def _fresh_state(run, seed):
+  model = run.model(12907)
+  tx, _ = run.optimizer()
+  sample = {"inputs": np.zeros((8, 16), np.int32)}
+  return state_lib.create_state(
+      model, tx, run.mesh, sample, jax.random.PRNGKey(seed),
+      run.state_collections(),
+  )  # fmt: skip
+
+
 def test_init_from_restores_shared_parameters_only(smoke_workdir):
   config = trime_wt103.get_config("smoke")
   config.model.num_layers = 3
   config.train.init_from = smoke_workdir
-  model = experiment.build_model(config.model, 12907)
-  mesh = experiment.make_mesh(config)
-  tx, _ = experiment.make_optimizer(config)
-  sample = {"inputs": np.zeros((8, 16), np.int32)}
-  fresh, shardings = experiment.create_state(
-      model, tx, mesh, sample, jax.random.PRNGKey(7)
-  )
-  state = experiment.init_params_from(smoke_workdir, fresh, shardings, config)
+  run = build.build(config, "unused")
+  fresh, shardings = _fresh_state(run, 7)
+  state = restore.init_params_from(run, smoke_workdir, fresh, shardings)
   source = flax.traverse_util.flatten_dict(
       memjax.load(smoke_workdir).restored.params, sep="/"
   )
@@ -172,20 +242,34 @@ def test_init_from_restores_shared_parameters_only(smoke_workdir):
   assert any(k.startswith("layer_2/") for k in set(got) - set(source))
   # A model whose shared parameters have other shapes is refused.
   config.model.d_model = 48
-  wide = experiment.build_model(config.model, 12907)
-  state, shardings = experiment.create_state(
-      wide, tx, mesh, sample, jax.random.PRNGKey(0)
-  )
+  wide = build.build(config, "unused")
+  state, shardings = _fresh_state(wide, 0)
   with pytest.raises(errors.CheckpointMismatchError, match="differ in shape"):
-    experiment.init_params_from(smoke_workdir, state, shardings, config)
+    restore.init_params_from(wide, smoke_workdir, state, shardings)
 
 
-def test_signature_covers_the_whole_model_config():
-  config = trime_wt103.get_config("smoke")
-  sig = experiment.model_signature(config, 100)["model"]
+def test_signature_covers_the_whole_model_section():
+  run = build.build(trime_wt103.get_config("smoke"), "unused")
+  sig = run.signature(100)["model"]
   assert "attention_options" in sig and "scale_embedding" in sig
-  for runtime in experiment.RUNTIME_MODEL_KEYS:
+  for runtime in settings_lib.Model.RUNTIME_KEYS:
     assert runtime not in sig
+  want = set(run.settings.values("model")) - set(
+      settings_lib.Model.RUNTIME_KEYS
+  )
+  assert set(sig) == want | {"vocab_size"}
+
+
+def test_load_with_a_config_of_another_model_is_refused(smoke_workdir):
+  config = trime_wt103.get_config("smoke")
+  config.model.d_model = 48
+  with pytest.raises(errors.CheckpointMismatchError, match="d_model"):
+    build.load(smoke_workdir, config=config)
+  # Another runtime key is taken: the same model evaluated in bfloat16.
+  config = trime_wt103.get_config("smoke")
+  config.model.dtype = "bfloat16"
+  restored = build.load(smoke_workdir, config=config)
+  assert restored.settings.model.dtype == "bfloat16" and restored.step == 20
 
 
 def test_load_of_an_empty_directory_says_what_is_missing(tmp_path):

@@ -5,24 +5,41 @@ import jax
 import numpy as np
 import optax
 
+from memjax import build
+from memjax import catalog
 from memjax import config as config_lib
-from memjax import experiment
-from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax.run import step as train_step
 from memjax.models import encoder
+from memjax.run import state as state_lib
+from memjax.run import step as train_step
 
 KD, HEADS = 8, 2  # the memory's k_dim and heads: the query has 16 features
+
+
+# The residual memory kind: its query's BatchNorm keeps 'batch_stats'.
+RESM = catalog.parts().feed_forward.get("resm")
 
 
 def _encoder():
   return encoder.Encoder(
       vocab_size=40, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, feed_forward="resm", feed_forward_layers=(1,), max_len=16,
-      feed_forward_options=dict(
+      d_ff=32, feed_forward=RESM, kind_name="resm", feed_forward_layers=(1,),
+      max_len=16, feed_forward_options=dict(
           num_keys=4, heads=HEADS, topk=2, k_dim=KD, query_norm="batch"
       ),
   )  # fmt: skip
+
+
+def _create_state(model, tx, mesh, batch):
+  """The train state with the collections the residual memory keeps."""
+  return state_lib.create_state(
+      model, tx, mesh, batch, jax.random.PRNGKey(0), RESM.state_collections
+  )
+
+
+def _base_loss():
+  """The base config's objective (``loss.name`` 'lm')."""
+  return build.build(config_lib.base_config(), "unused").objective(1)
 
 
 def _queries(model, variables, inputs):
@@ -49,15 +66,13 @@ def test_batch_stats_follow_the_micro_batches_in_order_without_padding():
   batch = {"inputs": inputs, "targets": inputs, "weights": weights}
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
   tx = optax.sgd(0.1)
-  state, shardings = experiment.create_state(
-      model, tx, mesh, batch, jax.random.PRNGKey(0)
-  )
+  state, shardings = _create_state(model, tx, mesh, batch)
   before = jax.device_get(state.model_state)
   norm = before["batch_stats"]["layer_0"]["ffn"]["memory"]["query_norm"]
   np.testing.assert_array_equal(norm["mean"], 0.0)
   np.testing.assert_array_equal(norm["var"], 1.0)
   q = _queries(model, state.variables, inputs)
-  loss_fn = losses.make_loss(config_lib.base_config().loss, 1)
+  loss_fn = _base_loss()
   step = train_step.make_train_step(
       model, tx, loss_fn, grad_accum=2, state_shardings=shardings, mesh=mesh
   )
@@ -87,16 +102,14 @@ def test_a_padded_position_does_not_move_the_statistics():
   long = np.zeros((2, 12), np.int32)  # the same tokens, 6 padding each
   long[:, :6] = short
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  loss_fn = losses.make_loss(config_lib.base_config().loss, 1)
+  loss_fn = _base_loss()
   stats_ = []
   for inputs in (short, long):
     batch = {
         "inputs": inputs, "targets": inputs,
         "weights": (inputs > 0).astype(np.float32),
     }  # fmt: skip
-    state, shardings = experiment.create_state(
-        model, optax.sgd(0.1), mesh, batch, jax.random.PRNGKey(0)
-    )
+    state, shardings = _create_state(model, optax.sgd(0.1), mesh, batch)
     step = train_step.make_train_step(
         model, optax.sgd(0.1), loss_fn, grad_accum=1,
         state_shardings=shardings, mesh=mesh,
@@ -119,8 +132,7 @@ def test_a_model_without_state_collections_carries_none():
   )  # fmt: skip
   batch = {"inputs": np.ones((2, 4), np.int32)}
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  state, _ = experiment.create_state(
-      model, optax.sgd(0.1), mesh, batch, jax.random.PRNGKey(0)
-  )
+  # Asked for the collections a BatchNorm keeps, it made none.
+  state, _ = _create_state(model, optax.sgd(0.1), mesh, batch)
   assert state.model_state is None
   assert state.variables is state.params

@@ -12,6 +12,9 @@ import fsspec
 import numpy as np
 import pytest
 
+from memjax import build
+from memjax import catalog
+from memjax import config as config_lib
 from memjax import errors
 from memjax.io import paths
 from tests.conftest import REPO, xla_flags
@@ -99,16 +102,17 @@ def test_run_files_config_and_vocabulary_on_memory(mem):
 
   config = _config()
   words = vocab_lib.WordVocabulary(["<pad>", "<eos>", "<unk>", "the", "cat"])
-  runfiles.write_run_files(mem, config, words)
+  runfiles.write_run_files(mem, config_lib.to_json(config), words)
   assert paths.listdir(mem) == ["config.json", "vocab.json", "vocab.txt"]
   files = runfiles.RunFiles("run", mem)
-  saved = runfiles.read_config(files)
+  saved = config_lib.from_json(runfiles.read_config_text(files))
   assert saved.model.d_model == config.model.d_model
   assert saved.data.corpus == config.data.corpus
   assert files.read_json("vocab.json") == {
       "kind": "words", "file": "vocab.txt", "size": 5,
   }  # fmt: skip
-  back = runfiles.read_vocabulary(files, saved)
+  data = build.read(saved, catalog.parts()).data
+  back = runfiles.read_vocabulary(files, data)
   assert list(back.tokens) == ["<pad>", "<eos>", "<unk>", "the", "cat"]
 
 
@@ -141,7 +145,11 @@ def test_export_metadata_on_memory(mem, monkeypatch):
   out = f"{mem}/export"
   for _ in range(2):  # The second export replaces the first whole.
     runfiles.write_export(
-        out, _config(), vocab_lib.byte_vocabulary(), params, {"step": 7}
+        out,
+        config_lib.to_json(_config()),
+        vocab_lib.byte_vocabulary(),
+        params,
+        {"step": 7},
     )
   assert paths.listdir(mem) == ["export"]
   assert paths.listdir(out) == [

@@ -4,25 +4,34 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
+from memjax import catalog
 from memjax import config as config_lib
+from memjax import settings as settings_lib
 from memjax.run import optim
 
 LR = 0.01
 Params = dict[str, np.ndarray]  # {"a": [3], "b": [2, 2]}
 
 
-def optim_cfg(**overrides: Any) -> ml_collections.ConfigDict:
-  """The base config's ``optim`` with overrides."""
+def optim_cfg(**overrides: Any) -> settings_lib.Optim:
+  """The base config's ``optim`` with overrides, as typed settings."""
   cfg = config_lib.base_config().optim
   cfg.learning_rate = LR
   for key, value in overrides.items():
     cfg[key] = value
-  return cfg
+  return settings_lib.read(settings_lib.Optim, cfg)
+
+
+def make_optimizer(
+    cfg: settings_lib.Optim, num_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """``optim.make_optimizer`` with the declared transforms."""
+  transforms = catalog.parts().optimizer_transforms
+  return optim.make_optimizer(cfg, num_steps, transforms)
 
 
 def values(sched: optax.Schedule, steps: list[int]) -> np.ndarray:
@@ -94,7 +103,7 @@ def test_unknown_schedule_and_optimizer_raise() -> None:
   with pytest.raises(ValueError, match="unknown optim.schedule 'step'"):
     optim.make_schedule(optim_cfg(schedule="step"), 10)
   with pytest.raises(ValueError, match="unknown optim.optimizer 'lamb'"):
-    optim.make_optimizer(optim_cfg(optimizer="lamb"), 10)
+    make_optimizer(optim_cfg(optimizer="lamb"), 10)
 
 
 # ---------------------------------------------------------------------------
@@ -129,10 +138,10 @@ def warmup_lr(step: int, warm: int) -> float:
 
 
 def run_optax(
-    cfg: ml_collections.ConfigDict, steps: int, scale: float
+    cfg: settings_lib.Optim, steps: int, scale: float
 ) -> list[Params]:
   """``steps`` updates of make_optimizer(cfg); params after each step."""
-  tx, _ = optim.make_optimizer(cfg, 100)
+  tx, _ = make_optimizer(cfg, 100)
   params = {k: jnp.asarray(v, jnp.float32) for k, v in START.items()}
   state = tx.init(params)
   history = []
@@ -146,7 +155,7 @@ def run_optax(
 
 
 def numpy_adamw(
-    cfg: ml_collections.ConfigDict, steps: int, scale: float
+    cfg: settings_lib.Optim, steps: int, scale: float
 ) -> list[Params]:
   """AdamW (decoupled weight decay, bias-corrected moments) in float64."""
   p = {k: v.copy() for k, v in START.items()}
@@ -169,7 +178,7 @@ def numpy_adamw(
 
 
 def numpy_nesterov(
-    cfg: ml_collections.ConfigDict, steps: int, scale: float
+    cfg: settings_lib.Optim, steps: int, scale: float
 ) -> list[Params]:
   """SGD with Nesterov momentum as optax.sgd(nesterov=True): weight decay
   added to the (clipped) gradient, buf = mu buf + g, step g + mu buf."""
@@ -207,8 +216,14 @@ CASE_IDS = ["plain", "warmup_decay", "clipped"]
 
 @pytest.mark.parametrize("overrides,scale", CASES, ids=CASE_IDS)
 def test_adam_matches_numpy_adamw(overrides: dict, scale: float) -> None:
-  cfg = optim_cfg(optimizer="adam", schedule="constant", **overrides)
-  cfg.b1, cfg.b2, cfg.eps = 0.8, 0.95, 1e-3  # not optax's defaults
+  cfg = optim_cfg(
+      optimizer="adam",
+      schedule="constant",
+      b1=0.8,  # not optax's defaults
+      b2=0.95,
+      eps=1e-3,
+      **overrides,
+  )
   got = run_optax(cfg, 3, scale)
   assert_histories_close(got, numpy_adamw(cfg, 3, scale))
   if cfg.warmup_steps:
@@ -220,8 +235,9 @@ def test_adam_matches_numpy_adamw(overrides: dict, scale: float) -> None:
 def test_nag_matches_numpy_nesterov_momentum(
     overrides: dict, scale: float
 ) -> None:
-  cfg = optim_cfg(optimizer="nag", schedule="constant", **overrides)
-  cfg.momentum = 0.9
+  cfg = optim_cfg(
+      optimizer="nag", schedule="constant", momentum=0.9, **overrides
+  )
   got = run_optax(cfg, 3, scale)
   assert_histories_close(got, numpy_nesterov(cfg, 3, scale))
 

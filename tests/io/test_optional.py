@@ -29,9 +29,9 @@ _SCRIPT = textwrap.dedent("""
       sys.modules[name] = None
     args = json.loads(sys.argv[1])
     import memjax
-    from memjax import api, experiment
+    from memjax import api, build
     from memjax.modes import evaluation
-    from memjax.run import loop as train
+    from memjax.run import loop
     sys.path.insert(0, args["repo"])
     from tests import conftest
     out = {}
@@ -43,13 +43,13 @@ _SCRIPT = textwrap.dedent("""
         if step == 2:
           raise KeyboardInterrupt  # Interrupted after its step-2 checkpoint,
       try:
-        train.train_and_evaluate(config, workdir, hooks=(stop,))
+        loop.train_and_evaluate(build.build(config, workdir), hooks=(stop,))
       except KeyboardInterrupt:
         pass
-      res = train.train_and_evaluate(config, workdir)  # ... it resumes.
-      ev = evaluation.evaluate_run(config, workdir)
+      res = memjax.train(config, workdir)  # ... it resumes.
+      ev = evaluation.evaluate_run(build.build(config, workdir))
       exported = api.export(workdir, workdir + "_export")
-      restored = experiment.load(exported)
+      restored = build.load(exported)
       out[family] = {"step": int(res["step"]), "eval": ev,
                      "num_params": int(res["num_params"]),
                      "vocab": type(restored.vocab).__name__}
@@ -82,14 +82,14 @@ def test_seqio_is_reported_as_the_data_extra(monkeypatch):
 
 def _prepare_caches(tmp_path) -> dict[str, dict[str, str]]:
   """Token caches (and vocabularies) of the three runs, made with SeqIO."""
-  from memjax.tasks import base as task_lib  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
 
   runs = {}
   for family in ("lm", "mt", "encoder"):
     data = conftest.core_data(family, tmp_path)
     workdir = str(tmp_path / family)
     config = conftest.core_config(family, data)
-    task_lib.get(config).load(config, workdir)  # Writes <workdir>/cache.
+    build.build(config, workdir).task.load(workdir)  # Writes <workdir>/cache.
     runs[family] = {"data": data, "workdir": workdir}
   return runs
 
@@ -129,15 +129,17 @@ def test_token_caches_in_cloud_storage(tmp_path):
   # in-memory filesystem stands in for a bucket).
   import fsspec  # pylint: disable=g-import-not-at-top
 
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from memjax.io import paths  # pylint: disable=g-import-not-at-top
 
   config = conftest.core_config("lm", conftest.core_data("lm", tmp_path))
   config.data.cache_dir = "memory://optional_test/cache"
-  first = corpus_lib.load_corpus(config, str(tmp_path / "run"))
+  s = build.build(config, str(tmp_path / "run")).settings
+  first = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run"))
   names = sorted(paths.listdir(config.data.cache_dir))
   assert [n.split(".")[1] for n in names] == ["test", "train", "valid", "vocab"]
-  again = corpus_lib.load_corpus(config, str(tmp_path / "run2"))
+  again = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run2"))
   np.testing.assert_array_equal(first.train.tokens, again.train.tokens)
   assert not os.path.exists(str(tmp_path / "run"))  # Nothing local.
   fsspec.filesystem("memory").rm("/optional_test", recursive=True)

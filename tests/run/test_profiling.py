@@ -1,7 +1,7 @@
 """Traces of chosen updates (train.profile_steps).
 
 A real run's trace is checked with the preempted run of
-tests/test_preemption.py, whose losses must match an untraced run.
+tests/run/test_preemption.py, whose losses must match an untraced run.
 """
 
 import glob
@@ -14,13 +14,15 @@ import pytest
 
 from memjax import config as config_lib
 from memjax import errors
+from memjax import settings as settings_lib
 from memjax.run import profiling
 
 
 def _config(steps):
+  """The base config's ``train`` settings with ``profile_steps``."""
   c = config_lib.base_config()
   c.train.profile_steps = steps
-  return c
+  return settings_lib.read(settings_lib.Train, c.train)
 
 
 @pytest.mark.parametrize("steps", [(0, 2), (3,), (1, 2, 3), (2.0, 1), (2, -1)])

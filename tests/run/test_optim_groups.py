@@ -1,5 +1,5 @@
 """Parameter groups of memjax.run.optim: labels, errors, a frozen group trains
-nothing while the rest trains, and registered transformations."""
+nothing while the rest trains, and declared transformations (extend.Method)."""
 
 import flax.linen as nn
 import jax
@@ -10,14 +10,16 @@ import optax
 import pytest
 
 from configs import trime_wt103
+from memjax import build
+from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
-from memjax import experiment
-from memjax import losses
-from memjax.run import optim
-from memjax import registry
+from memjax import extend
+from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
-from memjax.run import loop
+from memjax.run import optim
+from memjax.run import position
+from memjax.run import state as state_lib
 from memjax.run import step as train_step_lib
 
 
@@ -34,10 +36,17 @@ def _params():
 
 
 def _optim(**groups):
+  """The base config's ``optim`` settings with ``groups``."""
   cfg = config_lib.base_config().optim
   for name, group in groups.items():
     cfg.groups[name] = ml_collections.ConfigDict(group)
-  return cfg
+  return settings_lib.read(settings_lib.Optim, cfg)
+
+
+def _make_optimizer(cfg, num_steps):
+  """``optim.make_optimizer`` with the declared transforms."""
+  transforms = catalog.parts().optimizer_transforms
+  return optim.make_optimizer(cfg, num_steps, transforms)
 
 
 def _patterns(cfg):
@@ -90,9 +99,9 @@ def test_group_errors_name_the_group():
   with pytest.raises(errors.ConfigError, match="'base' is reserved"):
     optim.group_settings(_optim(base=dict(params="a")))
   with pytest.raises(errors.ConfigError, match="unknown optim.groups.x.trans"):
-    optim.make_optimizer(_optim(x=dict(params="a", transform="nope")), 10)
+    _make_optimizer(_optim(x=dict(params="a", transform="nope")), 10)
   # Through the optimiser: the error comes at init, before any update.
-  tx, _ = optim.make_optimizer(_optim(ghost=dict(params="^decoder/")), 10)
+  tx, _ = _make_optimizer(_optim(ghost=dict(params="^decoder/")), 10)
   with pytest.raises(errors.ConfigError, match="ghost"):
     tx.init(_params())
 
@@ -100,11 +109,14 @@ def test_group_errors_name_the_group():
 def test_registered_transform_updates_its_group_only():
   seen = {}
 
-  @registry.OPTIMIZER_TRANSFORMS.register("test_scaled_sgd")
   def scaled_sgd(cfg, sched):
     seen["lr"] = cfg.learning_rate
     return optax.sgd(lambda step: 2.0 * sched(step))
 
+  method = extend.Method(
+      name="test_scaled_sgd",
+      optimizer_transforms={"test_scaled_sgd": scaled_sgd},
+  )
   cfg = _optim(
       norms=dict(
           params="^final_norm/",
@@ -114,7 +126,11 @@ def test_registered_transform_updates_its_group_only():
           warmup_steps=0,
       )
   )
-  tx, _ = optim.make_optimizer(cfg, 10)
+  extend.add(method)
+  try:
+    tx, _ = _make_optimizer(cfg, 10)
+  finally:
+    extend.remove(method.name)
   params = _params()
   grads = jax.tree.map(jnp.ones_like, params)
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -125,18 +141,32 @@ def test_registered_transform_updates_its_group_only():
   np.testing.assert_array_equal(kernel, 0.0)
 
 
+def _data_position(config, step):
+  """What a checkpoint of the run ``config`` describes saves at ``step``."""
+  run = build.build(config, "run")
+  return position.data_position(run.settings, run.task.data_settings(), step)
+
+
+def _check_position(config, saved):
+  """Resuming ``saved`` with ``config``, as the loop checks it."""
+  extend_schedule = build.build(config, "run").settings.train.extend_schedule
+  position.check_position(
+      _data_position(config, 0), saved, "run", extend_schedule
+  )
+
+
 def test_resume_with_other_groups_is_refused():
   config = trime_wt103.get_config("smoke")
-  saved = loop.data_position(config, 10)
+  saved = _data_position(config, 10)
   config.optim.groups.frozen = ml_collections.ConfigDict(
       {"params": "^final_norm/", "learning_rate": 0.0}
   )
   with pytest.raises(errors.ResumeError, match="optimiser layout"):
-    loop.check_position(config, saved, "run")
+    _check_position(config, saved)
   # Only the learning rate of a group changes: its state still fits.
-  saved = loop.data_position(config, 10)
+  saved = _data_position(config, 10)
   config.optim.groups.frozen.learning_rate = 1e-4
-  loop.check_position(config, saved, "run")
+  _check_position(config, saved)
 
 
 def test_group_with_zero_learning_rate_stays_bit_identical(tmp_path):
@@ -145,23 +175,23 @@ def test_group_with_zero_learning_rate_stays_bit_identical(tmp_path):
   config.optim.groups.frozen = ml_collections.ConfigDict(
       {"params": "^(final_norm|layer_0)/", "learning_rate": 0.0}
   )
-  mesh = experiment.make_mesh(config)
-  corpus = experiment.load_corpus(config, str(tmp_path))
-  batcher = experiment.make_batcher(config, corpus.train, corpus.cache_dir)
-  model = experiment.build_model(config.model, corpus.vocab_size)
-  tx, schedule = experiment.make_optimizer(config, 10)
-  state, shardings = experiment.create_state(
-      model, tx, mesh, experiment.host_batch(batcher, 0), jax.random.PRNGKey(0)
-  )
+  run = build.build(config, str(tmp_path))
+  mesh = run.mesh
+  corpus = run.task.load(str(tmp_path))
+  batcher = run.batcher(corpus.train, corpus.cache_dir)
+  model = run.model(corpus.vocab_size)
+  tx, schedule = run.optimizer(10)
+  state, shardings = state_lib.create_state(
+      model, tx, mesh, run.host_batch(batcher, 0), jax.random.PRNGKey(0),
+      run.state_collections(),
+  )  # fmt: skip
   step = train_step_lib.make_train_step(
-      model, tx, losses.make_loss(config.loss, 10), grad_accum=1,
+      model, tx, run.objective(10), grad_accum=1,
       state_shardings=shardings, mesh=mesh,
   )  # fmt: skip
   before = jax.device_get(state.params)
   for i in range(10):
-    batch = sharding_lib.put_global_batch(
-        experiment.host_batch(batcher, i), mesh
-    )
+    batch = sharding_lib.put_global_batch(run.host_batch(batcher, i), mesh)
     state, metrics = step(state, batch, jax.random.PRNGKey(1))
     assert float(metrics["finite"]) == 1.0
   after = jax.device_get(state.params)

@@ -1,0 +1,290 @@
+"""A run built once from its config, and the one dispatch of the modes.
+
+    run = build.build(config, workdir)          # a memjax.run.spec.Run
+    results = build.run_mode("tune", config, workdir)
+    restored = build.load("runs/demo/trimelm")  # a run or an export
+
+``build`` reads the ConfigDict once into typed settings
+(``memjax.settings``), looks up the parts they name in the engine's and
+the methods' specs (``memjax.catalog``), checks everything that can be
+checked before anything is written (names, numbers, the task's and the
+methods' checks), binds the task to the settings and makes the mesh.
+``run_mode`` is what ``python -m memjax.main`` and ``memjax.run_mode``
+both call: the workdir checked once, the config resolved (the one given,
+else the one the workdir saved), the mode's run kind checked, then the
+mode run on the built run. ``load`` restores a saved run or export from
+its directory alone, reading its config once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import ml_collections
+
+from memjax import catalog
+from memjax import config as config_lib
+from memjax import errors
+from memjax import extend
+from memjax import settings as settings_lib
+from memjax import sharding
+from memjax.checkpoints import runfiles
+from memjax.io import paths
+from memjax.models import transformer
+from memjax.run import hooks
+from memjax.run import optim
+from memjax.run import profiling
+from memjax.run import restore as restore_lib
+from memjax.run import spec
+
+
+def read(
+    config: ml_collections.ConfigDict, parts: extend.Parts
+) -> settings_lib.Settings:
+  """The typed settings of ``config``: every declared section."""
+  return settings_lib.read_all(config, parts.settings)
+
+
+# ----------------------------------------------------------------------------
+# Checks every run relies on
+# ----------------------------------------------------------------------------
+
+_POSITIVE = (
+    "data.seq_len", "data.batch_size", "data.segments_per_lane",
+    "train.num_steps", "train.grad_accum", "train.log_every",
+    "train.checkpoint_every", "train.keep_checkpoints", "eval.window_len",
+    "eval.score_len", "eval.batch_size", "model.num_layers", "model.d_model",
+    "model.num_heads", "model.head_dim", "model.d_ff",
+)  # fmt: skip
+_NON_NEGATIVE = (
+    "train.eval_every", "train.eval_max_windows", "eval.max_windows",
+    "model.mem_len", "optim.warmup_steps",
+)  # fmt: skip
+_NON_NEGATIVE_REAL = (
+    "optim.learning_rate", "optim.clip_norm", "optim.weight_decay",
+    "optim.min_lr_ratio",
+)  # fmt: skip
+DTYPES = ("float32", "bfloat16")
+
+
+def _value(s: settings_lib.Settings, key: str) -> Any:
+  section, name = key.split(".")
+  return getattr(getattr(s, section), name)
+
+
+def check_values(s: settings_lib.Settings) -> None:
+  """Checks the values every run relies on, before anything is written.
+
+  Raises:
+    errors.ConfigError: naming the key and the accepted values.
+  """
+  for key in _POSITIVE:
+    v = _value(s, key)
+    if not isinstance(v, int) or v < 1:
+      raise errors.ConfigError(f"{key} must be a positive integer, got {v!r}")
+  for key in _NON_NEGATIVE:
+    v = _value(s, key)
+    if not isinstance(v, int) or v < 0:
+      raise errors.ConfigError(f"{key} must be an integer >= 0, got {v!r}")
+  for key in _NON_NEGATIVE_REAL:
+    v = _value(s, key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+      raise errors.ConfigError(f"{key} must be a number >= 0, got {v!r}")
+  if s.eval.score_len > s.eval.window_len:
+    raise errors.ConfigError(
+        f"eval.score_len {s.eval.score_len} must be <= eval.window_len "
+        f"{s.eval.window_len}"
+    )
+  if s.data.batch_size % s.train.grad_accum:
+    raise errors.ConfigError(
+        f"data.batch_size {s.data.batch_size} is not divisible by "
+        f"train.grad_accum {s.train.grad_accum}"
+    )
+  if s.model.dtype not in DTYPES:
+    raise errors.ConfigError(
+        f"model.dtype must be one of {list(DTYPES)}, got {s.model.dtype!r}"
+    )
+
+
+def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
+  """Checks the settings before anything is written.
+
+  Raises:
+    errors.ConfigError: naming the key and what it takes (a name nothing
+      declares, a number out of range, what the task or a method refuses).
+  """
+  check_values(s)
+  parts.families.get(s.model.family)
+  parts.attention.get(s.model.attention)
+  kind = parts.feed_forward.get(s.model.feed_forward)
+  transformer.block_settings(s.model, parts)  # feed_forward_layers in range.
+  if kind.check is not None:
+    kind.check(s.model)
+  parts.objectives.get(s.loss.name)
+  parts.batchers.get(s.data.batching)
+  parts.eval_memories.get(s.eval_memory.kind)
+  if s.optim.transform:
+    parts.optimizer_transforms.get(s.optim.transform)
+  optim.group_settings(s.optim)  # ConfigError for a malformed group.
+  profiling.profile_steps(s.train)
+  hooks.check(s.train, parts.hooks)
+  for method_check in parts.checks:
+    method_check(s)
+
+
+def build(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    mesh: Optional[Mapping[str, int]] = None,
+) -> spec.Run:
+  """The run ``config`` describes, in ``workdir``.
+
+  Args:
+    config: the experiment config (``configs/<exp>.py``'s ``get_config``).
+    workdir: where the run reads and writes (a local path or a URL).
+    mesh: mesh axis sizes to use instead of ``config.mesh``, e.g.
+      {'data': 1} (restoring onto other devices).
+
+  Raises:
+    errors.UserError: bad input, one line naming what to fix.
+  """
+  parts = catalog.parts()
+  s = read(config, parts)
+  check(s, parts)
+  task = parts.tasks.get(s.task)(s)
+  task.check_settings()
+  return spec.Run(
+      settings=s,
+      parts=parts,
+      task=task,
+      mesh=sharding.mesh_of(s.mesh, mesh),
+      workdir=workdir,
+      config_json=config_lib.to_json(config),
+  )
+
+
+def saved_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run or export in ``workdir`` saved.
+
+  Raises:
+    errors.MissingRunError: nothing there to take one from.
+  """
+  files = runfiles.find(workdir)
+  return config_lib.from_json(runfiles.read_config_text(files))
+
+
+def check_workdir(workdir: str, training: bool) -> None:
+  """Refuses, before anything is read or written, a workdir whose storage
+  cannot be opened or that holds something other than a run.
+
+  Raises:
+    errors.StorageError, errors.WorkdirError: one line naming what to fix.
+  """
+  paths.check_workdir(workdir)
+  runfiles.check_workdir(
+      workdir, training, catalog.parts().files_before_training()
+  )
+
+
+def mode_of(name: str) -> extend.Mode:
+  """The mode ``name`` (ConfigError naming the modes there are)."""
+  return catalog.parts().modes.get(name)
+
+
+def resolve(
+    name: str,
+    config: Optional[ml_collections.ConfigDict],
+    workdir: str,
+    overrides: Optional[Mapping[str, Any]] = None,
+) -> ml_collections.ConfigDict:
+  """The config a mode runs with: ``config``, else the one the workdir's
+  run or export saved, with ``overrides`` ({'export.dir': ...}) set.
+
+  Raises:
+    errors.ConfigError: no config given and none saved.
+  """
+  if config is None:
+    try:
+      config = saved_config(workdir)
+    except errors.MissingRunError:
+      raise errors.ConfigError(
+          f"--mode={name} needs --config=FILE:VARIANT: {workdir} holds no "
+          "run or export whose saved config.json could be used"
+      ) from None
+  if overrides:
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+      for key, value in overrides.items():
+        section, field = key.split(".")
+        config[section][field] = value
+  return config
+
+
+def run_mode(
+    name: str,
+    config: Optional[ml_collections.ConfigDict],
+    workdir: str,
+    overrides: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
+  """Runs ``--mode=name`` on the run ``config`` describes: the one
+  dispatch of ``memjax.main`` and ``memjax.run_mode``.
+
+  Args:
+    name: a mode (``--mode=list`` shows them).
+    config: the config, or None for the one the workdir saved.
+    workdir: where the mode reads the run and writes its results.
+    overrides: {'section.key': value} set on the config (the command
+      line's --export_dir).
+
+  Returns:
+    The mode's results dict.
+
+  Raises:
+    errors.UserError: an unknown mode, a run of a kind the mode does not
+      take, or other bad input (one line naming what to fix).
+  """
+  mode = mode_of(name)
+  check_workdir(workdir, training=mode.training)
+  config = resolve(name, config, workdir, overrides)
+  s = read(config, catalog.parts())
+  if mode.before_jax is not None:  # Before the mesh starts JAX's backends.
+    mode.before_jax(s)
+  # A mode that trains uses every device; one that reads a trained run may
+  # name a smaller mesh ({'data': 1}: the first device).
+  run = build(config, workdir, mesh=None if mode.training else s.mesh.spec())
+  mode.check(name, run.kind)
+  return mode.run(run)
+
+
+def load(
+    path: str,
+    step: Optional[int] = None,
+    *,
+    config: Optional[ml_collections.ConfigDict] = None,
+    mesh: Optional[Mapping[str, int]] = None,
+    with_optimizer: bool = False,
+) -> restore_lib.Restored:
+  """Restores a workdir or an export from what it saved.
+
+  Args:
+    path: a training workdir (``config.json`` + ``checkpoints/``) or an
+      export directory (``export.json``).
+    step: the checkpoint step of a workdir (None = latest).
+    config: use this config instead of the saved one (e.g. other evaluation
+      settings); its model must match the saved signature.
+    mesh: mesh axis sizes, e.g. {'data': 8}; default: all devices on 'data'.
+    with_optimizer: also restore the optimiser state (workdirs only).
+
+  Raises:
+    errors.MissingRunError: no run or export at ``path``.
+    errors.CheckpointMismatchError: ``config`` describes another model.
+  """
+  path = paths.resolve(path)
+  files = runfiles.find(path)
+  if config is None:
+    config = config_lib.from_json(runfiles.read_config_text(files))
+  run = build(config, path, mesh=mesh or {"data": -1, "fsdp": 1, "tensor": 1})
+  return restore_lib.restore(
+      run, files, step=step, with_optimizer=with_optimizer
+  )

@@ -1,0 +1,211 @@
+"""The one place the methods' specs become the lookups a run is built from.
+
+``ENGINE`` is the engine's own spec: its attention and feed-forward kinds,
+model families, objectives, batchers, tasks, modes and settings. The
+methods are found, not listed: every package under ``memjax/methods/``
+exports a ``METHOD`` (``memjax.extend.Method``), so nothing here names
+one; methods defined outside memjax join through ``memjax.extend.add``.
+``parts()`` merges them all into an ``extend.Parts``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pkgutil
+
+from memjax import extend
+from memjax import losses
+from memjax import settings
+from memjax.data import batchers
+from memjax.memory import evaluation
+from memjax.models import attention
+from memjax.models import encoder
+from memjax.models import feed_forward
+from memjax.models import seq2seq
+from memjax.models import transformer
+from memjax.modes import evaluation as eval_mode
+from memjax.modes import export
+from memjax.modes import generate
+from memjax.modes import memory
+from memjax.modes import plan
+from memjax.modes import platforms
+from memjax.modes import position_loss
+from memjax.modes import tokenize
+from memjax.modes import translation as translate_mode
+from memjax.run import hooks
+from memjax.run import loop
+from memjax.run import optim
+from memjax.tasks import classification
+from memjax.tasks import config as task_config
+from memjax.tasks import lm
+from memjax.tasks import mlm
+from memjax.tasks.translation import task as translation
+
+_LM = ("lm/decoder_lm",)  # Sliding windows over a corpus: decoder LMs.
+
+ENGINE = extend.Method(
+    name="memjax",
+    attention={"vanilla": attention.CausalSelfAttention},
+    feed_forward={"ffn": feed_forward.PLAIN},
+    families={
+        "decoder_lm": extend.Family(transformer.decoder_lm),
+        "encoder_decoder": extend.Family(
+            seq2seq.encoder_decoder, extra_inputs=("source",)
+        ),
+        "encoder": extend.Family(encoder.build),
+    },
+    objectives={
+        "lm": losses.make_lm_loss,
+        "label_smoothed": losses.make_label_smoothed_loss,
+    },
+    batchers={
+        "random": extend.Batcher(
+            batchers.random_batcher, batchers.segment_shapes
+        ),
+        "consecutive": extend.Batcher(
+            batchers.consecutive_batcher, batchers.lane_shapes
+        ),
+        "tokens": extend.Batcher(
+            translation.token_batcher, translation.token_shapes
+        ),
+        "mlm": extend.Batcher(mlm.make_mlm_batcher, mlm.mlm_shapes),
+        "sentences": extend.Batcher(
+            classification.make_sentence_batcher, classification.sentence_shapes
+        ),
+    },
+    eval_memories={"none": evaluation.PlainModel()},
+    optimizer_transforms={"frozen": optim.frozen},
+    tasks={
+        "lm": lm.LanguageModelling,
+        "translation": translation.Translation,
+        "mlm": mlm.MaskedLanguageModelling,
+        "classification": classification.Classification,
+    },
+    modes={
+        "train": extend.Mode(
+            loop.train_and_evaluate,
+            "train (resumes from the workdir's latest checkpoint)",
+            training=True,
+        ),
+        "eval": extend.Mode(
+            eval_mode.evaluate_run,
+            "evaluate the latest checkpoint on the config's splits",
+        ),
+        "export": extend.Mode(
+            export.export_run,
+            "write a params-only export (--export_dir, --export_dtype)",
+        ),
+        # Token caches and vocabulary only (then train where SeqIO is absent).
+        "tokenize": extend.Mode(
+            tokenize.tokenize,
+            "write the token caches and vocabulary, train nothing",
+        ),
+        "generate": extend.Mode(
+            generate.generate,
+            "top-p sampling after a prompt from a split, memory carried",
+            _LM,
+        ),
+        # Evaluation with testing memories (memjax/modes/memory.py).
+        "memeval": extend.Mode(
+            memory.memeval,
+            "evaluate with the configured testing memory (eval_memory.*)",
+            _LM,
+        ),
+        "tune": extend.Mode(
+            memory.tune,
+            "grid-search the testing memory on valid, then test (tune.json)",
+            _LM,
+        ),
+        "memsweep": extend.Mode(
+            memory.memsweep,
+            "valid perplexity against the long-term memory size",
+            _LM,
+        ),
+        "buckets": extend.Mode(
+            memory.buckets,
+            "perplexity by token-frequency bucket, with and without memory",
+            _LM,
+        ),
+        "translate": extend.Mode(
+            translate_mode.translate,
+            "beam-translate a file or a split, scored by sacreBLEU",
+            ("translation",),
+        ),
+        # Early-token analysis (any LM): loss by position in a document.
+        "position_loss": extend.Mode(
+            position_loss.position_loss,
+            "mean loss by position within a document",
+            ("lm",),
+        ),
+        # Compile the train step for a target without running it.
+        "plan": extend.Mode(
+            plan.plan,
+            "compile the train step for --config.plan.* (devices, platform), "
+            "run nothing",
+            writes=("plan.json", "plan.md"),
+            before_jax=platforms.set_device_flags,
+        ),
+    },
+    settings=settings.ENGINE
+    + (
+        position_loss.PositionLoss,
+        generate.Generate,
+        export.Export,
+        platforms.Plan,
+    )
+    + task_config.SETTINGS,
+)
+
+# Where the methods are: every package in this folder is one.
+METHODS_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "methods"
+)
+
+
+@functools.cache
+def found() -> tuple[extend.Method, ...]:
+  """The ``METHOD`` of every package under ``memjax/methods/``, by name.
+
+  Raises:
+    TypeError: a package exports no ``extend.Method`` (a bug).
+  """
+  out = []
+  for info in sorted(pkgutil.iter_modules([METHODS_DIR]), key=lambda i: i.name):
+    if not info.ispkg:
+      continue
+    package = importlib.import_module(f"{__package__}.methods.{info.name}")
+    method = getattr(package, "METHOD", None)
+    if not isinstance(method, extend.Method):
+      raise TypeError(f"{package.__name__} exports no extend.Method METHOD")
+    out.append(method)
+  return tuple(out)
+
+
+def methods() -> tuple[extend.Method, ...]:
+  """The engine, the methods found and those added, in that order."""
+  return (ENGINE,) + found() + extend.added()
+
+
+def parts() -> extend.Parts:
+  """Every part of ``methods()`` by kind and name."""
+  return _parts(methods())
+
+
+_PARTS: dict[tuple[int, ...], extend.Parts] = {}
+
+
+def _parts(specs: tuple[extend.Method, ...]) -> extend.Parts:
+  """The parts of ``specs``, kept per set of specs."""
+  key = tuple(id(m) for m in specs)
+  if key not in _PARTS:
+    made = extend.Parts(specs)
+    for name, hook in made.hooks.items():
+      if not (isinstance(hook, type) and issubclass(hook, hooks.StepHook)):
+        raise TypeError(
+            f"step hook {name!r} is not a memjax.run.hooks.StepHook "
+            f"subclass: {hook!r}"
+        )
+    _PARTS[key] = made
+  return _PARTS[key]

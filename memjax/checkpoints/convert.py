@@ -1,0 +1,182 @@
+"""Layouts written before: what a run saved, read as today's code lays it out.
+
+A checkpoint or an export records its model's signature (``signature``)
+with a ``signature_version``. When a later version changes what the
+signature holds or where a parameter lives, the conversion from each
+earlier version is written here, and every restore applies it:
+``Layout.of(saved signature)`` says how the saved arrays are named, and
+``to_saved`` / ``to_current`` map a tree of arrays (parameters, optimiser
+state, model state, or their abstract shapes) between that layout and
+today's. The restores in ``memjax.checkpoints`` and ``memjax.run.restore``
+build their targets with ``to_saved`` and hand back ``to_current``'s
+trees, so nothing above them sees an old layout.
+
+Versions:
+
+* 1: the signature held a few model keys (compared on those alone).
+* 2: the whole model config, less the keys added later while they held
+  the value every earlier model had (``LATER_MODEL_KEYS``), less the
+  feed-forward options added later at theirs; the translation and encoder
+  families named their blocks' sub-layers ``self_attention``/``ln_self``
+  and ``ln_attention`` and their residual dropout ``drop``.
+* 3 (today): the whole model section less its runtime keys, and every
+  family's blocks name their sub-layers as the decoder LM's do
+  (``attention``, ``ln_attn``, ..., ``Dropout_0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Callable, Mapping
+
+VERSION = 3
+
+# Model keys added to the signature after version 2, with the value every
+# model saved before them had: a version-2 signature without them had it.
+LATER_MODEL_KEYS = {
+    "family": "decoder_lm",
+    "family_options": {},
+    "feed_forward": "ffn",
+    "feed_forward_options": {},
+    "norm_position": "pre",
+    "norm_epsilon": 1e-6,
+    "final_layer_norm": True,
+    "adaptive_dropout": 0.0,
+    "feed_forward_layers": [],
+    "activation": "relu",
+}
+# Feed-forward options that change no weight, once in signatures: left
+# out of today's (``extend.FeedForward.runtime_options``).
+_RUNTIME_OPTIONS = ("allow_batchnorm_future_leak",)
+
+# Version 2's sub-layer names of the families that named them otherwise:
+# {family: {old name: today's}}, for the keys right under a block.
+_BLOCK_RENAMES = {
+    "encoder_decoder": {"self_attention": "attention", "ln_self": "ln_attn"},
+    "encoder": {"ln_attention": "ln_attn"},
+}
+_BLOCK = re.compile(r"^(layer|encoder|decoder)_\d+$")
+
+
+def signature(
+    name: str,
+    model: Mapping[str, Any],
+    vocab_size: int,
+    runtime_keys: tuple[str, ...] = (),
+    runtime_options: tuple[str, ...] = (),
+) -> dict[str, Any]:
+  """Today's signature: what a checkpoint or export must match.
+
+  Args:
+    name: the run's name.
+    model: the model section as plain values (``dataclasses.asdict``).
+    vocab_size: V.
+    runtime_keys: model keys that change how, not what, it computes.
+    runtime_options: the feed-forward kind's options of that sort.
+  """
+  m = json.loads(json.dumps(dict(model)))
+  sig = {k: v for k, v in m.items() if k not in runtime_keys}
+  sig["feed_forward_options"] = {
+      k: v
+      for k, v in (sig.get("feed_forward_options") or {}).items()
+      if k not in runtime_options
+  }
+  sig["vocab_size"] = int(vocab_size)
+  return {"model": sig, "name": name, "signature_version": VERSION}
+
+
+def upgrade(saved: Mapping[str, Any]) -> dict[str, Any]:
+  """A saved signature as today's would read it (version 1 is returned as
+  it was: it is compared on the keys it holds)."""
+  saved = json.loads(json.dumps(dict(saved)))
+  version = int(saved.get("signature_version", 1))
+  if version < 2 or version >= VERSION:
+    return saved
+  model = dict(saved.get("model", {}))
+  for k, v in LATER_MODEL_KEYS.items():
+    model.setdefault(k, v)
+  model["feed_forward_options"] = {
+      k: v
+      for k, v in model["feed_forward_options"].items()
+      if k not in _RUNTIME_OPTIONS
+  }
+  return dict(saved, model=model, signature_version=VERSION)
+
+
+def _rename_tree(tree: Any, names: Mapping[str, str], parent: str = "") -> Any:
+  """``tree`` with the keys right under a block renamed by ``names``; it
+  walks mappings, flax and other dataclasses, named tuples and lists (an
+  optimiser state holds the parameters' tree several times)."""
+  if isinstance(tree, Mapping):
+    block = bool(_BLOCK.match(parent))
+    return {
+        (names.get(k, k) if block else k): _rename_tree(v, names, str(k))
+        for k, v in tree.items()
+    }
+  if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+    fields = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+    new = {k: _rename_tree(v, names, parent) for k, v in fields.items()}
+    return dataclasses.replace(tree, **new) if new != fields else tree
+  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+    return type(tree)(*(_rename_tree(v, names, parent) for v in tree))
+  if isinstance(tree, (tuple, list)):
+    return type(tree)(_rename_tree(v, names, parent) for v in tree)
+  return tree
+
+
+def _rename_path(path: str, names: Mapping[str, str]) -> str:
+  parts = path.split("/")
+  for i in range(1, len(parts)):
+    if _BLOCK.match(parts[i - 1]):
+      parts[i] = names.get(parts[i], parts[i])
+  return "/".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How a saved run names its arrays, against today's layout.
+
+  Attributes:
+    renames: {old sub-layer name: today's} under each block ({} = today's
+      layout).
+  """
+
+  renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def of(cls, saved: Mapping[str, Any]) -> "Layout":
+    """The layout of arrays saved with the signature ``saved``."""
+    version = int(saved.get("signature_version", 1))
+    family = dict(saved.get("model", {})).get("family", "decoder_lm")
+    if version >= VERSION or family not in _BLOCK_RENAMES:
+      return cls()
+    return cls(dict(_BLOCK_RENAMES[family]))
+
+  @property
+  def current(self) -> bool:
+    """Whether the saved layout is today's."""
+    return not self.renames
+
+  def to_current(self, tree: Any) -> Any:
+    """A tree in the saved layout, in today's."""
+    return _rename_tree(tree, self.renames) if self.renames else tree
+
+  def to_saved(self, tree: Any) -> Any:
+    """A tree in today's layout, in the saved one."""
+    if not self.renames:
+      return tree
+    return _rename_tree(tree, {v: k for k, v in self.renames.items()})
+
+  def path_to_current(self, path: str) -> str:
+    """A saved 'a/b/c' parameter path, in today's layout."""
+    return _rename_path(path, self.renames) if self.renames else path
+
+  def shapes_to_current(self, shapes: Mapping[str, Any]) -> dict[str, Any]:
+    """{saved path: shape} as {today's path: shape}."""
+    return {self.path_to_current(k): v for k, v in shapes.items()}
+
+
+CURRENT = Layout()
+Converter = Callable[[Any], Any]
