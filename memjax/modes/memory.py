@@ -292,7 +292,9 @@ def buckets(run: spec.Run) -> dict[str, Any]:
   """Perplexity by frequency bucket on valid, Table 14 (``--mode=buckets``)."""
   em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
   workdir, name = run.workdir, run.settings.name
-  loaded = restore.load_splits(run, splits=("valid",))
+  loaded = restore.load_splits(
+      run, splits=("valid",), train=em["bucket_counts"] == "train"
+  )
   grid = grid_lib.configured_grid(em, memories)
   tuned = paths.join(workdir, "tune.json")
   if paths.exists(tuned):

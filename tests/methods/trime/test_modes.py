@@ -145,6 +145,20 @@ def test_buckets_and_memeval(long_run):
   )
 
 
+def test_buckets_counted_on_train(long_run):
+  """bucket_counts=train reads the training split's counts (it read none)."""
+  config, workdir, _ = long_run
+  by_valid = memjax.run_mode("buckets", config, workdir)["rows"]
+  config = config.copy_and_resolve_references()
+  config.eval_memory.bucket_counts = "train"
+  by_train = memjax.run_mode("buckets", config, workdir)["rows"]
+  # The same predictions, averaged alike, spread over other buckets: a
+  # token's frequency in the training split is not its frequency in valid.
+  assert by_train[-1] == by_valid[-1]
+  assert sum(r["tokens"] for r in by_train[:-1]) == by_train[-1]["tokens"]
+  assert [r["tokens"] for r in by_train] != [r["tokens"] for r in by_valid]
+
+
 def test_frequency_buckets_by_count():
   counts = np.array([20000, 10000, 5000, 1000, 150, 100, 50, 10, 0])
   np.testing.assert_array_equal(
