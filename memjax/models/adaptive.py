@@ -64,8 +64,9 @@ class AdaptiveEmbed(nn.Module):
     cutoffs: cluster boundaries (empty: one cluster, a plain softmax).
     factor: each cluster's embedding dimension is D // factor**i.
     scale: multiply input embeddings by sqrt(D) (fairseq's embed_scale).
-    chunk_size: tokens scored at a time in the tail softmaxes; bounds the
-      [chunk, V_i] logits kept alive instead of [B*T, V_i].
+    chunk_size: tokens scored at a time (all rows, a slice of positions of
+      each); bounds the [B, chunk, V_i] logits kept alive instead of
+      [B, T, V_i].
     tail_dropout: dropout on each tail cluster's projected input, between
       its projection and its output embedding, in training only (fairseq's
       ``adaptive_softmax_dropout``; 0.2 in transformer_lm_wiki103). The head
@@ -146,7 +147,7 @@ class AdaptiveEmbed(nn.Module):
     return out
 
   def _head_logits(self, h: Array) -> Array:
-    """[N, D] -> [N, V_0 + n_tail] float32 head logits."""
+    """[..., D] -> [..., V_0 + n_tail] float32 head logits."""
     h0 = self._project_out(0, h)
     logits = jnp.dot(h0, self.tables[0].astype(self.dtype).T)
     if len(self.bounds) > 1:
@@ -159,7 +160,7 @@ class AdaptiveEmbed(nn.Module):
   def _tail_log_softmax(
       self, i: int, h: Array, deterministic: bool = True
   ) -> Array:
-    """[N, D] -> [N, V_i] float32 log-softmax within tail cluster i."""
+    """[..., D] -> [..., V_i] float32 log-softmax within tail cluster i."""
     hi_ = self._project_out(i, h)
     if self.tail_dropout > 0:
       hi_ = self.dropout(hi_, deterministic=deterministic)
@@ -169,54 +170,69 @@ class AdaptiveEmbed(nn.Module):
   def _score_chunk(
       self, h: Array, y: Array, deterministic: bool = True
   ) -> tuple[Array, Array]:
-    """Scores one chunk: h [N, D], y [N] -> (log p(y) [N], log Z_head [N])."""
+    """Scores one chunk: h [..., D], y [...] -> (log p(y), log Z_head) [...]."""
     head = self._head_logits(h)
     log_z = jax.nn.logsumexp(head, axis=-1)
-    head_lp = head - log_z[:, None]
+    head_lp = head - log_z[..., None]
     lo0, hi0 = self.bounds[0]
     in_head = y < hi0
     lp = jnp.take_along_axis(
-        head_lp, jnp.clip(y, 0, hi0 - 1)[:, None], axis=-1
-    )[:, 0]
+        head_lp, jnp.clip(y, 0, hi0 - 1)[..., None], axis=-1
+    )[..., 0]
     lp = jnp.where(in_head, lp, 0.0)
     for i in range(1, len(self.bounds)):
       lo, hi = self.bounds[i]
       in_c = (y >= lo) & (y < hi)
       tail = self._tail_log_softmax(i, h, deterministic)
       tail_lp = jnp.take_along_axis(
-          tail, jnp.clip(y - lo, 0, hi - lo - 1)[:, None], axis=-1
-      )[:, 0]
-      lp = jnp.where(in_c, head_lp[:, hi0 + i - 1] + tail_lp, lp)
+          tail, jnp.clip(y - lo, 0, hi - lo - 1)[..., None], axis=-1
+      )[..., 0]
+      lp = jnp.where(in_c, head_lp[..., hi0 + i - 1] + tail_lp, lp)
     return lp, log_z
+
+  def chunk_positions(self, rows: int, positions: int) -> int:
+    """Positions per row scored at a time: ``chunk_size`` tokens over the
+    rows (at least 1); ``positions`` when one chunk holds them all."""
+    return min(positions, max(1, self.chunk_size // max(rows, 1)))
 
   def score(
       self, h: Array, targets: Array, deterministic: bool = True
   ) -> tuple[Array, Array]:
     """Log-probability of the targets and the head log-normaliser.
 
+    The positions are scored in chunks of about ``chunk_size`` tokens (all
+    rows, ``chunk_positions`` positions of each), so only [rows, chunk,
+    V_i] tail logits are alive at once. The rows (the leading, batch axis)
+    stay leading through the chunking: a batch split over devices is scored
+    by its own devices, each chunk a slice of every device's rows. (Cutting
+    flattened tokens into chunks would make every device score every
+    chunk.)
+
     Args:
-      h: [..., D] final hidden states.
-      targets: [...] int target ids.
+      h: [B, ..., D] final hidden states (or [D] / [N, D]: one row).
+      targets: [B, ...] int target ids.
       deterministic: disables the tail dropout.
 
     Returns:
-      (target_logprob, log_z), each [...] float32.
+      (target_logprob, log_z), each [B, ...] float32.
     """
     lead = targets.shape
-    hf = h.reshape(-1, h.shape[-1])
-    yf = targets.reshape(-1)
-    n = yf.shape[0]
-    chunk = min(self.chunk_size, n)
+    rows = lead[0] if len(lead) > 1 else 1
+    hf = h.reshape(rows, -1, h.shape[-1])
+    yf = targets.reshape(rows, -1)
+    n = yf.shape[1]
+    chunk = self.chunk_positions(rows, n)
     if n <= chunk:
       lp, lz = self._score_chunk(hf, yf, deterministic)
       return lp.reshape(lead), lz.reshape(lead)
-    # Chunk the positions so only [chunk, V_i] tail logits are alive at once;
-    # rematerialised in the backward pass for the same reason.
+    # Rematerialised in the backward pass, for the same bound on memory.
     pad = (-n) % chunk
-    hf = jnp.pad(hf, ((0, pad), (0, 0)))
-    yf = jnp.pad(yf, (0, pad))
-    hs = hf.reshape(-1, chunk, hf.shape[-1])
-    ys = yf.reshape(-1, chunk)
+    hf = jnp.pad(hf, ((0, 0), (0, pad), (0, 0)))
+    yf = jnp.pad(yf, ((0, 0), (0, pad)))
+    hs = hf.reshape(rows, -1, chunk, hf.shape[-1]).swapaxes(0, 1)
+    ys = yf.reshape(rows, -1, chunk).swapaxes(0, 1)
+    hs = nn.with_logical_constraint(hs, (None, "batch", "length", "embed"))
+    ys = nn.with_logical_constraint(ys, (None, "batch", "length"))
     fn = nn.remat(lambda mdl, hy: mdl._score_chunk(*hy, deterministic))
 
     def body(mdl, carry, hy):
@@ -229,7 +245,11 @@ class AdaptiveEmbed(nn.Module):
         length=hs.shape[0],
         unroll=unroll.factor(hs.shape[0]),
     )(self, None, (hs, ys))
-    return lp.reshape(-1)[:n].reshape(lead), lz.reshape(-1)[:n].reshape(lead)
+
+    def unchunk(x: Array) -> Array:
+      return x.swapaxes(0, 1).reshape(rows, -1)[:, :n].reshape(lead)
+
+    return unchunk(lp), unchunk(lz)
 
   def log_probs(self, h: Array) -> Array:
     """Full log-distribution over the vocabulary.

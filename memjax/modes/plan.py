@@ -203,10 +203,7 @@ def rows(results: dict[str, Any]) -> list[str]:
   # Per-device FLOPs x devices over the program's: 1 when no work repeats.
   # (Unknown, "-", where the compiler analyses compiled programs only.)
   fl = results["flops"]
-  repeated = "-"
-  if "flops_loops_once" in fl:
-    ratio = fl["flops_per_device"] * results["devices"] / fl["flops"]
-    repeated = f"{ratio:.2f}"
+  repeated = f"{fl['repeated']:.2f}" if "repeated" in fl else "-"
   if results["estimate"]:
     target += " (est.)"
   out = []

@@ -197,22 +197,50 @@ def _micro_step(step: Step) -> Step:
   return build_step(micro, list(step.mesh.devices.flat))
 
 
+def program_flops(make_fn: Any, args: tuple[Any, ...]) -> float:
+  """XLA's FLOPs of the whole program (all devices together): its lowering
+  traced with every scan unrolled, before it is split over the devices.
+
+  Args:
+    make_fn: returns a fresh jitted function (JAX caches traces by argument,
+      and ``memjax.models.unroll``'s switch is not one).
+    args: its (abstract) arguments, with their shardings.
+  """
+  with unroll.unrolled():
+    return float(make_fn().lower(*args).cost_analysis()["flops"])
+
+
+def device_flops(make_fn: Any, args: tuple[Any, ...]) -> float:
+  """XLA's FLOPs of one device's share: the unrolled program compiled
+  (partitioned) for its mesh, work repeated on every device counted on
+  each."""
+  with unroll.unrolled():
+    lowered = make_fn().lower(*args)
+  return float(lowered.compile().cost_analysis()["flops"])
+
+
+def repeated(flops_per_device: float, devices: int, flops: float) -> float:
+  """Work repeated across devices: the devices' FLOPs together over the
+  program's. 1 when every device computes its own share; ``devices`` when
+  every device computes everything."""
+  return flops_per_device * devices / flops
+
+
 def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
   """FLOPs of one step.
 
   Returns:
-    'flops': all devices together, of the unrolled lowering (every loop
-    iteration counted, before the program is split over the devices);
-    'flops_per_device': ``train.grad_accum`` times the FLOPs of one
-    micro-batch's step, unrolled and compiled for one device (work repeated
-    on every device counted on each; the optimiser update, a few FLOPs per
-    parameter, is counted once per micro-batch; one micro-batch keeps the
-    compilation small); 'flops_loops_once': XLA's count of the looping
-    lowering (every loop body once), for comparison; 'seconds': the time
-    all this took. ``per_device`` False leaves out the compilation and
-    'flops_per_device'. The TPU compiler analyses compiled programs only:
-    there 'flops' is the per-device count times the devices and
-    'flops_loops_once' is left out.
+    'flops': all devices together (``program_flops``: every loop
+    iteration counted); 'flops_per_device': ``train.grad_accum`` times
+    ``device_flops`` of one micro-batch's step (the optimiser update, a few
+    FLOPs per parameter, is counted once per micro-batch; one micro-batch
+    keeps the compilation small); 'repeated': ``repeated`` of the two;
+    'flops_loops_once': XLA's count of the looping lowering (every loop
+    body once), for comparison; 'seconds': the time all this took.
+    ``per_device`` False leaves out the compilation, 'flops_per_device' and
+    'repeated'. The TPU compiler analyses compiled programs only: there
+    'flops' is the per-device count times the devices, and
+    'flops_loops_once' and 'repeated' are left out.
   """
   start = time.time()
   with unroll.unrolled():
@@ -224,13 +252,14 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
     out["flops_loops_once"] = float(looping["flops"])
   if per_device or whole is None:
     micro = _micro_step(step)
-    with unroll.unrolled():
-      lowered = micro.make_fn().lower(*micro.args)
     accum = int(step.run.settings.train.grad_accum)
-    compiled = lowered.compile().cost_analysis()
-    out["flops_per_device"] = accum * float(compiled["flops"])
+    out["flops_per_device"] = accum * device_flops(micro.make_fn, micro.args)
   if whole is None:
     out["flops"] = out["flops_per_device"] * step.mesh.size
+  elif per_device:
+    out["repeated"] = repeated(
+        out["flops_per_device"], step.mesh.size, out["flops"]
+    )
   out["seconds"] = time.time() - start
   return out
 

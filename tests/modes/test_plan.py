@@ -50,6 +50,36 @@ def test_7m_parameters_and_flops_per_token(tmp_path):
   assert flops["flops_loops_once"] < 0.8 * flops["flops"]
 
 
+def test_repeated_counts_work_every_device_does():
+  # One program, two placements on the suite's eight devices: the rows
+  # split over the devices (each computes its share), then gathered onto
+  # every device before the same product (each computes all of it).
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("data",))
+  rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+  x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=rows)
+  w = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=whole)
+
+  def product(keep_rows: bool):
+    def f(x, w):
+      if not keep_rows:
+        x = jax.lax.with_sharding_constraint(x, whole)
+      return jnp.tanh(x @ w) @ w
+
+    return lambda: jax.jit(f, out_shardings=rows if keep_rows else whole)
+
+  def ratio(keep_rows: bool) -> float:
+    make = product(keep_rows)
+    return plan_compile.repeated(
+        plan_compile.device_flops(make, (x, w)), 8,
+        plan_compile.program_flops(make, (x, w)),
+    )  # fmt: skip
+
+  assert ratio(True) == pytest.approx(1.0, abs=0.05)
+  assert ratio(False) == pytest.approx(8.0, rel=0.05)
+
+
 def _smoke(batch_size: int, grad_accum: int):
   c = trime_wt103.get_config("smoke")
   c.plan.devices = 8
