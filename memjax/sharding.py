@@ -16,6 +16,7 @@ so activations [batch, length, embed] are split on batch only.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
@@ -104,14 +105,32 @@ def mesh_of(
   return make_mesh(dict(spec), devices)
 
 
-def check_batch(mesh: Mesh, batch_size: int, what: str = "batch size") -> None:
-  """Raises MeshError unless the data-parallel size divides the batch."""
+def check_batch(
+    mesh: Mesh,
+    batch_size: int,
+    what: str = "batch size",
+    rows_per_unit: int = 1,
+) -> None:
+  """Raises MeshError unless the data-parallel size divides the batch.
+
+  Args:
+    mesh: the device mesh.
+    batch_size: the rows split over the data-parallel devices.
+    what: how the message names them.
+    rows_per_unit: ``data.batch_size`` rows per unit of ``batch_size`` (the
+      micro-batches of a step, and the segments of a lane): the message
+      proposes a ``data.batch_size`` that divides.
+  """
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   if batch_size % dp:
+    fits = -(-batch_size // dp) * dp * rows_per_unit
+    share = math.gcd(batch_size, dp)
     raise MeshError(
         f"{what} {batch_size} is not divisible by the data-parallel mesh size "
-        f"{dp} (data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}); change "
-        "the batch size or --config.mesh"
+        f"{dp} (data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}): set "
+        f"--config.data.batch_size={fits}, or split fewer devices over the "
+        f"batch (e.g. --config.mesh.data={share} --config.mesh.fsdp=1 "
+        f"--config.mesh.tensor={mesh.size // share})"
     )
 
 
@@ -221,6 +240,7 @@ def check_batch_fits(
         mesh,
         d.batch_size // accum,
         "micro-batch size (data.batch_size / train.grad_accum)",
+        accum,
     )
     return
   if d.batching != "consecutive":
@@ -236,4 +256,7 @@ def check_batch_fits(
         f"divisible by train.grad_accum {accum}: micro-batches must hold "
         "whole lanes"
     )
-  check_batch(mesh, lanes // accum, "lanes per micro-batch")
+  check_batch(
+      mesh, lanes // accum, "lanes per micro-batch",
+      accum * max(int(d.segments_per_lane), 1),
+  )  # fmt: skip

@@ -123,7 +123,20 @@ def test_mesh_errors_name_the_problem():
   with pytest.raises(sharding_lib.MeshError, match="8 are available"):
     sharding_lib.make_mesh({"data": 3, "fsdp": 1, "tensor": 1})
   mesh = sharding_lib.make_mesh({"data": 4, "tensor": 2})
-  with pytest.raises(sharding_lib.MeshError, match="not divisible"):
+  with pytest.raises(sharding_lib.MeshError, match="not divisible") as e:
     sharding_lib.check_batch(mesh, 6)
+  # The line names the keys to change and values that work.
+  message = str(e.value)
+  assert "--config.data.batch_size=8" in message
+  assert "--config.mesh.data=2 --config.mesh.fsdp=1 --config.mesh.tensor=4" in (
+      message
+  )
+  sharding_lib.check_batch(mesh, 8)
+  sharding_lib.check_batch(
+      sharding_lib.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}), 6
+  )
+  # Two micro-batches per step: the proposed batch holds both.
+  with pytest.raises(sharding_lib.MeshError, match="batch_size=16,"):
+    sharding_lib.check_batch(mesh, 6, rows_per_unit=2)
   with pytest.raises(sharding_lib.MeshError, match="unknown mesh axes"):
     sharding_lib.make_mesh({"model": 8})

@@ -138,8 +138,8 @@ def plan(run: spec.Run) -> dict[str, Any]:
   s = run.settings
   platform = platforms.get(s.of(platforms.Plan).platform)
   devices, where = plan_compile.plan_devices(s)
-  console.info("plan: %s on %s for %d %s", s.name, where,
-               len(devices), platform.name)  # fmt: skip
+  console.info("plan: %s on %s for %s", s.name, where,
+               platforms.describe(s))  # fmt: skip
   step = plan_compile.build_step(run, devices)
   flops = plan_compile.step_flops(step)
   softmax = plan_compile.module_params(step, "embedder")
@@ -152,6 +152,7 @@ def plan(run: spec.Run) -> dict[str, Any]:
   results = {
       "name": s.name,
       "platform": platform.name,
+      "target": platforms.describe(s),
       "devices": len(devices),
       "compiled_on": where,
       "estimate": platform.name != "cpu" and "topology" not in where,
@@ -200,6 +201,9 @@ def rows(results: dict[str, Any]) -> list[str]:
       f"({f['with_recompute'] / 1e9:.4g}; model {f['model'] / 1e9:.4g})"
   )
   target = f"{results['devices']}x {results['platform']}"
+  slice_name = results.get("target", "").split(":")[0]
+  if platforms.cloud_tpu(slice_name) is not None:
+    target = f"{slice_name} = {target}"
   # Per-device FLOPs x devices over the program's: 1 when no work repeats.
   # (Unknown, "-", where the compiler analyses compiled programs only.)
   fl = results["flops"]

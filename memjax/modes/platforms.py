@@ -31,8 +31,10 @@ class Plan:
   without running it (docs/plan.md).
 
   Attributes:
-    devices: devices planned for; 0 = those the mesh names.
-    platform: tpu_v4 | tpu_v5e | tpu_v5p | h100 | h200 | a100 | cpu.
+    devices: devices planned for; 0 = the chips of a Cloud TPU slice name,
+      else those the mesh names.
+    platform: tpu_v4 | tpu_v5e | tpu_v5p | h100 | h200 | a100 | cpu, or a
+      Cloud TPU slice name (v4-8, v5litepod-8, v5p-128: its chips).
     tpu_topology: compile TPU platforms against a libtpu topology when
       libtpu is installed (else on fake CPU devices, as estimates).
     tpu_shape: e.g. "4x8x8"; '' = the standard slice of ``devices``.
@@ -173,29 +175,116 @@ PLATFORMS: dict[str, Platform] = {
 }
 
 
+# Cloud TPU's slice names: '<version>-<n>'. v4 and v5p names count
+# TensorCores, two per chip (a v4-8 is 4 chips); v5e names count chips
+# (a v5litepod-8 is 8). https://cloud.google.com/tpu/docs/v4,
+# https://cloud.google.com/tpu/docs/v5p, https://cloud.google.com/tpu/docs/v5e
+CLOUD_TPU = {"v4": ("tpu_v4", 2), "v5p": ("tpu_v5p", 2),
+             "v5litepod": ("tpu_v5e", 1)}  # fmt: skip
+_CLOUD_NAME = re.compile(r"^(v4|v5p|v5litepod)-(\d+)$")
+
+
+def cloud_tpu(name: str) -> tuple[str, int] | None:
+  """(platform, chips) of a Cloud TPU slice name such as 'v4-8', else None.
+
+  Raises:
+    errors.ConfigError: a core count that is no whole number of chips.
+  """
+  match = _CLOUD_NAME.match(name)
+  if not match:
+    return None
+  platform, cores_per_chip = CLOUD_TPU[match.group(1)]
+  cores = int(match.group(2))
+  if cores < cores_per_chip or cores % cores_per_chip:
+    raise errors.ConfigError(
+        f"plan.platform {name!r}: {match.group(1)} slice names count "
+        f"TensorCores, {cores_per_chip} per chip; use e.g. "
+        f"{match.group(1)}-{4 * cores_per_chip}"
+    )
+  return platform, cores // cores_per_chip
+
+
 def get(name: str) -> Platform:
-  """The platform named by ``plan.platform`` (ConfigError listing them)."""
+  """The platform named by ``plan.platform`` (a ``PLATFORMS`` key or a
+  Cloud TPU slice name; ConfigError listing them)."""
+  cloud = cloud_tpu(name)
+  if cloud is not None:
+    return PLATFORMS[cloud[0]]
   if name not in PLATFORMS:
     raise errors.ConfigError(
         f"plan.platform {name!r} is not known; use one of "
-        f"{', '.join(PLATFORMS)}"
+        f"{', '.join(PLATFORMS)}, or a Cloud TPU slice name "
+        "(v4-8, v5litepod-8, v5p-128)"
     )
   return PLATFORMS[name]
 
 
+def describe(s: settings_lib.Settings) -> str:
+  """What the plan's target is, in words: a Cloud TPU name explained
+  ('v4-8: 4 TPU v4 chips (v4 names count TensorCores, 2 per chip)')."""
+  name = str(s.of(Plan).platform)
+  cloud = cloud_tpu(name)
+  n = planned_devices(s)
+  if cloud is None:
+    return f"{n} {get(name).name}"
+  version = name.split("-")[0]
+  per_chip = CLOUD_TPU[version][1]
+  counted = (
+      f"{version} names count TensorCores, {per_chip} per chip"
+      if per_chip > 1
+      else f"{version} names count chips"
+  )
+  return f"{name}: {n} {get(name).name} chips ({counted})"
+
+
+def _shape_product(shape: str) -> int:
+  """Chips of a 'AxBxC' slice shape (ConfigError for another form)."""
+  dims = shape.split("x")
+  if not all(d.isdigit() and int(d) > 0 for d in dims):
+    raise errors.ConfigError(
+        f"plan.tpu_shape {shape!r} must be chips per axis joined by 'x', "
+        "e.g. 2x2x1 (v4, v5p) or 2x4 (v5e)"
+    )
+  return _product(int(d) for d in dims)
+
+
 def planned_devices(s: settings_lib.Settings) -> int:
-  """``plan.devices``, or (0) the devices the mesh settings name: the
-  product of its fixed axes (an axis of -1 counts as 1)."""
-  n = int(s.of(Plan).devices)
+  """The devices planned for: the chips of a Cloud TPU slice name, else
+  ``plan.devices``, else (0) the devices the mesh settings name: the
+  product of its fixed axes (an axis of -1 counts as 1).
+
+  Raises:
+    errors.ConfigError: ``plan.devices`` or ``plan.tpu_shape`` contradicts
+      the slice, or is out of range.
+  """
+  p = s.of(Plan)
+  n = int(p.devices)
   if n < 0:
     raise errors.ConfigError(f"plan.devices must be >= 0, got {n}")
-  if n:
-    return n
-  sizes = [int(v) for v in s.mesh.spec().values()]
-  out = 1
-  for s in sizes:
-    out *= max(s, 1)
-  return out
+  cloud = cloud_tpu(str(p.platform))
+  if cloud is not None:
+    if n and n != cloud[1]:
+      raise errors.ConfigError(
+          f"plan.devices {n} contradicts plan.platform {p.platform!r}, "
+          f"which is {cloud[1]} chips: leave plan.devices 0"
+      )
+    n = cloud[1]
+  if not n:
+    n = _product(max(int(v), 1) for v in s.mesh.spec().values())
+  if p.tpu_shape:
+    if not get(str(p.platform)).topology:
+      raise errors.ConfigError(
+          f"plan.tpu_shape {p.tpu_shape!r} is for TPU platforms; "
+          f"plan.platform is {p.platform!r}: leave plan.tpu_shape ''"
+      )
+    chips = _shape_product(str(p.tpu_shape))
+    if chips != n:
+      raise errors.ConfigError(
+          f"plan.tpu_shape {p.tpu_shape!r} is {chips} chips but the plan is "
+          f"for {n}: make them agree (plan.devices, plan.platform or "
+          "plan.tpu_shape)"
+      )
+  return n
 
 
 def set_device_flags(s: settings_lib.Settings, environ=None) -> None:

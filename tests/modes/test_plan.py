@@ -124,6 +124,31 @@ def test_tpu_slices_and_device_flags():
       "--xla_force_host_platform_device_count=16",
   ]
   assert env["JAX_PLATFORMS"] == "cpu"
+  # Cloud TPU names: v4 and v5p count TensorCores, v5e chips.
+  config.plan.devices = 0
+  for name, platform, chips in (
+      ("v4-8", "tpu_v4", 4), ("v5litepod-8", "tpu_v5e", 8),
+      ("v5p-128", "tpu_v5p", 64),
+  ):  # fmt: skip
+    config.plan.platform = name
+    assert platforms.get(name).name == platform
+    assert platforms.planned_devices(_settings(config)) == chips
+    assert f"{chips} {platform} chips" in platforms.describe(_settings(config))
+  config.plan.platform, config.plan.tpu_shape = "v4-8", "2x2x1"
+  assert platforms.planned_devices(_settings(config)) == 4
+  for devices, shape, match in (
+      (8, "", "contradicts"), (0, "2x2x2", "is 8 chips"),
+      (0, "2by2", "joined by 'x'"),
+  ):  # fmt: skip
+    config.plan.devices, config.plan.tpu_shape = devices, shape
+    with pytest.raises(errors.ConfigError, match=match):
+      platforms.planned_devices(_settings(config))
+  with pytest.raises(errors.ConfigError, match="per chip"):
+    platforms.get("v4-3")
+  config.plan.platform, config.plan.devices = "h100", 16
+  with pytest.raises(errors.ConfigError, match="for TPU platforms"):
+    platforms.planned_devices(_settings(config))
+  config.plan.tpu_shape = ""
   # Default: the devices the mesh names.
   config.plan.devices = 0
   config.mesh.fsdp, config.mesh.tensor = 2, 2
