@@ -120,6 +120,12 @@ class Model:
     mem_len: recurrent memory length M (0 = none).
     max_len: longest input (position table).
     remat: rematerialise each block in the backward pass.
+    remat_policy: what a rematerialised block keeps: full (nothing, its
+      forward pass runs again), dots (every matmul's output) or
+      dots_no_batch (those without batch dimensions: not attention's).
+    scan_layers: scan runs of identical layers, their parameters stacked
+      on a 'layers' axis (``memjax.models.stack``); a checkpoint restores
+      into either layout.
     norm_position: 'pre' (fairseq transformer_lm_wiki103, TRIME) or 'post'
       (Transformer-XL's default pre_lnorm=False).
     norm_epsilon: LayerNorm epsilon.
@@ -133,7 +139,9 @@ class Model:
   SECTION: ClassVar[str] = "model"
   # Keys that change how, not what, the model computes: a run may be
   # restored with other values (evaluated in bfloat16, say, or with remat).
-  RUNTIME_KEYS: ClassVar[tuple[str, ...]] = ("remat", "dtype", "softmax_chunk")
+  RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
+      "remat", "remat_policy", "scan_layers", "dtype", "softmax_chunk",
+  )  # fmt: skip
   family: str = "decoder_lm"
   family_options: dict[str, Any] = frozen_dict()
   num_layers: int = 4
@@ -155,6 +163,8 @@ class Model:
   mem_len: int = 0
   max_len: int = 4096
   remat: bool = False
+  remat_policy: str = "full"
+  scan_layers: bool = False
   norm_position: str = "pre"
   norm_epsilon: float = 1e-6
   activation: str = "relu"

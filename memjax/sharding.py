@@ -39,6 +39,8 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     ("kv", None),
     ("length", None),
     ("mem", None),
+    # Stacked layers (model.scan_layers): every device holds every layer.
+    ("layers", None),
 )
 
 

@@ -172,7 +172,7 @@ class Checkpointer:
     """Restores (state, data position) in today's layout (``convert``);
     ``abstract_state`` carries shardings."""
     self.check_compatible(step)
-    layout = convert.Layout.of(self.read_meta(step))
+    layout = convert.Layout.of(self.read_meta(step)).into(abstract_state)
     target = layout.to_saved(abstract_state)
     item = _stored(target)
     restored = self._manager.restore(
@@ -185,7 +185,7 @@ class Checkpointer:
     state = restored.state
     if item is not target:
       state = target.replace(**state)
-    return layout.to_current(state), dict(restored.data)
+    return convert.placed(layout, state, abstract_state), dict(restored.data)
 
   def read_data(self, step: int) -> dict[str, Any]:
     """The data position saved with ``step``."""
@@ -357,8 +357,8 @@ def save_export_params(directory: str, params: Any) -> None:
 def export_param_shapes(
     directory: str, layout: convert.Layout = convert.CURRENT
 ) -> dict[str, tuple[int, ...]]:
-  """{'path/to/param': shape} of an export's ``params/``, in today's
-  layout (the export's is ``layout``)."""
+  """{'path/to/param': shape} of an export's ``params/``, in the layout
+  of ``layout``'s restoring model (the export's is ``layout``)."""
   ckptr = ocp.StandardCheckpointer()
   try:
     meta = ckptr.metadata(paths.resolve(directory)).item_metadata
@@ -375,7 +375,8 @@ def restore_export_params(
   """Restores an export's parameters into ``abstract_params``' dtypes and
   shardings (a subtree restores only those parameters); the export's
   arrays are laid out as ``layout`` says, the result as today's."""
-  abstract_params = layout.to_saved(abstract_params)
+  layout = layout.into(abstract_params)
+  like, abstract_params = abstract_params, layout.to_saved(abstract_params)
   ckptr = ocp.PyTreeCheckpointer()
   try:
     meta = ckptr.metadata(paths.resolve(directory)).item_metadata
@@ -397,12 +398,14 @@ def restore_export_params(
     )
   finally:
     ckptr.close()
-  return layout.to_current(
+  return convert.placed(
+      layout,
       jax.tree.map(
           lambda x, a: x.astype(a.dtype) if x.dtype != a.dtype else x,
           restored,
           abstract_params,
-      )
+      ),
+      like,
   )
 
 

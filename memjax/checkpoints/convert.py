@@ -22,6 +22,14 @@ Versions:
 * 3 (today): the whole model section less its runtime keys, and every
   family's blocks name their sub-layers as the decoder LM's do
   (``attention``, ``ln_attn``, ..., ``Dropout_0``).
+
+Scanned layers (``model.scan_layers``, ``memjax.models.stack``) are a
+layout of today's, not a version: a signature lists the stacked blocks it
+was saved with (``scanned``: ``layer_0_to_2``, ...; none when absent), the
+restoring model's come from its own tree (``Layout.into``), and the
+arrays are unstacked into one entry per layer, then stacked into the other
+side's blocks. So a run trained scanned resumes unscanned and the other way
+round, and an export or ``train.init_from`` reads either.
 """
 
 from __future__ import annotations
@@ -29,7 +37,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from memjax.models import stack
 
 VERSION = 3
 
@@ -66,6 +78,7 @@ def signature(
     vocab_size: int,
     runtime_keys: tuple[str, ...] = (),
     runtime_options: tuple[str, ...] = (),
+    scanned: Sequence[str] = (),
 ) -> dict[str, Any]:
   """Today's signature: what a checkpoint or export must match.
 
@@ -75,6 +88,7 @@ def signature(
     vocab_size: V.
     runtime_keys: model keys that change how, not what, it computes.
     runtime_options: the feed-forward kind's options of that sort.
+    scanned: the model's stacked blocks (not compared: a layout).
   """
   m = json.loads(json.dumps(dict(model)))
   sig = {k: v for k, v in m.items() if k not in runtime_keys}
@@ -84,7 +98,10 @@ def signature(
       if k not in runtime_options
   }
   sig["vocab_size"] = int(vocab_size)
-  return {"model": sig, "name": name, "signature_version": VERSION}
+  return {
+      "model": sig, "name": name, "signature_version": VERSION,
+      "scanned": list(scanned),
+  }  # fmt: skip
 
 
 def upgrade(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,46 +153,228 @@ def _rename_path(path: str, names: Mapping[str, str]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """How a saved run names its arrays, against today's layout.
+  """How a saved run lays out its arrays, against the restoring model's.
 
   Attributes:
     renames: {old sub-layer name: today's} under each block ({} = today's
-      layout).
+      names).
+    saved_runs: the stacked blocks of the saved arrays.
+    current_runs: the restoring model's stacked blocks.
   """
 
   renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  saved_runs: tuple[str, ...] = ()
+  current_runs: tuple[str, ...] = ()
 
   @classmethod
   def of(cls, saved: Mapping[str, Any]) -> "Layout":
-    """The layout of arrays saved with the signature ``saved``."""
+    """The layout of arrays saved with the signature ``saved``, restored
+    into an unscanned model (see ``into``)."""
     version = int(saved.get("signature_version", 1))
     family = dict(saved.get("model", {})).get("family", "decoder_lm")
+    runs = tuple(saved.get("scanned") or ())
     if version >= VERSION or family not in _BLOCK_RENAMES:
-      return cls()
-    return cls(dict(_BLOCK_RENAMES[family]))
+      return cls(saved_runs=runs)
+    return cls(dict(_BLOCK_RENAMES[family]), runs)
+
+  def into(self, tree: Any) -> "Layout":
+    """This layout restored into the model whose tree (or abstract tree)
+    ``tree`` is: its stacked blocks are the current ones."""
+    return dataclasses.replace(self, current_runs=tuple(sorted(_runs_in(tree))))
 
   @property
   def current(self) -> bool:
-    """Whether the saved layout is today's."""
-    return not self.renames
+    """Whether the saved layout is the restoring model's."""
+    return not self.renames and self.saved_runs == self.current_runs
 
   def to_current(self, tree: Any) -> Any:
-    """A tree in the saved layout, in today's."""
-    return _rename_tree(tree, self.renames) if self.renames else tree
+    """A tree in the saved layout, in the restoring model's."""
+    if self.renames:
+      tree = _rename_tree(tree, self.renames)
+    if self.saved_runs != self.current_runs:
+      tree = _restack(tree, self.current_runs)
+    return tree
 
   def to_saved(self, tree: Any) -> Any:
-    """A tree in today's layout, in the saved one."""
+    """A tree in the restoring model's layout, in the saved one."""
+    if self.saved_runs != self.current_runs:
+      tree = _restack(tree, self.saved_runs)
     if not self.renames:
       return tree
     return _rename_tree(tree, {v: k for k, v in self.renames.items()})
 
   def path_to_current(self, path: str) -> str:
-    """A saved 'a/b/c' parameter path, in today's layout."""
+    """A saved 'a/b/c' parameter path, with today's sub-layer names."""
     return _rename_path(path, self.renames) if self.renames else path
 
   def shapes_to_current(self, shapes: Mapping[str, Any]) -> dict[str, Any]:
-    """{saved path: shape} as {today's path: shape}."""
-    return {self.path_to_current(k): v for k, v in shapes.items()}
+    """{saved path: shape} as {the restoring model's path: shape}."""
+    out = {self.path_to_current(k): v for k, v in shapes.items()}
+    if self.saved_runs != self.current_runs:
+      out = _restack_shapes(out, self.current_runs)
+    return out
+
+
+def placed(layout: Layout, saved: Any, like: Any) -> Any:
+  """Arrays restored in ``layout``'s saved layout, in the restoring
+  model's, on the shardings of ``like`` (its abstract tree) where the
+  layers were stacked or unstacked on the way."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  tree = layout.to_current(saved)
+  if layout.saved_runs == layout.current_runs:
+    return tree
+  return jax.tree.map(
+      lambda x, a: jax.device_put(x, a.sharding)
+      if getattr(a, "sharding", None) is not None and hasattr(x, "shape")
+      else x,
+      tree, like,
+  )  # fmt: skip
+
+
+def _runs_in(tree: Any) -> set[str]:
+  """The stacked blocks' names anywhere in ``tree``'s mappings."""
+  out = set()
+  if isinstance(tree, Mapping):
+    for k, v in tree.items():
+      if stack.parse_name(str(k)):
+        out.add(str(k))
+      else:
+        out |= _runs_in(v)
+  return out
+
+
+def _slice(x: Any, i: int) -> Any:
+  """Layer ``i`` of a stacked leaf (an array or a ShapeDtypeStruct)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(
+        x.shape[1:], x.dtype, sharding=_sharding(x.sharding, drop=True)
+    )
+  return x[i]
+
+
+def _stack(xs: Sequence[Any]) -> Any:
+  """Per-layer leaves stacked on a new leading axis."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  x = xs[0]
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(
+        (len(xs),) + tuple(x.shape), x.dtype,
+        sharding=_sharding(x.sharding, drop=False),
+    )  # fmt: skip
+  if isinstance(x, np.ndarray):
+    return np.stack(xs)
+  return jnp.stack(xs)
+
+
+def _sharding(sharding: Any, drop: bool) -> Any:
+  """A NamedSharding without (``drop``) or with a leading unsharded axis;
+  other shardings as they are."""
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+
+  if not isinstance(sharding, NamedSharding):
+    return sharding
+  spec = tuple(sharding.spec)
+  spec = spec[1:] if drop else (None,) + spec
+  return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def _unstack_mapping(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """A mapping with each stacked block's entry split into its layers."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  out = {}
+  for k, v in tree.items():
+    parsed = stack.parse_name(str(k))
+    if parsed is None:
+      out[k] = v
+      continue
+    prefix, first, last = parsed
+    for i in range(last - first + 1):
+      out[f"{prefix}_{first + i}"] = jax.tree.map(
+          lambda x, i=i: _slice(x, i), v
+      )
+  return out
+
+
+def _stack_mapping(
+    tree: Mapping[str, Any], runs: Sequence[str]
+) -> dict[str, Any]:
+  """A mapping with the layers of each of ``runs`` stacked under its name.
+
+  Leaves that only some layers have (a partial restore target) are
+  stacked from the layer that has them; a run none of whose layers is
+  here is left out.
+  """
+  import flax  # pylint: disable=g-import-not-at-top
+
+  out = dict(tree)
+  for name in runs:
+    prefix, first, last = stack.parse_name(name)
+    keys = [f"{prefix}_{i}" for i in range(first, last + 1)]
+    if not any(k in out for k in keys):
+      continue
+    flats = [
+        flax.traverse_util.flatten_dict(dict(out.pop(k, {})), sep="/")
+        for k in keys
+    ]
+    leaves = {}
+    for path in dict.fromkeys(p for f in flats for p in f):
+      have = [f[path] for f in flats if path in f]
+      leaves[path] = _stack([f.get(path, have[0]) for f in flats])
+    out[name] = flax.traverse_util.unflatten_dict(leaves, sep="/")
+  return out
+
+
+def _restack(tree: Any, runs: Sequence[str]) -> Any:
+  """``tree`` with every stacked block unstacked, then ``runs`` stacked;
+  it walks mappings, dataclasses, named tuples and lists as
+  ``_rename_tree`` does."""
+  if isinstance(tree, Mapping):
+    if any(_is_layer_key(k) for k in tree):
+      tree = _stack_mapping(_unstack_mapping(tree), runs)
+    return {k: _restack(v, runs) for k, v in tree.items()}
+  if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+    fields = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+    new = {k: _restack(v, runs) for k, v in fields.items()}
+    return dataclasses.replace(tree, **new)
+  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+    return type(tree)(*(_restack(v, runs) for v in tree))
+  if isinstance(tree, (tuple, list)):
+    return type(tree)(_restack(v, runs) for v in tree)
+  return tree
+
+
+def _is_layer_key(key: Any) -> bool:
+  """A block's key: 'layer_3' or a stacked 'layer_0_to_2'."""
+  return bool(_BLOCK.match(str(key)) or stack.parse_name(str(key)))
+
+
+def _restack_shapes(
+    shapes: Mapping[str, tuple[int, ...]], runs: Sequence[str]
+) -> dict[str, tuple[int, ...]]:
+  """{path: shape} with stacked blocks unstacked, then ``runs`` stacked."""
+  flat = {}
+  for path, shape in shapes.items():
+    head, _, rest = path.partition("/")
+    parsed = stack.parse_name(head)
+    if parsed is None:
+      flat[path] = tuple(shape)
+      continue
+    prefix, first, last = parsed
+    for i in range(first, last + 1):
+      flat[f"{prefix}_{i}/{rest}"] = tuple(shape)[1:]
+  for name in runs:
+    prefix, first, last = stack.parse_name(name)
+    for i in range(first, last + 1):
+      for path in [p for p in flat if p.startswith(f"{prefix}_{i}/")]:
+        rest = path.partition("/")[2]
+        flat[f"{name}/{rest}"] = (last - first + 1,) + flat.pop(path)
+  return flat
 
 
 CURRENT = Layout()

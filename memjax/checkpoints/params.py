@@ -72,11 +72,11 @@ def restore_variables(
     raise FileNotFoundError(
         f"train.init_from: no checkpoint steps in {directory}"
     )
-  layout = _layout(mngr, step)
   item = {} if abstract_params is None else {"params": abstract_params}
   if abstract_model_state is not None:
     item["model_state"] = abstract_model_state
-  item = layout.to_saved(item)
+  layout = _layout(mngr, step).into(item)
+  like, item = item, layout.to_saved(item)
   restored = mngr.restore(
       step,
       args=ocp.args.Composite(
@@ -88,7 +88,7 @@ def restore_variables(
       ),
   )
   mngr.close()
-  state = layout.to_current(dict(restored.state))
+  state = convert.placed(layout, dict(restored.state), like)
   return state.get("params"), state.get("model_state"), step
 
 
@@ -112,11 +112,14 @@ def leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
 
 
 def param_shapes(
-    directory: str, step: Optional[int] = None, item: str = "params"
+    directory: str,
+    step: Optional[int] = None,
+    item: str = "params",
+    like: Any = None,
 ) -> dict[str, tuple[int, ...]]:
   """{'path/to/param': shape} of a run's checkpoint (latest step), in
-  today's layout; with ``item='model_state'``, of its model state ({} when
-  it has none)."""
+  the layout of the model whose tree is ``like`` (None: unscanned); with
+  ``item='model_state'``, of its model state ({} when it has none)."""
   mngr = ocp.CheckpointManager(
       directory,
       item_names=("state", "data", "meta"),
@@ -124,7 +127,7 @@ def param_shapes(
   )
   if step is None:
     step = mngr.latest_step()
-  layout = _layout(mngr, step)
+  layout = _layout(mngr, step).into(like)
   mngr.close()
   ckptr = ocp.StandardCheckpointer()
   try:

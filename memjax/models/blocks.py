@@ -49,6 +49,7 @@ import numpy as np
 from memjax import errors
 from memjax import extend
 from memjax.models import feed_forward as feed_forward_lib
+from memjax.models import stack
 
 Array = jax.Array
 
@@ -290,6 +291,10 @@ class BlockStack(nn.Module):
     max_len: longest input (position table).
     activation: the feed-forward's nonlinearity
       (``feed_forward.ACTIVATIONS``), for the kinds that take one.
+    remat: rematerialise each block in the backward pass.
+    remat_policy: what a rematerialised block keeps
+      (``stack.REMAT_POLICIES``).
+    scan_layers: scan runs of identical layers (``memjax.models.stack``).
   """
 
   vocab_size: int
@@ -309,6 +314,9 @@ class BlockStack(nn.Module):
   norm_epsilon: float = 1e-6
   max_len: int = 4096
   activation: str = "relu"
+  remat: bool = False
+  remat_policy: str = "full"
+  scan_layers: bool = False
 
   def carries_memory(self) -> bool:
     """Whether the model carries a recurrent memory across segments."""
@@ -414,6 +422,17 @@ class BlockStack(nn.Module):
         **feed_forward_lib.activation_option(kind, name, self.activation),
     )
 
+  def block_class(self) -> Callable[..., ResidualBlock]:
+    """``ResidualBlock``, rematerialised with ``remat_policy`` if ``remat``
+    (``deterministic``, argument 3 counting the module, is static)."""
+    if not self.remat:
+      return ResidualBlock
+    return nn.remat(
+        ResidualBlock,
+        static_argnums=(3,),
+        policy=stack.remat_policy(self.remat_policy),
+    )
+
   def make_block(
       self,
       name: str,
@@ -441,3 +460,46 @@ class BlockStack(nn.Module):
         name=name,
         **{k: getattr(self, k) for k in shared},
     )
+
+  def stack_runs(
+      self,
+      prefix: str,
+      layers: int,
+      cross: Optional[Callable[[int], Optional[Sublayer]]] = None,
+      breaks: Sequence[int] = (),
+  ) -> list[stack.Run]:
+    """The runs of a stack of ``layers`` blocks named ``prefix_<i>``: runs
+    of identical layers when ``scan_layers``, else one per layer. Works on
+    an unbound module.
+
+    Args:
+      prefix: the blocks' prefix.
+      layers: how many.
+      cross: layer -> its cross-attention (None: none).
+      breaks: layers that start a run (``stack.runs``).
+    """
+    keys = [
+        (self.feed_forward_sublayer(i), cross(i) if cross else None)
+        for i in range(layers)
+    ]
+    return stack.runs(prefix, keys, self.scan_layers, breaks)
+
+  def layer_runs(self) -> list[stack.Run]:
+    """The runs of every stack of the model (``scan_layers`` lays out its
+    parameters by them); works on an unbound module."""
+    return self.stack_runs("layer", self.num_layers)
+
+  def make_stack(
+      self,
+      runs: Sequence[stack.Run],
+      attention: Sublayer,
+      cross: Optional[Callable[[int], Optional[Sublayer]]] = None,
+  ) -> list[tuple[stack.Run, ResidualBlock]]:
+    """(run, its block) of each run (``block_class``, ``make_block``)."""
+    block_cls = self.block_class()
+    return [
+        (r, self.make_block(r.name, r.first, attention,
+                            cross=cross(r.first) if cross else None,
+                            block_cls=block_cls))
+        for r in runs
+    ]  # fmt: skip

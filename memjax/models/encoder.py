@@ -41,6 +41,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import blocks
 from memjax.models import seq2seq
+from memjax.models import stack
 from memjax.models import transformer
 
 Array = jax.Array
@@ -89,9 +90,7 @@ class Encoder(blocks.BlockStack):
     self.positions = self.table("positions", init, self.max_len, None)
     self.embed_norm = self.norm("embed_norm")
     attend = blocks.Sublayer(seq2seq.Attention, self.attention_settings())
-    self.layers = [
-        self.make_block(f"layer_{i}", i, attend) for i in range(self.num_layers)
-    ]
+    self.layers = self.make_stack(self.layer_runs(), attend)
     self.final_norm = (
         self.norm("final_norm") if self.norm_position == "pre" else None
     )
@@ -135,10 +134,10 @@ class Encoder(blocks.BlockStack):
         self.embed_norm(x.astype(self.dtype)), deterministic=deterministic
     )
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    g = x
     attend = {"mask": mask[:, None, None, :]}
-    for layer in self.layers:
-      x, g, _ = layer(x, None, deterministic, mask=mask, attend_inputs=attend)
+    x, g, _ = stack.apply(
+        self.layers, x, None, deterministic, mask=mask, attend_inputs=attend
+    )
     if self.final_norm is not None:
       x = self.final_norm(x)
     return x, g, mask

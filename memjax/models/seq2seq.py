@@ -32,6 +32,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
+from memjax.models import stack
 from memjax.models import transformer
 
 Array = jax.Array
@@ -181,18 +182,26 @@ class EncoderDecoder(blocks.BlockStack):
     self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
     self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
     attend = blocks.Sublayer(Attention, self.attention_settings())
-    self.encoder = [
-        self.make_block(f"encoder_{i}", i, attend)
-        for i in range(self.encoder_layers)
-    ]
-    self.decoder = [
-        self.make_block(f"decoder_{i}", i, attend, cross=attend)
-        for i in range(self.num_layers)
-    ]
+    encoder, decoder = self.stacks()
+    self.encoder = self.make_stack(encoder, attend)
+    self.decoder = self.make_stack(decoder, attend, lambda layer: attend)
     pre = self.norm_position == "pre"
     self.encoder_norm = self.norm("encoder_norm") if pre else None
     self.decoder_norm = self.norm("decoder_norm") if pre else None
     self.drop = nn.Dropout(self.dropout_rate)
+
+  def stacks(self) -> tuple[list[stack.Run], list[stack.Run]]:
+    """The runs of the encoder's blocks and the decoder's (unbound too)."""
+    cross = lambda layer: blocks.Sublayer(Attention, self.attention_settings())
+    return (
+        self.stack_runs("encoder", self.encoder_layers),
+        self.stack_runs("decoder", self.num_layers, cross),
+    )
+
+  def layer_runs(self) -> list[stack.Run]:
+    """The runs of both stacks."""
+    encoder, decoder = self.stacks()
+    return encoder + decoder
 
   # -- pieces ----------------------------------------------------------------
 
@@ -217,15 +226,24 @@ class EncoderDecoder(blocks.BlockStack):
     mask = source != 0
     x = self._embed(self.src_embed, source, 0, deterministic)
     self_mask = mask[:, None, None, :]
-    for block in self.encoder:
-      x, _, _ = block(x, None, deterministic, attend_inputs={"mask": self_mask})
+    x, _, _ = stack.apply(
+        self.encoder, x, None, deterministic, attend_inputs={"mask": self_mask}
+    )
     if self.encoder_norm is not None:
       x = self.encoder_norm(x)
     return x, mask
 
   def cross_kv(self, enc: Array) -> tuple[tuple[Array, Array], ...]:
     """Every decoder layer's cross-attention keys and values of ``enc``."""
-    return tuple(block.cross_kv(enc) for block in self.decoder)
+    out = []
+    for run, block in self.decoder:
+      if not run.scanned:
+        out.append(block.cross_kv(enc))
+        continue
+      body = lambda blk, carry, xs, source: (carry, blk.cross_kv(source))
+      _, kvs = stack.scan(run, block, body, None, None, enc)
+      out.extend(stack.unstack_tree(kvs, run.count))
+    return tuple(out)
 
   def _memory_g(self, ffn_input: Array, hidden: Array) -> Array:
     """g per ``memory_feature``: [B, T, D] of either source."""
@@ -273,13 +291,12 @@ class EncoderDecoder(blocks.BlockStack):
     x = self._embed(self.tgt_embed, inputs, 0, deterministic)
     t = inputs.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
-    kvs = self.cross_kv(enc)
-    g = x
-    for block, kv in zip(self.decoder, kvs):
-      x, g, _ = block(
-          x, None, deterministic, attend_inputs={"mask": causal},
-          cross_inputs={"kv": kv, "mask": src_mask[:, None, None, :]},
-      )  # fmt: skip
+    kvs = [{"kv": kv} for kv in self.cross_kv(enc)]
+    x, g, _ = stack.apply(
+        self.decoder, x, None, deterministic, layer_cross=kvs,
+        attend_inputs={"mask": causal},
+        cross_inputs={"mask": src_mask[:, None, None, :]},
+    )  # fmt: skip
     hidden, logits = self._decoder_out(x)
     g = self._memory_g(g, hidden)
     if targets is None:
@@ -327,14 +344,12 @@ class EncoderDecoder(blocks.BlockStack):
     x = self._embed(self.tgt_embed, token[:, None], pos, True)
     max_len = cache["self"][0][0].shape[1]
     self_mask = (jnp.arange(max_len) <= pos)[None, None, None, :]
-    new_self = []
-    g = x
-    for block, kv, c in zip(self.decoder, cache["cross"], cache["self"]):
-      x, g, c = block(
-          x, c, True, attend_inputs={"mask": self_mask, "pos": pos},
-          cross_inputs={"kv": kv, "mask": src_mask[:, None, None, :]},
-      )  # fmt: skip
-      new_self.append(c)
+    x, g, new_self = stack.apply(
+        self.decoder, x, cache["self"], True,
+        layer_cross=[{"kv": kv} for kv in cache["cross"]],
+        attend_inputs={"mask": self_mask, "pos": pos},
+        cross_inputs={"mask": src_mask[:, None, None, :]},
+    )  # fmt: skip
     hidden, logits = self._decoder_out(x[:, 0])
     g = self._memory_g(g, hidden[:, None])
     log_z = jax.nn.logsumexp(logits, axis=-1)

@@ -40,6 +40,7 @@ from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import recurrence
+from memjax.models import stack
 
 Array = jax.Array
 
@@ -79,7 +80,6 @@ class TransformerLM(blocks.BlockStack):
     mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
       memory). Changing it changes no parameter, so a model can be
       evaluated with another M.
-    remat: rematerialise each block in the backward pass.
     final_layer_norm: pre-LN only: a LayerNorm after the last block (False
       is fairseq's ``no_decoder_final_norm``, as in transformer_lm_wiki103).
       Post-LN ('post': LayerNorm after each residual sum) has none.
@@ -96,7 +96,6 @@ class TransformerLM(blocks.BlockStack):
   attention_options: Optional[Mapping[str, Any]] = None
   attention_name: str = "vanilla"
   mem_len: int = 0
-  remat: bool = False
   final_layer_norm: bool = True
   softmax_chunk: int = 4096
 
@@ -112,11 +111,6 @@ class TransformerLM(blocks.BlockStack):
         tail_dropout=self.adaptive_dropout,
         dtype=self.dtype,
     )
-    block_cls = (
-        nn.remat(blocks.ResidualBlock, static_argnums=(3,))
-        if self.remat
-        else blocks.ResidualBlock
-    )
     attend = blocks.make_sublayer(
         self.attention,
         self.attention_options,
@@ -124,21 +118,24 @@ class TransformerLM(blocks.BlockStack):
         mem_len=self.mem_len,
         **self.attention_settings(),
     )
-    self.blocks = [
-        self.make_block(
-            f"layer_{i}",
-            i,
-            attend,
-            cross=self.cross_sublayer(i),
-            block_cls=block_cls,
-        )
-        for i in range(self.num_layers)
-    ]
+    self.blocks = self.make_stack(
+        self.layer_runs(), attend, self.cross_sublayer
+    )
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
     pre = self.norm_position == "pre"
     use_final = pre and self.final_layer_norm
     self.final_norm = self.norm("final_norm") if use_final else None
     self.embed_dropout = nn.Dropout(self.dropout_rate)
+
+  def layer_runs(self) -> list[stack.Run]:
+    """The runs of its blocks (``stack``); works on an unbound module."""
+    return self.stack_runs(
+        "layer", self.num_layers, self.cross_sublayer, self.stack_breaks()
+    )
+
+  def stack_breaks(self) -> tuple[int, ...]:
+    """Layers where a run must start (``stack.runs``): none here."""
+    return ()
 
   def cross_sublayer(self, layer: int) -> Optional[blocks.Sublayer]:
     """The cross-attention of the 0-based ``layer``: None (none here).
@@ -241,14 +238,10 @@ class TransformerLM(blocks.BlockStack):
     kind = self.attention_kind()
     x = self.embed(inputs, deterministic)
     if memory is None:
-      h, mems = x, (None,) * self.num_layers
+      h, mems = x, None
     else:
       h, mems = kind.enter_stack(x, memory)
-    new_mems = []
-    g = h
-    for block, mem in zip(self.blocks, mems):
-      h, g, new_mem = block(h, mem, deterministic)
-      new_mems.append(new_mem)
+    h, g, new_mems = stack.apply(self.blocks, h, mems, deterministic)
     new_memory = None
     if memory is not None:
       h, g, new_memory = kind.leave_stack(
@@ -276,6 +269,9 @@ _SAME_KEYS = (
     "norm_position",
     "max_len",
     "activation",
+    "remat",
+    "remat_policy",
+    "scan_layers",
 )
 
 
@@ -331,7 +327,6 @@ def lm_settings(
       attention_options=options_of(model.attention_options),
       attention_name=model.attention,
       mem_len=model.mem_len,
-      remat=model.remat,
       softmax_chunk=model.softmax_chunk,
       final_layer_norm=model.final_layer_norm,
   )

@@ -280,16 +280,18 @@ def export(
 
 
 def _saved_shapes(
-    files: runfiles.RunFiles, item: str = "params"
+    files: runfiles.RunFiles, like: Any, item: str = "params"
 ) -> dict[str, tuple[int, ...]]:
   """{path: shape} of a run's or export's parameters (or model state), in
-  today's layout."""
+  the layout of the model whose tree is ``like``."""
   if files.kind == "export":
     directory = files.params_dir if item == "params" else files.model_state_dir
     if item != "params" and not paths.isdir(directory):
       return {}
-    return checkpointing.export_param_shapes(directory, _layout(files))
-  return params_lib.param_shapes(files.checkpoints, item=item)
+    return checkpointing.export_param_shapes(
+        directory, _layout(files).into(like)
+    )
+  return params_lib.param_shapes(files.checkpoints, item=item, like=like)
 
 
 def init_params_from(
@@ -312,7 +314,7 @@ def init_params_from(
   abstract = checkpointing.abstract_with_sharding(
       state.params, shardings.params
   )
-  saved = _saved_shapes(files)
+  saved = _saved_shapes(files, abstract)
   flat = flax.traverse_util.flatten_dict(abstract, sep="/")
   rename = tuple(run.settings.train.init_from_map or ())
   src_of = checkpointing.source_paths(flat, saved, rename, source)
@@ -366,10 +368,10 @@ def _model_state_from(
   a fine-tune); the fresh state where the source has none."""
   if state.model_state is None:
     return None
-  saved = _saved_shapes(files, "model_state")
   abstract = checkpointing.abstract_with_sharding(
       state.model_state, shardings.model_state
   )
+  saved = _saved_shapes(files, abstract, "model_state")
   flat = flax.traverse_util.flatten_dict(abstract, sep="/")
   shared = {k: v for k, v in flat.items() if saved.get(k) == tuple(v.shape)}
   if not shared:

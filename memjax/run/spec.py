@@ -96,12 +96,14 @@ class Run:
 
   def signature(self, vocab_size: int) -> dict[str, Any]:
     """What a checkpoint or export of this model must match."""
+    runs = getattr(self.model(vocab_size), "layer_runs", list)()
     return convert.signature(
         self.settings.name,
         dataclasses.asdict(self.settings.model),
         vocab_size,
         settings_lib.Model.RUNTIME_KEYS,
         self.feed_forward.runtime_options,
+        scanned=[r.name for r in runs if r.scanned],
     )
 
   def objective(self, num_steps: Optional[int] = None) -> losses.LossFn:

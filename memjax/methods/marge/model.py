@@ -38,6 +38,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
+from memjax.models import stack
 from memjax.models import transformer
 
 Array = jax.Array
@@ -159,6 +160,14 @@ class MargeLM(transformer.TransformerLM):
       return None
     return blocks.Sublayer(BiasedCrossAttention, self.attention_settings())
 
+  def stack_breaks(self) -> tuple[int, ...]:
+    """The embedder's half and the decoder's are scanned apart."""
+    return (self.half(),)
+
+  def lower_half(self) -> list[tuple[stack.Run, nn.Module]]:
+    """(run, block) of the embedder's layers."""
+    return [rb for rb in self.blocks if rb[0].first < self.half()]
+
   def half(self) -> int:
     """Layers of the embedder (the lower half, at least one)."""
     return max(1, self.num_layers // 2)
@@ -202,9 +211,7 @@ class MargeLM(transformer.TransformerLM):
   def _lower(self, tokens: Array, deterministic: bool) -> Array:
     """[B, T] ids -> [B, T, D] output of the lower half (un-normalised)."""
     h = self.embed(tokens, deterministic)
-    for block in self.blocks[: self.half()]:
-      h, _, _ = block(h, None, deterministic)
-    return h
+    return stack.apply(self.lower_half(), h, None, deterministic)[0]
 
   def embed_segments(self, tokens: Array) -> Array:
     """e(.): [..., N] segment ids -> [..., D] float32 unit vectors."""
@@ -261,9 +268,8 @@ class MargeLM(transformer.TransformerLM):
     e_query = pool_segment(self.embed_norm(h), self.segment_len, self.pooling)
     bias = self.similarity_bias(e_query, e_src)
     cross = dict(sources=enc, source_mask=source_mask, bias=bias)
-    g = h
-    for block in self.blocks[self.half() :]:
-      h, g, _ = block(h, None, deterministic, cross_inputs=cross)
+    upper = [rb for rb in self.blocks if rb[0].first >= self.half()]
+    h, g, _ = stack.apply(upper, h, None, deterministic, cross_inputs=cross)
     hidden = self.final_norm(h) if self.final_norm else h
     if targets is None:
       return transformer.LMOutput(None, None, g, hidden, None)

@@ -1,0 +1,243 @@
+"""A stack of residual blocks, its layers scanned in runs of identical ones.
+
+With ``model.scan_layers`` a family's consecutive layers built alike (the
+same self-attention, feed-forward and cross-attention sub-layers) form a
+run, and each run of two or more is one block whose parameters are
+stacked on a leading ``layers`` axis and which ``nn.scan`` applies once
+per layer, as MaxText's ``scan_layers`` does: the program holds one layer's
+computation instead of one per layer, so it compiles in about the time of
+one. The ``layers`` logical axis is not partitioned (``sharding``'s rules
+map it to no mesh axis): every device holds every layer's shards of the
+other axes, as without scanning.
+
+A run's block is named ``<prefix>_<first>_to_<last>`` (``layer_0_to_2``);
+a layer alone in its run keeps its own name (``layer_3``), so a stack with
+product-key memories at layers 4 and 8 of 12 scans ``layer_0_to_2``,
+``layer_4_to_6`` and ``layer_8_to_11`` around ``layer_3`` and ``layer_7``.
+``memjax.checkpoints.convert`` stacks and unstacks parameters between the
+two layouts.
+
+Blocks see the recurrent state of their layer (a Transformer-XL memory, a
+decoder's key/value cache) as the scan's per-layer input and output, and
+the hidden state as its carry; the state of the whole stack keeps its
+per-layer tuple outside the scan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from memjax import errors
+from memjax.models import unroll
+
+Array = jax.Array
+
+# The logical axis of stacked layers (``sharding.LOGICAL_RULES``).
+LAYERS_AXIS = "layers"
+# What a rematerialised block keeps for the backward pass
+# (``model.remat_policy``): nothing ('full': its forward pass is run
+# again), every matmul's output ('dots'), or those without batch
+# dimensions, i.e. not attention's ('dots_no_batch', MaxText's 'minimal').
+REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+# '<prefix>_<first>_to_<last>': the block of a scanned run.
+RUN_NAME = re.compile(r"^(.+)_(\d+)_to_(\d+)$")
+
+
+def remat_policy(name: str) -> Any:
+  """The ``jax.checkpoint`` policy of ``model.remat_policy``.
+
+  Raises:
+    errors.ConfigError: an unknown name.
+  """
+  if name not in REMAT_POLICIES:
+    raise errors.ConfigError(
+        f"model.remat_policy must be one of {list(REMAT_POLICIES)}, got "
+        f"{name!r}"
+    )
+  return REMAT_POLICIES[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """Consecutive layers run by one block.
+
+  Attributes:
+    prefix: the stack's block prefix ('layer', 'encoder', 'decoder').
+    first: its first layer (0-based).
+    count: its layers.
+    scanned: one block with stacked parameters, scanned ``count`` times.
+  """
+
+  prefix: str
+  first: int
+  count: int
+  scanned: bool
+
+  @property
+  def name(self) -> str:
+    """The block's name: ``layer_3``, or ``layer_0_to_2`` when scanned."""
+    if self.scanned:
+      return f"{self.prefix}_{self.first}_to_{self.first + self.count - 1}"
+    return f"{self.prefix}_{self.first}"
+
+
+def runs(
+    prefix: str,
+    keys: Sequence[Any],
+    scan: bool,
+    breaks: Sequence[int] = (),
+) -> list[Run]:
+  """The runs of a stack whose layer ``i`` is built as ``keys[i]`` says.
+
+  Args:
+    prefix: the blocks' prefix.
+    keys: per layer, what builds it (equal keys: identical layers).
+    scan: scan runs of identical layers; False: one block per layer.
+    breaks: layers that start a run whatever their keys (where the family
+      runs the stack in parts, as MARGE's embedder and decoder halves).
+  """
+  out: list[Run] = []
+  for i, key in enumerate(keys):
+    last = out[-1] if out else None
+    if (
+        scan
+        and last is not None
+        and i not in breaks
+        and keys[last.first] == key
+    ):
+      out[-1] = dataclasses.replace(last, count=last.count + 1)
+    else:
+      out.append(Run(prefix, i, 1, False))
+  return [dataclasses.replace(r, scanned=r.count > 1) for r in out]
+
+
+def stack_trees(trees: Sequence[Any]) -> Any:
+  """Per-layer pytrees (or Nones) stacked on a new leading axis."""
+  if trees[0] is None:
+    return None
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack_tree(tree: Any, count: int) -> list[Any]:
+  """A stacked pytree (or None) as ``count`` per-layer pytrees."""
+  if tree is None:
+    return [None] * count
+  return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(count)]
+
+
+def scan(
+    run: Run,
+    block: nn.Module,
+    fn: Callable[[nn.Module, Any, Any, Any], tuple[Any, Any]],
+    carry: Any,
+    per_layer: Any,
+    shared: Any,
+) -> tuple[Any, Any]:
+  """Applies ``fn`` with ``block`` once per layer of a scanned run.
+
+  Args:
+    run: the run (``run.scanned``).
+    block: its block; every variable collection gets a leading layer axis
+      and every random stream is split per layer.
+    fn: ``fn(block, carry, layer_input, shared) -> (carry, layer_output)``.
+    carry: what passes from layer to layer.
+    per_layer: a pytree of [count, ...] arrays, one slice per layer.
+    shared: a pytree every layer sees whole.
+
+  Returns:
+    (the last carry, the layers' outputs stacked [count, ...]).
+  """
+  scanned = nn.scan(
+      fn,
+      variable_axes={True: 0},
+      split_rngs={True: True},
+      in_axes=(0, nn.broadcast),
+      length=run.count,
+      unroll=unroll.factor(run.count),
+      metadata_params={nn.PARTITION_NAME: LAYERS_AXIS},
+  )
+  return scanned(block, carry, per_layer, shared)
+
+
+def apply(
+    layers: Sequence[tuple[Run, nn.Module]],
+    h: Array,
+    states: Optional[Sequence[Any]],
+    deterministic: bool,
+    *,
+    layer_cross: Optional[Sequence[Mapping[str, Any]]] = None,
+    **inputs: Any,
+) -> tuple[Array, Array, list[Any]]:
+  """Runs ``h`` through the blocks of ``layers`` in order.
+
+  Args:
+    layers: (run, block) pairs (``blocks.BlockStack.make_stack``, or a
+      slice of them).
+    h: [B, T, D] the first block's input.
+    states: one self-attention state per layer, or None (none).
+    deterministic: disables dropout.
+    layer_cross: per layer, cross-attention inputs of its own (a
+      decoder's cross keys and values), merged into ``cross_inputs``.
+    **inputs: the blocks' keyword inputs (``mask``, ``attend_inputs``,
+      ``cross_inputs``), the same for every layer.
+
+  Returns:
+    ([B, T, D] the last block's output, its g, the layers' new states).
+  """
+  g, new_states = h, []
+  base = layers[0][0].first if layers else 0
+  for run, block in layers:
+    at = slice(run.first - base, run.first - base + run.count)
+    state = None if states is None else list(states[at])
+    own = None if layer_cross is None else list(layer_cross[at])
+    if not run.scanned:
+      h, g, s = block(
+          h, None if state is None else state[0], deterministic,
+          **_merge_cross(inputs, None if own is None else own[0]),
+      )  # fmt: skip
+      new_states.append(s)
+      continue
+
+    def body(blk, carry, xs, shared):
+      out, g_, s_ = blk(
+          carry[0], xs[0], deterministic, **_merge_cross(shared, xs[1])
+      )
+      return (out, g_), s_
+
+    (h, g), ys = scan(
+        run, block, body, (h, h),
+        (stack_trees(state or [None]),
+         stack_trees(own or [None])),
+        inputs,
+    )  # fmt: skip
+    new_states.extend(unstack_tree(ys, run.count))
+  return h, g, new_states
+
+
+def _merge_cross(
+    inputs: Mapping[str, Any], own: Optional[Mapping[str, Any]]
+) -> dict[str, Any]:
+  """A block's keyword inputs, with a layer's own cross-attention inputs
+  merged into ``cross_inputs``."""
+  if own is None:
+    return dict(inputs)
+  return dict(inputs, cross_inputs={**(inputs.get("cross_inputs") or {}),
+                                    **own})  # fmt: skip
+
+
+def parse_name(name: str) -> Optional[tuple[str, int, int]]:
+  """(prefix, first, last) of a scanned run's block name, else None."""
+  match = RUN_NAME.match(name)
+  if not match:
+    return None
+  return match.group(1), int(match.group(2)), int(match.group(3))

@@ -1,0 +1,165 @@
+"""Scanned layers (``model.scan_layers``) compute what unscanned ones do.
+
+The family fixtures (``tests/fixtures/families``: a run and an export of
+each model family, trained unscanned, with a batch and the outputs on it)
+restore into the scanned model, their layers stacked on the way, and
+give the same outputs; gradients, a recurrent memory carried across
+segments and a decoder's incremental decoding agree too, and the layouts
+convert both ways.
+"""
+
+import os
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memjax import build
+from memjax import config as config_lib
+from memjax.checkpoints import convert
+from memjax.checkpoints import runfiles
+from memjax.models import stack
+from tests.models import test_family_fixtures as fixtures
+
+make_family_fixtures = fixtures.make_family_fixtures
+
+
+def _scanned_config(root: str):
+  files = runfiles.find(os.path.join(root, "run"))
+  config = config_lib.from_json(runfiles.read_config_text(files))
+  with config.unlocked():
+    config.model.scan_layers = True
+  return config
+
+
+def _stacked(tree) -> list[str]:
+  return sorted(k for k in tree if stack.parse_name(k))
+
+
+def test_runs_of_identical_layers():
+  plain, pkm = "ffn", "pkm"
+  keys = [plain] * 3 + [pkm] + [plain] * 3 + [pkm] + [plain] * 4
+  names = [r.name for r in stack.runs("layer", keys, True)]
+  assert names == [
+      "layer_0_to_2", "layer_3", "layer_4_to_6", "layer_7", "layer_8_to_11"
+  ]  # fmt: skip
+  assert [r.name for r in stack.runs("layer", keys, False)] == [
+      f"layer_{i}" for i in range(12)
+  ]
+  # A break starts a run (MARGE's embedder and decoder halves).
+  halves = stack.runs("layer", [plain] * 4, True, breaks=(2,))
+  assert [r.name for r in halves] == ["layer_0_to_1", "layer_2_to_3"]
+
+
+@pytest.mark.parametrize("family", fixtures.FAMILIES)
+def test_fixtures_restore_scanned_with_the_same_outputs(family):
+  root = os.path.join(fixtures.FIXTURES, "families", family)
+  batch = dict(np.load(os.path.join(root, "batch.npz")))
+  want = dict(np.load(os.path.join(root, "outputs.npz")))
+  config = _scanned_config(root)
+  for kind in ("run", "export"):
+    restored = build.load(os.path.join(root, kind), config=config)
+    runs = [r.name for r in restored.model.layer_runs() if r.scanned]
+    assert _stacked(restored.params) == runs
+    assert runs or family == "decoder_pkm"  # Its 3 layers: ffn, pkm, ffn.
+    got = make_family_fixtures.outputs_for(family, restored, batch)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+      np.testing.assert_allclose(
+          got[key], value, rtol=0, atol=1e-5, err_msg=f"{kind} {key}"
+      )
+
+
+# Each family deepened so that runs of identical layers form: (keys set on
+# the fixture's model config).
+DEEPER = {
+    "decoder_pkm": {"num_layers": 5, "feed_forward_layers": (3,)},
+    "decoder_lamemo": {"num_layers": 3},
+    "encoder_decoder": {
+        "num_layers": 3,
+        "family_options": {"encoder_layers": 2},
+    },
+    "encoder_mlm": {"num_layers": 4, "feed_forward_layers": (2,)},
+    "marge": {"num_layers": 4},
+}
+
+
+def _models(family: str, tmp_path):
+  """(unscanned, scanned) models of the deepened fixture config, and the
+  fixture's batch."""
+  root = os.path.join(fixtures.FIXTURES, "families", family)
+  config = _scanned_config(root)
+  with config.unlocked():
+    for key, value in DEEPER[family].items():
+      if key == "family_options":
+        config.model.family_options.update(value)
+      else:
+        setattr(config.model, key, value)
+  scanned = build.build(config, str(tmp_path / "s"))
+  config.model.scan_layers = False
+  plain = build.build(config, str(tmp_path / "u"))
+  vocab = build.load(os.path.join(root, "export")).model.vocab_size
+  batch = dict(np.load(os.path.join(root, "batch.npz")))
+  return plain.model(vocab), scanned.model(vocab), plain, batch
+
+
+def _sum_logprob(family, model, params, state, batch):
+  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
+
+  variables = state_lib.variables_of(params, state)
+  outs = make_family_fixtures.model_outputs(family, model, variables, batch)
+  return sum(jnp.sum(o.target_logprob) for o in outs.values())
+
+
+@pytest.mark.parametrize("family", sorted(DEEPER))
+def test_scanned_equals_unscanned(family, tmp_path):
+  plain, scanned, run, batch = _models(family, tmp_path)
+  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
+
+  collections = run.state_collections()
+  params, state = state_lib._init_variables(  # pylint: disable=protected-access
+      plain, collections, 8, jax.random.PRNGKey(3)
+  )
+  params, state = flax.core.meta.unbox((params, state))
+  runs = tuple(r.name for r in scanned.layer_runs() if r.scanned)
+  assert runs
+  to_scanned = convert.Layout(current_runs=runs)
+  to_plain = convert.Layout(saved_runs=runs)
+  s_params, s_state = to_scanned.to_current((params, state))
+  # The stacked tree is the scanned model's own.
+  fresh = flax.core.meta.unbox(
+      state_lib._init_variables(  # pylint: disable=protected-access
+          scanned, collections, 8, jax.random.PRNGKey(3)
+      )
+  )
+  shapes = lambda t: jax.tree.map(lambda x: x.shape, t)
+  assert shapes((s_params, s_state)) == shapes(fresh)
+  # Outputs (and the LaMemo memory carried to the next segment).
+  want = make_family_fixtures.floats(
+      make_family_fixtures.model_outputs(
+          family, plain, state_lib.variables_of(params, state), batch
+      )
+  )
+  got = make_family_fixtures.floats(
+      make_family_fixtures.model_outputs(
+          family, scanned, state_lib.variables_of(s_params, s_state), batch
+      )
+  )
+  assert sorted(got) == sorted(want)
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], atol=1e-5, err_msg=key)
+  # Gradients, stacked back into one entry per layer.
+  grad = jax.grad(_sum_logprob, argnums=2)
+  g_plain = grad(family, plain, params, state, batch)
+  g_scanned = to_plain.to_current(
+      grad(family, scanned, s_params, s_state, batch)
+  )
+  flat_p = flax.traverse_util.flatten_dict(g_plain, sep="/")
+  flat_s = flax.traverse_util.flatten_dict(g_scanned, sep="/")
+  assert sorted(flat_p) == sorted(flat_s)
+  for key, value in flat_p.items():
+    np.testing.assert_allclose(
+        flat_s[key], value, rtol=1e-4, atol=1e-5, err_msg=key
+    )
