@@ -180,7 +180,7 @@ class Layout:
   def into(self, tree: Any) -> "Layout":
     """This layout restored into the model whose tree (or abstract tree)
     ``tree`` is: its stacked blocks are the current ones."""
-    return dataclasses.replace(self, current_runs=tuple(sorted(_runs_in(tree))))
+    return dataclasses.replace(self, current_runs=stacked_blocks(tree))
 
   @property
   def current(self) -> bool:
@@ -232,8 +232,24 @@ def placed(layout: Layout, saved: Any, like: Any) -> Any:
   )  # fmt: skip
 
 
+def stacked_blocks(tree: Any) -> tuple[str, ...]:
+  """The names of the stacked blocks in a tree of a model's variables."""
+  return tuple(sorted(_runs_in(tree)))
+
+
+def unstack_layers(tree: Any) -> Any:
+  """``tree`` with one entry per layer (its stacked blocks unstacked)."""
+  return _restack(tree, ())
+
+
+def stack_layers(tree: Any, runs: Sequence[str]) -> Any:
+  """A tree with one entry per layer, with the layers of ``runs`` stacked."""
+  return _restack(tree, runs)
+
+
 def _runs_in(tree: Any) -> set[str]:
-  """The stacked blocks' names anywhere in ``tree``'s mappings."""
+  """The stacked blocks' names anywhere in ``tree`` (it walks what
+  ``_restack`` walks)."""
   out = set()
   if isinstance(tree, Mapping):
     for k, v in tree.items():
@@ -241,6 +257,12 @@ def _runs_in(tree: Any) -> set[str]:
         out.add(str(k))
       else:
         out |= _runs_in(v)
+  elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+    for f in dataclasses.fields(tree):
+      out |= _runs_in(getattr(tree, f.name))
+  elif isinstance(tree, (tuple, list)):
+    for v in tree:
+      out |= _runs_in(v)
   return out
 
 

@@ -311,8 +311,11 @@ def init_params_from(
       or none is shared.
   """
   files = runfiles.find(paths.resolve(source))
-  abstract = checkpointing.abstract_with_sharding(
-      state.params, shardings.params
+  # Matched layer by layer: stacked blocks (model.scan_layers) are
+  # unstacked here and stacked again at the end.
+  runs = convert.stacked_blocks(state.params)
+  abstract = convert.unstack_layers(
+      checkpointing.abstract_with_sharding(state.params, shardings.params)
   )
   saved = _saved_shapes(files, abstract)
   flat = flax.traverse_util.flatten_dict(abstract, sep="/")
@@ -340,7 +343,9 @@ def init_params_from(
   else:
     restored, step = params_lib.restore_params(files.checkpoints, sub)
   new_flat = flax.traverse_util.flatten_dict(restored, sep="/")
-  params = flax.traverse_util.flatten_dict(state.params, sep="/")
+  params = flax.traverse_util.flatten_dict(
+      convert.unstack_layers(state.params), sep="/"
+  )
   for k, src in src_of.items():
     params[k] = new_flat[src].astype(params[k].dtype)
   fresh = sorted(set(flat) - set(src_of))
@@ -354,8 +359,11 @@ def init_params_from(
       ", ".join(fresh) or "none",
       ", ".join(unused) or "none",
   )
+  params = convert.stack_layers(
+      flax.traverse_util.unflatten_dict(params, sep="/"), runs
+  )
   return state.replace(
-      params=flax.traverse_util.unflatten_dict(params, sep="/"),
+      params=jax.device_put(params, shardings.params),
       model_state=_model_state_from(files, state, shardings),
   )
 
@@ -368,8 +376,11 @@ def _model_state_from(
   a fine-tune); the fresh state where the source has none."""
   if state.model_state is None:
     return None
-  abstract = checkpointing.abstract_with_sharding(
-      state.model_state, shardings.model_state
+  runs = convert.stacked_blocks(state.model_state)
+  abstract = convert.unstack_layers(
+      checkpointing.abstract_with_sharding(
+          state.model_state, shardings.model_state
+      )
   )
   saved = _saved_shapes(files, abstract, "model_state")
   flat = flax.traverse_util.flatten_dict(abstract, sep="/")
@@ -383,9 +394,14 @@ def _model_state_from(
     )
   else:
     _, got, _ = params_lib.restore_variables(files.checkpoints, None, None, sub)
-  fresh = flax.traverse_util.flatten_dict(state.model_state, sep="/")
+  fresh = flax.traverse_util.flatten_dict(
+      convert.unstack_layers(state.model_state), sep="/"
+  )
   fresh.update(flax.traverse_util.flatten_dict(got, sep="/"))
-  return flax.traverse_util.unflatten_dict(fresh, sep="/")
+  model_state = convert.stack_layers(
+      flax.traverse_util.unflatten_dict(fresh, sep="/"), runs
+  )
+  return jax.device_put(model_state, shardings.model_state)
 
 
 def restore_source(run: spec.Run, step: Optional[int] = None) -> Restored:

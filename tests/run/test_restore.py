@@ -43,3 +43,53 @@ def test_lamemo_run_restores_with_its_optimizer(lamemo_smoke_workdir):
       jax.tree.leaves(plain.params)
   )
   assert fingerprint(full.opt_state) == fingerprint(raw["opt_state"])
+
+
+def _smoke_config(steps: int, scanned: bool):
+  from configs import trime_wt103  # pylint: disable=g-import-not-at-top
+
+  c = trime_wt103.get_config("smoke")
+  c.model.dropout = 0.0  # Dropout masks differ between the layouts.
+  c.model.scan_layers = scanned
+  c.train.num_steps, c.train.checkpoint_every = steps, 2
+  c.train.eval_every, c.train.log_every = 0, 2
+  # A schedule that does not depend on num_steps, so that each run can
+  # be continued further (extend_schedule) with the updates unchanged.
+  c.loss.name, c.optim.schedule, c.optim.warmup_steps = "lm", "constant", 0
+  c.train.extend_schedule = True
+  return c
+
+
+def _params(workdir):
+  from memjax.checkpoints import convert  # pylint: disable=g-import-not-at-top
+
+  restored = build.load(workdir)
+  return restored.step, convert.unstack_layers(restored.params)
+
+
+def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
+  """Trained unscanned to step 2, then scanned to 4, then unscanned to 6:
+  the same parameters as unscanned all the way (no dropout)."""
+  import memjax  # pylint: disable=g-import-not-at-top
+
+  straight, mixed = str(tmp_path / "straight"), str(tmp_path / "mixed")
+  memjax.train(_smoke_config(4, False), straight)
+  memjax.train(_smoke_config(2, False), mixed)
+  memjax.train(_smoke_config(4, True), mixed)
+  step, params = build.load(mixed).step, build.load(mixed).params
+  assert step == 4 and "layer_0_to_1" in params
+  for a, b in ((_params(straight), _params(mixed)),):
+    assert a[0] == b[0] == 4
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5),
+        a[1], b[1],
+    )  # fmt: skip
+  memjax.train(_smoke_config(6, False), mixed)
+  memjax.train(_smoke_config(6, False), straight)
+  assert "layer_0" in build.load(mixed).params
+  a, b = _params(straight), _params(mixed)
+  assert a[0] == b[0] == 6
+  jax.tree.map(
+      lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5),
+      a[1], b[1],
+  )  # fmt: skip
