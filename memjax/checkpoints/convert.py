@@ -88,7 +88,8 @@ def signature(
     vocab_size: V.
     runtime_keys: model keys that change how, not what, it computes.
     runtime_options: the feed-forward kind's options of that sort.
-    scanned: the model's stacked blocks (not compared: a layout).
+    scanned: the model's stacked blocks (not compared: a layout; left
+      out when there are none).
   """
   m = json.loads(json.dumps(dict(model)))
   sig = {k: v for k, v in m.items() if k not in runtime_keys}
@@ -98,10 +99,10 @@ def signature(
       if k not in runtime_options
   }
   sig["vocab_size"] = int(vocab_size)
-  return {
-      "model": sig, "name": name, "signature_version": VERSION,
-      "scanned": list(scanned),
-  }  # fmt: skip
+  out = {"model": sig, "name": name, "signature_version": VERSION}
+  if scanned:
+    out["scanned"] = list(scanned)
+  return out
 
 
 def upgrade(saved: Mapping[str, Any]) -> dict[str, Any]:

@@ -145,3 +145,58 @@ def test_renames_reach_the_parameters_inside_an_optimiser_state():
   grads = {"layer_0": {"ln_attn": {"scale": np.ones(3, np.float32)}}}
   updates, _ = tx.update(grads, current, today)
   assert updates["layer_0"]["ln_attn"]["scale"].shape == (3,)
+
+
+def test_scanned_layers_stack_and_unstack_both_ways():
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+
+  layer = lambda v: {"attention": {"kernel": np.full((2, 3), v, np.float32)},
+                     "ln_attn": {"scale": np.full((3,), v, np.float32)}}  # fmt: skip
+  plain = {f"layer_{i}": layer(i) for i in range(4)}
+  plain["embedder"] = {"embed_0": np.zeros((5, 3), np.float32)}
+  to_scanned = convert.Layout(current_runs=("layer_0_to_2",))
+  scanned = to_scanned.to_current(plain)
+  assert sorted(scanned) == ["embedder", "layer_0_to_2", "layer_3"]
+  np.testing.assert_array_equal(
+      scanned["layer_0_to_2"]["ln_attn"]["scale"][:, 0], [0, 1, 2]
+  )
+  assert convert.stacked_blocks(scanned) == ("layer_0_to_2",)
+  # Back, and inside an optimiser state (Adam's moments hold the tree).
+  back = convert.Layout(saved_runs=("layer_0_to_2",)).to_current(scanned)
+  assert sorted(back) == sorted(plain)
+  for k in plain:
+    for a, b in zip(jax.tree.leaves(plain[k]), jax.tree.leaves(back[k])):
+      np.testing.assert_array_equal(a, b)
+  adam = optax.adam(1e-3).init(scanned)
+  assert convert.stacked_blocks(adam) == ("layer_0_to_2",)
+  assert "layer_2" in convert.unstack_layers(adam)[0].mu
+  # Abstract trees: a stacked leaf gets an unsharded leading axis.
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("tensor",))
+  spec = NamedSharding(mesh, P(None, "tensor"))
+  sds = lambda: {"kernel": jax.ShapeDtypeStruct((4, 6), np.float32,
+                                                sharding=spec)}  # fmt: skip
+  abstract = {"layer_0": sds(), "layer_1": sds()}
+  stacked = convert.stack_layers(abstract, ("layer_0_to_1",))
+  leaf = stacked["layer_0_to_1"]["kernel"]
+  assert leaf.shape == (2, 4, 6)
+  assert leaf.sharding.spec == P(None, None, "tensor")
+  again = convert.unstack_layers(stacked)["layer_1"]["kernel"]
+  assert again.shape == (4, 6) and again.sharding.spec == P(None, "tensor")
+  # A partial target (one layer lacks a leaf) stacks what any layer has.
+  partial = {"layer_0": sds(), "layer_1": {}}
+  assert convert.stack_layers(partial, ("layer_0_to_1",))["layer_0_to_1"][
+      "kernel"
+  ].shape == (2, 4, 6)
+  # Shapes by path, as init_from reads a checkpoint's.
+  shapes = {"layer_0_to_2/ln_attn/scale": (3, 16), "embedder/e": (5, 16)}
+  layout = convert.Layout(saved_runs=("layer_0_to_2",))
+  assert layout.shapes_to_current(shapes) == {
+      "layer_0/ln_attn/scale": (16,), "layer_1/ln_attn/scale": (16,),
+      "layer_2/ln_attn/scale": (16,), "embedder/e": (5, 16),
+  }  # fmt: skip
+  into = layout.into({"layer_1_to_2": {}})
+  assert into.shapes_to_current(shapes) == {
+      "layer_0/ln_attn/scale": (16,), "layer_1_to_2/ln_attn/scale": (2, 16),
+      "embedder/e": (5, 16),
+  }  # fmt: skip

@@ -93,3 +93,11 @@ def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
       lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5),
       a[1], b[1],
   )  # fmt: skip
+  # train.init_from into the scanned layout: one update at learning rate
+  # 0 keeps exactly what was taken from the unscanned run.
+  c = _smoke_config(1, True)
+  c.train.init_from, c.optim.learning_rate = straight, 0.0
+  taken = str(tmp_path / "taken")
+  memjax.train(c, taken)
+  assert "layer_0_to_1" in build.load(taken).params
+  jax.tree.map(np.testing.assert_array_equal, _params(taken)[1], a[1])
