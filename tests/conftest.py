@@ -49,6 +49,7 @@ LONGEST_FIRST = (
     "tests/colabs/test_notebooks.py",
     "tests/test_main.py",
     "tests/models/test_transformer_memory.py",
+    "tests/models/test_stack.py",
     "tests/test_multihost.py",
     "tests/methods/marge/test_planted.py",
     "tests/methods/trime/test_modes.py",
