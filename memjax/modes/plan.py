@@ -32,6 +32,9 @@ bfloat16):
   micro-batch that fits ``plan.memory_fraction`` of the platform's memory
   (temporaries grow linearly with the micro-batch: a second compile at
   twice the batch gives the slope);
+* where a dtype does not fit, the overrides with which it does
+  (``memjax.modes.plan_fit``: more micro-batches, then rematerialisation),
+  each checked by compiling the step with them;
 * the step time and tokens/s at ``plan.utilization`` of the platform's peak
   for the per-device FLOPs of the compiled, partitioned step (work repeated
   on every device included; "repeated" in the table is the per-device FLOPs
@@ -51,6 +54,7 @@ from memjax import settings as settings_lib
 from memjax.io import console
 from memjax.io import paths
 from memjax.modes import plan_compile
+from memjax.modes import plan_fit
 from memjax.modes import platforms
 from memjax.run import spec
 
@@ -121,6 +125,9 @@ def plan_dtype(
   out = {"memory": memory, "fits": memory["total"] <= usable}
   if s.of(platforms.Plan).fit_batch:
     out.update(_fit(variant, devices, step, memory, usable))
+  if not out["fits"]:
+    out["proposal"] = plan_fit.propose(variant, devices, usable)
+    console.info("plan: %s", plan_fit.describe(dtype, out["proposal"]))
   platform = platforms.get(s.of(platforms.Plan).platform)
   peak = platform.peak_bf16 if dtype == "bfloat16" else platform.peak_fp32
   seconds = flops["flops_per_device"] / (
@@ -228,5 +235,14 @@ def rows(results: dict[str, Any]) -> list[str]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-  """The plan as a markdown table (``HEADER`` and ``rows``)."""
-  return "\n".join([HEADER] + rows(results))
+  """The plan as a markdown table (``HEADER`` and ``rows``), then what fits
+  where a dtype does not as configured."""
+  lines = [HEADER] + rows(results)
+  proposals = [
+      plan_fit.describe(dtype, r["proposal"])
+      for dtype, r in results["dtypes"].items()
+      if "proposal" in r
+  ]
+  if proposals:
+    lines += ["", *(f"* {p}" for p in proposals)]
+  return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""--mode=plan's proposals for a step that does not fit: the smallest
+train.grad_accum whose compiled step fits, checked against the totals of
+the steps compiled at each accumulation."""
+
+import jax
+
+from configs import trime_wt103
+from memjax import build
+from memjax.modes import plan_fit
+
+
+def _run(batch_size: int = 32):
+  c = trime_wt103.get_config("smoke")
+  c.plan.devices = 8
+  c.data.batch_size = batch_size
+  return build.build(c, "plan")
+
+
+def test_proposes_the_fewest_micro_batches_that_fit():
+  run, devices = _run(), jax.devices()
+  # Micro-batches of 32, 16 and 8 rows (8 = one row per device).
+  totals = {a: plan_fit._total(plan_fit._with(run, a), devices)  # pylint: disable=protected-access
+            for a in (1, 2, 4)}  # fmt: skip
+  assert totals[1] > totals[2] > totals[4]
+  usable = (totals[1] + totals[2]) / 2
+  proposal = plan_fit.propose(run, devices, usable)
+  assert proposal["overrides"] == ["--config.train.grad_accum=2"]
+  assert proposal["micro_batch"] == 16
+  assert proposal["total_bytes"] == totals[2] <= usable
+  assert "grad_accum=2 (micro-batch 16 rows" in plan_fit.describe(
+      "float32", proposal
+  )
+  # Nothing fits a byte: the line says what is left.
+  none = plan_fit.propose(run, devices, 1.0)
+  assert none["overrides"] is None and "mesh.fsdp" in none["reason"]
+  assert plan_fit.describe("bfloat16", none).startswith(
+      "bfloat16: does not fit; "
+  )
