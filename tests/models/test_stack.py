@@ -78,7 +78,13 @@ def test_fixtures_restore_scanned_with_the_same_outputs(family):
 # Each family deepened so that runs of identical layers form: (keys set on
 # the fixture's model config).
 DEEPER = {
-    "decoder_pkm": {"num_layers": 5, "feed_forward_layers": (3,)},
+    # Rematerialised, keeping the matmuls without batch dimensions.
+    "decoder_pkm": {
+        "num_layers": 5,
+        "feed_forward_layers": (3,),
+        "remat": True,
+        "remat_policy": "dots_no_batch",
+    },
     "decoder_lamemo": {"num_layers": 3},
     "encoder_decoder": {
         "num_layers": 3,
