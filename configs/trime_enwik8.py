@@ -88,6 +88,9 @@ def get_config(arg: str = "demo"):
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     e.window_len, e.score_len, e.batch_size = 512, 80, 32
     m.norm_epsilon = 1e-5  # PyTorch's LayerNorm epsilon; pre-LN kept.
+    # Layers scanned: faster to compile and no more memory than unscanned
+    # (benchmarks/compile_time.py; docs/plan.md).
+    m.scan_layers = True
   m.max_len = max(m.max_len, d.seq_len, e.window_len)
   trime_wt103.apply_method(c, method, *MEMORY[size])
   if size == "smoke":

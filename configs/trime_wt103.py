@@ -147,6 +147,9 @@ def get_config(arg: str = "demo"):
     e.window_len, e.score_len, e.batch_size = 3072, 512, 8
 
   if size in ("247m", "150m", "7m"):
+    # Layers scanned: faster to compile and no more memory than unscanned
+    # (benchmarks/compile_time.py; docs/plan.md).
+    m.scan_layers = True
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     t.keep_checkpoints = 3
     # fairseq's transformer_lm_wiki103 is pre-LN; PyTorch's LayerNorm eps.

@@ -146,6 +146,9 @@ def recurrent_config(
     e.window_len, e.score_len, e.batch_size = 512, 256, 16
 
   if size in ("base", "enwik8", "text8"):
+    # Layers scanned: faster to compile and no more memory than unscanned
+    # (benchmarks/compile_time.py; docs/plan.md).
+    m.scan_layers = True
     t.log_every, t.eval_every, t.checkpoint_every = 100, 5000, 5000
     t.eval_max_windows = 200
     t.keep_checkpoints = 3
