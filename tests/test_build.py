@@ -290,10 +290,12 @@ def test_paper_size_configs_follow_the_authors_layer_norm():
                    (trime_enwik8, "38m")):  # fmt: skip
     m = mod.get_config(arg).model
     assert (m.norm_position, m.norm_epsilon) == ("pre", 1e-5), arg
+    assert m.scan_layers, arg  # Scanned by default at paper sizes.
   for mod, arg in ((txl_wt103, "demo"), (lamemo_wt103, "smoke"),
                    (trime_wt103, "demo")):  # fmt: skip
     m = mod.get_config(arg).model
     assert (m.norm_position, m.norm_epsilon) == ("pre", 1e-6), arg
+    assert not m.scan_layers, arg
   m = trime_wt103.get_config("247m").model
   assert not m.final_layer_norm
   assert m.feed_forward_options.activation_dropout == 0.1
