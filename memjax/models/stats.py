@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from memjax.models import stack
+
 Array = jax.Array
 COLLECTION = "aux"
 
@@ -71,11 +73,12 @@ def report_mean(
 
 
 def flatten(collection: Mapping[str, Any]) -> dict[str, Array]:
-  """{'path/to/name': [..., 2]} of a (possibly empty) 'aux' collection."""
+  """{'path/to/name': [..., 2]} of a (possibly empty) 'aux' collection,
+  one path per layer where layers were scanned."""
   if not collection:
     return {}
   flat = flax.traverse_util.flatten_dict(
-      flax.core.unfreeze(collection), sep="/"
+      stack.unstack_layers(flax.core.unfreeze(collection)), sep="/"
   )
   return dict(flat)
 
@@ -159,8 +162,13 @@ class SumReport:
 
 
 def module_sums(sums: Any) -> dict[str, dict[str, np.ndarray]]:
-  """{'layer_1/ffn/memory': {'reads': [K], ...}} of a nested collection."""
-  flat = flax.traverse_util.flatten_dict(sums, sep="/") if sums else {}
+  """{'layer_1/ffn/memory': {'reads': [K], ...}} of a nested collection
+  (one entry per layer where layers were scanned)."""
+  flat = (
+      flax.traverse_util.flatten_dict(stack.unstack_layers(dict(sums)), sep="/")
+      if sums
+      else {}
+  )
   out: dict[str, dict[str, np.ndarray]] = {}
   for k, v in flat.items():
     module, name = k.rsplit("/", 1)

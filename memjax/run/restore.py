@@ -36,6 +36,7 @@ from memjax.data import corpus as corpus_lib
 from memjax.io import console
 from memjax.io import paths
 from memjax.models import blocks
+from memjax.models import stack
 from memjax.run import spec
 from memjax.run import state as state_lib
 
@@ -313,8 +314,8 @@ def init_params_from(
   files = runfiles.find(paths.resolve(source))
   # Matched layer by layer: stacked blocks (model.scan_layers) are
   # unstacked here and stacked again at the end.
-  runs = convert.stacked_blocks(state.params)
-  abstract = convert.unstack_layers(
+  runs = stack.stacked_blocks(state.params)
+  abstract = stack.unstack_layers(
       checkpointing.abstract_with_sharding(state.params, shardings.params)
   )
   saved = _saved_shapes(files, abstract)
@@ -344,7 +345,7 @@ def init_params_from(
     restored, step = params_lib.restore_params(files.checkpoints, sub)
   new_flat = flax.traverse_util.flatten_dict(restored, sep="/")
   params = flax.traverse_util.flatten_dict(
-      convert.unstack_layers(state.params), sep="/"
+      stack.unstack_layers(state.params), sep="/"
   )
   for k, src in src_of.items():
     params[k] = new_flat[src].astype(params[k].dtype)
@@ -359,7 +360,7 @@ def init_params_from(
       ", ".join(fresh) or "none",
       ", ".join(unused) or "none",
   )
-  params = convert.stack_layers(
+  params = stack.stack_layers(
       flax.traverse_util.unflatten_dict(params, sep="/"), runs
   )
   return state.replace(
@@ -376,8 +377,8 @@ def _model_state_from(
   a fine-tune); the fresh state where the source has none."""
   if state.model_state is None:
     return None
-  runs = convert.stacked_blocks(state.model_state)
-  abstract = convert.unstack_layers(
+  runs = stack.stacked_blocks(state.model_state)
+  abstract = stack.unstack_layers(
       checkpointing.abstract_with_sharding(
           state.model_state, shardings.model_state
       )
@@ -395,10 +396,10 @@ def _model_state_from(
   else:
     _, got, _ = params_lib.restore_variables(files.checkpoints, None, None, sub)
   fresh = flax.traverse_util.flatten_dict(
-      convert.unstack_layers(state.model_state), sep="/"
+      stack.unstack_layers(state.model_state), sep="/"
   )
   fresh.update(flax.traverse_util.flatten_dict(got, sep="/"))
-  model_state = convert.stack_layers(
+  model_state = stack.stack_layers(
       flax.traverse_util.unflatten_dict(fresh, sep="/"), runs
   )
   return jax.device_put(model_state, shardings.model_state)

@@ -8,6 +8,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from memjax import build
+from memjax.models import stack
 
 
 def test_lamemo_run_restores_with_its_optimizer(lamemo_smoke_workdir):
@@ -61,10 +62,8 @@ def _smoke_config(steps: int, scanned: bool):
 
 
 def _params(workdir):
-  from memjax.checkpoints import convert  # pylint: disable=g-import-not-at-top
-
   restored = build.load(workdir)
-  return restored.step, convert.unstack_layers(restored.params)
+  return restored.step, stack.unstack_layers(restored.params)
 
 
 def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):

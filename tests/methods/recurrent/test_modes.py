@@ -315,6 +315,15 @@ def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
   alpha = np.load(os.path.join(workdir, "alpha.npy"))
   assert alpha.shape == (2, 16)
   assert ((alpha >= 0) & (alpha <= 1)).all()
+  # The same run restored with its layers scanned: the per-layer sows of
+  # the scanned blocks are read layer by layer, to the same figures.
+  config.model.scan_layers = True
+  memjax.run_mode("analyze", config, workdir)
+  config.model.scan_layers = False
+  for name, want in (("attention_by_distance.npy", dist), ("alpha.npy", alpha)):
+    np.testing.assert_allclose(
+        np.load(os.path.join(workdir, name)), want, rtol=1e-5, atol=1e-7
+    )
   config.generate.num_tokens = 5
   config.generate.prompt_len = 20
   res = memjax.run_mode("generate", config, workdir)
