@@ -76,6 +76,9 @@ def _size(c, size: str) -> tuple[int, int]:
   m.cutoffs = (20000, 60000)
   m.dropout = 0.3
   n, d.batch_size = 64, 64
+  # Layers scanned: faster to compile and no more memory than unscanned
+  # (benchmarks/compile_time.py; docs/plan.md).
+  m.scan_layers = True
   o.learning_rate, o.warmup_steps, o.schedule = 5e-4, 4000, "cosine"
   t.num_steps = 200000
   e.window_len, e.score_len, e.batch_size = 128, 64, 32

@@ -139,6 +139,9 @@ def get_config(arg: str = "demo"):
     t.num_steps, t.log_every, t.checkpoint_every = 1200, 50, 200
     t.eval_every, t.eval_max_windows = 400, 64  # BLEU on 64 valid sentences
   else:  # paper
+    # Layers scanned: faster to compile and no more memory than unscanned
+    # (benchmarks/compile_time.py; docs/plan.md).
+    m.scan_layers = True
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
         6,
         512,
