@@ -100,3 +100,9 @@ def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
   memjax.train(c, taken)
   assert "layer_0_to_1" in build.load(taken).params
   jax.tree.map(np.testing.assert_array_equal, _params(taken)[1], a[1])
+  # An export of the scanned run loads into the unscanned model.
+  memjax.run_mode("export", c, taken)
+  plain = _smoke_config(1, False)
+  exported = build.load(os.path.join(taken, "export"), config=plain)
+  assert "layer_0" in exported.params and exported.kind == "export"
+  jax.tree.map(np.testing.assert_array_equal, exported.params, a[1])
