@@ -440,20 +440,19 @@ class BlockStack(nn.Module):
       attention: Sublayer,
       *,
       cross: Optional[Sublayer] = None,
-      block_cls: Callable[..., ResidualBlock] = ResidualBlock,
   ) -> ResidualBlock:
     """Block ``layer`` (0-based) with the model's LayerNorm settings,
-    dropout, dtype and feed-forward (``feed_forward_sublayer``).
+    dropout, dtype and feed-forward (``feed_forward_sublayer``), of
+    ``block_class``.
 
     Args:
       name: the block's name (``layer_0``, ...).
       layer: its index, which picks its feed-forward.
       attention: its self-attention.
       cross: its cross-attention, or None.
-      block_cls: ``ResidualBlock`` or a lifted version of it (``nn.remat``).
     """
     shared = ("norm_position", "norm_epsilon", "dropout_rate", "dtype")
-    return block_cls(
+    return self.block_class()(
         attention=attention,
         feed_forward=self.feed_forward_sublayer(layer),
         cross=cross,
@@ -468,16 +467,10 @@ class BlockStack(nn.Module):
       cross: Optional[Callable[[int], Optional[Sublayer]]] = None,
       breaks: Sequence[int] = (),
   ) -> list[stack.Run]:
-    """The runs of a stack of ``layers`` blocks named ``prefix_<i>``: runs
-    of identical layers when ``scan_layers``, else one per layer. Works on
-    an unbound module.
-
-    Args:
-      prefix: the blocks' prefix.
-      layers: how many.
-      cross: layer -> its cross-attention (None: none).
-      breaks: layers that start a run (``stack.runs``).
-    """
+    """The runs (``stack.runs``: of identical layers when ``scan_layers``,
+    else one per layer) of ``layers`` blocks named ``prefix_<i>``, with
+    the cross-attention ``cross(i)`` (or none) and runs starting at
+    ``breaks``. Works on an unbound module."""
     keys = [
         (self.feed_forward_sublayer(i), cross(i) if cross else None)
         for i in range(layers)
@@ -495,11 +488,9 @@ class BlockStack(nn.Module):
       attention: Sublayer,
       cross: Optional[Callable[[int], Optional[Sublayer]]] = None,
   ) -> list[tuple[stack.Run, ResidualBlock]]:
-    """(run, its block) of each run (``block_class``, ``make_block``)."""
-    block_cls = self.block_class()
+    """(run, its block) of each run (``make_block``)."""
     return [
         (r, self.make_block(r.name, r.first, attention,
-                            cross=cross(r.first) if cross else None,
-                            block_cls=block_cls))
+                            cross=cross(r.first) if cross else None))
         for r in runs
     ]  # fmt: skip
