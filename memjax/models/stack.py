@@ -14,8 +14,10 @@ A run's block is named ``<prefix>_<first>_to_<last>`` (``layer_0_to_2``);
 a layer alone in its run keeps its own name (``layer_3``), so a stack with
 product-key memories at layers 4 and 8 of 12 scans ``layer_0_to_2``,
 ``layer_4_to_6`` and ``layer_8_to_11`` around ``layer_3`` and ``layer_7``.
-``memjax.checkpoints.convert`` stacks and unstacks parameters between the
-two layouts.
+``stack_layers`` and ``unstack_layers`` move a tree of variables
+(parameters, an optimiser state, sown statistics, abstract shapes) between
+the two layouts; ``memjax.checkpoints.convert`` applies them at every
+restore.
 
 Blocks see the recurrent state of their layer (a Transformer-XL memory, a
 decoder's key/value cache) as the scan's per-layer input and output, and
@@ -29,11 +31,11 @@ import dataclasses
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import numpy as np
-
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from memjax import errors
 from memjax.models import unroll
@@ -262,7 +264,8 @@ def unstack_layers(tree: Any) -> Any:
 
 
 def stack_layers(tree: Any, runs: Sequence[str]) -> Any:
-  """A tree with one entry per layer, with the layers of ``runs`` stacked."""
+  """``tree`` with the layers of ``runs`` stacked under their names (its
+  stacked blocks unstacked first)."""
   return _restack(tree, runs)
 
 
@@ -287,7 +290,6 @@ def _runs_in(tree: Any) -> set[str]:
 
 def _slice(x: Any, i: int) -> Any:
   """Layer ``i`` of a stacked leaf (an array or a ShapeDtypeStruct)."""
-  import jax  # pylint: disable=g-import-not-at-top
 
   if isinstance(x, jax.ShapeDtypeStruct):
     return jax.ShapeDtypeStruct(
@@ -298,8 +300,6 @@ def _slice(x: Any, i: int) -> Any:
 
 def _stack(xs: Sequence[Any]) -> Any:
   """Per-layer leaves stacked on a new leading axis."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   x = xs[0]
   if isinstance(x, jax.ShapeDtypeStruct):
@@ -315,18 +315,17 @@ def _stack(xs: Sequence[Any]) -> Any:
 def _sharding(sharding: Any, drop: bool) -> Any:
   """A NamedSharding without (``drop``) or with a leading unsharded axis;
   other shardings as they are."""
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-
-  if not isinstance(sharding, NamedSharding):
+  if not isinstance(sharding, jax.sharding.NamedSharding):
     return sharding
   spec = tuple(sharding.spec)
   spec = spec[1:] if drop else (None,) + spec
-  return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+  return jax.sharding.NamedSharding(
+      sharding.mesh, jax.sharding.PartitionSpec(*spec)
+  )
 
 
 def _unstack_mapping(tree: Mapping[str, Any]) -> dict[str, Any]:
   """A mapping with each stacked block's entry split into its layers."""
-  import jax  # pylint: disable=g-import-not-at-top
 
   out = {}
   for k, v in tree.items():
@@ -351,7 +350,6 @@ def _stack_mapping(
   stacked from the layer that has them; a run none of whose layers is
   here is left out.
   """
-  import flax  # pylint: disable=g-import-not-at-top
 
   out = dict(tree)
   for name in runs:
