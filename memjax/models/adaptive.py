@@ -190,6 +190,18 @@ class AdaptiveEmbed(nn.Module):
       lp = jnp.where(in_c, head_lp[..., hi0 + i - 1] + tail_lp, lp)
     return lp, log_z
 
+  def _score_flat(
+      self, h: Array, y: Array, deterministic: bool
+  ) -> tuple[Array, Array]:
+    """``_score_chunk`` of h [B, P, D], y [B, P] as [B * P] tokens: the
+    rows stay the major axis, so a batch split over devices stays split,
+    and the products have the shapes a flat batch of tokens gives them
+    (the same rounding as scoring the tokens of the batch flat)."""
+    lp, lz = self._score_chunk(
+        h.reshape(-1, h.shape[-1]), y.reshape(-1), deterministic
+    )
+    return lp.reshape(y.shape), lz.reshape(y.shape)
+
   def chunk_positions(self, rows: int, positions: int) -> int:
     """Positions per row scored at a time: ``chunk_size`` tokens over the
     rows (at least 1); ``positions`` when one chunk holds them all."""
@@ -223,7 +235,7 @@ class AdaptiveEmbed(nn.Module):
     n = yf.shape[1]
     chunk = self.chunk_positions(rows, n)
     if n <= chunk:
-      lp, lz = self._score_chunk(hf, yf, deterministic)
+      lp, lz = self._score_flat(hf, yf, deterministic)
       return lp.reshape(lead), lz.reshape(lead)
     # Rematerialised in the backward pass, for the same bound on memory.
     pad = (-n) % chunk
@@ -233,7 +245,7 @@ class AdaptiveEmbed(nn.Module):
     ys = yf.reshape(rows, -1, chunk).swapaxes(0, 1)
     hs = nn.with_logical_constraint(hs, (None, "batch", "length", "embed"))
     ys = nn.with_logical_constraint(ys, (None, "batch", "length"))
-    fn = nn.remat(lambda mdl, hy: mdl._score_chunk(*hy, deterministic))
+    fn = nn.remat(lambda mdl, hy: mdl._score_flat(*hy, deterministic))
 
     def body(mdl, carry, hy):
       return carry, fn(mdl, hy)
