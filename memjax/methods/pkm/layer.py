@@ -51,12 +51,16 @@ import numpy as np
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
-from memjax.models import stats
+from memjax.methods.pkm import bag
 from memjax.models import feed_forward
+from memjax.models import stats
 
 Array = jax.Array
 USAGE_COLLECTION = "pkm_usage"
 QUERY_NORMS = ("layer", "batch")
+READS = ("bag", "gather")
+# Options that change how the memory is read, not its weights.
+READ_OPTIONS = ("read", "read_group")
 # Model families whose positions must not see later ones: batch statistics
 # over a batch would leak them.
 CAUSAL_FAMILIES = ("decoder_lm",)
@@ -206,7 +210,11 @@ class ProductKeyMemory(nn.Module):
     query_norm: 'layer' (LayerNorm, for causal models) or 'batch'
       (BatchNorm over non-padding positions; running statistics in
       'batch_stats', Flax momentum 0.9 = PyTorch's 0.1).
-    dtype: compute dtype of the query network.
+    dtype: compute dtype of the query network and of the output.
+    read: 'bag' (``bag.read``: a loop over groups of the H*k columns with its
+      own gradient, no [.., H*k, V] temporary) or 'gather' (``jnp.take``
+      then a weighted sum: the plain form, kept as the reference).
+    read_group: columns per step of the 'bag' read (0 = up to 8).
   """
 
   d_model: int
@@ -217,6 +225,8 @@ class ProductKeyMemory(nn.Module):
   k_dim: int = 256
   query_norm: str = "layer"
   dtype: Any = jnp.float32
+  read: str = "bag"
+  read_group: int = 0
 
   def _query(self, x: Array, mask: Array, deterministic: bool) -> Array:
     """[N, D] -> [N, H, k_dim] normalised queries."""
@@ -287,14 +297,16 @@ class ProductKeyMemory(nn.Module):
     scores, slots = product_key_topk(q, keys, k)
     weights = jax.nn.softmax(scores, axis=-1)  # [N, H, k] float32
     self._report(slots, weights, valid)
-    rows = jnp.take(values, slots.reshape(slots.shape[0], h * k), axis=0)
-    out = jnp.einsum(
-        "nj,njv->nv",
-        weights.reshape(-1, h * k).astype(self.dtype),
-        rows.astype(self.dtype),
-    )
-    out = jnp.where(valid[:, None], out, 0)
-    return out.reshape(lead + (vdim,))
+    # The read keeps the rows and positions leading (a batch split over
+    # devices stays split) and never holds [.., H*k, V] gathered rows.
+    slots = slots.reshape(lead + (h * k,))
+    weights = weights.reshape(lead + (h * k,))
+    if self.read == "gather":
+      out = bag.gather_read(values, slots, weights)
+    else:
+      out = bag.read(values, slots, weights, self.read_group)
+    out = jnp.where(valid.reshape(lead)[..., None], out, 0)
+    return out.astype(self.dtype)
 
   def _report(self, slots: Array, weights: Array, valid: Array) -> None:
     """Usage statistics and per-slot sums, when their collection is mutable."""
@@ -345,6 +357,8 @@ class MemoryFeedForward(nn.Module):
   query_norm: str = "layer"
   # Checked by check_model only: BatchNorm in a causal model.
   allow_batchnorm_future_leak: bool = False
+  read: str = "bag"
+  read_group: int = 0
   activation: str = "relu"  # the FFN's (model.activation)
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
@@ -375,6 +389,8 @@ class MemoryFeedForward(nn.Module):
           k_dim=self.k_dim,
           query_norm=self.query_norm,
           dtype=self.dtype,
+          read=self.read,
+          read_group=self.read_group,
           name="memory",
       )(x, deterministic=deterministic, mask=mask)
       out = out + self.memory_weight * m.astype(out.dtype)
@@ -416,6 +432,18 @@ def check_model(model: settings_lib.Model) -> None:
     raise errors.ConfigError(
         f"{where}.query_norm must be one of {QUERY_NORMS}, got {norm!r}"
     )
+  read = opts.get("read", defaults.read)
+  if read not in READS:
+    raise errors.ConfigError(
+        f"{where}.read must be one of {READS}, got {read!r}"
+    )
+  group = int(opts.get("read_group", defaults.read_group))
+  heads = int(opts.get("heads", defaults.heads))
+  if group < 0 or (group and (heads * topk) % group):
+    raise errors.ConfigError(
+        f"{where}.read_group {group} must divide heads * topk = "
+        f"{heads * topk} (or be 0 for the default)"
+    )
   leak = bool(opts.get(LEAK_SWITCH, False))
   if norm == "batch" and model.family in CAUSAL_FAMILIES and not leak:
     raise errors.ConfigError(
@@ -429,12 +457,13 @@ def check_model(model: settings_lib.Model) -> None:
 def _kind(module: type[nn.Module]) -> extend.FeedForward:
   """A memory feed-forward kind: given the padding mask; its query
   BatchNorm's running mean and variance ('batch_stats') carried by the
-  train state; the leak switch changes no weight (not in the signature)."""
+  train state; the leak switch and the read options change no weight (not
+  in the signature)."""
   return extend.FeedForward(
       module,
       takes_mask=True,
       state_collections=("batch_stats",),
-      runtime_options=(LEAK_SWITCH,),
+      runtime_options=(LEAK_SWITCH,) + READ_OPTIONS,
       takes_activation=True,
       check=check_model,
   )
