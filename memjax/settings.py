@@ -365,9 +365,11 @@ class Mesh:
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
+  # Data-parallel, and the axis a memory table's rows are split over.
+  memory: int = 1
 
   def spec(self) -> dict[str, int]:
-    """{'data': ..., 'fsdp': ..., 'tensor': ...}."""
+    """{'data': ..., 'fsdp': ..., 'tensor': ..., 'memory': ...}."""
     return dataclasses.asdict(self)
 
 

@@ -1,13 +1,18 @@
 """Device mesh and logical-axis rules.
 
 Models name logical axes only; this module maps them onto a
-``jax.sharding.Mesh`` with axes ``('data', 'fsdp', 'tensor')``:
+``jax.sharding.Mesh`` with axes ``('data', 'fsdp', 'tensor', 'memory')``:
 
-* ``batch`` is split over ``data`` and ``fsdp`` (both are data-parallel for
-  activations);
+* ``batch`` is split over ``data``, ``fsdp`` and ``memory`` (all three are
+  data-parallel for activations);
 * parameters' ``embed`` axis is split over ``fsdp`` (ZeRO-3 style: each fsdp
   shard owns a slice of every weight, gathered for use);
-* ``heads``, ``mlp`` and ``vocab`` are split over ``tensor`` (Megatron style).
+* ``heads``, ``mlp`` and ``vocab`` are split over ``tensor`` (Megatron style);
+* ``memory_slots`` (a memory table's rows) is split over ``memory`` and
+  ``tensor``: on ``memory`` alone the rest of the model stays data-parallel
+  while each device holds 1/memory of the table and its optimiser state.
+  A memory that reads such a table says how (the product-key memory reads
+  its rows where they live and adds the outputs over the devices).
 
 Flax resolves a mesh axis used twice in one array by keeping its first use,
 so activations [batch, length, embed] are split on batch only.
@@ -27,15 +32,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from memjax import errors
 from memjax import settings as settings_lib
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "memory")
+# The mesh axes a batch's rows are split over.
+BATCH_AXES = ("data", "fsdp", "memory")
 
 LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", BATCH_AXES),
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
-    ("memory_slots", "tensor"),
+    ("memory_slots", ("memory", "tensor")),
     ("kv", None),
     ("length", None),
     ("mem", None),
@@ -48,14 +55,15 @@ MeshError = errors.MeshError
 
 
 def mesh_shape(spec: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
-  """Resolves a {'data', 'fsdp', 'tensor'} spec with at most one -1.
+  """Resolves a {'data', 'fsdp', 'tensor', 'memory'} spec with at most one
+  -1.
 
   Args:
     spec: sizes per mesh axis; -1 means "all remaining devices".
     num_devices: devices available.
 
   Returns:
-    (data, fsdp, tensor) sizes whose product is num_devices.
+    (data, fsdp, tensor, memory) sizes whose product is num_devices.
 
   Raises:
     MeshError: unknown axis, several -1, or a product that does not match.
@@ -87,7 +95,7 @@ def mesh_shape(spec: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
 def make_mesh(
     spec: Mapping[str, int], devices: Sequence[jax.Device] | None = None
 ) -> Mesh:
-  """Builds the ('data', 'fsdp', 'tensor') mesh from a config spec."""
+  """Builds the ``MESH_AXES`` mesh from a config spec."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(spec, len(devices))
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
@@ -123,17 +131,23 @@ def check_batch(
       micro-batches of a step, and the segments of a lane): the message
       proposes a ``data.batch_size`` that divides.
   """
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = data_parallel(mesh)
   if batch_size % dp:
     fits = -(-batch_size // dp) * dp * rows_per_unit
     share = math.gcd(batch_size, dp)
+    sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in BATCH_AXES)
     raise MeshError(
         f"{what} {batch_size} is not divisible by the data-parallel mesh size "
-        f"{dp} (data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}): set "
+        f"{dp} ({sizes}): set "
         f"--config.data.batch_size={fits}, or split fewer devices over the "
         f"batch (e.g. --config.mesh.data={share} --config.mesh.fsdp=1 "
-        f"--config.mesh.tensor={mesh.size // share})"
+        f"--config.mesh.memory=1 --config.mesh.tensor={mesh.size // share})"
     )
+
+
+def data_parallel(mesh: Mesh) -> int:
+  """Devices a batch's rows are split over (``BATCH_AXES``)."""
+  return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
 
 
 def logical_sharding(mesh: Mesh, logical_spec: Any, rules=LOGICAL_RULES) -> Any:
@@ -143,7 +157,7 @@ def logical_sharding(mesh: Mesh, logical_spec: Any, rules=LOGICAL_RULES) -> Any:
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
   """Sharding of an array whose leading axis is the batch."""
-  return NamedSharding(mesh, P(("data", "fsdp"), *([None] * (ndim - 1))))
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -128,8 +128,9 @@ def test_mesh_errors_name_the_problem():
   # The line names the keys to change and values that work.
   message = str(e.value)
   assert "--config.data.batch_size=8" in message
-  assert "--config.mesh.data=2 --config.mesh.fsdp=1 --config.mesh.tensor=4" in (
-      message
+  assert (
+      "--config.mesh.data=2 --config.mesh.fsdp=1 --config.mesh.memory=1 --config.mesh.tensor=4"
+      in (message)
   )
   sharding_lib.check_batch(mesh, 8)
   sharding_lib.check_batch(

@@ -77,8 +77,8 @@ class Scoring:
 
 
 def data_parallel(mesh: Mesh) -> int:
-  """Devices a batch is split over (the 'data' and 'fsdp' axes)."""
-  return int(mesh.shape["data"] * mesh.shape["fsdp"])
+  """Devices a batch is split over (``sharding.BATCH_AXES``)."""
+  return sharding_lib.data_parallel(mesh)
 
 
 def batch_rows(batch_size: int, mesh: Mesh) -> int:

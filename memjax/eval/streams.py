@@ -172,7 +172,7 @@ class StreamScorer(rows.Scorer):
   def _put(self, chunk: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     out = {}
     for k, v in chunk.items():
-      spec = P(None, ("data", "fsdp"), *([None] * (v.ndim - 2)))
+      spec = P(None, sharding_lib.BATCH_AXES, *([None] * (v.ndim - 2)))
       sharding = NamedSharding(self.mesh, spec)
       out[k] = jax.make_array_from_callback(
           v.shape, sharding, lambda idx, v=v: v[idx]

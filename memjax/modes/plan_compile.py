@@ -273,9 +273,10 @@ def module_params(step: Step, name: str) -> int:
 
 
 def data_parallel(s: settings_lib.Settings, devices: list[Any]) -> int:
-  """Devices a micro-batch is split over (mesh data x fsdp)."""
-  mesh = sharding_lib.mesh_shape(s.mesh.spec(), len(devices))
-  return int(mesh[0] * mesh[1])
+  """Devices a micro-batch is split over (``sharding.BATCH_AXES``)."""
+  sizes = sharding_lib.mesh_shape(s.mesh.spec(), len(devices))
+  shape = dict(zip(sharding_lib.MESH_AXES, sizes))
+  return int(np.prod([shape[a] for a in sharding_lib.BATCH_AXES]))
 
 
 def step_memory(step: Step) -> dict[str, float]:

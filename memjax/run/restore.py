@@ -194,7 +194,7 @@ def restore(
 def _with_optimizer(run, files, model, step):
   tx, _ = run.optimizer()
   # A batch row per data shard, so a recurrent memory's template divides.
-  rows = run.mesh.shape["data"] * run.mesh.shape["fsdp"]
+  rows = sharding_lib.data_parallel(run.mesh)
   sample = {"inputs": np.zeros((rows, 8), np.int32)}
   state, shardings = state_lib.create_state(
       model, tx, run.mesh, sample, jax.random.PRNGKey(0),

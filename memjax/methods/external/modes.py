@@ -69,7 +69,7 @@ def datastore(run: spec.Run) -> dict:
       np.asarray(tokens), c.eval.window_len, c.eval.score_len,
       int(dc.max_windows),
   )  # fmt: skip
-  dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
+  dp = sharding_lib.data_parallel(loaded.mesh)
   bs = int(dc.batch_size or c.eval_memory.batch_size)
   bs = -(-bs // dp) * dp
   scoring = loaded.scoring()
@@ -165,7 +165,7 @@ def held_out_queries(
   fn = sharding_lib.jit(
       ds_lib.make_feature_fn(loaded.model, c.eval.score_len), loaded.mesh
   )
-  dp = loaded.mesh.shape["data"] * loaded.mesh.shape["fsdp"]
+  dp = sharding_lib.data_parallel(loaded.mesh)
   out, targets, have = [], [], 0
   for batch in windows.memory_eval_batches(
       loaded.splits[split], c.eval.window_len, c.eval.score_len,

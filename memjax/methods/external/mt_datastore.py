@@ -113,7 +113,7 @@ def make_teacher_forced_fn(model: Any):
 
 
 def _rows(s: Settings, restored: Any) -> int:
-  dp = restored.mesh.shape["data"] * restored.mesh.shape["fsdp"]
+  dp = sharding_lib.data_parallel(restored.mesh)
   rows = int(ext_config.mt_memory(s).rows)
   return -(-rows // dp) * dp
 

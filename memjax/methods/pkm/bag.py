@@ -43,19 +43,18 @@ def _columns(x: Array, i: Array, group: int) -> Array:
 
 def _forward(values: Array, slots: Array, weights: Array, group: int) -> Array:
   """The read, accumulated in float32: [..., V]."""
-  lead, vdim = slots.shape[:-1], values.shape[-1]
   w32 = weights.astype(jnp.float32)
 
-  def step(i, out):
+  def part(i):
     rows = jnp.take(values, _columns(slots, i, group), axis=0)
-    return out + jnp.einsum(
+    return jnp.einsum(
         "...g,...gv->...v", _columns(w32, i, group), rows.astype(jnp.float32)
     )
 
+  # The first group starts the sum: a carry built from the inputs varies
+  # over the same devices they do (inside ``shard_map``).
   steps = slots.shape[-1] // group
-  return jax.lax.fori_loop(
-      0, steps, step, jnp.zeros(lead + (vdim,), jnp.float32)
-  )
+  return jax.lax.fori_loop(1, steps, lambda i, out: out + part(i), part(0))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -83,7 +82,7 @@ def _read_bwd(group, residuals, g):
     update = _columns(w32, i, group)[..., None] * g32[..., None, :]
     return dv.at[s].add(update), dw
 
-  zeros = (jnp.zeros(values.shape, jnp.float32), jnp.zeros_like(w32))
+  zeros = (jnp.zeros_like(values, jnp.float32), jnp.zeros_like(w32))
   steps = slots.shape[-1] // group
   dv, dw = jax.lax.fori_loop(0, steps, step, zeros)
   return dv.astype(values.dtype), None, dw.astype(weights.dtype)

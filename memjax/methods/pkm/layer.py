@@ -52,6 +52,7 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.methods.pkm import bag
+from memjax.methods.pkm import sharded
 from memjax.models import feed_forward
 from memjax.models import stats
 
@@ -304,7 +305,7 @@ class ProductKeyMemory(nn.Module):
     if self.read == "gather":
       out = bag.gather_read(values, slots, weights)
     else:
-      out = bag.read(values, slots, weights, self.read_group)
+      out = sharded.read(values, slots, weights, self.read_group)
     out = jnp.where(valid.reshape(lead)[..., None], out, 0)
     return out.astype(self.dtype)
 

@@ -201,8 +201,8 @@ def token_batcher(
   """The 'tokens' batcher over a ``parallel.ParallelSplit``."""
   del cache_dir
   t = s.of(task_config.Translation)
-  # The batch is split over the data and fsdp axes: every device but the
-  # tensor-parallel ones.
+  # The batch is split over the data, fsdp and memory axes: every device
+  # but the tensor-parallel ones.
   devices = max(1, jax.device_count() // max(1, int(s.mesh.tensor)))
   return token_batching.TokenBatcher(
       train.source, train.target, max_tokens=int(t.max_tokens),

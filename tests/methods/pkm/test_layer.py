@@ -329,44 +329,6 @@ def test_top1_counts_one_per_token_and_per_head_as_a_switch():
   np.testing.assert_allclose(kl_u, np.log(8) - np.log(3), rtol=1e-6)
 
 
-def test_sharded_equals_unsharded_on_eight_devices():
-  layer = pkm.ResMFeedForward(
-      d_model=D, d_ff=24, num_keys=8, heads=H, topk=K, k_dim=KD
-  )
-  x = np.random.default_rng(6).normal(size=(8, 3, D)).astype(np.float32)
-  boxed = layer.init(jax.random.PRNGKey(0), x, deterministic=True)["params"]
-  params = nn.meta.unbox(boxed)
-
-  def loss_and_grads(params, x):
-    def f(p):
-      y, sums = stats.apply(layer, {"params": p}, x, deterministic=True)
-      return jnp.sum(jnp.sin(y)), sums
-
-    return jax.value_and_grad(f, has_aux=True)(params)
-
-  want = jax.device_get(jax.jit(loss_and_grads)(params, x))
-  mesh = sharding_lib.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
-  shardings = sharding_lib.logical_sharding(mesh, nn.get_partition_spec(boxed))
-  sharded = jax.device_put(params, shardings)
-  values = sharded["memory"]["values"]
-  assert values.addressable_shards[0].data.shape == (64 // 4, D)
-  xs = sharding_lib.put_global_batch({"x": x}, mesh)["x"]
-  fn = sharding_lib.jit(loss_and_grads, mesh)
-  got = jax.device_get(fn(sharded, xs))
-  (l1, s1), g1 = want
-  (l2, s2), g2 = got
-  np.testing.assert_allclose(l1, l2, rtol=1e-5)
-  m1, m2 = stats.means(s1), stats.means(s2)
-  assert set(m1) == {f"memory/{k}" for k in ("mu", "top1_mu", "kl_u", "kl_w")}
-  for k in m1:
-    np.testing.assert_allclose(m1[k], m2[k], rtol=1e-5, atol=1e-6)
-  jax.tree.map(
-      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-      g1,
-      g2,
-  )
-
-
 def test_lazy_adam_group_through_make_optimizer_against_numpy():
   # A parameter group of config.optim with the lazy_adam transform, a
   # warm-up and non-default b1, b2, eps: the group's rows follow NumPy's
