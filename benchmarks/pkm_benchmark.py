@@ -1,19 +1,24 @@
 """Product-key memory speed: PKM and ResM LMs against the memory-less one.
 
     python benchmarks/pkm_benchmark.py [--size=demo] [--steps=5] \
-        [--warmup=1] [--rounds=3] [--set=KEY=VALUE ...] [--out=FILE]
+        [--warmup=1] [--rounds=3] [--per_round] [--set=KEY=VALUE ...] \
+        [--out=FILE]
 
 Builds, at one size of ``configs/pkm_wt103.py``, the memory-less model (the
-baseline), the same with two PKM layers, with two ResM layers, and the
-memory-less model with twice the layers, and measures in one run (the
-models alternate within rounds, the median round is kept):
+baseline), the same with two PKM layers (read by ``bag.read``), the same
+PKM read by a plain gather (``read='gather'``, the read before the bag),
+with two ResM layers, and the memory-less model with twice the layers, and
+measures in one run (the models alternate within rounds, the median round
+is kept):
 
 * inference at batch 1 (Kim & Jung's Table 1 protocol: one sequence of
   ``data.seq_len`` tokens per call, the jitted forward pass with scores);
 * a training step (the training loop's jitted step, state donated; the
   values trained by lazy Adam as the configs train them);
-* the memory layer alone against a dense FFN (D -> F -> D) with the same
-  parameter count, forward and backward over one training batch's tokens;
+* the memory layer alone (bag and gather reads) against a dense FFN
+  (D -> F -> D) with the same parameter count and against the FFN it
+  replaces (the model's d_ff), forward and backward over one training
+  batch's tokens, with XLA's memory analysis of each (temporaries);
 * the optimiser step of one values table: lazy Adam against optax's Adam,
   with the gradient of one training batch's reads.
 
@@ -24,6 +29,11 @@ with ratios against the memory-less model and the machine; the shared
 machinery is ``benchmarks/harness.py``. Kim & Jung: BERT-base 79.8 batch/s,
 +PKM 61.4 (0.77x), +ResM 59.3 (0.74x), BERT-large 43.1 (0.54x); our goal is
 >= 0.85x the memory-less model.
+
+``--per_round`` (the default at ``--size=base``) builds each model's
+training state afresh in every round and frees it after, so that one state
+is alive at a time (the five base-size states do not fit in 24 GiB
+together); a persistent compilation cache makes the rebuilds cheap.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import optax
 from benchmarks import harness  # pylint: disable=g-import-not-at-top
 
 VOCAB = 12907
-MODELS = ("none", "pkm", "resm", "double")
+MODELS = ("none", "pkm", "pkm_gather", "resm", "double")
 PAPER = {
     "bert_base_batches_per_s": 79.8,
     "pkm_vs_base": 0.77,
@@ -59,7 +69,9 @@ PAPER = {
 def make_config(name: str, size: str, overrides: list[str]):
   """The config of one model at ``size`` ('demo', 'smoke' or 'base')."""
   base_size = "demo" if size == "base" else size
-  method = {"none": "vanilla", "double": "vanilla"}.get(name, name)
+  method = {"none": "vanilla", "double": "vanilla", "pkm_gather": "pkm"}.get(
+      name, name
+  )
   cfg = harness.load_config(
       f"configs/pkm_wt103.py:{method}_{base_size}", overrides
   )
@@ -70,7 +82,7 @@ def make_config(name: str, size: str, overrides: list[str]):
     )  # fmt: skip
     m.cutoffs = ()
     cfg.data.seq_len, cfg.data.batch_size = 128, 32
-    if name in ("pkm", "resm"):
+    if name in ("pkm", "pkm_gather", "resm"):
       m.feed_forward_layers = (4, 8)
       for k, v in zip(
           ("num_keys", "heads", "topk", "k_dim"), (512, 4, 32, 256)
@@ -78,6 +90,9 @@ def make_config(name: str, size: str, overrides: list[str]):
         m.feed_forward_options[k] = v
   if name == "double":
     m.num_layers *= 2
+  if name == "pkm_gather":
+    with m.unlocked():
+      m.feed_forward_options.read = "gather"
   m.max_len = max(m.max_len, cfg.data.seq_len)
   cfg.model.dropout = 0.0
   return cfg
@@ -120,8 +135,11 @@ def inference_bench(train: harness.TrainBench) -> CallBench:
   return CallBench(train.name, forward, train.state.params, x)
 
 
-def layer_benches(cfg: ml_collections.ConfigDict) -> list[CallBench]:
-  """The memory layer alone and a dense FFN of equal parameter count."""
+def layer_benches(
+    cfg: ml_collections.ConfigDict,
+) -> tuple[list[CallBench], int, dict[str, int]]:
+  """The memory layer alone (both reads), a dense FFN of equal parameter
+  count and the FFN the memory replaces; XLA's temporaries of each."""
   from memjax.models import feed_forward  # pylint: disable=g-import-not-at-top
   from memjax.methods.pkm import layer as pkm  # pylint: disable=g-import-not-at-top
 
@@ -129,14 +147,20 @@ def layer_benches(cfg: ml_collections.ConfigDict) -> list[CallBench]:
   o = cfg.model.feed_forward_options
   n = cfg.data.batch_size * cfg.data.seq_len
   x = jax.random.normal(jax.random.PRNGKey(0), (1, n, d))
-  memory = pkm.ProductKeyMemory(
-      d_model=d, num_keys=o.num_keys, heads=o.heads, topk=o.topk, k_dim=o.k_dim
-  )
-  mp = jax.jit(lambda: memory.init(jax.random.PRNGKey(0), x[:, :8],
-                                   deterministic=True))()  # fmt: skip
+  memories = {
+      read: pkm.ProductKeyMemory(
+          d_model=d, num_keys=o.num_keys, heads=o.heads, topk=o.topk,
+          k_dim=o.k_dim, read=read,
+      )
+      for read in ("bag", "gather")
+  }  # fmt: skip
+  mp = jax.jit(lambda: memories["bag"].init(jax.random.PRNGKey(0), x[:, :8],
+                                            deterministic=True))()  # fmt: skip
   count = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(mp))
-  dense = feed_forward.FeedForward(d_model=d, d_ff=max(1, count // (2 * d)))
-  dp = dense.init(jax.random.PRNGKey(0), x[:, :8], deterministic=True)
+  denses = {
+      f"dense_ffn_{f}": feed_forward.FeedForward(d_model=d, d_ff=f)
+      for f in (max(1, count // (2 * d)), cfg.model.d_ff)
+  }
 
   def fwd_bwd(module):
     def f(params, x):
@@ -145,10 +169,81 @@ def layer_benches(cfg: ml_collections.ConfigDict) -> list[CallBench]:
 
     return f
 
-  return [
-      CallBench(f"dense_ffn_{dense.d_ff}", fwd_bwd(dense), dp, x),
-      CallBench("memory_layer", fwd_bwd(memory), mp, x),
-  ], count
+  benches = []
+  for name, dense in denses.items():
+    dp = dense.init(jax.random.PRNGKey(0), x[:, :8], deterministic=True)
+    benches.append(CallBench(name, fwd_bwd(dense), dp, x))
+  for read, memory in memories.items():
+    benches.append(CallBench(f"memory_layer_{read}", fwd_bwd(memory), mp, x))
+  temps = {
+      b.name: int(
+          b.fn.lower(*b.args).compile().memory_analysis().temp_size_in_bytes
+      )
+      for b in benches
+  }
+  return benches, count, temps
+
+
+class Rebuilt:
+  """One model's inference and training benches, built afresh per round.
+
+  ``--per_round``: only this model's state is alive while it runs; the
+  compilation cache serves the rebuilds. Exposes ``train`` and ``infer``
+  (the last round's benches, their arrays freed) for the report.
+  """
+
+  def __init__(self, name, cfg, batches):
+    self.name, self.cfg, self.batches = name, cfg, batches
+    self.train_times: list[float] = []
+    self.infer_times: list[float] = []
+    self.train = self.infer = None
+
+  def round(self, steps: int, warmup: int) -> None:
+    train = harness.TrainBench(self.name, self.cfg, VOCAB, self.batches)
+    infer = inference_bench(train)
+    infer.warm_up(warmup)
+    self.infer_times.append(infer.run(steps))
+    train.warm_up(warmup)
+    self.train_times.append(train.run(steps))
+    train.times, infer.times = self.train_times, self.infer_times
+    train.state = train.batches = infer.args = None  # Free the arrays.
+    self.train, self.infer = train, infer
+
+
+def build_models(configs, args) -> tuple[list[Any], list[CallBench]]:
+  """Train and inference benches of every model, timed (run_rounds)."""
+  rng = np.random.default_rng(0)
+  batches = {}
+  for name, cfg in configs.items():
+    b, l = cfg.data.batch_size, cfg.data.seq_len
+    toks = rng.integers(0, VOCAB, (2, b, l + 1)).astype(np.int32)
+    batches[name] = [{"inputs": t[:, :-1], "targets": t[:, 1:]} for t in toks]
+  timing = dict(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
+  if args.per_round:
+    models = [Rebuilt(n, c, batches[n]) for n, c in configs.items()]
+    for r in range(args.rounds):
+      for m in models:
+        harness.log(f"round {r + 1}: building and timing {m.name}")
+        m.round(args.steps, args.warmup)
+      harness.log(
+          f"round {r + 1}/{args.rounds}: "
+          + ", ".join(
+              f"{m.name} infer {m.infer_times[-1]:.4g} s, train "
+              f"{m.train_times[-1]:.4g} s/step"
+              for m in models
+          )
+      )
+    return [m.train for m in models], [m.infer for m in models]
+  train = []
+  for name, cfg in configs.items():
+    harness.log(f"building {name} ({cfg.name}, {cfg.model.num_layers} layers)")
+    train.append(harness.TrainBench(name, cfg, VOCAB, batches[name]))
+  infer = [inference_bench(t) for t in train]
+  harness.log("inference at batch 1")
+  harness.run_rounds(infer, **timing)
+  harness.log("training steps")
+  harness.run_rounds(train, **timing)
+  return train, infer
 
 
 def optimizer_benches(cfg: ml_collections.ConfigDict) -> list[CallBench]:
@@ -181,36 +276,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument(
       "--size", default="demo", choices=("smoke", "demo", "base")
   )
+  parser.add_argument(
+      "--per_round", action=argparse.BooleanOptionalAction, default=None,
+      help="build each model's state per round (default: at --size=base)",
+  )  # fmt: skip
   harness.add_timing_args(parser, steps=5, warmup=1, rounds=3)
   args = parser.parse_args(argv)
+  if args.per_round is None:
+    args.per_round = args.size == "base"
+  if args.per_round:
+    jax.config.update("jax_compilation_cache_dir",
+                      os.path.join(os.path.expanduser("~"), ".cache",
+                                   "memjax_benchmark_jit"))  # fmt: skip
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   configs = {n: make_config(n, args.size, args.set) for n in MODELS}
-  rng = np.random.default_rng(0)
-  train = []
-  for name, cfg in configs.items():
-    b, l = cfg.data.batch_size, cfg.data.seq_len
-    toks = rng.integers(0, VOCAB, (2, b, l + 1)).astype(np.int32)
-    batches = [{"inputs": t[:, :-1], "targets": t[:, 1:]} for t in toks]
-    harness.log(f"building {name} ({cfg.name}, {cfg.model.num_layers} layers)")
-    train.append(harness.TrainBench(name, cfg, VOCAB, batches))
-  infer = [inference_bench(t) for t in train]
-  layers, layer_params = layer_benches(configs["pkm"])
+  train, infer = build_models(configs, args)
+  layers, layer_params, layer_temps = layer_benches(configs["pkm"])
   optimizers, read_share = optimizer_benches(configs["pkm"])
   timing = dict(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
-  harness.log("inference at batch 1")
-  harness.run_rounds(infer, **timing)
-  harness.log("training steps")
-  harness.run_rounds(train, **timing)
-  harness.log("memory layer alone, dense FFN of equal parameter count")
+  harness.log("memory layer alone, dense FFNs")
   harness.run_rounds(layers, **timing)
   harness.log("values table update")
   harness.run_rounds(optimizers, **timing)
   seq = configs["none"].data.seq_len
   extra = {
       "size": args.size,
+      "per_round": args.per_round,
       "paper": PAPER,
       "inference_batch_1": [b.result(seq, "batch") for b in infer],
       "memory_layer_params": layer_params,
       "layer_alone": [b.result(1, "call") for b in layers],
+      "layer_alone_temp_bytes": layer_temps,
       "values_update": [b.result(1, "call") for b in optimizers],
       "values_rows_read_share": read_share,
   }

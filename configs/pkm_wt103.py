@@ -11,6 +11,8 @@ settings. METHOD:
 * ``pkm``: memory layers replace the FFN of the chosen layers (Lample et
   al.'s LM setting; x' = LN(x + PKM(x))).
 * ``resm``: residual memory, FFN + PKM (Kim & Jung, section 4.2).
+* ``memory_plus``: Memory+ (Berges et al. 2025) replaces the FFN: the
+  memory's output gated, ``(PKM(x) ⊙ silu(x W1)) W2``, with qk-norm.
 * ``trime_pkm``, ``trime_resm``: the same, trained with TRIMELM's objective
   (the TRIME loss with the local memory), a combination neither paper has.
 
@@ -40,7 +42,7 @@ trime_wt103 = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(trime_wt103)
 
 SIZES = trime_wt103.SIZES
-METHODS = ("vanilla", "pkm", "resm", "trime_pkm", "trime_resm")
+METHODS = ("vanilla", "pkm", "resm", "memory_plus", "trime_pkm", "trime_resm")
 
 # Per size: (num_keys C, heads, topk k, k_dim).
 MEMORY = {
@@ -76,7 +78,8 @@ def apply_memory(
     topk: int,
     k_dim: int,
 ) -> None:
-  """Puts memory layers of ``kind`` ('pkm' or 'resm') into config ``c``."""
+  """Puts memory layers of ``kind`` ('pkm', 'resm' or 'memory_plus') into
+  config ``c``."""
   m = c.model
   m.feed_forward = kind
   m.feed_forward_layers = memory_layers(m.num_layers)

@@ -1,12 +1,12 @@
-"""The product-key memory demo: the memory-less LM, PKM and ResM.
+"""The product-key memory demo: the memory-less LM, PKM, ResM and Memory+.
 
     python -m memjax.demos.pkm --workdir=runs/pkm_demo
 
-Trains the ``demo``, ``pkm_demo`` and ``resm_demo`` variants of
-``configs/pkm_wt103.py`` on the shipped demo corpus (the same model, steps
-and data order each; memory layers 2 and 3 of 4 with 128^2 slots), evaluates
-them, and runs ``--mode=memory_usage`` over the valid split on the two
-memory models. Writes to ``--workdir``:
+Trains the ``demo``, ``pkm_demo``, ``resm_demo`` and ``memory_plus_demo``
+variants of ``configs/pkm_wt103.py`` on the shipped demo corpus (the same
+model, steps and data order each; memory layers 2 and 3 of 4 with 128^2
+slots), evaluates them, and runs ``--mode=memory_usage`` over the valid
+split on the memory models. Writes to ``--workdir``:
 
 * ``table.md``, ``table.json``: valid / test perplexity, parameters,
   training tokens/s, and per memory layer MU, top-1 MU, KL_u, KL_w;
@@ -26,13 +26,19 @@ from memjax.io import paths
 from memjax.demos import common
 
 FLAGS = common.define_flags(
-    "runs/pkm_demo", rows="Subset of rows (vanilla, pkm, resm)."
+    "runs/pkm_demo", rows="Subset of rows (vanilla, pkm, resm, memory_plus)."
 )
 
 ROWS = (
     common.Row("vanilla", "Transformer (no memory)", "pkm_wt103", "demo"),
     common.Row("pkm", "PKM (memory replaces FFN)", "pkm_wt103", "pkm_demo"),
     common.Row("resm", "ResM (FFN + memory)", "pkm_wt103", "resm_demo"),
+    common.Row(
+        "memory_plus",
+        "Memory+ (gated memory replaces FFN)",
+        "pkm_wt103",
+        "memory_plus_demo",
+    ),
 )
 
 

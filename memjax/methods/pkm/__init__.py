@@ -1,6 +1,10 @@
 """Product-key memory (Lample et al. 2019) and residual memory (Kim & Jung 2020).
 
-* ``layer``: the memory and its two feed-forward kinds ('pkm', 'resm');
+* ``layer``: the memory and its feed-forward kinds ('pkm', 'resm', and
+  Memory+'s 'memory_plus');
+* ``bag``, ``sharded``: its read, memory-bounded, and where the table's
+  rows are split over devices;
+* ``counts``: per-slot sums of its reads and the usage metrics;
 * ``lazy_adam``: the optimiser transform of the memory values
   ('lazy_adam');
 * ``usage``: memory usage (MU, top-1 MU, KL), ``--mode=memory_usage`` and
@@ -17,7 +21,11 @@ from memjax.methods.pkm import usage
 
 METHOD = extend.Method(
     name="pkm",
-    feed_forward={"pkm": layer.PKM, "resm": layer.RESM},
+    feed_forward={
+        "pkm": layer.PKM,
+        "resm": layer.RESM,
+        "memory_plus": layer.MEMORY_PLUS,
+    },
     optimizer_transforms={"lazy_adam": lazy_adam.lazy_adam_of},
     sum_reports={"memory": usage.REPORT},
     modes={

@@ -52,6 +52,7 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.methods.pkm import bag
+from memjax.methods.pkm import counts
 from memjax.methods.pkm import sharded
 from memjax.models import feed_forward
 from memjax.models import stats
@@ -99,103 +100,21 @@ def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
   return scores, slots.astype(jnp.int32)
 
 
-USAGE_COUNTS = ("token", "head")
+def _unit_rms(x: Array) -> Array:
+  """x scaled to unit RMS over its last axis (float32)."""
+  x = x.astype(jnp.float32)
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
-def _token_slots(slots: Array, weights: Array) -> tuple[Array, Array, Array]:
-  """Each token's distinct slots and their weights summed over heads.
-
-  Args:
-    slots: [N, H, k] slots read.
-    weights: [N, H, k] their weights.
-
-  Returns:
-    (sorted slots [N, H*k], first [N, H*k] bool: the first entry of each
-    distinct slot, top [N] the slot of largest summed weight, ties to the
-    lower slot).
-  """
-  n = slots.shape[0]
-  flat_s, flat_w = slots.reshape(n, -1), weights.reshape(n, -1)
-  order = jnp.argsort(flat_s, axis=-1)
-  s = jnp.take_along_axis(flat_s, order, -1)
-  w = jnp.take_along_axis(flat_w, order, -1)
-  first = jnp.concatenate(
-      [jnp.ones((n, 1), bool), s[:, 1:] != s[:, :-1]], axis=-1
+def _qk_norm(q: Array, keys: Array) -> tuple[Array, Array]:
+  """Memory+'s qk-norm, as memjax reads it: each product half of the
+  queries [N, H, k_dim] and each sub-key [H, 2, C, k_dim/2] at unit RMS,
+  with no learned scale."""
+  half = q.shape[-1] // 2
+  q = jnp.concatenate(
+      [_unit_rms(q[..., :half]), _unit_rms(q[..., half:])], axis=-1
   )
-  seg = jnp.cumsum(first, axis=-1) - 1  # [N, H*k] run of each entry
-  m = s.shape[1]
-  totals = jax.vmap(lambda x, i: jax.ops.segment_sum(x, i, m))(w, seg)
-  runs = jnp.arange(m)[None, :] <= seg[:, -1:]  # segments that hold a slot
-  totals = jnp.where(runs, totals, -1.0)
-  seg_slot = jax.vmap(lambda x, i: jax.ops.segment_max(x, i, m))(s, seg)
-  top = jnp.take_along_axis(seg_slot, jnp.argmax(totals, axis=-1)[:, None], -1)[
-      :, 0
-  ]
-  return s, first, top
-
-
-def usage_counts(
-    slots: Array,
-    weights: Array,
-    valid: Array,
-    num_slots: int,
-    per: str = "token",
-) -> tuple[Array, Array, Array]:
-  """Per-slot sums of one call's reads (Kim & Jung, section 3.2).
-
-  Kim & Jung's t'_i = sum_x delta(argmax_j w(x)_j = i) counts one top-1 per
-  token x, w(x) its weights over the slots: here each head's softmax
-  weights summed per slot. u'_i = sum_x delta(w(x)_i > 0) likewise counts
-  a token once per slot however many heads read it. ``per='head'`` counts
-  every head's read and top-1 instead (H top-1 events per token).
-
-  Args:
-    slots: [N, H, k] slots read (top-1 first).
-    weights: [N, H, k] their softmax weights.
-    valid: [N] 1 for positions that count, 0 for padding.
-    num_slots: |K|.
-    per: 'token' or 'head' (``USAGE_COUNTS``).
-
-  Returns:
-    (u' reads [|K|], t' top-1 reads [|K|], w' summed weights [|K|]), all
-    float32.
-  """
-  v = valid.astype(jnp.float32)
-  zeros = jnp.zeros((num_slots,), jnp.float32)
-  wsum = zeros.at[slots.reshape(-1)].add(
-      (weights * v[:, None, None]).reshape(-1)
-  )
-  if per == "head":
-    reads = zeros.at[slots.reshape(-1)].add(
-        jnp.broadcast_to(v[:, None, None], slots.shape).reshape(-1)
-    )
-    top1 = zeros.at[slots[..., 0].reshape(-1)].add(
-        jnp.broadcast_to(v[:, None], slots.shape[:2]).reshape(-1)
-    )
-    return reads, top1, wsum
-  if per != "token":
-    raise ValueError(f"per must be one of {USAGE_COUNTS}, got {per!r}")
-  s, first, top = _token_slots(slots, weights)
-  reads = zeros.at[s.reshape(-1)].add((first * v[:, None]).reshape(-1))
-  top1 = zeros.at[top].add(v)
-  return reads, top1, wsum
-
-
-def _kl_uniform(counts: Array) -> Array:
-  """log|K| + sum_i p_i log p_i of p = counts / sum (0 log 0 = 0)."""
-  p = counts / jnp.maximum(jnp.sum(counts), 1e-30)
-  plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
-  return jnp.log(float(counts.shape[0])) + jnp.sum(plogp)
-
-
-def usage_metrics(reads: Array, top1: Array, wsum: Array) -> dict[str, Array]:
-  """MU, top-1 MU, KL_u, KL_w of per-slot sums [|K|] (section 3.2)."""
-  return {
-      "mu": jnp.mean((reads > 0).astype(jnp.float32)),
-      "top1_mu": jnp.mean((top1 > 0).astype(jnp.float32)),
-      "kl_u": _kl_uniform(reads),
-      "kl_w": _kl_uniform(wsum),
-  }
+  return q, _unit_rms(keys)
 
 
 class ProductKeyMemory(nn.Module):
@@ -216,6 +135,8 @@ class ProductKeyMemory(nn.Module):
       own gradient, no [.., H*k, V] temporary) or 'gather' (``jnp.take``
       then a weighted sum: the plain form, kept as the reference).
     read_group: columns per step of the 'bag' read (0 = up to 8).
+    qk_norm: scale the query halves and the sub-keys to unit RMS before
+      scoring (Memory+, Berges et al. 2025; off in Lample et al.).
   """
 
   d_model: int
@@ -228,6 +149,7 @@ class ProductKeyMemory(nn.Module):
   dtype: Any = jnp.float32
   read: str = "bag"
   read_group: int = 0
+  qk_norm: bool = False
 
   def _query(self, x: Array, mask: Array, deterministic: bool) -> Array:
     """[N, D] -> [N, H, k_dim] normalised queries."""
@@ -295,6 +217,8 @@ class ProductKeyMemory(nn.Module):
         ),
         (c * c, vdim),
     )
+    if self.qk_norm:
+      q, keys = _qk_norm(q, keys)
     scores, slots = product_key_topk(q, keys, k)
     weights = jax.nn.softmax(scores, axis=-1)  # [N, H, k] float32
     self._report(slots, weights, valid)
@@ -317,12 +241,14 @@ class ProductKeyMemory(nn.Module):
       return
     slots = jax.lax.stop_gradient(slots)
     weights = jax.lax.stop_gradient(weights)
-    sums = usage_counts(slots, weights, valid, self.num_keys**2)
+    sums = counts.usage_counts(slots, weights, valid, self.num_keys**2)
     if want_aux:
-      for name, value in usage_metrics(*sums).items():
+      for name, value in counts.usage_metrics(*sums).items():
         stats.report_mean(self, name, value)
     if want_sums:
-      heads = usage_counts(slots, weights, valid, self.num_keys**2, "head")
+      heads = counts.usage_counts(
+          slots, weights, valid, self.num_keys**2, "head"
+      )
       named = dict(zip(("reads", "top1", "weights"), sums))
       named.update(reads_per_head=heads[0], top1_per_head=heads[1])
       for name, value in named.items():
@@ -340,10 +266,12 @@ class MemoryFeedForward(nn.Module):
 
   The FFN (module ``dense``) exists only when alpha != 0; the memory
   (``memory``) only when beta != 0. Options (``model.feed_forward_options``)
-  are the ``ProductKeyMemory`` attributes plus ``activation_dropout`` and
-  ``allow_batchnorm_future_leak``: a causal model (``CAUSAL_FAMILIES``)
-  takes ``query_norm='batch'`` only with it set, since a batch's statistics
-  mix every position, later ones included.
+  are the ``ProductKeyMemory`` attributes plus ``activation_dropout``,
+  ``gate`` and ``allow_batchnorm_future_leak``: a causal model
+  (``CAUSAL_FAMILIES``) takes ``query_norm='batch'`` only with it set, since
+  a batch's statistics mix every position, later ones included. ``gate``
+  (Memory+, Berges et al. 2025) passes the memory's output through
+  ``(m ⊙ silu(x W1)) W2`` (modules ``gate_in``, ``gate_out``).
   """
 
   d_model: int
@@ -360,6 +288,8 @@ class MemoryFeedForward(nn.Module):
   allow_batchnorm_future_leak: bool = False
   read: str = "bag"
   read_group: int = 0
+  qk_norm: bool = False
+  gate: bool = False
   activation: str = "relu"  # the FFN's (model.activation)
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
@@ -392,10 +322,25 @@ class MemoryFeedForward(nn.Module):
           dtype=self.dtype,
           read=self.read,
           read_group=self.read_group,
+          qk_norm=self.qk_norm,
           name="memory",
       )(x, deterministic=deterministic, mask=mask)
+      if self.gate:
+        m = self._gate(x, m)
       out = out + self.memory_weight * m.astype(out.dtype)
     return out
+
+  def _gate(self, x: Array, m: Array) -> Array:
+    """Memory+'s gate ``(m ⊙ silu(x W1)) W2``: [B, T, D] -> [B, T, D]."""
+    dense = lambda axes, name: nn.Dense(
+        self.d_model, dtype=self.dtype, name=name,
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(), axes),
+        bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros, (axes[1],)),
+    )  # fmt: skip
+    g = nn.silu(dense(("embed", "mlp"), "gate_in")(x))
+    return dense(("mlp", "embed"), "gate_out")(m.astype(g.dtype) * g)
 
 
 class PKMFeedForward(MemoryFeedForward):
@@ -403,6 +348,16 @@ class PKMFeedForward(MemoryFeedForward):
 
   ffn_weight: float = 0.0
   memory_weight: float = 1.0
+
+
+class MemoryPlusFeedForward(MemoryFeedForward):
+  """Memory+ (Berges et al. 2025) in place of the FFN ('memory_plus'):
+  ``(PKM(x) ⊙ silu(x W1)) W2`` with qk-norm."""
+
+  ffn_weight: float = 0.0
+  memory_weight: float = 1.0
+  qk_norm: bool = True
+  gate: bool = True
 
 
 class ResMFeedForward(MemoryFeedForward):
@@ -472,3 +427,4 @@ def _kind(module: type[nn.Module]) -> extend.FeedForward:
 
 PKM = _kind(PKMFeedForward)
 RESM = _kind(ResMFeedForward)
+MEMORY_PLUS = _kind(MemoryPlusFeedForward)

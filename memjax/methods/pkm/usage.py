@@ -42,6 +42,7 @@ from memjax.io import console
 from memjax.io import paths
 from memjax.methods.pkm import class_usage
 from memjax.methods.pkm import config as pkm_config
+from memjax.methods.pkm import counts
 from memjax.methods.pkm import layer as pkm_layer
 from memjax.models import stats
 from memjax.run import restore
@@ -94,7 +95,7 @@ def metrics(
   """MU, top-1 MU, KL_u, KL_w (and the reads counted) of one layer's sums,
   u' and t' counted per ``count`` ('token' or 'head', ``COUNT_KEYS``)."""
   keys = COUNT_KEYS[count]
-  m = pkm_layer.usage_metrics(*(np.asarray(sums[k], np.float32) for k in keys))
+  m = counts.usage_metrics(*(np.asarray(sums[k], np.float32) for k in keys))
   out = {k: float(v) for k, v in m.items()}
   out["slots"] = int(len(sums[keys[0]]))
   out["reads"] = float(np.sum(sums[keys[0]]))

@@ -12,8 +12,6 @@ import optax
 import pytest
 
 from memjax import catalog
-from memjax import sharding as sharding_lib
-from memjax.models import stats
 from memjax.methods.pkm import layer as pkm
 from memjax.models import transformer
 
@@ -279,56 +277,6 @@ def test_lazy_adam_leaves_unread_rows_and_moments_bit_identical(fraction):
   assert int(state.count) == 3
 
 
-def test_usage_metrics_on_hand_made_patterns():
-  n = 16
-  uniform = pkm.usage_metrics(jnp.ones(n), jnp.ones(n), jnp.full(n, 0.5))
-  np.testing.assert_allclose(
-      [uniform[k] for k in ("mu", "top1_mu", "kl_u", "kl_w")],
-      [1.0, 1.0, 0.0, 0.0],
-      atol=1e-6,
-  )
-  one = jnp.zeros(n).at[3].set(7.0)
-  single = pkm.usage_metrics(one, one, one)
-  np.testing.assert_allclose(
-      [single[k] for k in ("mu", "top1_mu", "kl_u", "kl_w")],
-      [1 / n, 1 / n, np.log(n), np.log(n)],
-      rtol=1e-6,
-  )
-  # Counts from reads: two positions, one head, k = 2; the second is padding.
-  slots = jnp.asarray([[[2, 5]], [[2, 7]]])
-  w = jnp.asarray([[[0.75, 0.25]], [[0.5, 0.5]]])
-  reads, top1, wsum = pkm.usage_counts(slots, w, jnp.asarray([1, 0]), 8)
-  np.testing.assert_array_equal(reads, [0, 0, 1, 0, 0, 1, 0, 0])
-  np.testing.assert_array_equal(top1, [0, 0, 1, 0, 0, 0, 0, 0])
-  np.testing.assert_allclose(wsum, [0, 0, 0.75, 0, 0, 0.25, 0, 0])
-  half = pkm.usage_metrics(reads, top1, wsum)
-  np.testing.assert_allclose(half["mu"], 2 / 8)
-  np.testing.assert_allclose(half["kl_u"], np.log(8) - np.log(2), rtol=1e-6)
-
-
-def test_top1_counts_one_per_token_and_per_head_as_a_switch():
-  # One token, two heads of k = 2: head 0 reads slots 3, 5 (weights 0.6,
-  # 0.4), head 1 slots 5, 1 (0.7, 0.3). Summed over heads: slot 5 has 1.1,
-  # slot 3 0.6, slot 1 0.3. A second, padding token reads slot 0.
-  slots = jnp.asarray([[[3, 5], [5, 1]], [[0, 2], [0, 4]]])
-  w = jnp.asarray([[[0.6, 0.4], [0.7, 0.3]], [[0.5, 0.5], [0.9, 0.1]]])
-  valid = jnp.asarray([1, 0])
-  reads, top1, wsum = pkm.usage_counts(slots, w, valid, 8)
-  # Per token (the default): one top-1, slot 5, which head 0 ranks second.
-  np.testing.assert_array_equal(top1, [0, 0, 0, 0, 0, 1, 0, 0])
-  np.testing.assert_array_equal(reads, [0, 1, 0, 1, 0, 1, 0, 0])
-  h_reads, h_top1, h_wsum = pkm.usage_counts(slots, w, valid, 8, "head")
-  # Per head: each head's top-1 counts, two events.
-  np.testing.assert_array_equal(h_top1, [0, 0, 0, 1, 0, 1, 0, 0])
-  np.testing.assert_array_equal(h_reads, [0, 1, 0, 1, 0, 2, 0, 0])
-  assert float(top1.sum()) == 1 and float(h_top1.sum()) == 2
-  np.testing.assert_allclose(wsum, [0, 0.3, 0, 0.6, 0, 1.1, 0, 0], rtol=1e-6)
-  np.testing.assert_allclose(h_wsum, wsum)
-  # KL_u reads the per-token u': three slots read once each.
-  kl_u = pkm.usage_metrics(reads, top1, wsum)["kl_u"]
-  np.testing.assert_allclose(kl_u, np.log(8) - np.log(3), rtol=1e-6)
-
-
 def test_lazy_adam_group_through_make_optimizer_against_numpy():
   # A parameter group of config.optim with the lazy_adam transform, a
   # warm-up and non-default b1, b2, eps: the group's rows follow NumPy's
@@ -407,3 +355,38 @@ def test_the_leak_switch_at_false_keeps_the_signature_of_runs_saved_before(
   saved["model"]["feed_forward_options"]["allow_batchnorm_future_leak"] = True
   saved["signature_version"] = 2
   assert convert.upgrade(saved) == now
+
+
+def _np_rms(x):
+  return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6)
+
+
+def test_memory_plus_gate_and_qk_norm_match_numpy():
+  """Memory+ (Berges et al.): (PKM(x) ⊙ silu(x W1 + b1)) W2 + b2, with the
+  query halves and the sub-keys at unit RMS before the search."""
+  layer = pkm.MemoryPlusFeedForward(
+      d_model=D, d_ff=24, num_keys=C, heads=H, topk=K, k_dim=KD
+  )
+  x = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (2, 4, D)))
+  variables = layer.init(jax.random.PRNGKey(0), x, deterministic=True)
+  p = _unbox(variables["params"])
+  assert set(p) == {"memory", "gate_in", "gate_out"}  # No FFN: it replaces it.
+  out = layer.apply(variables, x, deterministic=True)
+  m = p["memory"]
+  xf = x.reshape(-1, D)
+  q = xf @ m["query"]["kernel"] + m["query"]["bias"]
+  q = (q - q.mean(-1, keepdims=True)) / np.sqrt(q.var(-1, keepdims=True) + 1e-5)
+  q = (q * m["query_norm"]["scale"] + m["query_norm"]["bias"]).reshape(
+      -1, H, KD
+  )
+  q = np.concatenate(
+      [_np_rms(q[..., : KD // 2]), _np_rms(q[..., KD // 2 :])], -1
+  )
+  scores, slots = np_lookup(q, _np_rms(m["keys"]), K)
+  w = np.exp(scores - scores.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  read = np.einsum("nhk,nhkv->nv", w, m["values"][slots])
+  g = xf @ p["gate_in"]["kernel"] + p["gate_in"]["bias"]
+  g = g / (1 + np.exp(-g))
+  want = (read * g) @ p["gate_out"]["kernel"] + p["gate_out"]["bias"]
+  np.testing.assert_allclose(out.reshape(-1, D), want, rtol=1e-4, atol=1e-5)
