@@ -39,8 +39,8 @@ demo: $(STAMP) ## ~11 min: vanilla, vanilla + cache and TRIMELM (docs/trime.md)
 demo-lamemo: $(STAMP) ## ~15 min (17 CPU-min): Transformer+RPE, XL, LaMemo (docs/lamemo.md)
 	$(PY) -m memjax.demos.lamemo --workdir=runs/lamemo_demo
 
-# Memory-less, PKM and ResM LMs with the same steps; see docs/pkm.md.
-demo-pkm: $(STAMP) ## ~60 min: memory-less, PKM and ResM LMs (docs/pkm.md)
+# Memory-less, PKM, ResM and Memory+ LMs with the same steps; see docs/pkm.md.
+demo-pkm: $(STAMP) ## ~80 min: memory-less, PKM, ResM and Memory+ LMs (docs/pkm.md)
 	$(PY) -m memjax.demos.pkm --workdir=runs/pkm_demo
 
 # BERT-style encoders with PKM / ResM, initialisation and sentiment

@@ -47,7 +47,8 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import jax  # pylint: disable=g-import-not-at-top
+import flax  # pylint: disable=g-import-not-at-top
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -169,7 +170,7 @@ def layer_benches(
 
     return f
 
-  benches = []
+  benches = parts_benches(memories["bag"], mp, x)
   for name, dense in denses.items():
     dp = dense.init(jax.random.PRNGKey(0), x[:, :8], deterministic=True)
     benches.append(CallBench(name, fwd_bwd(dense), dp, x))
@@ -182,6 +183,48 @@ def layer_benches(
       for b in benches
   }
   return benches, count, temps
+
+
+def parts_benches(memory, params, x) -> list[CallBench]:
+  """Where a memory layer's time goes: the search (query network, sub-key
+  scores, the three top-k, the softmax) and the read (``bag.read``), each
+  forward and backward."""
+  from memjax.methods.pkm import bag  # pylint: disable=g-import-not-at-top
+  from memjax.methods.pkm import layer as pkm  # pylint: disable=g-import-not-at-top
+
+  p = flax.linen.meta.unbox(params["params"])
+  xf = x.reshape(-1, x.shape[-1])
+
+  def search(p, xf):
+    def loss(p):
+      width = memory.heads * memory.k_dim
+      q = flax.linen.Dense(width).apply({"params": p["query"]}, xf)
+      q = (
+          flax.linen.LayerNorm(epsilon=1e-5)
+          .apply({"params": p["query_norm"]}, q)
+          .reshape(-1, memory.heads, memory.k_dim)
+      )
+      scores, _ = pkm.product_key_topk(q, p["keys"], memory.topk)
+      return jnp.sum(jax.nn.softmax(scores, -1) * scores)
+
+    return jax.grad(loss)(p)
+
+  # Slots as random as a trained memory's spread of reads (the read's cost
+  # does not depend on which rows).
+  slots = jax.random.randint(
+      jax.random.PRNGKey(3), (1, xf.shape[0], memory.heads * memory.topk),
+      0, memory.num_keys**2,
+  )  # fmt: skip
+  weights = jax.random.uniform(jax.random.PRNGKey(4), slots.shape)
+
+  def read(values, weights):
+    loss = lambda v, w: jnp.sum(bag.read(v, slots, w))
+    return jax.grad(loss, (0, 1))(values, weights)
+
+  return [
+      CallBench("memory_search", search, p, xf),
+      CallBench("memory_read", read, p["values"], weights),
+  ]
 
 
 class Rebuilt:

@@ -169,6 +169,9 @@ def _memory(c, kind, num_keys, heads, topk, k_dim, frozen=False) -> None:
   o = m.feed_forward_options
   o.num_keys, o.heads, o.topk, o.k_dim = num_keys, heads, topk, k_dim
   o.query_norm = "batch"  # Kim & Jung, section 5.1
+  # How the values are read (docs/pkm.md): the memory-bounded bag, its
+  # columns per step (0 = up to 8); 'gather' is the plain form.
+  o.read, o.read_group = "bag", 0
   if frozen:
     c.optim.groups.memory_frozen = ml_collections.ConfigDict(
         {"params": FROZEN, "transform": "frozen"}

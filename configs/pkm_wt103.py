@@ -88,6 +88,10 @@ def apply_memory(
   m.feed_forward_options.topk = topk
   m.feed_forward_options.k_dim = k_dim
   m.feed_forward_options.query_norm = "layer"  # Causal: no batch statistics.
+  # How the values are read (docs/pkm.md): the memory-bounded bag, its
+  # columns per step (0 = up to 8); 'gather' is the plain form.
+  m.feed_forward_options.read = "bag"
+  m.feed_forward_options.read_group = 0
   # BatchNorm queries (query_norm='batch') see later positions through the
   # batch statistics: refused unless this is set (docs/pkm.md).
   m.feed_forward_options.allow_batchnorm_future_leak = False
