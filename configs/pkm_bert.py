@@ -76,8 +76,9 @@ FINETUNE = {
     "6l": (2e-5, 32, 10, 67349),
     "base": (2e-5, 32, 10, 67349),
 }
-VALUES = "/ffn/memory/values$"
-FROZEN = "/ffn/memory/(values|keys)$"
+# The memory values: per layer, or the one table of shared_values.
+VALUES = "/ffn/memory/values$|^ffn_shared/values$"
+FROZEN = "/ffn/memory/(values|keys)$|^ffn_shared/values$"
 
 
 def memory_layers(num_layers: int) -> tuple[int, ...]:

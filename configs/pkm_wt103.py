@@ -12,7 +12,8 @@ settings. METHOD:
   al.'s LM setting; x' = LN(x + PKM(x))).
 * ``resm``: residual memory, FFN + PKM (Kim & Jung, section 4.2).
 * ``memory_plus``: Memory+ (Berges et al. 2025) replaces the FFN: the
-  memory's output gated, ``(PKM(x) ⊙ silu(x W1)) W2``, with qk-norm.
+  memory's output gated, ``(PKM(x) ⊙ silu(x W1)) W2``, with qk-norm, and
+  one values table shared by the memory layers.
 * ``trime_pkm``, ``trime_resm``: the same, trained with TRIMELM's objective
   (the TRIME loss with the local memory), a combination neither paper has.
 
@@ -92,12 +93,15 @@ def apply_memory(
   # columns per step (0 = up to 8); 'gather' is the plain form.
   m.feed_forward_options.read = "bag"
   m.feed_forward_options.read_group = 0
+  if kind == "memory_plus":  # Berges et al.'s shared pool.
+    m.feed_forward_options.shared_values = True
   # BatchNorm queries (query_norm='batch') see later positions through the
   # batch statistics: refused unless this is set (docs/pkm.md).
   m.feed_forward_options.allow_batchnorm_future_leak = False
   c.optim.groups.memory_values = ml_collections.ConfigDict(
       {
-          "params": "/ffn/memory/values$",
+          # Per layer, or the one table of shared_values.
+          "params": "/ffn/memory/values$|^ffn_shared/values$",
           "transform": "lazy_adam",
           "learning_rate": 1e-3,
           "schedule": "constant",

@@ -131,6 +131,12 @@ class FeedForward:
       out of the model's signature, so a run may be restored with others.
     takes_activation: it takes ``model.activation``.
     check: ``check(model settings)`` raising ``errors.ConfigError``.
+    shared_params: ``shared_params(options, d_model) -> {name: (initializer,
+      shape, logical axes)}``: parameters that every layer of the kind
+      reads (one memory table for several layers). A family that supports
+      them (``blocks.BlockStack.shared_params``) creates them once, under
+      ``ffn_shared``, and calls the kind with ``shared={name: array}``;
+      an empty mapping: none.
   """
 
   module: type
@@ -139,6 +145,7 @@ class FeedForward:
   runtime_options: tuple[str, ...] = ()
   takes_activation: bool = False
   check: Callable[[Any], None] | None = None
+  shared_params: Callable[[Any, int], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Attention kinds: the base class, and causal attention with absolute positions.
+"""Attention kinds: the base class, causal attention with absolute
+positions, and the sinusoid position table.
 
 Every attention kind subclasses ``AttentionKind``; the engine's spec and
 the methods' declare them under the names ``model.attention`` picks
@@ -16,6 +17,7 @@ from typing import Any, ClassVar, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -223,3 +225,14 @@ class CausalSelfAttention(AttentionKind):
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v)
     wo = output_projection(self, "out", *dims).astype(self.dtype)
     return jnp.einsum("bthk,hkd->btd", ctx, wo), None
+
+
+def sinusoid_table(length: int, dim: int) -> np.ndarray:
+  """[length, dim] sinusoidal absolute position table (Vaswani et al.)."""
+  pos = np.arange(length, dtype=np.float64)[:, None]
+  inv = 1.0 / (10000 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+  ang = pos * inv[None]
+  table = np.zeros((length, dim), np.float32)
+  table[:, 0::2] = np.sin(ang)
+  table[:, 1::2] = np.cos(ang)[:, : dim // 2]
+  return table

@@ -44,7 +44,6 @@ from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from memjax import errors
 from memjax import extend
@@ -82,17 +81,6 @@ def check_norm_position(norm_position: str) -> None:
     )
 
 
-def sinusoid_table(length: int, dim: int) -> np.ndarray:
-  """[length, dim] sinusoidal absolute position table (Vaswani et al.)."""
-  pos = np.arange(length, dtype=np.float64)[:, None]
-  inv = 1.0 / (10000 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-  ang = pos * inv[None]
-  table = np.zeros((length, dim), np.float32)
-  table[:, 0::2] = np.sin(ang)
-  table[:, 1::2] = np.cos(ang)[:, : dim // 2]
-  return table
-
-
 def layer_norm(name: str, dtype: Any, epsilon: float = 1e-6) -> nn.LayerNorm:
   """A LayerNorm over [..., D] whose scale and bias have the 'embed' axis."""
   return nn.LayerNorm(
@@ -111,12 +99,14 @@ class Sublayer:
   Attributes:
     module: the Flax module class.
     kwargs: its constructor arguments, all but ``name``.
-    takes_mask: a feed-forward that is given the padding mask.
+    takes_mask, takes_shared: a feed-forward given the padding mask, the
+      model's shared parameters (``extend.FeedForward.shared_params``).
   """
 
   module: type[nn.Module]
   kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   takes_mask: bool = False
+  takes_shared: bool = False
 
   def build(self, name: str) -> nn.Module:
     """The module, named ``name``."""
@@ -129,6 +119,7 @@ def make_sublayer(
     where: str,
     *,
     takes_mask: bool = False,
+    takes_shared: bool = False,
     **kwargs: Any,
 ) -> Sublayer:
   """``module`` with ``kwargs`` and the kind's own ``options``.
@@ -138,7 +129,7 @@ def make_sublayer(
     options: its own attributes (a dict), or None.
     where: the config key of ``options`` and what the kind is, for
       messages ("model.attention_options of attention kind 'xl'").
-    takes_mask: a feed-forward given the padding mask.
+    takes_mask, takes_shared: as ``Sublayer``'s.
     **kwargs: the attributes every kind of its sort takes.
 
   Raises:
@@ -154,7 +145,7 @@ def make_sublayer(
         f"{key} has {', '.join(unknown)}, which {kind} does not take; its "
         f"options: {', '.join(own) or 'none'}"
     )
-  return Sublayer(module, {**kwargs, **options}, takes_mask)
+  return Sublayer(module, {**kwargs, **options}, takes_mask, takes_shared)
 
 
 class ResidualBlock(nn.Module):
@@ -204,6 +195,7 @@ class ResidualBlock(nn.Module):
       mask: Optional[Array] = None,
       attend_inputs: Optional[Mapping[str, Any]] = None,
       cross_inputs: Optional[Mapping[str, Any]] = None,
+      ffn_shared: Optional[Mapping[str, Array]] = None,
   ) -> tuple[Array, Array, Any]:
     """Runs the block.
 
@@ -219,6 +211,7 @@ class ResidualBlock(nn.Module):
         attention mask).
       cross_inputs: keyword inputs of the cross-attention (ignored without
         one).
+      ffn_shared: the model's shared parameters (``shared_params``).
 
     Returns:
       ([B, T, D] output, [B, T, D] g, the self-attention's new state).
@@ -253,6 +246,8 @@ class ResidualBlock(nn.Module):
     ffn = self.feed_forward.build("ffn")
     takes_mask = mask is not None and self.feed_forward.takes_mask
     extra = {"mask": mask} if takes_mask else {}
+    if ffn_shared is not None and self.feed_forward.takes_shared:
+      extra["shared"] = ffn_shared
     out, _, g = residual(
         h,
         "ln_ffn",
@@ -415,12 +410,21 @@ class BlockStack(nn.Module):
         options,
         f"model.feed_forward_options of feed-forward kind {name!r}",
         takes_mask=kind.takes_mask,
+        takes_shared=kind.shared_params is not None,
         d_model=self.d_model,
         d_ff=self.d_ff,
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
         **feed_forward_lib.activation_option(kind, name, self.activation),
     )
+
+  def shared_params(self) -> Optional[nn.Module]:
+    """The feed-forward kind's shared parameters (``ffn_shared``) or None:
+    built in ``setup``, its output given to the blocks as ``ffn_shared``."""
+    declare = self.feed_forward.shared_params or (lambda *_: None)
+    specs = declare(dict(self.feed_forward_options or {}), self.d_model)
+    make = feed_forward_lib.SharedParams
+    return make(dict(specs), name="ffn_shared") if specs else None
 
   def block_class(self) -> Callable[..., ResidualBlock]:
     """``ResidualBlock``, rematerialised with ``remat_policy`` if ``remat``

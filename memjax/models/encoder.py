@@ -91,6 +91,7 @@ class Encoder(blocks.BlockStack):
     self.embed_norm = self.norm("embed_norm")
     attend = blocks.Sublayer(seq2seq.Attention, self.attention_settings())
     self.layers = self.make_stack(self.layer_runs(), attend)
+    self.ffn_shared = self.shared_params()
     self.final_norm = (
         self.norm("final_norm") if self.norm_position == "pre" else None
     )
@@ -135,9 +136,14 @@ class Encoder(blocks.BlockStack):
     )
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     attend = {"mask": mask[:, None, None, :]}
+    if self.ffn_shared is not None:
+      shared = {"ffn_shared": self.ffn_shared()}
+    else:
+      shared = {}
     x, g, _ = stack.apply(
-        self.layers, x, None, deterministic, mask=mask, attend_inputs=attend
-    )
+        self.layers, x, None, deterministic, mask=mask, attend_inputs=attend,
+        **shared,
+    )  # fmt: skip
     if self.final_norm is not None:
       x = self.final_norm(x)
     return x, g, mask

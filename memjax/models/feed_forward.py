@@ -10,6 +10,8 @@ theirs (product-key memory).
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 
 import flax.linen as nn
 import jax
@@ -110,3 +112,22 @@ class FeedForward(nn.Module):
 # The plain kind ('ffn'), which the layers outside
 # ``model.feed_forward_layers`` use.
 PLAIN = extend.FeedForward(FeedForward, takes_activation=True)
+
+
+class SharedParams(nn.Module):
+  """Parameters every layer of a feed-forward kind reads, created once.
+
+  Attributes:
+    specs: {name: (initializer, shape, logical axes)}.
+  """
+
+  specs: Mapping[str, tuple[Any, tuple[int, ...], tuple[Any, ...]]]
+
+  @nn.compact
+  def __call__(self) -> dict[str, Array]:
+    return {
+        name: self.param(
+            name, nn.with_logical_partitioning(init, axes), tuple(shape)
+        )
+        for name, (init, shape, axes) in sorted(self.specs.items())
+    }

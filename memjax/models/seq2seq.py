@@ -212,7 +212,7 @@ class EncoderDecoder(blocks.BlockStack):
           f"sentence length {t} exceeds model.max_len {self.max_len}"
       )
     x = jnp.take(table, ids, axis=0).astype(self.dtype) * self.d_model**0.5
-    pos = jnp.asarray(blocks.sinusoid_table(self.max_len, self.d_model))
+    pos = jnp.asarray(attention_lib.sinusoid_table(self.max_len, self.d_model))
     x = x + jax.lax.dynamic_slice_in_dim(pos, offset, t, axis=0)[None].astype(
         self.dtype
     )

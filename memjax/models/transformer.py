@@ -121,6 +121,7 @@ class TransformerLM(blocks.BlockStack):
     self.blocks = self.make_stack(
         self.layer_runs(), attend, self.cross_sublayer
     )
+    self.ffn_shared = self.shared_params()
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
     pre = self.norm_position == "pre"
     use_final = pre and self.final_layer_norm
@@ -220,7 +221,7 @@ class TransformerLM(blocks.BlockStack):
         raise errors.ConfigError(
             f"segment length {t} exceeds model.max_len {self.max_len}"
         )
-      table = blocks.sinusoid_table(t, self.d_model)
+      table = attention_lib.sinusoid_table(t, self.d_model)
       x = x + jnp.asarray(table, self.dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -241,7 +242,10 @@ class TransformerLM(blocks.BlockStack):
       h, mems = x, None
     else:
       h, mems = kind.enter_stack(x, memory)
-    h, g, new_mems = stack.apply(self.blocks, h, mems, deterministic)
+    shared = (
+        {} if self.ffn_shared is None else {"ffn_shared": self.ffn_shared()}
+    )
+    h, g, new_mems = stack.apply(self.blocks, h, mems, deterministic, **shared)
     new_memory = None
     if memory is not None:
       h, g, new_memory = kind.leave_stack(

@@ -131,7 +131,6 @@ def test_post_layer_norm_block_matches_numpy():
   """Post-LN: h = LN1(x + Attn(x)); out = LN2(h + FFN(h)); g = h; the
   model has no final LayerNorm. Pre-LN keeps its final LayerNorm."""
   from memjax import catalog  # pylint: disable=g-import-not-at-top
-  from memjax.models import blocks  # pylint: disable=g-import-not-at-top
   from memjax.models import transformer  # pylint: disable=g-import-not-at-top
 
   kw = dict(vocab_size=30, num_layers=1, d_model=16, num_heads=2,
@@ -175,7 +174,7 @@ def test_post_layer_norm_block_matches_numpy():
               method=lambda m, t: m.embedder.embed(t),
           )
       )
-      + blocks.sinusoid_table(5, 16)[None]
+      + attention.sinusoid_table(5, 16)[None]
   )
   h = ln(x + attn(x), block["ln_attn"])
   want = ln(h + ffn(h), block["ln_ffn"])

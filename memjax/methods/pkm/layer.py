@@ -41,7 +41,7 @@ define them, and per head as ``reads_per_head``, ``top1_per_head``) that
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 import jax
@@ -98,6 +98,20 @@ def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
   a, b = best // topk, best % topk
   slots = jnp.take_along_axis(i1, a, -1) * c + jnp.take_along_axis(i2, b, -1)
   return scores, slots.astype(jnp.int32)
+
+
+def _values_init(vdim: int) -> tuple[Any, tuple[str, str]]:
+  """The values' initializer (normal, std V^-1/2) and logical axes."""
+  return nn.initializers.normal(vdim**-0.5), ("memory_slots", "embed")
+
+
+def shared_params(options: Any, d_model: int) -> dict[str, Any]:
+  """``shared_values``: one values table [C^2, D] for every memory layer."""
+  if not options.get("shared_values"):
+    return {}
+  c = int(options.get("num_keys", MemoryFeedForward.num_keys))
+  init, axes = _values_init(d_model)
+  return {"values": (init, (c * c, d_model), axes)}
 
 
 def _unit_rms(x: Array) -> Array:
@@ -183,12 +197,18 @@ class ProductKeyMemory(nn.Module):
 
   @nn.compact
   def __call__(
-      self, x: Array, *, deterministic: bool, mask: Optional[Array] = None
+      self,
+      x: Array,
+      *,
+      deterministic: bool,
+      mask: Optional[Array] = None,
+      values: Optional[Array] = None,
   ) -> Array:
     """[B, T, D] (and mask [B, T], 1 = real token) -> [B, T, V].
 
     Padding positions (mask 0) leave the batch statistics and the usage
-    counts alone and output zeros.
+    counts alone and output zeros. ``values`` [C^2, V]: a table shared
+    with other layers, read instead of a table of the layer's own.
     """
     vdim = self.value_dim or self.d_model
     c, h, k = self.num_keys, self.heads, self.topk
@@ -210,13 +230,12 @@ class ProductKeyMemory(nn.Module):
         ),
         (h, 2, c, self.k_dim // 2),
     )  # fmt: skip
-    values = self.param(
-        "values",
-        nn.with_logical_partitioning(
-            nn.initializers.normal(vdim**-0.5), ("memory_slots", "embed")
-        ),
-        (c * c, vdim),
-    )
+    if values is None:
+      values = self.param(
+          "values",
+          nn.with_logical_partitioning(*_values_init(vdim)),
+          (c * c, vdim),
+      )
     if self.qk_norm:
       q, keys = _qk_norm(q, keys)
     scores, slots = product_key_topk(q, keys, k)
@@ -271,7 +290,10 @@ class MemoryFeedForward(nn.Module):
   (``CAUSAL_FAMILIES``) takes ``query_norm='batch'`` only with it set, since
   a batch's statistics mix every position, later ones included. ``gate``
   (Memory+, Berges et al. 2025) passes the memory's output through
-  ``(m ⊙ silu(x W1)) W2`` (modules ``gate_in``, ``gate_out``).
+  ``(m ⊙ silu(x W1)) W2`` (modules ``gate_in``, ``gate_out``);
+  ``shared_values`` reads the model's one values table (``ffn_shared/
+  values``, Memory+'s shared pool) instead of a table per layer, each
+  layer keeping its own queries and keys.
   """
 
   d_model: int
@@ -290,15 +312,30 @@ class MemoryFeedForward(nn.Module):
   read_group: int = 0
   qk_norm: bool = False
   gate: bool = False
+  shared_values: bool = False
   activation: str = "relu"  # the FFN's (model.activation)
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
 
   @nn.compact
   def __call__(
-      self, x: Array, *, deterministic: bool, mask: Optional[Array] = None
+      self,
+      x: Array,
+      *,
+      deterministic: bool,
+      mask: Optional[Array] = None,
+      shared: Optional[Mapping[str, Array]] = None,
   ) -> Array:
-    """[B, T, D] -> [B, T, D]."""
+    """[B, T, D] -> [B, T, D]; ``shared``: the model's shared parameters
+    (``shared_params``: the values table when ``shared_values``)."""
+    values = None
+    if self.shared_values:
+      if not shared or "values" not in shared:
+        raise errors.ConfigError(
+            "model.feed_forward_options.shared_values needs a model family "
+            "that creates shared parameters (decoder_lm, encoder)"
+        )
+      values = shared["values"]
     out = jnp.zeros_like(x)
     if self.ffn_weight:
       f = feed_forward.FeedForward(
@@ -324,7 +361,7 @@ class MemoryFeedForward(nn.Module):
           read_group=self.read_group,
           qk_norm=self.qk_norm,
           name="memory",
-      )(x, deterministic=deterministic, mask=mask)
+      )(x, deterministic=deterministic, mask=mask, values=values)
       if self.gate:
         m = self._gate(x, m)
       out = out + self.memory_weight * m.astype(out.dtype)
@@ -422,6 +459,7 @@ def _kind(module: type[nn.Module]) -> extend.FeedForward:
       runtime_options=(LEAK_SWITCH,) + READ_OPTIONS,
       takes_activation=True,
       check=check_model,
+      shared_params=shared_params,
   )
 
 

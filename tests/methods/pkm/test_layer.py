@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from memjax import catalog
+from memjax import errors
 from memjax.methods.pkm import layer as pkm
 from memjax.models import transformer
 
@@ -390,3 +391,61 @@ def test_memory_plus_gate_and_qk_norm_match_numpy():
   g = g / (1 + np.exp(-g))
   want = (read * g) @ p["gate_out"]["kernel"] + p["gate_out"]["bias"]
   np.testing.assert_allclose(out.reshape(-1, D), want, rtol=1e-4, atol=1e-5)
+
+
+def _pool_lm(shared, scan=False):
+  return transformer.TransformerLM(
+      vocab_size=32, num_layers=4, d_model=D, num_heads=4, head_dim=3,
+      d_ff=24, feed_forward=catalog.parts().feed_forward.get("pkm"),
+      kind_name="pkm", feed_forward_layers=(2, 3), scan_layers=scan,
+      feed_forward_options=dict(num_keys=C, heads=H, topk=K, k_dim=KD,
+                                shared_values=shared),
+  )  # fmt: skip
+
+
+def test_shared_values_are_one_table_that_both_layers_read():
+  """The shared pool (Memory+): one [C^2, D] table, each layer with its
+  own queries and keys; it computes what two layers with copies of that
+  table compute, and its gradient is the sum of theirs."""
+  from memjax.checkpoints import convert  # pylint: disable=g-import-not-at-top
+
+  toks = np.random.default_rng(8).integers(0, 32, (2, 6)).astype(np.int32)
+  pooled = _unbox(_pool_lm(True).init(jax.random.PRNGKey(0), toks, toks))
+  pooled = pooled["params"]
+  paths = [jax.tree_util.keystr(k) for k, _ in
+           jax.tree_util.tree_leaves_with_path(pooled)]  # fmt: skip
+  assert [p for p in paths if "values" in p] == ["['ffn_shared']['values']"]
+  assert {"query", "keys"} <= set(pooled["layer_1"]["ffn"]["memory"])
+  table = pooled["ffn_shared"]["values"]
+  apart = {k: v for k, v in pooled.items() if k != "ffn_shared"}
+  for layer in ("layer_1", "layer_2"):
+    apart[layer]["ffn"]["memory"] = dict(
+        apart[layer]["ffn"]["memory"], values=table
+    )
+
+  def loss(model, p):
+    return -jnp.sum(model.apply({"params": p}, toks, toks).target_logprob)
+
+  l1, g1 = jax.value_and_grad(lambda p: loss(_pool_lm(True), p))(pooled)
+  l2, g2 = jax.value_and_grad(lambda p: loss(_pool_lm(False), p))(apart)
+  np.testing.assert_allclose(l1, l2, rtol=1e-6)
+  summed = sum(g2[n]["ffn"]["memory"]["values"] for n in ("layer_1", "layer_2"))
+  np.testing.assert_allclose(g1["ffn_shared"]["values"], summed, atol=1e-6)
+  assert np.count_nonzero(g2["layer_1"]["ffn"]["memory"]["values"]) > 0
+  np.testing.assert_allclose(
+      g1["layer_2"]["ffn"]["memory"]["keys"],
+      g2["layer_2"]["ffn"]["memory"]["keys"], rtol=1e-5, atol=1e-6,
+  )  # fmt: skip
+  # Scanned layers broadcast the one table to the run of memory layers.
+  scanned = convert.Layout(current_runs=("layer_1_to_2",)).to_current(pooled)
+  assert scanned["ffn_shared"]["values"].shape == (C * C, D)
+  l3 = loss(_pool_lm(True, scan=True), scanned)
+  np.testing.assert_allclose(l1, l3, rtol=1e-6)
+
+
+def test_shared_values_need_a_family_that_makes_them():
+  layer = pkm.PKMFeedForward(d_model=D, d_ff=24, num_keys=C, heads=H,
+                             topk=K, k_dim=KD, shared_values=True)  # fmt: skip
+  x = jnp.zeros((1, 3, D))
+  with pytest.raises(errors.ConfigError, match="shared_values needs"):
+    layer.init(jax.random.PRNGKey(0), x, deterministic=True)
