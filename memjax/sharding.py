@@ -135,7 +135,7 @@ def check_batch(
   if batch_size % dp:
     fits = -(-batch_size // dp) * dp * rows_per_unit
     share = math.gcd(batch_size, dp)
-    sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in BATCH_AXES)
+    sizes = " x ".join(f"{a}={mesh.shape.get(a, 1)}" for a in BATCH_AXES)
     raise MeshError(
         f"{what} {batch_size} is not divisible by the data-parallel mesh size "
         f"{dp} ({sizes}): set "
@@ -146,8 +146,9 @@ def check_batch(
 
 
 def data_parallel(mesh: Mesh) -> int:
-  """Devices a batch's rows are split over (``BATCH_AXES``)."""
-  return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+  """Devices a batch's rows are split over (``BATCH_AXES``; a mesh made
+  without some of them counts them as 1)."""
+  return int(np.prod([mesh.shape.get(a, 1) for a in BATCH_AXES]))
 
 
 def logical_sharding(mesh: Mesh, logical_spec: Any, rules=LOGICAL_RULES) -> Any:

@@ -10,6 +10,7 @@ import numpy as np
 from memjax import build
 from memjax import catalog
 from memjax import config as config_lib
+from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.eval import external
 from memjax.eval import grid as grid_lib
@@ -67,9 +68,7 @@ def test_first_tokens_ignore_previous_document():
   )  # fmt: skip
   x = np.zeros((1, 8), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]
-  mesh = jax.sharding.Mesh(
-      np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor")
-  )
+  mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
   rng = np.random.default_rng(0)
   a = rng.integers(0, 20, 40).astype(np.int32)
   b = a.copy()

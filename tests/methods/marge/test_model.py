@@ -214,7 +214,7 @@ def test_sharded_equals_unsharded(tmp_path):
   )
   assert jax.device_count() == 8
   mesh = run.mesh
-  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2, "memory": 1}
   state, _ = state_lib.create_state(
       model, None, mesh, b, jax.random.key(3), run.state_collections()
   )
