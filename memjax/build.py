@@ -248,12 +248,14 @@ def run_mode(
   check_workdir(workdir, training=mode.training)
   config = resolve(name, config, workdir, overrides)
   s = read(config, catalog.parts())
+  # The run's kind, from the settings alone: a mode given a kind it does not
+  # take is one line before anything is built or written.
+  mode.check(name, f"{s.task}/{s.model.family}")
   if mode.before_jax is not None:  # Before the mesh starts JAX's backends.
     mode.before_jax(s)
   # A mode that trains uses every device; one that reads a trained run may
   # name a smaller mesh ({'data': 1}: the first device).
   run = build(config, workdir, mesh=None if mode.training else s.mesh.spec())
-  mode.check(name, run.kind)
   return mode.run(run)
 
 
