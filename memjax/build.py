@@ -30,6 +30,7 @@ from memjax import settings as settings_lib
 from memjax import sharding
 from memjax.checkpoints import runfiles
 from memjax.io import paths
+from memjax.io import workdirs
 from memjax.models import transformer
 from memjax.run import hooks
 from memjax.run import optim
@@ -64,6 +65,12 @@ _NON_NEGATIVE_REAL = (
     "optim.learning_rate", "optim.clip_norm", "optim.weight_decay",
     "optim.min_lr_ratio",
 )  # fmt: skip
+# Probabilities of dropping: 0 <= p < 1 (1 would drop everything).
+_DROPOUT = (
+    "model.dropout",
+    "model.adaptive_dropout",
+    "model.attention_dropout",
+)
 DTYPES = ("float32", "bfloat16")
 
 
@@ -90,6 +97,10 @@ def check_values(s: settings_lib.Settings) -> None:
     v = _value(s, key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
       raise errors.ConfigError(f"{key} must be a number >= 0, got {v!r}")
+  for key in _DROPOUT:
+    v = _value(s, key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+      raise errors.ConfigError(f"{key} must be in [0, 1), got {v!r}")
   if s.eval.score_len > s.eval.window_len:
     raise errors.ConfigError(
         f"eval.score_len {s.eval.score_len} must be <= eval.window_len "
@@ -181,7 +192,7 @@ def check_workdir(workdir: str, training: bool) -> None:
   Raises:
     errors.StorageError, errors.WorkdirError: one line naming what to fix.
   """
-  paths.check_workdir(workdir)
+  workdirs.check_workdir(workdir, writes=True, checkpoints=training)
   runfiles.check_workdir(
       workdir, training, catalog.parts().files_before_training()
   )
@@ -283,6 +294,9 @@ def load(
     errors.CheckpointMismatchError: ``config`` describes another model.
   """
   path = paths.resolve(path)
+  # A bucket that does not answer (no credentials, no network) is one line
+  # within the probe's timeout, not minutes of the backend's retries.
+  workdirs.check_workdir(path)
   files = runfiles.find(path)
   if config is None:
     config = config_lib.from_json(runfiles.read_config_text(files))

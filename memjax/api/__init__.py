@@ -36,6 +36,7 @@ from memjax.api.lm import LanguageModel
 from memjax.api.lm import memory_setting
 from memjax.api.translator import Translator
 from memjax.checkpoints import runfiles
+from memjax.io import workdirs
 from memjax.run import restore
 
 __all__ = [
@@ -77,6 +78,9 @@ def load(
   Returns:
     A ``LanguageModel``, ``Translator``, ``MaskedLM`` or ``Classifier``.
   """
+  # A bucket that does not answer (no credentials, no network) is one line
+  # within the probe's timeout, not minutes of the backend's retries.
+  workdirs.check_workdir(path)
   files = runfiles.find(path)
   run = build.build(
       build.saved_config(files.path),
