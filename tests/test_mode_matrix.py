@@ -63,6 +63,8 @@ MODE_FLAGS = {
     ),
     "datastore": ("--config.datastore.max_windows=8",),
     "recall": ("--config.datastore.recall_queries=50",),
+    # The smoke run batches at random; pack writes what BM25 batching reads.
+    "pack": ("--config.data.batching=bm25",),
 }
 
 # Cells: (mode, run). Chains run in order in one copy: the later modes
