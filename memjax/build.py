@@ -219,6 +219,8 @@ def resolve(
     try:
       config = saved_config(workdir)
     except errors.MissingRunError:
+      if paths.isfile(paths.join(workdir, runfiles.CONFIG_FILE)):
+        raise  # A run with no finished checkpoint: its own message.
       raise errors.ConfigError(
           f"--mode={name} needs --config=FILE:VARIANT: {workdir} holds no "
           "run or export whose saved config.json could be used"

@@ -81,6 +81,12 @@ def find(path: str) -> RunFiles:
     return RunFiles("export", path)
   if _has_steps(paths.join(path, "checkpoints")):
     return RunFiles("run", path)
+  if paths.isfile(paths.join(path, CONFIG_FILE)):
+    raise errors.MissingRunError(
+        f"{path} holds a run with no finished checkpoint (it was stopped "
+        "before its first checkpoint was written): run the same training "
+        "command again to resume it, then evaluate"
+    )
   raise errors.MissingRunError(
       f"{path} holds no trained run (no checkpoints/<step>) and no export "
       f"({EXPORT_FILE}): train first, or point at a run or export directory"
