@@ -31,7 +31,7 @@ $(STAMP): $(LOCK) requirements/dev.lock setup.py
 
 venv: $(STAMP) ## minutes not recorded (downloads): the virtual environment from requirements/$(ACCEL).lock
 
-demo: $(STAMP) ## ~11 min: vanilla, vanilla + cache and TRIMELM (docs/trime.md)
+demo: $(STAMP) ## ~10 min: vanilla, vanilla + cache and TRIMELM (docs/trime.md)
 	$(PY) -m memjax.demos.trime --workdir=$(WORKDIR)
 
 # Transformer+RPE, Transformer-XL and LaMemo with the same steps, then the
