@@ -33,6 +33,7 @@ from memjax.io import paths
 from memjax.models import transformer
 from memjax.run import hooks
 from memjax.run import optim
+from memjax.run import ownership
 from memjax.run import profiling
 from memjax.run import restore as restore_lib
 from memjax.run import spec
@@ -254,7 +255,10 @@ def run_mode(
   # name a smaller mesh ({'data': 1}: the first device).
   run = build(config, workdir, mesh=None if mode.training else s.mesh.spec())
   mode.check(name, run.kind)
-  return mode.run(run)
+  if not mode.training:
+    return mode.run(run)  # Readers take no lease.
+  with ownership.sole_writer(workdir):  # One training job per workdir.
+    return mode.run(run)
 
 
 def load(
