@@ -392,11 +392,16 @@ class Lease:
     if self._thread is not None:
       self._thread.join()
       self._thread = None
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+    try:
       with _serialised(self.directory):
         holder = _read(self.path)
         if holder is not None and holder.job == self.me.job:
           paths.remove(self.path)
+    except (FileNotFoundError, NotADirectoryError):
+      pass  # The directory is gone (a failed set-up removed it).
+    except Exception as e:  # pylint: disable=broad-except
+      # The next job takes the record over once it is stale.
+      console.warn("could not release the lease %s: %s", self.path, e)
     if self.directory in _CREATED and not paths.is_url(self.directory):
       _CREATED.discard(self.directory)
       with contextlib.suppress(OSError):

@@ -40,8 +40,8 @@ def sole_writer(workdir: str) -> Iterator[Optional[lease_lib.Lease]]:
   """
   lease = None
   if jax.process_index() == 0:
-    lease = lease_lib.Lease(workdir, processes=jax.process_count())
     try:
+      lease = lease_lib.Lease(workdir, processes=jax.process_count())
       lease.acquire()
     except BaseException:
       _agree(False)  # The other processes stop too, then this raises.
