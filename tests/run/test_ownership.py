@@ -5,6 +5,7 @@ agreement of a --multihost job's processes."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from jax.experimental import multihost_utils
 
+import memjax
 from memjax import errors
 from memjax.io import lease
 from memjax.run import ownership
@@ -29,6 +31,18 @@ def test_process_0_holds_the_lease_while_the_block_runs(tmp_path):
       with ownership.sole_writer(str(tmp_path)):
         pass
   assert not path.exists()
+
+
+def test_readers_neither_take_nor_wait_for_the_lease(tmp_path, smoke_workdir):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(smoke_workdir, workdir)
+  # A job training there (no heartbeat during the test).
+  with lease.Lease(workdir, heartbeat=3600) as held:
+    before = (tmp_path / "run" / lease.LEASE_FILE).read_bytes()
+    loaded = memjax.load(workdir)
+    assert loaded.step == 20
+    assert (tmp_path / "run" / lease.LEASE_FILE).read_bytes() == before
+    assert json.loads(before)["job"] == held.me.job
 
 
 def _as_process(monkeypatch, index: int, told: list[int], answer: int):
