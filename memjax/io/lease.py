@@ -303,15 +303,16 @@ class Lease:
         if _create(self.path, self._record()):
           break
         holder = _read(self.path)
-        if holder is not None:
-          verdict = self._judge(holder, seen)
-          if verdict == "take" and self._take_over(holder):
-            console.info("took over the stale lease of %s (%s)",
-                         self.directory, holder.describe(self._clock()))  # fmt: skip
-            break
-          if verdict == "refuse":
-            raise self._busy(holder)
-      if seen is None and holder is not None:
+        verdict = holder and self._judge(holder, seen)
+        if verdict == "take" and self._take_over(holder):
+          console.info(
+              "took over the lease of %s from a job that is gone (%s)",
+              self.directory, holder.describe(self._clock()),
+          )  # fmt: skip
+          break
+        if verdict == "refuse":
+          raise self._busy(holder)
+      if verdict == "wait" and seen is None:
         seen, wait_until = holder, self._clock() + self.stale_s
         console.info(
             "%s is leased from another host (%s): waiting up to %.0f s for "
