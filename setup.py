@@ -38,6 +38,8 @@ setuptools.setup(
         "numpy>=1.26",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",
+        # Whether a workdir lease's holder still runs: memjax.io.lease.
+        "psutil>=5.9",
         "sacrebleu>=2.4",
         "sentencepiece>=0.2",
         # TensorBoard's event writer (no TensorFlow): memjax.io.events.

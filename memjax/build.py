@@ -34,6 +34,7 @@ from memjax.io import workdirs
 from memjax.models import transformer
 from memjax.run import hooks
 from memjax.run import optim
+from memjax.run import ownership
 from memjax.run import profiling
 from memjax.run import restore as restore_lib
 from memjax.run import spec
@@ -269,7 +270,10 @@ def run_mode(
   # A mode that trains uses every device; one that reads a trained run may
   # name a smaller mesh ({'data': 1}: the first device).
   run = build(config, workdir, mesh=None if mode.training else s.mesh.spec())
-  return mode.run(run)
+  if not mode.training:
+    return mode.run(run)  # Readers take no lease.
+  with ownership.sole_writer(workdir):  # One training job per workdir.
+    return mode.run(run)
 
 
 def load(

@@ -21,6 +21,10 @@ all take part in checkpoints; process 0 writes the logs and results.
 SIGTERM (a preemption) or Ctrl-C during training writes a checkpoint of the
 last update and exits with status 128 + the signal's number (143, 130); the
 same command resumes (memjax/run/preemption.py).
+
+A training job holds its workdir's lease (memjax/run/ownership.py): a
+second job training into it stops with one line naming the holder (exit
+status 2); a lease left by a killed job is taken over.
 """
 
 from __future__ import annotations

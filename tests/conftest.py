@@ -57,6 +57,7 @@ LONGEST_FIRST = (
     "tests/methods/recurrent/test_modes.py",
     "tests/methods/pkm/test_bert.py",
     "tests/run/test_preemption.py",
+    "tests/run/test_ownership.py",
     "tests/io/test_optional.py",
     "tests/methods/trime/test_pack_beam.py",
     "tests/test_sharding.py",

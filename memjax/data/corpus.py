@@ -18,6 +18,7 @@ import numpy as np
 from memjax import errors
 from memjax import settings as settings_lib
 from memjax.data import sources
+from memjax.io import lease
 from memjax.io import paths
 
 # ``data.corpus`` of translation runs: parallel text read by
@@ -70,10 +71,12 @@ def cleanup_on_error(workdir: str):
 
   Set-up reads and caches data in ``<workdir>/cache`` before it can know
   that, e.g., a corpus file is not UTF-8; a workdir that did not exist
-  before is then removed, so bad input leaves nothing behind. An existing
-  workdir is never touched.
+  before is then removed, so bad input leaves nothing behind (one that
+  the run's lease created counts as new: ``memjax.io.lease.created``). An
+  existing workdir is never touched.
   """
-  existed = paths.exists(workdir)
+  # A workdir that only this job's lease created counts as new.
+  existed = paths.exists(workdir) and not lease.created(workdir)
   try:
     yield
   except errors.UserError:
