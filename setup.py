@@ -2,9 +2,21 @@
 
 import setuptools
 
+# The repository, set once by its publisher: `python colabs/set_repository.py`
+# copies it into CITATION.cff and the notebooks (their set-up cell clones it
+# in Colab; their "Open in Colab" badges link to it), and
+# tests/colabs/test_notebooks.py checks that they agree. memjax is not on
+# PyPI: pip installs it from a checkout or from this URL.
+REPOSITORY = "https://github.com/<owner>/memjax"
+
 setuptools.setup(
     name="memjax",
     version="0.1.0",
+    url=REPOSITORY,
+    project_urls={
+        "Source": REPOSITORY,
+        "Notebooks": REPOSITORY + "/tree/main/colabs",
+    },
     description=(
         "Memory-augmented language models (TRIME, Transformer-XL, LaMemo) "
         "in JAX/Flax."

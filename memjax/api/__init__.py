@@ -4,7 +4,7 @@
     lm = memjax.load("runs/demo/trimelm")       # a workdir or an export
     lm.score(["the cat sat", "on the mat"])     # log-probs, ppl
     lm.generate(["the history of", "in 1990"], num_tokens=30)
-    mt = memjax.load("runs/demo_mt/vanilla")    # a translation run
+    mt = memjax.load("runs/demo_mt")            # a translation run
     mt.translate(["ein Haus ."], beam=4)
     memjax.train(config, "runs/mine")           # as --mode=train
     memjax.run_mode("tune", config, "runs/mine")  # any --mode, in process

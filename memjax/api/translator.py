@@ -1,6 +1,6 @@
 """``Translator``: an encoder-decoder translation run restored.
 
-    mt = memjax.load("runs/demo_mt/vanilla")
+    mt = memjax.load("runs/demo_mt")
     mt.translate(["ein Haus .", "danke ."], beam=4)   # -> list of str
     mt.score(["ein Haus ."], ["a house ."])           # teacher-forced log p
 

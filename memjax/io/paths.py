@@ -96,7 +96,7 @@ def _filesystem_class(path: str) -> Any:
     package = _PACKAGES.get(scheme, f"the fsspec backend for {scheme}://")
     raise errors.StorageError(
         f"{path}: {scheme}:// needs the package {package}: pip install "
-        f"{package} (or pip install 'memjax[cloud]')"
+        f"{package}"
     ) from None
   except ValueError:
     raise errors.StorageError(

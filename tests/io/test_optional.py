@@ -70,7 +70,9 @@ def test_require_names_the_extra(monkeypatch):
   msg = str(e.value)
   assert "\n" not in msg
   assert "a ScaNN datastore index needs scann" in msg
-  assert "memjax[retrieval]" in msg
+  # memjax is not on PyPI: from a checkout, or from its repository.
+  assert "pip install -e '.[retrieval]' in a memjax checkout" in msg
+  assert f"'memjax[retrieval] @ git+{optional.repository()}'" in msg
 
 
 def test_seqio_is_reported_as_the_data_extra(monkeypatch):
@@ -143,3 +145,27 @@ def test_token_caches_in_cloud_storage(tmp_path):
   np.testing.assert_array_equal(first.train.tokens, again.train.tokens)
   assert not os.path.exists(str(tmp_path / "run"))  # Nothing local.
   fsspec.filesystem("memory").rm("/optional_test", recursive=True)
+
+
+def test_the_repository_comes_from_the_installed_metadata(monkeypatch):
+  import email.message  # pylint: disable=g-import-not-at-top
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+
+  def metadata(**fields):
+    meta = email.message.Message()
+    for key, values in fields.items():
+      for v in values:
+        meta[key.replace("_", "-")] = v
+    return lambda name: meta
+
+  monkeypatch.setattr(
+      importlib.metadata,
+      "metadata",
+      metadata(Project_URL=["Source, https://github.com/me/memjax"]),
+  )
+  assert optional.repository() == "https://github.com/me/memjax"
+  assert "'memjax[data] @ git+https://github.com/me/memjax'" in (
+      optional.install_hint("data")
+  )
+  monkeypatch.setattr(importlib.metadata, "metadata", metadata())
+  assert optional.repository() == "https://github.com/<owner>/memjax"
