@@ -25,8 +25,11 @@ def tokenize(run: spec.Run) -> dict[str, Any]:
   Raises:
     errors.UserError: missing data or a missing ``[data]`` package.
   """
-  run.task.check_data(train=True)
+  run.task.check_data(train=True, workdir=run.workdir)
   data = run.task.load(run.workdir, train=True)
   cache = data.cache_dir
   names = sorted(n for n in paths.listdir(cache) if ".tmp" not in n)
-  return {"files": [paths.join(cache, n) for n in names]}
+  files = [paths.join(cache, n) for n in names]
+  # The content/ folder holds the corpus files' SHA-256 and the records
+  # that let a run read the caches without the corpus (data.content).
+  return {"files": [f for f in files if paths.isfile(f)]}

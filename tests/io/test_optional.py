@@ -138,7 +138,10 @@ def test_token_caches_in_cloud_storage(tmp_path):
   s = build.build(config, str(tmp_path / "run")).settings
   first = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run"))
   names = sorted(paths.listdir(config.data.cache_dir))
-  assert [n.split(".")[1] for n in names] == ["test", "train", "valid", "vocab"]
+  assert names[0] == "content"  # The SHA-256 sidecars and the records.
+  assert [n.split(".")[1] for n in names[1:]] == [
+      "test", "train", "valid", "vocab"
+  ]  # fmt: skip
   again = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run2"))
   np.testing.assert_array_equal(first.train.tokens, again.train.tokens)
   assert not os.path.exists(str(tmp_path / "run"))  # Nothing local.
