@@ -20,8 +20,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from memjax import errors
