@@ -36,6 +36,12 @@ SUBDIR = "content"
 # Length of the keys in cache file names (hex digits of a SHA-256).
 KEY_LENGTH = 16
 
+
+class AmbiguousCacheError(errors.DataError):
+  """The corpus files are missing and the cache holds several caches of
+  what they would make, from other data directories."""
+
+
 # SHA-256 by (absolute path, stamp), for this process.
 _MEMO: dict[tuple[str, str], str] = {}
 _MEMO_LOCK = threading.Lock()
@@ -148,7 +154,7 @@ def recorded(cache_dir: str, what: str, where: str) -> Optional[str]:
   records of ``what`` agree on one.
 
   Raises:
-    errors.DataError: records of ``what`` from several data directories
+    AmbiguousCacheError: records of ``what`` from several data directories
       with different keys, none from ``where``.
   """
   directory = paths.join(cache_dir, SUBDIR)
@@ -166,7 +172,7 @@ def recorded(cache_dir: str, what: str, where: str) -> Optional[str]:
   keys = sorted({str(info["key"]) for info in mine})
   if len(keys) > 1:
     origins = ", ".join(sorted(str(info.get("where")) for info in mine))
-    raise errors.DataError(
+    raise AmbiguousCacheError(
         f"the cache {cache_dir} holds {len(keys)} different caches of "
         f"{what!r} (made from {origins}) and the corpus files are missing: "
         "give the data directory with the files, or a cache made from one "

@@ -189,12 +189,12 @@ class TokenStream:
 
 
 def _stream_what(
-    corpus: str, split: str, v_corpus: str, vocab_size: int
+    corpus: str, split: str, vocabulary: str, vocab_size: int
 ) -> str:
   """The ``content.key`` description of a token stream."""
   return (
       f"token stream v{_STREAM_CACHE_VERSION} {corpus} {split} "
-      f"vocabulary={v_corpus} V={vocab_size}"
+      f"vocabulary={vocabulary} V={vocab_size}"
   )
 
 
@@ -207,19 +207,23 @@ def _stream_path(
     vocab_source: VocabSource = None,
     remember: bool = True,
 ) -> tuple[str, str, str]:
-  """(cache file, content.key description, where) of a token stream."""
+  """(cache file, content.key description, where) of a token stream.
+
+  The key covers the split file's bytes and the vocabulary's own key (its
+  training file's bytes), so a stream is never read with another
+  vocabulary, even where some of the files are missing.
+  """
   v_corpus, v_dir = _vocab_source(corpus, data_dir, vocab_source)
+  vocabulary = "bytes"
+  if sources.corpus_spec(v_corpus).level == "word":
+    vocabulary = vocab_lib.word_vocabulary_key(
+        v_corpus, v_dir, directory, remember=remember
+    )
   where = paths.resolve(data_dir)
-  if vocab_source is not None:
-    where += f" vocabulary {v_dir}"
-  what = _stream_what(corpus, split, v_corpus, vocab_size)
-  # The vocabulary comes from the train split: both files are in the key.
+  what = _stream_what(corpus, split, f"{v_corpus}.{vocabulary}", vocab_size)
   key = content.key(
       what,
-      lambda: [
-          sources.split_path(corpus, data_dir, split),
-          sources.split_path(v_corpus, v_dir, "train"),
-      ],
+      lambda: [sources.split_path(corpus, data_dir, split)],
       directory,
       where,
       remember,
@@ -284,6 +288,8 @@ def is_cached(
         corpus, data_dir, split, vocab_size, paths.resolve(cache_dir),
         vocab_source, remember=False,
     )[0]  # fmt: skip
+  except content.AmbiguousCacheError:
+    raise
   except sources.DataError:
     return False
   return paths.isfile(path)

@@ -405,14 +405,26 @@ def word_vocabulary_path(
   """
   corpus = sources.canonical_corpus(corpus)
   directory = sources.resolve_cache_dir(cache_dir, data_dir)
-  key = content.key(
+  key = word_vocabulary_key(corpus, data_dir, directory, min_count, remember)
+  return paths.join(directory, f"{corpus}.vocab.{key}.txt")
+
+
+def word_vocabulary_key(
+    corpus: str,
+    data_dir: str,
+    cache_dir: str,
+    min_count: int = 1,
+    remember: bool = True,
+) -> str:
+  """The ``content.key`` in the name of ``word_vocabulary_path``."""
+  corpus = sources.canonical_corpus(corpus)
+  return content.key(
       vocabulary_what(corpus, min_count),
       lambda: [sources.split_path(corpus, data_dir, "train")],
-      directory,
+      cache_dir,
       paths.resolve(data_dir),
       remember,
   )
-  return paths.join(directory, f"{corpus}.vocab.{key}.txt")
 
 
 def vocabulary_what(corpus: str, min_count: int) -> str:

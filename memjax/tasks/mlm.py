@@ -28,6 +28,7 @@ from memjax import errors
 from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
 from memjax.data import batchers
+from memjax.data import content
 from memjax.data import mlm
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
@@ -107,6 +108,8 @@ def is_cached(s: Settings, workdir: str, split: str) -> bool:
     if not paths.isfile(vocab):
       return False
     path = mlm.split_file(data_dir(m), split, vocab, cache, remember=False)
+  except content.AmbiguousCacheError:
+    raise
   except errors.DataError:
     return False
   return paths.isfile(path)

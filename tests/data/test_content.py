@@ -84,7 +84,9 @@ def test_missing_files_find_the_recorded_key(tmp_path):
   assert content.key("what", missing, cache, "/elsewhere") == "k1"
   content.record(cache, "what", "/d2", "k2")
   assert content.key("what", missing, cache, "/d2") == "k2"  # Its own first.
-  with pytest.raises(errors.DataError, match="2 different caches of 'what'"):
+  with pytest.raises(
+      content.AmbiguousCacheError, match="2 different caches of 'what'"
+  ):
     content.key("what", missing, cache, "/elsewhere")
 
 

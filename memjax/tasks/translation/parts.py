@@ -17,6 +17,7 @@ from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
 from memjax.io import optional
 from memjax.io import paths
+from memjax.data import content
 from memjax.data import parallel
 from memjax.tasks import config as task_config
 from memjax.tasks.translation import bleu
@@ -107,6 +108,8 @@ def cached_vocabulary(s: Settings, workdir: str) -> str | None:
         data_dir(s.data), t.source_lang, t.target_lang, int(t.vocab_size),
         cache_dir(s, workdir), remember=False,
     )  # fmt: skip
+  except content.AmbiguousCacheError:
+    raise
   except errors.DataError:
     return None
   return path if paths.isfile(path) else None
@@ -127,6 +130,8 @@ def is_cached(
         data_dir(s.data), split, t.source_lang, t.target_lang, vocab,
         cache_dir(s, workdir), remember=False,
     )  # fmt: skip
+  except content.AmbiguousCacheError:
+    raise
   except errors.DataError:
     return False
   return paths.isfile(path)
