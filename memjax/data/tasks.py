@@ -242,8 +242,8 @@ def token_stream_path(
   """Cache file of the token stream of ``split``.
 
   Its name holds the corpus, split, vocabulary size and a hash of the bytes
-  of the split's file and of the vocabulary's training file
-  (``content.key``): a copy of the corpus elsewhere finds it, and with the
+  of the split's file and of the vocabulary's key (its training file's
+  bytes; ``content.key``): a copy of the corpus elsewhere finds it, and with the
   corpus files missing the cache's record names it.
   """
   corpus = sources.canonical_corpus(corpus)
@@ -282,7 +282,7 @@ def is_cached(
       if not paths.isfile(vocab_path):
         return False
       vocab_size = vocab_lib.get_vocabulary(
-          v_corpus, v_dir, cache_dir
+          v_corpus, v_dir, cache_dir, remember=False
       ).vocab_size
     path = _stream_path(
         corpus, data_dir, split, vocab_size, paths.resolve(cache_dir),

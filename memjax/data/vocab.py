@@ -437,6 +437,7 @@ def get_vocabulary(
     data_dir: str,
     cache_dir: str | None = None,
     min_count: int = 1,
+    remember: bool = True,
 ) -> WordVocabulary | ByteVocabulary:
   """Returns the vocabulary of ``corpus``.
 
@@ -447,6 +448,9 @@ def get_vocabulary(
           ``<data_dir>/memjax_cache`` if ``data_dir`` is writable, else a
           folder in the system temp dir.
       min_count: minimum training count of a word (word corpora only).
+      remember: keep the training file's SHA-256 in the cache's sidecar
+          (``content.file_sha256``; False: read a cached vocabulary
+          writing nothing).
 
   Returns:
       A :class:`WordVocabulary` built from the training split (read from the
@@ -459,7 +463,9 @@ def get_vocabulary(
   spec = sources.corpus_spec(corpus)
   if spec.level == "byte":
     return byte_vocabulary()
-  path = word_vocabulary_path(spec.name, data_dir, cache_dir, min_count)
+  path = word_vocabulary_path(
+      spec.name, data_dir, cache_dir, min_count, remember
+  )
   # The cache file is part of the key: another cache directory gets its file.
   memo_key = (path, min_count)
   with _VOCAB_MEMO_LOCK:

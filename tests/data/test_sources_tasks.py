@@ -192,11 +192,18 @@ def test_token_stream_of_a_copy_and_without_its_file(wiki_dir, tmp_path):
   for f in copy.iterdir():
     os.utime(f, (1_000_000_000, 1_000_000_000))
   path = tasks.token_stream_path("wikitext103", wiki_dir, "test", cache)
+  valid = [
+      tasks.token_stream_path("wikitext103", d, "valid", cache)
+      for d in (wiki_dir, str(copy))
+  ]
+  assert valid[0] == valid[1]  # The same bytes: the same key.
+  os.remove(copy / "wiki.test.tokens")
+  files = sorted(os.listdir(os.path.join(cache, "content")))
+  assert tasks.is_cached("wikitext103", str(copy), "test", cache)
+  assert sorted(os.listdir(os.path.join(cache, "content"))) == files
   assert tasks.token_stream_path("wikitext103", str(copy), "test", cache) == (
       path
-  )
-  os.remove(copy / "wiki.test.tokens")
-  assert tasks.is_cached("wikitext103", str(copy), "test", cache)
+  )  # As recorded.
   again = tasks.load_token_stream("wikitext103", str(copy), "test", cache)
   np.testing.assert_array_equal(again.tokens, stream.tokens)
   # A changed training file (present, so it decides) makes another
