@@ -3,9 +3,10 @@
 Raw text becomes token streams through the SeqIO tasks (the ``[data]``
 extra: SeqIO and TensorFlow). Running this mode where they are installed
 fills ``data.cache_dir`` (default ``<workdir>/cache``); a run elsewhere (a
-stock JAX image on a GPU node, a TPU VM) with the same config and
-``data.cache_dir`` then reads the caches without those packages (see
-docs/hardware.md).
+stock JAX image on a GPU node, a TPU VM) with the same config and a copy of
+that folder then reads the caches without those packages, with a copy of
+the corpus at any path or with no corpus at all: the caches are named by
+the files' content (``memjax.data.content``; see docs/hardware.md).
 """
 
 from __future__ import annotations
