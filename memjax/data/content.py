@@ -87,9 +87,14 @@ def file_sha256(path: str, cache_dir: str = "", remember: bool = True) -> str:
     with paths.open(path, "rb") as f:
       digest = hashlib.file_digest(f, "sha256").hexdigest()
   if sidecar and remember and not stored:
-    paths.makedirs(paths.dirname(sidecar))
-    paths.write_json(sidecar, {"path": path, "stamp": stamp, "sha256": digest})
-    stored = True
+    try:
+      paths.makedirs(paths.dirname(sidecar))
+      paths.write_json(
+          sidecar, {"path": path, "stamp": stamp, "sha256": digest}
+      )
+      stored = True
+    except OSError:
+      pass  # A read-only cache (reading needs no write): kept in memory.
   with _MEMO_LOCK:
     _MEMO[(path, stamp)] = digest
     if stored:

@@ -60,6 +60,18 @@ def test_sha256_is_computed_once_per_path_size_and_mtime(tmp_path, monkeypatch):
   )
 
 
+def test_a_read_only_cache_keeps_the_sha256_in_memory(tmp_path, monkeypatch):
+  path = _write(tmp_path / "data" / "a.txt", "read only\n")
+
+  def refuse(*args, **kwargs):
+    raise PermissionError("read-only file system")
+
+  monkeypatch.setattr(content.paths, "write_json", refuse)
+  got = content.file_sha256(path, str(tmp_path / "cache"))
+  assert got == hashlib.sha256(b"read only\n").hexdigest()
+  assert not os.listdir(tmp_path / "cache" / content.SUBDIR)
+
+
 def test_key_follows_the_bytes_not_the_path_or_mtime(tmp_path):
   cache = str(tmp_path / "cache")
   a = _write(tmp_path / "a" / "x.txt", "same\n")
