@@ -104,14 +104,29 @@ def eval_source(
   return corpus, data_dir, (d.corpus, own)
 
 
-def check_data(d: Data, e: Eval, splits: tuple[str, ...], train: bool) -> None:
-  """Raises DataError if a needed split file is missing; writes nothing."""
-  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
+def check_data(
+    d: Data, e: Eval, splits: tuple[str, ...], train: bool, workdir: str = ""
+) -> None:
+  """Raises DataError if a needed split file is missing and the run's cache
+  (``data.cache_dir``, else ``<workdir>/cache``) does not hold its tokens;
+  writes nothing."""
+  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
+
+  cache_dir = data_dirs(d, workdir)[1] if (workdir or d.cache_dir) else ""
+
+  def check(corpus, data_dir, split, vocab_source):
+    try:
+      sources.split_path(corpus, data_dir, split)
+    except errors.DataError:
+      if not tasks.is_cached(corpus, data_dir, split, cache_dir, vocab_source):
+        raise
+
   if train:
-    sources.split_path(d.corpus, data_dir, "train")
-  corpus, data_dir, _ = eval_source(d, e)
+    check(d.corpus, d.data_dir or sources.default_data_dir(d.corpus),
+          "train", None)  # fmt: skip
+  corpus, data_dir, vocab_source = eval_source(d, e)
   for split in splits:
-    sources.split_path(corpus, data_dir, split)
+    check(corpus, data_dir, split, vocab_source)
 
 
 def read_stream(
@@ -127,7 +142,6 @@ def read_stream(
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
   corpus, data_dir, vocab_source = eval_source(d, e, corpus, data_dir)
-  sources.split_path(corpus, data_dir, split)
   cache_dir = data_dirs(d, workdir)[1]
   paths.makedirs(cache_dir)
   return tasks.load_token_stream(
@@ -155,7 +169,7 @@ def load_corpus(
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
   splits = tuple(e.splits if splits is None else splits)
-  check_data(d, e, splits, train)
+  check_data(d, e, splits, train, workdir)
   data_dir, cache_dir = data_dirs(d, workdir)
   paths.makedirs(cache_dir)
   corpus = d.corpus
