@@ -110,9 +110,12 @@ ENGINE = extend.Method(
             ),
         ),
         # Token caches and vocabulary only (then train where SeqIO is absent).
+        # A classification run reads its small GLUE files on every run:
+        # nothing of it is cached.
         "tokenize": extend.Mode(
             tokenize.tokenize,
             "write the token caches and vocabulary, train nothing",
+            ("lm", "translation", "mlm"),
             outputs=("cache/*",),
         ),
         "generate": extend.Mode(
