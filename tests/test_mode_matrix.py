@@ -66,7 +66,12 @@ MODE_FLAGS = {
         "--config.extrapolate.max_segments=2",
     ),
     "datastore": ("--config.datastore.max_windows=8",),
-    "recall": ("--config.datastore.recall_queries=50",),
+    # A datastore of 8 windows holds fewer keys than the default K.
+    "index": ("--config.eval_memory.ext_k=32",),
+    "recall": (
+        "--config.datastore.recall_queries=50",
+        "--config.eval_memory.ext_k=32",
+    ),
     # The smoke run batches at random; pack writes what BM25 batching reads.
     "pack": ("--config.data.batching=bm25",),
 }
