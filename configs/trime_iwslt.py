@@ -19,7 +19,8 @@ Usage: ``--config=configs/trime_iwslt.py:SIZE`` with SIZE in
 METHOD (``--config=configs/trime_iwslt.py:METHOD_SIZE``): ``vanilla`` (the
 default; label-smoothed cross-entropy over ``tokens`` batches) or
 ``trime_mt`` (TRIMEMT_ext: the ``trime_mt`` objective over ``tokens_bm25``
-batches of BM25-packed target sentences, docs/trime_mt.md). Every variant
+batches of BM25-packed target sentences, docs/trime_mt.md; at ``paper``
+size the authors' architecture, a post-LN encoder under a pre-LN decoder). Every variant
 carries ``translation.memory``, the external memory used at decoding
 (``--mode=mt_datastore / mt_tune / mt_translate``): kNN-MT for vanilla,
 the joint softmax for trime_mt.
@@ -156,6 +157,12 @@ def get_config(arg: str = "demo"):
     m.dropout = 0.3
     # fairseq's IWSLT recipe also decays weights by 1e-4 (not in Table 9).
     o.weight_decay = 1e-4
+    if method == "trime_mt":
+      # The authors train TRIMEMT_ext with --decoder-normalize-before only
+      # (machine_translation/README.md 158-174): a post-LN encoder under a
+      # pre-LN decoder with a final LayerNorm, whose output is knn_embed
+      # (memory_feature 'final_output').
+      m.family_options.decoder_norm_position = "pre"
     tr.vocab_size, tr.max_tokens = 10000, 16384
     tr.buckets = (16, 32, 48, 64, 96, 128, 256)
     tr.decode_batch_size = 128
