@@ -271,6 +271,8 @@ def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
   search_lib.check_k(store, int(em["ext_k"]))
   key = (path, store.manifest["id"], metric, em["search"])
   key += (em["leaves_to_search"], em["reorder_candidates"])
+  if em["search"] == "scann":  # an index rebuilt since is loaded again
+    key += (search_lib.index_id(store, metric),)
   if key not in _SEARCHERS:
     _SEARCHERS[key] = search_lib.make_searcher(
         store, metric, em["search"], int(em["leaves_to_search"]),

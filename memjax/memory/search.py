@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import uuid
 from typing import Any, Optional, Sequence
 
 import jax
@@ -315,13 +316,25 @@ def build_index(
       paths.join(out, "index.json"),
       {
           "datastore_id": store.manifest["id"],
+          "id": uuid.uuid4().hex,  # this build (``index_id``)
           "metric": metric,
           "k": int(k),
+          "reorder": int(reorder),
           "shards": meta,
       },
       sort_keys=False,
   )
   return ScannSearcher(store, metric, searchers, leaves_to_search)
+
+
+def index_id(store: ds_lib.Datastore, metric: str) -> str:
+  """The id of the ``metric`` index's latest build ('' for none, or an
+  index written before builds had ids): a searcher loaded from an older
+  build is stale."""
+  ipath = paths.join(index_dir(store.path, metric), "index.json")
+  return (
+      str(paths.read_json(ipath).get("id", "")) if paths.exists(ipath) else ""
+  )
 
 
 def load_index(

@@ -310,6 +310,11 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
                                metric)  # fmt: skip
     np.testing.assert_array_equal(loaded.search(queries, 50)[1], a_i)
     os.rename(tmp_path / "b", tmp_path / "a")
+  # Each build has its own id (a searcher cached from another is stale).
+  first = search.index_id(store, "dot_product")
+  search.build_index(store, "dot_product", 50, reorder=-1)
+  assert "" != first != search.index_id(store, "dot_product")
+  assert search.index_id(ds_lib.open_datastore(str(tmp_path / "a")), "x") == ""
   # A datastore rebuilt under the index: the index no longer matches.
   ds_lib.from_arrays(str(tmp_path / "a"), keys[:5000], np.arange(5000),
                      signature=SIG, shard_size=2500)  # fmt: skip
