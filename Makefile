@@ -22,7 +22,11 @@ LOCK := requirements/$(ACCEL).lock
 help:
 	@awk -F':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# memjax, jax 0.10.2 and libtpu need Python 3.11; a TPU VM's image ships 3.10.
+PYTHON_MISSING = memjax: error: $(PYTHON) is missing or not Python 3.11, which memjax needs: install it (a TPU VM's Ubuntu 22.04: sudo add-apt-repository -y ppa:deadsnakes/ppa && sudo apt-get install -y python3.11 python3.11-venv; anywhere: uv python install 3.11) or name it: make venv PYTHON=/path/to/python3.11 (docs/hardware.md)
+
 $(STAMP): $(LOCK) requirements/dev.lock setup.py
+	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1 || { echo "$(PYTHON_MISSING)" >&2; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r $(LOCK) -r requirements/dev.lock
@@ -31,7 +35,7 @@ $(STAMP): $(LOCK) requirements/dev.lock setup.py
 
 venv: $(STAMP) ## minutes not recorded (downloads): the virtual environment from requirements/$(ACCEL).lock
 
-demo: $(STAMP) ## ~11 min: vanilla, vanilla + cache and TRIMELM (docs/trime.md)
+demo: $(STAMP) ## ~10 min: vanilla, vanilla + cache and TRIMELM (docs/trime.md)
 	$(PY) -m memjax.demos.trime --workdir=$(WORKDIR)
 
 # Transformer+RPE, Transformer-XL and LaMemo with the same steps, then the

@@ -2,9 +2,21 @@
 
 import setuptools
 
+# The repository, set once by its publisher: `python colabs/set_repository.py`
+# copies it into CITATION.cff and the notebooks (their set-up cell clones it
+# in Colab; their "Open in Colab" badges link to it), and
+# tests/colabs/test_notebooks.py checks that they agree. memjax is not on
+# PyPI: pip installs it from a checkout or from this URL.
+REPOSITORY = "https://github.com/<owner>/memjax"
+
 setuptools.setup(
     name="memjax",
     version="0.1.0",
+    url=REPOSITORY,
+    project_urls={
+        "Source": REPOSITORY,
+        "Notebooks": REPOSITORY + "/tree/main/colabs",
+    },
     description=(
         "Memory-augmented language models (TRIME, Transformer-XL, LaMemo) "
         "in JAX/Flax."
@@ -38,6 +50,8 @@ setuptools.setup(
         "numpy>=1.26",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",
+        # Whether a workdir lease's holder still runs: memjax.io.lease.
+        "psutil>=5.9",
         "sacrebleu>=2.4",
         "sentencepiece>=0.2",
         # TensorBoard's event writer (no TensorFlow): memjax.io.events.

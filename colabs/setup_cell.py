@@ -4,9 +4,10 @@ import pathlib
 import subprocess
 import sys
 
-# Colab only: the memjax repository to clone (the one place it is written;
-# a fork runs `python colabs/set_repository.py URL`). MEMJAX_REPO overrides
-# it, e.g. with the path of a local clone.
+# Colab only: the memjax repository to clone. Its publisher sets it once in
+# setup.py and runs `python colabs/set_repository.py`, which writes it here,
+# into every notebook and CITATION.cff. MEMJAX_REPO overrides it, e.g. with
+# the path of a local clone.
 MEMJAX_REPO = os.environ.get(
     'MEMJAX_REPO', 'https://github.com/<owner>/memjax.git'
 )
@@ -26,6 +27,13 @@ if not ROOT and (spec := importlib.util.find_spec('memjax')):  # pip install -e
   ROOT = str(checkout) if is_checkout(checkout) else None
 if not ROOT and IN_COLAB:
   ROOT = os.environ.get('MEMJAX_CLONE', '/content/memjax')
+  if not os.path.isdir(ROOT) and '<owner>' in MEMJAX_REPO:
+    sys.exit(
+        'memjax: error: this notebook names no repository to clone yet'
+        f' ({MEMJAX_REPO}): its publisher sets the URL with `python'
+        ' colabs/set_repository.py https://github.com/OWNER/memjax`; or set'
+        " os.environ['MEMJAX_REPO'] to a clone URL and run this cell again"
+    )
   if not os.path.isdir(ROOT):
     subprocess.run(['git', 'clone', '-q', MEMJAX_REPO, ROOT], check=True)
 if not ROOT:
@@ -36,7 +44,3 @@ if ROOT not in sys.path:
 if IN_COLAB:
   os.chdir(ROOT)
   from colabs import colab  # Imports nothing memjax depends on.
-
-  # What this runtime lacks, then memjax: never the lock's CPU jaxlib over
-  # Colab's own jax. If pip upgraded a package, restart and run again.
-  colab.install(ROOT, dry_run=bool(os.environ.get('MEMJAX_PIP_DRY_RUN')))

@@ -1,7 +1,7 @@
 """BERT-style encoders with product-key memory (Kim & Jung 2020).
 
 Usage: ``--config=configs/pkm_bert.py:METHOD_SIZE`` (METHOD optional:
-``vanilla``). SIZE: ``smoke`` (tests), ``demo`` (4 layers, d 128, the demo
+``vanilla``). SIZE: ``smoke`` (tests), ``demo`` (4 layers, d 64, the demo
 corpus), ``6l`` (6 layers, d 768, memory at 2 and 4), ``base`` (BERT-base:
 12 layers, d 768, memory at 4 and 8, batch 1,024 x 512, Adam 1e-4, linear
 warm-up 10k, 500k steps). METHOD, masked-LM pretraining (task 'mlm'):
@@ -28,7 +28,7 @@ weight decay 0.1, length 128.
 The feed-forward uses GELU, as BERT does (``model.activation``).
 
 Memory: the paper's 512^2 slots, 4 heads, k = 32, k_dim 256 at 6l and base;
-128^2 at demo size; 8^2 at smoke. The query is normalised by a BatchNorm
+64^2 at demo size; 8^2 at smoke. The query is normalised by a BatchNorm
 over the batch's real tokens, as in the paper (its running mean and
 variance are carried by the train state and used in evaluation);
 ``--config.model.feed_forward_options.query_norm=layer`` gives the

@@ -14,14 +14,30 @@ functions import the heavy modules on first use.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
-def load(path: str, step: Any = None, **kwargs) -> Any:
-  """``memjax.api.load``: restores a workdir or an export."""
+def load(
+    path: str, step: Optional[int] = None, *, mesh: Optional[dict] = None
+) -> Any:
+  """Restores a training workdir or an export as the object of its kind.
+
+  Args:
+    path: a workdir (``config.json`` + ``checkpoints/``) or an export; a
+      local path or a URL (``gs://...``).
+    step: the checkpoint step of a workdir (None = the parameters the run's
+      task chose: the latest readable, or for a classification run those of
+      its best dev accuracy). A step that is not there is one error listing
+      the steps that are.
+    mesh: mesh axis sizes, e.g. {'data': 8} (default: all devices, data).
+
+  Returns:
+    A ``LanguageModel``, ``Translator``, ``MaskedLM`` or ``Classifier``
+    (``memjax.api``).
+  """
   from memjax import api  # pylint: disable=g-import-not-at-top
 
-  return api.load(path, step, **kwargs)
+  return api.load(path, step, mesh=mesh)
 
 
 def export(path: str, out_dir: Any = None, **kwargs) -> str:

@@ -30,9 +30,11 @@ from memjax import settings as settings_lib
 from memjax import sharding
 from memjax.checkpoints import runfiles
 from memjax.io import paths
+from memjax.io import workdirs
 from memjax.models import transformer
 from memjax.run import hooks
 from memjax.run import optim
+from memjax.run import ownership
 from memjax.run import profiling
 from memjax.run import restore as restore_lib
 from memjax.run import spec
@@ -64,6 +66,12 @@ _NON_NEGATIVE_REAL = (
     "optim.learning_rate", "optim.clip_norm", "optim.weight_decay",
     "optim.min_lr_ratio",
 )  # fmt: skip
+# Probabilities of dropping: 0 <= p < 1 (1 would drop everything).
+_DROPOUT = (
+    "model.dropout",
+    "model.adaptive_dropout",
+    "model.attention_dropout",
+)
 DTYPES = ("float32", "bfloat16")
 
 
@@ -90,6 +98,10 @@ def check_values(s: settings_lib.Settings) -> None:
     v = _value(s, key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
       raise errors.ConfigError(f"{key} must be a number >= 0, got {v!r}")
+  for key in _DROPOUT:
+    v = _value(s, key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+      raise errors.ConfigError(f"{key} must be in [0, 1), got {v!r}")
   if s.eval.score_len > s.eval.window_len:
     raise errors.ConfigError(
         f"eval.score_len {s.eval.score_len} must be <= eval.window_len "
@@ -181,7 +193,7 @@ def check_workdir(workdir: str, training: bool) -> None:
   Raises:
     errors.StorageError, errors.WorkdirError: one line naming what to fix.
   """
-  paths.check_workdir(workdir)
+  workdirs.check_workdir(workdir, writes=True, checkpoints=training)
   runfiles.check_workdir(
       workdir, training, catalog.parts().files_before_training()
   )
@@ -208,6 +220,8 @@ def resolve(
     try:
       config = saved_config(workdir)
     except errors.MissingRunError:
+      if paths.isfile(paths.join(workdir, runfiles.CONFIG_FILE)):
+        raise  # A run with no finished checkpoint: its own message.
       raise errors.ConfigError(
           f"--mode={name} needs --config=FILE:VARIANT: {workdir} holds no "
           "run or export whose saved config.json could be used"
@@ -248,13 +262,18 @@ def run_mode(
   check_workdir(workdir, training=mode.training)
   config = resolve(name, config, workdir, overrides)
   s = read(config, catalog.parts())
+  # The run's kind, from the settings alone: a mode given a kind it does not
+  # take is one line before anything is built or written.
+  mode.check(name, f"{s.task}/{s.model.family}")
   if mode.before_jax is not None:  # Before the mesh starts JAX's backends.
     mode.before_jax(s)
   # A mode that trains uses every device; one that reads a trained run may
   # name a smaller mesh ({'data': 1}: the first device).
   run = build(config, workdir, mesh=None if mode.training else s.mesh.spec())
-  mode.check(name, run.kind)
-  return mode.run(run)
+  if not mode.training:
+    return mode.run(run)  # Readers take no lease.
+  with ownership.sole_writer(workdir):  # One training job per workdir.
+    return mode.run(run)
 
 
 def load(
@@ -281,6 +300,9 @@ def load(
     errors.CheckpointMismatchError: ``config`` describes another model.
   """
   path = paths.resolve(path)
+  # A bucket that does not answer (no credentials, no network) is one line
+  # within the probe's timeout, not minutes of the backend's retries.
+  workdirs.check_workdir(path)
   files = runfiles.find(path)
   if config is None:
     config = config_lib.from_json(runfiles.read_config_text(files))

@@ -88,56 +88,79 @@ ENGINE = extend.Method(
             loop.train_and_evaluate,
             "train (resumes from the workdir's latest checkpoint)",
             training=True,
+            outputs=(
+                "config.json",
+                "train_log.jsonl",
+                "results.json",
+                "checkpoints/*",
+            ),
         ),
         "eval": extend.Mode(
             eval_mode.evaluate_run,
             "evaluate the latest checkpoint on the config's splits",
+            outputs=("results.json",),
         ),
         "export": extend.Mode(
             export.export_run,
             "write a params-only export (--export_dir, --export_dtype)",
+            outputs=(
+                "export/export.json",
+                "export/config.json",
+                "export/params/*",
+            ),
         ),
         # Token caches and vocabulary only (then train where SeqIO is absent).
+        # A classification run reads its small GLUE files on every run:
+        # nothing of it is cached.
         "tokenize": extend.Mode(
             tokenize.tokenize,
             "write the token caches and vocabulary, train nothing",
+            ("lm", "translation", "mlm"),
+            outputs=("cache/*",),
         ),
         "generate": extend.Mode(
             generate.generate,
             "top-p sampling after a prompt from a split, memory carried",
             _LM,
+            outputs=("generation.txt", "generation.json"),
         ),
         # Evaluation with testing memories (memjax/modes/memory.py).
         "memeval": extend.Mode(
             memory.memeval,
             "evaluate with the configured testing memory (eval_memory.*)",
             _LM,
+            outputs=("memeval.json",),
         ),
         "tune": extend.Mode(
             memory.tune,
             "grid-search the testing memory on valid, then test (tune.json)",
             _LM,
+            outputs=("tune.json",),
         ),
         "memsweep": extend.Mode(
             memory.memsweep,
             "valid perplexity against the long-term memory size",
             _LM,
+            outputs=("memsweep.json", "memsweep.csv", "memsweep.png"),
         ),
         "buckets": extend.Mode(
             memory.buckets,
             "perplexity by token-frequency bucket, with and without memory",
             _LM,
+            outputs=("buckets.json", "buckets.md"),
         ),
         "translate": extend.Mode(
             translate_mode.translate,
             "beam-translate a file or a split, scored by sacreBLEU",
             ("translation",),
+            outputs=("translations/*.txt",),
         ),
         # Early-token analysis (any LM): loss by position in a document.
         "position_loss": extend.Mode(
             position_loss.position_loss,
             "mean loss by position within a document",
             ("lm",),
+            outputs=("position_loss.json", "position_loss.png"),
         ),
         # Compile the train step for a target without running it.
         "plan": extend.Mode(
@@ -146,6 +169,7 @@ ENGINE = extend.Method(
             "run nothing",
             writes=("plan.json", "plan.md"),
             before_jax=platforms.set_device_flags,
+            outputs=("plan.json", "plan.md"),
         ),
     },
     settings=settings.ENGINE

@@ -85,6 +85,9 @@ class Mode:
       backends (``--mode=plan`` sets the number of fake devices).
     training: the mode trains in its workdir (which must then hold a run
       or nothing else).
+    outputs: glob patterns, relative to the workdir, of the files the mode
+      writes with the default settings (each matches at least one file
+      after a run; the mode matrix test reads every match back).
   """
 
   run: Callable[[Any], dict[str, Any]]
@@ -93,6 +96,7 @@ class Mode:
   writes: tuple[str, ...] = ()
   before_jax: Callable[[Any], None] | None = None
   training: bool = False
+  outputs: tuple[str, ...] = ()
 
   def takes(self, kind: str) -> bool:
     """Whether a run of ``kind`` ('<task>/<model.family>') fits."""

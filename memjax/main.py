@@ -21,6 +21,10 @@ all take part in checkpoints; process 0 writes the logs and results.
 SIGTERM (a preemption) or Ctrl-C during training writes a checkpoint of the
 last update and exits with status 128 + the signal's number (143, 130); the
 same command resumes (memjax/run/preemption.py).
+
+A training job holds its workdir's lease (memjax/run/ownership.py): a
+second job training into it stops with one line naming the holder (exit
+status 2); a lease left by a killed job is taken over.
 """
 
 from __future__ import annotations
@@ -91,10 +95,24 @@ _EXPORT_DTYPE = flags.DEFINE_enum(
 )  # fmt: skip
 
 
+def _config_file_error(text: str) -> str:
+  """The config file's own error in a flag error that quotes its traceback
+  ('flag --config=F:V: Error whilst parsing config file: Traceback ...'):
+  the flag and the last line, without the exception's module path."""
+  head = text.split(": Error whilst parsing config file", 1)[0]
+  last = [l.strip() for l in text.splitlines() if l.strip()][-1]
+  name, sep, message = last.partition(": ")
+  if sep and name.startswith("memjax.errors."):
+    last = message  # One of ours: its message says what to fix.
+  return f"{head}: {last}"
+
+
 def _one_line(e: BaseException) -> str:
   """A flag-parsing error's message on one line, naming the flag."""
   text = str(e)
-  if isinstance(e, flags.IllegalFlagValueError) or "--config." in text:
+  if "Error whilst parsing config file" in text and "Traceback" in text:
+    msg = _config_file_error(text)
+  elif isinstance(e, flags.IllegalFlagValueError) or "--config." in text:
     msg = text
   else:
     root = e
@@ -111,8 +129,18 @@ def _one_line(e: BaseException) -> str:
   return " ".join(lines) or type(e).__name__
 
 
+_HELP = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """Parses flags and loads the config; any problem is reported as one line."""
+  """Parses flags and loads the config; any problem is reported as one line.
+
+  ``--help`` prints the flags and exits 0 (absl's own help flag exits 1).
+  """
+  if any(a in _HELP for a in argv[1:]):
+    full = "--helpfull" in argv[1:]
+    print(flags.FLAGS.main_module_help() if not full else flags.FLAGS)
+    sys.exit(0)
   try:
     rest = flags.FLAGS(argv)
     if _CONFIG.value is not None:
@@ -179,7 +207,12 @@ def print_modes() -> None:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    print(
+        f"memjax: error: unexpected arguments {argv[1:]}: every setting is a "
+        "flag (--mode=NAME, --config.key=value); --help lists them",
+        file=sys.stderr,
+    )
+    sys.exit(2)
   if _MODE.value == "list":
     print_modes()
     return

@@ -47,6 +47,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # starting a long file at the end.
 LONGEST_FIRST = (
     "tests/colabs/test_notebooks.py",
+    "tests/test_mode_matrix.py",
     "tests/test_main.py",
     "tests/models/test_transformer_memory.py",
     "tests/models/test_stack.py",
@@ -56,11 +57,20 @@ LONGEST_FIRST = (
     "tests/methods/recurrent/test_modes.py",
     "tests/methods/pkm/test_bert.py",
     "tests/run/test_preemption.py",
+    "tests/run/test_ownership.py",
     "tests/io/test_optional.py",
     "tests/methods/trime/test_pack_beam.py",
     "tests/test_sharding.py",
     "tests/methods/trime/test_training.py",
 )
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers",
+      "matrix: the mode matrix (tests/test_mode_matrix.py); run it alone "
+      "with -m matrix",
+  )
 
 
 def pytest_collection_modifyitems(items):

@@ -187,6 +187,8 @@ def test_two_processes_train_like_one_process_with_two_devices(runs):
   assert "over 2 cpu devices" in out0 and "step 6/6" in out0
   # Process 0 reports and writes the log and results; process 1 stays quiet.
   assert "step 6/6" not in out1 and "results:" not in out1
+  # The job's lease (process 0's) was released when it finished.
+  assert not os.path.exists(os.path.join(two, "lease.json"))
   a, b = _losses(one), _losses(two)
   assert sorted(a) == sorted(b) == list(range(1, NUM_STEPS + 1))
   steps = sorted(a)

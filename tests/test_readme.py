@@ -4,17 +4,20 @@ Every ``make TARGET`` the README names is a target (``make -n`` succeeds),
 every ``python -m MODULE`` it names answers ``--help`` (argparse's status 0,
 or absl's usage and status 1, without a traceback), and
 every relative link in README.md and docs/*.md points at a file that exists
-(and, for ``file.md#anchor``, at a heading of that file).
+(and, for ``file.md#anchor``, at a heading of that file), and every run the
+examples load is one a demo of the Makefile writes.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import glob
 import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -174,3 +177,108 @@ def _answered_help(result: subprocess.CompletedProcess) -> bool:
 )
 def test_relative_links_point_at_files(path):
   assert broken_links(path) == []
+
+
+# memjax.load("runs/...") and .attach("runs/...") in the README, the API's
+# docstrings and docs/experiment.md; runs/mine is the reader's own run.
+_EXAMPLE = re.compile(r"(?:memjax\.load|\.attach)\(\"(runs/[^\"]+)\"")
+_DEMO_LINE = re.compile(r"-m memjax\.demos\.(\w+) --workdir=(\S+)")
+EXAMPLE_FILES = (
+    README,
+    os.path.join(REPO, "docs", "experiment.md"),
+    os.path.join(REPO, "memjax", "__init__.py"),
+    *sorted(glob.glob(os.path.join(REPO, "memjax", "api", "*.py"))),
+)
+
+
+def demo_workdirs() -> dict[str, str]:
+  """The Makefile's demo workdirs: workdir -> demo module."""
+  text = _read(os.path.join(REPO, "Makefile"))
+  default = re.search(r"^WORKDIR \?= (\S+)", text, re.MULTILINE).group(1)
+  return {
+      workdir.replace("$(WORKDIR)", default): module
+      for module, workdir in _DEMO_LINE.findall(text)
+  }
+
+
+class _Trained(Exception):
+  """Stops a demo where it would train."""
+
+
+def demo_runs(module: str, workdir: str, monkeypatch) -> set[str]:
+  """The runs (and datastores) demo ``module`` writes under ``workdir``,
+  from the demo's own code: its rows' directories, or the directories it
+  hands to ``common.train`` (recorded; nothing trains). Each demo module
+  defines flags, so only the rows modules are imported beside memjax.demos.mt
+  (which the demo tests import too)."""
+  # pylint: disable=g-import-not-at-top
+  from memjax.demos import common
+  from memjax.demos import external_rows
+  from memjax.demos import mt
+  from memjax.demos import pkm_bert_rows
+  from memjax.demos import trime_rows
+  from memjax.eval import external as external_eval
+
+  demo = common.Demo(workdir)
+  if module == "trime":
+    return {demo.run_dir(row) for row in trime_rows.ROWS}
+  if module == "external":
+    runs = set()
+    for row in external_rows.MODELS + external_rows.ABLATIONS:
+      c = common.load_config(row.config, f"{row.variant}_demo")
+      scoring = types.SimpleNamespace(
+          memory={"datastore": c.eval_memory.datastore},
+          datastore_corpus=c.datastore.corpus,
+      )
+      run = demo.run_dir(row)
+      runs |= {run, external_eval.datastore_path(scoring, run)}
+    return runs
+  if module == "mt":
+    trained = []
+
+    def train(config, run_dir):
+      del config
+      trained.append(run_dir)
+      raise _Trained()
+
+    monkeypatch.setattr(common, "train", train)
+    with pytest.raises(_Trained):
+      mt.run(workdir)
+    return set(trained)
+  if module == "pkm_bert":
+    return {
+        path(workdir, key)
+        for key in pkm_bert_rows.ROWS
+        for path in (
+            pkm_bert_rows.mlm_dir,
+            *(
+                functools.partial(
+                    pkm_bert_rows.finetune_dir, seed=int(s), frozen=False
+                )
+                for s in pkm_bert_rows.DEFAULT_SEEDS
+            ),
+        )
+    }
+  raise AssertionError(f"no rule for the runs of memjax.demos.{module}")
+
+
+def test_example_paths_are_runs_the_demos_write(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # the demos make their workdirs
+  workdirs = demo_workdirs()
+  assert set(workdirs.values()) >= {"trime", "external", "mt", "pkm_bert"}
+  runs = {}
+  for path in EXAMPLE_FILES:
+    for example in _EXAMPLE.findall(_read(path)):
+      if example == "runs/mine":
+        continue
+      where = f"{os.path.relpath(path, REPO)}: {example}"
+      workdir = next(
+          (w for w in workdirs if example == w or example.startswith(w + "/")),
+          None,
+      )
+      assert workdir, f"{where} is under no demo workdir of the Makefile"
+      module = workdirs[workdir]
+      if module not in runs:
+        runs[module] = demo_runs(module, workdir, monkeypatch)
+      assert example in runs[module], (where, sorted(runs[module]))
+  assert {"trime", "external", "mt", "pkm_bert"} <= set(runs)

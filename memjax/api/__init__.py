@@ -4,7 +4,7 @@
     lm = memjax.load("runs/demo/trimelm")       # a workdir or an export
     lm.score(["the cat sat", "on the mat"])     # log-probs, ppl
     lm.generate(["the history of", "in 1990"], num_tokens=30)
-    mt = memjax.load("runs/demo_mt/vanilla")    # a translation run
+    mt = memjax.load("runs/demo_mt")            # a translation run
     mt.translate(["ein Haus ."], beam=4)
     memjax.train(config, "runs/mine")           # as --mode=train
     memjax.run_mode("tune", config, "runs/mine")  # any --mode, in process
@@ -36,6 +36,7 @@ from memjax.api.lm import LanguageModel
 from memjax.api.lm import memory_setting
 from memjax.api.translator import Translator
 from memjax.checkpoints import runfiles
+from memjax.io import workdirs
 from memjax.run import restore
 
 __all__ = [
@@ -77,6 +78,9 @@ def load(
   Returns:
     A ``LanguageModel``, ``Translator``, ``MaskedLM`` or ``Classifier``.
   """
+  # A bucket that does not answer (no credentials, no network) is one line
+  # within the probe's timeout, not minutes of the backend's retries.
+  workdirs.check_workdir(path)
   files = runfiles.find(path)
   run = build.build(
       build.saved_config(files.path),

@@ -1,9 +1,9 @@
 """``MaskedLM`` and ``Classifier``: BERT-style encoder runs restored.
 
-    mlm = memjax.load("runs/pkm_bert_demo/pkm")      # task 'mlm'
+    mlm = memjax.load("runs/pkm_bert_demo/c/mlm")    # task 'mlm'
     mlm.score(["the cat sat on the mat ."])          # masked-token log p
     mlm.usage(texts)                                 # memory layers' usage
-    cls = memjax.load("runs/pkm_bert_demo/cls_pkm")  # task 'classification'
+    cls = memjax.load("runs/pkm_bert_demo/c/cls_seed0")  # 'classification'
     cls.predict(["a fine film ."])                   # labels, probabilities
     cls.usage(texts, labels)                         # usage by class
     cls.usage(texts, labels)["slot_sums"]            # per-slot counts

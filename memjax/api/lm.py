@@ -196,6 +196,11 @@ class LanguageModel(base.Loaded):
     sampler = self._sampler(float(top_p), float(temperature))
     out = []
     for i, prompt in enumerate(prompts if many else [prompts]):
+      if not len(self._tokens(prompt)):
+        raise ValueError(
+            f"generate: prompt {i} is empty ({prompt!r}); give each prompt at "
+            "least one token of text"
+        )
       new = sampler.generate(
           self.restored.variables, self._tokens(prompt), int(num_tokens),
           int(seed) + i,

@@ -1,6 +1,6 @@
 """``Translator``: an encoder-decoder translation run restored.
 
-    mt = memjax.load("runs/demo_mt/vanilla")
+    mt = memjax.load("runs/demo_mt")
     mt.translate(["ein Haus .", "danke ."], beam=4)   # -> list of str
     mt.score(["ein Haus ."], ["a house ."])           # teacher-forced log p
 
@@ -72,11 +72,13 @@ class Translator(base.Loaded):
     Returns:
       N detokenised translations.
     """
+    _check_beam(beam)
     return self._translator(memory).translate(list(sentences), int(beam))
 
   def hypotheses(self, sentence: str, beam: int = 4) -> list[tuple[str, float]]:
     """Every finished hypothesis of the beam for ``sentence``, best first,
     with its score (sum of log-probabilities / length ** lenpen)."""
+    _check_beam(beam)
     return self._translator(None).hypotheses(sentence, int(beam))
 
   def score(
@@ -136,3 +138,13 @@ def _pair_batches(
         decoding.source_bucket(max(len(t) for t in tgt)),
     )  # fmt: skip
     yield batch, real
+
+
+def _check_beam(beam: Any) -> None:
+  """A beam of K >= 1 hypotheses (1: greedy search)."""
+  if (
+      isinstance(beam, bool)
+      or not isinstance(beam, (int, np.integer))
+      or beam < 1
+  ):
+    raise ValueError(f"beam must be an integer >= 1 (1: greedy), got {beam!r}")

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import orbax.checkpoint as ocp
 
+from memjax import errors
 from memjax.checkpoints import convert
 from memjax.io import paths
 
@@ -137,3 +138,62 @@ def param_shapes(
   finally:
     ckptr.close()
   return layout.shapes_to_current(leaf_shapes(dict(meta).get(item) or {}))
+
+
+def chosen_steps(path: str, steps: list[int], step: Optional[int]) -> list[int]:
+  """The steps to try, newest first: all of ``steps``, or ``[step]``.
+
+  Raises:
+    errors.MissingRunError: no steps, or ``step`` is not one of them (the
+      message lists them).
+  """
+  if step is None:
+    if not steps:
+      raise errors.MissingRunError(f"{path} holds no checkpoint steps")
+    return sorted(steps, reverse=True)
+  if int(step) not in steps:
+    raise errors.MissingRunError(
+        f"{path} has no checkpoint at step {step}; the steps there are "
+        f"{sorted(steps)} (step=None: the latest)"
+    )
+  return [int(step)]
+
+
+def newest_readable(
+    directory: str,
+    steps: list[int],
+    abstract: Any,
+    abstract_state: Any,
+) -> tuple[Any, Any, int]:
+  """The variables of the first of ``steps`` (newest first) whose arrays
+  read; a damaged step is skipped with one warning and left in place (a
+  reader writes nothing; training sets such a step aside).
+
+  Raises:
+    errors.ResumeError: no step there can be read.
+  """
+  from memjax.io import console  # pylint: disable=g-import-not-at-top
+
+  for i, step in enumerate(steps):
+    try:
+      return restore_variables(directory, abstract, step, abstract_state)
+    except errors.UserError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if len(steps) == 1:
+        raise errors.ResumeError(
+            f"checkpoint step {step} in {directory} cannot be read "
+            f"({type(e).__name__}); it is damaged or was never finished"
+        ) from None
+      fallback = steps[i + 1] if i + 1 < len(steps) else None
+      console.warn(
+          "checkpoint step %d in %s cannot be read (%s); %s",
+          step,
+          directory,
+          type(e).__name__,
+          f"using step {fallback}" if fallback is not None else "no step left",
+      )
+  raise errors.ResumeError(
+      f"no checkpoint in {directory} can be read (steps {steps}): "
+      "they are damaged or were never finished; train again"
+  )

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 
 from memjax import errors
+from memjax.io import lease
 from memjax.io import paths
 
 CONFIG_FILE = "config.json"
@@ -81,6 +82,12 @@ def find(path: str) -> RunFiles:
     return RunFiles("export", path)
   if _has_steps(paths.join(path, "checkpoints")):
     return RunFiles("run", path)
+  if paths.isfile(paths.join(path, CONFIG_FILE)):
+    raise errors.MissingRunError(
+        f"{path} holds a run with no finished checkpoint (it was stopped "
+        "before its first checkpoint was written): run the same training "
+        "command again to resume it, then evaluate"
+    )
   raise errors.MissingRunError(
       f"{path} holds no trained run (no checkpoints/<step>) and no export "
       f"({EXPORT_FILE}): train first, or point at a run or export directory"
@@ -88,7 +95,10 @@ def find(path: str) -> RunFiles:
 
 
 # Entries only a training run writes into its workdir.
-_RUN_ENTRIES = (CONFIG_FILE, VOCAB_FILE, "checkpoints", "train_log.jsonl")
+_RUN_ENTRIES = (
+    CONFIG_FILE, VOCAB_FILE, "checkpoints", "train_log.jsonl",
+    lease.LEASE_FILE,
+)  # fmt: skip
 # Files of a token cache (memjax.data.tasks, memjax.data.vocab,
 # memjax.data.mlm): <corpus>.<split>.v<size>.<key>.npz,
 # <corpus>.vocab.<key>.txt, mlm_<split>_<key>.npy, spm_mlm_<n>_<key>.model.

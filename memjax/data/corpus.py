@@ -18,6 +18,7 @@ import numpy as np
 from memjax import errors
 from memjax import settings as settings_lib
 from memjax.data import sources
+from memjax.io import lease
 from memjax.io import paths
 
 # ``data.corpus`` of translation runs: parallel text read by
@@ -70,10 +71,12 @@ def cleanup_on_error(workdir: str):
 
   Set-up reads and caches data in ``<workdir>/cache`` before it can know
   that, e.g., a corpus file is not UTF-8; a workdir that did not exist
-  before is then removed, so bad input leaves nothing behind. An existing
-  workdir is never touched.
+  before is then removed, so bad input leaves nothing behind (one that
+  the run's lease created counts as new: ``memjax.io.lease.created``). An
+  existing workdir is never touched.
   """
-  existed = paths.exists(workdir)
+  # A workdir that only this job's lease created counts as new.
+  existed = paths.exists(workdir) and not lease.created(workdir)
   try:
     yield
   except errors.UserError:
@@ -101,14 +104,29 @@ def eval_source(
   return corpus, data_dir, (d.corpus, own)
 
 
-def check_data(d: Data, e: Eval, splits: tuple[str, ...], train: bool) -> None:
-  """Raises DataError if a needed split file is missing; writes nothing."""
-  data_dir = d.data_dir or sources.default_data_dir(d.corpus)
+def check_data(
+    d: Data, e: Eval, splits: tuple[str, ...], train: bool, workdir: str = ""
+) -> None:
+  """Raises DataError if a needed split file is missing and the run's cache
+  (``data.cache_dir``, else ``<workdir>/cache``) does not hold its tokens;
+  writes nothing."""
+  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
+
+  cache_dir = data_dirs(d, workdir)[1] if (workdir or d.cache_dir) else ""
+
+  def check(corpus, data_dir, split, vocab_source):
+    try:
+      sources.split_path(corpus, data_dir, split)
+    except errors.DataError:
+      if not tasks.is_cached(corpus, data_dir, split, cache_dir, vocab_source):
+        raise
+
   if train:
-    sources.split_path(d.corpus, data_dir, "train")
-  corpus, data_dir, _ = eval_source(d, e)
+    check(d.corpus, d.data_dir or sources.default_data_dir(d.corpus),
+          "train", None)  # fmt: skip
+  corpus, data_dir, vocab_source = eval_source(d, e)
   for split in splits:
-    sources.split_path(corpus, data_dir, split)
+    check(corpus, data_dir, split, vocab_source)
 
 
 def read_stream(
@@ -124,7 +142,6 @@ def read_stream(
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
   corpus, data_dir, vocab_source = eval_source(d, e, corpus, data_dir)
-  sources.split_path(corpus, data_dir, split)
   cache_dir = data_dirs(d, workdir)[1]
   paths.makedirs(cache_dir)
   return tasks.load_token_stream(
@@ -152,7 +169,7 @@ def load_corpus(
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
   splits = tuple(e.splits if splits is None else splits)
-  check_data(d, e, splits, train)
+  check_data(d, e, splits, train, workdir)
   data_dir, cache_dir = data_dirs(d, workdir)
   paths.makedirs(cache_dir)
   corpus = d.corpus

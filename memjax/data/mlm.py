@@ -20,13 +20,11 @@
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
-
 import numpy as np
 
 from memjax import errors
 from memjax.io import paths
+from memjax.data import content
 from memjax.data import parallel
 from memjax.data import sources
 
@@ -34,7 +32,7 @@ CLS, MASK = "[CLS]", "[MASK]"
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 DEFAULT_DIR = paths.join(sources.DEMO_DATA_DIR, "wikitext")
 _ESCAPES = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 def split_path(data_dir: str, split: str) -> str:
@@ -66,15 +64,26 @@ def paragraphs(path: str) -> list[str]:
   return out
 
 
-def _digest(*parts: Any) -> str:
-  h = hashlib.sha1()
-  for p in parts:
-    if isinstance(p, str) and paths.isfile(p):
-      with paths.open(p, "rb") as f:
-        h.update(hashlib.sha1(f.read()).digest())
-    else:
-      h.update(str(p).encode())
-  return h.hexdigest()[:12]
+def _vocabulary_what(vocab_size: int) -> str:
+  return f"mlm sentencepiece v{_CACHE_VERSION} vocab_size={vocab_size}"
+
+
+def vocabulary_file(
+    data_dir: str, vocab_size: int, cache_dir: str, remember: bool = True
+) -> str:
+  """Where ``train_vocabulary`` keeps its model: named by the training
+  file's SHA-256 (``content.key``), or as recorded in the cache when it is
+  missing. It may not exist yet; ``remember=False`` writes nothing.
+
+  Raises:
+    errors.DataError: the training file is missing and nothing is recorded.
+  """
+  key = content.key(
+      _vocabulary_what(vocab_size),
+      lambda: [split_path(data_dir, "train")],
+      cache_dir, paths.resolve(data_dir), remember,
+  )  # fmt: skip
+  return paths.join(cache_dir, f"spm_mlm_{vocab_size}_{key}.model")
 
 
 def train_vocabulary(data_dir: str, vocab_size: int, cache_dir: str) -> str:
@@ -84,16 +93,25 @@ def train_vocabulary(data_dir: str, vocab_size: int, cache_dir: str) -> str:
   (``parallel.train_sentencepiece``), with ``[CLS]`` and ``[MASK]`` as
   user-defined pieces 3 and 4.
   """
-  train = split_path(data_dir, "train")
-  key = _digest(train, vocab_size, _CACHE_VERSION)
-  path = paths.join(cache_dir, f"spm_mlm_{vocab_size}_{key}.model")
+  path = vocabulary_file(data_dir, vocab_size, cache_dir)
   if paths.isfile(path):
     return path
+  train = split_path(data_dir, "train")
   paths.makedirs(cache_dir)
-  return parallel.train_sentencepiece(
+  parallel.train_sentencepiece(
       paragraphs(train), path, vocab_size, train, "mlm.vocab_size",
       user_symbols=(CLS, MASK),
   )  # fmt: skip
+  content.record(
+      cache_dir, _vocabulary_what(vocab_size), paths.resolve(data_dir),
+      _key_of(path),
+  )  # fmt: skip
+  return path
+
+
+def _key_of(path: str) -> str:
+  """The ``content.key`` at the end of a cache file's name."""
+  return paths.basename(path).rsplit(".", 1)[0].rsplit("_", 1)[-1]
 
 
 load_vocabulary = parallel.load_vocabulary
@@ -116,21 +134,49 @@ def encode(vocab, texts: list[str]) -> list[np.ndarray]:
   return [np.asarray(x, np.int32) for x in vocab.tokenizer.encode(texts)]
 
 
+def _split_what(split: str, vocab_path: str) -> str:
+  vocab = content.file_sha256(vocab_path)[: content.KEY_LENGTH]
+  return f"mlm ids v{_CACHE_VERSION} {split} vocabulary={vocab}"
+
+
+def split_file(
+    data_dir: str, split: str, vocab_path: str, cache_dir: str,
+    remember: bool = True,
+) -> str:  # fmt: skip
+  """Where ``read_split`` keeps a split's ids: named by the SHA-256 of its
+  text file and of the vocabulary, or as recorded in the cache when the
+  text is missing. It may not exist yet; ``remember=False`` writes nothing.
+
+  Raises:
+    errors.DataError: the text file is missing and nothing is recorded.
+  """
+  key = content.key(
+      _split_what(split, vocab_path),
+      lambda: [split_path(data_dir, split)],
+      cache_dir, paths.resolve(data_dir), remember,
+  )  # fmt: skip
+  return paths.join(cache_dir, f"mlm_{split}_{key}.npy")
+
+
 def read_split(
     data_dir: str, split: str, vocab_path: str, cache_dir: str
 ) -> np.ndarray:
-  """[N] int32 ids of a split's paragraphs, EOS after each (cached)."""
-  path = split_path(data_dir, split)
-  key = _digest(path, vocab_path, _CACHE_VERSION)
-  cache = paths.join(cache_dir, f"mlm_{split}_{key}.npy")
+  """[N] int32 ids of a split's paragraphs, EOS after each (cached: a
+  cached split needs no text file)."""
+  cache = split_file(data_dir, split, vocab_path, cache_dir)
   if paths.isfile(cache):
     return paths.np_load(cache)
+  path = split_path(data_dir, split)
   vocab = load_vocabulary(vocab_path)
   ids = encode(vocab, paragraphs(path))
   eos = np.array([EOS_ID], np.int32)
   stream = np.concatenate([np.concatenate([x, eos]) for x in ids])
   paths.makedirs(cache_dir)
   paths.np_save(cache, stream.astype(np.int32))
+  content.record(
+      cache_dir, _split_what(split, vocab_path), paths.resolve(data_dir),
+      _key_of(cache),
+  )  # fmt: skip
   return stream.astype(np.int32)
 
 

@@ -26,13 +26,14 @@ import numpy as np
 from memjax import errors
 from memjax.io import optional
 from memjax.io import paths as paths_lib
+from memjax.data import content
 from memjax.data import sources
 from memjax.data import spm_vocab
 
 SPLITS = ("train", "valid", "test")
 _SEQIO_SPLITS = {"train": "train", "validation": "valid", "test": "test"}
 DEFAULT_DIR = os.path.join(sources.DEMO_DATA_DIR, "mt_de_en")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 def split_files(
@@ -95,11 +96,35 @@ def read_pairs(
   return s, t
 
 
-def _fingerprint(*paths: str, extra: str = "") -> str:
-  h = hashlib.sha1(extra.encode())
-  for p in paths:
-    h.update(hashlib.sha1(paths_lib.read_bytes(p)).digest())
-  return h.hexdigest()[:12]
+def _where(data_dir: str) -> str:
+  return paths_lib.resolve(data_dir)
+
+
+def _vocabulary_what(src: str, tgt: str, vocab_size: int) -> str:
+  return f"sentencepiece v{_CACHE_VERSION} {src}-{tgt} vocab_size={vocab_size}"
+
+
+def vocabulary_file(
+    data_dir: str,
+    src: str,
+    tgt: str,
+    vocab_size: int,
+    cache_dir: str,
+    remember: bool = True,
+) -> str:
+  """Where ``train_vocabulary`` keeps its model: named by the training
+  files' SHA-256 (``content.key``), or as recorded in the cache when they
+  are missing. It may not exist yet; ``remember=False`` writes nothing.
+
+  Raises:
+    errors.DataError: a training file is missing and nothing is recorded.
+  """
+  key = content.key(
+      _vocabulary_what(src, tgt, vocab_size),
+      lambda: split_files(data_dir, "train", src, tgt),
+      cache_dir, _where(data_dir), remember,
+  )  # fmt: skip
+  return paths_lib.join(cache_dir, f"spm_{src}{tgt}_{vocab_size}_{key}.model")
 
 
 def train_vocabulary(
@@ -110,17 +135,21 @@ def train_vocabulary(
   One BPE model over both sides of the training split, with pad 0, EOS 1,
   UNK 2 and no BOS (SeqIO's convention), full character coverage.
   """
-  s, t = read_pairs(data_dir, "train", src, tgt)
-  files = split_files(data_dir, "train", src, tgt)
-  key = _fingerprint(*files, extra=f"{vocab_size}-{src}-{tgt}")
-  path = paths_lib.join(cache_dir, f"spm_{src}{tgt}_{vocab_size}_{key}.model")
+  path = vocabulary_file(data_dir, src, tgt, vocab_size, cache_dir)
   if paths_lib.isfile(path):
     return path
+  s, t = read_pairs(data_dir, "train", src, tgt)
+  files = split_files(data_dir, "train", src, tgt)
   paths_lib.makedirs(cache_dir)
-  return train_sentencepiece(
+  train_sentencepiece(
       s + t, path, vocab_size,
       f"{files[0]} and {files[1]}", "data.vocab_size",
   )  # fmt: skip
+  content.record(
+      cache_dir, _vocabulary_what(src, tgt, vocab_size), _where(data_dir),
+      path.rsplit("_", 1)[-1].split(".")[0],
+  )  # fmt: skip
+  return path
 
 
 def train_sentencepiece(
@@ -243,6 +272,48 @@ class ParallelSplit:
   target: list[np.ndarray]
 
 
+def _encoded_what(split: str, src: str, tgt: str, vocab_path: str) -> str:
+  vocab = content.file_sha256(vocab_path)[: content.KEY_LENGTH]
+  return (
+      f"parallel ids v{_CACHE_VERSION} {split} {src}-{tgt} vocabulary={vocab}"
+  )
+
+
+def encoded_file(
+    data_dir: str,
+    split: str,
+    src: str,
+    tgt: str,
+    vocab_path: str,
+    cache_dir: str,
+    remember: bool = True,
+) -> str:
+  """Where ``encode_split`` keeps a split's ids and sentences: named by the
+  SHA-256 of its files and of the vocabulary (``content.key``), or as
+  recorded in the cache when the files are missing. It may not exist yet;
+  ``remember=False`` writes nothing.
+
+  Raises:
+    errors.DataError: a file is missing and nothing is recorded.
+  """
+  key = content.key(
+      _encoded_what(split, src, tgt, vocab_path),
+      lambda: split_files(data_dir, split, src, tgt),
+      cache_dir, _where(data_dir), remember,
+  )  # fmt: skip
+  return paths_lib.join(cache_dir, f"mt_{split}_{src}{tgt}_{key}.npz")
+
+
+def _text_array(lines: Sequence[str]) -> np.ndarray:
+  """Lines (none holds a line break) as one uint8 array of UTF-8."""
+  return np.frombuffer("\n".join(lines).encode("utf-8"), np.uint8)
+
+
+def _text_lines(array: np.ndarray) -> list[str]:
+  text = array.tobytes().decode("utf-8")
+  return text.split("\n") if text else []
+
+
 def encode_split(
     data_dir: str,
     split: str,
@@ -251,14 +322,11 @@ def encode_split(
     vocab_path: str,
     cache_dir: str,
 ) -> ParallelSplit:
-  """Reads ``split`` through the SeqIO task (ids cached, .npz)."""
-  s_text, t_text = read_pairs(data_dir, split, src, tgt)
-  files = split_files(data_dir, split, src, tgt)
-  key = _fingerprint(
-      *files, vocab_path, extra=f"{_CACHE_VERSION}-{src}-{tgt}-{split}"
-  )
-  path = paths_lib.join(cache_dir, f"mt_{split}_{src}{tgt}_{key}.npz")
+  """Reads ``split`` through the SeqIO task, cached (.npz of the ids and
+  the sentences): a cached split needs neither SeqIO nor the text files."""
+  path = encoded_file(data_dir, split, src, tgt, vocab_path, cache_dir)
   if not paths_lib.isfile(path):
+    s_text, t_text = read_pairs(data_dir, split, src, tgt)
     task = register_task(data_dir, src, tgt, vocab_path)
     seqio_split = {v: k for k, v in _SEQIO_SPLITS.items()}[split]
     ds = task.get_dataset(
@@ -276,8 +344,17 @@ def encode_split(
         input_lens=np.array([len(x) for x in ins]),
         targets=np.concatenate(tgs),
         target_lens=np.array([len(x) for x in tgs]),
+        source_text=_text_array(s_text),
+        target_text=_text_array(t_text),
     )
+    content.record(
+        cache_dir, _encoded_what(split, src, tgt, vocab_path),
+        _where(data_dir), path.rsplit("_", 1)[-1].split(".")[0],
+    )  # fmt: skip
   with paths_lib.np_load(path) as z:
     source = np.split(z["inputs"], np.cumsum(z["input_lens"])[:-1])
     target = np.split(z["targets"], np.cumsum(z["target_lens"])[:-1])
+    s_text, t_text = _text_lines(z["source_text"]), _text_lines(
+        z["target_text"]
+    )
   return ParallelSplit(s_text, t_text, source, target)

@@ -352,6 +352,15 @@ def prepare(
   )
 
 
+def _remove_empty(directory: str) -> None:
+  """Removes ``directory`` if it holds no files (only empty folders)."""
+  if paths_lib.is_url(directory) or not os.path.isdir(directory):
+    return
+  if any(files for _, _, files in os.walk(directory)):
+    return
+  shutil.rmtree(directory)
+
+
 def main(argv: list[str] | None = None) -> int:
   """Command line entry point; returns the exit status."""
   parser = argparse.ArgumentParser(
@@ -386,6 +395,14 @@ def main(argv: list[str] | None = None) -> int:
       help="use the archive without checking its SHA-256",
   )
   args = parser.parse_args(argv)
+  if paths_lib.exists(args.data_dir) and not paths_lib.isdir(args.data_dir):
+    print(
+        f"memjax: error: --data_dir {args.data_dir} is a file, not a folder; "
+        "give a folder (it is made if missing)",
+        file=sys.stderr,
+    )
+    return 2
+  new = not paths_lib.exists(args.data_dir)
   try:
     paths = prepare(
         args.corpus,
@@ -398,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         verify=not args.no_verify,
     )
   except errors.UserError as e:
-    print(f"error: {e}", file=sys.stderr)
+    if new:  # Nothing left behind: the folders this call made, if empty.
+      _remove_empty(args.data_dir)
+    print(f"memjax: error: {e}", file=sys.stderr)
     return 2
   print(f"{sources.canonical_corpus(args.corpus)} ready: {', '.join(paths)}")
   return 0

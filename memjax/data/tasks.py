@@ -22,6 +22,7 @@ import numpy as np
 
 from memjax.io import optional
 from memjax.io import paths
+from memjax.data import content
 from memjax.data import sources
 from memjax.data import vocab as vocab_lib
 
@@ -187,17 +188,48 @@ class TokenStream:
     return max(len(self.tokens) - 1, 0)
 
 
-def _source_key(
-    corpus: str, data_dir: str, split: str, vocab_source: VocabSource = None
+def _stream_what(
+    corpus: str, split: str, vocabulary: str, vocab_size: int
 ) -> str:
-  """Identifies the bytes of a split and of the vocabulary's training file."""
-  parts = []
+  """The ``content.key`` description of a token stream."""
+  return (
+      f"token stream v{_STREAM_CACHE_VERSION} {corpus} {split} "
+      f"vocabulary={vocabulary} V={vocab_size}"
+  )
+
+
+def _stream_path(
+    corpus: str,
+    data_dir: str,
+    split: str,
+    vocab_size: int,
+    directory: str,
+    vocab_source: VocabSource = None,
+    remember: bool = True,
+) -> tuple[str, str, str]:
+  """(cache file, content.key description, where) of a token stream.
+
+  The key covers the split file's bytes and the vocabulary's own key (its
+  training file's bytes), so a stream is never read with another
+  vocabulary, even where some of the files are missing.
+  """
   v_corpus, v_dir = _vocab_source(corpus, data_dir, vocab_source)
-  # The vocabulary comes from the train split.
-  for c, d, s in ((corpus, data_dir, split), (v_corpus, v_dir, "train")):
-    path, start, end = sources.split_byte_range(c, d, s)
-    parts.append(f"{path}|{paths.stamp(path)}|{start}|{end}")
-  return "||".join(parts)
+  vocabulary = "bytes"
+  if sources.corpus_spec(v_corpus).level == "word":
+    vocabulary = vocab_lib.word_vocabulary_key(
+        v_corpus, v_dir, directory, remember=remember
+    )
+  where = paths.resolve(data_dir)
+  what = _stream_what(corpus, split, f"{v_corpus}.{vocabulary}", vocab_size)
+  key = content.key(
+      what,
+      lambda: [sources.split_path(corpus, data_dir, split)],
+      directory,
+      where,
+      remember,
+  )
+  name = f"{corpus}.{split}.v{vocab_size}.{key}.npz"
+  return paths.join(directory, name), what, where
 
 
 def token_stream_path(
@@ -209,22 +241,64 @@ def token_stream_path(
 ) -> str:
   """Cache file of the token stream of ``split``.
 
-  Its name holds the corpus, split, vocabulary size and a hash of the
-  source files' paths, sizes and mtimes.
+  Its name holds the corpus, split, vocabulary size and a hash of the bytes
+  of the split's file and of the vocabulary's key (its training file's
+  bytes; ``content.key``): a copy of the corpus elsewhere finds it, and with the
+  corpus files missing the cache's record names it.
   """
   corpus = sources.canonical_corpus(corpus)
   split = sources.canonical_split(split)
   vocabulary = vocab_lib.get_vocabulary(
       *_vocab_source(corpus, data_dir, vocab_source), cache_dir
   )
-  key = hashlib.sha1(
-      f"{_STREAM_CACHE_VERSION}|{corpus}|{split}|{vocabulary.vocab_size}|"
-      f"{_source_key(corpus, data_dir, split, vocab_source)}".encode()
-  ).hexdigest()[:12]
   directory = sources.resolve_cache_dir(cache_dir, data_dir)
-  return paths.join(
-      directory, f"{corpus}.{split}.v{vocabulary.vocab_size}.{key}.npz"
-  )
+  return _stream_path(
+      corpus, data_dir, split, vocabulary.vocab_size, directory, vocab_source
+  )[0]
+
+
+def is_cached(
+    corpus: str,
+    data_dir: str,
+    split: str,
+    cache_dir: str,
+    vocab_source: VocabSource = None,
+) -> bool:
+  """Whether ``cache_dir`` holds the token stream of ``split`` and its
+  vocabulary, so that a run reads it without the corpus files; writes
+  nothing (no sidecar, no vocabulary)."""
+  if not cache_dir or not paths.isdir(paths.resolve(cache_dir)):
+    return False
+  corpus = sources.canonical_corpus(corpus)
+  split = sources.canonical_split(split)
+  v_corpus, v_dir = _vocab_source(corpus, data_dir, vocab_source)
+  try:
+    if sources.corpus_spec(v_corpus).level == "byte":
+      vocab_size = vocab_lib.byte_vocabulary().vocab_size
+    else:
+      vocab_path = vocab_lib.word_vocabulary_path(
+          v_corpus, v_dir, cache_dir, remember=False
+      )
+      if not paths.isfile(vocab_path):
+        return False
+      vocab_size = vocab_lib.get_vocabulary(
+          v_corpus, v_dir, cache_dir, remember=False
+      ).vocab_size
+    path = _stream_path(
+        corpus, data_dir, split, vocab_size, paths.resolve(cache_dir),
+        vocab_source, remember=False,
+    )[0]  # fmt: skip
+  except content.AmbiguousCacheError:
+    raise
+  except sources.DataError:
+    return False
+  return paths.isfile(path)
+
+
+def _require_tokenizer(corpus: str) -> None:
+  """Raises MissingDependencyError when SeqIO or TensorFlow is missing:
+  checked before anything is written into the cache."""
+  optional.require("seqio", f"tokenising {corpus}")
 
 
 def load_token_stream(
@@ -252,7 +326,17 @@ def load_token_stream(
   """
   corpus = sources.canonical_corpus(corpus)
   split = sources.canonical_split(split)
-  path = token_stream_path(corpus, data_dir, split, cache_dir, vocab_source)
+  directory = sources.resolve_cache_dir(cache_dir, data_dir)
+  if not is_cached(corpus, data_dir, split, directory, vocab_source):
+    # Checked before anything is written into the cache.
+    sources.split_path(corpus, data_dir, split)  # Missing: one clear line.
+    _require_tokenizer(corpus)
+  vocabulary = vocab_lib.get_vocabulary(
+      *_vocab_source(corpus, data_dir, vocab_source), directory
+  )
+  path, what, where = _stream_path(
+      corpus, data_dir, split, vocabulary.vocab_size, directory, vocab_source
+  )
   if paths.isfile(path):
     with paths.np_load(path) as f:
       return TokenStream(
@@ -285,4 +369,5 @@ def load_token_stream(
       doc_starts=stream.doc_starts,
       vocab_size=np.int64(stream.vocab_size),
   )
+  content.record(directory, what, where, path.rsplit(".", 2)[-2])
   return stream

@@ -30,13 +30,13 @@ made them.
 from __future__ import annotations
 
 import collections
-import hashlib
 import threading
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from memjax.io import paths
+from memjax.data import content
 from memjax.data import sources
 
 PAD_ID: int = 0
@@ -375,27 +375,61 @@ def decode_bytes(ids: np.ndarray | Sequence[int]) -> bytes:
   return (ids - BYTE_OFFSET).astype(np.uint8).tobytes()
 
 
-# Built vocabularies by (cache file, train path, size, mtime, min_count), so
-# that tasks and token streams of one process share one object.
+# Built vocabularies by cache file (named by the training file's content)
+# and min_count, so that tasks and token streams of one process share one
+# object.
 _VOCAB_MEMO: dict[tuple[Any, ...], WordVocabulary] = {}
 _VOCAB_MEMO_LOCK = threading.Lock()
 
+# Bump when the vocabulary files change.
+_VOCAB_CACHE_VERSION = 2
+
 
 def word_vocabulary_path(
-    corpus: str, data_dir: str, cache_dir: str | None, min_count: int = 1
+    corpus: str,
+    data_dir: str,
+    cache_dir: str | None,
+    min_count: int = 1,
+    remember: bool = True,
 ) -> str:
   """Cache file of the word vocabulary of ``corpus`` in ``data_dir``.
 
-  The name holds a hash of the training file's path, size and mtime and of
-  ``min_count``, so a changed training file gets a new vocabulary.
+  The name holds a hash of the training file's bytes and of ``min_count``
+  (``content.key``), so a changed training file gets a new vocabulary and a
+  copied one finds its own. With the training file missing it is the one
+  recorded in the cache; ``remember=False`` writes no sidecar.
+
+  Raises:
+    sources.DataError: the training file is missing and the cache holds no
+        record of its vocabulary.
   """
   corpus = sources.canonical_corpus(corpus)
-  train = sources.split_path(corpus, data_dir, "train")
-  key = hashlib.sha1(
-      f"{train}|{paths.stamp(train)}|{min_count}".encode()
-  ).hexdigest()[:10]
   directory = sources.resolve_cache_dir(cache_dir, data_dir)
+  key = word_vocabulary_key(corpus, data_dir, directory, min_count, remember)
   return paths.join(directory, f"{corpus}.vocab.{key}.txt")
+
+
+def word_vocabulary_key(
+    corpus: str,
+    data_dir: str,
+    cache_dir: str,
+    min_count: int = 1,
+    remember: bool = True,
+) -> str:
+  """The ``content.key`` in the name of ``word_vocabulary_path``."""
+  corpus = sources.canonical_corpus(corpus)
+  return content.key(
+      vocabulary_what(corpus, min_count),
+      lambda: [sources.split_path(corpus, data_dir, "train")],
+      cache_dir,
+      paths.resolve(data_dir),
+      remember,
+  )
+
+
+def vocabulary_what(corpus: str, min_count: int) -> str:
+  """The ``content.key`` description of a word vocabulary."""
+  return f"vocabulary v{_VOCAB_CACHE_VERSION} {corpus} min_count={min_count}"
 
 
 def get_vocabulary(
@@ -403,6 +437,7 @@ def get_vocabulary(
     data_dir: str,
     cache_dir: str | None = None,
     min_count: int = 1,
+    remember: bool = True,
 ) -> WordVocabulary | ByteVocabulary:
   """Returns the vocabulary of ``corpus``.
 
@@ -413,6 +448,9 @@ def get_vocabulary(
           ``<data_dir>/memjax_cache`` if ``data_dir`` is writable, else a
           folder in the system temp dir.
       min_count: minimum training count of a word (word corpora only).
+      remember: keep the training file's SHA-256 in the cache's sidecar
+          (``content.file_sha256``; False: read a cached vocabulary
+          writing nothing).
 
   Returns:
       A :class:`WordVocabulary` built from the training split (read from the
@@ -425,20 +463,28 @@ def get_vocabulary(
   spec = sources.corpus_spec(corpus)
   if spec.level == "byte":
     return byte_vocabulary()
-  train = sources.split_path(spec.name, data_dir, "train")
-  path = word_vocabulary_path(spec.name, data_dir, cache_dir, min_count)
+  path = word_vocabulary_path(
+      spec.name, data_dir, cache_dir, min_count, remember
+  )
   # The cache file is part of the key: another cache directory gets its file.
-  memo_key = (path, train, paths.stamp(train), min_count)
+  memo_key = (path, min_count)
   with _VOCAB_MEMO_LOCK:
     if memo_key in _VOCAB_MEMO:
       return _VOCAB_MEMO[memo_key]
     if paths.isfile(path):
       vocab = WordVocabulary.load(path)
     else:
+      train = sources.split_path(spec.name, data_dir, "train")
       print(f"memjax.data: building the vocabulary of {train}", flush=True)
       vocab = WordVocabulary.from_text(
           sources.read_text(spec.name, data_dir, "train"), min_count
       )
       vocab.save(path)
+      content.record(
+          paths.dirname(path),
+          vocabulary_what(spec.name, min_count),
+          paths.resolve(data_dir),
+          path.rsplit(".", 2)[-2],
+      )
     _VOCAB_MEMO[memo_key] = vocab
     return vocab

@@ -33,6 +33,7 @@ from absl import flags
 
 from memjax.io import paths
 from memjax.demos import common
+from memjax.demos import pkm_bert_rows
 
 FLAGS = common.define_flags(
     "runs/pkm_bert_demo",
@@ -41,7 +42,9 @@ FLAGS = common.define_flags(
     steps=None,
 )
 _SIZE = flags.DEFINE_string("size", "demo", "Size of configs/pkm_bert.py.")
-_SEEDS = flags.DEFINE_list("seeds", ["0"], "Fine-tuning seeds (median).")
+_SEEDS = flags.DEFINE_list(
+    "seeds", list(pkm_bert_rows.DEFAULT_SEEDS), "Fine-tuning seeds (median)."
+)
 _STEPS = flags.DEFINE_integer(
     "mlm_steps", 0, "Pretraining steps per stage (0 = the config's)."
 )
@@ -58,27 +61,7 @@ _FROZEN_SEEDS = flags.DEFINE_list(
 )  # fmt: skip
 
 
-def _row(key: str, label: str, mlm: str, base: str, finetune: str):
-  return common.Row(
-      key, label, "pkm_bert", mlm, base=base, options={"finetune": finetune}
-  )
-
-
-# MLM method (the variant's METHOD), the row it starts from, fine-tuning
-# method.
-ROWS = {
-    r.key: r
-    for r in (
-        _row("a", "(a) BERT, no memory", "vanilla", "", "cls"),
-        _row("b", "(b) (a) + extra steps", "vanilla", "a", "cls"),
-        _row("c", "(c) +PKM", "pkm", "", "cls_pkm"),
-        _row("d", "(d) +ResM", "resm", "", "cls_resm"),
-        _row("e", "(e) +Init +PKM", "init_pkm", "a", "cls_pkm"),
-        _row("f", "(f) +Init +ResM", "init_resm", "a", "cls_resm"),
-        _row("f_fresh", "(f') +Init +ResM, fresh FFN", "init_resm_fresh_ffn",
-             "a", "cls_resm"),
-    )
-}  # fmt: skip
+ROWS = pkm_bert_rows.ROWS
 
 
 def pretrain(key: str, root: str, size: str) -> dict:
@@ -93,8 +76,8 @@ def pretrain(key: str, root: str, size: str) -> dict:
     c.optim.warmup_steps = steps // 10
   if row.base:
     pretrain(row.base, root, size)  # Read back when it has run.
-    c.train.init_from = paths.join(root, row.base, "mlm")
-  return common.train(c, paths.join(root, key, "mlm"))
+    c.train.init_from = pkm_bert_rows.mlm_dir(root, row.base)
+  return common.train(c, pkm_bert_rows.mlm_dir(root, key))
 
 
 def finetune(key: str, root: str, size: str, seed: int, frozen: bool) -> dict:
@@ -102,9 +85,8 @@ def finetune(key: str, root: str, size: str, seed: int, frozen: bool) -> dict:
   method = ROWS[key].options["finetune"] + ("_frozen" if frozen else "")
   c = common.load_config("pkm_bert", f"{method}_{size}")
   c.seed = seed
-  c.train.init_from = paths.join(root, key, "mlm")
-  name = f"cls{'_frozen' if frozen else ''}_seed{seed}"
-  return common.train(c, paths.join(root, key, name))
+  c.train.init_from = pkm_bert_rows.mlm_dir(root, key)
+  return common.train(c, pkm_bert_rows.finetune_dir(root, key, seed, frozen))
 
 
 def summarise(key: str, mlm_res: dict, fts: list[dict]) -> dict:
@@ -197,7 +179,7 @@ def plot_curves(root: str, keys: list[str]) -> str:
 
   fig, ax = plt.subplots(figsize=(6, 4))
   for key in keys:
-    path = paths.join(root, key, "mlm", "train_log.jsonl")
+    path = paths.join(pkm_bert_rows.mlm_dir(root, key), "train_log.jsonl")
     if not paths.isfile(path):
       continue
     steps, ppl = [], []

@@ -192,7 +192,11 @@ class MemoryScorer(rows.Scorer):
     return jax.device_get(pending), start
 
   def score(
-      self, params: Any, tokens: np.ndarray, max_items: int = 0, desc: str = ""
+      self,
+      params: Any,
+      tokens: np.ndarray,
+      max_items: int = 0,
+      desc: str = "memory eval",
   ) -> dict[str, float]:
     """The summary of the grid's first setting (the plain model's for a
     kind without memory)."""
@@ -203,9 +207,7 @@ class MemoryScorer(rows.Scorer):
     """[N - 1] log p of a stream [N] at the grid's first setting."""
     if len(tokens) < 2:
       return np.zeros(0, np.float32)
-    r = self.score_grid(
-        params, tokens, keep_tokens=True, desc=f"score {self.grid.kind}"
-    )
+    r = self.score_grid(params, tokens, keep_tokens=True, desc="")
     lp = r["grid_logprob"][0] if "grid_logprob" in r else r["lm_logprob"]
     return np.asarray(lp, np.float32)
 
@@ -287,7 +289,11 @@ def summarize_stream(
     ]
   if keep_tokens:
     out.update(_tokens_in_order(fetched, len(points)))
+  if not desc:  # A caller's own scoring (memjax.load(...).score): quiet.
+    return out
+  # "best" only where there was a choice: one setting is just "with it".
   best = min(out.get("grid", []), key=lambda r: r["nll"], default=None)
+  which = "best" if len(points) > 1 else "with memory"
   console.info(
       "%s: %d predictions, %d settings in %.1fs; plain %s=%.4f%s",
       desc,
@@ -296,7 +302,7 @@ def summarize_stream(
       time.time() - start,
       unit,
       out["plain"][unit],
-      f", best {unit}={best[unit]:.4f} at {_setting(best, grid, memories)}"
+      f", {which} {unit}={best[unit]:.4f} at {_setting(best, grid, memories)}"
       if best
       else "",
   )

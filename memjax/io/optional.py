@@ -21,6 +21,7 @@ claim their memory (as t5x and big_vision do): JAX owns the accelerators.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from types import ModuleType
 
 from memjax import errors
@@ -55,13 +56,40 @@ def require(module: str, purpose: str) -> ModuleType:
     raise _missing(e, purpose) from None
 
 
+# Where the installed memjax's metadata names no repository (setup.py's
+# REPOSITORY before its publisher set it).
+_PLACEHOLDER = "https://github.com/<owner>/memjax"
+
+
+def repository() -> str:
+  """The repository URL of the installed memjax (setup.py's ``url``)."""
+  try:
+    meta = importlib.metadata.metadata("memjax")
+  except importlib.metadata.PackageNotFoundError:
+    return _PLACEHOLDER
+  urls = [meta.get("Home-page") or ""]
+  urls += [
+      u.split(",", 1)[-1].strip() for u in meta.get_all("Project-URL") or []
+  ]
+  return next((u for u in urls if u), _PLACEHOLDER)
+
+
+def install_hint(extra: str) -> str:
+  """What installs ``extra``: memjax is not on PyPI, so from a checkout or
+  from its repository."""
+  return (
+      f"pip install -e '.[{extra}]' in a memjax checkout, or pip install "
+      f"'memjax[{extra}] @ git+{repository()}' (or the requirements/ lock "
+      "of your platform)"
+  )
+
+
 def _missing(e: ImportError, purpose: str) -> errors.MissingDependencyError:
   name = (e.name or "").split(".")[0]
   package, extra = PACKAGES.get(name, (name or str(e), "data"))
   return errors.MissingDependencyError(
       f"{purpose} needs {package}, which is not installed: "
-      f"pip install 'memjax[{extra}]' (or the requirements/ lock of your "
-      "platform)"
+      + install_hint(extra)
   )
 
 

@@ -16,9 +16,9 @@ gcsfs and s3fs are fsspec filesystems.
 A URL is never made absolute (``os.path.abspath("gs://b/r")`` would be a
 local folder named ``gs:``): ``resolve`` leaves it as it is.
 
-``check_workdir`` turns a scheme that cannot be opened (unknown, its package
-not installed, no credentials) into one ``errors.StorageError`` line before
-anything is written anywhere.
+``memjax.io.workdirs.check_workdir`` turns a scheme that cannot be opened
+(unknown, its package not installed, no credentials) into one
+``errors.StorageError`` line before anything is written anywhere.
 
 Libraries that need a real local file (sentencepiece's model, ScaNN's
 serialized index, ``np.memmap``) use ``local_file`` / ``local_dir``: a URL is
@@ -31,7 +31,6 @@ import atexit
 import contextlib
 import io
 import json
-import logging
 import os
 import posixpath
 import shutil
@@ -43,12 +42,6 @@ import numpy as np
 
 from memjax import errors
 
-# Loggers of the fsspec backends, quiet while check_workdir probes.
-_BACKEND_LOGGERS = ("gcsfs", "s3fs", "fsspec", "google", "aiobotocore")
-
-# How long check_workdir waits for a remote filesystem to answer.
-PROBE_TIMEOUT_S = 6.0
-
 # What provides each common scheme, for the one-line errors.
 _PACKAGES = {
     "gs": "gcsfs",
@@ -58,11 +51,6 @@ _PACKAGES = {
     "az": "adlfs",
     "abfs": "adlfs",
     "hf": "huggingface_hub",
-}
-_CREDENTIALS = {
-    "gs": "gcloud auth application-default login",
-    "gcs": "gcloud auth application-default login",
-    "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials",
 }
 
 
@@ -108,7 +96,7 @@ def _filesystem_class(path: str) -> Any:
     package = _PACKAGES.get(scheme, f"the fsspec backend for {scheme}://")
     raise errors.StorageError(
         f"{path}: {scheme}:// needs the package {package}: pip install "
-        f"{package} (or pip install 'memjax[cloud]')"
+        f"{package}"
     ) from None
   except ValueError:
     raise errors.StorageError(
@@ -445,55 +433,3 @@ def savefig(fig: Any, path: str, **kwargs: Any) -> None:
   buf = io.BytesIO()
   fig.savefig(buf, **kwargs)
   write_bytes(path, buf.getvalue())
-
-
-# -- Workdirs ------------------------------------------------------------------
-
-
-def check_workdir(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-  """Checks that a workdir's filesystem can be opened; writes nothing.
-
-  Local paths pass. For a URL, the scheme's filesystem must be installed,
-  and asking whether ``path`` exists must answer within ``timeout_s``
-  (a bucket without credentials otherwise waits on retries).
-
-  Raises:
-    errors.StorageError: one line naming what to install or configure.
-  """
-  if not is_url(path):
-    return
-  _filesystem_class(path)  # An unknown scheme or a missing package: now.
-  scheme = _scheme(path)
-  outcome: dict[str, Any] = {}
-
-  def probe() -> None:
-    try:  # Making the filesystem may look for credentials: timed too.
-      outcome["exists"] = filesystem(path).exists(path)
-    except Exception as e:  # pylint: disable=broad-except
-      outcome["error"] = e
-
-  # The backends log their retries (gcsfs: "Could not determine bucket
-  # type ..."); the answer is the one line below, so they stay quiet.
-  quiet = [logging.getLogger(n) for n in _BACKEND_LOGGERS]
-  levels = [q.level for q in quiet]
-  for q in quiet:
-    q.setLevel(logging.CRITICAL)
-  thread = threading.Thread(target=probe, daemon=True)
-  thread.start()
-  thread.join(timeout_s)
-  if not thread.is_alive():
-    for q, level in zip(quiet, levels):
-      q.setLevel(level)
-  how = _CREDENTIALS.get(scheme, f"the credentials of {scheme}://")
-  if thread.is_alive():
-    raise errors.StorageError(
-        f"--workdir {path}: {scheme}:// did not answer within "
-        f"{timeout_s:.0f} s; check the network and the credentials ({how})"
-    )
-  if "error" in outcome:
-    e = outcome["error"]
-    reason = " ".join(str(e).split())[:160] or type(e).__name__
-    raise errors.StorageError(
-        f"--workdir {path} cannot be opened ({type(e).__name__}: {reason}); "
-        f"check the bucket name and the credentials ({how})"
-    )

@@ -6,7 +6,6 @@ import dataclasses
 from typing import Any, ClassVar
 
 from memjax.checkpoints import runfiles
-from memjax.io import console
 from memjax.io import paths
 from memjax.run import restore
 from memjax.run import spec
@@ -46,5 +45,5 @@ def export_run(run: spec.Run) -> dict[str, Any]:
       f"exported step {meta['step']} ({meta['num_params']:,} parameters, "
       f"{meta['dtype']}) to {out}: {size / 2**20:.1f} MiB"
   )
-  console.info("%s", line)
+  # memjax.main prints the summary line (once).
   return {"summary_lines": [line], "results_path": out, "export": out}

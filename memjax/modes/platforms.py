@@ -261,6 +261,16 @@ def planned_devices(s: settings_lib.Settings) -> int:
   n = int(p.devices)
   if n < 0:
     raise errors.ConfigError(f"plan.devices must be >= 0, got {n}")
+  for key in ("utilization", "memory_fraction"):
+    v = getattr(p, key)
+    low_ok = v > 0 if key == "utilization" else v >= 0
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not (low_ok and v <= 1)
+    ):
+      bound = "(0, 1]" if key == "utilization" else "[0, 1] (0: the platform's)"
+      raise errors.ConfigError(f"plan.{key} must be in {bound}, got {v!r}")
   cloud = cloud_tpu(str(p.platform))
   if cloud is not None:
     if n and n != cloud[1]:

@@ -154,7 +154,7 @@ def _prepare(run: spec.Run) -> Setup:
   directory behind."""
   task, workdir, s = run.task, run.workdir, run.settings
   task.check_batch_fits(run.mesh, run.carries_memory())
-  task.check_data(train=True)
+  task.check_data(train=True, workdir=workdir)
   position_lib.check_resume(position(run, 0), workdir)
   console.info(
       "mesh: %s over %d %s devices",

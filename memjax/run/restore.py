@@ -135,12 +135,12 @@ def _run_variables(
       create=False,
   )
   try:
-    step = ckpt.latest_step() if step is None else int(step)
-    ckpt.check_compatible(step)
+    candidates = params_lib.chosen_steps(files.path, ckpt.all_steps(), step)
+    ckpt.check_compatible(candidates[0])
   finally:
     ckpt.close()
-  return params_lib.restore_variables(
-      files.checkpoints, abstract, step, abstract_state
+  return params_lib.newest_readable(
+      files.checkpoints, candidates, abstract, abstract_state
   )
 
 

@@ -76,9 +76,11 @@ class Task(abc.ABC):
     return files
 
   @abc.abstractmethod
-  def check_data(self, train: bool = True) -> None:
+  def check_data(self, train: bool = True, workdir: str = "") -> None:
     """Raises DataError for a missing or malformed data file; writes
-    nothing."""
+    nothing. A corpus file may be missing where the run's cache
+    (``data.cache_dir``, else ``<workdir>/cache``) holds what is read from
+    it."""
 
   @abc.abstractmethod
   def load(self, workdir: str, train: bool = True) -> Any:

@@ -269,7 +269,8 @@ class Classification(task.Task):
     names = {c.select_split, c.test_split, c.usage_split}
     return (("train",) if train else ()) + tuple(sorted(names))
 
-  def check_data(self, train=True):
+  def check_data(self, train=True, workdir=""):
+    del workdir  # The TSV files are read on every run (they are small).
     labels = tuple(self.c.labels)
     for split in self._splits(train):
       glue.read_tsv(glue.split_path(data_dir(self.c), split), labels)

@@ -56,9 +56,11 @@ class LanguageModelling(task.Task):
   def check_settings(self) -> None:
     sources.corpus_spec(self.settings.data.corpus)  # DataError if unknown.
 
-  def check_data(self, train=True):
+  def check_data(self, train=True, workdir=""):
     s = self.settings
-    corpus_lib.check_data(s.data, s.eval, tuple(s.eval.splits), train=train)
+    corpus_lib.check_data(
+        s.data, s.eval, tuple(s.eval.splits), train=train, workdir=workdir
+    )
 
   def load(self, workdir, train=True) -> corpus_lib.Corpus:
     s = self.settings

@@ -28,6 +28,7 @@ from memjax import errors
 from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
 from memjax.data import batchers
+from memjax.data import content
 from memjax.data import mlm
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
@@ -79,8 +80,39 @@ def vocabulary_path(s: Settings, workdir: str) -> str:
   saved = paths.join(workdir, runfiles.SPM_FILE)
   if paths.isfile(saved):
     return paths.local_file(saved)  # sentencepiece reads local files.
-  cache = s.data.cache_dir or paths.join(workdir, "cache")
-  return mlm.train_vocabulary(data_dir(m), int(m.vocab_size), cache)
+  return mlm.train_vocabulary(
+      data_dir(m), int(m.vocab_size), cache_dir(s, workdir)
+  )
+
+
+def cache_dir(s: Settings, workdir: str) -> str:
+  """The run's cache: ``data.cache_dir``, else ``<workdir>/cache``."""
+  return s.data.cache_dir or paths.join(workdir, "cache")
+
+
+def is_cached(s: Settings, workdir: str, split: str) -> bool:
+  """Whether the run's cache holds ``split`` encoded with the run's
+  vocabulary, so that it is read without its text file; writes nothing."""
+  m = s.of(task_config.MaskedLM)
+  cache = cache_dir(s, workdir)
+  saved = paths.join(workdir, runfiles.SPM_FILE) if workdir else ""
+  try:
+    if m.vocab_file:
+      vocab = m.vocab_file
+    elif saved and paths.isfile(saved):
+      vocab = saved
+    else:
+      vocab = mlm.vocabulary_file(
+          data_dir(m), int(m.vocab_size), cache, remember=False
+      )
+    if not paths.isfile(vocab):
+      return False
+    path = mlm.split_file(data_dir(m), split, vocab, cache, remember=False)
+  except content.AmbiguousCacheError:
+    raise
+  except errors.DataError:
+    return False
+  return paths.isfile(path)
 
 
 def eval_batches(
@@ -195,17 +227,24 @@ class MaskedLanguageModelling(task.Task):
           f"{s.model.max_len}"
       )
 
-  def check_data(self, train=True):
-    splits = (("train",) if train else ()) + tuple(self.settings.eval.splits)
+  def check_data(self, train=True, workdir=""):
+    s = self.settings
+    splits = (("train",) if train else ()) + tuple(s.eval.splits)
     for split in splits:
-      mlm.split_path(data_dir(self.m), split)
+      try:
+        mlm.split_path(data_dir(self.m), split)
+      except errors.DataError:
+        # Without its file, a split the run's cache holds is read there.
+        if not ((workdir or s.data.cache_dir)
+                and is_cached(s, workdir, split)):  # fmt: skip
+          raise
 
   def load(self, workdir, train=True) -> MLMData:
     s = self.settings
     vocab_path = vocabulary_path(s, workdir)
     vocab = mlm.load_vocabulary(vocab_path)
     cls_id, mask_id = mlm.special_ids(vocab)
-    cache = s.data.cache_dir or paths.join(workdir, "cache")
+    cache = cache_dir(s, workdir)
     read = lambda x: mlm.read_split(data_dir(self.m), x, vocab_path, cache)
     v = int(vocab.vocab_size)
     return MLMData(

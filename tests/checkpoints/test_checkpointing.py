@@ -1,7 +1,7 @@
-"""Damaged checkpoints: the previous step is restored, a second damaged copy
-of a step gets a name of its own, only the first process moves a step, and
-a workdir whose every checkpoint is damaged stops the run unless asked to
-start again. A workdir URL reaches Orbax as it was given.
+"""The latest step is restored; of damaged checkpoints the previous step is
+restored, a second damaged copy of a step gets a name of its own, only the
+first process moves a step, and a workdir whose every checkpoint is damaged
+stops the run unless asked to start again. A workdir URL reaches Orbax as it was given.
 """
 
 import os
@@ -50,6 +50,23 @@ def _damage(directory, step):
 
 def _listing(directory):
   return sorted(os.listdir(directory))
+
+
+def test_the_latest_readable_step_is_restored(tmp_path):
+  ckpt = _checkpointer(tmp_path)
+  try:
+    _save(ckpt, 1, 2)
+    state, position, step = ckpt.restore_latest(_abstract())
+    assert step == 2 and position == {"step": 2}
+    np.testing.assert_array_equal(state["w"], [2, 2, 2])
+    assert _listing(tmp_path) == ["1", "2"]  # nothing set aside
+    _damage(tmp_path, 2)
+    state, position, step = ckpt.restore_latest(_abstract())
+    assert step == 1 and position == {"step": 1}
+    np.testing.assert_array_equal(state["w"], [1, 1, 1])
+  finally:
+    ckpt.close()
+  assert _listing(tmp_path) == ["1", "damaged-2"]
 
 
 def test_second_damaged_copy_of_a_step_gets_a_new_name(tmp_path):

@@ -66,8 +66,9 @@ def test_training_refuses_what_other_modes_read(tmp_path):
   with pytest.raises(errors.WorkdirError, match="files but no run"):
     check(str(other), training=True)
   check(str(other), training=False)  # Results go beside.
-  # --mode=plan's files, --mode=pack's summary; training then takes the dir.
-  for name in ("plan.json", "bm25_pack.json"):
+  # --mode=plan's files, --mode=pack's summary, the lease of a job killed
+  # before it wrote anything; training then takes the dir.
+  for name in ("plan.json", "bm25_pack.json", "lease.json"):
     prepared = tmp_path / name.replace(".", "_")
     prepared.mkdir()
     (prepared / name).write_text("{}")

@@ -47,8 +47,8 @@ def _record(monkeypatch, corpus: str, archive_path: str, **changes) -> str:
 def _one_line_error(capsys) -> str:
   err = capsys.readouterr().err
   last = err.rstrip("\n").split("\n")[-1]
-  assert last.startswith("error: ") and err.endswith("\n")
-  return last
+  assert last.startswith("memjax: error: ") and err.endswith("\n")
+  return last[len("memjax: ") :]
 
 
 # --- corpora -------------------------------------------------------------------
@@ -89,7 +89,7 @@ def test_a_wrong_archive_is_refused_in_one_line(tmp_path, capsys):
   rel = releases.RELEASES["wikitext103"]
   assert digest in line and rel.sha256 in line and str(rel.size) in line
   assert all(url in line for url in rel.mirrors)
-  assert os.listdir(data_dir) == []
+  assert not os.path.exists(data_dir)  # Nothing left behind.
   with pytest.raises(releases.ArchiveMismatchError) as e:
     prepare.prepare("wikitext103", str(data_dir), zip_path=zip_path)
   assert isinstance(e.value, errors.UserError)
@@ -246,7 +246,8 @@ def test_no_working_mirror_is_one_line(tmp_path, monkeypatch, capsys, server):
   assert line.startswith("error: Could not download text8.zip")
   assert f"{mirrors[0]}: HTTP 403" in line and f"{mirrors[1]}: HTTP 404" in line
   assert rel.sha256 in line and "--zip=PATH" in line
-  assert len(requested) == 2 and os.listdir(data_dir) == []
+  # Nothing left behind: the folder this call made is gone.
+  assert len(requested) == 2 and not data_dir.exists()
 
 
 def test_a_file_url_is_verified_and_split(tmp_path, monkeypatch, capsys):
@@ -295,3 +296,12 @@ def test_a_kept_archive_is_reused_or_refused_untouched(
   assert "trying" not in capsys.readouterr().err
   assert (data_dir / "wiki.train.tokens").read_text() == WIKI_TEXT
   assert open(kept, "rb").read() == before
+
+
+def test_a_data_dir_that_is_a_file_is_one_line_and_left_alone(tmp_path, capsys):
+  target = tmp_path / "corpus.txt"
+  target.write_text("mine\n")
+  assert prepare.main(["--corpus=text8", f"--data_dir={target}"]) == 2
+  assert "is a file, not a folder" in _one_line_error(capsys)
+  assert target.read_text() == "mine\n"
+  assert sorted(os.listdir(tmp_path)) == ["corpus.txt"]

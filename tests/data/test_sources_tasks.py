@@ -1,6 +1,7 @@
 """Tests of memjax.data.sources and memjax.data.tasks."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -181,6 +182,37 @@ def test_token_stream_of_a_tiny_data_dir(wiki_dir, tmp_path, capsys):
   assert capsys.readouterr().out == ""
   np.testing.assert_array_equal(again.tokens, stream.tokens)
   np.testing.assert_array_equal(again.doc_starts, stream.doc_starts)
+
+
+def test_token_stream_of_a_copy_and_without_its_file(wiki_dir, tmp_path):
+  cache = str(tmp_path / "cache")
+  stream = tasks.load_token_stream("wikitext103", wiki_dir, "test", cache)
+  copy = tmp_path / "copy"
+  shutil.copytree(wiki_dir, copy, copy_function=shutil.copyfile)
+  for f in copy.iterdir():
+    os.utime(f, (1_000_000_000, 1_000_000_000))
+  path = tasks.token_stream_path("wikitext103", wiki_dir, "test", cache)
+  valid = [
+      tasks.token_stream_path("wikitext103", d, "valid", cache)
+      for d in (wiki_dir, str(copy))
+  ]
+  assert valid[0] == valid[1]  # The same bytes: the same key.
+  os.remove(copy / "wiki.test.tokens")
+  files = sorted(os.listdir(os.path.join(cache, "content")))
+  assert tasks.is_cached("wikitext103", str(copy), "test", cache)
+  assert sorted(os.listdir(os.path.join(cache, "content"))) == files
+  assert tasks.token_stream_path("wikitext103", str(copy), "test", cache) == (
+      path
+  )  # As recorded.
+  again = tasks.load_token_stream("wikitext103", str(copy), "test", cache)
+  np.testing.assert_array_equal(again.tokens, stream.tokens)
+  # A changed training file (present, so it decides) makes another
+  # vocabulary: the recorded stream of the old one is not read.
+  with open(copy / "wiki.train.tokens", "a", encoding="utf-8") as f:
+    f.write(" new words here \n")
+  assert not tasks.is_cached("wikitext103", str(copy), "test", cache)
+  with pytest.raises(sources.DataError, match="wiki.test.tokens"):
+    tasks.load_token_stream("wikitext103", str(copy), "test", cache)
 
 
 def test_demo_wikitext_stream_decodes_to_the_file(tmp_path):

@@ -6,6 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
+from memjax.data import content
 from memjax.data import sources
 from memjax.data import vocab as vocab_lib
 
@@ -116,7 +117,9 @@ def test_get_vocabulary_builds_once_and_caches_a_file(tmp_path):
   cache_dir = tmp_path / "cache"
   vocab = vocab_lib.get_vocabulary("wikitext", str(data_dir), str(cache_dir))
   assert vocab.tokens[3:] == ("b", "a", "c", "d")
-  cached = os.listdir(cache_dir)
+  cached = sorted(os.listdir(cache_dir))
+  assert cached[0] == content.SUBDIR  # The training file's SHA-256.
+  cached = cached[1:]
   assert len(cached) == 1 and cached[0].startswith("wikitext103.vocab.")
   assert vocab_lib.WordVocabulary.load(str(cache_dir / cached[0])) == vocab
   again = vocab_lib.get_vocabulary("wikitext103", str(data_dir), None)
@@ -127,9 +130,9 @@ def test_get_vocabulary_defaults_to_a_cache_inside_the_data_dir(tmp_path):
   (tmp_path / "wiki.train.tokens").write_text("x y\n", encoding="utf-8")
   vocab_lib.get_vocabulary("wikitext103", str(tmp_path), None)
   cache = tmp_path / sources.CACHE_SUBDIR
-  assert [f.startswith("wikitext103.vocab.") for f in os.listdir(cache)] == [
-      True
-  ]
+  names = sorted(os.listdir(cache))
+  assert names[0] == content.SUBDIR
+  assert [f.startswith("wikitext103.vocab.") for f in names[1:]] == [True]
 
 
 def test_get_vocabulary_of_byte_corpora():

@@ -2,13 +2,17 @@
 
 The subprocess test makes ``import tensorflow``, ``import seqio`` and
 ``import scann`` raise (``sys.modules[name] = None``, what Python does for a
-package that is not installed) and then trains, resumes, evaluates, exports
-and loads a decoder LM, a translation model and a BERT-style encoder from
-token caches prepared beforehand in this (full) environment.
+package that is not installed). Token caches are prepared beforehand in
+this (full) environment; the corpora and the cache are then copied to
+another directory (new paths, new modification times), where a decoder LM,
+a translation model and a BERT-style encoder train, resume, evaluate,
+export and load, the corpora removed after the first two steps: the cache
+alone is enough (caches are keyed by the files' content, ``data.content``).
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,19 +28,20 @@ BLOCKED = ("tensorflow", "seqio", "scann", "tensorflow_text")
 
 # Runs in a fresh interpreter: the packages are made unimportable first.
 _SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, shutil, sys
     for name in %r:
       sys.modules[name] = None
     args = json.loads(sys.argv[1])
+    sys.path.insert(0, args["repo"])
     import memjax
     from memjax import api, build
     from memjax.modes import evaluation
     from memjax.run import loop
-    sys.path.insert(0, args["repo"])
     from tests import conftest
     out = {}
     for family, spec in args["runs"].items():
       config = conftest.core_config(family, spec["data"])
+      config.data.cache_dir = args["cache"]
       workdir = spec["workdir"]
       config.train.checkpoint_every = 2
       def stop(step, state):
@@ -46,6 +51,8 @@ _SCRIPT = textwrap.dedent("""
         loop.train_and_evaluate(build.build(config, workdir), hooks=(stop,))
       except KeyboardInterrupt:
         pass
+      # The corpus removed: the cache alone is read from here on.
+      shutil.rmtree(spec["data"])
       res = memjax.train(config, workdir)  # ... it resumes.
       ev = evaluation.evaluate_run(build.build(config, workdir))
       exported = api.export(workdir, workdir + "_export")
@@ -70,7 +77,9 @@ def test_require_names_the_extra(monkeypatch):
   msg = str(e.value)
   assert "\n" not in msg
   assert "a ScaNN datastore index needs scann" in msg
-  assert "memjax[retrieval]" in msg
+  # memjax is not on PyPI: from a checkout, or from its repository.
+  assert "pip install -e '.[retrieval]' in a memjax checkout" in msg
+  assert f"'memjax[retrieval] @ git+{optional.repository()}'" in msg
 
 
 def test_seqio_is_reported_as_the_data_extra(monkeypatch):
@@ -80,24 +89,53 @@ def test_seqio_is_reported_as_the_data_extra(monkeypatch):
     optional.require("seqio", "tokenising wikitext103")
 
 
+def _cache_files(cache: str) -> list[str]:
+  """The cache files under ``cache``, without the content/ sidecars."""
+  return sorted(
+      os.path.relpath(os.path.join(d, n), cache)
+      for d, _, names in os.walk(cache)
+      for n in names
+      if os.path.relpath(d, cache).split(os.sep)[0] != "content"
+  )
+
+
+def _copy_tree(src: str, dest: str) -> None:
+  """Copies a folder with new modification times (as another machine's
+  copy would have)."""
+  shutil.copytree(src, dest, copy_function=shutil.copyfile)
+  for d, _, names in os.walk(dest):
+    for n in names:
+      os.utime(os.path.join(d, n), (1_000_000_000, 1_000_000_000))
+
+
 def _prepare_caches(tmp_path) -> dict[str, dict[str, str]]:
-  """Token caches (and vocabularies) of the three runs, made with SeqIO."""
+  """Tokenises the three runs into one cache (with SeqIO), then copies the
+  corpora and the cache to ``<tmp_path>/elsewhere``."""
   from memjax import build  # pylint: disable=g-import-not-at-top
 
+  here, there = tmp_path / "here", tmp_path / "elsewhere"
+  here.mkdir()
   runs = {}
   for family in ("lm", "mt", "encoder"):
-    data = conftest.core_data(family, tmp_path)
-    workdir = str(tmp_path / family)
+    data = conftest.core_data(family, here)
     config = conftest.core_config(family, data)
-    build.build(config, workdir).task.load(workdir)  # Writes <workdir>/cache.
-    runs[family] = {"data": data, "workdir": workdir}
+    config.data.cache_dir = str(here / "cache")
+    run = build.build(config, str(here / family))
+    run.task.load(run.workdir)  # What --mode=tokenize reads.
+    assert not os.path.exists(run.workdir)  # All in data.cache_dir.
+    copy = str(there / f"{family}_data")
+    _copy_tree(data, copy)
+    runs[family] = {"data": copy, "workdir": str(there / family)}
+  _copy_tree(str(here / "cache"), str(there / "cache"))
   return runs
 
 
-def test_core_trains_evaluates_exports_and_loads_without_extras(tmp_path):
+def test_core_trains_from_a_copied_cache_without_extras_or_corpus(tmp_path):
   runs = _prepare_caches(tmp_path)
+  cache = str(tmp_path / "elsewhere" / "cache")
+  before = _cache_files(cache)
   env = dict(os.environ, XLA_FLAGS=conftest.xla_flags(1))
-  arg = json.dumps({"repo": conftest.REPO, "runs": runs})
+  arg = json.dumps({"repo": conftest.REPO, "runs": runs, "cache": cache})
   proc = subprocess.run(
       [sys.executable, "-c", _SCRIPT, arg],
       cwd=str(tmp_path), env=env, capture_output=True, text=True,
@@ -107,9 +145,14 @@ def test_core_trains_evaluates_exports_and_loads_without_extras(tmp_path):
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
   out = json.loads(line[len("RESULT ") :])
   assert out["modules"] == []  # None of them was imported.
+  # The copy hit the cache: nothing was tokenised again.
+  assert _cache_files(cache) == before
+  assert "memjax.data: tokeniz" not in proc.stdout
+  assert "memjax.data: building" not in proc.stdout
   for family in runs:
     assert out[family]["step"] == 4, family
     assert out[family]["num_params"] > 0
+    assert not os.path.exists(runs[family]["data"])
   assert out["lm"]["vocab"] == "WordVocabulary"
   assert out["mt"]["vocab"] == "SentencePieceVocabulary"
   assert out["encoder"]["vocab"] == "SentencePieceVocabulary"
@@ -138,8 +181,35 @@ def test_token_caches_in_cloud_storage(tmp_path):
   s = build.build(config, str(tmp_path / "run")).settings
   first = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run"))
   names = sorted(paths.listdir(config.data.cache_dir))
-  assert [n.split(".")[1] for n in names] == ["test", "train", "valid", "vocab"]
+  assert names[0] == "content"  # The SHA-256 sidecars and the records.
+  assert [n.split(".")[1] for n in names[1:]] == [
+      "test", "train", "valid", "vocab"
+  ]  # fmt: skip
   again = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run2"))
   np.testing.assert_array_equal(first.train.tokens, again.train.tokens)
   assert not os.path.exists(str(tmp_path / "run"))  # Nothing local.
   fsspec.filesystem("memory").rm("/optional_test", recursive=True)
+
+
+def test_the_repository_comes_from_the_installed_metadata(monkeypatch):
+  import email.message  # pylint: disable=g-import-not-at-top
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+
+  def metadata(**fields):
+    meta = email.message.Message()
+    for key, values in fields.items():
+      for v in values:
+        meta[key.replace("_", "-")] = v
+    return lambda name: meta
+
+  monkeypatch.setattr(
+      importlib.metadata,
+      "metadata",
+      metadata(Project_URL=["Source, https://github.com/me/memjax"]),
+  )
+  assert optional.repository() == "https://github.com/me/memjax"
+  assert "'memjax[data] @ git+https://github.com/me/memjax'" in (
+      optional.install_hint("data")
+  )
+  monkeypatch.setattr(importlib.metadata, "metadata", metadata())
+  assert optional.repository() == "https://github.com/<owner>/memjax"

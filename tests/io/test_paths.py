@@ -17,6 +17,7 @@ from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax.io import paths
+from memjax.io import workdirs
 from tests.conftest import REPO, xla_flags
 
 
@@ -230,20 +231,20 @@ def test_unreachable_storage_is_one_line_within_the_timeout():
   fsspec.register_implementation("memjaxslow", _SlowFileSystem, clobber=True)
   start = time.time()
   with pytest.raises(errors.StorageError, match="did not answer within 1 s"):
-    paths.check_workdir("memjaxslow://bucket/run", timeout_s=1.0)
+    workdirs.check_workdir("memjaxslow://bucket/run", timeout_s=1.0)
   assert time.time() - start < 5
 
 
 def test_unknown_scheme_is_one_line():
   with pytest.raises(errors.StorageError, match="unknown storage scheme"):
-    paths.check_workdir("nosuchscheme://bucket/run")
-  paths.check_workdir("memory://anything")  # Opens; nothing is written.
+    workdirs.check_workdir("nosuchscheme://bucket/run")
+  workdirs.check_workdir("memory://anything")  # Opens; nothing is written.
   assert not fsspec.filesystem("memory").exists("memory://anything")
 
 
 def test_gs_workdir_that_cannot_be_opened_exits_2_in_one_line(tmp_path):
   """With gcsfs and no network or credentials, the probe's timeout
-  (paths.PROBE_TIMEOUT_S, 6 s) ends the run: about 8 s here in all, with
+  (workdirs.PROBE_TIMEOUT_S, 6 s) ends the run: about 8 s here in all, with
   the process's start-up. The bound leaves room for a start-up slowed by
   other work on the machine, and still fails a probe that outlives its
   timeout by much."""
@@ -262,5 +263,5 @@ def test_gs_workdir_that_cannot_be_opened_exits_2_in_one_line(tmp_path):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("memjax: error:"), lines
   assert "gs://memjax-no-such-bucket/run" in lines[0]
-  assert elapsed < paths.PROBE_TIMEOUT_S + 24, elapsed
+  assert elapsed < workdirs.PROBE_TIMEOUT_S + 24, elapsed
   assert os.listdir(tmp_path) == []  # No local folder named gs:.

@@ -175,6 +175,8 @@ def test_sigterm_mid_run_saves_and_relaunch_matches_uninterrupted(
   ckpts = os.listdir(os.path.join(workdir, "checkpoints"))
   assert str(step) in ckpts and all(int(c) <= step for c in ckpts)
   assert sorted(_losses(workdir)) == list(range(1, step + 1))
+  # The stopped job released its lease on the workdir.
+  assert not os.path.exists(os.path.join(workdir, "lease.json"))
   assert glob.glob(os.path.join(workdir, "profile", "**", "*.xplane.pb"),
                    recursive=True)  # fmt: skip
 

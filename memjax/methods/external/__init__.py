@@ -30,29 +30,44 @@ METHOD = extend.Method(
             modes.datastore,
             "build the kNN datastore of a corpus's keys and next tokens",
             _LM,
+            outputs=(
+                "datastore/manifest.json",
+                "datastore/shard-*.keys",
+                "datastore/shard-*.values",
+            ),
         ),
         "index": extend.Mode(
-            modes.index, "build the ScaNN index of the datastore", _LM
+            modes.index,
+            "build the ScaNN index of the datastore",
+            _LM,
+            outputs=("datastore/index-*/index.json",),
         ),
         "recall": extend.Mode(
             modes.recall,
             "recall and speed of the index against exact search",
             _LM,
+            outputs=("recall.json",),
         ),
         "mt_datastore": extend.Mode(
             mt_modes.mt_datastore_mode,
             "datastore and index of the training targets' decoder states",
             ("translation",),
+            outputs=(
+                "mt_datastore/manifest.json",
+                "mt_datastore/index-*/index.json",
+            ),
         ),
         "mt_tune": extend.Mode(
             mt_modes.mt_tune,
             "tune kNN-MT's K, lambda, temperature by teacher-forced NLL",
             ("translation",),
+            outputs=("mt_tune_*.json",),
         ),
         "mt_translate": extend.Mode(
             mt_modes.mt_translate,
             "beam search with the external memory, sacreBLEU",
             ("translation",),
+            outputs=("mt_translate_*.json", "translations/*.txt"),
         ),
     },
     settings=(config.ExternalEvalMemory, config.Datastore),

@@ -24,6 +24,7 @@ METHOD = extend.Method(
             evaluation.marge_eval,
             "evaluate modified MARGE with retrieval on and off",
             ("lm/marge",),
+            outputs=("marge_eval.json",),
         )
     },
 )

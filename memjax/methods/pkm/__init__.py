@@ -33,6 +33,7 @@ METHOD = extend.Method(
             usage.memory_usage,
             "memory-layer usage (MU, top-1 MU, KL) on the splits",
             ("lm/decoder_lm",),
+            outputs=("memory_usage.json", "memory_usage.png"),
         )
     },
     settings=(config.MemoryUsage,),

@@ -30,11 +30,23 @@ METHOD = extend.Method(
             extrapolate.extrapolate,
             "evaluate with memories of m times the segment length",
             _LM,
+            outputs=(
+                "extrapolation.json",
+                "extrapolation.csv",
+                "extrapolation.png",
+            ),
         ),
         "analyze": extend.Mode(
             analysis.analyze,
             "attention analyses (alpha per layer, attention by distance)",
             _LM,
+            outputs=(
+                "analysis.json",
+                "alpha.npy",
+                "alpha.png",
+                "attention_by_distance.npy",
+                "attention_by_distance.png",
+            ),
         ),
     },
     settings=(config.Extrapolate, config.Analyze),

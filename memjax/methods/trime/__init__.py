@@ -39,6 +39,7 @@ METHOD = extend.Method(
             "pack the training corpus into BM25 batches (Algorithm 1)",
             kinds=("lm",),
             writes=("bm25_pack.json",),
+            outputs=("bm25_pack.json", "cache/bm25/bm25_order_*.npy"),
         )
     },
     settings=config.SETTINGS,

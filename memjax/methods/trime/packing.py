@@ -29,6 +29,8 @@ Apache Beam pipeline that writes the packed SeqIO task's cache
 
 from __future__ import annotations
 
+import logging
+import shlex
 import time
 from typing import Any
 
@@ -40,6 +42,7 @@ from memjax.data import batchers
 from memjax.data import sources
 from memjax.data import streams
 from memjax.io import console
+from memjax.io import optional
 from memjax.io import paths
 from memjax.methods.trime import config as trime_config
 from memjax.run import spec
@@ -227,6 +230,54 @@ def bm25_batcher(
   )
 
 
+def check_pack(s: Settings) -> None:
+  """``--mode=pack``'s settings, checked before anything is written: a run
+  that batches by BM25, at least one worker, a Beam runner Beam knows and
+  pipeline options it parses.
+
+  Raises:
+    errors.ConfigError: naming the key to fix.
+  """
+  if s.data.batching != "bm25":
+    raise errors.ConfigError(
+        "--mode=pack writes the BM25 order that data.batching='bm25' trains "
+        f"on; this run's data.batching is {s.data.batching!r}: set "
+        "--config.data.batching=bm25 (a trime_long variant) or skip pack"
+    )
+  p = s.of(trime_config.Pack)
+  if int(p.workers) < 1:
+    raise errors.ConfigError(f"pack.workers must be >= 1, got {p.workers}")
+  if not p.runner:
+    return
+  # Beam warns while it loads its runners and parses options; the answer
+  # here is the one line below.
+  logging.disable(logging.WARNING)
+  try:
+    optional.require("apache_beam", "BM25 packing on Beam")
+    from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+    from apache_beam.runners import runner as beam_runner  # pylint: disable=g-import-not-at-top
+
+    try:
+      beam_runner.create_runner(p.runner)
+    except ValueError as e:
+      valid = str(e).split("Valid values are ")[-1].rstrip(".")
+      raise errors.ConfigError(
+          f"pack.runner {p.runner!r} is not a Beam runner; valid are {valid}"
+      ) from None
+    opts = pipeline_options.PipelineOptions(shlex.split(p.options or ""))
+    unknown = set(opts.get_all_options(retain_unknown_options=True)) - set(
+        opts.get_all_options(retain_unknown_options=False)
+    )
+  finally:
+    logging.disable(logging.NOTSET)
+  if unknown:
+    raise errors.ConfigError(
+        f"pack.options names options Beam does not know: {sorted(unknown)}; "
+        "check their spelling (python -m apache_beam.examples.wordcount "
+        "--help lists Beam's options)"
+    )
+
+
 def _pack_with_beam(
     s: Settings,
     tokens: np.ndarray,
@@ -237,8 +288,6 @@ def _pack_with_beam(
   from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
 
   p = s.of(trime_config.Pack)
-  if int(p.workers) < 1:
-    raise errors.ConfigError(f"pack.workers must be >= 1, got {p.workers}")
   settings, _, name, directory = _task_location(s, tokens, cache_dir)
   task = pack_beam.register_task(name, tokens, settings, cache_dir, vocabulary)
   num_segments = -(-len(tokens) // settings.seq_len)
@@ -274,6 +323,7 @@ def pack(run: spec.Run) -> dict[str, Any]:
 
   s, workdir = run.settings, run.workdir
   d, b, p = s.data, s.of(trime_config.Bm25), s.of(trime_config.Pack)
+  check_pack(s)  # Before anything is tokenised or written.
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
   cache_dir = d.cache_dir or paths.join(workdir, "cache")
   paths.makedirs(cache_dir)

@@ -15,7 +15,9 @@ from typing import Any
 from memjax import errors
 from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
+from memjax.io import optional
 from memjax.io import paths
+from memjax.data import content
 from memjax.data import parallel
 from memjax.tasks import config as task_config
 from memjax.tasks.translation import bleu
@@ -82,8 +84,66 @@ def vocabulary_path(s: Settings, workdir: str) -> str:
     return paths.local_file(saved)  # sentencepiece reads local files.
   return parallel.train_vocabulary(
       data_dir(s.data), t.source_lang, t.target_lang, int(t.vocab_size),
-      paths.join(workdir, "cache"),
+      cache_dir(s, workdir),
   )  # fmt: skip
+
+
+def cache_dir(s: Settings, workdir: str) -> str:
+  """The run's cache: ``data.cache_dir``, else ``<workdir>/cache``."""
+  return s.data.cache_dir or paths.join(workdir, "cache")
+
+
+def cached_vocabulary(s: Settings, workdir: str) -> str | None:
+  """The run's sentencepiece model where it needs no training (given,
+  saved by the run, or in the cache), else None; writes nothing."""
+  t = s.of(task_config.Translation)
+  if t.vocab_file:
+    path = paths.resolve(t.vocab_file)
+    return path if paths.isfile(path) else None
+  saved = paths.join(workdir, runfiles.SPM_FILE) if workdir else ""
+  if saved and paths.isfile(saved):
+    return saved
+  try:
+    path = parallel.vocabulary_file(
+        data_dir(s.data), t.source_lang, t.target_lang, int(t.vocab_size),
+        cache_dir(s, workdir), remember=False,
+    )  # fmt: skip
+  except content.AmbiguousCacheError:
+    raise
+  except errors.DataError:
+    return None
+  return path if paths.isfile(path) else None
+
+
+def is_cached(
+    s: Settings, workdir: str, split: str, vocab: str | None = None
+) -> bool:
+  """Whether the cache holds ``split`` encoded with the run's vocabulary
+  (``vocab``, default ``cached_vocabulary``), so that it is read without
+  its text files or SeqIO; writes nothing."""
+  t = s.of(task_config.Translation)
+  vocab = vocab or cached_vocabulary(s, workdir)
+  if vocab is None:
+    return False
+  try:
+    path = parallel.encoded_file(
+        data_dir(s.data), split, t.source_lang, t.target_lang, vocab,
+        cache_dir(s, workdir), remember=False,
+    )  # fmt: skip
+  except content.AmbiguousCacheError:
+    raise
+  except errors.DataError:
+    return False
+  return paths.isfile(path)
+
+
+def check_tokenizer(s: Settings, workdir: str, splits: tuple[str, ...]):
+  """Raises MissingDependencyError, before anything is written, when a
+  split must be encoded (SeqIO and TensorFlow: the ``[data]`` extra) and
+  they are not installed."""
+  vocab = cached_vocabulary(s, workdir)
+  if vocab is None or not all(is_cached(s, workdir, x, vocab) for x in splits):
+    optional.require("seqio", "tokenising parallel text")
 
 
 def read_split(s: Settings, split: str, vocab_path: str, workdir: str) -> Any:
@@ -91,7 +151,7 @@ def read_split(s: Settings, split: str, vocab_path: str, workdir: str) -> Any:
   t = s.of(task_config.Translation)
   return parallel.encode_split(
       data_dir(s.data), split, t.source_lang, t.target_lang, vocab_path,
-      paths.join(workdir, "cache"),
+      cache_dir(s, workdir),
   )  # fmt: skip
 
 

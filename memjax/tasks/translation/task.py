@@ -18,6 +18,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
+from memjax import errors
 from memjax import settings as settings_lib
 from memjax.data import parallel
 from memjax.data import token_batching
@@ -122,17 +123,24 @@ class Translation(task.Task):
       settings["translation.vocab_size"] = int(t.vocab_size)
     return settings
 
-  def check_data(self, train=True):
-    t = self.t
+  def check_data(self, train=True, workdir=""):
+    t, s = self.t, self.settings
     splits = (("train",) if train else ()) + tuple(t.eval_splits)
     for split in splits:
-      parallel.split_files(
-          parts.data_dir(self.settings.data), split, t.source_lang,
-          t.target_lang,
-      )  # fmt: skip
+      try:
+        parallel.split_files(
+            parts.data_dir(s.data), split, t.source_lang, t.target_lang
+        )
+      except errors.DataError:
+        # Without its files, a split the run's cache holds is read there.
+        if not ((workdir or s.data.cache_dir)
+                and parts.is_cached(s, workdir, split)):  # fmt: skip
+          raise
 
   def load(self, workdir, train=True) -> ParallelData:
     t = self.t
+    splits = (("train",) if train else ()) + tuple(t.eval_splits)
+    parts.check_tokenizer(self.settings, workdir, splits)
     vocab_path = parts.vocabulary_path(self.settings, workdir)
     vocab = parallel.load_vocabulary(vocab_path)
     read = lambda s: parts.read_split(self.settings, s, vocab_path, workdir)
@@ -143,7 +151,7 @@ class Translation(task.Task):
         vocab=vocab,
         train=read("train") if train else None,
         splits={s: read(s) for s in t.eval_splits},
-        cache_dir=paths.join(workdir, "cache"),
+        cache_dir=parts.cache_dir(self.settings, workdir),
     )
 
   def describe(self, data: ParallelData) -> str:

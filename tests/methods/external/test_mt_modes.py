@@ -1,5 +1,5 @@
-"""The MT datastore over the smoke run: its values are the training targets'
-tokens, tuning reads it, and a datastore of another model or another
+"""The MT datastore over the smoke run: value j is the training target token
+at position j, tuning reads it, and a datastore of another model or another
 vocabulary is refused with one line before anything is written."""
 
 import json
@@ -55,10 +55,17 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
       os.path.join(mt_smoke_workdir, runfiles.SPM_FILE),
       os.path.join(mt_smoke_workdir, "cache"),
   )  # fmt: skip
+  # Stored in the order the pairs are read: each pair in the smallest
+  # bucket that holds both sides, corpus order within a bucket, a pair's
+  # target positions in order. Value j is the target token at position j.
+  longest = [max(len(s), len(t)) for s, t in zip(train.source, train.target)]
+  buckets = sorted(config.translation.buckets)
   fits = [
-      t for s, t in zip(train.source, train.target)
-      if max(len(s), len(t)) <= max(config.translation.buckets)
-  ]  # fmt: skip
+      train.target[i]
+      for lo, hi in zip([0] + buckets[:-1], buckets)
+      for i, n in enumerate(longest)
+      if lo < n <= hi
+  ]
   with open(out / "ds" / "manifest.json") as f:
     manifest = json.load(f)
   values = np.concatenate(
@@ -66,7 +73,7 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
        for s in manifest["shards"]]
   )  # fmt: skip
   assert result["keys"] == sum(len(t) for t in fits) == len(values)
-  np.testing.assert_array_equal(np.sort(values), np.sort(np.concatenate(fits)))
+  np.testing.assert_array_equal(values, np.concatenate(fits))
   run = build.build(config, str(out))
   tuned = memjax.run_mode("mt_tune", config, str(out))
   assert tuned["tokens"] > 0 and len(tuned["grid"]) == 4

@@ -1,7 +1,9 @@
 """sacreBLEU scoring: identical output scores 100; sacreBLEU's published
-README example reproduces its published scores."""
+README example reproduces its published scores; the lowercased BLEU is
+sacreBLEU's own 13a lowercased BLEU."""
 
 import pytest
+import sacrebleu
 
 from memjax.tasks.translation import bleu
 
@@ -47,3 +49,29 @@ def test_case_matters_only_to_cased_bleu():
   s = bleu.score(["the cat sat on the mat ."], ["The Cat sat on the mat ."])
   assert s["bleu_lowercase"] == pytest.approx(100.0)
   assert s["bleu"] < 100.0
+
+
+def test_lowercased_bleu_is_sacrebleus_13a_lowercased():
+  # Pairs that differ in case and in the spacing of punctuation: the 13a
+  # tokeniser splits "mat." into "mat ." and lowercasing folds the case, so a
+  # change of tokeniser or of case handling moves the score.
+  hyps = [
+      "The Cat sat on the mat.",
+      "Hello, World!",
+      "It was NOT unexpected , he said.",
+      "the dog bit the man first",
+  ]
+  refs = [
+      "the cat sat on the mat .",
+      "hello , world !",
+      "It was not unexpected, he said .",
+      "The dog had bitten the man first.",
+  ]
+  expected = sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
+  untokenised = sacrebleu.corpus_bleu(
+      hyps, [refs], lowercase=True, tokenize="none"
+  ).score
+  assert abs(expected - untokenised) > 10.0  # the pairs tell them apart
+  s = bleu.score(hyps, refs)
+  assert s["bleu_lowercase"] == pytest.approx(expected)
+  assert s["bleu"] < s["bleu_lowercase"]

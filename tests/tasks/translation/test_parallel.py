@@ -2,6 +2,7 @@
 task, token batching, and a vocabulary of another run."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -66,6 +67,31 @@ def test_joint_vocabulary_and_task_in_both_directions(data):
   np.testing.assert_array_equal(de_en.source[1], en_de.target[1])
   assert de_en.source[1][-1] == 1  # EOS
   assert vocab.decode(de_en.target[1][:-1].tolist()) == "The house is big."
+
+
+def test_a_copy_and_no_text_files_read_the_cache(data, tmp_path):
+  d, cache, vocab_path = data
+  encoded = parallel.encode_split(d, "test", "de", "en", vocab_path, cache)
+  copy = tmp_path / "copy"
+  shutil.copytree(d, copy, ignore=shutil.ignore_patterns("cache"))
+  for f in copy.iterdir():
+    os.utime(f, (1_000_000_000, 1_000_000_000))
+  assert parallel.vocabulary_file(str(copy), "de", "en", 80, cache) == (
+      vocab_path
+  )
+  shutil.rmtree(copy)  # No text files: the cache's records name the files.
+  assert parallel.train_vocabulary(str(copy), "de", "en", 80, cache) == (
+      vocab_path
+  )
+  again = parallel.encode_split(
+      str(copy), "test", "de", "en", vocab_path, cache
+  )
+  assert again.source_text == [p[0] for p in PAIRS]  # Kept in the cache.
+  assert again.target_text == [p[1] for p in PAIRS]
+  for a, b in zip(again.target, encoded.target):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(errors.DataError, match="missing parallel text file"):
+    parallel.encode_split(str(copy), "test", "en", "de", vocab_path, cache)
 
 
 def test_token_batches_cover_an_epoch_once(data):
