@@ -100,7 +100,9 @@ def get_config(arg: str = "demo"):
   m.max_len = seq
   m.norm_position = "post"  # BERT
   m.norm_epsilon = 1e-12
-  m.activation = "gelu"  # BERT's feed-forward
+  # BERT's feed-forward and MLM head: the exact (erf) GELU of HuggingFace's
+  # BERT, which Kim & Jung built on ('gelu_tanh': Google's original).
+  m.activation = "gelu"
   m.dropout = 0.0 if size == "smoke" else 0.1
   m.attention_dropout = m.dropout
   m.cutoffs = ()

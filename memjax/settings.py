@@ -129,8 +129,10 @@ class Model:
     norm_position: 'pre' (fairseq transformer_lm_wiki103, TRIME) or 'post'
       (Transformer-XL's default pre_lnorm=False).
     norm_epsilon: LayerNorm epsilon.
-    activation: relu (Vaswani et al., fairseq's LMs) or gelu (BERT's exact
-      erf form; the encoder configs).
+    activation: relu (Vaswani et al., fairseq's LMs), gelu (the exact erf
+      form of HuggingFace's and XLM's BERTs; the encoder configs) or
+      gelu_tanh (the tanh approximation of Google's BERT and GPT-2); the
+      BERT-style encoder's MLM head takes it too.
     final_layer_norm: pre-LN: a LayerNorm after the last block.
     dtype: float32 | bfloat16 (compute; parameters stay float32).
     softmax_chunk: positions scored at a time by the adaptive softmax.

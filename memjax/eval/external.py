@@ -103,24 +103,32 @@ class ExternalSearch:
       an empty external memory).
     k: neighbours per query.
     pipeline: search batch t in a thread while t + 1 runs forward.
+    rescore: recompute the scores from the stored keys; False: the
+      searcher's scores as returned (``eval_memory.rescore``).
   """
 
   searcher: Any
   k: int
   pipeline: bool = True
   search_seconds: float = 0.0
+  rescore: bool = True
 
   def neighbours(self, queries: np.ndarray):
-    """(scores [Q, K], values [Q, K]) recomputed from the stored keys."""
+    """(scores [Q, K], values [Q, K]): recomputed from the stored keys, or
+    as the searcher returned them (``rescore``)."""
     start = time.perf_counter()
     if self.searcher is None or self.k == 0:
       q = queries.shape[0]
       empty = np.zeros((q, 0))
       return empty.astype(np.float32), empty.astype(np.int32)
-    _, idx = self.searcher.search(queries, self.k)
-    scores, values = search_lib.exact_scores(
-        self.searcher.store, queries, idx, self.searcher.metric
-    )
+    found, idx = self.searcher.search(queries, self.k)
+    if self.rescore:
+      scores, values = search_lib.exact_scores(
+          self.searcher.store, queries, idx, self.searcher.metric
+      )
+    else:
+      scores = np.where(idx >= 0, found, -np.inf).astype(np.float32)
+      values = self.searcher.store.gather_values(idx)
     self.search_seconds += time.perf_counter() - start
     return scores, values
 
@@ -263,9 +271,14 @@ def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
   search_lib.check_k(store, int(em["ext_k"]))
   key = (path, store.manifest["id"], metric, em["search"])
   key += (em["leaves_to_search"], em["reorder_candidates"])
+  if em["search"] == "scann":  # an index rebuilt since is loaded again
+    key += (search_lib.index_id(store, metric),)
   if key not in _SEARCHERS:
     _SEARCHERS[key] = search_lib.make_searcher(
         store, metric, em["search"], int(em["leaves_to_search"]),
         int(em["reorder_candidates"]),
     )  # fmt: skip
-  return ExternalSearch(_SEARCHERS[key], int(em["ext_k"]), bool(em["pipeline"]))
+  return ExternalSearch(
+      _SEARCHERS[key], int(em["ext_k"]), bool(em["pipeline"]),
+      rescore=bool(em.get("rescore", True)),
+  )  # fmt: skip

@@ -93,6 +93,18 @@ class Datastore:
       vals[sel] = self.values[s][local]
     return keys.reshape(idx.shape + (self.dim,)), vals.reshape(idx.shape)
 
+  def gather_values(self, idx: np.ndarray) -> np.ndarray:
+    """Values [...] int32 at global indices ``idx`` [...] (-1: 0), no keys
+    read."""
+    idx = np.asarray(idx)
+    flat = idx.reshape(-1)
+    vals = np.zeros((flat.size,), np.int32)
+    shard = np.searchsorted(self.offsets, flat, side="right") - 1
+    for s in np.unique(shard[flat >= 0]):
+      sel = np.nonzero((shard == s) & (flat >= 0))[0]
+      vals[sel] = self.values[s][flat[sel] - self.offsets[s]]
+    return vals.reshape(idx.shape)
+
 
 def open_datastore(
     path: str,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import uuid
 from typing import Any, Optional, Sequence
 
 import jax
@@ -194,7 +195,8 @@ def build_shard_index(
     training_sample: int = 100_000,
 ) -> Any:
   """A ScaNN searcher over one shard's keys [n, D] (float32 copy kept for
-  exact re-ordering)."""
+  exact re-ordering of ``reorder`` candidates, 0: max(2k, 256); -1: no
+  re-ordering, the quantised scores are returned)."""
   check_metric(metric)
   x = np.ascontiguousarray(np.asarray(keys, np.float32))
   n = x.shape[0]
@@ -215,7 +217,8 @@ def build_shard_index(
         if metric == "dot_product"
         else b.score_ah(2)
     )
-    b = b.reorder(min(n, reorder or max(2 * k, 256)))
+    if reorder >= 0:
+      b = b.reorder(min(n, reorder or max(2 * k, 256)))
   else:
     b = b.score_brute_force()
   return b.build()
@@ -239,7 +242,8 @@ class ScannSearcher:
     self.reorder = reorder
 
   def search(self, queries: np.ndarray, k: int):
-    """(scores [Q, k], global indices [Q, k]); exact scores of the found."""
+    """(scores [Q, k], global indices [Q, k]); exact scores of the found
+    unless the index was built without re-ordering (quantised scores)."""
     q = np.ascontiguousarray(queries, np.float32)
     out_s, out_i = [], []
     for off, keys, srch in zip(
@@ -312,13 +316,25 @@ def build_index(
       paths.join(out, "index.json"),
       {
           "datastore_id": store.manifest["id"],
+          "id": uuid.uuid4().hex,  # this build (``index_id``)
           "metric": metric,
           "k": int(k),
+          "reorder": int(reorder),
           "shards": meta,
       },
       sort_keys=False,
   )
   return ScannSearcher(store, metric, searchers, leaves_to_search)
+
+
+def index_id(store: ds_lib.Datastore, metric: str) -> str:
+  """The id of the ``metric`` index's latest build ('' for none, or an
+  index written before builds had ids): a searcher loaded from an older
+  build is stale."""
+  ipath = paths.join(index_dir(store.path, metric), "index.json")
+  return (
+      str(paths.read_json(ipath).get("id", "")) if paths.exists(ipath) else ""
+  )
 
 
 def load_index(

@@ -7,15 +7,16 @@ feed-forward kinds: ``model.feed_forward`` at
 the 1-based layers ``model.feed_forward_layers`` (e.g. product-key memory
 'pkm' or residual memory 'resm' at layers 4 and 8 of 12, Kim & Jung), the
 plain 'ffn' elsewhere. As BERT: learned absolute positions, an embedding
-LayerNorm, post-LN blocks (``model.norm_position='post'``), GELU in the
-output heads. Every position attends to every real (non-padding, id 0)
+LayerNorm, post-LN blocks (``model.norm_position='post'``). Every position attends to every real (non-padding, id 0)
 position; padding positions read no memory slot (the memory kinds take the
 mask), so padding never changes the outputs at real positions.
 
 Two heads (``model.family_options.head``):
 
-* ``mlm``: masked-LM scores. dense + GELU + LayerNorm, then the tied token
-  embedding plus a bias; ``target_logprob`` [B, T] of the original tokens
+* ``mlm``: masked-LM scores. dense + ``model.activation`` + LayerNorm,
+  then the tied token embedding plus a bias (the feed-forward's and the
+  head's nonlinearity are one, as in Google's BERT and HuggingFace's
+  ``BertPredictionHeadTransform``: both take ``hidden_act``); ``target_logprob`` [B, T] of the original tokens
   (the batch's weights keep the masked positions only).
 * ``classify``: sentence classification from the first position ([CLS]):
   dense + tanh (BERT's pooler), dropout, dense to ``num_classes``;
@@ -40,6 +41,7 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import blocks
+from memjax.models import feed_forward as feed_forward_lib
 from memjax.models import seq2seq
 from memjax.models import stack
 from memjax.models import transformer
@@ -150,7 +152,8 @@ class Encoder(blocks.BlockStack):
 
   def mlm_logits(self, hidden: Array) -> Array:
     """[..., D] -> [..., V] float32 scores over the vocabulary."""
-    h = self.mlm_norm(nn.gelu(self.mlm_dense(hidden)))
+    act = feed_forward_lib.activation_fn(self.activation)
+    h = self.mlm_norm(act(self.mlm_dense(hidden)))
     logits = jnp.einsum(
         "...d,vd->...v", h.astype(jnp.float32),
         self.embedding.astype(jnp.float32),

@@ -10,7 +10,7 @@ theirs (product-key memory).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 import flax.linen as nn
@@ -22,13 +22,32 @@ from memjax import extend
 
 Array = jax.Array
 
-# ``model.activation``: the feed-forward's nonlinearity. GELU is BERT's exact
-# form 0.5 x (1 + erf(x / sqrt(2))) (Devlin et al., Hendrycks & Gimpel),
-# not the tanh approximation.
+# ``model.activation``: the feed-forward's nonlinearity (and the BERT-style
+# MLM head's, ``memjax.models.encoder``). 'gelu' is the exact form
+# 0.5 x (1 + erf(x / sqrt(2))) (Hendrycks & Gimpel) of the PyTorch BERTs:
+# HuggingFace Transformers, which Kim & Jung built on, and XLM, whose
+# product-key memory they took. 'gelu_tanh' is the approximation
+# 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) of Google's original
+# BERT code and of GPT-2.
 ACTIVATIONS = {
     "relu": nn.relu,
     "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
 }
+
+
+def activation_fn(activation: str) -> Callable[[Array], Array]:
+  """The function of ``model.activation`` (a key of ``ACTIVATIONS``).
+
+  Raises:
+    errors.ConfigError: an unknown activation.
+  """
+  if activation not in ACTIVATIONS:
+    raise errors.ConfigError(
+        f"model.activation must be one of {', '.join(ACTIVATIONS)}, got "
+        f"{activation!r}"
+    )
+  return ACTIVATIONS[activation]
 
 
 def activation_option(
@@ -45,11 +64,7 @@ def activation_option(
     errors.ConfigError: an unknown activation, or one other than relu for a
       kind without one.
   """
-  if activation not in ACTIVATIONS:
-    raise errors.ConfigError(
-        f"model.activation must be one of {', '.join(ACTIVATIONS)}, got "
-        f"{activation!r}"
-    )
+  activation_fn(activation)
   if kind.takes_activation:
     return {"activation": activation}
   if activation != "relu":
@@ -61,7 +76,7 @@ def activation_option(
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward block: D -> F -> D ('ffn'), ReLU or GELU
+  """Position-wise feed-forward block: D -> F -> D ('ffn'), ReLU or a GELU
   (``activation``, a key of ``ACTIVATIONS``).
 
   Parameters: wi {kernel [D, F] ('embed', 'mlp'), bias [F]}, wo {kernel

@@ -6,7 +6,11 @@ logical axes of ``models/attention.py``, the residual block of
 ``models/blocks.py`` (encoder layers: self-attention and FFN; decoder
 layers: causal self-attention, cross-attention over the encoder output and
 FFN; ``norm_position`` 'post' is fairseq's default
-``normalize_before=False``; 'pre' adds a final LayerNorm to each stack).
+``normalize_before=False``; 'pre' adds a final LayerNorm to the stack).
+Each stack may take its own position (``family_options``
+``encoder_norm_position`` / ``decoder_norm_position``, fairseq's
+``--encoder-normalize-before`` / ``--decoder-normalize-before``): the
+authors' TRIMEMT_ext is a post-LN encoder under a pre-LN decoder.
 Token embeddings are scaled by sqrt(D) plus sinusoid positions; the decoder's
 input embedding is its output projection (``share_decoder_input_output_embed``).
 
@@ -167,17 +171,23 @@ class EncoderDecoder(blocks.BlockStack):
       decoder's final output after its last LayerNorm (the authors'
       ``knn_embed``, princeton-nlp/TRIME machine_translation/fairseq/models/
       transformer.py 1116-1125, also saved by ``save_datastore.py`` 139).
+    encoder_norm_position, decoder_norm_position: 'pre' or 'post' for that
+      stack's blocks (and its final LayerNorm, with 'pre'); '' = the
+      model's ``norm_position``.
   """
 
   encoder_layers: int = 2
   memory_feature: str = "last_ffn_input"
+  encoder_norm_position: str = ""
+  decoder_norm_position: str = ""
   d_ff: int = 128
   norm_position: blocks.NormPosition = "post"
   norm_epsilon: float = 1e-5
   max_len: int = 1024
 
   def setup(self):
-    blocks.check_norm_position(self.norm_position)
+    for position in (self.norm_position, *self._stack_norms().values()):
+      blocks.check_norm_position(position)
     emb_init = nn.initializers.normal(self.d_model**-0.5)
     self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
     self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
@@ -185,10 +195,38 @@ class EncoderDecoder(blocks.BlockStack):
     encoder, decoder = self.stacks()
     self.encoder = self.make_stack(encoder, attend)
     self.decoder = self.make_stack(decoder, attend, lambda layer: attend)
-    pre = self.norm_position == "pre"
-    self.encoder_norm = self.norm("encoder_norm") if pre else None
-    self.decoder_norm = self.norm("decoder_norm") if pre else None
+    pre = {k: v == "pre" for k, v in self._stack_norms().items()}
+    self.encoder_norm = self.norm("encoder_norm") if pre["encoder"] else None
+    self.decoder_norm = self.norm("decoder_norm") if pre["decoder"] else None
     self.drop = nn.Dropout(self.dropout_rate)
+
+  def _stack_norms(self) -> dict[str, str]:
+    """{'encoder': its norm position, 'decoder': its}."""
+    return {
+        "encoder": self.encoder_norm_position or self.norm_position,
+        "decoder": self.decoder_norm_position or self.norm_position,
+    }
+
+  def make_block(
+      self,
+      name: str,
+      layer: int,
+      attention: blocks.Sublayer,
+      *,
+      cross: Optional[blocks.Sublayer] = None,
+  ) -> blocks.ResidualBlock:
+    """``BlockStack.make_block`` with the norm position of the block's stack
+    (its name is ``encoder_<i>`` or ``decoder_<i>``)."""
+    return self.block_class()(
+        attention=attention,
+        feed_forward=self.feed_forward_sublayer(layer),
+        cross=cross,
+        name=name,
+        norm_position=self._stack_norms()[name.split("_")[0]],
+        norm_epsilon=self.norm_epsilon,
+        dropout_rate=self.dropout_rate,
+        dtype=self.dtype,
+    )
 
   def stacks(self) -> tuple[list[stack.Run], list[stack.Run]]:
     """The runs of the encoder's blocks and the decoder's (unbound too)."""
@@ -364,10 +402,20 @@ def encoder_decoder(
 ) -> EncoderDecoder:
   """The ``EncoderDecoder`` of a model's settings: ``num_layers`` decoder
   layers, ``family_options.encoder_layers`` encoder layers (default: as
-  many) and ``family_options.memory_feature`` (``EncoderDecoder``)."""
+  many), ``family_options.memory_feature`` and the stacks' norm positions
+  ``family_options.encoder_norm_position`` / ``decoder_norm_position``
+  (default: ``model.norm_position``) (``EncoderDecoder``)."""
+  stack_norms = ("encoder_norm_position", "decoder_norm_position")
   opts = transformer.family_options(
-      model, "encoder_decoder", ["encoder_layers", "memory_feature"]
-  )
+      model, "encoder_decoder",
+      ["encoder_layers", "memory_feature", *stack_norms],
+  )  # fmt: skip
+  for key in stack_norms:
+    if opts.get(key, "") not in ("", *blocks.NORM_POSITIONS):
+      raise errors.ConfigError(
+          f"model.family_options.{key} must be 'pre', 'post' or '' (the "
+          f"model's norm_position), got {opts[key]!r}"
+      )
   settings = transformer.block_settings(model, parts)
   # Every layer of each stack uses model.feed_forward.
   settings.update(feed_forward_layers=())
@@ -375,5 +423,6 @@ def encoder_decoder(
       vocab_size=vocab_size,
       encoder_layers=int(opts.get("encoder_layers", model.num_layers)),
       memory_feature=str(opts.get("memory_feature", "last_ffn_input")),
+      **{key: str(opts.get(key, "")) for key in stack_norms},
       **settings,
   )

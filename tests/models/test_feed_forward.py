@@ -1,4 +1,5 @@
-"""The feed-forward's activation (``model.activation``): ReLU or BERT's GELU."""
+"""The feed-forward's activation (``model.activation``): ReLU or one of the
+two GELUs (exact, tanh), also the BERT-style MLM head's."""
 
 import json
 import math
@@ -31,9 +32,30 @@ def _gelu(h):
   return 0.5 * h * (1.0 + erf(h / math.sqrt(2.0)))
 
 
-@pytest.mark.parametrize(
-    "name, act", [("relu", lambda h: np.maximum(h, 0.0)), ("gelu", _gelu)]
-)
+def _gelu_tanh(h):
+  """Google's BERT / GPT-2 GELU, 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715
+  h^3)))."""
+  return (
+      0.5
+      * h
+      * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3)))
+  )
+
+
+_ACTS = [
+    ("relu", lambda h: np.maximum(h, 0.0)),
+    ("gelu", _gelu),
+    ("gelu_tanh", _gelu_tanh),
+]
+
+
+def test_the_two_gelus_differ():
+  h = np.linspace(-4.0, 4.0, 81)
+  gap = np.abs(_gelu(h) - _gelu_tanh(h)).max()
+  assert 1e-4 < gap < 1e-3  # about 2e-4 near |h| = 2
+
+
+@pytest.mark.parametrize("name, act", _ACTS)
 def test_feed_forward_matches_numpy(name, act):
   ffn = feed_forward.FeedForward(d_model=6, d_ff=10, activation=name)
   x = np.random.default_rng(0).normal(size=(2, 3, 6)).astype(np.float32)
@@ -44,6 +66,47 @@ def test_feed_forward_matches_numpy(name, act):
   p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
   want = _numpy_ffn(x.astype(np.float64), p, act)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _numpy_mlm_head(hidden, p, act, eps):
+  """dense, activation, LayerNorm, tied embedding plus bias, in float64."""
+  h = act(hidden @ p["mlm_dense"]["kernel"] + p["mlm_dense"]["bias"])
+  mean, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+  h = (h - mean) / np.sqrt(var + eps) * p["mlm_norm"]["scale"]
+  h = h + p["mlm_norm"]["bias"]
+  return h @ p["embedding"].T + p["mlm_bias"]
+
+
+@pytest.mark.parametrize("name, act", _ACTS)
+def test_mlm_head_takes_the_models_activation(name, act):
+  config = pkm_bert.get_config("smoke")
+  config.model.activation = name
+  model = build.build(config, "unused").model(40)
+  tokens = np.arange(1, 9, dtype=np.int32)[None]
+  variables = model.init(
+      jax.random.PRNGKey(0), tokens, tokens, deterministic=True
+  )
+  params = nn.meta.unbox(variables["params"])
+  # A non-zero head bias and norm, so every parameter counts.
+  rng = np.random.default_rng(2)
+  for name_ in ("mlm_bias", "mlm_norm", "mlm_dense"):
+    params[name_] = jax.tree_util.tree_map(
+        lambda a: a + rng.normal(size=a.shape).astype(a.dtype), params[name_]
+    )
+  hidden = rng.normal(size=(2, 3, config.model.d_model)).astype(np.float32)
+  got = model.apply({"params": params}, hidden, method=model.mlm_logits)
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+  want = _numpy_mlm_head(
+      hidden.astype(np.float64), p, act, config.model.norm_epsilon
+  )
+  # float32 against float64: about 2e-7 apart; the exact and the tanh GELU
+  # give heads about 2e-5 apart here, ReLU and a GELU about 7e-3.
+  np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+  for other_name, other in _ACTS:  # ... and not another's.
+    if other_name != name:
+      eps = config.model.norm_epsilon
+      gap = np.abs(got - _numpy_mlm_head(hidden, p, other, eps)).max()
+      assert gap > 1e-5, other_name
 
 
 def test_residual_memory_ffn_takes_the_activation():

@@ -166,6 +166,71 @@ def test_memory_feature_is_the_same_g_in_training_and_decoding(norm_position):
     model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
 
 
+def _stack_model(norm_position, **stacks):
+  c = _config()
+  c.model.norm_position = norm_position
+  for key, value in stacks.items():
+    c.model.family_options[key] = value
+  return _model(c)
+
+
+def test_each_stack_takes_its_own_norm_position():
+  """The authors' TRIMEMT_ext (fairseq's --decoder-normalize-before only):
+  its encoder is the all-post-LN model's, its decoder the all-pre-LN
+  model's, on the same parameters."""
+  authors = _stack_model("post", decoder_norm_position="pre")
+  post, pre = _stack_model("post"), _stack_model("pre")
+  init = lambda m: nn.meta.unbox(
+      m.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  )
+  params = init(authors)
+  # A final LayerNorm on the pre-LN decoder only.
+  assert "decoder_norm" in params and "encoder_norm" not in params
+  post_params = {k: v for k, v in params.items() if k != "decoder_norm"}
+  rng = np.random.default_rng(3)
+  pre_params = dict(params, encoder_norm=jax.tree.map(
+      lambda a: a + rng.normal(size=a.shape).astype(a.dtype),
+      params["decoder_norm"],
+  ))  # fmt: skip
+  for m, p in ((post, post_params), (pre, pre_params)):
+    want = jax.eval_shape(lambda m=m: init(m))
+    assert jax.tree.map(np.shape, p) == jax.tree.map(np.shape, want)
+  source = jnp.asarray([[5, 9, 7, 1, 0], [4, 3, 1, 0, 0]], jnp.int32)
+  encode = lambda m, p: m.apply({"params": p}, source, method=m.encode)
+  enc, mask = encode(authors, params)
+  np.testing.assert_array_equal(enc, encode(post, post_params)[0])
+  assert not np.allclose(enc, encode(pre, pre_params)[0], atol=1e-3)
+
+  def steps(m, p):
+    """Log-probabilities of two decoder steps over ``enc``."""
+    cache = m.apply({"params": p}, enc, 2, method=m.init_cache)
+    out = []
+    for t, tok in enumerate((0, 6)):
+      logp, _, cache = m.apply(
+          {"params": p}, jnp.full((2,), tok, jnp.int32), jnp.int32(t), cache,
+          mask, method=m.decode_step,
+      )  # fmt: skip
+      out.append(np.asarray(logp))
+    return np.stack(out)
+
+  got = steps(authors, params)
+  np.testing.assert_allclose(got, steps(pre, pre_params), rtol=0, atol=1e-6)
+  assert not np.allclose(got, steps(post, post_params), atol=1e-3)
+  # The same model, written from the other side.
+  other = _stack_model("pre", encoder_norm_position="post")
+  b = token_batching.make_pair_batch(
+      [np.array([5, 9, 7, 1])], [np.array([8, 6, 1])], 6, 6
+  )
+  run = lambda m: m.apply(
+      {"params": params}, b["inputs"], b["targets"], source=b["source"]
+  )
+  np.testing.assert_array_equal(
+      run(authors).target_logprob, run(other).target_logprob
+  )
+  with pytest.raises(errors.ConfigError, match="decoder_norm_position"):
+    _stack_model("post", decoder_norm_position="before")
+
+
 def test_label_smoothing_matches_numpy(setup):
   _, params, b, apply = setup
   out = apply(params, b["source"], b["inputs"], b["targets"])

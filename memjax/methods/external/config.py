@@ -34,10 +34,19 @@ class ExternalEvalMemory:
     knn_temperature: kNN-LM: none, as in Khandelwal et al.
     knn_lambda: the kNN-LM interpolation weight.
     knn_temperature_grid, knn_lambda_grid: what ``--mode=tune`` tries.
+    rescore: the K neighbours' scores recomputed in float32 from the stored
+      keys (knnlm's --knn-sim-func with the keys loaded); False = the
+      scores as the search returns them (the authors' kNN-LM and
+      TRIMELM_ext, --no-load-keys, as knn-transformers does). The default
+      ScaNN index re-orders its candidates on exact keys, so its scores
+      are exact either way; an index built with ``datastore.reorder=-1``
+      returns its quantised (asymmetric hashing) scores, as the authors'
+      faiss IVFPQ index its PQ distances.
   """
 
   SECTION: ClassVar[str] = "eval_memory"
   external_kind: str = ""
+  rescore: bool = False
   ext_temperature: float = 10.5
   ext_lambda: float = 0.3
   ext_interp_local: float = 0.0
@@ -69,7 +78,8 @@ class Datastore:
       run on the global mesh); -1 / 0 take jax.process_index() /
       jax.process_count().
     leaves: ScaNN leaves per shard (0 = sqrt(n) leaves, 1/10 searched).
-    reorder: candidates re-ordered exactly; 0 = max(2k, 256).
+    reorder: candidates re-ordered exactly; 0 = max(2k, 256); -1 = none
+      (the index returns its quantised scores, as faiss IVFPQ).
     recall_queries: held-out (valid) queries of --mode=recall.
     recall_leaves: --mode=recall also measures recall and time per query
       with each of these numbers of leaves searched (a recall-speed curve).

@@ -310,12 +310,57 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
                                metric)  # fmt: skip
     np.testing.assert_array_equal(loaded.search(queries, 50)[1], a_i)
     os.rename(tmp_path / "b", tmp_path / "a")
+  # Each build has its own id (a searcher cached from another is stale).
+  first = search.index_id(store, "dot_product")
+  search.build_index(store, "dot_product", 50, reorder=-1)
+  assert "" != first != search.index_id(store, "dot_product")
+  assert search.index_id(ds_lib.open_datastore(str(tmp_path / "a")), "x") == ""
   # A datastore rebuilt under the index: the index no longer matches.
   ds_lib.from_arrays(str(tmp_path / "a"), keys[:5000], np.arange(5000),
                      signature=SIG, shard_size=2500)  # fmt: skip
   store = ds_lib.open_datastore(str(tmp_path / "a"))
   with pytest.raises(errors.DataError, match="does not match"):
     search.load_index(store, "dot_product")
+
+
+@pytest.mark.parametrize("metric", ["dot_product", "squared_l2"])
+def test_rescore_or_the_scores_as_the_index_returns_them(tmp_path, metric):
+  """eval_memory.rescore: True recomputes the K scores from the stored keys;
+  False keeps the search's (the authors' --no-load-keys), which an index
+  without re-ordering quantises and the default index does not."""
+  rng = np.random.default_rng(4)
+  keys = rng.normal(size=(600, 16))
+  queries = rng.normal(size=(9, 16)).astype(np.float32)
+  store = ds_lib.from_arrays(str(tmp_path / "s"), keys, np.arange(600) % 97,
+                             signature=SIG, shard_size=600)  # fmt: skip
+  k16 = np.asarray(store.keys[0], np.float64)  # as stored (float16)
+  got = {}
+  for reorder in (0, -1):
+    index = search.build_shard_index(
+        store.keys[0], metric, 8, leaves_to_search=24, reorder=reorder
+    )
+    searcher = search.ScannSearcher(store, metric, [index], 24)
+    found, idx = searcher.search(queries, 8)
+    assert (idx >= 0).all()
+    for rescore in (True, False):
+      s, v = external.ExternalSearch(searcher, 8, rescore=rescore).neighbours(
+          queries
+      )
+      np.testing.assert_array_equal(v, idx % 97)
+      got[reorder, rescore] = s
+    np.testing.assert_array_equal(got[reorder, False], found)
+    picked = k16[idx]  # [Q, 8, D]
+    want = (
+        np.einsum("qd,qkd->qk", queries, picked)
+        if metric == "dot_product"
+        else -((picked - queries[:, None]) ** 2).sum(-1)
+    )
+    np.testing.assert_allclose(got[reorder, True], want, rtol=1e-5, atol=1e-4)
+  # Re-ordered on exact keys: the index's scores are the exact ones.
+  np.testing.assert_allclose(got[0, False], got[0, True], rtol=1e-5, atol=1e-4)
+  # Not re-ordered: quantised, far from them.
+  assert np.abs(got[-1, False] - got[-1, True]).max() > 0.1
+  assert config_lib.base_config().eval_memory.rescore is False
 
 
 # --------------------------------------------------------------- evaluation

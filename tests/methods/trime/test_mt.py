@@ -246,3 +246,29 @@ def test_trime_mt_configs_take_the_authors_recipe():
   vanilla = trime_iwslt.get_config("smoke")
   assert "memory_feature" not in vanilla.model.family_options
   assert vanilla.translation.memory.temperature == 1.0
+
+
+def test_iwslt_paper_configs_decode_with_the_authors_length_penalty():
+  from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
+
+  # Their README decodes vanilla, kNN-MT and TrimeMT with --lenpen 0.6.
+  for name in ("paper", "trime_mt_paper", "vanilla_paper"):
+    tr = trime_iwslt.get_config(name).translation
+    assert (tr.beam_size, tr.length_penalty) == (4, 0.6), name
+  for name in ("smoke", "demo", "trime_mt_demo"):
+    assert trime_iwslt.get_config(name).translation.length_penalty == 1.0
+
+
+def test_trime_mt_paper_config_is_the_authors_architecture():
+  from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
+
+  # --decoder-normalize-before only: post-LN encoder, pre-LN decoder, g
+  # after the decoder's final LayerNorm (knn_embed).
+  m = trime_iwslt.get_config("trime_mt_paper").model
+  assert m.norm_position == "post"
+  assert dict(m.family_options) == {
+      "encoder_layers": 6, "memory_feature": "final_output",
+      "decoder_norm_position": "pre",
+  }  # fmt: skip
+  vanilla = trime_iwslt.get_config("paper").model
+  assert "decoder_norm_position" not in vanilla.family_options

@@ -161,10 +161,12 @@ def _flip_nbest(lenpen: float) -> list[tuple[list[int], float]]:
   return sorted(hyps, key=lambda h: -h[1])
 
 
-@pytest.mark.parametrize("lenpen", [0.0, 1.0, 2.0])
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.0, 2.0])
 def test_length_penalty_scores_and_orders_the_nbest(lenpen):
   # lenpen 1: B EOS (-0.511) beats A B EOS (-0.607); lenpen 2 flips them
-  # (-0.255 < -0.202): the EOS counts in the length.
+  # (-0.255 < -0.202): the EOS counts in the length, as in fairseq's
+  # SequenceGenerator (eos_scores /= (step + 1) ** len_penalty, step from
+  # 0). 0.6 is the authors' IWSLT decoding.
   res = decoding.beam_search(
       FlipModel(), {}, jnp.ones((1, 3), jnp.int32), 6, beam_size=2,
       length_penalty=lenpen,
