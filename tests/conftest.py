@@ -52,6 +52,7 @@ LONGEST_FIRST = (
     "tests/models/test_transformer_memory.py",
     "tests/models/test_stack.py",
     "tests/test_multihost.py",
+    "tests/test_bad_inputs.py",
     "tests/methods/marge/test_planted.py",
     "tests/methods/trime/test_modes.py",
     "tests/methods/recurrent/test_modes.py",
