@@ -302,7 +302,7 @@ def load(
   path = paths.resolve(path)
   # A bucket that does not answer (no credentials, no network) is one line
   # within the probe's timeout, not minutes of the backend's retries.
-  workdirs.check_workdir(path)
+  workdirs.check_workdir(path, name="load")
   files = runfiles.find(path)
   if config is None:
     config = config_lib.from_json(runfiles.read_config_text(files))

@@ -80,7 +80,7 @@ def load(
   """
   # A bucket that does not answer (no credentials, no network) is one line
   # within the probe's timeout, not minutes of the backend's retries.
-  workdirs.check_workdir(path)
+  workdirs.check_workdir(path, name="memjax.load")
   files = runfiles.find(path)
   run = build.build(
       build.saved_config(files.path),

@@ -57,6 +57,7 @@ def check_workdir(
     *,
     writes: bool = False,
     checkpoints: bool = False,
+    name: str = "--workdir",
 ) -> None:
   """Checks that a workdir's filesystem can be opened; writes nothing.
 
@@ -65,7 +66,8 @@ def check_workdir(
   filesystem must be installed, its checkpoints must be ones Orbax opens
   (``checkpoints``: ``CHECKPOINT_SCHEMES``), and asking whether ``path``
   exists must answer within ``timeout_s`` (a bucket without credentials
-  otherwise waits on retries).
+  otherwise waits on retries). ``name`` says what gave the path in the
+  messages ('--workdir', 'memjax.load').
 
   Raises:
     errors.StorageError: one line naming what to install or configure.
@@ -105,13 +107,13 @@ def check_workdir(
   how = _CREDENTIALS.get(scheme, f"the credentials of {scheme}://")
   if thread.is_alive():
     raise errors.StorageError(
-        f"--workdir {path}: {scheme}:// did not answer within "
+        f"{name} {path}: {scheme}:// did not answer within "
         f"{timeout_s:.0f} s; check the network and the credentials ({how})"
     )
   if "error" in outcome:
     e = outcome["error"]
     reason = " ".join(str(e).split())[:160] or type(e).__name__
     raise errors.StorageError(
-        f"--workdir {path} cannot be opened ({type(e).__name__}: {reason}); "
+        f"{name} {path} cannot be opened ({type(e).__name__}: {reason}); "
         f"check the bucket name and the credentials ({how})"
     )
