@@ -36,6 +36,8 @@ def _check_writable(path: str) -> None:
   """A local workdir (or its nearest existing parent) must be a folder this
   user can write in."""
   path = os.path.abspath(paths._local(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    return  # The workdir check names a workdir that is a file.
   existing = path
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
