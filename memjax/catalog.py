@@ -48,7 +48,7 @@ _LM = ("lm/decoder_lm",)  # Sliding windows over a corpus: decoder LMs.
 ENGINE = extend.Method(
     name="memjax",
     attention={"vanilla": attention.CausalSelfAttention},
-    feed_forward={"ffn": feed_forward.PLAIN},
+    feed_forward={"ffn": feed_forward.PLAIN, "glu": feed_forward.GLU},
     families={
         "decoder_lm": extend.Family(transformer.decoder_lm),
         "encoder_decoder": extend.Family(
