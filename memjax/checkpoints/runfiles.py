@@ -249,10 +249,10 @@ def read_vocabulary(files: RunFiles, data: Any) -> Any:
   if info["kind"] == "sentencepiece":
     return spm_vocab.load_sentencepiece(paths.join(files.path, info["file"]))
   if info["kind"] == "tokenizer":
-    from memjax.pretrained import vocab as pretrained_vocab  # pylint: disable=g-import-not-at-top
+    from memjax.data import tokenizer_vocab  # pylint: disable=g-import-not-at-top
 
     path = paths.join(files.path, info["file"])
-    return pretrained_vocab.TokenizerVocabulary.load(path, info)
+    return tokenizer_vocab.TokenizerVocabulary.load(path, info)
   return vocab_lib.WordVocabulary.load(paths.join(files.path, info["file"]))
 
 

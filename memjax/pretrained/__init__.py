@@ -11,7 +11,8 @@ imported one.
 * ``families``: a ``config.json`` -> the memjax model settings, and the
   checkpoint's tensors -> memjax's parameter tree (per ``model_type``).
 * ``checkpoint``: the tensors of ``model.safetensors`` or a sharded index.
-* ``vocab``: ``tokenizer.json`` as a memjax vocabulary.
+* ``memjax.data.tokenizer_vocab`` (beside the other vocabularies):
+  ``tokenizer.json`` as a memjax vocabulary.
 * ``mode``: ``config.pretrained`` and ``--mode=import``, which writes an
   export (``memjax.load``, ``--mode=eval``, ``train.init_from`` take it).
 

@@ -22,15 +22,13 @@ import flax
 import jax
 import numpy as np
 
-from memjax import config as config_lib
 from memjax import errors
-from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
 from memjax.io import console
 from memjax.io import paths
 from memjax.pretrained import checkpoint
 from memjax.pretrained import families
-from memjax.pretrained import vocab as vocab_lib
+from memjax.data import tokenizer_vocab as vocab_lib
 from memjax.run import spec
 from memjax.run import state as state_lib
 
@@ -85,23 +83,26 @@ def _folder(run: spec.Run) -> str:
 
 
 def _imported_run(run: spec.Run, model: dict[str, Any]) -> spec.Run:
-  """The run with the model settings ``model`` (and evaluation windows
-  that fit its positions), its config_json saying so."""
-  config = config_lib.from_json(run.config_json)
+  """The run with the model settings ``model`` (and evaluation windows and
+  segments that fit its positions), its config_json saying so."""
+  s = run.settings
   max_len = model["max_len"]
-  with config.unlocked():
-    for key, value in model.items():
-      config.model[key] = value
-    if config.eval.window_len > max_len:
-      config.eval.window_len = max_len
-      config.eval.score_len = min(config.eval.score_len, max_len // 2)
-    config.data.seq_len = min(config.data.seq_len, max_len)
-  s = settings_lib.read_all(config, run.parts.settings)
-  return dataclasses.replace(
-      run,
-      settings=s,
-      task=run.parts.tasks.get(s.task)(s),
-      config_json=config_lib.to_json(config),
+  window = min(s.eval.window_len, max_len)
+  changes = {
+      "model": model,
+      "eval": {
+          "window_len": window,
+          "score_len": min(s.eval.score_len, max(1, window // 2)),
+      },
+      "data": {"seq_len": min(s.data.seq_len, max_len)},
+  }
+  saved = json.loads(run.config_json)
+  sections = []
+  for section, values in changes.items():
+    saved.setdefault(section, {}).update(values)
+    sections.append(dataclasses.replace(getattr(s, section), **values))
+  return run.replace(
+      *sections, config_json=json.dumps(saved, indent=2, sort_keys=True)
   )
 
 
