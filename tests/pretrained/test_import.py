@@ -170,3 +170,10 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
     memjax.run_mode("import", config, str(workdir))
   left = sorted(os.listdir(workdir)) if workdir.exists() else []
   assert left == (["notes.txt"] if case == "workdir not empty" else [])
+
+
+def test_corpus_evaluation_of_an_imported_model_is_refused(imported):
+  # No corpus is tokenised through an imported tokenizer yet: refused
+  # rather than scored in the corpus's own (other) vocabulary.
+  with pytest.raises(errors.ConfigError, match="holds an imported model"):
+    memjax.run_mode("eval", None, imported["llama_gqa"])
