@@ -6,8 +6,9 @@ random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
 PyTorch classes, with their tokenizer and their logits on fixed inputs.
 Each is imported (GPT-2 through ``python -m memjax.main``, the others
 through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
-and must give Hugging Face's log-probabilities in float32; the tokenizer
-must encode as Hugging Face's did. Bad folders are one line each.
+and must give Hugging Face's log-probabilities in float32 and its greedy
+continuation; the tokenizer must encode as Hugging Face's did. Bad folders
+are one line each.
 """
 
 import json
@@ -79,6 +80,21 @@ def test_imported_model_gives_hugging_faces_log_probabilities(imported, name):
   )
   want = text_lp[np.arange(len(ids) - 1), ids[1:]]
   np.testing.assert_allclose(scored, want, atol=1e-5, rtol=0)
+  # Greedy continuation token for token: a nucleus of (almost) no mass
+  # keeps the top token only.
+  prompt, greedy = expected["greedy"][0][:5], expected["greedy"][0][5:]
+  got = lm.generate(prompt, len(greedy), top_p=1e-6)
+  np.testing.assert_array_equal(got, greedy)
+
+
+def test_an_imported_model_exports_and_scores_the_same(imported, tmp_path):
+  lm = memjax.load(imported["qwen2"])
+  out = memjax.export(imported["qwen2"], str(tmp_path / "export"))
+  again = memjax.load(out)
+  text = "the dog sat on the mat ."
+  np.testing.assert_array_equal(
+      again.score(text)["logprobs"][0], lm.score(text)["logprobs"][0]
+  )
 
 
 def test_the_export_holds_the_tokenizer_and_the_families_options(imported):
