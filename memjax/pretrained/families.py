@@ -58,7 +58,7 @@ def _activation(name: str) -> str:
   return ACTIVATIONS[name]
 
 
-def _base(hf: dict[str, Any], layers: int, d: int, heads: int) -> Tree:
+def _base(layers: int, d: int, heads: int) -> Tree:
   """The settings every pretrained family shares."""
   return dict(
       family="decoder_lm",
@@ -94,7 +94,7 @@ def gpt2_settings(hf: dict[str, Any]) -> Tree:
       raise errors.DataError(f"config.json sets {key}, which memjax lacks")
   d, heads = int(get(hf, "n_embd")), int(get(hf, "n_head"))
   return dict(
-      _base(hf, get(hf, "n_layer"), d, heads),
+      _base(get(hf, "n_layer"), d, heads),
       head_dim=d // heads,
       d_ff=int(hf.get("n_inner") or 4 * d),
       max_len=int(get(hf, "n_positions")),
@@ -197,7 +197,7 @@ def llama_settings(hf: dict[str, Any]) -> Tree:
   d, heads = int(get(hf, "hidden_size")), int(get(hf, "num_attention_heads"))
   bias = bool(hf.get("attention_bias", False))
   return dict(
-      _base(hf, get(hf, "num_hidden_layers"), d, heads),
+      _base(get(hf, "num_hidden_layers"), d, heads),
       head_dim=int(hf.get("head_dim") or d // heads),
       d_ff=int(get(hf, "intermediate_size")),
       max_len=int(get(hf, "max_position_embeddings", 4096)),

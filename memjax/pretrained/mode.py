@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import flax
 import jax
@@ -49,18 +49,32 @@ class Pretrained:
   path: str = ""
 
 
-def _read_json(folder: str, name: str) -> dict[str, Any]:
-  """A JSON file of the folder (DataError if absent or unreadable)."""
+def _read_text(folder: str, name: str) -> str:
+  """A file of the folder (DataError if absent)."""
   path = paths.join(folder, name)
   if not paths.isfile(path):
     raise errors.DataError(
         f"{folder} has no {name}: fetch the model's folder with its "
         "config.json, safetensors files and tokenizer.json (docs/pretrained.md)"
     )
+  return paths.read_text(path)
+
+
+def _read_json(folder: str, name: str) -> dict[str, Any]:
+  """A JSON file of the folder (DataError if absent or unreadable)."""
+  text = _read_text(folder, name)
   try:
-    return json.loads(paths.read_text(path))
+    return json.loads(text)
   except ValueError as e:
-    raise errors.DataError(f"{path} is not JSON ({e})") from None
+    raise errors.DataError(f"{folder}/{name} is not JSON ({e})") from None
+
+
+def _special_id(value: Any) -> Optional[int]:
+  """config.json's bos/eos id: an int, a list (Llama 3 lists its end
+  tokens: the first is taken) or None."""
+  if isinstance(value, (list, tuple)):
+    value = value[0] if value else None
+  return None if value is None else int(value)
 
 
 def _folder(run: spec.Run) -> str:
@@ -143,13 +157,11 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   settings_fn, params_fn, prefix = families.family_of(hf)
   model = settings_fn(hf)
   vocab_size = int(families.get(hf, "vocab_size"))
-  if not paths.isfile(paths.join(folder, vocab_lib.FILE)):
-    _read_json(folder, vocab_lib.FILE)  # The missing file's message.
   vocab = vocab_lib.TokenizerVocabulary(
-      paths.read_text(paths.join(folder, vocab_lib.FILE)),
+      _read_text(folder, vocab_lib.FILE),
       vocab_size,
-      hf.get("bos_token_id"),
-      hf.get("eos_token_id"),
+      _special_id(hf.get("bos_token_id")),
+      _special_id(hf.get("eos_token_id")),
   )
   tensors = checkpoint.read_tensors(folder)
   used: set[str] = set()

@@ -21,6 +21,7 @@ import pytest
 
 import memjax
 from memjax import errors
+from memjax.pretrained import mode as pretrained_mode
 from tests.conftest import REPO
 from tests.conftest import run_main
 
@@ -161,6 +162,7 @@ def _drop_tensor(folder, name):
         ("rope type", "rope type 'yarn' is not supported"),
         ("no path", "needs --config.pretrained.path=DIR"),
         ("no safetensors", "has no model.safetensors"),
+        ("no tokenizer", "has no tokenizer.json"),
         ("workdir not empty", "is not empty"),
     ],
 )
@@ -177,6 +179,8 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
     _edit_config(folder, rope_parameters={"rope_type": "yarn", "factor": 2.0})
   elif case == "no safetensors":
     os.remove(folder / "model.safetensors")
+  elif case == "no tokenizer":
+    os.remove(folder / "tokenizer.json")
   elif case == "workdir not empty":
     workdir.mkdir()
     (workdir / "notes.txt").write_text("mine")
@@ -193,3 +197,12 @@ def test_corpus_evaluation_of_an_imported_model_is_refused(imported):
   # rather than scored in the corpus's own (other) vocabulary.
   with pytest.raises(errors.ConfigError, match="holds an imported model"):
     memjax.run_mode("eval", None, imported["llama_gqa"])
+
+
+def test_special_ids_of_config_json():  # pylint: disable=protected-access
+  # Llama 3 lists its end tokens; the first is the vocabulary's eos.
+  assert pretrained_mode._special_id([128001, 128009]) == 128001
+  assert (
+      pretrained_mode._special_id(2) == 2
+      and pretrained_mode._special_id(None) is None
+  )
