@@ -13,7 +13,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: help locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check clean-venv
+.PHONY: help locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check fixtures clean-venv
 
 LOCK := requirements/$(ACCEL).lock
 
@@ -75,6 +75,19 @@ format-check: $(STAMP) ## <1 min: check the formatting
 
 bench: $(STAMP) ## minutes not recorded: training throughput (benchmarks/)
 	$(PY) benchmarks/train_throughput.py --config=configs/trime_wt103.py:demo
+
+# The pretrained-model fixtures (tests/fixtures/pretrained/): tiny random
+# GPT-2, Llama and Qwen2 models built by Hugging Face's PyTorch classes, with
+# their outputs, the oracle of memjax's import. Its own virtual environment,
+# outside the locks (the suite needs neither package): CPU torch from
+# PyTorch's index, since the PyPI torch wheel brings several GB of CUDA wheels.
+FIXTURES_VENV ?= .venv-fixtures
+fixtures: ## minutes not recorded (downloads): rebuild tests/fixtures/pretrained/ with transformers and CPU torch
+	test -x $(FIXTURES_VENV)/bin/python || $(PYTHON) -m venv $(FIXTURES_VENV)
+	$(FIXTURES_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FIXTURES_VENV)/bin/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(FIXTURES_VENV)/bin/python -m pip install -q transformers tokenizers safetensors numpy
+	$(FIXTURES_VENV)/bin/python tests/fixtures/pretrained/make_hf_fixtures.py
 
 clean-venv: ## seconds: remove the virtual environment
 	rm -rf $(VENV)

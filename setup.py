@@ -73,6 +73,9 @@ setuptools.setup(
         "beam": ["apache-beam>=2.60", "sentencepiece>=0.2,<0.2.3"],
         # The ScaNN index of external datastores.
         "retrieval": ["scann==1.4.2"],
+        # Hugging Face folders (--mode=import, memjax.pretrained): their
+        # safetensors weights and tokenizer.json. No torch, no transformers.
+        "pretrained": ["safetensors>=0.4", "tokenizers>=0.19"],
         # Accelerators: JAX's CUDA plugins and libtpu.
         "cuda12": ["jax[cuda12]"],
         "cuda13": ["jax[cuda13]"],

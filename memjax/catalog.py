@@ -34,6 +34,7 @@ from memjax.modes import platforms
 from memjax.modes import position_loss
 from memjax.modes import tokenize
 from memjax.modes import translation as translate_mode
+from memjax.pretrained import mode as pretrained
 from memjax.run import hooks
 from memjax.run import loop
 from memjax.run import optim
@@ -48,7 +49,7 @@ _LM = ("lm/decoder_lm",)  # Sliding windows over a corpus: decoder LMs.
 ENGINE = extend.Method(
     name="memjax",
     attention={"vanilla": attention.CausalSelfAttention},
-    feed_forward={"ffn": feed_forward.PLAIN},
+    feed_forward={"ffn": feed_forward.PLAIN, "glu": feed_forward.GLU},
     families={
         "decoder_lm": extend.Family(transformer.decoder_lm),
         "encoder_decoder": extend.Family(
@@ -162,6 +163,15 @@ ENGINE = extend.Method(
             ("lm",),
             outputs=("position_loss.json", "position_loss.png"),
         ),
+        # A local Hugging Face folder as an export (memjax/pretrained/): an
+        # engine feature, the families being options of the decoder LM.
+        "import": extend.Mode(
+            pretrained.import_model,
+            "write a Hugging Face folder (--config.pretrained.path) as an "
+            "export in the workdir",
+            _LM,
+            outputs=pretrained.OUTPUTS + ("params/*",),
+        ),
         # Compile the train step for a target without running it.
         "plan": extend.Mode(
             plan.plan,
@@ -178,6 +188,7 @@ ENGINE = extend.Method(
         generate.Generate,
         export.Export,
         platforms.Plan,
+        pretrained.Pretrained,
     )
     + task_config.SETTINGS,
 )

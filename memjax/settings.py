@@ -112,7 +112,7 @@ class Model:
     attention_dropout: dropout on attention probabilities.
     attention: the attention kind (vanilla | rpe | xl | lamemo).
     attention_options: the kind's own attributes.
-    feed_forward: the feed-forward kind (ffn | pkm | resm).
+    feed_forward: the feed-forward kind (ffn | glu | pkm | resm).
     feed_forward_options: the kind's own attributes.
     feed_forward_layers: 1-based layer numbers that use ``feed_forward``
       (e.g. (2, 4) of 6 for product-key memory layers); the other layers
@@ -128,11 +128,11 @@ class Model:
       into either layout.
     norm_position: 'pre' (fairseq transformer_lm_wiki103, TRIME) or 'post'
       (Transformer-XL's default pre_lnorm=False).
-    norm_epsilon: LayerNorm epsilon.
+    norm_epsilon: the norms' epsilon (family_options.norm: LayerNorm, RMSNorm).
     activation: relu (Vaswani et al., fairseq's LMs), gelu (the exact erf
-      form of HuggingFace's and XLM's BERTs; the encoder configs) or
-      gelu_tanh (the tanh approximation of Google's BERT and GPT-2); the
-      BERT-style encoder's MLM head takes it too.
+      form of HuggingFace's and XLM's BERTs; the encoder configs),
+      gelu_tanh (the tanh approximation of Google's BERT and GPT-2) or silu
+      (SwiGLU's gate, feed_forward 'glu'); the BERT MLM head takes it too.
     final_layer_norm: pre-LN: a LayerNorm after the last block.
     dtype: float32 | bfloat16 (compute; parameters stay float32).
     softmax_chunk: positions scored at a time by the adaptive softmax.

@@ -149,7 +149,11 @@ def test_the_signature_names_the_kind_and_its_options(toy):
 @pytest.mark.parametrize(
     "key, value, declared",
     [
-        ("model.feed_forward", "nope", "ffn, gated, memory_plus, pkm, resm"),
+        (
+            "model.feed_forward",
+            "nope",
+            "ffn, gated, glu, memory_plus, pkm, resm",
+        ),
         ("model.attention", "nope", "lamemo, rpe, vanilla, xl"),
         ("model.family", "nope", "decoder_lm, encoder, encoder_decoder, marge"),
         ("loss.name", "nope", "l2, label_smoothed, lm, trime, trime_mt"),

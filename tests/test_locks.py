@@ -78,6 +78,7 @@ def test_accelerator_locks_are_the_cpu_lock_plus_their_platform():
 def test_setup_requirements_are_met_by_the_locks():
   locks = {name: _lock(name) for name in LOCKS}
   lock_of = {"": "cpu", "data": "cpu", "beam": "cpu", "retrieval": "cpu", "cloud": "cpu",
+             "pretrained": "cpu",
              "cuda12": "cuda12", "cuda13": "cuda13", "tpu": "tpu",
              "dev": "dev", "notebooks": "dev"}  # fmt: skip
   requirements = _setup_requirements()
@@ -97,4 +98,5 @@ def test_the_core_pins_no_heavy_package():
   # The core's own requirements pull in none of the optional packages.
   core = {canonicalize_name(Requirement(r).name)
           for r in _setup_requirements()[""]}  # fmt: skip
-  assert not core & {"tensorflow", "seqio", "scann", "tensorflow-text"}
+  assert not core & {"tensorflow", "seqio", "scann", "tensorflow-text",
+                     "safetensors", "tokenizers"}  # fmt: skip

@@ -89,6 +89,7 @@ SINGLE = [
     ("extrapolate", "recurrent"),
     ("marge_eval", "marge"),
     ("translate", "mt"),
+    ("import", "lm"),
 ]  # fmt: skip
 CHAINS = {
     "lm_datastore": (("datastore", "index", "recall"), "lm"),
@@ -235,7 +236,26 @@ def _check_outputs(mode: str, workdir: str, started: float) -> None:
         _read_back(path)
 
 
+def _import(tmp_path):
+  """--mode=import of the tiny GPT-2 fixture into a new workdir: the one
+  mode that starts from a Hugging Face folder, not from a run."""
+  workdir = str(tmp_path / "imported")
+  started = time.time() - 1
+  proc = run_main(
+      "--config=configs/pretrained.py:import",
+      "--config.pretrained.path="
+      + os.path.join(REPO, "tests", "fixtures", "pretrained", "gpt2"),
+      f"--workdir={workdir}",
+      "--mode=import",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  _check_outputs("import", workdir, started)
+  return workdir, proc
+
+
 def _cell(request, mode, run, tmp_path):
+  if mode == "import":
+    return _import(tmp_path)
   workdir, source = _copy(request, run, tmp_path)
   if mode == "tokenize":  # It must write the caches, not find them.
     shutil.rmtree(os.path.join(workdir, "cache"), ignore_errors=True)

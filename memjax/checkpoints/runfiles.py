@@ -214,6 +214,9 @@ def write_run_files(directory: str, config_json: str, vocab: Any) -> None:
         "size": int(vocab.vocab_size),
         "sha1": file_sha1(dest),
     }
+  elif hasattr(vocab, "json_text"):  # An imported model's tokenizer.json.
+    info = vocab.info()
+    vocab.save(paths.join(directory, info["file"]))
   elif hasattr(vocab, "tokens"):  # A WordVocabulary.
     vocab.save(paths.join(directory, "vocab.txt"))
     info = {"kind": "words", "file": "vocab.txt", "size": vocab.vocab_size}
@@ -245,6 +248,11 @@ def read_vocabulary(files: RunFiles, data: Any) -> Any:
     return vocab_lib.byte_vocabulary()
   if info["kind"] == "sentencepiece":
     return spm_vocab.load_sentencepiece(paths.join(files.path, info["file"]))
+  if info["kind"] == "tokenizer":
+    from memjax.data import tokenizer_vocab  # pylint: disable=g-import-not-at-top
+
+    path = paths.join(files.path, info["file"])
+    return tokenizer_vocab.TokenizerVocabulary.load(path, info)
   return vocab_lib.WordVocabulary.load(paths.join(files.path, info["file"]))
 
 

@@ -149,6 +149,19 @@ def read_stream(
   )
 
 
+def _check_not_imported(workdir: str) -> None:
+  """Refuses a workdir whose vocabulary is an imported tokenizer.json: the
+  corpora's token streams are in their own vocabularies, and scoring them
+  with the imported model would give meaningless numbers."""
+  path = paths.join(workdir, "vocab.json")
+  if paths.isfile(path) and '"tokenizer"' in paths.read_text(path):
+    raise errors.ConfigError(
+        f"{workdir} holds an imported model, whose tokenizer no corpus is "
+        "read through yet: score text with memjax.load(...).score(text) "
+        "(docs/pretrained.md)"
+    )
+
+
 def load_corpus(
     d: Data,
     e: Eval,
@@ -164,10 +177,15 @@ def load_corpus(
     workdir: the run's directory (default cache ``<workdir>/cache``).
     splits: evaluation splits to read (default ``eval.splits``).
     train: also read the training split (training, unigram baselines).
+
+  Raises:
+    errors.ConfigError: the workdir's model reads text through its own
+      tokenizer (an imported model), which no corpus is tokenised with yet.
   """
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
+  _check_not_imported(workdir)
   splits = tuple(e.splits if splits is None else splits)
   check_data(d, e, splits, train, workdir)
   data_dir, cache_dir = data_dirs(d, workdir)

@@ -10,7 +10,9 @@ where they are used:
   keep the SeqIO tasks registered for t5x/seqio users;
 * ``[beam]``: Apache Beam, which runs the offline BM25 packing as a
   cached SeqIO task (``memjax.methods.trime.pack_beam``);
-* ``[retrieval]``: ScaNN, the index of the external datastores.
+* ``[retrieval]``: ScaNN, the index of the external datastores;
+* ``[pretrained]``: safetensors and tokenizers, which read a Hugging Face
+  folder's weights and tokenizer (``memjax.pretrained``).
 
 A missing one is one line (``errors.MissingDependencyError``, exit status
 2) naming the extra that provides it. TensorFlow is imported only through
@@ -34,6 +36,8 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "seqio": ("seqio", "data"),
     "apache_beam": ("apache-beam", "beam"),
     "scann": ("scann", "retrieval"),
+    "safetensors": ("safetensors", "pretrained"),
+    "tokenizers": ("tokenizers", "pretrained"),
 }
 
 

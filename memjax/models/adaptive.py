@@ -72,6 +72,8 @@ class AdaptiveEmbed(nn.Module):
       ``adaptive_softmax_dropout``; 0.2 in transformer_lm_wiki103). The head
       has none, as in fairseq.
     dtype: compute dtype of the projections; log-probabilities are float32.
+    tied: the softmax reuses the input embeddings; False (a plain softmax
+      only): its own [V, D] table ``output``, as untied Llama-family models.
   """
 
   vocab_size: int
@@ -82,9 +84,25 @@ class AdaptiveEmbed(nn.Module):
   chunk_size: int = 4096
   tail_dropout: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  tied: bool = True
 
   def setup(self):
     self.bounds = cluster_bounds(self.vocab_size, self.cutoffs)
+    if not self.tied and len(self.bounds) > 1:
+      raise errors.ConfigError(
+          "model.family_options.tie_embeddings False takes a plain softmax: "
+          "set model.cutoffs to ()"
+      )
+    self.output = None
+    if not self.tied:
+      self.output = self.param(
+          "output",
+          nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=self.d_model**-0.5),
+              ("vocab", "embed"),
+          ),
+          (self.vocab_size, self.d_model),
+      )
     tables, projs = [], []
     for i, (lo, hi) in enumerate(self.bounds):
       dim = max(1, self.d_model // (self.factor**i))
@@ -149,7 +167,8 @@ class AdaptiveEmbed(nn.Module):
   def _head_logits(self, h: Array) -> Array:
     """[..., D] -> [..., V_0 + n_tail] float32 head logits."""
     h0 = self._project_out(0, h)
-    logits = jnp.dot(h0, self.tables[0].astype(self.dtype).T)
+    table = self.tables[0] if self.output is None else self.output
+    logits = jnp.dot(h0, table.astype(self.dtype).T)
     if len(self.bounds) > 1:
       clusters = jnp.dot(
           h.astype(self.dtype), self.cluster_weight.astype(self.dtype)

@@ -19,6 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from memjax import errors
+from memjax.models import rotary
+
 Array = jax.Array
 
 
@@ -169,7 +172,12 @@ def output_projection(
 class CausalSelfAttention(AttentionKind):
   """Multi-head causal self-attention over the current segment only.
 
-  The 'vanilla' kind: absolute positions, no memory.
+  The 'vanilla' kind: absolute positions, no memory. Its options
+  (``model.attention_options``) give the pretrained families' variants:
+  grouped-query attention (``num_kv_heads`` key/value heads, each shared
+  by ``num_heads / num_kv_heads`` query heads, as Hugging Face's
+  ``repeat_kv``), biases on the q/k/v projections (GPT-2, Qwen2) and on
+  the output (GPT-2), and rotary positions (``memjax.models.rotary``).
 
   Attributes:
     d_model: D.
@@ -177,6 +185,13 @@ class CausalSelfAttention(AttentionKind):
     head_dim: d_h.
     dropout_rate: dropout on attention probabilities.
     dtype: compute dtype; softmax runs in float32.
+    num_kv_heads: key/value heads (a divisor of H); 0 = H.
+    qkv_bias: biases on the query, key and value projections.
+    out_bias: a bias on the output projection.
+    rope_theta: rotary positions' base; 0 = no rotary positions.
+    rope_scaling_factor: Llama 3 rope scaling's factor; 0 = none.
+    rope_low_freq_factor, rope_high_freq_factor, rope_original_max_len:
+      its other settings (``rotary.inverse_frequencies``).
   """
 
   d_model: int
@@ -185,8 +200,58 @@ class CausalSelfAttention(AttentionKind):
   mem_len: int = 0
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  num_kv_heads: int = 0
+  qkv_bias: bool = False
+  out_bias: bool = False
+  rope_theta: float = 0.0
+  rope_scaling_factor: float = 0.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
 
   ABSOLUTE_POSITIONS: ClassVar[bool] = True
+
+  def kv_heads(self) -> int:
+    """The key/value heads.
+
+    Raises:
+      errors.ConfigError: a count that does not divide H.
+    """
+    n = self.num_kv_heads or self.num_heads
+    if n <= 0 or self.num_heads % n:
+      raise errors.ConfigError(
+          f"model.attention_options.num_kv_heads {n} must divide "
+          f"model.num_heads {self.num_heads}"
+      )
+    return n
+
+  def project(self, x: Array, name: str, heads: int) -> Array:
+    """x [B, T, D] -> [B, T, heads, d_h] by the projection ``name``."""
+    w = head_projection(self, name, self.d_model, heads, self.head_dim)
+    y = jnp.einsum("btd,dhk->bthk", x, w.astype(self.dtype))
+    if self.qkv_bias:
+      b = self.param(
+          f"{name}_bias",
+          nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")),
+          (heads, self.head_dim),
+      )
+      y = y + b.astype(self.dtype)
+    return y
+
+  def rotate(self, q: Array, k: Array) -> tuple[Array, Array]:
+    """q, k with rotary positions 0..T-1 (unchanged without rope_theta)."""
+    if not self.rope_theta:
+      return q, k
+    inv = rotary.inverse_frequencies(
+        self.head_dim,
+        self.rope_theta,
+        self.rope_scaling_factor,
+        self.rope_low_freq_factor,
+        self.rope_high_freq_factor,
+        self.rope_original_max_len,
+    )
+    cos, sin = rotary.tables(q.shape[1], inv)
+    return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
 
   @nn.compact
   def __call__(
@@ -203,16 +268,13 @@ class CausalSelfAttention(AttentionKind):
       ([B, T, D] output after the output projection, None).
     """
     del memory
-    dims = (self.d_model, self.num_heads, self.head_dim)
+    kv = self.kv_heads()
     x = x.astype(self.dtype)
-    q, k, v = (
-        jnp.einsum(
-            "btd,dhk->bthk",
-            x,
-            head_projection(self, n, *dims).astype(self.dtype),
-        )
-        for n in ("query", "key", "value")
-    )
+    q = self.project(x, "query", self.num_heads)
+    k, v = (self.project(x, n, kv) for n in ("key", "value"))
+    q, k = self.rotate(q, k)
+    if kv != self.num_heads:
+      k, v = (jnp.repeat(a, self.num_heads // kv, axis=2) for a in (k, v))
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
     k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
@@ -223,8 +285,17 @@ class CausalSelfAttention(AttentionKind):
     probs = jax.nn.softmax(scores, axis=-1)
     probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v)
+    dims = (self.d_model, self.num_heads, self.head_dim)
     wo = output_projection(self, "out", *dims).astype(self.dtype)
-    return jnp.einsum("bthk,hkd->btd", ctx, wo), None
+    y = jnp.einsum("bthk,hkd->btd", ctx, wo)
+    if self.out_bias:
+      b = self.param(
+          "out_bias",
+          nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+          (self.d_model,),
+      )
+      y = y + b.astype(self.dtype)
+    return y, None
 
 
 def sinusoid_table(length: int, dim: int) -> np.ndarray:

@@ -13,7 +13,7 @@ layers (MARGE). A block runs up to three residual sub-layers, in order:
    (product-key memory).
 
 Each sub-layer is ``x + Drop(f(LN(x)))`` (``norm_position='pre'``) or
-``LN(x + Drop(f(x)))`` (``'post'``), with its LayerNorm ``ln_attn``,
+``LN(x + Drop(f(x)))`` (``'post'``), with its norm (``norms``) ``ln_attn``,
 ``ln_cross`` or ``ln_ffn`` and one residual dropout (``Dropout_0``) for
 all three. Flax derives the parameter paths (``layer_0/ln_attn/scale``),
 the initial weights and the dropout streams from these names. Besides its
@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import extend
 from memjax.models import feed_forward as feed_forward_lib
+from memjax.models import norms
 from memjax.models import stack
 
 Array = jax.Array
@@ -79,17 +80,6 @@ def check_norm_position(norm_position: str) -> None:
         f"model.norm_position must be one of {NORM_POSITIONS}, got "
         f"{norm_position!r}"
     )
-
-
-def layer_norm(name: str, dtype: Any, epsilon: float = 1e-6) -> nn.LayerNorm:
-  """A LayerNorm over [..., D] whose scale and bias have the 'embed' axis."""
-  return nn.LayerNorm(
-      epsilon=epsilon,
-      dtype=dtype,
-      name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +148,8 @@ class ResidualBlock(nn.Module):
     feed_forward: the feed-forward sub-layer.
     cross: the cross-attention sub-layer, or None (no cross-attention).
     norm_position: 'pre' or 'post'.
-    norm_epsilon: the LayerNorms' epsilon.
+    norm_kind: 'layer' or 'rms' (``norms.NORMS``).
+    norm_epsilon: the norms' epsilon.
     dropout_rate: residual dropout.
     dtype: compute dtype of the LayerNorms.
   """
@@ -167,6 +158,7 @@ class ResidualBlock(nn.Module):
   feed_forward: Sublayer
   cross: Optional[Sublayer] = None
   norm_position: NormPosition = "pre"
+  norm_kind: str = "layer"
   norm_epsilon: float = 1e-6
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
@@ -220,7 +212,7 @@ class ResidualBlock(nn.Module):
 
     def residual(h, norm, f):
       """One sub-layer: (its output, f's state, f's input)."""
-      ln = layer_norm(norm, self.dtype, self.norm_epsilon)
+      ln = norms.make_norm(self.norm_kind, norm, self.dtype, self.norm_epsilon)
       y = ln(h) if self.norm_position == "pre" else h
       out, f_state = f(y)
       h = h + drop(out, deterministic=deterministic)
@@ -282,7 +274,8 @@ class BlockStack(nn.Module):
     dropout_rate: residual, embedding and feed-forward dropout.
     attention_dropout_rate: dropout on attention probabilities.
     norm_position: 'pre' or 'post' (see ``ResidualBlock``).
-    norm_epsilon: LayerNorm epsilon.
+    norm_kind: 'layer' (LayerNorm) or 'rms' (RMSNorm), every norm's.
+    norm_epsilon: the norms' epsilon.
     max_len: longest input (position table).
     activation: the feed-forward's nonlinearity
       (``feed_forward.ACTIVATIONS``), for the kinds that take one.
@@ -306,6 +299,7 @@ class BlockStack(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   norm_position: NormPosition = "pre"
+  norm_kind: str = "layer"
   norm_epsilon: float = 1e-6
   max_len: int = 4096
   activation: str = "relu"
@@ -378,9 +372,9 @@ class BlockStack(nn.Module):
         (rows, self.d_model),
     )
 
-  def norm(self, name: str) -> nn.LayerNorm:
-    """A LayerNorm named ``name`` with the model's epsilon and dtype."""
-    return layer_norm(name, self.dtype, self.norm_epsilon)
+  def norm(self, name: str) -> nn.Module:
+    """A norm named ``name`` of the model's kind, epsilon and dtype."""
+    return norms.make_norm(self.norm_kind, name, self.dtype, self.norm_epsilon)
 
   def attention_settings(self) -> dict[str, Any]:
     """The arguments every attention sub-layer takes."""
@@ -455,12 +449,13 @@ class BlockStack(nn.Module):
       attention: its self-attention.
       cross: its cross-attention, or None.
     """
-    shared = ("norm_position", "norm_epsilon", "dropout_rate", "dtype")
+    shared = ("norm_position", "norm_kind", "norm_epsilon", "dropout_rate")
     return self.block_class()(
         attention=attention,
         feed_forward=self.feed_forward_sublayer(layer),
         cross=cross,
         name=name,
+        dtype=self.dtype,
         **{k: getattr(self, k) for k in shared},
     )
 

@@ -4,8 +4,9 @@ A kind (``extend.FeedForward``, named by ``model.feed_forward``) is a Flax
 module built with ``d_model``, ``d_ff``, ``dropout_rate``, ``dtype`` and
 its own options (the keys of ``model.feed_forward_options``), named ``ffn``
 in each block, and called as ``ffn(g [B, T, D], deterministic=...) -> [B,
-T, D]``. The plain one ('ffn', ``PLAIN``) is here; the methods declare
-theirs (product-key memory).
+T, D]``. The plain one ('ffn', ``PLAIN``) and the gated one ('glu',
+``GLU``: SwiGLU with 'silu', Llama's and Qwen2's) are here; the methods
+declare theirs (product-key memory).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ Array = jax.Array
 # HuggingFace Transformers, which Kim & Jung built on, and XLM, whose
 # product-key memory they took. 'gelu_tanh' is the approximation
 # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) of Google's original
-# BERT code and of GPT-2.
+# BERT code and of GPT-2. 'silu' is x * sigmoid(x), the gate of SwiGLU
+# (Shazeer, 2020) in Llama-family models.
 ACTIVATIONS = {
     "relu": nn.relu,
     "gelu": lambda x: nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "silu": nn.silu,
 }
 
 
@@ -127,6 +130,51 @@ class FeedForward(nn.Module):
 # The plain kind ('ffn'), which the layers outside
 # ``model.feed_forward_layers`` use.
 PLAIN = extend.FeedForward(FeedForward, takes_activation=True)
+
+
+def _kernel(
+    name: str, features: int, axes: tuple[str, str], dtype: Any
+) -> nn.Dense:
+  """A bias-free projection to ``features`` with logical ``axes``."""
+  return nn.Dense(
+      features,
+      use_bias=False,
+      dtype=dtype,
+      name=name,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.xavier_uniform(), axes
+      ),
+  )
+
+
+class GatedFeedForward(nn.Module):
+  """A gated linear unit without biases ('glu'; Shazeer, 2020):
+  ``down(act(gate(x)) * up(x))``, SwiGLU with ``activation='silu'``.
+
+  Parameters: gate, up {kernel [D, F] ('embed', 'mlp')}, down {kernel
+  [F, D] ('mlp', 'embed')}: Hugging Face Llama's gate_proj, up_proj and
+  down_proj, transposed.
+  """
+
+  d_model: int
+  d_ff: int
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+  activation: str = "silu"
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    """[B, T, D] -> [B, T, D]."""
+    gate = _kernel("gate", self.d_ff, ("embed", "mlp"), self.dtype)
+    up = _kernel("up", self.d_ff, ("embed", "mlp"), self.dtype)
+    h = ACTIVATIONS[self.activation](gate(x)) * up(x)
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return _kernel("down", self.d_model, ("mlp", "embed"), self.dtype)(h)
+
+
+# The gated kind ('glu').
+GLU = extend.FeedForward(GatedFeedForward, takes_activation=True)
 
 
 class SharedParams(nn.Module):

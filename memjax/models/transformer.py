@@ -39,6 +39,7 @@ from memjax import settings as settings_lib
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
+from memjax.models import norms
 from memjax.models import recurrence
 from memjax.models import stack
 
@@ -84,6 +85,10 @@ class TransformerLM(blocks.BlockStack):
       is fairseq's ``no_decoder_final_norm``, as in transformer_lm_wiki103).
       Post-LN ('post': LayerNorm after each residual sum) has none.
     softmax_chunk: positions scored at a time by the adaptive softmax.
+    positions: what an attention kind with absolute positions adds to the
+      embeddings (``POSITIONS``): 'sinusoid', 'learned' (a [max_len, D]
+      table ``pos_embed``, GPT-2's wpe) or 'none' (rotary positions).
+    tie_embeddings: the softmax reuses the input embeddings.
   """
 
   cutoffs: Sequence[int] = ()
@@ -98,9 +103,20 @@ class TransformerLM(blocks.BlockStack):
   mem_len: int = 0
   final_layer_norm: bool = True
   softmax_chunk: int = 4096
+  positions: str = "sinusoid"
+  tie_embeddings: bool = True
 
   def setup(self):
     blocks.check_norm_position(self.norm_position)
+    if self.positions not in POSITIONS:
+      raise errors.ConfigError(
+          f"model.family_options.positions must be one of "
+          f"{', '.join(POSITIONS)}, got {self.positions!r}"
+      )
+    self.pos_embed = None
+    if self.positions == "learned":
+      init = nn.initializers.normal(stddev=0.02)
+      self.pos_embed = self.table("pos_embed", init, self.max_len, None)
     self.embedder = adaptive.AdaptiveEmbed(
         vocab_size=self.vocab_size,
         d_model=self.d_model,
@@ -110,6 +126,7 @@ class TransformerLM(blocks.BlockStack):
         chunk_size=self.softmax_chunk,
         tail_dropout=self.adaptive_dropout,
         dtype=self.dtype,
+        tied=self.tie_embeddings,
     )
     attend = blocks.make_sublayer(
         self.attention,
@@ -211,17 +228,20 @@ class TransformerLM(blocks.BlockStack):
   def embed(self, inputs: Array, deterministic: bool) -> Array:
     """[B, T] ids -> [B, T, D] the first block's input.
 
-    Token embeddings, plus sinusoid positions for an attention kind with
-    absolute positions, then dropout.
+    Token embeddings, plus sinusoid or learned positions (``positions``)
+    for an attention kind with absolute positions, then dropout.
     """
     x = self.embedder.embed(inputs)
-    if self.attention_kind().ABSOLUTE_POSITIONS:
+    if self.attention_kind().ABSOLUTE_POSITIONS and self.positions != "none":
       t = inputs.shape[-1]
       if t > self.max_len:
         raise errors.ConfigError(
             f"segment length {t} exceeds model.max_len {self.max_len}"
         )
-      table = attention_lib.sinusoid_table(t, self.d_model)
+      if self.pos_embed is not None:
+        table = self.pos_embed[:t]
+      else:
+        table = attention_lib.sinusoid_table(t, self.d_model)
       x = x + jnp.asarray(table, self.dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -256,6 +276,11 @@ class TransformerLM(blocks.BlockStack):
   def log_probs(self, hidden: Array) -> Array:
     """[..., D] final hidden states -> [..., V] float32 log-probabilities."""
     return self.embedder.log_probs(hidden)
+
+
+# ``model.family_options`` of 'decoder_lm' (``decoder_lm``).
+POSITIONS = ("sinusoid", "learned", "none")
+DECODER_OPTIONS = ("positions", "norm", "tie_embeddings")
 
 
 def options_of(options: Any) -> Optional[dict[str, Any]]:
@@ -359,9 +384,24 @@ def decoder_lm(
 ) -> TransformerLM:
   """The ``TransformerLM`` that a model's settings describe ('decoder_lm').
 
+  Its ``model.family_options`` (``DECODER_OPTIONS``): ``positions``
+  ('sinusoid', 'learned' or 'none'), ``norm`` ('layer' or 'rms') and
+  ``tie_embeddings`` (default True).
+
   Args:
     model: the model settings (``config.model``).
     vocab_size: V.
     parts: where its attention and feed-forward kinds are looked up.
+
+  Raises:
+    errors.ConfigError: an option the family does not take or a bad value.
   """
-  return TransformerLM(**lm_settings(model, vocab_size=vocab_size, parts=parts))
+  opts = family_options(model, "decoder_lm", DECODER_OPTIONS)
+  norm = str(opts.get("norm", "layer"))
+  norms.check_norm(norm)
+  return TransformerLM(
+      **lm_settings(model, vocab_size=vocab_size, parts=parts),
+      positions=str(opts.get("positions", "sinusoid")),
+      norm_kind=norm,
+      tie_embeddings=bool(opts.get("tie_embeddings", True)),
+  )

@@ -1,4 +1,5 @@
-"""memjax.io.optional: the core runs without TensorFlow, SeqIO and ScaNN.
+"""memjax.io.optional: the core runs without TensorFlow, SeqIO, ScaNN and
+the [pretrained] extra (safetensors, tokenizers).
 
 The subprocess test makes ``import tensorflow``, ``import seqio`` and
 ``import scann`` raise (``sys.modules[name] = None``, what Python does for a
@@ -24,7 +25,10 @@ from memjax import errors
 from memjax.io import optional
 from tests import conftest
 
-BLOCKED = ("tensorflow", "seqio", "scann", "tensorflow_text")
+BLOCKED = (
+    "tensorflow", "seqio", "scann", "tensorflow_text", "safetensors",
+    "tokenizers",
+)  # fmt: skip
 
 # Runs in a fresh interpreter: the packages are made unimportable first.
 _SCRIPT = textwrap.dedent("""

@@ -1,0 +1,94 @@
+"""Rotary positions (RoPE; Su et al., 2021) as Llama-family models apply them.
+
+The attention's queries and keys are rotated by their position: the head's
+d_h features are two halves, and feature i of the first half and feature i
+of the second are a pair turned by ``position * inv_freq[i]``, with
+``inv_freq[i] = theta ** (-2 i / d_h)`` (``rope_theta``, 10,000 in the
+paper, 500,000 in Llama 3). This is the "rotate half" layout of Hugging
+Face's Llama and Qwen2 (their checkpoints' q/k projections are stored for
+it), not the interleaved pairs of the paper.
+
+Llama 3's rope scaling stretches the long wavelengths for longer contexts:
+wavelengths past ``original_max_len / low_freq_factor`` are slowed by
+``factor``, those under ``original_max_len / high_freq_factor`` kept, and
+those between interpolated (Hugging Face's ``_compute_llama3_parameters``).
+The tables are computed in NumPy (float64, then float32): they depend on
+the settings and the segment length only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from memjax import errors
+
+Array = jax.Array
+
+
+def inverse_frequencies(
+    head_dim: int,
+    theta: float,
+    scaling_factor: float = 0.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_len: int = 8192,
+) -> np.ndarray:
+  """[d_h / 2] float64 rotation speeds, Llama-3-scaled if ``scaling_factor``.
+
+  Args:
+    head_dim: d_h (even).
+    theta: the base (``rope_theta``).
+    scaling_factor: Llama 3's ``factor``; 0 = no scaling.
+    low_freq_factor, high_freq_factor, original_max_len: Llama 3's
+      ``low_freq_factor``, ``high_freq_factor`` and
+      ``original_max_position_embeddings``.
+
+  Raises:
+    errors.ConfigError: an odd d_h, a theta <= 0, or scaling factors that
+      do not order the wavelengths.
+  """
+  if head_dim % 2 or theta <= 0:
+    raise errors.ConfigError(
+        f"rotary positions need an even model.head_dim and rope_theta > 0, "
+        f"got {head_dim} and {theta}"
+    )
+  inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  if not scaling_factor:
+    return inv
+  if not 0 < low_freq_factor < high_freq_factor or original_max_len <= 0:
+    raise errors.ConfigError(
+        "model.attention_options: Llama 3 rope scaling needs 0 < "
+        "rope_low_freq_factor < rope_high_freq_factor and "
+        f"rope_original_max_len > 0, got {low_freq_factor}, "
+        f"{high_freq_factor} and {original_max_len}"
+    )
+  low_wavelen = original_max_len / low_freq_factor
+  high_wavelen = original_max_len / high_freq_factor
+  wavelen = 2 * math.pi / inv
+  scaled = np.where(wavelen > low_wavelen, inv / scaling_factor, inv)
+  smooth = (original_max_len / wavelen - low_freq_factor) / (
+      high_freq_factor - low_freq_factor
+  )
+  smoothed = (1 - smooth) * scaled / scaling_factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return np.where(medium, smoothed, scaled)
+
+
+def tables(length: int, inv_freq: np.ndarray) -> tuple[np.ndarray, ...]:
+  """(cos, sin), each [length, d_h] float32, for positions 0..length-1."""
+  angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None]
+  angles = np.concatenate([angles, angles], axis=-1)
+  return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rotate(x: Array, cos: np.ndarray, sin: np.ndarray) -> Array:
+  """Rotates x [B, T, H, d_h] by the tables [T, d_h] (in x's dtype)."""
+  half = x.shape[-1] // 2
+  turned = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  c = jnp.asarray(cos, x.dtype)[None, :, None]
+  s = jnp.asarray(sin, x.dtype)[None, :, None]
+  return x * c + turned * s

@@ -1,0 +1,21 @@
+"""Pretrained causal LMs from local Hugging Face folders (``--mode=import``).
+
+An engine feature, not a method: it adds no attention kind, feed-forward
+or objective of its own. The families it reads (GPT-2, Llama, Qwen2) are
+options of the decoder LM's existing parts (``memjax.models``:
+``family_options.positions`` / ``norm`` / ``tie_embeddings``, the
+attention's rotary positions, grouped-query heads and biases, the 'glu'
+feed-forward), so what a method does to a memjax decoder LM it does to an
+imported one.
+
+* ``families``: a ``config.json`` -> the memjax model settings, and the
+  checkpoint's tensors -> memjax's parameter tree (per ``model_type``).
+* ``checkpoint``: the tensors of ``model.safetensors`` or a sharded index.
+* ``memjax.data.tokenizer_vocab`` (beside the other vocabularies):
+  ``tokenizer.json`` as a memjax vocabulary.
+* ``mode``: ``config.pretrained`` and ``--mode=import``, which writes an
+  export (``memjax.load``, ``--mode=eval``, ``train.init_from`` take it).
+
+The ``safetensors`` and ``tokenizers`` packages are the ``[pretrained]``
+extra, imported only here (``memjax.io.optional``).
+"""

@@ -1,0 +1,188 @@
+"""``--mode=import``: a local Hugging Face folder as a memjax export.
+
+    python -m memjax.main --config=configs/pretrained.py:import \\
+        --config.pretrained.path=DIR --workdir=W --mode=import
+
+reads DIR's ``config.json`` (the model's sizes and options:
+``families``), its safetensors checkpoint (``checkpoint``) and
+``tokenizer.json`` (``vocab``), and writes into W an export (export.json,
+config.json, vocab.json, tokenizer.json, params/), which ``memjax.load``,
+``--mode=eval`` and ``train.init_from`` take as they take any export. The
+config's model section is replaced by the one config.json describes, so
+a config names a family and a method, not sizes. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, ClassVar, Optional
+
+import flax
+import jax
+import numpy as np
+
+from memjax import errors
+from memjax.checkpoints import runfiles
+from memjax.io import console
+from memjax.io import paths
+from memjax.pretrained import checkpoint
+from memjax.pretrained import families
+from memjax.data import tokenizer_vocab as vocab_lib
+from memjax.run import spec
+from memjax.run import state as state_lib
+
+# What --mode=import writes into its workdir.
+OUTPUTS = ("export.json", "config.json", "vocab.json", "tokenizer.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """``config.pretrained``: the Hugging Face folder --mode=import reads.
+
+  Attributes:
+    path: the folder (config.json, model.safetensors or a sharded index,
+      tokenizer.json): a local path or a URL.
+  """
+
+  SECTION: ClassVar[str] = "pretrained"
+  path: str = ""
+
+
+def _read_text(folder: str, name: str) -> str:
+  """A file of the folder (DataError if absent)."""
+  path = paths.join(folder, name)
+  if not paths.isfile(path):
+    raise errors.DataError(
+        f"{folder} has no {name}: fetch the model's folder with its "
+        "config.json, safetensors files and tokenizer.json (docs/pretrained.md)"
+    )
+  return paths.read_text(path)
+
+
+def _read_json(folder: str, name: str) -> dict[str, Any]:
+  """A JSON file of the folder (DataError if absent or unreadable)."""
+  text = _read_text(folder, name)
+  try:
+    return json.loads(text)
+  except ValueError as e:
+    raise errors.DataError(f"{folder}/{name} is not JSON ({e})") from None
+
+
+def _special_id(value: Any) -> Optional[int]:
+  """config.json's bos/eos id: an int, a list (Llama 3 lists its end
+  tokens: the first is taken) or None."""
+  if isinstance(value, (list, tuple)):
+    value = value[0] if value else None
+  return None if value is None else int(value)
+
+
+def _folder(run: spec.Run) -> str:
+  """The folder config.pretrained.path names, checked; the workdir checked
+  empty (nothing is replaced)."""
+  path = run.settings.of(Pretrained).path
+  if not path:
+    raise errors.ConfigError(
+        "--mode=import needs --config.pretrained.path=DIR, a local folder "
+        "holding a Hugging Face model (docs/pretrained.md)"
+    )
+  folder = paths.resolve(path)
+  if not paths.isdir(folder):
+    raise errors.DataError(f"config.pretrained.path {folder} is no folder")
+  if paths.exists(run.workdir) and paths.listdir(run.workdir):
+    raise errors.WorkdirError(
+        f"{run.workdir} is not empty: import into a new or empty --workdir"
+    )
+  return folder
+
+
+def _imported_run(run: spec.Run, model: dict[str, Any]) -> spec.Run:
+  """The run with the model settings ``model`` (and evaluation windows and
+  segments that fit its positions), its config_json saying so."""
+  s = run.settings
+  max_len = model["max_len"]
+  window = min(s.eval.window_len, max_len)
+  changes = {
+      "model": model,
+      "eval": {
+          "window_len": window,
+          "score_len": min(s.eval.score_len, max(1, window // 2)),
+      },
+      "data": {"seq_len": min(s.data.seq_len, max_len)},
+  }
+  saved = json.loads(run.config_json)
+  sections = []
+  for section, values in changes.items():
+    saved.setdefault(section, {}).update(values)
+    sections.append(dataclasses.replace(getattr(s, section), **values))
+  return run.replace(
+      *sections, config_json=json.dumps(saved, indent=2, sort_keys=True)
+  )
+
+
+def _params(
+    run: spec.Run, vocab_size: int, tree: dict[str, Any]
+) -> tuple[Any, int]:
+  """The tree as the model's sharded parameters, and their count; a tree
+  that does not fit the model is a bug here (its traceback kept)."""
+  model = run.model(vocab_size)
+  abstract = state_lib.abstract_params(model, run.mesh)
+  want = flax.traverse_util.flatten_dict(abstract, sep="/")
+  got = flax.traverse_util.flatten_dict(tree, sep="/")
+  if set(want) != set(got):
+    raise ValueError(
+        f"imported parameters differ from the model's: missing "
+        f"{sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}"
+    )
+  out = {}
+  for key, leaf in want.items():
+    value = got[key]
+    if tuple(value.shape) != tuple(leaf.shape):
+      raise ValueError(f"{key}: {value.shape} for {leaf.shape}")
+    out[key] = jax.device_put(value.astype(leaf.dtype), leaf.sharding)
+  n = int(sum(np.prod(v.shape) for v in got.values()))
+  return flax.traverse_util.unflatten_dict(out, sep="/"), n
+
+
+def import_model(run: spec.Run) -> dict[str, Any]:
+  """Writes the folder's model into the workdir as an export.
+
+  Raises:
+    errors.UserError: no folder named, a file missing, an unsupported
+      model_type or option, a tensor missing or of another shape (one line
+      each, before anything is written).
+  """
+  folder = _folder(run)
+  hf = _read_json(folder, "config.json")
+  settings_fn, params_fn, prefix = families.family_of(hf)
+  model = settings_fn(hf)
+  vocab_size = int(families.get(hf, "vocab_size"))
+  vocab = vocab_lib.TokenizerVocabulary(
+      _read_text(folder, vocab_lib.FILE),
+      vocab_size,
+      _special_id(hf.get("bos_token_id")),
+      _special_id(hf.get("eos_token_id")),
+  )
+  tensors = checkpoint.read_tensors(folder)
+  used: set[str] = set()
+  take = families.taker(tensors, prefix, used)
+  tree = params_fn(dict(model, vocab_size=vocab_size), take)
+  unused = sorted(set(tensors) - used)
+  if unused:
+    console.info("import: %d tensors left unused: %s", len(unused), unused[:5])
+  new = _imported_run(run, model)
+  params, n = _params(new, vocab_size, tree)
+  meta = {
+      "signature": new.signature(vocab_size),
+      "step": 0,
+      "dtype": "float32",
+      "source": folder,
+      "imported": hf["model_type"],
+  }
+  out = paths.resolve(run.workdir)
+  runfiles.write_export(out, new.config_json, vocab, params, meta)
+  line = (
+      f"imported {hf['model_type']} from {folder} ({n:,} parameters, "
+      f"vocabulary {vocab_size:,}) into {out}"
+  )
+  return {"summary_lines": [line], "results_path": out, "export": out}

@@ -1,0 +1,56 @@
+"""memjax.pretrained.checkpoint: single and sharded safetensors, bfloat16."""
+
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import numpy as st
+
+from memjax import errors
+from memjax.pretrained import checkpoint
+from tests.conftest import REPO
+
+GPT2 = os.path.join(REPO, "tests", "fixtures", "pretrained", "gpt2")
+
+
+def test_a_sharded_checkpoint_reads_as_the_single_file(tmp_path):
+  whole = st.load_file(os.path.join(GPT2, "model.safetensors"))
+  names = sorted(whole)
+  shards = {"model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2]}  # fmt: skip
+  weight_map = {}
+  for shard, part in shards.items():
+    st.save_file({n: whole[n] for n in part}, str(tmp_path / shard))
+    weight_map.update({n: shard for n in part})
+  index = tmp_path / checkpoint.INDEX
+  index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+  got = checkpoint.read_tensors(str(tmp_path))
+  assert sorted(got) == names
+  for n in names:
+    np.testing.assert_array_equal(got[n], whole[n])
+  os.remove(tmp_path / "model-00002-of-00002.safetensors")
+  with pytest.raises(errors.DataError, match="names model-00002-of-00002"):
+    checkpoint.read_tensors(str(tmp_path))
+
+
+def test_bfloat16_tensors_are_read(tmp_path):
+  x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+  data = x.astype(ml_dtypes.bfloat16).tobytes()
+  # The format: an 8-byte little-endian header length, a JSON header, data.
+  header = json.dumps(
+      {"w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, len(data)]}}
+  ).encode()
+  header += b" " * (-len(header) % 8)
+  raw = len(header).to_bytes(8, "little") + header + data
+  (tmp_path / checkpoint.SINGLE).write_bytes(raw)
+  got = checkpoint.read_tensors(str(tmp_path))["w"]
+  assert got.dtype == ml_dtypes.bfloat16
+  np.testing.assert_array_equal(got.astype(np.float32), x)
+
+
+def test_a_damaged_file_is_one_error(tmp_path):
+  (tmp_path / checkpoint.SINGLE).write_bytes(b"not safetensors")
+  with pytest.raises(errors.DataError, match="not a readable safetensors"):
+    checkpoint.read_tensors(str(tmp_path))

@@ -1,0 +1,57 @@
+"""memjax.pretrained.families: config.json as memjax model settings."""
+
+import pytest
+
+from memjax import errors
+from memjax.pretrained import families
+
+
+def test_rope_options_read_both_config_formats():
+  scaling = {
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192,
+  }  # fmt: skip
+  want = {
+      "rope_theta": 500000.0, "rope_scaling_factor": 8.0,
+      "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+      "rope_original_max_len": 8192,
+  }  # fmt: skip
+  # Before transformers 5: rope_theta and rope_scaling ("type" or
+  # "rope_type"); from 5 on: rope_parameters.
+  old = {"rope_theta": 500000.0, "rope_scaling": dict(scaling, type="llama3")}
+  new = {"rope_parameters": dict(scaling, rope_type="llama3", rope_theta=5e5)}
+  assert families.rope_options(old) == want
+  assert families.rope_options(new) == want
+  assert families.rope_options({}) == {"rope_theta": 10000.0}
+  assert families.rope_options({"rope_scaling": None, "rope_theta": 1e6}) == {
+      "rope_theta": 1e6
+  }
+
+
+def test_llama_and_qwen2_biases():
+  hf = dict(
+      model_type="llama", hidden_size=32, num_attention_heads=4,
+      num_hidden_layers=2, intermediate_size=48, vocab_size=64,
+  )  # fmt: skip
+  llama = families.llama_settings(dict(hf, attention_bias=True))
+  assert llama["attention_options"]["qkv_bias"] is True
+  assert llama["attention_options"]["out_bias"] is True
+  assert llama["attention_options"]["num_kv_heads"] == 4
+  assert llama["head_dim"] == 8 and llama["family_options"]["norm"] == "rms"
+  qwen = families.llama_settings(dict(hf, model_type="qwen2"))
+  assert qwen["attention_options"]["qkv_bias"] is True
+  assert qwen["attention_options"]["out_bias"] is False
+
+
+def test_unsupported_settings_are_named():
+  with pytest.raises(errors.DataError, match="activation 'quick_gelu'"):
+    families.gpt2_settings(
+        dict(n_embd=8, n_head=2, n_layer=1, n_positions=8,
+             activation_function="quick_gelu")
+    )  # fmt: skip
+  with pytest.raises(errors.DataError, match="scale_attn_by_inverse_layer"):
+    families.gpt2_settings(dict(scale_attn_by_inverse_layer_idx=True))
+  with pytest.raises(errors.DataError, match="config.json has no n_embd"):
+    families.gpt2_settings({})
+  with pytest.raises(errors.DataError, match="model_type 'bert'"):
+    families.family_of({"model_type": "bert"})

@@ -1,0 +1,208 @@
+"""--mode=import against Hugging Face's own outputs.
+
+The fixtures (tests/fixtures/pretrained/, ``make fixtures``) are tiny
+random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
+(rope scaling) and Qwen2 (q/k/v biases) models saved by Hugging Face's
+PyTorch classes, with their tokenizer and their logits on fixed inputs.
+Each is imported (GPT-2 through ``python -m memjax.main``, the others
+through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
+and must give Hugging Face's log-probabilities in float32 and its greedy
+continuation; the tokenizer must encode as Hugging Face's did. Bad folders
+are one line each.
+"""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import memjax
+from memjax import errors
+from memjax.pretrained import mode as pretrained_mode
+from tests.conftest import REPO
+from tests.conftest import run_main
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
+NAMES = ("gpt2", "llama_gqa", "llama3_scaled", "qwen2")
+CONFIG = "configs/pretrained.py:import"
+
+
+def _config(path):
+  from configs import pretrained  # pylint: disable=g-import-not-at-top
+
+  c = pretrained.get_config("import")
+  c.pretrained.path = str(path)
+  return c
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+  """{fixture name: its import's workdir}."""
+  root = tmp_path_factory.mktemp("imported")
+  out = {}
+  for name in NAMES:
+    workdir = str(root / name)
+    if name == "gpt2":
+      proc = run_main(
+          f"--config={CONFIG}",
+          f"--config.pretrained.path={os.path.join(FIXTURES, name)}",
+          f"--workdir={workdir}",
+          "--mode=import",
+      )
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      assert "imported gpt2" in proc.stdout
+    else:
+      memjax.run_mode("import", _config(os.path.join(FIXTURES, name)), workdir)
+    out[name] = workdir
+  return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_imported_model_gives_hugging_faces_log_probabilities(imported, name):
+  expected = np.load(os.path.join(FIXTURES, name, "expected.npz"))
+  lm = memjax.load(imported[name])
+  r = lm.restored
+  params = {"params": r.params}
+  hidden, _, _ = r.model.apply(
+      params, expected["input_ids"], method=r.model.hidden_states
+  )
+  got = np.asarray(r.model.apply(params, hidden, method=r.model.log_probs))
+  want = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  # The text through the imported tokenizer, scored as memjax scores text.
+  text, ids = str(expected["text"]), expected["text_ids"][0]
+  np.testing.assert_array_equal(lm.encode(text), ids)
+  scored = lm.score(text)["logprobs"][0]
+  text_lp = jax.nn.log_softmax(
+      expected["text_logits"][0].astype(np.float64), axis=-1
+  )
+  want = text_lp[np.arange(len(ids) - 1), ids[1:]]
+  np.testing.assert_allclose(scored, want, atol=1e-5, rtol=0)
+  # Greedy continuation token for token: a nucleus of (almost) no mass
+  # keeps the top token only.
+  prompt, greedy = expected["greedy"][0][:5], expected["greedy"][0][5:]
+  got = lm.generate(prompt, len(greedy), top_p=1e-6)
+  np.testing.assert_array_equal(got, greedy)
+
+
+def test_an_imported_model_exports_and_scores_the_same(imported, tmp_path):
+  lm = memjax.load(imported["qwen2"])
+  out = memjax.export(imported["qwen2"], str(tmp_path / "export"))
+  again = memjax.load(out)
+  text = "the dog sat on the mat ."
+  np.testing.assert_array_equal(
+      again.score(text)["logprobs"][0], lm.score(text)["logprobs"][0]
+  )
+
+
+def test_the_export_holds_the_tokenizer_and_the_families_options(imported):
+  with open(os.path.join(imported["qwen2"], "config.json")) as f:
+    model = json.load(f)["model"]
+  assert model["feed_forward"] == "glu" and model["num_heads"] == 4
+  assert model["attention_options"]["num_kv_heads"] == 2
+  assert model["attention_options"]["qkv_bias"] is True
+  assert model["attention_options"]["rope_theta"] == 1e6
+  assert model["family_options"]["norm"] == "rms"
+  with open(os.path.join(imported["llama3_scaled"], "config.json")) as f:
+    options = json.load(f)["model"]["attention_options"]
+  assert options["rope_scaling_factor"] == 8.0
+  assert options["rope_original_max_len"] == 256
+  with open(os.path.join(imported["gpt2"], "vocab.json")) as f:
+    assert json.load(f)["kind"] == "tokenizer"
+
+
+def _copy(tmp_path, name="gpt2"):
+  folder = tmp_path / "hf"
+  shutil.copytree(os.path.join(FIXTURES, name), folder)
+  return folder
+
+
+def _edit_config(folder, **changes):
+  with open(folder / "config.json") as f:
+    hf = json.load(f)
+  hf.update(changes)
+  with open(folder / "config.json", "w") as f:
+    json.dump(hf, f)
+
+
+def test_a_folder_without_config_json_is_one_line(tmp_path):
+  folder = _copy(tmp_path)
+  os.remove(folder / "config.json")
+  workdir = tmp_path / "w"
+  proc = run_main(
+      f"--config={CONFIG}",
+      f"--config.pretrained.path={folder}",
+      f"--workdir={workdir}",
+      "--mode=import",
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("memjax: error: "), lines
+  assert "has no config.json" in lines[0]
+  assert not workdir.exists() or not os.listdir(workdir)
+
+
+def _drop_tensor(folder, name):
+  from safetensors import numpy as st  # pylint: disable=g-import-not-at-top
+
+  tensors = st.load_file(str(folder / "model.safetensors"))
+  del tensors[name]
+  st.save_file(tensors, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("model_type", "model_type 'bert' is not supported"),
+        ("missing tensor", "no tensor transformer.h.1.ln_2.bias"),
+        ("shape", "wte.weight has shape (64, 32) but config.json makes it"),
+        ("rope type", "rope type 'yarn' is not supported"),
+        ("no path", "needs --config.pretrained.path=DIR"),
+        ("no safetensors", "has no model.safetensors"),
+        ("no tokenizer", "has no tokenizer.json"),
+        ("workdir not empty", "is not empty"),
+    ],
+)
+def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
+  folder = _copy(tmp_path, "llama_gqa" if case == "rope type" else "gpt2")
+  workdir = tmp_path / "w"
+  if case == "model_type":
+    _edit_config(folder, model_type="bert")
+  elif case == "missing tensor":
+    _drop_tensor(folder, "transformer.h.1.ln_2.bias")
+  elif case == "shape":
+    _edit_config(folder, vocab_size=80)
+  elif case == "rope type":
+    _edit_config(folder, rope_parameters={"rope_type": "yarn", "factor": 2.0})
+  elif case == "no safetensors":
+    os.remove(folder / "model.safetensors")
+  elif case == "no tokenizer":
+    os.remove(folder / "tokenizer.json")
+  elif case == "workdir not empty":
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine")
+  config = _config("" if case == "no path" else folder)
+  with pytest.raises(errors.UserError, match=message.replace("(", r"\(")
+                     .replace(")", r"\)")):  # fmt: skip
+    memjax.run_mode("import", config, str(workdir))
+  left = sorted(os.listdir(workdir)) if workdir.exists() else []
+  assert left == (["notes.txt"] if case == "workdir not empty" else [])
+
+
+def test_corpus_evaluation_of_an_imported_model_is_refused(imported):
+  # No corpus is tokenised through an imported tokenizer yet: refused
+  # rather than scored in the corpus's own (other) vocabulary.
+  with pytest.raises(errors.ConfigError, match="holds an imported model"):
+    memjax.run_mode("eval", None, imported["llama_gqa"])
+
+
+def test_special_ids_of_config_json():  # pylint: disable=protected-access
+  # Llama 3 lists its end tokens; the first is the vocabulary's eos.
+  assert pretrained_mode._special_id([128001, 128009]) == 128001
+  assert (
+      pretrained_mode._special_id(2) == 2
+      and pretrained_mode._special_id(None) is None
+  )
