@@ -53,6 +53,7 @@ LONGEST_FIRST = (
     "tests/models/test_stack.py",
     "tests/test_multihost.py",
     "tests/test_bad_inputs.py",
+    "tests/pretrained/test_import.py",
     "tests/methods/marge/test_planted.py",
     "tests/methods/trime/test_modes.py",
     "tests/methods/recurrent/test_modes.py",
