@@ -7,12 +7,15 @@ corpus is read and nothing is allocated. The step is the one training runs
 (``run.step.make_train_step``) on a mesh of the planned devices: fake CPU
 devices, or the devices of a libtpu topology.
 
-FLOPs: XLA's cost analysis counts a loop body once. The step's scans (over
-micro-batches, lane segments, adaptive-softmax chunks and memory blocks)
-are therefore traced fully unrolled (``memjax.models.unroll``) and the FLOPs read
-from that lowering (the whole program, before it is split over the
-devices); memory comes from the compiled, looping program that training
-runs.
+FLOPs: XLA's cost analysis counts a loop body once, and the step loops
+(``lax.scan``) over micro-batches, lane segments, scanned layers,
+adaptive-softmax chunks and memory blocks. The FLOPs are therefore counted
+from the program's HLO text by ``memjax.modes.hlo_flops``, with XLA's rules
+and each loop body times its trip count: the whole program from its
+lowering (before it is split over the devices), one device's share from
+the compiled, partitioned program. Both are the looping program training
+runs, which is also the one whose memory is reported; nothing is unrolled,
+so the TPU compiler compiles the program once, as it would for training.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
 from memjax.checkpoints import checkpointing
 from memjax.data import sources
-from memjax.models import unroll
+from memjax.modes import hlo_flops
 from memjax.modes import platforms
 from memjax.run import spec
 from memjax.run import state as state_lib
@@ -122,9 +125,7 @@ class Step:
   Attributes:
     run: the run it was built from.
     mesh: the mesh.
-    make_fn: builds the jitted train step (``sharding.MeshFunction``); a
-      fresh one for each lowering, since JAX caches traces by argument and
-      ``memjax.models.unroll``'s switch is not one.
+    make_fn: builds the jitted train step (``sharding.MeshFunction``).
     args: its abstract (state, batch, rng).
     num_params: parameters.
     state_bytes: per-device bytes of 'params' and 'opt_state'.
@@ -138,6 +139,21 @@ class Step:
   num_params: int
   state_bytes: dict[str, int]
   tokens: int
+  _lowered: Any = None
+  _compiled: Any = None
+
+  def lowered(self) -> Any:
+    """The step lowered for its mesh (once)."""
+    if self._lowered is None:
+      self._lowered = self.make_fn().lower(*self.args)
+    return self._lowered
+
+  def compiled(self) -> Any:
+    """The step compiled for its mesh (once): the looping program training
+    runs, whose FLOPs and memory the plan reports."""
+    if self._compiled is None:
+      self._compiled = self.lowered().compile()
+    return self._compiled
 
 
 def _per_device_bytes(tree: Any) -> int:
@@ -186,37 +202,18 @@ def build_step(run: spec.Run, devices: list[Any]) -> Step:
   )  # fmt: skip
 
 
-def _micro_step(step: Step) -> Step:
-  """The step of one micro-batch (``train.grad_accum`` 1)."""
-  s = step.run.settings
-  accum = int(s.train.grad_accum)
-  micro = step.run.replace(
-      dataclasses.replace(s.data, batch_size=s.data.batch_size // accum),
-      dataclasses.replace(s.train, grad_accum=1),
-  )
-  return build_step(micro, list(step.mesh.devices.flat))
+def program_flops(lowered: Any) -> hlo_flops.Counter:
+  """The FLOPs of the whole program (all devices together): a counter of
+  its lowering's HLO, before it is split over the devices (each loop body
+  times its trip count; ``.total()``)."""
+  return hlo_flops.Counter(lowered.as_text(dialect="hlo"))
 
 
-def program_flops(make_fn: Any, args: tuple[Any, ...]) -> float:
-  """XLA's FLOPs of the whole program (all devices together): its lowering
-  traced with every scan unrolled, before it is split over the devices.
-
-  Args:
-    make_fn: returns a fresh jitted function (JAX caches traces by argument,
-      and ``memjax.models.unroll``'s switch is not one).
-    args: its (abstract) arguments, with their shardings.
-  """
-  with unroll.unrolled():
-    return float(make_fn().lower(*args).cost_analysis()["flops"])
-
-
-def device_flops(make_fn: Any, args: tuple[Any, ...]) -> float:
-  """XLA's FLOPs of one device's share: the unrolled program compiled
-  (partitioned) for its mesh, work repeated on every device counted on
-  each."""
-  with unroll.unrolled():
-    lowered = make_fn().lower(*args)
-  return float(lowered.compile().cost_analysis()["flops"])
+def device_flops(compiled: Any) -> hlo_flops.Counter:
+  """The FLOPs of one device's share: a counter of the compiled,
+  partitioned program's HLO (work repeated on every device counted on
+  each)."""
+  return hlo_flops.Counter(compiled.as_text())
 
 
 def repeated(flops_per_device: float, devices: int, flops: float) -> float:
@@ -227,39 +224,32 @@ def repeated(flops_per_device: float, devices: int, flops: float) -> float:
 
 
 def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
-  """FLOPs of one step.
+  """FLOPs of one step, every loop iteration counted (``hlo_flops``).
 
   Returns:
-    'flops': all devices together (``program_flops``: every loop
-    iteration counted); 'flops_per_device': ``train.grad_accum`` times
-    ``device_flops`` of one micro-batch's step (the optimiser update, a few
-    FLOPs per parameter, is counted once per micro-batch; one micro-batch
-    keeps the compilation small); 'repeated': ``repeated`` of the two;
-    'flops_loops_once': XLA's count of the looping lowering (every loop
-    body once), for comparison; 'seconds': the time all this took.
-    ``per_device`` False leaves out the compilation, 'flops_per_device' and
-    'repeated'. The TPU compiler analyses compiled programs only: there
-    'flops' is the per-device count times the devices, and
-    'flops_loops_once' and 'repeated' are left out.
+    'flops': all devices together (``program_flops``); 'flops_loops_once':
+    the same count with every loop body once, as XLA's cost analysis
+    counts (for comparison); 'flops_per_device': one device's share of the
+    compiled step (``device_flops``); 'repeated': ``repeated`` of the two;
+    'uncounted_loops': loops whose trip count could not be read (counted
+    once; 0 normally); 'seconds': the time all this took. ``per_device``
+    False leaves out the compilation, 'flops_per_device' and 'repeated'.
   """
   start = time.time()
-  with unroll.unrolled():
-    whole = step.make_fn().lower(*step.args).cost_analysis()
-  out = {}
-  if whole is not None:
-    out["flops"] = float(whole["flops"])
-    looping = step.make_fn().lower(*step.args).cost_analysis()
-    out["flops_loops_once"] = float(looping["flops"])
-  if per_device or whole is None:
-    micro = _micro_step(step)
-    accum = int(step.run.settings.train.grad_accum)
-    out["flops_per_device"] = accum * device_flops(micro.make_fn, micro.args)
-  if whole is None:
-    out["flops"] = out["flops_per_device"] * step.mesh.size
-  elif per_device:
+  whole = program_flops(step.lowered())
+  out = {
+      "flops": whole.total(),
+      "flops_loops_once": whole.total(trips=False),
+  }
+  uncounted = list(whole.uncounted_loops)
+  if per_device:
+    device = device_flops(step.compiled())
+    out["flops_per_device"] = device.total()
     out["repeated"] = repeated(
         out["flops_per_device"], step.mesh.size, out["flops"]
     )
+    uncounted += device.uncounted_loops
+  out["uncounted_loops"] = len(uncounted)
   out["seconds"] = time.time() - start
   return out
 
@@ -289,8 +279,7 @@ def step_memory(step: Step) -> dict[str, float]:
     the compilation took.
   """
   start = time.time()
-  compiled = step.make_fn().lower(*step.args).compile()
-  ma = compiled.memory_analysis()
+  ma = step.compiled().memory_analysis()
   out = dict(step.state_bytes)
   out.update(
       arguments=int(ma.argument_size_in_bytes),

@@ -1,0 +1,93 @@
+"""``hlo_flops``: XLA's own count where a program has no loop to repeat,
+and every iteration counted where it has: the looping program against the
+same program unrolled (``memjax.models.unroll``, the switch the plan used
+before it counted trip counts)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from configs import trime_wt103
+from memjax import build
+from memjax.models import unroll
+from memjax.modes import hlo_flops
+from memjax.modes import plan_compile
+
+
+def _nested(unrolled: bool):
+  """The gradient of two nested scans (3 inner steps in 5 outer ones)."""
+
+  def f(w, x):
+    def body(c, xi):
+      def inner(c2, _):
+        return jnp.tanh(c2 @ w) * 2.0, None
+
+      c2, _ = jax.lax.scan(
+          inner, xi + c, None, length=3, unroll=3 if unrolled else 1
+      )
+      y = jax.nn.relu(c2) + c
+      return y, jnp.max(y)
+
+    c, ys = jax.lax.scan(
+        body, jnp.zeros((4, 16)), x, unroll=5 if unrolled else 1
+    )
+    return c.sum() + ys.sum()
+
+  return jax.jit(jax.grad(f)).lower(jnp.ones((16, 16)), jnp.ones((5, 4, 16)))
+
+
+def test_loops_once_is_xlas_count_and_trips_are_the_unrolled_count():
+  looping, unrolled = _nested(False), _nested(True)
+  counter = hlo_flops.Counter(looping.as_text(dialect="hlo"))
+  # XLA's rules, each loop body once: XLA's own count, exactly, for the
+  # lowering and for the compiled (fused, rewritten) program.
+  assert counter.total(trips=False) == looping.cost_analysis()["flops"]
+  compiled = looping.compile()
+  assert hlo_flops.module_flops(compiled.as_text(), trips=False) == (
+      compiled.cost_analysis()["flops"]
+  )
+  # The unrolled program has no loop left: XLA's count again, exactly.
+  assert hlo_flops.module_flops(unrolled.as_text(dialect="hlo")) == (
+      unrolled.cost_analysis()["flops"]
+  )
+  # Trip counts: 5 outer steps, 3 inner ones each. The looping program
+  # adds only its loop counters to the unrolled one's work.
+  assert sorted(hlo_flops.known_trip_counts(compiled.as_text())) == [3, 3, 5, 5]
+  assert counter.total() == pytest.approx(
+      unrolled.cost_analysis()["flops"], rel=0.005
+  )
+  assert counter.total() > 10 * counter.total(trips=False)
+  assert not counter.uncounted_loops
+
+
+def test_hand_counted_dot_loop():
+  # 7 steps of a [2, 8] x [8, 4] product and an add of the [2, 4] result:
+  # 7 * (2 * 2 * 4 * 8 + 2 * 4) FLOPs, plus the loop counter's 7 adds and
+  # 7 compares.
+  def f(w, x):
+    return jax.lax.scan(lambda c, xi: (c + xi @ w, None), jnp.zeros((2, 4)), x)[
+        0
+    ]
+
+  lowered = jax.jit(f).lower(jnp.ones((8, 4)), jnp.ones((7, 2, 8)))
+  counter = hlo_flops.Counter(lowered.as_text(dialect="hlo"))
+  assert counter.total() == 7 * (2 * 2 * 4 * 8 + 2 * 4) + 7 * 2
+
+
+def test_smoke_step_counted_as_unrolled(tmp_path):
+  # The smoke config's train step: 2 micro-batches, the adaptive softmax in
+  # chunks, TRIME's memory blocks. Counted from the looping program, it
+  # is XLA's count of the same step with every scan unrolled.
+  c = trime_wt103.get_config("smoke")
+  c.plan.devices = 8
+  c.data.batch_size, c.train.grad_accum = 16, 2
+  step = plan_compile.build_step(build.build(c, str(tmp_path)), jax.devices())
+  flops = plan_compile.step_flops(step)
+  with unroll.unrolled():
+    lowered = step.make_fn().lower(*step.args)
+  assert flops["flops"] == pytest.approx(
+      lowered.cost_analysis()["flops"], rel=0.01
+  )
+  unrolled_device = lowered.compile().cost_analysis()["flops"]
+  assert flops["flops_per_device"] == pytest.approx(unrolled_device, rel=0.05)
+  assert flops["uncounted_loops"] == 0
