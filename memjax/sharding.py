@@ -156,6 +156,38 @@ def logical_sharding(mesh: Mesh, logical_spec: Any, rules=LOGICAL_RULES) -> Any:
   return nn.logical_to_mesh_sharding(logical_spec, mesh, rules)
 
 
+def divisible(shardings: Any, shapes: Any) -> Any:
+  """``shardings`` with every dimension that its mesh axes do not divide
+  left whole on them.
+
+  A parameter too small for the mesh (an adaptive softmax's tail projection
+  of width 2 on 8 ``fsdp`` devices) is then held whole by every device
+  instead of refusing the mesh: its bytes are negligible, and a divisible
+  dimension keeps its split.
+
+  Args:
+    shardings: a tree of ``NamedSharding``s.
+    shapes: the same tree (or one with it as a prefix) of arrays or
+      ``jax.ShapeDtypeStruct``s.
+  """
+
+  def fit(sharding: Any, x: Any) -> Any:
+    if not isinstance(sharding, NamedSharding) or not hasattr(x, "shape"):
+      return sharding
+    spec = list(sharding.spec) + [None] * (len(x.shape) - len(sharding.spec))
+    for i, axes in enumerate(spec[: len(x.shape)]):
+      names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      size = int(np.prod([sharding.mesh.shape[a] for a in names]))
+      if x.shape[i] % size:
+        spec[i] = None
+    return NamedSharding(sharding.mesh, P(*spec[: len(x.shape)]))
+
+  return jax.tree.map(
+      fit, shardings, shapes,
+      is_leaf=lambda x: isinstance(x, NamedSharding) or x is None,
+  )  # fmt: skip
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
   """Sharding of an array whose leading axis is the batch."""
   return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))

@@ -141,3 +141,19 @@ def test_mesh_errors_name_the_problem():
     sharding_lib.check_batch(mesh, 6, rows_per_unit=2)
   with pytest.raises(sharding_lib.MeshError, match="unknown mesh axes"):
     sharding_lib.make_mesh({"model": 8})
+
+
+def test_divisible_leaves_small_dimensions_whole():
+  # Split 8 ways where a dimension divides by 8; whole where it does not.
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+
+  mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 8}, jax.devices())
+  shard = NamedSharding(mesh, P("tensor", "fsdp"))
+  shapes = {
+      "big": jax.ShapeDtypeStruct((3, 16), np.float32),
+      "small": jax.ShapeDtypeStruct((263737, 2), np.float32),
+  }
+  out = sharding_lib.divisible({"big": shard, "small": shard}, shapes)
+  assert out["big"].spec == P("tensor", "fsdp")
+  assert out["small"].spec == P("tensor", None)
+  assert out["small"].shard_shape((263737, 2)) == (263737, 2)

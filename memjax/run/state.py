@@ -119,7 +119,9 @@ def abstract_state(
   with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
     abstract = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
     logical = nn.get_partition_spec(abstract)
-    shardings = sharding_lib.logical_sharding(mesh, logical)
+    shardings = sharding_lib.divisible(
+        sharding_lib.logical_sharding(mesh, logical), nn.meta.unbox(abstract)
+    )
   if abstract.memory is not None:
     mem_shard = jax.tree.map(
         lambda x: sharding_lib.batch_sharding(mesh, x.ndim),
@@ -179,8 +181,9 @@ def abstract_variables(
     params, state = jax.eval_shape(
         lambda k: _init_variables(model, collections, seq_len, k), key
     )
-    shardings = sharding_lib.logical_sharding(
-        mesh, nn.get_partition_spec(params)
+    shardings = sharding_lib.divisible(
+        sharding_lib.logical_sharding(mesh, nn.get_partition_spec(params)),
+        nn.meta.unbox(params),
     )
   params = checkpointing.abstract_with_sharding(
       nn.meta.unbox(params), shardings
