@@ -232,7 +232,8 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
     counts (for comparison); 'flops_per_device': one device's share of the
     compiled step (``device_flops``); 'repeated': ``repeated`` of the two;
     'uncounted_loops': loops whose trip count could not be read (counted
-    once; 0 normally); 'seconds': the time all this took. ``per_device``
+    once; 0 normally); 'compile_seconds': the compilation's share of
+    'seconds', the time all this took. ``per_device``
     False leaves out the compilation, 'flops_per_device' and 'repeated'.
   """
   start = time.time()
@@ -243,7 +244,10 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
   }
   uncounted = list(whole.uncounted_loops)
   if per_device:
-    device = device_flops(step.compiled())
+    began = time.time()
+    compiled = step.compiled()
+    out["compile_seconds"] = time.time() - began
+    device = device_flops(compiled)
     out["flops_per_device"] = device.total()
     out["repeated"] = repeated(
         out["flops_per_device"], step.mesh.size, out["flops"]
