@@ -2,11 +2,12 @@
 
 XLA's cost analysis counts the body of a loop once, whatever its trip
 count, and the train step loops (``lax.scan``) over micro-batches, segments,
-softmax chunks and memory blocks. ``--mode=plan`` traces the step inside
-``unrolled()`` so that each of these scans passes ``unroll=length`` and the
-lowered program holds every iteration: its FLOP count is then the step's.
-Training never sets the switch (unrolled loops compile slowly and hold
-more temporaries).
+scanned layers, softmax chunks and memory blocks. Inside ``unrolled()``
+each of these scans passes ``unroll=length``, so the lowered program holds
+every iteration and XLA's own count is the step's. ``--mode=plan`` counts
+the looping program's trip counts instead (``memjax.modes.hlo_flops``:
+unrolled programs compile slowly and hold more temporaries); this switch
+builds the reference that count is tested against. Training never sets it.
 """
 
 from __future__ import annotations
