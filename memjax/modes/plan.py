@@ -50,6 +50,11 @@ import dataclasses
 import time
 from typing import Any
 
+import jax
+import numpy as np
+
+from memjax import catalog
+from memjax import extend
 from memjax import settings as settings_lib
 from memjax.io import console
 from memjax.io import paths
@@ -59,36 +64,85 @@ from memjax.modes import platforms
 from memjax.run import spec
 
 
+def softmax_positions(s: settings_lib.Settings, shape: extend.FlopsShape):
+  """(positions per row the adaptive softmax scores, whether in chunks).
+
+  ``models.adaptive.AdaptiveEmbedding.score``: ``model.softmax_chunk``
+  tokens at a time over the rows, the positions padded to a whole number
+  of chunks, each chunk rematerialised in the backward pass.
+  """
+  n, rows = shape.seq_len, max(shape.rows, 1)
+  if not s.model.cutoffs:
+    return n, False
+  chunk = min(n, max(1, int(s.model.softmax_chunk) // rows))
+  if n <= chunk:
+    return n, False
+  return -(-n // chunk) * chunk, True
+
+
 def formula_flops(
-    s: settings_lib.Settings,
-    num_params: int,
-    softmax_params: int,
-    seq_len: int,
-) -> dict[str, float]:
+    s: settings_lib.Settings, shape: extend.FlopsShape
+) -> dict[str, Any]:
   """FLOPs per token by formula (see the module doc).
 
   Args:
     s: the planned run's settings.
-    num_params: N.
-    softmax_params: N_softmax, the adaptive embedding's parameters.
-    seq_len: positions per row of the batch.
+    shape: the batch's and the parameters' sizes.
 
   Returns:
-    'model': 6 N + 12 n_layer T d_attn; 'with_recompute': plus the
-    rematerialised forward passes.
+    'model': 6 N + 12 n_layer T d_attn, the adaptive input's projections
+    (6 N_proj: the formula counts them once, at the output) and the
+    methods' terms; 'with_recompute': plus the padding of the adaptive
+    softmax's chunks and the rematerialised forward passes; 'terms': the
+    methods' terms (``extend.Method.flops``) by name; 'before': 6 N + 12
+    n_layer T d_attn with the recomputation (2 N_softmax when chunked,
+    2 N_layers + 4 n_layer T d_attn with ``model.remat``), as counted
+    before the terms.
   """
   m = s.model
+  n_all, n_soft = shape.num_params, shape.softmax_params
   layers = int(m.num_layers) + int(m.family_options.get("encoder_layers", 0))
-  span = seq_len + int(m.mem_len)
+  span = shape.seq_len + int(m.mem_len)
   attn = 12.0 * layers * span * int(m.num_heads) * int(m.head_dim)
-  model = 6.0 * num_params + attn
-  extra = 0.0
-  tokens = seq_len * int(s.data.batch_size) // int(s.train.grad_accum)
-  if m.cutoffs and tokens > int(m.softmax_chunk):
-    extra += 2.0 * softmax_params
+  terms: dict[str, float] = {}
+  for flops in catalog.parts().flops:
+    terms.update({k: float(v) for k, v in flops(s, shape).items()})
+  added = sum(terms.values())
+  model = 6.0 * n_all + attn + 6.0 * shape.projection_params + added
+  scored, chunked = softmax_positions(s, shape)
+  pad = scored / shape.seq_len
+  recompute = 6.0 * n_soft * (pad - 1.0) + (2.0 * n_soft * pad if chunked else 0)
+  before = 6.0 * n_all + attn + (2.0 * n_soft if chunked else 0.0)
   if m.remat:
-    extra += 2.0 * (num_params - softmax_params) + attn / 3.0
-  return {"model": model, "with_recompute": model + extra}
+    layer_recompute = 2.0 * (n_all - n_soft) + attn / 3.0
+    before += layer_recompute
+    recompute += layer_recompute + added / 3.0
+  return {
+      "model": model,
+      "with_recompute": model + recompute,
+      "terms": terms,
+      "before": before,
+  }
+
+
+def step_formula(step: plan_compile.Step) -> dict[str, Any]:
+  """``formula_flops`` of a step built by ``plan_compile.build_step``."""
+  inputs = step.args[1]["inputs"].shape
+  accum = int(step.run.settings.train.grad_accum)
+  embedder = step.args[0].params.get("embedder", {})
+  projections = sum(
+      int(np.prod(x.shape))
+      for k, v in embedder.items()
+      if k.startswith("proj_")
+      for x in jax.tree.leaves(v)
+  )
+  shape = extend.FlopsShape(
+      seq_len=int(inputs[1]), rows=int(inputs[0]) // accum,
+      num_params=step.num_params,
+      softmax_params=plan_compile.module_params(step, "embedder"),
+      projection_params=projections,
+  )  # fmt: skip
+  return formula_flops(step.run.settings, shape)
 
 
 def _fit(run: spec.Run, devices, step, memory, usable: float) -> dict[str, Any]:
@@ -149,9 +203,7 @@ def plan(run: spec.Run) -> dict[str, Any]:
                platforms.describe(s))  # fmt: skip
   step = plan_compile.build_step(run, devices)
   flops = plan_compile.step_flops(step)
-  softmax = plan_compile.module_params(step, "embedder")
-  seq_len = int(step.args[1]["inputs"].shape[1])
-  formula = formula_flops(s, step.num_params, softmax, seq_len)
+  formula = step_formula(step)
   fraction = (
       float(s.of(platforms.Plan).memory_fraction) or platform.memory_fraction
   )
