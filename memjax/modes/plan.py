@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from memjax import catalog
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.io import console
@@ -81,13 +80,17 @@ def softmax_positions(s: settings_lib.Settings, shape: extend.FlopsShape):
 
 
 def formula_flops(
-    s: settings_lib.Settings, shape: extend.FlopsShape
+    s: settings_lib.Settings,
+    shape: extend.FlopsShape,
+    terms_of: Sequence[Callable[..., Mapping[str, float]]] = (),
 ) -> dict[str, Any]:
   """FLOPs per token by formula (see the module doc).
 
   Args:
     s: the planned run's settings.
     shape: the batch's and the parameters' sizes.
+    terms_of: the methods' terms (``extend.Parts.flops``), each called
+      with ``s`` and ``shape``.
 
   Returns:
     'model': 6 N + 12 n_layer T d_attn, the adaptive input's projections
@@ -105,13 +108,15 @@ def formula_flops(
   span = shape.seq_len + int(m.mem_len)
   attn = 12.0 * layers * span * int(m.num_heads) * int(m.head_dim)
   terms: dict[str, float] = {}
-  for flops in catalog.parts().flops:
+  for flops in terms_of:
     terms.update({k: float(v) for k, v in flops(s, shape).items()})
   added = sum(terms.values())
   model = 6.0 * n_all + attn + 6.0 * shape.projection_params + added
   scored, chunked = softmax_positions(s, shape)
   pad = scored / shape.seq_len
-  recompute = 6.0 * n_soft * (pad - 1.0) + (2.0 * n_soft * pad if chunked else 0)
+  recompute = 6.0 * n_soft * (pad - 1.0) + (
+      2.0 * n_soft * pad if chunked else 0
+  )
   before = 6.0 * n_all + attn + (2.0 * n_soft if chunked else 0.0)
   if m.remat:
     layer_recompute = 2.0 * (n_all - n_soft) + attn / 3.0
@@ -142,7 +147,7 @@ def step_formula(step: plan_compile.Step) -> dict[str, Any]:
       softmax_params=plan_compile.module_params(step, "embedder"),
       projection_params=projections,
   )  # fmt: skip
-  return formula_flops(step.run.settings, shape)
+  return formula_flops(step.run.settings, shape, step.run.parts.flops)
 
 
 def _fit(run: spec.Run, devices, step, memory, usable: float) -> dict[str, Any]:

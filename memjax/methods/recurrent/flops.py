@@ -43,8 +43,13 @@ _BIASES = {"xl": 2, "rpe": 3, "lamemo": 3}
 
 
 def _scores(
-    queries: int, keys: int, cols: int, d_model: int, d_attn: int,
-    tokens: int, step_tokens: int,
+    queries: int,
+    keys: int,
+    cols: int,
+    d_model: int,
+    d_attn: int,
+    tokens: int,
+    step_tokens: int,
 ) -> float:
   """FLOPs per token, forward and backward, of the relative terms of one
   ``_scores`` call: ``queries`` over ``keys`` with ``cols`` distance
