@@ -201,6 +201,7 @@ class FlopsShape:
     softmax_params: those of its (adaptive) embedding and softmax.
     projection_params: those of the adaptive embedding's projections
       (part of ``softmax_params``; used at the input and the output).
+    vocab_size: V.
   """
 
   seq_len: int
@@ -208,6 +209,7 @@ class FlopsShape:
   num_params: int = 0
   softmax_params: int = 0
   projection_params: int = 0
+  vocab_size: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

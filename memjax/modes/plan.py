@@ -146,6 +146,7 @@ def step_formula(step: plan_compile.Step) -> dict[str, Any]:
       num_params=step.num_params,
       softmax_params=plan_compile.module_params(step, "embedder"),
       projection_params=projections,
+      vocab_size=plan_compile.vocab_size(step.run.settings),
   )  # fmt: skip
   return formula_flops(step.run.settings, shape, step.run.parts.flops)
 

@@ -25,4 +25,6 @@ def test_values_read_by_hand():
   config.model.feed_forward_options.shared_values = True
   got = flops.memory_flops(_settings(config), shape)
   assert got["memory values not read"] == -6 * 64 * 32  # one shared table
-  assert flops.memory_flops(_settings(pkm_bert.get_config("smoke")), shape) == {}
+  assert (
+      flops.memory_flops(_settings(pkm_bert.get_config("smoke")), shape) == {}
+  )
