@@ -21,12 +21,18 @@ bfloat16):
   ``6 N + 12 n_layer T d_attn`` (PaLM, Chowdhery et al. 2022, App. B: N
   parameters, T the attended positions, d_attn = heads x head_dim; the 12
   counts QK^T and AV, forward and backward, without exploiting the causal
-  mask, as the step computes them) plus the recomputation the step does:
-  ``2 N_softmax`` when the adaptive softmax is chunked (its chunks are
-  rematerialised) and ``2 N_layers + 4 n_layer T d_attn`` with
-  ``model.remat``. Every parameter counts once per token: the adaptive
-  input and softmax are tied and every softmax cluster is scored for every
-  position (not so for product-key memories, whose values are gathered);
+  mask, as the step computes them), plus what the model computes that this
+  does not count: the adaptive input's projections (``6 N_proj``: used at
+  the input as well as the output) and the terms the methods declare
+  (``extend.Method.flops``: relative positions and memory rows of
+  Transformer-XL and LaMemo, MARGE's sources and cross-attention,
+  product-key values read instead of whole tables, the encoder-decoder's
+  cross-attention). "With recomputation" adds what the step computes on
+  top: the adaptive softmax's chunks, padded to whole chunks and
+  rematerialised (``6 N_softmax (P - 1) + 2 N_softmax P``, P the padded
+  positions over T), and with ``model.remat`` ``2 N_layers + 4 n_layer T
+  d_attn`` and a third of the methods' terms. Elementwise work (softmax,
+  norms) is left out; XLA counts it;
 * per-device memory (XLA's memory analysis of the compiled step):
   parameters, optimiser state, temporaries, total, and the largest
   micro-batch that fits ``plan.memory_fraction`` of the platform's memory
