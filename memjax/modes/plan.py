@@ -30,8 +30,10 @@ bfloat16):
   cross-attention). "With recomputation" adds what the step computes on
   top: the adaptive softmax's chunks, padded to whole chunks and
   rematerialised (``6 N_softmax (P - 1) + 2 N_softmax P``, P the padded
-  positions over T), and with ``model.remat`` ``2 N_layers + 4 n_layer T
-  d_attn`` and a third of the methods' terms. Elementwise work (softmax,
+  positions over T), and with ``model.remat`` ``2 (N_layers - N_last) +
+  4 n_layer T d_attn`` and a third of the methods' terms (N_last: each
+  block's feed-forward output projection, whose output remat keeps as the
+  next block's input, so it is not recomputed). Elementwise work (softmax,
   norms) is left out; XLA counts it;
 * per-device memory (XLA's memory analysis of the compiled step):
   parameters, optimiser state, temporaries, total, and the largest
@@ -85,6 +87,22 @@ def softmax_positions(s: settings_lib.Settings, shape: extend.FlopsShape):
   return -(-n // chunk) * chunk, True
 
 
+# The engine's feed-forward kinds (a block's last product is their output
+# projection, d_ff x D).
+PLAIN_FEED_FORWARD = ("ffn", "glu")
+
+
+def _plain_ffn_layers(s: settings_lib.Settings) -> int:
+  """Layers whose feed-forward is one of ``PLAIN_FEED_FORWARD``."""
+  m = s.model
+  layers = int(m.num_layers) + int(m.family_options.get("encoder_layers", 0))
+  if m.feed_forward in PLAIN_FEED_FORWARD:
+    return layers
+  return len(tuple(m.feed_forward_layers)) and layers - len(
+      tuple(m.feed_forward_layers)
+  )
+
+
 def formula_flops(
     s: settings_lib.Settings,
     shape: extend.FlopsShape,
@@ -125,9 +143,12 @@ def formula_flops(
   )
   before = 6.0 * n_all + attn + (2.0 * n_soft if chunked else 0.0)
   if m.remat:
-    layer_recompute = 2.0 * (n_all - n_soft) + attn / 3.0
-    before += layer_recompute
-    recompute += layer_recompute + added / 3.0
+    before += 2.0 * (n_all - n_soft) + attn / 3.0
+    # A rematerialised block's last product, the feed-forward's output
+    # projection (d_ff x D in the engine's kinds), is not recomputed: its
+    # output is only the next block's input, which remat keeps.
+    last = _plain_ffn_layers(s) * int(m.d_ff) * int(m.d_model)
+    recompute += 2.0 * (n_all - n_soft - last) + attn / 3.0 + added / 3.0
   return {
       "model": model,
       "with_recompute": model + recompute,
