@@ -246,3 +246,11 @@ def test_formula_counts_softmax_padding_and_input_projections():
   plain = plan.formula_flops(_settings(trime_wt103.get_config("247m")), small)
   assert r["model"] - plain["model"] == 300
   assert r["with_recompute"] - plain["with_recompute"] == pytest.approx(400)
+  # 247m's 16 blocks are recomputed but for their last product, the
+  # feed-forward's 4096 x 1024 output projection; T = 150 + 0 here.
+  big = dataclasses.replace(small, num_params=10**9, softmax_params=10**8,
+                            projection_params=0)  # fmt: skip
+  f = plan.formula_flops(_settings(trime_wt103.get_config("247m")), big)
+  attn = 12 * 16 * 150 * 8 * 128
+  layers = 10**9 - 10**8 - 16 * 4096 * 1024
+  assert f["with_recompute"] - f["model"] == 2 * layers + attn / 3
