@@ -71,7 +71,9 @@ from memjax.modes import platforms
 from memjax.run import spec
 
 
-def softmax_positions(s: settings_lib.Settings, shape: extend.FlopsShape):
+def softmax_positions(
+    s: settings_lib.Settings, shape: extend.FlopsShape
+) -> tuple[int, bool]:
   """(positions per row the adaptive softmax scores, whether in chunks).
 
   ``models.adaptive.AdaptiveEmbedding.score``: ``model.softmax_chunk``
@@ -98,9 +100,10 @@ def _plain_ffn_layers(s: settings_lib.Settings) -> int:
   layers = int(m.num_layers) + int(m.family_options.get("encoder_layers", 0))
   if m.feed_forward in PLAIN_FEED_FORWARD:
     return layers
-  return len(tuple(m.feed_forward_layers)) and layers - len(
-      tuple(m.feed_forward_layers)
-  )
+  # The layers outside model.feed_forward_layers (none when it is empty)
+  # take the plain feed-forward.
+  chosen = len(tuple(m.feed_forward_layers))
+  return layers - chosen if chosen else 0
 
 
 def formula_flops(
@@ -133,7 +136,8 @@ def formula_flops(
   attn = 12.0 * layers * span * int(m.num_heads) * int(m.head_dim)
   terms: dict[str, float] = {}
   for flops in terms_of:
-    terms.update({k: float(v) for k, v in flops(s, shape).items()})
+    for name, value in flops(s, shape).items():
+      terms[name] = terms.get(name, 0.0) + float(value)
   added = sum(terms.values())
   model = 6.0 * n_all + attn + 6.0 * shape.projection_params + added
   scored, chunked = softmax_positions(s, shape)
