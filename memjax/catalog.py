@@ -57,6 +57,7 @@ ENGINE = extend.Method(
         ),
         "encoder": extend.Family(encoder.build),
     },
+    flops=(seq2seq.flops,),
     objectives={
         "lm": losses.make_lm_loss,
         "label_smoothed": losses.make_label_smoothed_loss,

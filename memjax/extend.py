@@ -35,6 +35,7 @@ passes it to ``add`` before the run is built (a config file may do it);
 | ``tasks`` | ``task`` | a ``tasks.base.Task`` class, built with the run's settings |
 | ``modes`` | ``--mode`` | a ``Mode`` |
 | ``checks`` | (every one runs) | ``check(settings)`` raising ``errors.ConfigError`` |
+| ``flops`` | (every one is summed) | ``flops(settings, FlopsShape) -> {term: FLOPs per token}`` |
 | ``settings`` | its sections | frozen dataclasses: keys, defaults, types |
 
 This module holds the types only and imports nothing of the engine's: the
@@ -189,6 +190,29 @@ class Batcher:
 
 
 @dataclasses.dataclass(frozen=True)
+class FlopsShape:
+  """What a ``Method.flops`` term is given besides the settings.
+
+  Attributes:
+    seq_len: positions per row of the batch (T).
+    rows: rows of one micro-batch (all devices together): work done once
+      per row or once per step is divided over ``rows * seq_len`` tokens.
+    num_params: the model's parameters (N).
+    softmax_params: those of its (adaptive) embedding and softmax.
+    projection_params: those of the adaptive embedding's projections
+      (part of ``softmax_params``; used at the input and the output).
+    vocab_size: V.
+  """
+
+  seq_len: int
+  rows: int
+  num_params: int = 0
+  softmax_params: int = 0
+  projection_params: int = 0
+  vocab_size: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
   """Everything a method adds (see the module docstring for each field).
 
@@ -198,6 +222,13 @@ class Method:
       theirs).
     defaults: new defaults it gives keys of other sections
       ({'eval_memory.sweep_kinds': ('trime', 'cache')}).
+    flops: ``flops(settings, FlopsShape) -> {term: FLOPs per token}``,
+      what a run using the method's parts computes per token, forward and
+      backward, beyond ``--mode=plan``'s formula ``6 N + 12 n_layer T
+      d_attn`` (negative where the formula counts more, e.g. parameters
+      read for fewer than every token); ``{}`` for a run that does not use
+      them. With ``model.remat`` the plan adds a third of each term (the
+      forward pass recomputed).
   """
 
   name: str
@@ -219,6 +250,7 @@ class Method:
   tasks: Mapping[str, type] = dataclasses.field(default_factory=dict)
   modes: Mapping[str, Mode] = dataclasses.field(default_factory=dict)
   checks: tuple[Callable[[Any], None], ...] = ()
+  flops: tuple[Callable[[Any, FlopsShape], Mapping[str, float]], ...] = ()
   settings: tuple[type, ...] = ()
   defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   builds_on: tuple[str, ...] = ()
@@ -285,8 +317,9 @@ KINDS = {
 class Parts:
   """Every part of the given methods, by kind and name.
 
-  ``parts.attention.get('xl')``, ``parts.modes.names()``; ``checks`` and
-  ``settings`` are the methods' in order, ``defaults`` their defaults.
+  ``parts.attention.get('xl')``, ``parts.modes.names()``; ``checks``,
+  ``flops`` and ``settings`` are the methods' in order, ``defaults`` their
+  defaults.
   """
 
   attention: Lookup[type]
@@ -320,6 +353,7 @@ class Parts:
           entries[name] = part
       setattr(self, field, Lookup(what, key, entries))
     self.checks = tuple(c for m in methods for c in m.checks)
+    self.flops = tuple(f for m in methods for f in m.flops)
     self.settings = tuple(s for m in methods for s in m.settings)
     self.defaults = {k: v for m in methods for k, v in m.defaults.items()}
 

@@ -426,3 +426,25 @@ def encoder_decoder(
       **{key: str(opts.get(key, "")) for key in stack_norms},
       **settings,
   )
+
+
+def flops(
+    s: settings_lib.Settings, shape: extend.FlopsShape
+) -> dict[str, float]:
+  """FLOPs per token of the encoder-decoder beyond ``--mode=plan``'s
+  formula (``extend.Method.flops``); {} for another family.
+
+  The formula counts every parameter 6 times per target token and each
+  layer's attention over the T positions. The decoder's layers also attend
+  to the S source positions (scores and weighted sum, 12 S d_attn each;
+  the plan's batches pad source and target to one bucket, S = T), and the
+  source embedding is gathered, never multiplied (its 6 V D left out).
+  """
+  m = s.model
+  if m.family != "encoder_decoder":
+    return {}
+  d_attn = int(m.num_heads) * int(m.head_dim)
+  return {
+      "cross-attention": 12.0 * int(m.num_layers) * shape.seq_len * d_attn,
+      "source embedding gathered": -6.0 * shape.vocab_size * int(m.d_model),
+  }

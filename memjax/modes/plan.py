@@ -21,12 +21,20 @@ bfloat16):
   ``6 N + 12 n_layer T d_attn`` (PaLM, Chowdhery et al. 2022, App. B: N
   parameters, T the attended positions, d_attn = heads x head_dim; the 12
   counts QK^T and AV, forward and backward, without exploiting the causal
-  mask, as the step computes them) plus the recomputation the step does:
-  ``2 N_softmax`` when the adaptive softmax is chunked (its chunks are
-  rematerialised) and ``2 N_layers + 4 n_layer T d_attn`` with
-  ``model.remat``. Every parameter counts once per token: the adaptive
-  input and softmax are tied and every softmax cluster is scored for every
-  position (not so for product-key memories, whose values are gathered);
+  mask, as the step computes them), plus what the model computes that this
+  does not count: the adaptive input's projections (``6 N_proj``: used at
+  the input as well as the output) and the terms the methods declare
+  (``extend.Method.flops``: relative positions and memory rows of
+  Transformer-XL and LaMemo, MARGE's sources and cross-attention,
+  product-key values read instead of whole tables, the encoder-decoder's
+  cross-attention). "With recomputation" adds what the step computes on
+  top: the adaptive softmax's chunks, padded to whole chunks and
+  rematerialised (``6 N_softmax (P - 1) + 2 N_softmax P``, P the padded
+  positions over T), and with ``model.remat`` ``2 (N_layers - N_last) +
+  4 n_layer T d_attn`` and a third of the methods' terms (N_last: each
+  block's feed-forward output projection, whose output remat keeps as the
+  next block's input, so it is not recomputed). Elementwise work (softmax,
+  norms) is left out; XLA counts it;
 * per-device memory (XLA's memory analysis of the compiled step):
   parameters, optimiser state, temporaries, total, and the largest
   micro-batch that fits ``plan.memory_fraction`` of the platform's memory
@@ -48,8 +56,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
+import jax
+import numpy as np
+
+from memjax import extend
 from memjax import settings as settings_lib
 from memjax.io import console
 from memjax.io import paths
@@ -59,36 +71,115 @@ from memjax.modes import platforms
 from memjax.run import spec
 
 
+def softmax_positions(
+    s: settings_lib.Settings, shape: extend.FlopsShape
+) -> tuple[int, bool]:
+  """(positions per row the adaptive softmax scores, whether in chunks).
+
+  ``models.adaptive.AdaptiveEmbedding.score``: ``model.softmax_chunk``
+  tokens at a time over the rows, the positions padded to a whole number
+  of chunks, each chunk rematerialised in the backward pass.
+  """
+  n, rows = shape.seq_len, max(shape.rows, 1)
+  if not s.model.cutoffs:
+    return n, False
+  chunk = min(n, max(1, int(s.model.softmax_chunk) // rows))
+  if n <= chunk:
+    return n, False
+  return -(-n // chunk) * chunk, True
+
+
+# The engine's feed-forward kinds (a block's last product is their output
+# projection, d_ff x D).
+PLAIN_FEED_FORWARD = ("ffn", "glu")
+
+
+def _plain_ffn_layers(s: settings_lib.Settings) -> int:
+  """Layers whose feed-forward is one of ``PLAIN_FEED_FORWARD``."""
+  m = s.model
+  layers = int(m.num_layers) + int(m.family_options.get("encoder_layers", 0))
+  if m.feed_forward in PLAIN_FEED_FORWARD:
+    return layers
+  # The layers outside model.feed_forward_layers (none when it is empty)
+  # take the plain feed-forward.
+  chosen = len(tuple(m.feed_forward_layers))
+  return layers - chosen if chosen else 0
+
+
 def formula_flops(
     s: settings_lib.Settings,
-    num_params: int,
-    softmax_params: int,
-    seq_len: int,
-) -> dict[str, float]:
+    shape: extend.FlopsShape,
+    terms_of: Sequence[Callable[..., Mapping[str, float]]] = (),
+) -> dict[str, Any]:
   """FLOPs per token by formula (see the module doc).
 
   Args:
     s: the planned run's settings.
-    num_params: N.
-    softmax_params: N_softmax, the adaptive embedding's parameters.
-    seq_len: positions per row of the batch.
+    shape: the batch's and the parameters' sizes.
+    terms_of: the methods' terms (``extend.Parts.flops``), each called
+      with ``s`` and ``shape``.
 
   Returns:
-    'model': 6 N + 12 n_layer T d_attn; 'with_recompute': plus the
-    rematerialised forward passes.
+    'model': 6 N + 12 n_layer T d_attn, the adaptive input's projections
+    (6 N_proj: the formula counts them once, at the output) and the
+    methods' terms; 'with_recompute': plus the padding of the adaptive
+    softmax's chunks and the rematerialised forward passes; 'terms': the
+    methods' terms (``extend.Method.flops``) by name; 'before': 6 N + 12
+    n_layer T d_attn with the recomputation (2 N_softmax when chunked,
+    2 N_layers + 4 n_layer T d_attn with ``model.remat``), as counted
+    before the terms.
   """
   m = s.model
+  n_all, n_soft = shape.num_params, shape.softmax_params
   layers = int(m.num_layers) + int(m.family_options.get("encoder_layers", 0))
-  span = seq_len + int(m.mem_len)
+  span = shape.seq_len + int(m.mem_len)
   attn = 12.0 * layers * span * int(m.num_heads) * int(m.head_dim)
-  model = 6.0 * num_params + attn
-  extra = 0.0
-  tokens = seq_len * int(s.data.batch_size) // int(s.train.grad_accum)
-  if m.cutoffs and tokens > int(m.softmax_chunk):
-    extra += 2.0 * softmax_params
+  terms: dict[str, float] = {}
+  for flops in terms_of:
+    for name, value in flops(s, shape).items():
+      terms[name] = terms.get(name, 0.0) + float(value)
+  added = sum(terms.values())
+  model = 6.0 * n_all + attn + 6.0 * shape.projection_params + added
+  scored, chunked = softmax_positions(s, shape)
+  pad = scored / shape.seq_len
+  recompute = 6.0 * n_soft * (pad - 1.0) + (
+      2.0 * n_soft * pad if chunked else 0
+  )
+  before = 6.0 * n_all + attn + (2.0 * n_soft if chunked else 0.0)
   if m.remat:
-    extra += 2.0 * (num_params - softmax_params) + attn / 3.0
-  return {"model": model, "with_recompute": model + extra}
+    before += 2.0 * (n_all - n_soft) + attn / 3.0
+    # A rematerialised block's last product, the feed-forward's output
+    # projection (d_ff x D in the engine's kinds), is not recomputed: its
+    # output is only the next block's input, which remat keeps.
+    last = _plain_ffn_layers(s) * int(m.d_ff) * int(m.d_model)
+    recompute += 2.0 * (n_all - n_soft - last) + attn / 3.0 + added / 3.0
+  return {
+      "model": model,
+      "with_recompute": model + recompute,
+      "terms": terms,
+      "before": before,
+  }
+
+
+def step_formula(step: plan_compile.Step) -> dict[str, Any]:
+  """``formula_flops`` of a step built by ``plan_compile.build_step``."""
+  inputs = step.args[1]["inputs"].shape
+  accum = int(step.run.settings.train.grad_accum)
+  embedder = step.args[0].params.get("embedder", {})
+  projections = sum(
+      int(np.prod(x.shape))
+      for k, v in embedder.items()
+      if k.startswith("proj_")
+      for x in jax.tree.leaves(v)
+  )
+  shape = extend.FlopsShape(
+      seq_len=int(inputs[1]), rows=int(inputs[0]) // accum,
+      num_params=step.num_params,
+      softmax_params=plan_compile.module_params(step, "embedder"),
+      projection_params=projections,
+      vocab_size=plan_compile.vocab_size(step.run.settings),
+  )  # fmt: skip
+  return formula_flops(step.run.settings, shape, step.run.parts.flops)
 
 
 def _fit(run: spec.Run, devices, step, memory, usable: float) -> dict[str, Any]:
@@ -157,9 +248,7 @@ def plan(run: spec.Run) -> dict[str, Any]:
                platforms.describe(s))  # fmt: skip
   step = plan_compile.build_step(run, devices)
   flops = plan_compile.step_flops(step)
-  softmax = plan_compile.module_params(step, "embedder")
-  seq_len = int(step.args[1]["inputs"].shape[1])
-  formula = formula_flops(s, step.num_params, softmax, seq_len)
+  formula = step_formula(step)
   fraction = (
       float(s.of(platforms.Plan).memory_fraction) or platform.memory_fraction
   )

@@ -4,6 +4,8 @@ double with the micro-batches, TPU slice shapes, the device flags set
 before JAX starts, and a run of the mode through ``memjax.main`` that
 writes nothing but the plan."""
 
+import dataclasses
+import importlib
 import json
 import os
 
@@ -13,9 +15,12 @@ import numpy as np
 import pytest
 
 from configs import trime_wt103
+from configs import txl_wt103
 from memjax import build
 from memjax import catalog
 from memjax import errors
+from memjax import extend
+from memjax.modes import plan
 from memjax.modes import plan_compile
 from memjax.modes import platforms
 from tests.conftest import run_main
@@ -180,3 +185,72 @@ def test_main_plans_without_data_or_checkpoints(tmp_path):
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1].startswith("memjax: error: ")
   assert not os.path.exists(f"{workdir}2")
+
+
+def _tiny(config, **options):
+  """A smoke config widened so that products outweigh the elementwise
+  work XLA also counts (D 128, heads of 64, V 256 without clusters)."""
+  config.plan.devices = 8
+  config.plan.vocab_size = 256
+  m = config.model
+  m.cutoffs, m.d_model, m.head_dim, m.d_ff = (), 128, 64, 256
+  for k, v in options.items():
+    m.feed_forward_options[k] = v
+  return plan_compile.build_step(build.build(config, "plan"), jax.devices())
+
+
+@pytest.mark.parametrize(
+    "config_file, variant, options",
+    [
+        ("txl_wt103", "smoke", {}),
+        ("lamemo_wt103", "smoke", {}),
+        ("marge_wt103", "smoke", {}),
+        ("pkm_bert", "pkm_smoke", {"num_keys": 32}),
+    ],
+)
+def test_xla_counts_what_the_formula_counts(config_file, variant, options):
+  # XLA's count of the unrolled step within 1.10x of the formula with the
+  # methods' terms (memjax/methods/*/flops.py), and not without them.
+  module = importlib.import_module(f"configs.{config_file}")
+  step = _tiny(module.get_config(variant), **options)
+  formula = plan.step_formula(step)
+  xla = plan_compile.step_flops(step, per_device=False)["flops"] / step.tokens
+  assert formula["terms"]
+  assert 1.0 <= xla / formula["with_recompute"] < 1.10, (xla, formula)
+  assert not 0.9 < xla / formula["before"] < 1.10, (xla, formula)
+
+
+def test_formula_counts_softmax_padding_and_input_projections():
+  # Transformer-XL base's softmax: 64 rows of 150 positions, scored 4096
+  # tokens (64 positions of each row) at a time: 3 chunks of 64, 192
+  # positions, each chunk recomputed in the backward pass.
+  s = _settings(txl_wt103.get_config("base"))
+  shape = extend.FlopsShape(
+      seq_len=150, rows=64, num_params=1000, softmax_params=600,
+      projection_params=100,
+  )  # fmt: skip
+  assert plan.softmax_positions(s, shape) == (192, True)
+  f = plan.formula_flops(s, shape)
+  attn = 12 * 16 * 300 * 410
+  assert f["model"] == 6 * 1000 + attn + 6 * 100
+  padded = 6 * 600 * (192 / 150 - 1) + 2 * 600 * 192 / 150
+  assert f["with_recompute"] == pytest.approx(f["model"] + padded)
+  assert f["before"] == 6 * 1000 + attn + 2 * 600
+  # One chunk holds 8 rows of 150: nothing padded or recomputed.
+  small = dataclasses.replace(shape, rows=8)
+  assert plan.softmax_positions(s, small) == (150, False)
+  # With model.remat each term is recomputed once more (a third of it).
+  term = lambda *_: {"t": 300.0}
+  r = plan.formula_flops(_settings(trime_wt103.get_config("247m")), small,
+                         (term,))  # fmt: skip
+  plain = plan.formula_flops(_settings(trime_wt103.get_config("247m")), small)
+  assert r["model"] - plain["model"] == 300
+  assert r["with_recompute"] - plain["with_recompute"] == pytest.approx(400)
+  # 247m's 16 blocks are recomputed but for their last product, the
+  # feed-forward's 4096 x 1024 output projection; T = 150 + 0 here.
+  big = dataclasses.replace(small, num_params=10**9, softmax_params=10**8,
+                            projection_params=0)  # fmt: skip
+  f = plan.formula_flops(_settings(trime_wt103.get_config("247m")), big)
+  attn = 12 * 16 * 150 * 8 * 128
+  layers = 10**9 - 10**8 - 16 * 4096 * 1024
+  assert f["with_recompute"] - f["model"] == 2 * layers + attn / 3

@@ -3,11 +3,13 @@
 * ``model``: the LM with biased cross-attention ('marge' model family);
 * ``retrieval``: causal retrieval and its batches ('marge' batcher);
 * ``reindex``: the step hook that re-embeds the corpus ('marge_reindex');
-* ``evaluation``: ``--mode=marge_eval``, with retrieval on and off.
+* ``evaluation``: ``--mode=marge_eval``, with retrieval on and off;
+* ``flops``: what it computes beyond ``--mode=plan``'s formula.
 """
 
 from memjax import extend
 from memjax.methods.marge import evaluation
+from memjax.methods.marge import flops
 from memjax.methods.marge import model
 from memjax.methods.marge import reindex
 from memjax.methods.marge import retrieval
@@ -19,6 +21,7 @@ METHOD = extend.Method(
         "marge": extend.Batcher(retrieval.marge_batcher, retrieval.marge_shapes)
     },
     hooks={"marge_reindex": reindex.MargeReindex},
+    flops=(flops.marge_flops,),
     modes={
         "marge_eval": extend.Mode(
             evaluation.marge_eval,

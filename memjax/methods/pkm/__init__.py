@@ -10,11 +10,13 @@
 * ``usage``: memory usage (MU, top-1 MU, KL), ``--mode=memory_usage`` and
   the report evaluation adds up ('memory');
 * ``class_usage``: top-1 usage by class (Kim & Jung's Figure 4);
+* ``flops``: the values it reads, for ``--mode=plan``'s formula;
 * ``config``: its settings.
 """
 
 from memjax import extend
 from memjax.methods.pkm import config
+from memjax.methods.pkm import flops
 from memjax.methods.pkm import layer
 from memjax.methods.pkm import lazy_adam
 from memjax.methods.pkm import usage
@@ -36,5 +38,6 @@ METHOD = extend.Method(
             outputs=("memory_usage.json", "memory_usage.png"),
         )
     },
+    flops=(flops.memory_flops,),
     settings=(config.MemoryUsage,),
 )

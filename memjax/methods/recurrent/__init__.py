@@ -4,6 +4,7 @@
   ('xl');
 * ``lamemo``: look-ahead memory ('lamemo');
 * ``memory``: their memory pytrees;
+* ``flops``: what they compute beyond ``--mode=plan``'s formula;
 * ``extrapolate``, ``analysis``: ``--mode=extrapolate`` and
   ``--mode=analyze``;
 * ``config``: their settings.
@@ -13,6 +14,7 @@ from memjax import extend
 from memjax.methods.recurrent import analysis
 from memjax.methods.recurrent import config
 from memjax.methods.recurrent import extrapolate
+from memjax.methods.recurrent import flops
 from memjax.methods.recurrent import lamemo
 from memjax.methods.recurrent import relative
 
@@ -49,5 +51,6 @@ METHOD = extend.Method(
             ),
         ),
     },
+    flops=(flops.relative_flops,),
     settings=(config.Extrapolate, config.Analyze),
 )
