@@ -7,7 +7,9 @@ done with the model, not its sizes:
 
 * ``import``: the plain model (no memory), scored with windows of 512
   tokens of which the last 256 are scored (cut to the model's positions
-  when it has fewer).
+  when it has fewer), on WikiText-103's raw text (``wikitext103_raw``;
+  ``--config.data.corpus=text`` reads any ``{train,valid,test}.txt``)
+  through the imported tokenizer.
 """
 
 from memjax import config as base
@@ -30,4 +32,7 @@ def get_config(arg: str = "import"):
   c.eval.window_len = 512
   c.eval.score_len = 256
   c.eval.batch_size = 4
+  # Raw text through the imported tokenizer (memjax.data.text_streams):
+  # the shipped demo copy unless data.data_dir names the release's.
+  c.data.corpus = "wikitext103_raw"
   return c
