@@ -2,28 +2,32 @@
 
 Usage: ``--config=configs/pretrained.py:import --config.pretrained.path=DIR
 --workdir=W --mode=import`` (docs/pretrained.md). The model's sizes and
-options come from DIR's config.json at import, so a variant names what is
-done with the model, not its sizes:
+options come from DIR's config.json at import, and a config given later
+for W (or for a run whose ``train.init_from`` is W) takes them from W's
+export (``memjax/pretrained/sizes.py``), so a variant names what is done
+with the model, not its sizes:
 
 * ``import``: the plain model (no memory), scored with windows of 512
   tokens of which the last 256 are scored (cut to the model's positions
   when it has fewer), on WikiText-103's raw text (``wikitext103_raw``;
   ``--config.data.corpus=text`` reads any ``{train,valid,test}.txt``)
   through the imported tokenizer.
+* ``gpt2_knn``: kNN-LM (Khandelwal et al. 2020) on the imported model, as
+  knn-transformers runs it on GPT-2: a datastore of (g, next token) over
+  the training split (``--mode=datastore``; g the last block's
+  feed-forward input, knn-transformers' ``last_ffn_input``), a ScaNN index
+  by squared L2 (``--mode=index``), and p = 0.25 p_kNN + 0.75 p_LM over
+  K = 1024 neighbours, temperature 1 (``--mode=memeval``; ``--mode=tune``
+  tries the lambda grid).
 """
 
 from memjax import config as base
 from memjax import errors
 
-VARIANTS = ("import",)
+VARIANTS = ("import", "gpt2_knn")
 
 
-def get_config(arg: str = "import"):
-  if arg not in VARIANTS:
-    raise errors.ConfigError(
-        f"unknown config variant {arg!r} of configs/pretrained.py; pick one of "
-        f"{', '.join(VARIANTS)}"
-    )
+def _import():
   c = base.base_config()
   c.name = "pretrained"
   c.model.cutoffs = ()
@@ -35,4 +39,30 @@ def get_config(arg: str = "import"):
   # Raw text through the imported tokenizer (memjax.data.text_streams):
   # the shipped demo copy unless data.data_dir names the release's.
   c.data.corpus = "wikitext103_raw"
+  return c
+
+
+def _knn(c):
+  """kNN-LM with knn-transformers' GPT-2 settings (k 1024, lambda 0.25,
+  temperature 1)."""
+  c.name = "pretrained_knn"
+  em = c.eval_memory
+  em.kind = "knn"
+  em.ext_k = 1024
+  em.knn_lambda = 0.25
+  em.knn_temperature = 1.0
+  em.batch_size = 4
+  c.datastore.split = "train"
+  return c
+
+
+def get_config(arg: str = "import"):
+  if arg not in VARIANTS:
+    raise errors.ConfigError(
+        f"unknown config variant {arg!r} of configs/pretrained.py; pick one of "
+        f"{', '.join(VARIANTS)}"
+    )
+  c = _import()
+  if arg == "gpt2_knn":
+    c = _knn(c)
   return c
