@@ -19,12 +19,21 @@ with the model, not its sizes:
   by squared L2 (``--mode=index``), and p = 0.25 p_kNN + 0.75 p_LM over
   K = 1024 neighbours, temperature 1 (``--mode=memeval``; ``--mode=tune``
   tries the lambda grid).
+* ``gpt2_trime``: TRIMELM_long (Zhong et al. 2022) continued from an
+  import: ``--config.train.init_from=W`` (the import's workdir) in a new
+  workdir trains with TRIME's objective over the local and long-term
+  in-batch memories (blocks of m = 4 consecutive segments of 512 tokens,
+  cut to the model's positions), on WikiText-103's raw text through W's
+  tokenizer, learning rate 5e-5 with 100 warm-up steps, 2,000 steps, the
+  checkpoint's dropout 0.1; then ``--mode=memeval`` scores with
+  M_local u M_long (4,096 long-term tokens; ``--mode=tune`` tries 0, 2,048
+  and 4,096 and the temperature).
 """
 
 from memjax import config as base
 from memjax import errors
 
-VARIANTS = ("import", "gpt2_knn")
+VARIANTS = ("import", "gpt2_knn", "gpt2_trime")
 
 
 def _import():
@@ -56,6 +65,27 @@ def _knn(c):
   return c
 
 
+def _trime(c):
+  """TRIMELM_long's objective, batching and evaluation memories."""
+  c.name = "pretrained_trime"
+  c.model.dropout = 0.1  # GPT-2's resid_pdrop and embd_pdrop.
+  c.loss.name = "trime"
+  c.loss.memory = "long"
+  c.data.batching = "blocks"
+  c.data.segments_per_lane = 4
+  c.data.seq_len, c.data.batch_size = 512, 8
+  c.optim.learning_rate, c.optim.warmup_steps = 5e-5, 100
+  c.optim.schedule = "cosine"
+  c.train.num_steps, c.train.log_every = 2000, 50
+  c.train.eval_every, c.train.checkpoint_every = 500, 500
+  em = c.eval_memory
+  em.kind = "trime"
+  em.long_mem_tokens = 4096
+  em.long_mem_grid = (0, 2048, 4096)
+  em.batch_size = 4
+  return c
+
+
 def get_config(arg: str = "import"):
   if arg not in VARIANTS:
     raise errors.ConfigError(
@@ -65,4 +95,6 @@ def get_config(arg: str = "import"):
   c = _import()
   if arg == "gpt2_knn":
     c = _knn(c)
+  elif arg == "gpt2_trime":
+    c = _trime(c)
   return c
