@@ -28,12 +28,24 @@ with the model, not its sizes:
   checkpoint's dropout 0.1; then ``--mode=memeval`` scores with
   M_local u M_long (4,096 long-term tokens; ``--mode=tune`` tries 0, 2,048
   and 4,096 and the temperature).
+* ``llama_pkm``: a product-key memory (Lample et al. 2019) inserted into
+  an imported model as Kim & Jung's residual memory (ResM: FFN + PKM,
+  ``model.feed_forward='resm'``) at the second-to-last layer
+  (``feed_forward_layers=(-2,)``, counted from the end), trained from
+  ``--config.train.init_from=W``. Initialised as Kim & Jung initialise
+  PKM-BERT from BERT: every parameter of the memory-less model is
+  restored, the memory layer's FFN from that layer's FFN
+  (``init_from_map``: ``layer_i/ffn/dense/`` <- ``layer_i/ffn/``; Llama's
+  SwiGLU kept, ``feed_forward_options.base='glu'``), the memory's queries
+  and keys fresh; its values start at zero (``zero_values``), so at
+  initialisation the model computes exactly what the imported one does.
+  512^2 slots, 4 heads, top 32, k_dim 256, LayerNorm queries (causal).
 """
 
 from memjax import config as base
 from memjax import errors
 
-VARIANTS = ("import", "gpt2_knn", "gpt2_trime")
+VARIANTS = ("import", "gpt2_knn", "gpt2_trime", "llama_pkm")
 
 
 def _import():
@@ -86,6 +98,24 @@ def _trime(c):
   return c
 
 
+def _pkm(c):
+  """ResM inserted at one layer, initialised from the memory-less model."""
+  c.name = "pretrained_pkm"
+  m = c.model
+  m.feed_forward = "resm"
+  m.feed_forward_layers = (-2,)  # From the end; sizes.py resolves it.
+  o = m.feed_forward_options
+  o.num_keys, o.heads, o.topk, o.k_dim = 512, 4, 32, 256
+  o.query_norm = "layer"
+  o.zero_values = True
+  c.train.init_from_map = (r"^(layer_\d+/ffn)/dense/=\1/",)
+  c.data.seq_len, c.data.batch_size = 512, 8
+  c.optim.learning_rate, c.optim.warmup_steps = 1e-4, 100
+  c.train.num_steps, c.train.log_every = 2000, 50
+  c.train.eval_every, c.train.checkpoint_every = 500, 500
+  return c
+
+
 def get_config(arg: str = "import"):
   if arg not in VARIANTS:
     raise errors.ConfigError(
@@ -97,4 +127,6 @@ def get_config(arg: str = "import"):
     c = _knn(c)
   elif arg == "gpt2_trime":
     c = _trime(c)
+  elif arg == "llama_pkm":
+    c = _pkm(c)
   return c

@@ -5,7 +5,8 @@ A config of ``configs/pretrained.py`` names what is done with a model
 config is given for a workdir that holds an imported export, or whose
 ``train.init_from`` names one, ``apply`` sets in it the model settings
 the import read from the checkpoint's ``config.json`` (export.json's
-``model``; not the dropouts and the other ``CONFIG_KEYS``), fits the segment and window lengths to the model's positions
+``model``; not the dropouts and the other ``CONFIG_KEYS``; a feed-forward
+the config inserts at chosen layers stays, ``_inserted``), fits the segment and window lengths to the model's positions
 and, for a run trained from the export, reads raw-text corpora through
 its tokenizer (``data.tokenizer``). Every other setting is the config's.
 """
@@ -54,6 +55,26 @@ def fitted(
   }
 
 
+def _inserted(config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+  """The feed-forward a config inserts at chosen layers of the imported
+  model (a product-key memory), or {}: its kind and options at
+  ``feed_forward_layers`` (a number <= 0 counts from the end: -1 is the
+  last layer), the import's kind at the other layers
+  (``feed_forward_options.base``)."""
+  layers = list(config.get("feed_forward_layers") or ())
+  if not layers:
+    return {}
+  n = int(model["num_layers"])
+  options = dict(model.get("feed_forward_options") or {})
+  options.update(config.get("feed_forward_options") or {})
+  options["base"] = model["feed_forward"]
+  return {
+      "feed_forward": config["feed_forward"],
+      "feed_forward_options": options,
+      "feed_forward_layers": [int(i) if i > 0 else n + 1 + i for i in layers],
+  }
+
+
 def apply(tree: dict[str, Any], workdir: str) -> bool:
   """Sets in a config's tree (its JSON form) the model settings of the
   imported export in ``workdir`` or ``train.init_from``; False (``tree``
@@ -65,7 +86,9 @@ def apply(tree: dict[str, Any], workdir: str) -> bool:
     model = imported_model(paths.resolve(source) if source else "")
   if model is None:
     return False
+  inserted = _inserted(tree["model"], model)
   tree["model"].update({k: v for k, v in model.items() if k not in CONFIG_KEYS})
+  tree["model"].update(inserted)
   for section, values in fitted(
       model, tree["eval"]["window_len"], tree["eval"]["score_len"],
       tree["data"]["seq_len"],
