@@ -1,4 +1,5 @@
-"""A run's corpus: token streams through SeqIO and the vocabulary.
+"""A run's corpus: token streams (SeqIO, or an imported tokenizer's for raw
+text: ``memjax.data.text_streams``) and the vocabulary.
 
 ``load_corpus`` reads the splits a run needs (evaluation never builds the
 training batcher); ``host_batch`` takes from a batcher's batch the arrays a
@@ -194,7 +195,8 @@ def load_corpus(
     splits: Optional[tuple[str, ...]] = None,
     train: bool = True,
 ) -> Corpus:
-  """Reads the corpus through its SeqIO task (token streams are cached).
+  """Reads the corpus through its SeqIO task, or a raw-text corpus through
+  the run's imported tokenizer (token streams are cached either way).
 
   Args:
     d: the run's data settings.
@@ -207,12 +209,9 @@ def load_corpus(
     errors.ConfigError: a model with an imported tokenizer given a corpus
       in its own vocabulary, or a raw-text corpus without a tokenizer.
   """
-  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
-  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-
   splits = tuple(e.splits if splits is None else splits)
   check_data(d, e, splits, train, workdir)
-  data_dir, cache_dir = data_dirs(d, workdir)
+  cache_dir = data_dirs(d, workdir)[1]
   paths.makedirs(cache_dir)
   corpus = d.corpus
   train_stream = None
