@@ -86,10 +86,10 @@ def test_knn_lm_of_an_imported_gpt2_is_numpys(imported_gpt2, tmp_path):
       "--config=configs/pretrained.py:gpt2_knn",
       "--config.data.corpus=text", f"--config.data.data_dir={data}",
       f"--config.eval_memory.ext_k={K}", f"--config.eval_memory.knn_lambda={LAMBDA}",
-      "--config.eval_memory.search=exact", "--config.eval.splits=('valid',)",
+      "--config.eval.splits=('valid',)",
       f"--workdir={workdir}",
   )  # fmt: skip
-  for mode in ("datastore", "memeval"):
+  for mode in ("datastore", "index", "memeval"):
     proc = run_main(*flags, f"--mode={mode}")
     assert proc.returncode == 0, proc.stderr[-3000:]
   # The keys: the NumPy model's last feed-forward input at each position.
