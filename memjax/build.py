@@ -18,6 +18,7 @@ its directory alone, reading its config once.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping, Optional
 
 import ml_collections
@@ -32,6 +33,7 @@ from memjax.checkpoints import runfiles
 from memjax.io import paths
 from memjax.io import workdirs
 from memjax.models import transformer
+from memjax.pretrained import sizes
 from memjax.run import hooks
 from memjax.run import optim
 from memjax.run import ownership
@@ -211,7 +213,9 @@ def resolve(
     overrides: Optional[Mapping[str, Any]] = None,
 ) -> ml_collections.ConfigDict:
   """The config a mode runs with: ``config``, else the one the workdir's
-  run or export saved, with ``overrides`` ({'export.dir': ...}) set.
+  run or export saved, with ``overrides`` ({'export.dir': ...}) set. A
+  config given for an imported model (in the workdir or
+  ``train.init_from``) takes its model settings (``pretrained.sizes``).
 
   Raises:
     errors.ConfigError: no config given and none saved.
@@ -226,6 +230,10 @@ def resolve(
           f"--mode={name} needs --config=FILE:VARIANT: {workdir} holds no "
           "run or export whose saved config.json could be used"
       ) from None
+  else:  # An imported model's sizes, whatever the config says.
+    tree = json.loads(config_lib.to_json(config))
+    if sizes.apply(tree, workdir):
+      config = config_lib.from_json(json.dumps(tree))
   if overrides:
     config = config.copy_and_resolve_references()
     with config.unlocked():

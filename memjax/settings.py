@@ -72,14 +72,15 @@ class Data:
   """``config.data``: the data every task reads.
 
   Attributes:
-    corpus: wikitext103 | enwik8 | text8 (or a task's: 'parallel').
+    corpus: wikitext103 | enwik8 | text8 | wikitext103_raw | text | ....
     data_dir: the corpus files; '' = the demo copy shipped in demo_data/.
     cache_dir: token caches, vocabularies, packings; '' = <workdir>/cache.
     seq_len: L, tokens per training segment.
     batch_size: segments per update (all micro-batches).
-    batching: the batcher, a name the engine or a method declares
-      (random | consecutive | blocks | bm25 | ...).
+    batching: the batcher the engine or a method declares (random, bm25...).
     segments_per_lane: m, consecutive segments per document or lane.
+    tokenizer: an imported model's workdir: raw-text corpora are read
+      through its tokenizer ('' = the run's own, if it has one).
   """
 
   SECTION: ClassVar[str] = "data"
@@ -90,6 +91,7 @@ class Data:
   batch_size: int = 16
   batching: str = "random"
   segments_per_lane: int = 1
+  tokenizer: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,10 @@ LONGEST_FIRST = (
     "tests/test_multihost.py",
     "tests/test_bad_inputs.py",
     "tests/pretrained/test_import.py",
+    "tests/pretrained/test_pkm.py",
+    "tests/pretrained/test_trime.py",
+    "tests/pretrained/test_knn.py",
+    "tests/pretrained/test_corpora.py",
     "tests/methods/marge/test_planted.py",
     "tests/methods/trime/test_modes.py",
     "tests/methods/recurrent/test_modes.py",
@@ -419,3 +423,19 @@ def core_config(family: str, data_dir: str):
   c.data.data_dir = data_dir
   c.train.num_steps = 4
   return c
+
+
+@pytest.fixture(scope="session")
+def imported_gpt2(tmp_path_factory):
+  """The tiny GPT-2 fixture imported (``--mode=import``, in process) into a
+  workdir the tests that only read it share; copy it to write into it."""
+  from configs import pretrained  # pylint: disable=g-import-not-at-top
+  import memjax  # pylint: disable=g-import-not-at-top
+
+  c = pretrained.get_config("import")
+  c.pretrained.path = os.path.join(
+      REPO, "tests", "fixtures", "pretrained", "gpt2"
+  )
+  workdir = str(tmp_path_factory.mktemp("imported_gpt2") / "gpt2")
+  memjax.run_mode("import", c, workdir)
+  return workdir

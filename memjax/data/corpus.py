@@ -1,4 +1,5 @@
-"""A run's corpus: token streams through SeqIO and the vocabulary.
+"""A run's corpus: token streams (SeqIO, or an imported tokenizer's for raw
+text: ``memjax.data.text_streams``) and the vocabulary.
 
 ``load_corpus`` reads the splits a run needs (evaluation never builds the
 training batcher); ``host_batch`` takes from a batcher's batch the arrays a
@@ -18,6 +19,7 @@ import numpy as np
 from memjax import errors
 from memjax import settings as settings_lib
 from memjax.data import sources
+from memjax.data import text_streams
 from memjax.io import lease
 from memjax.io import paths
 
@@ -114,11 +116,20 @@ def check_data(
 
   cache_dir = data_dirs(d, workdir)[1] if (workdir or d.cache_dir) else ""
 
+  tokenizer = _check_vocabulary(d, e, workdir)
+
   def check(corpus, data_dir, split, vocab_source):
     try:
       sources.split_path(corpus, data_dir, split)
     except errors.DataError:
-      if not tasks.is_cached(corpus, data_dir, split, cache_dir, vocab_source):
+      if tokenizer:
+        if not text_streams.is_cached(
+            corpus, data_dir, split, cache_dir, tokenizer
+        ):
+          raise
+      elif not tasks.is_cached(
+          corpus, data_dir, split, cache_dir, vocab_source
+      ):
         raise
 
   if train:
@@ -144,22 +155,37 @@ def read_stream(
   corpus, data_dir, vocab_source = eval_source(d, e, corpus, data_dir)
   cache_dir = data_dirs(d, workdir)[1]
   paths.makedirs(cache_dir)
+  if text_streams.is_text(corpus):
+    tokenizer = text_streams.tokenizer_dir(d, workdir)
+    return text_streams.load_stream(
+        corpus, data_dir, split, cache_dir, tokenizer
+    )
   return tasks.load_token_stream(
       corpus, data_dir, split, cache_dir, vocab_source
   )
 
 
-def _check_not_imported(workdir: str) -> None:
-  """Refuses a workdir whose vocabulary is an imported tokenizer.json: the
-  corpora's token streams are in their own vocabularies, and scoring them
-  with the imported model would give meaningless numbers."""
-  path = paths.join(workdir, "vocab.json")
-  if paths.isfile(path) and '"tokenizer"' in paths.read_text(path):
-    raise errors.ConfigError(
-        f"{workdir} holds an imported model, whose tokenizer no corpus is "
-        "read through yet: score text with memjax.load(...).score(text) "
-        "(docs/pretrained.md)"
-    )
+def _check_vocabulary(d: Data, e: Eval, workdir: str) -> str:
+  """The directory of the tokenizer the run reads text with ('' = none),
+  checked against the corpora it reads.
+
+  Raises:
+    errors.ConfigError: a corpus in its own vocabulary read by a model
+      with an imported tokenizer (the numbers would be meaningless), or
+      a raw-text corpus with no tokenizer to read it with.
+  """
+  tokenizer = text_streams.tokenizer_dir(d, workdir)
+  for name in {d.corpus, e.corpus or d.corpus}:
+    if bool(tokenizer) != text_streams.is_text(name):
+      if tokenizer:
+        raise errors.ConfigError(
+            f"{workdir} holds an imported model, which reads text through "
+            f"its own tokenizer, but corpus {name} has a vocabulary of its "
+            "own: use data.corpus=wikitext103_raw or data.corpus=text "
+            "(docs/pretrained.md)"
+        )
+      raise text_streams.no_tokenizer(name)
+  return tokenizer
 
 
 def load_corpus(
@@ -169,7 +195,8 @@ def load_corpus(
     splits: Optional[tuple[str, ...]] = None,
     train: bool = True,
 ) -> Corpus:
-  """Reads the corpus through its SeqIO task (token streams are cached).
+  """Reads the corpus through its SeqIO task, or a raw-text corpus through
+  the run's imported tokenizer (token streams are cached either way).
 
   Args:
     d: the run's data settings.
@@ -179,25 +206,19 @@ def load_corpus(
     train: also read the training split (training, unigram baselines).
 
   Raises:
-    errors.ConfigError: the workdir's model reads text through its own
-      tokenizer (an imported model), which no corpus is tokenised with yet.
+    errors.ConfigError: a model with an imported tokenizer given a corpus
+      in its own vocabulary, or a raw-text corpus without a tokenizer.
   """
-  from memjax.data import tasks  # pylint: disable=g-import-not-at-top
-  from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-
-  _check_not_imported(workdir)
   splits = tuple(e.splits if splits is None else splits)
   check_data(d, e, splits, train, workdir)
-  data_dir, cache_dir = data_dirs(d, workdir)
+  cache_dir = data_dirs(d, workdir)[1]
   paths.makedirs(cache_dir)
   corpus = d.corpus
-  train_stream = (
-      tasks.load_token_stream(corpus, data_dir, "train", cache_dir)
-      if train
-      else None
-  )
+  train_stream = None
+  if train:
+    train_stream = read_stream(d, settings_lib.Eval(), workdir, "train")
   streams_ = {s: read_stream(d, e, workdir, s) for s in splits}
-  vocab = vocab_lib.get_vocabulary(corpus, data_dir, cache_dir)
+  vocab = vocabulary(d, workdir)
   return Corpus(
       sources.canonical_corpus(corpus),
       int(vocab.vocab_size),
@@ -209,8 +230,13 @@ def load_corpus(
 
 
 def vocabulary(d: Data, workdir: str) -> Any:
-  """The corpus vocabulary of a run (built or read from the cache)."""
+  """The corpus vocabulary of a run (built or read from the cache), or the
+  imported tokenizer a raw-text corpus is read through."""
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+
+  if text_streams.is_text(d.corpus):
+    tokenizer = text_streams.tokenizer_dir(d, workdir)
+    return text_streams.vocabulary(tokenizer, d.corpus)
 
   data_dir, cache_dir = data_dirs(d, workdir)
   return vocab_lib.get_vocabulary(d.corpus, data_dir, cache_dir)

@@ -7,6 +7,12 @@ Three corpora are supported, each in the layout of its public release:
   top-level headings (`` = Title = ``).
 * ``enwik8``: raw bytes of a MediaWiki XML dump.
 * ``text8``: lower-case a-z and single spaces.
+* ``wikitext103_raw`` (alias ``wikitext_raw``): WikiText-103's raw release,
+  ``wiki.{train,valid,test}.raw`` (the words the ``.tokens`` files replace
+  by ``<unk>`` kept), and ``text``: any ``{train,valid,test}.txt``, each
+  split one document. Both are 'text'-level: read through a pretrained
+  model's own tokenizer (``memjax.data.text_streams``), not a vocabulary
+  of their own.
 
 The byte corpora are read either from split files ``{train,valid,test}.xml``
 (enwik8) / ``{train,valid,test}.txt`` (text8), or from the single release
@@ -57,8 +63,9 @@ class CorpusSpec:
 
   Attributes:
       name: canonical corpus name.
-      level: 'word' (word vocabulary; documents are str) or 'byte' (byte
-          vocabulary; documents are bytes).
+      level: 'word' (word vocabulary; documents are str), 'byte' (byte
+          vocabulary; documents are bytes) or 'text' (str documents read
+          through a pretrained model's tokenizer).
       split_files: file name of each split ('train', 'valid', 'test') in the
           data directory.
       release_file: for byte corpora, the single file of the official
@@ -71,7 +78,8 @@ class CorpusSpec:
       text_format: for word corpora, 'wikitext' (already tokenised,
           articles under ' = Title = ' headings) or 'sentences' (raw text,
           one sentence per line, tokenised here with sacreBLEU's 13a
-          tokenizer, the split read as one document).
+          tokenizer, the split read as one document) or 'plain' (a
+          'text' corpus's split read as one document, unchanged).
   """
 
   name: str
@@ -125,10 +133,33 @@ CORPORA: dict[str, CorpusSpec] = {
         demo_subdir="mt_de_en",
         text_format="sentences",
     ),
+    # Raw text read through a pretrained model's tokenizer (level 'text').
+    "wikitext103_raw": CorpusSpec(
+        name="wikitext103_raw",
+        level="text",
+        split_files={s: f"wiki.{s}.raw" for s in SPLITS},
+        release_file=None,
+        release_members=tuple(f"wiki.{s}.raw" for s in SPLITS),
+        url="",  # wikitext-103-raw-v1.zip, fetched by hand (docs/pretrained.md)
+        demo_subdir="wikitext_raw",
+    ),
+    "text": CorpusSpec(
+        name="text",
+        level="text",
+        split_files={s: f"{s}.txt" for s in SPLITS},
+        release_file=None,
+        release_members=(),
+        url="",
+        demo_subdir="text",
+        text_format="plain",
+    ),
 }
 
 CORPUS_ALIASES: dict[str, str] = {
     "wikitext": "wikitext103",
+    "wikitext_raw": "wikitext103_raw",
+    "wikitext-103-raw": "wikitext103_raw",
+    "wt103_raw": "wikitext103_raw",
     "wikitext-103": "wikitext103",
     "wikitext_103": "wikitext103",
     "wt103": "wikitext103",
@@ -452,6 +483,6 @@ def read_documents(
   if spec.level == "byte":
     return [read_split_bytes(spec.name, data_dir, split)]
   text = read_text(spec.name, data_dir, split)
-  if spec.text_format == "sentences":
+  if spec.text_format in ("sentences", "plain"):
     return [text]
   return split_wikitext_articles(text)

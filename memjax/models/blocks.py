@@ -268,8 +268,9 @@ class BlockStack(nn.Module):
     feed_forward: the feed-forward kind of ``feed_forward_layers``.
     feed_forward_options: its own attributes (a dict).
     feed_forward_layers: 1-based numbers of the layers of that kind; the
-      others use the plain feed-forward with the options it takes. () =
+      others use ``feed_forward_base`` with the options it takes. () =
       every layer.
+    feed_forward_base: the other layers' kind (``feed_forward_options.base``).
     kind_name: ``model.feed_forward``, for messages.
     dropout_rate: residual, embedding and feed-forward dropout.
     attention_dropout_rate: dropout on attention probabilities.
@@ -295,6 +296,7 @@ class BlockStack(nn.Module):
   feed_forward: extend.FeedForward = feed_forward_lib.PLAIN
   feed_forward_options: Optional[Mapping[str, Any]] = None
   feed_forward_layers: Sequence[int] = ()
+  feed_forward_base: extend.FeedForward = feed_forward_lib.PLAIN
   kind_name: str = "ffn"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -395,10 +397,12 @@ class BlockStack(nn.Module):
     chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
     kind, name = self.feed_forward, self.kind_name
     options = dict(self.feed_forward_options or {})
+    fields = lambda k: {f.name for f in dataclasses.fields(k.module)}
     if layer + 1 not in chosen:
-      kind, name = feed_forward_lib.PLAIN, "ffn"
-      takes = {f.name for f in dataclasses.fields(kind.module)}
-      options = {k: v for k, v in options.items() if k in takes}
+      kind, name = self.feed_forward_base, "ffn"
+      options = {k: v for k, v in options.items() if k in fields(kind)}
+    elif "base" not in fields(kind):  # The engine's option, not the kind's.
+      options.pop("base", None)
     return make_sublayer(
         kind.module,
         options,

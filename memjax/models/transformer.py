@@ -316,6 +316,8 @@ def block_settings(
       feed-forward layers out of range.
   """
   kind = parts.feed_forward.get(model.feed_forward)
+  options = options_of(model.feed_forward_options) or {}
+  base = parts.feed_forward.get(str(options.get("base", "ffn")))
   for n in model.feed_forward_layers:
     if not isinstance(n, int) or not 1 <= n <= model.num_layers:
       raise errors.ConfigError(
@@ -330,6 +332,7 @@ def block_settings(
       feed_forward=kind,
       feed_forward_options=options_of(model.feed_forward_options),
       feed_forward_layers=tuple(model.feed_forward_layers),
+      feed_forward_base=base,
       kind_name=model.feed_forward,
       norm_epsilon=float(model.norm_epsilon),
   )

@@ -15,6 +15,9 @@ imported one.
   ``tokenizer.json`` as a memjax vocabulary.
 * ``mode``: ``config.pretrained`` and ``--mode=import``, which writes an
   export (``memjax.load``, ``--mode=eval``, ``train.init_from`` take it).
+* ``sizes``: a config given for an import (or trained from one) takes its
+  model settings and tokenizer (``memjax.build.resolve``).
+* ``memjax.data.text_streams``: raw-text corpora through its tokenizer.
 
 The ``safetensors`` and ``tokenizers`` packages are the ``[pretrained]``
 extra, imported only here (``memjax.io.optional``).

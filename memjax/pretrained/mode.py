@@ -28,6 +28,7 @@ from memjax.io import console
 from memjax.io import paths
 from memjax.pretrained import checkpoint
 from memjax.pretrained import families
+from memjax.pretrained import sizes
 from memjax.data import tokenizer_vocab as vocab_lib
 from memjax.run import spec
 from memjax.run import state as state_lib
@@ -100,16 +101,10 @@ def _imported_run(run: spec.Run, model: dict[str, Any]) -> spec.Run:
   """The run with the model settings ``model`` (and evaluation windows and
   segments that fit its positions), its config_json saying so."""
   s = run.settings
-  max_len = model["max_len"]
-  window = min(s.eval.window_len, max_len)
-  changes = {
-      "model": model,
-      "eval": {
-          "window_len": window,
-          "score_len": min(s.eval.score_len, max(1, window // 2)),
-      },
-      "data": {"seq_len": min(s.data.seq_len, max_len)},
-  }
+  changes = {"model": model}
+  changes.update(
+      sizes.fitted(model, s.eval.window_len, s.eval.score_len, s.data.seq_len)
+  )
   saved = json.loads(run.config_json)
   sections = []
   for section, values in changes.items():
@@ -178,6 +173,7 @@ def import_model(run: spec.Run) -> dict[str, Any]:
       "dtype": "float32",
       "source": folder,
       "imported": hf["model_type"],
+      "model": model,
   }
   out = paths.resolve(run.workdir)
   runfiles.write_export(out, new.config_json, vocab, params, meta)

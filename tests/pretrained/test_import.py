@@ -192,13 +192,6 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
   assert left == (["notes.txt"] if case == "workdir not empty" else [])
 
 
-def test_corpus_evaluation_of_an_imported_model_is_refused(imported):
-  # No corpus is tokenised through an imported tokenizer yet: refused
-  # rather than scored in the corpus's own (other) vocabulary.
-  with pytest.raises(errors.ConfigError, match="holds an imported model"):
-    memjax.run_mode("eval", None, imported["llama_gqa"])
-
-
 def test_special_ids_of_config_json():  # pylint: disable=protected-access
   # Llama 3 lists its end tokens; the first is the vocabulary's eos.
   assert pretrained_mode._special_id([128001, 128009]) == 128001

@@ -151,6 +151,8 @@ class ProductKeyMemory(nn.Module):
     read_group: columns per step of the 'bag' read (0 = up to 8).
     qk_norm: scale the query halves and the sub-keys to unit RMS before
       scoring (Memory+, Berges et al. 2025; off in Lample et al.).
+    zero_values: values initialised to zero (the memory reads 0 until
+      trained: a memory added to a pretrained model leaves it unchanged).
   """
 
   d_model: int
@@ -164,6 +166,7 @@ class ProductKeyMemory(nn.Module):
   read: str = "bag"
   read_group: int = 0
   qk_norm: bool = False
+  zero_values: bool = False
 
   def _query(self, x: Array, mask: Array, deterministic: bool) -> Array:
     """[N, D] -> [N, H, k_dim] normalised queries."""
@@ -231,10 +234,10 @@ class ProductKeyMemory(nn.Module):
         (h, 2, c, self.k_dim // 2),
     )  # fmt: skip
     if values is None:
+      init, axes = _values_init(vdim)
+      init = nn.initializers.zeros if self.zero_values else init
       values = self.param(
-          "values",
-          nn.with_logical_partitioning(*_values_init(vdim)),
-          (c * c, vdim),
+          "values", nn.with_logical_partitioning(init, axes), (c * c, vdim)
       )
     if self.qk_norm:
       q, keys = _qk_norm(q, keys)
@@ -314,6 +317,8 @@ class MemoryFeedForward(nn.Module):
   gate: bool = False
   shared_values: bool = False
   activation: str = "relu"  # the FFN's (model.activation)
+  zero_values: bool = False
+  base: str = "ffn"  # the FFN's kind: 'glu' (gate, up, down) or 'ffn'
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
 
@@ -338,15 +343,15 @@ class MemoryFeedForward(nn.Module):
       values = shared["values"]
     out = jnp.zeros_like(x)
     if self.ffn_weight:
-      f = feed_forward.FeedForward(
-          d_model=self.d_model,
-          d_ff=self.d_ff,
-          dropout_rate=self.dropout_rate,
-          dtype=self.dtype,
-          activation_dropout=self.activation_dropout,
-          activation=self.activation,
-          name="dense",
-      )(x, deterministic=deterministic)
+      sizes = dict(d_model=self.d_model, d_ff=self.d_ff, dtype=self.dtype,
+                   dropout_rate=self.dropout_rate, activation=self.activation)  # fmt: skip
+      if self.base == "glu":  # A pretrained Llama's (SwiGLU) FFN.
+        dense = feed_forward.GatedFeedForward(**sizes, name="dense")
+      else:
+        dense = feed_forward.FeedForward(
+            **sizes, activation_dropout=self.activation_dropout, name="dense"
+        )
+      f = dense(x, deterministic=deterministic)
       out = out + self.ffn_weight * f
     if self.memory_weight:
       m = ProductKeyMemory(
@@ -360,6 +365,7 @@ class MemoryFeedForward(nn.Module):
           read=self.read,
           read_group=self.read_group,
           qk_norm=self.qk_norm,
+          zero_values=self.zero_values,
           name="memory",
       )(x, deterministic=deterministic, mask=mask, values=values)
       if self.gate:

@@ -1,0 +1,62 @@
+"""A config given for an imported model takes its sizes (pretrained.sizes)."""
+
+import json
+import os
+
+from memjax.pretrained import sizes
+
+
+def _export(tmp_path, model):
+  path = tmp_path / "import"
+  path.mkdir()
+  (path / "export.json").write_text(
+      json.dumps({"imported": "llama", "model": model})
+  )
+  return str(path)
+
+
+MODEL = {
+    "num_layers": 4, "d_model": 32, "max_len": 64, "dropout": 0.0,
+    "feed_forward": "glu", "feed_forward_options": {},
+    "feed_forward_layers": [],
+}  # fmt: skip
+
+
+def _tree(**model):
+  return {
+      "model": dict({"num_layers": 2, "d_model": 8, "dropout": 0.1,
+                     "feed_forward": "ffn", "feed_forward_options": {},
+                     "feed_forward_layers": []}, **model),
+      "eval": {"window_len": 512, "score_len": 256},
+      "data": {"seq_len": 128, "tokenizer": ""},
+      "train": {"init_from": ""},
+  }  # fmt: skip
+
+
+def test_the_imports_sizes_and_tokenizer_the_configs_dropout(tmp_path):
+  source = _export(tmp_path, MODEL)
+  tree = _tree()
+  tree["train"]["init_from"] = source
+  assert sizes.apply(tree, str(tmp_path / "new"))
+  m = tree["model"]
+  assert (m["num_layers"], m["d_model"], m["feed_forward"]) == (4, 32, "glu")
+  assert m["dropout"] == 0.1  # The config's (CONFIG_KEYS).
+  assert tree["eval"] == {"window_len": 64, "score_len": 32}
+  assert tree["data"] == {"seq_len": 64, "tokenizer": os.path.realpath(source)}
+  # In the import's own workdir its tokenizer is the run's: none named.
+  tree = _tree()
+  assert sizes.apply(tree, source) and tree["data"]["tokenizer"] == ""
+  # Neither is an import: unchanged.
+  tree, before = _tree(), json.dumps(_tree())
+  assert not sizes.apply(tree, str(tmp_path)) and json.dumps(tree) == before
+
+
+def test_an_inserted_feed_forward_keeps_the_imports_kind_elsewhere(tmp_path):
+  source = _export(tmp_path, MODEL)
+  tree = _tree(feed_forward="resm", feed_forward_layers=[-2, 1],
+               feed_forward_options={"num_keys": 8})  # fmt: skip
+  tree["train"]["init_from"] = source
+  assert sizes.apply(tree, str(tmp_path / "new"))
+  m = tree["model"]
+  assert m["feed_forward"] == "resm" and m["feed_forward_layers"] == [3, 1]
+  assert m["feed_forward_options"] == {"num_keys": 8, "base": "glu"}
