@@ -14,8 +14,10 @@ XLA's ``HloCostAnalysis`` conventions (``xla/service/hlo_cost_analysis.cc``)
 so that its count of a loop-free module is XLA's:
 
 * ``dot``: 2 x output elements x the contracted elements;
-* ``convolution``: 2 x output elements x the kernel's input features x its
-  spatial window (divided by the feature groups);
+* ``convolution``: 2 x output batch and features x the kernel's input
+  features x the (output, window) position pairs that read an input
+  element (the TPU compiler writes batched matrix products as convolutions
+  dilated so that one window position in eight reads an element);
 * elementwise arithmetic, compare, select, clamp: one per output element;
   transcendentals (exp, log, tanh, rsqrt, ...) count as transcendentals,
   not FLOPs;
@@ -310,15 +312,47 @@ class Counter:
     return function * out
 
   def _convolution(self, computation: str, i: Instruction, out: int) -> float:
-    """2 x output x the kernel's window x its input features (per group)."""
-    kernel = self._shape[computation].get(i.operands[1], ())
-    labels = re.search(r"dim_labels=\w+_(\w+)->", i.attributes)
-    size = _elements(kernel)
-    if labels and kernel:
-      # The kernel's output-feature dimension is 'o'; the rest multiply.
-      o = labels.group(1).find("o")
-      size //= max(kernel[o], 1)
-    return 2.0 * out * size
+    """XLA's ``GetConvolutionFlops``: 2 x the output's batch and features x
+    the kernel's input features x, per spatial dimension, the (output,
+    window) position pairs that land on an input element (not on padding
+    or a hole of ``lhs_dilate``). The TPU compiler writes batched matrix
+    products as such dilated convolutions."""
+    shapes = self._shape[computation]
+    lhs, kernel = (shapes.get(x, ()) for x in i.operands[:2])
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", i.attributes)
+    if not labels or not kernel or not lhs:
+      return 2.0 * out * _elements(kernel)
+    in_labels, kernel_labels, out_labels = labels.groups()
+    window = re.search(r"window=\{([^}]*)\}", i.attributes)
+    fields = dict(
+        f.split("=", 1) for f in (window.group(1).split() if window else [])
+    )
+    spatial = [d for d in out_labels if d.isdigit()]
+
+    def per_dim(key: str, default: int) -> list[int]:
+      if key not in fields:
+        return [default] * len(spatial)
+      return [int(v) for v in fields[key].split("x")]
+
+    size, stride = per_dim("size", 1), per_dim("stride", 1)
+    lhs_dilate, rhs_dilate = per_dim("lhs_dilate", 1), per_dim("rhs_dilate", 1)
+    pads = fields.get("pad", "").split("x") if "pad" in fields else []
+    pad_low = [int(p.split("_")[0]) for p in pads] or [0] * len(spatial)
+    pairs = 1
+    for k, d in enumerate(spatial):
+      n_in = lhs[in_labels.index(d)]
+      n_out = i.shapes[0][out_labels.index(d)]
+      limit = (n_in - 1) * lhs_dilate[k]
+      count = 0
+      for o in range(n_out):
+        for w in range(size[k]):
+          pos = o * stride[k] + w * rhs_dilate[k] - pad_low[k]
+          count += 0 <= pos <= limit and pos % lhs_dilate[k] == 0
+      pairs *= count
+    outer = out // max(
+        _elements(tuple(i.shapes[0][out_labels.index(d)] for d in spatial)), 1
+    )
+    return 2.0 * outer * kernel[kernel_labels.index("i")] * pairs
 
 
 def module_flops(text: str, trips: bool = True) -> float:

@@ -91,3 +91,30 @@ def test_smoke_step_counted_as_unrolled(tmp_path):
   unrolled_device = lowered.compile().cost_analysis()["flops"]
   assert flops["flops_per_device"] == pytest.approx(unrolled_device, rel=0.05)
   assert flops["uncounted_loops"] == 0
+
+
+def test_dilated_convolution_counts_the_positions_it_reads():
+  # The TPU compiler's form of a batched product [2, 4] x ([3072, 32] x
+  # [32, 3072]) (from its compiled train step): batch and heads on spatial
+  # dimensions dilated 2x4, so of the 2x4 window only one position per
+  # output reads an element. 2 x output x 32 contracted, not 8 times that.
+  text = """HloModule m
+
+ENTRY %main (a: f32[2,4,32,3072], b: f32[2,3072,4,32]) -> f32[2,4,3072,3072] {
+  %a = f32[2,4,32,3072]{3,2,1,0} parameter(0)
+  %b = f32[2,3072,4,32]{3,2,1,0} parameter(1)
+  ROOT %c = f32[2,4,3072,3072]{3,2,1,0} convolution(%a, %b), window={size=2x4 stride=1x3 lhs_dilate=2x4}, dim_labels=01fb_0o1i->01bf
+}
+"""
+  assert hlo_flops.module_flops(text) == 2 * (2 * 4 * 3072 * 3072) * 32
+  # An undilated convolution: every window position reads (3 of a 3-wide
+  # window at 8 output positions of a padded 8-long input: 22 pairs).
+  text = """HloModule m
+
+ENTRY %main (a: f32[1,8,5], b: f32[3,5,7]) -> f32[1,8,7] {
+  %a = f32[1,8,5]{2,1,0} parameter(0)
+  %b = f32[3,5,7]{2,1,0} parameter(1)
+  ROOT %c = f32[1,8,7]{2,1,0} convolution(%a, %b), window={size=3 pad=1_1}, dim_labels=b0f_0io->b0f
+}
+"""
+  assert hlo_flops.module_flops(text) == 2 * 7 * 5 * 22
