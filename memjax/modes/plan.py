@@ -1,8 +1,7 @@
 """``--mode=plan``: compile a config's train step for a target, don't run it.
 
     python -m memjax.main --mode=plan --workdir=plans/247m \\
-        --config=configs/trime_wt103.py:trime_247m \\
-        --config.plan.devices=256 --config.plan.platform=tpu_v4
+        --config=configs/trime_wt103.py:trime_247m --config.plan.platform=v4-8
 
 The step is lowered and compiled ahead of time with ``plan.devices``
 devices and the config's mesh (``memjax.modes.plan_compile``): fake CPU
@@ -16,8 +15,9 @@ the workdir (a re-run replaces them).
 What it reports, per dtype (``plan.dtypes``: model.dtype float32 and
 bfloat16):
 
-* parameters, and FLOPs per token: XLA's cost analysis of the step with its
-  scans unrolled (``memjax.models.unroll``), next to the formula
+* parameters, and FLOPs per token: XLA's rules applied to the step's HLO,
+  each loop body times its trip count (``memjax.modes.hlo_flops``), next
+  to the formula
   ``6 N + 12 n_layer T d_attn`` (PaLM, Chowdhery et al. 2022, App. B: N
   parameters, T the attended positions, d_attn = heads x head_dim; the 12
   counts QK^T and AV, forward and backward, without exploiting the causal
