@@ -22,7 +22,9 @@ so that its count of a loop-free module is XLA's:
   transcendentals (exp, log, tanh, rsqrt, ...) count as transcendentals,
   not FLOPs;
 * ``reduce``, ``reduce-window``, ``scatter``, ``select-and-scatter``,
-  ``map``, ``sort``: the applied computation's FLOPs per application;
+  ``map``, ``sort``: the applied computation's FLOPs per application (a
+  window as long as its dimension, the TPU compiler's form of a reduction
+  broadcast back, is counted as that reduction);
 * ``fusion``, ``call``, ``async`` wrappers: their computation; a
   ``conditional``: its costliest branch;
 * ``while``: (condition + body) x the trip count, read from XLA's
@@ -304,12 +306,26 @@ class Counter:
       updates = i.operands[len(i.operands) // 2 + 1 :] or i.operands[-1:]
       return function * sum(_elements(shapes.get(u, ())) for u in updates)
     if i.opcode == "reduce-window":
-      window = _elements(
-          tuple(int(x) for x in re.findall(r"size=([0-9x]+)", i.attributes)[0]
-                .split("x"))
-      ) if "size=" in i.attributes else 1  # fmt: skip
-      return function * out * max(window - 1, 0)
+      return function * self._window_applications(computation, i, out)
     return function * out
+
+  def _window_applications(
+      self, computation: str, i: Instruction, out: int
+  ) -> float:
+    """Applications of a ``reduce-window``'s function: XLA's (window - 1)
+    per output element, except for a window as long as its dimension. The
+    TPU compiler writes a reduction broadcast back over its dimension (the
+    row maximum of a softmax, subtracted from every element) as such a
+    window, padded to twice the row: read as XLA's rule it would cost a
+    row's length per element, quadratic in the row; it is that reduction,
+    one application per input element."""
+    sizes = re.search(r"size=([0-9x]+)", i.attributes)
+    window = [int(x) for x in sizes.group(1).split("x")] if sizes else [1]
+    lhs = self._shape[computation].get(i.operands[0], ())
+    if lhs and len(lhs) == len(window):
+      if any(w > 1 and w >= n for w, n in zip(window, lhs)):
+        return float(_elements(lhs))
+    return float(out * max(_elements(tuple(window)) - 1, 0))
 
   def _convolution(self, computation: str, i: Instruction, out: int) -> float:
     """XLA's ``GetConvolutionFlops``: 2 x the output's batch and features x

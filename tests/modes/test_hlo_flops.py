@@ -118,3 +118,27 @@ ENTRY %main (a: f32[1,8,5], b: f32[3,5,7]) -> f32[1,8,7] {
 }
 """
   assert hlo_flops.module_flops(text) == 2 * 7 * 5 * 22
+
+
+def test_reduce_window_over_a_whole_row_is_that_reduction():
+  # The TPU compiler's form of a row maximum broadcast back over the row
+  # (a softmax's): a window of 2n - 1 padded n - 1 each side. One
+  # application per input element, not n per output element; a window
+  # shorter than its dimension keeps XLA's (window - 1) per output.
+  text = """HloModule m
+
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}
+
+ENTRY %main (x: f32[4,3072]) -> (f32[4,3072], f32[4,1536]) {
+  %x = f32[4,3072]{1,0} parameter(0)
+  %init = f32[] constant(-inf)
+  %row = f32[4,3072]{1,0} reduce-window(%x, %init), window={size=1x6143 pad=0_0x3071_3071}, to_apply=%max
+  %pairs = f32[4,1536]{1,0} reduce-window(%x, %init), window={size=1x2 stride=1x2}, to_apply=%max
+  ROOT %t = (f32[4,3072]{1,0}, f32[4,1536]{1,0}) tuple(%row, %pairs)
+}
+"""
+  assert hlo_flops.module_flops(text) == 4 * 3072 + 4 * 1536 * 1
