@@ -40,12 +40,24 @@ with the model, not its sizes:
   and keys fresh; its values start at zero (``zero_values``), so at
   initialisation the model computes exactly what the imported one does.
   512^2 slots, 4 heads, top 32, k_dim 256, LayerNorm queries (causal).
+* ``llama_pkm_replace``: Lample et al.'s own placement, the memory in
+  place of that layer's feed-forward (``model.feed_forward='pkm'``). Every
+  other parameter of the imported model is restored; the replaced FFN's
+  are reported as not used; the memory starts as Lample et al. initialise
+  it (random values), so unlike ``llama_pkm`` the model does not start as
+  the import.
 """
 
 from memjax import config as base
 from memjax import errors
 
-VARIANTS = ("import", "gpt2_knn", "gpt2_trime", "llama_pkm")
+VARIANTS = (
+    "import",
+    "gpt2_knn",
+    "gpt2_trime",
+    "llama_pkm",
+    "llama_pkm_replace",
+)
 
 
 def _import():
@@ -129,4 +141,9 @@ def get_config(arg: str = "import"):
     c = _trime(c)
   elif arg == "llama_pkm":
     c = _pkm(c)
+  elif arg == "llama_pkm_replace":
+    c = _pkm(c)
+    c.model.feed_forward = "pkm"
+    c.model.feed_forward_options.zero_values = False
+    c.train.init_from_map = ()
   return c

@@ -70,3 +70,48 @@ def test_resm_in_an_imported_llama_starts_as_the_llama(tmp_path):
   want = memjax.load(source).score(texts["valid"])
   assert got["tokens"] == want["tokens"]
   np.testing.assert_allclose(got["nll"], want["nll"], rtol=1e-6)
+
+
+def test_pkm_in_place_of_an_imported_feed_forward(tmp_path):
+  # Lample et al.'s placement: the memory replaces layer -2's SwiGLU; every
+  # other parameter comes from the import, the replaced ones are reported
+  # unused, and the run trains and evaluates through memjax.main.
+  source = str(tmp_path / "llama")
+  c = pretrained.get_config("import")
+  c.pretrained.path = FIXTURE
+  memjax.run_mode("import", c, source)
+  raw = os.path.join(sources.default_data_dir("wikitext_raw"), "wiki.valid.raw")
+  with open(raw, encoding="utf-8", newline="") as f:
+    text = f.read()
+  data = tmp_path / "text"
+  data.mkdir()
+  texts = {"train": text[:2000], "valid": text[2000:3000], "test": text[:10]}
+  for split, t in texts.items():
+    (data / f"{split}.txt").write_text(t, encoding="utf-8")
+  workdir = str(tmp_path / "pkm")
+  proc = run_main(
+      "--config=configs/pretrained.py:llama_pkm_replace",
+      f"--config.train.init_from={source}",
+      "--config.data.corpus=text", f"--config.data.data_dir={data}",
+      "--config.model.feed_forward_options.num_keys=8",
+      "--config.model.feed_forward_options.topk=4",
+      "--config.model.feed_forward_options.k_dim=16",
+      "--config.data.seq_len=32", "--config.data.batch_size=2",
+      "--config.train.num_steps=2", "--config.eval.splits=('valid',)",
+      f"--workdir={workdir}",
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  log = proc.stdout + proc.stderr
+  assert "fresh: layer_0/ffn/memory/keys" in log
+  assert "not used: layer_0/ffn/down/kernel" in log
+  pkm = memjax.load(workdir).restored.params
+  llama = memjax.load(source).restored.params
+  assert set(pkm["layer_0"]["ffn"]) == {"memory"}
+  # The other layer, attention included, is the import's (2 steps of
+  # training moved it by the learning rate's warm-up only).
+  np.testing.assert_allclose(
+      np.asarray(pkm["layer_1"]["ffn"]["up"]["kernel"]),
+      np.asarray(llama["layer_1"]["ffn"]["up"]["kernel"]), atol=1e-3,
+  )  # fmt: skip
+  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+    assert np.isfinite(json.load(f)["valid"]["nll"])
