@@ -139,8 +139,10 @@ CORPORA: dict[str, CorpusSpec] = {
         level="text",
         split_files={s: f"wiki.{s}.raw" for s in SPLITS},
         release_file=None,
-        release_members=tuple(f"wiki.{s}.raw" for s in SPLITS),
-        url="",  # wikitext-103-raw-v1.zip, fetched by hand (docs/pretrained.md)
+        # No recorded release (memjax.data.releases): wikitext-103-raw-v1.zip
+        # is fetched and unpacked by hand (docs/pretrained.md).
+        release_members=(),
+        url="",
         demo_subdir="wikitext_raw",
     ),
     "text": CorpusSpec(
