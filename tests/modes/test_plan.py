@@ -187,6 +187,27 @@ def test_main_plans_without_data_or_checkpoints(tmp_path):
   assert not os.path.exists(f"{workdir}2")
 
 
+def test_main_plans_a_method_run_with_its_formula_terms(tmp_path):
+  # MARGE's declared terms (memjax/methods/marge/flops.py) reach plan.json
+  # through python -m memjax.main --mode=plan, and the counted FLOPs are
+  # above the formula without them.
+  workdir = str(tmp_path / "plan")
+  r = run_main(
+      "--config=configs/marge_wt103.py:smoke", f"--workdir={workdir}",
+      "--mode=plan", "--config.plan.devices=2",
+      "--config.plan.fit_batch=False", "--config.plan.dtypes=('float32',)",
+      devices=1,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-2000:]
+  with open(os.path.join(workdir, "plan.json")) as f:
+    plan = json.load(f)
+  terms = plan["formula_flops_per_token"]["terms"]
+  assert set(terms) == {"cross-attention", "sources through the lower half"}
+  assert all(v > 0 for v in terms.values())
+  assert plan["flops"]["uncounted_loops"] == 0
+  assert "| wt103_marge_smoke | 2x cpu | float32 |" in r.stdout
+
+
 def _tiny(config, **options):
   """A smoke config widened so that products outweigh the elementwise
   work XLA also counts (D 128, heads of 64, V 256 without clusters), and
