@@ -22,7 +22,9 @@ from tests.conftest import run_main
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "pretrained", "llama_gqa")
 
 
-def test_resm_in_an_imported_llama_starts_as_the_llama(tmp_path):
+def _import_and_corpus(tmp_path) -> tuple[str, str]:
+  """(the imported tiny Llama's workdir, a 'text' corpus directory cut from
+  the shipped raw WikiText)."""
   source = str(tmp_path / "llama")
   c = pretrained.get_config("import")
   c.pretrained.path = FIXTURE
@@ -35,6 +37,11 @@ def test_resm_in_an_imported_llama_starts_as_the_llama(tmp_path):
   texts = {"train": text[:2000], "valid": text[2000:3000], "test": text[:10]}
   for split, t in texts.items():
     (data / f"{split}.txt").write_text(t, encoding="utf-8")
+  return source, str(data)
+
+
+def test_resm_in_an_imported_llama_starts_as_the_llama(tmp_path):
+  source, data = _import_and_corpus(tmp_path)
   workdir = str(tmp_path / "pkm")
   proc = run_main(
       "--config=configs/pretrained.py:llama_pkm",
@@ -67,7 +74,8 @@ def test_resm_in_an_imported_llama_starts_as_the_llama(tmp_path):
   # Its evaluation is the imported model's score of the same text.
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     got = json.load(f)["valid"]
-  want = memjax.load(source).score(texts["valid"])
+  with open(os.path.join(data, "valid.txt"), encoding="utf-8") as f:
+    want = memjax.load(source).score(f.read())
   assert got["tokens"] == want["tokens"]
   np.testing.assert_allclose(got["nll"], want["nll"], rtol=1e-6)
 
@@ -76,18 +84,7 @@ def test_pkm_in_place_of_an_imported_feed_forward(tmp_path):
   # Lample et al.'s placement: the memory replaces layer -2's SwiGLU; every
   # other parameter comes from the import, the replaced ones are reported
   # unused, and the run trains and evaluates through memjax.main.
-  source = str(tmp_path / "llama")
-  c = pretrained.get_config("import")
-  c.pretrained.path = FIXTURE
-  memjax.run_mode("import", c, source)
-  raw = os.path.join(sources.default_data_dir("wikitext_raw"), "wiki.valid.raw")
-  with open(raw, encoding="utf-8", newline="") as f:
-    text = f.read()
-  data = tmp_path / "text"
-  data.mkdir()
-  texts = {"train": text[:2000], "valid": text[2000:3000], "test": text[:10]}
-  for split, t in texts.items():
-    (data / f"{split}.txt").write_text(t, encoding="utf-8")
+  source, data = _import_and_corpus(tmp_path)
   workdir = str(tmp_path / "pkm")
   proc = run_main(
       "--config=configs/pretrained.py:llama_pkm_replace",
