@@ -69,14 +69,19 @@ def test_run_and_export_restore_with_the_same_outputs(family):
   run = build.load(os.path.join(root, "run"))
   export = build.load(os.path.join(root, "export"))
   assert (run.kind, export.kind) == ("run", "export")
-  # Run eagerly, as the fixtures were written: the outputs should agree to
-  # the last bits (a jitted program may fuse differently, ~2e-6 apart).
+  # Run eagerly, as the fixtures were written: the outputs agree to the
+  # last bits of float32 (a jitted program may fuse differently). The suite
+  # compiles with XLA's elemental emitters (conftest.COMPILE_FLAGS), whose
+  # exp, log and tanh differ in the last bits from the fusion emitters that
+  # wrote the fixtures: 1.8e-6 at most (LaMemo's second segment, values up
+  # to 11), against 9.5e-7 with the fusion emitters. A renamed or swapped
+  # parameter moves them by 1e-3 or more.
   for restored in (run, export):
     got = make_family_fixtures.outputs_for(family, restored, batch)
     assert sorted(got) == sorted(want)
     for key, value in want.items():
       np.testing.assert_allclose(
-          got[key], value, rtol=0, atol=1e-6, err_msg=f"{restored.kind} {key}"
+          got[key], value, rtol=0, atol=2e-6, err_msg=f"{restored.kind} {key}"
       )
 
 
