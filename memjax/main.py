@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -138,8 +138,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   ``--help`` prints the flags and exits 0 (absl's own help flag exits 1).
   """
   if any(a in _HELP for a in argv[1:]):
+    # This module's flags, under the name absl filed them by: the script's
+    # path for `python -m memjax.main`, 'memjax.main' for the console script
+    # and ``cli`` (absl's main_module_help finds only the former).
+    ours = flags.FLAGS.find_module_defining_flag(_WORKDIR.name)
     full = "--helpfull" in argv[1:]
-    print(flags.FLAGS.main_module_help() if not full else flags.FLAGS)
+    print(flags.FLAGS.module_help(ours) if not full else flags.FLAGS)
     sys.exit(0)
   try:
     rest = flags.FLAGS(argv)
@@ -256,6 +260,53 @@ def main(argv):
 def run() -> None:
   """The ``memjax`` console script: ``python -m memjax.main``."""
   app.run(main, flags_parser=parse_flags)
+
+
+def cli(argv: Sequence[str]) -> int:
+  """Runs one command line in this process, as ``python -m memjax.main``
+  runs it; returns its exit status.
+
+      status = cli(["--config=configs/trime_wt103.py:smoke",
+                    "--workdir=runs/smoke", "--mode=eval"])
+
+  Each call parses its flags anew (none carry over from an earlier call)
+  and goes through ``run``, so it prints and exits as the command does: a
+  problem with the input is one line on stderr and status 2. A bug in our
+  code raises, with its traceback. What cannot change once JAX has started
+  stays as this process started it: the number of devices, so a
+  ``--mode=plan`` for more fake devices than the process has needs a fresh
+  ``python -m memjax.main``.
+
+  Args:
+    argv: the command line's arguments, without the program name.
+
+  Returns:
+    The exit status: 0, 2 for bad input, 128 + the signal's number for a
+    training run stopped by a signal.
+  """
+  saved = sys.argv
+  # ml_collections reads the --config.* overrides from sys.argv itself.
+  sys.argv = [os.path.abspath(__file__), *argv]
+  try:
+    _forget_flags()
+    run()
+  except SystemExit as e:  # What the command exits with.
+    if e.code is None or isinstance(e.code, int):
+      return int(e.code or 0)
+    print(e.code, file=sys.stderr)
+    return 1
+  finally:
+    sys.argv = saved
+  return 0
+
+
+def _forget_flags() -> None:
+  """Back to no flags parsed: the --config.* override flags an earlier
+  parse defined are removed, every other flag goes back to its default."""
+  prefix = _CONFIG.name + "."
+  for name in [n for n in flags.FLAGS if n.startswith(prefix)]:
+    delattr(flags.FLAGS, name)
+  flags.FLAGS.unparse_flags()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
+import atexit  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import fcntl  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import json  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import subprocess  # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -91,8 +92,20 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
 
 
-def run_main(*args, timeout=600, devices=1, env=None):
-  """Runs ``python -m memjax.main`` as a user would (``devices`` CPUs)."""
+def run_main(*args, timeout=600, devices=1, env=None, fresh=False):
+  """Runs ``memjax.main``'s command line ``args`` as a user would
+  (``devices`` CPUs); returns the finished process (``returncode``,
+  ``stdout``, ``stderr``).
+
+  On one device, with no environment of its own, the command runs in this
+  test process's long-lived ``memjax.main`` (``tests/main_server.py``),
+  through ``memjax.main.cli``: the same flags, output and exit status
+  without starting an interpreter, JAX and TensorFlow again. ``fresh``, a
+  ``--mode=plan`` (it sets the device count before JAX starts) and
+  ``--multihost`` run in a new ``python -m memjax.main``.
+  """
+  if devices == 1 and env is None and not fresh and not _needs_fresh(args):
+    return _server(devices).run(args, timeout)
   full = dict(os.environ)
   full["XLA_FLAGS"] = xla_flags(devices)
   full.update(env or {})
@@ -104,6 +117,77 @@ def run_main(*args, timeout=600, devices=1, env=None):
       text=True,
       timeout=timeout,
   )
+
+
+def _needs_fresh(args) -> bool:
+  """Whether a command line must start its own interpreter."""
+  return "--mode=plan" in args or "--multihost" in args
+
+
+class MainServer:
+  """A ``python -m tests.main_server`` of this test process, started on
+  first use (again if it died) and stopped when the process exits."""
+
+  def __init__(self, devices: int):
+    self.devices = devices
+    self.proc = None
+
+  def _start(self):
+    env = dict(os.environ, XLA_FLAGS=xla_flags(self.devices))
+    self.proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.main_server"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+  def stop(self):
+    if self.proc is not None and self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+    self.proc = None
+
+  def run(self, args, timeout: float) -> subprocess.CompletedProcess:
+    """Runs one command line; as ``subprocess.run(..., timeout=timeout)``
+    raises ``TimeoutExpired`` (and stops the server) when it runs longer."""
+    import select  # pylint: disable=g-import-not-at-top
+    import tempfile  # pylint: disable=g-import-not-at-top
+
+    if self.proc is None or self.proc.poll() is not None:
+      self._start()
+    command = [sys.executable, "-m", "memjax.main", *args]
+    with tempfile.TemporaryDirectory() as tmp:
+      out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+      request = {"argv": list(args), "stdout": out, "stderr": err}
+      self.proc.stdin.write(json.dumps(request) + "\n")
+      self.proc.stdin.flush()
+      ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+      if not ready:
+        self.stop()
+        raise subprocess.TimeoutExpired(command, timeout)
+      reply = self.proc.stdout.readline()
+      if reply:
+        returncode = json.loads(reply)["returncode"]
+      else:  # The server died with the command (a crash in XLA, say).
+        returncode = self.proc.wait()
+        self.proc = None
+      with open(out, encoding="utf-8", errors="replace") as f:
+        stdout = f.read()
+      with open(err, encoding="utf-8", errors="replace") as f:
+        stderr = f.read()
+    return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+
+_SERVERS: dict[int, MainServer] = {}
+
+
+def _server(devices: int) -> MainServer:
+  if devices not in _SERVERS:
+    _SERVERS[devices] = MainServer(devices)
+    atexit.register(_SERVERS[devices].stop)
+  return _SERVERS[devices]
 
 
 @pytest.fixture(scope="session")

@@ -21,17 +21,8 @@ from tests import conftest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_main(*args, timeout=600):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = conftest.xla_flags(1)  # One CPU, as a user's laptop.
-  return subprocess.run(
-      [sys.executable, "-m", "memjax.main", *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+# One CPU, as a user's laptop; in the test process's long-lived memjax.main.
+_run_main = conftest.run_main
 
 
 def _losses(workdir):
@@ -333,14 +324,37 @@ def test_the_console_script_is_memjax_main():
       if k.arg == "entry_points"
   ]
   assert scripts == [["memjax = memjax.main:run"]]
-  # What the script runs: memjax.main.run, as `python -m memjax.main` does.
-  proc = subprocess.run(
-      [sys.executable, "-c",
-       "import sys; from memjax import main; "
-       "sys.argv = ['memjax', '--mode=list']; main.run()"],
-      cwd=REPO, capture_output=True, text=True, timeout=120,
-  )  # fmt: skip
-  assert proc.returncode == 0 and " tune " in proc.stdout, proc.stderr
+  # What the script runs: memjax.main.run, as `python -m memjax.main` does
+  # (its module is not __main__ there: --help still shows its flags).
+  for arg, shown in (("--mode=list", " tune "), ("--help", "--mode:")):
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from memjax import main; "
+         f"sys.argv = ['memjax', {arg!r}]; main.run()"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and shown in proc.stdout, proc.stderr
+
+
+def test_cli_runs_command_lines_in_process_each_parsed_anew(tmp_path, capsys):
+  """memjax.main.cli: the command line's output and exit status in this
+  process; an override of one call is gone in the next."""
+  from memjax import main  # pylint: disable=g-import-not-at-top
+
+  assert main.cli(["--mode=list"]) == 0
+  assert " tune " in capsys.readouterr().out
+  smoke = ("--config=configs/trime_wt103.py:smoke", f"--workdir={tmp_path}")
+  assert main.cli([*smoke, "--config.train.num_steps=-5"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["memjax: error: train.num_steps must be a positive integer, "
+                 "got -5"]  # fmt: skip
+  # train.num_steps, checked first, is the config's own again.
+  assert main.cli([*smoke, "--config.data.data_dir=/nonexistent/wt"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "/nonexistent/wt" in err[0], err
+  assert main.cli(["--mode=nope", f"--workdir={tmp_path}"]) == 2
+  assert "unknown --mode 'nope'" in capsys.readouterr().err
+  assert not os.listdir(tmp_path)
 
 
 def test_make_help_lists_every_target_with_its_minutes():

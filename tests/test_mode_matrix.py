@@ -91,6 +91,10 @@ SINGLE = [
     ("translate", "mt"),
     ("import", "lm"),
 ]  # fmt: skip
+# Cells that start their own ``python -m memjax.main``, as a user does; the
+# others run in the test process's long-lived one (``conftest.run_main``),
+# and every --mode=plan cell starts its own (it sets the device count).
+FRESH = {("eval", "lm"), ("train", "cls"), ("tokenize", "mt")}
 CHAINS = {
     "lm_datastore": (("datastore", "index", "recall"), "lm"),
     "mt_datastore": (("mt_datastore", "mt_tune", "mt_translate"), "mt"),
@@ -194,7 +198,7 @@ def _run_mode(mode: str, run: str, workdir: str, source: str, tmp_path):
     ]
   elif mode in MODE_FLAGS:
     args += [*_config_flags(run, source), *MODE_FLAGS[mode]]
-  return run_main(*args)
+  return run_main(*args, fresh=(mode, run) in FRESH)
 
 
 def _read_back(path: str) -> None:
@@ -377,6 +381,6 @@ def test_a_method_added_from_outside_refuses_another_kind_in_one_line(
   before = _listing(workdir)
   proc = run_main(
       f"--config={config}", *flags[1:], "--mode=gate_norms",
-      f"--workdir={workdir}",
+      f"--workdir={workdir}", fresh=True,  # It adds a method to the process.
   )  # fmt: skip
   _assert_refused(proc, "gate_norms", before, workdir)

@@ -3,8 +3,6 @@
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import matplotlib.image
 import numpy as np
@@ -16,8 +14,7 @@ from memjax import build
 from memjax.io import events
 from memjax.modes import frequency
 
-from tests.conftest import REPO  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tests.conftest import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests.conftest import run_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _config(variant, **eval_memory):
@@ -194,21 +191,10 @@ def test_trime_ext_packs_offline_then_trains(tmp_path):
 
 
 def test_tune_without_a_checkpoint_is_one_line_error(tmp_path):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = xla_flags(1)
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "memjax.main",
-          "--config=configs/trime_wt103.py:trime_smoke",
-          f"--workdir={tmp_path}",
-          "--mode=tune",
-      ],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
+  proc = run_main(
+      "--config=configs/trime_wt103.py:trime_smoke",
+      f"--workdir={tmp_path}",
+      "--mode=tune",
       timeout=300,
   )
   assert proc.returncode == 2
