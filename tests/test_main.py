@@ -336,24 +336,39 @@ def test_the_console_script_is_memjax_main():
     assert proc.returncode == 0 and shown in proc.stdout, proc.stderr
 
 
-def test_cli_runs_command_lines_in_process_each_parsed_anew(tmp_path, capsys):
-  """memjax.main.cli: the command line's output and exit status in this
-  process; an override of one call is gone in the next."""
-  from memjax import main  # pylint: disable=g-import-not-at-top
+# Three command lines in one process through memjax.main.cli: each prints its
+# status; an override of the second must be gone in the third (it checks
+# train.num_steps first, so a left-over -5 would be named again).
+_CLI_SCRIPT = """
+import sys
+from memjax import main
+smoke = ["--config=configs/trime_wt103.py:smoke", "--workdir=" + sys.argv[1]]
+for argv in (["--mode=list"], smoke + ["--config.train.num_steps=-5"],
+             smoke + ["--config.data.data_dir=/nonexistent/wt"],
+             ["--mode=nope", "--workdir=" + sys.argv[1]]):
+  print("status", main.cli(argv), flush=True)
+  print("status", file=sys.stderr, flush=True)
+"""
 
-  assert main.cli(["--mode=list"]) == 0
-  assert " tune " in capsys.readouterr().out
-  smoke = ("--config=configs/trime_wt103.py:smoke", f"--workdir={tmp_path}")
-  assert main.cli([*smoke, "--config.train.num_steps=-5"]) == 2
-  err = capsys.readouterr().err.strip().splitlines()
-  assert err == ["memjax: error: train.num_steps must be a positive integer, "
-                 "got -5"]  # fmt: skip
-  # train.num_steps, checked first, is the config's own again.
-  assert main.cli([*smoke, "--config.data.data_dir=/nonexistent/wt"]) == 2
-  err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and "/nonexistent/wt" in err[0], err
-  assert main.cli(["--mode=nope", f"--workdir={tmp_path}"]) == 2
-  assert "unknown --mode 'nope'" in capsys.readouterr().err
+
+def test_cli_runs_command_lines_in_process_each_parsed_anew(tmp_path):
+  """memjax.main.cli: each command line's output and exit status, in the
+  calling process; nothing of one call's flags in the next."""
+  proc = subprocess.run(
+      [sys.executable, "-c", _CLI_SCRIPT, str(tmp_path)],
+      cwd=REPO, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  statuses = [l for l in proc.stdout.splitlines() if l.startswith("status")]
+  assert statuses == ["status 0", "status 2", "status 2", "status 2"]
+  assert " tune " in proc.stdout
+  errors = [e.strip() for e in proc.stderr.split("status\n")[1:]]
+  assert errors[0] == (
+      "memjax: error: train.num_steps must be a positive integer, got -5"
+  )
+  assert errors[1].count("\n") == 0 and "/nonexistent/wt" in errors[1]
+  assert "num_steps" not in errors[1]
+  assert errors[2].startswith("memjax: error: unknown --mode 'nope'")
   assert not os.listdir(tmp_path)
 
 
