@@ -338,42 +338,59 @@ def _once(tmp_path_factory, name: str, make) -> str:
 # -- recurrent memory (configs/lamemo_wt103.py) -------------------------------
 
 
+# The recurrent smoke runs' settings over configs/<name>.py:smoke: 6 steps of
+# two micro-batches of 8 lanes, logged and evaluated at steps 3 and 6.
+RECURRENT_SMOKE_SETTINGS = {
+    "train.num_steps": 6,
+    "train.log_every": 3,
+    "train.eval_every": 3,
+    "train.eval_max_windows": 2,
+    "train.checkpoint_every": 6,
+    "data.batch_size": 16,
+    "train.grad_accum": 2,  # Sums add up over micro-batches.
+    "eval.max_windows": 4,
+}
+
+
 def recurrent_smoke_config(name: str, cache_dir: str):
-  """``configs/<name>.py:smoke`` (txl_wt103, lamemo_wt103) cut to 6 steps
-  of two micro-batches of 8 lanes (one a device), logged and evaluated at
-  steps 3 and 6."""
+  """``configs/<name>.py:smoke`` (txl_wt103, lamemo_wt103) with
+  ``RECURRENT_SMOKE_SETTINGS``, its token caches in ``cache_dir``."""
   import importlib  # pylint: disable=g-import-not-at-top
 
   c = importlib.import_module(f"configs.{name}").get_config("smoke")
   c.data.cache_dir = cache_dir
-  c.train.num_steps = 6
-  c.train.log_every = 3
-  c.train.eval_every = 3
-  c.train.eval_max_windows = 2
-  c.train.checkpoint_every = 6
-  c.data.batch_size = 16
-  c.train.grad_accum = 2  # Sums add up over micro-batches.
-  c.eval.max_windows = 4
+  for key, value in RECURRENT_SMOKE_SETTINGS.items():
+    section, field = key.split(".")
+    c[section][field] = value
   return c
+
+
+def recurrent_smoke_flags(name: str, cache_dir: str) -> tuple[str, ...]:
+  """The command line of ``recurrent_smoke_config(name, cache_dir)``."""
+  return (
+      f"--config=configs/{name}.py:smoke",
+      f"--config.data.cache_dir={cache_dir}",
+      *[f"--config.{k}={v}" for k, v in RECURRENT_SMOKE_SETTINGS.items()],
+  )
+
+
+def lamemo_smoke_cache(workdir: str) -> str:
+  """The token caches of the shared LaMemo run ``workdir``."""
+  return os.path.join(os.path.dirname(workdir), "lamemo_smoke_cache")
 
 
 @pytest.fixture(scope="session")
 def lamemo_smoke_workdir(tmp_path_factory):
-  """The LaMemo smoke run (``recurrent_smoke_config``), trained in process and
-  shared by the statistics and recurrent-mode tests; what
-  ``train_and_evaluate`` returned is in ``<run>.returned.json``."""
-
-  def make(root, workdir):
-    import memjax  # pylint: disable=g-import-not-at-top
-
-    config = recurrent_smoke_config(
-        "lamemo_wt103", str(root / "lamemo_smoke_cache")
-    )
-    results = memjax.train(config, str(workdir))
-    with open(f"{workdir}.returned.json", "w") as f:
-      json.dump(results, f)
-
-  return _once(tmp_path_factory, "lamemo_smoke", make)
+  """The LaMemo smoke run (``recurrent_smoke_config``) trained by memjax.main,
+  shared by the statistics and recurrent-mode tests, the mode matrix and
+  the notebook."""
+  return _shared_run(
+      tmp_path_factory,
+      "lamemo_smoke",
+      prepare=lambda root: recurrent_smoke_flags(
+          "lamemo_wt103", lamemo_smoke_cache(str(root / "lamemo_smoke"))
+      ),
+  )
 
 
 # -- BERT-style encoders (configs/pkm_bert.py) ---------------------------------

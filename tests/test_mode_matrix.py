@@ -44,7 +44,7 @@ RUNS = {
         "lm/decoder_lm",
         ("--config=configs/pkm_wt103.py:resm_smoke",),
     ),
-    "recurrent": ("recurrent_workdir", "lm/decoder_lm", ()),
+    "recurrent": ("lamemo_smoke_workdir", "lm/decoder_lm", ()),
     "marge": ("marge_smoke_workdir", "lm/marge", ()),
     "mt": ("mt_smoke_workdir", "translation/encoder_decoder", ()),
     "mlm": ("bert_mlm_smoke_workdir", "mlm/encoder", ()),
@@ -101,26 +101,6 @@ CHAINS = {
 }
 
 
-@pytest.fixture(scope="session")
-def recurrent_workdir(tmp_path_factory):
-  """A 6-step LaMemo smoke run (configs/lamemo_wt103.py:smoke) trained by
-  memjax.main, for the modes that need a model carrying memory."""
-  return conftest._shared_run(  # pylint: disable=protected-access
-      tmp_path_factory, "matrix_lamemo", *_recurrent_flags()
-  )
-
-
-def _recurrent_flags() -> tuple[str, ...]:
-  return (
-      "--config=configs/lamemo_wt103.py:smoke",
-      "--config.train.num_steps=6",
-      "--config.train.eval_every=0",
-      "--config.data.batch_size=16",
-      "--config.train.grad_accum=2",
-      "--config.eval.max_windows=4",
-  )
-
-
 def _bert_flags(run: str, source: str) -> tuple[str, ...]:
   """The flags of ``conftest.bert_smoke_config`` (and the fine-tune's)."""
   root = os.path.dirname(source)
@@ -143,7 +123,9 @@ def _bert_flags(run: str, source: str) -> tuple[str, ...]:
 def _config_flags(run: str, source: str) -> tuple[str, ...]:
   """Flags that rebuild the config ``source`` was trained with."""
   if run == "recurrent":
-    return _recurrent_flags()
+    return conftest.recurrent_smoke_flags(
+        "lamemo_wt103", conftest.lamemo_smoke_cache(source)
+    )
   if run in ("mlm", "cls"):
     return _bert_flags(run, source)
   if run == "mt":

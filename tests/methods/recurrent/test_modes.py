@@ -260,7 +260,8 @@ def test_config_variants(tmp_path):
   assert len({(c.train.num_steps, c.data.batch_size) for c in gpu}) == 1
 
 
-def _check_results(results, workdir, steps):
+def _check_saved_results(workdir, steps):
+  """results.json: ``steps`` steps, each split scored in lanes; returns it."""
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
   assert saved["step"] == steps
@@ -268,6 +269,12 @@ def _check_results(results, workdir, steps):
     assert np.isfinite(saved[split]["ppl"])
     # Recurrent evaluation: 4 segments of 16 in each of 2 lanes.
     assert saved[split]["tokens"] == 4 * 16 * 2
+  return saved
+
+
+def _check_results(results, workdir, steps):
+  """What training returned is what it saved."""
+  saved = _check_saved_results(workdir, steps)
   assert results["valid"]["nll"] == pytest.approx(saved["valid"]["nll"])
 
 
@@ -280,14 +287,12 @@ def test_txl_smoke_config_trains_end_to_end(tmp_path):
 
 def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
   """The shared LaMemo smoke run (6 steps), then its modes on a copy."""
-  with open(f"{lamemo_smoke_workdir}.returned.json") as f:
-    results = json.load(f)  # What memjax.train returned.
-  _check_results(results, lamemo_smoke_workdir, steps=6)
+  _check_saved_results(lamemo_smoke_workdir, steps=6)
+  assert "valid: ppl" in conftest.shared_stdout(lamemo_smoke_workdir)
   workdir = str(tmp_path / "run")
   shutil.copytree(lamemo_smoke_workdir, workdir)
   config = conftest.recurrent_smoke_config(
-      "lamemo_wt103",
-      os.path.join(os.path.dirname(lamemo_smoke_workdir), "lamemo_smoke_cache"),
+      "lamemo_wt103", conftest.lamemo_smoke_cache(lamemo_smoke_workdir)
   )
 
   # The Python API scores as --mode=eval does, memory carried in lanes.
