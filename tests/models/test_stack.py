@@ -67,7 +67,7 @@ def test_fixtures_restore_scanned_with_the_same_outputs(family):
     # encoders' two layers; the others' layers differ or stand alone).
     assert bool(runs) == (family in ("decoder_lamemo", "encoder_mlm",
                                      "encoder_classifier"))  # fmt: skip
-    got = make_family_fixtures.outputs_for(family, restored, batch)
+    got = _outputs(family, restored.model, restored.variables, batch)
     assert sorted(got) == sorted(want)
     for key, value in want.items():
       np.testing.assert_allclose(
@@ -136,21 +136,22 @@ def test_scanned_equals_unscanned(family, tmp_path):
   from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
 
   collections = run.state_collections()
-  params, state = state_lib._init_variables(  # pylint: disable=protected-access
-      plain, collections, 8, jax.random.PRNGKey(3)
+  # One compiled program per model, not one per operation of the init.
+  init = lambda model: jax.jit(  # noqa: E731
+      lambda key: flax.core.meta.unbox(
+          state_lib._init_variables(  # pylint: disable=protected-access
+              model, collections, 8, key
+          )
+      )
   )
-  params, state = flax.core.meta.unbox((params, state))
+  params, state = init(plain)(jax.random.PRNGKey(3))
   runs = tuple(r.name for r in scanned.layer_runs() if r.scanned)
   assert runs
   to_scanned = convert.Layout(current_runs=runs)
   to_plain = convert.Layout(saved_runs=runs)
   s_params, s_state = to_scanned.to_current((params, state))
   # The stacked tree is the scanned model's own.
-  fresh = flax.core.meta.unbox(
-      state_lib._init_variables(  # pylint: disable=protected-access
-          scanned, collections, 8, jax.random.PRNGKey(3)
-      )
-  )
+  fresh = jax.eval_shape(init(scanned), jax.random.PRNGKey(3))
   shapes = lambda t: jax.tree.map(lambda x: x.shape, t)
   assert shapes((s_params, s_state)) == shapes(fresh)
   # Outputs (and the LaMemo memory carried to the next segment).

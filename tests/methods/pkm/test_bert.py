@@ -249,10 +249,11 @@ def _scores_and_usage(restored, ids):
   for i, x in enumerate(ids):
     inputs[i, : len(x)] = x
   model = restored.model
-  out, sown = model.apply(
-      restored.variables, inputs, None, True,
-      method=model.forward, mutable=["pkm_usage"],
-  )  # fmt: skip
+  out, sown = jax.jit(
+      lambda v, x: model.apply(
+          v, x, None, True, method=model.forward, mutable=["pkm_usage"]
+      )
+  )(restored.variables, inputs)
   flat = flax.traverse_util.flatten_dict(sown["pkm_usage"], sep="/")
   usage = {}
   for key, value in flat.items():

@@ -205,7 +205,7 @@ def _lm(**kw):
 def test_pkm_lm_is_causal(norm_position):
   model = _lm(feed_forward="resm", norm_position=norm_position)
   toks = np.random.default_rng(3).integers(0, 32, (2, 10)).astype(np.int32)
-  params = model.init(jax.random.PRNGKey(0), toks, toks)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), toks, toks)
   assert "memory" in params["params"]["layer_1"]["ffn"]
   assert "dense" in params["params"]["layer_1"]["ffn"]
   assert "wi" in params["params"]["layer_0"]["ffn"]  # The plain FFN.
@@ -220,7 +220,7 @@ def test_pkm_lm_is_causal(norm_position):
 def test_gradients_reach_only_the_rows_read():
   model = _lm()
   toks = np.random.default_rng(4).integers(0, 32, (2, 5)).astype(np.int32)
-  params = model.init(jax.random.PRNGKey(0), toks, toks)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), toks, toks)["params"]
 
   def loss(p):
     out, state = model.apply(
@@ -410,7 +410,9 @@ def test_shared_values_are_one_table_that_both_layers_read():
   from memjax.checkpoints import convert  # pylint: disable=g-import-not-at-top
 
   toks = np.random.default_rng(8).integers(0, 32, (2, 6)).astype(np.int32)
-  pooled = _unbox(_pool_lm(True).init(jax.random.PRNGKey(0), toks, toks))
+  pooled = _unbox(
+      jax.jit(_pool_lm(True).init)(jax.random.PRNGKey(0), toks, toks)
+  )
   pooled = pooled["params"]
   paths = [jax.tree_util.keystr(k) for k, _ in
            jax.tree_util.tree_leaves_with_path(pooled)]  # fmt: skip
@@ -426,8 +428,12 @@ def test_shared_values_are_one_table_that_both_layers_read():
   def loss(model, p):
     return -jnp.sum(model.apply({"params": p}, toks, toks).target_logprob)
 
-  l1, g1 = jax.value_and_grad(lambda p: loss(_pool_lm(True), p))(pooled)
-  l2, g2 = jax.value_and_grad(lambda p: loss(_pool_lm(False), p))(apart)
+  # Compiled, each a program of its own (not one per operation).
+  value_and_grad = lambda model: jax.jit(  # noqa: E731
+      jax.value_and_grad(lambda p: loss(model, p))
+  )
+  l1, g1 = value_and_grad(_pool_lm(True))(pooled)
+  l2, g2 = value_and_grad(_pool_lm(False))(apart)
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
   summed = sum(g2[n]["ffn"]["memory"]["values"] for n in ("layer_1", "layer_2"))
   np.testing.assert_allclose(g1["ffn_shared"]["values"], summed, atol=1e-6)
@@ -439,7 +445,7 @@ def test_shared_values_are_one_table_that_both_layers_read():
   # Scanned layers broadcast the one table to the run of memory layers.
   scanned = convert.Layout(current_runs=("layer_1_to_2",)).to_current(pooled)
   assert scanned["ffn_shared"]["values"].shape == (C * C, D)
-  l3 = loss(_pool_lm(True, scan=True), scanned)
+  l3 = jax.jit(lambda p: loss(_pool_lm(True, scan=True), p))(scanned)
   np.testing.assert_allclose(l1, l3, rtol=1e-6)
 
 

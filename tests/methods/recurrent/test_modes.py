@@ -49,7 +49,7 @@ def tiny(kind="lamemo", mem_len=T):
       mem_len=mem_len,
   )
   x = jnp.zeros((1, T), jnp.int32)
-  params = model.init(jax.random.PRNGKey(0), x, x)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), x, x)["params"]
   return model, params
 
 
