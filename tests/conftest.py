@@ -35,10 +35,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 import atexit  # pylint: disable=g-import-not-at-top,g-bad-import-order
-import fcntl  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import json  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import select  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import subprocess  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import sys  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import traceback  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
@@ -101,20 +103,24 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
 
 
+# The suite's shared trained runs and the configs they build.
+pytest_plugins = ("tests.shared_runs",)
+
+
 def run_main(*args, timeout=600, devices=1, env=None, fresh=False):
   """Runs ``memjax.main``'s command line ``args`` as a user would
   (``devices`` CPUs); returns the finished process (``returncode``,
   ``stdout``, ``stderr``).
 
   On one device, with no environment of its own, the command runs in this
-  test process's long-lived ``memjax.main`` (``tests/main_server.py``),
-  through ``memjax.main.cli``: the same flags, output and exit status
-  without starting an interpreter, JAX and TensorFlow again. ``fresh``, a
-  ``--mode=plan`` (it sets the device count before JAX starts) and
+  test process's long-lived ``memjax.main`` (``MainServer``), through
+  ``memjax.main.cli``: the same flags, output and exit status without
+  starting an interpreter, JAX and TensorFlow again. ``fresh``, a mode that
+  acts before JAX starts (``--mode=plan`` sets the device count) and
   ``--multihost`` run in a new ``python -m memjax.main``.
   """
   if devices == 1 and env is None and not fresh and not _needs_fresh(args):
-    return _server(devices).run(args, timeout)
+    return _SERVER.run(args, timeout)
   full = dict(os.environ)
   full["XLA_FLAGS"] = xla_flags(devices)
   full.update(env or {})
@@ -129,24 +135,38 @@ def run_main(*args, timeout=600, devices=1, env=None, fresh=False):
 
 
 def _needs_fresh(args) -> bool:
-  """Whether a command line must start its own interpreter."""
-  return "--mode=plan" in args or "--multihost" in args
+  """Whether a command line must start its own interpreter: ``--multihost``
+  or a mode with a ``before_jax`` step (``extend.Mode``)."""
+  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax import errors  # pylint: disable=g-import-not-at-top
+
+  modes = [a.split("=", 1)[1] for a in args if a.startswith("--mode=")]
+  try:
+    mode = build.mode_of(modes[-1] if modes else "train")
+  except errors.UserError:  # The command itself says so, in one line.
+    return "--multihost" in args
+  return mode.before_jax is not None or "--multihost" in args
 
 
 class MainServer:
-  """A ``python -m tests.main_server`` of this test process, started on
-  first use (again if it died) and stopped when the process exits."""
+  """``memjax.main`` kept running for this test process, on one CPU device:
+  command lines in, exit statuses out (``serve``). Started on first use
+  (again if it died), stopped when the test process exits.
 
-  def __init__(self, devices: int):
-    self.devices = devices
+  One JSON object a line: the request on the server's stdin, ``{"argv":
+  [...], "stdout": PATH, "stderr": PATH}``; the reply on its stdout,
+  ``{"returncode": N}``, once the command has finished with its output in
+  the two files.
+  """
+
+  def __init__(self):
     self.proc = None
 
   def _start(self):
-    env = dict(os.environ, XLA_FLAGS=xla_flags(self.devices))
     self.proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.main_server"],
+        [sys.executable, "-c", "from tests import conftest; conftest.serve()"],
         cwd=REPO,
-        env=env,
+        env=dict(os.environ, XLA_FLAGS=xla_flags(1)),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -161,9 +181,6 @@ class MainServer:
   def run(self, args, timeout: float) -> subprocess.CompletedProcess:
     """Runs one command line; as ``subprocess.run(..., timeout=timeout)``
     raises ``TimeoutExpired`` (and stops the server) when it runs longer."""
-    import select  # pylint: disable=g-import-not-at-top
-    import tempfile  # pylint: disable=g-import-not-at-top
-
     if self.proc is None or self.proc.poll() is not None:
       self._start()
     command = [sys.executable, "-m", "memjax.main", *args]
@@ -189,367 +206,38 @@ class MainServer:
     return subprocess.CompletedProcess(command, returncode, stdout, stderr)
 
 
-_SERVERS: dict[int, MainServer] = {}
-
-
-def _server(devices: int) -> MainServer:
-  if devices not in _SERVERS:
-    _SERVERS[devices] = MainServer(devices)
-    atexit.register(_SERVERS[devices].stop)
-  return _SERVERS[devices]
-
-
-@pytest.fixture(scope="session")
-def smoke_workdir(tmp_path_factory):
-  """One finished smoke run (configs/trime_wt103.py:smoke) shared by the
-  tests that only read it (loading, scoring, export, notebooks)."""
-  return _shared_run(
-      tmp_path_factory, "shared_smoke", "--config=configs/trime_wt103.py:smoke"
-  )
-
-
-@pytest.fixture(scope="session")
-def resm_smoke_workdir(tmp_path_factory):
-  """A short residual-memory smoke run (configs/pkm_wt103.py:resm_smoke)
-  with two checkpoints, shared by the product-key memory tests and
-  notebook."""
-  return _shared_run(
-      tmp_path_factory,
-      "resm_smoke",
-      "--config=configs/pkm_wt103.py:resm_smoke",
-      "--config.train.num_steps=4",
-      "--config.train.checkpoint_every=2",
-      "--config.train.log_every=2",
-      "--config.train.eval_every=0",
-      "--config.eval.max_windows=16",
-  )
-
-
-@pytest.fixture(scope="session")
-def marge_smoke_workdir(tmp_path_factory):
-  """An 8-step modified-MARGE smoke run (configs/marge_wt103.py:smoke, the
-  index rebuilt at steps 4 and 8), shared by the MARGE notebook."""
-  return _shared_run(
-      tmp_path_factory, "marge_smoke", "--config=configs/marge_wt103.py:smoke"
-  )
-
-
-# The shared translation smoke run's settings over configs/trime_iwslt.py:smoke.
-MT_SMOKE_SETTINGS = {
-    "train.num_steps": 4,
-    "translation.eval_max_sentences": 16,
-    "translation.decode_batch_size": 16,
-    "translation.buckets": (32,),
-}
-
-
-@pytest.fixture(scope="session")
-def mt_smoke_config():
-  """A function (data_dir, **translation overrides) -> the config of the
-  shared translation smoke run (``mt_smoke_workdir``), for in-process runs
-  and checks against it."""
-
-  def make(data_dir, **translation_overrides):
-    from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
-
-    c = trime_iwslt.get_config("smoke")
-    c.data.data_dir = str(data_dir)
-    for key, value in MT_SMOKE_SETTINGS.items():
-      section, name = key.split(".")
-      c[section][name] = value
-    for k, v in translation_overrides.items():
-      c.translation[k] = v
-    return c
-
-  return make
-
-
-def mt_subset(root) -> str:
-  """``<root>/mt_data``: the first 300 shipped pairs of each split."""
-  import pathlib  # pylint: disable=g-import-not-at-top
-
-  data = pathlib.Path(root) / "mt_data"
-  data.mkdir(exist_ok=True)
-  for split in ("train", "valid", "test"):
-    for lang in ("de", "en"):
-      src = os.path.join(REPO, "demo_data", "mt_de_en", f"{split}.{lang}")
-      with open(src, encoding="utf-8") as f:
-        lines = f.read().splitlines()[:300]
-      (data / f"{split}.{lang}").write_text(
-          "\n".join(lines) + "\n", encoding="utf-8"
-      )
-  return str(data)
-
-
-@pytest.fixture(scope="session")
-def mt_smoke_workdir(tmp_path_factory):
-  """A 4-step translation smoke run (configs/trime_iwslt.py:smoke) on the
-  first 300 shipped pairs of each split (the data in ``<run>/../mt_data``),
-  shared by the translation tests and notebook."""
-
-  def subset(root):
-    flags = [f"--config.{k}={v}" for k, v in MT_SMOKE_SETTINGS.items()]
-    return (f"--config.data.data_dir={mt_subset(root)}", *flags)
-
-  return _shared_run(
-      tmp_path_factory,
-      "mt_smoke",
-      "--config=configs/trime_iwslt.py:smoke",
-      prepare=subset,
-  )
-
-
-def _shared_run(tmp_path_factory, name: str, *args: str, prepare=None) -> str:
-  """Trains ``memjax.main *args`` once per test run into ``<tmp>/<name>``
-  (what it printed in ``<tmp>/<name>.stdout``).
-
-  ``prepare(root)``, if given, writes what the run needs into ``root`` and
-  returns more flags. See ``_once`` for how workers share the run.
-  """
-
-  def train(root, workdir):
-    extra = tuple(prepare(root)) if prepare else ()
-    proc = run_main(*args, *extra, f"--workdir={workdir}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(f"{workdir}.stdout", "w") as f:
-      f.write(proc.stdout)
-
-  return _once(tmp_path_factory, name, train)
-
-
-def shared_stdout(workdir: str) -> str:
-  """What ``memjax.main`` printed while training a shared run."""
-  with open(f"{workdir}.stdout") as f:
-    return f.read()
-
-
-def _once(tmp_path_factory, name: str, make) -> str:
-  """Runs ``make(root, workdir)`` once per test run; returns ``workdir``.
-
-  ``workdir`` is ``<root>/<name>``. Under pytest-xdist each worker has its
-  own session: the first worker to get here makes the run under a file lock
-  in the directory all workers share, and the others wait for it and reuse
-  it.
-  """
-  root = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    root = root.parent
-  workdir = root / name
-  done = root / f"{name}.done"
-  with open(root / f"{name}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not done.exists():
-      make(root, workdir)
-      done.touch()
-  return str(workdir)
-
-
-# -- recurrent memory (configs/lamemo_wt103.py) -------------------------------
-
-
-# The recurrent smoke runs' settings over configs/<name>.py:smoke: 6 steps of
-# two micro-batches of 8 lanes, logged and evaluated at steps 3 and 6.
-RECURRENT_SMOKE_SETTINGS = {
-    "train.num_steps": 6,
-    "train.log_every": 3,
-    "train.eval_every": 3,
-    "train.eval_max_windows": 2,
-    "train.checkpoint_every": 6,
-    "data.batch_size": 16,
-    "train.grad_accum": 2,  # Sums add up over micro-batches.
-    "eval.max_windows": 4,
-}
-
-
-def recurrent_smoke_config(name: str, cache_dir: str):
-  """``configs/<name>.py:smoke`` (txl_wt103, lamemo_wt103) with
-  ``RECURRENT_SMOKE_SETTINGS``, its token caches in ``cache_dir``."""
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  c = importlib.import_module(f"configs.{name}").get_config("smoke")
-  c.data.cache_dir = cache_dir
-  for key, value in RECURRENT_SMOKE_SETTINGS.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
-
-
-def recurrent_smoke_flags(name: str, cache_dir: str) -> tuple[str, ...]:
-  """The command line of ``recurrent_smoke_config(name, cache_dir)``."""
-  return (
-      f"--config=configs/{name}.py:smoke",
-      f"--config.data.cache_dir={cache_dir}",
-      *[f"--config.{k}={v}" for k, v in RECURRENT_SMOKE_SETTINGS.items()],
-  )
-
-
-def lamemo_smoke_cache(workdir: str) -> str:
-  """The token caches of the shared LaMemo run ``workdir``."""
-  return os.path.join(os.path.dirname(workdir), "lamemo_smoke_cache")
-
-
-@pytest.fixture(scope="session")
-def lamemo_smoke_workdir(tmp_path_factory):
-  """The LaMemo smoke run (``recurrent_smoke_config``) trained by memjax.main,
-  shared by the statistics and recurrent-mode tests, the mode matrix and
-  the notebook."""
-  return _shared_run(
-      tmp_path_factory,
-      "lamemo_smoke",
-      prepare=lambda root: recurrent_smoke_flags(
-          "lamemo_wt103", lamemo_smoke_cache(str(root / "lamemo_smoke"))
-      ),
-  )
-
-
-# -- BERT-style encoders (configs/pkm_bert.py) ---------------------------------
-
-BERT_VOCAB = 300  # Sentencepiece pieces of the tiny MLM corpus.
-
-
-def bert_smoke_config(variant: str, corpus_dir: str):
-  """``configs/pkm_bert.py:<variant>`` on the tiny MLM corpus, cut down."""
-  from configs import pkm_bert  # pylint: disable=g-import-not-at-top
-
-  c = pkm_bert.get_config(variant)
-  c.mlm.data_dir = corpus_dir
-  c.mlm.vocab_size = BERT_VOCAB
-  c.train.num_steps = 2
-  c.eval.max_windows = 16
-  c.eval.splits = ("valid",)
-  return c
-
-
-def _tiny_wiki(root) -> str:
-  """The demo WikiText cut to a few hundred lines (fast vocabulary)."""
-  from memjax.data import mlm  # pylint: disable=g-import-not-at-top
-
-  d = root / "bert_tiny_wiki"
-  d.mkdir(exist_ok=True)
-  for split, n in (("train", 600), ("valid", 120), ("test", 120)):
-    with open(os.path.join(mlm.DEFAULT_DIR, f"wiki.{split}.tokens")) as f:
-      lines = f.read().splitlines()[:n]
-    (d / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
-  return str(d)
-
-
-@pytest.fixture(scope="session")
-def bert_mlm_smoke_workdir(tmp_path_factory):
-  """A 2-step memory-less MLM run (configs/pkm_bert.py:smoke) on the
-  tiny corpus in ``<run>/../bert_tiny_wiki``, trained in process (it
-  shares compiled programs with the tests beside it)."""
-
-  def make(root, workdir):
-    import memjax  # pylint: disable=g-import-not-at-top
-
-    config = bert_smoke_config("smoke", _tiny_wiki(root))
-    memjax.train(config, str(workdir))
-
-  return _once(tmp_path_factory, "bert_mlm_smoke", make)
-
-
-@pytest.fixture(scope="session")
-def bert_cls_smoke_workdir(tmp_path_factory, bert_mlm_smoke_workdir):
-  """A 2-step ResM fine-tune (configs/pkm_bert.py:cls_resm_smoke) of the
-  MLM run on the shipped sentiment set, dev accuracy at both steps; shared
-  by the fine-tuning test and the notebook."""
-
-  def make(root, workdir):
-    import memjax  # pylint: disable=g-import-not-at-top
-
-    config = bert_smoke_config("cls_resm_smoke", str(root / "bert_tiny_wiki"))
-    config.train.init_from = bert_mlm_smoke_workdir
-    config.train.eval_every = 1
-    memjax.train(config, str(workdir))
-
-  return _once(tmp_path_factory, "bert_cls_smoke", make)
-
-
-# -- evaluation memories ------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def repetitive_setup():
-  """A function (model, window) -> (model, params, tokens [49], one-device
-  mesh) for a stream in which a 7-token phrase recurs, so that long-term
-  and external memories hold positives."""
-  return _repetitive_setup
-
-
-def _repetitive_setup(model, window: int):
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  from memjax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-
-  rng = np.random.default_rng(0)
-  phrase = rng.integers(3, 24, 7)
-  tokens = np.concatenate(
-      [phrase if i % 2 else rng.integers(3, 24, 7) for i in range(7)]
-  ).astype(np.int32)
-  # The premise of every test that uses it: the phrase recurs (at positions
-  # 7, 21, 35), so a memory of earlier windows holds its continuations.
-  starts = [
-      i for i in range(len(tokens) - 6) if (tokens[i : i + 7] == phrase).all()
-  ]
-  assert starts[:3] == [7, 21, 35] and window < len(tokens), (starts, window)
-  params = model.init(
-      jax.random.PRNGKey(0), tokens[None, :window], tokens[None, 1 : window + 1]
-  )["params"]
-  one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  return model, params, tokens, one
-
-
-# -- the core without the optional packages (tests/io/test_optional.py) ----------
-
-
-def core_data(family: str, root) -> str:
-  """The data directory of a cut-down run of ``family`` ('lm', 'mt' or
-  'encoder'), made under ``root`` where it is a subset."""
-  import pathlib  # pylint: disable=g-import-not-at-top
-
-  root = pathlib.Path(root)
-  if family == "lm":
-    return os.path.join(REPO, "demo_data", "wikitext")
-  if family == "encoder":
-    return _tiny_wiki(root)
-  return mt_subset(root)
-
-
-def core_config(family: str, data_dir: str):
-  """The smoke config of ``family`` on ``data_dir``, 4 steps, small eval."""
-  if family == "encoder":
-    c = bert_smoke_config("smoke", data_dir)
-    c.train.num_steps = 4
-    return c
-  if family == "mt":
-    from configs import trime_iwslt  # pylint: disable=g-import-not-at-top
-
-    c = trime_iwslt.get_config("smoke")
-    for key, value in MT_SMOKE_SETTINGS.items():
-      section, name = key.split(".")
-      c[section][name] = value
-  else:
-    from configs import trime_wt103  # pylint: disable=g-import-not-at-top
-
-    c = trime_wt103.get_config("smoke")
-    c.eval.max_windows = 8
-  c.data.data_dir = data_dir
-  c.train.num_steps = 4
-  return c
-
-
-@pytest.fixture(scope="session")
-def imported_gpt2(tmp_path_factory):
-  """The tiny GPT-2 fixture imported (``--mode=import``, in process) into a
-  workdir the tests that only read it share; copy it to write into it."""
-  from configs import pretrained  # pylint: disable=g-import-not-at-top
-  import memjax  # pylint: disable=g-import-not-at-top
-
-  c = pretrained.get_config("import")
-  c.pretrained.path = os.path.join(
-      REPO, "tests", "fixtures", "pretrained", "gpt2"
-  )
-  workdir = str(tmp_path_factory.mktemp("imported_gpt2") / "gpt2")
-  memjax.run_mode("import", c, workdir)
-  return workdir
+def serve() -> None:
+  """The server's side of ``MainServer``: runs each requested command line
+  with ``memjax.main.cli``, file descriptors 1 and 2 pointing at the
+  request's files meanwhile (what XLA or TensorFlow print lands there too).
+  A bug in memjax prints its traceback there and answers 1, as ``python``
+  exits. Ends when the test process closes the pipe."""
+  from memjax import main  # pylint: disable=g-import-not-at-top
+
+  # The pipes to the test process, kept apart from the commands' output.
+  requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+  replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+  quiet = os.open(os.devnull, os.O_RDWR)
+  os.dup2(quiet, 0)
+  for line in requests:
+    request = json.loads(line)
+    with open(request["stdout"], "wb") as out:
+      with open(request["stderr"], "wb") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+          status = main.cli(request["argv"])
+        except Exception:  # pylint: disable=broad-except
+          traceback.print_exc()
+          status = 1
+        finally:
+          sys.stdout.flush()
+          sys.stderr.flush()
+          os.dup2(quiet, 1)
+          os.dup2(quiet, 2)
+    replies.write(json.dumps({"returncode": status}) + "\n")
+    replies.flush()
+
+
+_SERVER = MainServer()
+atexit.register(_SERVER.stop)

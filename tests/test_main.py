@@ -16,13 +16,10 @@ from configs import trime_wt103
 from memjax import build
 from memjax import catalog
 from memjax.run import loop
-from tests import conftest
+from tests.conftest import run_main
+from tests import shared_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# One CPU, as a user's laptop; in the test process's long-lived memjax.main.
-_run_main = conftest.run_main
 
 
 def _losses(workdir):
@@ -38,7 +35,7 @@ def smoke_run(tmp_path_factory, smoke_workdir):
   workdir = str(tmp_path_factory.mktemp("smoke") / "run")
   shutil.copytree(smoke_workdir, workdir)
   return workdir, types.SimpleNamespace(
-      stdout=conftest.shared_stdout(smoke_workdir)
+      stdout=shared_runs.shared_stdout(smoke_workdir)
   )
 
 
@@ -58,16 +55,20 @@ def test_smoke_writes_events_checkpoint_and_results(smoke_run):
 
 def test_resume_with_more_steps_needs_extend_schedule(smoke_run):
   workdir, _ = smoke_run
-  args = ("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
-          "--config.train.num_steps=25", "--config.train.checkpoint_every=5")  # fmt: skip
+  args = (
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      "--config.train.num_steps=25",
+      "--config.train.checkpoint_every=5",
+  )
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
-  proc = _run_main(*args)
+  proc = run_main(*args)
   assert proc.returncode == 2, proc.stderr[-3000:]
   line = proc.stderr.strip().splitlines()[-1]
   assert line.startswith("memjax: error:") and "20-step schedule" in line
   assert "extend_schedule=True" in line and "init_from" in line
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
-  proc = _run_main(*args, "--config.train.extend_schedule=True")
+  proc = run_main(*args, "--config.train.extend_schedule=True")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "resumed from" in proc.stdout and "at step 20" in proc.stdout
   assert "training from step 20 to 25" in proc.stdout
@@ -77,9 +78,13 @@ def test_resume_with_more_steps_needs_extend_schedule(smoke_run):
 
 def test_resume_with_other_data_settings_is_refused(smoke_run):
   workdir, _ = smoke_run
-  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
-                   "--config.train.num_steps=25", "--config.seed=3",
-                   "--config.data.batching=blocks")  # fmt: skip
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      "--config.train.num_steps=25",
+      "--config.seed=3",
+      "--config.data.batching=blocks",
+  )
   assert proc.returncode == 2, proc.stderr[-3000:]
   line = proc.stderr.strip().splitlines()[-1]
   assert "other data settings" in line and "seed: 0 -> 3" in line
@@ -96,11 +101,14 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(smoke_run):
       if "ocdbt" in root or name.startswith("d"):
         with open(os.path.join(root, name), "wb") as f:
           f.write(b"\0garbage")
-  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
-                   "--config.train.num_steps=25",
-                   "--config.train.checkpoint_every=5",
-                   # Step 20 was saved with the run's first, 20-step horizon.
-                   "--config.train.extend_schedule=True")  # fmt: skip
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      "--config.train.num_steps=25",
+      "--config.train.checkpoint_every=5",
+      # Step 20 was saved with the run's first, 20-step horizon.
+      "--config.train.extend_schedule=True",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "checkpoint step 25" in proc.stderr and "damaged" in proc.stderr
   assert "Traceback" not in proc.stderr
@@ -113,7 +121,7 @@ def test_checkpoint_of_another_model_is_refused_and_kept(smoke_run):
   workdir, _ = smoke_run
   ckpt_dir = os.path.join(workdir, "checkpoints")
   before = sorted(os.listdir(ckpt_dir))
-  proc = _run_main(
+  proc = run_main(
       "--config=configs/trime_wt103.py:smoke",
       f"--workdir={workdir}",
       "--config.model.d_model=48",
@@ -144,7 +152,7 @@ def test_checkpoint_of_another_model_is_refused_and_kept(smoke_run):
     ],
 )
 def test_bad_input_exits_with_one_clear_line(tmp_path, args, needle):
-  proc = _run_main(
+  proc = run_main(
       "--config=configs/trime_wt103.py:smoke", f"--workdir={tmp_path}", *args
   )
   assert proc.returncode == 2, proc.stderr[-2000:]
@@ -202,7 +210,7 @@ def test_init_from_evaluates_another_run_on_eight_devices(smoke_run, tmp_path):
 def test_workdir_that_is_a_file(tmp_path):
   path = tmp_path / "afile"
   path.write_text("x")
-  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={path}")
+  proc = run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={path}")
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   assert "is not a directory" in proc.stderr.strip().splitlines()[-1]
 
@@ -214,8 +222,11 @@ def test_corpus_that_is_not_utf8_is_named_and_nothing_is_written(tmp_path):
   train_file = data / "wiki.train.tokens"
   train_file.write_bytes(train_file.read_bytes()[:5000] + b"caf\xc2 x\n")
   workdir = tmp_path / "run"
-  proc = _run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
-                   f"--config.data.data_dir={data}")  # fmt: skip
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      f"--config.data.data_dir={data}",
+  )
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   line = proc.stderr.strip().splitlines()[-1]
   assert str(train_file) in line and "not UTF-8" in line
@@ -224,10 +235,12 @@ def test_corpus_that_is_not_utf8_is_named_and_nothing_is_written(tmp_path):
 
 def test_init_from_a_run_of_another_model_is_one_line(smoke_run, tmp_path):
   workdir, _ = smoke_run
-  proc = _run_main("--config=configs/trime_wt103.py:smoke",
-                   f"--workdir={tmp_path / 'new'}",
-                   f"--config.train.init_from={workdir}",
-                   "--config.model.d_model=48")  # fmt: skip
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={tmp_path / 'new'}",
+      f"--config.train.init_from={workdir}",
+      "--config.model.d_model=48",
+  )
   assert proc.returncode == 2
   assert "Traceback" not in proc.stderr and "Event loop" not in proc.stderr
   line = proc.stderr.strip().splitlines()[-1]
@@ -255,9 +268,9 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
 
 
 def test_mode_list_and_help_show_every_mode_with_its_kinds(tmp_path):
-  listed = _run_main("--mode=list", timeout=120)
+  listed = run_main("--mode=list", timeout=120)
   assert listed.returncode == 0, listed.stderr[-2000:]
-  helped = _run_main("--help", timeout=120)  # absl exits 1 after --help.
+  helped = run_main("--help", timeout=120)  # absl exits 1 after --help.
   assert "--mode:" in helped.stdout, helped.stderr[-2000:]
   lines = listed.stdout.splitlines()
   end = lines.index("run kinds (task/model.family):")
@@ -300,7 +313,7 @@ def test_a_mode_given_another_kind_of_run_names_the_kinds_it_takes(
     tmp_path, config, mode, wanted, got
 ):
   workdir = tmp_path / "run"
-  proc = _run_main(
+  proc = run_main(
       f"--config={config}", f"--workdir={workdir}", f"--mode={mode}"
   )
   assert proc.returncode == 2, proc.stderr[-2000:]
@@ -328,11 +341,17 @@ def test_the_console_script_is_memjax_main():
   # (its module is not __main__ there: --help still shows its flags).
   for arg, shown in (("--mode=list", " tune "), ("--help", "--mode:")):
     proc = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; from memjax import main; "
-         f"sys.argv = ['memjax', {arg!r}]; main.run()"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from memjax import main; "
+            f"sys.argv = ['memjax', {arg!r}]; main.run()",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and shown in proc.stdout, proc.stderr
 
 
@@ -356,8 +375,11 @@ def test_cli_runs_command_lines_in_process_each_parsed_anew(tmp_path):
   calling process; nothing of one call's flags in the next."""
   proc = subprocess.run(
       [sys.executable, "-c", _CLI_SCRIPT, str(tmp_path)],
-      cwd=REPO, capture_output=True, text=True, timeout=120,
-  )  # fmt: skip
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   statuses = [l for l in proc.stdout.splitlines() if l.startswith("status")]
   assert statuses == ["status 0", "status 2", "status 2", "status 2"]
@@ -370,6 +392,24 @@ def test_cli_runs_command_lines_in_process_each_parsed_anew(tmp_path):
   assert "num_steps" not in errors[1]
   assert errors[2].startswith("memjax: error: unknown --mode 'nope'")
   assert not os.listdir(tmp_path)
+
+
+def test_the_suites_long_lived_main_answers_as_a_fresh_process(tmp_path):
+  """conftest.run_main's server (memjax.main.cli in one long-lived process)
+  prints and exits as `python -m memjax.main` does."""
+  for args in (
+      ("--mode=list",),
+      (
+          "--config=configs/trime_wt103.py:smoke",
+          f"--workdir={tmp_path}",
+          "--config.train.num_steps=-5",
+      ),
+      ("--mode=eval", f"--workdir={tmp_path / 'none'}"),
+  ):
+    served, fresh = run_main(*args), run_main(*args, fresh=True)
+    assert served.returncode == fresh.returncode, (args, served, fresh)
+    assert served.stdout == fresh.stdout, args
+    assert served.stderr.strip() == fresh.stderr.strip(), args
 
 
 def test_make_help_lists_every_target_with_its_minutes():

@@ -25,6 +25,7 @@ from memjax import build
 from memjax import catalog
 from memjax import extend
 from tests import conftest
+from tests import shared_runs
 from tests.conftest import REPO
 from tests.conftest import run_main
 
@@ -102,13 +103,13 @@ CHAINS = {
 
 
 def _bert_flags(run: str, source: str) -> tuple[str, ...]:
-  """The flags of ``conftest.bert_smoke_config`` (and the fine-tune's)."""
+  """The flags of ``shared_runs.bert_smoke_config`` (and the fine-tune's)."""
   root = os.path.dirname(source)
   variant = "smoke" if run == "mlm" else "cls_resm_smoke"
   flags = (
       f"--config=configs/pkm_bert.py:{variant}",
       f"--config.mlm.data_dir={os.path.join(root, 'bert_tiny_wiki')}",
-      f"--config.mlm.vocab_size={conftest.BERT_VOCAB}",
+      f"--config.mlm.vocab_size={shared_runs.BERT_VOCAB}",
       "--config.eval.max_windows=16",
       "--config.eval.splits=('valid',)",
   )
@@ -123,13 +124,13 @@ def _bert_flags(run: str, source: str) -> tuple[str, ...]:
 def _config_flags(run: str, source: str) -> tuple[str, ...]:
   """Flags that rebuild the config ``source`` was trained with."""
   if run == "recurrent":
-    return conftest.recurrent_smoke_flags(
-        "lamemo_wt103", conftest.lamemo_smoke_cache(source)
+    return shared_runs.recurrent_smoke_flags(
+        "lamemo_wt103", shared_runs.lamemo_smoke_cache(source)
     )
   if run in ("mlm", "cls"):
     return _bert_flags(run, source)
   if run == "mt":
-    settings = conftest.MT_SMOKE_SETTINGS
+    settings = shared_runs.MT_SMOKE_SETTINGS
     data = os.path.join(os.path.dirname(source), "mt_data")
     return (
         "--config=configs/trime_iwslt.py:smoke",

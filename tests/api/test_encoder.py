@@ -9,7 +9,7 @@ import pytest
 
 import memjax
 from memjax.api import encoder as encoder_api
-from tests import conftest
+from tests import shared_runs
 
 TEXTS = [
     "the game was released in japan in 1998 .",
@@ -32,7 +32,7 @@ def pkm_mlm(bert_mlm_smoke_workdir, tmp_path_factory):
   corpus = os.path.join(
       os.path.dirname(bert_mlm_smoke_workdir), "bert_tiny_wiki"
   )
-  config = conftest.bert_smoke_config("pkm_smoke", corpus)
+  config = shared_runs.bert_smoke_config("pkm_smoke", corpus)
   workdir = str(tmp_path_factory.mktemp("api") / "pkm_mlm")
   results = memjax.train(config, workdir)
   assert np.isfinite(results["valid"]["ppl"])

@@ -14,7 +14,7 @@ from memjax.data import content
 from memjax.data import mlm
 from memjax.data import tasks
 from memjax.data import vocab as vocab_lib
-from tests import conftest
+from tests import shared_runs
 
 TRAIN = "= A =\n\n the cat sat on the mat \n the dog sat \n"
 
@@ -136,7 +136,7 @@ def test_a_run_without_seqio_writes_nothing_into_the_cache(
     tasks.load_token_stream("wikitext103", str(data), "train", str(cache))
   assert _all_files(cache) == []
   # Translation: its vocabulary is not trained either.
-  config = conftest.core_config("mt", conftest.mt_subset(tmp_path))
+  config = shared_runs.core_config("mt", shared_runs.mt_subset(tmp_path))
   config.data.cache_dir = str(cache)
   run = build.build(config, str(tmp_path / "run"))
   with pytest.raises(errors.MissingDependencyError, match="memjax.data."):
@@ -146,18 +146,18 @@ def test_a_run_without_seqio_writes_nothing_into_the_cache(
 
 
 def test_mlm_caches_of_a_copy_and_without_the_corpus(tmp_path):
-  here = conftest.core_data("encoder", tmp_path)
+  here = shared_runs.core_data("encoder", tmp_path)
   cache = str(tmp_path / "cache")
-  vocab = mlm.train_vocabulary(here, conftest.BERT_VOCAB, cache)
+  vocab = mlm.train_vocabulary(here, shared_runs.BERT_VOCAB, cache)
   ids = mlm.read_split(here, "valid", vocab, cache)
   there = str(tmp_path / "there")
   shutil.copytree(here, there, copy_function=shutil.copyfile)
-  assert mlm.vocabulary_file(there, conftest.BERT_VOCAB, cache) == vocab
+  assert mlm.vocabulary_file(there, shared_runs.BERT_VOCAB, cache) == vocab
   assert mlm.split_file(there, "valid", vocab, cache) == mlm.split_file(
       here, "valid", vocab, cache
   )
   shutil.rmtree(there)
-  assert mlm.train_vocabulary(there, conftest.BERT_VOCAB, cache) == vocab
+  assert mlm.train_vocabulary(there, shared_runs.BERT_VOCAB, cache) == vocab
   assert (mlm.read_split(there, "valid", vocab, cache) == ids).all()
   with pytest.raises(errors.DataError, match="wiki.test.tokens"):
     mlm.read_split(there, "test", vocab, cache)  # Never cached.

@@ -24,6 +24,7 @@ import pytest
 from memjax import errors
 from memjax.io import optional
 from tests import conftest
+from tests import shared_runs
 
 BLOCKED = (
     "tensorflow", "seqio", "scann", "tensorflow_text", "safetensors",
@@ -44,7 +45,7 @@ _SCRIPT = textwrap.dedent("""
     from tests import conftest
     out = {}
     for family, spec in args["runs"].items():
-      config = conftest.core_config(family, spec["data"])
+      config = shared_runs.core_config(family, spec["data"])
       config.data.cache_dir = args["cache"]
       workdir = spec["workdir"]
       config.train.checkpoint_every = 2
@@ -121,8 +122,8 @@ def _prepare_caches(tmp_path) -> dict[str, dict[str, str]]:
   here.mkdir()
   runs = {}
   for family in ("lm", "mt", "encoder"):
-    data = conftest.core_data(family, here)
-    config = conftest.core_config(family, data)
+    data = shared_runs.core_data(family, here)
+    config = shared_runs.core_config(family, data)
     config.data.cache_dir = str(here / "cache")
     run = build.build(config, str(here / family))
     run.task.load(run.workdir)  # What --mode=tokenize reads.
@@ -180,7 +181,7 @@ def test_token_caches_in_cloud_storage(tmp_path):
   from memjax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from memjax.io import paths  # pylint: disable=g-import-not-at-top
 
-  config = conftest.core_config("lm", conftest.core_data("lm", tmp_path))
+  config = shared_runs.core_config("lm", shared_runs.core_data("lm", tmp_path))
   config.data.cache_dir = "memory://optional_test/cache"
   s = build.build(config, str(tmp_path / "run")).settings
   first = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run"))

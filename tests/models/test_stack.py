@@ -136,14 +136,17 @@ def test_scanned_equals_unscanned(family, tmp_path):
   from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
 
   collections = run.state_collections()
-  # One compiled program per model, not one per operation of the init.
-  init = lambda model: jax.jit(  # noqa: E731
-      lambda key: flax.core.meta.unbox(
-          state_lib._init_variables(  # pylint: disable=protected-access
-              model, collections, 8, key
-          )
-      )
-  )
+
+  def init(model):
+    """The init as one compiled program, not one per operation."""
+    return jax.jit(
+        lambda key: flax.core.meta.unbox(
+            state_lib._init_variables(  # pylint: disable=protected-access
+                model, collections, 8, key
+            )
+        )
+    )
+
   params, state = init(plain)(jax.random.PRNGKey(3))
   runs = tuple(r.name for r in scanned.layer_runs() if r.scanned)
   assert runs

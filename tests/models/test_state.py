@@ -15,6 +15,7 @@ from memjax.run import loop
 from memjax.run import restore as restore_lib
 from memjax.run import state as state_lib
 from tests import conftest
+from tests import shared_runs
 
 QUERY_NORM = ("batch_stats", "layer_0", "ffn", "memory", "query_norm")
 
@@ -45,8 +46,8 @@ def bert_runs(tmp_path_factory):
   tiny corpus, 4 steps straight and 2 + resume + 2, and the states after
   each update (``hook(step, state)``) of the straight run."""
   root = tmp_path_factory.mktemp("bert_state")
-  config = conftest.bert_smoke_config(
-      "resm_smoke", conftest.core_data("encoder", root)
+  config = shared_runs.bert_smoke_config(
+      "resm_smoke", shared_runs.core_data("encoder", root)
   )
   config.train.num_steps = 4
   config.train.checkpoint_every = 2

@@ -6,11 +6,11 @@ import numpy as np
 
 from memjax import build
 from memjax.modes import tokenize
-from tests import conftest
+from tests import shared_runs
 
 
 def test_tokenize_writes_the_caches_training_reads(tmp_path):
-  config = conftest.core_config("lm", conftest.core_data("lm", tmp_path))
+  config = shared_runs.core_config("lm", shared_runs.core_data("lm", tmp_path))
   config.data.cache_dir = str(tmp_path / "cache")
   workdir = str(tmp_path / "run")
   run = build.build(config, workdir)

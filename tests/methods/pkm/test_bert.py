@@ -3,7 +3,7 @@
 Masking, the encoder's attention and padding, partial initialisation, the
 frozen-memory switch, the classification metric, Figure 4's KL and IOU,
 bad TSV input, and the pretrain -> fine-tune chain on the 2-step runs that
-tests/conftest.py trains in process (shared with colabs/pkm_bert.ipynb):
+tests/shared_runs.py trains in process (shared with colabs/pkm_bert.ipynb):
 partial initialisation from the MLM run, the fine-tune's results, and a
 resume that keeps the best dev parameters.
 """
@@ -204,7 +204,7 @@ def test_frozen_memory_is_bit_identical(tmp_path):
 
 
 # -- the two-stage chain -------------------------------------------------------
-# One 2-step MLM run and one 2-step fine-tune of it (tests/conftest.py), shared
+# One 2-step MLM run and one 2-step fine-tune of it (tests/shared_runs.py), shared
 # with the notebook test.
 
 

@@ -428,10 +428,10 @@ def test_shared_values_are_one_table_that_both_layers_read():
   def loss(model, p):
     return -jnp.sum(model.apply({"params": p}, toks, toks).target_logprob)
 
-  # Compiled, each a program of its own (not one per operation).
-  value_and_grad = lambda model: jax.jit(  # noqa: E731
-      jax.value_and_grad(lambda p: loss(model, p))
-  )
+  def value_and_grad(model):
+    """Compiled as one program, not one per operation."""
+    return jax.jit(jax.value_and_grad(lambda p: loss(model, p)))
+
   l1, g1 = value_and_grad(_pool_lm(True))(pooled)
   l2, g2 = value_and_grad(_pool_lm(False))(apart)
   np.testing.assert_allclose(l1, l2, rtol=1e-6)

@@ -29,7 +29,7 @@ from memjax.methods.recurrent import config as recurrent_config
 from memjax.methods.recurrent import extrapolate
 from memjax.data import windows
 from memjax.models import transformer
-from tests import conftest
+from tests import shared_runs
 
 V, T = 64, 4
 
@@ -279,7 +279,9 @@ def _check_results(results, workdir, steps):
 
 
 def test_txl_smoke_config_trains_end_to_end(tmp_path):
-  config = conftest.recurrent_smoke_config("txl_wt103", str(tmp_path / "cache"))
+  config = shared_runs.recurrent_smoke_config(
+      "txl_wt103", str(tmp_path / "cache")
+  )
   workdir = str(tmp_path / "run")
   results = memjax.train(config, workdir)
   _check_results(results, workdir, steps=6)
@@ -288,11 +290,11 @@ def test_txl_smoke_config_trains_end_to_end(tmp_path):
 def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
   """The shared LaMemo smoke run (6 steps), then its modes on a copy."""
   _check_saved_results(lamemo_smoke_workdir, steps=6)
-  assert "valid: ppl" in conftest.shared_stdout(lamemo_smoke_workdir)
+  assert "valid: ppl" in shared_runs.shared_stdout(lamemo_smoke_workdir)
   workdir = str(tmp_path / "run")
   shutil.copytree(lamemo_smoke_workdir, workdir)
-  config = conftest.recurrent_smoke_config(
-      "lamemo_wt103", conftest.lamemo_smoke_cache(lamemo_smoke_workdir)
+  config = shared_runs.recurrent_smoke_config(
+      "lamemo_wt103", shared_runs.lamemo_smoke_cache(lamemo_smoke_workdir)
   )
 
   # The Python API scores as --mode=eval does, memory carried in lanes.

@@ -15,7 +15,7 @@ from memjax import errors
 @pytest.fixture(scope="module")
 def mt_run(mt_smoke_workdir):
   """The session's 4-step smoke run on the first 300 pairs of each split
-  (``tests/conftest.py``), its data directory and results."""
+  (``tests/shared_runs.py``), its data directory and results."""
   data = os.path.join(os.path.dirname(mt_smoke_workdir), "mt_data")
   with open(os.path.join(mt_smoke_workdir, "results.json")) as f:
     return mt_smoke_workdir, data, json.load(f)
