@@ -24,7 +24,6 @@ import pytest
 from memjax import build
 from memjax import catalog
 from memjax import extend
-from tests import conftest
 from tests import shared_runs
 from tests.conftest import REPO
 from tests.conftest import run_main

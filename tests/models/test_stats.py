@@ -88,7 +88,7 @@ def test_lamemo_smoke_logs_mean_alpha_per_layer(lamemo_smoke_workdir):
   # 6 steps of two micro-batches, logged and evaluated at steps 3 and 6.
   workdir = lamemo_smoke_workdir
   with open(os.path.join(workdir, "results.json")) as f:
-    results = json.load(f)  # What train_and_evaluate returned.
+    results = json.load(f)  # What the run wrote when it finished.
   assert glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
   scalars = _scalars(workdir)
   with open(os.path.join(workdir, "train_log.jsonl")) as f:
