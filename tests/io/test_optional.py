@@ -42,7 +42,7 @@ _SCRIPT = textwrap.dedent("""
     from memjax import api, build
     from memjax.modes import evaluation
     from memjax.run import loop
-    from tests import conftest
+    from tests import shared_runs
     out = {}
     for family, spec in args["runs"].items():
       config = shared_runs.core_config(family, spec["data"])
