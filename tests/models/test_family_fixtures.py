@@ -2,8 +2,10 @@
 
 ``tests/fixtures/families/<family>/`` holds, for each model family, a
 two-step run (its checkpoints as the training loop wrote them), its export,
-a fixed batch and the model's outputs on it, all written by the code before
-the package moved into ``memjax/methods/`` (``make_family_fixtures.py``).
+a fixed batch and the model's outputs on it, written by the code before
+the package moved into ``memjax/methods/`` (the Transformer-XL and
+relative-position fixtures by the code before its attention kinds shared
+one core; ``make_family_fixtures.py``).
 A renamed or swapped parameter can restore without any error (two
 LayerNorms of one shape, say), so the outputs are compared, not only the
 loading.
@@ -25,14 +27,7 @@ sys.path.insert(0, FIXTURES)
 
 import make_family_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-FAMILIES = (
-    "decoder_pkm",
-    "decoder_lamemo",
-    "encoder_decoder",
-    "encoder_mlm",
-    "encoder_classifier",
-    "marge",
-)
+FAMILIES = make_family_fixtures.NAMES
 # The sub-layers that code before signature version 3 named otherwise, by
 # family fixture: today's blocks name them as the decoder LM's, and a
 # restore hands back today's names (memjax/checkpoints/convert.py).

@@ -53,6 +53,16 @@ def test_runs_of_identical_layers():
   assert [r.name for r in halves] == ["layer_0_to_1", "layer_2_to_3"]
 
 
+# The family fixtures whose layers form a run of identical layers.
+STACKED = (
+    "decoder_lamemo",
+    "decoder_xl",
+    "decoder_rpe",
+    "encoder_mlm",
+    "encoder_classifier",
+)
+
+
 @pytest.mark.parametrize("family", fixtures.FAMILIES)
 def test_fixtures_restore_scanned_with_the_same_outputs(family):
   root = os.path.join(fixtures.FIXTURES, "families", family)
@@ -63,10 +73,9 @@ def test_fixtures_restore_scanned_with_the_same_outputs(family):
     restored = build.load(os.path.join(root, kind), config=config)
     runs = [r.name for r in restored.model.layer_runs() if r.scanned]
     assert _stacked(restored.params) == runs
-    # Stacked where the fixture has runs (the LaMemo LM's and the
-    # encoders' two layers; the others' layers differ or stand alone).
-    assert bool(runs) == (family in ("decoder_lamemo", "encoder_mlm",
-                                     "encoder_classifier"))  # fmt: skip
+    # Stacked where the fixture has runs (the relative-attention LMs' and
+    # the encoders' two layers; the others' layers differ or stand alone).
+    assert bool(runs) == (family in STACKED)
     got = _outputs(family, restored.model, restored.variables, batch)
     assert sorted(got) == sorted(want)
     for key, value in want.items():
