@@ -254,6 +254,7 @@ class Lease:
     path: ``<directory>/lease.json``.
     me: this job's record.
     lost: set when a heartbeat found another job's record (or none).
+    taken_by: that other job's record (None: none, or not lost).
   """
 
   def __init__(
@@ -273,6 +274,7 @@ class Lease:
     self._clock = clock
     self.me = Holder.of_this_process(processes)
     self.lost = False
+    self.taken_by: Optional[Holder] = None
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
 
@@ -369,6 +371,7 @@ class Lease:
         with _serialised(self.directory):
           holder = _read(self.path)
           if holder is None or holder.job != self.me.job:
+            self.taken_by = holder
             self.lost = True
           else:
             paths.write_bytes(self.path, self._record())
@@ -377,14 +380,19 @@ class Lease:
         console.warn("lease heartbeat of %s failed: %s", self.path, e)
         continue
       if self.lost:
-        other = holder.describe(self._clock()) if holder else "no record"
         console.warn(
-            "the lease %s was taken from this job (%s): another job may "
-            "be writing into this workdir",
+            "the lease %s was taken from this job (%s): it stops before "
+            "it writes again",
             self.path,
-            other,
+            self.lost_to(),
         )
         return
+
+  def lost_to(self) -> str:
+    """Who took the lease: the other job's record, described."""
+    if self.taken_by is None:
+      return "its record was removed"
+    return self.taken_by.describe(self._clock())
 
   def release(self) -> None:
     """Stops the heartbeat and deletes this job's record (a record another

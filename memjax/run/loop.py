@@ -37,6 +37,7 @@ from memjax.io import console
 from memjax.io import events
 from memjax.io import paths
 from memjax.models import stats
+from memjax.run import ownership
 from memjax.run import position as position_lib
 from memjax.run import preemption
 from memjax.run import profiling
@@ -54,6 +55,33 @@ def _append_log(log_path: str, lines: list[str]) -> None:
   """Appends ``lines`` to ``train_log.jsonl`` (process 0 only)."""
   if lines and jax.process_index() == 0:
     paths.append_text(log_path, "".join(lines))
+
+
+def cut_log(log_path: str, step: int) -> int:
+  """Keeps the lines of ``train_log.jsonl`` up to ``step`` (process 0).
+
+  A run resumed from the checkpoint of ``step`` runs the updates after it
+  again, and logs them again: the lines the interrupted job wrote for them
+  (and a line it left half written) are dropped first, so that the log
+  holds each step once.
+
+  Returns:
+    The number of lines dropped.
+  """
+  if jax.process_index() > 0 or not paths.exists(log_path):
+    return 0
+  lines = paths.read_text(log_path).splitlines(keepends=True)
+  kept = []
+  for line in lines:
+    try:
+      row_step = int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+      continue  # Half a line: the job was killed while writing it.
+    if row_step <= step and line.endswith("\n"):
+      kept.append(line)
+  if len(kept) < len(lines):
+    paths.write_text(log_path, "".join(kept))
+  return len(lines) - len(kept)
 
 
 def _log_steps(
@@ -261,6 +289,12 @@ def _train(
       tokens_per_step,
   )
   log_path = paths.join(run.workdir, "train_log.jsonl")
+  dropped = cut_log(log_path, s.start_step)
+  if dropped:
+    console.info(
+        "train_log.jsonl: %d lines after step %d dropped (they are logged "
+        "again as the updates run again)", dropped, s.start_step,
+    )  # fmt: skip
   step_hooks = run.hooks(
       s.hook_states, model=s.model, mesh=run.mesh, corpus=s.corpus,
       batcher=s.batcher, writer=writer,
@@ -276,7 +310,11 @@ def _train(
     done = step + 1
     stopping = stop.should_stop(done)
     last = stopping or done == num_steps  # This run's last update.
-    if last or done % train.log_every == 0:
+    logs = last or done % train.log_every == 0
+    saves = last or done % train.checkpoint_every == 0
+    if logs or saves:  # Written only while this job holds the workdir.
+      ownership.check_held(run.workdir, done)
+    if logs:
       _log_steps(
           pending, meter, writer, s.schedule, log_path, num_steps, s.ckpt
       )
@@ -286,7 +324,7 @@ def _train(
           state.variables, done, train.eval_max_windows, "periodic_", writer
       )
     step_hooks.run(done, state.variables)
-    if last or done % train.checkpoint_every == 0:
+    if saves:
       s.ckpt.save(done, state, position(run, done, step_hooks.states()))
     for hook in hooks:
       hook(done, state)

@@ -2,6 +2,7 @@
 (a second job refused, a kill -9 relaunch taking the lease over) and the
 agreement of a --multihost job's processes."""
 
+import dataclasses
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -79,8 +81,7 @@ def test_the_other_processes_share_the_workdir_and_follow_process_0(
 
 
 def _steps(workdir: str) -> dict[int, list[float]]:
-  """{step: the losses logged for it} (a step after the last checkpoint is
-  logged again by the run that resumes)."""
+  """{step: the losses logged for it}."""
   out = {}
   with open(os.path.join(workdir, "train_log.jsonl")) as f:
     for row in map(json.loads, f):
@@ -134,9 +135,56 @@ def test_a_second_job_is_refused_and_a_kill_9_relaunch_takes_over(
   if resumes:
     assert "at step 10" in again.stdout, again.stdout
   print("checkpoint 10 written before kill -9:", resumes)
-  # Every loss bit for bit that of the uninterrupted run.
+  # Every loss bit for bit that of the uninterrupted run, and logged once:
+  # the lines the killed job wrote after checkpoint 10 were dropped.
   whole = {s: v[0] for s, v in _steps(smoke_workdir).items()}
   got = _steps(workdir)
   assert sorted(got) == sorted(whole) == list(range(1, 21))
-  assert all(v == [whole[s]] * len(v) for s, v in got.items())
+  assert got == {s: [v] for s, v in whole.items()}
   assert not os.path.exists(os.path.join(workdir, lease.LEASE_FILE))
+
+
+def test_a_job_whose_lease_was_taken_stops_before_writing_again(
+    tmp_path, monkeypatch
+):
+  """A job that paused past the staleness period finds another job holding
+  its workdir: it stops in one line at its next log or checkpoint, and
+  that job's lease is left in place."""
+  from configs import trime_wt103  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax.run import loop  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setenv(lease.HEARTBEAT_ENV, "0.05")
+  config = trime_wt103.get_config("smoke")
+  config.train.num_steps = 6
+  config.train.log_every = 1
+  config.train.checkpoint_every = 2
+  config.train.eval_every = 0
+  workdir = str(tmp_path / "run")
+  intruder = dataclasses.replace(lease.Holder.of_this_process(), job="other")
+
+  def taken_after_step_2(step, state):
+    del state
+    if step == 2:  # The other job takes the lease over while this sleeps.
+      held = ownership._HELD[workdir]  # pylint: disable=protected-access
+      # As a take-over writes it: under the directory's lock, which the
+      # heartbeat's read and rewrite hold too.
+      with lease._serialised(workdir):  # pylint: disable=protected-access
+        with open(held.path, "wb") as f:
+          f.write(intruder.to_bytes())
+      deadline = time.monotonic() + 10
+      while not held.lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+  with pytest.raises(ownership.LeaseLostError) as e:
+    with ownership.sole_writer(workdir):
+      loop.train_and_evaluate(
+          build.build(config, workdir), hooks=(taken_after_step_2,)
+      )
+  assert "\n" not in str(e.value)
+  assert "before writing step 3" in str(e.value) and "job" in str(e.value)
+  assert sorted(_steps(workdir)) == [1, 2]
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["2"]
+  assert not os.path.exists(os.path.join(workdir, "results.json"))
+  with open(os.path.join(workdir, lease.LEASE_FILE)) as f:
+    assert json.load(f)["job"] == "other"
