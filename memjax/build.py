@@ -32,6 +32,7 @@ from memjax import sharding
 from memjax.checkpoints import runfiles
 from memjax.io import paths
 from memjax.io import workdirs
+from memjax.models import stack
 from memjax.models import transformer
 from memjax.pretrained import sizes
 from memjax.run import hooks
@@ -132,6 +133,7 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   parts.attention.get(s.model.attention)
   kind = parts.feed_forward.get(s.model.feed_forward)
   transformer.block_settings(s.model, parts)  # feed_forward_layers in range.
+  stack.remat_policy(s.model.remat_policy)  # Named right even with remat off.
   if kind.check is not None:
     kind.check(s.model)
   parts.objectives.get(s.loss.name)

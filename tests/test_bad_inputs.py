@@ -36,6 +36,10 @@ CASES = [
      "pack.workers must be >= 1"),
     ("pack without BM25", [SMOKE, "--mode=pack"],
      "this run's data.batching is 'random'"),
+    ("remat policy, remat off", [SMOKE, "--config.model.remat_policy=bogus"],
+     "model.remat_policy must be one of ['full', "),
+    ("init_from nowhere", [SMOKE, "--config.train.init_from=/nonexistent/r"],
+     "train.init_from=/nonexistent/r: /nonexistent/r holds no trained run"),
 ]  # fmt: skip
 
 

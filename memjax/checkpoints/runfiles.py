@@ -69,6 +69,26 @@ def _has_steps(directory: str) -> bool:
   )
 
 
+def has_checkpoints(workdir: str) -> bool:
+  """Whether ``workdir`` holds a checkpoint step (a run that resumes)."""
+  return _has_steps(paths.join(workdir, "checkpoints"))
+
+
+def check_init_from(source: str, workdir: str) -> None:
+  """Refuses a ``train.init_from`` that names no run or export, before
+  anything is read or written (a run that resumes ignores it).
+
+  Raises:
+    errors.MissingRunError: one line naming ``train.init_from``.
+  """
+  if not source or has_checkpoints(workdir):
+    return
+  try:
+    find(source)
+  except errors.MissingRunError as e:
+    raise errors.MissingRunError(f"train.init_from={source}: {e}") from None
+
+
 def find(path: str) -> RunFiles:
   """Identifies a workdir, its ``checkpoints`` folder, or an export.
 

@@ -67,6 +67,8 @@ STALE_ENV = "MEMJAX_LEASE_STALE_S"
 DEFAULT_HEARTBEAT_S = 30.0
 STALE_HEARTBEATS = 4  # A lease is stale after this many missed heartbeats.
 
+# The job of a record that could not be read (it is taken over at once).
+DAMAGED = "damaged"
 # Directories this process created by taking their lease (see ``created``).
 _CREATED: set[str] = set()
 
@@ -170,6 +172,9 @@ class Holder:
     return abs(started - self.pid_started) < 1  # Else the pid was reused.
 
   def describe(self, now: float) -> str:
+    """Who holds the lease, in words (for messages)."""
+    if self.job == DAMAGED:
+      return "an unreadable record: not a lease written by memjax"
     return (
         f"host {self.host}, pid {self.pid}, started "
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.started))}, "
@@ -192,7 +197,7 @@ def _read(path: str) -> Optional[Holder]:
   except FileNotFoundError:
     return None
   holder = Holder.from_bytes(data)
-  return holder or Holder("?", 0.0, 0, 0.0, "damaged", 0.0, 0.0)
+  return holder or Holder("?", 0.0, 0, 0.0, DAMAGED, 0.0, 0.0)
 
 
 def _create(path: str, data: bytes) -> bool:
@@ -308,9 +313,10 @@ class Lease:
         verdict = holder and self._judge(holder, seen)
         if verdict == "take" and self._take_over(holder):
           console.info(
-              "took over the lease of %s from a job that is gone (%s)",
-              self.directory, holder.describe(self._clock()),
-          )  # fmt: skip
+              "took over the lease of %s from %s",
+              self.directory,
+              self._former(holder),
+          )
           break
         if verdict == "refuse":
           raise self._busy(holder)
@@ -344,6 +350,12 @@ class Lease:
     ):
       return "refuse"  # Its heartbeat moved: it is alive.
     return "wait"
+
+  def _former(self, holder: Holder) -> str:
+    """The holder a lease was taken over from, in words."""
+    if holder.job == DAMAGED:
+      return holder.describe(self._clock())
+    return f"a job that is gone ({holder.describe(self._clock())})"
 
   def _take_over(self, holder: Holder) -> bool:
     """Replaces ``holder``'s record by this job's; whether it did."""

@@ -181,6 +181,7 @@ def _prepare(run: spec.Run) -> Setup:
   data files check out, and a failed set-up of a new workdir leaves no
   directory behind."""
   task, workdir, s = run.task, run.workdir, run.settings
+  runfiles.check_init_from(s.train.init_from, workdir)
   task.check_batch_fits(run.mesh, run.carries_memory())
   task.check_data(train=True, workdir=workdir)
   position_lib.check_resume(position(run, 0), workdir)

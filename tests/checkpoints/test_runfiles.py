@@ -104,3 +104,19 @@ def test_training_into_an_export_is_refused(smoke_workdir, tmp_path):
 
 def test_training_into_a_datastore_is_refused(tmp_path):
   _refused(_datastore(str(tmp_path / "ds")), "holds a datastore")
+
+
+def test_init_from_must_name_a_run_or_export_unless_the_run_resumes(tmp_path):
+  workdir, source = tmp_path / "run", tmp_path / "source"
+  with pytest.raises(errors.MissingRunError, match=r"^train.init_from=.*"):
+    runfiles.check_init_from(str(source), str(workdir))
+  (source / "checkpoints" / "4").mkdir(parents=True)
+  runfiles.check_init_from(str(source), str(workdir))  # A run.
+  export = tmp_path / "export"
+  export.mkdir()
+  (export / runfiles.EXPORT_FILE).write_text("{}")
+  runfiles.check_init_from(str(export), str(workdir))
+  # A run that resumes from its own checkpoint no longer reads the source.
+  (workdir / "checkpoints" / "2").mkdir(parents=True)
+  runfiles.check_init_from(str(tmp_path / "gone"), str(workdir))
+  runfiles.check_init_from("", str(tmp_path / "new"))

@@ -93,15 +93,21 @@ def test_a_holder_no_longer_running_here_is_taken_over_at_once(
   assert not os.path.exists(path)
 
 
-def test_a_stale_or_damaged_record_is_taken_over(tmp_path):
+def test_a_stale_or_damaged_record_is_taken_over(tmp_path, capsys):
   path = str(tmp_path / lease.LEASE_FILE)
   _plant(path, host="elsewhere", heartbeat=time.time() - 121)
   with lease.Lease(str(tmp_path)) as held:  # Stale after 4 x 30 s.
     assert _record(path)["job"] == held.me.job
-  with open(path, "w") as f:
-    f.write('{"host": "half a rec')
-  with lease.Lease(str(tmp_path)) as held:
-    assert _record(path)["job"] == held.me.job
+  assert "from a job that is gone (host elsewhere" in capsys.readouterr().out
+  for damaged in ('{"host": "half a rec', "not json at all", "[1, 2]"):
+    with open(path, "w") as f:
+      f.write(damaged)
+    with lease.Lease(str(tmp_path)) as held:
+      assert _record(path)["job"] == held.me.job
+    out = capsys.readouterr().out
+    # Named as unreadable, not as a job of 1970 that is gone.
+    assert "from an unreadable record" in out, out
+    assert "1970" not in out and "pid 0" not in out
 
 
 def test_another_host_is_refused_once_its_heartbeat_moves(tmp_path):
