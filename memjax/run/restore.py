@@ -195,11 +195,11 @@ def _with_optimizer(run, files, model, step):
   tx, _ = run.optimizer()
   # A batch row per data shard, so a recurrent memory's template divides.
   rows = sharding_lib.data_parallel(run.mesh)
-  sample = {"inputs": np.zeros((rows, 8), np.int32)}
-  state, shardings = state_lib.create_state(
-      model, tx, run.mesh, sample, jax.random.PRNGKey(0),
-      run.state_collections(),
-  )  # fmt: skip
+  sample = {"inputs": jax.ShapeDtypeStruct((rows, 8), np.int32)}
+  # The restore's template: shapes and shardings only, nothing allocated.
+  _, shapes, shardings = state_lib.abstract_state(
+      model, tx, run.mesh, sample, run.state_collections()
+  )
   ckpt = checkpointing.Checkpointer(
       files.checkpoints,
       keep=1,
@@ -208,7 +208,7 @@ def _with_optimizer(run, files, model, step):
   )
   try:
     step = ckpt.latest_step() if step is None else int(step)
-    abstract = checkpointing.abstract_with_sharding(state, shardings)
+    abstract = checkpointing.abstract_with_sharding(shapes, shardings)
     # The carried memory is read (in its saved shapes) and dropped.
     abstract = abstract.replace(
         memory=ckpt.saved_memory(step, sharding_lib.replicated(run.mesh))

@@ -9,11 +9,20 @@ import orbax.checkpoint as ocp
 
 from memjax import build
 from memjax.models import stack
+from memjax.run import state as state_lib
 
 
-def test_lamemo_run_restores_with_its_optimizer(lamemo_smoke_workdir):
+def test_lamemo_run_restores_with_its_optimizer(
+    lamemo_smoke_workdir, monkeypatch
+):
   """The checkpoint's carried memory (batch-shaped, unknown without the
-  corpus) no longer stops the optimiser state from being restored."""
+  corpus) no longer stops the optimiser state from being restored; the
+  restore's template is abstract (no train state is initialised for it)."""
+
+  def no_fresh_state(*args, **kwargs):
+    raise AssertionError("a train state was initialised to restore into")
+
+  monkeypatch.setattr(state_lib, "create_state", no_fresh_state)
   plain = build.load(lamemo_smoke_workdir)
   full = build.load(lamemo_smoke_workdir, with_optimizer=True)
   assert full.step == plain.step == 6
