@@ -129,8 +129,9 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
       declares, a number out of range, what the task or a method refuses).
   """
   check_values(s)
-  parts.families.get(s.model.family)
-  parts.attention.get(s.model.attention)
+  family = parts.families.get(s.model.family)
+  attention = parts.attention.get(s.model.attention)
+  family.check_attention(s.model.family, s.model.attention, attention)
   kind = parts.feed_forward.get(s.model.feed_forward)
   transformer.block_settings(s.model, parts)  # feed_forward_layers in range.
   stack.remat_policy(s.model.remat_policy)  # Named right even with remat off.

@@ -53,9 +53,13 @@ ENGINE = extend.Method(
     families={
         "decoder_lm": extend.Family(transformer.decoder_lm),
         "encoder_decoder": extend.Family(
-            seq2seq.encoder_decoder, extra_inputs=("source",)
+            seq2seq.encoder_decoder,
+            extra_inputs=("source",),
+            refuses_attention=seq2seq.REFUSES_ATTENTION,
         ),
-        "encoder": extend.Family(encoder.build),
+        "encoder": extend.Family(
+            encoder.build, refuses_attention=encoder.REFUSES_ATTENTION
+        ),
     },
     flops=(seq2seq.flops,),
     objectives={

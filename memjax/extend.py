@@ -164,11 +164,29 @@ class Family:
     extra_inputs: batch arrays the model takes as keyword arguments
       besides inputs and targets (the encoder-decoder's 'source').
     state_collections: mutable collections the family itself keeps.
+    refuses_attention: ``refuses_attention(name, kind) -> why | None``:
+      why the family does not take the attention kind ``name`` (its class
+      ``kind``), in words, or None where it applies it. None: it applies
+      every kind.
   """
 
   build: Callable[..., Any]
   extra_inputs: tuple[str, ...] = ()
   state_collections: tuple[str, ...] = ()
+  refuses_attention: Callable[[str, type], str | None] | None = None
+
+  def check_attention(self, family: str, name: str, kind: type) -> None:
+    """Refuses, in one line, an attention kind the family does not take.
+
+    Raises:
+      errors.ConfigError: naming the family, the kind and why.
+    """
+    why = self.refuses_attention and self.refuses_attention(name, kind)
+    if why:
+      raise errors.ConfigError(
+          f"model.family {family!r} does not take model.attention "
+          f"{name!r}: {why}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ without knowing it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -296,6 +296,25 @@ class CausalSelfAttention(AttentionKind):
       )
       y = y + b.astype(self.dtype)
     return y, None
+
+
+def plain_only(why: str) -> Callable[[str, type], Optional[str]]:
+  """A family's ``extend.Family.refuses_attention`` that applies the plain
+  kind ('vanilla') only: a recurrent kind is refused as a memory the family
+  has no segments for, another kind with ``why``."""
+
+  def refuses(name: str, kind: type) -> Optional[str]:
+    del name
+    if kind is CausalSelfAttention:
+      return None
+    if kind.RECURRENT:
+      return (
+          "a recurrent memory is carried from one segment of a stream to the "
+          "next, and this family reads each sequence whole"
+      )
+    return why
+
+  return refuses
 
 
 def sinusoid_table(length: int, dim: int) -> np.ndarray:

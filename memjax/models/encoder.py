@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
+from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import feed_forward as feed_forward_lib
 from memjax.models import seq2seq
@@ -48,6 +49,10 @@ from memjax.models import transformer
 
 Array = jax.Array
 HEADS = ("mlm", "classify")
+# The encoder's attention: bidirectional, over learned absolute positions.
+REFUSES_ATTENTION = attention_lib.plain_only(
+    "the encoder's attention reads learned absolute positions only"
+)
 
 
 @flax.struct.dataclass

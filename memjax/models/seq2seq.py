@@ -397,6 +397,12 @@ class EncoderDecoder(blocks.BlockStack):
     return jax.nn.log_softmax(logits, axis=-1), g[:, 0], new_cache
 
 
+# The translation model's attention: sinusoid absolute positions.
+REFUSES_ATTENTION = attention_lib.plain_only(
+    "the encoder-decoder's attention reads sinusoid absolute positions only"
+)
+
+
 def encoder_decoder(
     model: settings_lib.Model, *, vocab_size: int, parts: extend.Parts
 ) -> EncoderDecoder:

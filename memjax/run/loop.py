@@ -79,9 +79,16 @@ def cut_log(log_path: str, step: int) -> int:
       continue  # Half a line: the job was killed while writing it.
     if row_step <= step and line.endswith("\n"):
       kept.append(line)
-  if len(kept) < len(lines):
+  dropped = len(lines) - len(kept)
+  if dropped:
     paths.write_text(log_path, "".join(kept))
-  return len(lines) - len(kept)
+    console.info(
+        "train_log.jsonl: %d lines after step %d dropped (logged again as "
+        "the updates run again)",
+        dropped,
+        step,
+    )
+  return dropped
 
 
 def _log_steps(
@@ -290,12 +297,7 @@ def _train(
       tokens_per_step,
   )
   log_path = paths.join(run.workdir, "train_log.jsonl")
-  dropped = cut_log(log_path, s.start_step)
-  if dropped:
-    console.info(
-        "train_log.jsonl: %d lines after step %d dropped (they are logged "
-        "again as the updates run again)", dropped, s.start_step,
-    )  # fmt: skip
+  cut_log(log_path, s.start_step)
   step_hooks = run.hooks(
       s.hook_states, model=s.model, mesh=run.mesh, corpus=s.corpus,
       batcher=s.batcher, writer=writer,

@@ -194,14 +194,8 @@ class MargeLM(transformer.TransformerLM):
           f"half, {self.half() + 1}..{self.num_layers} (the lower half is "
           "the embedder)"
       )
-    if (
-        self.norm_position != "pre"
-        or self.attention is not attention_lib.CausalSelfAttention
-    ):
-      raise errors.ConfigError(
-          "model 'marge' takes model.norm_position 'pre' and "
-          "model.attention 'vanilla'"
-      )
+    if self.norm_position != "pre":
+      raise errors.ConfigError("model 'marge' takes model.norm_position 'pre'")
     if self.segment_len < 1 or 2 * self.segment_len > self.max_len:
       raise errors.ConfigError(
           f"model.family_options.segment_len {self.segment_len} must be "
@@ -295,5 +289,13 @@ def marge_lm(
   return MargeLM(**settings, **opts)
 
 
-# The batch arrays the model takes besides inputs and targets.
-FAMILY = extend.Family(marge_lm, extra_inputs=("sources", "source_mask"))
+# The batch arrays the model takes besides inputs and targets; the plain
+# attention, whose absolute positions the retrieval's windows are built on.
+FAMILY = extend.Family(
+    marge_lm,
+    extra_inputs=("sources", "source_mask"),
+    refuses_attention=attention_lib.plain_only(
+        "MARGE's decoder and its cross-attention to the retrieved sources "
+        "are built on the plain attention"
+    ),
+)
