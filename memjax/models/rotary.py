@@ -18,6 +18,7 @@ the settings and the segment length only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -92,3 +93,32 @@ def rotate(x: Array, cos: np.ndarray, sin: np.ndarray) -> Array:
   c = jnp.asarray(cos, x.dtype)[None, :, None]
   s = jnp.asarray(sin, x.dtype)[None, :, None]
   return x * c + turned * s
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+  """Rotary positions' settings (``inverse_frequencies``'s arguments).
+
+  Attributes:
+    theta: the base (``rope_theta``).
+    scaling_factor: Llama 3's ``factor``; 0 = no scaling.
+    low_freq_factor, high_freq_factor, original_max_len: Llama 3's other
+      settings.
+  """
+
+  theta: float
+  scaling_factor: float = 0.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_len: int = 8192
+
+  def inverse_frequencies(self, head_dim: int) -> np.ndarray:
+    """[d_h / 2] float64 rotation speeds (``inverse_frequencies``)."""
+    return inverse_frequencies(
+        head_dim,
+        self.theta,
+        self.scaling_factor,
+        self.low_freq_factor,
+        self.high_freq_factor,
+        self.original_max_len,
+    )

@@ -287,10 +287,10 @@ class LaMemoAttention(relative.RelativeAttentionBase):
           f"x of length {total}"
       )
     axes = ("batch", "length", "heads", "kv")
-    q = nn.with_logical_constraint(self.query(x), axes)
-    k = nn.with_logical_constraint(self.key(x), axes)
-    v = nn.with_logical_constraint(self.value(x), axes)
-    scores = self._scores(
+    q = nn.with_logical_constraint(self.core.project(x, "query"), axes)
+    k = nn.with_logical_constraint(self.core.project(x, "key"), axes)
+    v = nn.with_logical_constraint(self.core.project(x, "value"), axes)
+    scores = self.core.scores(
         q[:, mem_len:], k, delta_top=total - 1, past_only=True
     )
     key_valid = jnp.concatenate(
@@ -298,7 +298,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     )
     query_pos = mem_len + jnp.arange(seg_len)
     causal = jnp.arange(total)[None, :] <= query_pos[:, None]
-    c_seg, lse_seg, probs = self._attend(
+    c_seg, lse_seg, probs = self.core.attend(
         scores, key_valid[:, None, None, :] & causal, v, deterministic
     )
     self.sow("intermediates", "attention_probs", probs)
@@ -383,7 +383,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     keys = slice(start, start + width)
     # Memory query i (position i) and window key w (position start + w)
     # are i - start - w apart; the last query and first key: M-1-start.
-    scores = self._scores(
+    scores = self.core.scores(
         q[:, :mem_len],
         k[:, keys],
         delta_top=mem_len - 1 - start,
@@ -394,7 +394,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
         [mem_valid, jnp.ones((mem_valid.shape[0], 1), jnp.bool_)], axis=1
     )[:, start:]
     right = key_pos[None, :] > jnp.arange(mem_len)[:, None]
-    c_new, lse_new, probs = self._attend(
+    c_new, lse_new, probs = self.core.attend(
         scores, key_valid[:, None, None, :] & right, v[:, keys], deterministic
     )
     self.sow("intermediates", "look_ahead_probs", probs)

@@ -1,4 +1,5 @@
-"""Relative positions, rel_shift, XLAttention and DisentangledAttention."""
+"""XLAttention and DisentangledAttention against the equations (the
+relative positions and rel_shift: tests/models/test_multihead.py)."""
 
 import flax
 import jax
@@ -12,29 +13,6 @@ from tests.models import reference
 from tests.models.helpers import apply, normal, random_params
 
 D, H, DH = 16, 2, 4
-
-
-def test_sinusoid_positions_match_reference():
-  positions = np.array([-3.0, 0.0, 1.0, 7.5, 40.0])
-  got = relative.sinusoid_positions(jnp.asarray(positions), 10)
-  want = np.stack([reference.sinusoid(p, 10) for p in positions])
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("q_len,p_len", [(4, 4), (3, 7), (5, 9), (1, 3)])
-def test_rel_shift_matches_definition(q_len, p_len):
-  x = np.arange(q_len * p_len, dtype=np.float32).reshape(q_len, p_len) + 1
-  got = np.asarray(relative.rel_shift(jnp.asarray(x)))
-  want = reference.rel_shift(x)
-  defined = ~np.isnan(want)
-  # Every entry with j <= i + P - Q is defined and must match.
-  for i in range(q_len):
-    assert defined[i, : i + p_len - q_len + 1].all()
-  np.testing.assert_array_equal(got[defined], want[defined])
-  # Batched leading axes shift every matrix the same way.
-  xb = np.stack([x, 2 * x])[:, None]
-  gotb = np.asarray(relative.rel_shift(jnp.asarray(xb)))
-  np.testing.assert_array_equal(gotb[1, 0][defined], 2 * want[defined])
 
 
 def _memory(batch, mem_len, seed):

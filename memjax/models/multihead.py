@@ -1,0 +1,522 @@
+"""The one multi-head attention core: every attention path computes with it.
+
+``MultiHeadAttention`` projects queries (H heads) and keys and values
+(``num_kv_heads`` heads, each shared by H / H_kv query heads: grouped-query
+attention, as Hugging Face's ``repeat_kv``), scores them with optional
+positions, masks and an additive bias, normalises in float32, drops
+probabilities out and projects the heads back to D. The paths that use it,
+with their options:
+
+* the 'vanilla' kind (``attention.CausalSelfAttention``): causal, rotary
+  positions or none (the family adds absolute ones), the pretrained
+  families' biases and grouped heads;
+* the relative kinds ('rpe', 'xl', LaMemo's 'lamemo' in
+  ``memjax/methods/recurrent``): Transformer-XL's four score terms
+  (``relative_scores``) in the 'xl' or 'disentangled' scheme, over a memory
+  and the segment or in both directions (LaMemo's look-ahead);
+* the encoders' and the translation model's attention (``seq2seq``): a
+  padding mask, a causal decoder with its decoding cache, and
+  cross-attention to keys and values computed once per source (``kv``);
+* MARGE's cross-attention to retrieved sources, whose similarity bias is
+  added to the scores (``bias``).
+
+Scores are computed, masked and normalised in float32 whatever the compute
+dtype; a query that may attend to no key gets zero probabilities (MARGE's
+lanes without a retrieved source).
+
+Parameter layouts (``projections``), kept as the runs of each path saved
+them, with the initialisers those paths have always used:
+
+* 'param': query, key, value [D, H, d_h] ('embed', 'heads', 'kv') and out
+  [H, d_h, D] ('heads', 'kv', 'embed'), Glorot-uniform over the fan of
+  every axis; optional biases ``<name>_bias``. The engine's attention, the
+  encoders' and MARGE's.
+* 'module': sub-layers query, key, value, pos_key and out, each with a
+  ``kernel`` of those shapes, LeCun-normal (JAX's default for a dense
+  kernel, which the relative kinds were written with); the relative
+  biases u and v (or v_plus, v_minus) [H, d_h], normal(0.02).
+
+``dropout_name`` names the dropout sub-module as each path always has (its
+random masks are drawn from the module's name).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from memjax import errors
+from memjax.models import rotary
+
+Array = jax.Array
+
+# Masked scores get this value: exp(NEG_INF - anything finite) is exactly 0
+# in float32, and a fully masked row stays finite (never NaN).
+NEG_INF: float = -1e30
+PROJECTIONS = ("param", "module")
+RELATIVE = ("", "xl", "disentangled")
+HEADS_AXES = ("batch", "length", "heads", "kv")
+
+
+def qkv_init() -> nn.initializers.Initializer:
+  """Glorot-uniform for a [D, H, d_h] input projection."""
+  return nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2)
+  )
+
+
+def out_init() -> nn.initializers.Initializer:
+  """Glorot-uniform for a [H, d_h, D] output projection."""
+  return nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2
+  )
+
+
+def sinusoid_positions(positions: Array, dim: int) -> Array:
+  """Sinusoid encodings of (possibly negative) positions.
+
+  Transformer-XL's layout: ``[sin(p * w_0), ..., sin(p * w_{dim/2-1}),
+  cos(p * w_0), ..., cos(p * w_{dim/2-1})]`` with w_k = 10000^(-2k/dim).
+
+  Args:
+    positions: [P] float positions (relative distances here).
+    dim: even encoding size.
+
+  Returns:
+    [P, dim] float32.
+  """
+  if dim % 2:
+    raise ValueError(f"sinusoid dimension must be even, got {dim}")
+  exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
+  inv_freq = 1.0 / (10000.0**exponents)
+  angles = jnp.asarray(positions, jnp.float32)[:, None] * inv_freq[None, :]
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+def rel_shift(x: Array) -> Array:
+  """Transformer-XL's relative shift (pad a zero column, reshape, drop a row).
+
+  Turns scores computed per (query, relative-distance column) into scores
+  per (query, key). With x of shape [..., Q, P]:
+
+      y[..., i, j] = x[..., i, j + Q - 1 - i]   whenever j + Q - 1 - i < P,
+
+  i.e. row i is shifted left by Q - 1 - i columns. Entries with
+  j + Q - 1 - i >= P hold junk (the zero pad or the next row's values) and
+  must be masked by the caller.
+
+  Column c of x belongs to the relative distance delta_c = delta_top - c
+  (query position minus key position, descending), where delta_top is the
+  distance between the LAST query and the FIRST key. Then y[..., i, j]
+  belongs to query i and key j. For causal attention with Q queries at the
+  end of K keys, P = K and delta_top = K - 1, and the junk entries are
+  exactly the future keys j > i + K - Q.
+
+  Args:
+    x: [..., Q, P].
+
+  Returns:
+    [..., Q, P], same dtype.
+  """
+  *lead, q_len, p_len = x.shape
+  pad = [(0, 0)] * len(lead) + [(0, 0), (1, 0)]
+  x = jnp.pad(x, pad)
+  x = x.reshape(*lead, p_len + 1, q_len)
+  x = x[..., 1:, :]
+  return x.reshape(*lead, q_len, p_len)
+
+
+def masked_softmax(scores: Array, mask: Array) -> tuple[Array, Array]:
+  """Softmax over the last axis with a mask, and its log-normaliser.
+
+  Args:
+    scores: [..., K] float32 scaled scores.
+    mask: bool, broadcastable to ``scores``; False entries are excluded.
+
+  Returns:
+    (probs [..., K] float32 with exact zeros where masked, and zeros in a
+     row with no key at all; lse [...] float32 logsumexp of the unmasked
+     scores).
+  """
+  scores = jnp.where(mask, scores, NEG_INF)
+  lse = jax.nn.logsumexp(scores, axis=-1)
+  probs = jnp.exp(scores - lse[..., None])
+  any_key = jnp.broadcast_to(mask, scores.shape).any(axis=-1, keepdims=True)
+  return jnp.where(any_key, probs, 0.0), lse
+
+
+class HeadProjection(nn.Module):
+  """Bias-free projection to heads: [..., D] -> [..., H, dh] ('module'
+  layout). Parameter: kernel [D, H, dh] ('embed', 'heads', 'kv')."""
+
+  num_heads: int
+  head_dim: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = self.param(
+        "kernel",
+        nn.with_logical_partitioning(
+            nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2)),
+            ("embed", "heads", "kv"),
+        ),
+        (x.shape[-1], self.num_heads, self.head_dim),
+        self.param_dtype,
+    )
+    return jnp.einsum(
+        "...d,dhk->...hk", x.astype(self.dtype), kernel.astype(self.dtype)
+    )
+
+
+class OutputProjection(nn.Module):
+  """Bias-free projection from heads: [..., H, dh] -> [..., D] ('module'
+  layout). Parameter: kernel [H, dh, D] ('heads', 'kv', 'embed')."""
+
+  d_model: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = self.param(
+        "kernel",
+        nn.with_logical_partitioning(
+            nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
+            ("heads", "kv", "embed"),
+        ),
+        x.shape[-2:] + (self.d_model,),
+        self.param_dtype,
+    )
+    return jnp.einsum(
+        "...hk,hkd->...d", x.astype(self.dtype), kernel.astype(self.dtype)
+    )
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention (see the module docstring).
+
+  Attributes:
+    d_model: D.
+    num_heads: H.
+    head_dim: d_h.
+    dropout_rate: dropout on the attention probabilities.
+    dtype: compute dtype; scores and softmax are float32.
+    num_kv_heads: key/value heads (a divisor of H); 0 = H.
+    qkv_bias: biases on the query, key and value projections ('param').
+    out_bias: a bias on the output projection ('param').
+    rope: the rotary positions' settings (``rotary.Rope``), or None.
+    relative: '' (none), or the relative positions' scheme: 'xl' (R of the
+      signed distance, one position bias v) or 'disentangled' (R of |i - j|,
+      biases v_plus for i >= j and v_minus for i < j; LaMemo Eq. 12).
+    projections: the parameter layout, 'param' or 'module'.
+    dropout_name: the dropout sub-module's name.
+    param_dtype: the parameters' dtype.
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  num_kv_heads: int = 0
+  qkv_bias: bool = False
+  out_bias: bool = False
+  rope: Optional[rotary.Rope] = None
+  relative: str = ""
+  projections: str = "param"
+  dropout_name: str = "Dropout_0"
+  param_dtype: Any = jnp.float32
+
+  def setup(self) -> None:
+    if self.projections not in PROJECTIONS or self.relative not in RELATIVE:
+      raise ValueError(
+          f"projections {self.projections!r} must be one of {PROJECTIONS} "
+          f"and relative {self.relative!r} one of {RELATIVE}"
+      )
+    if self.relative and (self.projections != "module" or self.rope):
+      raise ValueError("relative positions take the 'module' layout, no rope")
+    kv = self.kv_heads()
+    if self.projections == "param":
+      self._param_layout(kv)
+    else:
+      self._module_layout(kv)
+    setattr(self, self.dropout_name, nn.Dropout(self.dropout_rate))
+
+  def _param_layout(self, kv: int) -> None:
+    """query, key, value, out (and their biases) in the order the paths
+    made them (a parameter's initial value depends on that order)."""
+    axes = ("embed", "heads", "kv")
+    zeros = nn.initializers.zeros
+    w, b = {}, {}
+    for name, heads in (("query", self.num_heads), ("key", kv), ("value", kv)):
+      w[name] = self.param(
+          name,
+          nn.with_logical_partitioning(qkv_init(), axes),
+          (self.d_model, heads, self.head_dim),
+      )
+      if self.qkv_bias:
+        b[name] = self.param(
+            f"{name}_bias",
+            nn.with_logical_partitioning(zeros, ("heads", "kv")),
+            (heads, self.head_dim),
+        )
+    w["out"] = self.param(
+        "out",
+        nn.with_logical_partitioning(out_init(), ("heads", "kv", "embed")),
+        (self.num_heads, self.head_dim, self.d_model),
+    )
+    if self.out_bias:
+      b["out"] = self.param(
+          "out_bias",
+          nn.with_logical_partitioning(zeros, ("embed",)),
+          (self.d_model,),
+      )
+    self.weights, self.biases = w, b
+
+  def _module_layout(self, kv: int) -> None:
+    """Sub-layers query, key, value, pos_key, out; biases u and v."""
+    proj = functools.partial(
+        HeadProjection,
+        head_dim=self.head_dim,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
+    self.query = proj(num_heads=self.num_heads)
+    self.key = proj(num_heads=kv)
+    self.value = proj(num_heads=kv)
+    if self.relative:
+      self.pos_key = proj(num_heads=self.num_heads)
+    self.out = OutputProjection(
+        d_model=self.d_model, dtype=self.dtype, param_dtype=self.param_dtype
+    )
+    if not self.relative:
+      return
+    bias_init = nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=0.02), ("heads", "kv")
+    )
+    shape = (self.num_heads, self.head_dim)
+    self.u = self.param("u", bias_init, shape, self.param_dtype)
+    if self.relative == "xl":
+      self.v = self.param("v", bias_init, shape, self.param_dtype)
+    else:
+      self.v_plus = self.param("v_plus", bias_init, shape, self.param_dtype)
+      self.v_minus = self.param("v_minus", bias_init, shape, self.param_dtype)
+
+  # -- projections -----------------------------------------------------------
+
+  def kv_heads(self) -> int:
+    """The key/value heads.
+
+    Raises:
+      errors.ConfigError: a count that does not divide H.
+    """
+    n = self.num_kv_heads or self.num_heads
+    if n <= 0 or self.num_heads % n:
+      raise errors.ConfigError(
+          f"model.attention_options.num_kv_heads {n} must divide "
+          f"model.num_heads {self.num_heads}"
+      )
+    return n
+
+  def project(self, x: Array, name: str) -> Array:
+    """x [B, T, D] -> [B, T, heads, d_h] by the projection ``name``
+    ('query', 'key', 'value')."""
+    x = x.astype(self.dtype)
+    if self.projections == "module":
+      return getattr(self, name)(x)
+    y = jnp.einsum("btd,dhk->bthk", x, self.weights[name].astype(self.dtype))
+    if name in self.biases:
+      y = y + self.biases[name].astype(self.dtype)
+    return y
+
+  def kv(self, y: Array) -> tuple[Array, Array]:
+    """[B, S, D] -> keys, values [B, S, H_kv, d_h] (a cross-attention's,
+    computed once per source)."""
+    return self.project(y, "key"), self.project(y, "value")
+
+  def rotate(self, q: Array, k: Array) -> tuple[Array, Array]:
+    """q, k with rotary positions 0..T-1 (unchanged without ``rope``)."""
+    if self.rope is None:
+      return q, k
+    inv = self.rope.inverse_frequencies(self.head_dim)
+    cos, sin = rotary.tables(q.shape[1], inv)
+    return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
+
+  def output(self, c: Array) -> Array:
+    """[B, T, H, d_h] head outputs -> [B, T, D] (compute dtype)."""
+    c = c.astype(self.dtype)
+    if self.projections == "module":
+      y = self.out(c)
+      return nn.with_logical_constraint(y, ("batch", "length", "embed"))
+    y = jnp.einsum("bthk,hkd->btd", c, self.weights["out"].astype(self.dtype))
+    if "out" in self.biases:
+      y = y + self.biases["out"].astype(self.dtype)
+    return y
+
+  # -- scores and normalisation ----------------------------------------------
+
+  def relative_scores(
+      self, q: Array, k: Array, delta_top: int, past_only: bool
+  ) -> Array:
+    """Transformer-XL's position terms (Dai et al. Eq. 6; LaMemo Eq. 12):
+    ``q_i . r_ij + b_ij . r_ij``, unscaled (``scores`` adds u . k_j).
+
+    Queries and keys are consecutive runs of positions; query i and key j
+    are ``delta_top - (Q - 1 - i) - j`` positions apart.
+
+    Args:
+      q: [B, Q, H, dh] queries.
+      k: [B, K, H, dh] content keys.
+      delta_top: distance (query minus key position) of the last query and
+        the first key.
+      past_only: whether only keys at or before the query (distance >= 0)
+        will be read; then fewer distances are encoded and the other
+        entries of the result are junk (to be masked).
+
+    Returns:
+      [B, H, Q, K] float32.
+    """
+    q_len, k_len = q.shape[1], k.shape[1]
+    num_cols = max(k_len, delta_top + 1) if past_only else k_len + q_len - 1
+    deltas = delta_top - jnp.arange(num_cols, dtype=jnp.int32)
+    shape = (num_cols, self.num_heads, self.head_dim)
+    f32 = jnp.float32
+    if self.relative == "xl":
+      positions = deltas
+      bias = jnp.broadcast_to(jnp.asarray(self.v, f32), shape)
+    else:
+      positions = jnp.abs(deltas)
+      bias = jnp.where(
+          (deltas >= 0)[:, None, None],
+          jnp.asarray(self.v_plus, f32),
+          jnp.asarray(self.v_minus, f32),
+      )
+    enc = sinusoid_positions(positions.astype(f32), self.d_model)
+    r = self.pos_key(enc.astype(self.dtype))
+    position = jnp.einsum("bqhd,phd->bhqp", q, r, preferred_element_type=f32)
+    position += jnp.einsum("phd,phd->hp", bias, r.astype(f32))[None, :, None]
+    return rel_shift(position)[..., :k_len]
+
+  def scores(
+      self,
+      q: Array,
+      k: Array,
+      *,
+      delta_top: int = 0,
+      past_only: bool = True,
+      bias: Optional[Array] = None,
+  ) -> Array:
+    """Scaled scores: (q.k + the relative terms) / sqrt(d_h) + bias.
+
+    Args:
+      q: [B, Q, H, dh] queries.
+      k: [B, K, H_kv, dh] keys (repeated to H heads here).
+      delta_top, past_only: the relative terms' (``relative_scores``).
+      bias: float32 broadcastable to [B, H, Q, K], added after scaling.
+
+    Returns:
+      [B, H, Q, K] float32.
+    """
+    k = self.repeat_kv(k)
+    f32 = jnp.float32
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=f32)
+    if self.relative:  # The global content bias u . k_j, then positions.
+      u = jnp.asarray(self.u, f32)
+      s += jnp.einsum("hd,bkhd->bhk", u, k.astype(f32))[:, :, None, :]
+      s = s + self.relative_scores(q, k, delta_top, past_only)
+    s = s * (1.0 / math.sqrt(self.head_dim))
+    return s if bias is None else s + bias
+
+  def repeat_kv(self, x: Array) -> Array:
+    """[B, K, H_kv, dh] -> [B, K, H, dh], each key head shared by H / H_kv
+    query heads."""
+    if x.shape[2] == self.num_heads:
+      return x
+    return jnp.repeat(x, self.num_heads // x.shape[2], axis=2)
+
+  def attend(
+      self, scores: Array, mask: Array, v: Array, deterministic: bool
+  ) -> tuple[Array, Array, Array]:
+    """Masked softmax, dropout and the weighted sum of values.
+
+    Args:
+      scores: [B, H, Q, K] float32.
+      mask: bool broadcastable to ``scores``; True = may attend.
+      v: [B, K, H_kv, dh] values.
+      deterministic: disables dropout.
+
+    Returns:
+      (c [B, Q, H, dh] float32 head outputs, lse [B, Q, H] float32
+       log-normalisers, probs [B, H, Q, K] float32 before dropout).
+    """
+    probs, lse = masked_softmax(scores, mask)
+    dropped = getattr(self, self.dropout_name)(
+        probs, deterministic=deterministic
+    )
+    c = jnp.einsum(
+        "bhqk,bkhd->bqhd",
+        dropped.astype(self.dtype),
+        self.repeat_kv(v),
+        preferred_element_type=jnp.float32,
+    )
+    return c, jnp.swapaxes(lse, 1, 2), probs
+
+  # -- the plain path --------------------------------------------------------
+
+  def __call__(
+      self,
+      x: Array,
+      *,
+      deterministic: bool,
+      mask: Optional[Array] = None,
+      causal: bool = False,
+      kv: Optional[tuple[Array, Array]] = None,
+      bias: Optional[Array] = None,
+      cache: Optional[tuple[Array, Array]] = None,
+      pos: Optional[Array] = None,
+  ) -> tuple[Array, Optional[tuple[Array, Array]]]:
+    """Self-attention of x, or (``kv`` given) cross-attention.
+
+    Args:
+      x: [B, T, D] the queries' inputs (normalised).
+      deterministic: disables dropout.
+      mask: bool broadcastable to [B, H, T, S]; True = may attend; None =
+        every key.
+      causal: also mask keys after the query (self-attention).
+      kv: cross-attention: keys and values [B, S, H_kv, d_h] (``kv``).
+      bias: float32 broadcastable to [B, H, T, S], added to the scores.
+      cache: self-attention, one decoder step: the (keys, values)
+        [B, T_max, H_kv, d_h] so far, x being the token at ``pos``.
+      pos: with a cache: scalar int32 position of x.
+
+    Returns:
+      ([B, T, D], the cache with x's keys and values at ``pos``, or None
+      without a cache).
+    """
+    x = x.astype(self.dtype)
+    q = self.project(x, "query")
+    if kv is None:
+      k, v = self.kv(x)
+      q, k = self.rotate(q, k)
+      if cache is not None:
+        k = jax.lax.dynamic_update_slice_in_dim(cache[0], k, pos, axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(cache[1], v, pos, axis=1)
+        cache = (k, v)
+    else:
+      k, v = kv
+    q = nn.with_logical_constraint(q, HEADS_AXES)
+    k = nn.with_logical_constraint(k, HEADS_AXES)
+    keep = jnp.ones((), bool) if mask is None else mask
+    if causal:
+      t = x.shape[1]
+      keep = keep & jnp.tril(jnp.ones((t, t), bool))[None, None]
+    s = self.scores(q, k, bias=bias)
+    c, _, _ = self.attend(s, keep, v, deterministic)
+    return self.output(c), cache
