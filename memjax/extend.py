@@ -139,7 +139,7 @@ class FeedForward:
     shared_params: ``shared_params(options, d_model) -> {name: (initializer,
       shape, logical axes)}``: parameters that every layer of the kind
       reads (one memory table for several layers). A family that supports
-      them (``blocks.BlockStack.shared_params``) creates them once, under
+      them (``block_stack.BlockStack.shared_params``) creates them once, under
       ``ffn_shared``, and calls the kind with ``shared={name: array}``;
       an empty mapping: none.
   """

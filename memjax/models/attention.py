@@ -17,9 +17,8 @@ from typing import Any, Callable, ClassVar, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from memjax import errors
+from memjax.models import multihead
 from memjax.models import rotary
 
 Array = jax.Array
@@ -129,53 +128,14 @@ class AttentionKind(nn.Module):
     return h, g, tuple(layer_memories)
 
 
-def qkv_init() -> nn.initializers.Initializer:
-  """Glorot-uniform for a [D, H, d_h] input projection."""
-  return nn.initializers.variance_scaling(
-      1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2)
-  )
-
-
-def out_init() -> nn.initializers.Initializer:
-  """Glorot-uniform for a [H, d_h, D] output projection."""
-  return nn.initializers.variance_scaling(
-      1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2
-  )
-
-
-def head_projection(
-    module: nn.Module, name: str, d_model: int, num_heads: int, head_dim: int
-) -> jax.Array:
-  """A [D, H, d_h] projection parameter named with logical axes.
-
-  Declared directly rather than through nn.DenseGeneral, whose initialiser
-  boxes a flattened 2-D kernel and so cannot carry 3-D axis names.
-  """
-  return module.param(
-      name,
-      nn.with_logical_partitioning(qkv_init(), ("embed", "heads", "kv")),
-      (d_model, num_heads, head_dim),
-  )
-
-
-def output_projection(
-    module: nn.Module, name: str, d_model: int, num_heads: int, head_dim: int
-) -> jax.Array:
-  """A [H, d_h, D] output projection parameter named with logical axes."""
-  return module.param(
-      name,
-      nn.with_logical_partitioning(out_init(), ("heads", "kv", "embed")),
-      (num_heads, head_dim, d_model),
-  )
-
-
 class CausalSelfAttention(AttentionKind):
   """Multi-head causal self-attention over the current segment only.
 
-  The 'vanilla' kind: absolute positions, no memory. Its options
-  (``model.attention_options``) give the pretrained families' variants:
-  grouped-query attention (``num_kv_heads`` key/value heads, each shared
-  by ``num_heads / num_kv_heads`` query heads, as Hugging Face's
+  The 'vanilla' kind: absolute positions, no memory, computed by the one
+  attention core (``multihead.MultiHeadAttention``, 'param' layout). Its
+  options (``model.attention_options``) give the pretrained families'
+  variants: grouped-query attention (``num_kv_heads`` key/value heads, each
+  shared by ``num_heads / num_kv_heads`` query heads, as Hugging Face's
   ``repeat_kv``), biases on the q/k/v projections (GPT-2, Qwen2) and on
   the output (GPT-2), and rotary positions (``memjax.models.rotary``).
 
@@ -211,49 +171,31 @@ class CausalSelfAttention(AttentionKind):
 
   ABSOLUTE_POSITIONS: ClassVar[bool] = True
 
-  def kv_heads(self) -> int:
-    """The key/value heads.
-
-    Raises:
-      errors.ConfigError: a count that does not divide H.
-    """
-    n = self.num_kv_heads or self.num_heads
-    if n <= 0 or self.num_heads % n:
-      raise errors.ConfigError(
-          f"model.attention_options.num_kv_heads {n} must divide "
-          f"model.num_heads {self.num_heads}"
+  def setup(self) -> None:
+    rope = None
+    if self.rope_theta:
+      rope = rotary.Rope(
+          self.rope_theta,
+          self.rope_scaling_factor,
+          self.rope_low_freq_factor,
+          self.rope_high_freq_factor,
+          self.rope_original_max_len,
       )
-    return n
-
-  def project(self, x: Array, name: str, heads: int) -> Array:
-    """x [B, T, D] -> [B, T, heads, d_h] by the projection ``name``."""
-    w = head_projection(self, name, self.d_model, heads, self.head_dim)
-    y = jnp.einsum("btd,dhk->bthk", x, w.astype(self.dtype))
-    if self.qkv_bias:
-      b = self.param(
-          f"{name}_bias",
-          nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")),
-          (heads, self.head_dim),
-      )
-      y = y + b.astype(self.dtype)
-    return y
-
-  def rotate(self, q: Array, k: Array) -> tuple[Array, Array]:
-    """q, k with rotary positions 0..T-1 (unchanged without rope_theta)."""
-    if not self.rope_theta:
-      return q, k
-    inv = rotary.inverse_frequencies(
-        self.head_dim,
-        self.rope_theta,
-        self.rope_scaling_factor,
-        self.rope_low_freq_factor,
-        self.rope_high_freq_factor,
-        self.rope_original_max_len,
+    # The core's parameters sit directly in this layer's scope (query,
+    # key, value, out and their biases: the saved paths).
+    self.core = multihead.MultiHeadAttention(
+        d_model=self.d_model,
+        num_heads=self.num_heads,
+        head_dim=self.head_dim,
+        dropout_rate=self.dropout_rate,
+        dtype=self.dtype,
+        num_kv_heads=self.num_kv_heads,
+        qkv_bias=self.qkv_bias,
+        out_bias=self.out_bias,
+        rope=rope,
     )
-    cos, sin = rotary.tables(q.shape[1], inv)
-    return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
+    nn.share_scope(self, self.core)
 
-  @nn.compact
   def __call__(
       self, x: Array, memory: Any = None, *, deterministic: bool = True
   ) -> tuple[Array, None]:
@@ -268,33 +210,7 @@ class CausalSelfAttention(AttentionKind):
       ([B, T, D] output after the output projection, None).
     """
     del memory
-    kv = self.kv_heads()
-    x = x.astype(self.dtype)
-    q = self.project(x, "query", self.num_heads)
-    k, v = (self.project(x, n, kv) for n in ("key", "value"))
-    q, k = self.rotate(q, k)
-    if kv != self.num_heads:
-      k, v = (jnp.repeat(a, self.num_heads // kv, axis=2) for a in (k, v))
-    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-    k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
-    t = x.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1)
-    probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v)
-    dims = (self.d_model, self.num_heads, self.head_dim)
-    wo = output_projection(self, "out", *dims).astype(self.dtype)
-    y = jnp.einsum("bthk,hkd->btd", ctx, wo)
-    if self.out_bias:
-      b = self.param(
-          "out_bias",
-          nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-          (self.d_model,),
-      )
-      y = y + b.astype(self.dtype)
+    y, _ = self.core(x, deterministic=deterministic, causal=True)
     return y, None
 
 
@@ -315,14 +231,3 @@ def plain_only(why: str) -> Callable[[str, type], Optional[str]]:
     return why
 
   return refuses
-
-
-def sinusoid_table(length: int, dim: int) -> np.ndarray:
-  """[length, dim] sinusoidal absolute position table (Vaswani et al.)."""
-  pos = np.arange(length, dtype=np.float64)[:, None]
-  inv = 1.0 / (10000 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-  ang = pos * inv[None]
-  table = np.zeros((length, dim), np.float32)
-  table[:, 0::2] = np.sin(ang)
-  table[:, 1::2] = np.cos(ang)[:, : dim // 2]
-  return table

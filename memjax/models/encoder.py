@@ -1,9 +1,9 @@
 """Bidirectional Transformer encoder, BERT-style ('encoder').
 
 A stack of residual blocks (``blocks.ResidualBlock``: self-attention,
-then the feed-forward kind) built from the translation model's attention
-(``seq2seq.Attention``: the LM's head projections and logical axes) and the
-feed-forward kinds: ``model.feed_forward`` at
+then the feed-forward kind) built from the plain attention of the one core
+(``BlockStack.plain_attention``, bidirectional under the padding mask) and
+the feed-forward kinds: ``model.feed_forward`` at
 the 1-based layers ``model.feed_forward_layers`` (e.g. product-key memory
 'pkm' or residual memory 'resm' at layers 4 and 8 of 12, Kim & Jung), the
 plain 'ffn' elsewhere. As BERT: learned absolute positions, an embedding
@@ -41,9 +41,9 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
+from memjax.models import block_stack
 from memjax.models import blocks
 from memjax.models import feed_forward as feed_forward_lib
-from memjax.models import seq2seq
 from memjax.models import stack
 from memjax.models import transformer
 
@@ -72,10 +72,10 @@ class EncoderOutput(transformer.LMOutput):
   logits: Optional[Array] = None
 
 
-class Encoder(blocks.BlockStack):
+class Encoder(block_stack.BlockStack):
   """The BERT-style encoder with an MLM or a classification head.
 
-  Attributes (besides ``blocks.BlockStack``'s; ``vocab_size`` with pad id
+  Attributes (besides ``block_stack.BlockStack``'s; ``vocab_size`` with pad id
   0, ``feed_forward`` the kind at ``feed_forward_layers``, LayerNorm 'post'
   as BERT's):
     feed_forward_layers: 1-based layers of that kind; () = every layer.
@@ -96,7 +96,7 @@ class Encoder(blocks.BlockStack):
     self.embedding = self.table("embedding", init, self.vocab_size)
     self.positions = self.table("positions", init, self.max_len, None)
     self.embed_norm = self.norm("embed_norm")
-    attend = blocks.Sublayer(seq2seq.Attention, self.attention_settings())
+    attend = self.plain_attention()
     self.layers = self.make_stack(self.layer_runs(), attend)
     self.ffn_shared = self.shared_params()
     self.final_norm = (

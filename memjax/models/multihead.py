@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
+from memjax.models import positions as positions_lib
 from memjax.models import rotary
 
 Array = jax.Array
@@ -75,60 +76,6 @@ def out_init() -> nn.initializers.Initializer:
   return nn.initializers.variance_scaling(
       1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2
   )
-
-
-def sinusoid_positions(positions: Array, dim: int) -> Array:
-  """Sinusoid encodings of (possibly negative) positions.
-
-  Transformer-XL's layout: ``[sin(p * w_0), ..., sin(p * w_{dim/2-1}),
-  cos(p * w_0), ..., cos(p * w_{dim/2-1})]`` with w_k = 10000^(-2k/dim).
-
-  Args:
-    positions: [P] float positions (relative distances here).
-    dim: even encoding size.
-
-  Returns:
-    [P, dim] float32.
-  """
-  if dim % 2:
-    raise ValueError(f"sinusoid dimension must be even, got {dim}")
-  exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
-  inv_freq = 1.0 / (10000.0**exponents)
-  angles = jnp.asarray(positions, jnp.float32)[:, None] * inv_freq[None, :]
-  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
-
-
-def rel_shift(x: Array) -> Array:
-  """Transformer-XL's relative shift (pad a zero column, reshape, drop a row).
-
-  Turns scores computed per (query, relative-distance column) into scores
-  per (query, key). With x of shape [..., Q, P]:
-
-      y[..., i, j] = x[..., i, j + Q - 1 - i]   whenever j + Q - 1 - i < P,
-
-  i.e. row i is shifted left by Q - 1 - i columns. Entries with
-  j + Q - 1 - i >= P hold junk (the zero pad or the next row's values) and
-  must be masked by the caller.
-
-  Column c of x belongs to the relative distance delta_c = delta_top - c
-  (query position minus key position, descending), where delta_top is the
-  distance between the LAST query and the FIRST key. Then y[..., i, j]
-  belongs to query i and key j. For causal attention with Q queries at the
-  end of K keys, P = K and delta_top = K - 1, and the junk entries are
-  exactly the future keys j > i + K - Q.
-
-  Args:
-    x: [..., Q, P].
-
-  Returns:
-    [..., Q, P], same dtype.
-  """
-  *lead, q_len, p_len = x.shape
-  pad = [(0, 0)] * len(lead) + [(0, 0), (1, 0)]
-  x = jnp.pad(x, pad)
-  x = x.reshape(*lead, p_len + 1, q_len)
-  x = x[..., 1:, :]
-  return x.reshape(*lead, q_len, p_len)
 
 
 def masked_softmax(scores: Array, mask: Array) -> tuple[Array, Array]:
@@ -398,11 +345,11 @@ class MultiHeadAttention(nn.Module):
           jnp.asarray(self.v_plus, f32),
           jnp.asarray(self.v_minus, f32),
       )
-    enc = sinusoid_positions(positions.astype(f32), self.d_model)
+    enc = positions_lib.sinusoid_positions(positions.astype(f32), self.d_model)
     r = self.pos_key(enc.astype(self.dtype))
     position = jnp.einsum("bqhd,phd->bhqp", q, r, preferred_element_type=f32)
     position += jnp.einsum("phd,phd->hp", bias, r.astype(f32))[None, :, None]
-    return rel_shift(position)[..., :k_len]
+    return positions_lib.rel_shift(position)[..., :k_len]
 
   def scores(
       self,
@@ -473,27 +420,29 @@ class MultiHeadAttention(nn.Module):
   def __call__(
       self,
       x: Array,
+      cache: Optional[tuple[Array, Array]] = None,
       *,
       deterministic: bool,
       mask: Optional[Array] = None,
       causal: bool = False,
       kv: Optional[tuple[Array, Array]] = None,
       bias: Optional[Array] = None,
-      cache: Optional[tuple[Array, Array]] = None,
       pos: Optional[Array] = None,
   ) -> tuple[Array, Optional[tuple[Array, Array]]]:
-    """Self-attention of x, or (``kv`` given) cross-attention.
+    """Self-attention of x, or (``kv`` given) cross-attention: the calling
+    convention of a block's attention sub-layers (``blocks.ResidualBlock``).
 
     Args:
       x: [B, T, D] the queries' inputs (normalised).
+      cache: self-attention, one decoder step: the (keys, values)
+        [B, T_max, H_kv, d_h] so far, x being the token at ``pos``; else
+        None.
       deterministic: disables dropout.
       mask: bool broadcastable to [B, H, T, S]; True = may attend; None =
         every key.
       causal: also mask keys after the query (self-attention).
       kv: cross-attention: keys and values [B, S, H_kv, d_h] (``kv``).
       bias: float32 broadcastable to [B, H, T, S], added to the scores.
-      cache: self-attention, one decoder step: the (keys, values)
-        [B, T_max, H_kv, d_h] so far, x being the token at ``pos``.
       pos: with a cache: scalar int32 position of x.
 
     Returns:

@@ -35,12 +35,13 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
+from memjax.models import block_stack
 from memjax.models import blocks
+from memjax.models import positions as positions_lib
 from memjax.models import stack
 from memjax.models import transformer
 
 Array = jax.Array
-NEG = -1e9
 
 
 @flax.struct.dataclass
@@ -64,103 +65,10 @@ class Seq2SeqOutput(transformer.LMOutput):
   vocab_size: int = flax.struct.field(pytree_node=False, default=0)
 
 
-class Attention(nn.Module):
-  """Multi-head self- or cross-attention under a mask, no positions.
-
-  The encoder's, the decoder's and the BERT-style encoder's attention
-  sub-layer. Parameters as the LM's attention kinds: query/key/value
-  [D, H, d_h] ('embed', 'heads', 'kv'), out [H, d_h, D].
-  """
-
-  d_model: int
-  num_heads: int
-  head_dim: int
-  dropout_rate: float = 0.0
-  dtype: Any = jnp.float32
-
-  def setup(self):
-    dims = (self.d_model, self.num_heads, self.head_dim)
-    self.wq = attention_lib.head_projection(self, "query", *dims)
-    self.wk = attention_lib.head_projection(self, "key", *dims)
-    self.wv = attention_lib.head_projection(self, "value", *dims)
-    self.wo = attention_lib.output_projection(self, "out", *dims)
-    self.drop = nn.Dropout(self.dropout_rate)
-
-  def kv(self, y: Array) -> tuple[Array, Array]:
-    """[B, S, D] -> keys, values [B, S, H, d_h]."""
-    y = y.astype(self.dtype)
-    k = jnp.einsum("bsd,dhk->bshk", y, self.wk.astype(self.dtype))
-    v = jnp.einsum("bsd,dhk->bshk", y, self.wv.astype(self.dtype))
-    return k, v
-
-  def attend(
-      self, x: Array, k: Array, v: Array, mask: Array, deterministic: bool
-  ) -> Array:
-    """Attends.
-
-    Args:
-      x: [B, T, D] queries' inputs.
-      k, v: [B, S, H, d_h].
-      mask: bool, broadcastable to [B, H, T, S]; True = may attend.
-      deterministic: disables dropout.
-
-    Returns:
-      [B, T, D].
-    """
-    q = jnp.einsum(
-        "btd,dhk->bthk", x.astype(self.dtype), self.wq.astype(self.dtype)
-    )
-    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-    s = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
-    s = jnp.where(mask, s / jnp.sqrt(jnp.float32(self.head_dim)), NEG)
-    p = self.drop(jax.nn.softmax(s, axis=-1), deterministic=deterministic)
-    ctx = jnp.einsum("bhts,bshd->bthd", p.astype(self.dtype), v)
-    return jnp.einsum("bthk,hkd->btd", ctx, self.wo.astype(self.dtype))
-
-  def __call__(
-      self,
-      x: Array,
-      cache: Any = None,
-      *,
-      deterministic: bool,
-      mask: Array,
-      kv: Optional[tuple[Array, Array]] = None,
-      pos: Optional[Array] = None,
-  ) -> tuple[Array, Any]:
-    """Self-attention of x, or (``kv`` given) cross-attention.
-
-    The calling convention of a block's attention sub-layers
-    (``blocks.ResidualBlock``).
-
-    Args:
-      x: [B, T, D] the queries' inputs.
-      cache: self-attention, one decoder step: (keys, values)
-        [B, T_max, H, d_h] so far, x being the token at ``pos`` (T = 1);
-        else None.
-      deterministic: disables dropout.
-      mask: bool, broadcastable to [B, H, T, S]; True = may attend.
-      kv: cross-attention: the keys and values [B, S, H, d_h] (``kv``).
-      pos: with a cache: scalar int32 position of x.
-
-    Returns:
-      ([B, T, D], the cache with x's keys and values at ``pos``, or None
-      without a cache).
-    """
-    if kv is None:
-      k, v = self.kv(x)
-      if cache is not None:
-        k = jax.lax.dynamic_update_slice_in_dim(cache[0], k, pos, axis=1)
-        v = jax.lax.dynamic_update_slice_in_dim(cache[1], v, pos, axis=1)
-        cache = (k, v)
-    else:
-      k, v = kv
-    return self.attend(x, k, v, mask, deterministic), cache
-
-
-class EncoderDecoder(blocks.BlockStack):
+class EncoderDecoder(block_stack.BlockStack):
   """The translation Transformer (see the module docstring).
 
-  Attributes (besides ``blocks.BlockStack``'s, whose ``num_layers`` is the
+  Attributes (besides ``block_stack.BlockStack``'s, whose ``num_layers`` is the
   decoder's depth, ``vocab_size`` the joint vocabulary's with pad id 0 and
   ``max_len`` the longest sentence):
     encoder_layers: the encoder's depth.
@@ -191,7 +99,7 @@ class EncoderDecoder(blocks.BlockStack):
     emb_init = nn.initializers.normal(self.d_model**-0.5)
     self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
     self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
-    attend = blocks.Sublayer(Attention, self.attention_settings())
+    attend = self.plain_attention()
     encoder, decoder = self.stacks()
     self.encoder = self.make_stack(encoder, attend)
     self.decoder = self.make_stack(decoder, attend, lambda layer: attend)
@@ -230,7 +138,7 @@ class EncoderDecoder(blocks.BlockStack):
 
   def stacks(self) -> tuple[list[stack.Run], list[stack.Run]]:
     """The runs of the encoder's blocks and the decoder's (unbound too)."""
-    cross = lambda layer: blocks.Sublayer(Attention, self.attention_settings())
+    cross = lambda layer: self.plain_attention()
     return (
         self.stack_runs("encoder", self.encoder_layers),
         self.stack_runs("decoder", self.num_layers, cross),
@@ -250,7 +158,7 @@ class EncoderDecoder(blocks.BlockStack):
           f"sentence length {t} exceeds model.max_len {self.max_len}"
       )
     x = jnp.take(table, ids, axis=0).astype(self.dtype) * self.d_model**0.5
-    pos = jnp.asarray(attention_lib.sinusoid_table(self.max_len, self.d_model))
+    pos = jnp.asarray(positions_lib.sinusoid_table(self.max_len, self.d_model))
     x = x + jax.lax.dynamic_slice_in_dim(pos, offset, t, axis=0)[None].astype(
         self.dtype
     )

@@ -187,7 +187,7 @@ def apply(
   """Runs ``h`` through the blocks of ``layers`` in order.
 
   Args:
-    layers: (run, block) pairs (``blocks.BlockStack.make_stack``, or a
+    layers: (run, block) pairs (``block_stack.BlockStack.make_stack``, or a
       slice of them).
     h: [B, T, D] the first block's input.
     states: one self-attention state per layer, or None (none).

@@ -38,7 +38,9 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
+from memjax.models import block_stack
 from memjax.models import blocks
+from memjax.models import positions as positions_lib
 from memjax.models import norms
 from memjax.models import recurrence
 from memjax.models import stack
@@ -65,10 +67,10 @@ class LMOutput:
   memory: Any = None
 
 
-class TransformerLM(blocks.BlockStack):
+class TransformerLM(block_stack.BlockStack):
   """Decoder-only Transformer LM with adaptive input and softmax.
 
-  Attributes (besides ``blocks.BlockStack``'s, the sizes, dropouts,
+  Attributes (besides ``block_stack.BlockStack``'s, the sizes, dropouts,
   feed-forward kind, LayerNorm settings, max_len and dtype):
     cutoffs: adaptive input/softmax cluster boundaries; () for a plain softmax.
     adaptive_factor: embedding-dimension shrink factor per cluster.
@@ -241,7 +243,7 @@ class TransformerLM(blocks.BlockStack):
       if self.pos_embed is not None:
         table = self.pos_embed[:t]
       else:
-        table = attention_lib.sinusoid_table(t, self.d_model)
+        table = positions_lib.sinusoid_table(t, self.d_model)
       x = x + jnp.asarray(table, self.dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -307,7 +309,7 @@ _SAME_KEYS = (
 def block_settings(
     model: settings_lib.Model, parts: extend.Parts
 ) -> dict[str, Any]:
-  """The ``blocks.BlockStack`` settings a family reads from its model
+  """The ``block_stack.BlockStack`` settings a family reads from its model
   settings, with the feed-forward kind looked up in ``parts``; all but
   ``vocab_size``.
 

@@ -38,11 +38,11 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
+from memjax.models import multihead
 from memjax.models import stack
 from memjax.models import transformer
 
 Array = jax.Array
-NEG = -1e9
 POOLINGS = ("mean", "last")
 OPTIONS = (
     "segment_len",
@@ -62,10 +62,10 @@ def pool_segment(h: Array, segment_len: int, pooling: str) -> Array:
 
 
 class BiasedCrossAttention(nn.Module):
-  """Cross-attention to K sources with MARGE's similarity bias.
-
-  Parameters as the LM's attention: query/key/value [D, H, d_h], out
-  [H, d_h, D].
+  """Cross-attention to K sources with MARGE's similarity bias, computed by
+  the one attention core (``multihead.MultiHeadAttention``), whose
+  parameters (query/key/value [D, H, d_h], out [H, d_h, D]) sit directly
+  in this layer's scope.
   """
 
   d_model: int
@@ -74,7 +74,16 @@ class BiasedCrossAttention(nn.Module):
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
 
-  @nn.compact
+  def setup(self) -> None:
+    self.core = multihead.MultiHeadAttention(
+        d_model=self.d_model,
+        num_heads=self.num_heads,
+        head_dim=self.head_dim,
+        dropout_rate=self.dropout_rate,
+        dtype=self.dtype,
+    )
+    nn.share_scope(self, self.core)
+
   def __call__(
       self,
       x: Array,
@@ -102,28 +111,17 @@ class BiasedCrossAttention(nn.Module):
       ([B, T, D], None); zero for a lane without any real source token.
     """
     del state
-    dims = (self.d_model, self.num_heads, self.head_dim)
-    wq = attention_lib.head_projection(self, "query", *dims)
-    wk = attention_lib.head_projection(self, "key", *dims)
-    wv = attention_lib.head_projection(self, "value", *dims)
-    wo = attention_lib.output_projection(self, "out", *dims)
     b, k, s, _ = sources.shape
-    src = sources.reshape(b, k * s, -1).astype(self.dtype)
-    q = jnp.einsum("btd,dhe->bthe", x.astype(self.dtype), wq.astype(self.dtype))
-    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-    key = jnp.einsum("bsd,dhe->bshe", src, wk.astype(self.dtype))
-    val = jnp.einsum("bsd,dhe->bshe", src, wv.astype(self.dtype))
-    scores = jnp.einsum("bthe,bshe->bhts", q, key).astype(jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
+    kv = self.core.kv(sources.reshape(b, k * s, -1))
     token_bias = jnp.repeat(bias.astype(jnp.float32), s, axis=1)  # [B, K*S]
-    scores = scores + token_bias[:, None, None, :]
-    mask = source_mask.reshape(b, 1, 1, k * s)
-    scores = jnp.where(mask, scores, NEG)
-    p = jax.nn.softmax(scores, axis=-1)
-    p = jnp.where(mask.any(axis=-1, keepdims=True), p, 0.0)
-    p = nn.Dropout(self.dropout_rate)(p, deterministic=deterministic)
-    ctx = jnp.einsum("bhts,bshe->bthe", p.astype(self.dtype), val)
-    return jnp.einsum("bthe,hed->btd", ctx, wo.astype(self.dtype)), None
+    y, _ = self.core(
+        x,
+        deterministic=deterministic,
+        mask=source_mask.reshape(b, 1, 1, k * s),
+        kv=kv,
+        bias=token_bias[:, None, None, :],
+    )
+    return y, None
 
 
 class MargeLM(transformer.TransformerLM):
