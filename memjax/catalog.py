@@ -57,8 +57,10 @@ ENGINE = extend.Method(
             extra_inputs=("source",),
             refuses_attention=seq2seq.REFUSES_ATTENTION,
         ),
+        # The encoder reads each sequence whole: the plain attention over
+        # learned positions, or a kind attending both ways with its own.
         "encoder": extend.Family(
-            encoder.build, refuses_attention=encoder.REFUSES_ATTENTION
+            encoder.build, refuses_attention=attention.reads_whole_sequences
         ),
     },
     flops=(seq2seq.flops,),

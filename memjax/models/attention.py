@@ -12,12 +12,13 @@ without knowing it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
 from memjax.models import multihead
 from memjax.models import rotary
 
@@ -172,15 +173,7 @@ class CausalSelfAttention(AttentionKind):
   ABSOLUTE_POSITIONS: ClassVar[bool] = True
 
   def setup(self) -> None:
-    rope = None
-    if self.rope_theta:
-      rope = rotary.Rope(
-          self.rope_theta,
-          self.rope_scaling_factor,
-          self.rope_low_freq_factor,
-          self.rope_high_freq_factor,
-          self.rope_original_max_len,
-      )
+    options = {n: getattr(self, n) for n in VANILLA_OPTIONS}
     # The core's parameters sit directly in this layer's scope (query,
     # key, value, out and their biases: the saved paths).
     self.core = multihead.MultiHeadAttention(
@@ -189,10 +182,7 @@ class CausalSelfAttention(AttentionKind):
         head_dim=self.head_dim,
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
-        num_kv_heads=self.num_kv_heads,
-        qkv_bias=self.qkv_bias,
-        out_bias=self.out_bias,
-        rope=rope,
+        **core_options(options),
     )
     nn.share_scope(self, self.core)
 
@@ -214,6 +204,73 @@ class CausalSelfAttention(AttentionKind):
     return y, None
 
 
+# The options of the 'vanilla' kind (``model.attention_options``).
+VANILLA_OPTIONS = (
+    "num_kv_heads",
+    "qkv_bias",
+    "out_bias",
+    "rope_theta",
+    "rope_scaling_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_len",
+)
+
+
+def core_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+  """The attention core's settings (``multihead.MultiHeadAttention``) of
+  the 'vanilla' kind's options: grouped heads, biases, rotary positions.
+
+  Raises:
+    errors.ConfigError: an option the kind does not take.
+  """
+  given = dict(options or {})
+  unknown = sorted(set(given) - set(VANILLA_OPTIONS))
+  if unknown:
+    raise errors.ConfigError(
+        f"model.attention_options has {', '.join(unknown)}, which attention "
+        f"kind 'vanilla' does not take; its options: "
+        f"{', '.join(VANILLA_OPTIONS)}"
+    )
+  rope = None
+  if given.get("rope_theta"):
+    rope = rotary.Rope(
+        given["rope_theta"],
+        **{
+            k[len("rope_") :]: given[k]
+            for k in VANILLA_OPTIONS[4:]
+            if k in given
+        },
+    )
+  return {
+      "num_kv_heads": int(given.get("num_kv_heads", 0)),
+      "qkv_bias": bool(given.get("qkv_bias", False)),
+      "out_bias": bool(given.get("out_bias", False)),
+      "rope": rope,
+  }
+
+
+def reads_whole_sequences(name: str, kind: type) -> Optional[str]:
+  """The ``extend.Family.refuses_attention`` of a family that reads each
+  sequence whole, in both directions (the encoders): the plain kind, or a
+  kind that attends both ways (``causal=False``) without a memory."""
+  del name
+  if kind is CausalSelfAttention:
+    return None
+  if kind.RECURRENT:
+    return RECURRENT_REFUSAL
+  if "causal" not in {f.name for f in dataclasses.fields(kind)}:
+    return "it attends causally only"
+  return None
+
+
+# Why a family that reads each sequence whole refuses a recurrent kind.
+RECURRENT_REFUSAL = (
+    "a recurrent memory is carried from one segment of a stream to the "
+    "next, and this family reads each sequence whole"
+)
+
+
 def plain_only(why: str) -> Callable[[str, type], Optional[str]]:
   """A family's ``extend.Family.refuses_attention`` that applies the plain
   kind ('vanilla') only: a recurrent kind is refused as a memory the family
@@ -224,10 +281,7 @@ def plain_only(why: str) -> Callable[[str, type], Optional[str]]:
     if kind is CausalSelfAttention:
       return None
     if kind.RECURRENT:
-      return (
-          "a recurrent memory is carried from one segment of a stream to the "
-          "next, and this family reads each sequence whole"
-      )
+      return RECURRENT_REFUSAL
     return why
 
   return refuses

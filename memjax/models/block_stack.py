@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import extend
+from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import feed_forward as feed_forward_lib
 from memjax.models import multihead
@@ -63,6 +64,9 @@ class BlockStack(nn.Module):
     remat_policy: what a rematerialised block keeps
       (``stack.REMAT_POLICIES``).
     scan_layers: scan runs of identical layers (``memjax.models.stack``).
+    attention: the attention kind (an ``attention.AttentionKind`` class).
+    attention_options: its own attributes (a dict).
+    attention_name: ``model.attention``, for messages.
   """
 
   vocab_size: int
@@ -87,6 +91,11 @@ class BlockStack(nn.Module):
   remat: bool = False
   remat_policy: str = "full"
   scan_layers: bool = False
+  attention: type[attention_lib.AttentionKind] = (
+      attention_lib.CausalSelfAttention
+  )
+  attention_options: Optional[Mapping[str, Any]] = None
+  attention_name: str = "vanilla"
 
   def carries_memory(self) -> bool:
     """Whether the model carries a recurrent memory across segments."""
@@ -165,13 +174,35 @@ class BlockStack(nn.Module):
         dropout_rate=self.attention_dropout_rate,
     )
 
-  def plain_attention(self) -> blocks.Sublayer:
-    """The plain attention sub-layer of the encoders and the translation
-    model (the attention core's, a padding or causal mask given as
-    ``mask``; a cross-attention's keys and values as ``kv``)."""
+  def plain_attention(
+      self, options: Optional[Mapping[str, Any]] = None
+  ) -> blocks.Sublayer:
+    """The attention core as a sub-layer of the encoders and the
+    translation model, with the 'vanilla' kind's ``options``: a padding or
+    causal mask given as ``mask``, a cross-attention's keys and values as
+    ``kv``."""
     return blocks.Sublayer(
         multihead.MultiHeadAttention,
-        dict(self.attention_settings(), dropout_name="drop"),
+        dict(
+            self.attention_settings(),
+            dropout_name="drop",
+            **attention_lib.core_options(options),
+        ),
+    )
+
+  def masked_attention(self) -> blocks.Sublayer:
+    """The self-attention of a family that reads each sequence whole under
+    a mask it gives (``mask``): the 'vanilla' kind as the attention core
+    with its options, another kind attending both ways (``causal=False``,
+    ``attention.reads_whole_sequences``)."""
+    if self.attention is attention_lib.CausalSelfAttention:
+      return self.plain_attention(self.attention_options)
+    return blocks.make_sublayer(
+        self.attention,
+        self.attention_options,
+        f"model.attention_options of attention kind {self.attention_name!r}",
+        causal=False,
+        **self.attention_settings(),
     )
 
   def feed_forward_sublayer(self, layer: int) -> blocks.Sublayer:

@@ -2,8 +2,9 @@
 
 A stack of residual blocks (``blocks.ResidualBlock``: self-attention,
 then the feed-forward kind) built from the plain attention of the one core
-(``BlockStack.plain_attention``, bidirectional under the padding mask) and
-the feed-forward kinds: ``model.feed_forward`` at
+(``BlockStack.masked_attention``, bidirectional under the padding mask:
+the 'vanilla' kind with its options, or the 'rpe' kind's relative
+positions in place of the learned table) and the feed-forward kinds: ``model.feed_forward`` at
 the 1-based layers ``model.feed_forward_layers`` (e.g. product-key memory
 'pkm' or residual memory 'resm' at layers 4 and 8 of 12, Kim & Jung), the
 plain 'ffn' elsewhere. As BERT: learned absolute positions, an embedding
@@ -40,7 +41,6 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
-from memjax.models import attention as attention_lib
 from memjax.models import block_stack
 from memjax.models import blocks
 from memjax.models import feed_forward as feed_forward_lib
@@ -49,10 +49,6 @@ from memjax.models import transformer
 
 Array = jax.Array
 HEADS = ("mlm", "classify")
-# The encoder's attention: bidirectional, over learned absolute positions.
-REFUSES_ATTENTION = attention_lib.plain_only(
-    "the encoder's attention reads learned absolute positions only"
-)
 
 
 @flax.struct.dataclass
@@ -94,9 +90,11 @@ class Encoder(block_stack.BlockStack):
     blocks.check_norm_position(self.norm_position)
     init = nn.initializers.normal(0.02)  # BERT's initializer_range.
     self.embedding = self.table("embedding", init, self.vocab_size)
-    self.positions = self.table("positions", init, self.max_len, None)
+    self.positions = None  # A relative kind has its own positions.
+    if self.attention.ABSOLUTE_POSITIONS:
+      self.positions = self.table("positions", init, self.max_len, None)
     self.embed_norm = self.norm("embed_norm")
-    attend = self.plain_attention()
+    attend = self.masked_attention()
     self.layers = self.make_stack(self.layer_runs(), attend)
     self.ffn_shared = self.shared_params()
     self.final_norm = (
@@ -137,7 +135,9 @@ class Encoder(block_stack.BlockStack):
           f"input length {t} exceeds model.max_len {self.max_len}"
       )
     mask = inputs != 0
-    x = jnp.take(self.embedding, inputs, axis=0) + self.positions[None, :t]
+    x = jnp.take(self.embedding, inputs, axis=0)
+    if self.positions is not None:
+      x = x + self.positions[None, :t]
     x = self.drop(
         self.embed_norm(x.astype(self.dtype)), deterministic=deterministic
     )

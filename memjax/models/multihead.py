@@ -52,6 +52,7 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax.models import positions as positions_lib
+from memjax.models import projections as projections_lib
 from memjax.models import rotary
 
 Array = jax.Array
@@ -62,20 +63,6 @@ NEG_INF: float = -1e30
 PROJECTIONS = ("param", "module")
 RELATIVE = ("", "xl", "disentangled")
 HEADS_AXES = ("batch", "length", "heads", "kv")
-
-
-def qkv_init() -> nn.initializers.Initializer:
-  """Glorot-uniform for a [D, H, d_h] input projection."""
-  return nn.initializers.variance_scaling(
-      1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2)
-  )
-
-
-def out_init() -> nn.initializers.Initializer:
-  """Glorot-uniform for a [H, d_h, D] output projection."""
-  return nn.initializers.variance_scaling(
-      1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2
-  )
 
 
 def masked_softmax(scores: Array, mask: Array) -> tuple[Array, Array]:
@@ -95,55 +82,6 @@ def masked_softmax(scores: Array, mask: Array) -> tuple[Array, Array]:
   probs = jnp.exp(scores - lse[..., None])
   any_key = jnp.broadcast_to(mask, scores.shape).any(axis=-1, keepdims=True)
   return jnp.where(any_key, probs, 0.0), lse
-
-
-class HeadProjection(nn.Module):
-  """Bias-free projection to heads: [..., D] -> [..., H, dh] ('module'
-  layout). Parameter: kernel [D, H, dh] ('embed', 'heads', 'kv')."""
-
-  num_heads: int
-  head_dim: int
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    kernel = self.param(
-        "kernel",
-        nn.with_logical_partitioning(
-            nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2)),
-            ("embed", "heads", "kv"),
-        ),
-        (x.shape[-1], self.num_heads, self.head_dim),
-        self.param_dtype,
-    )
-    return jnp.einsum(
-        "...d,dhk->...hk", x.astype(self.dtype), kernel.astype(self.dtype)
-    )
-
-
-class OutputProjection(nn.Module):
-  """Bias-free projection from heads: [..., H, dh] -> [..., D] ('module'
-  layout). Parameter: kernel [H, dh, D] ('heads', 'kv', 'embed')."""
-
-  d_model: int
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    kernel = self.param(
-        "kernel",
-        nn.with_logical_partitioning(
-            nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
-            ("heads", "kv", "embed"),
-        ),
-        x.shape[-2:] + (self.d_model,),
-        self.param_dtype,
-    )
-    return jnp.einsum(
-        "...hk,hkd->...d", x.astype(self.dtype), kernel.astype(self.dtype)
-    )
 
 
 class MultiHeadAttention(nn.Module):
@@ -205,7 +143,7 @@ class MultiHeadAttention(nn.Module):
     for name, heads in (("query", self.num_heads), ("key", kv), ("value", kv)):
       w[name] = self.param(
           name,
-          nn.with_logical_partitioning(qkv_init(), axes),
+          nn.with_logical_partitioning(projections_lib.qkv_init(), axes),
           (self.d_model, heads, self.head_dim),
       )
       if self.qkv_bias:
@@ -216,7 +154,9 @@ class MultiHeadAttention(nn.Module):
         )
     w["out"] = self.param(
         "out",
-        nn.with_logical_partitioning(out_init(), ("heads", "kv", "embed")),
+        nn.with_logical_partitioning(
+            projections_lib.out_init(), ("heads", "kv", "embed")
+        ),
         (self.num_heads, self.head_dim, self.d_model),
     )
     if self.out_bias:
@@ -230,7 +170,7 @@ class MultiHeadAttention(nn.Module):
   def _module_layout(self, kv: int) -> None:
     """Sub-layers query, key, value, pos_key, out; biases u and v."""
     proj = functools.partial(
-        HeadProjection,
+        projections_lib.HeadProjection,
         head_dim=self.head_dim,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -240,7 +180,7 @@ class MultiHeadAttention(nn.Module):
     self.value = proj(num_heads=kv)
     if self.relative:
       self.pos_key = proj(num_heads=self.num_heads)
-    self.out = OutputProjection(
+    self.out = projections_lib.OutputProjection(
         d_model=self.d_model, dtype=self.dtype, param_dtype=self.param_dtype
     )
     if not self.relative:
@@ -373,11 +313,16 @@ class MultiHeadAttention(nn.Module):
     """
     k = self.repeat_kv(k)
     f32 = jnp.float32
+    if not self.relative:  # As the plain paths have always computed it.
+      s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(f32)
+      s = s / jnp.sqrt(f32(self.head_dim))
+      return s if bias is None else s + bias
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=f32)
-    if self.relative:  # The global content bias u . k_j, then positions.
-      u = jnp.asarray(self.u, f32)
-      s += jnp.einsum("hd,bkhd->bhk", u, k.astype(f32))[:, :, None, :]
-      s = s + self.relative_scores(q, k, delta_top, past_only)
+    # The global content bias u . k_j, then the position terms, scaled as
+    # Transformer-XL's code scales them.
+    u = jnp.asarray(self.u, f32)
+    s += jnp.einsum("hd,bkhd->bhk", u, k.astype(f32))[:, :, None, :]
+    s = s + self.relative_scores(q, k, delta_top, past_only)
     s = s * (1.0 / math.sqrt(self.head_dim))
     return s if bias is None else s + bias
 
@@ -389,27 +334,50 @@ class MultiHeadAttention(nn.Module):
     return jnp.repeat(x, self.num_heads // x.shape[2], axis=2)
 
   def attend(
-      self, scores: Array, mask: Array, v: Array, deterministic: bool
-  ) -> tuple[Array, Array, Array]:
+      self,
+      scores: Array,
+      mask: Array,
+      v: Array,
+      deterministic: bool,
+      *,
+      empty_rows: bool = True,
+  ) -> tuple[Array, Optional[Array], Array]:
     """Masked softmax, dropout and the weighted sum of values.
+
+    The relative kinds read the log-normalisers (LaMemo interpolates with
+    them): their probabilities are ``exp(s - lse)``. The plain paths' are
+    ``softmax(s)``, as those paths have always computed them, and a row
+    with no key is zeroed only where ``empty_rows`` says one may occur (a
+    causal row always has its own key).
 
     Args:
       scores: [B, H, Q, K] float32.
       mask: bool broadcastable to ``scores``; True = may attend.
       v: [B, K, H_kv, dh] values.
       deterministic: disables dropout.
+      empty_rows: whether a query may have no key to read.
 
     Returns:
-      (c [B, Q, H, dh] float32 head outputs, lse [B, Q, H] float32
-       log-normalisers, probs [B, H, Q, K] float32 before dropout).
+      (c [B, Q, H, dh] head outputs (float32 for the relative kinds, the
+       compute dtype otherwise), lse [B, Q, H] float32 log-normalisers (None
+       on the plain paths), probs [B, H, Q, K] float32 before dropout).
     """
+    drop = getattr(self, self.dropout_name)
+    if not self.relative:
+      probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1)
+      if empty_rows:
+        keys = jnp.broadcast_to(mask, scores.shape)
+        any_key = keys.any(axis=-1, keepdims=True)
+        probs = jnp.where(any_key, probs, 0.0)
+      dropped = drop(probs, deterministic=deterministic)
+      c = jnp.einsum(
+          "bhqk,bkhd->bqhd", dropped.astype(self.dtype), self.repeat_kv(v)
+      )
+      return c, None, probs
     probs, lse = masked_softmax(scores, mask)
-    dropped = getattr(self, self.dropout_name)(
-        probs, deterministic=deterministic
-    )
     c = jnp.einsum(
         "bhqk,bkhd->bqhd",
-        dropped.astype(self.dtype),
+        drop(probs, deterministic=deterministic).astype(self.dtype),
         self.repeat_kv(v),
         preferred_element_type=jnp.float32,
     )
@@ -467,5 +435,7 @@ class MultiHeadAttention(nn.Module):
       t = x.shape[1]
       keep = keep & jnp.tril(jnp.ones((t, t), bool))[None, None]
     s = self.scores(q, k, bias=bias)
-    c, _, _ = self.attend(s, keep, v, deterministic)
+    c, _, _ = self.attend(
+        s, keep, v, deterministic, empty_rows=mask is not None
+    )
     return self.output(c), cache

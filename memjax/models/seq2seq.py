@@ -330,6 +330,12 @@ def encoder_decoder(
           f"model.family_options.{key} must be 'pre', 'post' or '' (the "
           f"model's norm_position), got {opts[key]!r}"
       )
+  if model.attention_options:
+    raise errors.ConfigError(
+        f"model.attention_options {dict(model.attention_options)}: the "
+        "encoder-decoder's attention takes no options (its decoding cache "
+        "holds every head at sinusoid absolute positions)"
+    )
   settings = transformer.block_settings(model, parts)
   # Every layer of each stack uses model.feed_forward.
   settings.update(feed_forward_layers=())

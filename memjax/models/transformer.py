@@ -26,7 +26,7 @@ empties the lanes where ``reset`` is set.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -77,9 +77,6 @@ class TransformerLM(block_stack.BlockStack):
     scale_embedding: multiply input embeddings by sqrt(D).
     adaptive_dropout: dropout inside the adaptive softmax's tail clusters
       (fairseq's ``adaptive_softmax_dropout``), training only.
-    attention: the attention kind (an ``attention.AttentionKind`` class).
-    attention_options: kind-specific attention attributes (a dict).
-    attention_name: ``model.attention``, for messages.
     mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
       memory). Changing it changes no parameter, so a model can be
       evaluated with another M.
@@ -97,11 +94,6 @@ class TransformerLM(block_stack.BlockStack):
   adaptive_factor: int = 4
   scale_embedding: bool = False
   adaptive_dropout: float = 0.0
-  attention: type[attention_lib.AttentionKind] = (
-      attention_lib.CausalSelfAttention
-  )
-  attention_options: Optional[Mapping[str, Any]] = None
-  attention_name: str = "vanilla"
   mem_len: int = 0
   final_layer_norm: bool = True
   softmax_chunk: int = 4096
@@ -337,6 +329,9 @@ def block_settings(
       feed_forward_base=base,
       kind_name=model.feed_forward,
       norm_epsilon=float(model.norm_epsilon),
+      attention=parts.attention.get(model.attention),
+      attention_options=options_of(model.attention_options),
+      attention_name=model.attention,
   )
 
 
@@ -357,9 +352,6 @@ def lm_settings(
       adaptive_factor=model.adaptive_factor,
       scale_embedding=model.scale_embedding,
       adaptive_dropout=model.adaptive_dropout,
-      attention=parts.attention.get(model.attention),
-      attention_options=options_of(model.attention_options),
-      attention_name=model.attention,
       mem_len=model.mem_len,
       softmax_chunk=model.softmax_chunk,
       final_layer_norm=model.final_layer_norm,

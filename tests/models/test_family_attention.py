@@ -33,6 +33,7 @@ KINDS = ("vanilla", "rpe", "xl", "lamemo")
 APPLIED = {("decoder_lm", k) for k in KINDS} | {
     ("encoder_decoder", "vanilla"),
     ("encoder", "vanilla"),
+    ("encoder", "rpe"),
     ("marge", "vanilla"),
 }
 # The parameters only a kind has, by hand: Transformer-XL's projected

@@ -133,9 +133,10 @@ class _SegmentAttention(RelativeAttentionBase):
   def __call__(
       self,
       x: jax.Array,
-      memory: rmemory.XLMemory | None,
+      memory: rmemory.XLMemory | None = None,
       *,
       deterministic: bool,
+      mask: jax.Array | None = None,
   ) -> tuple[jax.Array, rmemory.XLMemory | None]:
     """Attends from the segment over the memory and the segment.
 
@@ -144,6 +145,8 @@ class _SegmentAttention(RelativeAttentionBase):
         memory: ``XLMemory`` with x [B, M, D] (the previous normed layer
             inputs) or None for no memory (Transformer+RPE).
         deterministic: disables attention dropout.
+        mask: bool broadcastable to [B, H, T, M + T], True = may attend (an
+            encoder's padding mask), or None.
 
     Returns:
         (y [B, T, D] compute dtype, after the output projection;
@@ -175,11 +178,13 @@ class _SegmentAttention(RelativeAttentionBase):
     key_valid = jnp.concatenate(
         [mem_valid, jnp.ones((batch, seg_len), jnp.bool_)], axis=1
     )
-    mask = key_valid[:, None, None, :]
+    keep = key_valid[:, None, None, :]
+    if mask is not None:
+      keep = keep & mask
     if self.causal:
       query_pos = mem_len + jnp.arange(seg_len)
-      mask = mask & (jnp.arange(total)[None, :] <= query_pos[:, None])
-    c, _, probs = self.core.attend(scores, mask, v, deterministic)
+      keep = keep & (jnp.arange(total)[None, :] <= query_pos[:, None])
+    c, _, probs = self.core.attend(scores, keep, v, deterministic)
     self.sow("intermediates", "attention_probs", probs)
     y = self._project(c)
 

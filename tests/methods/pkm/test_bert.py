@@ -101,8 +101,9 @@ def test_unmasked_positions_carry_no_loss():
 # -- encoder -------------------------------------------------------------------
 
 
-def test_encoder_attends_both_ways_and_ignores_padding():
-  m = _tiny()
+@pytest.mark.parametrize("kind", ["vanilla", "rpe"])
+def test_encoder_attends_both_ways_and_ignores_padding(kind):
+  m = _tiny(attention=catalog.parts().attention.get(kind), attention_name=kind)
   x = jnp.array([[3, 7, 9, 11, 13, 15]], jnp.int32)
   params = jax.jit(m.init)(jax.random.PRNGKey(0), x)["params"]
   hid = jax.jit(lambda t: m.apply({"params": params}, t, method=m.encode)[0])
@@ -117,6 +118,10 @@ def test_encoder_attends_both_ways_and_ignores_padding():
   )
   np.testing.assert_allclose(hid(padded)[0, :6], h[0], atol=1e-5)
   np.testing.assert_allclose(hid(pair)[0, :6], h[0], atol=1e-5)
+  # Padding in front moves the tokens: only relative positions ignore it.
+  moved = hid(jnp.concatenate([jnp.zeros((1, 6), jnp.int32), x], axis=1))
+  same = np.allclose(moved[0, 6:], h[0], atol=1e-5)
+  assert same == (kind == "rpe")
 
 
 # -- metrics -----------------------------------------------------------------
