@@ -55,7 +55,7 @@ ENGINE = extend.Method(
         "encoder_decoder": extend.Family(
             seq2seq.encoder_decoder,
             extra_inputs=("source",),
-            refuses_attention=seq2seq.REFUSES_ATTENTION,
+            refuses_attention=attention.reads_whole_sequences,
         ),
         # The encoder reads each sequence whole: the plain attention over
         # learned positions, or a kind attending both ways with its own.

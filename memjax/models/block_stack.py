@@ -190,10 +190,10 @@ class BlockStack(nn.Module):
         ),
     )
 
-  def masked_attention(self) -> blocks.Sublayer:
-    """The self-attention of a family that reads each sequence whole under
-    a mask it gives (``mask``): the 'vanilla' kind as the attention core
-    with its options, another kind attending both ways (``causal=False``,
+  def masked_attention(self, causal: bool = False) -> blocks.Sublayer:
+    """The self-attention of a family that gives its own mask (``mask``):
+    the 'vanilla' kind as the attention core with its options, another kind
+    built with ``causal`` (False: both ways, an encoder's;
     ``attention.reads_whole_sequences``)."""
     if self.attention is attention_lib.CausalSelfAttention:
       return self.plain_attention(self.attention_options)
@@ -201,7 +201,7 @@ class BlockStack(nn.Module):
         self.attention,
         self.attention_options,
         f"model.attention_options of attention kind {self.attention_name!r}",
-        causal=False,
+        causal=causal,
         **self.attention_settings(),
     )
 

@@ -262,7 +262,7 @@ class MultiHeadAttention(nn.Module):
       q: [B, Q, H, dh] queries.
       k: [B, K, H, dh] content keys.
       delta_top: distance (query minus key position) of the last query and
-        the first key.
+        the first key (a traced scalar: at most K - 1, past keys only).
       past_only: whether only keys at or before the query (distance >= 0)
         will be read; then fewer distances are encoded and the other
         entries of the result are junk (to be masked).
@@ -271,7 +271,12 @@ class MultiHeadAttention(nn.Module):
       [B, H, Q, K] float32.
     """
     q_len, k_len = q.shape[1], k.shape[1]
-    num_cols = max(k_len, delta_top + 1) if past_only else k_len + q_len - 1
+    if not past_only:
+      num_cols = k_len + q_len - 1
+    elif isinstance(delta_top, int):
+      num_cols = max(k_len, delta_top + 1)
+    else:  # A decoding step's position (traced): at most the last key's.
+      num_cols = k_len
     deltas = delta_top - jnp.arange(num_cols, dtype=jnp.int32)
     shape = (num_cols, self.num_heads, self.head_dim)
     f32 = jnp.float32

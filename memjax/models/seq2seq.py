@@ -99,10 +99,12 @@ class EncoderDecoder(block_stack.BlockStack):
     emb_init = nn.initializers.normal(self.d_model**-0.5)
     self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
     self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
-    attend = self.plain_attention()
     encoder, decoder = self.stacks()
-    self.encoder = self.make_stack(encoder, attend)
-    self.decoder = self.make_stack(decoder, attend, lambda layer: attend)
+    self.encoder = self.make_stack(encoder, self.masked_attention())
+    cross = self.plain_attention()
+    self.decoder = self.make_stack(
+        decoder, self.masked_attention(causal=True), lambda layer: cross
+    )
     pre = {k: v == "pre" for k, v in self._stack_norms().items()}
     self.encoder_norm = self.norm("encoder_norm") if pre["encoder"] else None
     self.decoder_norm = self.norm("decoder_norm") if pre["decoder"] else None
@@ -158,10 +160,10 @@ class EncoderDecoder(block_stack.BlockStack):
           f"sentence length {t} exceeds model.max_len {self.max_len}"
       )
     x = jnp.take(table, ids, axis=0).astype(self.dtype) * self.d_model**0.5
-    pos = jnp.asarray(positions_lib.sinusoid_table(self.max_len, self.d_model))
-    x = x + jax.lax.dynamic_slice_in_dim(pos, offset, t, axis=0)[None].astype(
-        self.dtype
-    )
+    if self.attention.ABSOLUTE_POSITIONS:  # A relative kind has its own.
+      pos = positions_lib.sinusoid_table(self.max_len, self.d_model)
+      pos = jax.lax.dynamic_slice_in_dim(jnp.asarray(pos), offset, t, axis=0)
+      x = x + pos[None].astype(self.dtype)
     x = self.drop(x, deterministic=deterministic)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
@@ -303,12 +305,6 @@ class EncoderDecoder(block_stack.BlockStack):
     if with_log_z:
       return logits - log_z[:, None], g[:, 0], new_cache, log_z
     return jax.nn.log_softmax(logits, axis=-1), g[:, 0], new_cache
-
-
-# The translation model's attention: sinusoid absolute positions.
-REFUSES_ATTENTION = attention_lib.plain_only(
-    "the encoder-decoder's attention reads sinusoid absolute positions only"
-)
 
 
 def encoder_decoder(

@@ -32,6 +32,7 @@ KINDS = ("vanilla", "rpe", "xl", "lamemo")
 # (family, kind) pairs that are applied; every other pair is refused.
 APPLIED = {("decoder_lm", k) for k in KINDS} | {
     ("encoder_decoder", "vanilla"),
+    ("encoder_decoder", "rpe"),
     ("encoder", "vanilla"),
     ("encoder", "rpe"),
     ("marge", "vanilla"),

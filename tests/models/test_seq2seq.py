@@ -1,6 +1,7 @@
-"""The encoder-decoder family: causal decoder, padding-invariant encoder,
-cached decoding equal to teacher forcing, sharded equal to unsharded, and
-label smoothing against a NumPy reference."""
+"""The encoder-decoder family, with the plain attention and with relative
+positions ('rpe'): causal decoder, padding-invariant encoder, cached
+decoding equal to teacher forcing, sharded equal to unsharded, and label
+smoothing against a NumPy reference."""
 
 import flax.linen as nn
 import jax
@@ -19,9 +20,10 @@ from memjax.run import state as state_lib
 V = 40
 
 
-def _config():
+def _config(attention: str = "vanilla"):
   c = config_lib.base_config()
   m = c.model
+  m.attention = attention
   m.family, m.cutoffs, m.max_len = "encoder_decoder", (), 64
   m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = 2, 32, 4, 8, 64
   m.family_options.encoder_layers = 1
@@ -34,9 +36,11 @@ def _model(c):
   return build.build(c, "unused").model(V)
 
 
-@pytest.fixture(scope="module")
-def setup():
-  model = _model(_config())
+# The plain attention over sinusoid positions, and relative positions
+# (encoder both ways, decoder causal, decoding from the cached keys).
+@pytest.fixture(scope="module", params=["vanilla", "rpe"])
+def setup(request):
+  model = _model(_config(request.param))
   rng = np.random.default_rng(0)
   pairs = [
       (

@@ -63,9 +63,11 @@ def _scores(
 
 def relative_flops(s: Any, shape: extend.FlopsShape) -> dict[str, float]:
   """FLOPs per token of the relative attentions beyond the plan's formula
-  (see the module doc); {} for a run with another attention kind."""
+  (see the module doc); {} for a run with another attention kind, and for
+  the encoders' 'rpe' (their terms are not counted yet: the plan's formula
+  leaves them out)."""
   m = s.model
-  if m.attention not in _BIASES:
+  if m.attention not in _BIASES or m.family != "decoder_lm":
     return {}
   layers, d_model = int(m.num_layers), int(m.d_model)
   d_attn = int(m.num_heads) * int(m.head_dim)

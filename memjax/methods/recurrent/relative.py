@@ -137,16 +137,19 @@ class _SegmentAttention(RelativeAttentionBase):
       *,
       deterministic: bool,
       mask: jax.Array | None = None,
+      pos: jax.Array | None = None,
   ) -> tuple[jax.Array, rmemory.XLMemory | None]:
     """Attends from the segment over the memory and the segment.
 
     Args:
         x: [B, T, D] layer input after the pre-LayerNorm.
         memory: ``XLMemory`` with x [B, M, D] (the previous normed layer
-            inputs) or None for no memory (Transformer+RPE).
+            inputs) or None for no memory (Transformer+RPE); with ``pos``,
+            a translation decoder's cache (``decode_step``).
         deterministic: disables attention dropout.
         mask: bool broadcastable to [B, H, T, M + T], True = may attend (an
             encoder's padding mask), or None.
+        pos: one decoding step's position (``decode_step``), or None.
 
     Returns:
         (y [B, T, D] compute dtype, after the output projection;
@@ -156,6 +159,8 @@ class _SegmentAttention(RelativeAttentionBase):
     Sows (collection 'intermediates', only when it is mutable):
         attention_probs: [B, H, T, M + T] float32.
     """
+    if pos is not None:
+      return self.decode_step(x, memory, pos, mask)
     x = nn.with_logical_constraint(
         x.astype(self.dtype), ("batch", "length", "embed")
     )
@@ -192,6 +197,42 @@ class _SegmentAttention(RelativeAttentionBase):
       return y, None
     new_len = self.mem_len if self.mem_len > 0 else mem_len
     return y, rmemory.push_xl_memory(memory, x, new_len)
+
+  def decode_step(
+      self,
+      x: jax.Array,
+      cache: tuple[jax.Array, jax.Array],
+      pos: jax.Array,
+      mask: jax.Array | None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """One causal decoding step from a cache of content keys and values
+    (the translation decoder's): the token at ``pos`` reads the keys at
+    distances ``pos - j`` (the relative terms need no more than the
+    cached keys).
+
+    Args:
+        x: [B, 1, D] the step's normed input.
+        cache: (keys, values) [B, T_max, H, dh] of the steps so far.
+        pos: scalar int32 position of x.
+        mask: bool broadcastable to [B, H, 1, T_max], True = may attend
+            (the positions up to ``pos``), or None.
+
+    Returns:
+        ([B, 1, D], the cache with x's keys and values at ``pos``).
+    """
+    q = self.core.project(x, "query")
+    k, v = (
+        jax.lax.dynamic_update_slice_in_dim(
+            c, self.core.project(x, name), pos, axis=1
+        )
+        for c, name in zip(cache, ("key", "value"))
+    )
+    keep = jnp.arange(k.shape[1])[None, None, None, :] <= pos
+    if mask is not None:
+      keep = keep & mask
+    scores = self.core.scores(q, k, delta_top=pos, past_only=True)
+    c, _, _ = self.core.attend(scores, keep, v, True)
+    return self._project(c), (k, v)
 
 
 class XLAttention(_SegmentAttention):
