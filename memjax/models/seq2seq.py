@@ -34,7 +34,6 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
-from memjax.models import attention as attention_lib
 from memjax.models import block_stack
 from memjax.models import blocks
 from memjax.models import positions as positions_lib
