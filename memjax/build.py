@@ -32,6 +32,7 @@ from memjax import sharding
 from memjax.checkpoints import runfiles
 from memjax.io import paths
 from memjax.io import workdirs
+from memjax.models import blocks
 from memjax.models import stack
 from memjax.models import transformer
 from memjax.pretrained import sizes
@@ -75,7 +76,6 @@ _DROPOUT = (
     "model.adaptive_dropout",
     "model.attention_dropout",
 )
-DTYPES = ("float32", "bfloat16")
 
 
 def _value(s: settings_lib.Settings, key: str) -> Any:
@@ -115,10 +115,6 @@ def check_values(s: settings_lib.Settings) -> None:
         f"data.batch_size {s.data.batch_size} is not divisible by "
         f"train.grad_accum {s.train.grad_accum}"
     )
-  if s.model.dtype not in DTYPES:
-    raise errors.ConfigError(
-        f"model.dtype must be one of {list(DTYPES)}, got {s.model.dtype!r}"
-    )
 
 
 def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
@@ -135,6 +131,8 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   kind = parts.feed_forward.get(s.model.feed_forward)
   transformer.block_settings(s.model, parts)  # feed_forward_layers in range.
   stack.remat_policy(s.model.remat_policy)  # Named right even with remat off.
+  blocks.compute_dtype(s.model.dtype)
+  blocks.check_norm_position(s.model.norm_position)
   if kind.check is not None:
     kind.check(s.model)
   parts.objectives.get(s.loss.name)

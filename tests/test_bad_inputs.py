@@ -40,6 +40,10 @@ CASES = [
      "model.remat_policy must be one of ['full', "),
     ("init_from nowhere", [SMOKE, "--config.train.init_from=/nonexistent/r"],
      "train.init_from=/nonexistent/r: /nonexistent/r holds no trained run"),
+    ("norm position", [SMOKE, "--config.model.norm_position=middle"],
+     "model.norm_position must be one of ('pre', 'post'), got 'middle'"),
+    ("dtype", [SMOKE, "--config.model.dtype=float16"],
+     "model.dtype must be one of ['float32', 'bfloat16'], got 'float16'"),
 ]  # fmt: skip
 
 

@@ -87,7 +87,6 @@ class Encoder(block_stack.BlockStack):
   num_classes: int = 2
 
   def setup(self):
-    blocks.check_norm_position(self.norm_position)
     init = nn.initializers.normal(0.02)  # BERT's initializer_range.
     self.embedding = self.table("embedding", init, self.vocab_size)
     self.positions = None  # A relative kind has its own positions.

@@ -93,8 +93,8 @@ class EncoderDecoder(block_stack.BlockStack):
   max_len: int = 1024
 
   def setup(self):
-    for position in (self.norm_position, *self._stack_norms().values()):
-      blocks.check_norm_position(position)
+    # The norm positions are checked once: model.norm_position by
+    # build.check, the stacks' by encoder_decoder.
     emb_init = nn.initializers.normal(self.d_model**-0.5)
     self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
     self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)

@@ -101,7 +101,6 @@ class TransformerLM(block_stack.BlockStack):
   tie_embeddings: bool = True
 
   def setup(self):
-    blocks.check_norm_position(self.norm_position)
     if self.positions not in POSITIONS:
       raise errors.ConfigError(
           f"model.family_options.positions must be one of "

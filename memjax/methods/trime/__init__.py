@@ -24,7 +24,7 @@ METHOD = extend.Method(
         "trime": objective.make_trime_loss,
         "trime_mt": mt.make_trime_mt_loss,
     },
-    checks=(objective.check_trime_batching,),
+    checks=(objective.check_trime_settings,),
     eval_memories={"trime": memory.TrimeMemory()},
     batchers={
         "blocks": extend.Batcher(packing.blocks_batcher, packing.block_shapes),

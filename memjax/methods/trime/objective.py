@@ -64,14 +64,27 @@ def hide_local_draw(seed: int, step: Array, p: float) -> Array:
   return visibility.draw_hide_local(jax.random.fold_in(key, step), p)
 
 
-def check_trime_batching(s: settings_lib.Settings) -> None:
-  """Raises ConfigError where the loss's memory cannot work with the batches.
+def check_trime_settings(s: settings_lib.Settings) -> None:
+  """Raises ConfigError for TRIME's loss settings out of range, or where
+  the loss's memory cannot work with the batches (before anything is
+  written: a method check of ``build.check``).
 
   'long' needs lanes of m > 1 consecutive segments, and every micro-batch
   must hold whole lanes (each micro-batch is its own in-batch memory).
   """
+  if s.loss.name != "trime":
+    return
+  loss = s.of(config.TrimeLoss)
+  if loss.memory not in TRIME_MEMORIES:
+    raise errors.ConfigError(
+        f"unknown loss.memory {loss.memory!r}; use one of {TRIME_MEMORIES}"
+    )
+  for key in ("local_hide_prob", "lm_warmup_fraction"):
+    value = float(getattr(loss, key))
+    if not 0.0 <= value <= 1.0:
+      raise errors.ConfigError(f"loss.{key} must be in [0, 1], got {value}")
   d = s.data
-  if s.loss.name != "trime" or s.of(config.TrimeLoss).memory != "long":
+  if loss.memory != "long":
     return
   m = int(d.segments_per_lane)
   if d.batching not in ("blocks", "consecutive") or m < 2:
@@ -182,21 +195,9 @@ def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
 
 def _settings(loss: config.TrimeLoss, num_steps: int) -> tuple[str, float, int]:
   """(training memory, local hide probability, warm-up updates) of
-  ``config.loss``, checked."""
-  memory = loss.memory
-  if memory not in TRIME_MEMORIES:
-    raise errors.ConfigError(
-        f"unknown loss.memory {memory!r}; use one of {TRIME_MEMORIES}"
-    )
-  p = float(loss.local_hide_prob)
-  if not 0.0 <= p <= 1.0:
-    raise errors.ConfigError(f"loss.local_hide_prob must be in [0, 1], got {p}")
+  ``config.loss`` (checked by ``check_trime_settings``)."""
   frac = float(loss.lm_warmup_fraction)
-  if not 0.0 <= frac <= 1.0:
-    raise errors.ConfigError(
-        f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
-    )
-  return memory, p, int(round(frac * num_steps))
+  return loss.memory, float(loss.local_hide_prob), int(round(frac * num_steps))
 
 
 def _plain_loss(operands: tuple[Array, ...]) -> tuple[Array, tuple]:

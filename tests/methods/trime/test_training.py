@@ -220,10 +220,13 @@ def test_stop_gradient_memory_changes_only_the_gradient():
 
 
 def test_bad_loss_settings_raise_one_clear_error(tmp_path):
+  # Refused when the run is built, before anything is written.
   with pytest.raises(ValueError, match="loss.memory"):
-    _make_loss(_loss_cfg("global"), 10)
+    build.build(_loss_cfg("global"), str(tmp_path))
   with pytest.raises(ValueError, match="local_hide_prob"):
-    _make_loss(_loss_cfg("external", local_hide_prob=1.5), 10)
+    build.build(_loss_cfg("external", local_hide_prob=1.5), str(tmp_path))
+  with pytest.raises(ValueError, match="lm_warmup_fraction"):
+    build.build(_loss_cfg("local", lm_warmup_fraction=-0.1), str(tmp_path))
   out, batch = _outputs()
   del batch["lane_id"]
   with pytest.raises(ValueError, match="lane_id"):
