@@ -191,15 +191,10 @@ def check_workdir(
     )
 
 
-def write_json(path: str, obj: Any) -> None:
-  """Writes JSON whole (locally: a temporary file, then a rename)."""
-  paths.write_json(path, obj)
-
-
 def write_table(workdir: str, table: dict[str, Any]) -> dict[str, Any]:
   """A demo's results: ``table`` as ``<workdir>/table.json`` and its
   ``markdown`` as ``table.md``; returns ``table``."""
-  write_json(paths.join(workdir, "table.json"), table)
+  paths.write_json(paths.join(workdir, "table.json"), table)
   paths.write_text(paths.join(workdir, "table.md"), table["markdown"] + "\n")
   return table
 

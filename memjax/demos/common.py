@@ -231,7 +231,7 @@ def once(path: str, make: Callable[[], Mapping[str, Any]]) -> Any:
     if not paths.exists(path):
       out = {k: v for k, v in out.items() if k != "summary_lines"}
       paths.makedirs(paths.dirname(path) or ".")
-      runfiles.write_json(path, jsonable(out))
+      paths.write_json(path, jsonable(out))
   return read_json(path)
 
 
@@ -281,7 +281,7 @@ def train(config: Any, run_dir: str) -> dict[str, Any]:
   start = time.time()
   results = api.train(config, run_dir)
   results["wall_s"] = time.time() - start
-  runfiles.write_json(paths.join(run_dir, "results.json"), results)
+  paths.write_json(paths.join(run_dir, "results.json"), results)
   return results
 
 

@@ -25,7 +25,6 @@ from typing import Any
 from absl import flags
 
 from memjax.io import paths
-from memjax.checkpoints import runfiles
 from memjax.demos import common
 
 FLAGS = common.define_flags(
@@ -198,7 +197,7 @@ def main() -> None:
     rows = run_method(
         _METHOD.value, sub, _SIZE.value, FLAGS.steps.value, _TEST.value
     )
-    runfiles.write_json(paths.join(sub, "rows.json"), rows)
+    paths.write_json(paths.join(sub, "rows.json"), rows)
     return
   run(FLAGS.workdir.value, _SIZE.value, FLAGS.steps.value, _TEST.value)
 

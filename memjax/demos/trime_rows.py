@@ -114,8 +114,6 @@ def tuned_memory(demo: common.Demo, row: common.Row, cfg: Any) -> None:
 def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   """Trains (or reads back) one row's model and tunes its memory again;
   returns the row (also written to its directory's ``row.json``)."""
-  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
-
   cfg = demo.config(row.config, row.variant, steps)
   row_dir = demo.run_dir(row)
   if row.base:
@@ -146,5 +144,5 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
     if row.base:
       res.pop("train_tokens_per_s", None)
   paths.makedirs(row_dir)
-  runfiles.write_json(paths.join(row_dir, "row.json"), res)
+  paths.write_json(paths.join(row_dir, "row.json"), res)
   return res

@@ -139,7 +139,7 @@ def run_stream(
     params: Any,
     tokens: np.ndarray,
     memory: evaluation.EvalMemory,
-    settings: evaluation.Settings,
+    settings: evaluation.AxisValues,
     external: ExternalSearch,
     *,
     window_len: int,

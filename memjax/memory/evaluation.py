@@ -31,7 +31,8 @@ from memjax.memory import blockwise
 
 Array = jax.Array
 
-Settings = Mapping[str, Sequence[float]]
+# {an axis's values name ('temperatures'): the values} of one evaluation.
+AxisValues = Mapping[str, Sequence[float]]
 
 
 class Axis(NamedTuple):
@@ -40,7 +41,7 @@ class Axis(NamedTuple):
   Attributes:
     key: the setting's name in results and its ``config.eval_memory`` key
       ('temperature').
-    values: the ``Settings`` entry (and ``memory_grid.Grid`` keyword)
+    values: the ``AxisValues`` entry (and ``memory_grid.Grid`` keyword)
       holding its values ('temperatures').
     config_grid: the ``config.eval_memory`` key of its tuning grid.
     default: its values when a grid leaves it out.
@@ -86,17 +87,17 @@ class EvalMemory:
     """Whether the kind reads a memory (False: the plain model)."""
     return bool(self.axes)
 
-  def check(self, settings: Settings) -> None:
+  def check(self, settings: AxisValues) -> None:
     """Raises errors.ConfigError for settings the kind cannot score."""
     del settings
 
-  def scales(self, settings: Settings, dim: int) -> list[float]:
+  def scales(self, settings: AxisValues, dim: int) -> list[float]:
     """The similarity scales of the memory sums, [G] (g . g_j * scale)."""
     raise NotImplementedError
 
   def combine(
       self,
-      settings: Settings,
+      settings: AxisValues,
       lm: Array,
       log_z: Array,
       sums: Sequence[tuple[Array, Array]],

@@ -288,7 +288,7 @@ class BlockStack(nn.Module):
       layers: int,
       cross: Optional[Callable[[int], Optional[blocks.Sublayer]]] = None,
       breaks: Sequence[int] = (),
-  ) -> list[stack.Run]:
+  ) -> list[stack.LayerRun]:
     """The runs (``stack.runs``: of identical layers when ``scan_layers``,
     else one per layer) of ``layers`` blocks named ``prefix_<i>``, with
     the cross-attention ``cross(i)`` (or none) and runs starting at
@@ -299,17 +299,17 @@ class BlockStack(nn.Module):
     ]
     return stack.runs(prefix, keys, self.scan_layers, breaks)
 
-  def layer_runs(self) -> list[stack.Run]:
+  def layer_runs(self) -> list[stack.LayerRun]:
     """The runs of every stack of the model (``scan_layers`` lays out its
     parameters by them); works on an unbound module."""
     return self.stack_runs("layer", self.num_layers)
 
   def make_stack(
       self,
-      runs: Sequence[stack.Run],
+      runs: Sequence[stack.LayerRun],
       attention: blocks.Sublayer,
       cross: Optional[Callable[[int], Optional[blocks.Sublayer]]] = None,
-  ) -> list[tuple[stack.Run, blocks.ResidualBlock]]:
+  ) -> list[tuple[stack.LayerRun, blocks.ResidualBlock]]:
     """(run, its block) of each run (``make_block``)."""
     return [
         (r, self.make_block(r.name, r.first, attention,

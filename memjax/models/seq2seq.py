@@ -137,7 +137,7 @@ class EncoderDecoder(block_stack.BlockStack):
         dtype=self.dtype,
     )
 
-  def stacks(self) -> tuple[list[stack.Run], list[stack.Run]]:
+  def stacks(self) -> tuple[list[stack.LayerRun], list[stack.LayerRun]]:
     """The runs of the encoder's blocks and the decoder's (unbound too)."""
     cross = lambda layer: self.plain_attention()
     return (
@@ -145,7 +145,7 @@ class EncoderDecoder(block_stack.BlockStack):
         self.stack_runs("decoder", self.num_layers, cross),
     )
 
-  def layer_runs(self) -> list[stack.Run]:
+  def layer_runs(self) -> list[stack.LayerRun]:
     """The runs of both stacks."""
     encoder, decoder = self.stacks()
     return encoder + decoder

@@ -74,7 +74,7 @@ def remat_policy(name: str) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class LayerRun:
   """Consecutive layers run by one block.
 
   Attributes:
@@ -102,7 +102,7 @@ def runs(
     keys: Sequence[Any],
     scan: bool,
     breaks: Sequence[int] = (),
-) -> list[Run]:
+) -> list[LayerRun]:
   """The runs of a stack whose layer ``i`` is built as ``keys[i]`` says.
 
   Args:
@@ -112,7 +112,7 @@ def runs(
     breaks: layers that start a run whatever their keys (where the family
       runs the stack in parts, as MARGE's embedder and decoder halves).
   """
-  out: list[Run] = []
+  out: list[LayerRun] = []
   for i, key in enumerate(keys):
     last = out[-1] if out else None
     if (
@@ -123,7 +123,7 @@ def runs(
     ):
       out[-1] = dataclasses.replace(last, count=last.count + 1)
     else:
-      out.append(Run(prefix, i, 1, False))
+      out.append(LayerRun(prefix, i, 1, False))
   return [dataclasses.replace(r, scanned=r.count > 1) for r in out]
 
 
@@ -142,7 +142,7 @@ def unstack_tree(tree: Any, count: int) -> list[Any]:
 
 
 def scan(
-    run: Run,
+    run: LayerRun,
     block: nn.Module,
     fn: Callable[[nn.Module, Any, Any, Any], tuple[Any, Any]],
     carry: Any,
@@ -176,7 +176,7 @@ def scan(
 
 
 def apply(
-    layers: Sequence[tuple[Run, nn.Module]],
+    layers: Sequence[tuple[LayerRun, nn.Module]],
     h: Array,
     states: Optional[Sequence[Any]],
     deterministic: bool,

@@ -138,7 +138,7 @@ class TransformerLM(block_stack.BlockStack):
     self.final_norm = self.norm("final_norm") if use_final else None
     self.embed_dropout = nn.Dropout(self.dropout_rate)
 
-  def layer_runs(self) -> list[stack.Run]:
+  def layer_runs(self) -> list[stack.LayerRun]:
     """The runs of its blocks (``stack``); works on an unbound module."""
     return self.stack_runs(
         "layer", self.num_layers, self.cross_sublayer, self.stack_breaks()

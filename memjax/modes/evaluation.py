@@ -6,7 +6,6 @@ from typing import Any
 
 import jax
 
-from memjax.checkpoints import runfiles
 from memjax.io import paths
 from memjax.run import restore
 from memjax.run import spec
@@ -27,5 +26,5 @@ def evaluate_run(run: spec.Run) -> dict[str, Any]:
   results["checkpoint"] = restored.path
   paths.makedirs(run.workdir)
   if jax.process_index() == 0:
-    runfiles.write_json(paths.join(run.workdir, "results.json"), results)
+    paths.write_json(paths.join(run.workdir, "results.json"), results)
   return results

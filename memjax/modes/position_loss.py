@@ -39,7 +39,6 @@ import numpy as np
 
 from memjax import errors
 from memjax import settings as settings_lib
-from memjax.checkpoints import runfiles
 from memjax.data import corpus as corpus_lib
 from memjax.eval import scorer as scorer_lib
 from memjax.io import paths
@@ -197,7 +196,7 @@ def position_loss(run: spec.Run) -> dict[str, Any]:
   files = [paths.join(workdir, f"position_loss.{x}") for x in ("json", "png")]
   if jax.process_index() == 0:
     paths.makedirs(workdir)
-    runfiles.write_json(files[0], results)
+    paths.write_json(files[0], results)
     plot(results, files[1])
   return dict(results, files=files)
 

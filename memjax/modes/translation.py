@@ -64,7 +64,7 @@ def translate(run: spec.Run) -> dict[str, Any]:
     results[name] = scores
     lines.append(bleu.summary(scores, name))
     path = paths.join(workdir, f"translate_{name}.json")
-    runfiles.write_json(path, results)
+    paths.write_json(path, results)
     results["results_path"] = path
   results["summary_lines"] = lines
   return results

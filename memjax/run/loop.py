@@ -380,5 +380,5 @@ def train_and_evaluate(
   if train_tps is not None:
     results["train_tokens_per_s"] = train_tps
   if jax.process_index() == 0:
-    runfiles.write_json(paths.join(workdir, "results.json"), results)
+    paths.write_json(paths.join(workdir, "results.json"), results)
   return results

@@ -126,7 +126,7 @@ def test_training_log_and_results_on_memory(mem):
   loop._append_log(log, ['{"step": 2}\n', '{"step": 3}\n'])  # pylint: disable=protected-access
   steps = [json.loads(l)["step"] for l in paths.read_text(log).splitlines()]
   assert steps == [1, 2, 3]
-  runfiles.write_json(paths.join(mem, "results.json"), {"valid": {"ppl": 2.5}})
+  paths.write_json(paths.join(mem, "results.json"), {"valid": {"ppl": 2.5}})
   assert paths.read_json(f"{mem}/results.json") == {"valid": {"ppl": 2.5}}
 
 

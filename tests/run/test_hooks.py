@@ -15,7 +15,7 @@ from memjax import catalog
 from memjax import errors
 from memjax import extend
 from memjax.checkpoints import checkpointing
-from memjax.checkpoints import runfiles
+from memjax.io import paths
 from memjax.run import hooks
 from memjax.run import loop
 
@@ -34,9 +34,7 @@ class CountCalls(hooks.StepHook):
     self.state["steps"] = self.state.get("steps", []) + [step]
     if self.ctx.is_chief:
       path = os.path.join(self.ctx.workdir, "count_calls.json")
-      runfiles.write_json(
-          path, dict(self.state, every=self.ctx.options["every"])
-      )
+      paths.write_json(path, dict(self.state, every=self.ctx.options["every"]))
 
 
 # The hook joins as a method defined outside memjax would.

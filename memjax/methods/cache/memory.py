@@ -205,19 +205,19 @@ class CacheMemory(evaluation.EvalMemory):
   label = "continuous cache (tuned lambda, theta)"
   sweep_source_key = "cache_workdir"
 
-  def check(self, settings: evaluation.Settings) -> None:
+  def check(self, settings: evaluation.AxisValues) -> None:
     if not settings["thetas"] or not settings["lambdas"]:
       raise errors.ConfigError(
           "cache evaluation needs at least one theta and one lambda"
       )
 
-  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+  def scales(self, settings: evaluation.AxisValues, dim: int) -> list[float]:
     del dim
     return list(settings["thetas"])
 
   def combine(
       self,
-      settings: evaluation.Settings,
+      settings: evaluation.AxisValues,
       lm: jax.Array,
       log_z: jax.Array,
       sums: Sequence[tuple[jax.Array, jax.Array]],

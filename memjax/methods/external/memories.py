@@ -56,7 +56,7 @@ class KnnMemory(evaluation.EvalMemory):
   external_metric = "squared_l2"
   reads_local = False
 
-  def check(self, settings: evaluation.Settings) -> None:
+  def check(self, settings: evaluation.AxisValues) -> None:
     if not settings["knn_temperatures"] or not settings["knn_lambdas"]:
       raise errors.ConfigError(
           "knn evaluation needs at least one knn_temperature and knn_lambda"
@@ -64,7 +64,7 @@ class KnnMemory(evaluation.EvalMemory):
     if min(settings["knn_temperatures"]) <= 0:
       raise errors.ConfigError("eval_memory.knn_temperature must be > 0")
 
-  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+  def scales(self, settings: evaluation.AxisValues, dim: int) -> list[float]:
     del dim
     return [1.0 / t for t in settings["knn_temperatures"]]
 
@@ -101,7 +101,7 @@ class TrimeExtMemory(evaluation.EvalMemory):
   reads_local = True
   joins_local = False  # combine joins them itself: P' may leave M_local out
 
-  def check(self, settings: evaluation.Settings) -> None:
+  def check(self, settings: evaluation.AxisValues) -> None:
     for key in ("temperatures", "ext_temperatures", "ext_lambdas"):
       if not settings[key]:
         raise errors.ConfigError(f"trime_ext evaluation needs {key}")
@@ -111,7 +111,7 @@ class TrimeExtMemory(evaluation.EvalMemory):
           "neighbours) or 1 (over all of M_eval)"
       )
 
-  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+  def scales(self, settings: evaluation.AxisValues, dim: int) -> list[float]:
     """1 / (sqrt(d) tau) for Eq. 6, then 1 / tau' (raw g . g_j) for Eq. 8."""
     eq6 = [1.0 / (math.sqrt(dim) * t) for t in settings["temperatures"]]
     return eq6 + [1.0 / t for t in settings["ext_temperatures"]]
@@ -158,14 +158,14 @@ class KnnCacheMemory(evaluation.EvalMemory):
   reads_local = True
   joins_local = False
 
-  def check(self, settings: evaluation.Settings) -> None:
+  def check(self, settings: evaluation.AxisValues) -> None:
     KnnMemory().check(settings)
     if not settings["thetas"] or not settings["lambdas"]:
       raise errors.ConfigError(
           "knn_cache evaluation needs at least one cache theta and lambda"
       )
 
-  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+  def scales(self, settings: evaluation.AxisValues, dim: int) -> list[float]:
     """The cache's thetas, then the kNN-LM's 1 / T."""
     return list(settings["thetas"]) + KnnMemory().scales(settings, dim)
 

@@ -121,7 +121,7 @@ def mt_datastore_mode(run: spec.Run) -> dict:
         for sentence, positions in zip(shown, found)
     ]
     out["retrieved_path"] = paths.join(workdir, "mt_retrieved.json")
-    runfiles.write_json(out["retrieved_path"], out["retrieved"])
+    paths.write_json(out["retrieved_path"], out["retrieved"])
   return out
 
 
@@ -222,7 +222,7 @@ def mt_tune(run: spec.Run) -> dict:
       "grid": rows,
   }
   path = paths.join(workdir, f"mt_tune_{kind}.json")
-  runfiles.write_json(path, out)
+  paths.write_json(path, out)
   return {
       **out,
       "results_path": path,
@@ -280,7 +280,7 @@ def mt_translate(run: spec.Run) -> dict:
   hyps = scores.pop("hypotheses")
   scores.update(settings=settings, search_seconds=hook.neighbours.seconds)
   path = paths.join(workdir, f"mt_translate_{kind}_{split}.json")
-  runfiles.write_json(path, scores)
+  paths.write_json(path, scores)
   out_txt = paths.join(workdir, "translations", f"{split}.{kind}.txt")
   paths.makedirs(paths.dirname(out_txt))
   with paths.open(out_txt, "w", encoding="utf-8") as f:

@@ -26,7 +26,6 @@ import jax
 import numpy as np
 
 from memjax import errors
-from memjax.checkpoints import runfiles
 from memjax.data import corpus as corpus_lib
 from memjax.eval import scorer as scorer_lib
 from memjax.io import paths
@@ -198,5 +197,5 @@ def marge_eval(run: spec.Run) -> dict[str, Any]:
         )
   path = paths.join(workdir, "marge_eval.json")
   if jax.process_index() == 0:
-    runfiles.write_json(path, results)
+    paths.write_json(path, results)
   return dict(results, summary_lines=lines, results_path=path)

@@ -162,7 +162,7 @@ class MargeLM(transformer.TransformerLM):
     """The embedder's half and the decoder's are scanned apart."""
     return (self.half(),)
 
-  def lower_half(self) -> list[tuple[stack.Run, nn.Module]]:
+  def lower_half(self) -> list[tuple[stack.LayerRun, nn.Module]]:
     """(run, block) of the embedder's layers."""
     return [rb for rb in self.blocks if rb[0].first < self.half()]
 

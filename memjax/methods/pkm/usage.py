@@ -195,7 +195,7 @@ def memory_usage(run: spec.Run) -> dict[str, Any]:
   paths.makedirs(workdir)
   if jax.process_index() == 0:
     path = paths.join(workdir, "memory_usage.json")
-    runfiles.write_json(path, results)
+    paths.write_json(path, results)
     results["results_path"] = path
     results["plot"] = plot(results, reads, workdir)
   results["summary_lines"] = [

@@ -375,18 +375,18 @@ class TrimeMemory(evaluation.EvalMemory):
   )
   label = "TRIME (Eq. 6, tuned tau)"
 
-  def check(self, settings: evaluation.Settings) -> None:
+  def check(self, settings: evaluation.AxisValues) -> None:
     if not settings["temperatures"]:
       raise errors.ConfigError(
           "trime evaluation needs at least one temperature"
       )
 
-  def scales(self, settings: evaluation.Settings, dim: int) -> list[float]:
+  def scales(self, settings: evaluation.AxisValues, dim: int) -> list[float]:
     return [1.0 / (math.sqrt(dim) * tau) for tau in settings["temperatures"]]
 
   def combine(
       self,
-      settings: evaluation.Settings,
+      settings: evaluation.AxisValues,
       lm: jax.Array,
       log_z: jax.Array,
       sums: Sequence[tuple[jax.Array, jax.Array]],
