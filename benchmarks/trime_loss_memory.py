@@ -21,7 +21,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
 from benchmarks import harness  # pylint: disable=g-import-not-at-top
-from memjax.methods.trime import memory as trime
+from memjax.methods.trime import in_batch as trime
 
 SIZES = (1024, 2048, 4096, 8192, 16384, 24576)
 

@@ -28,7 +28,7 @@ from memjax.models import transformer
 from memjax.modes import evaluation as eval_mode
 from memjax.modes import export
 from memjax.modes import generate
-from memjax.modes import memory
+from memjax.modes import memory_eval
 from memjax.modes import plan
 from memjax.modes import platforms
 from memjax.modes import position_loss
@@ -132,27 +132,27 @@ ENGINE = extend.Method(
             _LM,
             outputs=("generation.txt", "generation.json"),
         ),
-        # Evaluation with testing memories (memjax/modes/memory.py).
+        # Evaluation with testing memories (memjax/modes/memory_eval.py).
         "memeval": extend.Mode(
-            memory.memeval,
+            memory_eval.memeval,
             "evaluate with the configured testing memory (eval_memory.*)",
             _LM,
             outputs=("memeval.json",),
         ),
         "tune": extend.Mode(
-            memory.tune,
+            memory_eval.tune,
             "grid-search the testing memory on valid, then test (tune.json)",
             _LM,
             outputs=("tune.json",),
         ),
         "memsweep": extend.Mode(
-            memory.memsweep,
+            memory_eval.memsweep,
             "valid perplexity against the long-term memory size",
             _LM,
             outputs=("memsweep.json", "memsweep.csv", "memsweep.png"),
         ),
         "buckets": extend.Mode(
-            memory.buckets,
+            memory_eval.buckets,
             "perplexity by token-frequency bucket, with and without memory",
             _LM,
             outputs=("buckets.json", "buckets.md"),

@@ -25,7 +25,7 @@ from memjax import settings as settings_lib
 from memjax.data import corpus as corpus_lib
 from memjax.data import windows
 from memjax.modes import evaluation as evaluation_mode
-from memjax.modes import memory as memory_modes
+from memjax.modes import memory_eval as memory_modes
 from memjax.run import restore
 from memjax.run import state as state_lib
 from tests.conftest import run_main

@@ -237,7 +237,7 @@ def write_run_files(directory: str, config_json: str, vocab: Any) -> None:
     info = {"kind": "words", "file": "vocab.txt", "size": vocab.vocab_size}
   else:
     info = {"kind": "bytes", "size": int(vocab.vocab_size)}
-  write_json(paths.join(directory, VOCAB_FILE), info)
+  paths.write_json(paths.join(directory, VOCAB_FILE), info)
 
 
 def read_vocabulary(files: RunFiles, data: Any) -> Any:
@@ -304,7 +304,7 @@ def write_export(
         paths.join(tmp, "model_state"), model_state
     )
   n = int(sum(x.size for x in jax.tree.leaves(params)))
-  write_json(paths.join(tmp, EXPORT_FILE), {**meta, "num_params": n})
+  paths.write_json(paths.join(tmp, EXPORT_FILE), {**meta, "num_params": n})
   if paths.exists(out_dir):
     paths.rename(out_dir, old)
   paths.rename(tmp, out_dir)

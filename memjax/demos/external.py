@@ -116,7 +116,7 @@ def _exact(c: Any, run: str, kind: str, best: dict) -> dict:
   # pylint: disable=g-import-not-at-top
   from memjax import build
   from memjax.eval import grid as grid_lib
-  from memjax.modes import memory as memory_modes
+  from memjax.modes import memory_eval as memory_modes
   from memjax.run import restore
 
   c.eval_memory.search = "exact"

@@ -5,7 +5,7 @@ memory kind, long-term memory sizes, the values of the kind's axes) in one
 pass over sliding windows (``memory_step.make_eval_step``); a kind with an
 external memory searches its datastore on the host between two jitted
 steps (``memjax/eval/external.py``). The modes built on it (memeval,
-tune, memsweep, buckets) are in ``memjax/modes/memory.py``.
+tune, memsweep, buckets) are in ``memjax/modes/memory_eval.py``.
 """
 
 from __future__ import annotations

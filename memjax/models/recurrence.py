@@ -6,7 +6,7 @@ mutable Flax collection. Every leaf has the lane (batch) as its leading
 axis, and boolean leaves are ``valid`` masks: a slot that is not valid is
 read by no attention, so a lane whose masks are all False behaves exactly
 like a lane with no memory. The memory types of the recurrent attention
-kinds (Transformer-XL, LaMemo) are in ``memjax/methods/recurrent/memory.py``.
+kinds (Transformer-XL, LaMemo) are in ``memjax/methods/recurrent/segment_memory.py``.
 
 Helpers: ``reset_memory``, ``fifo_append``, ``split_segments``,
 ``merge_segments`` and ``scan_segments``.

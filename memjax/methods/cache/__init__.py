@@ -6,10 +6,10 @@ the model's distribution; ``config``: its settings.
 
 from memjax import extend
 from memjax.methods.cache import config
-from memjax.methods.cache import memory
+from memjax.methods.cache import continuous_cache
 
 METHOD = extend.Method(
     name="cache",
-    eval_memories={"cache": memory.CacheMemory()},
+    eval_memories={"cache": continuous_cache.CacheMemory()},
     settings=(config.CacheEvalMemory,),
 )

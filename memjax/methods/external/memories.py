@@ -40,8 +40,8 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
-from memjax.methods.cache import memory as cache
-from memjax.methods.trime import memory as trime
+from memjax.methods.cache import continuous_cache as cache
+from memjax.methods.trime import in_batch as trime
 
 
 class KnnMemory(evaluation.EvalMemory):

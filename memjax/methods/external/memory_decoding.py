@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax.memory import blockwise
-from memjax.methods.trime import memory as trime
+from memjax.methods.trime import in_batch as trime
 
 Array = jax.Array
 

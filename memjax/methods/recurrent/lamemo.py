@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from memjax.models import stats
 from memjax.models import attention as attention_lib
 from memjax.models import recurrence
-from memjax.methods.recurrent import memory as rmemory
+from memjax.methods.recurrent import segment_memory as rmemory
 from memjax.methods.recurrent import relative
 
 

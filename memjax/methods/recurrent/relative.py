@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from memjax.models import attention as attention_lib
 from memjax.models import multihead
-from memjax.methods.recurrent import memory as rmemory
+from memjax.methods.recurrent import segment_memory as rmemory
 
 POSITION_SCHEMES: tuple[str, ...] = ("xl", "disentangled")
 

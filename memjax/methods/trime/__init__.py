@@ -12,7 +12,7 @@
 from memjax import extend
 from memjax.data import batchers
 from memjax.methods.trime import config
-from memjax.methods.trime import memory
+from memjax.methods.trime import in_batch
 from memjax.methods.trime import mt
 from memjax.methods.trime import objective
 from memjax.methods.trime import packing
@@ -25,7 +25,7 @@ METHOD = extend.Method(
         "trime_mt": mt.make_trime_mt_loss,
     },
     checks=(objective.check_trime_settings,),
-    eval_memories={"trime": memory.TrimeMemory()},
+    eval_memories={"trime": in_batch.TrimeMemory()},
     batchers={
         "blocks": extend.Batcher(packing.blocks_batcher, packing.block_shapes),
         "bm25": extend.Batcher(packing.bm25_batcher, batchers.segment_shapes),

@@ -57,7 +57,7 @@ from memjax.io import console
 from memjax.io import paths
 from memjax.methods.trime import bm25
 from memjax.methods.trime import config as trime_config
-from memjax.methods.trime import memory as trime
+from memjax.methods.trime import in_batch as trime
 from memjax.tasks import config as task_config
 
 Array = jax.Array

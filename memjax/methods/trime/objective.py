@@ -3,7 +3,7 @@
 Declared as the objective 'trime' (``loss.name``) with the check
 ``check_trime_batching`` (``memjax/methods/trime/__init__.py``); its
 settings are ``config.TrimeLoss``. The loss maths are in
-``memjax/methods/trime/memory.py``; the visibility rules of the memories in
+``memjax/methods/trime/in_batch.py``; the visibility rules of the memories in
 ``memjax/memory/visibility.py``.
 """
 
@@ -19,7 +19,7 @@ from memjax import losses
 from memjax import settings as settings_lib
 from memjax.memory import visibility
 from memjax.methods.trime import config
-from memjax.methods.trime import memory as trime
+from memjax.methods.trime import in_batch as trime
 from memjax.models import transformer
 
 LossFn = losses.LossFn

@@ -14,7 +14,7 @@ from memjax import build
 from memjax import errors
 from memjax.memory import datastore as ds_lib
 from memjax.methods.external import modes as external_modes
-from memjax.modes import memory as memory_modes
+from memjax.modes import memory_eval as memory_modes
 from memjax.run import restore
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from memjax.methods.recurrent import lamemo
-from memjax.methods.recurrent import memory as rmemory
+from memjax.methods.recurrent import segment_memory as rmemory
 from memjax.methods.recurrent import relative
 from tests.models import reference
 from tests.models.helpers import apply as _apply

@@ -19,7 +19,7 @@ import pytest
 from memjax import catalog
 from memjax import sharding as sharding_lib
 from memjax.models import recurrence
-from memjax.methods.recurrent import memory as rmemory
+from memjax.methods.recurrent import segment_memory as rmemory
 from memjax.models import transformer
 
 V, B, T, M, S = 50, 8, 4, 6, 3

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax.methods.recurrent import memory as rmemory
+from memjax.methods.recurrent import segment_memory as rmemory
 from memjax.methods.recurrent import relative
 from tests.models import reference
 from tests.models.helpers import apply, normal, random_params

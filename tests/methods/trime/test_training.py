@@ -16,7 +16,7 @@ from memjax.methods.trime import objective
 from memjax import sharding as sharding_lib
 from memjax.run import state as state_lib
 from memjax.run import step as train_step
-from memjax.methods.trime import memory as trime
+from memjax.methods.trime import in_batch as trime
 from memjax.models import transformer
 from tests.methods.trime import test_memory
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax.methods.cache import memory as cache
+from memjax.methods.cache import continuous_cache as cache
 from memjax.memory.visibility import MemorySpec
 
 cache_log_prob = jax.jit(cache.cache_log_prob, static_argnames=("block_size",))

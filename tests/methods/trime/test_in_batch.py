@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from memjax.memory import visibility
-from memjax.methods.trime import memory as trime
-from memjax.methods.trime.memory import MemorySpec
+from memjax.methods.trime import in_batch as trime
+from memjax.methods.trime.in_batch import MemorySpec
 
 # ---------------------------------------------------------------------------
 # Reference: explicit loops in float64, straight from the paper.
