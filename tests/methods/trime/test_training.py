@@ -18,7 +18,7 @@ from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from memjax.methods.trime import in_batch as trime
 from memjax.models import transformer
-from tests.methods.trime import test_memory
+from tests.methods.trime import test_in_batch
 
 
 def _model():
@@ -178,7 +178,7 @@ def test_warmup_uses_the_plain_loss_then_trime(memory):
   assert float(late) == pytest.approx(float(direct), rel=1e-6)
   # Eq. 5 by explicit float64 loops: a lane's rows are its segments in
   # row order; TRIMELM_ext hides the local memory when the draw says so.
-  ref = test_memory.ref_log_prob(
+  ref = test_in_batch.ref_log_prob(
       out.features, out.target_logprob, out.log_z, np.asarray(batch["targets"]),
       np.asarray(w), memory, doc_id=[0, 0, 1, 1], seg=[0, 1, 2, 3],
       hide_local=bool(objective.hide_local_draw(0, jnp.int32(10), 0.9)),
