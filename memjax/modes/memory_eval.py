@@ -44,11 +44,10 @@ from memjax.run import restore
 from memjax.run import spec
 
 Grid = grid_lib.Grid
-Loaded = restore.Loaded
 
 
 def score_split(
-    loaded: Loaded,
+    loaded: restore.Restored,
     split: str,
     grid: Grid,
     keep_tokens: bool = False,
@@ -60,7 +59,7 @@ def score_split(
   scoring = loaded.scoring()
   scorer = memory_grid.MemoryScorer(scoring, grid, workdir=loaded.workdir)
   return scorer.score_grid(
-      loaded.params,
+      loaded.variables,
       loaded.splits[split],
       max_items=int(scoring.eval.max_windows),
       keep_tokens=keep_tokens,
@@ -98,7 +97,7 @@ def memeval(run: spec.Run) -> dict[str, Any]:
       "mode": "memeval",
       "kind": em["kind"],
       "metric": loaded.unit,
-      "checkpoint": loaded.source,
+      "checkpoint": loaded.path,
       "step": loaded.step,
   }
   lines = []
@@ -157,7 +156,7 @@ def tune(run: spec.Run) -> dict[str, Any]:
       "mode": "tune",
       "kind": kind,
       "metric": unit,
-      "checkpoint": loaded.source,
+      "checkpoint": loaded.path,
       "step": loaded.step,
       "best": setting,
       "valid": {"plain": valid["plain"], "memory": best},
@@ -225,7 +224,7 @@ def memsweep(run: spec.Run) -> dict[str, Any]:
       rows.append(
           {
               "kind": kind,
-              "checkpoint": loaded.source,
+              "checkpoint": loaded.path,
               **best,
               "plain_" + loaded.unit: r["plain"][loaded.unit],
           }
@@ -323,7 +322,7 @@ def buckets(run: spec.Run) -> dict[str, Any]:
       "metric": "ppl",
       "counts_from": em["bucket_counts"],
       "edges": list(edges),
-      "checkpoint": loaded.source,
+      "checkpoint": loaded.path,
       "step": loaded.step,
       "name": name,
       "rows": table,

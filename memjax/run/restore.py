@@ -57,6 +57,10 @@ class Restored(state_lib.WithVariables):
     kind: 'run' or 'export'.
     opt_state: the optimiser state (runs, when asked for), else None.
     model_state: the model's state collections (``TrainState``), or None.
+    splits: {split: [N] tokens} an evaluation mode read (``load_splits``),
+      else {}.
+    train_tokens: the training split's tokens, when a mode read them.
+    workdir: where an evaluation mode writes its results ('' otherwise).
   """
 
   run: spec.Run
@@ -70,6 +74,9 @@ class Restored(state_lib.WithVariables):
   kind: str
   opt_state: Any = None
   model_state: Any = None
+  splits: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  train_tokens: Optional[np.ndarray] = None
+  workdir: str = ""
 
   @property
   def settings(self) -> Any:
@@ -411,71 +418,15 @@ def restore_source(run: spec.Run, step: Optional[int] = None) -> Restored:
   return restore(run, runfiles.find(paths.resolve(run.source())), step=step)
 
 
-@dataclasses.dataclass
-class Loaded:
-  """A model restored for evaluation, with the token streams it scores.
-
-  Attributes:
-    restored: the run or export restored.
-    splits: {split: [N] tokens}.
-    train_tokens: the training split's tokens, or None.
-    workdir: where the mode writes its results.
-  """
-
-  restored: Restored
-  splits: dict[str, np.ndarray]
-  train_tokens: Optional[np.ndarray] = None
-  workdir: str = ""
-
-  @property
-  def params(self) -> Any:
-    """What the scorers take: the parameters, or with the model state a
-    variables dict."""
-    return self.restored.variables
-
-  @property
-  def settings(self) -> Any:
-    return self.restored.settings
-
-  @property
-  def model(self) -> Any:
-    return self.restored.model
-
-  @property
-  def mesh(self) -> Mesh:
-    return self.restored.mesh
-
-  @property
-  def unit(self) -> str:
-    return self.restored.unit
-
-  @property
-  def step(self) -> int:
-    return self.restored.step
-
-  @property
-  def vocab_size(self) -> int:
-    return self.restored.vocab_size
-
-  @property
-  def source(self) -> str:
-    """The run or export the parameters come from."""
-    return self.restored.path
-
-  def scoring(self) -> Any:
-    """What a scorer needs (``Restored.scoring``)."""
-    return self.restored.scoring()
-
-
 def load_splits(
     run: spec.Run,
     splits: tuple[str, ...] = ("valid", "test"),
     train: bool = False,
     source: Optional[str] = None,
-) -> Loaded:
+) -> Restored:
   """Restores ``source`` (default ``Run.source``) with the run's settings
-  and reads the splits (and the training split when ``train``); the
-  training batcher is never built.
+  and reads the splits (and the training split when ``train``) into it;
+  the training batcher is never built.
 
   Raises:
     errors.MissingRunError: nothing to evaluate.
@@ -491,9 +442,9 @@ def load_splits(
   console.info(
       "evaluating %s step %d with memories", restored.path, restored.step
   )
-  return Loaded(
+  return dataclasses.replace(
       restored,
-      {x: corpus.splits[x].tokens for x in splits},
-      corpus.train.tokens if train else None,
-      run.workdir,
+      splits={x: corpus.splits[x].tokens for x in splits},
+      train_tokens=corpus.train.tokens if train else None,
+      workdir=run.workdir,
   )

@@ -89,7 +89,7 @@ def datastore(run: spec.Run) -> dict:
   ds_lib.check_build_dir(path, build)
   start = time.time()
   store = ds_lib.build(
-      loaded.model, loaded.params, tokens, build, path, mesh=loaded.mesh,
+      loaded.model, loaded.variables, tokens, build, path, mesh=loaded.mesh,
       process_index=share[0], process_count=share[1],
   )  # fmt: skip
   elapsed = time.time() - start
@@ -117,7 +117,7 @@ def datastore(run: spec.Run) -> dict:
 
 def _load_store(
     run: spec.Run, splits: Sequence[str] = ()
-) -> tuple[restore.Loaded, ds_lib.Datastore]:
+) -> tuple[restore.Restored, ds_lib.Datastore]:
   loaded = restore.load_splits(run, splits=tuple(splits))
   scoring = loaded.scoring()
   store = ds_lib.open_datastore(
@@ -157,7 +157,7 @@ def index(run: spec.Run) -> dict:
 
 
 def held_out_queries(
-    loaded: restore.Loaded, split: str, count: int, with_targets: bool = False
+    loaded: restore.Restored, split: str, count: int, with_targets: bool = False
 ) -> Any:
   """g of the first ``count`` scored predictions of ``split`` [Q, D] (and
   their next tokens [Q] with ``with_targets``)."""
@@ -172,7 +172,7 @@ def held_out_queries(
       -(-int(c.eval_memory.batch_size) // dp) * dp,
   ):  # fmt: skip
     g, tgt, pos = jax.device_get(
-        fn(loaded.params, sharding_lib.put_global_batch(batch, loaded.mesh))
+        fn(loaded.variables, sharding_lib.put_global_batch(batch, loaded.mesh))
     )
     ok = pos.reshape(-1) >= 0
     out.append(g.reshape(-1, g.shape[-1])[ok].astype(np.float32))
