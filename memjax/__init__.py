@@ -14,48 +14,27 @@ functions import the heavy modules on first use.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
+
+# The API, imported on first use (``import memjax`` stays light): each name
+# is the function itself, no layer in between.
+_LAZY = {
+    "load": "memjax.api",
+    "export": "memjax.api",
+    "train": "memjax.api",
+    "run_mode": "memjax.build",
+}
 
 
-def load(
-    path: str, step: Optional[int] = None, *, mesh: Optional[dict] = None
-) -> Any:
-  """Restores a training workdir or an export as the object of its kind.
+def __getattr__(name: str) -> Any:
+  """``memjax.load``, ``export``, ``train`` (``memjax.api``) and
+  ``run_mode`` (``memjax.build``), imported when first read."""
+  if name not in _LAZY:
+    raise AttributeError(f"module 'memjax' has no attribute {name!r}")
+  import importlib  # pylint: disable=g-import-not-at-top
 
-  Args:
-    path: a workdir (``config.json`` + ``checkpoints/``) or an export; a
-      local path or a URL (``gs://...``).
-    step: the checkpoint step of a workdir (None = the parameters the run's
-      task chose: the latest readable, or for a classification run those of
-      its best dev accuracy). A step that is not there is one error listing
-      the steps that are.
-    mesh: mesh axis sizes, e.g. {'data': 8} (default: all devices, data).
-
-  Returns:
-    A ``LanguageModel``, ``Translator``, ``MaskedLM`` or ``Classifier``
-    (``memjax.api``).
-  """
-  from memjax import api  # pylint: disable=g-import-not-at-top
-
-  return api.load(path, step, mesh=mesh)
+  return getattr(importlib.import_module(_LAZY[name]), name)
 
 
-def export(path: str, out_dir: Any = None, **kwargs) -> str:
-  """``memjax.api.export``: writes a self-contained params-only export."""
-  from memjax import api  # pylint: disable=g-import-not-at-top
-
-  return api.export(path, out_dir, **kwargs)
-
-
-def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
-  """``memjax.api.run_mode``: runs ``--mode=name`` in this process."""
-  from memjax import api  # pylint: disable=g-import-not-at-top
-
-  return api.run_mode(name, config, workdir)
-
-
-def train(config: Any, workdir: str) -> dict[str, Any]:
-  """``memjax.api.train``: trains as ``--mode=train`` does."""
-  from memjax import api  # pylint: disable=g-import-not-at-top
-
-  return api.train(config, workdir)
+def __dir__() -> list[str]:
+  return sorted(list(globals()) + list(_LAZY))

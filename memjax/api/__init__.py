@@ -47,7 +47,6 @@ __all__ = [
     "export",
     "load",
     "memory_setting",
-    "run_mode",
     "train",
 ]
 
@@ -110,22 +109,3 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
       anything is written.
   """
   return build.run_mode("train", config, workdir)
-
-
-def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
-  """Runs ``--mode=name`` in this process, as ``memjax.main`` runs it.
-
-  Args:
-    name: a mode (``--mode=list`` shows them).
-    config: the config the mode reads (e.g. ``train.init_from`` naming the
-      run to evaluate).
-    workdir: where the mode reads the run and writes its results.
-
-  Returns:
-    The mode's results dict.
-
-  Raises:
-    errors.UserError: an unknown mode, a run of a kind the mode does not
-      take, or other bad input (one line naming what to fix).
-  """
-  return build.run_mode(name, config, workdir)

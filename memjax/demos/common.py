@@ -285,14 +285,6 @@ def train(config: Any, run_dir: str) -> dict[str, Any]:
   return results
 
 
-def run_mode(name: str, config: Any, workdir: str) -> dict[str, Any]:
-  """``memjax.run_mode``: runs ``--mode=name`` on ``config`` in
-  ``workdir`` (memjax is imported on first use)."""
-  from memjax import api  # pylint: disable=g-import-not-at-top
-
-  return api.run_mode(name, config, workdir)
-
-
 def machine() -> str:
   """The machine line of a table: architecture, cores, accelerator, jax."""
   import platform

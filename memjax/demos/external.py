@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from absl import flags
 
+import memjax
 from memjax.demos import common
 from memjax.demos import external_rows
 
@@ -94,14 +95,14 @@ def _build(stages: common.Stages, c: Any, row: common.Row) -> dict:
     # The packing stage keeps its files beside the run (<run>_pack/); the
     # BM25 order itself lands in the data cache, where training reads it.
     packed = common.Stages(f"{run}_pack")
-    packed("pack", lambda: common.run_mode("pack", c, packed.run_dir))
+    packed("pack", lambda: memjax.run_mode("pack", c, packed.run_dir))
     stages.times.update(packed.times)
   print(f"== {row.variant}: train {c.train.num_steps} steps", flush=True)
   trained = stages("train", lambda: common.train(c, run))
   print(f"== {row.variant}: datastore of the training split", flush=True)
-  store = stages("datastore", lambda: common.run_mode("datastore", c, run))
+  store = stages("datastore", lambda: memjax.run_mode("datastore", c, run))
   c.eval_memory.kind = row.options["kind"]
-  stages("index", lambda: common.run_mode("index", c, run))
+  stages("index", lambda: memjax.run_mode("index", c, run))
   return {
       "method": row.variant,
       "kind": row.options["kind"],
@@ -142,7 +143,7 @@ def _prepare(
 
   def tune(stage: str) -> dict:
     name = external_rows.stage_name(stage, c.eval_memory.to_dict())
-    return stages(name, lambda: common.run_mode("tune", c, stages.run_dir))
+    return stages(name, lambda: memjax.run_mode("tune", c, stages.run_dir))
 
   return c, stages, tune
 
@@ -173,7 +174,7 @@ def run_model(
     print(f"== {row.key}: tune {kind} with ScaNN", flush=True)
     out["scann"] = tune("tune_scann")
     return out
-  out["recall"] = stages("recall", lambda: common.run_mode("recall", c, run))
+  out["recall"] = stages("recall", lambda: memjax.run_mode("recall", c, run))
   if method == "trime_ext":
     out["local_long"] = _local_long(c, tune, "tune_trime", method)
   print(f"== {method}: tune {kind} with ScaNN", flush=True)
@@ -205,9 +206,9 @@ def run_domain(
   c.datastore.corpus = "iwslt_en"
   print(f"== {method}: datastore of iwslt_en's training part", flush=True)
   out["datastore"] = stages(
-      "domain_datastore", lambda: common.run_mode("datastore", c, run)
+      "domain_datastore", lambda: memjax.run_mode("datastore", c, run)
   )
-  stages("domain_index", lambda: common.run_mode("index", c, run))
+  stages("domain_index", lambda: memjax.run_mode("index", c, run))
   print(f"== {method} on iwslt_en: {kind}, iwslt_en datastore", flush=True)
   out["own"] = tune("domain_own")
   return out

@@ -30,6 +30,7 @@ from typing import Any
 
 from absl import flags
 
+import memjax
 from memjax.io import paths
 from memjax.demos import common
 
@@ -104,7 +105,7 @@ def extrapolate(out_dir, recurrent, configs, unit) -> None:
 
   curves, csv_rows = {}, []
   for key, name in recurrent:
-    res = common.run_mode("extrapolate", configs[key], paths.join(out_dir, key))
+    res = memjax.run_mode("extrapolate", configs[key], paths.join(out_dir, key))
     curves[name] = res["rows"]
     csv_rows += [{"model": name, **r} for r in res["rows"]]
   extrapolate.write_csv(paths.join(out_dir, "extrapolation.csv"), csv_rows)
@@ -143,7 +144,7 @@ def analyze(out_dir, recurrent, configs) -> None:
 
   dist = {}
   for key, name in recurrent:
-    summary = common.run_mode("analyze", configs[key], paths.join(out_dir, key))
+    summary = memjax.run_mode("analyze", configs[key], paths.join(out_dir, key))
     dist[name] = np.nanmean(
         paths.np_load(paths.join(out_dir, key, "attention_by_distance.npy")),
         axis=0,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import memjax
 from memjax.io import paths
 from memjax.demos import common
 from memjax.demos import marge_rows
@@ -54,10 +55,10 @@ def _knn_memory(cfg: Any, run: str) -> None:
   name = f"datastore-{other}" if other else "datastore"
   path = cfg.eval_memory.datastore or paths.join(run, name)
   if not paths.exists(paths.join(path, "manifest.json")):
-    common.run_mode("datastore", cfg, run)
+    memjax.run_mode("datastore", cfg, run)
   kind = catalog.parts().eval_memories.get(cfg.eval_memory.kind)
   if not paths.isdir(search.index_dir(path, kind.external_metric)):
-    common.run_mode("index", cfg, run)
+    memjax.run_mode("index", cfg, run)
 
 
 def _row(workdir: str, name: str) -> dict:
@@ -71,13 +72,13 @@ def _row(workdir: str, name: str) -> dict:
     _knn_memory(cfg, run)
   pos = common.once(
       paths.join(run, "position_loss.json"),
-      lambda: common.run_mode("position_loss", cfg, run),
+      lambda: memjax.run_mode("position_loss", cfg, run),
   )
   row = marge_rows.make_row(name, cfg, res, pos)
   if name == "marge":
     row["marge_eval"] = common.once(
         paths.join(run, "marge_eval.json"),
-        lambda: common.run_mode("marge_eval", cfg, run),
+        lambda: memjax.run_mode("marge_eval", cfg, run),
     )[SPLIT]
   return row
 

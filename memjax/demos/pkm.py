@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import memjax
 from memjax.io import paths
 from memjax.demos import common
 
@@ -53,7 +54,7 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
   if cfg.model.feed_forward != "ffn":
     usage = common.once(
         paths.join(run, "memory_usage.json"),
-        lambda: common.run_mode("memory_usage", cfg, run),
+        lambda: memjax.run_mode("memory_usage", cfg, run),
     )
     res["usage"] = usage["layers"]
   res.update(row=row.label, key=row.key)

@@ -24,6 +24,7 @@ from typing import Any
 
 from absl import flags
 
+import memjax
 from memjax.io import paths
 from memjax.demos import common
 
@@ -76,10 +77,10 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   config.translation.split = "test"
   config.translation.eval_max_sentences = int(test_sentences)
   tic = time.time()
-  built = common.run_mode("mt_datastore", config, workdir)
+  built = memjax.run_mode("mt_datastore", config, workdir)
   times["datastore_and_index"] = time.time() - tic
   tic = time.time()
-  tuned = common.run_mode("mt_tune", config, workdir)
+  tuned = memjax.run_mode("mt_tune", config, workdir)
   times["tune"] = time.time() - tic
   restored = build.load(workdir, config=config)
   s = restored.settings
@@ -90,7 +91,7 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   )  # fmt: skip
   plain = parts.score_split(tr, test, int(test_sentences), "test, no memory")
   tic = time.time()
-  with_memory = common.run_mode("mt_translate", config, workdir)
+  with_memory = memjax.run_mode("mt_translate", config, workdir)
   times["memory_decoding"] = time.time() - tic
   return {
       "config": config.name,

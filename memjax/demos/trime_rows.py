@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import memjax
 from memjax.io import paths
 from memjax.demos import common
 
@@ -134,7 +135,7 @@ def run_row(demo: common.Demo, row: common.Row, steps: int | None) -> dict:
         f"(N in {tuple(em.long_mem_grid) or (em.long_mem_tokens,)})",
         flush=True,
     )
-    tuned = common.run_mode("tune", cfg, row_dir)
+    tuned = memjax.run_mode("tune", cfg, row_dir)
     res.update(
         valid=tuned["valid"]["memory"],
         test=tuned["test"]["memory"],

@@ -35,3 +35,16 @@ def test_memeval_in_process_reads_the_run_named_by_init_from(
   assert os.path.isfile(tmp_path / "memeval" / "memeval.json")
   valid = out["valid"]
   assert valid["memory"]["tokens"] == valid["plain"]["tokens"] > 0
+
+
+def test_the_package_names_are_the_functions_themselves():
+  """One run_mode, one load: no layer that only hands on."""
+  from memjax import api  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
+
+  assert memjax.run_mode is build.run_mode
+  assert memjax.load is api.load and memjax.train is api.train
+  assert memjax.export is api.export
+  assert {"load", "export", "train", "run_mode"} <= set(dir(memjax))
+  with pytest.raises(AttributeError, match="no attribute 'nope'"):
+    memjax.nope  # pylint: disable=pointless-statement

@@ -4,6 +4,7 @@ and the table (no training: the tuning is replaced by a stand-in)."""
 
 import json
 
+import memjax
 from memjax import build
 from memjax import catalog
 from memjax.demos import common
@@ -84,7 +85,9 @@ def test_a_cache_row_is_tuned_again_not_read_back(tmp_path, monkeypatch):
     n = max(em.long_mem_grid)
     return _tuned(n, 0.05, 0.2, 189.99) if n == 0 else _tuned(n, 0.2, 0.4, 1.0)
 
-  monkeypatch.setattr(common, "run_mode", fake_run_mode)
+  # memjax.run_mode is resolved on first read (memjax.__getattr__): set here
+  # in the module's namespace, and taken away again after the test.
+  monkeypatch.setattr(memjax, "run_mode", fake_run_mode, raising=False)
   rows = {r.label: r for r in trime_rows.ROWS}
   cache = trime_rows.run_row(demo, rows["vanilla + continuous cache"], None)
   assert calls == [("cache", (0,), str(tmp_path / "vanilla"))]
