@@ -86,7 +86,7 @@ def _model(args, config):
   from memjax.run import state as state_lib
 
   if args.workdir:
-    r = build.load(args.workdir, config=config)
+    r = build.restore(args.workdir, config=config)
     return r.model, r.params, r.vocab
   t = config.translation
   cache = tempfile.mkdtemp(prefix="decoding_bench_")

@@ -48,7 +48,7 @@ def main() -> None:
   from memjax.tasks import config as task_config
   from memjax.tasks.translation import parts
 
-  restored = build.load(args.workdir, config=config)
+  restored = build.restore(args.workdir, config=config)
   s = restored.settings
   kind = config.translation.memory.kind
   store = mt_datastore.open_store(

@@ -2,7 +2,7 @@
 
     run = build.build(config, workdir)          # a memjax.run.spec.Run
     results = build.run_mode("tune", config, workdir)
-    restored = build.load("runs/demo/trimelm")  # a run or an export
+    restored = build.restore("runs/demo/trimelm")  # a run or an export
 
 ``build`` reads the ConfigDict once into typed settings
 (``memjax.settings``), looks up the parts they name in the engine's and
@@ -12,7 +12,7 @@ methods' checks), binds the task to the settings and makes the mesh.
 ``run_mode`` is what ``python -m memjax.main`` and ``memjax.run_mode``
 both call: the workdir checked once, the config resolved (the one given,
 else the one the workdir saved), the mode's run kind checked, then the
-mode run on the built run. ``load`` restores a saved run or export from
+mode run on the built run. ``restore`` restores a saved run or export from
 its directory alone, reading its config once.
 """
 
@@ -285,7 +285,7 @@ def run_mode(
     return mode.run(run)
 
 
-def load(
+def restore(
     path: str,
     step: Optional[int] = None,
     *,

@@ -264,11 +264,11 @@ def test_load_with_a_config_of_another_model_is_refused(smoke_workdir):
   config = trime_wt103.get_config("smoke")
   config.model.d_model = 48
   with pytest.raises(errors.CheckpointMismatchError, match="d_model"):
-    build.load(smoke_workdir, config=config)
+    build.restore(smoke_workdir, config=config)
   # Another runtime key is taken: the same model evaluated in bfloat16.
   config = trime_wt103.get_config("smoke")
   config.model.dtype = "bfloat16"
-  restored = build.load(smoke_workdir, config=config)
+  restored = build.restore(smoke_workdir, config=config)
   assert restored.settings.model.dtype == "bfloat16" and restored.step == 20
 
 

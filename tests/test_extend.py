@@ -89,7 +89,7 @@ def test_the_documented_method_trains_restores_and_runs_its_mode(toy, tmp_path):
   assert penalty and all(np.isfinite(p) and p > 0 for p in penalty)
   # The run restores from its directory alone, with the kind's own
   # parameters built with its options and the method's section read back.
-  restored = build.load(workdir)
+  restored = build.restore(workdir)
   ffn = restored.params["layer_0"]["ffn"]
   assert set(ffn) == {"wi_gate", "wi", "wo"}
   assert ffn["wi_gate"]["kernel"].shape == (32, 48)

@@ -262,10 +262,10 @@ def test_the_mode_runs_on_its_kind_and_writes_what_it_declares(
   if mode == "train":  # The new checkpoint restores, one step on.
     with open(os.path.join(workdir, "config.json")) as f:
       steps = json.load(f)["train"]["num_steps"]
-    assert build.load(workdir).step == steps
+    assert build.restore(workdir).step == steps
   elif mode == "export":  # The export restores on its own; said once.
     assert proc.stdout.count("exported step") == 1, proc.stdout
-    assert build.load(os.path.join(workdir, "export")).params
+    assert build.restore(os.path.join(workdir, "export")).params
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))

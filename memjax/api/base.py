@@ -59,7 +59,9 @@ def export(
     errors.ConfigError: a bad dtype, or ``out_dir`` exists.
   """
   out_dir = paths.resolve(out_dir or paths.join(path, "export"))
-  restored = build.load(path, step, mesh={"data": -1, "fsdp": 1, "tensor": 1})
+  restored = build.restore(
+      path, step, mesh={"data": -1, "fsdp": 1, "tensor": 1}
+  )
   out = restore.export(restored, out_dir, dtype=dtype)
   tuned = paths.join(path, "tune.json")
   if paths.isfile(tuned):

@@ -77,7 +77,7 @@ def _scores(config: Any, workdir: str, trained: dict) -> tuple[dict, dict, int]:
   from memjax.tasks.translation import bleu
   from memjax.tasks.translation import parts
 
-  restored = build.load(workdir, config=config)
+  restored = build.restore(workdir, config=config)
   s = restored.settings
   tr = parts.make_translator(
       s.of(task_config.Translation), restored.model, restored.variables,

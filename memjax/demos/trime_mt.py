@@ -82,7 +82,7 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   tic = time.time()
   tuned = memjax.run_mode("mt_tune", config, workdir)
   times["tune"] = time.time() - tic
-  restored = build.load(workdir, config=config)
+  restored = build.restore(workdir, config=config)
   s = restored.settings
   test = parts.read_split(s, "test", paths.join(workdir, "spm.model"), workdir)
   tr = parts.make_translator(

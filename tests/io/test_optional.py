@@ -61,7 +61,7 @@ _SCRIPT = textwrap.dedent("""
       res = memjax.train(config, workdir)  # ... it resumes.
       ev = evaluation.evaluate_run(build.build(config, workdir))
       exported = api.export(workdir, workdir + "_export")
-      restored = build.load(exported)
+      restored = build.restore(exported)
       out[family] = {"step": int(res["step"]), "eval": ev,
                      "num_params": int(res["num_params"]),
                      "vocab": type(restored.vocab).__name__}

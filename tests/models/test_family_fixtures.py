@@ -61,8 +61,8 @@ def test_run_and_export_restore_with_the_same_outputs(family):
   root = os.path.join(FIXTURES, "families", family)
   batch = dict(np.load(os.path.join(root, "batch.npz")))
   want = dict(np.load(os.path.join(root, "outputs.npz")))
-  run = build.load(os.path.join(root, "run"))
-  export = build.load(os.path.join(root, "export"))
+  run = build.restore(os.path.join(root, "run"))
+  export = build.restore(os.path.join(root, "export"))
   assert (run.kind, export.kind) == ("run", "export")
   # Run eagerly, as the fixtures were written: the outputs agree to the
   # last bits of float32 (a jitted program may fuse differently). The suite
@@ -86,7 +86,7 @@ def test_optimizer_state_restores(family):
   memory values) restores into today's optimiser, leaf by leaf, under
   today's sub-layer names."""
   root = os.path.join(FIXTURES, "families", family)
-  restored = build.load(os.path.join(root, "run"), with_optimizer=True)
+  restored = build.restore(os.path.join(root, "run"), with_optimizer=True)
   assert restored.step == 2
   saved = dict(np.load(os.path.join(root, "opt_state.npz")))
   renames = _renames(family, root)

@@ -77,14 +77,14 @@ def bert_runs(tmp_path_factory):
 def test_the_query_batchnorm_trains_and_resumes_bit_identically(bert_runs):
   straight, parts, states, _ = bert_runs
   assert (
-      build.load(straight).settings.model.feed_forward_options["query_norm"]
+      build.restore(straight).settings.model.feed_forward_options["query_norm"]
       == "batch"
   )
   # Every update moves the running statistics.
   seen = [_norm(states[s])["mean"] for s in (1, 2, 3, 4)]
   for a, b in zip(seen, seen[1:]):
     assert np.abs(a - b).max() > 0
-  a, b = build.load(straight), build.load(parts)
+  a, b = build.restore(straight), build.restore(parts)
   assert a.step == b.step == 4
   for x, y in ((a.params, b.params), (a.model_state, b.model_state)):
     jax.tree.map(np.testing.assert_array_equal, x, y)
@@ -93,7 +93,7 @@ def test_the_query_batchnorm_trains_and_resumes_bit_identically(bert_runs):
 
 def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   straight, _, states, results = bert_runs
-  restored = build.load(straight)
+  restored = build.restore(straight)
   before = _norm(restored.model_state)
   # The final evaluation ran after step 4 and the checkpoint kept step 4's.
   np.testing.assert_array_equal(before["mean"], _norm(states[4])["mean"])
@@ -119,7 +119,7 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   assert results["valid"]  # the final evaluation ran with them
   # Exported and loaded: the same statistics and scores.
   out = restore_lib.export(restored, str(tmp_path / "export"))
-  loaded = build.load(out)
+  loaded = build.restore(out)
   assert loaded.kind == "export"
   jax.tree.map(
       np.testing.assert_array_equal, loaded.model_state, restored.model_state
@@ -139,7 +139,7 @@ def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
     bert_runs, tmp_path
 ):
   straight, _, _, _ = bert_runs
-  restored = build.load(straight)
+  restored = build.restore(straight)
   out = restore_lib.export(restored, str(tmp_path / "export"))
   run = restored.run
   model = run.model(restored.vocab_size)
@@ -183,6 +183,6 @@ def test_the_leak_switch_trains_a_causal_model_with_batch_stats(tmp_path):
   config.eval.max_windows = 4
   config.eval.splits = ("valid",)
   memjax.train(config, str(tmp_path / "run"))
-  restored = build.load(str(tmp_path / "run"))
+  restored = build.restore(str(tmp_path / "run"))
   stats_ = jax.tree.leaves(restored.model_state)
   assert stats_ and any(np.abs(np.asarray(x)).max() > 0 for x in stats_)

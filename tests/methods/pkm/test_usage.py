@@ -112,7 +112,7 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
 def _sown_sums(run, step, windows):
   """{layer: {'reads', 'top1', 'weights'} [K] float64} that the model at
   ``step`` sows over ``windows`` [N, T] in one batch."""
-  r = build.load(run, step=step, mesh={"data": 1})
+  r = build.restore(run, step=step, mesh={"data": 1})
   _, sown = r.model.apply(
       {"params": r.params}, windows, None, True,
       method=r.model.forward, mutable=["pkm_usage"],

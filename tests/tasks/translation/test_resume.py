@@ -68,7 +68,7 @@ def _greedy_by_teacher_forcing(model, params, sources, t) -> list[list[int]]:
 def test_periodic_evaluation_scores_the_first_sentences(run, mt_smoke_config):
   workdir, data = run
   config = mt_smoke_config(data, beam_size=1)
-  restored = build.load(workdir, config=config)
+  restored = build.restore(workdir, config=config)
   task = restored.run.task
   corpus = task.load(workdir, train=False)
   evaluator = task.evaluator(restored.run, restored.model, corpus)
