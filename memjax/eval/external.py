@@ -17,7 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -134,35 +134,37 @@ class ExternalSearch:
 
 
 def run_stream(
+    scorer: Any,
     step: Any,
-    model: Any,
     params: Any,
     tokens: np.ndarray,
-    memory: evaluation.EvalMemory,
-    settings: evaluation.AxisValues,
-    external: ExternalSearch,
     *,
-    window_len: int,
-    score_len: int,
-    batch_size: int,
-    mesh: Any,
     keep_tokens: bool,
     desc: str,
-    compiled: Optional[dict[Any, Any]] = None,
 ) -> tuple[list[dict[str, Any]], float]:
   """Scores a stream with an external memory: the per-batch sums of
-  ``memory_grid.MemoryScorer.score_grid`` for the kind ``memory`` at
-  ``settings``, and the start time (``compiled``: keeps the jitted
-  functions of ``step`` between calls, as there)."""
+  ``memory_grid.MemoryScorer.score_grid`` for its grid's kind and
+  settings, and the start time.
+
+  Args:
+    scorer: the ``memory_grid.MemoryScorer`` (its model, mesh, windows,
+      batch size, grid, external memory, and the jitted functions it keeps
+      between calls).
+    step: its evaluation step (``memory_step.make_eval_step``).
+    params: the parameters.
+    tokens: [N] the token stream.
+    keep_tokens: also keep per-prediction log-probabilities.
+    desc: name for the progress lines.
+  """
+  model, mesh, external = scorer.model, scorer.mesh, scorer.external
   key = ("external", id(step))  # step is kept alive by the scorer's entry
-  if compiled is None or key not in compiled:
-    fns = (
+  if key not in scorer.compiled:
+    memory, settings = scorer.grid.memory, scorer.grid.values()
+    scorer.compiled[key] = (
         sharding_lib.jit(step, mesh, donate_argnums=(1,)),
         jax.jit(make_combine_fn(memory, settings, model.d_model)),
     )
-    if compiled is not None:
-      compiled[key] = fns
-  dev, combine = compiled[key] if compiled is not None else fns
+  dev, combine = scorer.compiled[key]
 
   def finish(out, fut) -> dict[str, Any]:
     scores, values = fut.result() if hasattr(fut, "result") else fut
@@ -177,7 +179,7 @@ def run_stream(
   start, last = time.time(), time.time()
   fetched, prev = [], None
   batches = windows.memory_eval_batches(
-      tokens, window_len, score_len, batch_size
+      tokens, scorer.window_len, scorer.score_len, scorer.batch_size
   )
   try:
     for i, batch in enumerate(batches):

@@ -99,7 +99,7 @@ class MemoryScorer(rows.Scorer):
     (params, bank, batch) -> (bank, sums); the sums are unused for a kind
     with an external memory (``external.run_stream`` jits the step)."""
     key = ("grid", keep_tokens)
-    if key not in self._compiled:
+    if key not in self.compiled:
       step = memory_step.make_eval_step(
           self.model, window_len=self.window_len, score_len=self.score_len,
           kind=self.grid.kind, memory=self.grid.memory,
@@ -112,8 +112,8 @@ class MemoryScorer(rows.Scorer):
           self.mesh,
           donate_argnums=(1,),
       )
-      self._compiled[key] = (step, fn)
-    return self._compiled[key]
+      self.compiled[key] = (step, fn)
+    return self.compiled[key]
 
   def score_grid(
       self,
@@ -150,11 +150,8 @@ class MemoryScorer(rows.Scorer):
             f"{self.grid.kind} evaluation needs a datastore"
         )
       fetched, start = external_lib.run_stream(
-          step, self.model, params, tokens, memory, self.grid.values(),
-          self.external, window_len=t, score_len=s,
-          batch_size=self.batch_size, mesh=self.mesh, keep_tokens=keep_tokens,
-          desc=desc, compiled=self._compiled,
-      )  # fmt: skip
+          self, step, params, tokens, keep_tokens=keep_tokens, desc=desc
+      )
     else:
       fetched, start = self._run(fn, step.capacity, params, tokens, desc)
     return summarize_stream(
@@ -233,35 +230,6 @@ def _reduced(step: Any, grid: Grid, keep_tokens: bool) -> Any:
     return bank, res
 
   return reduced
-
-
-def score_stream(
-    model: Any,
-    params: Any,
-    tokens: np.ndarray,
-    grid: Grid,
-    *,
-    window_len: int,
-    score_len: int,
-    batch_size: int,
-    mesh: Any,
-    unit: str,
-    block_size: Optional[int] = 1024,
-    max_windows: int = 0,
-    keep_tokens: bool = False,
-    desc: str = "memory eval",
-    external: Any = None,
-    long_span: str = "before_window",
-) -> dict[str, Any]:
-  """``MemoryScorer.score_grid`` with every setting given (no run)."""
-  scorer = MemoryScorer(
-      rows.Scoring(model, mesh, unit), grid, external=external,
-      window_len=window_len, score_len=score_len, batch_size=batch_size,
-      block_size=block_size, long_span=long_span,
-  )  # fmt: skip
-  return scorer.score_grid(
-      params, tokens, max_items=max_windows, keep_tokens=keep_tokens, desc=desc
-  )
 
 
 def summarize_stream(

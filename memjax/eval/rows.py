@@ -141,7 +141,8 @@ class Scorer:
     self.model = scoring.model
     self.mesh = scoring.mesh
     self.unit = scoring.unit
-    self._compiled: dict[Any, Any] = {}
+    # The jitted functions kept between calls, by what they compute.
+    self.compiled: dict[Any, Any] = {}
 
   # -- streams (the subclasses) ------------------------------------------
 
@@ -274,7 +275,7 @@ class Scorer:
   def _rows_fn(self, names: tuple, keep: tuple, collections: tuple) -> Any:
     """The jitted forward of ``apply`` for batches with keys ``names``."""
     key = ("rows", names, keep, collections)
-    if key not in self._compiled:
+    if key not in self.compiled:
       model, names_in = self.model, tuple(self.scoring.extra_inputs)
 
       def fn(params, batch):
@@ -290,5 +291,5 @@ class Scorer:
           sums["tokens"] = jnp.sum(w)
         return sums, {k: getattr(out, k) for k in keep}
 
-      self._compiled[key] = sharding_lib.jit(fn, self.mesh)
-    return self._compiled[key]
+      self.compiled[key] = sharding_lib.jit(fn, self.mesh)
+    return self.compiled[key]

@@ -151,15 +151,15 @@ class StreamScorer(rows.Scorer):
   def _scan(self) -> Any:
     """The jitted scan of ``_step`` over [chunk, lanes, L] segments."""
     key = ("scan", self.keep_tokens)
-    if key not in self._compiled:
+    if key not in self.compiled:
 
       def run_chunk(params, memory, segments):
         return jax.lax.scan(
             lambda m, s: self._step(params, m, s), memory, segments
         )
 
-      self._compiled[key] = sharding_lib.jit(run_chunk, self.mesh)
-    return self._compiled[key]
+      self.compiled[key] = sharding_lib.jit(run_chunk, self.mesh)
+    return self.compiled[key]
 
   def init_memory(self) -> Any:
     """An empty memory of the padded lanes, sharded over the data axes."""
@@ -322,9 +322,9 @@ class StreamScorer(rows.Scorer):
     lanes = max(1, int(size or self.lanes))
     if lanes == self.lanes:
       return self
-    if "documents" not in self._compiled:
-      self._compiled["documents"] = StreamScorer(
+    if "documents" not in self.compiled:
+      self.compiled["documents"] = StreamScorer(
           self.scoring, segment_len=self.segment_len, mem_len=self.mem_len,
           lanes=lanes, chunk=self.chunk,
       )  # fmt: skip
-    return self._compiled["documents"]
+    return self.compiled["documents"]

@@ -21,6 +21,18 @@ from memjax.models import transformer
 WINDOW, SCORE = 8, 3
 
 
+def _score_stream(
+    model, params, tokens, grid, *, mesh, keep_tokens=False, **kw
+):
+  """``grid`` scored over ``tokens`` by the shipped ``MemoryScorer``, for a
+  model alone (no run: ``kw`` are the scorer's settings)."""
+  kw.setdefault("long_span", "before_window")
+  scorer = evaluate_memory.MemoryScorer(
+      rows.Scoring(model, mesh, "ppl"), grid, **kw
+  )
+  return scorer.score_grid(params, tokens, keep_tokens=keep_tokens)
+
+
 def _model():
   return transformer.TransformerLM(
       vocab_size=24,
@@ -121,7 +133,7 @@ def reference(
 def test_trime_evaluation_matches_numpy(setup, n_long, span):
   model, params, tokens, one = setup
   grid = _grid("trime", long_sizes=(n_long,), temperatures=(0.7,))
-  r = evaluate_memory.score_stream(
+  r = _score_stream(
       model,
       params,
       tokens,
@@ -130,7 +142,6 @@ def test_trime_evaluation_matches_numpy(setup, n_long, span):
       score_len=SCORE,
       batch_size=2,
       mesh=one,
-      unit="ppl",
       block_size=4,
       keep_tokens=True,
       long_span=span,
@@ -173,7 +184,7 @@ def test_long_memory_spans_hand_listed():
 def test_cache_evaluation_matches_numpy(setup):
   model, params, tokens, one = setup
   grid = _grid("cache", long_sizes=(6,), thetas=(0.05,), lambdas=(0.0, 0.3))
-  r = evaluate_memory.score_stream(
+  r = _score_stream(
       model,
       params,
       tokens,
@@ -182,7 +193,6 @@ def test_cache_evaluation_matches_numpy(setup):
       score_len=SCORE,
       batch_size=3,
       mesh=one,
-      unit="ppl",
       block_size=None,
       keep_tokens=True,
   )
@@ -201,17 +211,16 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
       score_len=SCORE,
       batch_size=2,
       mesh=one,
-      unit="ppl",
       block_size=4,
   )
-  both = evaluate_memory.score_stream(
+  both = _score_stream(
       model,
       params,
       tokens,
       _grid("trime", long_sizes=(0, 9), temperatures=(1.0,)),
       **kw,
   )
-  local = evaluate_memory.score_stream(
+  local = _score_stream(
       model,
       params,
       tokens,
@@ -229,7 +238,7 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
       rows.Scoring(model, one), window_len=WINDOW, score_len=SCORE,
       batch_size=4,
   ).score(params, tokens)  # fmt: skip
-  cache0 = evaluate_memory.score_stream(
+  cache0 = _score_stream(
       model,
       params,
       tokens,
@@ -244,14 +253,10 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
 def test_sharded_evaluation_equals_unsharded(setup):
   model, params, tokens, one = setup
   grid = _grid("trime", long_sizes=(0, 11), temperatures=(0.8, 1.3))
-  kw = dict(window_len=WINDOW, score_len=SCORE, unit="ppl", block_size=4)
-  a = evaluate_memory.score_stream(
-      model, params, tokens, grid, batch_size=8, mesh=one, **kw
-  )
+  kw = dict(window_len=WINDOW, score_len=SCORE, block_size=4)
+  a = _score_stream(model, params, tokens, grid, batch_size=8, mesh=one, **kw)
   mesh = sharding_lib.make_mesh({"data": 8})
-  b = evaluate_memory.score_stream(
-      model, params, tokens, grid, batch_size=8, mesh=mesh, **kw
-  )
+  b = _score_stream(model, params, tokens, grid, batch_size=8, mesh=mesh, **kw)
   for x, y in zip(a["grid"], b["grid"]):
     assert x["nll"] == pytest.approx(y["nll"], rel=1e-5)
 

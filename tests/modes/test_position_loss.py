@@ -207,7 +207,7 @@ def test_long_memory_compiled_once_for_all_documents():
   # TRIMELM_long's evaluation memory (trime, 16 long-term tokens), one
   # stream per document as position_loss reads it: the documents share one
   # compiled step, and the last document, scored after the others, equals
-  # score_stream alone on it with a step built afresh (no state leaks).
+  # a fresh scorer alone on it with a step built afresh (no state leaks).
   model = transformer.TransformerLM(
       vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
       d_ff=32, cutoffs=(),
@@ -225,7 +225,7 @@ def test_long_memory_compiled_once_for_all_documents():
   shared_scorer = scorer()
   shared = shared_scorer.document_logprobs(restored.params, toks, spans)
   # pylint: disable-next=protected-access
-  assert len(shared_scorer._compiled) == 1  # one step for the 3 documents
+  assert len(shared_scorer.compiled) == 1  # one step for the 3 documents
   assert [len(s) for s in shared] == [12, 21, 18]
   alone = scorer().stream_logprobs(restored.params, toks[spans[-1, 0] :])
   np.testing.assert_allclose(shared[-1], alone, rtol=1e-6, atol=1e-6)

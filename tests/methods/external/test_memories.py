@@ -18,6 +18,7 @@ from memjax import config as config_lib
 from memjax import errors
 from memjax.eval import grid as grid_lib
 from memjax.eval import memory_grid as evaluate_memory
+from memjax.eval import rows
 from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.memory import datastore as ds_lib
@@ -372,12 +373,15 @@ def _grid(kind, **values):
 
 
 def _score(setup, grid, ext, **kw):
+  """``grid`` scored by the shipped ``MemoryScorer`` for the model alone,
+  with the external memory ``ext``."""
   model, params, tokens, one = setup
-  return evaluate_memory.score_stream(
-      model, params, tokens, grid, window_len=WINDOW, score_len=SCORE,
-      batch_size=2, mesh=one, unit="ppl", block_size=4, keep_tokens=True,
-      external=ext, **kw,
+  kw.setdefault("long_span", "before_window")
+  scorer = evaluate_memory.MemoryScorer(
+      rows.Scoring(model, one, "ppl"), grid, external=ext,
+      window_len=WINDOW, score_len=SCORE, batch_size=2, block_size=4, **kw,
   )  # fmt: skip
+  return scorer.score_grid(params, tokens, keep_tokens=True)
 
 
 @pytest.fixture(scope="module")
