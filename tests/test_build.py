@@ -26,7 +26,7 @@ from memjax.data import corpus as corpus_lib
 from memjax.data import windows
 from memjax.modes import evaluation as evaluation_mode
 from memjax.modes import memory_eval as memory_modes
-from memjax.run import restore
+from memjax.run import init_from
 from memjax.run import state as state_lib
 from tests.conftest import run_main
 
@@ -229,7 +229,7 @@ def test_init_from_restores_shared_parameters_only(smoke_workdir):
   config.train.init_from = smoke_workdir
   run = build.build(config, "unused")
   fresh, shardings = _fresh_state(run, 7)
-  state = restore.init_params_from(run, smoke_workdir, fresh, shardings)
+  state = init_from.init_params_from(run, smoke_workdir, fresh, shardings)
   source = flax.traverse_util.flatten_dict(
       memjax.load(smoke_workdir).restored.params, sep="/"
   )
@@ -245,7 +245,7 @@ def test_init_from_restores_shared_parameters_only(smoke_workdir):
   wide = build.build(config, "unused")
   state, shardings = _fresh_state(wide, 0)
   with pytest.raises(errors.CheckpointMismatchError, match="differ in shape"):
-    restore.init_params_from(wide, smoke_workdir, state, shardings)
+    init_from.init_params_from(wide, smoke_workdir, state, shardings)
 
 
 def test_signature_covers_the_whole_model_section():

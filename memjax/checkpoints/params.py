@@ -25,7 +25,7 @@ def restore_params(
   Parameters present in ``abstract_params`` but absent from the checkpoint
   (for example a memory layer added to a memory-less model) are reported by
   the caller, which keeps their fresh initialisation; see
-  ``memjax.run.restore.init_params_from``.
+  ``memjax.run.init_from.init_params_from``.
 
   Args:
     directory: a workdir or its ``checkpoints`` folder.

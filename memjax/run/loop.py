@@ -37,11 +37,11 @@ from memjax.io import console
 from memjax.io import events
 from memjax.io import paths
 from memjax.models import stats
+from memjax.run import init_from
 from memjax.run import ownership
 from memjax.run import position as position_lib
 from memjax.run import preemption
 from memjax.run import profiling
-from memjax.run import restore
 from memjax.run import spec
 from memjax.run import state as state_lib
 from memjax.run import step as step_lib
@@ -248,7 +248,7 @@ def _restore_or_init(run, ckpt, state, shardings) -> tuple[TrainState, dict]:
     console.info("resumed from %s at step %d", ckpt.directory, step)
     return state, saved
   if train.init_from:
-    state = restore.init_params_from(run, train.init_from, state, shardings)
+    state = init_from.init_params_from(run, train.init_from, state, shardings)
   return state, {"step": 0}
 
 

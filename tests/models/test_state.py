@@ -11,6 +11,7 @@ import memjax
 from configs import pkm_wt103
 from memjax import build
 from memjax.models import state as model_state
+from memjax.run import init_from
 from memjax.run import loop
 from memjax.run import restore as restore_lib
 from memjax.run import state as state_lib
@@ -151,7 +152,7 @@ def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
         run.state_collections(),
     )  # fmt: skip
     np.testing.assert_array_equal(_norm(state.model_state)["mean"], 0.0)
-    state = restore_lib.init_params_from(run, source, state, shardings)
+    state = init_from.init_params_from(run, source, state, shardings)
     jax.tree.map(
         np.testing.assert_array_equal,
         jax.device_get(state.model_state),

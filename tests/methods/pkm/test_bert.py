@@ -26,7 +26,7 @@ from memjax import catalog
 from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax import losses
-from memjax.run import restore
+from memjax.run import init_from
 from memjax.run import state as state_lib
 from memjax.methods.pkm import class_usage
 from memjax.tasks import config as task_config
@@ -229,7 +229,7 @@ def test_partial_init_restores_every_shared_parameter(
       run.state_collections(),
   )  # fmt: skip
   capsys.readouterr()
-  new = restore.init_params_from(run, vanilla_run, state, shardings)
+  new = init_from.init_params_from(run, vanilla_run, state, shardings)
   printed = capsys.readouterr().out
   s = flax.traverse_util.flatten_dict(jax.device_get(source.params), sep="/")
   n = flax.traverse_util.flatten_dict(jax.device_get(new.params), sep="/")
