@@ -36,7 +36,7 @@ the value and its argument, so masked entries get exactly zero gradient.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +133,62 @@ def _tile(
     vis = vis & visible_fn(q_meta, k_meta)
   pos = vis & (q_tgt[:, None] == k_tok[None, :])
   return s, vis, pos
+
+
+class KeyBank(NamedTuple):
+  """A memory's entries, as the memories built on ``memory_logsumexp``
+  take them (TRIME's long-term memory bank, the continuous cache).
+
+  Attributes:
+    keys: [K, D] float, the entries' features.
+    tokens: [K] int32, the token that followed each entry.
+    valid: [K] bool, false for empty slots.
+    positions: optional [K] int32 stream positions: with a query's
+      position, entry j is visible to query i only if
+      positions[j] < query_positions[i] (a window passed with the bank
+      stays causal).
+  """
+
+  keys: Array
+  tokens: Array
+  valid: Array
+  positions: Optional[Array] = None
+
+
+def bank_logsumexp(
+    queries: Array,
+    targets: Array,
+    bank: KeyBank,
+    *,
+    scale: float | Array,
+    query_positions: Optional[Array] = None,
+    block_size: BlockSize = 1024,
+    precision: Any = None,
+) -> tuple[Array, Array]:
+  """``memory_logsumexp`` of queries [Q, D] with targets [Q] over a
+  ``KeyBank``, causal by stream position when both sides give one.
+
+  Raises:
+    ValueError: positions on one side only.
+  """
+  if (query_positions is None) != (bank.positions is None):
+    raise ValueError("Pass both query_positions and key_positions, or neither.")
+  visible_fn = None
+  if query_positions is not None:
+    visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
+  return memory_logsumexp(
+      queries,
+      bank.keys,
+      targets,
+      bank.tokens,
+      bank.valid,
+      scale=scale,
+      query_meta=query_positions,
+      key_meta=bank.positions,
+      visible_fn=visible_fn,
+      block_size=block_size,
+      precision=precision,
+  )
 
 
 def memory_logsumexp(

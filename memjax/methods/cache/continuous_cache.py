@@ -83,16 +83,13 @@ def cache_from_sums(
 
 def cache_log_prob(
     queries: Array,
-    keys: Array,
-    key_tokens: Array,
-    key_valid: Array,
     targets: Array,
     lm_log_prob: Array,
+    bank: blockwise.KeyBank,
     *,
     lam: float | Array,
     theta: float | Array,
     query_positions: Array | None = None,
-    key_positions: Array | None = None,
     block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
     precision: Any = None,
 ) -> Array:
@@ -100,39 +97,27 @@ def cache_log_prob(
 
   Args:
       queries: [Q, D] float, h at the query positions.
-      keys: [K, D] float, h_i of the cache entries.
-      key_tokens: [K] int32, x_i, the token that followed entry i.
-      key_valid: [K] bool, false for empty slots.
       targets: [Q] int32.
       lm_log_prob: [Q] float32, log p_lm(target).
+      bank: the cache entries (h_i [K, D], the token x_i that followed each,
+          their validity and optional stream positions).
       lam: interpolation weight of the cache.
       theta: inverse temperature of the cache (multiplies h . h_i; no
           1/sqrt(d) here, as in Grave et al.).
-      query_positions: optional [Q] int32 stream positions; with
-          key_positions, entry j is in query i's cache only if
-          key_positions[j] < query_positions[i].
-      key_positions: optional [K] int32.
+      query_positions: optional [Q] int32 stream positions; with the bank's,
+          entry j is in query i's cache only if its position is earlier.
       block_size: None for the dense path, else the (query, key) block size.
       precision: precision of the similarity matmul.
 
   Returns:
       [Q] float32 log p(target).
   """
-  if (query_positions is None) != (key_positions is None):
-    raise ValueError("Pass both query_positions and key_positions, or neither.")
-  visible_fn = None
-  if query_positions is not None:
-    visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
-  lse_all, lse_pos = blockwise.memory_logsumexp(
+  lse_all, lse_pos = blockwise.bank_logsumexp(
       queries,
-      keys,
       targets,
-      key_tokens,
-      key_valid,
+      bank,
       scale=theta,
-      query_meta=query_positions,
-      key_meta=key_positions,
-      visible_fn=visible_fn,
+      query_positions=query_positions,
       block_size=block_size,
       precision=precision,
   )

@@ -304,15 +304,12 @@ def trime_loss(
 
 def log_prob_with_memory(
     queries: Array,
-    keys: Array,
-    key_tokens: Array,
-    key_valid: Array,
     targets: Array,
     target_logprob: Array,
     log_z: Array,
+    bank: blockwise.KeyBank,
     *,
     query_positions: Array | None = None,
-    key_positions: Array | None = None,
     temperature: float | Array = 1.0,
     block_size: blockwise.BlockSize = DEFAULT_BLOCK_SIZE,
     precision: Any = None,
@@ -325,17 +322,14 @@ def log_prob_with_memory(
 
   Args:
       queries: [Q, D] float, g of the query positions.
-      keys: [K, D] float, g of the memory entries.
-      key_tokens: [K] int32, the token that followed each memory entry.
-      key_valid: [K] bool, false for empty slots of the bank.
       targets: [Q] int32.
       target_logprob: [Q] float32, log p_vocab(target).
       log_z: [Q] float32, log-normaliser of the vocabulary softmax.
-      query_positions: optional [Q] int32 stream positions; with
-          key_positions, entry j is visible to query i only if
-          key_positions[j] < query_positions[i] (so the current window can
-          be passed as keys together with the bank, causally).
-      key_positions: optional [K] int32 stream positions.
+      bank: the memory entries (g [K, D], the token that followed each,
+          their validity and optional stream positions).
+      query_positions: optional [Q] int32 stream positions; with the bank's,
+          entry j is visible to query i only if its position is earlier (so
+          the current window can be passed with the bank, causally).
       temperature: divides the memory logits (tuned on the dev set).
       block_size: as in trime_log_prob.
       precision: precision of the similarity matmul.
@@ -343,22 +337,13 @@ def log_prob_with_memory(
   Returns:
       [Q] float32 log p(target).
   """
-  if (query_positions is None) != (key_positions is None):
-    raise ValueError("Pass both query_positions and key_positions, or neither.")
   d = queries.shape[-1]
-  visible_fn = None
-  if query_positions is not None:
-    visible_fn = lambda qp, kp: kp[None, :] < qp[:, None]  # noqa: E731
-  lse_all, lse_pos = blockwise.memory_logsumexp(
+  lse_all, lse_pos = blockwise.bank_logsumexp(
       queries,
-      keys,
       targets,
-      key_tokens,
-      key_valid,
+      bank,
       scale=1.0 / (math.sqrt(d) * jnp.asarray(temperature, jnp.float32)),
-      query_meta=query_positions,
-      key_meta=key_positions,
-      visible_fn=visible_fn,
+      query_positions=query_positions,
       block_size=block_size,
       precision=precision,
   )

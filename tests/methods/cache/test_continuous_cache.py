@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax.memory import blockwise
 from memjax.methods.cache import continuous_cache as cache
 from memjax.memory.visibility import MemorySpec
 
@@ -52,22 +53,18 @@ def make_memory(seed=0, q_n=6, k_n=13, d=8):
 def test_cache_matches_numpy(use_pos, block_size):
   m = make_memory()
   lam, theta = 0.3, 0.7
-  pos = (
-      dict(query_positions=m["q_pos"], key_positions=m["k_pos"])
-      if use_pos
-      else {}
+  bank = blockwise.KeyBank(
+      m["k"], m["k_tok"], m["valid"], m["k_pos"] if use_pos else None
   )
   got = cache_log_prob(
       m["q"],
-      m["k"],
-      m["k_tok"],
-      m["valid"],
       m["tgt"],
       m["lm"],
+      bank,
       lam=lam,
       theta=theta,
+      query_positions=m["q_pos"] if use_pos else None,
       block_size=block_size,
-      **pos,
   )
   want = ref_cache(
       m["q"],
@@ -91,11 +88,9 @@ def test_lambda_zero_is_exactly_the_model(block_size):
   m = make_memory(seed=1)
   got = cache_log_prob(
       m["q"],
-      m["k"],
-      m["k_tok"],
-      m["valid"],
       m["tgt"],
       m["lm"],
+      blockwise.KeyBank(m["k"], m["k_tok"], m["valid"]),
       lam=0.0,
       theta=1.0,
       block_size=block_size,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from memjax.memory import blockwise
 from memjax.memory import visibility
 from memjax.methods.trime import in_batch as trime
 from memjax.methods.trime.in_batch import MemorySpec
@@ -402,16 +403,19 @@ def test_gradients_reach_earlier_positions_and_stop_on_key_side():
   row = 3
 
   def query_only(q):
-    logp = trime.log_prob_with_memory(
-        q,
+    bank = blockwise.KeyBank(
         jnp.asarray(f[row]),
         jnp.asarray(tgt[row]),
         jnp.ones(T, bool),
+        jnp.arange(T),
+    )
+    logp = trime.log_prob_with_memory(
+        q,
         jnp.asarray(tgt[row]),
         jnp.asarray(tlp[row]),
         jnp.asarray(lz[row]),
+        bank,
         query_positions=jnp.arange(T),
-        key_positions=jnp.arange(T),
         block_size=3,
     )
     return -jnp.sum(logp) / (B * T)
@@ -493,18 +497,16 @@ def test_log_prob_with_memory_bank_matches_numpy():
         num += e if k_tok[j] == tgt[i] else 0.0
       want[i] = math.log(num / den)
     for bs in (None, 4):
+      bank = blockwise.KeyBank(k, k_tok, valid, k_pos if use_pos else None)
       got = fn(
           q,
-          k,
-          k_tok,
-          valid,
           tgt,
           tlp,
           lz,
+          bank,
           temperature=tau,
           block_size=bs,
           query_positions=q_pos if use_pos else None,
-          key_positions=k_pos if use_pos else None,
       )
       np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
 
