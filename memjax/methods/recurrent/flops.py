@@ -64,21 +64,22 @@ def _scores(
 def relative_flops(s: Any, shape: extend.FlopsShape) -> dict[str, float]:
   """FLOPs per token of the relative attentions beyond the plan's formula
   (see the module doc); {} for a run with another attention kind, and for
-  the encoders' 'rpe' (their terms are not counted yet: the plan's formula
-  leaves them out)."""
+  the encoder-decoder's 'rpe' (its two stacks' terms are not counted yet).
+  The encoder's 'rpe' reads both directions: 2T - 1 distance columns."""
   m = s.model
-  if m.attention not in _BIASES or m.family != "decoder_lm":
+  if m.attention not in _BIASES or m.family not in ("decoder_lm", "encoder"):
     return {}
   layers, d_model = int(m.num_layers), int(m.d_model)
   d_attn = int(m.num_heads) * int(m.head_dim)
   t, mem = shape.seq_len, int(m.mem_len)
   keys = t + mem
+  cols = 2 * t - 1 if m.family == "encoder" else keys
   step_tokens = shape.rows * t
   # W_kR and the biases, counted by 6 N as if read per token.
   counted = 6.0 * (d_model * d_attn + _BIASES[m.attention] * d_attn)
   out = {
       "relative positions": layers * (
-          _scores(t, keys, keys, d_model, d_attn, t, step_tokens) - counted
+          _scores(t, keys, cols, d_model, d_attn, t, step_tokens) - counted
       )
   }  # fmt: skip
   if m.attention == "xl" and mem:

@@ -3,6 +3,7 @@ counts worked by hand from ``relative.py`` and ``lamemo.py`` on the smoke
 sizes (2 layers, D = 32, 2 heads x 16, T = M = 16, 8 rows)."""
 
 from configs import lamemo_wt103
+from configs import pkm_bert
 from configs import txl_wt103
 from memjax import build
 from memjax import catalog
@@ -45,6 +46,24 @@ def test_rpe_has_no_memory_terms():
   table = (4 * T * D * DA + 6 * T * DA) / (ROWS * T)
   counted = 6 * (D * DA + 3 * DA)
   assert got == {"relative positions": L * (position + bias + table - counted)}
+
+
+def test_an_encoders_rpe_reads_both_directions():
+  c = pkm_bert.get_config("pkm_smoke")
+  c.model.attention = "rpe"
+  s = _settings(c)
+  m = s.model
+  layers, d, da = m.num_layers, m.d_model, m.num_heads * m.head_dim
+  got = flops.relative_flops(s, extend.FlopsShape(seq_len=T, rows=ROWS))
+  # 2T - 1 distance columns (keys on both sides of every query), T keys.
+  cols = 2 * T - 1
+  position, bias = 6 * cols * da, 6 * da
+  table = (4 * cols * d * da + 6 * cols * da) / (ROWS * T)
+  counted = 6 * (d * da + 3 * da)
+  want = layers * (position + bias + table - counted)
+  assert got == {"relative positions": want}
+  c.model.family = "encoder_decoder"  # Its stacks are not counted yet.
+  assert flops.relative_flops(_settings(c), extend.FlopsShape(T, ROWS)) == {}
 
 
 def test_lamemo_terms_by_hand():
