@@ -1,7 +1,7 @@
 """The TRIME training objective (Eq. 5) with its three training memories.
 
 Declared as the objective 'trime' (``loss.name``) with the check
-``check_trime_batching`` (``memjax/methods/trime/__init__.py``); its
+``check_trime_settings`` (``memjax/methods/trime/__init__.py``); its
 settings are ``config.TrimeLoss``. The loss maths are in
 ``memjax/methods/trime/in_batch.py``; the visibility rules of the memories in
 ``memjax/memory/visibility.py``.
