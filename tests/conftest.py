@@ -153,14 +153,16 @@ class MainServer:
   command lines in, exit statuses out (``serve``). Started on first use
   (again if it died), stopped when the test process exits.
 
-  One JSON object a line: the request on the server's stdin, ``{"argv":
-  [...], "stdout": PATH, "stderr": PATH}``; the reply on its stdout,
-  ``{"returncode": N}``, once the command has finished with its output in
-  the two files.
+  One JSON object a line: the request on the server's stdin, ``{"id": N,
+  "argv": [...], "stdout": PATH, "stderr": PATH}``; the reply on its
+  stdout, ``{"id": N, "returncode": N}``, once the command has finished
+  with its output in the two files. A reply of another request (one left
+  behind by an interrupted call) fails the call instead of answering it.
   """
 
   def __init__(self):
     self.proc = None
+    self.requests = 0
 
   def _start(self):
     self.proc = subprocess.Popen(
@@ -186,7 +188,13 @@ class MainServer:
     command = [sys.executable, "-m", "memjax.main", *args]
     with tempfile.TemporaryDirectory() as tmp:
       out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-      request = {"argv": list(args), "stdout": out, "stderr": err}
+      self.requests += 1
+      request = {
+          "id": self.requests,
+          "argv": list(args),
+          "stdout": out,
+          "stderr": err,
+      }
       self.proc.stdin.write(json.dumps(request) + "\n")
       self.proc.stdin.flush()
       ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -195,7 +203,9 @@ class MainServer:
         raise subprocess.TimeoutExpired(command, timeout)
       reply = self.proc.stdout.readline()
       if reply:
-        returncode = json.loads(reply)["returncode"]
+        answer = json.loads(reply)
+        assert answer["id"] == request["id"], (answer, request)
+        returncode = answer["returncode"]
       else:  # The server died with the command (a crash in XLA, say).
         returncode = self.proc.wait()
         self.proc = None
@@ -235,7 +245,8 @@ def serve() -> None:
           sys.stderr.flush()
           os.dup2(quiet, 1)
           os.dup2(quiet, 2)
-    replies.write(json.dumps({"returncode": status}) + "\n")
+    replies.write(json.dumps({"id": request["id"], "returncode": status}))
+    replies.write("\n")
     replies.flush()
 
 
