@@ -148,9 +148,11 @@ def cpu_cases(tokens: np.ndarray, seq_len: int, k: int, workers: int):
     c0, w0 = _cpu_s(), time.perf_counter()
     pack_beam.run(tokens, settings, out, runner="DirectRunner", workers=workers)
     row = _per_segment(
-        f"beam_direct_{workers}_workers", _cpu_s() - c0,
-        time.perf_counter() - w0, num,
-    )  # fmt: skip
+        f"beam_direct_{workers}_workers",
+        _cpu_s() - c0,
+        time.perf_counter() - w0,
+        num,
+    )
     task = pack_beam.register_task(
         "memjax_bm25_benchmark", tokens, settings, tmp
     )

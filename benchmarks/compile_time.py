@@ -57,24 +57,31 @@ def _time_compile(step: Any) -> dict[str, float]:
       "compile_s": done - lowered_at,
       "temp_gib": memory.temp_size_in_bytes / GIB,
       "total_gib": (
-          memory.argument_size_in_bytes + memory.output_size_in_bytes
-          + memory.temp_size_in_bytes - memory.alias_size_in_bytes
-      ) / GIB,
-  }  # fmt: skip
+          memory.argument_size_in_bytes
+          + memory.output_size_in_bytes
+          + memory.temp_size_in_bytes
+          - memory.alias_size_in_bytes
+      )
+      / GIB,
+  }
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument(
-      "--config", default="configs/trime_wt103.py:trime_247m",
+      "--config",
+      default="configs/trime_wt103.py:trime_247m",
       help="the config file and variant",
-  )  # fmt: skip
+  )
   parser.add_argument("--devices", type=int, default=8)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument(
-      "--set", action="append", default=[], metavar="KEY=VALUE",
+      "--set",
+      action="append",
+      default=[],
+      metavar="KEY=VALUE",
       help=harness.SET_HELP,
-  )  # fmt: skip
+  )
   parser.add_argument("--out", default="")
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = (
@@ -97,9 +104,10 @@ def main() -> None:
         f"round {r + 1}/{args.rounds}: "
         + ", ".join(
             f"{n} lower {v[-1]['lower_s']:.1f} s compile "
-            f"{v[-1]['compile_s']:.1f} s" for n, v in rounds.items()
+            f"{v[-1]['compile_s']:.1f} s"
+            for n, v in rounds.items()
         )
-    )  # fmt: skip
+    )
   results = []
   for name, runs in rounds.items():
     row: dict[str, Any] = {"name": name}

@@ -69,12 +69,14 @@ def time_benches(benches, args, sentences: int) -> list[dict]:
   results = []
   for b in benches:
     s = harness.summarize(b.times, sentences)
-    results.append({
-        "name": b.name,
-        "sentences_per_s": s.get("tokens_per_s"),
-        "seconds_per_pass_median": s.get("seconds_per_step_median"),
-        "seconds_per_pass_all_rounds": s.get("seconds_per_step_all_rounds"),
-    })  # fmt: skip
+    results.append(
+        {
+            "name": b.name,
+            "sentences_per_s": s.get("tokens_per_s"),
+            "seconds_per_pass_median": s.get("seconds_per_step_median"),
+            "seconds_per_pass_all_rounds": s.get("seconds_per_step_all_rounds"),
+        }
+    )
   return results
 
 
@@ -128,10 +130,14 @@ def main() -> None:
   ]
   results = time_benches(benches, args, len(sources))
   harness.finish(
-      results, args, ratio_keys=("sentences_per_s",), config=args.config,
-      workdir=args.workdir or None, sentences=len(sources),
+      results,
+      args,
+      ratio_keys=("sentences_per_s",),
+      config=args.config,
+      workdir=args.workdir or None,
+      sentences=len(sources),
       decode_batch_size=t.decode_batch_size,
-  )  # fmt: skip
+  )
 
 
 if __name__ == "__main__":

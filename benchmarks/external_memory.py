@@ -51,12 +51,19 @@ def _eval_rate(loaded, grid, external, windows: int) -> float:
 
   def score(n):
     return em_lib.score_stream(
-        loaded.model, loaded.params, loaded.splits["valid"], grid,
-        window_len=c.eval.window_len, score_len=c.eval.score_len,
-        batch_size=c.eval_memory.batch_size, mesh=loaded.mesh,
-        unit=loaded.unit, max_windows=n, external=external,
+        loaded.model,
+        loaded.params,
+        loaded.splits["valid"],
+        grid,
+        window_len=c.eval.window_len,
+        score_len=c.eval.score_len,
+        batch_size=c.eval_memory.batch_size,
+        mesh=loaded.mesh,
+        unit=loaded.unit,
+        max_windows=n,
+        external=external,
         desc=f"bench {grid.kind}",
-    )  # fmt: skip
+    )
 
   # Each call compiles its program again: the rate is taken from the
   # difference of a short and a long run, which cancels that fixed cost.
@@ -120,11 +127,17 @@ def main() -> None:
   with_ext = _eval_rate(loaded, grid, ext, args.eval_windows)
 
   search = [
-      {"name": "exact top-K (JAX, blockwise)", "recall": 1.0,
-       "queries_per_s": rec["exact_queries_per_s"]},
-      {"name": "ScaNN top-K (AH + exact re-order)", "recall": rec["recall"],
-       "queries_per_s": rec["scann_queries_per_s"]},
-  ]  # fmt: skip
+      {
+          "name": "exact top-K (JAX, blockwise)",
+          "recall": 1.0,
+          "queries_per_s": rec["exact_queries_per_s"],
+      },
+      {
+          "name": "ScaNN top-K (AH + exact re-order)",
+          "recall": rec["recall"],
+          "queries_per_s": rec["scann_queries_per_s"],
+      },
+  ]
   evals = [
       {"name": "plain evaluation", "tokens_per_s": plain},
       {"name": f"trime_ext, ScaNN K={args.k}", "tokens_per_s": with_ext},

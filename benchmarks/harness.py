@@ -272,9 +272,13 @@ class TrainBench:
     tx, _ = run.optimizer()
     loss_fn = run.objective()
     self.state, shardings = state_lib.create_state(
-        self.model, tx, self.mesh, batches[0], jax.random.PRNGKey(cfg.seed),
+        self.model,
+        tx,
+        self.mesh,
+        batches[0],
+        jax.random.PRNGKey(cfg.seed),
         run.state_collections(),
-    )  # fmt: skip
+    )
     self.step = step_lib.make_train_step(
         self.model,
         tx,

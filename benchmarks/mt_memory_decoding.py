@@ -69,16 +69,23 @@ def main() -> None:
   sources = [plain.encode(s) for s in src[: args.sentences]]
   benches = [
       DecodeBench(f"beam {args.beam}", plain, sources, args.beam),
-      DecodeBench(f"beam {args.beam} + {kind} memory", memory, sources,
-                  args.beam),
-  ]  # fmt: skip
+      DecodeBench(
+          f"beam {args.beam} + {kind} memory", memory, sources, args.beam
+      ),
+  ]
   results = time_benches(benches, args, len(sources))
   harness.finish(
-      results, args, ratio_keys=("sentences_per_s",), config=args.config,
-      workdir=args.workdir, sentences=len(sources), datastore_keys=store.count,
-      memory=dict(settings, kind=kind), search=config.translation.memory.search,
+      results,
+      args,
+      ratio_keys=("sentences_per_s",),
+      config=args.config,
+      workdir=args.workdir,
+      sentences=len(sources),
+      datastore_keys=store.count,
+      memory=dict(settings, kind=kind),
+      search=config.translation.memory.search,
       search_seconds=hook.neighbours.seconds,
-  )  # fmt: skip
+  )
 
 
 if __name__ == "__main__":

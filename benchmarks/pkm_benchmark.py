@@ -79,8 +79,12 @@ def make_config(name: str, size: str, overrides: list[str]):
   m = cfg.model
   if size == "base":
     m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
-        12, 768, 12, 64, 3072,
-    )  # fmt: skip
+        12,
+        768,
+        12,
+        64,
+        3072,
+    )
     m.cutoffs = ()
     cfg.data.seq_len, cfg.data.batch_size = 128, 32
     if name in ("pkm", "pkm_gather", "resm"):
@@ -150,13 +154,20 @@ def layer_benches(
   x = jax.random.normal(jax.random.PRNGKey(0), (1, n, d))
   memories = {
       read: pkm.ProductKeyMemory(
-          d_model=d, num_keys=o.num_keys, heads=o.heads, topk=o.topk,
-          k_dim=o.k_dim, read=read,
+          d_model=d,
+          num_keys=o.num_keys,
+          heads=o.heads,
+          topk=o.topk,
+          k_dim=o.k_dim,
+          read=read,
       )
       for read in ("bag", "gather")
-  }  # fmt: skip
-  mp = jax.jit(lambda: memories["bag"].init(jax.random.PRNGKey(0), x[:, :8],
-                                            deterministic=True))()  # fmt: skip
+  }
+  mp = jax.jit(
+      lambda: memories["bag"].init(
+          jax.random.PRNGKey(0), x[:, :8], deterministic=True
+      )
+  )()
   count = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(mp))
   denses = {
       f"dense_ffn_{f}": feed_forward.FeedForward(d_model=d, d_ff=f)
@@ -212,9 +223,11 @@ def parts_benches(memory, params, x) -> list[CallBench]:
   # Slots as random as a trained memory's spread of reads (the read's cost
   # does not depend on which rows).
   slots = jax.random.randint(
-      jax.random.PRNGKey(3), (1, xf.shape[0], memory.heads * memory.topk),
-      0, memory.num_keys**2,
-  )  # fmt: skip
+      jax.random.PRNGKey(3),
+      (1, xf.shape[0], memory.heads * memory.topk),
+      0,
+      memory.num_keys**2,
+  )
   weights = jax.random.uniform(jax.random.PRNGKey(4), slots.shape)
 
   def read(values, weights):
@@ -320,17 +333,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       "--size", default="demo", choices=("smoke", "demo", "base")
   )
   parser.add_argument(
-      "--per_round", action=argparse.BooleanOptionalAction, default=None,
+      "--per_round",
+      action=argparse.BooleanOptionalAction,
+      default=None,
       help="build each model's state per round (default: at --size=base)",
-  )  # fmt: skip
+  )
   harness.add_timing_args(parser, steps=5, warmup=1, rounds=3)
   args = parser.parse_args(argv)
   if args.per_round is None:
     args.per_round = args.size == "base"
   if args.per_round:
-    jax.config.update("jax_compilation_cache_dir",
-                      os.path.join(os.path.expanduser("~"), ".cache",
-                                   "memjax_benchmark_jit"))  # fmt: skip
+    jax.config.update(
+        "jax_compilation_cache_dir",
+        os.path.join(os.path.expanduser("~"), ".cache", "memjax_benchmark_jit"),
+    )
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   configs = {n: make_config(n, args.size, args.set) for n in MODELS}
   train, infer = build_models(configs, args)

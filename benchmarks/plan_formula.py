@@ -162,22 +162,30 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument(
-      "--config", action="append", default=[],
+      "--config",
+      action="append",
+      default=[],
       help="a config file and variant (repeat for several)",
-  )  # fmt: skip
+  )
   parser.add_argument("--devices", type=int, default=1)
   parser.add_argument(
-      "--set", action="append", default=[], metavar="KEY=VALUE",
+      "--set",
+      action="append",
+      default=[],
+      metavar="KEY=VALUE",
       help=harness.SET_HELP,
-  )  # fmt: skip
+  )
   parser.add_argument(
-      "--no-xla", dest="xla", action="store_false",
+      "--no-xla",
+      dest="xla",
+      action="store_false",
       help="the formula only (no lowering)",
-  )  # fmt: skip
+  )
   parser.add_argument(
-      "--matmuls", action="store_true",
+      "--matmuls",
+      action="store_true",
       help="also XLA's matrix products alone, from the lowering's HLO",
-  )  # fmt: skip
+  )
   parser.add_argument("--out", default="")
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = (
@@ -192,8 +200,7 @@ def main() -> None:
     results.append(r)
   if args.out:
     with open(args.out, "w") as f:
-      json.dump({"machine": harness.machine(), "results": results}, f,
-                indent=2)  # fmt: skip
+      json.dump({"machine": harness.machine(), "results": results}, f, indent=2)
   harness.log(table(results))
 
 

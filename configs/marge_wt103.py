@@ -45,8 +45,11 @@ def _size(c, size: str) -> tuple[int, int]:
     n, d.batch_size = 4, 32
     o.learning_rate, o.warmup_steps, o.schedule = 3e-3, 5, "constant"
     t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = (
-        300, 100, 0, 300,
-    )  # fmt: skip
+        300,
+        100,
+        0,
+        300,
+    )
     e.splits, e.window_len, e.score_len, e.batch_size = ("test",), 16, 8, 16
     return n, 20
   if size == "demo":
@@ -62,8 +65,11 @@ def _size(c, size: str) -> tuple[int, int]:
     n, d.batch_size = 32, 16
     o.learning_rate, o.warmup_steps, o.schedule = 2e-3, 50, "cosine"
     t.num_steps, t.log_every, t.eval_every, t.checkpoint_every = (
-        400, 50, 400, 400,
-    )  # fmt: skip
+        400,
+        50,
+        400,
+        400,
+    )
     e.window_len, e.score_len, e.batch_size = 64, 32, 64
     return n, 100
   m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (

@@ -45,11 +45,20 @@ from memjax.data import sources
 
 SIZES = ("smoke", "demo", "6l", "base")
 MLM_METHODS = (
-    "vanilla", "pkm", "resm", "init_pkm", "init_resm", "init_resm_fresh_ffn",
-)  # fmt: skip
+    "vanilla",
+    "pkm",
+    "resm",
+    "init_pkm",
+    "init_resm",
+    "init_resm_fresh_ffn",
+)
 CLS_METHODS = (
-    "cls", "cls_pkm", "cls_resm", "cls_pkm_frozen", "cls_resm_frozen",
-)  # fmt: skip
+    "cls",
+    "cls_pkm",
+    "cls_resm",
+    "cls_pkm_frozen",
+    "cls_resm_frozen",
+)
 METHODS = MLM_METHODS + CLS_METHODS
 
 # Per size: layers, d_model, heads, head_dim, d_ff, seq_len, batch, steps,
@@ -95,8 +104,12 @@ def get_config(arg: str = "demo"):
   m = c.model
   m.family = "encoder"
   m.num_layers, m.d_model, m.num_heads, m.head_dim, m.d_ff = (
-      layers, d, h, hd, ff,
-  )  # fmt: skip
+      layers,
+      d,
+      h,
+      hd,
+      ff,
+  )
   m.max_len = seq
   m.norm_position = "post"  # BERT
   m.norm_epsilon = 1e-12
@@ -182,11 +195,15 @@ def _memory(c, kind, num_keys, heads, topk, k_dim, frozen=False) -> None:
     return
   c.optim.groups.memory_values = ml_collections.ConfigDict(
       {
-          "params": VALUES, "transform": "lazy_adam", "learning_rate": 1e-3,
-          "schedule": "constant", "warmup_steps": 0, "b2": 0.999,
+          "params": VALUES,
+          "transform": "lazy_adam",
+          "learning_rate": 1e-3,
+          "schedule": "constant",
+          "warmup_steps": 0,
+          "b2": 0.999,
           "weight_decay": 0.0,
       }
-  )  # fmt: skip
+  )
 
 
 def sentiment_dir() -> str:

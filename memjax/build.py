@@ -56,20 +56,36 @@ def read(
 # ----------------------------------------------------------------------------
 
 _POSITIVE = (
-    "data.seq_len", "data.batch_size", "data.segments_per_lane",
-    "train.num_steps", "train.grad_accum", "train.log_every",
-    "train.checkpoint_every", "train.keep_checkpoints", "eval.window_len",
-    "eval.score_len", "eval.batch_size", "model.num_layers", "model.d_model",
-    "model.num_heads", "model.head_dim", "model.d_ff",
-)  # fmt: skip
+    "data.seq_len",
+    "data.batch_size",
+    "data.segments_per_lane",
+    "train.num_steps",
+    "train.grad_accum",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "eval.window_len",
+    "eval.score_len",
+    "eval.batch_size",
+    "model.num_layers",
+    "model.d_model",
+    "model.num_heads",
+    "model.head_dim",
+    "model.d_ff",
+)
 _NON_NEGATIVE = (
-    "train.eval_every", "train.eval_max_windows", "eval.max_windows",
-    "model.mem_len", "optim.warmup_steps",
-)  # fmt: skip
+    "train.eval_every",
+    "train.eval_max_windows",
+    "eval.max_windows",
+    "model.mem_len",
+    "optim.warmup_steps",
+)
 _NON_NEGATIVE_REAL = (
-    "optim.learning_rate", "optim.clip_norm", "optim.weight_decay",
+    "optim.learning_rate",
+    "optim.clip_norm",
+    "optim.weight_decay",
     "optim.min_lr_ratio",
-)  # fmt: skip
+)
 # Probabilities of dropping: 0 <= p < 1 (1 would drop everything).
 _DROPOUT = (
     "model.dropout",

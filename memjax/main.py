@@ -90,9 +90,11 @@ _EXPORT_DIR = flags.DEFINE_string(
     "--mode=export: output directory (default " "<workdir>/export).",
 )
 _EXPORT_DTYPE = flags.DEFINE_enum(
-    "export_dtype", None, ["float32", "bfloat16"],
+    "export_dtype",
+    None,
+    ["float32", "bfloat16"],
     "--mode=export: dtype of the stored parameters (default float32).",
-)  # fmt: skip
+)
 
 
 def _config_file_error(text: str) -> str:

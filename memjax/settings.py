@@ -144,8 +144,12 @@ class Model:
   # Keys that change how, not what, the model computes: a run may be
   # restored with other values (evaluated in bfloat16, say, or with remat).
   RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
-      "remat", "remat_policy", "scan_layers", "dtype", "softmax_chunk",
-  )  # fmt: skip
+      "remat",
+      "remat_policy",
+      "scan_layers",
+      "dtype",
+      "softmax_chunk",
+  )
   family: str = "decoder_lm"
   family_options: dict[str, Any] = frozen_dict()
   num_layers: int = 4

@@ -183,9 +183,11 @@ def divisible(shardings: Any, shapes: Any) -> Any:
     return NamedSharding(sharding.mesh, P(*spec[: len(x.shape)]))
 
   return jax.tree.map(
-      fit, shardings, shapes,
+      fit,
+      shardings,
+      shapes,
       is_leaf=lambda x: isinstance(x, NamedSharding) or x is None,
-  )  # fmt: skip
+  )
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -306,6 +308,8 @@ def check_batch_fits(
         "whole lanes"
     )
   check_batch(
-      mesh, lanes // accum, "lanes per micro-batch",
+      mesh,
+      lanes // accum,
+      "lanes per micro-batch",
       accum * max(int(d.segments_per_lane), 1),
-  )  # fmt: skip
+  )

@@ -20,31 +20,68 @@ BM25 = "--config=configs/trime_wt103.py:trime_ext_smoke"
 
 # (name, flags after --workdir, what the line must say). Each workdir is new.
 CASES = [
-    ("variant typo", ["--config=configs/trime_wt103.py:smok"],
-     "unknown config variant 'smok'"),
+    (
+        "variant typo",
+        ["--config=configs/trime_wt103.py:smok"],
+        "unknown config variant 'smok'",
+    ),
     ("stray argument", ["--mode=list", "extra"], "unexpected arguments"),
-    ("dropout", [SMOKE, "--config.model.dropout=1.5"],
-     "model.dropout must be in [0, 1), got 1.5"),
-    ("plan utilization", [SMOKE, "--mode=plan", "--config.plan.utilization=0"],
-     "plan.utilization must be in (0, 1]"),
-    ("pack runner", [BM25, "--mode=pack", "--config.pack.runner=NoSuchRunner"],
-     "pack.runner 'NoSuchRunner' is not a Beam runner"),
-    ("pack options", [BM25, "--mode=pack", "--config.pack.runner=DirectRunner",
-                      "--config.pack.options=--temp_locaton=/tmp"],
-     "Beam does not know: ['temp_locaton']"),
-    ("pack workers", [BM25, "--mode=pack", "--config.pack.workers=0"],
-     "pack.workers must be >= 1"),
-    ("pack without BM25", [SMOKE, "--mode=pack"],
-     "this run's data.batching is 'random'"),
-    ("remat policy, remat off", [SMOKE, "--config.model.remat_policy=bogus"],
-     "model.remat_policy must be one of ['full', "),
-    ("init_from nowhere", [SMOKE, "--config.train.init_from=/nonexistent/r"],
-     "train.init_from=/nonexistent/r: /nonexistent/r holds no trained run"),
-    ("norm position", [SMOKE, "--config.model.norm_position=middle"],
-     "model.norm_position must be one of ('pre', 'post'), got 'middle'"),
-    ("dtype", [SMOKE, "--config.model.dtype=float16"],
-     "model.dtype must be one of ['float32', 'bfloat16'], got 'float16'"),
-]  # fmt: skip
+    (
+        "dropout",
+        [SMOKE, "--config.model.dropout=1.5"],
+        "model.dropout must be in [0, 1), got 1.5",
+    ),
+    (
+        "plan utilization",
+        [SMOKE, "--mode=plan", "--config.plan.utilization=0"],
+        "plan.utilization must be in (0, 1]",
+    ),
+    (
+        "pack runner",
+        [BM25, "--mode=pack", "--config.pack.runner=NoSuchRunner"],
+        "pack.runner 'NoSuchRunner' is not a Beam runner",
+    ),
+    (
+        "pack options",
+        [
+            BM25,
+            "--mode=pack",
+            "--config.pack.runner=DirectRunner",
+            "--config.pack.options=--temp_locaton=/tmp",
+        ],
+        "Beam does not know: ['temp_locaton']",
+    ),
+    (
+        "pack workers",
+        [BM25, "--mode=pack", "--config.pack.workers=0"],
+        "pack.workers must be >= 1",
+    ),
+    (
+        "pack without BM25",
+        [SMOKE, "--mode=pack"],
+        "this run's data.batching is 'random'",
+    ),
+    (
+        "remat policy, remat off",
+        [SMOKE, "--config.model.remat_policy=bogus"],
+        "model.remat_policy must be one of ['full', ",
+    ),
+    (
+        "init_from nowhere",
+        [SMOKE, "--config.train.init_from=/nonexistent/r"],
+        "train.init_from=/nonexistent/r: /nonexistent/r holds no trained run",
+    ),
+    (
+        "norm position",
+        [SMOKE, "--config.model.norm_position=middle"],
+        "model.norm_position must be one of ('pre', 'post'), got 'middle'",
+    ),
+    (
+        "dtype",
+        [SMOKE, "--config.model.dtype=float16"],
+        "model.dtype must be one of ['float32', 'bfloat16'], got 'float16'",
+    ),
+]
 
 
 def _one_line(proc) -> str:

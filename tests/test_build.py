@@ -145,13 +145,18 @@ def test_score_texts_and_generate(smoke_workdir):
 
 def test_export_on_one_device_loads_on_eight(smoke_workdir, tmp_path):
   out = str(tmp_path / "export")
-  proc = run_main("--mode=export", f"--workdir={smoke_workdir}",
-                  f"--export_dir={out}")  # fmt: skip
+  proc = run_main(
+      "--mode=export", f"--workdir={smoke_workdir}", f"--export_dir={out}"
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert f"to {out}:" in proc.stdout and "MiB" in proc.stdout
   assert sorted(os.listdir(out)) == [
-      "config.json", "export.json", "params", "vocab.json", "vocab.txt",
-  ]  # fmt: skip
+      "config.json",
+      "export.json",
+      "params",
+      "vocab.json",
+      "vocab.txt",
+  ]
   assert jax.device_count() == 8
   exported = memjax.load(out)
   assert exported.restored.mesh.size == 8 and exported.step == 20
@@ -162,12 +167,18 @@ def test_export_on_one_device_loads_on_eight(smoke_workdir, tmp_path):
   b = exported.score(tokens, memory=False)["logprobs"][0]
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   # The exported parameters are the run's, bit for bit.
-  for x, y in zip(jax.tree.leaves(run.restored.params),
-                  jax.tree.leaves(exported.restored.params)):  # fmt: skip
+  for x, y in zip(
+      jax.tree.leaves(run.restored.params),
+      jax.tree.leaves(exported.restored.params),
+  ):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   # A run of another model refuses it in one line naming the keys.
-  proc = run_main("--config=configs/trime_wt103.py:smoke", f"--workdir={out}",
-                  "--mode=eval", "--config.model.d_model=48")  # fmt: skip
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={out}",
+      "--mode=eval",
+      "--config.model.d_model=48",
+  )
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith("memjax: error:") and "d_model" in lines[-1]
@@ -218,9 +229,13 @@ def _fresh_state(run, seed):
   tx, _ = run.optimizer()
   sample = {"inputs": np.zeros((8, 16), np.int32)}
   return state_lib.create_state(
-      model, tx, run.mesh, sample, jax.random.PRNGKey(seed),
+      model,
+      tx,
+      run.mesh,
+      sample,
+      jax.random.PRNGKey(seed),
       run.state_collections(),
-  )  # fmt: skip
+  )
 
 
 def test_init_from_restores_shared_parameters_only(smoke_workdir):
@@ -282,17 +297,27 @@ def test_paper_size_configs_follow_the_authors_layer_norm():
   from configs import trime_enwik8  # pylint: disable=g-import-not-at-top
   from configs import txl_wt103  # pylint: disable=g-import-not-at-top
 
-  for mod, arg in ((txl_wt103, "base"), (txl_wt103, "enwik8"),
-                   (txl_wt103, "rpe_text8"), (lamemo_wt103, "base")):  # fmt: skip
+  for mod, arg in (
+      (txl_wt103, "base"),
+      (txl_wt103, "enwik8"),
+      (txl_wt103, "rpe_text8"),
+      (lamemo_wt103, "base"),
+  ):
     m = mod.get_config(arg).model
     assert (m.norm_position, m.norm_epsilon) == ("post", 1e-5), arg
-  for mod, arg in ((trime_wt103, "247m"), (trime_wt103, "trime_150m"),
-                   (trime_enwik8, "38m")):  # fmt: skip
+  for mod, arg in (
+      (trime_wt103, "247m"),
+      (trime_wt103, "trime_150m"),
+      (trime_enwik8, "38m"),
+  ):
     m = mod.get_config(arg).model
     assert (m.norm_position, m.norm_epsilon) == ("pre", 1e-5), arg
     assert m.scan_layers, arg  # Scanned by default at paper sizes.
-  for mod, arg in ((txl_wt103, "demo"), (lamemo_wt103, "smoke"),
-                   (trime_wt103, "demo")):  # fmt: skip
+  for mod, arg in (
+      (txl_wt103, "demo"),
+      (lamemo_wt103, "smoke"),
+      (trime_wt103, "demo"),
+  ):
     m = mod.get_config(arg).model
     assert (m.norm_position, m.norm_epsilon) == ("pre", 1e-6), arg
     assert not m.scan_layers, arg

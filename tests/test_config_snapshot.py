@@ -22,9 +22,12 @@ def test_every_key_default_and_type_is_as_recorded():
   assert got["base"] == want["base"]
   bad = [k for k in want if got[k] != want[k]]
   assert not bad, f"{len(bad)} variants differ, e.g. {bad[:3]}: " + str(
-      {k: (got[bad[0]].get(k), v) for k, v in want[bad[0]].items()
-       if got[bad[0]].get(k) != v}
-  )  # fmt: skip
+      {
+          k: (got[bad[0]].get(k), v)
+          for k, v in want[bad[0]].items()
+          if got[bad[0]].get(k) != v
+      }
+  )
 
 
 def test_the_snapshot_covers_every_config_file():

@@ -241,8 +241,13 @@ def test_a_hook_must_be_a_step_hook():
 def test_the_methods_are_found_with_what_they_declare():
   found = catalog.found()
   assert [m.name for m in found] == [
-      "cache", "external", "marge", "pkm", "recurrent", "trime",
-  ]  # fmt: skip
+      "cache",
+      "external",
+      "marge",
+      "pkm",
+      "recurrent",
+      "trime",
+  ]
   for method in found:
     folder = os.path.join(catalog.METHODS_DIR, method.name)
     assert os.path.isfile(os.path.join(folder, "__init__.py"))

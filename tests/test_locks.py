@@ -47,11 +47,15 @@ def _setup_requirements() -> dict[str, list[str]]:
   with open(os.path.join(conftest.REPO, "setup.py")) as f:
     tree = ast.parse(f.read())
   call = next(
-      n for n in ast.walk(tree) if isinstance(n, ast.Call)
-      and getattr(n.func, "attr", "") == "setup"
-  )  # fmt: skip
-  kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in (
-      "install_requires", "extras_require")}  # fmt: skip
+      n
+      for n in ast.walk(tree)
+      if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "setup"
+  )
+  kw = {
+      k.arg: ast.literal_eval(k.value)
+      for k in call.keywords
+      if k.arg in ("install_requires", "extras_require")
+  }
   return {"": kw["install_requires"], **kw["extras_require"]}
 
 
@@ -60,8 +64,11 @@ def test_locks_agree_on_every_shared_package():
   for a in LOCKS:
     for b in LOCKS:
       shared = set(locks[a]) & set(locks[b])
-      differ = {p: (locks[a][p], locks[b][p]) for p in shared
-                if locks[a][p] != locks[b][p]}  # fmt: skip
+      differ = {
+          p: (locks[a][p], locks[b][p])
+          for p in shared
+          if locks[a][p] != locks[b][p]
+      }
       assert not differ, f"{a}.lock and {b}.lock differ: {differ}"
 
 
@@ -77,10 +84,19 @@ def test_accelerator_locks_are_the_cpu_lock_plus_their_platform():
 
 def test_setup_requirements_are_met_by_the_locks():
   locks = {name: _lock(name) for name in LOCKS}
-  lock_of = {"": "cpu", "data": "cpu", "beam": "cpu", "retrieval": "cpu", "cloud": "cpu",
-             "pretrained": "cpu",
-             "cuda12": "cuda12", "cuda13": "cuda13", "tpu": "tpu",
-             "dev": "dev", "notebooks": "dev"}  # fmt: skip
+  lock_of = {
+      "": "cpu",
+      "data": "cpu",
+      "beam": "cpu",
+      "retrieval": "cpu",
+      "cloud": "cpu",
+      "pretrained": "cpu",
+      "cuda12": "cuda12",
+      "cuda13": "cuda13",
+      "tpu": "tpu",
+      "dev": "dev",
+      "notebooks": "dev",
+  }
   requirements = _setup_requirements()
   assert set(requirements) == set(lock_of), "an extra without a lock"
   for extra, reqs in requirements.items():
@@ -96,7 +112,14 @@ def test_setup_requirements_are_met_by_the_locks():
 
 def test_the_core_pins_no_heavy_package():
   # The core's own requirements pull in none of the optional packages.
-  core = {canonicalize_name(Requirement(r).name)
-          for r in _setup_requirements()[""]}  # fmt: skip
-  assert not core & {"tensorflow", "seqio", "scann", "tensorflow-text",
-                     "safetensors", "tokenizers"}  # fmt: skip
+  core = {
+      canonicalize_name(Requirement(r).name) for r in _setup_requirements()[""]
+  }
+  assert not core & {
+      "tensorflow",
+      "seqio",
+      "scann",
+      "tensorflow-text",
+      "safetensors",
+      "tokenizers",
+  }

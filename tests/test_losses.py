@@ -13,26 +13,32 @@ def test_interval_scalars_are_means_over_the_steps():
   # (weighted sum, weight) pairs over the steps: (2 + 6) / (1 + 3) = 2.
   steps = [
       {
-          "loss": np.float32(4.0), "grad_norm": np.float32(1.0),
-          "tokens": np.float32(4.0), "aux_memory_nll_sum": np.float32(12.0),
+          "loss": np.float32(4.0),
+          "grad_norm": np.float32(1.0),
+          "tokens": np.float32(4.0),
+          "aux_memory_nll_sum": np.float32(12.0),
           "aux_lambda": np.float32(0.25),
           "stats": {"layer_0/alpha": np.array([2.0, 1.0], np.float32)},
       },
       {
-          "loss": np.float32(2.0), "grad_norm": np.float32(3.0),
-          "tokens": np.float32(5.0), "aux_memory_nll_sum": np.float32(10.0),
+          "loss": np.float32(2.0),
+          "grad_norm": np.float32(3.0),
+          "tokens": np.float32(5.0),
+          "aux_memory_nll_sum": np.float32(10.0),
           "aux_lambda": np.float32(0.75),
           "stats": {"layer_0/alpha": np.array([6.0, 3.0], np.float32)},
       },
-  ]  # fmt: skip
+  ]
   out = losses.interval_scalars(steps)
-  assert out == pytest.approx({
-      "train/loss": 3.0,
-      "train/grad_norm": 2.0,
-      "train/memory_nll": 2.5,
-      "train/lambda": 0.5,
-      "train/aux/layer_0/alpha": 2.0,
-  })  # fmt: skip
+  assert out == pytest.approx(
+      {
+          "train/loss": 3.0,
+          "train/grad_norm": 2.0,
+          "train/memory_nll": 2.5,
+          "train/lambda": 0.5,
+          "train/aux/layer_0/alpha": 2.0,
+      }
+  )
 
 
 def test_one_step_logs_that_step():

@@ -217,8 +217,11 @@ def test_workdir_that_is_a_file(tmp_path):
 
 def test_corpus_that_is_not_utf8_is_named_and_nothing_is_written(tmp_path):
   data = tmp_path / "wt"
-  shutil.copytree(os.path.join(REPO, "demo_data", "wikitext"), data,
-                  ignore=shutil.ignore_patterns("memjax_cache"))  # fmt: skip
+  shutil.copytree(
+      os.path.join(REPO, "demo_data", "wikitext"),
+      data,
+      ignore=shutil.ignore_patterns("memjax_cache"),
+  )
   train_file = data / "wiki.train.tokens"
   train_file.write_bytes(train_file.read_bytes()[:5000] + b"caf\xc2 x\n")
   workdir = tmp_path / "run"
@@ -251,15 +254,21 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
   # An exception that is not a UserError is not reduced to one line: a
   # mode added from outside memjax that fails on the run it is given.
   proc = subprocess.run(
-      [sys.executable, "-c",
-       "import json, sys; from memjax import extend, main; "
-       "extend.add(extend.Method(name='bug', "
-       "modes={'bug': extend.Mode(json.loads)})); "
-       "sys.argv = ['memjax', '--config=configs/trime_wt103.py:smoke', "
-       f"'--mode=bug', '--workdir={tmp_path}']; "
-       "from absl import app; app.run(main.main, flags_parser=main.parse_flags)"],
-      cwd=REPO, capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
+      [
+          sys.executable,
+          "-c",
+          "import json, sys; from memjax import extend, main; "
+          "extend.add(extend.Method(name='bug', "
+          "modes={'bug': extend.Mode(json.loads)})); "
+          "sys.argv = ['memjax', '--config=configs/trime_wt103.py:smoke', "
+          f"'--mode=bug', '--workdir={tmp_path}']; "
+          "from absl import app; app.run(main.main, flags_parser=main.parse_flags)",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode != 0 and proc.returncode != 2
   assert "Traceback" in proc.stderr and "memjax: error" not in proc.stderr
 
@@ -414,9 +423,12 @@ def test_the_suites_long_lived_main_answers_as_a_fresh_process(tmp_path):
 
 def test_make_help_lists_every_target_with_its_minutes():
   proc = subprocess.run(
-      ["make", "-s", "help"], cwd=REPO, capture_output=True, text=True,
+      ["make", "-s", "help"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
       timeout=60,
-  )  # fmt: skip
+  )
   assert proc.returncode == 0, proc.stderr
   listed = {l.split()[0]: l for l in proc.stdout.splitlines()}
   with open(os.path.join(REPO, "Makefile")) as f:

@@ -79,18 +79,31 @@ MODE_FLAGS = {
 # Cells: (mode, run). Chains run in order in one copy: the later modes
 # read what the earlier ones wrote.
 SINGLE = [
-    *[(m, ANY_RUN[k]) for m in ("eval", "export", "tokenize", "plan", "train")
-      for k in extend.RUN_KINDS
-      if catalog.parts().modes.get(m).takes(RUNS[ANY_RUN[k]][1])],
-    *[(m, "lm") for m in ("generate", "memeval", "tune", "memsweep",
-                          "buckets", "position_loss", "pack")],
+    *[
+        (m, ANY_RUN[k])
+        for m in ("eval", "export", "tokenize", "plan", "train")
+        for k in extend.RUN_KINDS
+        if catalog.parts().modes.get(m).takes(RUNS[ANY_RUN[k]][1])
+    ],
+    *[
+        (m, "lm")
+        for m in (
+            "generate",
+            "memeval",
+            "tune",
+            "memsweep",
+            "buckets",
+            "position_loss",
+            "pack",
+        )
+    ],
     ("memory_usage", "resm"),
     ("analyze", "recurrent"),
     ("extrapolate", "recurrent"),
     ("marge_eval", "marge"),
     ("translate", "mt"),
     ("import", "lm"),
-]  # fmt: skip
+]
 # Cells that start their own ``python -m memjax.main``, as a user does; the
 # others run in the test process's long-lived one (``conftest.run_main``),
 # and every --mode=plan cell starts its own (it sets the device count).
@@ -362,7 +375,10 @@ def test_a_method_added_from_outside_refuses_another_kind_in_one_line(
   )
   before = _listing(workdir)
   proc = run_main(
-      f"--config={config}", *flags[1:], "--mode=gate_norms",
-      f"--workdir={workdir}", fresh=True,  # It adds a method to the process.
-  )  # fmt: skip
+      f"--config={config}",
+      *flags[1:],
+      "--mode=gate_norms",
+      f"--workdir={workdir}",
+      fresh=True,  # It adds a method to the process.
+  )
   _assert_refused(proc, "gate_norms", before, workdir)

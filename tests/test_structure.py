@@ -285,8 +285,11 @@ def passed_on(path: str) -> list[str]:
       for n in ast.walk(tree)
       if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
   }
-  return sorted(f"{name} (line {line})" for name, line in bound.items()
-                if name not in used)  # fmt: skip
+  return sorted(
+      f"{name} (line {line})"
+      for name, line in bound.items()
+      if name not in used
+  )
 
 
 def _states_its_api(path: str) -> bool:
@@ -317,9 +320,7 @@ def test_the_pass_on_finder_finds_a_planted_facade(tmp_path):
       "Alias = b.Thing\n"
       "def f():\n  return used()\n"
   )
-  assert passed_on(str(path)) == [
-      "Alias (line 3)", "forwarded (line 1)"
-  ]  # fmt: skip
+  assert passed_on(str(path)) == ["Alias (line 3)", "forwarded (line 1)"]
 
 
 def test_methods_declare_their_parts_in_one_typed_spec():

@@ -30,10 +30,20 @@ def _fake_python(path, version: str) -> str:
 
 def _make_venv(tmp_path, python: str) -> subprocess.CompletedProcess:
   return subprocess.run(
-      ["make", "-s", "venv", "ACCEL=tpu", f"VENV={tmp_path / 'venv'}",
-       f"PYTHON={python}"],
-      cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-  )  # fmt: skip
+      [
+          "make",
+          "-s",
+          "venv",
+          "ACCEL=tpu",
+          f"VENV={tmp_path / 'venv'}",
+          f"PYTHON={python}",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=60,
+      check=False,
+  )
 
 
 @pytest.mark.parametrize("python", ["3.10", "missing"])

@@ -103,18 +103,23 @@ class MaskedLM(base.Loaded):
     # masked alike alone or among others.
     masked = [
         mlm.mask_tokens(
-            x[None], np.random.default_rng([seed, zlib.crc32(t.encode())]),
-            mask_id=self.mask_id, first_ordinary=self.mask_id + 1,
-            vocab_size=int(self.restored.vocab_size), mask_prob=p,
-        )  # fmt: skip
+            x[None],
+            np.random.default_rng([seed, zlib.crc32(t.encode())]),
+            mask_id=self.mask_id,
+            first_ordinary=self.mask_id + 1,
+            vocab_size=int(self.restored.vocab_size),
+            mask_prob=p,
+        )
         for t, x in zip(texts, ids)
     ]
     reports = self._scorer.scoring.sum_reports
     collections = tuple(r.collection for r in reports)
     out = self._scorer.apply(
-        self.restored.variables, self._batches(masked),
-        keep=("target_logprob",), collections=collections,
-    )  # fmt: skip
+        self.restored.variables,
+        self._batches(masked),
+        keep=("target_logprob",),
+        collections=collections,
+    )
     positions = [np.flatnonzero(m["weights"][0]) for m in masked]
     per_row = out.get("target_logprob")
     logprobs = [np.asarray(per_row[i, pos]) for i, pos in enumerate(positions)]
@@ -179,9 +184,12 @@ class Classifier(base.Loaded):
       names = {n: i for i, n in enumerate(self.labels)}
       index = np.asarray([names.get(l, l) for l in labels], np.int32)
     return glue.encode_examples(
-        list(sentences), index, self.vocab, self.cls_id,
+        list(sentences),
+        index,
+        self.vocab,
+        self.cls_id,
         int(self.c.max_len),
-    )  # fmt: skip
+    )
 
   def predict(self, sentences: Sequence[str]) -> dict[str, Any]:
     """The label of each sentence.
@@ -194,9 +202,11 @@ class Classifier(base.Loaded):
       of the logits; C = len(self.labels)), 'logits': [N, C]}.
     """
     logits, _ = classification.predict(
-        self._scorer, self.restored.variables, self._examples(sentences),
+        self._scorer,
+        self.restored.variables,
+        self._examples(sentences),
         self.c,
-    )  # fmt: skip
+    )
     logits = np.asarray(logits, np.float32)
     z = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs = z / z.sum(axis=1, keepdims=True)

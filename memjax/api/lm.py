@@ -202,9 +202,11 @@ class LanguageModel(base.Loaded):
             "least one token of text"
         )
       new = sampler.generate(
-          self.restored.variables, self._tokens(prompt), int(num_tokens),
+          self.restored.variables,
+          self._tokens(prompt),
+          int(num_tokens),
           int(seed) + i,
-      )  # fmt: skip
+      )
       out.append(self.decode(new) if isinstance(prompt, str) else new)
     return out if many else out[0]
 
@@ -219,9 +221,11 @@ class LanguageModel(base.Loaded):
       if model.carries_memory() and mem_len != model.mem_len:
         model = model.clone(mem_len=mem_len)
       self._samplers[key] = generate.Sampler(
-          model, self.restored.scoring().segment_len, top_p=top_p,
+          model,
+          self.restored.scoring().segment_len,
+          top_p=top_p,
           temperature=temperature,
-      )  # fmt: skip
+      )
     return self._samplers[key]
 
   def __repr__(self) -> str:

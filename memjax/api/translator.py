@@ -104,9 +104,10 @@ class Translator(base.Loaded):
         int(self.settings.eval.batch_size), self.restored.mesh
     )
     out = self._scorer.apply(
-        self.restored.variables, _pair_batches(src, tgt, size),
+        self.restored.variables,
+        _pair_batches(src, tgt, size),
         keep=("target_logprob",),
-    )  # fmt: skip
+    )
     per_row = out.get("target_logprob", np.zeros((0, 1), np.float32))
     logprobs = [np.asarray(per_row[i, : len(t)]) for i, t in enumerate(tgt)]
     total = sum(float(np.sum(lp, dtype=np.float64)) for lp in logprobs)
@@ -133,10 +134,11 @@ def _pair_batches(
     real = len(src)
     empty = [np.zeros((0,), np.int32)] * (size - real)
     batch = token_batching.make_pair_batch(
-        list(src) + empty, list(tgt) + empty,
+        list(src) + empty,
+        list(tgt) + empty,
         decoding.source_bucket(max(len(s) for s in src)),
         decoding.source_bucket(max(len(t) for t in tgt)),
-    )  # fmt: skip
+    )
     yield batch, real
 
 

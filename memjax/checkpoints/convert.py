@@ -227,8 +227,9 @@ def placed(layout: Layout, saved: Any, like: Any) -> Any:
       lambda x, a: jax.device_put(x, a.sharding)
       if getattr(a, "sharding", None) is not None and hasattr(x, "shape")
       else x,
-      tree, like,
-  )  # fmt: skip
+      tree,
+      like,
+  )
 
 
 CURRENT = Layout()

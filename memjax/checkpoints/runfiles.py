@@ -116,9 +116,12 @@ def find(path: str) -> RunFiles:
 
 # Entries only a training run writes into its workdir.
 _RUN_ENTRIES = (
-    CONFIG_FILE, VOCAB_FILE, "checkpoints", "train_log.jsonl",
+    CONFIG_FILE,
+    VOCAB_FILE,
+    "checkpoints",
+    "train_log.jsonl",
     lease.LEASE_FILE,
-)  # fmt: skip
+)
 # Files of a token cache (memjax.data.tasks, memjax.data.vocab,
 # memjax.data.mlm): <corpus>.<split>.v<size>.<key>.npz,
 # <corpus>.vocab.<key>.txt, mlm_<split>_<key>.npy, spm_mlm_<n>_<key>.model.

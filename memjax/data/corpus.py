@@ -133,8 +133,12 @@ def check_data(
         raise
 
   if train:
-    check(d.corpus, d.data_dir or sources.default_data_dir(d.corpus),
-          "train", None)  # fmt: skip
+    check(
+        d.corpus,
+        d.data_dir or sources.default_data_dir(d.corpus),
+        "train",
+        None,
+    )
   corpus, data_dir, vocab_source = eval_source(d, e)
   for split in splits:
     check(corpus, data_dir, split, vocab_source)

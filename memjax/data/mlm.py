@@ -81,8 +81,10 @@ def vocabulary_file(
   key = content.key(
       _vocabulary_what(vocab_size),
       lambda: [split_path(data_dir, "train")],
-      cache_dir, paths.resolve(data_dir), remember,
-  )  # fmt: skip
+      cache_dir,
+      paths.resolve(data_dir),
+      remember,
+  )
   return paths.join(cache_dir, f"spm_mlm_{vocab_size}_{key}.model")
 
 
@@ -99,13 +101,19 @@ def train_vocabulary(data_dir: str, vocab_size: int, cache_dir: str) -> str:
   train = split_path(data_dir, "train")
   paths.makedirs(cache_dir)
   parallel.train_sentencepiece(
-      paragraphs(train), path, vocab_size, train, "mlm.vocab_size",
+      paragraphs(train),
+      path,
+      vocab_size,
+      train,
+      "mlm.vocab_size",
       user_symbols=(CLS, MASK),
-  )  # fmt: skip
+  )
   content.record(
-      cache_dir, _vocabulary_what(vocab_size), paths.resolve(data_dir),
+      cache_dir,
+      _vocabulary_what(vocab_size),
+      paths.resolve(data_dir),
       _key_of(path),
-  )  # fmt: skip
+  )
   return path
 
 
@@ -140,9 +148,12 @@ def _split_what(split: str, vocab_path: str) -> str:
 
 
 def split_file(
-    data_dir: str, split: str, vocab_path: str, cache_dir: str,
+    data_dir: str,
+    split: str,
+    vocab_path: str,
+    cache_dir: str,
     remember: bool = True,
-) -> str:  # fmt: skip
+) -> str:
   """Where ``read_split`` keeps a split's ids: named by the SHA-256 of its
   text file and of the vocabulary, or as recorded in the cache when the
   text is missing. It may not exist yet; ``remember=False`` writes nothing.
@@ -153,8 +164,10 @@ def split_file(
   key = content.key(
       _split_what(split, vocab_path),
       lambda: [split_path(data_dir, split)],
-      cache_dir, paths.resolve(data_dir), remember,
-  )  # fmt: skip
+      cache_dir,
+      paths.resolve(data_dir),
+      remember,
+  )
   return paths.join(cache_dir, f"mlm_{split}_{key}.npy")
 
 
@@ -174,9 +187,11 @@ def read_split(
   paths.makedirs(cache_dir)
   paths.np_save(cache, stream.astype(np.int32))
   content.record(
-      cache_dir, _split_what(split, vocab_path), paths.resolve(data_dir),
+      cache_dir,
+      _split_what(split, vocab_path),
+      paths.resolve(data_dir),
       _key_of(cache),
-  )  # fmt: skip
+  )
   return stream.astype(np.int32)
 
 
@@ -267,6 +282,10 @@ class MLMBatcher:
         [np.full((self.batch_size, 1), self.cls_id, np.int32), rows], axis=1
     )
     return mask_tokens(
-        tokens, rng, mask_id=self.mask_id, first_ordinary=self.mask_id + 1,
-        vocab_size=self.vocab_size, mask_prob=self.mask_prob,
-    )  # fmt: skip
+        tokens,
+        rng,
+        mask_id=self.mask_id,
+        first_ordinary=self.mask_id + 1,
+        vocab_size=self.vocab_size,
+        mask_prob=self.mask_prob,
+    )

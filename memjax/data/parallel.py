@@ -67,7 +67,7 @@ def check_pairs(
     src_path: str,
     tgt_path: str,
 ) -> None:
-  """Raises DataError for unequal line counts or an empty line."""  # fmt: skip
+  """Raises DataError for unequal line counts or an empty line."""
   if len(src_lines) != len(tgt_lines):
     raise errors.DataError(
         f"{src_path} has {len(src_lines)} lines but {tgt_path} has "
@@ -122,8 +122,10 @@ def vocabulary_file(
   key = content.key(
       _vocabulary_what(src, tgt, vocab_size),
       lambda: split_files(data_dir, "train", src, tgt),
-      cache_dir, _where(data_dir), remember,
-  )  # fmt: skip
+      cache_dir,
+      _where(data_dir),
+      remember,
+  )
   return paths_lib.join(cache_dir, f"spm_{src}{tgt}_{vocab_size}_{key}.model")
 
 
@@ -142,13 +144,18 @@ def train_vocabulary(
   files = split_files(data_dir, "train", src, tgt)
   paths_lib.makedirs(cache_dir)
   train_sentencepiece(
-      s + t, path, vocab_size,
-      f"{files[0]} and {files[1]}", "data.vocab_size",
-  )  # fmt: skip
+      s + t,
+      path,
+      vocab_size,
+      f"{files[0]} and {files[1]}",
+      "data.vocab_size",
+  )
   content.record(
-      cache_dir, _vocabulary_what(src, tgt, vocab_size), _where(data_dir),
+      cache_dir,
+      _vocabulary_what(src, tgt, vocab_size),
+      _where(data_dir),
       path.rsplit("_", 1)[-1].split(".")[0],
-  )  # fmt: skip
+  )
   return path
 
 
@@ -204,9 +211,14 @@ def load_vocabulary(path: str) -> spm_vocab.SentencePieceVocabulary:
 
 
 def _pairs_dataset(
-    split: str, shuffle_files: bool, seed: Optional[int] = None, *,
-    data_dir: str, src: str, tgt: str,
-) -> Any:  # fmt: skip
+    split: str,
+    shuffle_files: bool,
+    seed: Optional[int] = None,
+    *,
+    data_dir: str,
+    src: str,
+    tgt: str,
+) -> Any:
   """tf.data.Dataset of {'inputs', 'targets'} sentences, in order."""
   del shuffle_files, seed  # Order is kept; the batcher shuffles.
   tf = optional.tensorflow("a SeqIO translation task")
@@ -299,8 +311,10 @@ def encoded_file(
   key = content.key(
       _encoded_what(split, src, tgt, vocab_path),
       lambda: split_files(data_dir, split, src, tgt),
-      cache_dir, _where(data_dir), remember,
-  )  # fmt: skip
+      cache_dir,
+      _where(data_dir),
+      remember,
+  )
   return paths_lib.join(cache_dir, f"mt_{split}_{src}{tgt}_{key}.npz")
 
 
@@ -330,9 +344,12 @@ def encode_split(
     task = register_task(data_dir, src, tgt, vocab_path)
     seqio_split = {v: k for k, v in _SEQIO_SPLITS.items()}[split]
     ds = task.get_dataset(
-        sequence_length=None, split=seqio_split, shuffle=False,
-        use_cached=False, num_epochs=1,
-    )  # fmt: skip
+        sequence_length=None,
+        split=seqio_split,
+        shuffle=False,
+        use_cached=False,
+        num_epochs=1,
+    )
     ins, tgs = [], []
     for ex in ds.as_numpy_iterator():
       ins.append(ex["inputs"].astype(np.int32))
@@ -348,9 +365,11 @@ def encode_split(
         target_text=_text_array(t_text),
     )
     content.record(
-        cache_dir, _encoded_what(split, src, tgt, vocab_path),
-        _where(data_dir), path.rsplit("_", 1)[-1].split(".")[0],
-    )  # fmt: skip
+        cache_dir,
+        _encoded_what(split, src, tgt, vocab_path),
+        _where(data_dir),
+        path.rsplit("_", 1)[-1].split(".")[0],
+    )
   with paths_lib.np_load(path) as z:
     source = np.split(z["inputs"], np.cumsum(z["input_lens"])[:-1])
     target = np.split(z["targets"], np.cumsum(z["target_lens"])[:-1])

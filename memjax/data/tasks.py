@@ -285,9 +285,14 @@ def is_cached(
           v_corpus, v_dir, cache_dir, remember=False
       ).vocab_size
     path = _stream_path(
-        corpus, data_dir, split, vocab_size, paths.resolve(cache_dir),
-        vocab_source, remember=False,
-    )[0]  # fmt: skip
+        corpus,
+        data_dir,
+        split,
+        vocab_size,
+        paths.resolve(cache_dir),
+        vocab_source,
+        remember=False,
+    )[0]
   except content.AmbiguousCacheError:
     raise
   except sources.DataError:

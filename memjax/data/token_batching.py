@@ -43,7 +43,7 @@ def make_pair_batch(
     'source' [N, src_len], 'inputs' [N, tgt_len] (decoder inputs: the
     start id, then the target shifted right), 'targets' [N, tgt_len],
     'weights' [N, tgt_len] float32 (1 on target tokens, 0 on padding).
-  """  # fmt: skip
+  """
   tgt = pad_rows(target, tgt_len)
   inputs = np.full_like(tgt, DECODER_START)
   inputs[:, 1:] = tgt[:, :-1]

@@ -349,9 +349,12 @@ def document_segments(
   reset = np.zeros((s, lanes), bool)
   reset[0] = True
   return dict(
-      inputs=lane_major(x), targets=lane_major(y), weights=lane_major(w),
-      positions=lane_major(pos), reset=reset,
-  )  # fmt: skip
+      inputs=lane_major(x),
+      targets=lane_major(y),
+      weights=lane_major(w),
+      positions=lane_major(pos),
+      reset=reset,
+  )
 
 
 def truncate_windows(

@@ -33,17 +33,28 @@ MODELS = (
 
 # Tables 11 and 15: TRIMELM_ext with config overrides (dotted keys).
 ABLATIONS = tuple(
-    common.Row(key, label, "trime_wt103", "trime_ext",
-               options={"kind": "trime_ext", "overrides": overrides})
+    common.Row(
+        key,
+        label,
+        "trime_wt103",
+        "trime_ext",
+        options={"kind": "trime_ext", "overrides": overrides},
+    )
     for label, key, overrides in (
-        ("random batches (Table 11)", "random_batches",
-         {"data.batching": "random"}),
-        ("no gradient into the memory (Table 11)", "stop_gradient_memory",
-         {"loss.stop_gradient_memory": True}),
+        (
+            "random batches (Table 11)",
+            "random_batches",
+            {"data.batching": "random"},
+        ),
+        (
+            "no gradient into the memory (Table 11)",
+            "stop_gradient_memory",
+            {"loss.stop_gradient_memory": True},
+        ),
         ("p = 0 (Table 15)", "hide_p0", {"loss.local_hide_prob": 0.0}),
         ("p = 0.5 (Table 15)", "hide_p05", {"loss.local_hide_prob": 0.5}),
     )
-)  # fmt: skip
+)
 
 
 def format_ablations(main: list[dict], ablations: list[dict]) -> str:
@@ -51,16 +62,19 @@ def format_ablations(main: list[dict], ablations: list[dict]) -> str:
   rows = [dict(m, row="BM25 batches, gradients, p = 0.9") for m in main]
   body = [
       [
-          m["row"], em_setting(m["scann"]["best"]),
+          m["row"],
+          em_setting(m["scann"]["best"]),
           f"{m['scann']['valid']['plain']['ppl']:.2f}",
           f"{m['scann']['valid']['memory']['ppl']:.2f}",
       ]
       for m in rows + ablations
-  ]  # fmt: skip
+  ]
   head = [
-      "TRIMELM_ext trained with", "setting (tuned on valid)",
-      "valid ppl without memory", "valid ppl, M_local u M_long u M_ext",
-  ]  # fmt: skip
+      "TRIMELM_ext trained with",
+      "setting (tuned on valid)",
+      "valid ppl without memory",
+      "valid ppl, M_local u M_long u M_ext",
+  ]
   return common.markdown(head, "llrr", body)
 
 
@@ -82,9 +96,15 @@ def format_domain_table(models: list[dict]) -> str:
     )
     plain = d["wiki"]
     body.append(
-        [name, "-", "-", "-", f"{plain['valid']['plain']['ppl']:.2f}",
-         f"{plain['test']['plain']['ppl']:.2f}"]
-    )  # fmt: skip
+        [
+            name,
+            "-",
+            "-",
+            "-",
+            f"{plain['valid']['plain']['ppl']:.2f}",
+            f"{plain['test']['plain']['ppl']:.2f}",
+        ]
+    )
     mem = "M_ext" if m["kind"] == "knn" else "M_local u M_long u M_ext"
     for what, store, r in (
         ("M_local u M_long", "-", d.get("local_long")),
@@ -94,9 +114,13 @@ def format_domain_table(models: list[dict]) -> str:
       if r:
         body.append([name, what, store, *_memory_cells(r)])
   head = [
-      "model", "memory at evaluation", "datastore",
-      "setting (tuned on iwslt_en valid)", "valid ppl", "test ppl",
-  ]  # fmt: skip
+      "model",
+      "memory at evaluation",
+      "datastore",
+      "setting (tuned on iwslt_en valid)",
+      "valid ppl",
+      "test ppl",
+  ]
   return common.markdown(head, "llllrr", body)
 
 
@@ -107,11 +131,18 @@ def format_table(models: list[dict]) -> str:
   by = {m["method"]: m for m in models}
   van, ext = by.get("vanilla"), by.get("trime_ext")
   body = [
-      [name, "-", "-", f"{m['scann']['valid']['plain']['ppl']:.2f}",
-       f"{m['scann']['test']['plain']['ppl']:.2f}", "-", "-"]
+      [
+          name,
+          "-",
+          "-",
+          f"{m['scann']['valid']['plain']['ppl']:.2f}",
+          f"{m['scann']['test']['plain']['ppl']:.2f}",
+          "-",
+          "-",
+      ]
       for name, m in (("vanilla", van), ("TRIMELM_ext", ext))
       if m
-  ]  # fmt: skip
+  ]
 
   def row(name, mem, r, m=None):
     exact = (
@@ -125,22 +156,31 @@ def format_table(models: list[dict]) -> str:
   if van:
     body.append(row("vanilla + kNN-LM", "M_ext", van["scann"], van))
     body.append(
-        row("vanilla + kNN-LM + continuous cache", "M_local; M_ext",
-            van["without_long"])
-    )  # fmt: skip
+        row(
+            "vanilla + kNN-LM + continuous cache",
+            "M_local; M_ext",
+            van["without_long"],
+        )
+    )
   if ext:
     body.append(row("TRIMELM_ext", "M_local u M_long", ext["local_long"]))
     body.append(
-        row("TRIMELM_ext without M_long", "M_local u M_ext",
-            ext["without_long"])
-    )  # fmt: skip
+        row(
+            "TRIMELM_ext without M_long", "M_local u M_ext", ext["without_long"]
+        )
+    )
     body.append(
         row("TRIMELM_ext", "M_local u M_long u M_ext", ext["scann"], ext)
     )
   head = [
-      "model", "memory at evaluation", "setting (tuned on valid)", "valid ppl",
-      "test ppl", "test ppl, exact search", "ScaNN recall@K",
-  ]  # fmt: skip
+      "model",
+      "memory at evaluation",
+      "setting (tuned on valid)",
+      "valid ppl",
+      "test ppl",
+      "test ppl, exact search",
+      "ScaNN recall@K",
+  ]
   return common.markdown(head, "lllrrrr", body)
 
 

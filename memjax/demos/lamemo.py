@@ -65,17 +65,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
   unit = rows[0]["unit"]
   body = [
       [
-          r["row"], f"{r['num_params']:,}", r["mem_len"],
-          f"{r['valid'][unit]:.2f}", f"{r['test'][unit]:.2f}",
+          r["row"],
+          f"{r['num_params']:,}",
+          r["mem_len"],
+          f"{r['valid'][unit]:.2f}",
+          f"{r['test'][unit]:.2f}",
           common.tokens_per_s(r),
-      ]  # fmt: skip
+      ]
       for r in rows
   ]
   body.append([common.UNIGRAM, "-", "-", *common.unigram(rows, unit), "-"])
   head = [
-      "model", "params", "memory", f"valid {unit}", f"test {unit}",
+      "model",
+      "params",
+      "memory",
+      f"valid {unit}",
+      f"test {unit}",
       "train tokens/s",
-  ]  # fmt: skip
+  ]
   return common.markdown(head, "lrrrrr", body)
 
 

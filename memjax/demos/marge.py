@@ -94,8 +94,9 @@ def plot(rows: list[dict], path: str) -> None:
   for name, buckets in marge_rows.plot_series(rows):
     pts = [b for b in buckets if b["nll"] is not None]
     style = "o--" if "S_t+1" in name else "o-"
-    ax.plot([b["bucket"] for b in pts], [b["nll"] for b in pts], style,
-            label=name)  # fmt: skip
+    ax.plot(
+        [b["bucket"] for b in pts], [b["nll"] for b in pts], style, label=name
+    )
   ax.set_xlabel("position in section")
   ax.set_ylabel(f"mean loss, {SPLIT} (nats)")
   ax.legend(fontsize=7)

@@ -80,9 +80,11 @@ def _scores(config: Any, workdir: str, trained: dict) -> tuple[dict, dict, int]:
   restored = build.restore(workdir, config=config)
   s = restored.settings
   tr = parts.make_translator(
-      s.of(task_config.Translation), restored.model, restored.variables,
+      s.of(task_config.Translation),
+      restored.model,
+      restored.variables,
       restored.vocab,
-  )  # fmt: skip
+  )
   spm = paths.join(workdir, "spm.model")
   valid = parts.read_split(s, "valid", spm, workdir)
   test = parts.read_split(s, "test", spm, workdir)

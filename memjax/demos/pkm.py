@@ -67,25 +67,37 @@ def format_table(rows: list[dict[str, Any]]) -> str:
   body = []
   for r in rows:
     cells = [
-        r["row"], f"{r['num_params']:,}", f"{r['valid'][unit]:.2f}",
-        f"{r['test'][unit]:.2f}", common.tokens_per_s(r),
-    ]  # fmt: skip
+        r["row"],
+        f"{r['num_params']:,}",
+        f"{r['valid'][unit]:.2f}",
+        f"{r['test'][unit]:.2f}",
+        common.tokens_per_s(r),
+    ]
     for layer, m in (r.get("usage") or {"-": None}).items():
       if m is None:
         body.append(cells + ["-"] * 5)
       else:
         body.append(
-            cells + [layer.split("/")[0]]
+            cells
+            + [layer.split("/")[0]]
             + [f"{m[k]:.3f}" for k in ("mu", "top1_mu", "kl_u", "kl_w")]
-        )  # fmt: skip
+        )
       cells = [""] * 5
   body.append(
       [common.UNIGRAM, "-", *common.unigram(rows, unit), "-"] + [""] * 5
   )
   head = [
-      "model", "params", f"valid {unit}", f"test {unit}", "train tokens/s",
-      "memory layer", "MU", "top-1 MU", "KL_u", "KL_w",
-  ]  # fmt: skip
+      "model",
+      "params",
+      f"valid {unit}",
+      f"test {unit}",
+      "train tokens/s",
+      "memory layer",
+      "MU",
+      "top-1 MU",
+      "KL_u",
+      "KL_w",
+  ]
   return common.markdown(head, "lrrrrlrrrr", body)
 
 

@@ -56,9 +56,10 @@ _EXTRA = flags.DEFINE_integer(
 )
 _FROZEN = flags.DEFINE_bool("frozen", False, "Also fine-tune frozen memory.")
 _FROZEN_SEEDS = flags.DEFINE_list(
-    "frozen_seeds", [], "Seeds of the frozen-memory fine-tunes (default:"
-    " --seeds)."
-)  # fmt: skip
+    "frozen_seeds",
+    [],
+    "Seeds of the frozen-memory fine-tunes (default:" " --seeds).",
+)
 
 
 ROWS = pkm_bert_rows.ROWS
@@ -100,10 +101,12 @@ def summarise(key: str, mlm_res: dict, fts: list[dict]) -> dict:
     med = statistics.median_low(devs)
     pick = fts[devs.index(med)]
     row.update(
-        dev_acc=med, dev_accs=devs, test_acc=pick["test"]["accuracy"],
+        dev_acc=med,
+        dev_accs=devs,
+        test_acc=pick["test"]["accuracy"],
         ft_memory=pick.get("memory", {}),
         class_divergence=pick.get("class_divergence", {}),
-    )  # fmt: skip
+    )
   return row
 
 
@@ -129,21 +132,33 @@ def format_table(rows: list[dict]) -> str:
   nan = float("nan")
   body = [
       [
-          r["row"], f"{r['valid_ppl']:.2f}", f"{r['test_ppl']:.2f}",
-          _pct(r["memory"], "top1_mu"), _per_layer(r["memory"], "kl_u"),
-          _per_layer(r["memory"], "kl_w"), _dev_cell(r),
+          r["row"],
+          f"{r['valid_ppl']:.2f}",
+          f"{r['test_ppl']:.2f}",
+          _pct(r["memory"], "top1_mu"),
+          _per_layer(r["memory"], "kl_u"),
+          _per_layer(r["memory"], "kl_w"),
+          _dev_cell(r),
           f"{r.get('test_acc', nan):.4f}",
           _pct(r.get("ft_memory", {}), "top1_mu"),
           _per_layer(r.get("class_divergence", {}), "kl"),
           _per_layer(r.get("class_divergence", {}), "iou"),
       ]
       for r in rows
-  ]  # fmt: skip
+  ]
   head = [
-      "model", "MLM ppl valid", "MLM ppl test", "top-1 MU (%)", "KL_u", "KL_w",
-      "sentiment dev acc (median)", "test acc", "top-1 MU after FT (%)",
-      "pos/neg KL", "pos/neg IOU",
-  ]  # fmt: skip
+      "model",
+      "MLM ppl valid",
+      "MLM ppl test",
+      "top-1 MU (%)",
+      "KL_u",
+      "KL_w",
+      "sentiment dev acc (median)",
+      "test acc",
+      "top-1 MU after FT (%)",
+      "pos/neg KL",
+      "pos/neg IOU",
+  ]
   return common.markdown(head, "l" + "r" * 10, body)
 
 
@@ -152,20 +167,25 @@ def format_frozen_table(rows: list[dict]) -> str:
   nan = float("nan")
   body = [
       [
-          r["row"], update, f"{d.get('dev_acc', nan):.4f}",
+          r["row"],
+          update,
+          f"{d.get('dev_acc', nan):.4f}",
           ", ".join(f"{a:.3f}" for a in d.get("dev_accs", [])),
           f"{d.get('test_acc', nan):.4f}",
       ]
       for r in rows
       if "frozen" in r
       for update, d in (("Y", r), ("N", r["frozen"]))
-  ]  # fmt: skip
+  ]
   if not body:
     return ""
   head = [
-      "model", "memory update", "sentiment dev acc (median)", "dev accs",
+      "model",
+      "memory update",
+      "sentiment dev acc (median)",
+      "dev accs",
       "test acc",
-  ]  # fmt: skip
+  ]
   return common.markdown(head, "llrlr", body)
 
 
@@ -219,13 +239,19 @@ def _finetunes(keys: list[str], root: str, start: float) -> dict:
   jobs = [(k, s, False) for s in _SEEDS.value for k in keys]
   frozen_seeds = _FROZEN_SEEDS.value or _SEEDS.value
   if _FROZEN.value:
-    jobs += [(k, s, True) for s in frozen_seeds for k in keys
-             if ROWS[k].options["finetune"] != "cls"]  # fmt: skip
+    jobs += [
+        (k, s, True)
+        for s in frozen_seeds
+        for k in keys
+        if ROWS[k].options["finetune"] != "cls"
+    ]
   fts = {}
   for key, seed, frozen in jobs:
     what = "frozen-memory fine-tuning" if frozen else "fine-tuning"
-    print(f"== {ROWS[key].label}: {what}, seed {seed} "
-          f"({time.time() - start:.0f}s)")  # fmt: skip
+    print(
+        f"== {ROWS[key].label}: {what}, seed {seed} "
+        f"({time.time() - start:.0f}s)"
+    )
     res = finetune(key, root, _SIZE.value, int(seed), frozen)
     fts.setdefault((key, frozen), []).append(res)
   return fts
@@ -241,8 +267,10 @@ def main() -> None:
   keys = [r.key for r in sorted(selected, key=lambda r: (bool(r.base), r.key))]
   mlm = {}
   for key in keys:
-    print(f"== {ROWS[key].label}: pretraining "
-          f"({time.time() - demo.start:.0f}s)")  # fmt: skip
+    print(
+        f"== {ROWS[key].label}: pretraining "
+        f"({time.time() - demo.start:.0f}s)"
+    )
     mlm[key] = pretrain(key, root, _SIZE.value)
   fts = _finetunes(keys, root, demo.start)
   rows = []

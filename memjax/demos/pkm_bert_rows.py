@@ -30,10 +30,15 @@ ROWS = {
         _row("d", "(d) +ResM", "resm", "", "cls_resm"),
         _row("e", "(e) +Init +PKM", "init_pkm", "a", "cls_pkm"),
         _row("f", "(f) +Init +ResM", "init_resm", "a", "cls_resm"),
-        _row("f_fresh", "(f') +Init +ResM, fresh FFN", "init_resm_fresh_ffn",
-             "a", "cls_resm"),
+        _row(
+            "f_fresh",
+            "(f') +Init +ResM, fresh FFN",
+            "init_resm_fresh_ffn",
+            "a",
+            "cls_resm",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def mlm_dir(root: str, key: str) -> str:

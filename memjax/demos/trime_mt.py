@@ -38,9 +38,11 @@ _TEST = flags.DEFINE_integer(
     "test_sentences", 200, "Test sentences scored (0: all)."
 )
 _METHOD = flags.DEFINE_string(
-    "method", "", "Run only this method (vanilla or trime_mt) into "
-    "<workdir>/<method>/rows.json; empty: both, in two processes."
-)  # fmt: skip
+    "method",
+    "",
+    "Run only this method (vanilla or trime_mt) into "
+    "<workdir>/<method>/rows.json; empty: both, in two processes.",
+)
 
 
 def _config(method: str, size: str, steps: int, data_dir: str = "") -> Any:
@@ -86,9 +88,11 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   s = restored.settings
   test = parts.read_split(s, "test", paths.join(workdir, "spm.model"), workdir)
   tr = parts.make_translator(
-      s.of(task_config.Translation), restored.model, restored.variables,
+      s.of(task_config.Translation),
+      restored.model,
+      restored.variables,
       restored.vocab,
-  )  # fmt: skip
+  )
   plain = parts.score_split(tr, test, int(test_sentences), "test, no memory")
   tic = time.time()
   with_memory = memjax.run_mode("mt_translate", config, workdir)
@@ -119,7 +123,10 @@ def _markdown(v: dict, t: dict, total: float) -> str:
 
   table = common.markdown(
       [
-          "test, beam 4", "BLEU", "lowercased BLEU", "chrF",
+          "test, beam 4",
+          "BLEU",
+          "lowercased BLEU",
+          "chrF",
           "valid NLL (teacher-forced)",
       ],
       "lllll",
@@ -133,7 +140,7 @@ def _markdown(v: dict, t: dict, total: float) -> str:
               f"{t['tune']['nll_without_memory']:.3f}",
           ),
       ],
-  )  # fmt: skip
+  )
   lines = [
       table,
       "",
@@ -162,12 +169,18 @@ def _child(method: str, workdir: str, size, steps, test) -> subprocess.Popen:
   log = open(os.path.join(workdir, f"{method}.log"), "w")  # pylint: disable=consider-using-with
   return subprocess.Popen(
       [
-          sys.executable, "-m", "memjax.demos.trime_mt", f"--method={method}",
-          f"--workdir={workdir}", f"--size={size}", f"--steps={steps}",
+          sys.executable,
+          "-m",
+          "memjax.demos.trime_mt",
+          f"--method={method}",
+          f"--workdir={workdir}",
+          f"--size={size}",
+          f"--steps={steps}",
           f"--test_sentences={test}",
       ],
-      stdout=log, stderr=subprocess.STDOUT,
-  )  # fmt: skip
+      stdout=log,
+      stderr=subprocess.STDOUT,
+  )
 
 
 def run(workdir: str, size: str = "demo", steps: int = 150, test=200):

@@ -85,15 +85,26 @@ def _setting(r: dict[str, Any]) -> str:
 def format_table(rows: list[dict[str, Any]]) -> str:
   """Markdown table of valid/test perplexity per row."""
   head = [
-      "model", "params", "steps", "memory at evaluation", "valid ppl",
-      "test ppl", "test ppl without memory", "train tokens/s",
-  ]  # fmt: skip
+      "model",
+      "params",
+      "steps",
+      "memory at evaluation",
+      "valid ppl",
+      "test ppl",
+      "test ppl without memory",
+      "train tokens/s",
+  ]
   body = [
       [
-          r["row"], f"{r['num_params']:,}", r["step"], _setting(r),
-          f"{r['valid']['ppl']:.2f}", f"{r['test']['ppl']:.2f}",
-          f"{r['test_plain']['ppl']:.2f}", common.tokens_per_s(r),
-      ]  # fmt: skip
+          r["row"],
+          f"{r['num_params']:,}",
+          r["step"],
+          _setting(r),
+          f"{r['valid']['ppl']:.2f}",
+          f"{r['test']['ppl']:.2f}",
+          f"{r['test_plain']['ppl']:.2f}",
+          common.tokens_per_s(r),
+      ]
       for r in rows
   ]
   body.append(

@@ -196,8 +196,11 @@ def run_stream(
         last = time.time()
         console.info(
             "%s: batch %d, %.0fs (%.0fs searching)",
-            desc, i + 1, last - start, external.search_seconds,
-        )  # fmt: skip
+            desc,
+            i + 1,
+            last - start,
+            external.search_seconds,
+        )
     if prev is not None:
       fetched.append(finish(*prev))
   finally:
@@ -228,9 +231,12 @@ def _batch_sums(
   }
   if keep_tokens:
     res.update(
-        grid_tok=logp, lm_tok=out["lm"], w_tok=w,
-        tgt_tok=out["targets"], pos_tok=out["positions"],
-    )  # fmt: skip
+        grid_tok=logp,
+        lm_tok=out["lm"],
+        w_tok=w,
+        tgt_tok=out["targets"],
+        pos_tok=out["positions"],
+    )
   return jax.device_get(res)
 
 
@@ -277,10 +283,15 @@ def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
     key += (search_lib.index_id(store, metric),)
   if key not in _SEARCHERS:
     _SEARCHERS[key] = search_lib.make_searcher(
-        store, metric, em["search"], int(em["leaves_to_search"]),
+        store,
+        metric,
+        em["search"],
+        int(em["leaves_to_search"]),
         int(em["reorder_candidates"]),
-    )  # fmt: skip
+    )
   return ExternalSearch(
-      _SEARCHERS[key], int(em["ext_k"]), bool(em["pipeline"]),
+      _SEARCHERS[key],
+      int(em["ext_k"]),
+      bool(em["pipeline"]),
       rescore=bool(em.get("rescore", True)),
-  )  # fmt: skip
+  )

@@ -101,12 +101,16 @@ class MemoryScorer(rows.Scorer):
     key = ("grid", keep_tokens)
     if key not in self.compiled:
       step = memory_step.make_eval_step(
-          self.model, window_len=self.window_len, score_len=self.score_len,
-          kind=self.grid.kind, memory=self.grid.memory,
+          self.model,
+          window_len=self.window_len,
+          score_len=self.score_len,
+          kind=self.grid.kind,
+          memory=self.grid.memory,
           long_sizes=self.grid.long_sizes,
-          settings=self.grid.values(), block_size=self.block_size,
+          settings=self.grid.values(),
+          block_size=self.block_size,
           long_span=self.long_span,
-      )  # fmt: skip
+      )
       fn = sharding_lib.jit(
           _reduced(step, self.grid, keep_tokens),
           self.mesh,
@@ -155,9 +159,14 @@ class MemoryScorer(rows.Scorer):
     else:
       fetched, start = self._run(fn, step.capacity, params, tokens, desc)
     return summarize_stream(
-        fetched, self.grid, self.unit, keep_tokens, desc, start,
+        fetched,
+        self.grid,
+        self.unit,
+        keep_tokens,
+        desc,
+        start,
         self.scoring.memories,
-    )  # fmt: skip
+    )
 
   def _run(
       self, fn: Any, capacity: int, params: Any, tokens: np.ndarray, desc: str
@@ -184,8 +193,11 @@ class MemoryScorer(rows.Scorer):
         last_report = time.time()
         console.info(
             "%s: batch %d/%d, %.0fs",
-            desc, i + 1, num_batches, last_report - start,
-        )  # fmt: skip
+            desc,
+            i + 1,
+            num_batches,
+            last_report - start,
+        )
     return jax.device_get(pending), start
 
   def score(
@@ -224,9 +236,11 @@ def _reduced(step: Any, grid: Grid, keep_tokens: bool) -> Any:
         res["grid_tok"] = logp
     if keep_tokens:
       res.update(
-          lm_tok=out["lm"], w_tok=w, tgt_tok=out["targets"],
+          lm_tok=out["lm"],
+          w_tok=w,
+          tgt_tok=out["targets"],
           pos_tok=out["positions"],
-      )  # fmt: skip
+      )
     return bank, res
 
   return reduced

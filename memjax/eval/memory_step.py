@@ -81,14 +81,7 @@ def make_eval_step(
     [W, S, D] float32 g, 'log_z' [W, S] and, if it reads M_local u M_long,
     'sums' [len(long_sizes), 2, G, W, S] (lse_all, lse_pos at each scale).
   """
-  settings = {k: tuple(v) for k, v in (settings or {}).items()}
-  long_sizes = tuple(int(n) for n in long_sizes)
-  if any(n < 0 for n in long_sizes):
-    raise errors.ConfigError(
-        f"long-term memory sizes must be >= 0, got {long_sizes}"
-    )
-  memory.check(settings)
-  evaluation.long_memory_end(0, 0, long_span)  # checks the name
+  settings, long_sizes = _checked(memory, settings, long_sizes, long_span)
 
   def step(params, bank: Bank, batch: dict[str, Array]):
     q, g, result, log_z = _forward(model, params, batch, score_len)
@@ -100,9 +93,16 @@ def make_eval_step(
       return bank, result
     scales = jnp.asarray(memory.scales(settings, g.shape[-1]), jnp.float32)
     sums = _memory_sums(
-        q, g, batch, bank, scales, long_sizes, window_len - score_len,
-        block_size, long_span,
-    )  # fmt: skip
+        q,
+        g,
+        batch,
+        bank,
+        scales,
+        long_sizes,
+        window_len - score_len,
+        block_size,
+        long_span,
+    )
     if memory.external_metric:
       result.update(
           queries=q.g.astype(jnp.float32),
@@ -122,6 +122,24 @@ def make_eval_step(
       memory, long_sizes, window_len, score_len
   )
   return step
+
+
+def _checked(
+    memory: evaluation.EvalMemory,
+    settings: Mapping[str, Sequence[float]] | None,
+    long_sizes: Sequence[int],
+    long_span: str,
+) -> tuple[dict[str, tuple[float, ...]], tuple[int, ...]]:
+  """``make_eval_step``'s axis values and memory sizes, checked, as tuples."""
+  settings = {k: tuple(v) for k, v in (settings or {}).items()}
+  long_sizes = tuple(int(n) for n in long_sizes)
+  if any(n < 0 for n in long_sizes):
+    raise errors.ConfigError(
+        f"long-term memory sizes must be >= 0, got {long_sizes}"
+    )
+  memory.check(settings)
+  evaluation.long_memory_end(0, 0, long_span)  # checks the name
+  return settings, long_sizes
 
 
 def _forward(

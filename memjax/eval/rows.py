@@ -281,9 +281,12 @@ class Scorer:
       def fn(params, batch):
         extra = {k: batch[k] for k in names_in if k in batch}
         out, state = model.apply(
-            model_state.as_variables(params), batch["inputs"],
-            batch.get("targets"), mutable=list(collections), **extra,
-        )  # fmt: skip
+            model_state.as_variables(params),
+            batch["inputs"],
+            batch.get("targets"),
+            mutable=list(collections),
+            **extra,
+        )
         sums = {c: state.get(c, {}) for c in collections}
         if "targets" in batch:
           w = batch.get("weights", jnp.ones(batch["targets"].shape))

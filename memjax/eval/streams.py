@@ -324,7 +324,10 @@ class StreamScorer(rows.Scorer):
       return self
     if "documents" not in self.compiled:
       self.compiled["documents"] = StreamScorer(
-          self.scoring, segment_len=self.segment_len, mem_len=self.mem_len,
-          lanes=lanes, chunk=self.chunk,
-      )  # fmt: skip
+          self.scoring,
+          segment_len=self.segment_len,
+          mem_len=self.mem_len,
+          lanes=lanes,
+          chunk=self.chunk,
+      )
     return self.compiled["documents"]

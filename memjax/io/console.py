@@ -36,9 +36,12 @@ class Progress:
   ``expected`` 0 (a total not known in advance) the line has no ETA."""
 
   def __init__(
-      self, expected: int, what: str = "datastore", unit: str = "keys",
+      self,
+      expected: int,
+      what: str = "datastore",
+      unit: str = "keys",
       every_s: float = 10.0,
-  ):  # fmt: skip
+  ):
     self.start = self.last = time.time()
     self.expected, self.done = expected, 0
     self.what, self.unit, self.every_s = what, unit, every_s

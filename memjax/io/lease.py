@@ -324,9 +324,11 @@ class Lease:
         seen, wait_until = holder, self._clock() + self.stale_s
         console.info(
             "%s is leased from another host (%s): waiting up to %.0f s for "
-            "its next heartbeat", self.path, holder.describe(self._clock()),
+            "its next heartbeat",
+            self.path,
+            holder.describe(self._clock()),
             self.stale_s,
-        )  # fmt: skip
+        )
       time.sleep(min(1.0, self.heartbeat_s / 4))
       if wait_until is not None and self._clock() > wait_until + 60:
         raise self._busy(seen)  # The holder's clock runs far ahead.

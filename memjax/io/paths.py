@@ -181,10 +181,20 @@ def stamp(path: str) -> str:
     return f"{st.st_size}|{st.st_mtime_ns}"
   info = filesystem(path).info(path)
   when = next(
-      (info[k] for k in ("mtime", "updated", "LastModified", "md5Hash",
-                         "ETag", "created") if info.get(k) is not None),
+      (
+          info[k]
+          for k in (
+              "mtime",
+              "updated",
+              "LastModified",
+              "md5Hash",
+              "ETag",
+              "created",
+          )
+          if info.get(k) is not None
+      ),
       "",
-  )  # fmt: skip
+  )
   return f"{info.get('size', '')}|{when}"
 
 

@@ -272,9 +272,10 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
     )
   if old != spec.to_json():
     diff = sorted(
-        k for k in set(old) | set(spec.to_json())
+        k
+        for k in set(old) | set(spec.to_json())
         if old.get(k) != spec.to_json().get(k)
-    )  # fmt: skip
+    )
     raise errors.ResumeError(
         f"the datastore build at {path} has other settings ({', '.join(diff)}):"
         " resume it with the same ones or choose another eval_memory.datastore"
@@ -313,12 +314,16 @@ def build(
   fn = sharding_lib.jit(make_feature_fn(model, spec.score_len), mesh)
   keys_per_shard = spec.shard_batches * spec.batch_size * spec.score_len
   done = shards.write(
-      path, spec.to_json(), num_shards(spec), (process_index, process_count),
+      path,
+      spec.to_json(),
+      num_shards(spec),
+      (process_index, process_count),
       lambda b: fn(params, sharding_lib.put_global_batch(b, mesh)),
-      _shard_batches(tokens, spec), spec.dim,
+      _shard_batches(tokens, spec),
+      spec.dim,
       expected_keys=lambda n: min(n * keys_per_shard, spec.num_tokens - 1),
       stop_after_shards=stop_after_shards,
-  )  # fmt: skip
+  )
   return join(path, spec) if done else None
 
 
@@ -344,11 +349,15 @@ def _shard_batches(
 def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
   """Writes manifest.json once every shard is complete (else None)."""
   joined = shards.join(
-      path, num_shards(spec), signature=spec.signature, dim=spec.dim,
-      corpus=spec.corpus, split=spec.split,
+      path,
+      num_shards(spec),
+      signature=spec.signature,
+      dim=spec.dim,
+      corpus=spec.corpus,
+      split=spec.split,
       context={"window_len": spec.window_len, "score_len": spec.score_len},
       checkpoint=spec.checkpoint,
-  )  # fmt: skip
+  )
   return open_datastore(path) if joined else None
 
 

@@ -76,11 +76,22 @@ def build_from_batches(
     return batches(first, min(first + spec.shard_batches, spec.num_batches))
 
   shards.write(
-      path, spec.to_json(), total, (process_index, process_count), features,
-      shard_batches, spec.dim,
-  )  # fmt: skip
+      path,
+      spec.to_json(),
+      total,
+      (process_index, process_count),
+      features,
+      shard_batches,
+      spec.dim,
+  )
   joined = shards.join(
-      path, total, signature=spec.signature, dim=spec.dim, corpus=spec.corpus,
-      split=spec.split, context=spec.context, checkpoint=spec.checkpoint,
-  )  # fmt: skip
+      path,
+      total,
+      signature=spec.signature,
+      dim=spec.dim,
+      corpus=spec.corpus,
+      split=spec.split,
+      context=spec.context,
+      checkpoint=spec.checkpoint,
+  )
   return ds.open_datastore(path) if joined else None

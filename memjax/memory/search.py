@@ -296,9 +296,13 @@ def build_index(
       meta.append({"count": 0})
       continue
     srch = build_shard_index(
-        keys, metric, k, leaves=leaves,
-        leaves_to_search=leaves_to_search, reorder=reorder,
-    )  # fmt: skip
+        keys,
+        metric,
+        k,
+        leaves=leaves,
+        leaves_to_search=leaves_to_search,
+        reorder=reorder,
+    )
     d = paths.join(out, shards.shard_name(s))
     # ScaNN writes local files: built locally, uploaded for a URL.
     with paths.local_dir(d, "w") as local:

@@ -69,8 +69,12 @@ def to_write(path: str, total: int, index: int, count: int) -> list[int]:
   ]
   console.info(
       "datastore: %d of %d shards to write (process %d of %d) into %s",
-      len(mine), total, index, count, path,
-  )  # fmt: skip
+      len(mine),
+      total,
+      index,
+      count,
+      path,
+  )
   return mine
 
 

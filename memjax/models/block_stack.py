@@ -312,7 +312,14 @@ class BlockStack(nn.Module):
   ) -> list[tuple[stack.LayerRun, blocks.ResidualBlock]]:
     """(run, its block) of each run (``make_block``)."""
     return [
-        (r, self.make_block(r.name, r.first, attention,
-                            cross=cross(r.first) if cross else None))
+        (
+            r,
+            self.make_block(
+                r.name,
+                r.first,
+                attention,
+                cross=cross(r.first) if cross else None,
+            ),
+        )
         for r in runs
-    ]  # fmt: skip
+    ]

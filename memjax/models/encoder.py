@@ -101,10 +101,12 @@ class Encoder(block_stack.BlockStack):
     )
     self.drop = nn.Dropout(self.dropout_rate)
     dense = lambda n, d: nn.Dense(
-        d, dtype=self.dtype, name=n,
+        d,
+        dtype=self.dtype,
+        name=n,
         kernel_init=nn.with_logical_partitioning(init, ("embed", None)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
-    )  # fmt: skip
+    )
     if self.head == "mlm":
       self.mlm_dense = dense("mlm_dense", self.d_model)
       self.mlm_norm = self.norm("mlm_norm")
@@ -147,9 +149,14 @@ class Encoder(block_stack.BlockStack):
     else:
       shared = {}
     x, g, _ = stack.apply(
-        self.layers, x, None, deterministic, mask=mask, attend_inputs=attend,
+        self.layers,
+        x,
+        None,
+        deterministic,
+        mask=mask,
+        attend_inputs=attend,
         **shared,
-    )  # fmt: skip
+    )
     if self.final_norm is not None:
       x = self.final_norm(x)
     return x, g, mask
@@ -159,9 +166,10 @@ class Encoder(block_stack.BlockStack):
     act = feed_forward_lib.activation_fn(self.activation)
     h = self.mlm_norm(act(self.mlm_dense(hidden)))
     logits = jnp.einsum(
-        "...d,vd->...v", h.astype(jnp.float32),
+        "...d,vd->...v",
+        h.astype(jnp.float32),
         self.embedding.astype(jnp.float32),
-    )  # fmt: skip
+    )
     return logits + self.mlm_bias.astype(jnp.float32)
 
   def class_logits(self, hidden: Array, deterministic: bool) -> Array:

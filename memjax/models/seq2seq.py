@@ -208,9 +208,10 @@ class EncoderDecoder(block_stack.BlockStack):
     if self.decoder_norm is not None:
       h = self.decoder_norm(h)
     logits = jnp.einsum(
-        "...d,vd->...v", h.astype(jnp.float32),
+        "...d,vd->...v",
+        h.astype(jnp.float32),
         self.tgt_embed.astype(jnp.float32),
-    )  # fmt: skip
+    )
     return h, nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
   def forward(
@@ -240,10 +241,14 @@ class EncoderDecoder(block_stack.BlockStack):
     causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
     kvs = [{"kv": kv} for kv in self.cross_kv(enc)]
     x, g, _ = stack.apply(
-        self.decoder, x, None, deterministic, layer_cross=kvs,
+        self.decoder,
+        x,
+        None,
+        deterministic,
+        layer_cross=kvs,
         attend_inputs={"mask": causal},
         cross_inputs={"mask": src_mask[:, None, None, :]},
-    )  # fmt: skip
+    )
     hidden, logits = self._decoder_out(x)
     g = self._memory_g(g, hidden)
     if targets is None:
@@ -292,11 +297,14 @@ class EncoderDecoder(block_stack.BlockStack):
     max_len = cache["self"][0][0].shape[1]
     self_mask = (jnp.arange(max_len) <= pos)[None, None, None, :]
     x, g, new_self = stack.apply(
-        self.decoder, x, cache["self"], True,
+        self.decoder,
+        x,
+        cache["self"],
+        True,
         layer_cross=[{"kv": kv} for kv in cache["cross"]],
         attend_inputs={"mask": self_mask, "pos": pos},
         cross_inputs={"mask": src_mask[:, None, None, :]},
-    )  # fmt: skip
+    )
     hidden, logits = self._decoder_out(x[:, 0])
     g = self._memory_g(g, hidden[:, None])
     log_z = jax.nn.logsumexp(logits, axis=-1)
@@ -316,9 +324,10 @@ def encoder_decoder(
   (default: ``model.norm_position``) (``EncoderDecoder``)."""
   stack_norms = ("encoder_norm_position", "decoder_norm_position")
   opts = transformer.family_options(
-      model, "encoder_decoder",
+      model,
+      "encoder_decoder",
       ["encoder_layers", "memory_feature", *stack_norms],
-  )  # fmt: skip
+  )
   for key in stack_norms:
     if opts.get(key, "") not in ("", *blocks.NORM_POSITIONS):
       raise errors.ConfigError(

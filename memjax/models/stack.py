@@ -208,9 +208,11 @@ def apply(
     own = None if layer_cross is None else list(layer_cross[at])
     if not run.scanned:
       h, g, s = block(
-          h, None if state is None else state[0], deterministic,
+          h,
+          None if state is None else state[0],
+          deterministic,
           **_merge_cross(inputs, None if own is None else own[0]),
-      )  # fmt: skip
+      )
       new_states.append(s)
       continue
 
@@ -221,11 +223,13 @@ def apply(
       return (out, g_), s_
 
     (h, g), ys = scan(
-        run, block, body, (h, h),
-        (stack_trees(state or [None]),
-         stack_trees(own or [None])),
+        run,
+        block,
+        body,
+        (h, h),
+        (stack_trees(state or [None]), stack_trees(own or [None])),
         inputs,
-    )  # fmt: skip
+    )
     new_states.extend(unstack_tree(ys, run.count))
   return h, g, new_states
 
@@ -237,8 +241,9 @@ def _merge_cross(
   merged into ``cross_inputs``."""
   if own is None:
     return dict(inputs)
-  return dict(inputs, cross_inputs={**(inputs.get("cross_inputs") or {}),
-                                    **own})  # fmt: skip
+  return dict(
+      inputs, cross_inputs={**(inputs.get("cross_inputs") or {}), **own}
+  )
 
 
 def parse_name(name: str) -> Optional[tuple[str, int, int]]:
@@ -304,9 +309,10 @@ def _stack(xs: Sequence[Any]) -> Any:
   x = xs[0]
   if isinstance(x, jax.ShapeDtypeStruct):
     return jax.ShapeDtypeStruct(
-        (len(xs),) + tuple(x.shape), x.dtype,
+        (len(xs),) + tuple(x.shape),
+        x.dtype,
         sharding=_sharding(x.sharding, drop=False),
-    )  # fmt: skip
+    )
   if isinstance(x, np.ndarray):
     return np.stack(xs)
   return jnp.stack(xs)

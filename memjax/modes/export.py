@@ -33,9 +33,11 @@ def export_run(run: spec.Run) -> dict[str, Any]:
   files = runfiles.find(run.workdir)
   restored = restore.restore(run, files)
   out = restore.export(
-      restored, out, dtype=e.dtype,
+      restored,
+      out,
+      dtype=e.dtype,
       config_json=runfiles.read_config_text(files),
-  )  # fmt: skip
+  )
   tuned = paths.join(run.workdir, "tune.json")
   if paths.isfile(tuned):
     paths.copy(tuned, paths.join(out, "tune.json"))

@@ -55,20 +55,62 @@ _CALLS = re.compile(
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 # XLA's HloCostAnalysis::HandleElementwiseOp: these count as transcendentals.
-TRANSCENDENTAL = frozenset((
-    "erf", "exponential", "log", "logistic", "power", "sqrt", "cbrt", "rsqrt",
-    "tanh", "sine", "cosine", "exponential-minus-one", "log-plus-one",
-    "atan2", "tan",
-))  # fmt: skip
+TRANSCENDENTAL = frozenset(
+    (
+        "erf",
+        "exponential",
+        "log",
+        "logistic",
+        "power",
+        "sqrt",
+        "cbrt",
+        "rsqrt",
+        "tanh",
+        "sine",
+        "cosine",
+        "exponential-minus-one",
+        "log-plus-one",
+        "atan2",
+        "tan",
+    )
+)
 # Elementwise opcodes counted one FLOP per output element.
-ELEMENTWISE = frozenset((
-    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum",
-    "negate", "abs", "sign", "compare", "select", "clamp", "and", "or", "xor",
-    "not", "floor", "ceil", "round-nearest-afz", "round-nearest-even",
-    "shift-left", "shift-right-arithmetic", "shift-right-logical", "is-finite",
-    "real", "imag", "complex", "popcnt", "count-leading-zeros",
-    "stochastic-convert", "convert",
-))  # fmt: skip
+ELEMENTWISE = frozenset(
+    (
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "remainder",
+        "maximum",
+        "minimum",
+        "negate",
+        "abs",
+        "sign",
+        "compare",
+        "select",
+        "clamp",
+        "and",
+        "or",
+        "xor",
+        "not",
+        "floor",
+        "ceil",
+        "round-nearest-afz",
+        "round-nearest-even",
+        "shift-left",
+        "shift-right-arithmetic",
+        "shift-right-logical",
+        "is-finite",
+        "real",
+        "imag",
+        "complex",
+        "popcnt",
+        "count-leading-zeros",
+        "stochastic-convert",
+        "convert",
+    )
+)
 # Instructions that apply a computation once per reduced element.
 _APPLYING = frozenset(
     ("reduce", "reduce-window", "scatter", "select-and-scatter", "map", "sort")
@@ -153,9 +195,12 @@ def parse_instruction(line: str) -> Optional[Instruction]:
       for p in _split_top(rest[open_at + 1 : close_at])
   ]
   return Instruction(
-      name.strip().lstrip("%"), _shapes(shape_text), opcode, operands,
+      name.strip().lstrip("%"),
+      _shapes(shape_text),
+      opcode,
+      operands,
       rest[close_at + 1 :],
-  )  # fmt: skip
+  )
 
 
 def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
@@ -282,9 +327,10 @@ class Counter:
     if op == "conditional":
       branches = called.get("branch_computations", [])
       branches += [
-          c for key in ("true_computation", "false_computation")
+          c
+          for key in ("true_computation", "false_computation")
           for c in re.findall(key + r"=%?([\w.\-]+)", i.attributes)
-      ]  # fmt: skip
+      ]
       return max((self.flops(c, trips) for c in branches), default=0.0)
     if op in _APPLYING:
       return self._applying(computation, i, out, called, trips)

@@ -173,12 +173,13 @@ def step_formula(step: plan_compile.Step) -> dict[str, Any]:
       for x in jax.tree.leaves(v)
   )
   shape = extend.FlopsShape(
-      seq_len=int(inputs[1]), rows=int(inputs[0]) // accum,
+      seq_len=int(inputs[1]),
+      rows=int(inputs[0]) // accum,
       num_params=step.num_params,
       softmax_params=plan_compile.module_params(step, "embedder"),
       projection_params=projections,
       vocab_size=plan_compile.vocab_size(step.run.settings),
-  )  # fmt: skip
+  )
   return formula_flops(step.run.settings, shape, step.run.parts.flops)
 
 
@@ -206,9 +207,13 @@ def _fit(run: spec.Run, devices, step, memory, usable: float) -> dict[str, Any]:
 
 
 def plan_dtype(
-    run: spec.Run, devices, dtype: str, flops: dict, usable: float,
+    run: spec.Run,
+    devices,
+    dtype: str,
+    flops: dict,
+    usable: float,
     compiled: Any = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
   """Memory, fit and speed of the step in ``dtype`` (model.dtype).
   ``compiled``: the run's own step (``plan_compile.Step``), already
   compiled for its FLOPs, reused when ``dtype`` is the run's."""
@@ -244,8 +249,7 @@ def plan(run: spec.Run) -> dict[str, Any]:
   s = run.settings
   platform = platforms.get(s.of(platforms.Plan).platform)
   devices, where = plan_compile.plan_devices(s)
-  console.info("plan: %s on %s for %s", s.name, where,
-               platforms.describe(s))  # fmt: skip
+  console.info("plan: %s on %s for %s", s.name, where, platforms.describe(s))
   step = plan_compile.build_step(run, devices)
   flops = plan_compile.step_flops(step)
   formula = step_formula(step)

@@ -186,20 +186,30 @@ def build_step(run: spec.Run, devices: list[Any]) -> Step:
       (2,), jnp.uint32, sharding=sharding_lib.replicated(mesh)
   )
   make_fn = lambda: step_lib.make_train_step(
-      model, tx, loss_fn, grad_accum=int(s.train.grad_accum),
-      state_shardings=shardings, mesh=mesh,
+      model,
+      tx,
+      loss_fn,
+      grad_accum=int(s.train.grad_accum),
+      state_shardings=shardings,
+      mesh=mesh,
       segments_per_lane=int(s.data.segments_per_lane),
       extra_inputs=run.extra_inputs,
-  )  # fmt: skip
+  )
   num_params = sum(
       int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params)
   )
   return Step(
-      run, mesh, make_fn, (state, batch, rng), num_params,
-      {"params": _per_device_bytes(state.params),
-       "opt_state": _per_device_bytes(state.opt_state)},
+      run,
+      mesh,
+      make_fn,
+      (state, batch, rng),
+      num_params,
+      {
+          "params": _per_device_bytes(state.params),
+          "opt_state": _per_device_bytes(state.opt_state),
+      },
       int(np.prod(batch["inputs"].shape)),
-  )  # fmt: skip
+  )
 
 
 def program_flops(lowered: Any) -> hlo_flops.Counter:

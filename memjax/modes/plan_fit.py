@@ -35,12 +35,18 @@ from memjax.run import spec
 
 # (overrides, model fields) tried in order after the run's own settings.
 REMAT_OPTIONS = (
-    (("--config.model.remat=True",
-      "--config.model.remat_policy=dots_no_batch"),
-     {"remat": True, "remat_policy": "dots_no_batch"}),
-    (("--config.model.remat=True", "--config.model.remat_policy=full"),
-     {"remat": True, "remat_policy": "full"}),
-)  # fmt: skip
+    (
+        (
+            "--config.model.remat=True",
+            "--config.model.remat_policy=dots_no_batch",
+        ),
+        {"remat": True, "remat_policy": "dots_no_batch"},
+    ),
+    (
+        ("--config.model.remat=True", "--config.model.remat_policy=full"),
+        {"remat": True, "remat_policy": "full"},
+    ),
+)
 
 
 def _with(
@@ -65,14 +71,20 @@ def mesh_options(
   data-parallel devices on ``fsdp`` (each holds 1/fsdp of the parameters
   and optimiser state; the rows still split over them)."""
   options = [((), {})]
-  sizes = dict(zip(sharding_lib.MESH_AXES,
-                   sharding_lib.mesh_shape(s.mesh.spec(), len(devices))))  # fmt: skip
+  sizes = dict(
+      zip(
+          sharding_lib.MESH_AXES,
+          sharding_lib.mesh_shape(s.mesh.spec(), len(devices)),
+      )
+  )
   dp = sizes["data"] * sizes["fsdp"]
   if dp > 1 and sizes["data"] > 1:
-    options.append((
-        ("--config.mesh.data=1", f"--config.mesh.fsdp={dp}"),
-        {"data": 1, "fsdp": dp},
-    ))  # fmt: skip
+    options.append(
+        (
+            ("--config.mesh.data=1", f"--config.mesh.fsdp={dp}"),
+            {"data": 1, "fsdp": dp},
+        )
+    )
   return options
 
 
@@ -120,8 +132,11 @@ def propose(run: spec.Run, devices: list[Any], usable: float) -> dict[str, Any]:
   s = run.settings
   batch, unit = int(s.data.batch_size), _unit(s, devices)
   if batch % unit:
-    return {"overrides": None, "reason": f"the batch of {batch} rows does "
-            f"not split into micro-batches of {unit}"}  # fmt: skip
+    return {
+        "overrides": None,
+        "reason": f"the batch of {batch} rows does "
+        f"not split into micro-batches of {unit}",
+    }
   remat = [((), {})] + (list(REMAT_OPTIONS) if not s.model.remat else [])
   state = _state_bytes(run, devices)
   for mesh_flags, mesh in mesh_options(s, devices):
@@ -141,20 +156,25 @@ def propose(run: spec.Run, devices: list[Any], usable: float) -> dict[str, Any]:
       overrides = list(mesh_flags) + list(flags)
       if accum != int(s.train.grad_accum):
         overrides.insert(0, f"--config.train.grad_accum={accum}")
-      return {"overrides": overrides, "micro_batch": rows,
-              "total_bytes": total}  # fmt: skip
-  return {"overrides": None, "reason": (
-      f"even a micro-batch of {unit} rows with every block rematerialised "
-      "and the parameters sharded over the data-parallel devices "
-      "(--config.mesh.fsdp) does not fit: use more devices, or split the "
-      "layers over --config.mesh.tensor"
-  )}  # fmt: skip
+      return {"overrides": overrides, "micro_batch": rows, "total_bytes": total}
+  return {
+      "overrides": None,
+      "reason": (
+          f"even a micro-batch of {unit} rows with every block rematerialised "
+          "and the parameters sharded over the data-parallel devices "
+          "(--config.mesh.fsdp) does not fit: use more devices, or split the "
+          "layers over --config.mesh.tensor"
+      ),
+  }
 
 
 def _largest_micro_batch(
-    run: spec.Run, devices: list[Any], usable: float, mesh: dict[str, int],
+    run: spec.Run,
+    devices: list[Any],
+    usable: float,
+    mesh: dict[str, int],
     model: dict[str, Any],
-) -> Optional[tuple[int, float]]:  # fmt: skip
+) -> Optional[tuple[int, float]]:
   """(rows, checked bytes per device) of the largest micro-batch that fits
   with ``mesh`` and ``model`` overrides, or None when even the smallest
   does not."""

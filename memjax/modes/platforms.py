@@ -179,8 +179,11 @@ PLATFORMS: dict[str, Platform] = {
 # TensorCores, two per chip (a v4-8 is 4 chips); v5e names count chips
 # (a v5litepod-8 is 8). https://cloud.google.com/tpu/docs/v4,
 # https://cloud.google.com/tpu/docs/v5p, https://cloud.google.com/tpu/docs/v5e
-CLOUD_TPU = {"v4": ("tpu_v4", 2), "v5p": ("tpu_v5p", 2),
-             "v5litepod": ("tpu_v5e", 1)}  # fmt: skip
+CLOUD_TPU = {
+    "v4": ("tpu_v4", 2),
+    "v5p": ("tpu_v5p", 2),
+    "v5litepod": ("tpu_v5e", 1),
+}
 _CLOUD_NAME = re.compile(r"^(v4|v5p|v5litepod)-(\d+)$")
 
 
@@ -310,9 +313,10 @@ def set_device_flags(s: settings_lib.Settings, environ=None) -> None:
   environ = os.environ if environ is None else environ
   n = planned_devices(s)
   flags = re.sub(
-      r"--xla_force_host_platform_device_count=\S*", "",
+      r"--xla_force_host_platform_device_count=\S*",
+      "",
       environ.get("XLA_FLAGS", ""),
-  ).split()  # fmt: skip
+  ).split()
   environ["XLA_FLAGS"] = " ".join(
       flags + [f"--xla_force_host_platform_device_count={n}"]
   )

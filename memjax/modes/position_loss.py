@@ -213,8 +213,9 @@ def plot(results: dict[str, Any], path: str) -> None:
     if not isinstance(r, dict) or "buckets" not in r:
       continue
     rows = [b for b in r["buckets"] if b["nll"] is not None]
-    ax.plot([b["bucket"] for b in rows], [b["nll"] for b in rows], "o-",
-            label=split)  # fmt: skip
+    ax.plot(
+        [b["bucket"] for b in rows], [b["nll"] for b in rows], "o-", label=split
+    )
   ax.set_xlabel("position in document")
   ax.set_ylabel("mean loss (nats)")
   ax.set_title(f"loss by position ({results['documents']})")

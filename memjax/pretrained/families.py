@@ -240,8 +240,10 @@ def llama_params(m: Tree, take: Callable[..., np.ndarray]) -> Tree:
     p = f"layers.{i}."
     attn = {}
     for name, proj, heads in (
-        ("query", "q_proj", h), ("key", "k_proj", kv), ("value", "v_proj", kv)
-    ):  # fmt: skip
+        ("query", "q_proj", h),
+        ("key", "k_proj", kv),
+        ("value", "v_proj", kv),
+    ):
       w = take(
           f"{p}self_attn.{proj}.weight", (heads * dh, d)
       )  # [heads * dh, D]

@@ -21,9 +21,14 @@ from memjax.io import paths
 # Model settings a config keeps over the import's: how it is trained, not
 # what the checkpoint is.
 CONFIG_KEYS = (
-    "dropout", "adaptive_dropout", "attention_dropout", "mem_len", "remat",
-    "remat_policy", "scan_layers",
-)  # fmt: skip
+    "dropout",
+    "adaptive_dropout",
+    "attention_dropout",
+    "mem_len",
+    "remat",
+    "remat_policy",
+    "scan_layers",
+)
 
 
 def imported_model(directory: str) -> Optional[dict[str, Any]]:
@@ -90,9 +95,11 @@ def apply(tree: dict[str, Any], workdir: str) -> bool:
   tree["model"].update({k: v for k, v in model.items() if k not in CONFIG_KEYS})
   tree["model"].update(inserted)
   for section, values in fitted(
-      model, tree["eval"]["window_len"], tree["eval"]["score_len"],
+      model,
+      tree["eval"]["window_len"],
+      tree["eval"]["score_len"],
       tree["data"]["seq_len"],
-  ).items():  # fmt: skip
+  ).items():
     tree[section].update(values)
   if source != workdir and not tree["data"].get("tokenizer"):
     tree["data"]["tokenizer"] = paths.resolve(source)

@@ -207,9 +207,13 @@ def _prepare(run: spec.Run) -> Setup:
     loss_fn = run.objective()
     sample = run.host_batch(batcher, 0)
     state, shardings = state_lib.create_state(
-        model, tx, run.mesh, sample, jax.random.PRNGKey(s.seed),
+        model,
+        tx,
+        run.mesh,
+        sample,
+        jax.random.PRNGKey(s.seed),
         run.state_collections(),
-    )  # fmt: skip
+    )
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
     console.info("model: %s parameters", f"{n_params:,}")
     ckpt = checkpointing.Checkpointer(
@@ -225,9 +229,20 @@ def _prepare(run: spec.Run) -> Setup:
       ckpt.close()
       raise
   return Setup(
-      run, corpus, batcher, model, tx, schedule, loss_fn, state, shardings,
-      ckpt, int(saved["step"]), n_params, dict(saved.get("hooks", {})),
-  )  # fmt: skip
+      run,
+      corpus,
+      batcher,
+      model,
+      tx,
+      schedule,
+      loss_fn,
+      state,
+      shardings,
+      ckpt,
+      int(saved["step"]),
+      n_params,
+      dict(saved.get("hooks", {})),
+  )
 
 
 def _restore_or_init(run, ckpt, state, shardings) -> tuple[TrainState, dict]:
@@ -257,6 +272,21 @@ def _restore_or_init(run, ckpt, state, shardings) -> tuple[TrainState, dict]:
 # ----------------------------------------------------------------------------
 
 
+def _train_step(s: Setup) -> Any:
+  """The jitted update of ``s``'s model, optimiser and loss."""
+  run = s.run
+  return step_lib.make_train_step(
+      s.model,
+      s.tx,
+      s.loss_fn,
+      grad_accum=run.settings.train.grad_accum,
+      state_shardings=s.shardings,
+      mesh=run.mesh,
+      segments_per_lane=int(run.settings.data.segments_per_lane),
+      extra_inputs=run.extra_inputs,
+  )
+
+
 def _train(
     s: Setup,
     writer: Any,
@@ -276,16 +306,7 @@ def _train(
   if s.start_step >= num_steps:
     return None
   tokens_per_step = run.task.tokens_per_step()
-  train_step = step_lib.make_train_step(
-      s.model,
-      s.tx,
-      s.loss_fn,
-      grad_accum=train.grad_accum,
-      state_shardings=s.shardings,
-      mesh=run.mesh,
-      segments_per_lane=int(run.settings.data.segments_per_lane),
-      extra_inputs=run.extra_inputs,
-  )
+  train_step = _train_step(s)
   evaluator = run.task.evaluator(run, s.model, s.corpus)
   meter = console.ProgressMeter(num_steps, tokens_per_step, s.start_step)
   step_rng = jax.random.PRNGKey(run.settings.seed + 1)
@@ -299,9 +320,13 @@ def _train(
   log_path = paths.join(run.workdir, "train_log.jsonl")
   cut_log(log_path, s.start_step)
   step_hooks = run.hooks(
-      s.hook_states, model=s.model, mesh=run.mesh, corpus=s.corpus,
-      batcher=s.batcher, writer=writer,
-  )  # fmt: skip
+      s.hook_states,
+      model=s.model,
+      mesh=run.mesh,
+      corpus=s.corpus,
+      batcher=s.batcher,
+      writer=writer,
+  )
   step_hooks.start()
   state = s.state
   for step in range(s.start_step, num_steps):
@@ -368,9 +393,13 @@ def train_and_evaluate(
     ):
       train_tps = _train(s, writer, hooks, stop, trace)
     results = run.task.final_results(
-        run, s.model, s.state.variables, s.corpus,
-        int(jax.device_get(s.state.step)), writer,
-    )  # fmt: skip
+        run,
+        s.model,
+        s.state.variables,
+        s.corpus,
+        int(jax.device_get(s.state.step)),
+        writer,
+    )
   finally:
     # Let checkpoints already started finish writing before leaving.
     s.ckpt.close()

@@ -241,9 +241,13 @@ def write_export(
       **meta,
   }
   runfiles.write_export(
-      out_dir, config_json or restored.run.config_json, restored.vocab,
-      params, info, model_state=restored.model_state,
-  )  # fmt: skip
+      out_dir,
+      config_json or restored.run.config_json,
+      restored.vocab,
+      params,
+      info,
+      model_state=restored.model_state,
+  )
 
 
 def export(

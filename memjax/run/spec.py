@@ -149,9 +149,13 @@ class Run:
     return corpus_lib.host_batch(batcher, step, self.extra_inputs)
 
   def scoring(
-      self, model: Any, mesh: Optional[Mesh] = None, unit: str = "ppl",
-      path: str = "", step: int = 0,
-  ) -> rows.Scoring:  # fmt: skip
+      self,
+      model: Any,
+      mesh: Optional[Mesh] = None,
+      unit: str = "ppl",
+      path: str = "",
+      step: int = 0,
+  ) -> rows.Scoring:
     """What a scorer needs to score ``model`` (``memjax.eval.scorer_for``).
 
     Args:
@@ -183,9 +187,12 @@ class Run:
   def hooks(self, states: Any = None, **context: Any) -> hooks_lib.HookRunner:
     """The step hooks of ``train.hooks`` with their saved ``states``."""
     return hooks_lib.HookRunner(
-        self.settings, self.parts.hooks, states, workdir=self.workdir,
+        self.settings,
+        self.parts.hooks,
+        states,
+        workdir=self.workdir,
         **context,
-    )  # fmt: skip
+    )
 
   # -- where it restores from -----------------------------------------------
 

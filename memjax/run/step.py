@@ -67,9 +67,14 @@ def run_lane_segments(
     and the memory after each lane's last segment.
   """
   return run_lane_segments_with_stats(
-      model, params, batch, memory, segments_per_lane, rng=rng,
+      model,
+      params,
+      batch,
+      memory,
+      segments_per_lane,
+      rng=rng,
       deterministic=deterministic,
-  )[0]  # fmt: skip
+  )[0]
 
 
 def run_lane_segments_with_stats(
@@ -192,9 +197,11 @@ def _accumulate(
 
 
 def _micro_grads_fn(
-    model, loss_fn: losses.LossFn, segments_per_lane: int,
+    model,
+    loss_fn: losses.LossFn,
+    segments_per_lane: int,
     extra_inputs: tuple[str, ...],
-) -> Callable:  # fmt: skip
+) -> Callable:
   """``(params, model_state, micro_batch, memory, rng, step) -> (grads,
   metrics, new_memory, new_model_state)``: one micro-batch's gradient of the
   loss times its weighted targets (``make_train_step``)."""

@@ -88,9 +88,13 @@ def save_best(run: spec.Run, data: ClassData) -> None:
   variables = model_state.as_variables(b["params"])
   params = variables.pop("params")
   runfiles.write_export(
-      data.best_dir, run.config_json, data.vocab, params, meta,
+      data.best_dir,
+      run.config_json,
+      data.vocab,
+      params,
+      meta,
       model_state=variables or None,
-  )  # fmt: skip
+  )
 
 
 def read_best(cs: Classes, best_dir: str) -> dict[str, Any]:
@@ -99,8 +103,11 @@ def read_best(cs: Classes, best_dir: str) -> dict[str, Any]:
   if not paths.isfile(path):
     return {}
   meta = paths.read_json(path)
-  return {"accuracy": meta[cs.select_split]["accuracy"], "step": meta["step"],
-          "params": None}  # fmt: skip
+  return {
+      "accuracy": meta[cs.select_split]["accuracy"],
+      "step": meta["step"],
+      "params": None,
+  }
 
 
 def best_params(run: spec.Run, model: Any, data: ClassData) -> Any:
@@ -191,9 +198,14 @@ class AccuracyEvaluator(task.Evaluator):
       best.update(accuracy=acc, step=int(step), params=jax.device_get(params))
       save_best(self.run_, self.data)
     console.info(
-        "%s%s @ step %d: accuracy %.4f (best %.4f at step %d)", prefix,
-        split, step, acc, best["accuracy"], best["step"],
-    )  # fmt: skip
+        "%s%s @ step %d: accuracy %.4f (best %.4f at step %d)",
+        prefix,
+        split,
+        step,
+        acc,
+        best["accuracy"],
+        best["step"],
+    )
     if writer is not None:
       writer.write_scalars(step, {f"{prefix}{split}/accuracy": acc})
     return {split: {"accuracy": acc}}
@@ -291,11 +303,15 @@ class Classification(task.Task):
     cache = self.settings.data.cache_dir or paths.join(workdir, "cache")
     return ClassData(
         name=f"classification on {data_dir(c)}",
-        vocab_size=int(vocab.vocab_size), vocab_path=vocab_path, vocab=vocab,
-        train=read("train") if train else None, splits=splits,
-        cache_dir=cache, best_dir=best_dir,
+        vocab_size=int(vocab.vocab_size),
+        vocab_path=vocab_path,
+        vocab=vocab,
+        train=read("train") if train else None,
+        splits=splits,
+        cache_dir=cache,
+        best_dir=best_dir,
         best=read_best(c, best_dir) if train else {},
-    )  # fmt: skip
+    )
 
   def describe(self, data: ClassData) -> str:
     splits = ", ".join(f"{k} {len(v.ids)}" for k, v in data.splits.items())
@@ -322,11 +338,13 @@ class Classification(task.Task):
     test = data.splits[c.test_split]
     logits, _ = predict(ev.scorer, params, test, c)
     results = {
-        "name": self.settings.name, "step": step, "unit": "accuracy",
+        "name": self.settings.name,
+        "step": step,
+        "unit": "accuracy",
         c.select_split: {"accuracy": best["accuracy"]},
         c.test_split: {"accuracy": accuracy(logits, test.labels)},
         "best_step": best["step"],
-    }  # fmt: skip
+    }
     results.update(
         usage_analysis(ev.scorer, params, data.splits[c.usage_split], c)
     )
@@ -365,6 +383,8 @@ def make_sentence_batcher(
   """The 'sentences' batcher over the training ``Examples``."""
   del cache_dir
   return glue.SentenceBatcher(
-      train, batch_size=int(s.data.batch_size),
-      buckets=tuple(s.of(Classes).buckets), seed=int(s.seed),
-  )  # fmt: skip
+      train,
+      batch_size=int(s.data.batch_size),
+      buckets=tuple(s.of(Classes).buckets),
+      seed=int(s.seed),
+  )

@@ -131,9 +131,13 @@ def eval_batches(
   if max_windows:
     rows = rows[:max_windows]
   return mlm.mask_tokens(
-      rows, np.random.default_rng(seed), mask_id=mask_id,
-      first_ordinary=mask_id + 1, vocab_size=vocab_size, mask_prob=mask_prob,
-  )  # fmt: skip
+      rows,
+      np.random.default_rng(seed),
+      mask_id=mask_id,
+      first_ordinary=mask_id + 1,
+      vocab_size=vocab_size,
+      mask_prob=mask_prob,
+  )
 
 
 class MLMEvaluator(task.Evaluator):
@@ -152,11 +156,15 @@ class MLMEvaluator(task.Evaluator):
     key = (split, max_items)
     if key not in self._batches:
       self._batches[key] = eval_batches(
-          self.data.splits[split], self.seq_len, self.data.cls_id,
-          self.data.mask_id, self.data.vocab_size,
+          self.data.splits[split],
+          self.seq_len,
+          self.data.cls_id,
+          self.data.mask_id,
+          self.data.vocab_size,
           seed=int(self.m.eval_seed) + sorted(self.data.splits).index(split),
-          mask_prob=float(self.m.mask_prob), max_windows=max_items,
-      )  # fmt: skip
+          mask_prob=float(self.m.mask_prob),
+          max_windows=max_items,
+      )
     return self._batches[key]
 
   def score(self, params, split: str, max_items: int) -> dict[str, Any]:
@@ -164,9 +172,10 @@ class MLMEvaluator(task.Evaluator):
     (the masked windows in batches of ``eval.batch_size``; padding rows
     carry no weight and read no memory slot)."""
     out = self.scorer.rows(
-        params, self.batches(split, max_items),
+        params,
+        self.batches(split, max_items),
         collections=tuple(r.collection for r in self.reports),
-    )  # fmt: skip
+    )
     count = float(out.get("tokens", 0.0))
     ppl = float(np.exp(float(out.get("nll_sum", 0.0)) / max(count, 1.0)))
     res = {"ppl": ppl, "masked_tokens": count}
@@ -182,13 +191,17 @@ class MLMEvaluator(task.Evaluator):
       r = res[split] = self.score(params, split, max_items)
       console.info(
           "%s%s @ step %d: MLM perplexity %.3f over %d masked tokens%s",
-          prefix, split, step, r["ppl"], int(r["masked_tokens"]),
+          prefix,
+          split,
+          step,
+          r["ppl"],
+          int(r["masked_tokens"]),
           "".join(
               f"; {module.split('/')[0]} {report.brief(m)}"
               for report in self.reports
               for module, m in r.get(report.key, {}).items()
           ),
-      )  # fmt: skip
+      )
       if writer is not None:
         scalars = {f"{prefix}{split}/ppl": r["ppl"]}
         for report in self.reports:
@@ -235,8 +248,7 @@ class MaskedLanguageModelling(task.Task):
         mlm.split_path(data_dir(self.m), split)
       except errors.DataError:
         # Without its file, a split the run's cache holds is read there.
-        if not ((workdir or s.data.cache_dir)
-                and is_cached(s, workdir, split)):  # fmt: skip
+        if not ((workdir or s.data.cache_dir) and is_cached(s, workdir, split)):
           raise
 
   def load(self, workdir, train=True) -> MLMData:
@@ -248,12 +260,16 @@ class MaskedLanguageModelling(task.Task):
     read = lambda x: mlm.read_split(data_dir(self.m), x, vocab_path, cache)
     v = int(vocab.vocab_size)
     return MLMData(
-        name=f"masked LM on {data_dir(self.m)}", vocab_size=v,
-        vocab_path=vocab_path, vocab=vocab,
+        name=f"masked LM on {data_dir(self.m)}",
+        vocab_size=v,
+        vocab_path=vocab_path,
+        vocab=vocab,
         train=TrainStream(read("train"), cls_id, mask_id, v) if train else None,
-        splits={x: read(x) for x in s.eval.splits}, cache_dir=cache,
-        cls_id=cls_id, mask_id=mask_id,
-    )  # fmt: skip
+        splits={x: read(x) for x in s.eval.splits},
+        cache_dir=cache,
+        cls_id=cls_id,
+        mask_id=mask_id,
+    )
 
   def describe(self, data: MLMData) -> str:
     splits = ", ".join(f"{k} {len(v)}" for k, v in data.splits.items())
@@ -299,9 +315,12 @@ def make_mlm_batcher(s: Settings, train: Any, cache_dir: str) -> mlm.MLMBatcher:
   """The 'mlm' batcher over an ``MLMData``'s training stream."""
   del cache_dir
   return mlm.MLMBatcher(
-      train.tokens, seq_len=int(s.data.seq_len),
-      batch_size=int(s.data.batch_size), seed=int(s.seed),
-      cls_id=train.cls_id, mask_id=train.mask_id,
+      train.tokens,
+      seq_len=int(s.data.seq_len),
+      batch_size=int(s.data.batch_size),
+      seed=int(s.seed),
+      cls_id=train.cls_id,
+      mask_id=train.mask_id,
       vocab_size=train.vocab_size,
       mask_prob=float(s.of(task_config.MaskedLM).mask_prob),
-  )  # fmt: skip
+  )

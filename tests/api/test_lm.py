@@ -81,9 +81,11 @@ def test_attach_scores_with_a_datastore(smoke_workdir, tmp_path):
   model = memjax.load(smoke_workdir)
   plain = model.score(TEXTS[:2], memory=False)
   setting = {
-      "kind": "knn", "long_mem_tokens": 0, "knn_temperature": 1.0,
+      "kind": "knn",
+      "long_mem_tokens": 0,
+      "knn_temperature": 1.0,
       "knn_lambda": 0.0,
-  }  # fmt: skip
+  }
   with pytest.raises(memjax.errors.DataError, match="no datastore"):
     model.attach(str(tmp_path / "none"), setting)
   model.attach(out["path"], setting, search="exact", ext_k=8)

@@ -163,8 +163,11 @@ def test_run_rounds_alternates_configs_within_rounds():
   ]
   assert benches[0].times == [1.0, 1.0] and benches[1].times == [2.0, 2.0]
   assert [l.split(":")[0] for l in lines] == [
-      "warm-up of a", "warm-up of b", "round 1/2", "round 2/2"
-  ]  # fmt: skip
+      "warm-up of a",
+      "warm-up of b",
+      "round 1/2",
+      "round 2/2",
+  ]
 
 
 def test_run_rounds_without_steps_runs_nothing_and_needs_a_warmup():

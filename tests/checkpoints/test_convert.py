@@ -156,8 +156,10 @@ def test_scanned_layers_stack_and_unstack_both_ways():
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
 
-  layer = lambda v: {"attention": {"kernel": np.full((2, 3), v, np.float32)},
-                     "ln_attn": {"scale": np.full((3,), v, np.float32)}}  # fmt: skip
+  layer = lambda v: {
+      "attention": {"kernel": np.full((2, 3), v, np.float32)},
+      "ln_attn": {"scale": np.full((3,), v, np.float32)},
+  }
   plain = {f"layer_{i}": layer(i) for i in range(4)}
   plain["embedder"] = {"embed_0": np.zeros((5, 3), np.float32)}
   to_scanned = convert.Layout(current_runs=("layer_0_to_2",))
@@ -179,8 +181,9 @@ def test_scanned_layers_stack_and_unstack_both_ways():
   # Abstract trees: a stacked leaf gets an unsharded leading axis.
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("tensor",))
   spec = NamedSharding(mesh, P(None, "tensor"))
-  sds = lambda: {"kernel": jax.ShapeDtypeStruct((4, 6), np.float32,
-                                                sharding=spec)}  # fmt: skip
+  sds = lambda: {
+      "kernel": jax.ShapeDtypeStruct((4, 6), np.float32, sharding=spec)
+  }
   abstract = {"layer_0": sds(), "layer_1": sds()}
   stacked = stack.stack_layers(abstract, ("layer_0_to_1",))
   leaf = stacked["layer_0_to_1"]["kernel"]
@@ -197,11 +200,14 @@ def test_scanned_layers_stack_and_unstack_both_ways():
   shapes = {"layer_0_to_2/ln_attn/scale": (3, 16), "embedder/e": (5, 16)}
   layout = convert.Layout(saved_runs=("layer_0_to_2",))
   assert layout.shapes_to_current(shapes) == {
-      "layer_0/ln_attn/scale": (16,), "layer_1/ln_attn/scale": (16,),
-      "layer_2/ln_attn/scale": (16,), "embedder/e": (5, 16),
-  }  # fmt: skip
+      "layer_0/ln_attn/scale": (16,),
+      "layer_1/ln_attn/scale": (16,),
+      "layer_2/ln_attn/scale": (16,),
+      "embedder/e": (5, 16),
+  }
   into = layout.into({"layer_1_to_2": {}})
   assert into.shapes_to_current(shapes) == {
-      "layer_0/ln_attn/scale": (16,), "layer_1_to_2/ln_attn/scale": (2, 16),
+      "layer_0/ln_attn/scale": (16,),
+      "layer_1_to_2/ln_attn/scale": (2, 16),
       "embedder/e": (5, 16),
-  }  # fmt: skip
+  }

@@ -63,8 +63,14 @@ def _kernel_manager() -> manager.AsyncKernelManager:
 def _env(**overrides: str | None) -> dict[str, str]:
   env = dict(os.environ)
   env["XLA_FLAGS"] = xla_flags(1)  # One device, as in Colab or on a laptop.
-  for key in ("MEMJAX_ROOT", "MEMJAX_OUT", "MEMJAX_REPO", "MEMJAX_CLONE",
-              "MEMJAX_PIP_DRY_RUN", *SHARED_RUNS):  # fmt: skip
+  for key in (
+      "MEMJAX_ROOT",
+      "MEMJAX_OUT",
+      "MEMJAX_REPO",
+      "MEMJAX_CLONE",
+      "MEMJAX_PIP_DRY_RUN",
+      *SHARED_RUNS,
+  ):
     env.pop(key, None)
   env.update({k: v for k, v in overrides.items() if v is not None})
   return env
@@ -209,9 +215,13 @@ def _as_colab(code: str, cwd, **env: str) -> subprocess.CompletedProcess:
   script = cwd / "cell.py"
   script.write_text(_AS_COLAB + code, encoding="utf-8")
   return subprocess.run(
-      [sys.executable, str(script)], cwd=cwd, env=_env(**env),
-      capture_output=True, text=True, timeout=120,
-  )  # fmt: skip
+      [sys.executable, str(script)],
+      cwd=cwd,
+      env=_env(**env),
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
 
 
 def test_the_set_up_cell_in_colab_clones_and_installs_without_jax(tmp_path):

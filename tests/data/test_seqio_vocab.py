@@ -82,8 +82,11 @@ def test_sentencepiece_matches_seqio(tmp_path):
   theirs = seqio_vocab.to_seqio(ours)
   assert isinstance(theirs, seqio.SentencePieceVocabulary)
   assert (ours.vocab_size, ours.eos_id, ours.unk_id, ours.bos_id) == (
-      theirs.vocab_size, theirs.eos_id, theirs.unk_id, theirs.bos_id,
-  )  # fmt: skip
+      theirs.vocab_size,
+      theirs.eos_id,
+      theirs.unk_id,
+      theirs.bos_id,
+  )
   for text in pairs[:2] + ["Unbekannte Wörter!"]:
     assert ours.encode(text) == list(theirs.encode(text))
   ids = ours.encode("Das Haus") + [1] + ours.encode("Buch") + [500]

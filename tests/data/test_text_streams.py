@@ -23,8 +23,11 @@ def _tokenizer():
 
 
 def _text_dir(root):
-  texts = {"train": "the cat sat.\nthe dog ran.\n", "valid": "a cat ran.\n",
-           "test": "the end\n"}  # fmt: skip
+  texts = {
+      "train": "the cat sat.\nthe dog ran.\n",
+      "valid": "a cat ran.\n",
+      "test": "the end\n",
+  }
   root.mkdir()
   for split, text in texts.items():
     (root / f"{split}.txt").write_text(text, encoding="utf-8")
@@ -37,8 +40,9 @@ def test_wikitext_raw_is_encoded_article_by_article(imported_gpt2, tmp_path):
       "wikitext_raw", data_dir, "valid", str(tmp_path), imported_gpt2
   )
   vocab = _tokenizer()
-  with open(os.path.join(data_dir, "wiki.valid.raw"), encoding="utf-8",
-            newline="") as f:  # fmt: skip
+  with open(
+      os.path.join(data_dir, "wiki.valid.raw"), encoding="utf-8", newline=""
+  ) as f:
     articles = sources.split_wikitext_articles(f.read())
   assert len(articles) == 2  # The shipped demo's two validation articles.
   want = [vocab.encode(a) for a in articles]
@@ -47,14 +51,21 @@ def test_wikitext_raw_is_encoded_article_by_article(imported_gpt2, tmp_path):
   assert stream.vocab_size == 64
   # Cached: read again without the corpus files, and the name says V.
   cached = [f for f in os.listdir(tmp_path) if f.endswith(".npz")]
-  assert cached == [os.path.basename(
-      text_streams.stream_path("wikitext_raw", data_dir, "valid",
-                               str(tmp_path), imported_gpt2)[0])]  # fmt: skip
+  assert cached == [
+      os.path.basename(
+          text_streams.stream_path(
+              "wikitext_raw", data_dir, "valid", str(tmp_path), imported_gpt2
+          )[0]
+      )
+  ]
   assert cached[0].startswith("wikitext103_raw.valid.v64.")
   assert text_streams.is_cached(
-      "wikitext_raw", str(tmp_path / "gone"), "valid", str(tmp_path),
+      "wikitext_raw",
+      str(tmp_path / "gone"),
+      "valid",
+      str(tmp_path),
       imported_gpt2,
-  )  # fmt: skip
+  )
 
 
 def test_another_tokenizer_makes_another_cache(imported_gpt2, tmp_path):
@@ -92,6 +103,8 @@ def test_corpora_and_vocabularies_must_agree(imported_gpt2, tmp_path):
   # Raw text with no tokenizer to read it with.
   with pytest.raises(errors.ConfigError, match="is raw text"):
     corpus_lib.load_corpus(
-        settings.Data(corpus="wikitext103_raw"), e, str(tmp_path / "w"),
+        settings.Data(corpus="wikitext103_raw"),
+        e,
+        str(tmp_path / "w"),
         train=False,
-    )  # fmt: skip
+    )

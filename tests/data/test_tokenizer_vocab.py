@@ -33,9 +33,12 @@ def test_encodes_decodes_and_pads_to_the_models_size(tmp_path):
   )
   assert again.encode("the dog ran") == vocab.encode("the dog ran")
   assert again.info() == {
-      "kind": "tokenizer", "file": "tokenizer.json", "size": 70, "bos": 1,
+      "kind": "tokenizer",
+      "file": "tokenizer.json",
+      "size": 70,
+      "bos": 1,
       "eos": 2,
-  }  # fmt: skip
+  }
 
 
 def test_a_tokenizer_larger_than_the_model_or_unreadable_is_an_error():

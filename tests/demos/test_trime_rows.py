@@ -63,10 +63,13 @@ def _tuned(n, theta, lam, test_ppl):
 def test_a_cache_row_is_tuned_again_not_read_back(tmp_path, monkeypatch):
   demo = common.Demo(str(tmp_path))
   vanilla = {
-      "num_params": 1252312, "step": 400, "train_tokens_per_s": 1951.0,
-      "valid": {"ppl": 264.15}, "test": {"ppl": 233.66},
+      "num_params": 1252312,
+      "step": 400,
+      "train_tokens_per_s": 1951.0,
+      "valid": {"ppl": 264.15},
+      "test": {"ppl": 233.66},
       "unigram": {"valid": {"ppl": 524.59}, "test": {"ppl": 476.42}},
-  }  # fmt: skip
+  }
   (tmp_path / "vanilla").mkdir()
   (tmp_path / "vanilla" / "row.json").write_text(json.dumps(vanilla))
   # What the demo wrote before its cache row took N = 0 only.
@@ -94,8 +97,10 @@ def test_a_cache_row_is_tuned_again_not_read_back(tmp_path, monkeypatch):
   saved = json.loads((stale / "row.json").read_text())
   assert saved == cache
   assert saved["best"] == {
-      "long_mem_tokens": 0, "cache_theta": 0.05, "cache_lambda": 0.2
-  }  # fmt: skip
+      "long_mem_tokens": 0,
+      "cache_theta": 0.05,
+      "cache_lambda": 0.2,
+  }
   assert saved["test"] == {"ppl": 189.99}
   assert saved["test_plain"] == {"ppl": 233.66}  # the vanilla run's
   assert "train_tokens_per_s" not in saved  # it trains nothing

@@ -83,9 +83,16 @@ def _window_outputs(model, params, tokens):
 
 
 def reference(
-    model, params, tokens, kind, n_long, tau=1.0, theta=0.0, lam=0.0,
+    model,
+    params,
+    tokens,
+    kind,
+    n_long,
+    tau=1.0,
+    theta=0.0,
+    lam=0.0,
     span="before_window",
-):  # fmt: skip
+):
   """log p of every prediction, straight from Eq. 6 / Grave et al., float64;
   M_long is the N predictions before the window, or (span='last_scored')
   the N before the window's first scored one."""
@@ -127,9 +134,14 @@ def reference(
 
 @pytest.mark.parametrize(
     "n_long, span",
-    [(0, "before_window"), (5, "before_window"), (13, "before_window"),
-     (5, "last_scored"), (13, "last_scored")],
-)  # fmt: skip
+    [
+        (0, "before_window"),
+        (5, "before_window"),
+        (13, "before_window"),
+        (5, "last_scored"),
+        (13, "last_scored"),
+    ],
+)
 def test_trime_evaluation_matches_numpy(setup, n_long, span):
   model, params, tokens, one = setup
   grid = _grid("trime", long_sizes=(n_long,), temperatures=(0.7,))
@@ -235,9 +247,11 @@ def test_long_memory_of_size_zero_equals_local_and_lambda_zero_equals_plain(
   )
   # The plain scores and the lam = 0 cache equal memjax.eval.windows's protocol.
   plain = windows.WindowScorer(
-      rows.Scoring(model, one), window_len=WINDOW, score_len=SCORE,
+      rows.Scoring(model, one),
+      window_len=WINDOW,
+      score_len=SCORE,
       batch_size=4,
-  ).score(params, tokens)  # fmt: skip
+  ).score(params, tokens)
   cache0 = _score_stream(
       model,
       params,

@@ -34,9 +34,13 @@ def test_add_up_sums_in_float64():
 @pytest.fixture(name="lm")
 def _lm():
   model = transformer.TransformerLM(
-      vocab_size=30, num_layers=1, d_model=16, num_heads=2, head_dim=8,
+      vocab_size=30,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
       d_ff=32,
-  )  # fmt: skip
+  )
   x = np.zeros((1, 6), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]
   return model, params
@@ -55,9 +59,12 @@ def test_rows_equal_one_direct_call(lm, devices):
   }
   scorer = rows.Scorer(rows.Scoring(model, mesh))
   out = scorer.rows(
-      params, arrays, batch_size=4, keep=("target_logprob",),
+      params,
+      arrays,
+      batch_size=4,
+      keep=("target_logprob",),
       collections=(stats.COLLECTION,),
-  )  # fmt: skip
+  )
   want = model.apply(
       {"params": params}, arrays["inputs"], arrays["targets"]
   ).target_logprob

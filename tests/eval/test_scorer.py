@@ -29,10 +29,16 @@ def _run(attention="vanilla", mem_len=0, path="", memory=None):
   c.model.attention, c.model.mem_len = attention, mem_len
   run = build.build(c, path or "/nonexistent/run")
   model = transformer.TransformerLM(
-      vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, attention=run.parts.attention.get(attention),
-      attention_name=attention, mem_len=mem_len,
-  )  # fmt: skip
+      vocab_size=20,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      attention=run.parts.attention.get(attention),
+      attention_name=attention,
+      mem_len=mem_len,
+  )
   x = np.zeros((1, 4), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
@@ -90,9 +96,11 @@ def test_memory_setting_prefers_tune_json(tmp_path):
   trime = {"kind": "trime", "temperature": 1.5}
   configured, _ = _run(path=str(tmp_path), memory=trime)
   assert scorer_lib.memory_setting(configured) == {
-      "kind": "trime", "long_mem_tokens": 0, "temperature": 1.5,
+      "kind": "trime",
+      "long_mem_tokens": 0,
+      "temperature": 1.5,
       "source": "config",
-  }  # fmt: skip
+  }
   with open(tmp_path / "tune.json", "w") as f:
     json.dump({"kind": "cache", "best": {"cache_theta": 0.2}}, f)
   assert scorer_lib.memory_setting(configured) == {

@@ -27,9 +27,13 @@ from tests import conftest
 from tests import shared_runs
 
 BLOCKED = (
-    "tensorflow", "seqio", "scann", "tensorflow_text", "safetensors",
+    "tensorflow",
+    "seqio",
+    "scann",
+    "tensorflow_text",
+    "safetensors",
     "tokenizers",
-)  # fmt: skip
+)
 
 # Runs in a fresh interpreter: the packages are made unimportable first.
 _SCRIPT = textwrap.dedent("""
@@ -143,9 +147,12 @@ def test_core_trains_from_a_copied_cache_without_extras_or_corpus(tmp_path):
   arg = json.dumps({"repo": conftest.REPO, "runs": runs, "cache": cache})
   proc = subprocess.run(
       [sys.executable, "-c", _SCRIPT, arg],
-      cwd=str(tmp_path), env=env, capture_output=True, text=True,
+      cwd=str(tmp_path),
+      env=env,
+      capture_output=True,
+      text=True,
       timeout=600,
-  )  # fmt: skip
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
   out = json.loads(line[len("RESULT ") :])
@@ -188,8 +195,11 @@ def test_token_caches_in_cloud_storage(tmp_path):
   names = sorted(paths.listdir(config.data.cache_dir))
   assert names[0] == "content"  # The SHA-256 sidecars and the records.
   assert [n.split(".")[1] for n in names[1:]] == [
-      "test", "train", "valid", "vocab"
-  ]  # fmt: skip
+      "test",
+      "train",
+      "valid",
+      "vocab",
+  ]
   again = corpus_lib.load_corpus(s.data, s.eval, str(tmp_path / "run2"))
   np.testing.assert_array_equal(first.train.tokens, again.train.tokens)
   assert not os.path.exists(str(tmp_path / "run"))  # Nothing local.

@@ -110,8 +110,10 @@ def test_run_files_config_and_vocabulary_on_memory(mem):
   assert saved.model.d_model == config.model.d_model
   assert saved.data.corpus == config.data.corpus
   assert files.read_json("vocab.json") == {
-      "kind": "words", "file": "vocab.txt", "size": 5,
-  }  # fmt: skip
+      "kind": "words",
+      "file": "vocab.txt",
+      "size": 5,
+  }
   data = build.read(saved, catalog.parts()).data
   back = runfiles.read_vocabulary(files, data)
   assert list(back.tokens) == ["<pad>", "<eos>", "<unk>", "the", "cat"]
@@ -154,8 +156,11 @@ def test_export_metadata_on_memory(mem, monkeypatch):
     )
   assert paths.listdir(mem) == ["export"]
   assert paths.listdir(out) == [
-      "config.json", "export.json", "params", "vocab.json",
-  ]  # fmt: skip
+      "config.json",
+      "export.json",
+      "params",
+      "vocab.json",
+  ]
   assert paths.read_json(f"{out}/export.json") == {"step": 7, "num_params": 9}
   assert runfiles.find(out) == runfiles.RunFiles("export", out)
   assert runfiles.not_a_run(out) == "an export"
@@ -171,9 +176,12 @@ def test_datastore_manifest_and_shards_on_memory(mem):
   sig = {"model": {"d_model": 4}}
   store = ds.from_arrays(f"{mem}/a", keys, values, signature=sig, shard_size=3)
   assert paths.listdir(f"{mem}/a") == [
-      "manifest.json", "shard-00000.keys", "shard-00000.values",
-      "shard-00001.keys", "shard-00001.values",
-  ]  # fmt: skip
+      "manifest.json",
+      "shard-00000.keys",
+      "shard-00000.values",
+      "shard-00001.keys",
+      "shard-00001.values",
+  ]
   assert paths.getsize(f"{mem}/a/shard-00000.keys") == 3 * 4 * 2
   np.testing.assert_array_equal(
       np.concatenate(store.keys), keys.astype(np.float16)
@@ -181,9 +189,15 @@ def test_datastore_manifest_and_shards_on_memory(mem):
   np.testing.assert_array_equal(np.concatenate(store.values), values)
   # The shard writer of a build (features of two batches of two pairs).
   spec = datastore_batches.BatchBuildSpec(
-      signature=sig, checkpoint={"source": "x", "step": 1}, dim=4,
-      corpus="c", split="train", context={}, num_batches=2, shard_batches=1,
-  )  # fmt: skip
+      signature=sig,
+      checkpoint={"source": "x", "step": 1},
+      dim=4,
+      corpus="c",
+      split="train",
+      context={},
+      num_batches=2,
+      shard_batches=1,
+  )
 
   def features(batch):
     return batch["g"], batch["v"], np.arange(2)
@@ -252,12 +266,18 @@ def test_gs_workdir_that_cannot_be_opened_exits_2_in_one_line(tmp_path):
   start = time.time()
   proc = subprocess.run(
       [
-          sys.executable, "-m", "memjax.main",
+          sys.executable,
+          "-m",
+          "memjax.main",
           f"--config={REPO}/configs/trime_wt103.py:smoke",
           "--workdir=gs://memjax-no-such-bucket/run",
       ],
-      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-  )  # fmt: skip
+      cwd=tmp_path,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=60,
+  )
   elapsed = time.time() - start
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = proc.stderr.strip().splitlines()

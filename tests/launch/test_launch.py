@@ -102,9 +102,10 @@ def test_tpu_setup_puts_the_checkout_and_its_venv_on_every_worker(
   _fake_tools(tmp_path / "bin", log, tools)
   remote = ssh[-1].removeprefix("--command=")
   subprocess.run(
-      ["/bin/bash", "-c", remote], check=True,
+      ["/bin/bash", "-c", remote],
+      check=True,
       env={"HOME": str(home), "PATH": str(tmp_path / "bin")},
-  )  # fmt: skip
+  )
   repo = home / "memjax"
   assert sorted(os.listdir(repo)) == ["setup.py"]  # HEAD, not the work tree
   assert not (home / "memjax.tar.gz").exists()

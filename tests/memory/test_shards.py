@@ -30,7 +30,7 @@ def _mark_written(path, *done):
         (2, 3, (1, 2, 5), []),
         (6, 7, (0,), [6]),
     ],
-)  # fmt: skip
+)
 def test_to_write_is_k_of_n_less_the_written(tmp_path, k, n, done, want):
   path = str(tmp_path / "ds")
   _mark_written(path, *done)
@@ -66,13 +66,21 @@ def test_two_shares_write_their_shards_and_the_second_joins(tmp_path):
     }
 
   features = lambda b: (b["g"], b["v"], np.asarray(b["pos"]))
-  meta = dict(signature={"model": {}}, dim=2, corpus="c", split="train",
-              context={}, checkpoint=None)  # fmt: skip
+  meta = dict(
+      signature={"model": {}},
+      dim=2,
+      corpus="c",
+      split="train",
+      context={},
+      checkpoint=None,
+  )
   assert shards.write(path, {"a": 1}, 3, (1, 2), features, batches, 2)
   assert sorted(os.listdir(path)) == [
-      "build.json", "shard-00001.json", "shard-00001.keys",
+      "build.json",
+      "shard-00001.json",
+      "shard-00001.keys",
       "shard-00001.values",
-  ]  # fmt: skip
+  ]
   assert not shards.join(path, 3, **meta)
   assert not os.path.exists(os.path.join(path, "manifest.json"))
   # build.json is written once: a second share keeps the first's.

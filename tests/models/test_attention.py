@@ -134,8 +134,9 @@ def test_post_layer_norm_block_matches_numpy():
   from memjax import catalog  # pylint: disable=g-import-not-at-top
   from memjax.models import transformer  # pylint: disable=g-import-not-at-top
 
-  kw = dict(vocab_size=30, num_layers=1, d_model=16, num_heads=2,
-            head_dim=8, d_ff=32)  # fmt: skip
+  kw = dict(
+      vocab_size=30, num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32
+  )
   post = transformer.TransformerLM(
       **kw, norm_position="post", norm_epsilon=1e-5
   )
@@ -190,9 +191,14 @@ def test_final_layer_norm_switch_and_activation_dropout():
 
   tokens = jnp.zeros((1, 4), jnp.int32)
   lm = transformer.TransformerLM(
-      vocab_size=20, num_layers=1, d_model=8, num_heads=2, head_dim=4,
-      d_ff=16, final_layer_norm=False,
-  )  # fmt: skip
+      vocab_size=20,
+      num_layers=1,
+      d_model=8,
+      num_heads=2,
+      head_dim=4,
+      d_ff=16,
+      final_layer_norm=False,
+  )
   assert "final_norm" not in lm.init(jax.random.PRNGKey(0), tokens)["params"]
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
   off = feed_forward.FeedForward(
@@ -207,5 +213,6 @@ def test_final_layer_norm_switch_and_activation_dropout():
   np.testing.assert_allclose(
       off.apply(params, x, deterministic=False, rngs=rngs), plain, rtol=1e-6
   )
-  assert not np.allclose(on.apply(params, x, deterministic=False, rngs=rngs),
-                         plain)  # fmt: skip
+  assert not np.allclose(
+      on.apply(params, x, deterministic=False, rngs=rngs), plain
+  )

@@ -114,9 +114,14 @@ def test_residual_memory_ffn_takes_the_activation():
   out = {}
   for name in ("relu", "gelu"):
     layer = pkm.ResMFeedForward(
-        d_model=8, d_ff=16, num_keys=4, heads=1, topk=2, k_dim=4,
+        d_model=8,
+        d_ff=16,
+        num_keys=4,
+        heads=1,
+        topk=2,
+        k_dim=4,
         activation=name,
-    )  # fmt: skip
+    )
     params = layer.init(jax.random.PRNGKey(0), x, deterministic=True)
     out[name] = layer.apply(params, x, deterministic=True)
   assert not np.allclose(out["relu"], out["gelu"])

@@ -94,9 +94,13 @@ def test_a_decoder_fed_one_token_at_a_time_from_its_cache_equals_its_full_pass()
     t = jnp.arange(T)
     mask = (t <= pos)[None, None, None, :]
     return layer.apply(
-        {"params": params}, token, cache, deterministic=True, mask=mask,
+        {"params": params},
+        token,
+        cache,
+        deterministic=True,
+        mask=mask,
         pos=pos,
-    )  # fmt: skip
+    )
 
   cache = (jnp.zeros((B, T, H, DH)), jnp.zeros((B, T, H, DH)))
   outs = []
@@ -114,8 +118,16 @@ def test_a_decoder_fed_one_token_at_a_time_from_its_cache_equals_its_full_pass()
         ({}, {"query", "key", "value", "out"}),
         (
             {"qkv_bias": True, "out_bias": True},
-            {"query", "key", "value", "out", "query_bias", "key_bias",
-             "value_bias", "out_bias"},
+            {
+                "query",
+                "key",
+                "value",
+                "out",
+                "query_bias",
+                "key_bias",
+                "value_bias",
+                "out_bias",
+            },
         ),
         (
             {"projections": "module", "relative": "xl"},
@@ -123,11 +135,19 @@ def test_a_decoder_fed_one_token_at_a_time_from_its_cache_equals_its_full_pass()
         ),
         (
             {"projections": "module", "relative": "disentangled"},
-            {"query", "key", "value", "pos_key", "out", "u", "v_plus",
-             "v_minus"},
+            {
+                "query",
+                "key",
+                "value",
+                "pos_key",
+                "out",
+                "u",
+                "v_plus",
+                "v_minus",
+            },
         ),
     ],
-)  # fmt: skip
+)
 def test_each_layout_names_its_parameters(kwargs, names):
   x = jnp.zeros((1, 3, D))
   layer = multihead.MultiHeadAttention(

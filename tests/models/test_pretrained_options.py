@@ -175,9 +175,16 @@ def test_gated_feed_forward_is_swiglu_without_biases():
 
 def model_settings(**changes):
   fields = dict(
-      num_layers=1, d_model=D, num_heads=H, head_dim=DH, d_ff=32, cutoffs=(),
-      scale_embedding=False, dropout=0.0, max_len=16,
-  )  # fmt: skip
+      num_layers=1,
+      d_model=D,
+      num_heads=H,
+      head_dim=DH,
+      d_ff=32,
+      cutoffs=(),
+      scale_embedding=False,
+      dropout=0.0,
+      max_len=16,
+  )
   fields.update(changes)
   return settings_lib.Model(**fields)
 

@@ -156,9 +156,11 @@ def test_memory_feature_is_the_same_g_in_training_and_decoding(norm_position):
       return jnp.swapaxes(g, 0, 1)
 
     np.testing.assert_allclose(
-        stepwise(params, b["source"], b["inputs"]), out.features, rtol=1e-4,
+        stepwise(params, b["source"], b["inputs"]),
+        out.features,
+        rtol=1e-4,
         atol=1e-4,
-    )  # fmt: skip
+    )
     feats[feature] = (np.asarray(out.features), np.asarray(out.hidden))
   g, hidden = feats["final_output"]
   np.testing.assert_array_equal(g, hidden)
@@ -192,10 +194,13 @@ def test_each_stack_takes_its_own_norm_position():
   assert "decoder_norm" in params and "encoder_norm" not in params
   post_params = {k: v for k, v in params.items() if k != "decoder_norm"}
   rng = np.random.default_rng(3)
-  pre_params = dict(params, encoder_norm=jax.tree.map(
-      lambda a: a + rng.normal(size=a.shape).astype(a.dtype),
-      params["decoder_norm"],
-  ))  # fmt: skip
+  pre_params = dict(
+      params,
+      encoder_norm=jax.tree.map(
+          lambda a: a + rng.normal(size=a.shape).astype(a.dtype),
+          params["decoder_norm"],
+      ),
+  )
   for m, p in ((post, post_params), (pre, pre_params)):
     want = jax.eval_shape(lambda m=m: init(m))
     assert jax.tree.map(np.shape, p) == jax.tree.map(np.shape, want)
@@ -211,9 +216,13 @@ def test_each_stack_takes_its_own_norm_position():
     out = []
     for t, tok in enumerate((0, 6)):
       logp, _, cache = m.apply(
-          {"params": p}, jnp.full((2,), tok, jnp.int32), jnp.int32(t), cache,
-          mask, method=m.decode_step,
-      )  # fmt: skip
+          {"params": p},
+          jnp.full((2,), tok, jnp.int32),
+          jnp.int32(t),
+          cache,
+          mask,
+          method=m.decode_step,
+      )
       out.append(np.asarray(logp))
     return np.stack(out)
 
@@ -270,9 +279,11 @@ def test_sharded_equals_unsharded(setup):
 
   def f(p, batch):
     out = model.apply(
-        {"params": p}, batch["inputs"], batch["targets"],
+        {"params": p},
+        batch["inputs"],
+        batch["targets"],
         **{k: batch[k] for k in run.extra_inputs},
-    )  # fmt: skip
+    )
     return out.target_logprob
 
   fn = sharding_lib.jit(f, mesh)

@@ -43,8 +43,12 @@ def test_runs_of_identical_layers():
   keys = [plain] * 3 + [pkm] + [plain] * 3 + [pkm] + [plain] * 4
   names = [r.name for r in stack.runs("layer", keys, True)]
   assert names == [
-      "layer_0_to_2", "layer_3", "layer_4_to_6", "layer_7", "layer_8_to_11"
-  ]  # fmt: skip
+      "layer_0_to_2",
+      "layer_3",
+      "layer_4_to_6",
+      "layer_7",
+      "layer_8_to_11",
+  ]
   assert [r.name for r in stack.runs("layer", keys, False)] == [
       f"layer_{i}" for i in range(12)
   ]

@@ -103,8 +103,11 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
 
   rng = np.random.default_rng(0)
   tokens = rng.integers(5, 200, size=(4, 16)).astype(np.int32)
-  batch = {"inputs": tokens, "targets": tokens,
-           "weights": np.ones(tokens.shape, np.float32)}  # fmt: skip
+  batch = {
+      "inputs": tokens,
+      "targets": tokens,
+      "weights": np.ones(tokens.shape, np.float32),
+  }
   scorer = scorer_lib.scorer_for(restored.scoring())
   got = scorer.rows(restored.variables, batch, batch_size=4)
   moved = jax.tree.map(lambda x: x + 3.0, restored.model_state)
@@ -115,8 +118,9 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   assert abs(float(got["nll_sum"]) - float(other["nll_sum"])) > 1e-3
   again = scorer.rows(restored.variables, batch, batch_size=4)
   assert again["nll_sum"] == got["nll_sum"]  # deterministic, nothing moved
-  np.testing.assert_array_equal(_norm(restored.model_state)["mean"],
-                                before["mean"])  # fmt: skip
+  np.testing.assert_array_equal(
+      _norm(restored.model_state)["mean"], before["mean"]
+  )
   assert results["valid"]  # the final evaluation ran with them
   # Exported and loaded: the same statistics and scores.
   out = restore_lib.export(restored, str(tmp_path / "export"))
@@ -148,9 +152,13 @@ def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
   sample = {"inputs": np.zeros((2, 8), np.int32)}
   for source in (straight, out):
     state, shardings = state_lib.create_state(
-        model, tx, run.mesh, sample, jax.random.PRNGKey(5),
+        model,
+        tx,
+        run.mesh,
+        sample,
+        jax.random.PRNGKey(5),
         run.state_collections(),
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(_norm(state.model_state)["mean"], 0.0)
     state = init_from.init_params_from(run, source, state, shardings)
     jax.tree.map(

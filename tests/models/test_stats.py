@@ -43,10 +43,16 @@ def test_reports_add_up_and_cost_nothing_unless_collected():
 
 def test_lamemo_alpha_mean_is_the_mean_of_the_analysed_alpha():
   model = transformer.TransformerLM(
-      vocab_size=V, num_layers=2, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, attention=catalog.parts().attention.get("lamemo"),
-      attention_name="lamemo", mem_len=M,
-  )  # fmt: skip
+      vocab_size=V,
+      num_layers=2,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      attention=catalog.parts().attention.get("lamemo"),
+      attention_name="lamemo",
+      mem_len=M,
+  )
   x = jnp.asarray(np.random.default_rng(0).integers(0, V, (3, T)), jnp.int32)
   params = model.init(jax.random.PRNGKey(0), x, x)["params"]
   memory = model.init_memory(3)
@@ -55,9 +61,12 @@ def test_lamemo_alpha_mean_is_the_mean_of_the_analysed_alpha():
   out = model.apply({"params": params}, x, x, memory=memory)
   memory = model.reset_memory(out.memory, jnp.array([False, True, False]))
   _, state = model.apply(
-      {"params": params}, x, x, memory=memory,
+      {"params": params},
+      x,
+      x,
+      memory=memory,
       mutable=["intermediates", stats.COLLECTION],
-  )  # fmt: skip
+  )
   sums = stats.flatten(state[stats.COLLECTION])
   assert sorted(sums) == list(LAYERS)
   valid = np.asarray(memory[0].valid, np.float64)  # [B, M]

@@ -81,9 +81,10 @@ def test_repeated_counts_work_every_device_does():
   def ratio(keep_rows: bool) -> float:
     lowered = product(keep_rows)().lower(x, w)
     return plan_compile.repeated(
-        plan_compile.device_flops(lowered.compile()).total(), 8,
+        plan_compile.device_flops(lowered.compile()).total(),
+        8,
         plan_compile.program_flops(lowered).total(),
-    )  # fmt: skip
+    )
 
   assert ratio(True) == pytest.approx(1.0, abs=0.05)
   assert ratio(False) == pytest.approx(8.0, rel=0.05)
@@ -132,9 +133,10 @@ def test_tpu_slices_and_device_flags():
   # Cloud TPU names: v4 and v5p count TensorCores, v5e chips.
   config.plan.devices = 0
   for name, platform, chips in (
-      ("v4-8", "tpu_v4", 4), ("v5litepod-8", "tpu_v5e", 8),
+      ("v4-8", "tpu_v4", 4),
+      ("v5litepod-8", "tpu_v5e", 8),
       ("v5p-128", "tpu_v5p", 64),
-  ):  # fmt: skip
+  ):
     config.plan.platform = name
     assert platforms.get(name).name == platform
     assert platforms.planned_devices(_settings(config)) == chips
@@ -142,9 +144,10 @@ def test_tpu_slices_and_device_flags():
   config.plan.platform, config.plan.tpu_shape = "v4-8", "2x2x1"
   assert platforms.planned_devices(_settings(config)) == 4
   for devices, shape, match in (
-      (8, "", "contradicts"), (0, "2x2x2", "is 8 chips"),
+      (8, "", "contradicts"),
+      (0, "2x2x2", "is 8 chips"),
       (0, "2by2", "joined by 'x'"),
-  ):  # fmt: skip
+  ):
     config.plan.devices, config.plan.tpu_shape = devices, shape
     with pytest.raises(errors.ConfigError, match=match):
       platforms.planned_devices(_settings(config))
@@ -164,11 +167,15 @@ def test_main_plans_without_data_or_checkpoints(tmp_path):
   workdir = str(tmp_path / "plan")
   # Started with one device: --config.plan.devices=4 must reach XLA.
   r = run_main(
-      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
-      "--mode=plan", "--config.plan.devices=4",
-      "--config.plan.platform=h100", "--config.data.data_dir=/nonexistent",
-      "--config.plan.dtypes=('bfloat16',)", devices=1,
-  )  # fmt: skip
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      "--mode=plan",
+      "--config.plan.devices=4",
+      "--config.plan.platform=h100",
+      "--config.data.data_dir=/nonexistent",
+      "--config.plan.dtypes=('bfloat16',)",
+      devices=1,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert sorted(os.listdir(workdir)) == ["plan.json", "plan.md"]
   with open(os.path.join(workdir, "plan.json")) as f:
@@ -179,9 +186,11 @@ def test_main_plans_without_data_or_checkpoints(tmp_path):
   assert plan["dtypes"]["bfloat16"]["max_micro_batch"] % 4 == 0
   assert "| 4x h100 (est.) | bfloat16 |" in r.stdout
   bad = run_main(
-      "--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}2",
-      "--mode=plan", "--config.plan.platform=tpu_v9",
-  )  # fmt: skip
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}2",
+      "--mode=plan",
+      "--config.plan.platform=tpu_v9",
+  )
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1].startswith("memjax: error: ")
   assert not os.path.exists(f"{workdir}2")
@@ -193,11 +202,14 @@ def test_main_plans_a_method_run_with_its_formula_terms(tmp_path):
   # above the formula without them.
   workdir = str(tmp_path / "plan")
   r = run_main(
-      "--config=configs/marge_wt103.py:smoke", f"--workdir={workdir}",
-      "--mode=plan", "--config.plan.devices=2",
-      "--config.plan.fit_batch=False", "--config.plan.dtypes=('float32',)",
+      "--config=configs/marge_wt103.py:smoke",
+      f"--workdir={workdir}",
+      "--mode=plan",
+      "--config.plan.devices=2",
+      "--config.plan.fit_batch=False",
+      "--config.plan.dtypes=('float32',)",
       devices=1,
-  )  # fmt: skip
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   with open(os.path.join(workdir, "plan.json")) as f:
     plan = json.load(f)
@@ -251,9 +263,12 @@ def test_formula_counts_softmax_padding_and_input_projections():
   # positions, each chunk recomputed in the backward pass.
   s = _settings(txl_wt103.get_config("base"))
   shape = extend.FlopsShape(
-      seq_len=150, rows=64, num_params=1000, softmax_params=600,
+      seq_len=150,
+      rows=64,
+      num_params=1000,
+      softmax_params=600,
       projection_params=100,
-  )  # fmt: skip
+  )
   assert plan.softmax_positions(s, shape) == (192, True)
   f = plan.formula_flops(s, shape)
   attn = 12 * 16 * 300 * 410
@@ -266,15 +281,17 @@ def test_formula_counts_softmax_padding_and_input_projections():
   assert plan.softmax_positions(s, small) == (150, False)
   # With model.remat each term is recomputed once more (a third of it).
   term = lambda *_: {"t": 300.0}
-  r = plan.formula_flops(_settings(trime_wt103.get_config("247m")), small,
-                         (term,))  # fmt: skip
+  r = plan.formula_flops(
+      _settings(trime_wt103.get_config("247m")), small, (term,)
+  )
   plain = plan.formula_flops(_settings(trime_wt103.get_config("247m")), small)
   assert r["model"] - plain["model"] == 300
   assert r["with_recompute"] - plain["with_recompute"] == pytest.approx(400)
   # 247m's 16 blocks are recomputed but for their last product, the
   # feed-forward's 4096 x 1024 output projection; T = 150 + 0 here.
-  big = dataclasses.replace(small, num_params=10**9, softmax_params=10**8,
-                            projection_params=0)  # fmt: skip
+  big = dataclasses.replace(
+      small, num_params=10**9, softmax_params=10**8, projection_params=0
+  )
   f = plan.formula_flops(_settings(trime_wt103.get_config("247m")), big)
   attn = 12 * 16 * 150 * 8 * 128
   layers = 10**9 - 10**8 - 16 * 4096 * 1024

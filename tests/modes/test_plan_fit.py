@@ -20,8 +20,10 @@ def _run(batch_size: int = 32):
 def test_proposes_the_fewest_micro_batches_that_fit():
   run, devices = _run(), jax.devices()
   # Micro-batches of 32, 16 and 8 rows (8 = one row per device).
-  totals = {a: plan_fit._total(plan_fit._with(run, a), devices)  # pylint: disable=protected-access
-            for a in (1, 2, 4)}  # fmt: skip
+  totals = {
+      a: plan_fit._total(plan_fit._with(run, a), devices)  # pylint: disable=protected-access
+      for a in (1, 2, 4)
+  }
   assert totals[1] > totals[2] > totals[4]
   usable = (totals[1] + totals[2]) / 2
   proposal = plan_fit.propose(run, devices, usable)

@@ -45,8 +45,9 @@ def test_windows_positions_and_buckets():
   np.testing.assert_array_equal(np.sort(pos), np.sort(np.r_[1:12, 1:18]))
   # Token ids are offsets: a window's inputs stay inside its document
   # (context reset) and the input of a prediction at position p is p - 1.
-  for x, y, w, p in zip(b["inputs"], b["targets"], b["weights"],
-                        b["positions"]):  # fmt: skip
+  for x, y, w, p in zip(
+      b["inputs"], b["targets"], b["weights"], b["positions"]
+  ):
     lo = 0 if x[0] < 12 else 12
     s = w > 0
     assert x[0] >= lo
@@ -63,9 +64,13 @@ def test_windows_positions_and_buckets():
 
 def test_first_tokens_ignore_previous_document():
   model = transformer.TransformerLM(
-      vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
+      vocab_size=20,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
       d_ff=32,
-  )  # fmt: skip
+  )
   x = np.zeros((1, 8), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
@@ -99,9 +104,16 @@ def _restored(model, x, config=None, path=""):
   params = model.init(jax.random.key(0), x, x)["params"]
   run = build.build(config or _config(), path, mesh={"data": 1})
   return restore.Restored(
-      run=run, model=model, params=params, step=0, vocab=None,
-      vocab_size=model.vocab_size, unit="ppl", path=path, kind="run",
-  )  # fmt: skip
+      run=run,
+      model=model,
+      params=params,
+      step=0,
+      vocab=None,
+      vocab_size=model.vocab_size,
+      unit="ppl",
+      path=path,
+      kind="run",
+  )
 
 
 def _memories():
@@ -121,10 +133,17 @@ def test_carried_memory_equals_one_window_per_document():
   # document in segments of 4 with the memory carried equals scoring it in
   # one window from an empty memory; no document sees the one before it.
   model = transformer.TransformerLM(
-      vocab_size=20, num_layers=2, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, cutoffs=(), attention=catalog.parts().attention.get("xl"),
-      attention_name="xl", mem_len=16,
-  )  # fmt: skip
+      vocab_size=20,
+      num_layers=2,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      cutoffs=(),
+      attention=catalog.parts().attention.get("xl"),
+      attention_name="xl",
+      mem_len=16,
+  )
   config = _config(segment_len=4, mem_len=16, batch_size=2)  # 2 lanes
   restored = _restored(model, np.zeros((1, 4), np.int32), config)
   scorer = pl.run_scorer(restored, "", "none")
@@ -153,16 +172,24 @@ def test_knn_memory_in_position_loss(tmp_path):
   # ignore the document before it (the datastore is fixed, the context is
   # reset).
   model = transformer.TransformerLM(
-      vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, cutoffs=(),
-  )  # fmt: skip
+      vocab_size=20,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      cutoffs=(),
+  )
   config = _config(window_len=8, score_len=4, batch_size=4)
   restored = _restored(model, np.zeros((1, 8), np.int32), config)
   rng = np.random.default_rng(3)
   store = ds_lib.from_arrays(
-      str(tmp_path), rng.normal(size=(40, 16)) * 2.0, np.arange(40) % 20,
-      signature={"model": {"d_model": 16}}, shard_size=20,
-  )  # fmt: skip
+      str(tmp_path),
+      rng.normal(size=(40, 16)) * 2.0,
+      np.arange(40) % 20,
+      signature={"model": {"d_model": 16}},
+      shard_size=20,
+  )
   ext = external.ExternalSearch(search.ExactSearcher(store, "squared_l2"), 8)
   toks, spans = _stream([12, 15])
   params = restored.params
@@ -183,8 +210,9 @@ def test_knn_memory_in_position_loss(tmp_path):
   other = toks.copy()
   other[:12] = rng.integers(3, 20, 12)  # another first document
   second = slice(11, None)  # the 14 predictions of the second document
-  np.testing.assert_allclose(knn(0.5, other)[1][second], half[1][second],
-                             rtol=1e-6)  # fmt: skip
+  np.testing.assert_allclose(
+      knn(0.5, other)[1][second], half[1][second], rtol=1e-6
+  )
 
 
 def test_config_memory_setting_keeps_external_settings(tmp_path):
@@ -199,8 +227,10 @@ def test_config_memory_setting_keeps_external_settings(tmp_path):
   grid = grid_lib.grid_of(setting, _memories())
   values = grid.values()
   assert (grid.kind, values["knn_lambdas"], values["knn_temperatures"]) == (
-      "knn", (0.4,), (2.0,),
-  )  # fmt: skip
+      "knn",
+      (0.4,),
+      (2.0,),
+  )
 
 
 def test_long_memory_compiled_once_for_all_documents():
@@ -209,18 +239,27 @@ def test_long_memory_compiled_once_for_all_documents():
   # compiled step, and the last document, scored after the others, equals
   # a fresh scorer alone on it with a step built afresh (no state leaks).
   model = transformer.TransformerLM(
-      vocab_size=20, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, cutoffs=(),
-  )  # fmt: skip
+      vocab_size=20,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      cutoffs=(),
+  )
   restored = _restored(model, np.zeros((1, 8), np.int32))
   toks, spans = _stream([13, 22, 19], seed=5)
   grid = grid_lib.grid_of({"kind": "trime", "long_mem_tokens": 16}, _memories())
 
   def scorer():
     return em_lib.MemoryScorer(
-        rows.Scoring(model, restored.mesh), grid, window_len=8,
-        score_len=4, batch_size=4, block_size=4,
-    )  # fmt: skip
+        rows.Scoring(model, restored.mesh),
+        grid,
+        window_len=8,
+        score_len=4,
+        batch_size=4,
+        block_size=4,
+    )
 
   shared_scorer = scorer()
   shared = shared_scorer.document_logprobs(restored.params, toks, spans)

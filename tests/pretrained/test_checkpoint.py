@@ -18,8 +18,10 @@ GPT2 = os.path.join(REPO, "tests", "fixtures", "pretrained", "gpt2")
 def test_a_sharded_checkpoint_reads_as_the_single_file(tmp_path):
   whole = st.load_file(os.path.join(GPT2, "model.safetensors"))
   names = sorted(whole)
-  shards = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}  # fmt: skip
+  shards = {
+      "model-00001-of-00002.safetensors": names[::2],
+      "model-00002-of-00002.safetensors": names[1::2],
+  }
   weight_map = {}
   for shard, part in shards.items():
     st.save_file({n: whole[n] for n in part}, str(tmp_path / shard))

@@ -8,14 +8,18 @@ from memjax.pretrained import families
 
 def test_rope_options_read_both_config_formats():
   scaling = {
-      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
       "original_max_position_embeddings": 8192,
-  }  # fmt: skip
+  }
   want = {
-      "rope_theta": 500000.0, "rope_scaling_factor": 8.0,
-      "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+      "rope_theta": 500000.0,
+      "rope_scaling_factor": 8.0,
+      "rope_low_freq_factor": 1.0,
+      "rope_high_freq_factor": 4.0,
       "rope_original_max_len": 8192,
-  }  # fmt: skip
+  }
   # Before transformers 5: rope_theta and rope_scaling ("type" or
   # "rope_type"); from 5 on: rope_parameters.
   old = {"rope_theta": 500000.0, "rope_scaling": dict(scaling, type="llama3")}
@@ -30,9 +34,13 @@ def test_rope_options_read_both_config_formats():
 
 def test_llama_and_qwen2_biases():
   hf = dict(
-      model_type="llama", hidden_size=32, num_attention_heads=4,
-      num_hidden_layers=2, intermediate_size=48, vocab_size=64,
-  )  # fmt: skip
+      model_type="llama",
+      hidden_size=32,
+      num_attention_heads=4,
+      num_hidden_layers=2,
+      intermediate_size=48,
+      vocab_size=64,
+  )
   llama = families.llama_settings(dict(hf, attention_bias=True))
   assert llama["attention_options"]["qkv_bias"] is True
   assert llama["attention_options"]["out_bias"] is True
@@ -46,9 +54,14 @@ def test_llama_and_qwen2_biases():
 def test_unsupported_settings_are_named():
   with pytest.raises(errors.DataError, match="activation 'quick_gelu'"):
     families.gpt2_settings(
-        dict(n_embd=8, n_head=2, n_layer=1, n_positions=8,
-             activation_function="quick_gelu")
-    )  # fmt: skip
+        dict(
+            n_embd=8,
+            n_head=2,
+            n_layer=1,
+            n_positions=8,
+            activation_function="quick_gelu",
+        )
+    )
   with pytest.raises(errors.DataError, match="scale_attn_by_inverse_layer"):
     families.gpt2_settings(dict(scale_attn_by_inverse_layer_idx=True))
   with pytest.raises(errors.DataError, match="config.json has no n_embd"):

@@ -185,8 +185,9 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
     workdir.mkdir()
     (workdir / "notes.txt").write_text("mine")
   config = _config("" if case == "no path" else folder)
-  with pytest.raises(errors.UserError, match=message.replace("(", r"\(")
-                     .replace(")", r"\)")):  # fmt: skip
+  with pytest.raises(
+      errors.UserError, match=message.replace("(", r"\(").replace(")", r"\)")
+  ):
     memjax.run_mode("import", config, str(workdir))
   left = sorted(os.listdir(workdir)) if workdir.exists() else []
   assert left == (["notes.txt"] if case == "workdir not empty" else [])

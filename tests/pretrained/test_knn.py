@@ -41,8 +41,10 @@ def _gelu_new(x):
 
 def numpy_gpt2(ids):
   """ids [T] -> (last block's feed-forward input [T, D], log p [T, V])."""
-  t = {k.removeprefix("transformer."): v.astype(np.float64)
-       for k, v in load_file(os.path.join(FIXTURE, "model.safetensors")).items()}  # fmt: skip
+  t = {
+      k.removeprefix("transformer."): v.astype(np.float64)
+      for k, v in load_file(os.path.join(FIXTURE, "model.safetensors")).items()
+  }
   n, (d, heads) = len(ids), (32, 4)
   h = t["wte.weight"][ids] + t["wpe.weight"][:n]
   causal = np.tril(np.ones([n, n], bool))
@@ -69,7 +71,7 @@ def numpy_gpt2(ids):
   logits = _layer_norm(h, t["ln_f.weight"], t["ln_f.bias"]) @ t["wte.weight"].T
   m = logits.max(-1, keepdims=True)
   logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
-  return g, logp  # fmt: skip
+  return g, logp
 
 
 def test_knn_lm_of_an_imported_gpt2_is_numpys(imported_gpt2, tmp_path):
@@ -84,11 +86,13 @@ def test_knn_lm_of_an_imported_gpt2_is_numpys(imported_gpt2, tmp_path):
   assert max(len(x) for x in ids.values()) <= 32  # One window each.
   flags = (
       "--config=configs/pretrained.py:gpt2_knn",
-      "--config.data.corpus=text", f"--config.data.data_dir={data}",
-      f"--config.eval_memory.ext_k={K}", f"--config.eval_memory.knn_lambda={LAMBDA}",
+      "--config.data.corpus=text",
+      f"--config.data.data_dir={data}",
+      f"--config.eval_memory.ext_k={K}",
+      f"--config.eval_memory.knn_lambda={LAMBDA}",
       "--config.eval.splits=('valid',)",
       f"--workdir={workdir}",
-  )  # fmt: skip
+  )
   for mode in ("datastore", "index", "memeval"):
     proc = run_main(*flags, f"--mode={mode}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -118,4 +122,4 @@ def test_knn_lm_of_an_imported_gpt2_is_numpys(imported_gpt2, tmp_path):
       got["plain"]["nll"], -np.mean(np.log(p_lm)), rtol=1e-5
   )
   np.testing.assert_allclose(got["memory"]["nll"], nll, rtol=1e-4)
-  assert got["memory"]["nll"] < got["plain"]["nll"]  # fmt: skip
+  assert got["memory"]["nll"] < got["plain"]["nll"]

@@ -46,15 +46,19 @@ def test_resm_in_an_imported_llama_starts_as_the_llama(tmp_path):
   proc = run_main(
       "--config=configs/pretrained.py:llama_pkm",
       f"--config.train.init_from={source}",
-      "--config.data.corpus=text", f"--config.data.data_dir={data}",
+      "--config.data.corpus=text",
+      f"--config.data.data_dir={data}",
       "--config.model.feed_forward_options.num_keys=8",
       "--config.model.feed_forward_options.topk=4",
       "--config.model.feed_forward_options.k_dim=16",
-      "--config.data.seq_len=32", "--config.data.batch_size=2",
+      "--config.data.seq_len=32",
+      "--config.data.batch_size=2",
       # One update of learning rate 0: the parameters stay the initial ones.
-      "--config.train.num_steps=1", "--config.optim.learning_rate=0.0",
-      "--config.eval.splits=('valid',)", f"--workdir={workdir}",
-  )  # fmt: skip
+      "--config.train.num_steps=1",
+      "--config.optim.learning_rate=0.0",
+      "--config.eval.splits=('valid',)",
+      f"--workdir={workdir}",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   log = proc.stdout + proc.stderr
   assert "fresh: layer_0/ffn/memory/keys" in log  # Layer -2 of 2: layer_0.
@@ -89,14 +93,17 @@ def test_pkm_in_place_of_an_imported_feed_forward(tmp_path):
   proc = run_main(
       "--config=configs/pretrained.py:llama_pkm_replace",
       f"--config.train.init_from={source}",
-      "--config.data.corpus=text", f"--config.data.data_dir={data}",
+      "--config.data.corpus=text",
+      f"--config.data.data_dir={data}",
       "--config.model.feed_forward_options.num_keys=8",
       "--config.model.feed_forward_options.topk=4",
       "--config.model.feed_forward_options.k_dim=16",
-      "--config.data.seq_len=32", "--config.data.batch_size=2",
-      "--config.train.num_steps=2", "--config.eval.splits=('valid',)",
+      "--config.data.seq_len=32",
+      "--config.data.batch_size=2",
+      "--config.train.num_steps=2",
+      "--config.eval.splits=('valid',)",
       f"--workdir={workdir}",
-  )  # fmt: skip
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   log = proc.stdout + proc.stderr
   assert "fresh: layer_0/ffn/memory/keys" in log
@@ -108,7 +115,8 @@ def test_pkm_in_place_of_an_imported_feed_forward(tmp_path):
   # training moved it by the learning rate's warm-up only).
   np.testing.assert_allclose(
       np.asarray(pkm["layer_1"]["ffn"]["up"]["kernel"]),
-      np.asarray(llama["layer_1"]["ffn"]["up"]["kernel"]), atol=1e-3,
-  )  # fmt: skip
+      np.asarray(llama["layer_1"]["ffn"]["up"]["kernel"]),
+      atol=1e-3,
+  )
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     assert np.isfinite(json.load(f)["valid"]["nll"])

@@ -16,21 +16,33 @@ def _export(tmp_path, model):
 
 
 MODEL = {
-    "num_layers": 4, "d_model": 32, "max_len": 64, "dropout": 0.0,
-    "feed_forward": "glu", "feed_forward_options": {},
+    "num_layers": 4,
+    "d_model": 32,
+    "max_len": 64,
+    "dropout": 0.0,
+    "feed_forward": "glu",
+    "feed_forward_options": {},
     "feed_forward_layers": [],
-}  # fmt: skip
+}
 
 
 def _tree(**model):
   return {
-      "model": dict({"num_layers": 2, "d_model": 8, "dropout": 0.1,
-                     "feed_forward": "ffn", "feed_forward_options": {},
-                     "feed_forward_layers": []}, **model),
+      "model": dict(
+          {
+              "num_layers": 2,
+              "d_model": 8,
+              "dropout": 0.1,
+              "feed_forward": "ffn",
+              "feed_forward_options": {},
+              "feed_forward_layers": [],
+          },
+          **model,
+      ),
       "eval": {"window_len": 512, "score_len": 256},
       "data": {"seq_len": 128, "tokenizer": ""},
       "train": {"init_from": ""},
-  }  # fmt: skip
+  }
 
 
 def test_the_imports_sizes_and_tokenizer_the_configs_dropout(tmp_path):
@@ -53,8 +65,11 @@ def test_the_imports_sizes_and_tokenizer_the_configs_dropout(tmp_path):
 
 def test_an_inserted_feed_forward_keeps_the_imports_kind_elsewhere(tmp_path):
   source = _export(tmp_path, MODEL)
-  tree = _tree(feed_forward="resm", feed_forward_layers=[-2, 1],
-               feed_forward_options={"num_keys": 8})  # fmt: skip
+  tree = _tree(
+      feed_forward="resm",
+      feed_forward_layers=[-2, 1],
+      feed_forward_options={"num_keys": 8},
+  )
   tree["train"]["init_from"] = source
   assert sizes.apply(tree, str(tmp_path / "new"))
   m = tree["model"]

@@ -23,11 +23,14 @@ def test_trime_from_an_import_trains_resumes_and_evaluates(
   flags = (
       "--config=configs/pretrained.py:gpt2_trime",
       f"--config.train.init_from={imported_gpt2}",
-      "--config.train.num_steps=2", "--config.train.checkpoint_every=1",
-      "--config.train.log_every=1", "--config.train.eval_every=0",
-      "--config.optim.warmup_steps=1", "--config.eval.max_windows=2",
+      "--config.train.num_steps=2",
+      "--config.train.checkpoint_every=1",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=0",
+      "--config.optim.warmup_steps=1",
+      "--config.eval.max_windows=2",
       "--config.eval.splits=('valid',)",
-  )  # fmt: skip
+  )
   proc = run_main(*flags, f"--workdir={whole}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "initialised 36 parameter arrays from" in proc.stdout + proc.stderr

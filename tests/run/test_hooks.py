@@ -156,8 +156,13 @@ def test_every_defaults_to_one_and_hooks_run_in_order():
     for step in range(1, 5):
       runner.run(step, {})
     assert calls == [
-        ("b", 1), ("b", 2), ("a", 2), ("b", 3), ("b", 4), ("a", 4),
-    ]  # fmt: skip
+        ("b", 1),
+        ("b", 2),
+        ("a", 2),
+        ("b", 3),
+        ("b", 4),
+        ("a", 4),
+    ]
     assert runner.states() == {"test_order_b": {}, "test_order_a": {"x": 1}}
     # A second hook of one name is refused.
     extend.add(

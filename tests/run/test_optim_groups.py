@@ -182,13 +182,21 @@ def test_group_with_zero_learning_rate_stays_bit_identical(tmp_path):
   model = run.model(corpus.vocab_size)
   tx, schedule = run.optimizer(10)
   state, shardings = state_lib.create_state(
-      model, tx, mesh, run.host_batch(batcher, 0), jax.random.PRNGKey(0),
+      model,
+      tx,
+      mesh,
+      run.host_batch(batcher, 0),
+      jax.random.PRNGKey(0),
       run.state_collections(),
-  )  # fmt: skip
+  )
   step = train_step_lib.make_train_step(
-      model, tx, run.objective(10), grad_accum=1,
-      state_shardings=shardings, mesh=mesh,
-  )  # fmt: skip
+      model,
+      tx,
+      run.objective(10),
+      grad_accum=1,
+      state_shardings=shardings,
+      mesh=mesh,
+  )
   before = jax.device_get(state.params)
   for i in range(10):
     batch = sharding_lib.put_global_batch(run.host_batch(batcher, i), mesh)

@@ -95,15 +95,23 @@ def test_a_second_job_is_refused_and_a_kill_9_relaunch_takes_over(
   workdir = str(tmp_path / "run")
   # The shared smoke run's updates, with a progress line every update and
   # a shorter evaluation (which changes no update).
-  args = ("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
-          "--config.train.log_every=1", "--config.train.eval_every=0",
-          "--config.eval.max_windows=2")  # fmt: skip
+  args = (
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=0",
+      "--config.eval.max_windows=2",
+  )
   env = dict(os.environ, XLA_FLAGS=conftest.xla_flags(1))
   with open(tmp_path / "first.err", "w") as err:
     first = subprocess.Popen(
-        [sys.executable, "-m", "memjax.main", *args], cwd=conftest.REPO,
-        env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "memjax.main", *args],
+        cwd=conftest.REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+    )
   try:
     ckpt_10 = os.path.join(workdir, "checkpoints", "10")
     for line in first.stdout:

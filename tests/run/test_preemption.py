@@ -144,14 +144,21 @@ def test_sigterm_mid_run_saves_and_relaunch_matches_uninterrupted(
   workdir = str(tmp_path / "run")
   # The shared smoke run's config, with a progress line every update and
   # the first two updates traced (neither changes the updates).
-  args = ("--config=configs/trime_wt103.py:smoke", f"--workdir={workdir}",
-          "--config.train.log_every=1",
-          "--config.train.profile_steps=(1,2)")  # fmt: skip
+  args = (
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      "--config.train.log_every=1",
+      "--config.train.profile_steps=(1,2)",
+  )
   env = dict(os.environ, XLA_FLAGS=conftest.xla_flags(1))
   proc = subprocess.Popen(
-      [sys.executable, "-m", "memjax.main", *args], cwd=conftest.REPO,
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-  )  # fmt: skip
+      [sys.executable, "-m", "memjax.main", *args],
+      cwd=conftest.REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
   out = []
   try:
     for line in proc.stdout:
@@ -177,13 +184,16 @@ def test_sigterm_mid_run_saves_and_relaunch_matches_uninterrupted(
   assert sorted(_losses(workdir)) == list(range(1, step + 1))
   # The stopped job released its lease on the workdir.
   assert not os.path.exists(os.path.join(workdir, "lease.json"))
-  assert glob.glob(os.path.join(workdir, "profile", "**", "*.xplane.pb"),
-                   recursive=True)  # fmt: skip
+  assert glob.glob(
+      os.path.join(workdir, "profile", "**", "*.xplane.pb"), recursive=True
+  )
 
   again = conftest.run_main(*args[:3])
   assert again.returncode == 0, again.stderr[-3000:]
-  assert f"resumed from {os.path.join(workdir, 'checkpoints')} at step " \
-      f"{step}" in again.stdout  # fmt: skip
+  assert (
+      f"resumed from {os.path.join(workdir, 'checkpoints')} at step "
+      f"{step}" in again.stdout
+  )
   # Losses bit for bit those of the uninterrupted run.
   assert _losses(workdir) == _losses(smoke_workdir)
   with open(os.path.join(workdir, "results.json")) as f:

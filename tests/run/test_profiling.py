@@ -63,5 +63,6 @@ def test_a_run_that_stops_inside_the_traced_updates_still_writes(tmp_path):
       trace.run(1, jax.jit(lambda x: x + 1), jnp.zeros(2))
       raise RuntimeError("stopped")
   assert not trace.active
-  assert glob.glob(os.path.join(tmp_path, "profile", "**", "*.xplane.pb"),
-                   recursive=True)  # fmt: skip
+  assert glob.glob(
+      os.path.join(tmp_path, "profile", "**", "*.xplane.pb"), recursive=True
+  )

@@ -90,8 +90,9 @@ def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
     assert a[0] == b[0] == 4
     jax.tree.map(
         lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5),
-        a[1], b[1],
-    )  # fmt: skip
+        a[1],
+        b[1],
+    )
   memjax.train(_smoke_config(6, False), mixed)
   memjax.train(_smoke_config(6, False), straight)
   assert "layer_0" in build.restore(mixed).params
@@ -99,8 +100,9 @@ def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
   assert a[0] == b[0] == 6
   jax.tree.map(
       lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5),
-      a[1], b[1],
-  )  # fmt: skip
+      a[1],
+      b[1],
+  )
   # train.init_from into the scanned layout: one update at learning rate
   # 0 keeps exactly what was taken from the unscanned run.
   c = _smoke_config(1, True)

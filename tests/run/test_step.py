@@ -22,12 +22,20 @@ RESM = catalog.parts().feed_forward.get("resm")
 
 def _encoder():
   return encoder.Encoder(
-      vocab_size=40, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, feed_forward=RESM, kind_name="resm", feed_forward_layers=(1,),
-      max_len=16, feed_forward_options=dict(
+      vocab_size=40,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      feed_forward=RESM,
+      kind_name="resm",
+      feed_forward_layers=(1,),
+      max_len=16,
+      feed_forward_options=dict(
           num_keys=4, heads=HEADS, topk=2, k_dim=KD, query_norm="batch"
       ),
-  )  # fmt: skip
+  )
 
 
 def _create_state(model, tx, mesh, batch):
@@ -47,10 +55,13 @@ def _queries(model, variables, inputs):
   [B*T, D] rows), captured from a
   deterministic forward pass (the model has no dropout)."""
   _, state = model.apply(
-      variables, inputs, inputs, deterministic=True,
+      variables,
+      inputs,
+      inputs,
+      deterministic=True,
       capture_intermediates=lambda m, _: m.name == "query",
       mutable=["intermediates"],
-  )  # fmt: skip
+  )
   found = jax.tree.leaves(state["intermediates"])
   assert len(found) == 1
   return np.asarray(found[0], np.float64).reshape(inputs.shape + (-1,))
@@ -76,8 +87,9 @@ def test_batch_stats_follow_the_micro_batches_in_order_without_padding():
   step = train_step.make_train_step(
       model, tx, loss_fn, grad_accum=2, state_shardings=shardings, mesh=mesh
   )
-  new, _ = step(state, sharding_lib.put_global_batch(batch, mesh),
-                jax.random.PRNGKey(1))  # fmt: skip
+  new, _ = step(
+      state, sharding_lib.put_global_batch(batch, mesh), jax.random.PRNGKey(1)
+  )
   got = jax.device_get(new.model_state)["batch_stats"]["layer_0"]["ffn"]
   got = got["memory"]["query_norm"]
   # NumPy: per micro-batch, the mean and (biased) variance over its real
@@ -106,16 +118,22 @@ def test_a_padded_position_does_not_move_the_statistics():
   stats_ = []
   for inputs in (short, long):
     batch = {
-        "inputs": inputs, "targets": inputs,
+        "inputs": inputs,
+        "targets": inputs,
         "weights": (inputs > 0).astype(np.float32),
-    }  # fmt: skip
+    }
     state, shardings = _create_state(model, optax.sgd(0.1), mesh, batch)
     step = train_step.make_train_step(
-        model, optax.sgd(0.1), loss_fn, grad_accum=1,
-        state_shardings=shardings, mesh=mesh,
-    )  # fmt: skip
-    new, _ = step(state, sharding_lib.put_global_batch(batch, mesh),
-                  jax.random.PRNGKey(1))  # fmt: skip
+        model,
+        optax.sgd(0.1),
+        loss_fn,
+        grad_accum=1,
+        state_shardings=shardings,
+        mesh=mesh,
+    )
+    new, _ = step(
+        state, sharding_lib.put_global_batch(batch, mesh), jax.random.PRNGKey(1)
+    )
     stats_.append(jax.device_get(new.model_state))
   jax.tree.map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
@@ -127,9 +145,14 @@ def test_a_padded_position_does_not_move_the_statistics():
 
 def test_a_model_without_state_collections_carries_none():
   model = encoder.Encoder(
-      vocab_size=40, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, max_len=16,
-  )  # fmt: skip
+      vocab_size=40,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      max_len=16,
+  )
   batch = {"inputs": np.ones((2, 4), np.int32)}
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
   # Asked for the collections a BatchNorm keeps, it made none.

@@ -48,10 +48,11 @@ class KnnMemory(evaluation.EvalMemory):
   """kNN-LM: lam p_kNN + (1 - lam) p_LM over K neighbours by squared L2."""
 
   axes = (
-      evaluation.Axis("knn_temperature", "knn_temperatures",
-                      "knn_temperature_grid"),
+      evaluation.Axis(
+          "knn_temperature", "knn_temperatures", "knn_temperature_grid"
+      ),
       evaluation.Axis("knn_lambda", "knn_lambdas", "knn_lambda_grid"),
-  )  # fmt: skip
+  )
   label = "kNN-LM (tuned lambda)"
   external_metric = "squared_l2"
   reads_local = False
@@ -73,9 +74,11 @@ class KnnMemory(evaluation.EvalMemory):
     del log_z
     lam = jnp.asarray(settings["knn_lambdas"], jnp.float32)[None, :, None, None]
     return jnp.stack(
-        [cache.cache_from_sums(lm[None, None], a[:, None], p[:, None], lam)
-         for a, p in sums]
-    )  # fmt: skip
+        [
+            cache.cache_from_sums(lm[None, None], a[:, None], p[:, None], lam)
+            for a, p in sums
+        ]
+    )
 
 
 class TrimeExtMemory(evaluation.EvalMemory):
@@ -90,12 +93,17 @@ class TrimeExtMemory(evaluation.EvalMemory):
       evaluation.Axis(
           "temperature", "temperatures", "temperature_grid", (1.0,)
       ),
-      evaluation.Axis("ext_temperature", "ext_temperatures",
-                      "ext_temperature_grid"),
+      evaluation.Axis(
+          "ext_temperature", "ext_temperatures", "ext_temperature_grid"
+      ),
       evaluation.Axis("ext_lambda", "ext_lambdas", "ext_lambda_grid"),
-      evaluation.Axis("ext_interp_local", "ext_interp_locals",
-                      "ext_interp_local_grid", (0.0,)),
-  )  # fmt: skip
+      evaluation.Axis(
+          "ext_interp_local",
+          "ext_interp_locals",
+          "ext_interp_local_grid",
+          (0.0,),
+      ),
+  )
   label = "TRIMELM_ext (Eq. 6-9)"
   external_metric = "dot_product"
   reads_local = True
@@ -131,10 +139,12 @@ class TrimeExtMemory(evaluation.EvalMemory):
         s_a, s_p = (j_a, j_p) if reads_local else (e_a, e_p)
         per_set.append(
             cache.cache_from_sums(
-                eq6[:, None, None], s_a[g1:][None, :, None],
-                s_p[g1:][None, :, None], lam,
+                eq6[:, None, None],
+                s_a[g1:][None, :, None],
+                s_p[g1:][None, :, None],
+                lam,
             )
-        )  # fmt: skip
+        )
       out.append(jnp.stack(per_set, axis=3))
     return jnp.stack(out)
 
@@ -186,8 +196,10 @@ class KnnCacheMemory(evaluation.EvalMemory):
       )  # [T, lam, W, S]
       out.append(
           cache.cache_from_sums(
-              knn[None, None], a[:g1, None, None, None],
-              p[:g1, None, None, None], lam_c[None, :, None, None, None, None],
+              knn[None, None],
+              a[:g1, None, None, None],
+              p[:g1, None, None, None],
+              lam_c[None, :, None, None, None, None],
           )
-      )  # fmt: skip
+      )
     return jnp.stack(out)

@@ -164,9 +164,11 @@ class MemoryHook:
         jax.ShapeDtypeStruct((g.shape[0], self.k), jnp.int32),
     )
     return jax.pure_callback(
-        self.neighbours, shapes, g.astype(jnp.float32),
+        self.neighbours,
+        shapes,
+        g.astype(jnp.float32),
         vmap_method="sequential",
-    )  # fmt: skip
+    )
 
   def __call__(self, logp, g, step, log_z=None):
     del step

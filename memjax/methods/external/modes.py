@@ -49,26 +49,8 @@ def datastore(run: spec.Run) -> dict:
   c, workdir = run.settings, run.workdir
   dc = c.of(ext_config.Datastore)
   share = shards.process_share(dc.process_index, dc.process_count, "datastore")
-  if dc.split not in ("train", "valid", "test"):
-    raise errors.ConfigError(
-        f"datastore.split must be train, valid or test, got {dc.split!r}"
-    )
   split, other = dc.split, dc.corpus
-  if other:  # another corpus, read with the run's vocabulary (Table 5)
-    tokens = corpus_lib.read_stream(
-        c.data, c.eval, workdir, split, other, dc.data_dir
-    ).tokens
-    loaded = restore.load_splits(run, splits=())
-  else:
-    loaded = restore.load_splits(
-        run, splits=() if split == "train" else (split,),
-        train=split == "train",
-    )  # fmt: skip
-    tokens = loaded.train_tokens if split == "train" else loaded.splits[split]
-  tokens = windows.truncate_windows(
-      np.asarray(tokens), c.eval.window_len, c.eval.score_len,
-      int(dc.max_windows),
-  )  # fmt: skip
+  loaded, tokens = _datastore_tokens(run, dc)
   dp = sharding_lib.data_parallel(loaded.mesh)
   bs = int(dc.batch_size or c.eval_memory.batch_size)
   bs = -(-bs // dp) * dp
@@ -89,21 +71,30 @@ def datastore(run: spec.Run) -> dict:
   ds_lib.check_build_dir(path, build)
   start = time.time()
   store = ds_lib.build(
-      loaded.model, loaded.variables, tokens, build, path, mesh=loaded.mesh,
-      process_index=share[0], process_count=share[1],
-  )  # fmt: skip
+      loaded.model,
+      loaded.variables,
+      tokens,
+      build,
+      path,
+      mesh=loaded.mesh,
+      process_index=share[0],
+      process_count=share[1],
+  )
   elapsed = time.time() - start
   out = {"mode": "datastore", "path": path, "seconds": elapsed}
   if store is None:
     return {**out, "summary_lines": [f"datastore: shards written in {path}"]}
   disk = sum(
-      paths.getsize(paths.join(path, f)) for f in paths.listdir(path)
+      paths.getsize(paths.join(path, f))
+      for f in paths.listdir(path)
       if f.startswith("shard-")
-  )  # fmt: skip
+  )
   out.update(
-      keys=store.count, dim=store.dim, bytes=disk,
+      keys=store.count,
+      dim=store.dim,
+      bytes=disk,
       bytes_per_key=disk / max(store.count, 1),
-  )  # fmt: skip
+  )
   return {
       **out,
       "results_path": paths.join(path, "manifest.json"),
@@ -113,6 +104,42 @@ def datastore(run: spec.Run) -> dict:
           f"bytes/key) in {len(store.keys)} shards, {elapsed:.1f}s"
       ],
   }
+
+
+def _datastore_tokens(
+    run: spec.Run, dc: ext_config.Datastore
+) -> tuple[restore.Restored, np.ndarray]:
+  """The restored run and the windows of tokens ``--mode=datastore`` reads.
+
+  Returns:
+    (the run restored with the split it reads, the tokens [N] int32: whole
+    windows, at most ``datastore.max_windows`` of them).
+  """
+  c = run.settings
+  if dc.split not in ("train", "valid", "test"):
+    raise errors.ConfigError(
+        f"datastore.split must be train, valid or test, got {dc.split!r}"
+    )
+  split, other = dc.split, dc.corpus
+  if other:  # another corpus, read with the run's vocabulary (Table 5)
+    tokens = corpus_lib.read_stream(
+        c.data, c.eval, run.workdir, split, other, dc.data_dir
+    ).tokens
+    loaded = restore.load_splits(run, splits=())
+  else:
+    loaded = restore.load_splits(
+        run,
+        splits=() if split == "train" else (split,),
+        train=split == "train",
+    )
+    tokens = loaded.train_tokens if split == "train" else loaded.splits[split]
+  tokens = windows.truncate_windows(
+      np.asarray(tokens),
+      c.eval.window_len,
+      c.eval.score_len,
+      int(dc.max_windows),
+  )
+  return loaded, tokens
 
 
 def _load_store(
@@ -139,9 +166,13 @@ def index(run: spec.Run) -> dict:
   metric = _metric(run)
   start = time.time()
   search_lib.build_index(
-      store, metric, k, leaves=int(dc.leaves),
-      leaves_to_search=int(em.leaves_to_search), reorder=int(dc.reorder),
-  )  # fmt: skip
+      store,
+      metric,
+      k,
+      leaves=int(dc.leaves),
+      leaves_to_search=int(em.leaves_to_search),
+      reorder=int(dc.reorder),
+  )
   elapsed = time.time() - start
   return {
       "mode": "index",
@@ -168,9 +199,11 @@ def held_out_queries(
   dp = sharding_lib.data_parallel(loaded.mesh)
   out, targets, have = [], [], 0
   for batch in windows.memory_eval_batches(
-      loaded.splits[split], c.eval.window_len, c.eval.score_len,
+      loaded.splits[split],
+      c.eval.window_len,
+      c.eval.score_len,
       -(-int(c.eval_memory.batch_size) // dp) * dp,
-  ):  # fmt: skip
+  ):
     g, tgt, pos = jax.device_get(
         fn(loaded.variables, sharding_lib.put_global_batch(batch, loaded.mesh))
     )
@@ -316,13 +349,14 @@ def recall(run: spec.Run) -> dict:
       "speedup": t_exact / t_scann,
       # Table 13, with exact search.
       "retrieval_accuracy": retrieval_accuracy(store, e_idx, targets),
-      "curve": recall_curve(
-          scann, queries, e_idx, k, tuple(dc.recall_leaves)
-      ),
+      "curve": recall_curve(scann, queries, e_idx, k, tuple(dc.recall_leaves)),
       "examples": neighbour_examples(
-          store, np.asarray(loaded.splits["valid"]), e_scores, e_idx,
+          store,
+          np.asarray(loaded.splits["valid"]),
+          e_scores,
+          e_idx,
           int(dc.recall_examples),
-      ),  # fmt: skip
+      ),
   }
   path = paths.join(run.workdir, "recall.json")
   _write_json(path, res)

@@ -95,9 +95,12 @@ def make_teacher_forced_fn(model: Any):
 
   def fn(params, batch):
     out = model.apply(
-        model_state.as_variables(params), batch["inputs"], batch["targets"],
-        source=batch["source"], deterministic=True,
-    )  # fmt: skip
+        model_state.as_variables(params),
+        batch["inputs"],
+        batch["targets"],
+        source=batch["source"],
+        deterministic=True,
+    )
     t = batch["targets"].shape[1]
     pos = batch["index"][:, None] * t + jnp.arange(t)[None, :]
     return {
@@ -204,12 +207,17 @@ def build(s: Settings, restored: Any, train: Any, path: str) -> Any:
     for b, idx in plan[first:stop]:
       yield plan_batch(train.source, train.target, b, idx, rows)
 
-  console.info("MT datastore: %d batches of %d pairs into %s", len(plan),
-               rows, path)  # fmt: skip
+  console.info(
+      "MT datastore: %d batches of %d pairs into %s", len(plan), rows, path
+  )
   return datastore_batches.build_from_batches(
-      features, batches, spec, path, process_index=process_index,
+      features,
+      batches,
+      spec,
+      path,
+      process_index=process_index,
       process_count=process_count,
-  )  # fmt: skip
+  )
 
 
 def open_store(restored: Any, path: str) -> ds_lib.Datastore:
@@ -221,9 +229,11 @@ def open_store(restored: Any, path: str) -> ds_lib.Datastore:
       from another vocabulary.
   """
   store = ds_lib.open_datastore(
-      path, signature=_signature(restored), dim=int(restored.model.d_model),
+      path,
+      signature=_signature(restored),
+      dim=int(restored.model.d_model),
       checkpoint=_checkpoint(restored),
-  )  # fmt: skip
+  )
   context = store.manifest.get("context") or {}
   saved, mine = context.get("vocab_sha1"), vocab_sha1(restored)
   if saved != mine:

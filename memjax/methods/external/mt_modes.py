@@ -185,10 +185,15 @@ def tune_grid(kind: str, grid, tf: dict[str, np.ndarray], dim: int) -> list:
   for setting in grid:
     k = int(setting["k"])
     logp = md.target_log_probs(
-        kind, setting, jnp.asarray(tf["tlp"]), jnp.asarray(tf["log_z"]),
-        jnp.asarray(tf["scores"][:, :k]), jnp.asarray(tf["values"][:, :k]),
-        jnp.asarray(tf["targets"]), dim,
-    )  # fmt: skip
+        kind,
+        setting,
+        jnp.asarray(tf["tlp"]),
+        jnp.asarray(tf["log_z"]),
+        jnp.asarray(tf["scores"][:, :k]),
+        jnp.asarray(tf["values"][:, :k]),
+        jnp.asarray(tf["targets"]),
+        dim,
+    )
     rows.append(dict(setting, nll=float(-jnp.mean(logp))))
   return rows
 
@@ -208,9 +213,12 @@ def mt_tune(run: spec.Run) -> dict:
       mt_datastore.searcher(store, md.metric_of(kind), mem, kmax), kmax
   )
   tf = teacher_forced_memory(
-      s, restored, _split(s, restored, "valid"), neighbours,
+      s,
+      restored,
+      _split(s, restored, "valid"),
+      neighbours,
       int(mem.tune_sentences),
-  )  # fmt: skip
+  )
   rows = tune_grid(kind, grid, tf, int(restored.model.d_model))
   best = min(rows, key=lambda r: r["nll"])
   plain = float(-np.mean(tf["tlp"]))
@@ -274,9 +282,11 @@ def mt_translate(run: spec.Run) -> dict:
       t, restored.model, restored.variables, restored.vocab, hook=hook
   )
   scores = parts.score_split(
-      tr, data, int(t.eval_max_sentences),
+      tr,
+      data,
+      int(t.eval_max_sentences),
       f"decoding {split} with {kind} memory",
-  )  # fmt: skip
+  )
   hyps = scores.pop("hypotheses")
   scores.update(settings=settings, search_seconds=hook.neighbours.seconds)
   path = paths.join(workdir, f"mt_translate_{kind}_{split}.json")
@@ -323,9 +333,11 @@ def retrieved_tokens(
   from memjax.memory import search as search_lib  # pylint: disable=g-import-not-at-top
 
   tr = parts.make_translator(
-      s.of(task_config.Translation), restored.model, restored.variables,
+      s.of(task_config.Translation),
+      restored.model,
+      restored.variables,
       restored.vocab,
-  )  # fmt: skip
+  )
   srcs = [tr.encode(sentence) for sentence in sentences]
   # One at a time: the length limit depends on the batch's source length.
   ids = [

@@ -84,17 +84,23 @@ def examples(
     found = []
     for j in row[row >= 0]:
       nxt = table.next[j]
-      found.append({
-          "similarity": float(np.dot(emb[q], emb[j])),
-          "segment": _ids(table.segment_tokens(j)),
-          "continuation": _ids(table.segment_tokens(nxt)) if nxt >= 0 else [],
-          "own_past": bool(j >= pool),
-      })  # fmt: skip
-    out.append({
-        "segment": _ids(table.segment_tokens(q)),
-        "next": _ids(table.segment_tokens(table.next[q])),
-        "sources": found,
-    })  # fmt: skip
+      found.append(
+          {
+              "similarity": float(np.dot(emb[q], emb[j])),
+              "segment": _ids(table.segment_tokens(j)),
+              "continuation": _ids(table.segment_tokens(nxt))
+              if nxt >= 0
+              else [],
+              "own_past": bool(j >= pool),
+          }
+      )
+    out.append(
+        {
+            "segment": _ids(table.segment_tokens(q)),
+            "next": _ids(table.segment_tokens(table.next[q])),
+            "sources": found,
+        }
+    )
   return out
 
 
@@ -130,9 +136,12 @@ def _split(
   starts = pl.document_spans(len(tokens), stream.doc_starts, extra)[:, 0]
   table, pool = eval_table(train, tokens, starts, n)
   emb = marge_index.embed_all(
-      model, restored.variables, table.segment_tokens(np.arange(len(table))),
-      256, restored.mesh,
-  )  # fmt: skip
+      model,
+      restored.variables,
+      table.segment_tokens(np.arange(len(table))),
+      256,
+      restored.mesh,
+  )
   index = marge_lib.SegmentIndex(table, emb, search, pool=pool)
   query = table.targets[table.targets >= pool]
   max_windows = restored.settings.eval.max_windows

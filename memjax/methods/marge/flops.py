@@ -52,9 +52,12 @@ def marge_flops(s: Any, shape: extend.FlopsShape) -> dict[str, float]:
   # norms outside the blocks (final_norm, embed_norm: scale and bias) and
   # beta lies in the blocks, one layer's share each.
   block = (
-      shape.num_params - shape.softmax_params
-      - len(cross_layers) * cross_params - 4 * d_model - 1
-  ) / layers  # fmt: skip
+      shape.num_params
+      - shape.softmax_params
+      - len(cross_layers) * cross_params
+      - 4 * d_model
+      - 1
+  ) / layers
   encode = 6.0 * per_token * (half * block + shape.projection_params)
   encode += 12.0 * half * source_len * d_attn * per_token
   cross = len(cross_layers) * (

@@ -184,8 +184,11 @@ class MargeLM(transformer.TransformerLM):
           f"model.family_options.pooling must be one of {POOLINGS}, got "
           f"{self.pooling!r}"
       )
-    bad = [n for n in self.cross_layer_numbers() if not
-           self.half() < n <= self.num_layers]  # fmt: skip
+    bad = [
+        n
+        for n in self.cross_layer_numbers()
+        if not self.half() < n <= self.num_layers
+    ]
     if bad:
       raise errors.ConfigError(
           f"model.family_options.cross_layers {bad} must lie in the upper "

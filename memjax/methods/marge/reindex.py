@@ -59,8 +59,9 @@ def embed_all(
     chunk = segments[a : a + batch]
     m = len(chunk)
     if m < batch:
-      chunk = np.concatenate([chunk, np.zeros((batch - m,) + chunk.shape[1:],
-                                              chunk.dtype)])  # fmt: skip
+      chunk = np.concatenate(
+          [chunk, np.zeros((batch - m,) + chunk.shape[1:], chunk.dtype)]
+      )
     out.append(np.asarray(run(params, jnp.asarray(chunk)))[:m])
   return np.concatenate(out).astype(np.float32)
 
@@ -88,8 +89,12 @@ class MargeReindex(hooks.StepHook):
   def _embedder(self) -> dict[str, Any]:
     """What makes an index comparable: the embedder's settings."""
     m = self.ctx.model
-    return dict(segment_len=m.segment_len, pooling=m.pooling,
-                d_model=m.d_model, layers=m.half())  # fmt: skip
+    return dict(
+        segment_len=m.segment_len,
+        pooling=m.pooling,
+        d_model=m.d_model,
+        layers=m.half(),
+    )
 
   def start(self) -> None:
     path = self.state.get("index")
@@ -108,9 +113,12 @@ class MargeReindex(hooks.StepHook):
     table = batcher.table
     segments = table.segment_tokens(np.arange(len(table)))
     emb = embed_all(
-        self.ctx.model, params, segments,
-        int(self.ctx.options.get("batch", 256)), self.ctx.mesh,
-    )  # fmt: skip
+        self.ctx.model,
+        params,
+        segments,
+        int(self.ctx.options.get("batch", 256)),
+        self.ctx.mesh,
+    )
     probes = self._probes()
     old = batcher.index.topk(probes, batcher.k) if batcher.index else None
     batcher.use_index(emb)

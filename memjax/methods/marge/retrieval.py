@@ -277,9 +277,14 @@ class MargeBatcher:
       groups = -(-self.batch_size // self.sub_batch)
       docs = rng.choice(self._docs, groups)
       query = np.concatenate(
-          [rng.choice(self._targets[self.table.doc[self._targets] == d],
-                      self.sub_batch) for d in docs]
-      )[: self.batch_size]  # fmt: skip
+          [
+              rng.choice(
+                  self._targets[self.table.doc[self._targets] == d],
+                  self.sub_batch,
+              )
+              for d in docs
+          ]
+      )[: self.batch_size]
       sources = self.same_doc_sources(query)
     else:
       query = rng.choice(self._targets, self.batch_size)

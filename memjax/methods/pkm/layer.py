@@ -227,12 +227,13 @@ class ProductKeyMemory(nn.Module):
     keys = self.param(
         "keys",
         nn.with_logical_partitioning(
-            lambda key, shape: jax.random.uniform(key, shape, jnp.float32,
-                                                  -bound, bound),
+            lambda key, shape: jax.random.uniform(
+                key, shape, jnp.float32, -bound, bound
+            ),
             (None, None, None, None),
         ),
         (h, 2, c, self.k_dim // 2),
-    )  # fmt: skip
+    )
     if values is None:
       init, axes = _values_init(vdim)
       init = nn.initializers.zeros if self.zero_values else init
@@ -343,8 +344,13 @@ class MemoryFeedForward(nn.Module):
       values = shared["values"]
     out = jnp.zeros_like(x)
     if self.ffn_weight:
-      sizes = dict(d_model=self.d_model, d_ff=self.d_ff, dtype=self.dtype,
-                   dropout_rate=self.dropout_rate, activation=self.activation)  # fmt: skip
+      sizes = dict(
+          d_model=self.d_model,
+          d_ff=self.d_ff,
+          dtype=self.dtype,
+          dropout_rate=self.dropout_rate,
+          activation=self.activation,
+      )
       if self.base == "glu":  # A pretrained Llama's (SwiGLU) FFN.
         dense = feed_forward.GatedFeedForward(**sizes, name="dense")
       else:
@@ -376,12 +382,16 @@ class MemoryFeedForward(nn.Module):
   def _gate(self, x: Array, m: Array) -> Array:
     """Memory+'s gate ``(m ⊙ silu(x W1)) W2``: [B, T, D] -> [B, T, D]."""
     dense = lambda axes, name: nn.Dense(
-        self.d_model, dtype=self.dtype, name=name,
+        self.d_model,
+        dtype=self.dtype,
+        name=name,
         kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), axes),
+            nn.initializers.xavier_uniform(), axes
+        ),
         bias_init=nn.with_logical_partitioning(
-            nn.initializers.zeros, (axes[1],)),
-    )  # fmt: skip
+            nn.initializers.zeros, (axes[1],)
+        ),
+    )
     g = nn.silu(dense(("embed", "mlp"), "gate_in")(x))
     return dense(("mlp", "embed"), "gate_out")(m.astype(g.dtype) * g)
 

@@ -90,8 +90,9 @@ def read(values: Array, slots: Array, weights: Array, group: int = 0) -> Array:
     # The table and the weights vary over every axis the read does: the
     # casts' transposes add the gradients of the table over the devices
     # that hold the same rows, and of the weights over the memory axes.
-    values = jax.lax.pcast(values, tuple(a for a in batch if a not in mem),
-                           to="varying")  # fmt: skip
+    values = jax.lax.pcast(
+        values, tuple(a for a in batch if a not in mem), to="varying"
+    )
     weights = jax.lax.pcast(weights, summed, to="varying")
     first = jax.lax.axis_index(mem) * rows_each
     here = (slots >= first) & (slots < first + rows_each)

@@ -83,9 +83,12 @@ def slot_sums(
         f"window of eval.window_len {window_len} per data-parallel device"
     )
   out = scorer.rows(
-      params, {"inputs": windows}, batch_size=batch_size,
-      collections=(pkm_layer.USAGE_COLLECTION,), drop_remainder=True,
-  )  # fmt: skip
+      params,
+      {"inputs": windows},
+      batch_size=batch_size,
+      collections=(pkm_layer.USAGE_COLLECTION,),
+      drop_remainder=True,
+  )
   return stats.module_sums(out[pkm_layer.USAGE_COLLECTION])
 
 

@@ -54,7 +54,7 @@ def _scores(
   """FLOPs per token, forward and backward, of the relative terms of one
   ``_scores`` call: ``queries`` over ``keys`` with ``cols`` distance
   columns, for ``tokens`` positions per row and ``step_tokens`` per step.
-  """  # fmt: skip
+  """
   position = 6.0 * queries * cols * d_attn / tokens
   content_bias = 6.0 * keys * d_attn / tokens
   table = (4.0 * cols * d_model * d_attn + 6.0 * cols * d_attn) / step_tokens
@@ -78,10 +78,9 @@ def relative_flops(s: Any, shape: extend.FlopsShape) -> dict[str, float]:
   # W_kR and the biases, counted by 6 N as if read per token.
   counted = 6.0 * (d_model * d_attn + _BIASES[m.attention] * d_attn)
   out = {
-      "relative positions": layers * (
-          _scores(t, keys, cols, d_model, d_attn, t, step_tokens) - counted
-      )
-  }  # fmt: skip
+      "relative positions": layers
+      * (_scores(t, keys, cols, d_model, d_attn, t, step_tokens) - counted)
+  }
   if m.attention == "xl" and mem:
     out["memory key and value projections"] = (
         layers * 12.0 * mem / t * d_model * d_attn

@@ -172,29 +172,28 @@ def run(
         | "pack" >> beam.FlatMap(_pack, tokens_path, seq_len, seed)
     )
     done = [
-        examples | "tfrecord" >> beam_utils.WriteExampleTfRecord(
-            prefix, num_shards=num_shards
-        ),
+        examples
+        | "tfrecord"
+        >> beam_utils.WriteExampleTfRecord(prefix, num_shards=num_shards),
         examples
         | "info" >> beam_utils.GetInfo(num_shards)
-        | "write_info" >> beam_utils.WriteJson(
-            seqio.get_cached_info_path(output_dir, SPLIT)
-        ),
+        | "write_info"
+        >> beam_utils.WriteJson(seqio.get_cached_info_path(output_dir, SPLIT)),
         examples
         | "stats" >> beam_utils.GetStats(features)
-        | "write_stats" >> beam_utils.WriteJson(
-            seqio.get_cached_stats_path(output_dir, SPLIT)
-        ),
-    ]  # fmt: skip
+        | "write_stats"
+        >> beam_utils.WriteJson(seqio.get_cached_stats_path(output_dir, SPLIT)),
+    ]
     _ = (
         done
         | "flatten" >> beam.Flatten()
         | "nothing" >> beam.Filter(lambda _: False)
-        | "completed" >> beam.io.textio.WriteToText(
+        | "completed"
+        >> beam.io.textio.WriteToText(
             os.path.join(output_dir, "COMPLETED"),
             append_trailing_newlines=False,
             num_shards=1,
             shard_name_template="",
             header=completed,
         )
-    )  # fmt: skip
+    )

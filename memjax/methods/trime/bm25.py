@@ -265,9 +265,13 @@ def build_index(
 ) -> _Index:
   """The BM25 index of the segments (see bm25_neighbours for the args)."""
   return _Index(
-      _as_segment_list(segments), stopword_ids, dense_terms, k1, b,
+      _as_segment_list(segments),
+      stopword_ids,
+      dense_terms,
+      k1,
+      b,
       show_progress,
-  )  # fmt: skip
+  )
 
 
 def query_chunk(num_segments: int) -> int:

@@ -142,9 +142,15 @@ def _memory_terms(
 
     def one_row(q, k, tgt, val):
       return sums(
-          q, k, tgt, tgt, val, query_meta=pos, key_meta=pos,
+          q,
+          k,
+          tgt,
+          tgt,
+          val,
+          query_meta=pos,
+          key_meta=pos,
           visible_fn=_causal,
-      )  # fmt: skip
+      )
 
     lse_all, lse_pos = jax.vmap(one_row)(
         features, keys, targets, valid.reshape(b, t)
@@ -154,10 +160,15 @@ def _memory_terms(
   meta = position_meta(spec, b, t)
   tgt = targets.reshape(b * t)
   lse_all, lse_pos = sums(
-      features.reshape(b * t, d), keys.reshape(b * t, d), tgt, tgt, valid,
-      query_meta=meta, key_meta=meta,
+      features.reshape(b * t, d),
+      keys.reshape(b * t, d),
+      tgt,
+      tgt,
+      valid,
+      query_meta=meta,
+      key_meta=meta,
       visible_fn=lambda qm, km: visible(spec, qm, km),
-  )  # fmt: skip
+  )
   lse_all = lse_all.reshape(b, t)
   lse_pos = lse_pos.reshape(b, t)
   return combine_log_prob(tlp, lz, lse_all, lse_pos), lse_all, lse_pos

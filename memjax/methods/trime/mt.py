@@ -114,9 +114,11 @@ def topk_memory_log_prob(
   lse_all = _masked_lse(top, ok)
   lse_pos = _masked_lse(top, ok & (y[idx] == y[:, None]))
   logp = trime.combine_log_prob(
-      output.target_logprob.reshape(-1), output.log_z.reshape(-1),
-      lse_all, lse_pos,
-  )  # fmt: skip
+      output.target_logprob.reshape(-1),
+      output.log_z.reshape(-1),
+      lse_all,
+      lse_pos,
+  )
   return logp.reshape(b, t)
 
 
@@ -149,9 +151,13 @@ def trime_mt_loss(
   w = losses.batch_weights(batch)
   if topk_memory > 0:
     logp = topk_memory_log_prob(
-        output, batch["targets"], w, k=topk_memory, temperature=temperature,
+        output,
+        batch["targets"],
+        w,
+        k=topk_memory,
+        temperature=temperature,
         stop_gradient_memory=stop_gradient_memory,
-    )  # fmt: skip
+    )
   else:
     logp = trime.trime_log_prob(
         output.features,
@@ -230,10 +236,14 @@ def make_trime_mt_loss(
   def loss_fn(output, batch, *, step, rng):
     def with_memory(_):
       return trime_mt_loss(
-          output, batch, epsilon=eps, block_size=block_size,
-          stop_gradient_memory=stop_memory, temperature=temp,
+          output,
+          batch,
+          epsilon=eps,
+          block_size=block_size,
+          stop_gradient_memory=stop_memory,
+          temperature=temp,
           topk_memory=topk,
-      )  # fmt: skip
+      )
 
     def without(_):
       loss, metrics = plain(output, batch, step=step, rng=rng)
@@ -279,8 +289,9 @@ def target_order(
   order, restarts = bm25.pack_from_neighbours(neighbours, seed)
   console.info(
       "BM25 packing of %d target sentences: %d random restarts",
-      len(order), restarts,
-  )  # fmt: skip
+      len(order),
+      restarts,
+  )
   if path:
     paths.makedirs(paths.dirname(path))
     paths.np_save(path, order)
@@ -326,7 +337,11 @@ def make_bm25_token_batcher(
   order = target_order(train.target, int(b.bm25_k), int(b.bm25_seed), cache_dir)
   devices = max(1, jax.device_count() // max(1, int(s.mesh.tensor)))
   return Bm25TokenBatcher(
-      train.source, train.target, order=order,
-      max_tokens=int(t.max_tokens), buckets=tuple(t.buckets),
-      seed=int(s.seed), row_multiple=devices,
-  )  # fmt: skip
+      train.source,
+      train.target,
+      order=order,
+      max_tokens=int(t.max_tokens),
+      buckets=tuple(t.buckets),
+      seed=int(s.seed),
+      row_multiple=devices,
+  )

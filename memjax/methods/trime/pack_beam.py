@@ -92,9 +92,15 @@ def _in_process_dataset(
   tf = optional.tensorflow("the BM25-packed SeqIO task")
   s = settings
   order = bm25_order.cached_bm25_order(
-      tokens, s.seq_len, 1, s.k, s.seed, paths.join(cache_dir, "bm25"),
-      stopword_ids=s.stopword_ids, show_progress=False,
-  )  # fmt: skip
+      tokens,
+      s.seq_len,
+      1,
+      s.k,
+      s.seed,
+      paths.join(cache_dir, "bm25"),
+      stopword_ids=s.stopword_ids,
+      show_progress=False,
+  )
 
   return tf.data.Dataset.from_generator(
       lambda: bm25_order.segment_examples(order, tokens, s.seq_len),

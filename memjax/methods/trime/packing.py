@@ -186,10 +186,12 @@ def _beam_cached_order(
 
   task = pack_beam.register_task(name, tokens, settings, cache_dir)
   order = _read_cached(
-      task, -(-len(tokens) // settings.seq_len), directory,
+      task,
+      -(-len(tokens) // settings.seq_len),
+      directory,
       "packing in process instead (--mode=pack with --config.pack.runner "
       "rebuilds it)",
-  )  # fmt: skip
+  )
   if order is not None:
     console.info("BM25 order read from the SeqIO task %s", name)
   return order
@@ -300,12 +302,19 @@ def _pack_with_beam(
       return order, {"task": name, "task_dir": directory, "reused": True}
   console.info(
       "BM25 packing on Beam (%s, %d workers): %d segments into %s",
-      p.runner, int(p.workers), num_segments, directory,
-  )  # fmt: skip
+      p.runner,
+      int(p.workers),
+      num_segments,
+      directory,
+  )
   pack_beam.run(
-      tokens, settings, directory, runner=p.runner, workers=int(p.workers),
+      tokens,
+      settings,
+      directory,
+      runner=p.runner,
+      workers=int(p.workers),
       extra_options=p.options,
-  )  # fmt: skip
+  )
   order = pack_beam.read_order(task, num_segments, directory)
   return order, {"task": name, "task_dir": directory, "reused": False}
 

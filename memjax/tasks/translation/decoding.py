@@ -68,9 +68,14 @@ def _start(model, params, source, rows_per_sentence, max_len):
 def _step(model, params, hook, token, t, cache, mask):
   if getattr(hook, "takes_log_z", False):
     logp, g, cache, log_z = model.apply(
-        model_state.as_variables(params), token, t, cache, mask, True,
+        model_state.as_variables(params),
+        token,
+        t,
+        cache,
+        mask,
+        True,
         method=model.decode_step,
-    )  # fmt: skip
+    )
     return _never_pad(hook(logp, g, t, log_z)), cache
   logp, g, cache = model.apply(
       model_state.as_variables(params),
@@ -118,9 +123,11 @@ def greedy_search(
     return t + 1, tokens, done | (nxt == EOS), cache
 
   init = (
-      jnp.int32(0), jnp.zeros((b, max_len), jnp.int32),
-      jnp.zeros((b,), bool), cache,
-  )  # fmt: skip
+      jnp.int32(0),
+      jnp.zeros((b, max_len), jnp.int32),
+      jnp.zeros((b,), bool),
+      cache,
+  )
   return jax.lax.while_loop(cond, body, init)[1]
 
 
@@ -200,11 +207,15 @@ def beam_search(
         "self": jax.tree.map(lambda x: x[rows], cache["self"]),
     }
     return {
-        "t": t + 1, "alive": alive, "alive_logp": alive_top, "fin": fin,
-        "fin_scores": fin_top, "count": count,
+        "t": t + 1,
+        "alive": alive,
+        "alive_logp": alive_top,
+        "fin": fin,
+        "fin_scores": fin_top,
+        "count": count,
         "done": s["done"] | (count >= k) | (t == max_len - 1),
         "cache": cache,
-    }  # fmt: skip
+    }
 
   first = jnp.where(jnp.arange(k) == 0, 0.0, NEG)
   init = {

@@ -83,9 +83,12 @@ def vocabulary_path(s: Settings, workdir: str) -> str:
   if paths.isfile(saved):
     return paths.local_file(saved)  # sentencepiece reads local files.
   return parallel.train_vocabulary(
-      data_dir(s.data), t.source_lang, t.target_lang, int(t.vocab_size),
+      data_dir(s.data),
+      t.source_lang,
+      t.target_lang,
+      int(t.vocab_size),
       cache_dir(s, workdir),
-  )  # fmt: skip
+  )
 
 
 def cache_dir(s: Settings, workdir: str) -> str:
@@ -105,9 +108,13 @@ def cached_vocabulary(s: Settings, workdir: str) -> str | None:
     return saved
   try:
     path = parallel.vocabulary_file(
-        data_dir(s.data), t.source_lang, t.target_lang, int(t.vocab_size),
-        cache_dir(s, workdir), remember=False,
-    )  # fmt: skip
+        data_dir(s.data),
+        t.source_lang,
+        t.target_lang,
+        int(t.vocab_size),
+        cache_dir(s, workdir),
+        remember=False,
+    )
   except content.AmbiguousCacheError:
     raise
   except errors.DataError:
@@ -127,9 +134,14 @@ def is_cached(
     return False
   try:
     path = parallel.encoded_file(
-        data_dir(s.data), split, t.source_lang, t.target_lang, vocab,
-        cache_dir(s, workdir), remember=False,
-    )  # fmt: skip
+        data_dir(s.data),
+        split,
+        t.source_lang,
+        t.target_lang,
+        vocab,
+        cache_dir(s, workdir),
+        remember=False,
+    )
   except content.AmbiguousCacheError:
     raise
   except errors.DataError:
@@ -150,21 +162,34 @@ def read_split(s: Settings, split: str, vocab_path: str, workdir: str) -> Any:
   """A split of the parallel data, encoded (``parallel.ParallelSplit``)."""
   t = s.of(task_config.Translation)
   return parallel.encode_split(
-      data_dir(s.data), split, t.source_lang, t.target_lang, vocab_path,
+      data_dir(s.data),
+      split,
+      t.source_lang,
+      t.target_lang,
+      vocab_path,
       cache_dir(s, workdir),
-  )  # fmt: skip
+  )
 
 
 def make_translator(
-    t: task_config.Translation, model: Any, params: Any, vocab: Any,
+    t: task_config.Translation,
+    model: Any,
+    params: Any,
+    vocab: Any,
     hook: Any = None,
-) -> translator_lib.Translator:  # fmt: skip
+) -> translator_lib.Translator:
   """The beam-search translator of the ``translation`` settings ``t``."""
   return translator_lib.Translator(
-      model, params, vocab, beam_size=t.beam_size,
-      length_penalty=t.length_penalty, max_len_a=t.max_len_a,
-      max_len_b=t.max_len_b, batch_size=t.decode_batch_size, hook=hook,
-  )  # fmt: skip
+      model,
+      params,
+      vocab,
+      beam_size=t.beam_size,
+      length_penalty=t.length_penalty,
+      max_len_a=t.max_len_a,
+      max_len_b=t.max_len_b,
+      batch_size=t.decode_batch_size,
+      hook=hook,
+  )
 
 
 def score_split(tr, split_data, max_sentences: int, desc: str) -> dict:

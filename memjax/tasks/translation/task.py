@@ -133,8 +133,9 @@ class Translation(task.Task):
         )
       except errors.DataError:
         # Without its files, a split the run's cache holds is read there.
-        if not ((workdir or s.data.cache_dir)
-                and parts.is_cached(s, workdir, split)):  # fmt: skip
+        if not (
+            (workdir or s.data.cache_dir) and parts.is_cached(s, workdir, split)
+        ):
           raise
 
   def load(self, workdir, train=True) -> ParallelData:
@@ -213,6 +214,10 @@ def token_batcher(
   # but the tensor-parallel ones.
   devices = max(1, jax.device_count() // max(1, int(s.mesh.tensor)))
   return token_batching.TokenBatcher(
-      train.source, train.target, max_tokens=int(t.max_tokens),
-      buckets=tuple(t.buckets), seed=int(s.seed), row_multiple=devices,
-  )  # fmt: skip
+      train.source,
+      train.target,
+      max_tokens=int(t.max_tokens),
+      buckets=tuple(t.buckets),
+      seed=int(s.seed),
+      row_multiple=devices,
+  )

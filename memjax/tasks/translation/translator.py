@@ -34,11 +34,18 @@ class Translator:
   """
 
   def __init__(
-      self, model: Any, params: Any, vocab: Any, *, beam_size: int = 4,
-      length_penalty: float = 1.0, max_len_a: float = 1.2,
-      max_len_b: int = 10, batch_size: int = 32,
+      self,
+      model: Any,
+      params: Any,
+      vocab: Any,
+      *,
+      beam_size: int = 4,
+      length_penalty: float = 1.0,
+      max_len_a: float = 1.2,
+      max_len_b: int = 10,
+      batch_size: int = 32,
       hook: Optional[decoding.LogProbHook] = None,
-  ):  # fmt: skip
+  ):
     self.model, self.params, self.vocab = model, params, vocab
     self.beam_size = int(beam_size)
     self.length_penalty = float(length_penalty)
@@ -92,9 +99,12 @@ class Translator:
       done += len(idx)
       if desc:
         console.info(
-            "%s: %d/%d sentences (%.1f s)", desc, done, len(sources),
+            "%s: %d/%d sentences (%.1f s)",
+            desc,
+            done,
+            len(sources),
             time.time() - start,
-        )  # fmt: skip
+        )
     return out
 
   def translate(

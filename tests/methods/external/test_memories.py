@@ -33,9 +33,15 @@ SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 3}
 
 def _model(vocab=24):
   return transformer.TransformerLM(
-      vocab_size=vocab, num_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, cutoffs=(), dropout_rate=0.0,
-  )  # fmt: skip
+      vocab_size=vocab,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      cutoffs=(),
+      dropout_rate=0.0,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +51,17 @@ def setup(repetitive_setup):
 
 def _spec(tokens, dim=16, shard_batches=1, batch_size=2, sig=SIG):
   return ds_lib.BuildSpec(
-      signature=sig, checkpoint={"source": "toy", "step": 0}, dim=dim,
-      corpus="toy", split="train",
-      window_len=WINDOW, score_len=SCORE, batch_size=batch_size,
-      shard_batches=shard_batches, num_tokens=len(tokens),
-  )  # fmt: skip
+      signature=sig,
+      checkpoint={"source": "toy", "step": 0},
+      dim=dim,
+      corpus="toy",
+      split="train",
+      window_len=WINDOW,
+      score_len=SCORE,
+      batch_size=batch_size,
+      shard_batches=shard_batches,
+      num_tokens=len(tokens),
+  )
 
 
 def _windows(model, params, tokens):
@@ -63,10 +75,16 @@ def _windows(model, params, tokens):
     inp[0, :length] = tokens[start : start + length]
     tgt[0, :length] = tokens[start + 1 : start + length + 1]
     o = model.apply({"params": params}, inp, tgt)
-    out.append((int(start), int(length), int(sfrom),
-                np.asarray(o.features[0], np.float64),
-                np.asarray(o.target_logprob[0], np.float64),
-                np.asarray(o.log_z[0], np.float64)))  # fmt: skip
+    out.append(
+        (
+            int(start),
+            int(length),
+            int(sfrom),
+            np.asarray(o.features[0], np.float64),
+            np.asarray(o.target_logprob[0], np.float64),
+            np.asarray(o.log_z[0], np.float64),
+        )
+    )
   return out
 
 
@@ -102,23 +120,41 @@ def test_datastore_round_trip_resume_and_two_processes(setup, tmp_path):
   np.testing.assert_array_equal(vals, tokens[1:])
   # An interrupted build resumed from its last complete shard.
   part = str(tmp_path / "resumed")
-  assert ds_lib.build(
-      model, params, tokens, spec, part, mesh=one, stop_after_shards=2
-  ) is None  # fmt: skip
+  assert (
+      ds_lib.build(
+          model, params, tokens, spec, part, mesh=one, stop_after_shards=2
+      )
+      is None
+  )
   with open(os.path.join(part, "shard-00002.keys.tmp"), "wb") as f:
     f.write(b"partial")  # a shard cut short by the interruption
   ds_lib.check_build_dir(part, spec)
   ds_lib.build(model, params, tokens, spec, part, mesh=one)
   # Process 0 and 1 of 2, joined by whichever finishes last.
   two = str(tmp_path / "two")
-  assert ds_lib.build(
-      model, params, tokens, spec, two, mesh=one, process_index=1,
-      process_count=2,
-  ) is None  # fmt: skip
+  assert (
+      ds_lib.build(
+          model,
+          params,
+          tokens,
+          spec,
+          two,
+          mesh=one,
+          process_index=1,
+          process_count=2,
+      )
+      is None
+  )
   ds_lib.build(
-      model, params, tokens, spec, two, mesh=one, process_index=0,
+      model,
+      params,
+      tokens,
+      spec,
+      two,
+      mesh=one,
+      process_index=0,
       process_count=2,
-  )  # fmt: skip
+  )
   want = {k: v for k, v in _files(full).items() if k != "manifest.json"}
   for other in (part, two):
     got = _files(other)
@@ -138,9 +174,12 @@ def test_resume_after_a_crash_between_a_shards_arrays_and_its_entry(
   full = str(tmp_path / "full")
   store = ds_lib.build(model, params, tokens, spec, full, mesh=one)
   part = str(tmp_path / "crashed")
-  assert ds_lib.build(
-      model, params, tokens, spec, part, mesh=one, stop_after_shards=3
-  ) is None  # fmt: skip
+  assert (
+      ds_lib.build(
+          model, params, tokens, spec, part, mesh=one, stop_after_shards=3
+      )
+      is None
+  )
   os.remove(os.path.join(part, "shard-00002.json"))
   for ext in ("keys", "values"):
     f = os.path.join(part, f"shard-00002.{ext}")
@@ -196,8 +235,13 @@ def test_a_datastore_of_an_earlier_version_opens_with_its_model(tmp_path):
   assert today != old
   rng = np.random.default_rng(0)
   path = str(tmp_path / "ds")
-  ds_lib.from_arrays(path, rng.normal(size=(30, 16)), np.arange(30),
-                     signature=old, shard_size=10)  # fmt: skip
+  ds_lib.from_arrays(
+      path,
+      rng.normal(size=(30, 16)),
+      np.arange(30),
+      signature=old,
+      shard_size=10,
+  )
   assert ds_lib.open_datastore(path, signature=today).count == 30
   wider = dict(today, model=dict(today["model"], d_model=99))
   with pytest.raises(errors.CheckpointMismatchError, match="d_model"):
@@ -207,14 +251,25 @@ def test_a_datastore_of_an_earlier_version_opens_with_its_model(tmp_path):
 def test_bad_datastores_fail_with_one_line_and_change_nothing(tmp_path):
   rng = np.random.default_rng(0)
   path = str(tmp_path / "ds")
-  ds_lib.from_arrays(path, rng.normal(size=(30, 16)), np.arange(30),
-                     signature=SIG, shard_size=10)  # fmt: skip
+  ds_lib.from_arrays(
+      path,
+      rng.normal(size=(30, 16)),
+      np.arange(30),
+      signature=SIG,
+      shard_size=10,
+  )
   other = dict(SIG, model={"d_model": 32})
-  msg = _unchanged(path, lambda: ds_lib.open_datastore(path, signature=other),
-                   errors.CheckpointMismatchError)  # fmt: skip
+  msg = _unchanged(
+      path,
+      lambda: ds_lib.open_datastore(path, signature=other),
+      errors.CheckpointMismatchError,
+  )
   assert "another model" in msg
-  _unchanged(path, lambda: ds_lib.open_datastore(path, dim=32),
-             errors.CheckpointMismatchError)  # fmt: skip
+  _unchanged(
+      path,
+      lambda: ds_lib.open_datastore(path, dim=32),
+      errors.CheckpointMismatchError,
+  )
   store = ds_lib.open_datastore(path, signature=SIG, dim=16)
   # Built from another checkpoint of the same model.
   ck = {"source": "/runs/a", "step": 6}
@@ -233,8 +288,11 @@ def test_bad_datastores_fail_with_one_line_and_change_nothing(tmp_path):
   )
   # Building into it with another model's signature.
   tokens = np.arange(12)
-  _unchanged(path, lambda: ds_lib.check_build_dir(path, _spec(tokens)),
-             errors.DataError)  # fmt: skip
+  _unchanged(
+      path,
+      lambda: ds_lib.check_build_dir(path, _spec(tokens)),
+      errors.DataError,
+  )
   # Another dtype, a truncated and a missing shard.
   m = os.path.join(path, "manifest.json")
   text = open(m).read()
@@ -258,13 +316,21 @@ def test_bad_datastores_fail_with_one_line_and_change_nothing(tmp_path):
 def test_resume_with_other_settings_is_refused(setup, tmp_path):
   model, params, tokens, one = setup
   path = str(tmp_path)
-  ds_lib.build(model, params, tokens, _spec(tokens), path, mesh=one,
-               stop_after_shards=1)  # fmt: skip
-  _unchanged(path, lambda: ds_lib.check_build_dir(
-      path, _spec(tokens, shard_batches=2)), errors.ResumeError)  # fmt: skip
-  _unchanged(path, lambda: ds_lib.check_build_dir(
-      path, _spec(tokens, sig=dict(SIG, model={"d_model": 8}))),
-      errors.CheckpointMismatchError)  # fmt: skip
+  ds_lib.build(
+      model, params, tokens, _spec(tokens), path, mesh=one, stop_after_shards=1
+  )
+  _unchanged(
+      path,
+      lambda: ds_lib.check_build_dir(path, _spec(tokens, shard_batches=2)),
+      errors.ResumeError,
+  )
+  _unchanged(
+      path,
+      lambda: ds_lib.check_build_dir(
+          path, _spec(tokens, sig=dict(SIG, model={"d_model": 8}))
+      ),
+      errors.CheckpointMismatchError,
+  )
 
 
 # ------------------------------------------------------------------- search
@@ -277,8 +343,11 @@ def test_exact_topk_matches_numpy(metric):
   keys = rng.normal(size=(301, 12)).astype(np.float16)
   s, i = search.exact_topk(q, keys, 20, metric, block=64)
   k32 = keys.astype(np.float64)
-  ref = q @ k32.T if metric == "dot_product" else -(
-      (q[:, None, :] - k32[None]) ** 2).sum(-1)  # fmt: skip
+  ref = (
+      q @ k32.T
+      if metric == "dot_product"
+      else -((q[:, None, :] - k32[None]) ** 2).sum(-1)
+  )
   order = np.argsort(-ref, axis=1)[:, :20]
   np.testing.assert_array_equal(i, order)
   np.testing.assert_allclose(s, np.take_along_axis(ref, order, 1), rtol=1e-5)
@@ -292,8 +361,13 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
   centers = rng.normal(size=(40, 16)) * 3
   keys = centers[rng.integers(0, 40, 6000)] + rng.normal(size=(6000, 16))
   queries = centers[rng.integers(0, 40, 64)] + rng.normal(size=(64, 16))
-  store = ds_lib.from_arrays(str(tmp_path / "a"), keys, np.arange(6000) % 97,
-                             signature=SIG, shard_size=2500)  # fmt: skip
+  store = ds_lib.from_arrays(
+      str(tmp_path / "a"),
+      keys,
+      np.arange(6000) % 97,
+      signature=SIG,
+      shard_size=2500,
+  )
   for metric in ("dot_product", "squared_l2"):
     exact = search.ExactSearcher(store, metric)
     built = search.build_index(store, metric, 50, leaves_to_search=15)
@@ -307,8 +381,9 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
     np.testing.assert_array_equal(r_v, (a_i % 97))
     # Reloaded, not rebuilt, from a datastore moved elsewhere.
     os.rename(tmp_path / "a", tmp_path / "b")
-    loaded = search.load_index(ds_lib.open_datastore(str(tmp_path / "b")),
-                               metric)  # fmt: skip
+    loaded = search.load_index(
+        ds_lib.open_datastore(str(tmp_path / "b")), metric
+    )
     np.testing.assert_array_equal(loaded.search(queries, 50)[1], a_i)
     os.rename(tmp_path / "b", tmp_path / "a")
   # Each build has its own id (a searcher cached from another is stale).
@@ -317,8 +392,13 @@ def test_scann_recall_on_clustered_data_and_reload(tmp_path):
   assert "" != first != search.index_id(store, "dot_product")
   assert search.index_id(ds_lib.open_datastore(str(tmp_path / "a")), "x") == ""
   # A datastore rebuilt under the index: the index no longer matches.
-  ds_lib.from_arrays(str(tmp_path / "a"), keys[:5000], np.arange(5000),
-                     signature=SIG, shard_size=2500)  # fmt: skip
+  ds_lib.from_arrays(
+      str(tmp_path / "a"),
+      keys[:5000],
+      np.arange(5000),
+      signature=SIG,
+      shard_size=2500,
+  )
   store = ds_lib.open_datastore(str(tmp_path / "a"))
   with pytest.raises(errors.DataError, match="does not match"):
     search.load_index(store, "dot_product")
@@ -332,8 +412,13 @@ def test_rescore_or_the_scores_as_the_index_returns_them(tmp_path, metric):
   rng = np.random.default_rng(4)
   keys = rng.normal(size=(600, 16))
   queries = rng.normal(size=(9, 16)).astype(np.float32)
-  store = ds_lib.from_arrays(str(tmp_path / "s"), keys, np.arange(600) % 97,
-                             signature=SIG, shard_size=600)  # fmt: skip
+  store = ds_lib.from_arrays(
+      str(tmp_path / "s"),
+      keys,
+      np.arange(600) % 97,
+      signature=SIG,
+      shard_size=600,
+  )
   k16 = np.asarray(store.keys[0], np.float64)  # as stored (float16)
   got = {}
   for reorder in (0, -1):
@@ -378,9 +463,15 @@ def _score(setup, grid, ext, **kw):
   model, params, tokens, one = setup
   kw.setdefault("long_span", "before_window")
   scorer = evaluate_memory.MemoryScorer(
-      rows.Scoring(model, one, "ppl"), grid, external=ext,
-      window_len=WINDOW, score_len=SCORE, batch_size=2, block_size=4, **kw,
-  )  # fmt: skip
+      rows.Scoring(model, one, "ppl"),
+      grid,
+      external=ext,
+      window_len=WINDOW,
+      score_len=SCORE,
+      batch_size=2,
+      block_size=4,
+      **kw,
+  )
   return scorer.score_grid(params, tokens, keep_tokens=True)
 
 
@@ -389,8 +480,13 @@ def hand_store(tmp_path_factory):
   rng = np.random.default_rng(3)
   keys = rng.normal(size=(40, 16)) * 2.0
   values = np.arange(40) % 24  # every token of the toy vocabulary
-  return ds_lib.from_arrays(str(tmp_path_factory.mktemp("hand")), keys,
-                            values, signature=SIG, shard_size=15)  # fmt: skip
+  return ds_lib.from_arrays(
+      str(tmp_path_factory.mktemp("hand")),
+      keys,
+      values,
+      signature=SIG,
+      shard_size=15,
+  )
 
 
 def _memories(setup, n_long):
@@ -402,8 +498,10 @@ def _memories(setup, n_long):
   for start, length, sfrom, g, tlp, lz in windows:
     for o in range(sfrom, length):
       mem = [(g[j], tokens[start + j + 1]) for j in range(o)]
-      mem += [(scored[j], tokens[j + 1])
-              for j in range(max(start - n_long, 0), start)]  # fmt: skip
+      mem += [
+          (scored[j], tokens[j + 1])
+          for j in range(max(start - n_long, 0), start)
+      ]
       out[start + o] = (g[o], tokens[start + o + 1], tlp[o], lz[o], mem)
   return [out[p] for p in range(len(tokens) - 1)]
 
@@ -419,8 +517,9 @@ def _ext(store, q, k, metric):
 def test_knn_lm_at_lambda_0_is_the_model_and_at_1_numpy_knn(setup, hand_store):
   k = 12
   grid = _grid("knn", knn_temperatures=(1.0, 3.0), knn_lambdas=(0.0, 1.0, 0.25))
-  ext = external.ExternalSearch(search.ExactSearcher(hand_store, "squared_l2"),
-                                k)  # fmt: skip
+  ext = external.ExternalSearch(
+      search.ExactSearcher(hand_store, "squared_l2"), k
+  )
   r = _score(setup, grid, ext)
   lp = r["grid_logprob"].reshape(2, 3, -1)  # [T, lambda, P]
   np.testing.assert_array_equal(lp[0, 0], r["lm_logprob"])
@@ -431,8 +530,12 @@ def test_knn_lm_at_lambda_0_is_the_model_and_at_1_numpy_knn(setup, hand_store):
       nb = _ext(hand_store, g, k, "squared_l2")
       w = np.array([math.exp(s / temp) for _, _, s in nb])
       p_knn = sum(wi for wi, (_, v, _) in zip(w, nb) if v == y) / w.sum()
-      ref.append((math.log(p_knn) if p_knn > 0 else -np.inf,
-                  math.log(0.75 * math.exp(tlp) + 0.25 * p_knn)))  # fmt: skip
+      ref.append(
+          (
+              math.log(p_knn) if p_knn > 0 else -np.inf,
+              math.log(0.75 * math.exp(tlp) + 0.25 * p_knn),
+          )
+      )
     ref = np.array(ref)
     np.testing.assert_allclose(lp[ti, 1], ref[:, 0], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(lp[ti, 2], ref[:, 1], rtol=1e-4, atol=1e-4)
@@ -441,9 +544,12 @@ def test_knn_lm_at_lambda_0_is_the_model_and_at_1_numpy_knn(setup, hand_store):
 def test_trime_ext_with_empty_external_memory_is_local_and_long(setup):
   trime = _grid("trime", long_sizes=(0, 5), temperatures=(0.7, 1.3))
   ext_grid = _grid(
-      "trime_ext", long_sizes=(0, 5), temperatures=(0.7, 1.3),
-      ext_temperatures=(2.0,), ext_lambdas=(0.0,),
-  )  # fmt: skip
+      "trime_ext",
+      long_sizes=(0, 5),
+      temperatures=(0.7, 1.3),
+      ext_temperatures=(2.0,),
+      ext_lambdas=(0.0,),
+  )
   want = _score(setup, trime, None)["grid_logprob"]
   got = _score(setup, ext_grid, external.ExternalSearch(None, 0))
   np.testing.assert_allclose(got["grid_logprob"], want, rtol=1e-6, atol=1e-6)
@@ -452,9 +558,13 @@ def test_trime_ext_with_empty_external_memory_is_local_and_long(setup):
 def test_trime_ext_matches_eq_6_to_9(setup, hand_store):
   k, n_long, taus, tau2, lams = 6, 5, (0.8, 1.5), (2.0, 5.0), (0.0, 0.3)
   grid = _grid(
-      "trime_ext", long_sizes=(n_long,), temperatures=taus,
-      ext_temperatures=tau2, ext_lambdas=lams, ext_interp_locals=(0.0, 1.0),
-  )  # fmt: skip
+      "trime_ext",
+      long_sizes=(n_long,),
+      temperatures=taus,
+      ext_temperatures=tau2,
+      ext_lambdas=lams,
+      ext_interp_locals=(0.0, 1.0),
+  )
   ext = external.ExternalSearch(
       search.ExactSearcher(hand_store, "dot_product"), k
   )
@@ -516,8 +626,9 @@ def _authors_trime_generate(tau, tau2, lam):
   norm_c = _lse(aug)  # lines 146-155
   ctx_prob = _lse(aug - norm_c + (labels != y) * -10000.0)
   norm_tpc = np.logaddexp(norm_t, norm_c)
-  avg = np.logaddexp(token_logprob + norm_t - norm_tpc,
-                     ctx_prob + norm_c - norm_tpc)  # fmt: skip
+  avg = np.logaddexp(
+      token_logprob + norm_t - norm_tpc, ctx_prob + norm_c - norm_tpc
+  )
   # knnlm.py 139-146: log_softmax(dists / temp) over the K neighbours.
   probs = dists / tau2 - _lse(dists / tau2)
   knn = _lse(probs + np.where(_EXT_VALS == y, 0.0, -10000.0))
@@ -546,21 +657,31 @@ def test_trime_ext_hand_worked_authors_code_and_eq_8_text():
 
   memory = memories.TrimeExtMemory()
   taus, tau2s, lams = (1.25,), (10.5, 2.0), (0.3,)
-  settings = {"temperatures": taus, "ext_temperatures": tau2s,
-              "ext_lambdas": lams, "ext_interp_locals": (0.0, 1.0)}  # fmt: skip
+  settings = {
+      "temperatures": taus,
+      "ext_temperatures": tau2s,
+      "ext_lambdas": lams,
+      "ext_interp_locals": (0.0, 1.0),
+  }
   scales = np.asarray(memory.scales(settings, 4), np.float32)
   f32 = lambda x: np.asarray(x, np.float32)[None]  # noqa: E731
   sums = evaluation.local_sums(
-      f32(_G[3:]), np.array([[3]]), np.array([[4]]), f32(_G),
-      np.array([_Y]), np.ones((1, 4), bool), scales,
-  )  # fmt: skip
+      f32(_G[3:]),
+      np.array([[3]]),
+      np.array([[4]]),
+      f32(_G),
+      np.array([_Y]),
+      np.ones((1, 4), bool),
+      scales,
+  )
   log_z = _lse(_LOGITS)
   out = {
       "sums": np.stack([np.stack(sums)]),  # [N, 2, G, W, S]
       "lm": np.array([[_LOGITS[4] - log_z]], np.float32),
       "log_z": np.array([[log_z]], np.float32),
-      "targets": np.array([[4]]), "weights": np.ones((1, 1), np.float32),
-  }  # fmt: skip
+      "targets": np.array([[4]]),
+      "weights": np.ones((1, 1), np.float32),
+  }
   got = external.make_combine_fn(memory, settings, 4)(
       out, f32([_EXT_KEYS @ _G[3]]), np.array([[_EXT_VALS]])
   )
@@ -615,12 +736,15 @@ def test_knn_lm_with_a_cache_matches_numpy_and_both_parts(setup, hand_store):
   )
   cache_only = _score(setup, _grid("cache", **kw), None)
   # lam_c = 0: the kNN-LM; lam = 0: the model with the cache.
-  np.testing.assert_allclose(got[0], knn["grid_logprob"].reshape(2, -1),
-                             rtol=1e-6, atol=1e-6)  # fmt: skip
   np.testing.assert_allclose(
-      got[:, 0], cache_only["grid_logprob"].reshape(2, -1), rtol=1e-6,
+      got[0], knn["grid_logprob"].reshape(2, -1), rtol=1e-6, atol=1e-6
+  )
+  np.testing.assert_allclose(
+      got[:, 0],
+      cache_only["grid_logprob"].reshape(2, -1),
+      rtol=1e-6,
       atol=1e-6,
-  )  # fmt: skip
+  )
   for p, (g, y, tlp, _, mem) in enumerate(_memories(setup, n_long)):
     nb = _ext(hand_store, g, k, "squared_l2")
     w = np.array([math.exp(s / temps[0]) for _, _, s in nb])
@@ -648,8 +772,9 @@ def test_pipelined_search_equals_sequential(setup, hand_store):
 def test_retrieval_accuracy_hand_worked(tmp_path):
   from memjax.methods.external import modes as external_modes  # pylint: disable=g-import-not-at-top
 
-  store = ds_lib.from_arrays(str(tmp_path), np.zeros((4, 2)),
-                             np.array([5, 6, 7, 8]), signature=SIG)  # fmt: skip
+  store = ds_lib.from_arrays(
+      str(tmp_path), np.zeros((4, 2)), np.array([5, 6, 7, 8]), signature=SIG
+  )
   idx = np.array([[0, 1, 2], [3, 2, -1], [2, 0, 1]])
   acc = external_modes.retrieval_accuracy(
       store, idx, np.array([6, 9, 7]), ks=(1, 2, 3, 8)
@@ -664,12 +789,14 @@ def test_scann_index_of_a_datastore_rebuilt_with_the_same_sizes(tmp_path):
   rng = np.random.default_rng(5)
   path = str(tmp_path / "a")
   keys = rng.normal(size=(600, 8)).astype(np.float32)
-  store = ds_lib.from_arrays(path, keys, np.arange(600) % 7, signature=SIG,
-                             shard_size=300)  # fmt: skip
+  store = ds_lib.from_arrays(
+      path, keys, np.arange(600) % 7, signature=SIG, shard_size=300
+  )
   search.build_index(store, "dot_product", 10)
   search.load_index(ds_lib.open_datastore(path), "dot_product")
-  ds_lib.from_arrays(path, -keys, np.arange(600) % 7, signature=SIG,
-                     shard_size=300)  # fmt: skip
+  ds_lib.from_arrays(
+      path, -keys, np.arange(600) % 7, signature=SIG, shard_size=300
+  )
   store = ds_lib.open_datastore(path)
   assert [len(v) for v in store.values] == [300, 300]
   with pytest.raises(errors.DataError, match="does not match"):

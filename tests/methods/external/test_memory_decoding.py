@@ -96,9 +96,11 @@ def test_a_memory_of_one_token_takes_decoding_over(setup, tmp_path):
   model, params, store, source = setup
   keys = np.concatenate(store.keys).astype(np.float32)
   sevens = ds_lib.from_arrays(
-      str(tmp_path / "sevens"), keys, np.full(len(keys), 7, np.int32),
+      str(tmp_path / "sevens"),
+      keys,
+      np.full(len(keys), 7, np.int32),
       signature={},
-  )  # fmt: skip
+  )
   out = _beam(setup, _hook(sevens, "knn", knn_lambda=0.999), beam=1)
   want = np.array([7] * (MAX_LEN - 1) + [decoding.EOS])
   np.testing.assert_array_equal(
@@ -121,8 +123,9 @@ def test_hook_distributions_against_numpy():
     return lambda q: (scores.astype(np.float32), vals)
 
   # kNN-MT: lam p_kNN + (1 - lam) p_MT, softmax(-L2 / T).
-  hook = md.MemoryHook("knn", {"knn_lambda": 0.3, "knn_temperature": 7.0},
-                       fixed(l2), k, D)  # fmt: skip
+  hook = md.MemoryHook(
+      "knn", {"knn_lambda": 0.3, "knn_temperature": 7.0}, fixed(l2), k, D
+  )
   got = np.exp(jax.jit(hook)(jnp.asarray(logp), jnp.asarray(g), 0))
   w = np.exp(l2 / 7.0) / np.exp(l2 / 7.0).sum(-1, keepdims=True)
   p_knn = np.zeros((n, V))
@@ -209,9 +212,15 @@ def test_target_log_probs_against_numpy(kind, settings):
   logp, log_z, _, scores, values, targets = _teacher_forced_case()
   tlp = logp[np.arange(len(targets)), targets]
   got = md.target_log_probs(
-      kind, settings, jnp.asarray(tlp), jnp.asarray(log_z),
-      jnp.asarray(scores), jnp.asarray(values), jnp.asarray(targets), D,
-  )  # fmt: skip
+      kind,
+      settings,
+      jnp.asarray(tlp),
+      jnp.asarray(log_z),
+      jnp.asarray(scores),
+      jnp.asarray(values),
+      jnp.asarray(targets),
+      D,
+  )
   want = numpy_target_prob(kind, settings, tlp, log_z, scores, values, targets)
   np.testing.assert_allclose(np.exp(got), want, rtol=1e-5, atol=1e-8)
   assert got[4] == tlp[4]  # no neighbour: the plain decoder's score
@@ -223,9 +232,15 @@ def test_target_log_probs_depend_on_the_temperature():
   got = {}
   for t in (0.5, 7.0):
     got[t] = md.target_log_probs(
-        "knn", {"knn_lambda": 0.3, "knn_temperature": t}, tlp, log_z,
-        scores, values, targets, D,
-    )  # fmt: skip
+        "knn",
+        {"knn_lambda": 0.3, "knn_temperature": t},
+        tlp,
+        log_z,
+        scores,
+        values,
+        targets,
+        D,
+    )
   assert np.all(np.abs(got[0.5] - got[7.0])[[1, 2, 3]] > 1e-3)
 
 
@@ -280,11 +295,18 @@ def test_unnormalised_decoding_is_the_authors_and_default_eq_6():
   out = {}
   for flag in (False, True):
     hook = md.MemoryHook(
-        "trime", {"temperature": temp, "unnormalised": flag},
-        lambda q: (dots.astype(np.float32), vals), k, D,
-    )  # fmt: skip
-    args = (jnp.asarray(logp, jnp.float32), jnp.asarray(g), 0,
-            jnp.asarray(log_z, jnp.float32))  # fmt: skip
+        "trime",
+        {"temperature": temp, "unnormalised": flag},
+        lambda q: (dots.astype(np.float32), vals),
+        k,
+        D,
+    )
+    args = (
+        jnp.asarray(logp, jnp.float32),
+        jnp.asarray(g),
+        0,
+        jnp.asarray(log_z, jnp.float32),
+    )
     out[flag] = np.exp(np.asarray(jax.jit(hook)(*args), np.float64))
   np.testing.assert_allclose(out[True], want, rtol=1e-4, atol=1e-7)
   # The authors' scores sum to 2 - lam; the default is Eq. 6, normalised,
@@ -298,9 +320,13 @@ def test_unnormalised_decoding_is_the_authors_and_default_eq_6():
   # Teacher-forced: the same, for the target token only.
   targets = vals[:, 0]
   tf = md.target_log_probs(
-      "trime", {"temperature": temp, "unnormalised": True},
+      "trime",
+      {"temperature": temp, "unnormalised": True},
       jnp.asarray(logp[np.arange(n), targets], jnp.float32),
-      jnp.asarray(log_z, jnp.float32), jnp.asarray(dots, jnp.float32),
-      jnp.asarray(vals), jnp.asarray(targets), D,
-  )  # fmt: skip
+      jnp.asarray(log_z, jnp.float32),
+      jnp.asarray(dots, jnp.float32),
+      jnp.asarray(vals),
+      jnp.asarray(targets),
+      D,
+  )
   np.testing.assert_allclose(np.exp(tf), want[np.arange(n), targets], rtol=1e-4)

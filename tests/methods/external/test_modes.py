@@ -67,9 +67,10 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   acc = res["retrieval_accuracy"]
   assert set(acc) == {"1", "8"} and 0 <= acc["1"] <= acc["8"] <= 1
   config.eval_memory.update(
-      temperature_grid=(1.0,), ext_temperature_grid=(5.0,),
+      temperature_grid=(1.0,),
+      ext_temperature_grid=(5.0,),
       ext_lambda_grid=(0.0, 0.3),
-  )  # fmt: skip
+  )
   tuned = memory_modes.tune(build.build(config, workdir))
   # The best setting is the grid's lowest valid NLL, and lambda matters.
   nll = {r["ext_lambda"]: r["nll"] for r in tuned["grid_valid"]}

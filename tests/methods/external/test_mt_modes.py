@@ -51,10 +51,13 @@ def built(mt_smoke_workdir, tmp_path_factory):
 def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
   config, out, result = built
   train = parallel.encode_split(
-      config.data.data_dir, "train", "de", "en",
+      config.data.data_dir,
+      "train",
+      "de",
+      "en",
       os.path.join(mt_smoke_workdir, runfiles.SPM_FILE),
       os.path.join(mt_smoke_workdir, "cache"),
-  )  # fmt: skip
+  )
   # Stored in the order the pairs are read: each pair in the smallest
   # bucket that holds both sides, corpus order within a bucket, a pair's
   # target positions in order. Value j is the target token at position j.
@@ -69,9 +72,11 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
   with open(out / "ds" / "manifest.json") as f:
     manifest = json.load(f)
   values = np.concatenate(
-      [np.fromfile(out / "ds" / f"{s['name']}.values", np.int32)
-       for s in manifest["shards"]]
-  )  # fmt: skip
+      [
+          np.fromfile(out / "ds" / f"{s['name']}.values", np.int32)
+          for s in manifest["shards"]
+      ]
+  )
   assert result["keys"] == sum(len(t) for t in fits) == len(values)
   np.testing.assert_array_equal(values, np.concatenate(fits))
   run = build.build(config, str(out))
@@ -94,9 +99,14 @@ def test_datastore_holds_the_training_targets(built, mt_smoke_workdir):
   for row in tuned["grid"]:
     k = row["k"]
     p = numpy_target_prob(
-        "knn", row, tf["tlp"], tf["log_z"], tf["scores"][:, :k],
-        tf["values"][:, :k], tf["targets"],
-    )  # fmt: skip
+        "knn",
+        row,
+        tf["tlp"],
+        tf["log_z"],
+        tf["scores"][:, :k],
+        tf["values"][:, :k],
+        tf["targets"],
+    )
     assert row["nll"] == pytest.approx(-np.mean(np.log(p)), rel=1e-5)
     nll[k, row["knn_temperature"]] = row["nll"]
   assert nll[4, 1.0] != pytest.approx(nll[4, 10.0], rel=1e-4)
@@ -120,9 +130,11 @@ def test_datastore_mode_shows_what_the_memory_retrieves(built):
   assert positions[-1]["token"] == "</s>"  # the greedy translation's EOS
   manifest = json.loads((out / "ds" / "manifest.json").read_text())
   values = np.concatenate(
-      [np.fromfile(out / "ds" / f"{s['name']}.values", np.int32)
-       for s in manifest["shards"]]
-  )  # fmt: skip
+      [
+          np.fromfile(out / "ds" / f"{s['name']}.values", np.int32)
+          for s in manifest["shards"]
+      ]
+  )
   run = build.build(config, str(out))
   restored = tm._restore(run)  # pylint: disable=protected-access
   stored = {restored.vocab.decode([int(v)]) or "</s>" for v in set(values)}
@@ -175,9 +187,12 @@ def test_datastore_of_another_model_or_vocabulary(built, field, value, words):
 
 @pytest.mark.parametrize(
     "key, value",
-    [("knn_lambda", 1.0), ("knn_lambda_grid", (0.2, 1.0)),
-     ("interpolate_lambda_grid", (-0.1,))],
-)  # fmt: skip
+    [
+        ("knn_lambda", 1.0),
+        ("knn_lambda_grid", (0.2, 1.0)),
+        ("interpolate_lambda_grid", (-0.1,)),
+    ],
+)
 def test_lambda_outside_zero_one_is_refused(built, key, value):
   config, out, _ = built
   bad = config.copy_and_resolve_references()

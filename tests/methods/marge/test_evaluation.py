@@ -26,18 +26,30 @@ def test_examples_hand_case():
           "next": [103, 104, 105],
           "sources": [
               # e(3).e(2) = 3 * 2 + 1; the second training document ends.
-              dict(similarity=7.0, segment=[6, 7, 8], continuation=[],
-                   own_past=False),
-              dict(similarity=1.0, segment=[0, 1, 2], continuation=[3, 4, 5],
-                   own_past=False),
-          ],  # fmt: skip
+              dict(
+                  similarity=7.0,
+                  segment=[6, 7, 8],
+                  continuation=[],
+                  own_past=False,
+              ),
+              dict(
+                  similarity=1.0,
+                  segment=[0, 1, 2],
+                  continuation=[3, 4, 5],
+                  own_past=False,
+              ),
+          ],
       },
       {
           "segment": [107, 108, 109],
           "next": [110, 111, 112],
           "sources": [  # an evaluated document's segment: id >= pool
-              dict(similarity=16.0, segment=[100, 101, 102],
-                   continuation=[103, 104, 105], own_past=True),
-          ],  # fmt: skip
+              dict(
+                  similarity=16.0,
+                  segment=[100, 101, 102],
+                  continuation=[103, 104, 105],
+                  own_past=True,
+              ),
+          ],
       },
   ]

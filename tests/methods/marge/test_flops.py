@@ -22,10 +22,12 @@ def test_sources_and_cross_attention_by_hand():
   cross = 4 * D * DA + 2 * D  # layer 2's query, key, value, out, ln_cross
   outside = 4 * D + 1  # final_norm, embed_norm, beta
   shape = extend.FlopsShape(
-      seq_len=T, rows=8, softmax_params=softmax,
+      seq_len=T,
+      rows=8,
+      softmax_params=softmax,
       projection_params=projections,
       num_params=softmax + 2 * block + cross + outside,
-  )  # fmt: skip
+  )
   got = flops.marge_flops(s, shape)
   # K S / T = 2 source positions per target position, each through layer 1
   # (its block and the input projections; its self-attention over S).

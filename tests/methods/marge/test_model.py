@@ -77,8 +77,9 @@ def test_cross_attention_matches_numpy():
   y, state = mod.apply({"params": p}, x, None, **inputs)
   assert state is None
   y = np.asarray(y)
-  wq, wk, wv, wo = (np.asarray(p[n], np.float64) for n in
-                    ("query", "key", "value", "out"))  # fmt: skip
+  wq, wk, wv, wo = (
+      np.asarray(p[n], np.float64) for n in ("query", "key", "value", "out")
+  )
   for i in range(b):
     flat = src[i].reshape(k * s, d)
     q = np.einsum("td,dhe->the", x[i], wq)
@@ -102,9 +103,12 @@ def _numpy_embedding(model, params, tokens):
   first-layer output (the embedder is the lower half, here one layer), the
   LayerNorm ``embed_norm``, the mean over N positions, unit length."""
   _, state = model.apply(
-      {"params": params}, tokens, tokens,
-      capture_intermediates=True, mutable=["intermediates"],
-  )  # fmt: skip
+      {"params": params},
+      tokens,
+      tokens,
+      capture_intermediates=True,
+      mutable=["intermediates"],
+  )
   h = np.asarray(
       state["intermediates"]["layer_0"]["__call__"][0][0], np.float64
   )
@@ -171,8 +175,9 @@ def test_padding_and_retrieval_off_equal_plain_lm(setup):
   np.testing.assert_allclose(
       _run(model, params, x, src, mask).target_logprob,
       _run(model, params, x, junk, mask).target_logprob,
-      rtol=1e-5, atol=1e-6,
-  )  # fmt: skip
+      rtol=1e-5,
+      atol=1e-6,
+  )
   empty = _run(model, params, x, src, jnp.zeros_like(mask)).target_logprob
   off = _off(model, params, x)
   np.testing.assert_allclose(empty, off, rtol=1e-5, atol=1e-6)
@@ -221,9 +226,11 @@ def test_sharded_equals_unsharded(tmp_path):
 
   def f(p, batch):
     return model.apply(
-        {"params": p}, batch["inputs"], batch["targets"],
+        {"params": p},
+        batch["inputs"],
+        batch["targets"],
         **{k: batch[k] for k in run.extra_inputs},
-    ).target_logprob  # fmt: skip
+    ).target_logprob
 
   sharded = sharding_lib.jit(f, mesh)(
       state.params, sharding_lib.put_global_batch(b, mesh)

@@ -104,14 +104,23 @@ def planted(tmp_path_factory):
   # (no conftest.COMPILE_FLAGS).
   procs = [
       subprocess.Popen(
-          [sys.executable, "-m", "memjax.main", "--mode=train",
-           f"--config=configs/marge_wt103.py:{v}",
-           f"--config.data.data_dir={data}", f"--workdir={w}"],
-          cwd=conftest.REPO, env=env, stdout=subprocess.DEVNULL,
-          stderr=subprocess.PIPE, text=True,
+          [
+              sys.executable,
+              "-m",
+              "memjax.main",
+              "--mode=train",
+              f"--config=configs/marge_wt103.py:{v}",
+              f"--config.data.data_dir={data}",
+              f"--workdir={w}",
+          ],
+          cwd=conftest.REPO,
+          env=env,
+          stdout=subprocess.DEVNULL,
+          stderr=subprocess.PIPE,
+          text=True,
       )
       for v, w in runs.items()
-  ]  # fmt: skip
+  ]
   for p in procs:
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-3000:]
@@ -125,9 +134,12 @@ def planted(tmp_path_factory):
       train, np.asarray(test.tokens), np.asarray(test.doc_starts), N
   )
   emb = marge_index.embed_all(
-      restored.model, restored.params,
-      table.segment_tokens(np.arange(len(table))), 256, restored.mesh,
-  )  # fmt: skip
+      restored.model,
+      restored.params,
+      table.segment_tokens(np.arange(len(table))),
+      256,
+      restored.mesh,
+  )
   index = marge_lib.SegmentIndex(table, emb, "exact", pool=pool)
   # A follows the heading's 8 tokens: it is segment 8 // N of its article.
   query = np.flatnonzero(

@@ -132,11 +132,13 @@ def test_index_of_another_embedder_refused(tmp_path, table):
   np.save(path, np.ones((len(table), 8), np.float32))
   model = marge_model.MargeLM(vocab_size=9, d_model=8, segment_len=3)
   ctx = hooks.HookContext(
-      name="marge_reindex", options={},
+      name="marge_reindex",
+      options={},
       settings=build.read(config_lib.base_config(), catalog.parts()),
-      workdir=str(tmp_path), model=model,
+      workdir=str(tmp_path),
+      model=model,
       batcher=marge.MargeBatcher(table, 2, 2),
-  )  # fmt: skip
+  )
   ok = marge_index.MargeReindex(ctx, {"index": str(path)})
   ok.state["embedder"] = ok._embedder()  # pylint: disable=protected-access
   ok.start()
@@ -186,8 +188,13 @@ def test_eval_mask_with_a_pool_hand_case():
   )
   # Without a pool (training) another document's segments are all allowed.
   assert table.allowed(np.array([6]), cand[:1])[0].tolist() == [
-      True, True, True, True, False, False,
-  ]  # fmt: skip
+      True,
+      True,
+      True,
+      True,
+      False,
+      False,
+  ]
   # Causal top-k with the pool skips the other evaluated document even
   # where it scores highest.
   scores = np.array([[0.1, 9.0, 8.0, 0.5, 7.0, 0.0]])

@@ -40,11 +40,18 @@ MEM = dict(num_keys=4, heads=2, topk=2, k_dim=8)
 
 def _tiny(**kw):
   args = dict(
-      vocab_size=40, num_layers=2, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, feed_forward=catalog.parts().feed_forward.get("resm"),
-      kind_name="resm", feed_forward_options=MEM, feed_forward_layers=(2,),
+      vocab_size=40,
+      num_layers=2,
+      d_model=16,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
+      feed_forward=catalog.parts().feed_forward.get("resm"),
+      kind_name="resm",
+      feed_forward_options=MEM,
+      feed_forward_layers=(2,),
       max_len=16,
-  )  # fmt: skip
+  )
   args.update(kw)
   return encoder.Encoder(**args)
 
@@ -225,9 +232,13 @@ def test_partial_init_restores_every_shared_parameter(
   tx, _ = run.optimizer()
   sample = {"inputs": np.zeros((16, 32), np.int32)}
   state, shardings = state_lib.create_state(
-      model, tx, run.mesh, sample, jax.random.PRNGKey(7),
+      model,
+      tx,
+      run.mesh,
+      sample,
+      jax.random.PRNGKey(7),
       run.state_collections(),
-  )  # fmt: skip
+  )
   capsys.readouterr()
   new = init_from.init_params_from(run, vanilla_run, state, shardings)
   printed = capsys.readouterr().out

@@ -176,9 +176,11 @@ def test_padding_is_ignored_by_batch_norm_and_outputs_zero():
   np.testing.assert_array_equal(np.asarray(out)[mask == 0], 0.0)
   # The real positions alone (no padding at all) give the same outputs.
   alone, _ = layer.apply(
-      variables, x[mask == 1][None], deterministic=False,
+      variables,
+      x[mask == 1][None],
+      deterministic=False,
       mutable=["batch_stats"],
-  )  # fmt: skip
+  )
   np.testing.assert_allclose(
       np.asarray(out)[mask == 1], alone[0], rtol=1e-4, atol=1e-5
   )
@@ -290,11 +292,18 @@ def test_lazy_adam_group_through_make_optimizer_against_numpy():
 
   cfg = config_lib.base_config().optim
   cfg.clip_norm = 0.0
-  cfg.groups.memory = ml_collections.ConfigDict({
-      "params": "/memory/values$", "transform": "lazy_adam",
-      "learning_rate": 0.1, "schedule": "constant", "warmup_steps": 3,
-      "b1": 0.5, "b2": 0.75, "eps": 0.01,
-  })  # fmt: skip
+  cfg.groups.memory = ml_collections.ConfigDict(
+      {
+          "params": "/memory/values$",
+          "transform": "lazy_adam",
+          "learning_rate": 0.1,
+          "schedule": "constant",
+          "warmup_steps": 3,
+          "b1": 0.5,
+          "b2": 0.75,
+          "eps": 0.01,
+      }
+  )
   tx, _ = optim.make_optimizer(
       settings_lib.read(settings_lib.Optim, cfg),
       num_steps=20,
@@ -395,12 +404,20 @@ def test_memory_plus_gate_and_qk_norm_match_numpy():
 
 def _pool_lm(shared, scan=False):
   return transformer.TransformerLM(
-      vocab_size=32, num_layers=4, d_model=D, num_heads=4, head_dim=3,
-      d_ff=24, feed_forward=catalog.parts().feed_forward.get("pkm"),
-      kind_name="pkm", feed_forward_layers=(2, 3), scan_layers=scan,
-      feed_forward_options=dict(num_keys=C, heads=H, topk=K, k_dim=KD,
-                                shared_values=shared),
-  )  # fmt: skip
+      vocab_size=32,
+      num_layers=4,
+      d_model=D,
+      num_heads=4,
+      head_dim=3,
+      d_ff=24,
+      feed_forward=catalog.parts().feed_forward.get("pkm"),
+      kind_name="pkm",
+      feed_forward_layers=(2, 3),
+      scan_layers=scan,
+      feed_forward_options=dict(
+          num_keys=C, heads=H, topk=K, k_dim=KD, shared_values=shared
+      ),
+  )
 
 
 def test_shared_values_are_one_table_that_both_layers_read():
@@ -414,8 +431,10 @@ def test_shared_values_are_one_table_that_both_layers_read():
       jax.jit(_pool_lm(True).init)(jax.random.PRNGKey(0), toks, toks)
   )
   pooled = pooled["params"]
-  paths = [jax.tree_util.keystr(k) for k, _ in
-           jax.tree_util.tree_leaves_with_path(pooled)]  # fmt: skip
+  paths = [
+      jax.tree_util.keystr(k)
+      for k, _ in jax.tree_util.tree_leaves_with_path(pooled)
+  ]
   assert [p for p in paths if "values" in p] == ["['ffn_shared']['values']"]
   assert {"query", "keys"} <= set(pooled["layer_1"]["ffn"]["memory"])
   table = pooled["ffn_shared"]["values"]
@@ -440,8 +459,10 @@ def test_shared_values_are_one_table_that_both_layers_read():
   assert np.count_nonzero(g2["layer_1"]["ffn"]["memory"]["values"]) > 0
   np.testing.assert_allclose(
       g1["layer_2"]["ffn"]["memory"]["keys"],
-      g2["layer_2"]["ffn"]["memory"]["keys"], rtol=1e-5, atol=1e-6,
-  )  # fmt: skip
+      g2["layer_2"]["ffn"]["memory"]["keys"],
+      rtol=1e-5,
+      atol=1e-6,
+  )
   # Scanned layers broadcast the one table to the run of memory layers.
   scanned = convert.Layout(current_runs=("layer_1_to_2",)).to_current(pooled)
   assert scanned["ffn_shared"]["values"].shape == (C * C, D)
@@ -450,8 +471,15 @@ def test_shared_values_are_one_table_that_both_layers_read():
 
 
 def test_shared_values_need_a_family_that_makes_them():
-  layer = pkm.PKMFeedForward(d_model=D, d_ff=24, num_keys=C, heads=H,
-                             topk=K, k_dim=KD, shared_values=True)  # fmt: skip
+  layer = pkm.PKMFeedForward(
+      d_model=D,
+      d_ff=24,
+      num_keys=C,
+      heads=H,
+      topk=K,
+      k_dim=KD,
+      shared_values=True,
+  )
   x = jnp.zeros((1, 3, D))
   with pytest.raises(errors.ConfigError, match="shared_values needs"):
     layer.init(jax.random.PRNGKey(0), x, deterministic=True)

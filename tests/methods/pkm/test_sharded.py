@@ -71,12 +71,17 @@ def test_layer_sharded_equals_unsharded(spec):
 
 def _lm():
   return transformer.TransformerLM(
-      vocab_size=32, num_layers=2, d_model=D, num_heads=4, head_dim=3,
-      d_ff=24, feed_forward=catalog.parts().feed_forward.get("pkm"),
+      vocab_size=32,
+      num_layers=2,
+      d_model=D,
+      num_heads=4,
+      head_dim=3,
+      d_ff=24,
+      feed_forward=catalog.parts().feed_forward.get("pkm"),
       kind_name="pkm",
       feed_forward_options=dict(num_keys=8, heads=H, topk=K, k_dim=KD),
       feed_forward_layers=(2,),
-  )  # fmt: skip
+  )
 
 
 @pytest.mark.parametrize(
@@ -107,17 +112,25 @@ def test_train_step_and_eval_sharded_equal_unsharded(spec):
     assert moments.addressable_shards[0].data.shape[0] == rows
     state, metrics = step(state, put, jax.random.PRNGKey(1))
     evaluate = sharding_lib.jit(
-        lambda p, b: model.apply({"params": p}, b["inputs"], b["targets"],
-                                 deterministic=True).target_logprob, mesh,
-    )  # fmt: skip
-    results.append((rows, float(metrics["loss"]),
-                    jax.device_get(state.params),
-                    np.asarray(evaluate(state.params, put))))  # fmt: skip
+        lambda p, b: model.apply(
+            {"params": p}, b["inputs"], b["targets"], deterministic=True
+        ).target_logprob,
+        mesh,
+    )
+    results.append(
+        (
+            rows,
+            float(metrics["loss"]),
+            jax.device_get(state.params),
+            np.asarray(evaluate(state.params, put)),
+        )
+    )
   (rows1, loss1, p1, e1), (rows2, loss2, p2, e2) = results
   assert (rows1, rows2) == (64, 64 // _rows_split(spec))
   assert loss1 == pytest.approx(loss2, rel=1e-5)
   jax.tree.map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-      p1, p2,
-  )  # fmt: skip
+      p1,
+      p2,
+  )
   np.testing.assert_allclose(e1, e2, rtol=1e-5, atol=1e-5)

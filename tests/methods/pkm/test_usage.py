@@ -114,9 +114,13 @@ def _sown_sums(run, step, windows):
   ``step`` sows over ``windows`` [N, T] in one batch."""
   r = build.restore(run, step=step, mesh={"data": 1})
   _, sown = r.model.apply(
-      {"params": r.params}, windows, None, True,
-      method=r.model.forward, mutable=["pkm_usage"],
-  )  # fmt: skip
+      {"params": r.params},
+      windows,
+      None,
+      True,
+      method=r.model.forward,
+      mutable=["pkm_usage"],
+  )
   out = {}
   flat = flax.traverse_util.flatten_dict(sown["pkm_usage"], sep="/")
   for key, value in flat.items():

@@ -71,9 +71,11 @@ def test_lamemo_terms_by_hand():
   block = 10_000  # one block's parameters besides W_kR and the biases
   softmax = 123_456
   shape = extend.FlopsShape(
-      seq_len=T, rows=ROWS, softmax_params=softmax,
+      seq_len=T,
+      rows=ROWS,
+      softmax_params=softmax,
       num_params=softmax + L * (block + D * DA + 3 * DA),
-  )  # fmt: skip
+  )
   got = flops.relative_flops(s, shape)
   assert got["relative positions"] == L * _relative_per_layer(3)
   # The M memory rows run through every block with the T segment rows.

@@ -81,9 +81,12 @@ def test_stream_evaluation_equals_python_loop_over_segments():
   lanes = 3
   mesh = sharding_lib.make_mesh({"data": -1})
   ev = recurrent_eval.StreamScorer(
-      rows_lib.Scoring(model=model, mesh=mesh), segment_len=T,
-      mem_len=model.mem_len, lanes=lanes, chunk=2,
-  )  # fmt: skip
+      rows_lib.Scoring(model=model, mesh=mesh),
+      segment_len=T,
+      mem_len=model.mem_len,
+      lanes=lanes,
+      chunk=2,
+  )
   assert ev.padded_lanes == 8
   segments = recurrent_eval.stacked_segments(tokens, T, lanes)
   got = ev.score_segments(params, segments)

@@ -235,8 +235,10 @@ def test_trime_mt_configs_take_the_authors_recipe():
 
   c = trime_iwslt.get_config("trime_mt_smoke")
   assert dict(c.loss.options) == {
-      "epsilon": 0.0, "temperature": 10.0, "topk_memory": 8,
-  }  # fmt: skip
+      "epsilon": 0.0,
+      "temperature": 10.0,
+      "topk_memory": 8,
+  }
   assert c.loss.lm_warmup_fraction == 0.0
   assert c.model.family_options.memory_feature == "final_output"
   mem = c.translation.memory
@@ -267,8 +269,9 @@ def test_trime_mt_paper_config_is_the_authors_architecture():
   m = trime_iwslt.get_config("trime_mt_paper").model
   assert m.norm_position == "post"
   assert dict(m.family_options) == {
-      "encoder_layers": 6, "memory_feature": "final_output",
+      "encoder_layers": 6,
+      "memory_feature": "final_output",
       "decoder_norm_position": "pre",
-  }  # fmt: skip
+  }
   vanilla = trime_iwslt.get_config("paper").model
   assert "decoder_norm_position" not in vanilla.family_options

@@ -69,9 +69,14 @@ def beam_cache(tmp_path_factory):
   before = set(glob.glob(os.path.join(tempfile.gettempdir(), "beam-*")))
   # 8 queries per block: 5 work items over the 2 worker processes.
   pack_beam.run(
-      tokens, SETTINGS, directory, runner="DirectRunner", workers=2,
-      block_rows=8, extra_options="--direct_running_mode=multi_threading",
-  )  # fmt: skip
+      tokens,
+      SETTINGS,
+      directory,
+      runner="DirectRunner",
+      workers=2,
+      block_rows=8,
+      extra_options="--direct_running_mode=multi_threading",
+  )
   after = set(glob.glob(os.path.join(tempfile.gettempdir(), "beam-*")))
   _LEFT_IN_TMP["beam_cache"] = after - before
   return cache_dir, name, directory
@@ -88,9 +93,12 @@ def test_beam_leaves_nothing_in_the_temporary_directory(beam_cache):
 
 def _in_process_order(tokens):
   return bm25.bm25_pack(
-      bm25.split_segments(tokens, SEQ_LEN), BATCH, k=K, seed=0,
+      bm25.split_segments(tokens, SEQ_LEN),
+      BATCH,
+      k=K,
+      seed=0,
       show_progress=False,
-  )  # fmt: skip
+  )
 
 
 def test_beam_packing_is_the_in_process_packing(beam_cache):
@@ -100,15 +108,21 @@ def test_beam_packing_is_the_in_process_packing(beam_cache):
   order = pack_beam.read_order(task, 33, directory)
   np.testing.assert_array_equal(order, _in_process_order(tokens))
   topics = [
-      {int(t) // 100 for s in order[b : b + BATCH] for t in
-       tokens[s * SEQ_LEN : (s + 1) * SEQ_LEN]}
+      {
+          int(t) // 100
+          for s in order[b : b + BATCH]
+          for t in tokens[s * SEQ_LEN : (s + 1) * SEQ_LEN]
+      }
       for b in range(0, 32, BATCH)
-  ]  # fmt: skip
+  ]
   assert sum(len(t) == 1 for t in topics) >= 3  # topics stay in one batch
   assert sorted(os.listdir(directory)) == [
-      "COMPLETED", "info.train.json", "stats.train.json",
-      "train.tfrecord-00000-of-00002", "train.tfrecord-00001-of-00002",
-  ]  # fmt: skip
+      "COMPLETED",
+      "info.train.json",
+      "stats.train.json",
+      "train.tfrecord-00000-of-00002",
+      "train.tfrecord-00001-of-00002",
+  ]
   assert not os.path.exists(directory + ".inputs")
 
 
@@ -138,9 +152,10 @@ def test_cached_task_reads_back_through_seqio(beam_cache):
       int(ex["segment_id"]) for ex in cached
   ]
   assert task.get_cached_stats("train") == {  # seqio counts no id 0 (pad)
-      "examples": 33, "targets_tokens": int(np.sum(tokens != 0)),
+      "examples": 33,
+      "targets_tokens": int(np.sum(tokens != 0)),
       "targets_max_tokens": SEQ_LEN,
-  }  # fmt: skip
+  }
 
 
 def _stream(tokens):
@@ -259,16 +274,22 @@ def test_main_packs_on_beam_then_trains_in_the_same_workdir(tmp_path):
   the same workdir reads the packed task; its order is the in-process one."""
   work = str(tmp_path / "run")
   flags = [
-      "--config=configs/trime_wt103.py:trime_ext_smoke", f"--workdir={work}",
-      "--config.data.seq_len=256", "--config.model.max_len=256",
-      "--config.eval.window_len=256", "--config.eval.score_len=128",
-      "--config.eval.max_windows=4", "--config.train.eval_every=0",
-  ]  # fmt: skip
+      "--config=configs/trime_wt103.py:trime_ext_smoke",
+      f"--workdir={work}",
+      "--config.data.seq_len=256",
+      "--config.model.max_len=256",
+      "--config.eval.window_len=256",
+      "--config.eval.score_len=128",
+      "--config.eval.max_windows=4",
+      "--config.train.eval_every=0",
+  ]
   proc = run_main(
-      *flags, "--mode=pack", "--config.pack.runner=DirectRunner",
+      *flags,
+      "--mode=pack",
+      "--config.pack.runner=DirectRunner",
       "--config.pack.workers=2",
       "--config.pack.options=--direct_running_mode=multi_threading",
-  )  # fmt: skip
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.load(open(os.path.join(work, "bm25_pack.json")))
   assert summary["runner"] == "DirectRunner" and not summary["reused"]

@@ -172,17 +172,28 @@ def test_warmup_uses_the_plain_loss_then_trime(memory):
     spec = trime.MemorySpec.local()
   # The objective after the warm-up is trime_loss with the step's memory.
   direct, _ = trime.trime_loss(
-      out.features, out.target_logprob, out.log_z, batch["targets"], w,
-      spec=spec, block_size=16,
-  )  # fmt: skip
+      out.features,
+      out.target_logprob,
+      out.log_z,
+      batch["targets"],
+      w,
+      spec=spec,
+      block_size=16,
+  )
   assert float(late) == pytest.approx(float(direct), rel=1e-6)
   # Eq. 5 by explicit float64 loops: a lane's rows are its segments in
   # row order; TRIMELM_ext hides the local memory when the draw says so.
   ref = test_in_batch.ref_log_prob(
-      out.features, out.target_logprob, out.log_z, np.asarray(batch["targets"]),
-      np.asarray(w), memory, doc_id=[0, 0, 1, 1], seg=[0, 1, 2, 3],
+      out.features,
+      out.target_logprob,
+      out.log_z,
+      np.asarray(batch["targets"]),
+      np.asarray(w),
+      memory,
+      doc_id=[0, 0, 1, 1],
+      seg=[0, 1, 2, 3],
       hide_local=bool(objective.hide_local_draw(0, jnp.int32(10), 0.9)),
-  )  # fmt: skip
+  )
   assert float(late) == pytest.approx(-np.mean(ref), rel=1e-5)
   assert float(m_late["aux_memory_on_sum"]) == float(m_late["tokens"])
   assert float(m_late["nll_sum"]) == pytest.approx(float(late) * 20, rel=1e-6)

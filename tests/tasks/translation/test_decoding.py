@@ -98,9 +98,15 @@ def test_pad_is_never_picked(beam):
 @pytest.fixture(scope="module")
 def tiny():
   m = seq2seq.EncoderDecoder(
-      vocab_size=40, encoder_layers=1, num_layers=1, d_model=32,
-      num_heads=2, head_dim=16, d_ff=64, max_len=64,
-  )  # fmt: skip
+      vocab_size=40,
+      encoder_layers=1,
+      num_layers=1,
+      d_model=32,
+      num_heads=2,
+      head_dim=16,
+      d_ff=64,
+      max_len=64,
+  )
   src = np.random.default_rng(0).integers(3, 40, (5, 8)).astype(np.int32)
   src[2, 5:] = 0
   src[:, 7] = np.where(src[:, 6] == 0, 0, EOS)
@@ -168,9 +174,13 @@ def test_length_penalty_scores_and_orders_the_nbest(lenpen):
   # SequenceGenerator (eos_scores /= (step + 1) ** len_penalty, step from
   # 0). 0.6 is the authors' IWSLT decoding.
   res = decoding.beam_search(
-      FlipModel(), {}, jnp.ones((1, 3), jnp.int32), 6, beam_size=2,
+      FlipModel(),
+      {},
+      jnp.ones((1, 3), jnp.int32),
+      6,
+      beam_size=2,
       length_penalty=lenpen,
-  )  # fmt: skip
+  )
   want = _flip_nbest(lenpen)
   hyps = np.asarray(res.hypotheses[0])
   for (tokens, score), hyp, got in zip(want, hyps, np.asarray(res.scores[0])):

@@ -98,9 +98,13 @@ def test_token_batches_cover_an_epoch_once(data):
   d, cache, vocab_path = data
   split = parallel.encode_split(d, "train", "de", "en", vocab_path, cache)
   b = token_batching.TokenBatcher(
-      split.source, split.target, max_tokens=64, buckets=(8, 16, 32),
-      seed=0, row_multiple=2,
-  )  # fmt: skip
+      split.source,
+      split.target,
+      max_tokens=64,
+      buckets=(8, 16, 32),
+      seed=0,
+      row_multiple=2,
+  )
   seen = []
   for step in range(b.num_batches):
     batch = b.batch(step)
@@ -117,9 +121,13 @@ def test_token_batches_cover_an_epoch_once(data):
   # another order (the next epoch's first) gives the same batches, and the
   # next epoch is another shuffle of the same pairs.
   fresh = token_batching.TokenBatcher(
-      split.source, split.target, max_tokens=64, buckets=(8, 16, 32),
-      seed=0, row_multiple=2,
-  )  # fmt: skip
+      split.source,
+      split.target,
+      max_tokens=64,
+      buckets=(8, 16, 32),
+      seed=0,
+      row_multiple=2,
+  )
   n = b.num_batches
   for step in (n + 3, 3, n + 1):
     np.testing.assert_array_equal(
