@@ -48,7 +48,7 @@ def read(
     config: ml_collections.ConfigDict, parts: extend.Parts
 ) -> settings_lib.Settings:
   """The typed settings of ``config``: every declared section."""
-  return settings_lib.read_all(config, parts.settings)
+  return settings_lib.read_all(config, parts.settings, parts.renames)
 
 
 # ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import ml_collections
 from memjax import catalog
 from memjax import errors
 from memjax import settings as settings_lib
+from memjax.settings import renames
 
 
 def _as_config(value: Any) -> Any:
@@ -38,23 +39,17 @@ def base_config() -> ml_collections.ConfigDict:
   """Returns the default configuration (a small vanilla LM on the demo corpus).
 
   The engine's sections come first, then each task's and each method's
-  keys, into their own sections or the engine's (``loss.memory``,
-  ``eval_memory.temperature``), then the defaults a method sets on another
-  section's keys (``eval_memory.sweep_kinds``).
+  sections (``trime``, ``cache``), then the defaults a method sets on
+  another section's keys (``eval_memory.sweep_kinds``).
 
   Raises:
-    ValueError: two settings classes declare one key (a bug).
+    ValueError: two settings classes declare one section (a bug).
   """
   c = ml_collections.ConfigDict(dict(settings_lib.TOP_KEYS))
   parts = catalog.parts()
+  settings_lib.check_owners(parts.settings)
   for cls in parts.settings:
-    if cls.SECTION not in c:
-      c[cls.SECTION] = ml_collections.ConfigDict()
-    section = c[cls.SECTION]
-    for key, value in settings_lib.section_defaults(cls).items():
-      if key in section:
-        raise ValueError(f"{cls.SECTION}.{key} is declared twice ({cls})")
-      section[key] = _as_config(value)
+    c[cls.SECTION] = _as_config(settings_lib.section_defaults(cls))
   for key, value in parts.defaults.items():
     section, name = key.split(".")
     c[section][name] = value
@@ -103,9 +98,11 @@ def _merge(base: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
 
 
 def from_json(text: str) -> ml_collections.ConfigDict:
-  """A config saved by ``to_json``, with the base config's types (keys it
-  does not know are kept as saved)."""
+  """A config saved by ``to_json``, with the base config's types: keys
+  that moved since are read at their new place (``renames``); keys it
+  does not know are kept as saved."""
   config = base_config()
-  _merge(config, json.loads(text))
+  saved = renames.translate_tree(json.loads(text), catalog.parts().renames)
+  _merge(config, saved)
   config.lock()
   return config

@@ -11,7 +11,7 @@ the names configs pick them by::
         batchers={"bm25": extend.Batcher(packing.bm25_batcher)},
         modes={"pack": extend.Mode(packing.pack, "pack the corpus ...",
                                    kinds=("lm",))},
-        settings=(config.Bm25, config.Pack, config.TrimeLoss),
+        settings=(config.Trime, config.Pack),
     )
 
 The engine's own parts are one more spec (``memjax.catalog.ENGINE``), and
@@ -36,7 +36,8 @@ passes it to ``add`` before the run is built (a config file may do it);
 | ``modes`` | ``--mode`` | a ``Mode`` |
 | ``checks`` | (every one runs) | ``check(settings)`` raising ``errors.ConfigError`` |
 | ``flops`` | (every one is summed) | ``flops(settings, FlopsShape) -> {term: FLOPs per token}`` |
-| ``settings`` | its sections | frozen dataclasses: keys, defaults, types |
+| ``settings`` | its sections | frozen dataclasses, one per section it owns: keys, defaults, types |
+| ``renames`` | (one table) | old dotted key -> new, for keys that moved into its sections |
 
 This module holds the types only and imports nothing of the engine's: the
 parts are typed ``Any`` here and checked where they are used.
@@ -240,6 +241,11 @@ class Method:
       theirs).
     defaults: new defaults it gives keys of other sections
       ({'eval_memory.sweep_kinds': ('trime', 'cache')}).
+    renames: keys that moved into its sections, old dotted key -> new
+      ({'loss.memory': 'trime.memory'}; a key that held a whole dict maps
+      its keys: {'data.marge': 'marge'}): configs, command lines and
+      saved runs written with the old keys still read
+      (``memjax.settings.renames``).
     flops: ``flops(settings, FlopsShape) -> {term: FLOPs per token}``,
       what a run using the method's parts computes per token, forward and
       backward, beyond ``--mode=plan``'s formula ``6 N + 12 n_layer T
@@ -271,6 +277,7 @@ class Method:
   flops: tuple[Callable[[Any, FlopsShape], Mapping[str, float]], ...] = ()
   settings: tuple[type, ...] = ()
   defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
   builds_on: tuple[str, ...] = ()
 
 
@@ -337,7 +344,7 @@ class Parts:
 
   ``parts.attention.get('xl')``, ``parts.modes.names()``; ``checks``,
   ``flops`` and ``settings`` are the methods' in order, ``defaults`` their
-  defaults.
+  defaults, ``renames`` the one table of keys that moved.
   """
 
   attention: Lookup[type]
@@ -374,6 +381,7 @@ class Parts:
     self.flops = tuple(f for m in methods for f in m.flops)
     self.settings = tuple(s for m in methods for s in m.settings)
     self.defaults = {k: v for m in methods for k, v in m.defaults.items()}
+    self.renames = {k: v for m in methods for k, v in m.renames.items()}
 
   def modes_table(self) -> list[str]:
     """One line per mode: its name, the kinds it takes and its help."""

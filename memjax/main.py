@@ -147,6 +147,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     full = "--helpfull" in argv[1:]
     print(flags.FLAGS.module_help(ours) if not full else flags.FLAGS)
     sys.exit(0)
+  argv = _translate_moved_keys(argv)
   try:
     rest = flags.FLAGS(argv)
     if _CONFIG.value is not None:
@@ -155,6 +156,24 @@ def parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except
     print(f"memjax: error: {_one_line(e)}", file=sys.stderr)
     sys.exit(2)
+
+
+def _translate_moved_keys(argv: list[str]) -> list[str]:
+  """``argv`` (and ``sys.argv``, which ml_collections reads its overrides
+  from) with ``--config.OLD=...`` overrides of keys that moved rewritten to
+  their new keys, each named on one line."""
+  if not any(a.startswith("--config.") for a in argv):
+    return argv
+  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  from memjax.settings import renames  # pylint: disable=g-import-not-at-top
+
+  table = catalog.parts().renames
+  out = renames.translate_argv(argv, table)
+  if sys.argv[1:] == list(argv[1:]):
+    sys.argv[1:] = out[1:]
+  else:
+    sys.argv[:] = renames.translate_argv(sys.argv, table)
+  return out
 
 
 def overrides() -> dict[str, Any]:

@@ -20,7 +20,7 @@ vector of scales.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import flax
 import jax
@@ -39,18 +39,29 @@ class Axis(NamedTuple):
   """One tunable setting of an evaluation memory.
 
   Attributes:
-    key: the setting's name in results and its ``config.eval_memory`` key
+    key: the setting's name in results and its key in ``section``
       ('temperature').
     values: the ``AxisValues`` entry (and ``memory_grid.Grid`` keyword)
       holding its values ('temperatures').
-    config_grid: the ``config.eval_memory`` key of its tuning grid.
+    config_grid: the key in ``section`` of its tuning grid.
     default: its values when a grid leaves it out.
+    section: the settings class (its method's section) that declares
+      ``key`` and ``config_grid``.
   """
 
   key: str
   values: str
   config_grid: str
   default: tuple[float, ...] = ()
+  section: Optional[type] = None
+
+  def value(self, sections: Mapping[type, Any]) -> float:
+    """Its configured value in a run's ``Settings.sections``."""
+    return float(getattr(sections[self.section], self.key))
+
+  def grid(self, sections: Mapping[type, Any]) -> tuple[float, ...]:
+    """Its configured tuning grid in a run's ``Settings.sections``."""
+    return tuple(getattr(sections[self.section], self.config_grid))
 
 
 class EvalMemory:
@@ -68,9 +79,11 @@ class EvalMemory:
 
   axes: tuple[Axis, ...] = ()
   label: str = ""
-  # The ``config.eval_memory`` key that may name another run whose
-  # checkpoint --mode=memsweep scores this kind on ('' = none).
+  # The key (of the settings class ``sweep_source_section``) that may name
+  # another run whose checkpoint --mode=memsweep scores this kind on ('' =
+  # none).
   sweep_source_key: str = ""
+  sweep_source_section: Optional[type] = None
   # An external memory (``memory/external.py``): the metric its neighbours
   # are searched with ('dot_product' | 'squared_l2'), '' for none; and
   # whether the kind also reads M_local u M_long.

@@ -12,4 +12,5 @@ METHOD = extend.Method(
     name="cache",
     eval_memories={"cache": continuous_cache.CacheMemory()},
     settings=(config.CacheEvalMemory,),
+    renames=config.RENAMES,
 )

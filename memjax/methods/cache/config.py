@@ -1,5 +1,6 @@
-"""The continuous cache's settings (``--config.eval_memory.cache_lambda``
-and so on)."""
+"""The continuous cache's settings: its section ``cache``
+(``--config.cache.cache_lambda`` and so on; they sat in ``eval_memory``
+before, and ``RENAMES`` reads configs and runs written so)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import ClassVar
 
 @dataclasses.dataclass(frozen=True)
 class CacheEvalMemory:
-  """``config.eval_memory``'s continuous cache ('cache').
+  """``config.cache``: the evaluation memory 'cache', the continuous cache.
 
   Attributes:
     cache_lambda: the interpolation weight.
@@ -19,9 +20,22 @@ class CacheEvalMemory:
       uses ('' = this one).
   """
 
-  SECTION: ClassVar[str] = "eval_memory"
+  SECTION: ClassVar[str] = "cache"
   cache_lambda: float = 0.1
   cache_theta: float = 0.05
   cache_lambda_grid: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
   cache_theta_grid: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
   cache_workdir: str = ""
+
+
+# Keys that moved into ``cache`` from ``eval_memory``.
+RENAMES = {
+    f"eval_memory.{k}": f"cache.{k}"
+    for k in (
+        "cache_lambda",
+        "cache_theta",
+        "cache_lambda_grid",
+        "cache_theta_grid",
+        "cache_workdir",
+    )
+}

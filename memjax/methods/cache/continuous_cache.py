@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
+from memjax.methods.cache import config as cache_config
 from memjax.memory.visibility import MemorySpec, position_meta, visible
 
 Array = jax.Array
@@ -184,11 +185,22 @@ class CacheMemory(evaluation.EvalMemory):
   """The continuous cache (Grave et al.): theta scales, lambda mixes."""
 
   axes = (
-      evaluation.Axis("cache_theta", "thetas", "cache_theta_grid"),
-      evaluation.Axis("cache_lambda", "lambdas", "cache_lambda_grid"),
+      evaluation.Axis(
+          "cache_theta",
+          "thetas",
+          "cache_theta_grid",
+          section=cache_config.CacheEvalMemory,
+      ),
+      evaluation.Axis(
+          "cache_lambda",
+          "lambdas",
+          "cache_lambda_grid",
+          section=cache_config.CacheEvalMemory,
+      ),
   )
   label = "continuous cache (tuned lambda, theta)"
   sweep_source_key = "cache_workdir"
+  sweep_source_section = cache_config.CacheEvalMemory
 
   def check(self, settings: evaluation.AxisValues) -> None:
     if not settings["thetas"] or not settings["lambdas"]:

@@ -70,5 +70,6 @@ METHOD = extend.Method(
             outputs=("mt_translate_*.json", "translations/*.txt"),
         ),
     },
-    settings=(config.ExternalEvalMemory, config.Datastore),
+    settings=config.SETTINGS,
+    renames=config.RENAMES,
 )

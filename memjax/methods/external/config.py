@@ -11,14 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from memjax import errors
-from memjax import settings as settings_lib
-
 
 @dataclasses.dataclass(frozen=True)
 class ExternalEvalMemory:
-  """``config.eval_memory``'s external memories (knn, knn_cache,
-  trime_ext).
+  """``config.external``: the evaluation memories with an external memory
+  (knn, knn_cache, trime_ext).
 
   Attributes:
     external_kind: the method's kind with M_ext (demos).
@@ -34,19 +31,10 @@ class ExternalEvalMemory:
     knn_temperature: kNN-LM: none, as in Khandelwal et al.
     knn_lambda: the kNN-LM interpolation weight.
     knn_temperature_grid, knn_lambda_grid: what ``--mode=tune`` tries.
-    rescore: the K neighbours' scores recomputed in float32 from the stored
-      keys (knnlm's --knn-sim-func with the keys loaded); False = the
-      scores as the search returns them (the authors' kNN-LM and
-      TRIMELM_ext, --no-load-keys, as knn-transformers does). The default
-      ScaNN index re-orders its candidates on exact keys, so its scores
-      are exact either way; an index built with ``datastore.reorder=-1``
-      returns its quantised (asymmetric hashing) scores, as the authors'
-      faiss IVFPQ index its PQ distances.
   """
 
-  SECTION: ClassVar[str] = "eval_memory"
+  SECTION: ClassVar[str] = "external"
   external_kind: str = ""
-  rescore: bool = False
   ext_temperature: float = 10.5
   ext_lambda: float = 0.3
   ext_interp_local: float = 0.0
@@ -105,10 +93,9 @@ class Datastore:
 
 @dataclasses.dataclass(frozen=True)
 class MtMemory:
-  """``translation.memory``: the external memory of a translation run at
-  decoding time. Not a key of the base config: the translation configs set
-  the whole section (``configs/trime_iwslt.py``, whose values these
-  defaults follow for kNN-MT).
+  """``config.mt_memory``: the external memory of a translation run at
+  decoding time (``translation.memory`` before; the defaults are kNN-MT's
+  of ``configs/trime_iwslt.py``).
 
   Attributes:
     kind: 'knn' (kNN-MT) or 'trime' (TRIMEMT_ext's joint softmax).
@@ -135,6 +122,7 @@ class MtMemory:
       interpolate_lambda_grid: what --mode=mt_tune tries.
   """
 
+  SECTION: ClassVar[str] = "mt_memory"
   kind: str = "knn"
   datastore: str = ""
   search: str = "scann"
@@ -158,23 +146,12 @@ class MtMemory:
   interpolate_lambda_grid: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
 
 
-def mt_memory(s: settings_lib.Settings) -> MtMemory:
-  """The ``translation.memory`` a translation config set.
-
-  Raises:
-    errors.ConfigError: the config has none (not a configs/trime_iwslt.py
-      config), or it holds keys ``MtMemory`` does not know.
-  """
-  mem = s.values("translation").get("memory")
-  if mem is None:
-    raise errors.ConfigError(
-        "translation.memory is not set: use a config of configs/trime_iwslt.py"
-    )
-  known = {f.name for f in dataclasses.fields(MtMemory)}
-  unknown = sorted(set(mem) - known)
-  if unknown:
-    raise errors.ConfigError(
-        f"translation.memory has {', '.join(unknown)}, which it does not "
-        f"take; its keys: {', '.join(sorted(known))}"
-    )
-  return MtMemory(**dict(mem))
+SETTINGS = (ExternalEvalMemory, Datastore, MtMemory)
+# Keys that moved into ``external`` and ``mt_memory``.
+RENAMES = {
+    **{
+        f"eval_memory.{f.name}": f"external.{f.name}"
+        for f in dataclasses.fields(ExternalEvalMemory)
+    },
+    "translation.memory": "mt_memory",
+}

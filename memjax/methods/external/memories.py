@@ -40,7 +40,10 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
+from memjax.methods.cache import config as cache_config
 from memjax.methods.cache import continuous_cache as cache
+from memjax.methods.external import config as ext_config
+from memjax.methods.trime import config as trime_config
 from memjax.methods.trime import in_batch as trime
 
 
@@ -49,9 +52,17 @@ class KnnMemory(evaluation.EvalMemory):
 
   axes = (
       evaluation.Axis(
-          "knn_temperature", "knn_temperatures", "knn_temperature_grid"
+          "knn_temperature",
+          "knn_temperatures",
+          "knn_temperature_grid",
+          section=ext_config.ExternalEvalMemory,
       ),
-      evaluation.Axis("knn_lambda", "knn_lambdas", "knn_lambda_grid"),
+      evaluation.Axis(
+          "knn_lambda",
+          "knn_lambdas",
+          "knn_lambda_grid",
+          section=ext_config.ExternalEvalMemory,
+      ),
   )
   label = "kNN-LM (tuned lambda)"
   external_metric = "squared_l2"
@@ -91,17 +102,30 @@ class TrimeExtMemory(evaluation.EvalMemory):
 
   axes = (
       evaluation.Axis(
-          "temperature", "temperatures", "temperature_grid", (1.0,)
+          "temperature",
+          "temperatures",
+          "temperature_grid",
+          (1.0,),
+          section=trime_config.Trime,
       ),
       evaluation.Axis(
-          "ext_temperature", "ext_temperatures", "ext_temperature_grid"
+          "ext_temperature",
+          "ext_temperatures",
+          "ext_temperature_grid",
+          section=ext_config.ExternalEvalMemory,
       ),
-      evaluation.Axis("ext_lambda", "ext_lambdas", "ext_lambda_grid"),
+      evaluation.Axis(
+          "ext_lambda",
+          "ext_lambdas",
+          "ext_lambda_grid",
+          section=ext_config.ExternalEvalMemory,
+      ),
       evaluation.Axis(
           "ext_interp_local",
           "ext_interp_locals",
           "ext_interp_local_grid",
           (0.0,),
+          section=ext_config.ExternalEvalMemory,
       ),
   )
   label = "TRIMELM_ext (Eq. 6-9)"
@@ -160,8 +184,18 @@ class KnnCacheMemory(evaluation.EvalMemory):
   """
 
   axes = (
-      evaluation.Axis("cache_theta", "thetas", "cache_theta_grid"),
-      evaluation.Axis("cache_lambda", "lambdas", "cache_lambda_grid"),
+      evaluation.Axis(
+          "cache_theta",
+          "thetas",
+          "cache_theta_grid",
+          section=cache_config.CacheEvalMemory,
+      ),
+      evaluation.Axis(
+          "cache_lambda",
+          "lambdas",
+          "cache_lambda_grid",
+          section=cache_config.CacheEvalMemory,
+      ),
   ) + KnnMemory.axes
   label = "kNN-LM + continuous cache (tuned)"
   external_metric = "squared_l2"

@@ -43,7 +43,7 @@ Settings = settings_lib.Settings
 
 def datastore_path(s: Settings, workdir: str) -> str:
   """``translation.memory.datastore``, else ``<workdir>/mt_datastore``."""
-  path = ext_config.mt_memory(s).datastore
+  path = s.of(ext_config.MtMemory).datastore
   return paths.resolve(path or paths.join(workdir, "mt_datastore"))
 
 
@@ -117,7 +117,7 @@ def make_teacher_forced_fn(model: Any):
 
 def _rows(s: Settings, restored: Any) -> int:
   dp = sharding_lib.data_parallel(restored.mesh)
-  rows = int(ext_config.mt_memory(s).rows)
+  rows = int(s.of(ext_config.MtMemory).rows)
   return -(-rows // dp) * dp
 
 
@@ -158,7 +158,7 @@ def process_share(s: Settings) -> tuple[int, int]:
   Raises:
     errors.ConfigError: k outside [0, n).
   """
-  mem = ext_config.mt_memory(s)
+  mem = s.of(ext_config.MtMemory)
   return shards.process_share(
       mem.process_index, mem.process_count, "translation.memory"
   )
@@ -178,7 +178,7 @@ def build(s: Settings, restored: Any, train: Any, path: str) -> Any:
   rows = _rows(s, restored)
   t = s.of(task_config.Translation)
   plan = batch_plan(train.source, train.target, t.buckets, rows)
-  mem = ext_config.mt_memory(s)
+  mem = s.of(ext_config.MtMemory)
   spec = datastore_batches.BatchBuildSpec(
       signature=_signature(restored),
       checkpoint=_checkpoint(restored),

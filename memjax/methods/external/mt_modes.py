@@ -43,7 +43,6 @@ Settings = settings_lib.Settings
 
 
 def _restore(run: spec.Run) -> restore.Restored:
-  ext_config.mt_memory(run.settings)  # ConfigError without one.
   return restore.restore_source(run)
 
 
@@ -54,7 +53,7 @@ def _split(s: Settings, restored: restore.Restored, split: str) -> Any:
 
 def _kind(s: Settings) -> str:
   """The memory kind; raises ConfigError for a bad kind or lambda."""
-  mem = ext_config.mt_memory(s)
+  mem = s.of(ext_config.MtMemory)
   if mem.kind not in ("knn", "trime"):
     raise errors.ConfigError(
         f"translation.memory.kind must be 'knn' or 'trime', got {mem.kind!r}"
@@ -80,7 +79,7 @@ def mt_datastore_mode(run: spec.Run) -> dict:
   s, workdir = run.settings, run.workdir
   kind = _kind(s)
   restored = _restore(run)
-  mem = ext_config.mt_memory(s)
+  mem = s.of(ext_config.MtMemory)
   path = mt_datastore.datastore_path(s, workdir)
   start = time.time()
   store = mt_datastore.build(s, restored, _split(s, restored, "train"), path)
@@ -202,7 +201,7 @@ def mt_tune(run: spec.Run) -> dict:
   """``--mode=mt_tune``: the grid on valid by teacher-forced NLL."""
   s, workdir = run.settings, run.workdir
   kind = _kind(s)
-  mem = ext_config.mt_memory(s)
+  mem = s.of(ext_config.MtMemory)
   restored = _restore(run)
   store = mt_datastore.open_store(
       restored, mt_datastore.datastore_path(s, workdir)
@@ -248,7 +247,7 @@ def tuned_settings(s: Settings, workdir: str, kind: str) -> dict[str, Any]:
   if paths.exists(path):
     with paths.open(path) as f:
       return json.load(f)["best"]
-  return settings_of(ext_config.mt_memory(s))
+  return settings_of(s.of(ext_config.MtMemory))
 
 
 def make_hook(
@@ -256,7 +255,7 @@ def make_hook(
 ) -> md.MemoryHook:
   """The decoding hook of a memory setting over ``store``."""
   k = int(settings["k"])
-  mem = ext_config.mt_memory(s)
+  mem = s.of(ext_config.MtMemory)
   neighbours = mt_datastore.Neighbours(
       mt_datastore.searcher(store, md.metric_of(kind), mem, k), k
   )

@@ -8,6 +8,7 @@
 """
 
 from memjax import extend
+from memjax.methods.marge import config
 from memjax.methods.marge import evaluation
 from memjax.methods.marge import flops
 from memjax.methods.marge import model
@@ -30,4 +31,6 @@ METHOD = extend.Method(
             outputs=("marge_eval.json",),
         )
     },
+    settings=config.SETTINGS,
+    renames=config.RENAMES,
 )

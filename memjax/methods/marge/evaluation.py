@@ -29,6 +29,7 @@ from memjax import errors
 from memjax.data import corpus as corpus_lib
 from memjax.eval import scorer as scorer_lib
 from memjax.io import paths
+from memjax.methods.marge import config as marge_config
 from memjax.methods.marge import model as marge_model
 from memjax.methods.marge import reindex as marge_index
 from memjax.methods.marge import retrieval as marge_lib
@@ -184,7 +185,7 @@ def marge_eval(run: spec.Run) -> dict[str, Any]:
   train = corpus_lib.load_corpus(
       s.data, s.eval, workdir, splits=(), train=True
   ).train
-  search = marge_lib.marge_settings(s)["search"]
+  search = s.of(marge_config.Marge).search
   beta = float(jax.device_get(restored.params["beta"]))
   results: dict[str, Any] = dict(
       step=restored.step, documents=documents, beta=beta

@@ -33,6 +33,7 @@ import numpy as np
 from memjax import errors
 from memjax import settings as settings_lib
 from memjax.memory import search as search_lib
+from memjax.methods.marge import config as marge_config
 
 SEARCHES = ("exact", "scann")
 
@@ -158,7 +159,7 @@ class SegmentIndex:
   ):
     if search not in SEARCHES:
       raise errors.ConfigError(
-          f"data.marge.search must be one of {SEARCHES}, got {search!r}"
+          f"marge.search must be one of {SEARCHES}, got {search!r}"
       )
     if emb.shape[0] != len(table):
       raise errors.ConfigError(
@@ -292,20 +293,6 @@ class MargeBatcher:
     return window_arrays(self.table, query, sources)
 
 
-def marge_settings(s: settings_lib.Settings) -> dict[str, Any]:
-  """``data.marge`` (a config file may set it) with defaults
-  (same_doc_steps, sub_batch, search)."""
-  opts = dict(s.values("data").get("marge") or {})
-  out = dict(same_doc_steps=0, sub_batch=4, search="exact")
-  unknown = sorted(set(opts) - set(out))
-  if unknown:
-    raise errors.ConfigError(
-        f"data.marge has {', '.join(unknown)}; it takes {', '.join(out)}"
-    )
-  out.update(opts)
-  return out
-
-
 def table_of(m: settings_lib.Model, train: Any) -> SegmentTable:
   """The segment table of the training stream for the model settings."""
   n = int(m.family_options.get("segment_len", 16))
@@ -354,5 +341,9 @@ def marge_batcher(
         "candidate segments of the corpus"
     )
   return MargeBatcher(
-      table, s.data.batch_size, k, seed=s.seed, **marge_settings(s)
+      table,
+      s.data.batch_size,
+      k,
+      seed=s.seed,
+      **dataclasses.asdict(s.of(marge_config.Marge)),
   )

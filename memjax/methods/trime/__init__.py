@@ -44,4 +44,5 @@ METHOD = extend.Method(
     },
     settings=config.SETTINGS,
     defaults=config.DEFAULTS,
+    renames=config.RENAMES,
 )

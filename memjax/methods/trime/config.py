@@ -1,9 +1,10 @@
-"""TRIME's settings: the keys it adds to the config and their defaults.
+"""TRIME's settings: its own sections, the keys it adds and their defaults.
 
-The flat keys sit in the loss, data and evaluation-memory sections
-(``--config.loss.memory``, ``--config.data.bm25_k``,
-``--config.eval_memory.temperature``), so command lines name them as they
-name the engine's; ``pack`` is a section of its own.
+``trime`` holds the objective's, the BM25 batches' and the evaluation
+memory's keys (``--config.trime.memory``, ``--config.trime.bm25_k``,
+``--config.trime.temperature``); ``pack`` is --mode=pack's. Before, the
+keys sat in the engine's loss, data and eval_memory sections: ``RENAMES``
+reads configs and runs written with those keys.
 """
 
 from __future__ import annotations
@@ -13,19 +14,38 @@ from typing import ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
-class Bm25:
-  """``config.data``'s BM25 batching (Algorithm 1, ``data.batching='bm25'``).
+class Trime:
+  """``config.trime``: the TRIME objective (``loss.name='trime'``), its BM25
+  batches (Algorithm 1, ``data.batching='bm25'``) and its evaluation
+  memory 'trime' (Eq. 6).
 
   Attributes:
+    memory: the training memory: local | long | external.
+    lm_warmup_fraction: the plain-LM warm-up share of the updates.
+    local_hide_prob: the probability of hiding the local memory for a
+      step (external).
+    stop_gradient_memory: no gradient into the memory keys (an ablation).
+    block_size: keys per block of the blockwise loss.
     bm25_k: hits per query.
     bm25_seed: the seed of the chain's random starts.
     bm25_stopwords: drop English stop words (word corpora).
+    temperature: tau, which divides the evaluation memory's logits only.
+    temperature_grid: the values ``--mode=tune`` tries.
   """
 
-  SECTION: ClassVar[str] = "data"
+  SECTION: ClassVar[str] = "trime"
+  memory: str = "local"
+  lm_warmup_fraction: float = 0.05
+  local_hide_prob: float = 0.9
+  stop_gradient_memory: bool = False
+  block_size: int = 1024
   bm25_k: int = 20
   bm25_seed: int = 0
   bm25_stopwords: bool = False
+  temperature: float = 1.0
+  temperature_grid: tuple[float, ...] = (
+      0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
+  )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,43 +67,27 @@ class Pack:
   options: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class TrimeLoss:
-  """``config.loss``'s TRIME objective (``loss.name='trime'``).
-
-  Attributes:
-    memory: the training memory: local | long | external.
-    lm_warmup_fraction: the plain-LM warm-up share of the updates.
-    local_hide_prob: the probability of hiding the local memory for a
-      step (external).
-    stop_gradient_memory: no gradient into the memory keys (an ablation).
-    block_size: keys per block of the blockwise loss.
-  """
-
-  SECTION: ClassVar[str] = "loss"
-  memory: str = "local"
-  lm_warmup_fraction: float = 0.05
-  local_hide_prob: float = 0.9
-  stop_gradient_memory: bool = False
-  block_size: int = 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class TrimeEvalMemory:
-  """``config.eval_memory``'s evaluation memory 'trime' (Eq. 6).
-
-  Attributes:
-    temperature: tau, which divides the memory logits only.
-    temperature_grid: the values ``--mode=tune`` tries.
-  """
-
-  SECTION: ClassVar[str] = "eval_memory"
-  temperature: float = 1.0
-  temperature_grid: tuple[float, ...] = (
-      0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
-  )  # fmt: skip
-
-
-SETTINGS = (Bm25, Pack, TrimeLoss, TrimeEvalMemory)
+SETTINGS = (Trime, Pack)
 # --mode=memsweep (Figure 3): TRIME's memory against the cache.
 DEFAULTS = {"eval_memory.sweep_kinds": ("trime", "cache")}
+# Keys that moved into ``trime`` from the engine's sections.
+RENAMES = {
+    **{
+        f"loss.{k}": f"trime.{k}"
+        for k in (
+            "memory",
+            "lm_warmup_fraction",
+            "local_hide_prob",
+            "stop_gradient_memory",
+            "block_size",
+        )
+    },
+    **{
+        f"data.{k}": f"trime.{k}"
+        for k in ("bm25_k", "bm25_seed", "bm25_stopwords")
+    },
+    **{
+        f"eval_memory.{k}": f"trime.{k}"
+        for k in ("temperature", "temperature_grid")
+    },
+}

@@ -54,6 +54,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
+from memjax.methods.trime import config as trime_config
 from memjax.memory.visibility import MemorySpec, position_meta, visible
 
 Array = jax.Array
@@ -366,7 +367,11 @@ class TrimeMemory(evaluation.EvalMemory):
 
   axes = (
       evaluation.Axis(
-          "temperature", "temperatures", "temperature_grid", (1.0,)
+          "temperature",
+          "temperatures",
+          "temperature_grid",
+          (1.0,),
+          section=trime_config.Trime,
       ),
   )
   label = "TRIME (Eq. 6, tuned tau)"

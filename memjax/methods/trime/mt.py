@@ -201,7 +201,7 @@ def make_trime_mt_loss(
   ``label_smoothed`` alone), ``loss.block_size`` (0 = dense) and
   ``loss.stop_gradient_memory``.
   """
-  cfg = s.of(trime_config.TrimeLoss)
+  cfg = s.of(trime_config.Trime)
   options = dict(s.loss.options or {})
   unknown = sorted(set(options) - set(_OPTIONS))
   if unknown:
@@ -331,7 +331,7 @@ def make_bm25_token_batcher(
 ) -> Bm25TokenBatcher:
   """The 'tokens_bm25' batcher over a ``parallel.ParallelSplit``
   (``data.bm25_k`` hits per query, ``data.bm25_seed``)."""
-  t, b = s.of(task_config.Translation), s.of(trime_config.Bm25)
+  t, b = s.of(task_config.Translation), s.of(trime_config.Trime)
   if int(b.bm25_k) < 1:
     raise errors.ConfigError(f"data.bm25_k must be >= 1, got {b.bm25_k}")
   order = target_order(train.target, int(b.bm25_k), int(b.bm25_seed), cache_dir)

@@ -2,7 +2,7 @@
 
 Declared as the objective 'trime' (``loss.name``) with the check
 ``check_trime_settings`` (``memjax/methods/trime/__init__.py``); its
-settings are ``config.TrimeLoss``. The loss maths are in
+settings are ``config.Trime``. The loss maths are in
 ``memjax/methods/trime/in_batch.py``; the visibility rules of the memories in
 ``memjax/memory/visibility.py``.
 """
@@ -74,7 +74,7 @@ def check_trime_settings(s: settings_lib.Settings) -> None:
   """
   if s.loss.name != "trime":
     return
-  loss = s.of(config.TrimeLoss)
+  loss = s.of(config.Trime)
   if loss.memory not in TRIME_MEMORIES:
     raise errors.ConfigError(
         f"unknown loss.memory {loss.memory!r}; use one of {TRIME_MEMORIES}"
@@ -122,7 +122,7 @@ def _training_memory(
 
 def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
   """The TRIME objective (Eq. 5) with the training memory of
-  ``loss.memory`` (``cfg`` below: the ``config.TrimeLoss`` settings).
+  ``loss.memory`` (``cfg`` below: the ``config.Trime`` settings).
 
   * 'local': earlier tokens of the same segment (TRIMELM);
   * 'long': earlier tokens of the same lane in the batch, across its
@@ -146,7 +146,7 @@ def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
   Raises:
     ValueError: for an unknown memory or a hide probability outside [0, 1].
   """
-  cfg, seed = s.of(config.TrimeLoss), s.seed
+  cfg, seed = s.of(config.Trime), s.seed
   memory, p, warmup_steps = _settings(cfg, num_steps)
   block_size = int(cfg.block_size) or None
   stop_memory = bool(cfg.stop_gradient_memory)
@@ -193,7 +193,7 @@ def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
   return loss_fn
 
 
-def _settings(loss: config.TrimeLoss, num_steps: int) -> tuple[str, float, int]:
+def _settings(loss: config.Trime, num_steps: int) -> tuple[str, float, int]:
   """(training memory, local hide probability, warm-up updates) of
   ``config.loss`` (checked by ``check_trime_settings``)."""
   frac = float(loss.lm_warmup_fraction)

@@ -53,7 +53,7 @@ Settings = settings_lib.Settings
 def stopword_ids(s: Settings, cache_dir: str) -> list[int] | None:
   """Ids of bm25s's English stop words in the word vocabulary, if enabled."""
   d = s.data
-  if not s.of(trime_config.Bm25).bm25_stopwords:
+  if not s.of(trime_config.Trime).bm25_stopwords:
     return None
   if sources.corpus_spec(d.corpus).level != "word":
     raise errors.ConfigError(
@@ -82,7 +82,7 @@ def bm25_order(s: Settings, tokens: np.ndarray, cache_dir: str) -> np.ndarray:
   """
   from memjax.methods.trime import bm25_order  # pylint: disable=g-import-not-at-top
 
-  d, b = s.data, s.of(trime_config.Bm25)
+  d, b = s.data, s.of(trime_config.Trime)
   if int(b.bm25_k) < 1:
     raise errors.ConfigError(f"data.bm25_k must be >= 1, got {b.bm25_k}")
   start = time.time()
@@ -133,7 +133,7 @@ def _pack_settings(s: Settings, cache_dir: str) -> Any:
   """The ``pack_beam.PackSettings`` of the run."""
   from memjax.methods.trime import pack_beam  # pylint: disable=g-import-not-at-top
 
-  b = s.of(trime_config.Bm25)
+  b = s.of(trime_config.Trime)
   stop = stopword_ids(s, cache_dir)
   return pack_beam.PackSettings(
       int(s.data.seq_len),
@@ -331,7 +331,7 @@ def pack(run: spec.Run) -> dict[str, Any]:
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
   s, workdir = run.settings, run.workdir
-  d, b, p = s.data, s.of(trime_config.Bm25), s.of(trime_config.Pack)
+  d, b, p = s.data, s.of(trime_config.Trime), s.of(trime_config.Pack)
   check_pack(s)  # Before anything is tokenised or written.
   data_dir = d.data_dir or sources.default_data_dir(d.corpus)
   cache_dir = d.cache_dir or paths.join(workdir, "cache")

@@ -1,70 +1,21 @@
-"""A run's settings, typed and frozen: one dataclass per config section.
+"""The engine's settings sections, typed and frozen: one dataclass each.
 
-The ConfigDict is the user's interface (``configs/*.py``, ``--config.*``
-overrides, ``config.json``); ``memjax.build`` reads it once into these
-dataclasses, and everything below takes them, or the few fields it needs.
-Each class is also where its section's keys and defaults are declared:
-``memjax.config.base_config`` is made from the classes' defaults (the
-engine's here, each task's and each method's beside its code), so a key
-has one home.
-
-A class names its section (``SECTION``); several classes may add keys to
-one section (TRIME's ``loss.memory`` sits beside the engine's ``loss.name``),
-each reading only its own. ``Settings`` holds every section of a run:
-the engine's as attributes (``settings.data.seq_len``), a task's or a
-method's by its class (``settings.of(Extrapolate).ratios``).
+Each class owns one config section (``SECTION``): its fields are the
+section's keys and their defaults. A task's or a method's sections are
+declared beside its code, the same way (``memjax/tasks/config.py``,
+``memjax/methods/<method>/config.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Iterable, Mapping, TypeVar
-
-import ml_collections
-
-from memjax import errors
-
-T = TypeVar("T")
-
-
-def plain(value: Any) -> Any:
-  """A config value as plain Python: ConfigDicts as dicts, lists as
-  tuples (a config saved as JSON reads its tuples back as lists)."""
-  if isinstance(value, (ml_collections.ConfigDict, Mapping)):
-    items = value.items()
-    return {k: plain(v) for k, v in items}
-  if isinstance(value, list):
-    return tuple(plain(v) for v in value)
-  return value
-
-
-def read(cls: type[T], section: Any) -> T:
-  """The instance of ``cls`` that a config section holds (its own keys
-  only; the keys other classes add to the section are left to them)."""
-  names = [f.name for f in dataclasses.fields(cls)]
-  return cls(**{n: plain(section[n]) for n in names})
-
-
-def section_defaults(cls: type) -> dict[str, Any]:
-  """{key: default} of a settings class, in declaration order."""
-  out = {}
-  for f in dataclasses.fields(cls):
-    if f.default is not dataclasses.MISSING:
-      out[f.name] = f.default
-    else:
-      out[f.name] = f.default_factory()  # type: ignore[misc]
-  return out
+from typing import Any, ClassVar
 
 
 def frozen_dict(**kwargs: Any) -> Any:
   """A field whose default is an empty options dict (a ConfigDict in the
   config, a dict here)."""
   return dataclasses.field(default_factory=dict, **kwargs)
-
-
-# ----------------------------------------------------------------------------
-# The engine's sections
-# ----------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,8 +267,9 @@ class Eval:
 class EvalMemory:
   """``config.eval_memory``: evaluation with testing memories (modes
   memeval, tune, memsweep, buckets) and an external datastore; the windows
-  are eval.window_len / score_len. A kind adds its own keys to the section
-  (TRIME's temperature, the cache's lambda and theta, ...).
+  are eval.window_len / score_len. A kind's own settings (TRIME's
+  temperature, the cache's lambda and theta, ...) live in its method's
+  section (``trime``, ``cache``, ``external``).
 
   Attributes:
     kind: the evaluation memory: none, or a method's (trime, cache, knn,
@@ -341,6 +293,14 @@ class EvalMemory:
     reorder_candidates: ScaNN candidates re-ordered exactly per query;
       0 = max(2K, 256).
     pipeline: search batch t while t + 1 runs forward.
+    rescore: the K neighbours' scores recomputed in float32 from the stored
+      keys (knnlm's --knn-sim-func with the keys loaded); False = the
+      scores as the search returns them (the authors' kNN-LM and
+      TRIMELM_ext, --no-load-keys, as knn-transformers does). The default
+      ScaNN index re-orders its candidates on exact keys, so its scores
+      are exact either way; an index built with ``datastore.reorder=-1``
+      returns its quantised (asymmetric hashing) scores, as the authors'
+      faiss IVFPQ index its PQ distances.
   """
 
   SECTION: ClassVar[str] = "eval_memory"
@@ -362,6 +322,7 @@ class EvalMemory:
   leaves_to_search: int = 0
   reorder_candidates: int = 0
   pipeline: bool = True
+  rescore: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,119 +347,3 @@ class Mesh:
 ENGINE = (Data, Model, Loss, Optim, Train, Eval, EvalMemory, Mesh)
 # The keys at the top of the config.
 TOP_KEYS = {"name": "vanilla", "seed": 0, "task": "lm"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """Every section of a run, read once from its config.
-
-  Attributes:
-    name: the run's name (``config.name``).
-    seed: its seed.
-    task: what it learns from and how it is scored (lm, translation, mlm,
-      classification).
-    data, model, loss, optim, train, eval, eval_memory, mesh: the
-      sections every run reads.
-    sections: {settings class: its instance} of every declared section,
-      the engine's, the tasks' and the methods' (``of``).
-    raw: {section: {key: plain value}} of every section of the config as
-      given, keys no class declares included (a config file may add some,
-      e.g. ``translation.memory``; ``values``).
-  """
-
-  name: str
-  seed: int
-  task: str
-  data: Data
-  model: Model
-  loss: Loss
-  optim: Optim
-  train: Train
-  eval: Eval
-  eval_memory: EvalMemory
-  mesh: Mesh
-  sections: Mapping[type, Any] = dataclasses.field(repr=False)
-  raw: Mapping[str, Mapping[str, Any]] = dataclasses.field(
-      default_factory=dict, repr=False
-  )
-
-  def of(self, cls: type[T]) -> T:
-    """The instance of a declared settings class (a task's or a method's
-    section: ``settings.of(Extrapolate)``)."""
-    try:
-      return self.sections[cls]
-    except KeyError:
-      raise KeyError(
-          f"{cls.__name__} is not a declared settings class of this run"
-      ) from None
-
-  def values(self, section: str) -> dict[str, Any]:
-    """{key: value} of one section: every class's keys (the engine's and
-    the methods' keys of ``eval_memory``, say) and those a config file
-    added that no class declares ({} for a section the config lacks)."""
-    out = dict(self.raw.get(section, {}))
-    for cls, instance in self.sections.items():
-      if cls.SECTION == section:
-        out.update(dataclasses.asdict(instance))
-    return out
-
-  def with_values(self, section: str, **values: Any) -> "Settings":
-    """A copy with keys of one section set, whichever class declares each
-    (``settings.with_values('eval_memory', datastore=..., ext_k=8)``).
-
-    Raises:
-      errors.ConfigError: a key no class of the section declares.
-    """
-    changes, left = [], dict(values)
-    for cls, instance in self.sections.items():
-      if cls.SECTION != section:
-        continue
-      own = {f.name for f in dataclasses.fields(cls)}
-      mine = {k: left.pop(k) for k in list(left) if k in own}
-      if mine:
-        changes.append(dataclasses.replace(instance, **mine))
-    if left:
-      raise errors.ConfigError(
-          f"{section} has no key {', '.join(sorted(left))}"
-      )
-    return self.replace(*changes)
-
-  def replace(self, *changes: Any, **top: Any) -> "Settings":
-    """A copy with sections replaced (``settings.replace(dataclasses.replace(
-    settings.eval, batch_size=8))``) and top keys set (``seed=1``)."""
-    sections = dict(self.sections)
-    attrs = dict(top)
-    for new in changes:
-      sections[type(new)] = new
-      if type(new) in ENGINE:
-        attrs[new.SECTION] = new
-    return dataclasses.replace(self, sections=sections, **attrs)
-
-
-def read_all(config: Any, classes: Iterable[type]) -> Settings:
-  """The ``Settings`` of a config: every class of ``classes`` read from
-  its section."""
-  absent = sorted({c.SECTION for c in classes if c.SECTION not in config})
-  if absent:
-    raise errors.ConfigError(
-        f"the config has no section {', '.join(absent)}: build it with "
-        "memjax.config.base_config() after extend.add of the method that "
-        "declares it"
-    )
-  sections = {cls: read(cls, config[cls.SECTION]) for cls in classes}
-  missing = [cls.__name__ for cls in ENGINE if cls not in sections]
-  if missing:
-    raise ValueError(f"the engine's sections must be read: {missing}")
-  raw = {
-      k: plain(v)
-      for k, v in config.items()
-      if isinstance(v, (ml_collections.ConfigDict, Mapping))
-  }
-  return Settings(
-      name=str(config.name),
-      seed=int(config.seed),
-      task=str(config.get("task", "lm")),
-      **{cls.SECTION: sections[cls] for cls in ENGINE},
-      sections=sections,
-      raw=raw,
-  )
