@@ -121,7 +121,7 @@ def main() -> None:
 
   ext = external_lib.external_search(scoring, "dot_product", w)
   memories = run.parts.eval_memories
-  grid = grid_lib.configured_grid(run.settings.values("eval_memory"), memories)
+  grid = grid_lib.configured_grid(run.settings, memories)
   none = grid_lib.make(memories, "none")
   plain = _eval_rate(loaded, none, None, args.eval_windows)
   with_ext = _eval_rate(loaded, grid, ext, args.eval_windows)

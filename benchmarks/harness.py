@@ -7,7 +7,7 @@
 * ``machine``: platform, CPU, devices, versions, load; never the host name.
 * ``TrainBench``: one config's model, state, compiled train step and
   batches, built as the training loop builds them; TRIME configs are timed
-  with the plain-LM warm-up off (``loss.lm_warmup_fraction = 0``).
+  with the plain-LM warm-up off (``trime.lm_warmup_fraction = 0``).
 * ``run_rounds``, ``summarize``, ``ratios``, ``finish``: the configs
   alternate within rounds, the median round is reported, with ratios
   against the first (baseline) config, as JSON with the machine.
@@ -40,7 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STATISTIC_NOTE = "median round; the configs alternate within each round"
 LM_WARMUP_NOTE = (
-    "off: TRIME configs are timed with loss.lm_warmup_fraction = 0, so every "
+    "off: TRIME configs are timed with trime.lm_warmup_fraction = 0, so every "
     "timed step computes the TRIME loss (see each result's timing_changes)"
 )
 
@@ -142,11 +142,11 @@ def apply_overrides(
 
 def disable_lm_warmup(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
   """Turns a TRIME config's plain-LM warm-up off; returns what changed."""
-  if cfg.loss.name != "trime" or not cfg.loss.lm_warmup_fraction:
+  if cfg.loss.name != "trime" or not cfg.trime.lm_warmup_fraction:
     return {}
-  old = cfg.loss.lm_warmup_fraction
-  cfg.loss.lm_warmup_fraction = 0.0
-  return {"loss.lm_warmup_fraction": {"config": old, "timed": 0.0}}
+  old = cfg.trime.lm_warmup_fraction
+  cfg.trime.lm_warmup_fraction = 0.0
+  return {"trime.lm_warmup_fraction": {"config": old, "timed": 0.0}}
 
 
 # Machine.

@@ -6,7 +6,7 @@
 In one run: the vanilla LM of ``configs/marge_wt103.py:vanilla_SIZE`` (the
 baseline: same layers and window of 2N tokens) and the MARGE model of
 ``marge_SIZE``, whose batches retrieve K sources from an index precomputed
-with its initial parameters (exact or ScaNN, ``data.marge.search``). Reports
+with its initial parameters (exact or ScaNN, ``marge.search``). Reports
 tokens/s, seconds per step and step memory as ratios against the baseline
 (``benchmarks/harness.py``), plus the re-indexing time (embedding every
 training segment with ``marge_index.embed_all``) per million segments and

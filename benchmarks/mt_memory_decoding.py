@@ -9,7 +9,7 @@ Restores the trained run at ``--workdir`` with its datastore
 (``--mode=mt_datastore``) and the settings ``--mode=mt_tune`` chose (else
 the config's), and translates the first ``--sentences`` valid sentences
 with beam search alone (the baseline) and with the memory of
-``translation.memory.kind`` in the hook (host search every step). Both
+``mt_memory.kind`` in the hook (host search every step). Both
 alternate within each round; the median round is reported. Prints one JSON
 object with the machine, sentences/s and the ratio
 (``benchmarks/harness.py``).
@@ -50,7 +50,7 @@ def main() -> None:
 
   restored = build.restore(args.workdir, config=config)
   s = restored.settings
-  kind = config.translation.memory.kind
+  kind = config.mt_memory.kind
   store = mt_datastore.open_store(
       restored, mt_datastore.datastore_path(s, args.workdir)
   )
@@ -83,7 +83,7 @@ def main() -> None:
       sentences=len(sources),
       datastore_keys=store.count,
       memory=dict(settings, kind=kind),
-      search=config.translation.memory.search,
+      search=config.mt_memory.search,
       search_seconds=hook.neighbours.seconds,
   )
 

@@ -11,7 +11,7 @@ is reported with its tokens/s, seconds per step and step memory as ratios
 against it. ``--set`` overrides apply to every config and are parsed like
 ``--config.KEY=VALUE`` of ``memjax.main`` (``model.remat=False`` is False;
 an unknown key is an error). TRIME configs are timed with the plain-LM
-warm-up off (``loss.lm_warmup_fraction = 0``), so every timed step computes
+warm-up off (``trime.lm_warmup_fraction = 0``), so every timed step computes
 the TRIME loss.
 
 Step memory is XLA's compiled memory analysis of the train step (arguments

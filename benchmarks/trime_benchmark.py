@@ -13,7 +13,7 @@ softmax has its real size. Everything else is the method's own config:
 TRIMELM (local memory, random segments), TRIMELM_long (one block of 8
 consecutive segments: the memory is the causal stream of all 24,576 tokens),
 TRIMELM_ext (BM25-packed segments; every token sees all other segments).
-The plain-LM warm-up is switched off (``loss.lm_warmup_fraction = 0``) so
+The plain-LM warm-up is switched off (``trime.lm_warmup_fraction = 0``) so
 every timed step computes the TRIME loss. ``--set`` overrides apply to
 every method and are parsed like ``--config.KEY=VALUE`` of ``memjax.main``.
 
@@ -76,7 +76,7 @@ def method_result(bench: harness.TrainBench) -> dict:
   aux = losses.summarize_aux(bench.last_metrics or {})
   return {
       **bench.result(),
-      "loss_memory": cfg.loss.memory if cfg.loss.name == "trime" else None,
+      "loss_memory": cfg.trime.memory if cfg.loss.name == "trime" else None,
       "batching": cfg.data.batching,
       "in_batch_memories": bench.tokens_per_step,
       "memory_share": aux.get("memory_share"),

@@ -64,6 +64,6 @@ def get_config(arg: str = "demo"):
   c.name = f"{c.data.corpus}_{method}_{size}"
   if method == "trime_long":
     c.loss.name = "trime"
-    c.loss.memory = "long"
+    c.trime.memory = "long"
     c.data.segments_per_lane = TRIME_LONG_SEGMENTS
   return c

@@ -15,7 +15,7 @@ METHOD_SIZE:
 
 See docs/marge.md for the design choices and their switches
 (``model.family_options``: segment_len, num_sources, cross_layers, pooling,
-beta_init, embed_gradient; ``data.marge``: same_doc_steps, sub_batch,
+beta_init, embed_gradient; ``marge``: same_doc_steps, sub_batch,
 search).
 """
 
@@ -114,13 +114,9 @@ def get_config(arg: str = "demo"):
       )
   )
   c.data.batching = "marge"
-  c.data.marge = ml_collections.ConfigDict(
-      dict(
-          same_doc_steps=0 if size == "planted" else every // 2,
-          sub_batch=4,
-          search="scann" if size == "wt103" else "exact",
-      )
-  )
+  c.marge.same_doc_steps = 0 if size == "planted" else every // 2
+  c.marge.sub_batch = 4
+  c.marge.search = "scann" if size == "wt103" else "exact"
   c.train.hooks = ("marge_reindex",)
   c.train.hook_options.marge_reindex = ml_collections.ConfigDict(
       dict(every=every, probes=16 if size == "planted" else 256, batch=256)

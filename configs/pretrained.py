@@ -82,8 +82,8 @@ def _knn(c):
   em = c.eval_memory
   em.kind = "knn"
   em.ext_k = 1024
-  em.knn_lambda = 0.25
-  em.knn_temperature = 1.0
+  c.external.knn_lambda = 0.25
+  c.external.knn_temperature = 1.0
   em.batch_size = 4
   c.datastore.split = "train"
   return c
@@ -94,7 +94,7 @@ def _trime(c):
   c.name = "pretrained_trime"
   c.model.dropout = 0.1  # GPT-2's resid_pdrop and embd_pdrop.
   c.loss.name = "trime"
-  c.loss.memory = "long"
+  c.trime.memory = "long"
   c.data.batching = "blocks"
   c.data.segments_per_lane = 4
   c.data.seq_len, c.data.batch_size = 512, 8

@@ -21,7 +21,7 @@ default; label-smoothed cross-entropy over ``tokens`` batches) or
 ``trime_mt`` (TRIMEMT_ext: the ``trime_mt`` objective over ``tokens_bm25``
 batches of BM25-packed target sentences, docs/trime_mt.md; at ``paper``
 size the authors' architecture, a post-LN encoder under a pre-LN decoder). Every variant
-carries ``translation.memory``, the external memory used at decoding
+carries ``mt_memory``, the external memory used at decoding
 (``--mode=mt_datastore / mt_tune / mt_translate``): kNN-MT for vanilla,
 the joint softmax for trime_mt.
 
@@ -38,44 +38,17 @@ SIZES = ("smoke", "demo", "paper")
 METHODS = ("vanilla", "trime_mt")
 
 
-def _memory(method: str):
-  """``translation.memory``: the external memory at decoding time."""
-  mem = ml_collections.ConfigDict()
-  # 'knn' (kNN-MT) or 'trime' (TRIMEMT_ext's joint softmax).
-  mem.kind = "trime" if method == "trime_mt" else "knn"
-  mem.datastore = ""  # "" = <workdir>/mt_datastore
-  mem.search = "scann"  # scann | exact
-  mem.rows = 64  # pairs per teacher-forced batch (datastore, tuning)
-  mem.shard_keys = 1 << 20  # about this many positions per datastore shard
-  # --mode=mt_datastore: source sentences whose greedy translation it
-  # follows, writing the k nearest entries' tokens at each target position
-  # (<workdir>/mt_retrieved.json).
-  mem.show_sentences = ()
-  # --mode=mt_datastore over processes: process k writes the shards s with
-  # s % n == k (-1 / 0: jax.process_index() / jax.process_count()); the
-  # build that finds every shard written joins them in one manifest.
-  mem.process_index = -1
-  mem.process_count = 0
-  # kNN-MT (Khandelwal et al. 2021; the authors' settings).
-  mem.k = 16 if method == "trime_mt" else 32
-  mem.knn_lambda, mem.knn_temperature = 0.2, 100.0
-  # TRIMEMT_ext: memory logits g . g_j / (sqrt(d) tau); lam = memory mass,
-  # or a tuned lam with interpolate=True. tau = 15 with k = 16: the authors'
-  # decoding (machine_translation/README.md 96-97, transformer.py 941).
-  mem.temperature = 15.0 if method == "trime_mt" else 1.0
-  mem.interpolate, mem.interpolate_lambda = False, 0.2
-  # With lam = the memory mass: False = (1 - lam) p_MT + lam p_mem, Eq. 6's
-  # normalised joint softmax; True = (1 - lam) p_MT + p_mem, not normalised,
-  # as the authors' transformer.py 1235 returns it.
-  mem.unnormalised = False
-  # Tuned on valid by teacher-forced NLL (--mode=mt_tune).
-  mem.tune_sentences = 200
-  mem.k_grid = (1, 2, 4, 8, 16, 32, 64)
-  mem.knn_lambda_grid = (0.1, 0.2, 0.3, 0.5)
-  mem.knn_temperature_grid = (10.0, 100.0, 1000.0)
-  mem.temperature_grid = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-  mem.interpolate_lambda_grid = (0.1, 0.2, 0.3, 0.5)
-  return mem
+def _memory(c: ml_collections.ConfigDict, method: str) -> None:
+  """``mt_memory``: the external memory at decoding time. Its defaults are
+  kNN-MT's (Khandelwal et al. 2021; the authors' settings: k 32, lambda
+  0.2, temperature 100); TRIMEMT_ext reads its memory logits g . g_j /
+  (sqrt(d) tau) with tau = 15 and k = 16, the authors' decoding
+  (machine_translation/README.md 96-97, transformer.py 941). Tuned on
+  valid by teacher-forced NLL (--mode=mt_tune)."""
+  if method == "trime_mt":
+    c.mt_memory.kind = "trime"  # TRIMEMT_ext's joint softmax
+    c.mt_memory.k = 16
+    c.mt_memory.temperature = 15.0
 
 
 def get_config(arg: str = "demo"):
@@ -96,7 +69,7 @@ def get_config(arg: str = "demo"):
   o.schedule = "cosine"
   tr.source_lang, tr.target_lang = "de", "en"
   tr.beam_size, tr.length_penalty = 4, 1.0
-  tr.memory = _memory(method)
+  _memory(c, method)
   if method == "trime_mt":
     c.loss.name = "trime_mt"
     c.data.batching = "tokens_bm25"
@@ -107,7 +80,7 @@ def get_config(arg: str = "demo"):
     c.loss.options.epsilon = 0.0
     c.loss.options.temperature = 10.0
     c.loss.options.topk_memory = 8
-    c.loss.lm_warmup_fraction = 0.0
+    c.trime.lm_warmup_fraction = 0.0
     # g: the decoder's final output after its last LayerNorm (the authors'
     # knn_embed) for the in-batch memory, the datastore and decoding;
     # 'last_ffn_input' is the paper's text.

@@ -24,7 +24,7 @@ METHOD_SIZE:
     lambda = 0.3 by default, tuned by ``--mode=tune``).
 
   ``vanilla`` is evaluated with kNN-LM by ``--config.eval_memory.kind=knn``
-  on its own datastore (``eval_memory.external_kind`` names the external
+  on its own datastore (``external.external_kind`` names the external
   kind of each method).
 
 Every method keeps Table 9's model, batch, segment length and optimiser of
@@ -179,28 +179,28 @@ def apply_method(c, method: str, segments_per_lane: int, long_mem: int) -> None:
   em = c.eval_memory
   if method == "vanilla":
     em.kind = "cache"
-    em.external_kind = "knn"
+    c.external.external_kind = "knn"
     em.long_mem_tokens = 0
     em.long_mem_grid = (0, long_mem)
     return
   c.loss.name = "trime"
   em.kind = "trime"
   if method == "trime":
-    c.loss.memory = "local"
+    c.trime.memory = "local"
     em.long_mem_tokens = 0
   elif method == "trime_long":
-    c.loss.memory = "long"
+    c.trime.memory = "long"
     c.data.batching = "blocks"
     c.data.segments_per_lane = segments_per_lane
     em.long_mem_tokens = long_mem
     em.long_mem_grid = (0, long_mem // 2, long_mem)
   elif method == "trime_ext":
-    em.external_kind = "trime_ext"
-    em.temperature = 1.25  # the authors' 247M TRIMELM_ext setting
-    c.loss.memory = "external"
-    c.loss.local_hide_prob = 0.9
+    c.external.external_kind = "trime_ext"
+    c.trime.temperature = 1.25  # the authors' 247M TRIMELM_ext setting
+    c.trime.memory = "external"
+    c.trime.local_hide_prob = 0.9
     c.data.batching = "bm25"
-    c.data.bm25_k = 20
+    c.trime.bm25_k = 20
     c.data.segments_per_lane = 1
     em.long_mem_tokens = long_mem
     em.long_mem_grid = (0, long_mem // 2, long_mem)

@@ -191,6 +191,7 @@ ENGINE = extend.Method(
     },
     settings=settings.ENGINE
     + (
+        settings.Datastore,
         position_loss.PositionLoss,
         generate.Generate,
         export.Export,

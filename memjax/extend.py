@@ -242,8 +242,8 @@ class Method:
     defaults: new defaults it gives keys of other sections
       ({'eval_memory.sweep_kinds': ('trime', 'cache')}).
     renames: keys that moved into its sections, old dotted key -> new
-      ({'loss.memory': 'trime.memory'}; a key that held a whole dict maps
-      its keys: {'data.marge': 'marge'}): configs, command lines and
+      ({'trime.memory': 'trime.memory'}; a key that held a whole dict maps
+      its keys: {'marge': 'marge'}): configs, command lines and
       saved runs written with the old keys still read
       (``memjax.settings.renames``).
     flops: ``flops(settings, FlopsShape) -> {term: FLOPs per token}``,

@@ -7,6 +7,7 @@ an export written on one device must load on eight and score the same;
 ``init_from`` restores the shared parameters only.
 """
 
+import dataclasses
 import json
 import os
 
@@ -55,24 +56,24 @@ def test_the_settings_hold_the_config_values_typed():
   run = build.build(config, "unused")
   s = run.settings
   assert (s.name, s.seed, s.task) == (config.name, config.seed, "lm")
-  for section in ("data", "model", "loss", "optim", "train", "eval", "mesh"):
-    want = settings_lib.plain(config[section])
-    got = s.values(section)
-    assert got == {k: want[k] for k in got}, section
+  for cls, got in s.sections.items():
+    assert dataclasses.asdict(got) == settings_lib.plain(
+        config[cls.SECTION]
+    ), cls.SECTION
   assert s.eval.batch_size == 3 and isinstance(s.model.cutoffs, tuple)
-  # Every key of every section is read by some settings class.
-  for section, values in config.items():
-    if hasattr(values, "keys"):
-      assert set(s.values(section)) == set(values.keys()), section
+  # Every section has one owner, which reads every key of it.
+  owners = [cls.SECTION for cls in s.sections]
+  assert len(owners) == len(set(owners))
+  assert set(owners) == {k for k, v in config.items() if hasattr(v, "keys")}
   # Settings are frozen; a changed copy rebuilds what depends on them.
   with pytest.raises(Exception, match="cannot assign"):
     s.eval.batch_size = 4  # pytype: disable=attribute-error
-  other = run.replace(s.eval.__class__(**dict(s.values("eval"), batch_size=5)))
+  other = run.replace(dataclasses.replace(s.eval, batch_size=5))
   assert other.settings.eval.batch_size == 5 and s.eval.batch_size == 3
   assert other.task is not run.task and other.task.settings is other.settings
-  assert s.with_values("eval", batch_size=6).eval.batch_size == 6
+  assert settings_lib.replaced(s.eval, batch_size=6).batch_size == 6
   with pytest.raises(errors.ConfigError, match="eval has no key nope"):
-    s.with_values("eval", nope=1)
+    settings_lib.replaced(s.eval, nope=1)
 
 
 @pytest.mark.parametrize(
@@ -269,7 +270,7 @@ def test_signature_covers_the_whole_model_section():
   assert "attention_options" in sig and "scale_embedding" in sig
   for runtime in settings_lib.Model.RUNTIME_KEYS:
     assert runtime not in sig
-  want = set(run.settings.values("model")) - set(
+  want = {f.name for f in dataclasses.fields(run.settings.model)} - set(
       settings_lib.Model.RUNTIME_KEYS
   )
   assert set(sig) == want | {"vocab_size"}

@@ -34,3 +34,40 @@ def test_the_snapshot_covers_every_config_file():
   names = {k.split(":")[0] for k in json.load(open(snap.OUT)) if ":" in k}
   assert names == set(snap.config_files())
   assert os.path.basename(snap.OUT) == "snapshot.json"
+
+
+OLD = os.path.join(os.path.dirname(snap.OUT), "snapshot_old_keys.json")
+
+
+def _full(snapshot: dict, variant: str) -> dict:
+  """Every leaf of a variant: the base's, updated with the variant's."""
+  return {**snapshot["base"], **snapshot.get(variant, {})}
+
+
+def test_the_old_keys_read_as_the_new_ones_in_every_variant():
+  """``snapshot_old_keys.json`` is the snapshot written before the methods'
+  keys moved into their own sections (``loss.memory`` -> ``trime.memory``,
+  ...): each of its variants, its keys translated by the one table, is
+  today's, but for the sections that had no keys then (the external
+  memory of translation, MARGE's batches) holding their defaults."""
+  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  from memjax.settings import renames  # pylint: disable=g-import-not-at-top
+
+  table = catalog.parts().renames
+  with open(OLD, encoding="utf-8") as f:
+    old = json.load(f)
+  with open(snap.OUT, encoding="utf-8") as f:
+    new = json.load(f)
+  assert sorted(old) == sorted(new)
+  moved = 0
+  for variant in old:
+    got = {}
+    for key, value in _full(old, variant).items():
+      got[renames.new_key(key, table) or key] = value
+      moved += renames.new_key(key, table) is not None
+    want = _full(new, variant)
+    assert {k: want.get(k) for k in got} == got, variant
+    for key in set(want) - set(got):
+      assert key.split(".")[0] in ("mt_memory", "marge"), (variant, key)
+      assert want[key] == new["base"][key], (variant, key)
+  assert moved > 100  # every variant moves some (TRIME's, the cache's...)

@@ -6,12 +6,14 @@ knows its gated feed-forward, its L2-penalised objective, its ``l2``
 section, its check or its mode; a config picks them by name.
 """
 
+import dataclasses
 import glob
 import os
 import re
 import subprocess
 import sys
 import types
+from typing import ClassVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -121,7 +123,7 @@ def test_the_method_check_and_section_are_read_before_anything_is_written(
   assert not os.listdir(tmp_path)
   run = build.build(_config(weight=0.5), str(tmp_path))
   assert run.settings.of(toy.L2).weight == 0.5
-  assert run.settings.values("l2") == {"weight": 0.5}
+  assert dataclasses.asdict(run.settings.of(toy.L2)) == {"weight": 0.5}
 
 
 def test_a_config_made_before_the_method_was_added_is_one_clear_error(toy):
@@ -264,23 +266,35 @@ def test_the_methods_are_found_with_what_they_declare():
   assert "memory" in parts.sum_reports.names()
 
 
-def test_each_method_owns_its_config_keys():
-  # The engine's sections alone hold no method's keys; each method's
-  # settings classes add them.
-  engine = {
-      cls.SECTION: set(settings_lib.section_defaults(cls))
-      for cls in catalog.ENGINE.settings
-      if cls.SECTION in {"loss", "eval_memory", "data"}
-  }
+def test_each_section_has_one_owner():
+  # Every section of the base config is declared by one settings class: the
+  # engine's sections hold none of a method's keys, a method's keys sit in
+  # its own sections.
+  parts = catalog.parts()
+  owners: dict[str, list[str]] = {}
+  for cls in parts.settings:
+    owners.setdefault(cls.SECTION, []).append(cls.__name__)
+  assert all(len(v) == 1 for v in owners.values()), owners
   full = config_lib.base_config()
-  assert "memory" in full.loss and "memory" not in engine["loss"]
-  assert "temperature" in full.eval_memory
-  assert "temperature" not in engine["eval_memory"]
-  assert "bm25_k" in full.data and "bm25_k" not in engine["data"]
-  sections = {c.SECTION for c in catalog.ENGINE.settings}
-  assert "datastore" in full and "datastore" not in sections
+  sections = {k for k, v in full.items() if hasattr(v, "keys")}
+  assert sections == set(owners)
+  engine = {cls.SECTION for cls in catalog.ENGINE.settings}
+  assert "memory" in full.trime and "trime" not in engine
+  assert "memory" not in full.loss and "temperature" not in full.eval_memory
+  assert "bm25_k" not in full.data and "cache_lambda" in full.cache
+  assert "datastore" in engine and "mt_memory" not in engine
   assert "memory_usage" in full and "extrapolate" in full
   assert tuple(full.eval_memory.sweep_kinds) == ("trime", "cache")
+  with pytest.raises(ValueError, match="a section has one owner"):
+    settings_lib.check_owners([settings_lib.Data, _Twin])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Twin:
+  """A second class declaring the engine's ``data`` section (a bug)."""
+
+  SECTION: ClassVar[str] = "data"
+  seq_len: int = 1
 
 
 def test_finding_the_methods_starts_no_jax_backend():

@@ -25,6 +25,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from memjax import errors
+from memjax import settings as settings_lib
 from memjax.api import base
 from memjax.eval import metrics
 from memjax.eval import scorer as scorer_lib
@@ -144,8 +145,10 @@ class LanguageModel(base.Loaded):
     if setting is None and paths.isfile(tuned):
       t = paths.read_json(tuned)
       setting = {"kind": t["kind"], **t["best"], "source": tuned}
-    s = self.settings.with_values(
-        "eval_memory", datastore=datastore, **eval_memory
+    s = self.settings.replace(
+        settings_lib.replaced(
+            self.settings.eval_memory, datastore=datastore, **eval_memory
+        )
     )
     run = self.restored.run.replace(*s.sections.values())
     self.restored = dataclasses.replace(self.restored, run=run)

@@ -81,7 +81,7 @@ def _config(demo: common.Demo, row: common.Row, steps: int | None) -> Any:
   c.pack.runner = _PACK_RUNNER.value
   c.datastore.shard_keys = 250_000  # two shards: searched and merged
   if row.variant == "vanilla":  # kNN-LM's temperature: none (1) or tuned.
-    c.eval_memory.knn_temperature_grid = (1.0, 3.0, 10.0)
+    c.external.knn_temperature_grid = (1.0, 3.0, 10.0)
   for key, value in row.options.get("overrides", {}).items():
     section, field = key.split(".")
     c[section][field] = value

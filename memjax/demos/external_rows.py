@@ -49,10 +49,10 @@ ABLATIONS = tuple(
         (
             "no gradient into the memory (Table 11)",
             "stop_gradient_memory",
-            {"loss.stop_gradient_memory": True},
+            {"trime.stop_gradient_memory": True},
         ),
-        ("p = 0 (Table 15)", "hide_p0", {"loss.local_hide_prob": 0.0}),
-        ("p = 0.5 (Table 15)", "hide_p05", {"loss.local_hide_prob": 0.5}),
+        ("p = 0 (Table 15)", "hide_p0", {"trime.local_hide_prob": 0.0}),
+        ("p = 0.5 (Table 15)", "hide_p05", {"trime.local_hide_prob": 0.5}),
     )
 )
 

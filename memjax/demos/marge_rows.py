@@ -165,7 +165,7 @@ def make_row(
   nll = overall_nll(buckets)
   label = spec.label
   if name == "knn":
-    label += f", lambda {config.eval_memory.knn_lambda}"
+    label += f", lambda {config.external.knn_lambda}"
   elif name == "pkm":
     layers = ", ".join(str(i) for i in config.model.feed_forward_layers)
     label += f" (memory layers {layers})"

@@ -246,8 +246,8 @@ _SEARCHERS: dict[tuple[Any, ...], Any] = {}
 def datastore_path(scoring: Any, workdir: str) -> str:
   """``eval_memory.datastore``, else ``<workdir>/datastore`` (or
   ``datastore-<corpus>`` for one built from ``datastore.corpus``)."""
-  if scoring.memory["datastore"]:
-    return scoring.memory["datastore"]
+  if scoring.memory.datastore:
+    return scoring.memory.datastore
   other = scoring.datastore_corpus
   return paths.join(workdir, f"datastore-{other}" if other else "datastore")
 
@@ -276,22 +276,22 @@ def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
       dim=scoring.model.d_model,
       checkpoint=datastore_checkpoint(scoring),
   )
-  search_lib.check_k(store, int(em["ext_k"]))
-  key = (path, store.manifest["id"], metric, em["search"])
-  key += (em["leaves_to_search"], em["reorder_candidates"])
-  if em["search"] == "scann":  # an index rebuilt since is loaded again
+  search_lib.check_k(store, int(em.ext_k))
+  key = (path, store.manifest["id"], metric, em.search)
+  key += (em.leaves_to_search, em.reorder_candidates)
+  if em.search == "scann":  # an index rebuilt since is loaded again
     key += (search_lib.index_id(store, metric),)
   if key not in _SEARCHERS:
     _SEARCHERS[key] = search_lib.make_searcher(
         store,
         metric,
-        em["search"],
-        int(em["leaves_to_search"]),
-        int(em["reorder_candidates"]),
+        em.search,
+        int(em.leaves_to_search),
+        int(em.reorder_candidates),
     )
   return ExternalSearch(
       _SEARCHERS[key],
-      int(em["ext_k"]),
-      bool(em["pipeline"]),
-      rescore=bool(em.get("rescore", True)),
+      int(em.ext_k),
+      bool(em.pipeline),
+      rescore=bool(em.rescore),
   )

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from memjax import errors
 from memjax import extend
+from memjax import settings as settings_lib
 from memjax.memory import evaluation
 
 Memories = extend.Lookup[evaluation.EvalMemory]
@@ -97,39 +98,42 @@ def make(
   return Grid(kind, memories.get(kind), long_sizes, **values)
 
 
-def configured_grid(em: Mapping[str, Any], memories: Memories) -> Grid:
-  """The single setting of the ``eval_memory`` values ``em``
-  (``settings.Settings.values``)."""
-  memory = memories.get(em["kind"])
+def configured_grid(s: settings_lib.Settings, memories: Memories) -> Grid:
+  """The single setting the run's settings configure: ``eval_memory.kind``
+  at ``long_mem_tokens``, each axis at its section's value."""
+  em = s.eval_memory
+  memory = memories.get(em.kind)
   return Grid(
-      em["kind"],
+      em.kind,
       memory,
-      (int(em["long_mem_tokens"]),),
-      **{a.values: (float(em[a.key]),) for a in memory.axes},
+      (int(em.long_mem_tokens),),
+      **{a.values: (a.value(s.sections),) for a in memory.axes},
   )
 
 
 def tuning_grid(
-    em: Mapping[str, Any],
+    s: settings_lib.Settings,
     memories: Memories,
     kind: str,
     long_sizes: Optional[Sequence[int]] = None,
 ) -> Grid:
-  """The tuning grid of the ``eval_memory`` values ``em`` for ``kind``."""
+  """The tuning grid the run's settings configure for ``kind``: each
+  axis's grid key (an empty one keeps the configured value), the sizes
+  ``eval_memory.long_mem_grid`` (else ``long_mem_tokens``) unless
+  ``long_sizes`` is given."""
+  em = s.eval_memory
   sizes = (
       long_sizes
       if long_sizes is not None
-      else (em["long_mem_grid"] or (em["long_mem_tokens"],))
+      else (em.long_mem_grid or (em.long_mem_tokens,))
   )
   memory = memories.get(kind)
-  # An empty tuning grid tunes nothing: the axis keeps its configured value.
   return Grid(
       kind,
       memory,
       sizes,
       **{
-          a.values: tuple(em[a.config_grid])
-          or ((float(em[a.key]),) if a.key in em else ())
+          a.values: a.grid(s.sections) or (a.value(s.sections),)
           for a in memory.axes
       },
   )

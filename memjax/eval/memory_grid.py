@@ -75,12 +75,12 @@ class MemoryScorer(rows.Scorer):
     self.grid = grid
     self.window_len = int(window_len or e.window_len)
     self.score_len = int(score_len or e.score_len)
-    size = batch_size or em["batch_size"]
+    size = batch_size or em.batch_size
     self.batch_size = rows.batch_rows(size, self.mesh)
     if block_size == -1:
-      block_size = int(em["block_size"]) or None
+      block_size = int(em.block_size) or None
     self.block_size = block_size
-    self.long_span = long_span or em["long_mem_span"]
+    self.long_span = long_span or em.long_mem_span
     self._external = external
     self._workdir = workdir
 

@@ -41,8 +41,9 @@ class Scoring:
     mesh: the device mesh.
     unit: 'ppl' or 'bpc'.
     eval: the evaluation settings (windows, batch size, lanes).
-    memory: {key: value} of the ``eval_memory`` section, the engine's keys
-      and every memory kind's (``settings.Settings.values``).
+    memory: the ``eval_memory`` settings.
+    sections: every settings section of the run (``Settings.sections``),
+      where a memory kind's axes read their own keys (``evaluation.Axis``).
     memories: the evaluation memories by name.
     extra_inputs: the batch arrays the model takes besides inputs and
       targets (``extend.Family.extra_inputs``).
@@ -62,9 +63,8 @@ class Scoring:
   mesh: Mesh
   unit: str = "ppl"
   eval: settings_lib.Eval = settings_lib.Eval()
-  memory: Mapping[str, Any] = dataclasses.field(
-      default_factory=lambda: dataclasses.asdict(settings_lib.EvalMemory())
-  )
+  memory: settings_lib.EvalMemory = settings_lib.EvalMemory()
+  sections: Mapping[type, Any] = dataclasses.field(default_factory=dict)
   memories: Optional[extend.Lookup[Any]] = None
   extra_inputs: tuple[str, ...] = ()
   segment_len: int = 0

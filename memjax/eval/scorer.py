@@ -78,12 +78,12 @@ def memory_setting(scoring: rows.Scoring) -> dict[str, Any]:
   if paths.isfile(tuned):
     t = paths.read_json(tuned)
     return {"kind": t["kind"], **t["best"], "source": "tune.json"}
-  if em["kind"] == "none":
+  if em.kind == "none":
     return {"kind": "none"}
-  memory = scoring.memories.get(em["kind"])
+  memory = scoring.memories.get(em.kind)
   return {
-      "kind": em["kind"],
-      "long_mem_tokens": int(em["long_mem_tokens"]),
-      **{a.key: float(em[a.key]) for a in memory.axes},
+      "kind": em.kind,
+      "long_mem_tokens": int(em.long_mem_tokens),
+      **{a.key: a.value(scoring.sections) for a in memory.axes},
       "source": "config",
   }

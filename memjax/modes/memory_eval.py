@@ -18,7 +18,7 @@ its results into the workdir:
   (``eval_memory.sweep_tokens``), each size at the best setting of each kind
   of ``eval_memory.sweep_kinds`` (a kind may be scored on another run's
   checkpoint: ``EvalMemory.sweep_source_key``, e.g. the cache's
-  ``eval_memory.cache_workdir``), Figure 3 style -> ``memsweep.csv``,
+  ``cache.cache_workdir``), Figure 3 style -> ``memsweep.csv``,
   ``memsweep.json``, ``memsweep.png``.
 * ``buckets``: perplexity by frequency bucket (Table 14) of the plain model
   and of the model with its memory (the tuned setting of ``tune.json`` when
@@ -88,14 +88,14 @@ def _check_tunable(kind: str, memories: grid_lib.Memories) -> None:
 
 def memeval(run: spec.Run) -> dict[str, Any]:
   """Scores eval.splits with the configured memory (``--mode=memeval``)."""
-  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
-  memories.get(em["kind"])  # ConfigError for an unknown kind.
+  em, memories = run.settings.eval_memory, run.parts.eval_memories
+  memories.get(em.kind)  # ConfigError for an unknown kind.
   splits = tuple(run.settings.eval.splits)
   loaded = restore.load_splits(run, splits=splits)
-  grid = grid_lib.configured_grid(em, memories)
+  grid = grid_lib.configured_grid(run.settings, memories)
   results: dict[str, Any] = {
       "mode": "memeval",
-      "kind": em["kind"],
+      "kind": em.kind,
       "metric": loaded.unit,
       "checkpoint": loaded.path,
       "step": loaded.step,
@@ -108,7 +108,7 @@ def memeval(run: spec.Run) -> dict[str, Any]:
     words = grid_lib.setting_str(memory, memories) or "none"
     lines.append(
         f"{split}: {loaded.unit} {memory[loaded.unit]:.4f} with "
-        f"{em['kind']} memory ({words}); without "
+        f"{em.kind} memory ({words}); without "
         f"memory {r['plain'][loaded.unit]:.4f}"
     )
   path = paths.join(run.workdir, "memeval.json")
@@ -140,12 +140,12 @@ def grid_edges(grid: Grid, best: dict[str, Any]) -> dict[str, float]:
 
 def tune(run: spec.Run) -> dict[str, Any]:
   """Grid search on valid, test at the best setting (``--mode=tune``)."""
-  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
-  kind, workdir = em["kind"], run.workdir
+  em, memories = run.settings.eval_memory, run.parts.eval_memories
+  kind, workdir = em.kind, run.workdir
   _check_tunable(kind, memories)
   loaded = restore.load_splits(run)
   unit = loaded.unit
-  grid = grid_lib.tuning_grid(em, memories, kind)
+  grid = grid_lib.tuning_grid(run.settings, memories, kind)
   valid = score_split(loaded, "valid", grid, desc=f"tune {kind} valid")
   best = min(valid["grid"], key=lambda r: r["nll"])
   best_grid = grid_lib.grid_of({"kind": kind, **best}, memories)
@@ -194,17 +194,20 @@ def tune(run: spec.Run) -> dict[str, Any]:
 
 def memsweep(run: spec.Run) -> dict[str, Any]:
   """Valid perplexity against the long-term memory size (``--mode=memsweep``)."""
-  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
+  em, memories = run.settings.eval_memory, run.parts.eval_memories
   workdir = run.workdir
-  sizes = tuple(sorted({int(n) for n in em["sweep_tokens"]}))
+  sizes = tuple(sorted({int(n) for n in em.sweep_tokens}))
   if not sizes:
     raise errors.ConfigError("eval_memory.sweep_tokens is empty")
   rows = []
   loaded_self = None
-  for kind in em["sweep_kinds"]:
+  for kind in em.sweep_kinds:
     _check_tunable(kind, memories)
-    key = memories.get(kind).sweep_source_key
-    source = em.get(key) if key else None
+    memory = memories.get(kind)
+    source = None
+    if memory.sweep_source_key:
+      owner = run.settings.of(memory.sweep_source_section)
+      source = getattr(owner, memory.sweep_source_key)
     if source:
       loaded = restore.load_splits(run, splits=("valid",), source=source)
     else:
@@ -213,7 +216,7 @@ def memsweep(run: spec.Run) -> dict[str, Any]:
     r = score_split(
         loaded,
         "valid",
-        grid_lib.tuning_grid(em, memories, kind, sizes),
+        grid_lib.tuning_grid(run.settings, memories, kind, sizes),
         desc=f"memsweep {kind} valid",
     )
     for n in sizes:
@@ -230,7 +233,7 @@ def memsweep(run: spec.Run) -> dict[str, Any]:
           }
       )
   unit = (loaded_self or loaded).unit
-  axes = [a.key for kind in em["sweep_kinds"] for a in memories.get(kind).axes]
+  axes = [a.key for kind in em.sweep_kinds for a in memories.get(kind).axes]
   fields = ["kind", "long_mem_tokens", unit, "nll"]
   fields += list(dict.fromkeys(axes)) + ["plain_" + unit, "checkpoint"]
   with paths.open(paths.join(workdir, "memsweep.csv"), "w", newline="") as f:
@@ -242,7 +245,7 @@ def memsweep(run: spec.Run) -> dict[str, Any]:
       paths.join(workdir, "memsweep.json"),
       {"mode": "memsweep", "metric": unit, "rows": rows},
   )
-  labels = {k: memories.get(k).label or k for k in em["sweep_kinds"]}
+  labels = {k: memories.get(k).label or k for k in em.sweep_kinds}
   plot_memsweep(rows, unit, paths.join(workdir, "memsweep.png"), labels)
   lines = [
       f"{r['kind']:6s} N={r['long_mem_tokens']:6d}  valid {unit} "
@@ -289,29 +292,29 @@ def plot_memsweep(
 
 def buckets(run: spec.Run) -> dict[str, Any]:
   """Perplexity by frequency bucket on valid, Table 14 (``--mode=buckets``)."""
-  em, memories = run.settings.values("eval_memory"), run.parts.eval_memories
+  em, memories = run.settings.eval_memory, run.parts.eval_memories
   workdir, name = run.workdir, run.settings.name
   loaded = restore.load_splits(
-      run, splits=("valid",), train=em["bucket_counts"] == "train"
+      run, splits=("valid",), train=em.bucket_counts == "train"
   )
-  grid = grid_lib.configured_grid(em, memories)
+  grid = grid_lib.configured_grid(run.settings, memories)
   tuned = paths.join(workdir, "tune.json")
   if paths.exists(tuned):
     t = paths.read_json(tuned)
-    if t.get("kind") == em["kind"] or em["kind"] == "none":
+    if t.get("kind") == em.kind or em.kind == "none":
       grid = grid_lib.grid_of({"kind": t["kind"], **t["best"]}, memories)
       console.info("buckets: using the tuned setting of %s", tuned)
   r = score_split(loaded, "valid", grid, keep_tokens=True, desc="buckets valid")
-  if em["bucket_counts"] == "valid":
+  if em.bucket_counts == "valid":
     counts = np.bincount(loaded.splits["valid"], minlength=loaded.vocab_size)
-  elif em["bucket_counts"] == "train":
+  elif em.bucket_counts == "train":
     counts = np.bincount(loaded.train_tokens, minlength=loaded.vocab_size)
   else:
     raise errors.ConfigError(
         f"eval_memory.bucket_counts must be valid or train, got "
-        f"{em['bucket_counts']!r}"
+        f"{em.bucket_counts!r}"
     )
-  edges = tuple(int(e) for e in em["bucket_edges"])
+  edges = tuple(int(e) for e in em.bucket_edges)
   columns = {"no memory": r["lm_logprob"]}
   if r.get("grid_logprob") is not None:
     words = grid_lib.setting_str(r["grid"][0], memories)
@@ -320,7 +323,7 @@ def buckets(run: spec.Run) -> dict[str, Any]:
   results = {
       "mode": "buckets",
       "metric": "ppl",
-      "counts_from": em["bucket_counts"],
+      "counts_from": em.bucket_counts,
       "edges": list(edges),
       "checkpoint": loaded.path,
       "step": loaded.step,

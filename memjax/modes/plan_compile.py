@@ -59,9 +59,9 @@ def vocab_size(s: settings_lib.Settings) -> int:
   """
   if int(s.of(platforms.Plan).vocab_size) > 0:
     return int(s.of(platforms.Plan).vocab_size)
-  section = s.values(s.task)
-  if "vocab_size" in section:
-    return int(section["vocab_size"])
+  task = s.task_section()
+  if hasattr(task, "vocab_size"):
+    return int(task.vocab_size)
   corpus = sources.canonical_corpus(s.data.corpus)
   if corpus in WORD_VOCAB_SIZES:
     return WORD_VOCAB_SIZES[corpus]

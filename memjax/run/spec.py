@@ -172,7 +172,8 @@ class Run:
         mesh=self.mesh if mesh is None else mesh,
         unit=unit,
         eval=s.eval,
-        memory=s.values("eval_memory"),
+        memory=s.eval_memory,
+        sections=s.sections,
         memories=self.parts.eval_memories,
         extra_inputs=self.extra_inputs,
         segment_len=s.eval.segment_len or s.data.seq_len,
@@ -181,7 +182,7 @@ class Run:
         sum_reports=tuple(r for _, r in self.parts.sum_reports.items()),
         signature=self.signature(model.vocab_size),
         step=int(step),
-        datastore_corpus=str(s.values("datastore").get("corpus", "")),
+        datastore_corpus=s.of(settings_lib.Datastore).corpus,
     )
 
   def hooks(self, states: Any = None, **context: Any) -> hooks_lib.HookRunner:

@@ -25,6 +25,7 @@ import ml_collections
 from memjax import errors
 from memjax.settings import renames as renames_lib
 from memjax.settings.sections import Data
+from memjax.settings.sections import Datastore
 from memjax.settings.sections import ENGINE
 from memjax.settings.sections import Eval
 from memjax.settings.sections import EvalMemory
@@ -38,6 +39,7 @@ from memjax.settings.sections import Train
 
 __all__ = [
     "Data",
+    "Datastore",
     "ENGINE",
     "Eval",
     "EvalMemory",
@@ -52,6 +54,7 @@ __all__ = [
     "plain",
     "read",
     "read_all",
+    "replaced",
     "section_defaults",
 ]
 
@@ -83,6 +86,23 @@ def read(cls: type[T], section: Any) -> T:
         f"{', '.join(names)}"
     )
   return cls(**{n: plain(section[n]) for n in names if n in section})
+
+
+def replaced(instance: T, **changes: Any) -> T:
+  """A copy of a section's settings with keys set
+  (``replaced(settings.eval_memory, ext_k=8)``).
+
+  Raises:
+    errors.ConfigError: a key the section does not declare.
+  """
+  names = [f.name for f in dataclasses.fields(instance)]
+  unknown = sorted(set(changes) - set(names))
+  if unknown:
+    raise errors.ConfigError(
+        f"{instance.SECTION} has no key {', '.join(unknown)}; its keys: "
+        f"{', '.join(names)}"
+    )
+  return dataclasses.replace(instance, **changes)
 
 
 def section_defaults(cls: type) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def _notice(old: str, new: str) -> None:
     )
 
 
-def _new_key(key: str, renames: Renames) -> Optional[str]:
+def new_key(key: str, renames: Renames) -> Optional[str]:
   """The new dotted key of ``key`` (itself or below a moved key), or None."""
   for old, new in renames.items():
     if key == old:
@@ -104,7 +104,7 @@ def translate_argv(
   for arg in argv:
     if arg.startswith(prefix):
       key, eq, value = arg[len(prefix) :].partition("=")
-      new = _new_key(key, renames)
+      new = new_key(key, renames)
       if new is not None:
         _notice(key, new)
         arg = f"{prefix}{new}{eq}{value}"

@@ -39,14 +39,14 @@ def test_ints_floats_strings(cfg):
       [
           "model.d_model=64",
           "optim.learning_rate=1e-3",
-          "loss.lm_warmup_fraction=0",
+          "trime.lm_warmup_fraction=0",
           "model.dtype=bfloat16",
       ],
   )
   assert cfg.model.d_model == 64 and isinstance(cfg.model.d_model, int)
   assert cfg.optim.learning_rate == pytest.approx(1e-3)
-  assert cfg.loss.lm_warmup_fraction == 0.0
-  assert isinstance(cfg.loss.lm_warmup_fraction, float)
+  assert cfg.trime.lm_warmup_fraction == 0.0
+  assert isinstance(cfg.trime.lm_warmup_fraction, float)
   assert cfg.model.dtype == "bfloat16"
 
 
@@ -101,10 +101,10 @@ def test_load_config_variant_and_overrides():
 def test_disable_lm_warmup(cfg):
   assert harness.disable_lm_warmup(cfg) == {}  # A plain LM: nothing to do.
   cfg.loss.name = "trime"
-  cfg.loss.lm_warmup_fraction = 0.05
+  cfg.trime.lm_warmup_fraction = 0.05
   changes = harness.disable_lm_warmup(cfg)
-  assert changes == {"loss.lm_warmup_fraction": {"config": 0.05, "timed": 0.0}}
-  assert cfg.loss.lm_warmup_fraction == 0.0
+  assert changes == {"trime.lm_warmup_fraction": {"config": 0.05, "timed": 0.0}}
+  assert cfg.trime.lm_warmup_fraction == 0.0
   assert harness.disable_lm_warmup(cfg) == {}
 
 

@@ -57,7 +57,7 @@ def test_a_stage_kept_with_other_settings_is_not_read_back(tmp_path):
   assert external_rows.tune_local(c, "vanilla", tune) != old
   assert len(calls) == 1
   # A changed grid is a new stage; the settings' order is not.
-  c.eval_memory.cache_lambda_grid = (0.1, 0.2)
+  c.cache.cache_lambda_grid = (0.1, 0.2)
   external_rows.tune_local(c, "vanilla", tune)
   assert len(calls) == 2
   a = external_rows.stage_name("tune_scann", {"n": (0, 1), "kind": "knn"})

@@ -26,9 +26,10 @@ def _sizes(demo, row):
   if "memory" in row.options:
     trime_rows.tuned_memory(demo, row, cfg)
   parts = catalog.parts()
-  em = build.read(cfg, parts).values("eval_memory")
-  grid = grid_lib.tuning_grid(em, parts.eval_memories, em["kind"])
-  return em["kind"], tuple(grid.long_sizes)
+  s = build.read(cfg, parts)
+  kind = s.eval_memory.kind
+  grid = grid_lib.tuning_grid(s, parts.eval_memories, kind)
+  return kind, tuple(grid.long_sizes)
 
 
 def test_each_cache_row_reads_the_memories_of_the_trime_row_beside_it(

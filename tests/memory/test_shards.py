@@ -45,11 +45,11 @@ def test_process_share_falls_back_to_jax_and_refuses_k_outside_n():
   assert shards.process_share(-1, 4, "datastore") == (0, 4)
   for k, n in ((3, 3), (5, 0), (7, 2)):
     with pytest.raises(errors.ConfigError) as e:
-      shards.process_share(k, n, "translation.memory")
+      shards.process_share(k, n, "mt_memory")
     msg = str(e.value)
     assert "\n" not in msg
-    assert f"translation.memory.process_index={k} must be in" in msg
-    assert f"translation.memory.process_count={max(n, 1)})" in msg
+    assert f"mt_memory.process_index={k} must be in" in msg
+    assert f"mt_memory.process_count={max(n, 1)})" in msg
 
 
 def test_two_shares_write_their_shards_and_the_second_joins(tmp_path):

@@ -220,7 +220,7 @@ def test_config_memory_setting_keeps_external_settings(tmp_path):
   # configured kNN-LM keeps its lambda and temperature.
   config = _config()
   config.eval_memory.kind = "knn"
-  config.eval_memory.knn_lambda, config.eval_memory.knn_temperature = 0.4, 2.0
+  config.external.knn_lambda, config.external.knn_temperature = 0.4, 2.0
   model = transformer.TransformerLM(vocab_size=20)
   scoring = build.build(config, str(tmp_path)).scoring(model)
   setting = scorer_lib.memory_setting(scoring)

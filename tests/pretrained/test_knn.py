@@ -89,7 +89,7 @@ def test_knn_lm_of_an_imported_gpt2_is_numpys(imported_gpt2, tmp_path):
       "--config.data.corpus=text",
       f"--config.data.data_dir={data}",
       f"--config.eval_memory.ext_k={K}",
-      f"--config.eval_memory.knn_lambda={LAMBDA}",
+      f"--config.external.knn_lambda={LAMBDA}",
       "--config.eval.splits=('valid',)",
       f"--workdir={workdir}",
   )

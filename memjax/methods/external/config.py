@@ -1,7 +1,8 @@
 """The external memories' settings.
 
 kNN-LM and TRIMELM_ext read a datastore of (g, next token) built by
-``--mode=datastore`` (its settings: the ``datastore`` section) and searched
+``--mode=datastore`` (its settings: the engine's ``datastore`` section, which
+the evaluation's datastore path reads too) and searched
 with the ScaNN index of ``--mode=index`` or exactly (the engine's
 ``eval_memory.datastore``, ``search``, ``ext_k``...).
 """
@@ -45,50 +46,6 @@ class ExternalEvalMemory:
   knn_lambda: float = 0.25
   knn_temperature_grid: tuple[float, ...] = (1.0,)
   knn_lambda_grid: tuple[float, ...] = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5)
-
-
-@dataclasses.dataclass(frozen=True)
-class Datastore:
-  """``config.datastore``: --mode=datastore, (g, next token) of a split, in
-  shards; --mode=index and --mode=recall.
-
-  Attributes:
-    split: train | valid | test.
-    corpus: build from another corpus, read with the run's vocabulary
-      (Table 5); '' = data.corpus.
-    data_dir: '' = datastore.corpus's demo copy.
-    shard_keys: about this many keys per shard.
-    batch_size: windows per batch; 0 = eval_memory.batch_size.
-    max_windows: only the first this many windows (0 = all).
-    process_index, process_count: k of n: this process writes shards s %
-      n == k. Separate jobs set them; the default 0 of 1 writes every
-      shard (every process of a multi-host job in step, as the features
-      run on the global mesh); -1 / 0 take jax.process_index() /
-      jax.process_count().
-    leaves: ScaNN leaves per shard (0 = sqrt(n) leaves, 1/10 searched).
-    reorder: candidates re-ordered exactly; 0 = max(2k, 256); -1 = none
-      (the index returns its quantised scores, as faiss IVFPQ).
-    recall_queries: held-out (valid) queries of --mode=recall.
-    recall_leaves: --mode=recall also measures recall and time per query
-      with each of these numbers of leaves searched (a recall-speed curve).
-    recall_examples: and writes the exact neighbours of this many of its
-      queries (token ids) to recall.json.
-  """
-
-  SECTION: ClassVar[str] = "datastore"
-  split: str = "train"
-  corpus: str = ""
-  data_dir: str = ""
-  shard_keys: int = 1_000_000
-  batch_size: int = 0
-  max_windows: int = 0
-  process_index: int = 0
-  process_count: int = 1
-  leaves: int = 0
-  reorder: int = 0
-  recall_queries: int = 1000
-  recall_leaves: tuple[int, ...] = ()
-  recall_examples: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +103,7 @@ class MtMemory:
   interpolate_lambda_grid: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
 
 
-SETTINGS = (ExternalEvalMemory, Datastore, MtMemory)
+SETTINGS = (ExternalEvalMemory, MtMemory)
 # Keys that moved into ``external`` and ``mt_memory``.
 RENAMES = {
     **{

@@ -74,7 +74,7 @@ class KnnMemory(evaluation.EvalMemory):
           "knn evaluation needs at least one knn_temperature and knn_lambda"
       )
     if min(settings["knn_temperatures"]) <= 0:
-      raise errors.ConfigError("eval_memory.knn_temperature must be > 0")
+      raise errors.ConfigError("external.knn_temperature must be > 0")
 
   def scales(self, settings: evaluation.AxisValues, dim: int) -> list[float]:
     del dim
@@ -139,7 +139,7 @@ class TrimeExtMemory(evaluation.EvalMemory):
         raise errors.ConfigError(f"trime_ext evaluation needs {key}")
     if not set(settings.get("ext_interp_locals", (0.0,))) <= {0.0, 1.0}:
       raise errors.ConfigError(
-          "eval_memory.ext_interp_local must be 0 (P' over the external "
+          "external.ext_interp_local must be 0 (P' over the external "
           "neighbours) or 1 (over all of M_eval)"
       )
 

@@ -3,7 +3,7 @@
 Each decoding step's g [N, D] is sent to the host (``jax.pure_callback``),
 where the datastore (``mt_datastore``) returns its K nearest (g_j, y_j)
 with exact scores; the step's log-probabilities are then combined with
-them on the device. Three ways (``translation.memory``):
+them on the device. Three ways (``mt_memory``):
 
 * ``knn`` (kNN-MT, Khandelwal et al. 2021): p = lam p_kNN + (1 - lam) p_MT,
   p_kNN(v) = sum_{j: y_j = v} softmax_j(-||g - g_j||^2 / T) over the K
@@ -151,7 +151,7 @@ class MemoryHook:
   def __init__(self, kind: str, settings: dict[str, Any], neighbours, k, dim):
     if kind not in ("knn", "trime"):
       raise errors.ConfigError(
-          f"translation.memory.kind must be one of {KINDS}, got {kind!r}"
+          f"mt_memory.kind must be one of {KINDS}, got {kind!r}"
       )
     self.kind, self.settings = kind, dict(settings)
     self.neighbours, self.k, self.dim = neighbours, int(k), int(dim)

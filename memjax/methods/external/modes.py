@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from memjax import errors
+from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
 from memjax.data import corpus as corpus_lib
 from memjax.data import windows
@@ -28,7 +29,6 @@ from memjax.io import paths
 from memjax.memory import datastore as ds_lib
 from memjax.memory import search as search_lib
 from memjax.memory import shards
-from memjax.methods.external import config as ext_config
 from memjax.run import restore
 from memjax.run import spec
 
@@ -47,7 +47,7 @@ def _write_json(path: str, obj: Any) -> None:
 def datastore(run: spec.Run) -> dict:
   """Builds this process's shards of the datastore (``--mode=datastore``)."""
   c, workdir = run.settings, run.workdir
-  dc = c.of(ext_config.Datastore)
+  dc = c.of(settings_lib.Datastore)
   share = shards.process_share(dc.process_index, dc.process_count, "datastore")
   split, other = dc.split, dc.corpus
   loaded, tokens = _datastore_tokens(run, dc)
@@ -107,7 +107,7 @@ def datastore(run: spec.Run) -> dict:
 
 
 def _datastore_tokens(
-    run: spec.Run, dc: ext_config.Datastore
+    run: spec.Run, dc: settings_lib.Datastore
 ) -> tuple[restore.Restored, np.ndarray]:
   """The restored run and the windows of tokens ``--mode=datastore`` reads.
 
@@ -160,7 +160,7 @@ def index(run: spec.Run) -> dict:
   """Builds and serialises the ScaNN index of the datastore
   (``--mode=index``)."""
   _, store = _load_store(run)
-  em, dc = run.settings.eval_memory, run.settings.of(ext_config.Datastore)
+  em, dc = run.settings.eval_memory, run.settings.of(settings_lib.Datastore)
   k = int(em.ext_k)
   search_lib.check_k(store, k)
   metric = _metric(run)
@@ -320,7 +320,7 @@ def recall(run: spec.Run) -> dict:
   ('curve'), with ``datastore.recall_examples`` the neighbours of that many
   queries ('examples', token ids)."""
   loaded, store = _load_store(run, splits=("valid",))
-  em, dc = run.settings.eval_memory, run.settings.of(ext_config.Datastore)
+  em, dc = run.settings.eval_memory, run.settings.of(settings_lib.Datastore)
   k = int(em.ext_k)
   search_lib.check_k(store, k)
   metric = _metric(run)

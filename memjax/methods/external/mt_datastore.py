@@ -42,7 +42,7 @@ Settings = settings_lib.Settings
 
 
 def datastore_path(s: Settings, workdir: str) -> str:
-  """``translation.memory.datastore``, else ``<workdir>/mt_datastore``."""
+  """``mt_memory.datastore``, else ``<workdir>/mt_datastore``."""
   path = s.of(ext_config.MtMemory).datastore
   return paths.resolve(path or paths.join(workdir, "mt_datastore"))
 
@@ -152,16 +152,14 @@ def vocab_sha1(restored) -> str:
 def process_share(s: Settings) -> tuple[int, int]:
   """(k, n): this build writes the shards s with s % n == k.
 
-  ``translation.memory.process_index`` / ``process_count`` when set (>= 0 /
+  ``mt_memory.process_index`` / ``process_count`` when set (>= 0 /
   > 0), else jax.process_index() / jax.process_count().
 
   Raises:
     errors.ConfigError: k outside [0, n).
   """
   mem = s.of(ext_config.MtMemory)
-  return shards.process_share(
-      mem.process_index, mem.process_count, "translation.memory"
-  )
+  return shards.process_share(mem.process_index, mem.process_count, "mt_memory")
 
 
 def build(s: Settings, restored: Any, train: Any, path: str) -> Any:
@@ -240,7 +238,7 @@ def open_store(restored: Any, path: str) -> ds_lib.Datastore:
     raise errors.CheckpointMismatchError(
         f"datastore {path} was built from another vocabulary (spm sha1 "
         f"{str(saved)[:12]}, the run's {mine[:12]}): build one with this run "
-        "(--mode=mt_datastore into another translation.memory.datastore)"
+        "(--mode=mt_datastore into another mt_memory.datastore)"
     )
   return store
 

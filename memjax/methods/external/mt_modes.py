@@ -3,8 +3,8 @@ docs/trime_mt.md.
 
 * ``--mode=mt_datastore``: the datastore of the training targets' decoder
   states (``translation/mt_datastore.py``) and its ScaNN index for the
-  metric of ``translation.memory.kind``; with
-  ``translation.memory.show_sentences``, what the memory retrieves along
+  metric of ``mt_memory.kind``; with
+  ``mt_memory.show_sentences``, what the memory retrieves along
   each of those sentences' greedy translations (exact search), in
   ``<workdir>/mt_retrieved.json`` (``retrieved_tokens``).
 * ``--mode=mt_tune``: K, lam and the temperature on valid by teacher-forced
@@ -56,7 +56,7 @@ def _kind(s: Settings) -> str:
   mem = s.of(ext_config.MtMemory)
   if mem.kind not in ("knn", "trime"):
     raise errors.ConfigError(
-        f"translation.memory.kind must be 'knn' or 'trime', got {mem.kind!r}"
+        f"mt_memory.kind must be 'knn' or 'trime', got {mem.kind!r}"
     )
   # At lambda = 1 the model's own distribution is gone: with no neighbour
   # holding EOS, the EOS forced at the length limit has probability 0 and
@@ -69,7 +69,7 @@ def _kind(s: Settings) -> str:
       bad = [v for v in values if not 0.0 <= float(v) < 1.0]
       if bad:
         raise errors.ConfigError(
-            f"translation.memory.{name} must lie in [0, 1), got {bad[0]}"
+            f"mt_memory.{name} must lie in [0, 1), got {bad[0]}"
         )
   return mem.kind
 
@@ -125,7 +125,7 @@ def mt_datastore_mode(run: spec.Run) -> dict:
 
 
 def settings_of(mem: ext_config.MtMemory) -> dict[str, Any]:
-  """The memory settings of ``translation.memory``."""
+  """The memory settings of ``mt_memory``."""
   return {
       "k": int(mem.k),
       "knn_lambda": float(mem.knn_lambda),
@@ -316,7 +316,7 @@ def retrieved_tokens(
   run teacher-forced together.
 
   Args:
-    s: the run's settings (with ``translation.memory``).
+    s: the run's settings (with ``mt_memory``).
     restored: the run (``memjax.run.restore.restore``).
     store: its datastore (``mt_datastore.open_store``).
     sentences: source sentences.

@@ -197,9 +197,9 @@ def make_trime_mt_loss(
   Settings: ``loss.options.epsilon`` (label smoothing, 0.1),
   ``loss.options.temperature`` (tau of the memory logits, 1),
   ``loss.options.topk_memory`` (k in-batch entries per query, 0 = all),
-  ``loss.lm_warmup_fraction`` (the first updates train with
-  ``label_smoothed`` alone), ``loss.block_size`` (0 = dense) and
-  ``loss.stop_gradient_memory``.
+  ``trime.lm_warmup_fraction`` (the first updates train with
+  ``label_smoothed`` alone), ``trime.block_size`` (0 = dense) and
+  ``trime.stop_gradient_memory``.
   """
   cfg = s.of(trime_config.Trime)
   options = dict(s.loss.options or {})
@@ -222,7 +222,7 @@ def make_trime_mt_loss(
   frac = float(cfg.lm_warmup_fraction)
   if not 0.0 <= frac <= 1.0:
     raise errors.ConfigError(
-        f"loss.lm_warmup_fraction must be in [0, 1], got {frac}"
+        f"trime.lm_warmup_fraction must be in [0, 1], got {frac}"
     )
   warmup = int(round(frac * num_steps))
   block_size = int(cfg.block_size) or None
@@ -330,10 +330,10 @@ def make_bm25_token_batcher(
     s: settings_lib.Settings, train: Any, cache_dir: str
 ) -> Bm25TokenBatcher:
   """The 'tokens_bm25' batcher over a ``parallel.ParallelSplit``
-  (``data.bm25_k`` hits per query, ``data.bm25_seed``)."""
+  (``trime.bm25_k`` hits per query, ``trime.bm25_seed``)."""
   t, b = s.of(task_config.Translation), s.of(trime_config.Trime)
   if int(b.bm25_k) < 1:
-    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {b.bm25_k}")
+    raise errors.ConfigError(f"trime.bm25_k must be >= 1, got {b.bm25_k}")
   order = target_order(train.target, int(b.bm25_k), int(b.bm25_seed), cache_dir)
   devices = max(1, jax.device_count() // max(1, int(s.mesh.tensor)))
   return Bm25TokenBatcher(

@@ -75,27 +75,27 @@ def check_trime_settings(s: settings_lib.Settings) -> None:
   if s.loss.name != "trime":
     return
   loss = s.of(config.Trime)
-  if loss.memory not in TRIME_MEMORIES:
+  if trime.memory not in TRIME_MEMORIES:
     raise errors.ConfigError(
-        f"unknown loss.memory {loss.memory!r}; use one of {TRIME_MEMORIES}"
+        f"unknown trime.memory {trime.memory!r}; use one of {TRIME_MEMORIES}"
     )
   for key in ("local_hide_prob", "lm_warmup_fraction"):
     value = float(getattr(loss, key))
     if not 0.0 <= value <= 1.0:
       raise errors.ConfigError(f"loss.{key} must be in [0, 1], got {value}")
   d = s.data
-  if loss.memory != "long":
+  if trime.memory != "long":
     return
   m = int(d.segments_per_lane)
   if d.batching not in ("blocks", "consecutive") or m < 2:
     raise errors.ConfigError(
-        "loss.memory='long' needs lanes of consecutive segments: set "
+        "trime.memory='long' needs lanes of consecutive segments: set "
         "data.batching='blocks' (or 'consecutive') and data.segments_per_lane > 1"
     )
   micro = d.batch_size // max(int(s.train.grad_accum), 1)
   if micro % m:
     raise errors.ConfigError(
-        f"loss.memory='long': the micro-batch of {micro} rows (data.batch_size / "
+        f"trime.memory='long': the micro-batch of {micro} rows (data.batch_size / "
         f"train.grad_accum) is not a multiple of data.segments_per_lane {m}, so "
         "lanes would be split between micro-batches"
     )
@@ -110,7 +110,7 @@ def _training_memory(
   if memory == "long":
     if "lane_id" not in batch:
       raise errors.ConfigError(
-          "loss.memory='long' needs batches of lanes ('lane_id'): use "
+          "trime.memory='long' needs batches of lanes ('lane_id'): use "
           "data.batching='blocks' or 'consecutive' with data.segments_per_lane > 1"
       )
     return long_memory_spec(batch["lane_id"]), hide
@@ -122,7 +122,7 @@ def _training_memory(
 
 def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
   """The TRIME objective (Eq. 5) with the training memory of
-  ``loss.memory`` (``cfg`` below: the ``config.Trime`` settings).
+  ``trime.memory`` (``cfg`` below: the ``config.Trime`` settings).
 
   * 'local': earlier tokens of the same segment (TRIMELM);
   * 'long': earlier tokens of the same lane in the batch, across its
@@ -196,8 +196,12 @@ def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
 def _settings(loss: config.Trime, num_steps: int) -> tuple[str, float, int]:
   """(training memory, local hide probability, warm-up updates) of
   ``config.loss`` (checked by ``check_trime_settings``)."""
-  frac = float(loss.lm_warmup_fraction)
-  return loss.memory, float(loss.local_hide_prob), int(round(frac * num_steps))
+  frac = float(trime.lm_warmup_fraction)
+  return (
+      trime.memory,
+      float(trime.local_hide_prob),
+      int(round(frac * num_steps)),
+  )
 
 
 def _plain_loss(operands: tuple[Array, ...]) -> tuple[Array, tuple]:

@@ -6,7 +6,7 @@ Both are declared in TRIME's spec (see ``memjax.data.batchers``).
   consecutive segments per step (``streams.RandomBlocks``), the in-batch
   long-term memory of TRIMELM_long.
 * ``data.batching='bm25'``: segments packed by BM25 (Algorithm 1, k =
-  ``data.bm25_k``), served B per step in the packed order
+  ``trime.bm25_k``), served B per step in the packed order
   (``streams.PackedSegments``), for TRIMELM_ext.
 
 BM25 packing is an offline job whose output the batcher reads. The order is
@@ -57,7 +57,7 @@ def stopword_ids(s: Settings, cache_dir: str) -> list[int] | None:
     return None
   if sources.corpus_spec(d.corpus).level != "word":
     raise errors.ConfigError(
-        "data.bm25_stopwords needs a word-level corpus (wikitext103)"
+        "trime.bm25_stopwords needs a word-level corpus (wikitext103)"
     )
   import bm25s  # pylint: disable=g-import-not-at-top
   from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
@@ -84,7 +84,7 @@ def bm25_order(s: Settings, tokens: np.ndarray, cache_dir: str) -> np.ndarray:
 
   d, b = s.data, s.of(trime_config.Trime)
   if int(b.bm25_k) < 1:
-    raise errors.ConfigError(f"data.bm25_k must be >= 1, got {b.bm25_k}")
+    raise errors.ConfigError(f"trime.bm25_k must be >= 1, got {b.bm25_k}")
   start = time.time()
   # The settings, their key (a hash of every token) and the task's place:
   # worked out once for the .npy order, the Beam cache and the packing.

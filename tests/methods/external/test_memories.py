@@ -703,13 +703,13 @@ def test_trime_ext_default_memory_scale_at_d_1024_is_the_authors():
   c = config_lib.base_config()
   c.eval_memory.kind = "trime_ext"
   parts = catalog.parts()
-  em = build.read(c, parts).values("eval_memory")
+  s = build.read(c, parts)
   memories = parts.eval_memories
-  grid = grid_lib.configured_grid(em, memories)
+  grid = grid_lib.configured_grid(s, memories)
   assert grid.values()["ext_interp_locals"] == (0.0,)  # the neighbours only
   scales = grid.memory.scales(grid.values(), 1024)
-  assert scales == [1 / (32 * em["temperature"]), 1 / 10.5]
-  tuning = grid_lib.tuning_grid(em, memories, "trime_ext").values()
+  assert scales == [1 / (32 * c.trime.temperature), 1 / 10.5]
+  tuning = grid_lib.tuning_grid(s, memories, "trime_ext").values()
   taus = tuning["ext_temperatures"]
   assert min(taus) < 10.5 < 40.0 < max(taus)  # README's values inside
 

@@ -35,7 +35,7 @@ def built(mt_smoke_workdir, tmp_path_factory):
   config = build.saved_config(mt_smoke_workdir)
   with config.unlocked():
     config.train.init_from = mt_smoke_workdir
-    mem = config.translation.memory
+    mem = config.mt_memory
     mem.datastore = str(out / "ds")
     mem.search, mem.k, mem.k_grid = "exact", 4, (1, 4)
     # The smoke model's 4 nearest squared distances lie within a few units
@@ -174,13 +174,13 @@ def test_datastore_of_another_model_or_vocabulary(built, field, value, words):
   (bad / "manifest.json").write_text(json.dumps(manifest))
   work = out / f"work_{field}"
   with config.unlocked():
-    config.translation.memory.datastore = str(bad)
+    config.mt_memory.datastore = str(bad)
   try:
     with pytest.raises(errors.CheckpointMismatchError, match=words) as e:
       tm.mt_tune(build.build(config, str(work)))
   finally:
     with config.unlocked():
-      config.translation.memory.datastore = str(out / "ds")
+      config.mt_memory.datastore = str(out / "ds")
   assert "\n" not in str(e.value)
   assert not work.exists()
 
@@ -196,7 +196,7 @@ def test_datastore_of_another_model_or_vocabulary(built, field, value, words):
 def test_lambda_outside_zero_one_is_refused(built, key, value):
   config, out, _ = built
   bad = config.copy_and_resolve_references()
-  bad.translation.memory[key] = value
+  bad.mt_memory[key] = value
   work = out / f"work_{key}"
   with pytest.raises(errors.ConfigError, match=f"memory.{key} must lie in"):
     tm.mt_tune(build.build(bad, str(work)))
@@ -214,7 +214,7 @@ def test_datastore_built_as_two_shares_equals_the_one_process_build(built):
     return build.read(config, catalog.parts())
 
   train = tm._split(settings(), restored, "train")  # pylint: disable=protected-access
-  mem = config.translation.memory
+  mem = config.mt_memory
   mem.shard_keys = 1  # one batch per shard: several shards
   whole = mt_datastore.build(settings(), restored, train, str(out / "one"))
   assert whole is not None and len(whole.keys) >= 2

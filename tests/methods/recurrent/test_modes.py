@@ -239,7 +239,7 @@ def test_config_variants(tmp_path):
       == "xl"
   )
   tl = lamemo_wt103.get_config("trime_long_base")
-  assert (tl.loss.name, tl.loss.memory) == ("trime", "long")
+  assert (tl.loss.name, tl.trime.memory) == ("trime", "long")
   assert tl.data.segments_per_lane > 1 and tl.model.attention == "lamemo"
   demo = [
       txl_wt103.get_config("rpe_demo"),

@@ -53,7 +53,7 @@ def test_trime_long_trains_and_logs_memory_metrics(long_run):
   value = lambda tag: dict(scalars[tag])
   # round(0.05 * 6) = 0 warm-up steps: the memory is on at every step, and
   # the long memory never hides the local one.
-  assert config.loss.lm_warmup_fraction * 6 < 0.5
+  assert config.trime.lm_warmup_fraction * 6 < 0.5
   assert value("train/memory_on") == {3: 1.0, 6: 1.0}
   assert value("train/hide_local") == {3: 0.0, 6: 0.0}
   for step in (3, 6):

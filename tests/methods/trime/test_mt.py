@@ -25,8 +25,8 @@ def _loss_config():
   c = config_lib.base_config()
   c.loss.name = "trime_mt"
   c.loss.options.epsilon = EPS
-  c.loss.lm_warmup_fraction = 0.0
-  c.loss.block_size = 8  # several tiles of the blockwise path
+  c.trime.lm_warmup_fraction = 0.0
+  c.trime.block_size = 8  # several tiles of the blockwise path
   return c
 
 
@@ -133,7 +133,7 @@ def test_bm25_packing_over_targets_groups_similar_targets(
     topic.append(i % 4)
   c = config_lib.base_config()
   c.translation.max_tokens, c.translation.buckets = 8 * 8, (8,)
-  c.data.bm25_k = 8
+  c.trime.bm25_k = 8
   train = types.SimpleNamespace(source=sources, target=targets)
   batcher = _batcher("tokens_bm25", c, train, str(tmp_path))
   assert batcher.num_batches == 4
@@ -239,15 +239,15 @@ def test_trime_mt_configs_take_the_authors_recipe():
       "temperature": 10.0,
       "topk_memory": 8,
   }
-  assert c.loss.lm_warmup_fraction == 0.0
+  assert c.trime.lm_warmup_fraction == 0.0
   assert c.model.family_options.memory_feature == "final_output"
-  mem = c.translation.memory
+  mem = c.mt_memory
   assert (mem.k, mem.temperature, mem.unnormalised) == (16, 15.0, False)
   assert 15.0 in mem.temperature_grid and 16 in mem.k_grid
   _objective("trime_mt", c)  # builds
   vanilla = trime_iwslt.get_config("smoke")
   assert "memory_feature" not in vanilla.model.family_options
-  assert vanilla.translation.memory.temperature == 1.0
+  assert vanilla.mt_memory.temperature == 1.0
 
 
 def test_iwslt_paper_configs_decode_with_the_authors_length_penalty():

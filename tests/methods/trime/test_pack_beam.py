@@ -47,7 +47,7 @@ def _topic_corpus() -> np.ndarray:
 
 def _config():
   cfg = trime_wt103.get_config("trime_ext_smoke")
-  cfg.data.seq_len, cfg.data.batch_size, cfg.data.bm25_k = SEQ_LEN, BATCH, K
+  cfg.data.seq_len, cfg.data.batch_size, cfg.trime.bm25_k = SEQ_LEN, BATCH, K
   return cfg
 
 

@@ -74,7 +74,7 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
       [segs[i] for i in perm] + [np.zeros(1, np.int64)]
   ).astype(np.int32)
   cfg = trime_wt103.get_config("trime_ext_smoke")
-  cfg.data.seq_len, cfg.data.batch_size, cfg.data.bm25_k = 16, 8, 5
+  cfg.data.seq_len, cfg.data.batch_size, cfg.trime.bm25_k = 16, 8, 5
   stream = tasks.TokenStream(
       tokens=tokens, doc_starts=np.zeros(1, np.int64), vocab_size=400
   )

@@ -232,7 +232,7 @@ def test_stop_gradient_memory_changes_only_the_gradient():
 
 def test_bad_loss_settings_raise_one_clear_error(tmp_path):
   # Refused when the run is built, before anything is written.
-  with pytest.raises(ValueError, match="loss.memory"):
+  with pytest.raises(ValueError, match="trime.memory"):
     build.build(_loss_cfg("global"), str(tmp_path))
   with pytest.raises(ValueError, match="local_hide_prob"):
     build.build(_loss_cfg("external", local_hide_prob=1.5), str(tmp_path))
