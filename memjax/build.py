@@ -55,49 +55,6 @@ def read(
 # Checks every run relies on
 # ----------------------------------------------------------------------------
 
-_POSITIVE = (
-    "data.seq_len",
-    "data.batch_size",
-    "data.segments_per_lane",
-    "train.num_steps",
-    "train.grad_accum",
-    "train.log_every",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "eval.window_len",
-    "eval.score_len",
-    "eval.batch_size",
-    "model.num_layers",
-    "model.d_model",
-    "model.num_heads",
-    "model.head_dim",
-    "model.d_ff",
-)
-_NON_NEGATIVE = (
-    "train.eval_every",
-    "train.eval_max_windows",
-    "eval.max_windows",
-    "model.mem_len",
-    "optim.warmup_steps",
-)
-_NON_NEGATIVE_REAL = (
-    "optim.learning_rate",
-    "optim.clip_norm",
-    "optim.weight_decay",
-    "optim.min_lr_ratio",
-)
-# Probabilities of dropping: 0 <= p < 1 (1 would drop everything).
-_DROPOUT = (
-    "model.dropout",
-    "model.adaptive_dropout",
-    "model.attention_dropout",
-)
-
-
-def _value(s: settings_lib.Settings, key: str) -> Any:
-  section, name = key.split(".")
-  return getattr(getattr(s, section), name)
-
 
 def check_values(s: settings_lib.Settings) -> None:
   """Checks the values every run relies on, before anything is written.
@@ -105,22 +62,7 @@ def check_values(s: settings_lib.Settings) -> None:
   Raises:
     errors.ConfigError: naming the key and the accepted values.
   """
-  for key in _POSITIVE:
-    v = _value(s, key)
-    if not isinstance(v, int) or v < 1:
-      raise errors.ConfigError(f"{key} must be a positive integer, got {v!r}")
-  for key in _NON_NEGATIVE:
-    v = _value(s, key)
-    if not isinstance(v, int) or v < 0:
-      raise errors.ConfigError(f"{key} must be an integer >= 0, got {v!r}")
-  for key in _NON_NEGATIVE_REAL:
-    v = _value(s, key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-      raise errors.ConfigError(f"{key} must be a number >= 0, got {v!r}")
-  for key in _DROPOUT:
-    v = _value(s, key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-      raise errors.ConfigError(f"{key} must be in [0, 1), got {v!r}")
+  settings_lib.check_ranges(s)  # the ranges the sections declare
   if s.eval.score_len > s.eval.window_len:
     raise errors.ConfigError(
         f"eval.score_len {s.eval.score_len} must be <= eval.window_len "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import tokenize
 
 from tests.conftest import REPO
 
@@ -371,3 +372,151 @@ def test_no_cycle_among_the_packages():
         graph[a].add(b)
         graph.setdefault(b, set())
   assert _cycles(graph) == []
+
+
+# ----------------------------------------------------------------------------
+# Settings read one way; pyink's layout everywhere but tables of numbers
+# ----------------------------------------------------------------------------
+
+# The receivers a config or a run's settings go by.
+_SETTINGS_NAMES = re.compile(r"(^|[._])(config|cfg|conf|settings)$")
+_SETTINGS_OBJECTS = re.compile(r"(^|[._])(config|cfg|conf|settings|s|c)$")
+
+
+def settings_reads(path: str, sections: set[str]) -> list[str]:
+  """Reads of a setting other than the typed object's attributes: the
+  settings' ``raw``, ``values(...)`` or ``with_values``, a section read by
+  string from a config or settings (``config["loss"]``,
+  ``settings.get("data")``), or ``getattr(settings, name)``."""
+  out = []
+  for n in ast.walk(_tree(path)):
+    where = f"{os.path.relpath(path, REPO)}:{getattr(n, 'lineno', 0)}"
+    if isinstance(n, ast.Attribute) and n.attr in ("raw", "with_values"):
+      out.append(f"{where} .{n.attr}")
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+      if n.func.attr == "values" and (n.args or n.keywords):
+        out.append(f"{where} {ast.unparse(n)}")
+    receiver, key = None, None
+    if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant):
+      receiver, key = n.value, n.slice.value
+    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+      if n.func.attr == "get" and n.args:
+        if isinstance(n.args[0], ast.Constant):
+          receiver, key = n.func.value, n.args[0].value
+    if key in sections and _SETTINGS_NAMES.search(ast.unparse(receiver)):
+      out.append(f"{where} {ast.unparse(n)}")
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+      if n.func.id == "getattr" and len(n.args) > 1:
+        name = n.args[1]
+        named = isinstance(name, ast.Constant) and name.value in sections
+        if _SETTINGS_OBJECTS.search(ast.unparse(n.args[0])) and (
+            named or not isinstance(name, ast.Constant)
+        ):
+          out.append(f"{where} {ast.unparse(n)}")
+  return out
+
+
+def _sections() -> set[str]:
+  """The config's section names, read from the settings classes' source."""
+  out = set()
+  for path in MODULES.values():
+    for node in ast.walk(_tree(path)):
+      if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        if node.target.id == "SECTION" and isinstance(node.value, ast.Constant):
+          out.add(node.value.value)
+  return out
+
+
+def test_settings_are_read_one_way_outside_the_settings_package():
+  sections = _sections()
+  assert {"data", "model", "trime", "eval_memory", "mt_memory"} <= sections
+  bad = []
+  for module, path in sorted(MODULES.items()):
+    if module == "memjax.settings" or module.startswith("memjax.settings."):
+      continue
+    bad += settings_reads(path, sections)
+  assert not bad, "\n".join(bad)
+
+
+def test_the_settings_read_finder_finds_planted_reads(tmp_path):
+  path = tmp_path / "planted.py"
+  path.write_text(
+      "a = settings.values('eval_memory')\n"
+      "b = s.raw['loss']\n"
+      "c = config['loss'].memory\n"
+      "d = run.settings.get('data')\n"
+      "e = getattr(s, section)\n"
+      "f = s.with_values('eval', batch_size=2)\n"
+      "ok = metrics['loss'] + dict(x).values().__len__() + s.model.d_model\n"
+  )
+  found = {
+      f.split(" ", 1)[1] for f in settings_reads(str(path), {"loss", "data"})
+  }
+  assert found == {
+      "settings.values('eval_memory')",
+      ".raw",
+      "config['loss']",
+      "run.settings.get('data')",
+      "getattr(s, section)",
+      ".with_values",
+  }
+
+
+def _numeric_table(source: str) -> bool:
+  """Whether a statement is a table of numbers: 8 numbers or more, and at
+  least 40% of its words."""
+  words = re.findall(
+      r"[A-Za-z_][A-Za-z_0-9]*|\d[\d_.e+-]*|'[^']*'|\"[^\"]*\"", source
+  )
+  numbers = sum(bool(re.match(r"\d", w)) for w in words)
+  return numbers >= 8 and numbers >= 0.4 * len(words)
+
+
+def layout_skips(path: str) -> list[str]:
+  """'path:line' of each ``# fmt: skip`` or ``# fmt: off`` whose statement
+  is not a table of numbers."""
+  text = open(path, encoding="utf-8").read()
+  if "fmt: skip" not in text and "fmt: off" not in text:
+    return []
+  lines = text.splitlines()
+  ends: dict[int, ast.stmt] = {}
+  for node in ast.walk(ast.parse(text)):
+    if isinstance(node, ast.stmt):
+      old = ends.get(node.end_lineno)
+      if old is None or node.lineno > old.lineno:
+        ends[node.end_lineno] = node
+  out = []
+  with open(path, encoding="utf-8") as f:
+    comments = [
+        (t.start[0], t.string)
+        for t in tokenize.generate_tokens(f.readline)
+        if t.type == tokenize.COMMENT
+    ]
+  for i, comment in comments:
+    if "fmt: off" in comment:
+      out.append(f"{os.path.relpath(path, REPO)}:{i}")
+    elif "fmt: skip" in comment:
+      stmt = ends.get(i)
+      start = stmt.lineno if stmt else i
+      if not _numeric_table("\n".join(lines[start - 1 : i])):
+        out.append(f"{os.path.relpath(path, REPO)}:{i}")
+  return out
+
+
+def test_no_layout_skip_outside_tables_of_numbers():
+  bad = []
+  for top in ("memjax", "tests", "configs", "benchmarks"):
+    for root, _, files in os.walk(os.path.join(REPO, top)):
+      for f in files:
+        if f.endswith(".py"):
+          bad += layout_skips(os.path.join(root, f))
+  assert not bad, "\n".join(bad)
+
+
+def test_the_layout_skip_finder_keeps_tables_and_finds_the_rest(tmp_path):
+  path = tmp_path / "planted.py"
+  path.write_text(
+      "GRID = (\n    0.5, 1, 2, 4, 8, 16, 32, 64,\n)  # fmt: skip\n"
+      "x = f(a, b)  # fmt: skip\n"
+  )
+  assert [s.rsplit(":", 1)[1] for s in layout_skips(str(path))] == ["4"]

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from memjax import errors
+from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
 from memjax.io import console
 from memjax.io import paths
@@ -106,10 +107,11 @@ def _imported_run(run: spec.Run, model: dict[str, Any]) -> spec.Run:
       sizes.fitted(model, s.eval.window_len, s.eval.score_len, s.data.seq_len)
   )
   saved = json.loads(run.config_json)
+  typed = {"model": s.model, "eval": s.eval, "data": s.data}
   sections = []
   for section, values in changes.items():
     saved.setdefault(section, {}).update(values)
-    sections.append(dataclasses.replace(getattr(s, section), **values))
+    sections.append(settings_lib.replaced(typed[section], **values))
   return run.replace(
       *sections, config_json=json.dumps(saved, indent=2, sort_keys=True)
   )

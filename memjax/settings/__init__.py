@@ -24,6 +24,7 @@ import ml_collections
 
 from memjax import errors
 from memjax.settings import renames as renames_lib
+from memjax.settings import sections
 from memjax.settings.sections import Data
 from memjax.settings.sections import Datastore
 from memjax.settings.sections import ENGINE
@@ -49,6 +50,7 @@ __all__ = [
     "Optim",
     "Settings",
     "TOP_KEYS",
+    "check_ranges",
     "Train",
     "frozen_dict",
     "plain",
@@ -172,6 +174,35 @@ class Settings:
       if type(new) in ENGINE:
         attrs[new.SECTION] = new
     return dataclasses.replace(self, sections=sections, **attrs)
+
+
+def _in_range(rule: str, v: Any) -> bool:
+  number = not isinstance(v, bool) and isinstance(v, (int, float))
+  if rule == sections.POSITIVE:
+    return isinstance(v, int) and v >= 1
+  if rule == sections.NON_NEGATIVE:
+    return isinstance(v, int) and v >= 0
+  if rule == sections.NON_NEGATIVE_REAL:
+    return number and v >= 0
+  if rule == sections.DROPOUT:
+    return number and 0 <= v < 1
+  raise ValueError(f"unknown range {rule!r}")
+
+
+def check_ranges(s: Settings) -> None:
+  """Checks every key that declares a range (``sections.ranged``).
+
+  Raises:
+    errors.ConfigError: naming the key and its range.
+  """
+  for instance in s.sections.values():
+    for f in dataclasses.fields(instance):
+      rule = f.metadata.get("range")
+      v = getattr(instance, f.name)
+      if rule and not _in_range(rule, v):
+        raise errors.ConfigError(
+            f"{instance.SECTION}.{f.name} must be {rule}, got {v!r}"
+        )
 
 
 def check_owners(classes: Iterable[type]) -> None:

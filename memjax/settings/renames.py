@@ -24,7 +24,7 @@ def _notice(old: str, new: str) -> None:
   if old not in _NOTED:
     _NOTED.add(old)
     print(
-        f"memjax: note: config key {old} is now {new}; read as {new}",
+        f"memjax: note: config key {old} moved to {new}; read there",
         file=sys.stderr,
     )
 

@@ -11,6 +11,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+# The ranges a key may declare, checked before anything is written
+# (``memjax.settings.check_ranges``).
+POSITIVE = "a positive integer"
+NON_NEGATIVE = "an integer >= 0"
+NON_NEGATIVE_REAL = "a number >= 0"
+DROPOUT = "in [0, 1)"
+
+
+def ranged(default: Any, rule: str) -> Any:
+  """A field with a default and the range its values must lie in (one of
+  the rules above)."""
+  return dataclasses.field(default=default, metadata={"range": rule})
+
 
 def frozen_dict(**kwargs: Any) -> Any:
   """A field whose default is an empty options dict (a ConfigDict in the
@@ -38,10 +51,10 @@ class Data:
   corpus: str = "wikitext103"
   data_dir: str = ""
   cache_dir: str = ""
-  seq_len: int = 128
-  batch_size: int = 16
+  seq_len: int = ranged(128, POSITIVE)
+  batch_size: int = ranged(16, POSITIVE)
   batching: str = "random"
-  segments_per_lane: int = 1
+  segments_per_lane: int = ranged(1, POSITIVE)
   tokenizer: str = ""
 
 
@@ -103,23 +116,23 @@ class Model:
   )
   family: str = "decoder_lm"
   family_options: dict[str, Any] = frozen_dict()
-  num_layers: int = 4
-  d_model: int = 128
-  num_heads: int = 4
-  head_dim: int = 32
-  d_ff: int = 512
+  num_layers: int = ranged(4, POSITIVE)
+  d_model: int = ranged(128, POSITIVE)
+  num_heads: int = ranged(4, POSITIVE)
+  head_dim: int = ranged(32, POSITIVE)
+  d_ff: int = ranged(512, POSITIVE)
   cutoffs: tuple[int, ...] = (2000, 6000)
   adaptive_factor: int = 4
   scale_embedding: bool = True
-  dropout: float = 0.1
-  adaptive_dropout: float = 0.0
-  attention_dropout: float = 0.0
+  dropout: float = ranged(0.1, DROPOUT)
+  adaptive_dropout: float = ranged(0.0, DROPOUT)
+  attention_dropout: float = ranged(0.0, DROPOUT)
   attention: str = "vanilla"
   attention_options: dict[str, Any] = frozen_dict()
   feed_forward: str = "ffn"
   feed_forward_options: dict[str, Any] = frozen_dict()
   feed_forward_layers: tuple[int, ...] = ()
-  mem_len: int = 0
+  mem_len: int = ranged(0, NON_NEGATIVE)
   max_len: int = 4096
   remat: bool = False
   remat_policy: str = "full"
@@ -173,12 +186,12 @@ class Optim:
 
   SECTION: ClassVar[str] = "optim"
   optimizer: str = "adam"
-  learning_rate: float = 5e-4
+  learning_rate: float = ranged(5e-4, NON_NEGATIVE_REAL)
   schedule: str = "cosine"
-  warmup_steps: int = 100
-  min_lr_ratio: float = 0.0
-  clip_norm: float = 0.0
-  weight_decay: float = 0.0
+  warmup_steps: int = ranged(100, NON_NEGATIVE)
+  min_lr_ratio: float = ranged(0.0, NON_NEGATIVE_REAL)
+  clip_norm: float = ranged(0.0, NON_NEGATIVE_REAL)
+  weight_decay: float = ranged(0.0, NON_NEGATIVE_REAL)
   b1: float = 0.9
   b2: float = 0.98
   eps: float = 1e-8
@@ -215,13 +228,13 @@ class Train:
   """
 
   SECTION: ClassVar[str] = "train"
-  num_steps: int = 1000
-  grad_accum: int = 1
-  log_every: int = 50
-  eval_every: int = 500
-  eval_max_windows: int = 64
-  checkpoint_every: int = 500
-  keep_checkpoints: int = 3
+  num_steps: int = ranged(1000, POSITIVE)
+  grad_accum: int = ranged(1, POSITIVE)
+  log_every: int = ranged(50, POSITIVE)
+  eval_every: int = ranged(500, NON_NEGATIVE)
+  eval_max_windows: int = ranged(64, NON_NEGATIVE)
+  checkpoint_every: int = ranged(500, POSITIVE)
+  keep_checkpoints: int = ranged(3, POSITIVE)
   init_from: str = ""
   init_from_map: tuple[str, ...] = ()
   extend_schedule: bool = False
@@ -252,10 +265,10 @@ class Eval:
 
   SECTION: ClassVar[str] = "eval"
   splits: tuple[str, ...] = ("valid", "test")
-  window_len: int = 128
-  score_len: int = 64
-  batch_size: int = 32
-  max_windows: int = 0
+  window_len: int = ranged(128, POSITIVE)
+  score_len: int = ranged(64, POSITIVE)
+  batch_size: int = ranged(32, POSITIVE)
+  max_windows: int = ranged(0, NON_NEGATIVE)
   corpus: str = ""
   data_dir: str = ""
   segment_len: int = 0
