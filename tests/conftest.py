@@ -87,6 +87,17 @@ LONGEST_FIRST = (
 )
 
 
+def set_memory(c, **values):
+  """Sets evaluation-memory keys of the config ``c`` in the sections that
+  own them: the engine's ``eval_memory`` or a memory kind's (``trime``,
+  ``cache``, ``external``)."""
+  for key, value in values.items():
+    owner = next(
+        s for s in ("eval_memory", "trime", "cache", "external") if key in c[s]
+    )
+    c[owner][key] = value
+
+
 def pytest_configure(config):
   config.addinivalue_line(
       "markers",

@@ -227,7 +227,7 @@ def demo_runs(module: str, workdir: str, monkeypatch) -> set[str]:
     for row in external_rows.MODELS + external_rows.ABLATIONS:
       c = common.load_config(row.config, f"{row.variant}_demo")
       scoring = types.SimpleNamespace(
-          memory={"datastore": c.eval_memory.datastore},
+          memory=types.SimpleNamespace(datastore=c.eval_memory.datastore),
           datastore_corpus=c.datastore.corpus,
       )
       run = demo.run_dir(row)

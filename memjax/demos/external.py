@@ -142,7 +142,7 @@ def _prepare(
   stages = common.Stages(demo.run_dir(row))
 
   def tune(stage: str) -> dict:
-    name = external_rows.stage_name(stage, c.eval_memory.to_dict())
+    name = external_rows.stage_name(stage, external_rows.memory_settings(c))
     return stages(name, lambda: memjax.run_mode("tune", c, stages.run_dir))
 
   return c, stages, tune
@@ -182,7 +182,7 @@ def run_model(
   print(f"== {method}: score {kind} with exact search", flush=True)
   best = out["scann"]["best"]
   exact = external_rows.stage_name(
-      "exact", {**c.eval_memory.to_dict(), "best": best}
+      "exact", {**external_rows.memory_settings(c), "best": best}
   )
   out["exact"] = stages(exact, lambda: _exact(c, run, kind, best))
   out["without_long"] = external_rows.tune_local(c, method, tune)

@@ -204,6 +204,16 @@ LOCAL_ONLY = {
 }
 
 
+# The sections a memory's evaluation reads: the engine's and the kinds'.
+MEMORY_SECTIONS = ("eval_memory", "trime", "cache", "external")
+
+
+def memory_settings(c: Any) -> dict[str, Any]:
+  """{section: its keys} of the sections an evaluation memory reads in the
+  config ``c`` (what a stage's name digests)."""
+  return {name: c[name].to_dict() for name in MEMORY_SECTIONS}
+
+
 def stage_name(stage: str, settings: Mapping[str, Any]) -> str:
   """``<stage>_<digest>``: the name a tuning stage is kept under, with the
   first 10 hex digits of the SHA-1 of its evaluation-memory ``settings``

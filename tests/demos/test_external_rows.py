@@ -19,7 +19,7 @@ def _stand_in_tune(c, stages, calls):
 
   def tune(stage):
     em = c.eval_memory
-    name = external_rows.stage_name(stage, em.to_dict())
+    name = external_rows.stage_name(stage, external_rows.memory_settings(c))
     return stages(
         name,
         lambda: calls.append((stage, em.kind, em.search, em.long_mem_grid))

@@ -16,6 +16,7 @@ from memjax.eval import scorer as scorer_lib
 from memjax.eval import streams
 from memjax.eval import windows
 from memjax.models import transformer
+from tests.conftest import set_memory
 
 
 def _run(attention="vanilla", mem_len=0, path="", memory=None):
@@ -25,7 +26,7 @@ def _run(attention="vanilla", mem_len=0, path="", memory=None):
   c = config_lib.base_config()
   c.eval.update(dict(window_len=8, score_len=4, batch_size=2, segment_len=4))
   c.eval_memory.batch_size, c.eval_memory.block_size = 2, 4
-  c.eval_memory.update(memory or {})
+  set_memory(c, **(memory or {}))
   c.model.attention, c.model.mem_len = attention, mem_len
   run = build.build(c, path or "/nonexistent/run")
   model = transformer.TransformerLM(

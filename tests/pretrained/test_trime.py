@@ -39,7 +39,7 @@ def test_trime_from_an_import_trains_resumes_and_evaluates(
     saved = json.load(f)
   assert saved["data"]["tokenizer"] == imported_gpt2
   assert saved["model"]["max_len"] == 32 and saved["data"]["seq_len"] == 32
-  assert saved["loss"]["memory"] == "long" and saved["model"]["dropout"] == 0.1
+  assert saved["trime"]["memory"] == "long" and saved["model"]["dropout"] == 0.1
   with open(os.path.join(whole, "vocab.json"), encoding="utf-8") as f:
     assert json.load(f)["kind"] == "tokenizer"
   # Stopped after step 1 and resumed: step 2 is the same, bit for bit.

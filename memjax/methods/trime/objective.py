@@ -75,16 +75,16 @@ def check_trime_settings(s: settings_lib.Settings) -> None:
   if s.loss.name != "trime":
     return
   loss = s.of(config.Trime)
-  if trime.memory not in TRIME_MEMORIES:
+  if loss.memory not in TRIME_MEMORIES:
     raise errors.ConfigError(
-        f"unknown trime.memory {trime.memory!r}; use one of {TRIME_MEMORIES}"
+        f"unknown trime.memory {loss.memory!r}; use one of {TRIME_MEMORIES}"
     )
   for key in ("local_hide_prob", "lm_warmup_fraction"):
     value = float(getattr(loss, key))
     if not 0.0 <= value <= 1.0:
-      raise errors.ConfigError(f"loss.{key} must be in [0, 1], got {value}")
+      raise errors.ConfigError(f"trime.{key} must be in [0, 1], got {value}")
   d = s.data
-  if trime.memory != "long":
+  if loss.memory != "long":
     return
   m = int(d.segments_per_lane)
   if d.batching not in ("blocks", "consecutive") or m < 2:
@@ -195,11 +195,11 @@ def make_trime_loss(s: settings_lib.Settings, num_steps: int) -> LossFn:
 
 def _settings(loss: config.Trime, num_steps: int) -> tuple[str, float, int]:
   """(training memory, local hide probability, warm-up updates) of
-  ``config.loss`` (checked by ``check_trime_settings``)."""
-  frac = float(trime.lm_warmup_fraction)
+  ``config.trime`` (checked by ``check_trime_settings``)."""
+  frac = float(loss.lm_warmup_fraction)
   return (
-      trime.memory,
-      float(trime.local_hide_prob),
+      loss.memory,
+      float(loss.local_hide_prob),
       int(round(frac * num_steps)),
   )
 

@@ -16,6 +16,7 @@ from memjax.memory import datastore as ds_lib
 from memjax.methods.external import modes as external_modes
 from memjax.modes import memory_eval as memory_modes
 from memjax.run import restore
+from tests.conftest import set_memory
 
 
 def _config(smoke_workdir, kind, **em):
@@ -28,16 +29,8 @@ def _config(smoke_workdir, kind, **em):
   c.eval_memory.kind = kind
   c.eval_memory.ext_k = 32
   c.eval_memory.leaves_to_search = 16  # all 16 leaves of a 256-key shard
-  _set_memory(c, **em)
+  set_memory(c, **em)
   return c
-
-
-def _set_memory(c, **values):
-  """Sets each key in the section that owns it: the engine's eval_memory,
-  or a memory kind's (external, trime)."""
-  for key, value in values.items():
-    owner = next(s for s in ("eval_memory", "external", "trime") if key in c[s])
-    c[owner][key] = value
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +67,7 @@ def test_datastore_index_recall_and_tune(built, smoke_workdir):
   # Table 13's accuracy grows with K (K = 1, 8 of the 32 neighbours).
   acc = res["retrieval_accuracy"]
   assert set(acc) == {"1", "8"} and 0 <= acc["1"] <= acc["8"] <= 1
-  _set_memory(
+  set_memory(
       config,
       temperature_grid=(1.0,),
       ext_temperature_grid=(5.0,),

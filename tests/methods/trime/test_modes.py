@@ -15,6 +15,7 @@ from memjax.io import events
 from memjax.modes import frequency
 
 from tests.conftest import run_main  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests.conftest import set_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _config(variant, **eval_memory):
@@ -24,7 +25,7 @@ def _config(variant, **eval_memory):
   c.train.eval_every = 0
   c.train.checkpoint_every = 6
   c.eval.max_windows = 12
-  c.eval_memory.update(eval_memory)
+  set_memory(c, **eval_memory)
   return c
 
 

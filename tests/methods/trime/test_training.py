@@ -35,11 +35,11 @@ def _model():
 
 
 def _loss_cfg(memory, **kw):
-  """A config whose loss section is TRIME's with ``memory`` (seed 0)."""
+  """A config whose objective is TRIME's with ``memory`` (seed 0)."""
   cfg = config_lib.base_config()
-  cfg.loss.update(
+  cfg.loss.name = "trime"
+  cfg.trime.update(
       dict(
-          name="trime",
           memory=memory,
           lm_warmup_fraction=0.0,
           local_hide_prob=0.9,
@@ -47,7 +47,7 @@ def _loss_cfg(memory, **kw):
           block_size=16,
       )
   )
-  cfg.loss.update(kw)
+  cfg.trime.update(kw)
   return cfg
 
 
