@@ -57,14 +57,11 @@ def section_defaults(cls: type) -> dict[str, Any]:
 
 
 def frozen_dict(**kwargs: Any) -> Any:
-  """A field whose default is an empty options dict (a ConfigDict in the
-  config, a dict here)."""
+  """A field defaulting to an empty dict (a ConfigDict in the config)."""
   return dataclasses.field(default_factory=dict, **kwargs)
 
 
-# ----------------------------------------------------------------------------
-# The engine's sections
-# ----------------------------------------------------------------------------
+# The engine's sections ------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +110,10 @@ class Model:
       (fairseq's adaptive_softmax_dropout).
     attention_dropout: dropout on attention probabilities.
     attention: the attention kind (vanilla | rpe | xl | lamemo).
-    attention_options: the kind's own attributes.
-    feed_forward: the feed-forward kind (ffn | glu | pkm | resm).
-    feed_forward_options: the kind's own attributes.
+    attention_options, feed_forward_options: the kinds' options, declared
+      by one frozen dataclass per kind (``extend.kind_options``); a config
+      holds every one of them (``memjax.config.settle_options``).
+    feed_forward: the feed-forward kind (ffn | glu | pkm | resm | ...).
     feed_forward_layers: 1-based layer numbers that use ``feed_forward``
       (e.g. (2, 4) of 6 for product-key memory layers); the other layers
       use the plain 'ffn' with the options it takes. () = every layer.
@@ -366,8 +364,7 @@ class EvalMemory:
 
 @dataclasses.dataclass(frozen=True)
 class Mesh:
-  """``config.mesh``: the device mesh's axis sizes (-1: the devices
-  left)."""
+  """``config.mesh``: the device mesh's axis sizes (-1: the rest)."""
 
   SECTION: ClassVar[str] = "mesh"
   data: int = -1
@@ -381,8 +378,7 @@ class Mesh:
     return dataclasses.asdict(self)
 
 
-# The engine's sections every run reads, in the order the base config lists
-# them (the modes' own sections live beside their modes).
+# The engine's sections every run reads, in the base config's order.
 ENGINE = (Data, Model, Loss, Optim, Train, Eval, EvalMemory, Mesh)
 # The keys at the top of the config.
 TOP_KEYS = {"name": "vanilla", "seed": 0, "task": "lm"}

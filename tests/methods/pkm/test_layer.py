@@ -1,6 +1,7 @@
 """Product-key memory against a NumPy reference written from the papers
 (Lample et al. 2019, section 3; Kim & Jung 2020, sections 2.1, 3.2, 4.2)."""
 
+import dataclasses
 import json
 
 import flax.linen as nn
@@ -60,9 +61,8 @@ def np_layer(x, p, k, mask=None):
 
 
 def _layer(**kw):
-  return pkm.ProductKeyMemory(
-      d_model=D, num_keys=C, heads=H, topk=K, k_dim=KD, **kw
-  )
+  options = pkm.MemoryOptions(num_keys=C, heads=H, topk=K, k_dim=KD, **kw)
+  return pkm.ProductKeyMemory(d_model=D, options=options)
 
 
 def _unbox(tree):
@@ -374,9 +374,9 @@ def _np_rms(x):
 def test_memory_plus_gate_and_qk_norm_match_numpy():
   """Memory+ (Berges et al.): (PKM(x) ⊙ silu(x W1 + b1)) W2 + b2, with the
   query halves and the sub-keys at unit RMS before the search."""
-  layer = pkm.MemoryPlusFeedForward(
-      d_model=D, d_ff=24, num_keys=C, heads=H, topk=K, k_dim=KD
-  )
+  options = pkm.MemoryPlusFeedForward.options
+  options = dataclasses.replace(options, num_keys=C, heads=H, topk=K, k_dim=KD)
+  layer = pkm.MemoryPlusFeedForward(d_model=D, d_ff=24, options=options)
   x = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (2, 4, D)))
   variables = layer.init(jax.random.PRNGKey(0), x, deterministic=True)
   p = _unbox(variables["params"])
@@ -471,15 +471,10 @@ def test_shared_values_are_one_table_that_both_layers_read():
 
 
 def test_shared_values_need_a_family_that_makes_them():
-  layer = pkm.PKMFeedForward(
-      d_model=D,
-      d_ff=24,
-      num_keys=C,
-      heads=H,
-      topk=K,
-      k_dim=KD,
-      shared_values=True,
+  options = pkm.MemoryOptions(
+      num_keys=C, heads=H, topk=K, k_dim=KD, shared_values=True
   )
+  layer = pkm.PKMFeedForward(d_model=D, d_ff=24, options=options)
   x = jnp.zeros((1, 3, D))
   with pytest.raises(errors.ConfigError, match="shared_values needs"):
     layer.init(jax.random.PRNGKey(0), x, deterministic=True)
