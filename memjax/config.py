@@ -16,6 +16,7 @@ reads one back with the base config's types.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from typing import Any, Mapping
 
@@ -166,6 +167,42 @@ def settled_model(
       extend.check_options(own, defaults, f"model.{key} of {what} {name!r}")
     changes[key] = options
   return dataclasses.replace(model, **changes)
+
+
+def check_overrides(argv: list[str]) -> str | None:
+  """Why a command line's override of a kind's option fails, in one line
+  naming the kind's options, or None (every such override names one).
+
+  Args:
+    argv: the command line, with ``--config=FILE[:VARIANT]`` and
+      ``--config.model.<slot>_options.<name>=...`` overrides.
+  """
+  file = next((a[9:] for a in argv if a.startswith("--config=")), "")
+  if not file:
+    return None
+  path, _, arg = file.partition(":")
+  spec = importlib.util.spec_from_file_location("_memjax_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  model = (module.get_config(arg) if arg else module.get_config()).model
+  for slot, key, what in KIND_SLOTS:
+    prefix = f"--config.model.{key}."
+    given = {
+        a[len(prefix) :].partition("=")[0]: None
+        for a in argv
+        if a.startswith(prefix)
+    }
+    defaults = kind_defaults(slot, model[slot])
+    if defaults is not None:
+      try:
+        extend.check_options(
+            given,
+            {**defaults, **dict(model[key])},
+            f"model.{key} of {what} " f"{model[slot]!r}",
+        )
+      except errors.ConfigError as e:
+        return str(e)
+  return None
 
 
 def parse_variant(

@@ -124,6 +124,12 @@ def use_kind_defaults(kind_defaults: Callable[[str, str], Any]) -> None:
   _KIND_DEFAULTS[:] = [kind_defaults]
 
 
+def kind_defaults(slot: str, name: str) -> Any:
+  """{option: default} of the kind ``name`` of ``slot`` ('attention' or
+  'feed_forward'), or None (no such kind, or none handed over)."""
+  return _KIND_DEFAULTS[0](slot, name) if _KIND_DEFAULTS else None
+
+
 def without_defaults(model: Mapping[str, Any]) -> dict[str, Any]:
   """A signature's model with the options its kinds hold at their
   defaults left out: an option a later version declares, or a config
@@ -131,9 +137,7 @@ def without_defaults(model: Mapping[str, Any]) -> dict[str, Any]:
   its options."""
   out = dict(model)
   for slot, key in _OPTIONS:
-    defaults = None
-    if _KIND_DEFAULTS and slot in out:
-      defaults = _KIND_DEFAULTS[0](slot, str(out[slot]))
+    defaults = kind_defaults(slot, str(out[slot])) if slot in out else None
     if defaults and isinstance(out.get(key), Mapping):
       plain = json.loads(json.dumps(defaults))
       out[key] = {
