@@ -107,12 +107,17 @@ def settled_options(
   kinds left at their defaults (those a kind picked before filled in)."""
   parts = parts or catalog.parts()
   defaults = kind_defaults(slot, name, parts)
+  module = _modules(slot, parts).get(name)
+  if defaults is None and module is not None:  # The older form: its fields.
+    fields = {f.name for f in dataclasses.fields(module)}
+  else:
+    fields = set(defaults or ())
   others = [
       extend.option_defaults(m) or {} for m in _modules(slot, parts).values()
   ]
   out = {}
   for k, v in settings_lib.plain(dict(given or {})).items():
-    own = defaults is None or k in defaults or k in ENGINE_OPTIONS
+    own = module is None or k in fields or k in ENGINE_OPTIONS
     if own or not any(k in d and d[k] == v for d in others):
       out[k] = v
   out.update({k: v for k, v in (defaults or {}).items() if k not in out})
