@@ -296,3 +296,15 @@ def test_formula_counts_softmax_padding_and_input_projections():
   attn = 12 * 16 * 150 * 8 * 128
   layers = 10**9 - 10**8 - 16 * 4096 * 1024
   assert f["with_recompute"] - f["model"] == 2 * layers + attn / 3
+
+
+def test_xla_counts_the_encoder_decoders_rpe_terms():
+  # The encoder-decoder with relative positions: its two stacks' terms
+  # (memjax/methods/recurrent/flops.py) bring the formula to XLA's count.
+  config = importlib.import_module("configs.trime_iwslt").get_config("smoke")
+  config.model.attention = "rpe"
+  step = _tiny(config)
+  formula = plan.step_formula(step)
+  xla = plan_compile.step_flops(step, per_device=False)["flops"] / step.tokens
+  assert "relative positions" in formula["terms"], formula
+  assert 1.0 <= xla / formula["with_recompute"] < 1.10, (xla, formula)
