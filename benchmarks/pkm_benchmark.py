@@ -155,11 +155,13 @@ def layer_benches(
   memories = {
       read: pkm.ProductKeyMemory(
           d_model=d,
-          num_keys=o.num_keys,
-          heads=o.heads,
-          topk=o.topk,
-          k_dim=o.k_dim,
-          read=read,
+          options=pkm.MemoryOptions(
+              num_keys=o.num_keys,
+              heads=o.heads,
+              topk=o.topk,
+              k_dim=o.k_dim,
+              read=read,
+          ),
       )
       for read in ("bag", "gather")
   }

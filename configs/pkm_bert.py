@@ -179,8 +179,7 @@ def _finetune(c: ml_collections.ConfigDict, size: str) -> None:
 
 
 def _memory(c, kind, num_keys, heads, topk, k_dim, frozen=False) -> None:
-  m = c.model
-  m.feed_forward = kind
+  m = base.use_kinds(c, feed_forward=kind).model  # Every option filled in.
   m.feed_forward_layers = memory_layers(m.num_layers)
   o = m.feed_forward_options
   o.num_keys, o.heads, o.topk, o.k_dim = num_keys, heads, topk, k_dim

@@ -81,8 +81,7 @@ def apply_memory(
 ) -> None:
   """Puts memory layers of ``kind`` ('pkm', 'resm' or 'memory_plus') into
   config ``c``."""
-  m = c.model
-  m.feed_forward = kind
+  m = base.use_kinds(c, feed_forward=kind).model  # Every option filled in.
   m.feed_forward_layers = memory_layers(m.num_layers)
   m.feed_forward_options.num_keys = num_keys
   m.feed_forward_options.heads = heads

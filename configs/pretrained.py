@@ -113,8 +113,7 @@ def _trime(c):
 def _pkm(c):
   """ResM inserted at one layer, initialised from the memory-less model."""
   c.name = "pretrained_pkm"
-  m = c.model
-  m.feed_forward = "resm"
+  m = base.use_kinds(c, feed_forward="resm").model  # Every option filled in.
   m.feed_forward_layers = (-2,)  # From the end; sizes.py resolves it.
   o = m.feed_forward_options
   o.num_keys, o.heads, o.topk, o.k_dim = 512, 4, 32, 256
@@ -143,7 +142,7 @@ def get_config(arg: str = "import"):
     c = _pkm(c)
   elif arg == "llama_pkm_replace":
     c = _pkm(c)
-    c.model.feed_forward = "pkm"
+    base.use_kinds(c, feed_forward="pkm")
     c.model.feed_forward_options.zero_values = False
     c.train.init_from_map = ()
   return c

@@ -57,7 +57,7 @@ def recurrent_config(
     raise ValueError(f"unknown size {size!r}; use one of {SIZES}")
   c = base.base_config()
   m, d, o, t, e = c.model, c.data, c.optim, c.train, c.eval
-  m.attention = attention
+  base.use_kinds(c, attention=attention)  # Every option filled in.
   for k, v in (options or {}).items():
     m.attention_options[k] = v
   d.corpus = {"text8": "text8", "enwik8": "enwik8", "char_gpu": "enwik8"}.get(

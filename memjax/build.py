@@ -47,8 +47,16 @@ from memjax.run import spec
 def read(
     config: ml_collections.ConfigDict, parts: extend.Parts
 ) -> settings_lib.Settings:
-  """The typed settings of ``config``: every declared section."""
-  return settings_lib.read_all(config, parts.settings, parts.renames)
+  """The typed settings of ``config``: every declared section (keys that
+  moved read at their new place), the model's kinds with every option
+  (``config.settled_model``).
+
+  Raises:
+    errors.ConfigError: an unknown kind, or an option its kind does not
+      declare.
+  """
+  s = settings_lib.read_all(config, parts.settings, parts.renames)
+  return s.replace(config_lib.settled_model(s.model, parts))
 
 
 # ----------------------------------------------------------------------------

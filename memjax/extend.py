@@ -122,12 +122,80 @@ class Mode:
 
 
 @dataclasses.dataclass(frozen=True)
+class NoOptions:
+  """The options of a kind that takes none."""
+
+
+def kind_options(module: type) -> Any:
+  """The default options of a kind: its module's ``options`` field's
+  default, an instance of the kind's options dataclass (frozen, typed,
+  one docstring line per option), declared once beside the kind; ``None``
+  for a module without that field, whose own other fields are its options
+  (the older form, still taken from kinds defined outside memjax)."""
+  for f in dataclasses.fields(module):
+    if f.name == "options":
+      return f.default
+  return None
+
+
+def option_defaults(module: type) -> dict[str, Any] | None:
+  """{option: default} of a kind's options (``kind_options``), in
+  declaration order; None for a kind of the older form."""
+  options = kind_options(module)
+  if options is None:
+    return None
+  return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+
+
+def make_options(
+    module: type, given: Mapping[str, Any] | None, where: str
+) -> Any:
+  """The kind's options object: its defaults with ``given`` set.
+
+  Args:
+    module: the kind's module class (one with an ``options`` field).
+    given: {option: value} (a config's options section), or None.
+    where: the config key and the kind, for messages
+      ("model.feed_forward_options of feed-forward kind 'pkm'").
+
+  Raises:
+    errors.ConfigError: an option the kind does not declare, in one line
+      naming the ones it does.
+  """
+  defaults = kind_options(module)
+  given = dict(given or {})
+  check_options(given, option_defaults(module) or {}, where)
+  return dataclasses.replace(defaults, **given)
+
+
+def check_options(
+    given: Mapping[str, Any], defaults: Mapping[str, Any], where: str
+) -> None:
+  """Raises ``errors.ConfigError`` for a key of ``given`` not in
+  ``defaults`` (the kind's options), naming them."""
+  unknown = sorted(set(given) - set(defaults))
+  if unknown:
+    key, _, kind = where.partition(" of ")
+    raise errors.ConfigError(
+        f"{key} has {', '.join(unknown)}, which {kind} does not take; its "
+        f"options: {', '.join(defaults) or 'none'}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class FeedForward:
   """A feed-forward kind: the block's position-wise sub-layer.
 
+  Its options (``model.feed_forward_options``) are one frozen dataclass,
+  declared beside the kind: the module's ``options`` field, whose default
+  gives every option's (``kind_options``; ``options`` here). A config
+  that picks the kind holds every option at its default
+  (``memjax.config.settle_options``), and a run's signature only those
+  set to another value.
+
   Attributes:
     module: the Flax module class, built with ``d_model``, ``d_ff``,
-      ``dropout_rate``, ``dtype`` and its options, and called as
+      ``dropout_rate``, ``dtype`` and ``options``, and called as
       ``ffn(y [B, T, D], deterministic=...) -> [B, T, D]``.
     takes_mask: it is also given the padding mask (``mask=``, [B, T] bool)
       where a model has one.
@@ -152,6 +220,11 @@ class FeedForward:
   takes_activation: bool = False
   check: Callable[[Any], None] | None = None
   shared_params: Callable[[Any, int], Any] | None = None
+
+  @property
+  def options(self) -> Any:
+    """The kind's default options (``kind_options``), or None."""
+    return kind_options(self.module)
 
 
 @dataclasses.dataclass(frozen=True)

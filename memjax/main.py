@@ -131,6 +131,18 @@ def _one_line(e: BaseException) -> str:
   return " ".join(lines) or type(e).__name__
 
 
+def _unknown_option(argv: list[str]) -> str | None:
+  """For an override of a kind's option the config lacks
+  (``--config.model.feed_forward_options.NAME=...``), the line naming the
+  kind's options (``memjax.config.check_overrides``); else None."""
+  from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
+
+  try:
+    return config_lib.check_overrides(argv)
+  except Exception:  # pylint: disable=broad-except
+    return None  # The config itself fails: its own error is reported.
+
+
 _HELP = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
 
 
@@ -154,7 +166,8 @@ def parse_flags(argv: list[str]) -> list[str]:
       _ = _CONFIG.value.name  # The config file loads lazily: load it now.
     return rest
   except Exception as e:  # pylint: disable=broad-except
-    print(f"memjax: error: {_one_line(e)}", file=sys.stderr)
+    line = _unknown_option(argv) or _one_line(e)
+    print(f"memjax: error: {line}", file=sys.stderr)
     sys.exit(2)
 
 

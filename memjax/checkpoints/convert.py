@@ -21,7 +21,11 @@ Versions:
   and ``ln_attention`` and their residual dropout ``drop``.
 * 3 (today): the whole model section less its runtime keys, and every
   family's blocks name their sub-layers as the decoder LM's do
-  (``attention``, ``ln_attn``, ..., ``Dropout_0``).
+  (``attention``, ``ln_attn``, ..., ``Dropout_0``). The options of the
+  attention and feed-forward kinds (one dataclass per kind) are held
+  where they differ from the kind's defaults only; a signature that holds
+  some at their defaults (written before every option was filled in)
+  reads as one without them (``without_defaults``), with no new version.
 
 Scanned layers (``model.scan_layers``, ``memjax.models.stack``) are a
 layout of today's, not a version: a signature lists the stacked blocks it
@@ -97,19 +101,62 @@ def signature(
       if k not in runtime_options
   }
   sig["vocab_size"] = int(vocab_size)
+  sig = without_defaults(sig)
   out = {"model": sig, "name": name, "signature_version": VERSION}
   if scanned:
     out["scanned"] = list(scanned)
   return out
 
 
+# The model's kinds and their options' keys.
+_OPTIONS = (
+    ("attention", "attention_options"),
+    ("feed_forward", "feed_forward_options"),
+)
+# ``kind_defaults(kind key, name) -> {option: default} | None``, the
+# declared kinds' (``memjax.config.kind_defaults``, which hands it over when
+# imported: the kinds are the catalog's, above this module).
+_KIND_DEFAULTS: list[Callable[[str, str], Any]] = []
+
+
+def use_kind_defaults(kind_defaults: Callable[[str, str], Any]) -> None:
+  """Sets where ``without_defaults`` finds the kinds' option defaults."""
+  _KIND_DEFAULTS[:] = [kind_defaults]
+
+
+def kind_defaults(slot: str, name: str) -> Any:
+  """{option: default} of the kind ``name`` of ``slot`` ('attention' or
+  'feed_forward'), or None (no such kind, or none handed over)."""
+  return _KIND_DEFAULTS[0](slot, name) if _KIND_DEFAULTS else None
+
+
+def without_defaults(model: Mapping[str, Any]) -> dict[str, Any]:
+  """A signature's model with the options its kinds hold at their
+  defaults left out: an option a later version declares, or a config
+  fills in, leaves the signature as it was. A kind of no known name keeps
+  its options."""
+  out = dict(model)
+  for slot, key in _OPTIONS:
+    defaults = kind_defaults(slot, str(out[slot])) if slot in out else None
+    if defaults and isinstance(out.get(key), Mapping):
+      plain = json.loads(json.dumps(defaults))
+      out[key] = {
+          k: v for k, v in out[key].items() if k not in plain or v != plain[k]
+      }
+  return out
+
+
 def upgrade(saved: Mapping[str, Any]) -> dict[str, Any]:
   """A saved signature as today's would read it (version 1 is returned as
-  it was: it is compared on the keys it holds)."""
+  it was: it is compared on the keys it holds); the options at their
+  kinds' defaults are left out (``without_defaults``), as today's leave
+  them."""
   saved = json.loads(json.dumps(dict(saved)))
   version = int(saved.get("signature_version", 1))
-  if version < 2 or version >= VERSION:
+  if version < 2:
     return saved
+  if version >= VERSION:
+    return dict(saved, model=without_defaults(saved.get("model", {})))
   model = dict(saved.get("model", {}))
   for k, v in LATER_MODEL_KEYS.items():
     model.setdefault(k, v)
@@ -118,6 +165,7 @@ def upgrade(saved: Mapping[str, Any]) -> dict[str, Any]:
       for k, v in model["feed_forward_options"].items()
       if k not in _RUNTIME_OPTIONS
   }
+  model = without_defaults(model)
   return dict(saved, model=model, signature_version=VERSION)
 
 

@@ -12,13 +12,13 @@ without knowing it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from memjax import errors
+from memjax import extend
 from memjax.models import multihead
 from memjax.models import rotary
 
@@ -129,38 +129,23 @@ class AttentionKind(nn.Module):
     return h, g, tuple(layer_memories)
 
 
-class CausalSelfAttention(AttentionKind):
-  """Multi-head causal self-attention over the current segment only.
-
-  The 'vanilla' kind: absolute positions, no memory, computed by the one
-  attention core (``multihead.MultiHeadAttention``, 'param' layout). Its
-  options (``model.attention_options``) give the pretrained families'
-  variants: grouped-query attention (``num_kv_heads`` key/value heads, each
-  shared by ``num_heads / num_kv_heads`` query heads, as Hugging Face's
-  ``repeat_kv``), biases on the q/k/v projections (GPT-2, Qwen2) and on
-  the output (GPT-2), and rotary positions (``memjax.models.rotary``).
+@dataclasses.dataclass(frozen=True)
+class VanillaOptions:
+  """``model.attention_options`` of the 'vanilla' kind: the pretrained
+  families' variants.
 
   Attributes:
-    d_model: D.
-    num_heads: H.
-    head_dim: d_h.
-    dropout_rate: dropout on attention probabilities.
-    dtype: compute dtype; softmax runs in float32.
     num_kv_heads: key/value heads (a divisor of H); 0 = H.
     qkv_bias: biases on the query, key and value projections.
     out_bias: a bias on the output projection.
     rope_theta: rotary positions' base; 0 = no rotary positions.
     rope_scaling_factor: Llama 3 rope scaling's factor; 0 = none.
-    rope_low_freq_factor, rope_high_freq_factor, rope_original_max_len:
-      its other settings (``rotary.inverse_frequencies``).
+    rope_low_freq_factor: its low-frequency factor
+      (``rotary.inverse_frequencies``).
+    rope_high_freq_factor: its high-frequency factor.
+    rope_original_max_len: its original context length.
   """
 
-  d_model: int
-  num_heads: int
-  head_dim: int
-  mem_len: int = 0
-  dropout_rate: float = 0.0
-  dtype: jnp.dtype = jnp.float32
   num_kv_heads: int = 0
   qkv_bias: bool = False
   out_bias: bool = False
@@ -170,10 +155,39 @@ class CausalSelfAttention(AttentionKind):
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
 
+
+class CausalSelfAttention(AttentionKind):
+  """Multi-head causal self-attention over the current segment only.
+
+  The 'vanilla' kind: absolute positions, no memory, computed by the one
+  attention core (``multihead.MultiHeadAttention``, 'param' layout). Its
+  options (``VanillaOptions``, ``model.attention_options``) give the
+  pretrained families' variants: grouped-query attention (``num_kv_heads``
+  key/value heads, each shared by ``num_heads / num_kv_heads`` query heads,
+  as Hugging Face's ``repeat_kv``), biases on the q/k/v projections (GPT-2,
+  Qwen2) and on the output (GPT-2), and rotary positions
+  (``memjax.models.rotary``).
+
+  Attributes:
+    d_model: D.
+    num_heads: H.
+    head_dim: d_h.
+    dropout_rate: dropout on attention probabilities.
+    dtype: compute dtype; softmax runs in float32.
+    options: the kind's options.
+  """
+
+  d_model: int
+  num_heads: int
+  head_dim: int
+  mem_len: int = 0
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+  options: VanillaOptions = VanillaOptions()
+
   ABSOLUTE_POSITIONS: ClassVar[bool] = True
 
   def setup(self) -> None:
-    options = {n: getattr(self, n) for n in VANILLA_OPTIONS}
     # The core's parameters sit directly in this layer's scope (query,
     # key, value, out and their biases: the saved paths).
     self.core = multihead.MultiHeadAttention(
@@ -182,7 +196,7 @@ class CausalSelfAttention(AttentionKind):
         head_dim=self.head_dim,
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
-        **core_options(options),
+        **core_options(self.options),
     )
     nn.share_scope(self, self.core)
 
@@ -204,48 +218,33 @@ class CausalSelfAttention(AttentionKind):
     return y, None
 
 
-# The options of the 'vanilla' kind (``model.attention_options``).
-VANILLA_OPTIONS = (
-    "num_kv_heads",
-    "qkv_bias",
-    "out_bias",
-    "rope_theta",
-    "rope_scaling_factor",
-    "rope_low_freq_factor",
-    "rope_high_freq_factor",
-    "rope_original_max_len",
-)
-
-
-def core_options(options: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+def core_options(options: Any) -> dict[str, Any]:
   """The attention core's settings (``multihead.MultiHeadAttention``) of
-  the 'vanilla' kind's options: grouped heads, biases, rotary positions.
+  the 'vanilla' kind's options (a ``VanillaOptions``, or a mapping of its
+  fields): grouped heads, biases, rotary positions.
 
   Raises:
     errors.ConfigError: an option the kind does not take.
   """
-  given = dict(options or {})
-  unknown = sorted(set(given) - set(VANILLA_OPTIONS))
-  if unknown:
-    raise errors.ConfigError(
-        f"model.attention_options has {', '.join(unknown)}, which attention "
-        f"kind 'vanilla' does not take; its options: "
-        f"{', '.join(VANILLA_OPTIONS)}"
+  if not isinstance(options, VanillaOptions):
+    options = extend.make_options(
+        CausalSelfAttention,
+        options,
+        "model.attention_options of attention kind 'vanilla'",
     )
   rope = None
-  if given.get("rope_theta"):
+  if options.rope_theta:
     rope = rotary.Rope(
-        given["rope_theta"],
-        **{
-            k[len("rope_") :]: given[k]
-            for k in VANILLA_OPTIONS[4:]
-            if k in given
-        },
+        options.rope_theta,
+        scaling_factor=options.rope_scaling_factor,
+        low_freq_factor=options.rope_low_freq_factor,
+        high_freq_factor=options.rope_high_freq_factor,
+        original_max_len=options.rope_original_max_len,
     )
   return {
-      "num_kv_heads": int(given.get("num_kv_heads", 0)),
-      "qkv_bias": bool(given.get("qkv_bias", False)),
-      "out_bias": bool(given.get("out_bias", False)),
+      "num_kv_heads": int(options.num_kv_heads),
+      "qkv_bias": bool(options.qkv_bias),
+      "out_bias": bool(options.out_bias),
       "rope": rope,
   }
 

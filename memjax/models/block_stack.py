@@ -216,7 +216,11 @@ class BlockStack(nn.Module):
     chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
     kind, name = self.feed_forward, self.kind_name
     options = dict(self.feed_forward_options or {})
-    fields = lambda k: {f.name for f in dataclasses.fields(k.module)}
+    fields = lambda k: set(
+        {f.name: 0 for f in dataclasses.fields(k.module)}
+        if extend.kind_options(k.module) is None
+        else extend.option_defaults(k.module)
+    )
     if layer + 1 not in chosen:
       kind, name = self.feed_forward_base, "ffn"
       options = {k: v for k, v in options.items() if k in fields(kind)}

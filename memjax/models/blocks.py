@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
+from memjax import extend
 from memjax.models import norms
 
 Array = jax.Array
@@ -105,7 +106,9 @@ def make_sublayer(
     takes_shared: bool = False,
     **kwargs: Any,
 ) -> Sublayer:
-  """``module`` with ``kwargs`` and the kind's own ``options``.
+  """``module`` with ``kwargs`` and the kind's own ``options``: its
+  options object (``extend.make_options``), or, for a module of the older
+  form (no ``options`` field), its own fields.
 
   Args:
     module: the kind's module class.
@@ -118,6 +121,11 @@ def make_sublayer(
   Raises:
     errors.ConfigError: an option the kind does not take.
   """
+  if extend.kind_options(module) is not None:
+    built = extend.make_options(module, options, where)
+    return Sublayer(
+        module, {**kwargs, "options": built}, takes_mask, takes_shared
+    )
   options = dict(options or {})
   fields = {f.name for f in dataclasses.fields(module)} - {"parent", "name"}
   unknown = sorted(set(options) - (fields - set(kwargs)))

@@ -2,7 +2,8 @@
 
 A kind (``extend.FeedForward``, named by ``model.feed_forward``) is a Flax
 module built with ``d_model``, ``d_ff``, ``dropout_rate``, ``dtype`` and
-its own options (the keys of ``model.feed_forward_options``), named ``ffn``
+its options object (``options``: one frozen dataclass per kind, whose
+fields are the keys of ``model.feed_forward_options``), named ``ffn``
 in each block, and called as ``ffn(g [B, T, D], deterministic=...) -> [B,
 T, D]``. The plain one ('ffn', ``PLAIN``) and the gated one ('glu',
 ``GLU``: SwiGLU with 'silu', Llama's and Qwen2's) are here; the methods
@@ -11,8 +12,8 @@ declare theirs (product-key memory).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
-
 
 import flax.linen as nn
 import jax
@@ -78,6 +79,18 @@ def activation_option(
   return {}
 
 
+@dataclasses.dataclass(frozen=True)
+class FeedForwardOptions:
+  """``model.feed_forward_options`` of the plain kind ('ffn').
+
+  Attributes:
+    activation_dropout: dropout after the activation (fairseq's
+      activation_dropout); < 0 = the model's dropout.
+  """
+
+  activation_dropout: float = -1.0
+
+
 class FeedForward(nn.Module):
   """Position-wise feed-forward block: D -> F -> D ('ffn'), ReLU or a GELU
   (``activation``, a key of ``ACTIVATIONS``).
@@ -90,8 +103,7 @@ class FeedForward(nn.Module):
   d_ff: int
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
-  # Dropout after the ReLU (fairseq's activation_dropout); < 0 = dropout_rate.
-  activation_dropout: float = -1.0
+  options: FeedForwardOptions = FeedForwardOptions()
   activation: str = "relu"
 
   @nn.compact
@@ -108,11 +120,8 @@ class FeedForward(nn.Module):
     )(x)
     h = ACTIVATIONS[self.activation](h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-    rate = (
-        self.dropout_rate
-        if self.activation_dropout < 0
-        else self.activation_dropout
-    )
+    rate = self.options.activation_dropout
+    rate = self.dropout_rate if rate < 0 else rate
     h = nn.Dropout(rate)(h, deterministic=deterministic)
     return nn.Dense(
         self.d_model,
@@ -160,6 +169,7 @@ class GatedFeedForward(nn.Module):
   d_ff: int
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  options: extend.NoOptions = extend.NoOptions()  # It takes none.
   activation: str = "silu"
 
   @nn.compact

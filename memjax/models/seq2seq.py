@@ -334,9 +334,15 @@ def encoder_decoder(
           f"model.family_options.{key} must be 'pre', 'post' or '' (the "
           f"model's norm_position), got {opts[key]!r}"
       )
-  if model.attention_options:
+  defaults = extend.option_defaults(parts.attention.get(model.attention))
+  changed = {
+      k: v
+      for k, v in dict(model.attention_options or {}).items()
+      if k not in (defaults or {}) or defaults[k] != v
+  }
+  if changed:  # Its options at their defaults only.
     raise errors.ConfigError(
-        f"model.attention_options {dict(model.attention_options)}: the "
+        f"model.attention_options {changed}: the "
         "encoder-decoder's attention takes no options (its decoding cache "
         "holds every head at sinusoid absolute positions)"
     )

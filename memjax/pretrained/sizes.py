@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from memjax.checkpoints import convert
 from memjax.checkpoints import runfiles
 from memjax.io import paths
 
@@ -71,7 +72,12 @@ def _inserted(config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     return {}
   n = int(model["num_layers"])
   options = dict(model.get("feed_forward_options") or {})
-  options.update(config.get("feed_forward_options") or {})
+  # The config's options, less those it holds at its kind's defaults (filled
+  # in) where the import sets them (GPT-2's activation_dropout).
+  defaults = convert.kind_defaults("feed_forward", config["feed_forward"])
+  for k, v in (config.get("feed_forward_options") or {}).items():
+    if k not in options or not defaults or defaults.get(k, v) != v:
+      options[k] = v
   options["base"] = model["feed_forward"]
   return {
       "feed_forward": config["feed_forward"],

@@ -26,8 +26,7 @@ def ranged(default: Any, rule: str) -> Any:
 
 
 def frozen_dict(**kwargs: Any) -> Any:
-  """A field whose default is an empty options dict (a ConfigDict in the
-  config, a dict here)."""
+  """A field defaulting to an empty dict (a ConfigDict in the config)."""
   return dataclasses.field(default_factory=dict, **kwargs)
 
 
@@ -77,9 +76,10 @@ class Model:
       (fairseq's adaptive_softmax_dropout).
     attention_dropout: dropout on attention probabilities.
     attention: the attention kind (vanilla | rpe | xl | lamemo).
-    attention_options: the kind's own attributes.
-    feed_forward: the feed-forward kind (ffn | glu | pkm | resm).
-    feed_forward_options: the kind's own attributes.
+    attention_options, feed_forward_options: the kinds' options, declared
+      by one frozen dataclass per kind (``extend.kind_options``); a config
+      holds every one of them (``memjax.config.settle_options``).
+    feed_forward: the feed-forward kind (ffn | glu | pkm | resm | ...).
     feed_forward_layers: 1-based layer numbers that use ``feed_forward``
       (e.g. (2, 4) of 6 for product-key memory layers); the other layers
       use the plain 'ffn' with the options it takes. () = every layer.

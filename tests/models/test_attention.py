@@ -201,10 +201,9 @@ def test_final_layer_norm_switch_and_activation_dropout():
   )
   assert "final_norm" not in lm.init(jax.random.PRNGKey(0), tokens)["params"]
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
-  off = feed_forward.FeedForward(
-      8, 16, dropout_rate=0.5, activation_dropout=0.0
-  )
-  on = feed_forward.FeedForward(8, 16, dropout_rate=0.0, activation_dropout=0.5)
+  options = feed_forward.FeedForwardOptions
+  off = feed_forward.FeedForward(8, 16, dropout_rate=0.5, options=options(0.0))
+  on = feed_forward.FeedForward(8, 16, dropout_rate=0.0, options=options(0.5))
   params = off.init(jax.random.PRNGKey(2), x, deterministic=True)
   rngs = {"dropout": jax.random.PRNGKey(3)}
   plain = off.apply(params, x, deterministic=True)

@@ -116,10 +116,7 @@ def test_residual_memory_ffn_takes_the_activation():
     layer = pkm.ResMFeedForward(
         d_model=8,
         d_ff=16,
-        num_keys=4,
-        heads=1,
-        topk=2,
-        k_dim=4,
+        options=pkm.MemoryOptions(num_keys=4, heads=1, topk=2, k_dim=4),
         activation=name,
     )
     params = layer.init(jax.random.PRNGKey(0), x, deterministic=True)

@@ -95,7 +95,10 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias):
 )
 def test_attention_options_match_numpy(options):
   layer = attention.CausalSelfAttention(
-      d_model=D, num_heads=H, head_dim=DH, **options
+      d_model=D,
+      num_heads=H,
+      head_dim=DH,
+      options=attention.VanillaOptions(**options),
   )
   x = normal(0, (B, T, D))
   params = random_like(layer.init(jax.random.PRNGKey(0), x), 1)
@@ -137,7 +140,10 @@ def test_llama3_scaling_changes_the_long_wavelengths_only():
 
 def test_kv_heads_must_divide_the_heads():
   layer = attention.CausalSelfAttention(
-      d_model=D, num_heads=H, head_dim=DH, num_kv_heads=3
+      d_model=D,
+      num_heads=H,
+      head_dim=DH,
+      options=attention.VanillaOptions(num_kv_heads=3),
   )
   with pytest.raises(errors.ConfigError, match="num_kv_heads 3 must divide"):
     layer.init(jax.random.PRNGKey(0), jnp.zeros((1, 2, D)))

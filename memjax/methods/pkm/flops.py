@@ -34,7 +34,7 @@ def memory_flops(s: Any, shape: extend.FlopsShape) -> dict[str, float]:
   if m.feed_forward not in KINDS:
     return {}
   opts = dict(m.feed_forward_options or {})
-  defaults = layer.MemoryFeedForward
+  defaults = layer.MemoryOptions
   slots = int(opts.get("num_keys", defaults.num_keys)) ** 2
   heads = int(opts.get("heads", defaults.heads))
   topk = int(opts.get("topk", defaults.topk))

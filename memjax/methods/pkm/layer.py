@@ -41,6 +41,7 @@ define them, and per head as ``reads_per_head``, ``top1_per_head``) that
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Optional
 
 import flax.linen as nn
@@ -68,6 +69,58 @@ READ_OPTIONS = ("read", "read_group")
 CAUSAL_FAMILIES = ("decoder_lm",)
 # The option that lets a causal model take the query BatchNorm anyway.
 LEAK_SWITCH = "allow_batchnorm_future_leak"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryOptions:
+  """``model.feed_forward_options`` of the memory kinds ('pkm', 'resm',
+  'memory_plus'), read by ``MemoryFeedForward`` and its
+  ``ProductKeyMemory``.
+
+  Attributes:
+    num_keys: C, sub-keys per half; the memory has C^2 slots.
+    heads: H, query heads.
+    topk: k, slots read per head.
+    k_dim: query and full-key dimension (even).
+    query_norm: 'layer' (LayerNorm, for causal models) or 'batch'
+      (BatchNorm over non-padding positions; running statistics in
+      'batch_stats', Flax momentum 0.9 = PyTorch's 0.1).
+    read: 'bag' (``bag.read``: a loop over groups of the H*k columns with
+      its own gradient, no [.., H*k, V] temporary) or 'gather'
+      (``jnp.take`` then a weighted sum: the plain form, the reference).
+    read_group: columns per step of the 'bag' read (0 = up to 8).
+    qk_norm: scale the query halves and the sub-keys to unit RMS before
+      scoring (Memory+, Berges et al. 2025; off in Lample et al.).
+    gate: pass the memory's output through Memory+'s gate
+      ``(m ⊙ silu(x W1)) W2`` (modules ``gate_in``, ``gate_out``).
+    shared_values: read the model's one values table (``ffn_shared/
+      values``, Memory+'s shared pool) instead of a table per layer, each
+      layer keeping its own queries and keys.
+    zero_values: values initialised to zero (the memory reads 0 until
+      trained: a memory added to a pretrained model leaves it unchanged).
+    activation_dropout: the FFN's dropout after its activation ('resm';
+      < 0 = the model's dropout).
+    allow_batchnorm_future_leak: let a causal model (``CAUSAL_FAMILIES``)
+      take ``query_norm='batch'``, whose batch statistics mix every
+      position, later ones included (checked by ``check_model`` only).
+    base: the FFN's kind, and that of the layers without a memory: 'ffn'
+      or 'glu' (gate, up, down: a pretrained Llama's).
+  """
+
+  num_keys: int = 512
+  heads: int = 4
+  topk: int = 32
+  k_dim: int = 256
+  query_norm: str = "layer"
+  read: str = "bag"
+  read_group: int = 0
+  qk_norm: bool = False
+  gate: bool = False
+  shared_values: bool = False
+  zero_values: bool = False
+  activation_dropout: float = -1.0
+  allow_batchnorm_future_leak: bool = False
+  base: str = "ffn"
 
 
 def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
@@ -109,7 +162,7 @@ def shared_params(options: Any, d_model: int) -> dict[str, Any]:
   """``shared_values``: one values table [C^2, D] for every memory layer."""
   if not options.get("shared_values"):
     return {}
-  c = int(options.get("num_keys", MemoryFeedForward.num_keys))
+  c = int(options.get("num_keys", MemoryOptions.num_keys))
   init, axes = _values_init(d_model)
   return {"values": (init, (c * c, d_model), axes)}
 
@@ -137,41 +190,22 @@ class ProductKeyMemory(nn.Module):
   Attributes:
     d_model: D, the input width.
     value_dim: V, the width of the values and output (0 = D).
-    num_keys: C, sub-keys per half; the memory has C^2 slots.
-    heads: H.
-    topk: k, slots read per head.
-    k_dim: query and full-key dimension (even).
-    query_norm: 'layer' (LayerNorm, for causal models) or 'batch'
-      (BatchNorm over non-padding positions; running statistics in
-      'batch_stats', Flax momentum 0.9 = PyTorch's 0.1).
     dtype: compute dtype of the query network and of the output.
-    read: 'bag' (``bag.read``: a loop over groups of the H*k columns with its
-      own gradient, no [.., H*k, V] temporary) or 'gather' (``jnp.take``
-      then a weighted sum: the plain form, kept as the reference).
-    read_group: columns per step of the 'bag' read (0 = up to 8).
-    qk_norm: scale the query halves and the sub-keys to unit RMS before
-      scoring (Memory+, Berges et al. 2025; off in Lample et al.).
-    zero_values: values initialised to zero (the memory reads 0 until
-      trained: a memory added to a pretrained model leaves it unchanged).
+    options: its sizes and switches (``MemoryOptions``: num_keys C, heads
+      H, topk k, k_dim, query_norm, read, read_group, qk_norm,
+      zero_values; the others are ``MemoryFeedForward``'s).
   """
 
   d_model: int
   value_dim: int = 0
-  num_keys: int = 512
-  heads: int = 4
-  topk: int = 32
-  k_dim: int = 256
-  query_norm: str = "layer"
   dtype: Any = jnp.float32
-  read: str = "bag"
-  read_group: int = 0
-  qk_norm: bool = False
-  zero_values: bool = False
+  options: MemoryOptions = MemoryOptions()
 
   def _query(self, x: Array, mask: Array, deterministic: bool) -> Array:
     """[N, D] -> [N, H, k_dim] normalised queries."""
+    o = self.options
     q = nn.Dense(
-        self.heads * self.k_dim,
+        o.heads * o.k_dim,
         dtype=self.dtype,
         name="query",
         kernel_init=nn.with_logical_partitioning(
@@ -184,7 +218,7 @@ class ProductKeyMemory(nn.Module):
         scale_init=nn.with_logical_partitioning(nn.initializers.ones, (None,)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
     )
-    if self.query_norm == "batch":
+    if o.query_norm == "batch":
       q = nn.BatchNorm(
           momentum=0.9,
           epsilon=1e-5,
@@ -196,7 +230,7 @@ class ProductKeyMemory(nn.Module):
       q = nn.LayerNorm(
           epsilon=1e-5, name="query_norm", dtype=jnp.float32, **inits
       )(q)
-    return q.reshape(q.shape[0], self.heads, self.k_dim)
+    return q.reshape(q.shape[0], o.heads, o.k_dim)
 
   @nn.compact
   def __call__(
@@ -214,7 +248,8 @@ class ProductKeyMemory(nn.Module):
     with other layers, read instead of a table of the layer's own.
     """
     vdim = self.value_dim or self.d_model
-    c, h, k = self.num_keys, self.heads, self.topk
+    o = self.options
+    c, h, k = o.num_keys, o.heads, o.topk
     lead = x.shape[:-1]
     xf = x.reshape(-1, x.shape[-1])
     valid = (
@@ -223,7 +258,7 @@ class ProductKeyMemory(nn.Module):
         else mask.reshape(-1).astype(bool)
     )
     q = self._query(xf, valid, deterministic)
-    bound = 1.0 / np.sqrt(self.k_dim // 2)
+    bound = 1.0 / np.sqrt(o.k_dim // 2)
     keys = self.param(
         "keys",
         nn.with_logical_partitioning(
@@ -232,15 +267,15 @@ class ProductKeyMemory(nn.Module):
             ),
             (None, None, None, None),
         ),
-        (h, 2, c, self.k_dim // 2),
+        (h, 2, c, o.k_dim // 2),
     )
     if values is None:
       init, axes = _values_init(vdim)
-      init = nn.initializers.zeros if self.zero_values else init
+      init = nn.initializers.zeros if o.zero_values else init
       values = self.param(
           "values", nn.with_logical_partitioning(init, axes), (c * c, vdim)
       )
-    if self.qk_norm:
+    if o.qk_norm:
       q, keys = _qk_norm(q, keys)
     scores, slots = product_key_topk(q, keys, k)
     weights = jax.nn.softmax(scores, axis=-1)  # [N, H, k] float32
@@ -249,10 +284,10 @@ class ProductKeyMemory(nn.Module):
     # devices stays split) and never holds [.., H*k, V] gathered rows.
     slots = slots.reshape(lead + (h * k,))
     weights = weights.reshape(lead + (h * k,))
-    if self.read == "gather":
+    if o.read == "gather":
       out = bag.gather_read(values, slots, weights)
     else:
-      out = sharded.read(values, slots, weights, self.read_group)
+      out = sharded.read(values, slots, weights, o.read_group)
     out = jnp.where(valid.reshape(lead)[..., None], out, 0)
     return out.astype(self.dtype)
 
@@ -264,14 +299,13 @@ class ProductKeyMemory(nn.Module):
       return
     slots = jax.lax.stop_gradient(slots)
     weights = jax.lax.stop_gradient(weights)
-    sums = counts.usage_counts(slots, weights, valid, self.num_keys**2)
+    slots_total = self.options.num_keys**2
+    sums = counts.usage_counts(slots, weights, valid, slots_total)
     if want_aux:
       for name, value in counts.usage_metrics(*sums).items():
         stats.report_mean(self, name, value)
     if want_sums:
-      heads = counts.usage_counts(
-          slots, weights, valid, self.num_keys**2, "head"
-      )
+      heads = counts.usage_counts(slots, weights, valid, slots_total, "head")
       named = dict(zip(("reads", "top1", "weights"), sums))
       named.update(reads_per_head=heads[0], top1_per_head=heads[1])
       for name, value in named.items():
@@ -288,38 +322,17 @@ class MemoryFeedForward(nn.Module):
   """``alpha FFN(x) + beta PKM(x)``: [B, T, D] -> [B, T, D].
 
   The FFN (module ``dense``) exists only when alpha != 0; the memory
-  (``memory``) only when beta != 0. Options (``model.feed_forward_options``)
-  are the ``ProductKeyMemory`` attributes plus ``activation_dropout``,
-  ``gate`` and ``allow_batchnorm_future_leak``: a causal model
-  (``CAUSAL_FAMILIES``) takes ``query_norm='batch'`` only with it set, since
-  a batch's statistics mix every position, later ones included. ``gate``
-  (Memory+, Berges et al. 2025) passes the memory's output through
-  ``(m ⊙ silu(x W1)) W2`` (modules ``gate_in``, ``gate_out``);
-  ``shared_values`` reads the model's one values table (``ffn_shared/
-  values``, Memory+'s shared pool) instead of a table per layer, each
-  layer keeping its own queries and keys.
+  (``memory``) only when beta != 0. Its options (``options``,
+  ``model.feed_forward_options``) are ``MemoryOptions``, each kind's
+  defaults the default of its ``options`` field.
   """
 
   d_model: int
   d_ff: int
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
-  activation_dropout: float = -1.0
-  num_keys: int = 512
-  heads: int = 4
-  topk: int = 32
-  k_dim: int = 256
-  query_norm: str = "layer"
-  # Checked by check_model only: BatchNorm in a causal model.
-  allow_batchnorm_future_leak: bool = False
-  read: str = "bag"
-  read_group: int = 0
-  qk_norm: bool = False
-  gate: bool = False
-  shared_values: bool = False
+  options: MemoryOptions = MemoryOptions()
   activation: str = "relu"  # the FFN's (model.activation)
-  zero_values: bool = False
-  base: str = "ffn"  # the FFN's kind: 'glu' (gate, up, down) or 'ffn'
   ffn_weight: float = 1.0
   memory_weight: float = 1.0
 
@@ -334,8 +347,9 @@ class MemoryFeedForward(nn.Module):
   ) -> Array:
     """[B, T, D] -> [B, T, D]; ``shared``: the model's shared parameters
     (``shared_params``: the values table when ``shared_values``)."""
+    o = self.options
     values = None
-    if self.shared_values:
+    if o.shared_values:
       if not shared or "values" not in shared:
         raise errors.ConfigError(
             "model.feed_forward_options.shared_values needs a model family "
@@ -351,30 +365,18 @@ class MemoryFeedForward(nn.Module):
           dropout_rate=self.dropout_rate,
           activation=self.activation,
       )
-      if self.base == "glu":  # A pretrained Llama's (SwiGLU) FFN.
+      if o.base == "glu":  # A pretrained Llama's (SwiGLU) FFN.
         dense = feed_forward.GatedFeedForward(**sizes, name="dense")
       else:
-        dense = feed_forward.FeedForward(
-            **sizes, activation_dropout=self.activation_dropout, name="dense"
-        )
+        ffn = feed_forward.FeedForwardOptions(o.activation_dropout)
+        dense = feed_forward.FeedForward(**sizes, options=ffn, name="dense")
       f = dense(x, deterministic=deterministic)
       out = out + self.ffn_weight * f
     if self.memory_weight:
       m = ProductKeyMemory(
-          d_model=self.d_model,
-          num_keys=self.num_keys,
-          heads=self.heads,
-          topk=self.topk,
-          k_dim=self.k_dim,
-          query_norm=self.query_norm,
-          dtype=self.dtype,
-          read=self.read,
-          read_group=self.read_group,
-          qk_norm=self.qk_norm,
-          zero_values=self.zero_values,
-          name="memory",
+          d_model=self.d_model, dtype=self.dtype, options=o, name="memory"
       )(x, deterministic=deterministic, mask=mask, values=values)
-      if self.gate:
+      if o.gate:
         m = self._gate(x, m)
       out = out + self.memory_weight * m.astype(out.dtype)
     return out
@@ -405,12 +407,11 @@ class PKMFeedForward(MemoryFeedForward):
 
 class MemoryPlusFeedForward(MemoryFeedForward):
   """Memory+ (Berges et al. 2025) in place of the FFN ('memory_plus'):
-  ``(PKM(x) ⊙ silu(x W1)) W2`` with qk-norm."""
+  ``(PKM(x) ⊙ silu(x W1)) W2`` with qk-norm (its options' defaults)."""
 
+  options: MemoryOptions = MemoryOptions(qk_norm=True, gate=True)
   ffn_weight: float = 0.0
   memory_weight: float = 1.0
-  qk_norm: bool = True
-  gate: bool = True
 
 
 class ResMFeedForward(MemoryFeedForward):
@@ -423,13 +424,12 @@ class ResMFeedForward(MemoryFeedForward):
 def check_model(model: settings_lib.Model) -> None:
   """Raises ConfigError for memory options that cannot work (before any
   run)."""
-  opts = dict(model.feed_forward_options or {})
+  names = {f.name for f in dataclasses.fields(MemoryOptions)}
+  given = dict(model.feed_forward_options or {})
+  o = MemoryOptions(**{k: v for k, v in given.items() if k in names})
   where = "model.feed_forward_options"
-  defaults = MemoryFeedForward
-  num_keys = int(opts.get("num_keys", defaults.num_keys))
-  topk = int(opts.get("topk", defaults.topk))
-  k_dim = int(opts.get("k_dim", defaults.k_dim))
-  norm = opts.get("query_norm", defaults.query_norm)
+  num_keys, topk, k_dim = int(o.num_keys), int(o.topk), int(o.k_dim)
+  norm, read, heads = o.query_norm, o.read, int(o.heads)
   if topk < 1 or topk > num_keys:
     raise errors.ConfigError(
         f"{where}.topk {topk} must be between 1 and num_keys {num_keys} "
@@ -441,19 +441,17 @@ def check_model(model: settings_lib.Model) -> None:
     raise errors.ConfigError(
         f"{where}.query_norm must be one of {QUERY_NORMS}, got {norm!r}"
     )
-  read = opts.get("read", defaults.read)
   if read not in READS:
     raise errors.ConfigError(
         f"{where}.read must be one of {READS}, got {read!r}"
     )
-  group = int(opts.get("read_group", defaults.read_group))
-  heads = int(opts.get("heads", defaults.heads))
+  group = int(o.read_group)
   if group < 0 or (group and (heads * topk) % group):
     raise errors.ConfigError(
         f"{where}.read_group {group} must divide heads * topk = "
         f"{heads * topk} (or be 0 for the default)"
     )
-  leak = bool(opts.get(LEAK_SWITCH, False))
+  leak = bool(o.allow_batchnorm_future_leak)
   if norm == "batch" and model.family in CAUSAL_FAMILIES and not leak:
     raise errors.ConfigError(
         f"{where}.query_norm='batch' in the causal model.family "

@@ -61,13 +61,36 @@ def _scores(
   return position + content_bias + table
 
 
+def _seq2seq_flops(s: Any, shape: extend.FlopsShape) -> dict[str, float]:
+  """The encoder-decoder's 'rpe' (the one relative kind it takes): its
+  encoder's self-attention reads both directions (2S - 1 distance columns
+  over S keys, S = T in the plan's padded batches), its decoder's causal
+  self-attention T columns over T keys; the cross-attention has no
+  relative positions. Per target token, each stack's layers."""
+  m = s.model
+  d_model, d_attn = int(m.d_model), int(m.num_heads) * int(m.head_dim)
+  t, step_tokens = shape.seq_len, shape.rows * shape.seq_len
+  counted = 6.0 * (d_model * d_attn + _BIASES[m.attention] * d_attn)
+  encoder = int(dict(m.family_options).get("encoder_layers", m.num_layers))
+  enc = _scores(t, t, 2 * t - 1, d_model, d_attn, t, step_tokens)
+  dec = _scores(t, t, t, d_model, d_attn, t, step_tokens)
+  return {
+      "relative positions": encoder * (enc - counted)
+      + int(m.num_layers) * (dec - counted)
+  }
+
+
 def relative_flops(s: Any, shape: extend.FlopsShape) -> dict[str, float]:
   """FLOPs per token of the relative attentions beyond the plan's formula
-  (see the module doc); {} for a run with another attention kind, and for
-  the encoder-decoder's 'rpe' (its two stacks' terms are not counted yet).
-  The encoder's 'rpe' reads both directions: 2T - 1 distance columns."""
+  (see the module doc); {} for a run with another attention kind. The
+  encoder's 'rpe' reads both directions: 2T - 1 distance columns; the
+  encoder-decoder's, ``_seq2seq_flops``."""
   m = s.model
-  if m.attention not in _BIASES or m.family not in ("decoder_lm", "encoder"):
+  if m.attention not in _BIASES:
+    return {}
+  if m.family == "encoder_decoder":
+    return _seq2seq_flops(s, shape)
+  if m.family not in ("decoder_lm", "encoder"):
     return {}
   layers, d_model = int(m.num_layers), int(m.d_model)
   d_attn = int(m.num_heads) * int(m.head_dim)

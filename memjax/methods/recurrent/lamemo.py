@@ -45,6 +45,7 @@ docs/lamemo.md.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
@@ -109,6 +110,28 @@ def look_ahead_window(mem_len: int, seg_len: int) -> tuple[int, int]:
   return mem_len - width + 1, width
 
 
+@dataclasses.dataclass(frozen=True)
+class LaMemoOptions:
+  """``model.attention_options`` of the 'lamemo' kind.
+
+  Attributes:
+    position: 'disentangled' (Eq. 12, the paper's choice) or 'xl' (Eq. 6
+      for both directions; the look-ahead then uses R of negative
+      distances with the same v).
+    look_ahead: refresh the memory with look-ahead attention. False keeps
+      the memory vectors as they were computed (Transformer-XL behaviour).
+    interpolate: interpolate old and look-ahead vectors (Eq. 10-11). False
+      means alpha = 0: the refreshed memory is the new look-ahead attention
+      only (and its log-normaliser that of the window).
+    eps: epsilon of Eq. 11 (added after the max subtraction).
+  """
+
+  position: str = "disentangled"
+  look_ahead: bool = True
+  interpolate: bool = True
+  eps: float = 1e-6
+
+
 class LaMemoAttention(relative.RelativeAttentionBase):
   """Look-ahead memory attention layer (LaMemo Eq. 6-12).
 
@@ -120,16 +143,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
   module docstring and docs/lamemo.md).
 
   Attributes (besides those of ``RelativeAttentionBase``):
-      position: 'disentangled' (Eq. 12, the paper's choice) or 'xl' (Eq. 6
-          for both directions; the look-ahead then uses R of negative
-          distances with the same v).
-      look_ahead: refresh the memory with look-ahead attention. False keeps
-          the memory vectors as they were computed (Transformer-XL
-          behaviour).
-      interpolate: interpolate old and look-ahead vectors (Eq. 10-11).
-          False means alpha = 0: the refreshed memory is the new look-ahead
-          attention only (and its log-normaliser that of the window).
-      eps: epsilon of Eq. 11 (added after the max subtraction).
+      options: the kind's switches (``LaMemoOptions``).
 
   Parameters: those of ``XLAttention`` for position='xl' (query, key,
   value, pos_key, out, u, v) and of ``DisentangledAttention`` for
@@ -137,15 +151,12 @@ class LaMemoAttention(relative.RelativeAttentionBase):
   projection and bias with the causal attention.
   """
 
-  position: str = "disentangled"
-  look_ahead: bool = True
-  interpolate: bool = True
-  eps: float = 1e-6
+  options: LaMemoOptions = LaMemoOptions()
 
   RECURRENT: ClassVar[bool] = True
 
   def position_scheme(self) -> str:
-    return self.position
+    return self.options.position
 
   @classmethod
   def init_layer_memory(
@@ -332,7 +343,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     # 2. Look-ahead refresh of the memory rows.
     c_old = jax.lax.stop_gradient(memory.c).astype(jnp.float32)
     lse_old = jax.lax.stop_gradient(memory.lse).astype(jnp.float32)
-    if self.look_ahead and mem_len > 0:
+    if self.options.look_ahead and mem_len > 0:
       c_mem, lse_mem = self._refresh(
           q, k, v, mem_valid, c_old, lse_old, seg_len, deterministic
       )
@@ -399,10 +410,10 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     )
     self.sow("intermediates", "look_ahead_probs", probs)
 
-    if self.interpolate:
+    if self.options.interpolate:
       lse_old = jnp.where(mem_valid[:, :, None], lse_old, -jnp.inf)
       c, lse, alpha = interpolate_memory(
-          c_old, lse_old, c_new, lse_new, self.eps
+          c_old, lse_old, c_new, lse_new, self.options.eps
       )
     else:
       c, lse = c_new, lse_new

@@ -36,6 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import extend
 from memjax.models import attention as attention_lib
 from memjax.models import multihead
 from memjax.methods.recurrent import segment_memory as rmemory
@@ -60,6 +61,8 @@ class RelativeAttentionBase(attention_lib.AttentionKind):
       dtype: compute dtype (float32 or bfloat16). Scores, softmax and
           log-normalisers are always float32.
       param_dtype: parameter dtype.
+      options: the kind's options (``model.attention_options``): 'xl' and
+          'rpe' take none, 'lamemo' its ``LaMemoOptions``.
   """
 
   d_model: int
@@ -69,6 +72,7 @@ class RelativeAttentionBase(attention_lib.AttentionKind):
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  options: extend.NoOptions = extend.NoOptions()  # 'xl', 'rpe': none.
 
   def position_scheme(self) -> str:
     """'xl' or 'disentangled'."""

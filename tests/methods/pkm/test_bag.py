@@ -86,16 +86,17 @@ def test_no_gathered_rows_are_held():
 def test_layer_gradients_equal_the_gather_read():
   """Through the whole layer (queries, keys, values; padding; repeated
   slots from a small table), the bag and the gather agree in float32."""
-  args = dict(d_model=12, num_keys=4, heads=2, topk=3, k_dim=8)
+  args = dict(num_keys=4, heads=2, topk=3, k_dim=8)
+  memory = lambda **kw: pkm.ProductKeyMemory(
+      d_model=12, options=pkm.MemoryOptions(**args, **kw)
+  )
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 12))
   mask = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
   target = jax.random.normal(jax.random.PRNGKey(2), (2, 5, 12))
-  variables = pkm.ProductKeyMemory(**args).init(
-      jax.random.PRNGKey(0), x, deterministic=True
-  )
+  variables = memory().init(jax.random.PRNGKey(0), x, deterministic=True)
 
   def grads(read):
-    layer = pkm.ProductKeyMemory(read=read, **args)
+    layer = memory(read=read)
 
     def loss(params, x):
       out = layer.apply({"params": params}, x, deterministic=True, mask=mask)

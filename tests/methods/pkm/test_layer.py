@@ -1,6 +1,7 @@
 """Product-key memory against a NumPy reference written from the papers
 (Lample et al. 2019, section 3; Kim & Jung 2020, sections 2.1, 3.2, 4.2)."""
 
+import dataclasses
 import json
 
 import flax.linen as nn
@@ -60,9 +61,8 @@ def np_layer(x, p, k, mask=None):
 
 
 def _layer(**kw):
-  return pkm.ProductKeyMemory(
-      d_model=D, num_keys=C, heads=H, topk=K, k_dim=KD, **kw
-  )
+  options = pkm.MemoryOptions(num_keys=C, heads=H, topk=K, k_dim=KD, **kw)
+  return pkm.ProductKeyMemory(d_model=D, options=options)
 
 
 def _unbox(tree):
@@ -374,9 +374,9 @@ def _np_rms(x):
 def test_memory_plus_gate_and_qk_norm_match_numpy():
   """Memory+ (Berges et al.): (PKM(x) ⊙ silu(x W1 + b1)) W2 + b2, with the
   query halves and the sub-keys at unit RMS before the search."""
-  layer = pkm.MemoryPlusFeedForward(
-      d_model=D, d_ff=24, num_keys=C, heads=H, topk=K, k_dim=KD
-  )
+  options = pkm.MemoryPlusFeedForward.options
+  options = dataclasses.replace(options, num_keys=C, heads=H, topk=K, k_dim=KD)
+  layer = pkm.MemoryPlusFeedForward(d_model=D, d_ff=24, options=options)
   x = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (2, 4, D)))
   variables = layer.init(jax.random.PRNGKey(0), x, deterministic=True)
   p = _unbox(variables["params"])
@@ -471,15 +471,59 @@ def test_shared_values_are_one_table_that_both_layers_read():
 
 
 def test_shared_values_need_a_family_that_makes_them():
-  layer = pkm.PKMFeedForward(
-      d_model=D,
-      d_ff=24,
-      num_keys=C,
-      heads=H,
-      topk=K,
-      k_dim=KD,
-      shared_values=True,
+  options = pkm.MemoryOptions(
+      num_keys=C, heads=H, topk=K, k_dim=KD, shared_values=True
   )
+  layer = pkm.PKMFeedForward(d_model=D, d_ff=24, options=options)
   x = jnp.zeros((1, 3, D))
   with pytest.raises(errors.ConfigError, match="shared_values needs"):
     layer.init(jax.random.PRNGKey(0), x, deterministic=True)
+
+
+MEMORY_PLUS_OVERRIDES = (
+    "--config.model.feed_forward_options.gate=True",
+    "--config.model.feed_forward_options.qk_norm=True",
+    "--config.model.feed_forward_options.shared_values=True",
+)
+
+
+def test_memory_plus_options_set_on_a_pkm_variant_from_the_command_line():
+  """Memory+'s gate, qk_norm and shared_values are in every memory kind's
+  options (``MemoryOptions``), so a 'pkm' variant takes them as overrides:
+  the command line accepts them, and the model built has the gate and the
+  one shared values table."""
+  from configs import pkm_wt103  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
+  from tests.conftest import run_main  # pylint: disable=g-import-not-at-top
+
+  proc = run_main(
+      "--config=configs/pkm_wt103.py:pkm_smoke",
+      "--mode=list",
+      *MEMORY_PLUS_OVERRIDES,
+      timeout=120,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  config = pkm_wt103.get_config("pkm_smoke")
+  config.lock()  # As the command line's: a key the config lacks fails.
+  for arg in MEMORY_PLUS_OVERRIDES:
+    key, _, value = arg[
+        len("--config.model.feed_forward_options.") :
+    ].partition("=")
+    config.model.feed_forward_options[key] = value == "True"
+  run = build.build(config, "unused")
+  options = run.settings.model.feed_forward_options
+  assert options["gate"] and options["qk_norm"] and options["shared_values"]
+  model = run.model(5000)  # Above the smoke size's adaptive cutoffs.
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  shapes = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), tokens, tokens)
+  )["params"]
+  layers = config.model.feed_forward_layers
+  for n in range(1, config.model.num_layers + 1):
+    ffn = set(shapes[f"layer_{n - 1}"]["ffn"])
+    if n in layers:
+      assert {"gate_in", "gate_out", "memory"} <= ffn
+      assert "values" not in shapes[f"layer_{n - 1}"]["ffn"]["memory"]
+    else:
+      assert "gate_in" not in ffn
+  assert "values" in shapes["ffn_shared"]

@@ -32,9 +32,8 @@ def _rows_split(spec):
 
 @pytest.mark.parametrize("spec", MESHES)
 def test_layer_sharded_equals_unsharded(spec):
-  layer = pkm.ResMFeedForward(
-      d_model=D, d_ff=24, num_keys=8, heads=H, topk=K, k_dim=KD
-  )
+  options = pkm.MemoryOptions(num_keys=8, heads=H, topk=K, k_dim=KD)
+  layer = pkm.ResMFeedForward(d_model=D, d_ff=24, options=options)
   x = np.random.default_rng(6).normal(size=(8, 3, D)).astype(np.float32)
   boxed = layer.init(jax.random.PRNGKey(0), x, deterministic=True)["params"]
   params = nn.meta.unbox(boxed)

@@ -2,8 +2,11 @@
 counts worked by hand from ``relative.py`` and ``lamemo.py`` on the smoke
 sizes (2 layers, D = 32, 2 heads x 16, T = M = 16, 8 rows)."""
 
+import pytest
+
 from configs import lamemo_wt103
 from configs import pkm_bert
+from configs import trime_iwslt
 from configs import txl_wt103
 from memjax import build
 from memjax import catalog
@@ -62,8 +65,26 @@ def test_an_encoders_rpe_reads_both_directions():
   counted = 6 * (d * da + 3 * da)
   want = layers * (position + bias + table - counted)
   assert got == {"relative positions": want}
-  c.model.family = "encoder_decoder"  # Its stacks are not counted yet.
-  assert flops.relative_flops(_settings(c), extend.FlopsShape(T, ROWS)) == {}
+
+
+def test_the_encoder_decoders_rpe_counts_both_stacks():
+  c = trime_iwslt.get_config("smoke")
+  c.model.attention = "rpe"
+  c.model.family_options.encoder_layers = 3
+  s = _settings(c)
+  m = s.model
+  d, da = m.d_model, m.num_heads * m.head_dim
+  got = flops.relative_flops(s, extend.FlopsShape(seq_len=T, rows=ROWS))
+  counted = 6 * (d * da + 3 * da)
+
+  def stack(cols):  # T queries over T keys and ``cols`` distance columns.
+    table = (4 * cols * d * da + 6 * cols * da) / (ROWS * T)
+    return 6 * cols * da + 6 * da + table - counted
+
+  # Encoder both ways (2T - 1 columns), decoder causal (T); the
+  # cross-attention has no relative positions.
+  want = 3 * stack(2 * T - 1) + m.num_layers * stack(T)
+  assert got == {"relative positions": pytest.approx(want, rel=1e-12)}
 
 
 def test_lamemo_terms_by_hand():

@@ -114,8 +114,7 @@ def test_lamemo_layer_matches_paper(scheme, mem_len, seg_len, new_len):
       num_heads=H,
       head_dim=DH,
       mem_len=new_len,
-      position=scheme,
-      eps=eps,
+      options=lamemo.LaMemoOptions(position=scheme, eps=eps),
   )
   memory = _lamemo_memory(batch, mem_len, 1)
   x = normal(2, (batch, mem_len + seg_len, D))
@@ -158,7 +157,11 @@ def test_lamemo_layer_matches_paper(scheme, mem_len, seg_len, new_len):
 def test_without_interpolation_memory_is_look_ahead_only():
   mem_len, seg_len = 5, 3
   module = lamemo.LaMemoAttention(
-      d_model=D, num_heads=H, head_dim=DH, mem_len=mem_len, interpolate=False
+      d_model=D,
+      num_heads=H,
+      head_dim=DH,
+      mem_len=mem_len,
+      options=lamemo.LaMemoOptions(interpolate=False),
   )
   memory = _lamemo_memory(2, mem_len, 3)
   x = normal(4, (2, mem_len + seg_len, D))
@@ -185,7 +188,11 @@ def test_without_interpolation_memory_is_look_ahead_only():
 def test_without_look_ahead_memory_is_not_refreshed():
   mem_len, seg_len = 5, 3
   module = lamemo.LaMemoAttention(
-      d_model=D, num_heads=H, head_dim=DH, mem_len=mem_len, look_ahead=False
+      d_model=D,
+      num_heads=H,
+      head_dim=DH,
+      mem_len=mem_len,
+      options=lamemo.LaMemoOptions(look_ahead=False),
   )
   memory = _lamemo_memory(2, mem_len, 5)
   x = normal(6, (2, mem_len + seg_len, D))
@@ -220,9 +227,9 @@ def test_lamemo_switched_off_equals_transformer_xl_layer():
       num_heads=H,
       head_dim=DH,
       mem_len=mem_len,
-      position="xl",
-      look_ahead=False,
-      interpolate=False,
+      options=lamemo.LaMemoOptions(
+          position="xl", look_ahead=False, interpolate=False
+      ),
   )
   rng = np.random.default_rng(7)
   valid = np.ones((batch, mem_len), bool)
