@@ -66,4 +66,7 @@ def get_config(arg: str = "demo"):
     c.loss.name = "trime"
     c.trime.memory = "long"
     c.data.segments_per_lane = TRIME_LONG_SEGMENTS
+    # Every micro-batch holds whole lanes (char_gpu's 22 rows become 24).
+    rows = TRIME_LONG_SEGMENTS * c.train.grad_accum
+    c.data.batch_size = -(-c.data.batch_size // rows) * rows
   return c
