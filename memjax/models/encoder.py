@@ -42,7 +42,6 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import block_stack
-from memjax.models import blocks
 from memjax.models import model_config
 from memjax.models import feed_forward as feed_forward_lib
 from memjax.models import stack
@@ -72,10 +71,10 @@ class EncoderOutput(transformer.LMOutput):
 class Encoder(block_stack.BlockStack):
   """The BERT-style encoder with an MLM or a classification head.
 
-  Attributes (besides ``block_stack.BlockStack``'s; ``vocab_size`` with pad id
-  0, ``feed_forward`` the kind at ``feed_forward_layers``, LayerNorm 'post'
-  as BERT's):
-    feed_forward_layers: 1-based layers of that kind; () = every layer.
+  Attributes (besides ``block_stack.BlockStack``'s ``cfg``, whose
+  ``vocab_size`` has pad id 0, ``feed_forward_kind`` is the kind at the
+  1-based ``feed_forward_layers`` (() = every layer) and ``norm_position``
+  is 'post' as BERT's):
     head: 'mlm' or 'classify'.
     num_classes: classify: C.
   """

@@ -68,9 +68,9 @@ class Seq2SeqOutput(transformer.LMOutput):
 class EncoderDecoder(block_stack.BlockStack):
   """The translation Transformer (see the module docstring).
 
-  Attributes (besides ``block_stack.BlockStack``'s, whose ``num_layers`` is the
-  decoder's depth, ``vocab_size`` the joint vocabulary's with pad id 0 and
-  ``max_len`` the longest sentence):
+  Attributes (besides ``block_stack.BlockStack``'s ``cfg``, whose
+  ``num_layers`` is the decoder's depth, ``vocab_size`` the joint
+  vocabulary's with pad id 0 and ``max_len`` the longest sentence):
     encoder_layers: the encoder's depth.
     memory_feature: what g is (the key of TRIMEMT_ext's in-batch memory, its
       datastore and its decoding, all read from ``features`` / the g of

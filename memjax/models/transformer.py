@@ -10,9 +10,11 @@ LayerNorm.
 Blocks are ``blocks.ResidualBlock`` (pre-LN:
 ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``),
 with sub-layers named ``attention``, ``ln_attn``, ``ffn`` and ``ln_ffn``.
-The attention kind and the feed-forward kind are given (``decoder_lm``
-looks up the names ``model.attention`` and ``model.feed_forward`` in the
-run's parts), with their options; see ``attention.AttentionKind`` and
+The model takes its settings whole, ``cfg`` (a
+``model_config.ModelConfig``), whose attention kind and feed-forward kind
+are resolved once (``ModelConfig.of`` looks up the names
+``model.attention`` and ``model.feed_forward`` in the run's parts), with
+their options; see ``attention.AttentionKind`` and
 ``feed_forward``. Attention kinds share one signature,
 ``attn(x_normed [B,T,D], memory | None, deterministic=...) -> (y [B,T,D], new_memory)``.
 

@@ -13,7 +13,6 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from memjax import catalog
 from memjax.models import stats
 from memjax.models import transformer
 from tests.models import helpers

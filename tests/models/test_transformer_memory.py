@@ -14,7 +14,6 @@ import numpy as np
 import optax
 import pytest
 
-from memjax import catalog
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax.models import transformer

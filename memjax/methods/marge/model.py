@@ -128,7 +128,8 @@ class BiasedCrossAttention(nn.Module):
 class MargeLM(transformer.TransformerLM):
   """The modified-MARGE LM (pre-LN, absolute positions, no recurrence).
 
-  Attributes (besides ``TransformerLM``'s):
+  Attributes (besides ``TransformerLM``'s; ``cfg`` has no attention
+  options, no memory and no remat):
     segment_len: N, tokens per segment.
     num_sources: K, retrieved sources per target (the batcher's k).
     cross_layers: 1-based layers with cross-attention; () = the upper half.

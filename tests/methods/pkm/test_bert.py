@@ -22,7 +22,6 @@ import pytest
 from configs import pkm_bert
 import memjax
 from memjax import build
-from memjax import catalog
 from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax import losses

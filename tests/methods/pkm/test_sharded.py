@@ -8,7 +8,6 @@ import numpy as np
 import optax
 import pytest
 
-from memjax import catalog
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax.methods.pkm import layer as pkm

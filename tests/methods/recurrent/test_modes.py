@@ -16,7 +16,6 @@ from configs import lamemo_wt103
 from configs import txl_wt103
 import memjax
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax.data import corpus as corpus_lib
 from memjax.eval import rows as rows_lib

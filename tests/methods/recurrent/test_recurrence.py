@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax import catalog
 from memjax import sharding as sharding_lib
 from memjax.models import recurrence
 from memjax.methods.recurrent import segment_memory as rmemory
