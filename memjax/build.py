@@ -33,8 +33,8 @@ from memjax.checkpoints import runfiles
 from memjax.io import paths
 from memjax.io import workdirs
 from memjax.models import blocks
+from memjax.models import model_config
 from memjax.models import stack
-from memjax.models import transformer
 from memjax.pretrained import sizes
 from memjax.run import hooks
 from memjax.run import optim
@@ -95,7 +95,8 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   attention = parts.attention.get(s.model.attention)
   family.check_attention(s.model.family, s.model.attention, attention)
   kind = parts.feed_forward.get(s.model.feed_forward)
-  transformer.block_settings(s.model, parts)  # feed_forward_layers in range.
+  # feed_forward_layers in range, the base kind known.
+  model_config.ModelConfig.of(s.model, vocab_size=0, parts=parts)
   stack.remat_policy(s.model.remat_policy)  # Named right even with remat off.
   blocks.compute_dtype(s.model.dtype)
   blocks.check_norm_position(s.model.norm_position)

@@ -10,18 +10,21 @@ from memjax import sharding as sharding_lib
 from memjax.models import transformer
 from memjax.run import state as state_lib
 from memjax.run import step as train_step
+from tests.models import helpers
 
 
 def _model():
   return transformer.TransformerLM(
-      vocab_size=64,
-      num_layers=2,
-      d_model=32,
-      num_heads=4,
-      head_dim=8,
-      d_ff=64,
-      cutoffs=(8, 24),
-      dropout_rate=0.0,
+      cfg=helpers.config(
+          64,
+          num_layers=2,
+          d_model=32,
+          num_heads=4,
+          head_dim=8,
+          d_ff=64,
+          cutoffs=(8, 24),
+          dropout=0.0,
+      )
   )
 
 

@@ -221,8 +221,8 @@ class LanguageModel(base.Loaded):
     if key not in self._samplers:
       model, s = self.restored.model, self.settings
       mem_len = int(s.of(generate.Generate).mem_len or s.model.mem_len)
-      if model.carries_memory() and mem_len != model.mem_len:
-        model = model.clone(mem_len=mem_len)
+      if model.carries_memory() and mem_len != model.cfg.mem_len:
+        model = model.with_settings(mem_len=mem_len)
       self._samplers[key] = generate.Sampler(
           model,
           self.restored.scoring().segment_len,

@@ -162,7 +162,7 @@ def run_stream(
     memory, settings = scorer.grid.memory, scorer.grid.values()
     scorer.compiled[key] = (
         sharding_lib.jit(step, mesh, donate_argnums=(1,)),
-        jax.jit(make_combine_fn(memory, settings, model.d_model)),
+        jax.jit(make_combine_fn(memory, settings, model.cfg.d_model)),
     )
   dev, combine = scorer.compiled[key]
 
@@ -174,7 +174,7 @@ def run_stream(
     q = np.asarray(out["queries"])
     return external.neighbours(q.reshape(-1, q.shape[-1]))
 
-  bank = evaluation.init_bank(step.capacity, model.d_model)
+  bank = evaluation.init_bank(step.capacity, model.cfg.d_model)
   pool = concurrent.futures.ThreadPoolExecutor(1)
   start, last = time.time(), time.time()
   fetched, prev = [], None
@@ -273,7 +273,7 @@ def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
   store = ds_lib.open_datastore(
       path,
       signature=scoring.signature,
-      dim=scoring.model.d_model,
+      dim=scoring.model.cfg.d_model,
       checkpoint=datastore_checkpoint(scoring),
   )
   search_lib.check_k(store, int(em.ext_k))

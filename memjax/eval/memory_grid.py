@@ -172,7 +172,7 @@ class MemoryScorer(rows.Scorer):
       self, fn: Any, capacity: int, params: Any, tokens: np.ndarray, desc: str
   ) -> tuple[list[dict[str, Any]], float]:
     """The per-batch sums of ``fn`` over the stream, and the start time."""
-    bank = evaluation.init_bank(capacity, self.model.d_model)
+    bank = evaluation.init_bank(capacity, self.model.cfg.d_model)
     num_windows = len(
         windows.memory_eval_windows(
             max(len(tokens) - 1, 0), self.window_len, self.score_len

@@ -97,15 +97,15 @@ class StreamScorer(rows.Scorer):
     super().__init__(scoring)
     model = self.model
     if mem_len is None:
-      mem_len = scoring.mem_len or model.mem_len
+      mem_len = scoring.mem_len or model.cfg.mem_len
     mem_len = int(mem_len)
-    if mem_len != model.mem_len:
-      model = model.clone(mem_len=mem_len)
+    if mem_len != model.cfg.mem_len:
+      model = model.with_settings(mem_len=mem_len)
     if not model.carries_memory():
       raise errors.ConfigError(
           f"recurrent evaluation needs a model that carries memory (attention "
           f"'xl' or 'lamemo' with mem_len > 0); got attention "
-          f"{model.attention_name!r}, mem_len {model.mem_len}"
+          f"{model.cfg.attention!r}, mem_len {model.cfg.mem_len}"
       )
     if segment_len is None:
       segment_len = scoring.segment_len
@@ -117,7 +117,7 @@ class StreamScorer(rows.Scorer):
       )
     self.model = model
     self.segment_len = int(segment_len)
-    self.mem_len = int(model.mem_len)
+    self.mem_len = int(model.cfg.mem_len)
     self.lanes = int(lanes)
     self.padded_lanes = rows.batch_rows(self.lanes, self.mesh)
     self.chunk = int(chunk)

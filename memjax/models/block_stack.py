@@ -1,7 +1,8 @@
 """The base of the model families: ``BlockStack``.
 
-The settings the families share (sizes, dropouts, the feed-forward kind,
-LayerNorm placement), the model interface ``model(inputs, targets, memory,
+The settings the families share, one attribute ``cfg`` (a
+``model_config.ModelConfig``: the model's settings, ``config.model``, with
+its kinds resolved), the model interface ``model(inputs, targets, memory,
 deterministic=..., **extra_inputs)`` that the train step and the
 evaluations call (each family implements ``forward``; its
 ``extend.Family`` names the extra inputs), and the blocks it builds
@@ -16,12 +17,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from memjax import extend
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import feed_forward as feed_forward_lib
+from memjax.models import model_config
 from memjax.models import multihead
 from memjax.models import norms
 from memjax.models import stack
@@ -32,70 +32,26 @@ Array = jax.Array
 class BlockStack(nn.Module):
   """Base of the model families built of ``ResidualBlock`` stacks.
 
-  The settings every family shares (the defaults are the decoder LM's), the
+  The settings every family shares (``cfg``), the
   interface of a model without recurrent memory (a family with one
   overrides ``carries_memory``, ``init_memory`` and ``reset_memory``), and
   the makers of its blocks' pieces.
 
   Attributes:
-    vocab_size: V.
-    num_layers: number of blocks (a translation model's decoder blocks).
-    d_model: D.
-    num_heads: H.
-    head_dim: d_h (H * d_h need not equal D).
-    dtype: compute dtype (float32 or bfloat16); parameters stay float32.
-    d_ff: feed-forward width.
-    feed_forward: the feed-forward kind of ``feed_forward_layers``.
-    feed_forward_options: its own attributes (a dict).
-    feed_forward_layers: 1-based numbers of the layers of that kind; the
-      others use ``feed_forward_base`` with the options it takes. () =
-      every layer.
-    feed_forward_base: the other layers' kind (``feed_forward_options.base``).
-    kind_name: ``model.feed_forward``, for messages.
-    dropout_rate: residual, embedding and feed-forward dropout.
-    attention_dropout_rate: dropout on attention probabilities.
-    norm_position: 'pre' or 'post' (see ``ResidualBlock``).
-    norm_kind: 'layer' (LayerNorm) or 'rms' (RMSNorm), every norm's.
-    norm_epsilon: the norms' epsilon.
-    max_len: longest input (position table).
-    activation: the feed-forward's nonlinearity
-      (``feed_forward.ACTIVATIONS``), for the kinds that take one.
-    remat: rematerialise each block in the backward pass.
-    remat_policy: what a rematerialised block keeps
-      (``stack.REMAT_POLICIES``).
-    scan_layers: scan runs of identical layers (``memjax.models.stack``).
-    attention: the attention kind (an ``attention.AttentionKind`` class).
-    attention_options: its own attributes (a dict).
-    attention_name: ``model.attention``, for messages.
+    cfg: the model's settings (``model_config.ModelConfig``: the sizes,
+      dropouts, attention and feed-forward kinds and their options,
+      LayerNorm placement, ``max_len``, remat and scan settings, the
+      vocabulary size and the compute dtype).
+    norm_kind: 'layer' (LayerNorm) or 'rms' (RMSNorm), every norm's (a
+      family option).
   """
 
-  vocab_size: int
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 2
-  head_dim: int = 32
-  dtype: Any = jnp.float32
-  d_ff: int = 256
-  feed_forward: extend.FeedForward = feed_forward_lib.PLAIN
-  feed_forward_options: Optional[Mapping[str, Any]] = None
-  feed_forward_layers: Sequence[int] = ()
-  feed_forward_base: extend.FeedForward = feed_forward_lib.PLAIN
-  kind_name: str = "ffn"
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  norm_position: blocks.NormPosition = "pre"
+  cfg: model_config.ModelConfig
   norm_kind: str = "layer"
-  norm_epsilon: float = 1e-6
-  max_len: int = 4096
-  activation: str = "relu"
-  remat: bool = False
-  remat_policy: str = "full"
-  scan_layers: bool = False
-  attention: type[attention_lib.AttentionKind] = (
-      attention_lib.CausalSelfAttention
-  )
-  attention_options: Optional[Mapping[str, Any]] = None
-  attention_name: str = "vanilla"
+
+  def with_settings(self, **changes: Any) -> "BlockStack":
+    """An unbound copy whose ``cfg`` has ``changes`` (``mem_len=128``)."""
+    return self.clone(cfg=self.cfg.replace(**changes))
 
   def carries_memory(self) -> bool:
     """Whether the model carries a recurrent memory across segments."""
@@ -159,19 +115,24 @@ class BlockStack(nn.Module):
     return self.param(
         name,
         nn.with_logical_partitioning(init, (axis, "embed")),
-        (rows, self.d_model),
+        (rows, self.cfg.d_model),
     )
 
   def norm(self, name: str) -> nn.Module:
     """A norm named ``name`` of the model's kind, epsilon and dtype."""
-    return norms.make_norm(self.norm_kind, name, self.dtype, self.norm_epsilon)
+    return norms.make_norm(
+        self.norm_kind, name, self.cfg.compute_dtype, self.cfg.norm_epsilon
+    )
 
   def attention_settings(self) -> dict[str, Any]:
     """The arguments every attention sub-layer takes."""
-    names = ("d_model", "num_heads", "head_dim", "dtype")
+    cfg = self.cfg
     return dict(
-        {k: getattr(self, k) for k in names},
-        dropout_rate=self.attention_dropout_rate,
+        d_model=cfg.d_model,
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        dtype=cfg.compute_dtype,
+        dropout_rate=cfg.attention_dropout,
     )
 
   def plain_attention(
@@ -195,12 +156,12 @@ class BlockStack(nn.Module):
     the 'vanilla' kind as the attention core with its options, another kind
     built with ``causal`` (False: both ways, an encoder's;
     ``attention.reads_whole_sequences``)."""
-    if self.attention is attention_lib.CausalSelfAttention:
-      return self.plain_attention(self.attention_options)
+    if self.cfg.attention_kind is attention_lib.CausalSelfAttention:
+      return self.plain_attention(self.cfg.attention_options)
     return blocks.make_sublayer(
-        self.attention,
-        self.attention_options,
-        f"model.attention_options of attention kind {self.attention_name!r}",
+        self.cfg.attention_kind,
+        self.cfg.attention_options,
+        f"model.attention_options of attention kind {self.cfg.attention!r}",
         causal=causal,
         **self.attention_settings(),
     )
@@ -213,16 +174,18 @@ class BlockStack(nn.Module):
       errors.ConfigError: an option the kind does not take, or an
         activation it has none of.
     """
-    chosen = set(self.feed_forward_layers or range(1, self.num_layers + 1))
-    kind, name = self.feed_forward, self.kind_name
-    options = dict(self.feed_forward_options or {})
+    chosen = set(
+        self.cfg.feed_forward_layers or range(1, self.cfg.num_layers + 1)
+    )
+    kind, name = self.cfg.feed_forward_kind, self.cfg.feed_forward
+    options = dict(self.cfg.feed_forward_options or {})
     fields = lambda k: set(
         {f.name: 0 for f in dataclasses.fields(k.module)}
         if extend.kind_options(k.module) is None
         else extend.option_defaults(k.module)
     )
     if layer + 1 not in chosen:
-      kind, name = self.feed_forward_base, "ffn"
+      kind, name = self.cfg.feed_forward_base, "ffn"
       options = {k: v for k, v in options.items() if k in fields(kind)}
     elif "base" not in fields(kind):  # The engine's option, not the kind's.
       options.pop("base", None)
@@ -232,30 +195,30 @@ class BlockStack(nn.Module):
         f"model.feed_forward_options of feed-forward kind {name!r}",
         takes_mask=kind.takes_mask,
         takes_shared=kind.shared_params is not None,
-        d_model=self.d_model,
-        d_ff=self.d_ff,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
-        **feed_forward_lib.activation_option(kind, name, self.activation),
+        d_model=self.cfg.d_model,
+        d_ff=self.cfg.d_ff,
+        dropout_rate=self.cfg.dropout,
+        dtype=self.cfg.compute_dtype,
+        **feed_forward_lib.activation_option(kind, name, self.cfg.activation),
     )
 
   def shared_params(self) -> Optional[nn.Module]:
     """The feed-forward kind's shared parameters (``ffn_shared``) or None:
     built in ``setup``, its output given to the blocks as ``ffn_shared``."""
-    declare = self.feed_forward.shared_params or (lambda *_: None)
-    specs = declare(dict(self.feed_forward_options or {}), self.d_model)
+    declare = self.cfg.feed_forward_kind.shared_params or (lambda *_: None)
+    specs = declare(dict(self.cfg.feed_forward_options or {}), self.cfg.d_model)
     make = feed_forward_lib.SharedParams
     return make(dict(specs), name="ffn_shared") if specs else None
 
   def block_class(self) -> Callable[..., blocks.ResidualBlock]:
     """``ResidualBlock``, rematerialised with ``remat_policy`` if ``remat``
     (``deterministic``, argument 3 counting the module, is static)."""
-    if not self.remat:
+    if not self.cfg.remat:
       return blocks.ResidualBlock
     return nn.remat(
         blocks.ResidualBlock,
         static_argnums=(3,),
-        policy=stack.remat_policy(self.remat_policy),
+        policy=stack.remat_policy(self.cfg.remat_policy),
     )
 
   def make_block(
@@ -276,14 +239,16 @@ class BlockStack(nn.Module):
       attention: its self-attention.
       cross: its cross-attention, or None.
     """
-    shared = ("norm_position", "norm_kind", "norm_epsilon", "dropout_rate")
     return self.block_class()(
         attention=attention,
         feed_forward=self.feed_forward_sublayer(layer),
         cross=cross,
         name=name,
-        dtype=self.dtype,
-        **{k: getattr(self, k) for k in shared},
+        dtype=self.cfg.compute_dtype,
+        norm_position=self.cfg.norm_position,
+        norm_kind=self.norm_kind,
+        norm_epsilon=self.cfg.norm_epsilon,
+        dropout_rate=self.cfg.dropout,
     )
 
   def stack_runs(
@@ -301,12 +266,12 @@ class BlockStack(nn.Module):
         (self.feed_forward_sublayer(i), cross(i) if cross else None)
         for i in range(layers)
     ]
-    return stack.runs(prefix, keys, self.scan_layers, breaks)
+    return stack.runs(prefix, keys, self.cfg.scan_layers, breaks)
 
   def layer_runs(self) -> list[stack.LayerRun]:
     """The runs of every stack of the model (``scan_layers`` lays out its
     parameters by them); works on an unbound module."""
-    return self.stack_runs("layer", self.num_layers)
+    return self.stack_runs("layer", self.cfg.num_layers)
 
   def make_stack(
       self,

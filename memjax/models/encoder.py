@@ -42,7 +42,7 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import block_stack
-from memjax.models import blocks
+from memjax.models import model_config
 from memjax.models import feed_forward as feed_forward_lib
 from memjax.models import stack
 from memjax.models import transformer
@@ -71,52 +71,48 @@ class EncoderOutput(transformer.LMOutput):
 class Encoder(block_stack.BlockStack):
   """The BERT-style encoder with an MLM or a classification head.
 
-  Attributes (besides ``block_stack.BlockStack``'s; ``vocab_size`` with pad id
-  0, ``feed_forward`` the kind at ``feed_forward_layers``, LayerNorm 'post'
-  as BERT's):
-    feed_forward_layers: 1-based layers of that kind; () = every layer.
+  Attributes (besides ``block_stack.BlockStack``'s ``cfg``, whose
+  ``vocab_size`` has pad id 0, ``feed_forward_kind`` is the kind at the
+  1-based ``feed_forward_layers`` (() = every layer) and ``norm_position``
+  is 'post' as BERT's):
     head: 'mlm' or 'classify'.
     num_classes: classify: C.
   """
 
-  d_ff: int = 128
-  norm_position: blocks.NormPosition = "post"
-  norm_epsilon: float = 1e-12
-  max_len: int = 512
   head: str = "mlm"
   num_classes: int = 2
 
   def setup(self):
     init = nn.initializers.normal(0.02)  # BERT's initializer_range.
-    self.embedding = self.table("embedding", init, self.vocab_size)
+    self.embedding = self.table("embedding", init, self.cfg.vocab_size)
     self.positions = None  # A relative kind has its own positions.
-    if self.attention.ABSOLUTE_POSITIONS:
-      self.positions = self.table("positions", init, self.max_len, None)
+    if self.cfg.attention_kind.ABSOLUTE_POSITIONS:
+      self.positions = self.table("positions", init, self.cfg.max_len, None)
     self.embed_norm = self.norm("embed_norm")
     attend = self.masked_attention()
     self.layers = self.make_stack(self.layer_runs(), attend)
     self.ffn_shared = self.shared_params()
     self.final_norm = (
-        self.norm("final_norm") if self.norm_position == "pre" else None
+        self.norm("final_norm") if self.cfg.norm_position == "pre" else None
     )
-    self.drop = nn.Dropout(self.dropout_rate)
+    self.drop = nn.Dropout(self.cfg.dropout)
     dense = lambda n, d: nn.Dense(
         d,
-        dtype=self.dtype,
+        dtype=self.cfg.compute_dtype,
         name=n,
         kernel_init=nn.with_logical_partitioning(init, ("embed", None)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
     )
     if self.head == "mlm":
-      self.mlm_dense = dense("mlm_dense", self.d_model)
+      self.mlm_dense = dense("mlm_dense", self.cfg.d_model)
       self.mlm_norm = self.norm("mlm_norm")
       self.mlm_bias = self.param(
           "mlm_bias",
           nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-          (self.vocab_size,),
+          (self.cfg.vocab_size,),
       )
     elif self.head == "classify":
-      self.pooler = dense("pooler", self.d_model)
+      self.pooler = dense("pooler", self.cfg.d_model)
       self.classifier = dense("classifier", self.num_classes)
     else:
       raise errors.ConfigError(
@@ -131,16 +127,17 @@ class Encoder(block_stack.BlockStack):
   ) -> tuple[Array, Array, Array]:
     """[B, T] ids (0 = padding) -> ([B, T, D] hidden, [B, T, D] g, mask)."""
     t = inputs.shape[1]
-    if t > self.max_len:
+    if t > self.cfg.max_len:
       raise errors.ConfigError(
-          f"input length {t} exceeds model.max_len {self.max_len}"
+          f"input length {t} exceeds model.max_len {self.cfg.max_len}"
       )
     mask = inputs != 0
     x = jnp.take(self.embedding, inputs, axis=0)
     if self.positions is not None:
       x = x + self.positions[None, :t]
     x = self.drop(
-        self.embed_norm(x.astype(self.dtype)), deterministic=deterministic
+        self.embed_norm(x.astype(self.cfg.compute_dtype)),
+        deterministic=deterministic,
     )
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     attend = {"mask": mask[:, None, None, :]}
@@ -163,7 +160,7 @@ class Encoder(block_stack.BlockStack):
 
   def mlm_logits(self, hidden: Array) -> Array:
     """[..., D] -> [..., V] float32 scores over the vocabulary."""
-    act = feed_forward_lib.activation_fn(self.activation)
+    act = feed_forward_lib.activation_fn(self.cfg.activation)
     h = self.mlm_norm(act(self.mlm_dense(hidden)))
     logits = jnp.einsum(
         "...d,vd->...v",
@@ -217,8 +214,9 @@ def build(
   ``head`` ('mlm' or 'classify') and ``num_classes``."""
   opts = transformer.family_options(model, "encoder", ["head", "num_classes"])
   return Encoder(
-      vocab_size=vocab_size,
-      **transformer.block_settings(model, parts),
+      cfg=model_config.ModelConfig.of(
+          model, vocab_size=vocab_size, parts=parts
+      ),
       head=str(opts.get("head", "mlm")),
       num_classes=int(opts.get("num_classes", 2)),
   )

@@ -36,6 +36,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import block_stack
 from memjax.models import blocks
+from memjax.models import model_config
 from memjax.models import positions as positions_lib
 from memjax.models import stack
 from memjax.models import transformer
@@ -67,9 +68,9 @@ class Seq2SeqOutput(transformer.LMOutput):
 class EncoderDecoder(block_stack.BlockStack):
   """The translation Transformer (see the module docstring).
 
-  Attributes (besides ``block_stack.BlockStack``'s, whose ``num_layers`` is the
-  decoder's depth, ``vocab_size`` the joint vocabulary's with pad id 0 and
-  ``max_len`` the longest sentence):
+  Attributes (besides ``block_stack.BlockStack``'s ``cfg``, whose
+  ``num_layers`` is the decoder's depth, ``vocab_size`` the joint
+  vocabulary's with pad id 0 and ``max_len`` the longest sentence):
     encoder_layers: the encoder's depth.
     memory_feature: what g is (the key of TRIMEMT_ext's in-batch memory, its
       datastore and its decoding, all read from ``features`` / the g of
@@ -87,17 +88,17 @@ class EncoderDecoder(block_stack.BlockStack):
   memory_feature: str = "last_ffn_input"
   encoder_norm_position: str = ""
   decoder_norm_position: str = ""
-  d_ff: int = 128
-  norm_position: blocks.NormPosition = "post"
-  norm_epsilon: float = 1e-5
-  max_len: int = 1024
 
   def setup(self):
     # The norm positions are checked once: model.norm_position by
     # build.check, the stacks' by encoder_decoder.
-    emb_init = nn.initializers.normal(self.d_model**-0.5)
-    self.src_embed = self.table("source_embedding", emb_init, self.vocab_size)
-    self.tgt_embed = self.table("target_embedding", emb_init, self.vocab_size)
+    emb_init = nn.initializers.normal(self.cfg.d_model**-0.5)
+    self.src_embed = self.table(
+        "source_embedding", emb_init, self.cfg.vocab_size
+    )
+    self.tgt_embed = self.table(
+        "target_embedding", emb_init, self.cfg.vocab_size
+    )
     encoder, decoder = self.stacks()
     self.encoder = self.make_stack(encoder, self.masked_attention())
     cross = self.plain_attention()
@@ -107,13 +108,13 @@ class EncoderDecoder(block_stack.BlockStack):
     pre = {k: v == "pre" for k, v in self._stack_norms().items()}
     self.encoder_norm = self.norm("encoder_norm") if pre["encoder"] else None
     self.decoder_norm = self.norm("decoder_norm") if pre["decoder"] else None
-    self.drop = nn.Dropout(self.dropout_rate)
+    self.drop = nn.Dropout(self.cfg.dropout)
 
   def _stack_norms(self) -> dict[str, str]:
     """{'encoder': its norm position, 'decoder': its}."""
     return {
-        "encoder": self.encoder_norm_position or self.norm_position,
-        "decoder": self.decoder_norm_position or self.norm_position,
+        "encoder": self.encoder_norm_position or self.cfg.norm_position,
+        "decoder": self.decoder_norm_position or self.cfg.norm_position,
     }
 
   def make_block(
@@ -132,9 +133,9 @@ class EncoderDecoder(block_stack.BlockStack):
         cross=cross,
         name=name,
         norm_position=self._stack_norms()[name.split("_")[0]],
-        norm_epsilon=self.norm_epsilon,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
+        norm_epsilon=self.cfg.norm_epsilon,
+        dropout_rate=self.cfg.dropout,
+        dtype=self.cfg.compute_dtype,
     )
 
   def stacks(self) -> tuple[list[stack.LayerRun], list[stack.LayerRun]]:
@@ -142,7 +143,7 @@ class EncoderDecoder(block_stack.BlockStack):
     cross = lambda layer: self.plain_attention()
     return (
         self.stack_runs("encoder", self.encoder_layers),
-        self.stack_runs("decoder", self.num_layers, cross),
+        self.stack_runs("decoder", self.cfg.num_layers, cross),
     )
 
   def layer_runs(self) -> list[stack.LayerRun]:
@@ -154,15 +155,20 @@ class EncoderDecoder(block_stack.BlockStack):
 
   def _embed(self, table: Array, ids: Array, offset: Any, deterministic: bool):
     t = ids.shape[1]
-    if t > self.max_len:
+    if t > self.cfg.max_len:
       raise errors.ConfigError(
-          f"sentence length {t} exceeds model.max_len {self.max_len}"
+          f"sentence length {t} exceeds model.max_len {self.cfg.max_len}"
       )
-    x = jnp.take(table, ids, axis=0).astype(self.dtype) * self.d_model**0.5
-    if self.attention.ABSOLUTE_POSITIONS:  # A relative kind has its own.
-      pos = positions_lib.sinusoid_table(self.max_len, self.d_model)
+    x = (
+        jnp.take(table, ids, axis=0).astype(self.cfg.compute_dtype)
+        * self.cfg.d_model**0.5
+    )
+    if (
+        self.cfg.attention_kind.ABSOLUTE_POSITIONS
+    ):  # A relative kind has its own.
+      pos = positions_lib.sinusoid_table(self.cfg.max_len, self.cfg.d_model)
       pos = jax.lax.dynamic_slice_in_dim(jnp.asarray(pos), offset, t, axis=0)
-      x = x + pos[None].astype(self.dtype)
+      x = x + pos[None].astype(self.cfg.compute_dtype)
     x = self.drop(x, deterministic=deterministic)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
@@ -257,7 +263,7 @@ class EncoderDecoder(block_stack.BlockStack):
     tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     mean = jnp.mean(logits, axis=-1) - log_z
     return Seq2SeqOutput(
-        tgt - log_z, log_z, g, hidden, None, mean, self.vocab_size
+        tgt - log_z, log_z, g, hidden, None, mean, self.cfg.vocab_size
     )
 
   # -- incremental decoding ----------------------------------------------------
@@ -266,10 +272,13 @@ class EncoderDecoder(block_stack.BlockStack):
     """The decoding cache of a batch: the cross keys/values of ``enc`` and
     empty self-attention keys/values [B, max_len, H, d_h] per layer."""
     b = enc.shape[0]
-    zeros = jnp.zeros((b, max_len, self.num_heads, self.head_dim), self.dtype)
+    zeros = jnp.zeros(
+        (b, max_len, self.cfg.num_heads, self.cfg.head_dim),
+        self.cfg.compute_dtype,
+    )
     return {
         "cross": self.cross_kv(enc),
-        "self": tuple((zeros, zeros) for _ in range(self.num_layers)),
+        "self": tuple((zeros, zeros) for _ in range(self.cfg.num_layers)),
     }
 
   def decode_step(
@@ -346,15 +355,13 @@ def encoder_decoder(
         "encoder-decoder's attention takes no options (its decoding cache "
         "holds every head at sinusoid absolute positions)"
     )
-  settings = transformer.block_settings(model, parts)
-  # Every layer of each stack uses model.feed_forward.
-  settings.update(feed_forward_layers=())
+  cfg = model_config.ModelConfig.of(model, vocab_size=vocab_size, parts=parts)
   return EncoderDecoder(
-      vocab_size=vocab_size,
+      # Every layer of each stack uses model.feed_forward.
+      cfg=cfg.replace(feed_forward_layers=()),
       encoder_layers=int(opts.get("encoder_layers", model.num_layers)),
       memory_feature=str(opts.get("memory_feature", "last_ffn_input")),
       **{key: str(opts.get(key, "")) for key in stack_norms},
-      **settings,
   )
 
 

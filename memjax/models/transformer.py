@@ -10,9 +10,11 @@ LayerNorm.
 Blocks are ``blocks.ResidualBlock`` (pre-LN:
 ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``),
 with sub-layers named ``attention``, ``ln_attn``, ``ffn`` and ``ln_ffn``.
-The attention kind and the feed-forward kind are given (``decoder_lm``
-looks up the names ``model.attention`` and ``model.feed_forward`` in the
-run's parts), with their options; see ``attention.AttentionKind`` and
+The model takes its settings whole, ``cfg`` (a
+``model_config.ModelConfig``), whose attention kind and feed-forward kind
+are resolved once (``ModelConfig.of`` looks up the names
+``model.attention`` and ``model.feed_forward`` in the run's parts), with
+their options; see ``attention.AttentionKind`` and
 ``feed_forward``. Attention kinds share one signature,
 ``attn(x_normed [B,T,D], memory | None, deterministic=...) -> (y [B,T,D], new_memory)``.
 
@@ -39,6 +41,7 @@ from memjax import settings as settings_lib
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import block_stack
+from memjax.models import model_config
 from memjax.models import blocks
 from memjax.models import positions as positions_lib
 from memjax.models import norms
@@ -70,33 +73,21 @@ class LMOutput:
 class TransformerLM(block_stack.BlockStack):
   """Decoder-only Transformer LM with adaptive input and softmax.
 
-  Attributes (besides ``block_stack.BlockStack``'s, the sizes, dropouts,
-  feed-forward kind, LayerNorm settings, max_len and dtype):
-    cutoffs: adaptive input/softmax cluster boundaries; () for a plain softmax.
-    adaptive_factor: embedding-dimension shrink factor per cluster.
-    scale_embedding: multiply input embeddings by sqrt(D).
-    adaptive_dropout: dropout inside the adaptive softmax's tail clusters
-      (fairseq's ``adaptive_softmax_dropout``), training only.
-    mem_len: recurrent memory length M (recurrent attention kinds; 0 = no
-      memory). Changing it changes no parameter, so a model can be
-      evaluated with another M.
-    final_layer_norm: pre-LN only: a LayerNorm after the last block (False
-      is fairseq's ``no_decoder_final_norm``, as in transformer_lm_wiki103).
-      Post-LN ('post': LayerNorm after each residual sum) has none.
-    softmax_chunk: positions scored at a time by the adaptive softmax.
+  Attributes (besides ``block_stack.BlockStack``'s: ``cfg``, whose
+  ``cutoffs``, ``adaptive_factor``, ``scale_embedding``, ``adaptive_dropout``,
+  ``softmax_chunk`` shape the adaptive input and softmax, ``mem_len`` is the
+  recurrent memory length M of a recurrent attention kind (0 = no memory;
+  changing it changes no parameter, so a model can be evaluated with another
+  M, ``with_settings(mem_len=...)``) and ``final_layer_norm`` (pre-LN only)
+  puts a LayerNorm after the last block (False is fairseq's
+  ``no_decoder_final_norm``, as in transformer_lm_wiki103; post-LN has none);
+  and the family options of 'decoder_lm'):
     positions: what an attention kind with absolute positions adds to the
       embeddings (``POSITIONS``): 'sinusoid', 'learned' (a [max_len, D]
       table ``pos_embed``, GPT-2's wpe) or 'none' (rotary positions).
     tie_embeddings: the softmax reuses the input embeddings.
   """
 
-  cutoffs: Sequence[int] = ()
-  adaptive_factor: int = 4
-  scale_embedding: bool = False
-  adaptive_dropout: float = 0.0
-  mem_len: int = 0
-  final_layer_norm: bool = True
-  softmax_chunk: int = 4096
   positions: str = "sinusoid"
   tie_embeddings: bool = True
 
@@ -109,23 +100,23 @@ class TransformerLM(block_stack.BlockStack):
     self.pos_embed = None
     if self.positions == "learned":
       init = nn.initializers.normal(stddev=0.02)
-      self.pos_embed = self.table("pos_embed", init, self.max_len, None)
+      self.pos_embed = self.table("pos_embed", init, self.cfg.max_len, None)
     self.embedder = adaptive.AdaptiveEmbed(
-        vocab_size=self.vocab_size,
-        d_model=self.d_model,
-        cutoffs=tuple(self.cutoffs),
-        factor=self.adaptive_factor,
-        scale=self.scale_embedding,
-        chunk_size=self.softmax_chunk,
-        tail_dropout=self.adaptive_dropout,
-        dtype=self.dtype,
+        vocab_size=self.cfg.vocab_size,
+        d_model=self.cfg.d_model,
+        cutoffs=tuple(self.cfg.cutoffs),
+        factor=self.cfg.adaptive_factor,
+        scale=self.cfg.scale_embedding,
+        chunk_size=self.cfg.softmax_chunk,
+        tail_dropout=self.cfg.adaptive_dropout,
+        dtype=self.cfg.compute_dtype,
         tied=self.tie_embeddings,
     )
     attend = blocks.make_sublayer(
-        self.attention,
-        self.attention_options,
-        "model.attention_options of attention kind " f"{self.attention_name!r}",
-        mem_len=self.mem_len,
+        self.cfg.attention_kind,
+        self.cfg.attention_options,
+        "model.attention_options of attention kind " f"{self.cfg.attention!r}",
+        mem_len=self.cfg.mem_len,
         **self.attention_settings(),
     )
     self.blocks = self.make_stack(
@@ -133,15 +124,15 @@ class TransformerLM(block_stack.BlockStack):
     )
     self.ffn_shared = self.shared_params()
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
-    pre = self.norm_position == "pre"
-    use_final = pre and self.final_layer_norm
+    pre = self.cfg.norm_position == "pre"
+    use_final = pre and self.cfg.final_layer_norm
     self.final_norm = self.norm("final_norm") if use_final else None
-    self.embed_dropout = nn.Dropout(self.dropout_rate)
+    self.embed_dropout = nn.Dropout(self.cfg.dropout)
 
   def layer_runs(self) -> list[stack.LayerRun]:
     """The runs of its blocks (``stack``); works on an unbound module."""
     return self.stack_runs(
-        "layer", self.num_layers, self.cross_sublayer, self.stack_breaks()
+        "layer", self.cfg.num_layers, self.cross_sublayer, self.stack_breaks()
     )
 
   def stack_breaks(self) -> tuple[int, ...]:
@@ -160,11 +151,11 @@ class TransformerLM(block_stack.BlockStack):
 
   def attention_kind(self) -> type[attention_lib.AttentionKind]:
     """The attention kind's class (works on an unbound module)."""
-    return self.attention
+    return self.cfg.attention_kind
 
   def carries_memory(self) -> bool:
     """Whether the model carries a recurrent memory across segments."""
-    return self.attention_kind().carries_memory(self.mem_len)
+    return self.attention_kind().carries_memory(self.cfg.mem_len)
 
   def init_memory(self, batch_size: int) -> Any:
     """An empty memory for ``batch_size`` lanes (all slots invalid).
@@ -179,9 +170,9 @@ class TransformerLM(block_stack.BlockStack):
       return None
     sizes = ("num_layers", "mem_len", "d_model", "num_heads", "head_dim")
     dims = attention_lib.StackDims(
-        **{k: getattr(self, k) for k in sizes},
-        dtype=self.dtype,
-        options=self.attention_options,
+        **{k: getattr(self.cfg, k) for k in sizes},
+        dtype=self.cfg.compute_dtype,
+        options=self.cfg.attention_options,
     )
     return self.attention_kind().init_stack_memory(batch_size, dims)
 
@@ -227,15 +218,15 @@ class TransformerLM(block_stack.BlockStack):
     x = self.embedder.embed(inputs)
     if self.attention_kind().ABSOLUTE_POSITIONS and self.positions != "none":
       t = inputs.shape[-1]
-      if t > self.max_len:
+      if t > self.cfg.max_len:
         raise errors.ConfigError(
-            f"segment length {t} exceeds model.max_len {self.max_len}"
+            f"segment length {t} exceeds model.max_len {self.cfg.max_len}"
         )
       if self.pos_embed is not None:
         table = self.pos_embed[:t]
       else:
-        table = positions_lib.sinusoid_table(t, self.d_model)
-      x = x + jnp.asarray(table, self.dtype)[None]
+        table = positions_lib.sinusoid_table(t, self.cfg.d_model)
+      x = x + jnp.asarray(table, self.cfg.compute_dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
@@ -262,7 +253,7 @@ class TransformerLM(block_stack.BlockStack):
     new_memory = None
     if memory is not None:
       h, g, new_memory = kind.leave_stack(
-          x, h, g, new_mems, memory, self.mem_len
+          x, h, g, new_mems, memory, self.cfg.mem_len
       )
     return (self.final_norm(h) if self.final_norm else h), g, new_memory
 
@@ -274,87 +265,6 @@ class TransformerLM(block_stack.BlockStack):
 # ``model.family_options`` of 'decoder_lm' (``decoder_lm``).
 POSITIONS = ("sinusoid", "learned", "none")
 DECODER_OPTIONS = ("positions", "norm", "tie_embeddings")
-
-
-def options_of(options: Any) -> Optional[dict[str, Any]]:
-  """A section's options (a mapping) as a dict; None if empty."""
-  return dict(options) if options else None
-
-
-# Fields of ``settings.Model`` that the model families take under their name.
-_SAME_KEYS = (
-    "num_layers",
-    "d_model",
-    "num_heads",
-    "head_dim",
-    "d_ff",
-    "norm_position",
-    "max_len",
-    "activation",
-    "remat",
-    "remat_policy",
-    "scan_layers",
-)
-
-
-def block_settings(
-    model: settings_lib.Model, parts: extend.Parts
-) -> dict[str, Any]:
-  """The ``block_stack.BlockStack`` settings a family reads from its model
-  settings, with the feed-forward kind looked up in ``parts``; all but
-  ``vocab_size``.
-
-  Raises:
-    errors.ConfigError: an unknown feed-forward kind or dtype, or
-      feed-forward layers out of range.
-  """
-  kind = parts.feed_forward.get(model.feed_forward)
-  options = options_of(model.feed_forward_options) or {}
-  base = parts.feed_forward.get(str(options.get("base", "ffn")))
-  for n in model.feed_forward_layers:
-    if not isinstance(n, int) or not 1 <= n <= model.num_layers:
-      raise errors.ConfigError(
-          f"model.feed_forward_layers has {n!r}: layer numbers count from 1 "
-          f"to model.num_layers {model.num_layers}"
-      )
-  return dict(
-      {k: getattr(model, k) for k in _SAME_KEYS},
-      dtype=blocks.compute_dtype(model.dtype),
-      dropout_rate=model.dropout,
-      attention_dropout_rate=model.attention_dropout,
-      feed_forward=kind,
-      feed_forward_options=options_of(model.feed_forward_options),
-      feed_forward_layers=tuple(model.feed_forward_layers),
-      feed_forward_base=base,
-      kind_name=model.feed_forward,
-      norm_epsilon=float(model.norm_epsilon),
-      attention=parts.attention.get(model.attention),
-      attention_options=options_of(model.attention_options),
-      attention_name=model.attention,
-  )
-
-
-def lm_settings(
-    model: settings_lib.Model, *, vocab_size: int, parts: extend.Parts
-) -> dict[str, Any]:
-  """The ``TransformerLM`` attributes that a model's settings describe.
-
-  Args:
-    model: the model settings (``config.model``).
-    vocab_size: V.
-    parts: where its attention and feed-forward kinds are looked up.
-  """
-  return dict(
-      block_settings(model, parts),
-      vocab_size=vocab_size,
-      cutoffs=tuple(model.cutoffs),
-      adaptive_factor=model.adaptive_factor,
-      scale_embedding=model.scale_embedding,
-      adaptive_dropout=model.adaptive_dropout,
-      mem_len=model.mem_len,
-      softmax_chunk=model.softmax_chunk,
-      final_layer_norm=model.final_layer_norm,
-  )
 
 
 def family_options(
@@ -396,7 +306,9 @@ def decoder_lm(
   norm = str(opts.get("norm", "layer"))
   norms.check_norm(norm)
   return TransformerLM(
-      **lm_settings(model, vocab_size=vocab_size, parts=parts),
+      cfg=model_config.ModelConfig.of(
+          model, vocab_size=vocab_size, parts=parts
+      ),
       positions=str(opts.get("positions", "sinusoid")),
       norm_kind=norm,
       tie_embeddings=bool(opts.get("tie_embeddings", True)),

@@ -264,8 +264,8 @@ def generate(run: spec.Run) -> dict[str, Any]:
   prompt = np.asarray(tokens[start : start + length])
   model = restored.model
   mem_len = int(g.mem_len or s.model.mem_len)
-  if model.carries_memory() and mem_len != model.mem_len:
-    model = model.clone(mem_len=mem_len)
+  if model.carries_memory() and mem_len != model.cfg.mem_len:
+    model = model.with_settings(mem_len=mem_len)
   seg = int(s.eval.segment_len or s.data.seq_len)
   sampler = Sampler(
       model, seg, top_p=float(g.top_p), temperature=float(g.temperature)
@@ -280,7 +280,7 @@ def generate(run: spec.Run) -> dict[str, Any]:
       start + length,
       float(g.top_p),
       seg,
-      model.mem_len if model.carries_memory() else 0,
+      model.cfg.mem_len if model.carries_memory() else 0,
   )
   new = sampler.generate(
       restored.variables, prompt, int(g.num_tokens), int(g.seed)
@@ -292,7 +292,7 @@ def generate(run: spec.Run) -> dict[str, Any]:
       f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
       f"top-p {float(g.top_p)}, temperature {float(g.temperature)}, "
       f"seed {int(g.seed)}, segments of {seg}, memory "
-      f"{model.mem_len if model.carries_memory() else 0}"
+      f"{model.cfg.mem_len if model.carries_memory() else 0}"
   )
   text = (
       f"{header}\n\n=== prompt ===\n{prompt_text}\n\n"

@@ -106,7 +106,7 @@ def export_variables(
   abstract, abstract_state = state_lib.abstract_variables(
       model, run.mesh, run.state_collections()
   )
-  vocab_size = int(model.vocab_size)
+  vocab_size = int(model.cfg.vocab_size)
   checkpointing.check_signature(
       meta["signature"], run.signature(vocab_size), files.path
   )
@@ -131,7 +131,7 @@ def _run_variables(
   ckpt = checkpointing.Checkpointer(
       files.checkpoints,
       keep=1,
-      signature=run.signature(model.vocab_size),
+      signature=run.signature(model.cfg.vocab_size),
       create=False,
   )
   try:
@@ -203,7 +203,7 @@ def _with_optimizer(run, files, model, step):
   ckpt = checkpointing.Checkpointer(
       files.checkpoints,
       keep=1,
-      signature=run.signature(model.vocab_size),
+      signature=run.signature(model.cfg.vocab_size),
       create=False,
   )
   try:

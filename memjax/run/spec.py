@@ -180,7 +180,7 @@ class Run:
         mem_len=s.eval.mem_len or s.model.mem_len,
         path=path or self.workdir,
         sum_reports=tuple(r for _, r in self.parts.sum_reports.items()),
-        signature=self.signature(model.vocab_size),
+        signature=self.signature(model.cfg.vocab_size),
         step=int(step),
         datastore_corpus=s.of(settings_lib.Datastore).corpus,
     )

@@ -17,6 +17,7 @@ from memjax.eval import rows
 from memjax.eval import windows
 from memjax.memory import evaluation
 from memjax.models import transformer
+from tests.models import helpers
 
 WINDOW, SCORE = 8, 3
 
@@ -35,14 +36,16 @@ def _score_stream(
 
 def _model():
   return transformer.TransformerLM(
-      vocab_size=24,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(),
-      dropout_rate=0.0,
+      cfg=helpers.config(
+          24,
+          num_layers=1,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(),
+          dropout=0.0,
+      )
   )
 
 

@@ -8,6 +8,7 @@ from memjax import sharding as sharding_lib
 from memjax.models import stats
 from memjax.eval import rows
 from memjax.models import transformer
+from tests.models import helpers
 
 
 def test_batches_are_rounded_up_and_padded_with_zero_rows():
@@ -34,12 +35,9 @@ def test_add_up_sums_in_float64():
 @pytest.fixture(name="lm")
 def _lm():
   model = transformer.TransformerLM(
-      vocab_size=30,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
+      cfg=helpers.config(
+          30, num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32
+      )
   )
   x = np.zeros((1, 6), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]

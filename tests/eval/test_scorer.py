@@ -17,6 +17,7 @@ from memjax.eval import streams
 from memjax.eval import windows
 from memjax.models import transformer
 from tests.conftest import set_memory
+from tests.models import helpers
 
 
 def _run(attention="vanilla", mem_len=0, path="", memory=None):
@@ -30,15 +31,16 @@ def _run(attention="vanilla", mem_len=0, path="", memory=None):
   c.model.attention, c.model.mem_len = attention, mem_len
   run = build.build(c, path or "/nonexistent/run")
   model = transformer.TransformerLM(
-      vocab_size=20,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      attention=run.parts.attention.get(attention),
-      attention_name=attention,
-      mem_len=mem_len,
+      cfg=helpers.config(
+          20,
+          num_layers=1,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          mem_len=mem_len,
+          attention=attention,
+      )
   )
   x = np.zeros((1, 4), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]

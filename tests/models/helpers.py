@@ -1,9 +1,37 @@
-"""Shared test helpers: random parameters and a jitted apply."""
+"""Shared test helpers: small model settings, random parameters and a
+jitted apply."""
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from memjax import catalog
+from memjax import settings
+from memjax.models import model_config
+
+# A small model: the settings where the tests' models differ from
+# ``settings.Model``'s defaults (a plain softmax, no dropout).
+SMALL = dict(
+    num_layers=2,
+    d_model=64,
+    num_heads=2,
+    head_dim=32,
+    d_ff=256,
+    cutoffs=(),
+    scale_embedding=False,
+    dropout=0.0,
+)
+
+
+def config(vocab_size, parts=None, **model):
+  """The ``ModelConfig`` of a small model (``SMALL``) with the
+  ``settings.Model`` keys ``model`` (kinds by name: ``attention='xl'``),
+  its kinds looked up in ``parts`` (default: the catalog's)."""
+  given = settings.Model(**dict(SMALL, **model))
+  return model_config.ModelConfig.of(
+      given, vocab_size=vocab_size, parts=parts or catalog.parts()
+  )
 
 
 def random_params(module, x, memory, seed=0, scale=0.4):

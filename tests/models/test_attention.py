@@ -10,6 +10,7 @@ import pytest
 
 from memjax.models import attention
 from memjax.models import positions
+from tests.models import helpers
 
 B, T, D, H, DH = 2, 7, 16, 2, 8
 
@@ -134,18 +135,16 @@ def test_post_layer_norm_block_matches_numpy():
   from memjax import catalog  # pylint: disable=g-import-not-at-top
   from memjax.models import transformer  # pylint: disable=g-import-not-at-top
 
-  kw = dict(
-      vocab_size=30, num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32
-  )
+  kw = dict(num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32)
   post = transformer.TransformerLM(
-      **kw, norm_position="post", norm_epsilon=1e-5
+      cfg=helpers.config(30, **kw, norm_position="post", norm_epsilon=1e-5)
   )
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 30, (2, 5)))
   params = flax.linen.meta.unbox(
       post.init(jax.random.PRNGKey(0), tokens, tokens)["params"]
   )
   assert "final_norm" not in params
-  pre = transformer.TransformerLM(**kw)
+  pre = transformer.TransformerLM(cfg=helpers.config(30, **kw))
   assert "final_norm" in pre.init(jax.random.PRNGKey(0), tokens)["params"]
   block = params["layer_0"]
 
@@ -191,13 +190,15 @@ def test_final_layer_norm_switch_and_activation_dropout():
 
   tokens = jnp.zeros((1, 4), jnp.int32)
   lm = transformer.TransformerLM(
-      vocab_size=20,
-      num_layers=1,
-      d_model=8,
-      num_heads=2,
-      head_dim=4,
-      d_ff=16,
-      final_layer_norm=False,
+      cfg=helpers.config(
+          20,
+          num_layers=1,
+          d_model=8,
+          num_heads=2,
+          head_dim=4,
+          d_ff=16,
+          final_layer_norm=False,
+      )
   )
   assert "final_norm" not in lm.init(jax.random.PRNGKey(0), tokens)["params"]
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))

@@ -122,7 +122,7 @@ def _models(family: str, tmp_path):
   scanned = build.build(config, str(tmp_path / "s"))
   config.model.scan_layers = False
   plain = build.build(config, str(tmp_path / "u"))
-  vocab = build.restore(os.path.join(root, "export")).model.vocab_size
+  vocab = build.restore(os.path.join(root, "export")).model.cfg.vocab_size
   batch = dict(np.load(os.path.join(root, "batch.npz")))
   return plain.model(vocab), scanned.model(vocab), plain, batch
 

@@ -13,9 +13,9 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from memjax import catalog
 from memjax.models import stats
 from memjax.models import transformer
+from tests.models import helpers
 
 V, T, M = 64, 4, 4
 LAYERS = ("layer_0/attention/alpha", "layer_1/attention/alpha")
@@ -43,15 +43,16 @@ def test_reports_add_up_and_cost_nothing_unless_collected():
 
 def test_lamemo_alpha_mean_is_the_mean_of_the_analysed_alpha():
   model = transformer.TransformerLM(
-      vocab_size=V,
-      num_layers=2,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      attention=catalog.parts().attention.get("lamemo"),
-      attention_name="lamemo",
-      mem_len=M,
+      cfg=helpers.config(
+          V,
+          num_layers=2,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          mem_len=M,
+          attention="lamemo",
+      )
   )
   x = jnp.asarray(np.random.default_rng(0).integers(0, V, (3, T)), jnp.int32)
   params = model.init(jax.random.PRNGKey(0), x, x)["params"]

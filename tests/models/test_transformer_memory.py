@@ -14,12 +14,12 @@ import numpy as np
 import optax
 import pytest
 
-from memjax import catalog
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax.models import transformer
 from memjax.run import state as state_lib
 from memjax.run import step as train_step
+from tests.models import helpers
 
 V, B, T, M = 64, 8, 4, 6
 
@@ -27,17 +27,18 @@ V, B, T, M = 64, 8, 4, 6
 def make_model(kind, **kwargs):
   """A two-layer LM of the attention kind named ``kind``."""
   return transformer.TransformerLM(
-      vocab_size=V,
-      num_layers=2,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(16, 40),
-      attention=catalog.parts().attention.get(kind),
-      attention_name=kind,
-      mem_len=M,
-      **kwargs,
+      cfg=helpers.config(
+          V,
+          num_layers=2,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(16, 40),
+          mem_len=M,
+          attention=kind,
+          **kwargs,
+      )
   )
 
 

@@ -22,6 +22,7 @@ from memjax.memory import search
 from memjax.models import transformer
 from memjax.modes import position_loss as pl
 from memjax.run import restore
+from tests.models import helpers
 
 EQ, EOS = 7, 1
 
@@ -64,12 +65,9 @@ def test_windows_positions_and_buckets():
 
 def test_first_tokens_ignore_previous_document():
   model = transformer.TransformerLM(
-      vocab_size=20,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
+      cfg=helpers.config(
+          20, num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32
+      )
   )
   x = np.zeros((1, 8), np.int32)
   params = model.init(jax.random.key(0), x, x)["params"]
@@ -109,7 +107,7 @@ def _restored(model, x, config=None, path=""):
       params=params,
       step=0,
       vocab=None,
-      vocab_size=model.vocab_size,
+      vocab_size=model.cfg.vocab_size,
       unit="ppl",
       path=path,
       kind="run",
@@ -133,16 +131,17 @@ def test_carried_memory_equals_one_window_per_document():
   # document in segments of 4 with the memory carried equals scoring it in
   # one window from an empty memory; no document sees the one before it.
   model = transformer.TransformerLM(
-      vocab_size=20,
-      num_layers=2,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(),
-      attention=catalog.parts().attention.get("xl"),
-      attention_name="xl",
-      mem_len=16,
+      cfg=helpers.config(
+          20,
+          num_layers=2,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(),
+          mem_len=16,
+          attention="xl",
+      )
   )
   config = _config(segment_len=4, mem_len=16, batch_size=2)  # 2 lanes
   restored = _restored(model, np.zeros((1, 4), np.int32), config)
@@ -172,13 +171,15 @@ def test_knn_memory_in_position_loss(tmp_path):
   # ignore the document before it (the datastore is fixed, the context is
   # reset).
   model = transformer.TransformerLM(
-      vocab_size=20,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(),
+      cfg=helpers.config(
+          20,
+          num_layers=1,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(),
+      )
   )
   config = _config(window_len=8, score_len=4, batch_size=4)
   restored = _restored(model, np.zeros((1, 8), np.int32), config)
@@ -221,7 +222,7 @@ def test_config_memory_setting_keeps_external_settings(tmp_path):
   config = _config()
   config.eval_memory.kind = "knn"
   config.external.knn_lambda, config.external.knn_temperature = 0.4, 2.0
-  model = transformer.TransformerLM(vocab_size=20)
+  model = transformer.TransformerLM(cfg=helpers.config(20))
   scoring = build.build(config, str(tmp_path)).scoring(model)
   setting = scorer_lib.memory_setting(scoring)
   grid = grid_lib.grid_of(setting, _memories())
@@ -239,13 +240,15 @@ def test_long_memory_compiled_once_for_all_documents():
   # compiled step, and the last document, scored after the others, equals
   # a fresh scorer alone on it with a step built afresh (no state leaks).
   model = transformer.TransformerLM(
-      vocab_size=20,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(),
+      cfg=helpers.config(
+          20,
+          num_layers=1,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(),
+      )
   )
   restored = _restored(model, np.zeros((1, 8), np.int32))
   toks, spans = _stream([13, 22, 19], seed=5)

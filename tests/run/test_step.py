@@ -12,6 +12,7 @@ from memjax import sharding as sharding_lib
 from memjax.models import encoder
 from memjax.run import state as state_lib
 from memjax.run import step as train_step
+from tests.models import helpers
 
 KD, HEADS = 8, 2  # the memory's k_dim and heads: the query has 16 features
 
@@ -22,19 +23,22 @@ RESM = catalog.parts().feed_forward.get("resm")
 
 def _encoder():
   return encoder.Encoder(
-      vocab_size=40,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      feed_forward=RESM,
-      kind_name="resm",
-      feed_forward_layers=(1,),
-      max_len=16,
-      feed_forward_options=dict(
-          num_keys=4, heads=HEADS, topk=2, k_dim=KD, query_norm="batch"
-      ),
+      cfg=helpers.config(
+          40,
+          num_layers=1,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          feed_forward_layers=(1,),
+          max_len=16,
+          feed_forward_options=dict(
+              num_keys=4, heads=HEADS, topk=2, k_dim=KD, query_norm="batch"
+          ),
+          norm_position="post",
+          norm_epsilon=1e-12,
+          feed_forward="resm",
+      )
   )
 
 
@@ -145,13 +149,17 @@ def test_a_padded_position_does_not_move_the_statistics():
 
 def test_a_model_without_state_collections_carries_none():
   model = encoder.Encoder(
-      vocab_size=40,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      max_len=16,
+      cfg=helpers.config(
+          40,
+          num_layers=1,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          max_len=16,
+          norm_position="post",
+          norm_epsilon=1e-12,
+      )
   )
   batch = {"inputs": np.ones((2, 4), np.int32)}
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])

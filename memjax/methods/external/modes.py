@@ -58,7 +58,7 @@ def datastore(run: spec.Run) -> dict:
   build = ds_lib.BuildSpec(
       signature=scoring.signature,
       checkpoint=external_lib.datastore_checkpoint(scoring),
-      dim=int(loaded.model.d_model),
+      dim=int(loaded.model.cfg.d_model),
       corpus=other or c.data.corpus,
       split=split,
       window_len=int(c.eval.window_len),
@@ -150,7 +150,7 @@ def _load_store(
   store = ds_lib.open_datastore(
       external_lib.datastore_path(scoring, run.workdir),
       signature=scoring.signature,
-      dim=loaded.model.d_model,
+      dim=loaded.model.cfg.d_model,
       checkpoint=external_lib.datastore_checkpoint(scoring),
   )
   return loaded, store

@@ -180,7 +180,7 @@ def build(s: Settings, restored: Any, train: Any, path: str) -> Any:
   spec = datastore_batches.BatchBuildSpec(
       signature=_signature(restored),
       checkpoint=_checkpoint(restored),
-      dim=int(restored.model.d_model),
+      dim=int(restored.model.cfg.d_model),
       corpus=paths.resolve(parts.data_dir(s.data)),
       split="train",
       context={
@@ -229,7 +229,7 @@ def open_store(restored: Any, path: str) -> ds_lib.Datastore:
   store = ds_lib.open_datastore(
       path,
       signature=_signature(restored),
-      dim=int(restored.model.d_model),
+      dim=int(restored.model.cfg.d_model),
       checkpoint=_checkpoint(restored),
   )
   context = store.manifest.get("context") or {}

@@ -218,7 +218,7 @@ def mt_tune(run: spec.Run) -> dict:
       neighbours,
       int(mem.tune_sentences),
   )
-  rows = tune_grid(kind, grid, tf, int(restored.model.d_model))
+  rows = tune_grid(kind, grid, tf, int(restored.model.cfg.d_model))
   best = min(rows, key=lambda r: r["nll"])
   plain = float(-np.mean(tf["tlp"]))
   out = {
@@ -260,7 +260,7 @@ def make_hook(
       mt_datastore.searcher(store, md.metric_of(kind), mem, k), k
   )
   return md.MemoryHook(
-      kind, settings, neighbours, k, int(restored.model.d_model)
+      kind, settings, neighbours, k, int(restored.model.cfg.d_model)
   )
 
 

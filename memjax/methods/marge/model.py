@@ -38,6 +38,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
+from memjax.models import model_config
 from memjax.models import multihead
 from memjax.models import stack
 from memjax.models import transformer
@@ -127,7 +128,8 @@ class BiasedCrossAttention(nn.Module):
 class MargeLM(transformer.TransformerLM):
   """The modified-MARGE LM (pre-LN, absolute positions, no recurrence).
 
-  Attributes (besides ``TransformerLM``'s):
+  Attributes (besides ``TransformerLM``'s; ``cfg`` has no attention
+  options, no memory and no remat):
     segment_len: N, tokens per segment.
     num_sources: K, retrieved sources per target (the batcher's k).
     cross_layers: 1-based layers with cross-attention; () = the upper half.
@@ -168,16 +170,16 @@ class MargeLM(transformer.TransformerLM):
 
   def half(self) -> int:
     """Layers of the embedder (the lower half, at least one)."""
-    return max(1, self.num_layers // 2)
+    return max(1, self.cfg.num_layers // 2)
 
   def cross_layer_numbers(self) -> tuple[int, ...]:
     """1-based layers with cross-attention."""
     return tuple(self.cross_layers) or tuple(
-        range(self.half() + 1, self.num_layers + 1)
+        range(self.half() + 1, self.cfg.num_layers + 1)
     )
 
   def _check(self) -> None:
-    if self.num_layers < 2:
+    if self.cfg.num_layers < 2:
       raise errors.ConfigError("model 'marge' needs model.num_layers >= 2")
     if self.pooling not in POOLINGS:
       raise errors.ConfigError(
@@ -187,20 +189,20 @@ class MargeLM(transformer.TransformerLM):
     bad = [
         n
         for n in self.cross_layer_numbers()
-        if not self.half() < n <= self.num_layers
+        if not self.half() < n <= self.cfg.num_layers
     ]
     if bad:
       raise errors.ConfigError(
           f"model.family_options.cross_layers {bad} must lie in the upper "
-          f"half, {self.half() + 1}..{self.num_layers} (the lower half is "
+          f"half, {self.half() + 1}..{self.cfg.num_layers} (the lower half is "
           "the embedder)"
       )
-    if self.norm_position != "pre":
+    if self.cfg.norm_position != "pre":
       raise errors.ConfigError("model 'marge' takes model.norm_position 'pre'")
-    if self.segment_len < 1 or 2 * self.segment_len > self.max_len:
+    if self.segment_len < 1 or 2 * self.segment_len > self.cfg.max_len:
       raise errors.ConfigError(
           f"model.family_options.segment_len {self.segment_len} must be "
-          f"positive and 2N must fit model.max_len {self.max_len}"
+          f"positive and 2N must fit model.max_len {self.cfg.max_len}"
       )
 
   def _lower(self, tokens: Array, deterministic: bool) -> Array:
@@ -285,9 +287,9 @@ def marge_lm(
   opts = transformer.family_options(model, "marge", OPTIONS)
   if "cross_layers" in opts:
     opts["cross_layers"] = tuple(opts["cross_layers"])
-  settings = transformer.lm_settings(model, vocab_size=vocab_size, parts=parts)
-  settings.update(attention_options=None, mem_len=0, remat=False)
-  return MargeLM(**settings, **opts)
+  cfg = model_config.ModelConfig.of(model, vocab_size=vocab_size, parts=parts)
+  cfg = cfg.replace(attention_options={}, mem_len=0, remat=False)
+  return MargeLM(cfg=cfg, **opts)
 
 
 # The batch arrays the model takes besides inputs and targets; the plain

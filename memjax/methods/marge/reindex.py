@@ -92,7 +92,7 @@ class MargeReindex(hooks.StepHook):
     return dict(
         segment_len=m.segment_len,
         pooling=m.pooling,
-        d_model=m.d_model,
+        d_model=m.cfg.d_model,
         layers=m.half(),
     )
 

@@ -100,7 +100,7 @@ class AttentionAnalyzer(streams_eval.StreamScorer):
     lane = (weight.sum(axis=1) > 0).astype(jnp.float32)  # real lanes
     dist_sums, dist_counts, alpha_sums, alpha_counts = [], [], [], []
     mem_mass = []
-    for i in range(self.model.num_layers):
+    for i in range(self.model.cfg.num_layers):
       layer = inter[f"layer_{i}"]["attention"]
       probs = layer["attention_probs"][0]  # [B, H, T, M + T]
       s, c = attention_by_distance(probs, key_valid, weight, self.mem_len)
@@ -217,7 +217,7 @@ def analyze(run: spec.Run) -> dict[str, Any]:
         f"analyze.split {split!r} is not in eval.splits "
         f"{tuple(s.eval.splits)}"
     )
-  model = restored.model.clone(remat=False)  # sow outside remat
+  model = restored.model.with_settings(remat=False)  # sow outside remat
   analyzer = AttentionAnalyzer(
       dataclasses.replace(restored.scoring(), model=model)
   )

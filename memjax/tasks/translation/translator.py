@@ -62,7 +62,7 @@ class Translator:
     s = source.shape[1]
     max_len = min(
         decoding.max_target_len(s, self.max_len_a, self.max_len_b),
-        self.model.max_len,
+        self.model.cfg.max_len,
     )
     kind = "greedy" if beam == 1 else "beam"
     fn = decoding._jitted(  # pylint: disable=protected-access

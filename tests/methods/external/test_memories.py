@@ -25,6 +25,7 @@ from memjax.memory import datastore as ds_lib
 from memjax.eval import external
 from memjax.memory import search
 from memjax.models import transformer
+from tests.models import helpers
 from tests.conftest import REPO
 
 WINDOW, SCORE = 8, 3
@@ -33,14 +34,16 @@ SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 3}
 
 def _model(vocab=24):
   return transformer.TransformerLM(
-      vocab_size=vocab,
-      num_layers=1,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(),
-      dropout_rate=0.0,
+      cfg=helpers.config(
+          vocab,
+          num_layers=1,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(),
+          dropout=0.0,
+      )
   )
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from memjax.methods.marge import model as marge
 from memjax.models import transformer
+from tests.models import helpers
 
 V, N, K = 40, 4, 3
 DIMS = dict(num_layers=2, d_model=16, num_heads=2, head_dim=8, d_ff=32)
@@ -30,7 +31,9 @@ def _params(module, *args, seed=0, **kwargs):
 
 @pytest.fixture(scope="module")
 def setup():
-  model = marge.MargeLM(vocab_size=V, **DIMS, segment_len=N, num_sources=K)
+  model = marge.MargeLM(
+      cfg=helpers.config(V, **DIMS), segment_len=N, num_sources=K
+  )
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.integers(0, V, (2, 2 * N)), jnp.int32)
   src = jnp.asarray(rng.integers(0, V, (2, K, 2 * N)), jnp.int32)
@@ -115,7 +118,7 @@ def _numpy_embedding(model, params, tokens):
   mu = h.mean(-1, keepdims=True)
   var = ((h - mu) ** 2).mean(-1, keepdims=True)
   norm = params["embed_norm"]
-  h = (h - mu) / np.sqrt(var + model.norm_epsilon) * np.asarray(
+  h = (h - mu) / np.sqrt(var + model.cfg.norm_epsilon) * np.asarray(
       norm["scale"], np.float64
   ) + np.asarray(norm["bias"], np.float64)
   v = h[:, :N].mean(1)
@@ -124,7 +127,9 @@ def _numpy_embedding(model, params, tokens):
 
 def test_bias_is_beta_times_cosine_of_query_segment(setup):
   model, params, x, src, _ = setup
-  assert model.num_layers == 2 and model.pooling == "mean"  # The reference's.
+  assert (
+      model.cfg.num_layers == 2 and model.pooling == "mean"
+  )  # The reference's.
   bias = np.asarray(_bias(model, params, x, src))
   e_q = _numpy_embedding(model, params, np.asarray(x))
   e_s = _numpy_embedding(model, params, np.asarray(src).reshape(2 * K, -1))
@@ -182,7 +187,7 @@ def test_padding_and_retrieval_off_equal_plain_lm(setup):
   off = _off(model, params, x)
   np.testing.assert_allclose(empty, off, rtol=1e-5, atol=1e-6)
   # beta = 0 and no sources: the plain LM with the shared parameters.
-  plain = transformer.TransformerLM(vocab_size=V, **DIMS)
+  plain = transformer.TransformerLM(cfg=helpers.config(V, **DIMS))
   shared = {k: v for k, v in params.items() if k in ("embedder", "final_norm")}
   for i in range(2):
     layer = dict(params[f"layer_{i}"])

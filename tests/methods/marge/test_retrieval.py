@@ -13,6 +13,7 @@ from memjax import errors
 from memjax.methods.marge import evaluation as marge_eval
 from memjax.methods.marge import retrieval as marge
 from memjax.methods.marge import reindex as marge_index
+from tests.models import helpers
 
 # Two documents of 10 and 7 tokens, N = 3: segments 0,1,2 (doc 0, t = 0..2)
 # and 3,4 (doc 1, t = 0..1); the last token of each document is dropped.
@@ -130,7 +131,7 @@ def test_index_of_another_embedder_refused(tmp_path, table):
 
   path = tmp_path / "step_1.npy"
   np.save(path, np.ones((len(table), 8), np.float32))
-  model = marge_model.MargeLM(vocab_size=9, d_model=8, segment_len=3)
+  model = marge_model.MargeLM(cfg=helpers.config(9, d_model=8), segment_len=3)
   ctx = hooks.HookContext(
       name="marge_reindex",
       options={},

@@ -22,7 +22,6 @@ import pytest
 from configs import pkm_bert
 import memjax
 from memjax import build
-from memjax import catalog
 from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax import losses
@@ -34,26 +33,27 @@ from memjax.tasks.classification import accuracy
 from memjax.data import glue
 from memjax.data import mlm
 from memjax.models import encoder
+from tests.models import helpers
 
 MEM = dict(num_keys=4, heads=2, topk=2, k_dim=8)
 
 
 def _tiny(**kw):
   args = dict(
-      vocab_size=40,
       num_layers=2,
       d_model=16,
       num_heads=2,
       head_dim=8,
       d_ff=32,
-      feed_forward=catalog.parts().feed_forward.get("resm"),
-      kind_name="resm",
+      feed_forward="resm",
       feed_forward_options=MEM,
       feed_forward_layers=(2,),
       max_len=16,
+      norm_position="post",
+      norm_epsilon=1e-12,
   )
   args.update(kw)
-  return encoder.Encoder(**args)
+  return encoder.Encoder(cfg=helpers.config(40, **args))
 
 
 # -- masking -----------------------------------------------------------------
@@ -110,7 +110,7 @@ def test_unmasked_positions_carry_no_loss():
 
 @pytest.mark.parametrize("kind", ["vanilla", "rpe"])
 def test_encoder_attends_both_ways_and_ignores_padding(kind):
-  m = _tiny(attention=catalog.parts().attention.get(kind), attention_name=kind)
+  m = _tiny(attention=kind)
   x = jnp.array([[3, 7, 9, 11, 13, 15]], jnp.int32)
   params = jax.jit(m.init)(jax.random.PRNGKey(0), x)["params"]
   hid = jax.jit(lambda t: m.apply({"params": params}, t, method=m.encode)[0])

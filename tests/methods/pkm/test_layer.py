@@ -16,6 +16,7 @@ from memjax import catalog
 from memjax import errors
 from memjax.methods.pkm import layer as pkm
 from memjax.models import transformer
+from tests.models import helpers
 
 C, H, K, KD, D = 6, 2, 3, 8, 12  # sub-keys, heads, k, k_dim, d_model
 
@@ -189,17 +190,18 @@ def test_padding_is_ignored_by_batch_norm_and_outputs_zero():
 def _lm(**kw):
   kind = kw.pop("feed_forward", "pkm")
   return transformer.TransformerLM(
-      vocab_size=32,
-      num_layers=2,
-      d_model=D,
-      num_heads=4,
-      head_dim=3,
-      d_ff=24,
-      feed_forward=catalog.parts().feed_forward.get(kind),
-      kind_name=kind,
-      feed_forward_options=dict(num_keys=C, heads=H, topk=K, k_dim=KD),
-      feed_forward_layers=(2,),
-      **kw,
+      cfg=helpers.config(
+          32,
+          num_layers=2,
+          d_model=D,
+          num_heads=4,
+          head_dim=3,
+          d_ff=24,
+          feed_forward_options=dict(num_keys=C, heads=H, topk=K, k_dim=KD),
+          feed_forward_layers=(2,),
+          feed_forward=kind,
+          **kw,
+      )
   )
 
 
@@ -404,19 +406,20 @@ def test_memory_plus_gate_and_qk_norm_match_numpy():
 
 def _pool_lm(shared, scan=False):
   return transformer.TransformerLM(
-      vocab_size=32,
-      num_layers=4,
-      d_model=D,
-      num_heads=4,
-      head_dim=3,
-      d_ff=24,
-      feed_forward=catalog.parts().feed_forward.get("pkm"),
-      kind_name="pkm",
-      feed_forward_layers=(2, 3),
-      scan_layers=scan,
-      feed_forward_options=dict(
-          num_keys=C, heads=H, topk=K, k_dim=KD, shared_values=shared
-      ),
+      cfg=helpers.config(
+          32,
+          num_layers=4,
+          d_model=D,
+          num_heads=4,
+          head_dim=3,
+          d_ff=24,
+          feed_forward_layers=(2, 3),
+          scan_layers=scan,
+          feed_forward_options=dict(
+              num_keys=C, heads=H, topk=K, k_dim=KD, shared_values=shared
+          ),
+          feed_forward="pkm",
+      )
   )
 
 

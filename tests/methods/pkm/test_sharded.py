@@ -8,7 +8,6 @@ import numpy as np
 import optax
 import pytest
 
-from memjax import catalog
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax.methods.pkm import layer as pkm
@@ -16,6 +15,7 @@ from memjax.models import stats
 from memjax.models import transformer
 from memjax.run import state as state_lib
 from memjax.run import step as train_step
+from tests.models import helpers
 
 D, H, K, KD = 12, 2, 3, 8
 MESHES = [
@@ -70,16 +70,17 @@ def test_layer_sharded_equals_unsharded(spec):
 
 def _lm():
   return transformer.TransformerLM(
-      vocab_size=32,
-      num_layers=2,
-      d_model=D,
-      num_heads=4,
-      head_dim=3,
-      d_ff=24,
-      feed_forward=catalog.parts().feed_forward.get("pkm"),
-      kind_name="pkm",
-      feed_forward_options=dict(num_keys=8, heads=H, topk=K, k_dim=KD),
-      feed_forward_layers=(2,),
+      cfg=helpers.config(
+          32,
+          num_layers=2,
+          d_model=D,
+          num_heads=4,
+          head_dim=3,
+          d_ff=24,
+          feed_forward_options=dict(num_keys=8, heads=H, topk=K, k_dim=KD),
+          feed_forward_layers=(2,),
+          feed_forward="pkm",
+      )
   )
 
 

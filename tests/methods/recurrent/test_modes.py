@@ -16,7 +16,6 @@ from configs import lamemo_wt103
 from configs import txl_wt103
 import memjax
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax.data import corpus as corpus_lib
 from memjax.eval import rows as rows_lib
@@ -29,6 +28,7 @@ from memjax.methods.recurrent import config as recurrent_config
 from memjax.methods.recurrent import extrapolate
 from memjax.data import windows
 from memjax.models import transformer
+from tests.models import helpers
 from tests import shared_runs
 
 V, T = 64, 4
@@ -37,16 +37,17 @@ V, T = 64, 4
 @functools.lru_cache(maxsize=None)
 def tiny(kind="lamemo", mem_len=T):
   model = transformer.TransformerLM(
-      vocab_size=V,
-      num_layers=2,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(16, 40),
-      attention=catalog.parts().attention.get(kind),
-      attention_name=kind,
-      mem_len=mem_len,
+      cfg=helpers.config(
+          V,
+          num_layers=2,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(16, 40),
+          mem_len=mem_len,
+          attention=kind,
+      )
   )
   x = jnp.zeros((1, T), jnp.int32)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), x, x)["params"]
@@ -83,7 +84,7 @@ def test_stream_evaluation_equals_python_loop_over_segments():
   ev = recurrent_eval.StreamScorer(
       rows_lib.Scoring(model=model, mesh=mesh),
       segment_len=T,
-      mem_len=model.mem_len,
+      mem_len=model.cfg.mem_len,
       lanes=lanes,
       chunk=2,
   )

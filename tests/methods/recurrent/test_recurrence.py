@@ -16,11 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax import catalog
 from memjax import sharding as sharding_lib
 from memjax.models import recurrence
 from memjax.methods.recurrent import segment_memory as rmemory
 from memjax.models import transformer
+from tests.models import helpers
 
 V, B, T, M, S = 50, 8, 4, 6, 3
 OUTPUTS = ("target_logprob", "log_z", "features", "hidden")
@@ -29,22 +29,23 @@ LAMEMO_OFF = (("position", "xl"), ("look_ahead", False), ("interpolate", False))
 
 
 def make_model(
-    kind: str, dtype: Any = jnp.float32, options: tuple = ()
+    kind: str, dtype: str = "float32", options: tuple = ()
 ) -> transformer.TransformerLM:
   """A 2-layer ``TransformerLM``; ``options`` are (name, value) pairs."""
   return transformer.TransformerLM(
-      vocab_size=V,
-      num_layers=2,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(),
-      attention=catalog.parts().attention.get(kind),
-      attention_name=kind,
-      attention_options=dict(options) or None,
-      mem_len=M,
-      dtype=dtype,
+      cfg=helpers.config(
+          V,
+          num_layers=2,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(),
+          attention_options=dict(options),
+          mem_len=M,
+          dtype=dtype,
+          attention=kind,
+      )
   )
 
 
@@ -348,7 +349,7 @@ def test_bfloat16_runs_many_segments_close_to_float32(kind: str) -> None:
   with the same (float32) parameters; the carried inputs are bfloat16,
   LaMemo's c and lse stay float32."""
   model, params, _, _, step = setup(kind)
-  bf16 = make_model(kind, dtype=jnp.bfloat16)
+  bf16 = make_model(kind, dtype="bfloat16")
   bf16_step = step_fn(bf16)
   stream = tokens(4, (B, 8 * T + 1))
   memory, want_memory = bf16.init_memory(B), model.init_memory(B)

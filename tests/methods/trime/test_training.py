@@ -18,19 +18,22 @@ from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from memjax.methods.trime import in_batch as trime
 from memjax.models import transformer
+from tests.models import helpers
 from tests.methods.trime import test_in_batch
 
 
 def _model():
   return transformer.TransformerLM(
-      vocab_size=32,
-      num_layers=2,
-      d_model=16,
-      num_heads=2,
-      head_dim=8,
-      d_ff=32,
-      cutoffs=(8, 20),
-      dropout_rate=0.0,
+      cfg=helpers.config(
+          32,
+          num_layers=2,
+          d_model=16,
+          num_heads=2,
+          head_dim=8,
+          d_ff=32,
+          cutoffs=(8, 20),
+          dropout=0.0,
+      )
   )
 
 

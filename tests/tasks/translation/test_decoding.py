@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax.models import model_config
 from memjax.models import seq2seq
 from memjax.tasks.translation import decoding
+from tests.models import helpers
 
 EOS, A, B = 1, 2, 3
 
@@ -22,7 +24,7 @@ class TableModel(nn.Module):
   before the length limit.
   """
 
-  max_len: int = 64
+  cfg: model_config.ModelConfig = model_config.ModelConfig(max_len=64)
 
   def encode(self, source):
     return jnp.zeros(source.shape + (1,)), source != 0
@@ -98,14 +100,18 @@ def test_pad_is_never_picked(beam):
 @pytest.fixture(scope="module")
 def tiny():
   m = seq2seq.EncoderDecoder(
-      vocab_size=40,
+      cfg=helpers.config(
+          40,
+          num_layers=1,
+          d_model=32,
+          num_heads=2,
+          head_dim=16,
+          d_ff=64,
+          max_len=64,
+          norm_position="post",
+          norm_epsilon=1e-5,
+      ),
       encoder_layers=1,
-      num_layers=1,
-      d_model=32,
-      num_heads=2,
-      head_dim=16,
-      d_ff=64,
-      max_len=64,
   )
   src = np.random.default_rng(0).integers(3, 40, (5, 8)).astype(np.int32)
   src[2, 5:] = 0
