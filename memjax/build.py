@@ -18,6 +18,7 @@ its directory alone, reading its config once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Mapping, Optional
 
@@ -49,14 +50,20 @@ def read(
 ) -> settings_lib.Settings:
   """The typed settings of ``config``: every declared section (keys that
   moved read at their new place), the model's kinds with every option
-  (``config.settled_model``).
+  (``config.settled_model``) and its feed-forward layers counted from the
+  start.
 
   Raises:
     errors.ConfigError: an unknown kind, or an option its kind does not
       declare.
   """
   s = settings_lib.read_all(config, parts.settings, parts.renames)
-  return s.replace(config_lib.settled_model(s.model, parts))
+  model = config_lib.settled_model(s.model, parts)
+  # A layer number <= 0 counts from the end (-1: the last), as an import's
+  # inserted memory layers do (``pretrained.sizes``).
+  n = model.num_layers
+  layers = tuple(i if i > 0 else n + 1 + i for i in model.feed_forward_layers)
+  return s.replace(dataclasses.replace(model, feed_forward_layers=layers))
 
 
 # ----------------------------------------------------------------------------

@@ -78,3 +78,21 @@ def test_the_old_keys_read_as_the_new_ones_in_every_variant():
       if new_section:
         assert want[key] == new["base"][key], (variant, key)
   assert moved > 100  # every variant moves some (TRIME's, the cache's...)
+
+
+def test_every_variant_builds(tmp_path):
+  """Every variant of every ``configs/*.py`` passes ``build.build``'s checks
+  (the llama_pkm ones count their memory layer from the end)."""
+  from memjax import build  # pylint: disable=g-import-not-at-top
+
+  built = 0
+  for name in snap.config_files():
+    module = snap.load(name)
+    for variant in snap.variants(module):
+      build.build(module.get_config(variant), str(tmp_path / "unused"))
+      built += 1
+  assert built > 150
+  pkm = snap.load("pretrained.py").get_config("llama_pkm")
+  m = build.build(pkm, str(tmp_path / "unused")).settings.model
+  assert tuple(pkm.model.feed_forward_layers) == (-2,)
+  assert m.feed_forward_layers == (m.num_layers - 1,)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import flax.linen as nn
 import jax
 
+from memjax import extend
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import feed_forward as feed_forward_lib
