@@ -168,11 +168,15 @@ class TransformerLM(block_stack.BlockStack):
     """
     if not self.carries_memory():
       return None
-    sizes = ("num_layers", "mem_len", "d_model", "num_heads", "head_dim")
+    cfg = self.cfg
     dims = attention_lib.StackDims(
-        **{k: getattr(self.cfg, k) for k in sizes},
-        dtype=self.cfg.compute_dtype,
-        options=self.cfg.attention_options,
+        num_layers=cfg.num_layers,
+        mem_len=cfg.mem_len,
+        d_model=cfg.d_model,
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        dtype=cfg.compute_dtype,
+        options=cfg.attention_options,
     )
     return self.attention_kind().init_stack_memory(batch_size, dims)
 

@@ -83,7 +83,7 @@ class Model:
     feed_forward_layers: 1-based layer numbers that use ``feed_forward``
       (e.g. (2, 4) of 6 for product-key memory layers); the other layers
       use the plain 'ffn' with the options it takes. () = every layer; a
-      number <= 0 counts from the end (-1: the last layer).
+      negative number counts from the end (-1: the last layer).
     mem_len: recurrent memory length M (0 = none).
     max_len: longest input (position table).
     remat: rematerialise each block in the backward pass.
