@@ -124,7 +124,8 @@ def _one_line(e: BaseException) -> str:
     if isinstance(root, (KeyError, AttributeError)):
       msg = (
           f"unknown config key {msg}: check the --config.* overrides against "
-          "the settings classes (memjax/settings.py, memjax/tasks/config.py, "
+          "the settings classes (memjax/settings/sections.py, "
+          "memjax/tasks/config.py, "
           "memjax/methods/*/config.py)"
       )
   lines = [l.strip() for l in msg.splitlines() if l.strip()]
