@@ -323,8 +323,15 @@ class EvalMemory:
   long_mem_grid: tuple[int, ...] = ()
   long_mem_span: str = "before_window"
   sweep_tokens: tuple[int, ...] = (
-      0, 1024, 2048, 4096, 8192, 12288, 16384, 24576,
-  )  # fmt: skip
+      0,
+      1024,
+      2048,
+      4096,
+      8192,
+      12288,
+      16384,
+      24576,
+  )
   sweep_kinds: tuple[str, ...] = ()
   batch_size: int = 8
   block_size: int = 1024

@@ -175,11 +175,25 @@ def test_long_memory_spans_hand_listed():
   # and [17, 20); from the fourth on, each starts 5 predictions before the
   # first it scores. M_long of N = 5, per window:
   want = {
-      "before_window": [[], [], [], [0, 1, 2], [1, 2, 3, 4, 5],
-                        [4, 5, 6, 7, 8], [7, 8, 9, 10, 11]],
-      "last_scored": [[], [], [], [3, 4, 5, 6, 7], [6, 7, 8, 9, 10],
-                      [9, 10, 11, 12, 13], [12, 13, 14, 15, 16]],
-  }  # fmt: skip
+      "before_window": [
+          [],
+          [],
+          [],
+          [0, 1, 2],
+          [1, 2, 3, 4, 5],
+          [4, 5, 6, 7, 8],
+          [7, 8, 9, 10, 11],
+      ],
+      "last_scored": [
+          [],
+          [],
+          [],
+          [3, 4, 5, 6, 7],
+          [6, 7, 8, 9, 10],
+          [9, 10, 11, 12, 13],
+          [12, 13, 14, 15, 16],
+      ],
+  }
   for span, lists in want.items():
     got = []
     for b in data_windows.memory_eval_batches(np.arange(21), 8, 3, 3):

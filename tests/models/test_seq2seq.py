@@ -126,8 +126,10 @@ def test_memory_feature_is_the_same_g_in_training_and_decoding(norm_position):
   c.model.norm_position = norm_position
   b = token_batching.make_pair_batch(
       [np.array([5, 9, 7, 1]), np.array([4, 3, 1])],
-      [np.array([8, 6, 1]), np.array([3, 5, 7, 6, 1])], 6, 6,
-  )  # fmt: skip
+      [np.array([8, 6, 1]), np.array([3, 5, 7, 6, 1])],
+      6,
+      6,
+  )
   feats = {}
   for feature in ("last_ffn_input", "final_output"):
     c.model.family_options.memory_feature = feature

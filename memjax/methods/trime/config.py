@@ -44,8 +44,15 @@ class Trime:
   bm25_stopwords: bool = False
   temperature: float = 1.0
   temperature_grid: tuple[float, ...] = (
-      0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
-  )  # fmt: skip
+      0.6,
+      0.8,
+      1.0,
+      1.25,
+      1.5,
+      2.0,
+      2.5,
+      3.0,
+  )
 
 
 @dataclasses.dataclass(frozen=True)

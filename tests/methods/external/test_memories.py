@@ -201,8 +201,9 @@ def test_resume_after_a_crash_between_a_shards_arrays_and_its_entry(
 
 def test_values_above_int16_survive(tmp_path):
   model = _model(vocab=40000)
-  tokens = np.array([39999, 32768, 5, 32767, 33000, 7, 39000, 1, 35000, 2],
-                    np.int32)  # fmt: skip
+  tokens = np.array(
+      [39999, 32768, 5, 32767, 33000, 7, 39000, 1, 35000, 2], np.int32
+  )
   params = model.init(
       jax.random.PRNGKey(1), tokens[None, :WINDOW], tokens[None, 1 : WINDOW + 1]
   )["params"]
