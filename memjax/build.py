@@ -59,10 +59,9 @@ def read(
   """
   s = settings_lib.read_all(config, parts.settings, parts.renames)
   model = config_lib.settled_model(s.model, parts)
-  # A negative layer number counts from the end (-1: the last), as an import's
-  # inserted memory layers do (``pretrained.sizes``).
-  n = model.num_layers
-  layers = tuple(i if i >= 0 else n + 1 + i for i in model.feed_forward_layers)
+  layers = settings_lib.layers_from_the_start(
+      model.feed_forward_layers, model.num_layers
+  )
   return s.replace(dataclasses.replace(model, feed_forward_layers=layers))
 
 

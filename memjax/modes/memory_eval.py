@@ -117,11 +117,12 @@ def memeval(run: spec.Run) -> dict[str, Any]:
 
 
 def _grid_key(grid: Grid, key: str) -> str:
-  """The ``config.eval_memory`` key of the tuning grid of setting ``key``."""
+  """The config key (section.key) of the tuning grid of setting ``key``:
+  its axis's, in the section that declares it, or the memory size's."""
   for axis in grid.memory.axes:
     if axis.key == key:
-      return axis.config_grid
-  return "long_mem_grid"
+      return f"{axis.section.SECTION}.{axis.config_grid}"
+  return "eval_memory.long_mem_grid"
 
 
 def grid_edges(grid: Grid, best: dict[str, Any]) -> dict[str, float]:
@@ -181,7 +182,7 @@ def tune(run: spec.Run) -> dict[str, Any]:
   for key, value in edges.items():
     warning = (
         f"the best {key} ({value:g}) lies on the edge of its grid; "
-        f"widen eval_memory.{_grid_key(grid, key)} and tune again"
+        f"widen {_grid_key(grid, key)} and tune again"
     )
     console.warn("%s", warning)
     lines.append("warning: " + warning)

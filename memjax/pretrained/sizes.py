@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from memjax import settings as settings_lib
 from memjax.checkpoints import convert
 from memjax.checkpoints import runfiles
 from memjax.io import paths
@@ -64,7 +65,7 @@ def fitted(
 def _inserted(config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
   """The feed-forward a config inserts at chosen layers of the imported
   model (a product-key memory), or {}: its kind and options at
-  ``feed_forward_layers`` (a number <= 0 counts from the end: -1 is the
+  ``feed_forward_layers`` (a negative number counts from the end: -1 is the
   last layer), the import's kind at the other layers
   (``feed_forward_options.base``)."""
   layers = list(config.get("feed_forward_layers") or ())
@@ -82,7 +83,9 @@ def _inserted(config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
   return {
       "feed_forward": config["feed_forward"],
       "feed_forward_options": options,
-      "feed_forward_layers": [int(i) if i > 0 else n + 1 + i for i in layers],
+      "feed_forward_layers": list(
+          settings_lib.layers_from_the_start(layers, n)
+      ),
   }
 
 

@@ -31,6 +31,7 @@ from memjax.settings.sections import ENGINE
 from memjax.settings.sections import Eval
 from memjax.settings.sections import EvalMemory
 from memjax.settings.sections import frozen_dict
+from memjax.settings.sections import layers_from_the_start
 from memjax.settings.sections import Loss
 from memjax.settings.sections import Mesh
 from memjax.settings.sections import Model
@@ -53,6 +54,7 @@ __all__ = [
     "check_ranges",
     "Train",
     "frozen_dict",
+    "layers_from_the_start",
     "plain",
     "read",
     "read_all",

@@ -407,6 +407,12 @@ class Datastore:
   recall_examples: int = 0
 
 
+def layers_from_the_start(layers: Any, num_layers: int) -> tuple[int, ...]:
+  """``model.feed_forward_layers`` with each negative number counted from
+  the end (-1: layer ``num_layers``); the others as given."""
+  return tuple(int(i) if i >= 0 else num_layers + 1 + int(i) for i in layers)
+
+
 # The engine's sections every run reads, in the order the base config lists
 # them (the modes' own sections live beside their modes).
 ENGINE = (Data, Model, Loss, Optim, Train, Eval, EvalMemory, Mesh)

@@ -36,14 +36,8 @@ def _score_stream(
 
 def _model():
   return transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           24,
-          num_layers=1,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
-          cutoffs=(),
           dropout=0.0,
       )
   )

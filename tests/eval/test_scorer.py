@@ -31,13 +31,8 @@ def _run(attention="vanilla", mem_len=0, path="", memory=None):
   c.model.attention, c.model.mem_len = attention, mem_len
   run = build.build(c, path or "/nonexistent/run")
   model = transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           20,
-          num_layers=1,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
           mem_len=mem_len,
           attention=attention,
       )

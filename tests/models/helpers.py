@@ -34,6 +34,15 @@ def config(vocab_size, parts=None, **model):
   )
 
 
+# A tiny one: one layer of width 16, two heads of 8.
+TINY = dict(num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32)
+
+
+def tiny(vocab_size, parts=None, **model):
+  """``config`` of a tiny model (``TINY``) with the keys ``model``."""
+  return config(vocab_size, parts, **dict(TINY, **model))
+
+
 def random_params(module, x, memory, seed=0, scale=0.4):
   """Parameters of ``module`` drawn from N(0, scale^2), all of them (the
   biases included), so that every term of the score matters. Shapes come

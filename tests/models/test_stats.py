@@ -43,13 +43,9 @@ def test_reports_add_up_and_cost_nothing_unless_collected():
 
 def test_lamemo_alpha_mean_is_the_mean_of_the_analysed_alpha():
   model = transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           V,
           num_layers=2,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
           mem_len=M,
           attention="lamemo",
       )

@@ -27,13 +27,9 @@ V, B, T, M = 64, 8, 4, 6
 def make_model(kind, **kwargs):
   """A two-layer LM of the attention kind named ``kind``."""
   return transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           V,
           num_layers=2,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
           cutoffs=(16, 40),
           mem_len=M,
           attention=kind,

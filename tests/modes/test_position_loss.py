@@ -131,14 +131,9 @@ def test_carried_memory_equals_one_window_per_document():
   # document in segments of 4 with the memory carried equals scoring it in
   # one window from an empty memory; no document sees the one before it.
   model = transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           20,
           num_layers=2,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
-          cutoffs=(),
           mem_len=16,
           attention="xl",
       )
@@ -171,14 +166,8 @@ def test_knn_memory_in_position_loss(tmp_path):
   # ignore the document before it (the datastore is fixed, the context is
   # reset).
   model = transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           20,
-          num_layers=1,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
-          cutoffs=(),
       )
   )
   config = _config(window_len=8, score_len=4, batch_size=4)
@@ -240,14 +229,8 @@ def test_long_memory_compiled_once_for_all_documents():
   # compiled step, and the last document, scored after the others, equals
   # a fresh scorer alone on it with a step built afresh (no state leaks).
   model = transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           20,
-          num_layers=1,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
-          cutoffs=(),
       )
   )
   restored = _restored(model, np.zeros((1, 8), np.int32))

@@ -23,13 +23,8 @@ RESM = catalog.parts().feed_forward.get("resm")
 
 def _encoder():
   return encoder.Encoder(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           40,
-          num_layers=1,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
           feed_forward_layers=(1,),
           max_len=16,
           feed_forward_options=dict(
@@ -149,13 +144,8 @@ def test_a_padded_position_does_not_move_the_statistics():
 
 def test_a_model_without_state_collections_carries_none():
   model = encoder.Encoder(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           40,
-          num_layers=1,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
           max_len=16,
           norm_position="post",
           norm_epsilon=1e-12,

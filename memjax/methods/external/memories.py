@@ -40,7 +40,6 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
-from memjax.methods.cache import config as cache_config
 from memjax.methods.cache import continuous_cache as cache
 from memjax.methods.external import config as ext_config
 from memjax.methods.trime import config as trime_config
@@ -183,20 +182,7 @@ class KnnCacheMemory(evaluation.EvalMemory):
   lam_c = 0 it is the kNN-LM, at lam = 0 the model with the cache.
   """
 
-  axes = (
-      evaluation.Axis(
-          "cache_theta",
-          "thetas",
-          "cache_theta_grid",
-          section=cache_config.CacheEvalMemory,
-      ),
-      evaluation.Axis(
-          "cache_lambda",
-          "lambdas",
-          "cache_lambda_grid",
-          section=cache_config.CacheEvalMemory,
-      ),
-  ) + KnnMemory.axes
+  axes = cache.CacheMemory.axes + KnnMemory.axes
   label = "kNN-LM + continuous cache (tuned)"
   external_metric = "squared_l2"
   reads_local = True

@@ -34,14 +34,8 @@ SIG = {"model": {"d_model": 16}, "name": "tiny", "signature_version": 3}
 
 def _model(vocab=24):
   return transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           vocab,
-          num_layers=1,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
-          cutoffs=(),
           dropout=0.0,
       )
   )

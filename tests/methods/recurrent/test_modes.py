@@ -37,13 +37,9 @@ V, T = 64, 4
 @functools.lru_cache(maxsize=None)
 def tiny(kind="lamemo", mem_len=T):
   model = transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           V,
           num_layers=2,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
           cutoffs=(16, 40),
           mem_len=mem_len,
           attention=kind,

@@ -33,14 +33,9 @@ def make_model(
 ) -> transformer.TransformerLM:
   """A 2-layer ``TransformerLM``; ``options`` are (name, value) pairs."""
   return transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           V,
           num_layers=2,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
-          cutoffs=(),
           attention_options=dict(options),
           mem_len=M,
           dtype=dtype,

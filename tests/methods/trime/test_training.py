@@ -24,13 +24,9 @@ from tests.methods.trime import test_in_batch
 
 def _model():
   return transformer.TransformerLM(
-      cfg=helpers.config(
+      cfg=helpers.tiny(
           32,
           num_layers=2,
-          d_model=16,
-          num_heads=2,
-          head_dim=8,
-          d_ff=32,
           cutoffs=(8, 20),
           dropout=0.0,
       )
