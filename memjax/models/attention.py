@@ -190,14 +190,7 @@ class CausalSelfAttention(AttentionKind):
   def setup(self) -> None:
     # The core's parameters sit directly in this layer's scope (query,
     # key, value, out and their biases: the saved paths).
-    self.core = multihead.MultiHeadAttention(
-        d_model=self.d_model,
-        num_heads=self.num_heads,
-        head_dim=self.head_dim,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
-        **core_options(self.options),
-    )
+    self.core = multihead.core_of(self, **core_options(self.options))
     nn.share_scope(self, self.core)
 
   def __call__(

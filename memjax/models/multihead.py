@@ -444,3 +444,19 @@ class MultiHeadAttention(nn.Module):
         s, keep, v, deterministic, empty_rows=mask is not None
     )
     return self.output(c), cache
+
+
+def core_of(layer: nn.Module, **options: Any) -> MultiHeadAttention:
+  """The core with an attention layer's sizes, dropout and dtype (its
+  fields ``d_model``, ``num_heads``, ``head_dim``, ``dropout_rate``,
+  ``dtype``) and ``options``. The layer assigns it in ``setup`` and shares
+  its scope (``nn.share_scope``), so the core's parameters keep the paths
+  the layer saved."""
+  return MultiHeadAttention(
+      d_model=layer.d_model,
+      num_heads=layer.num_heads,
+      head_dim=layer.head_dim,
+      dropout_rate=layer.dropout_rate,
+      dtype=layer.dtype,
+      **options,
+  )

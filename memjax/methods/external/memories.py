@@ -42,7 +42,6 @@ from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.methods.cache import continuous_cache as cache
 from memjax.methods.external import config as ext_config
-from memjax.methods.trime import config as trime_config
 from memjax.methods.trime import in_batch as trime
 
 
@@ -99,14 +98,7 @@ class TrimeExtMemory(evaluation.EvalMemory):
   M_eval (the paper's text). tau' divides the raw inner product in both.
   """
 
-  axes = (
-      evaluation.Axis(
-          "temperature",
-          "temperatures",
-          "temperature_grid",
-          (1.0,),
-          section=trime_config.Trime,
-      ),
+  axes = trime.TrimeMemory.axes + (
       evaluation.Axis(
           "ext_temperature",
           "ext_temperatures",

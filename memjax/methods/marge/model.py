@@ -76,13 +76,7 @@ class BiasedCrossAttention(nn.Module):
   dtype: Any = jnp.float32
 
   def setup(self) -> None:
-    self.core = multihead.MultiHeadAttention(
-        d_model=self.d_model,
-        num_heads=self.num_heads,
-        head_dim=self.head_dim,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
-    )
+    self.core = multihead.core_of(self)
     nn.share_scope(self, self.core)
 
   def __call__(

@@ -87,12 +87,8 @@ class RelativeAttentionBase(attention_lib.AttentionKind):
       )
     # The one attention core, its parameters directly in this layer's
     # scope (query, key, value, pos_key, out, u, v...: the saved paths).
-    self.core = multihead.MultiHeadAttention(
-        d_model=self.d_model,
-        num_heads=self.num_heads,
-        head_dim=self.head_dim,
-        dropout_rate=self.dropout_rate,
-        dtype=self.dtype,
+    self.core = multihead.core_of(
+        self,
         relative=scheme,
         projections="module",
         dropout_name="attn_dropout",
