@@ -13,7 +13,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: help locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check fixtures clean-venv
+.PHONY: help python-check venv-newest test-newest locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check fixtures clean-venv
 
 LOCK := requirements/$(ACCEL).lock
 
@@ -22,11 +22,23 @@ LOCK := requirements/$(ACCEL).lock
 help:
 	@awk -F':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-# memjax, jax 0.10.2 and libtpu need Python 3.11; a TPU VM's image ships 3.10.
-PYTHON_MISSING = memjax: error: $(PYTHON) is missing or not Python 3.11, which memjax needs: install it (a TPU VM's Ubuntu 22.04: sudo add-apt-repository -y ppa:deadsnakes/ppa && sudo apt-get install -y python3.11 python3.11-venv; anywhere: uv python install 3.11) or name it: make venv PYTHON=/path/to/python3.11 (docs/hardware.md)
+# memjax runs on Python 3.11 to 3.13 (setup.py's python_requires), and the
+# locks install on each; a TPU VM's image ships 3.10.
+PYTHON_OK = import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))
+PYTHON_MISSING = memjax: error: $(PYTHON) is missing or not Python 3.11 to 3.13, which memjax needs: install one (a TPU VM's Ubuntu 22.04: sudo add-apt-repository -y ppa:deadsnakes/ppa && sudo apt-get install -y python3.11 python3.11-venv; anywhere: uv python install 3.12) or name it: make venv PYTHON=/path/to/python3.12 (docs/hardware.md)
+# An existing $(VENV) made by another Python than the one named on the command
+# line is refused, not kept silently.
+PYTHON_VERSION = import sys; print("%d.%d" % sys.version_info[:2])
+VENV_OTHER_PYTHON = memjax: error: $(VENV) is Python $$have, not $(PYTHON)'s $$want: remove it first (make clean-venv VENV=$(VENV)) or make another beside it: make venv PYTHON=$(PYTHON) VENV=.venv-$$want
 
-$(STAMP): $(LOCK) requirements/dev.lock setup.py
-	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1 || { echo "$(PYTHON_MISSING)" >&2; exit 2; }
+# Run on every use of the venv: cheap, and it must see a venv already made.
+python-check:
+ifneq ($(filter command line environment,$(origin PYTHON)),)
+	@if test -x $(PY); then have=$$($(PY) -c '$(PYTHON_VERSION)'); want=$$($(PYTHON) -c '$(PYTHON_VERSION)' 2>/dev/null); if test "$$have" != "$$want"; then echo "$(VENV_OTHER_PYTHON)" >&2; exit 2; fi; fi
+endif
+
+$(STAMP): $(LOCK) requirements/dev.lock setup.py | python-check
+	@test -x $(PY) || $(PYTHON) -c '$(PYTHON_OK)' >/dev/null 2>&1 || { echo "$(PYTHON_MISSING)" >&2; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r $(LOCK) -r requirements/dev.lock
@@ -65,6 +77,33 @@ smoke: $(STAMP) ## <1 min: a few steps of configs/trime_wt103.py:smoke
 
 test: $(STAMP) format-check ## <15 min: the test suite (docs/testing.md)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=40 tests
+
+# The newest releases within setup.py's ranges, resolved now (no lock), as a
+# stock JAX image has them: jax, flax, optax and orbax-checkpoint, then what
+# docs/hardware.md adds to such an image (requirements/stock-image.txt) and
+# memjax with --no-deps; no TensorFlow, SeqIO or ScaNN. The tests marked
+# `newest` run there (docs/testing.md) from the token caches that the locked
+# environment writes into .cache/tokens (it makes them first).
+NEWEST_PYTHON ?= python3.12
+NEWEST_VENV ?= .venv-newest
+NEWEST_PY := $(NEWEST_VENV)/bin/python
+NEWEST_OK = import sys; sys.exit(not (3, 12) <= sys.version_info[:2] <= (3, 13))
+RANGES = $(shell python3 requirements/ranges.py $(1))
+IMAGE = jax flax optax orbax-checkpoint
+venv-newest: ## a few min (downloads): .venv-newest, the newest releases as on a stock JAX image
+	@$(NEWEST_PYTHON) -c '$(NEWEST_OK)' >/dev/null 2>&1 || { echo "memjax: error: $(NEWEST_PYTHON) is missing or not Python 3.12 or 3.13 (jax 0.11 and newer need 3.12): name one, e.g. make test-newest NEWEST_PYTHON=/path/to/python3.12" >&2; exit 2; }
+	rm -rf $(NEWEST_VENV)
+	$(NEWEST_PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_PY) -m pip install -q --upgrade pip
+	$(NEWEST_PY) -m pip install -q --upgrade $(foreach r,$(call RANGES,$(IMAGE)),'$(r)')
+	$(NEWEST_PY) -m pip install -q --upgrade $(foreach r,$(call RANGES,$(shell grep -v '^\#' requirements/stock-image.txt) pytest pytest-xdist),'$(r)')
+	$(NEWEST_PY) -m pip install -q --no-deps -e .
+	$(NEWEST_PY) -m pip list --format=freeze > $(NEWEST_VENV)/versions.txt
+	@grep -iE '^(jax|jaxlib|flax|optax|orbax-checkpoint|numpy)==' $(NEWEST_VENV)/versions.txt
+
+test-newest: $(STAMP) venv-newest ## ~5 min after `make test`, plus downloads: the tests marked newest on the newest releases
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m newest tests
+	$(NEWEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m newest tests
 
 # Google style, 2-space indentation; configuration in pyproject.toml.
 format: $(STAMP) ## <1 min: pyink the code

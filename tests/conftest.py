@@ -3,16 +3,26 @@
 The flag must be set before jax is imported anywhere in the test process.
 """
 
+import importlib.metadata
 import os
 
-# XLA compiles the suite's programs without LLVM's optimisations and with
-# its older elemental emitters instead of the MLIR fusion emitters: the
-# models are tiny, so compiling them, not running them, takes most of the
-# suite's time (each flag takes about a third off the compile-bound files'
-# time; every numeric check passes either way).
-COMPILE_FLAGS = (
-    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-)
+
+def _compile_flags() -> str:
+  """XLA compiles the suite's programs without LLVM's optimisations and,
+  where jaxlib still has them (before 0.11), with its older elemental
+  emitters instead of the MLIR fusion emitters: the models are tiny, so
+  compiling them, not running them, takes most of the suite's time (each
+  flag takes about a third off the compile-bound files' time; every
+  numeric check passes either way). jaxlib 0.11 removed the older emitters
+  and their flag, which XLA would refuse as unknown."""
+  flags = "--xla_backend_optimization_level=0"
+  major, minor = importlib.metadata.version("jaxlib").split(".")[:2]
+  if (int(major), int(minor)) < (0, 11):
+    flags += " --xla_cpu_use_fusion_emitters=false"
+  return flags
+
+
+COMPILE_FLAGS = _compile_flags()
 
 
 def xla_flags(devices: int) -> str:
@@ -45,6 +55,14 @@ import traceback  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Token caches shared by the locked and the newest environments (`make
+# test-newest`): the locked one, which has SeqIO, tokenises into it; the
+# newest, which has not, reads them there. Caches are named by the corpus
+# files' content, so one folder serves every run and copy.
+TOKEN_CACHE = os.environ.get(
+    "MEMJAX_TEST_TOKENS", os.path.join(REPO, ".cache", "tokens")
+)
 
 
 # The test files that take longest (seconds of test time with a cold
@@ -104,6 +122,24 @@ def pytest_configure(config):
       "matrix: the mode matrix (tests/test_mode_matrix.py); run it alone "
       "with -m matrix",
   )
+  config.addinivalue_line(
+      "markers",
+      "newest: also run on the newest releases within setup.py's ranges, "
+      "as a stock JAX image has them (make test-newest)",
+  )
+
+
+def pytest_ignore_collect(collection_path, config):
+  """Under ``-m newest``, a test file that marks no test ``newest`` is not
+  imported: it may import what the newest environment lacks (TensorFlow,
+  SeqIO, ScaNN)."""
+  if config.getoption("markexpr") != "newest":
+    return None
+  if collection_path.suffix != ".py" or not collection_path.name.startswith(
+      "test_"
+  ):
+    return None
+  return "pytest.mark.newest" not in collection_path.read_text()
 
 
 def pytest_collection_modifyitems(items):

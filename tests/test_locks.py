@@ -123,3 +123,56 @@ def test_the_core_pins_no_heavy_package():
       "safetensors",
       "tokenizers",
   }
+
+
+def _read(*parts: str) -> str:
+  with open(os.path.join(conftest.REPO, *parts)) as f:
+    return f.read()
+
+
+def test_the_supported_pythons_are_stated_alike_everywhere():
+  # setup.py's python_requires, the Makefile's check, the versions the
+  # locks are resolved and checked for, and docs/hardware.md.
+  setup = _read("setup.py")
+  assert 'python_requires=">=3.11,<3.14"' in setup
+  assert "(3, 11) <= sys.version_info[:2] <= (3, 13)" in _read("Makefile")
+  compile_sh = _read("requirements", "compile.sh")
+  assert "OLDEST=3.11" in compile_sh and "NEWER=(3.12 3.13)" in compile_sh
+  assert "Python 3.11 to 3.13" in _read("docs", "hardware.md")
+
+
+def test_jax_and_its_libraries_have_a_tested_range():
+  # Each is bounded above (raised once a newer release passes `make
+  # test-newest`) and its lower bound is the locks' pin, the version the
+  # suite runs on.
+  cpu = _lock("cpu")
+  for text in _setup_requirements()[""]:
+    req = Requirement(text)
+    name = canonicalize_name(req.name)
+    if name not in ("jax", "flax", "optax", "orbax-checkpoint"):
+      continue
+    lower = [s.version for s in req.specifier if s.operator == ">="]
+    upper = [s.version for s in req.specifier if s.operator == "<"]
+    assert lower == [cpu[name]], text
+    assert len(upper) == 1, f"{text} has no upper bound"
+
+
+def test_the_stock_image_recipe_installs_every_core_requirement():
+  # What docs/hardware.md adds to a stock JAX image is the list `make
+  # venv-newest` installs, and with what the image has (and brings along)
+  # it covers the core's requirements.
+  listed = [
+      line.strip()
+      for line in _read("requirements", "stock-image.txt").splitlines()
+      if line.strip() and not line.startswith("#")
+  ]
+  assert f"pip install {' '.join(listed)}" in _read("docs", "hardware.md")
+  image = {"jax", "flax", "optax", "orbax-checkpoint"}
+  # Brought by the image's packages: absl-py (orbax-checkpoint), etils
+  # (orbax-checkpoint), numpy (jax).
+  brought = {"absl-py", "etils", "numpy"}
+  core = {
+      canonicalize_name(Requirement(r).name) for r in _setup_requirements()[""]
+  }
+  have = image | brought | {canonicalize_name(n) for n in listed}
+  assert core <= have, f"the stock image recipe lacks {core - have}"

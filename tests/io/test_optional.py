@@ -118,7 +118,9 @@ def _copy_tree(src: str, dest: str) -> None:
 
 
 def _prepare_caches(tmp_path) -> dict[str, dict[str, str]]:
-  """Tokenises the three runs into one cache (with SeqIO), then copies the
+  """Tokenises the three runs into the shared token cache
+  (``conftest.TOKEN_CACHE``, with SeqIO; in the newest environment, which
+  has none, the locked one's caches are read there), then copies the
   corpora and the cache to ``<tmp_path>/elsewhere``."""
   from memjax import build  # pylint: disable=g-import-not-at-top
 
@@ -128,17 +130,18 @@ def _prepare_caches(tmp_path) -> dict[str, dict[str, str]]:
   for family in ("lm", "mt", "encoder"):
     data = shared_runs.core_data(family, here)
     config = shared_runs.core_config(family, data)
-    config.data.cache_dir = str(here / "cache")
+    config.data.cache_dir = conftest.TOKEN_CACHE
     run = build.build(config, str(here / family))
     run.task.load(run.workdir)  # What --mode=tokenize reads.
     assert not os.path.exists(run.workdir)  # All in data.cache_dir.
     copy = str(there / f"{family}_data")
     _copy_tree(data, copy)
     runs[family] = {"data": copy, "workdir": str(there / family)}
-  _copy_tree(str(here / "cache"), str(there / "cache"))
+  _copy_tree(conftest.TOKEN_CACHE, str(there / "cache"))
   return runs
 
 
+@pytest.mark.newest
 def test_core_trains_from_a_copied_cache_without_extras_or_corpus(tmp_path):
   runs = _prepare_caches(tmp_path)
   cache = str(tmp_path / "elsewhere" / "cache")

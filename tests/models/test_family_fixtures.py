@@ -56,6 +56,7 @@ def _today(key: str, renames: dict[str, str]) -> str:
   )
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("family", FAMILIES)
 def test_run_and_export_restore_with_the_same_outputs(family):
   root = os.path.join(FIXTURES, "families", family)
@@ -80,6 +81,7 @@ def test_run_and_export_restore_with_the_same_outputs(family):
       )
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("family", make_family_fixtures.OPTIMIZER_STATES)
 def test_optimizer_state_restores(family):
   """The optimiser state (parameter groups, lazy Adam's moments of the

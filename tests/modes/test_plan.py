@@ -163,6 +163,7 @@ def test_tpu_slices_and_device_flags():
   assert platforms.planned_devices(_settings(config)) == 4
 
 
+@pytest.mark.newest
 def test_main_plans_without_data_or_checkpoints(tmp_path):
   workdir = str(tmp_path / "plan")
   # Started with one device: --config.plan.devices=4 must reach XLA.

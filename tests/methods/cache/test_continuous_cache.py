@@ -48,6 +48,7 @@ def make_memory(seed=0, q_n=6, k_n=13, d=8):
   )
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("use_pos", [False, True])
 @pytest.mark.parametrize("block_size", [None, 4])
 def test_cache_matches_numpy(use_pos, block_size):

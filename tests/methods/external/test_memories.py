@@ -334,6 +334,7 @@ def test_resume_with_other_settings_is_refused(setup, tmp_path):
 # ------------------------------------------------------------------- search
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("metric", ["dot_product", "squared_l2"])
 def test_exact_topk_matches_numpy(metric):
   rng = np.random.default_rng(1)

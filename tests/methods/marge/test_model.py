@@ -66,6 +66,7 @@ def _bias(model, params, x, src):
   return model.apply({"params": params}, method=f)
 
 
+@pytest.mark.newest
 def test_cross_attention_matches_numpy():
   b, t, k, s, d, h, dh = 2, 3, 3, 4, 8, 2, 4
   mod = marge.BiasedCrossAttention(d_model=d, num_heads=h, head_dim=dh)

@@ -83,6 +83,7 @@ def layer_and_params():
   return layer, p, np.asarray(x)
 
 
+@pytest.mark.newest
 def test_layer_matches_numpy_reference(layer_and_params):
   layer, p, x = layer_and_params
   out, state = layer.apply(
@@ -282,6 +283,7 @@ def test_lazy_adam_leaves_unread_rows_and_moments_bit_identical(fraction):
   assert int(state.count) == 3
 
 
+@pytest.mark.newest
 def test_lazy_adam_group_through_make_optimizer_against_numpy():
   # A parameter group of config.optim with the lazy_adam transform, a
   # warm-up and non-default b1, b2, eps: the group's rows follow NumPy's

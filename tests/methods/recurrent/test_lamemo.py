@@ -98,6 +98,7 @@ def test_look_ahead_window_tiles_the_stream():
   assert covered == list(range(seg_len - mem_len + start, 4 * seg_len + 1))
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize(
     "scheme,mem_len,seg_len,new_len",
     [

@@ -24,6 +24,7 @@ def _memory(batch, mem_len, seed):
   return rmemory.XLMemory(x=jnp.asarray(x), valid=jnp.asarray(valid))
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize(
     "cls,scheme,causal",
     [

@@ -211,6 +211,7 @@ def run(inputs, spec, block_size, stop_gradient_memory=False):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("mode,hide_local", CASES)
 @pytest.mark.parametrize("block_size", [None, 3])
 def test_matches_numpy(mode, hide_local, block_size):
