@@ -53,11 +53,22 @@ def missing_modules() -> list[str]:
 
 
 def missing_line(missing: Sequence[str]) -> str:
+  """One line naming what is missing and how to bring it."""
+  hints = []
+  if set(missing) - {"ml_collections"}:
+    hints.append(
+        "run it with a Python that has JAX (make accelerator-check "
+        "ACCEL_PYTHON=/path/to/python)"
+    )
+  if "ml_collections" in missing:
+    hints.append(
+        "ml_collections is pure Python: put its wheel on the path (make "
+        "accelerator-check ACCEL_PATH=/path/to/"
+        "ml_collections-1.1.0-py3-none-any.whl)"
+    )
   return (
-      f"accelerator_check: error: {', '.join(missing)} not installed; "
-      "ml_collections is pure Python: put its wheel on the path "
-      "(make accelerator-check ACCEL_PATH=/path/to/"
-      "ml_collections-1.1.0-py3-none-any.whl)"
+      f"accelerator_check: error: {', '.join(missing)} not installed for "
+      f"{sys.executable}; {'; '.join(hints)}"
   )
 
 
