@@ -13,7 +13,7 @@ WORKDIR ?= runs/demo
 # runtime with 8 fake devices, about 1.5 GB).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
-.PHONY: help python-check venv-newest test-newest locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench format format-check fixtures clean-venv
+.PHONY: help python-check venv-newest test-newest locks venv demo demo-mt demo-trime-mt demo-lamemo demo-pkm demo-pkm-bert demo-ext demo-marge test smoke bench accelerator-check format format-check fixtures clean-venv
 
 LOCK := requirements/$(ACCEL).lock
 
@@ -114,6 +114,17 @@ format-check: $(STAMP) ## <1 min: check the formatting
 
 bench: $(STAMP) ## minutes not recorded: training throughput (benchmarks/)
 	$(PY) benchmarks/train_throughput.py --config=configs/trime_wt103.py:demo
+
+# A lent GPU or TPU with a stock JAX image, offline: the machine's own Python
+# and the checkout's memjax (PYTHONPATH, nothing installed, no .venv).
+# ACCEL_PATH: more of the path, e.g. an ml_collections wheel where the image
+# lacks it; ACCEL_ARGS: flags (--budget_s=..., --items=..., --tiny).
+# Writes runs/accelerator_check/accelerator_check.{json,md} (docs/plan.md).
+ACCEL_PYTHON ?= python3
+ACCEL_PATH ?=
+ACCEL_ARGS ?=
+accelerator-check: ## ~5 min: a lent GPU/TPU measured beside --mode=plan (docs/plan.md)
+	PYTHONPATH=.$(if $(ACCEL_PATH),:$(ACCEL_PATH)) $(ACCEL_PYTHON) benchmarks/accelerator_check.py $(ACCEL_ARGS)
 
 # The pretrained-model fixtures (tests/fixtures/pretrained/): tiny random
 # GPT-2, Llama and Qwen2 models built by Hugging Face's PyTorch classes, with

@@ -45,16 +45,21 @@ LM_WARMUP_NOTE = (
 )
 
 
-def _build(cfg: ml_collections.ConfigDict, workdir: str = "") -> Any:
+def _build(
+    cfg: ml_collections.ConfigDict,
+    workdir: str = "",
+    mesh: Mapping[str, int] | None = None,
+) -> Any:
   """The run ``memjax.build.build`` makes of ``cfg``: its model, batcher,
-  objective and optimiser.
+  objective and optimiser (on ``mesh``'s axis sizes instead of the
+  config's when given, e.g. {'data': 1}: the first device only).
 
   Imported on first use: the whole package loads, which the config parsing
   and the statistics here do not need.
   """
   from memjax import build  # pylint: disable=g-import-not-at-top
 
-  return build.build(cfg, workdir)
+  return build.build(cfg, workdir, mesh=mesh)
 
 
 # Configs.
@@ -246,6 +251,8 @@ class TrainBench:
     timing_changes: what ``disable_lm_warmup`` changed in ``cfg``.
     step_memory_bytes: XLA's memory estimate of one step (arguments +
       outputs + temporaries - donated aliases).
+    mesh_sizes: the mesh axis sizes it was built on (None: the config's
+      mesh over every device; {'data': 1}: the first device only).
     setup_s, warmup_s: seconds to build (one compilation) and to warm up.
     times: seconds per step, one per round.
     last_metrics: the last step's metrics, on the host.
@@ -257,6 +264,7 @@ class TrainBench:
       cfg: ml_collections.ConfigDict,
       vocab_size: int,
       batches: Sequence[Mapping[str, np.ndarray]],
+      mesh: Mapping[str, int] | None = None,
   ):
     # pylint: disable=g-import-not-at-top
     from memjax.run import state as state_lib
@@ -266,7 +274,8 @@ class TrainBench:
     self.name = name
     self.timing_changes = disable_lm_warmup(cfg)
     self.cfg = cfg
-    run = _build(cfg)
+    self.mesh_sizes = mesh
+    run = _build(cfg, mesh=mesh)
     self.mesh = run.mesh
     self.model = run.model(vocab_size)
     tx, _ = run.optimizer()

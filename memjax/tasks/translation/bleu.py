@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import sacrebleu
-
 
 def score(
     hypotheses: Sequence[str], references: Sequence[str]
@@ -34,6 +32,10 @@ def score(
     refs = [list(references)]
   if any(len(r) != len(hyps) for r in refs):
     raise ValueError(f"{len(hyps)} hypotheses for {len(refs[0])} references")
+  # Imported here: every run imports this module (the catalog's modes), and
+  # only translation scores need sacreBLEU.
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+
   bleu = sacrebleu.metrics.BLEU(tokenize="13a")
   bleu_lc = sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)
   chrf = sacrebleu.metrics.CHRF()
