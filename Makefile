@@ -32,7 +32,7 @@ PYTHON_VERSION = import sys; print("%d.%d" % sys.version_info[:2])
 VENV_OTHER_PYTHON = memjax: error: $(VENV) is Python $$have, not $(PYTHON)'s $$want: remove it first (make clean-venv VENV=$(VENV)) or make another beside it: make venv PYTHON=$(PYTHON) VENV=.venv-$$want
 
 # Run on every use of the venv: cheap, and it must see a venv already made.
-python-check:
+python-check: ## seconds: refuse a venv of another Python than the PYTHON named (every use of the venv runs it)
 ifneq ($(filter command line environment,$(origin PYTHON)),)
 	@if test -x $(PY); then have=$$($(PY) -c '$(PYTHON_VERSION)'); want=$$($(PYTHON) -c '$(PYTHON_VERSION)' 2>/dev/null); if test "$$have" != "$$want"; then echo "$(VENV_OTHER_PYTHON)" >&2; exit 2; fi; fi
 endif
@@ -101,7 +101,7 @@ venv-newest: ## a few min (downloads): .venv-newest, the newest releases as on a
 	$(NEWEST_PY) -m pip list --format=freeze > $(NEWEST_VENV)/versions.txt
 	@grep -iE '^(jax|jaxlib|flax|optax|orbax-checkpoint|numpy)==' $(NEWEST_VENV)/versions.txt
 
-test-newest: $(STAMP) venv-newest ## ~5 min after `make test`, plus downloads: the tests marked newest on the newest releases
+test-newest: $(STAMP) venv-newest ## ~3 min (downloads): the tests marked newest on the newest releases
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m newest tests
 	$(NEWEST_PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m newest tests
 

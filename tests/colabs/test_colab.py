@@ -14,7 +14,7 @@ def test_requirements_are_read_from_setup_py_without_running_it(tmp_path):
       "setup(name='x', install_requires=['jax>=0.5', 'etils[epath]>=1.7'])\n"
   )
   assert colab.requirements(str(tmp_path)) == ["jax>=0.5", "etils[epath]>=1.7"]
-  assert "flax>=0.10" in colab.requirements(REPO)
+  assert any(r.startswith("flax>=") for r in colab.requirements(REPO))
 
 
 def test_an_extra_adds_its_requirements_once(tmp_path):
