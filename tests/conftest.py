@@ -76,6 +76,7 @@ TOKEN_CACHE = os.environ.get(
 LONGEST_FIRST = (
     "tests/test_mode_matrix.py",
     "tests/methods/marge/test_planted.py",
+    "tests/benchmarks/test_accelerator_check.py",
     "tests/colabs/test_notebooks.py",
     "tests/models/test_stack.py",
     "tests/methods/trime/test_modes.py",
