@@ -31,6 +31,27 @@ from memjax.models import unroll
 Array = jax.Array
 
 
+def chunk_layout(rows: int, positions: int, chunk_size: int) -> tuple[int, int]:
+  """(positions per chunk, chunks) the adaptive softmax scores a row in.
+
+  A chunk holds at most ``chunk_size`` tokens over the ``rows`` (at least
+  one position of each). The positions are spread evenly over the fewest
+  chunks that hold them, so a chunk carries at most one padded position:
+  150 positions of 64 rows at 4096 tokens are 3 chunks of 50, not of 64
+  padded to 192. One chunk (no padding) when they all fit.
+
+  Args:
+    rows: the leading (batch) size scored together.
+    positions: positions per row.
+    chunk_size: tokens scored at a time (``model.softmax_chunk``).
+  """
+  most = max(1, chunk_size // max(rows, 1))
+  if positions <= most:
+    return positions, 1
+  chunks = -(-positions // most)
+  return -(-positions // chunks), chunks
+
+
 def cluster_bounds(
     vocab_size: int, cutoffs: Sequence[int]
 ) -> list[tuple[int, int]]:
@@ -222,18 +243,18 @@ class AdaptiveEmbed(nn.Module):
     return lp.reshape(y.shape), lz.reshape(y.shape)
 
   def chunk_positions(self, rows: int, positions: int) -> int:
-    """Positions per row scored at a time: ``chunk_size`` tokens over the
-    rows (at least 1); ``positions`` when one chunk holds them all."""
-    return min(positions, max(1, self.chunk_size // max(rows, 1)))
+    """Positions per row scored at a time (``chunk_layout``)."""
+    return chunk_layout(rows, positions, self.chunk_size)[0]
 
   def score(
       self, h: Array, targets: Array, deterministic: bool = True
   ) -> tuple[Array, Array]:
     """Log-probability of the targets and the head log-normaliser.
 
-    The positions are scored in chunks of about ``chunk_size`` tokens (all
-    rows, ``chunk_positions`` positions of each), so only [rows, chunk,
-    V_i] tail logits are alive at once. The rows (the leading, batch axis)
+    The positions are scored in chunks of at most ``chunk_size`` tokens
+    (all rows, ``chunk_positions`` positions of each, spread evenly:
+    ``chunk_layout``), so only [rows, chunk, V_i] tail logits are alive at
+    once. The rows (the leading, batch axis)
     stay leading through the chunking: a batch split over devices is scored
     by its own devices, each chunk a slice of every device's rows. (Cutting
     flattened tokens into chunks would make every device score every

@@ -28,9 +28,9 @@ bfloat16):
   Transformer-XL and LaMemo, MARGE's sources and cross-attention,
   product-key values read instead of whole tables, the encoder-decoder's
   cross-attention). "With recomputation" adds what the step computes on
-  top: the adaptive softmax's chunks, padded to whole chunks and
-  rematerialised (``6 N_softmax (P - 1) + 2 N_softmax P``, P the padded
-  positions over T), and with ``model.remat`` ``2 (N_layers - N_last) +
+  top: the adaptive softmax's chunks, balanced (at most one padded position
+  per chunk) and rematerialised (``6 N_softmax (P - 1) + 2 N_softmax P``, P
+  the padded positions over T), and with ``model.remat`` ``2 (N_layers - N_last) +
   4 n_layer T d_attn`` and a third of the methods' terms (N_last: each
   block's feed-forward output projection, whose output remat keeps as the
   next block's input, so it is not recomputed). Elementwise work (softmax,
@@ -65,6 +65,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.io import console
 from memjax.io import paths
+from memjax.models import adaptive
 from memjax.modes import plan_compile
 from memjax.modes import plan_fit
 from memjax.modes import platforms
@@ -76,17 +77,18 @@ def softmax_positions(
 ) -> tuple[int, bool]:
   """(positions per row the adaptive softmax scores, whether in chunks).
 
-  ``models.adaptive.AdaptiveEmbedding.score``: ``model.softmax_chunk``
-  tokens at a time over the rows, the positions padded to a whole number
-  of chunks, each chunk rematerialised in the backward pass.
+  ``models.adaptive.AdaptiveEmbed.score``: at most ``model.softmax_chunk``
+  tokens at a time over the rows, the positions spread evenly over the
+  chunks (``adaptive.chunk_layout``: at most one padded position per
+  chunk), each chunk rematerialised in the backward pass.
   """
-  n, rows = shape.seq_len, max(shape.rows, 1)
+  n = shape.seq_len
   if not s.model.cutoffs:
     return n, False
-  chunk = min(n, max(1, int(s.model.softmax_chunk) // rows))
-  if n <= chunk:
-    return n, False
-  return -(-n // chunk) * chunk, True
+  chunk, chunks = adaptive.chunk_layout(
+      shape.rows, n, int(s.model.softmax_chunk)
+  )
+  return chunk * chunks, chunks > 1
 
 
 # The engine's feed-forward kinds (a block's last product is their output

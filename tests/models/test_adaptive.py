@@ -94,6 +94,47 @@ def test_chunked_scoring_equals_unchunked_with_gradients():
   )
 
 
+@pytest.mark.parametrize(
+    "rows,positions,chunk_size,want",
+    [
+        (64, 150, 4096, (50, 3)),  # Transformer-XL base: not 3 x 64.
+        (8, 150, 4096, (150, 1)),  # One chunk holds them all.
+        (64, 151, 4096, (51, 3)),  # One padded position per chunk.
+        (3, 11, 7, (2, 6)),  # At least one position of each row.
+        (1, 10, 4, (4, 3)),
+    ],
+)
+def test_chunks_are_balanced(rows, positions, chunk_size, want):
+  assert adaptive.chunk_layout(rows, positions, chunk_size) == want
+
+
+def test_chunks_hold_at_most_the_chunk_size_and_one_pad_each():
+  for rows in (1, 3, 8, 64):
+    for positions in range(1, 200, 7):
+      for chunk_size in (1, 7, 64, 4096):
+        chunk, chunks = adaptive.chunk_layout(rows, positions, chunk_size)
+        most = max(1, chunk_size // rows)
+        assert chunk <= max(most, 1) or chunks == 1
+        assert chunks == -(-positions // most)  # The fewest that hold them.
+        assert 0 <= chunk * chunks - positions < chunks
+
+
+def test_balanced_chunks_score_as_one_chunk():
+  # 150 positions of 2 rows at 128 tokens: 3 chunks of 50 (64 each before,
+  # padded to 192); scores and normalisers equal one chunk's.
+  kw = dict(vocab_size=50, d_model=8, cutoffs=(10, 30), factor=2)
+  one = adaptive.AdaptiveEmbed(**kw, chunk_size=10_000)
+  chunked = adaptive.AdaptiveEmbed(**kw, chunk_size=128)
+  assert chunked.chunk_positions(2, 150) == 50
+  h = jax.random.normal(jax.random.PRNGKey(3), (2, 150, 8))
+  y = jax.random.randint(jax.random.PRNGKey(4), (2, 150), 0, 50)
+  v = _init(one, h, y)
+  want = one.apply(v, h, y, method=one.score)
+  got = chunked.apply(v, h, y, method=chunked.score)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
 def test_bad_cutoffs_raise():
   with pytest.raises(ValueError, match="cutoffs"):
     adaptive.cluster_bounds(10, (5, 3))

@@ -259,9 +259,9 @@ def test_xla_counts_what_the_formula_counts(config_file, variant, options):
 
 
 def test_formula_counts_softmax_padding_and_input_projections():
-  # Transformer-XL base's softmax: 64 rows of 150 positions, scored 4096
-  # tokens (64 positions of each row) at a time: 3 chunks of 64, 192
-  # positions, each chunk recomputed in the backward pass.
+  # Transformer-XL base's softmax: 64 rows of 150 positions, scored at most
+  # 4096 tokens (64 positions of each row) at a time: 3 chunks of 50, no
+  # padding, each chunk recomputed in the backward pass.
   s = _settings(txl_wt103.get_config("base"))
   shape = extend.FlopsShape(
       seq_len=150,
@@ -270,12 +270,15 @@ def test_formula_counts_softmax_padding_and_input_projections():
       softmax_params=600,
       projection_params=100,
   )
-  assert plan.softmax_positions(s, shape) == (192, True)
+  assert plan.softmax_positions(s, shape) == (150, True)
   f = plan.formula_flops(s, shape)
   attn = 12 * 16 * 300 * 410
   assert f["model"] == 6 * 1000 + attn + 6 * 100
-  padded = 6 * 600 * (192 / 150 - 1) + 2 * 600 * 192 / 150
-  assert f["with_recompute"] == pytest.approx(f["model"] + padded)
+  recomputed = 2 * 600  # Nothing padded: the chunks' forward pass again.
+  assert f["with_recompute"] == pytest.approx(f["model"] + recomputed)
+  # 151 positions: 3 chunks of 51, one padded position in each.
+  odd = dataclasses.replace(shape, seq_len=151)
+  assert plan.softmax_positions(s, odd) == (153, True)
   assert f["before"] == 6 * 1000 + attn + 2 * 600
   # One chunk holds 8 rows of 150: nothing padded or recomputed.
   small = dataclasses.replace(shape, rows=8)
