@@ -252,13 +252,15 @@ def _np_sparse_adam(p, m, v, g, t, lr, b1=0.9, b2=0.999, eps=1e-8):
   return p, m, v
 
 
-@pytest.mark.parametrize("fraction", [0.0, 0.5])
-def test_lazy_adam_leaves_unread_rows_and_moments_bit_identical(fraction):
+# 0: the masked dense update; 5: the gather/scatter of at most 5 rows (the
+# steps below read 2, 3 and 5).
+@pytest.mark.parametrize("max_rows_read", [0, 5])
+def test_lazy_adam_leaves_unread_rows_and_moments_bit_identical(max_rows_read):
   from memjax.methods.pkm import lazy_adam as sparse_adam  # pylint: disable=g-import-not-at-top
 
   rng = np.random.default_rng(5)
   p = rng.normal(size=(8, 3)).astype(np.float32)
-  tx = sparse_adam.lazy_adam(1e-3, sparse_fraction=fraction)
+  tx = sparse_adam.lazy_adam(1e-3, max_rows_read=max_rows_read)
   state = tx.init(p)
   # The unread rows start with moments of their own (from earlier steps).
   state = state._replace(
@@ -267,6 +269,10 @@ def test_lazy_adam_leaves_unread_rows_and_moments_bit_identical(fraction):
   )
   ref = (p, np.asarray(state.mu), np.asarray(state.nu))
   cur = jnp.asarray(p)
+  # The path is chosen when the step is traced: a scatter only with a bound.
+  traced = str(jax.make_jaxpr(tx.update)(jnp.zeros((8, 3)), state))
+  assert ("scatter" in traced) == (max_rows_read > 0)
+  assert "cond" not in traced
   step = jax.jit(tx.update)
   for t, rows in enumerate([[1, 4], [4, 6, 7], [0, 1, 2, 3, 5]], start=1):
     g = np.zeros((8, 3), np.float32)
@@ -281,6 +287,22 @@ def test_lazy_adam_leaves_unread_rows_and_moments_bit_identical(fraction):
     for new, r in zip((cur, state.mu, state.nu), ref):
       np.testing.assert_allclose(np.asarray(new), r, rtol=1e-5, atol=1e-7)
   assert int(state.count) == 3
+
+
+def test_lazy_adam_reads_the_rows_numpy_reads():
+  # Rows with a non-zero entry, a NaN or an infinity are read; rows of
+  # zeros and of -0.0 are not (the row test is a max of magnitudes).
+  from memjax.methods.pkm import lazy_adam as sparse_adam  # pylint: disable=g-import-not-at-top
+
+  g = np.zeros((6, 4), np.float32)
+  g[1, 2] = 3.0
+  g[2, 0] = -1e-30
+  g[3, 3] = np.nan
+  g[4, 1] = -np.inf
+  g[5] = -0.0
+  got = np.asarray(jax.jit(sparse_adam._row_mask)(jnp.asarray(g)))
+  np.testing.assert_array_equal(got, np.any(g != 0, axis=1))
+  assert got.tolist() == [False, True, True, True, True, False]
 
 
 @pytest.mark.newest
