@@ -144,13 +144,31 @@ def product_key_topk(q: Array, keys: Array, topk: int) -> tuple[Array, Array]:
   s2 = jnp.einsum("nhd,hcd->nhc", q[..., half:], keys[:, 1])
   v1, i1 = jax.lax.top_k(s1, topk)  # [N, H, k]
   v2, i2 = jax.lax.top_k(s2, topk)
-  sums = (v1[..., :, None] + v2[..., None, :]).reshape(
-      v1.shape[:-1] + (topk * topk,)
-  )
-  scores, best = jax.lax.top_k(sums, topk)  # [N, H, k] into the k^2 sums
-  a, b = best // topk, best % topk
+  a, b = candidate_pairs(topk)
+  sums = v1[..., a] + v2[..., b]  # [N, H, P] of the k^2 sums
+  scores, best = jax.lax.top_k(sums, topk)  # [N, H, k]
+  a, b = jnp.asarray(a)[best], jnp.asarray(b)[best]
   slots = jnp.take_along_axis(i1, a, -1) * c + jnp.take_along_axis(i2, b, -1)
   return scores, slots.astype(jnp.int32)
+
+
+def candidate_pairs(topk: int) -> tuple[np.ndarray, np.ndarray]:
+  """(a, b) [P] int32: the pairs of sorted sub-key ranks whose sum can be
+  among the top k, in the order of their index a * k + b in the k^2 grid.
+
+  Both halves' scores come sorted (descending), so every pair (a', b') with
+  a' <= a, b' <= b scores at least as high as (a, b) and comes before it
+  in the grid: (a + 1) (b + 1) - 1 of them. Where that is k or more, (a, b)
+  is never among the top k, ties included (``lax.top_k`` takes the lower
+  index), so the top k of the P pairs with (a + 1) (b + 1) <= k are the
+  top k of all k^2: 119 pairs instead of 1,024 at k = 32 (Lample et al.
+  score all k^2).
+  """
+  a, b = np.nonzero(
+      (np.arange(1, topk + 1)[:, None] * np.arange(1, topk + 1)[None, :])
+      <= topk
+  )
+  return a.astype(np.int32), b.astype(np.int32)
 
 
 def _values_init(vdim: int) -> tuple[Any, tuple[str, str]]:

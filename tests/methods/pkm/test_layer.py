@@ -154,6 +154,23 @@ def test_topk_over_candidate_sums_equals_brute_force():
       np.testing.assert_array_equal(np.sort(got_i[n, h]), np.sort(best))
 
 
+@pytest.mark.parametrize("k", [1, 2, 5, 8, 32])
+def test_the_candidate_pairs_hold_the_top_k_of_the_whole_grid(k):
+  # Sorted scores of the two halves, coarse so that many sums tie: the top
+  # k of the candidate pairs are the top k of all k^2 sums, the same pairs
+  # in the same order (ties to the lower grid index).
+  a, b = pkm.candidate_pairs(k)
+  assert len(a) == sum(k // i for i in range(1, k + 1))  # 119 at k = 32.
+  assert list(a * k + b) == sorted(a * k + b)
+  rng = np.random.default_rng(k)
+  v = -np.sort(-np.round(rng.normal(size=(50, 2, k)), 1), axis=-1)
+  full = (v[:, 0, :, None] + v[:, 1, None, :]).reshape(50, k * k)
+  want_s, want_i = jax.lax.top_k(jnp.asarray(full), k)
+  got_s, got = jax.lax.top_k(jnp.asarray(full[:, a * k + b]), k)
+  np.testing.assert_array_equal(got_s, want_s)
+  np.testing.assert_array_equal((a * k + b)[np.asarray(got)], want_i)
+
+
 def test_padding_is_ignored_by_batch_norm_and_outputs_zero():
   layer = _layer(query_norm="batch")
   x = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (2, 6, D)))
