@@ -210,14 +210,14 @@ def parts_benches(memory, params, x) -> list[CallBench]:
 
   def search(p, xf):
     def loss(p):
-      width = memory.heads * memory.k_dim
+      width = memory.options.heads * memory.options.k_dim
       q = flax.linen.Dense(width).apply({"params": p["query"]}, xf)
       q = (
           flax.linen.LayerNorm(epsilon=1e-5)
           .apply({"params": p["query_norm"]}, q)
-          .reshape(-1, memory.heads, memory.k_dim)
+          .reshape(-1, memory.options.heads, memory.options.k_dim)
       )
-      scores, _ = pkm.product_key_topk(q, p["keys"], memory.topk)
+      scores, _ = pkm.product_key_topk(q, p["keys"], memory.options.topk)
       return jnp.sum(jax.nn.softmax(scores, -1) * scores)
 
     return jax.grad(loss)(p)
@@ -226,9 +226,9 @@ def parts_benches(memory, params, x) -> list[CallBench]:
   # does not depend on which rows).
   slots = jax.random.randint(
       jax.random.PRNGKey(3),
-      (1, xf.shape[0], memory.heads * memory.topk),
+      (1, xf.shape[0], memory.options.heads * memory.options.topk),
       0,
-      memory.num_keys**2,
+      memory.options.num_keys**2,
   )
   weights = jax.random.uniform(jax.random.PRNGKey(4), slots.shape)
 
