@@ -82,31 +82,35 @@ def read(cls: type[T], section: Any) -> T:
   Raises:
     errors.ConfigError: the section holds a key ``cls`` does not declare.
   """
-  names = [f.name for f in dataclasses.fields(cls)]
-  unknown = sorted(set(section) - set(names))
-  if unknown:
-    raise errors.ConfigError(
-        f"{cls.SECTION} has no key {', '.join(unknown)}; its keys: "
-        f"{', '.join(names)}"
-    )
+  names = _declared(cls, section)
   return cls(**{n: plain(section[n]) for n in names if n in section})
 
 
 def replaced(instance: T, **changes: Any) -> T:
   """A copy of a section's settings with keys set
-  (``replaced(settings.eval_memory, ext_k=8)``).
+  (``replaced(settings.train, num_steps=8)``).
 
   Raises:
     errors.ConfigError: a key the section does not declare.
   """
-  names = [f.name for f in dataclasses.fields(instance)]
-  unknown = sorted(set(changes) - set(names))
+  _declared(instance, changes)
+  return dataclasses.replace(instance, **changes)
+
+
+def _declared(cls: Any, keys: Any) -> list[str]:
+  """The keys ``cls`` (a settings class or instance) declares.
+
+  Raises:
+    errors.ConfigError: one of ``keys`` is not among them.
+  """
+  names = [f.name for f in dataclasses.fields(cls)]
+  unknown = sorted(set(keys) - set(names))
   if unknown:
     raise errors.ConfigError(
-        f"{instance.SECTION} has no key {', '.join(unknown)}; its keys: "
+        f"{cls.SECTION} has no key {', '.join(unknown)}; its keys: "
         f"{', '.join(names)}"
     )
-  return dataclasses.replace(instance, **changes)
+  return names
 
 
 def section_defaults(cls: type) -> dict[str, Any]:
