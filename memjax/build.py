@@ -105,6 +105,7 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   model_config.ModelConfig.of(s.model, vocab_size=0, parts=parts)
   stack.remat_policy(s.model.remat_policy)  # Named right even with remat off.
   blocks.compute_dtype(s.model.dtype)
+  blocks.compute_dtype(s.model.param_dtype, "model.param_dtype")
   blocks.check_norm_position(s.model.norm_position)
   if kind.check is not None:
     kind.check(s.model)

@@ -346,9 +346,15 @@ def check_signature(
     )
 
 
+# GB of arrays Orbax holds in host buffers at once while writing an export
+# (its default, 96, lets an export hold a second copy of a large model).
+EXPORT_WRITE_GB = 1
+
+
 def save_export_params(directory: str, params: Any) -> None:
-  """Writes a params-only Orbax checkpoint (an export's ``params/``)."""
-  ckptr = ocp.StandardCheckpointer()
+  """Writes a params-only Orbax checkpoint (an export's ``params/``), with
+  at most ``EXPORT_WRITE_GB`` of it in flight."""
+  ckptr = ocp.StandardCheckpointer(save_concurrent_gb=EXPORT_WRITE_GB)
   ckptr.save(paths.resolve(directory), params)
   ckptr.wait_until_finished()
   ckptr.close()

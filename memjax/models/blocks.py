@@ -50,19 +50,19 @@ Array = jax.Array
 # Where a block's LayerNorms sit (``ResidualBlock``).
 NormPosition = Literal["pre", "post"]
 NORM_POSITIONS = ("pre", "post")
-# Compute dtypes by name (``model.dtype``); parameters stay float32.
+# Dtypes by name: ``model.dtype`` (compute) and ``model.param_dtype``.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def compute_dtype(name: str) -> Any:
-  """The jnp dtype of ``model.dtype``.
+def compute_dtype(name: str, key: str = "model.dtype") -> Any:
+  """The jnp dtype of ``model.dtype`` (or of the setting ``key``).
 
   Raises:
     errors.ConfigError: an unknown name.
   """
   if name not in DTYPES:
     raise errors.ConfigError(
-        f"model.dtype must be one of {list(DTYPES)}, got {name!r}"
+        f"{key} must be one of {list(DTYPES)}, got {name!r}"
     )
   return DTYPES[name]
 

@@ -69,8 +69,13 @@ class ModelConfig(settings_lib.Model):
 
   @property
   def compute_dtype(self) -> Any:
-    """The jnp dtype of ``dtype`` (parameters stay float32)."""
+    """The jnp dtype of ``dtype`` (the parameters' is ``param_dtype``)."""
     return blocks.compute_dtype(self.dtype)
+
+  @property
+  def weight_dtype(self) -> Any:
+    """The jnp dtype the parameters are kept in (``param_dtype``)."""
+    return blocks.compute_dtype(self.param_dtype, "model.param_dtype")
 
   def replace(self, **changes: Any) -> ModelConfig:
     """A copy with ``changes`` (``cfg.replace(mem_len=128)``)."""

@@ -1,19 +1,23 @@
-"""The tensors of a Hugging Face folder's safetensors checkpoint, in NumPy.
+"""The tensors of a Hugging Face folder's safetensors checkpoint, read one
+at a time.
 
 A folder holds ``model.safetensors`` or, for a large model, shards named by
 ``model.safetensors.index.json`` (its ``weight_map``: tensor -> shard).
-They are parsed by the ``safetensors`` package (no torch), through
-memjax's path layer (a local folder or a bucket); each file is read whole
-into memory. Its NumPy loader knows no bfloat16, the dtype of most Llama
-checkpoints, so the raw buffers become arrays here, bfloat16 through
-``ml_dtypes`` (which JAX itself depends on).
+``Tensors`` reads only the files' headers when it opens them (names,
+dtypes, shapes); each tensor is read when it is asked for, through the
+``safetensors`` package's memory-mapped ``safe_open`` (NumPy; bfloat16 as
+``ml_dtypes.bfloat16`` from safetensors 0.8), and converted straight to the
+dtype asked for. One shard is mapped at a time, so an import holds at most
+one shard's pages besides the tensors it keeps. A shard in a bucket is
+fetched to a local temporary file first (``paths.local_file``): mapping
+needs a local file.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any, Iterator, Optional, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from memjax import errors
@@ -23,53 +27,108 @@ from memjax.io import paths
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
-
-# safetensors dtype names -> NumPy dtypes.
-DTYPES = {
-    "F64": np.float64,
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64,
-    "I32": np.int32,
-    "I16": np.int16,
-    "I8": np.int8,
-    "U8": np.uint8,
-    "BOOL": np.bool_,
-}
+# The safetensors dtypes memjax reads (the header's names).
+DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
 
 
-def _load(path: str) -> dict[str, np.ndarray]:
-  """The tensors of one safetensors file."""
+def _safe_open(path: str) -> Any:
+  """``safetensors.safe_open`` of a shard (DataError if unreadable)."""
   st = optional.require("safetensors", "importing a pretrained model")
   try:
-    views = st.deserialize(paths.read_bytes(path))
+    return st.safe_open(paths.local_file(path), framework="numpy")
   except Exception as e:  # The format's errors have no common base.
     raise errors.DataError(
         f"{path} is not a readable safetensors file ({e}): fetch it again"
     ) from None
-  out = {}
-  for name, view in views:
-    if view["dtype"] not in DTYPES:
-      raise errors.DataError(
-          f"{path}: tensor {name} has dtype {view['dtype']}, which memjax "
-          "does not read"
-      )
-    data = np.frombuffer(bytes(view["data"]), DTYPES[view["dtype"]])
-    out[name] = data.reshape(view["shape"])
-  return out
 
 
-def read_tensors(folder: str) -> dict[str, np.ndarray]:
-  """{PyTorch parameter name: array} of the checkpoint in ``folder``.
+class Tensors:
+  """A checkpoint's tensors by PyTorch parameter name, read on demand.
+
+  ``name in tensors``, ``tensors.shape(name)``, ``tensors.dtype(name)``
+  (the safetensors name, e.g. 'BF16') and ``tensors.read(name, dtype)``;
+  ``close()`` unmaps the open shard.
+  """
+
+  def __init__(self, shards: Sequence[str]):
+    """Reads the headers of ``shards``.
+
+    Args:
+      shards: the safetensors files (their tensors do not overlap).
+
+    Raises:
+      errors.DataError: a file that is not safetensors, or a dtype memjax
+        does not read.
+    """
+    self._where: dict[str, str] = {}
+    self._meta: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in shards:
+      with _safe_open(path) as f:
+        for name in f.keys():
+          view = f.get_slice(name)
+          dtype = view.get_dtype()
+          if dtype not in DTYPES:
+            raise errors.DataError(
+                f"{path}: tensor {name} has dtype {dtype}, which memjax "
+                "does not read"
+            )
+          self._where[name] = path
+          self._meta[name] = (dtype, tuple(int(n) for n in view.get_shape()))
+    # (path, safe_open's context manager, the open file) of the mapped shard.
+    self._open: Optional[tuple[str, Any, Any]] = None
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._where
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._where)
+
+  def __len__(self) -> int:
+    return len(self._where)
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return self._meta[name][1]
+
+  def dtype(self, name: str) -> str:
+    return self._meta[name][0]
+
+  def shard(self, name: str) -> str:
+    """The file holding ``name``."""
+    return self._where[name]
+
+  def read(self, name: str, dtype: Any = None) -> np.ndarray:
+    """The tensor ``name`` (its own dtype, or converted to ``dtype``).
+
+    The shard holding it stays mapped until a tensor of another shard is
+    read (or ``close``).
+    """
+    path = self._where[name]
+    if self._open is None or self._open[0] != path:
+      self.close()
+      handle = _safe_open(path)
+      self._open = (path, handle, handle.__enter__())
+    array = self._open[2].get_tensor(name)
+    if dtype is None or array.dtype == np.dtype(dtype):
+      return array
+    return array.astype(dtype)
+
+  def close(self) -> None:
+    """Unmaps the open shard, if any."""
+    if self._open is not None:
+      self._open[1].__exit__(None, None, None)
+      self._open = None
+
+
+def shard_paths(folder: str) -> list[str]:
+  """The safetensors files of the checkpoint in ``folder``.
 
   Raises:
-    errors.DataError: neither file, a shard the index names is missing, or
-      a file that is not safetensors.
+    errors.DataError: neither file, an index without a weight map, or a
+      shard the index names is missing.
   """
   single, index = paths.join(folder, SINGLE), paths.join(folder, INDEX)
   if paths.isfile(single):
-    return _load(single)
+    return [single]
   if not paths.isfile(index):
     raise errors.DataError(
         f"{folder} has no {SINGLE} or {INDEX}: fetch the model's safetensors "
@@ -79,12 +138,32 @@ def read_tensors(folder: str) -> dict[str, np.ndarray]:
     weight_map = json.loads(paths.read_text(index))["weight_map"]
   except (ValueError, KeyError, TypeError):
     raise errors.DataError(f"{index} has no weight_map: fetch it again")
-  out = {}
+  out = []
   for shard in sorted(set(weight_map.values())):
     path = paths.join(folder, shard)
     if not paths.isfile(path):
       raise errors.DataError(
           f"{index} names {shard}, which {folder} lacks: fetch every shard"
       )
-    out.update(_load(path))
+    out.append(path)
   return out
+
+
+def open_tensors(folder: str) -> Tensors:
+  """The tensors of the checkpoint in ``folder``, not yet read.
+
+  Raises:
+    errors.DataError: as ``shard_paths`` and ``Tensors`` say.
+  """
+  return Tensors(shard_paths(folder))
+
+
+def read_tensors(folder: str) -> dict[str, np.ndarray]:
+  """{PyTorch parameter name: array} of the whole checkpoint in ``folder``,
+  each in its own dtype (small checkpoints and tests; an import streams
+  through ``open_tensors``)."""
+  tensors = open_tensors(folder)
+  try:
+    return {name: tensors.read(name) for name in tensors}
+  finally:
+    tensors.close()

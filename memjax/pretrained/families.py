@@ -293,10 +293,19 @@ def family_of(hf: dict[str, Any]) -> tuple[Callable, Callable, str]:
 
 
 def taker(
-    tensors: dict[str, np.ndarray], prefix: str, used: set[str]
+    tensors: Any, prefix: str, used: set[str], dtype: Any = np.float32
 ) -> Callable[..., np.ndarray]:
-  """``take(name, shape)``: the tensor ``prefix + name`` or ``name`` as
-  float32, checked to have ``shape``, noted in ``used``.
+  """``take(name, shape)``: the tensor ``prefix + name`` or ``name``,
+  checked to have ``shape`` before it is read, read in ``dtype``, noted in
+  ``used``.
+
+  Args:
+    tensors: the checkpoint (``checkpoint.Tensors``: ``in``, ``shape``,
+      ``read``).
+    prefix: the family's name prefix ('model.').
+    used: collects the names read.
+    dtype: the dtype each tensor is converted to as it is read (the
+      parameters' dtype).
 
   Raises:
     errors.DataError: the checkpoint lacks it, or it has another shape.
@@ -306,13 +315,13 @@ def taker(
     for key in (prefix + name, name):
       if key in tensors:
         used.add(key)
-        if tuple(tensors[key].shape) != tuple(shape):
+        if tuple(tensors.shape(key)) != tuple(shape):
           raise errors.DataError(
-              f"the checkpoint's {key} has shape {tuple(tensors[key].shape)} "
+              f"the checkpoint's {key} has shape {tuple(tensors.shape(key))} "
               f"but config.json makes it {tuple(shape)}: the config.json and "
               "the safetensors files are of different models"
           )
-        return np.asarray(tensors[key], np.float32)
+        return tensors.read(key, dtype)
     raise errors.DataError(
         f"the checkpoint has no tensor {prefix + name}: the safetensors "
         "files are not this config.json's model, or are damaged"

@@ -27,6 +27,8 @@ from memjax import settings as settings_lib
 from memjax.checkpoints import runfiles
 from memjax.io import console
 from memjax.io import paths
+from memjax.models import blocks
+from memjax.models import stack
 from memjax.pretrained import checkpoint
 from memjax.pretrained import families
 from memjax.pretrained import sizes
@@ -117,28 +119,47 @@ def _imported_run(run: spec.Run, model: dict[str, Any]) -> spec.Run:
   )
 
 
-def _params(
-    run: spec.Run, vocab_size: int, tree: dict[str, Any]
-) -> tuple[Any, int]:
-  """The tree as the model's sharded parameters, and their count; a tree
-  that does not fit the model is a bug here (its traceback kept)."""
+def _pop(tree: dict[str, Any], path: str) -> Any:
+  """Removes the leaf at 'a/b/c' from the nested ``tree`` and returns it."""
+  *parents, name = path.split("/")
+  for part in parents:
+    tree = tree[part]
+  return tree.pop(name)
+
+
+def _params(run: spec.Run, vocab_size: int, tree: dict[str, Any]) -> Any:
+  """The tree as the model's sharded parameters, in ``model.param_dtype``
+  and in its layout (layers stacked where ``model.scan_layers`` stacks
+  them); a tree that does not fit the model is a bug here (its traceback
+  kept).
+
+  ``tree`` is emptied as its arrays are placed, so the host copy and the
+  placed one of the whole model never coexist.
+  """
   model = run.model(vocab_size)
   abstract = state_lib.abstract_params(model, run.mesh)
+  runs = stack.stacked_blocks(abstract)
+  if runs:  # The layers stacked in place: the per-layer arrays go.
+    stacked = stack.stack_layers(tree, runs)
+    tree.clear()
+    tree.update(stacked)
+    del stacked
   want = flax.traverse_util.flatten_dict(abstract, sep="/")
-  got = flax.traverse_util.flatten_dict(tree, sep="/")
-  if set(want) != set(got):
+  got = set(flax.traverse_util.flatten_dict(tree, sep="/"))
+  if set(want) != got:
     raise ValueError(
         f"imported parameters differ from the model's: missing "
-        f"{sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}"
+        f"{sorted(set(want) - got)}, extra {sorted(got - set(want))}"
     )
   out = {}
   for key, leaf in want.items():
-    value = got[key]
+    value = _pop(tree, key)
     if tuple(value.shape) != tuple(leaf.shape):
       raise ValueError(f"{key}: {value.shape} for {leaf.shape}")
-    out[key] = jax.device_put(value.astype(leaf.dtype), leaf.sharding)
-  n = int(sum(np.prod(v.shape) for v in got.values()))
-  return flax.traverse_util.unflatten_dict(out, sep="/"), n
+    out[key] = jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding)
+    out[key].block_until_ready()
+    del value
+  return flax.traverse_util.unflatten_dict(out, sep="/")
 
 
 def import_model(run: spec.Run) -> dict[str, Any]:
@@ -160,19 +181,26 @@ def import_model(run: spec.Run) -> dict[str, Any]:
       _special_id(hf.get("bos_token_id")),
       _special_id(hf.get("eos_token_id")),
   )
-  tensors = checkpoint.read_tensors(folder)
+  new = _imported_run(run, model)
+  dtype = np.dtype(
+      blocks.compute_dtype(new.settings.model.param_dtype, "model.param_dtype")
+  )
+  tensors = checkpoint.open_tensors(folder)
   used: set[str] = set()
-  take = families.taker(tensors, prefix, used)
-  tree = params_fn(dict(model, vocab_size=vocab_size), take)
+  try:
+    take = families.taker(tensors, prefix, used, dtype)
+    tree = params_fn(dict(model, vocab_size=vocab_size), take)
+  finally:
+    tensors.close()
   unused = sorted(set(tensors) - used)
   if unused:
     console.info("import: %d tensors left unused: %s", len(unused), unused[:5])
-  new = _imported_run(run, model)
-  params, n = _params(new, vocab_size, tree)
+  params = _params(new, vocab_size, tree)
+  n = int(sum(x.size for x in jax.tree.leaves(params)))
   meta = {
       "signature": new.signature(vocab_size),
       "step": 0,
-      "dtype": "float32",
+      "dtype": new.settings.model.param_dtype,
       "source": folder,
       "imported": hf["model_type"],
       "model": model,

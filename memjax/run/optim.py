@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from memjax import errors
@@ -257,8 +258,43 @@ def layout(o: Optim) -> dict[str, Any]:
   return out
 
 
+def float32_state(
+    tx: optax.GradientTransformation,
+) -> optax.GradientTransformation:
+  """``tx`` keeping its state, and computing its updates, in float32 for
+  parameters of a narrower dtype (``model.param_dtype='bfloat16'``).
+
+  Gradients and parameters are upcast before ``tx`` sees them, so Adam's
+  moments are float32 as MaxText keeps them for ``weight_dtype=bfloat16``;
+  ``optax.apply_updates`` then rounds each parameter's float32 sum back to
+  its own dtype. optax's ``mu_dtype`` covers the first moment only, hence
+  this wrapper.
+  """
+
+  def up(tree: Any) -> Any:
+    return jax.tree.map(
+        lambda x: (
+            x.astype(jnp.float32)
+            if jnp.issubdtype(x.dtype, jnp.floating)
+            else x
+        ),
+        tree,
+    )
+
+  def init(params: Any) -> Any:
+    return tx.init(up(params))
+
+  def update(updates: Any, state: Any, params: Any = None) -> Any:
+    return tx.update(up(updates), state, None if params is None else up(params))
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(
-    o: Optim, num_steps: int, transforms: Transforms
+    o: Optim,
+    num_steps: int,
+    transforms: Transforms,
+    param_dtype: str = "float32",
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Builds the optimiser of the ``optim`` settings ``o``, with the
   declared ``transforms`` by name.
@@ -269,7 +305,9 @@ def make_optimizer(
 
   Returns:
     (transformation, the base schedule). Gradient clipping by global norm
-    (over all parameters) comes first when ``clip_norm > 0``.
+    (over all parameters) comes first when ``clip_norm > 0``; with
+    ``param_dtype`` other than float32 the whole chain keeps float32 state
+    (``float32_state``).
   """
   sched = make_schedule(o, num_steps)
   opt = _standard_optimizer(o, sched, "optim", transforms)
@@ -288,4 +326,7 @@ def make_optimizer(
   if o.clip_norm and o.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(o.clip_norm))
   parts.append(opt)
-  return optax.chain(*parts), sched
+  tx = optax.chain(*parts)
+  if param_dtype != "float32":
+    tx = float32_state(tx)
+  return tx, sched

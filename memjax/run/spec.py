@@ -120,7 +120,10 @@ class Run:
     (default ``train.num_steps``)."""
     steps = self.settings.train.num_steps if num_steps is None else num_steps
     return optim.make_optimizer(
-        self.settings.optim, int(steps), self.parts.optimizer_transforms
+        self.settings.optim,
+        int(steps),
+        self.parts.optimizer_transforms,
+        self.settings.model.param_dtype,
     )
 
   def batcher(self, train: Any, cache_dir: str) -> Any:

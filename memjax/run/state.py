@@ -68,15 +68,33 @@ def variables_of(params: Any, model_state: Any) -> Any:
   return model_state_lib.as_variables(params, model_state)
 
 
+def as_param_dtype(params: Any, dtype: Any) -> Any:
+  """``params`` (arrays, boxed or ``jax.ShapeDtypeStruct`` leaves) with their
+  floating leaves in ``dtype``; integer leaves are kept."""
+
+  def cast(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
+      return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+    return x.astype(dtype)
+
+  return jax.tree.map(cast, params)
+
+
 def _init_variables(
     model, collections: Sequence[str], seq_len: int, key: Array
 ) -> tuple[Any, Any]:
-  """(params, model state or None) of a fresh model."""
+  """(params in ``model.param_dtype``, model state or None) of a fresh
+  model. The modules make float32 parameters (their initialisers sample
+  in float32); they are rounded once here, so every module computes with
+  weights of either dtype (``model.dtype`` sets the compute dtype)."""
   tokens = jnp.zeros((1, seq_len), jnp.int32)
   variables = model.init(
       {"params": key, "dropout": key}, tokens, tokens, deterministic=True
   )
-  return model_state_lib.split(variables, collections)
+  params, state = model_state_lib.split(variables, collections)
+  return as_param_dtype(params, model.cfg.weight_dtype), state
 
 
 def abstract_state(

@@ -184,7 +184,11 @@ def _accumulate(
       )[1]
   )
   init_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init_m)
-  zeros = jax.tree.map(jnp.zeros_like, state.params)
+  # Gradients add up in float32 whatever the parameters' dtype.
+  zeros = jax.tree.map(
+      lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)),
+      state.params,
+  )
   (grads, metrics, model_state), new_mem = jax.lax.scan(
       body,
       (zeros, init_m, state.model_state),

@@ -101,7 +101,12 @@ class Model:
       gelu_tanh (the tanh approximation of Google's BERT and GPT-2) or silu
       (SwiGLU's gate, feed_forward 'glu'); the BERT MLM head takes it too.
     final_layer_norm: pre-LN: a LayerNorm after the last block.
-    dtype: float32 | bfloat16 (compute; parameters stay float32).
+    dtype: float32 | bfloat16: the compute dtype.
+    param_dtype: float32 | bfloat16: the dtype the parameters are kept
+      in (MaxText's ``weight_dtype``). With bfloat16 the weights take half
+      the memory for evaluation, datastores and generation; training keeps
+      the optimiser state and the accumulated gradients in float32 and
+      rounds each update into the bfloat16 weights (``run.optim``).
     softmax_chunk: positions scored at a time by the adaptive softmax.
   """
 
@@ -113,6 +118,7 @@ class Model:
       "remat_policy",
       "scan_layers",
       "dtype",
+      "param_dtype",
       "softmax_chunk",
   )
   family: str = "decoder_lm"
@@ -143,6 +149,7 @@ class Model:
   activation: str = "relu"
   final_layer_norm: bool = True
   dtype: str = "float32"
+  param_dtype: str = "float32"
   softmax_chunk: int = 4096
 
 
