@@ -19,6 +19,7 @@ export: ``export.json`` (signature, step, dtype, source), ``config.json``,
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Optional
 
 import jax
@@ -229,8 +230,11 @@ def write_export(
   """Writes ``restored``'s parameters (cast to ``dtype``) and model state
   as an export in ``out_dir``, its signature and ``meta`` in
   ``export.json``, and ``config_json`` (default the run's) as its
-  ``config.json``."""
+  ``config.json``, whose ``model.param_dtype`` says ``dtype``: the export
+  restores in the dtype it was written in."""
   cast = blocks.compute_dtype(dtype)
+  saved = json.loads(config_json or restored.run.config_json)
+  saved.setdefault("model", {})["param_dtype"] = dtype
   params = jax.tree.map(lambda x: x.astype(cast), restored.params)
   # The running statistics stay float32 (they are not parameters).
   info = {
@@ -242,7 +246,7 @@ def write_export(
   }
   runfiles.write_export(
       out_dir,
-      config_json or restored.run.config_json,
+      json.dumps(saved, indent=2, sort_keys=True),
       restored.vocab,
       params,
       info,

@@ -56,3 +56,36 @@ def test_a_damaged_file_is_one_error(tmp_path):
   (tmp_path / checkpoint.SINGLE).write_bytes(b"not safetensors")
   with pytest.raises(errors.DataError, match="not a readable safetensors"):
     checkpoint.read_tensors(str(tmp_path))
+
+
+def _mapped(paths):
+  """How many of ``paths`` this process has memory-mapped (Linux)."""
+  with open("/proc/self/maps", encoding="utf-8") as f:
+    maps = f.read()
+  return sum(os.path.realpath(p) in maps for p in paths)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux")
+def test_tensors_are_read_on_demand_one_shard_mapped_at_a_time(tmp_path):
+  whole = st.load_file(os.path.join(GPT2, "model.safetensors"))
+  names = sorted(whole)
+  files = [str(tmp_path / f"s{i}.safetensors") for i in range(2)]
+  for i, path in enumerate(files):
+    st.save_file({n: whole[n] for n in names[i::2]}, path)
+  weight_map = {n: os.path.basename(files[i % 2]) for i, n in enumerate(names)}
+  (tmp_path / checkpoint.INDEX).write_text(
+      json.dumps({"metadata": {}, "weight_map": weight_map})
+  )
+  tensors = checkpoint.open_tensors(str(tmp_path))
+  assert sorted(tensors) == names and _mapped(files) == 0  # Headers only.
+  assert tensors.shape(names[1]) == whole[names[1]].shape
+  assert tensors.dtype(names[1]) == "F32"
+  for n in (names[0], names[1], names[2]):  # Shards 0, 1, 0.
+    got = tensors.read(n, ml_dtypes.bfloat16)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got, whole[n].astype(ml_dtypes.bfloat16))
+    assert _mapped(files) == 1
+    assert tensors.shard(n) in {p for p in files if _mapped([p])}
+  np.testing.assert_array_equal(tensors.read(names[3]), whole[names[3]])
+  tensors.close()
+  assert _mapped(files) == 0

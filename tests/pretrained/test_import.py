@@ -200,3 +200,97 @@ def test_special_ids_of_config_json():  # pylint: disable=protected-access
       pretrained_mode._special_id(2) == 2
       and pretrained_mode._special_id(None) is None
   )
+
+
+def _bfloat16_copy(tmp_path, name, shards):
+  """The fixture ``name`` with its tensors in bfloat16, in one file or in
+  ``shards`` files with an index."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  from safetensors import numpy as st  # pylint: disable=g-import-not-at-top
+
+  folder = _copy(tmp_path / f"bf16_{shards}", name)
+  whole = st.load_file(os.path.join(folder, "model.safetensors"))
+  whole = {k: v.astype(ml_dtypes.bfloat16) for k, v in whole.items()}
+  os.remove(os.path.join(folder, "model.safetensors"))
+  if shards == 1:
+    st.save_file(whole, os.path.join(folder, "model.safetensors"))
+    return folder, whole
+  names, weight_map = sorted(whole), {}
+  for i in range(shards):
+    shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+    st.save_file({n: whole[n] for n in names[i::shards]}, f"{folder}/{shard}")
+    weight_map.update({n: shard for n in names[i::shards]})
+  with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+    json.dump({"metadata": {}, "weight_map": weight_map}, f)
+  return folder, whole
+
+
+def test_a_sharded_bfloat16_import_keeps_bfloat16_parameters(tmp_path):
+  single, whole = _bfloat16_copy(tmp_path, "llama_gqa", 1)
+  sharded, _ = _bfloat16_copy(tmp_path, "llama_gqa", 3)
+  got = {}
+  for name, folder in (("single", single), ("sharded", sharded)):
+    c = _config(folder)
+    c.model.param_dtype = "bfloat16"
+    memjax.run_mode("import", c, str(tmp_path / name))
+    with open(tmp_path / name / "export.json", encoding="utf-8") as f:
+      assert json.load(f)["dtype"] == "bfloat16"
+    got[name] = memjax.load(str(tmp_path / name)).restored.params
+  leaves = [jax.tree.leaves(got[k]) for k in ("single", "sharded")]
+  assert all(x.dtype == jax.numpy.bfloat16 for x in leaves[0])
+  for a, b in zip(*leaves):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The values are the checkpoint's, moved: q_proj [H * d_h, D] is
+  # query [D, H, d_h].
+  q = np.asarray(got["single"]["layer_0"]["attention"]["query"])
+  w = whole["model.layers.0.self_attn.q_proj.weight"]
+  np.testing.assert_array_equal(q, w.reshape(4, 8, 32).transpose(2, 0, 1))
+
+
+def test_bfloat16_parameters_score_as_float32_on_their_values(
+    imported, tmp_path
+):
+  c = _config(os.path.join(FIXTURES, "llama_gqa"))
+  c.model.param_dtype = "bfloat16"
+  memjax.run_mode("import", c, str(tmp_path / "bf16"))
+  low = memjax.load(str(tmp_path / "bf16")).restored
+  full = memjax.load(imported["llama_gqa"]).restored
+  rounded = jax.tree.map(
+      lambda x: x.astype(jax.numpy.bfloat16).astype(np.float32), full.params
+  )
+  ids = np.load(os.path.join(FIXTURES, "llama_gqa", "expected.npz"))[
+      "input_ids"
+  ]
+
+  def log_probs(r, params):
+    h, _, _ = r.model.apply(
+        {"params": params}, ids, method=r.model.hidden_states
+    )
+    return np.asarray(
+        r.model.apply({"params": params}, h, method=r.model.log_probs)
+    )
+
+  got, want = log_probs(low, low.params), log_probs(full, rounded)
+  assert got.dtype == np.float32  # Computed in model.dtype.
+  np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+def test_an_import_into_scanned_layers_scores_as_hugging_face(tmp_path):
+  workdir = str(tmp_path / "scanned")
+  proc = run_main(
+      f"--config={CONFIG}",
+      f"--config.pretrained.path={os.path.join(FIXTURES, 'llama_gqa')}",
+      f"--workdir={workdir}",
+      "--mode=import",
+      "--config.model.scan_layers=True",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = memjax.load(workdir).restored
+  assert "layer_0_to_1" in r.params and "layer_0" not in r.params
+  expected = np.load(os.path.join(FIXTURES, "llama_gqa", "expected.npz"))
+  h, _, _ = r.model.apply(
+      {"params": r.params}, expected["input_ids"], method=r.model.hidden_states
+  )
+  got = r.model.apply({"params": r.params}, h, method=r.model.log_probs)
+  want = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)

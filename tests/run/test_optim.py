@@ -3,6 +3,7 @@
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -261,3 +262,35 @@ def test_clipping_comes_before_weight_decay() -> None:
   other = {k: START[k] - LR * (1 + mu) * decayed_then_clipped[k] for k in START}
   assert max(np.abs(got[k] - other[k]).max() for k in START) > 1e-4
   assert_histories_close([got], numpy_nesterov(cfg, 1, 20.0))
+
+
+def test_bfloat16_parameters_get_float32_state_and_rounded_float32_updates():
+  cfg = optim_cfg(optimizer="adam", schedule="constant", warmup_steps=0)
+  tx, _ = optim.make_optimizer(
+      cfg, 10, catalog.parts().optimizer_transforms, "bfloat16"
+  )
+  rng = np.random.default_rng(0)
+  p32 = {"a": rng.normal(size=3).astype(np.float32)}
+  params = {"a": jnp.asarray(p32["a"], jnp.bfloat16)}
+  state = tx.init(params)
+  floats = [
+      x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)
+  ]
+  assert floats and all(x.dtype == jnp.float32 for x in floats)
+  ref_tx, _ = make_optimizer(cfg, 10)  # float32 Adam on the same values.
+  ref_p = {"a": np.asarray(params["a"], np.float32)}
+  ref_state = ref_tx.init(ref_p)
+  for step in range(3):
+    g = rng.normal(size=3).astype(np.float32)
+    grads = {"a": jnp.asarray(g, jnp.bfloat16)}
+    updates, state = tx.update(grads, state, params)
+    assert updates["a"].dtype == jnp.float32
+    params = optax.apply_updates(params, updates)
+    assert params["a"].dtype == jnp.bfloat16
+    # The reference: Adam in float32 on the bfloat16 values, rounded.
+    ref_u, ref_state = ref_tx.update(
+        {"a": np.asarray(grads["a"], np.float32)}, ref_state, ref_p
+    )
+    want = (ref_p["a"] + np.asarray(ref_u["a"])).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(params["a"]), np.asarray(want))
+    ref_p = {"a": np.asarray(want, np.float32)}
