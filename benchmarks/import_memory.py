@@ -163,7 +163,19 @@ def import_once(folder: str, workdir: str, dtype: str, tree: str) -> dict:
   ]
   if dtype != "float32":
     args.append(f"--config.model.param_dtype={dtype}")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=tree)
+  # The machine's own devices: fake host devices (a test's XLA_FLAGS) would
+  # each hold a replicated copy of the parameters in host memory.
+  flags = [
+      f
+      for f in os.environ.get("XLA_FLAGS", "").split()
+      if not f.startswith("--xla_force_host_platform_device_count")
+  ]
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=tree,
+      XLA_FLAGS=" ".join(flags),
+  )
   start = time.perf_counter()
   proc = subprocess.run(
       [sys.executable, "-c", _WRAPPER, *args],
