@@ -80,7 +80,7 @@ setuptools.setup(
         "retrieval": ["scann==1.4.2"],
         # Hugging Face folders (--mode=import, memjax.pretrained): their
         # safetensors weights and tokenizer.json. No torch, no transformers.
-        "pretrained": ["safetensors>=0.4", "tokenizers>=0.19"],
+        "pretrained": ["safetensors>=0.8", "tokenizers>=0.19"],
         # Accelerators: JAX's CUDA plugins and libtpu.
         "cuda12": ["jax[cuda12]"],
         "cuda13": ["jax[cuda13]"],
