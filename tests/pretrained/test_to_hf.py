@@ -169,6 +169,17 @@ def test_a_bfloat16_export_writes_bf16_tensors(round_trips, tmp_path):
     assert json.load(f)["dtype"] == "bfloat16"
 
 
+def test_an_export_of_an_import_finds_its_import(round_trips, tmp_path):
+  first = round_trips["qwen2"][0]
+  out = memjax.export(first, str(tmp_path / "export"))  # memjax's format
+  assert not os.path.exists(os.path.join(out, to_hf.HF_DIR))
+  assert to_hf.find_import(out) == first
+  folder = _export(out, str(tmp_path / "hf"))
+  got = st_numpy.load_file(os.path.join(folder, "model.safetensors"))
+  for key, value in _fixture_tensors("qwen2").items():
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
 def _refused(workdir: str, out: str) -> str:
   """The one error line of an hf export of ``workdir`` into ``out``,
   checked to write nothing."""
