@@ -110,7 +110,8 @@ ENGINE = extend.Method(
         ),
         "export": extend.Mode(
             export.export_run,
-            "write a params-only export (--export_dir, --export_dtype)",
+            "write a params-only export (--export_dir, --export_dtype, "
+            "--export_format=hf: a Hugging Face folder of an import)",
             outputs=(
                 "export/export.json",
                 "export/config.json",

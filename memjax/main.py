@@ -95,6 +95,13 @@ _EXPORT_DTYPE = flags.DEFINE_enum(
     ["float32", "bfloat16"],
     "--mode=export: dtype of the stored parameters (default float32).",
 )
+_EXPORT_FORMAT = flags.DEFINE_enum(
+    "export_format",
+    None,
+    ["memjax", "hf"],
+    "--mode=export: memjax's export (default) or, for an imported model, a "
+    "Hugging Face folder.",
+)
 
 
 def _config_file_error(text: str) -> str:
@@ -192,12 +199,14 @@ def _translate_moved_keys(argv: list[str]) -> list[str]:
 
 def overrides() -> dict[str, Any]:
   """The config values the command line's own flags set (--export_dir,
-  --export_dtype)."""
+  --export_dtype, --export_format)."""
   out = {}
   if _EXPORT_DIR.value:
     out["export.dir"] = _EXPORT_DIR.value
   if _EXPORT_DTYPE.value:
     out["export.dtype"] = _EXPORT_DTYPE.value
+  if _EXPORT_FORMAT.value:
+    out["export.format"] = _EXPORT_FORMAT.value
   return out
 
 

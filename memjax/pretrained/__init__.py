@@ -17,6 +17,10 @@ imported one.
   export (``memjax.load``, ``--mode=eval``, ``train.init_from`` take it).
 * ``sizes``: a config given for an import (or trained from one) takes its
   model settings and tokenizer (``memjax.build.resolve``).
+* ``to_hf``: ``--mode=export --config.export.format=hf``, an import (or a
+  model trained from one) written back as a Hugging Face folder, its
+  layout the inverse of the family's params function; ``hf_writer``: the
+  safetensors files, sharded with an index.
 * ``memjax.data.text_streams``: raw-text corpora through its tokenizer.
 
 The ``safetensors`` and ``tokenizers`` packages are the ``[pretrained]``

@@ -6,7 +6,8 @@
 reads DIR's ``config.json`` (the model's sizes and options:
 ``families``), its safetensors checkpoint (``checkpoint``) and
 ``tokenizer.json`` (``vocab``), and writes into W an export (export.json,
-config.json, vocab.json, tokenizer.json, params/), which ``memjax.load``,
+config.json, vocab.json, tokenizer.json, params/, and hf/: DIR's own
+config files, ``to_hf.keep_source``), which ``memjax.load``,
 ``--mode=eval`` and ``train.init_from`` take as they take any export. The
 config's model section is replaced by the one config.json describes, so
 a config names a family and a method, not sizes. Nothing is downloaded.
@@ -32,12 +33,19 @@ from memjax.models import stack
 from memjax.pretrained import checkpoint
 from memjax.pretrained import families
 from memjax.pretrained import sizes
+from memjax.pretrained import to_hf
 from memjax.data import tokenizer_vocab as vocab_lib
 from memjax.run import spec
 from memjax.run import state as state_lib
 
 # What --mode=import writes into its workdir.
-OUTPUTS = ("export.json", "config.json", "vocab.json", "tokenizer.json")
+OUTPUTS = (
+    "export.json",
+    "config.json",
+    "vocab.json",
+    "tokenizer.json",
+    "hf/config.json",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +215,7 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   }
   out = paths.resolve(run.workdir)
   runfiles.write_export(out, new.config_json, vocab, params, meta)
+  to_hf.keep_source(folder, out, used)  # For export.format=hf.
   line = (
       f"imported {hf['model_type']} from {folder} ({n:,} parameters, "
       f"vocabulary {vocab_size:,}) into {out}"
