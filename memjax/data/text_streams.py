@@ -6,7 +6,9 @@ WikiText-103's ``wiki.{train,valid,test}.raw``; ``text``: any
 cut into documents (WikiText's articles, or the whole file) and each
 document is encoded by the imported ``tokenizer.json``
 (``memjax.data.tokenizer_vocab.TokenizerVocabulary``, the ``tokenizers``
-package; no TensorFlow or SeqIO), the ids concatenated in file order.
+package; no TensorFlow or SeqIO) as its post-processor encodes a text
+(Hugging Face's ``tok(document)``: a Llama's BOS first, an EOS last where
+the tokenizer adds one), the ids concatenated in file order.
 
 The stream is cached as the other corpora's are
 (``<corpus>.<split>.v<V>.<key>.npz``): its key (``memjax.data.content``)
@@ -21,8 +23,9 @@ imported model's workdir, or a run trained from one), else the workdir
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -35,8 +38,9 @@ from memjax.io import paths
 # A run's vocabulary entry (``memjax.checkpoints.VOCAB_FILE``).
 VOCAB_FILE = "vocab.json"
 
-# Bump when the layout of cached text streams changes.
-_CACHE_VERSION = 1
+# Bump when the layout of cached text streams changes (2: documents with
+# the special tokens the tokenizer adds).
+_CACHE_VERSION = 2
 
 
 def has_tokenizer(directory: str) -> bool:
@@ -96,6 +100,27 @@ def vocabulary(directory: str, corpus: str = "text") -> Any:
   return tokenizer_vocab.TokenizerVocabulary.load(path, info)
 
 
+@functools.lru_cache(maxsize=16)
+def _added_bos(directory: str, stamp: str) -> Optional[int]:
+  """``added_bos`` of the tokenizer in ``directory`` (kept per ``stamp``:
+  its vocab.json and the tokenizer.json's sizes)."""
+  del stamp
+  return vocabulary(directory).added_bos
+
+
+def window_bos(directory: str) -> Optional[int]:
+  """The BOS id evaluation windows begin with: the one the tokenizer of
+  ``directory`` (``tokenizer_dir``) puts before a text, or None (no
+  tokenizer, or one that adds no BOS)."""
+  if not directory:
+    return None
+  stamp = []
+  for name in (VOCAB_FILE, tokenizer_vocab.FILE):
+    path = paths.join(directory, name)
+    stamp.append(str(paths.getsize(path)))
+  return _added_bos(paths.resolve(directory), ",".join(stamp))
+
+
 def _tokenizer_key(directory: str) -> str:
   """The SHA-256 of the tokenizer.json and its vocab.json entry."""
   h = hashlib.sha256()
@@ -150,7 +175,8 @@ def is_cached(
 
 def encode_documents(vocab: Any, docs: list[str]) -> tuple[np.ndarray, ...]:
   """(tokens [N] int32, doc_starts [D] int64) of the documents encoded one
-  by one and concatenated."""
+  by one (each with the special tokens the tokenizer adds) and
+  concatenated."""
   ids = [np.asarray(vocab.encode(doc), np.int32) for doc in docs]
   lengths = np.array([len(x) for x in ids], np.int64)
   tokens = np.concatenate([np.zeros([0], np.int32)] + ids)

@@ -179,7 +179,11 @@ def run_stream(
   start, last = time.time(), time.time()
   fetched, prev = [], None
   batches = windows.memory_eval_batches(
-      tokens, scorer.window_len, scorer.score_len, scorer.batch_size
+      tokens,
+      scorer.window_len,
+      scorer.score_len,
+      scorer.batch_size,
+      scorer.scoring.window_bos,
   )
   try:
     for i, batch in enumerate(batches):

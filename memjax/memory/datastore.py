@@ -232,6 +232,7 @@ class BuildSpec:
   batch_size: int
   shard_batches: int
   num_tokens: int
+  window_bos: Optional[int] = None
 
   def to_json(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -239,7 +240,7 @@ class BuildSpec:
 
 def _batches(tokens, spec: BuildSpec) -> Iterator[dict[str, np.ndarray]]:
   return windows.memory_eval_batches(
-      tokens, spec.window_len, spec.score_len, spec.batch_size
+      tokens, spec.window_len, spec.score_len, spec.batch_size, spec.window_bos
   )
 
 
@@ -263,6 +264,7 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
       )
     return
   old = paths.read_json(bpath)
+  old.setdefault("window_bos", None)  # A build from before the field.
   if "signature" in old:  # As today's signature reads an earlier one.
     old["signature"] = convert.upgrade(old["signature"])
   if old.get("signature", {}).get("model") != spec.signature["model"]:
