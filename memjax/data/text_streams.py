@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from memjax import errors
+from memjax.data import cache_files
 from memjax.data import content
 from memjax.data import sources
 from memjax.data import tokenizer_vocab
@@ -187,7 +188,8 @@ def load_stream(
     corpus: str, data_dir: str, split: str, cache_dir: str, tokenizer: str
 ) -> Any:
   """A split of a 'text'-level corpus as a ``tasks.TokenStream`` of the
-  tokenizer's ids (read from the cache, else encoded and cached).
+  tokenizer's ids (read from the cache, else encoded and cached; a damaged
+  cache file is set aside and rebuilt, ``cache_files.read``).
 
   Args:
     corpus: 'wikitext103_raw' or 'text' (or an alias).
@@ -198,7 +200,8 @@ def load_stream(
 
   Raises:
     errors.ConfigError: no tokenizer to read the text with.
-    errors.DataError: a missing directory or file, text that is not UTF-8.
+    errors.DataError: a missing directory or file, text that is not UTF-8,
+      a damaged cache file without its corpus.
   """
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
@@ -211,24 +214,26 @@ def load_stream(
       spec.name, data_dir, split, cache_dir, tokenizer
   )
   size = int(path.rsplit(".v", 1)[1].split(".")[0])
-  if not paths.isfile(path):
-    print(
-        f"memjax.data: tokenizing {spec.name} {split} of {data_dir} with "
-        f"{tokenizer}/tokenizer.json into {path}",
-        flush=True,
+  if paths.isfile(path):
+    stream = cache_files.read(
+        path,
+        tasks.read_cached_stream,
+        lambda: sources.split_path(spec.name, data_dir, split),
     )
-    docs = sources.read_documents(spec.name, data_dir, split)
-    tokens, starts = encode_documents(vocabulary(tokenizer), docs)
-    paths.np_savez(
-        path, tokens=tokens, doc_starts=starts, vocab_size=np.int64(size)
-    )
-    content.record(cache_dir, what, where, path.rsplit(".", 2)[-2])
-  with paths.np_load(path) as f:
-    return tasks.TokenStream(
-        tokens=f["tokens"],
-        doc_starts=f["doc_starts"],
-        vocab_size=int(f["vocab_size"]),
-    )
+    if stream is not None:
+      return stream
+  print(
+      f"memjax.data: tokenizing {spec.name} {split} of {data_dir} with "
+      f"{tokenizer}/tokenizer.json into {path}",
+      flush=True,
+  )
+  docs = sources.read_documents(spec.name, data_dir, split)
+  tokens, starts = encode_documents(vocabulary(tokenizer), docs)
+  paths.np_savez(
+      path, tokens=tokens, doc_starts=starts, vocab_size=np.int64(size)
+  )
+  content.record(cache_dir, what, where, path.rsplit(".", 2)[-2])
+  return tasks.TokenStream(tokens=tokens, doc_starts=starts, vocab_size=size)
 
 
 def is_text(corpus: str) -> bool:
