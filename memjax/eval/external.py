@@ -279,6 +279,7 @@ def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
       signature=scoring.signature,
       dim=scoring.model.cfg.d_model,
       checkpoint=datastore_checkpoint(scoring),
+      window_bos=scoring.window_bos,
   )
   search_lib.check_k(store, int(em.ext_k))
   key = (path, store.manifest["id"], metric, em.search)

@@ -153,6 +153,7 @@ def _load_store(
       signature=scoring.signature,
       dim=loaded.model.cfg.d_model,
       checkpoint=external_lib.datastore_checkpoint(scoring),
+      window_bos=scoring.window_bos,
   )
   return loaded, store
 
