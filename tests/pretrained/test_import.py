@@ -265,3 +265,21 @@ def test_the_import_keeps_every_eos_id_and_each_stops_generation(
   del info["eos_ids"]
   (copy / "vocab.json").write_text(json.dumps(info))
   assert memjax.load(str(copy)).vocab.eos_ids == (2,)
+
+
+def test_generate_mode_stops_at_an_eos_id(imported_bos, tmp_path):
+  expected = np.load(os.path.join(FIXTURES, "llama_bos", "expected.npz"))
+  workdir = tmp_path / "w"
+  shutil.copytree(imported_bos, workdir)
+  data = tmp_path / "text"
+  data.mkdir()
+  for split in ("train", "valid", "test"):
+    (data / f"{split}.txt").write_text(str(expected["text"]), encoding="utf-8")
+  c = _config(os.path.join(FIXTURES, "llama_bos"))
+  c.data.corpus, c.data.data_dir = "text", str(data)
+  c.generate.split, c.generate.prompt_len, c.generate.num_tokens = "test", 5, 8
+  c.generate.top_p = 1e-6  # The top token only: Hugging Face's greedy search.
+  got = memjax.run_mode("generate", c, str(workdir))
+  prompt, greedy = expected["greedy"][0][:5], expected["greedy"][0][5:]
+  assert got["prompt_ids"] == prompt.tolist()  # The split's BOS first.
+  assert got["ids"] == greedy.tolist() and len(greedy) < 8
