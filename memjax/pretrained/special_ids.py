@@ -3,7 +3,8 @@
 Hugging Face keeps them in two files: ``config.json``'s ``bos_token_id``
 and ``eos_token_id``, and ``generation_config.json``'s, which ``generate``
 reads (Llama 3.1 Instruct lists ``<|end_of_text|>``, ``<|eom_id|>`` and
-``<|eot_id|>`` there, its config.json only the first). Each may be an int,
+``<|eot_id|>``; Llama 3 Instruct's config.json names only the first, its
+generation_config.json the first and the last). Each may be an int,
 a list of ints or null. The import keeps every EOS id of
 generation_config.json, else of config.json (generation stops at any of
 them), and the BOS of either (generation_config.json's first).

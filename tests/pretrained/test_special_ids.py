@@ -26,12 +26,12 @@ def test_ids_are_an_int_a_list_or_none():
 
 
 def test_generation_config_lists_come_first(tmp_path):
-  # Llama 3.1 Instruct: config.json names one end token, generation_config
-  # all three.
+  # Llama 3 Instruct: config.json names one end token, generation_config
+  # also <|eot_id|>.
   hf = {"bos_token_id": 128000, "eos_token_id": 128001}
-  gen = {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}
+  gen = {"bos_token_id": 128000, "eos_token_id": [128001, 128009]}
   got = special_ids.read(_folder(tmp_path, gen), hf)
-  assert got == (128000, (128001, 128008, 128009))
+  assert got == (128000, (128001, 128009))
 
 
 def test_config_json_alone_keeps_every_id(tmp_path):
