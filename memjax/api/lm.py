@@ -59,7 +59,8 @@ class LanguageModel(base.Loaded):
 
   # -------------------------------------------------------------- text
   def encode(self, text: str) -> np.ndarray:
-    """Text -> [n] int32 token ids (words split on spaces, or UTF-8 bytes)."""
+    """Text -> [n] int32 token ids (words split on spaces, UTF-8 bytes, or
+    an imported tokenizer's ids with the BOS/EOS its post-processor adds)."""
     from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
     if hasattr(self.vocab, "tokens"):
@@ -76,6 +77,13 @@ class LanguageModel(base.Loaded):
     if isinstance(x, str):
       return self.encode(x)
     return np.asarray(x, np.int32).reshape(-1)
+
+  def _prompt(self, x: TextOrTokens) -> np.ndarray:
+    """A prompt's ids: a text encoded as ``encode`` does, less an EOS the
+    tokenizer puts after a text (``encode_prompt``)."""
+    if isinstance(x, str) and hasattr(self.vocab, "encode_prompt"):
+      return np.asarray(self.vocab.encode_prompt(x), np.int32)
+    return self._tokens(x)
 
   # -------------------------------------------------------------- score
   def score(
@@ -191,39 +199,42 @@ class LanguageModel(base.Loaded):
 
     Returns:
       Per prompt, the continuation as text for a text prompt, else
-      [num_tokens] int32 token ids; a list for a list of prompts.
+      [num_tokens] int32 token ids (fewer when an imported model draws one
+      of its EOS ids: the continuation ends with it); a list for a list of
+      prompts.
     """
     many = isinstance(prompts, (list, tuple)) and not (
         prompts and isinstance(prompts[0], (int, np.integer))
     )
     sampler = self._sampler(float(top_p), float(temperature))
     out = []
+    from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
+
+    stop = generate_lib.stop_ids(self.vocab)
     for i, prompt in enumerate(prompts if many else [prompts]):
-      if not len(self._tokens(prompt)):
+      ids = self._prompt(prompt)
+      if not len(ids):
         raise ValueError(
             f"generate: prompt {i} is empty ({prompt!r}); give each prompt at "
             "least one token of text"
         )
       new = sampler.generate(
-          self.restored.variables,
-          self._tokens(prompt),
-          int(num_tokens),
-          int(seed) + i,
+          self.restored.variables, ids, int(num_tokens), int(seed) + i, stop
       )
       out.append(self.decode(new) if isinstance(prompt, str) else new)
     return out if many else out[0]
 
   def _sampler(self, top_p: float, temperature: float) -> Any:
     """The kept ``modes.generate.Sampler`` of these settings."""
-    from memjax.modes import generate  # pylint: disable=g-import-not-at-top
+    from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
 
     key = (top_p, temperature)
     if key not in self._samplers:
       model, s = self.restored.model, self.settings
-      mem_len = int(s.of(generate.Generate).mem_len or s.model.mem_len)
+      mem_len = int(s.of(generate_lib.Generate).mem_len or s.model.mem_len)
       if model.carries_memory() and mem_len != model.cfg.mem_len:
         model = model.with_settings(mem_len=mem_len)
-      self._samplers[key] = generate.Sampler(
+      self._samplers[key] = generate_lib.Sampler(
           model,
           self.restored.scoring().segment_len,
           top_p=top_p,

@@ -24,6 +24,7 @@ import numpy as np
 
 from memjax import errors
 from memjax.io import paths
+from memjax.data import cache_files
 from memjax.data import content
 from memjax.data import parallel
 from memjax.data import sources
@@ -175,10 +176,15 @@ def read_split(
     data_dir: str, split: str, vocab_path: str, cache_dir: str
 ) -> np.ndarray:
   """[N] int32 ids of a split's paragraphs, EOS after each (cached: a
-  cached split needs no text file)."""
+  cached split needs no text file; a damaged cache is set aside and
+  rebuilt, ``cache_files.read``)."""
   cache = split_file(data_dir, split, vocab_path, cache_dir)
   if paths.isfile(cache):
-    return paths.np_load(cache)
+    ids = cache_files.read(
+        cache, paths.np_load, lambda: split_path(data_dir, split)
+    )
+    if ids is not None:
+      return ids
   path = split_path(data_dir, split)
   vocab = load_vocabulary(vocab_path)
   ids = encode(vocab, paragraphs(path))

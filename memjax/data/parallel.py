@@ -26,6 +26,7 @@ import numpy as np
 from memjax import errors
 from memjax.io import optional
 from memjax.io import paths as paths_lib
+from memjax.data import cache_files
 from memjax.data import content
 from memjax.data import sources
 from memjax.data import spm_vocab
@@ -337,39 +338,50 @@ def encode_split(
     cache_dir: str,
 ) -> ParallelSplit:
   """Reads ``split`` through the SeqIO task, cached (.npz of the ids and
-  the sentences): a cached split needs neither SeqIO nor the text files."""
+  the sentences): a cached split needs neither SeqIO nor the text files
+  (a damaged one is set aside and rebuilt, ``cache_files.read``)."""
   path = encoded_file(data_dir, split, src, tgt, vocab_path, cache_dir)
-  if not paths_lib.isfile(path):
-    s_text, t_text = read_pairs(data_dir, split, src, tgt)
-    task = register_task(data_dir, src, tgt, vocab_path)
-    seqio_split = {v: k for k, v in _SEQIO_SPLITS.items()}[split]
-    ds = task.get_dataset(
-        sequence_length=None,
-        split=seqio_split,
-        shuffle=False,
-        use_cached=False,
-        num_epochs=1,
+  if paths_lib.isfile(path):
+    cached = cache_files.read(
+        path, _read_encoded, lambda: split_files(data_dir, split, src, tgt)[0]
     )
-    ins, tgs = [], []
-    for ex in ds.as_numpy_iterator():
-      ins.append(ex["inputs"].astype(np.int32))
-      tgs.append(ex["targets"].astype(np.int32))
-    paths_lib.makedirs(cache_dir)
-    paths_lib.np_savez(
-        path,
-        inputs=np.concatenate(ins),
-        input_lens=np.array([len(x) for x in ins]),
-        targets=np.concatenate(tgs),
-        target_lens=np.array([len(x) for x in tgs]),
-        source_text=_text_array(s_text),
-        target_text=_text_array(t_text),
-    )
-    content.record(
-        cache_dir,
-        _encoded_what(split, src, tgt, vocab_path),
-        _where(data_dir),
-        path.rsplit("_", 1)[-1].split(".")[0],
-    )
+    if cached is not None:
+      return cached
+  s_text, t_text = read_pairs(data_dir, split, src, tgt)
+  task = register_task(data_dir, src, tgt, vocab_path)
+  seqio_split = {v: k for k, v in _SEQIO_SPLITS.items()}[split]
+  ds = task.get_dataset(
+      sequence_length=None,
+      split=seqio_split,
+      shuffle=False,
+      use_cached=False,
+      num_epochs=1,
+  )
+  ins, tgs = [], []
+  for ex in ds.as_numpy_iterator():
+    ins.append(ex["inputs"].astype(np.int32))
+    tgs.append(ex["targets"].astype(np.int32))
+  paths_lib.makedirs(cache_dir)
+  paths_lib.np_savez(
+      path,
+      inputs=np.concatenate(ins),
+      input_lens=np.array([len(x) for x in ins]),
+      targets=np.concatenate(tgs),
+      target_lens=np.array([len(x) for x in tgs]),
+      source_text=_text_array(s_text),
+      target_text=_text_array(t_text),
+  )
+  content.record(
+      cache_dir,
+      _encoded_what(split, src, tgt, vocab_path),
+      _where(data_dir),
+      path.rsplit("_", 1)[-1].split(".")[0],
+  )
+  return _read_encoded(path)
+
+
+def _read_encoded(path: str) -> ParallelSplit:
+  """A split's cached .npz, read whole."""
   with paths_lib.np_load(path) as z:
     source = np.split(z["inputs"], np.cumsum(z["input_lens"])[:-1])
     target = np.split(z["targets"], np.cumsum(z["target_lens"])[:-1])

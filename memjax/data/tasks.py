@@ -22,6 +22,7 @@ import numpy as np
 
 from memjax.io import optional
 from memjax.io import paths
+from memjax.data import cache_files
 from memjax.data import content
 from memjax.data import sources
 from memjax.data import vocab as vocab_lib
@@ -306,6 +307,17 @@ def _require_tokenizer(corpus: str) -> None:
   optional.require("seqio", f"tokenising {corpus}")
 
 
+def read_cached_stream(path: str) -> TokenStream:
+  """A cached stream's .npz, read whole (``cache_files.READ_ERRORS`` when
+  it is damaged)."""
+  with paths.np_load(path) as f:
+    return TokenStream(
+        tokens=np.asarray(f["tokens"]),
+        doc_starts=np.asarray(f["doc_starts"]),
+        vocab_size=int(f["vocab_size"]),
+    )
+
+
 def load_token_stream(
     corpus: str,
     data_dir: str,
@@ -317,6 +329,8 @@ def load_token_stream(
 
   The first call runs the seqio task over the split and writes an .npz
   cache file (see :func:`token_stream_path`); later calls read that file.
+  A damaged cache file is set aside and rebuilt when the corpus is there
+  (``cache_files.read``).
 
   Args:
       corpus: 'wikitext103' (or an alias), 'enwik8' or 'text8'.
@@ -327,7 +341,8 @@ def load_token_stream(
 
   Raises:
       sources.DataError: unknown corpus or split, missing directory or file,
-          a vocabulary of another level.
+          a vocabulary of another level, a damaged cache file without its
+          corpus.
   """
   corpus = sources.canonical_corpus(corpus)
   split = sources.canonical_split(split)
@@ -343,12 +358,14 @@ def load_token_stream(
       corpus, data_dir, split, vocabulary.vocab_size, directory, vocab_source
   )
   if paths.isfile(path):
-    with paths.np_load(path) as f:
-      return TokenStream(
-          tokens=f["tokens"],
-          doc_starts=f["doc_starts"],
-          vocab_size=int(f["vocab_size"]),
-      )
+    stream = cache_files.read(
+        path,
+        read_cached_stream,
+        lambda: sources.split_path(corpus, data_dir, split),
+    )
+    if stream is not None:
+      return stream
+    _require_tokenizer(corpus)
   seqio_split = {v: k for k, v in SEQIO_SPLITS.items()}[split]
   print(
       f"memjax.data: tokenizing {corpus} {split} of {data_dir} into {path}",

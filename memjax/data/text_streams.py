@@ -6,7 +6,9 @@ WikiText-103's ``wiki.{train,valid,test}.raw``; ``text``: any
 cut into documents (WikiText's articles, or the whole file) and each
 document is encoded by the imported ``tokenizer.json``
 (``memjax.data.tokenizer_vocab.TokenizerVocabulary``, the ``tokenizers``
-package; no TensorFlow or SeqIO), the ids concatenated in file order.
+package; no TensorFlow or SeqIO) as its post-processor encodes a text
+(Hugging Face's ``tok(document)``: a Llama's BOS first, an EOS last where
+the tokenizer adds one), the ids concatenated in file order.
 
 The stream is cached as the other corpora's are
 (``<corpus>.<split>.v<V>.<key>.npz``): its key (``memjax.data.content``)
@@ -21,12 +23,14 @@ imported model's workdir, or a run trained from one), else the workdir
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from memjax import errors
+from memjax.data import cache_files
 from memjax.data import content
 from memjax.data import sources
 from memjax.data import tokenizer_vocab
@@ -35,8 +39,9 @@ from memjax.io import paths
 # A run's vocabulary entry (``memjax.checkpoints.VOCAB_FILE``).
 VOCAB_FILE = "vocab.json"
 
-# Bump when the layout of cached text streams changes.
-_CACHE_VERSION = 1
+# Bump when the layout of cached text streams changes (2: documents with
+# the special tokens the tokenizer adds).
+_CACHE_VERSION = 2
 
 
 def has_tokenizer(directory: str) -> bool:
@@ -96,6 +101,27 @@ def vocabulary(directory: str, corpus: str = "text") -> Any:
   return tokenizer_vocab.TokenizerVocabulary.load(path, info)
 
 
+@functools.lru_cache(maxsize=16)
+def _added_bos(directory: str, stamp: str) -> Optional[int]:
+  """``added_bos`` of the tokenizer in ``directory`` (kept per ``stamp``:
+  its vocab.json and the tokenizer.json's sizes)."""
+  del stamp
+  return vocabulary(directory).added_bos
+
+
+def window_bos(directory: str) -> Optional[int]:
+  """The BOS id evaluation windows begin with: the one the tokenizer of
+  ``directory`` (``tokenizer_dir``) puts before a text, or None (no
+  tokenizer, or one that adds no BOS)."""
+  if not directory:
+    return None
+  stamp = []
+  for name in (VOCAB_FILE, tokenizer_vocab.FILE):
+    path = paths.join(directory, name)
+    stamp.append(str(paths.getsize(path)))
+  return _added_bos(paths.resolve(directory), ",".join(stamp))
+
+
 def _tokenizer_key(directory: str) -> str:
   """The SHA-256 of the tokenizer.json and its vocab.json entry."""
   h = hashlib.sha256()
@@ -150,7 +176,8 @@ def is_cached(
 
 def encode_documents(vocab: Any, docs: list[str]) -> tuple[np.ndarray, ...]:
   """(tokens [N] int32, doc_starts [D] int64) of the documents encoded one
-  by one and concatenated."""
+  by one (each with the special tokens the tokenizer adds) and
+  concatenated."""
   ids = [np.asarray(vocab.encode(doc), np.int32) for doc in docs]
   lengths = np.array([len(x) for x in ids], np.int64)
   tokens = np.concatenate([np.zeros([0], np.int32)] + ids)
@@ -161,7 +188,8 @@ def load_stream(
     corpus: str, data_dir: str, split: str, cache_dir: str, tokenizer: str
 ) -> Any:
   """A split of a 'text'-level corpus as a ``tasks.TokenStream`` of the
-  tokenizer's ids (read from the cache, else encoded and cached).
+  tokenizer's ids (read from the cache, else encoded and cached; a damaged
+  cache file is set aside and rebuilt, ``cache_files.read``).
 
   Args:
     corpus: 'wikitext103_raw' or 'text' (or an alias).
@@ -172,7 +200,8 @@ def load_stream(
 
   Raises:
     errors.ConfigError: no tokenizer to read the text with.
-    errors.DataError: a missing directory or file, text that is not UTF-8.
+    errors.DataError: a missing directory or file, text that is not UTF-8,
+      a damaged cache file without its corpus.
   """
   from memjax.data import tasks  # pylint: disable=g-import-not-at-top
 
@@ -185,24 +214,26 @@ def load_stream(
       spec.name, data_dir, split, cache_dir, tokenizer
   )
   size = int(path.rsplit(".v", 1)[1].split(".")[0])
-  if not paths.isfile(path):
-    print(
-        f"memjax.data: tokenizing {spec.name} {split} of {data_dir} with "
-        f"{tokenizer}/tokenizer.json into {path}",
-        flush=True,
+  if paths.isfile(path):
+    stream = cache_files.read(
+        path,
+        tasks.read_cached_stream,
+        lambda: sources.split_path(spec.name, data_dir, split),
     )
-    docs = sources.read_documents(spec.name, data_dir, split)
-    tokens, starts = encode_documents(vocabulary(tokenizer), docs)
-    paths.np_savez(
-        path, tokens=tokens, doc_starts=starts, vocab_size=np.int64(size)
-    )
-    content.record(cache_dir, what, where, path.rsplit(".", 2)[-2])
-  with paths.np_load(path) as f:
-    return tasks.TokenStream(
-        tokens=f["tokens"],
-        doc_starts=f["doc_starts"],
-        vocab_size=int(f["vocab_size"]),
-    )
+    if stream is not None:
+      return stream
+  print(
+      f"memjax.data: tokenizing {spec.name} {split} of {data_dir} with "
+      f"{tokenizer}/tokenizer.json into {path}",
+      flush=True,
+  )
+  docs = sources.read_documents(spec.name, data_dir, split)
+  tokens, starts = encode_documents(vocabulary(tokenizer), docs)
+  paths.np_savez(
+      path, tokens=tokens, doc_starts=starts, vocab_size=np.int64(size)
+  )
+  content.record(cache_dir, what, where, path.rsplit(".", 2)[-2])
+  return tasks.TokenStream(tokens=tokens, doc_starts=starts, vocab_size=size)
 
 
 def is_text(corpus: str) -> bool:

@@ -14,11 +14,20 @@ Plain numpy and stateless, with the conventions of ``memjax.data.streams``
 * :func:`document_windows` / :func:`document_segments`: the same layouts
   inside documents, each read from its own start (the early-token
   analysis).
+
+Where a model's tokenizer puts BOS before every document (``bos``: an
+imported Llama's; None for memjax's own vocabularies), a window whose
+first token is not a BOS (one that starts inside a document) and that
+scores nothing at its first offset has its first token replaced by BOS
+(:func:`begin_with_bos`): the model reads BOS, then ``window_len - 1``
+tokens of the stream, as lm-eval-harness's rolling log-likelihood feeds
+it. The BOS is context only; which predictions a window scores, and
+their targets, are unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -36,6 +45,33 @@ def check_positive(**kwargs: int) -> None:
   for name, value in kwargs.items():
     if value < 1:
       raise ValueError(f"{name} must be >= 1, got {value}.")
+
+
+def begin_with_bos(
+    inputs: np.ndarray,
+    valid: np.ndarray,
+    score_from: np.ndarray,
+    bos: Optional[int],
+) -> np.ndarray:
+  """The windows' inputs with BOS first where a window starts inside a
+  document (see the module doc).
+
+  Args:
+    inputs: [W, T] int32 window inputs.
+    valid: [W] bool, False on padding rows.
+    score_from: [W] int first scored offset of each window.
+    bos: the BOS id, or None (``inputs`` returned as they are).
+
+  Returns:
+    [W, T] int32: ``inputs`` with [w, 0] = bos where ``valid[w]``,
+    ``score_from[w] >= 1`` and ``inputs[w, 0] != bos``.
+  """
+  if bos is None:
+    return inputs
+  inputs = np.array(inputs, np.int32)
+  first = valid & (np.asarray(score_from) >= 1) & (inputs[:, 0] != bos)
+  inputs[first, 0] = bos
+  return inputs
 
 
 def eval_windows(
@@ -83,7 +119,11 @@ def eval_windows(
 
 
 def eval_batches(
-    tokens: np.ndarray, window_len: int, score_len: int, batch_size: int
+    tokens: np.ndarray,
+    window_len: int,
+    score_len: int,
+    batch_size: int,
+    bos: Optional[int] = None,
 ) -> Iterator[dict[str, np.ndarray]]:
   """Batches of the windows of :func:`eval_windows` over ``tokens``.
 
@@ -93,6 +133,8 @@ def eval_batches(
       score_len: scored predictions per window (after the first).
       batch_size: windows per batch B; the last batch is padded with
           all-padding rows.
+      bos: the BOS a window starting inside a document begins with
+          (:func:`begin_with_bos`), or None.
 
   Yields:
       'inputs', 'targets': [B, L] int32 (0 = PAD beyond a window's end).
@@ -116,8 +158,11 @@ def eval_batches(
     position[: len(rows)] = start + offsets
     position[~valid] = -1
     safe = np.where(valid, position, 0)
+    inputs = np.where(valid, tokens[safe], 0).astype(np.int32)
+    froms = np.zeros([batch_size], np.int64)
+    froms[: len(rows)] = rows[:, 2]
     yield {
-        "inputs": np.where(valid, tokens[safe], 0).astype(np.int32),
+        "inputs": begin_with_bos(inputs, valid[:, 0], froms, bos),
         "targets": np.where(valid, tokens[safe + 1], 0).astype(np.int32),
         "weights": scored.astype(np.float32),
         "position": position,
@@ -233,7 +278,11 @@ def memory_eval_windows(
 
 
 def memory_eval_batches(
-    tokens: np.ndarray, window_len: int, score_len: int, batch_size: int
+    tokens: np.ndarray,
+    window_len: int,
+    score_len: int,
+    batch_size: int,
+    bos: Optional[int] = None,
 ) -> Iterator[dict[str, np.ndarray]]:
   """Batches of :func:`memory_eval_windows`, in stream order.
 
@@ -243,6 +292,9 @@ def memory_eval_batches(
       score_len: scored predictions per window S.
       batch_size: windows per batch W; the last batch is padded with rows
           that score nothing.
+      bos: the BOS a window starting inside a document begins with
+          (:func:`begin_with_bos`; the copies of the first window score
+          from their first offset and are left as they are), or None.
 
   Yields:
       'inputs', 'targets': [W, T] int32 (0 beyond a window's end).
@@ -272,8 +324,12 @@ def memory_eval_batches(
     score_from[:n] = rows[:, 2]
     count = np.zeros([batch_size], np.int64)
     count[:n] = rows[:, 3] - rows[:, 2]
+    inputs = np.where(valid, tokens[safe], 0).astype(np.int32)
+    # The context of a window (its original score_from), not its copy's.
+    context = np.zeros([batch_size], np.int64)
+    context[:n] = np.where(rows[:, 0] > 0, window_len - score_len, 0)
     yield {
-        "inputs": np.where(valid, tokens[safe], 0).astype(np.int32),
+        "inputs": begin_with_bos(inputs, valid[:, 0], context, bos),
         "targets": np.where(valid, tokens[safe + 1], 0).astype(np.int32),
         "position": position.astype(np.int32),
         "start": starts.astype(np.int32),
@@ -283,7 +339,11 @@ def memory_eval_batches(
 
 
 def document_windows(
-    tokens: np.ndarray, spans: np.ndarray, window_len: int, score_len: int
+    tokens: np.ndarray,
+    spans: np.ndarray,
+    window_len: int,
+    score_len: int,
+    bos: Optional[int] = None,
 ) -> dict[str, np.ndarray]:
   """The windows of :func:`eval_windows` inside each document, each
   document read from its own start (no window crosses into another).
@@ -293,6 +353,8 @@ def document_windows(
     spans: [D, 2] (start, end) of the documents.
     window_len: tokens per window.
     score_len: scored predictions per window (after a document's first).
+    bos: the BOS a window starting inside a document begins with
+      (:func:`begin_with_bos`), or None.
 
   Returns:
     inputs, targets [W, window_len] int32; weights [W, window_len] float32
@@ -317,6 +379,12 @@ def document_windows(
     out["targets"][r, :n] = tokens[start + 1 : start + n + 1]
     out["weights"][r, f:n] = 1.0
     out["positions"][r, f:n] = offset + np.arange(f, n) + 1
+  out["inputs"] = begin_with_bos(
+      out["inputs"],
+      np.asarray([r[1] > 0 for r in rows], bool),
+      np.asarray([r[2] for r in rows], np.int64),
+      bos,
+  )
   return out
 
 

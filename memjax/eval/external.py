@@ -179,7 +179,11 @@ def run_stream(
   start, last = time.time(), time.time()
   fetched, prev = [], None
   batches = windows.memory_eval_batches(
-      tokens, scorer.window_len, scorer.score_len, scorer.batch_size
+      tokens,
+      scorer.window_len,
+      scorer.score_len,
+      scorer.batch_size,
+      scorer.scoring.window_bos,
   )
   try:
     for i, batch in enumerate(batches):
@@ -275,6 +279,7 @@ def external_search(scoring: Any, metric: str, workdir: str) -> ExternalSearch:
       signature=scoring.signature,
       dim=scoring.model.cfg.d_model,
       checkpoint=datastore_checkpoint(scoring),
+      window_bos=scoring.window_bos,
   )
   search_lib.check_k(store, int(em.ext_k))
   key = (path, store.manifest["id"], metric, em.search)

@@ -182,7 +182,11 @@ class MemoryScorer(rows.Scorer):
     start = last_report = time.time()
     pending = []
     batches = windows.memory_eval_batches(
-        tokens, self.window_len, self.score_len, self.batch_size
+        tokens,
+        self.window_len,
+        self.score_len,
+        self.batch_size,
+        self.scoring.window_bos,
     )
     for i, batch in enumerate(batches):
       batch = sharding_lib.put_global_batch(batch, self.mesh)

@@ -57,6 +57,9 @@ class Scoring:
     step: the training step of the parameters scored.
     datastore_corpus: ``datastore.corpus``: a datastore of another corpus
       is ``datastore-<corpus>`` in the workdir.
+    window_bos: the BOS id windows starting inside a document begin with
+      (``data.windows.begin_with_bos``): the one an imported tokenizer puts
+      before each document; None for memjax's own vocabularies.
   """
 
   model: Any
@@ -74,6 +77,7 @@ class Scoring:
   signature: Optional[Mapping[str, Any]] = None
   step: int = 0
   datastore_corpus: str = ""
+  window_bos: Optional[int] = None
 
 
 def data_parallel(mesh: Mesh) -> int:

@@ -50,7 +50,9 @@ class WindowScorer(rows.Scorer):
     del desc
     t, s = self.window_len, self.score_len
     tokens = windows.truncate_windows(np.asarray(tokens), t, s, max_items)
-    batches = windows.eval_batches(tokens, t, s, self.batch_size)
+    batches = windows.eval_batches(
+        tokens, t, s, self.batch_size, self.scoring.window_bos
+    )
     out = self.apply(
         params,
         ((b, self.batch_size) for b in batches),
@@ -73,7 +75,11 @@ class WindowScorer(rows.Scorer):
     the document (``data.windows.document_windows``); ``max_items`` keeps
     the first that many windows of all the documents."""
     batch = windows.document_windows(
-        np.asarray(tokens), spans, self.window_len, self.score_len
+        np.asarray(tokens),
+        spans,
+        self.window_len,
+        self.score_len,
+        self.scoring.window_bos,
     )
     if max_items:
       batch = {k: v[:max_items] for k, v in batch.items()}

@@ -112,6 +112,7 @@ def open_datastore(
     signature: Optional[dict[str, Any]] = None,
     dim: Optional[int] = None,
     checkpoint: Optional[dict[str, Any]] = None,
+    window_bos: Optional[int] = None,
 ) -> Datastore:
   """Opens and checks a joined datastore (read-only; nothing is written).
 
@@ -121,10 +122,13 @@ def open_datastore(
     dim: the feature dimension it must have.
     checkpoint: {'source', 'step'} of the parameters it must come from
       (checked when the manifest records one).
+    window_bos: the BOS the scored windows begin with
+      (``rows.Scoring.window_bos``): a datastore of a model whose tokenizer
+      adds one must have been built with it.
 
   Raises:
     errors.DataError: no manifest, another format or dtype, a shard missing
-      or of the wrong size.
+      or of the wrong size, built without the BOS the tokenizer adds.
     errors.CheckpointMismatchError: built by another model or dimension.
   """
   mpath = paths.join(path, "manifest.json")
@@ -139,6 +143,14 @@ def open_datastore(
         f"datastore {path} has keys {m.get('key_dtype')} / values "
         f"{m.get('value_dtype')}; this version reads {KEY_DTYPE} / "
         f"{VALUE_DTYPE}: rebuild it with --mode=datastore"
+    )
+  if window_bos is not None and m.get("context", {}).get("window_bos") != (
+      window_bos
+  ):
+    raise errors.DataError(
+        f"datastore {path} was built from text without the BOS its "
+        "tokenizer adds (an earlier version): build it again with "
+        "--mode=datastore into another eval_memory.datastore"
     )
   if dim is not None and int(m["dim"]) != int(dim):
     raise errors.CheckpointMismatchError(
@@ -232,6 +244,7 @@ class BuildSpec:
   batch_size: int
   shard_batches: int
   num_tokens: int
+  window_bos: Optional[int] = None
 
   def to_json(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -239,7 +252,7 @@ class BuildSpec:
 
 def _batches(tokens, spec: BuildSpec) -> Iterator[dict[str, np.ndarray]]:
   return windows.memory_eval_batches(
-      tokens, spec.window_len, spec.score_len, spec.batch_size
+      tokens, spec.window_len, spec.score_len, spec.batch_size, spec.window_bos
   )
 
 
@@ -263,6 +276,7 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
       )
     return
   old = paths.read_json(bpath)
+  old.setdefault("window_bos", None)  # A build from before the field.
   if "signature" in old:  # As today's signature reads an earlier one.
     old["signature"] = convert.upgrade(old["signature"])
   if old.get("signature", {}).get("model") != spec.signature["model"]:
@@ -346,6 +360,15 @@ def _shard_batches(
   return batches
 
 
+def _context(spec: BuildSpec) -> dict[str, Any]:
+  """The manifest's ``context``: the windows the keys were computed in
+  (and their BOS, where a tokenizer adds one)."""
+  out = {"window_len": spec.window_len, "score_len": spec.score_len}
+  if spec.window_bos is not None:
+    out["window_bos"] = spec.window_bos
+  return out
+
+
 def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
   """Writes manifest.json once every shard is complete (else None)."""
   joined = shards.join(
@@ -355,7 +378,7 @@ def join(path: str, spec: BuildSpec) -> Optional[Datastore]:
       dim=spec.dim,
       corpus=spec.corpus,
       split=spec.split,
-      context={"window_len": spec.window_len, "score_len": spec.score_len},
+      context=_context(spec),
       checkpoint=spec.checkpoint,
   )
   return open_datastore(path) if joined else None

@@ -23,6 +23,12 @@ forward pass over M + T rows; two programs are compiled (predict, commit).
 Models without memory (vanilla, Transformer+RPE) slide a window of the last
 T tokens instead.
 
+A model imported with its tokenizer stops a continuation at the first
+token that is one of its end-of-sequence ids (``stop_ids``: every EOS id
+of its generation_config.json or config.json), that token included, as
+Hugging Face's ``generate`` stops; memjax's own vocabularies stop nowhere
+(WikiText's <eos> is a line break).
+
 Writes ``<workdir>/generation.txt`` (settings, prompt, continuation),
 ``generation.json``, and prints the text.
 """
@@ -166,6 +172,7 @@ class Sampler:
       prompt: Sequence[int],
       num_steps: int,
       choose: Callable[[int, Array], int],
+      stop_ids: Sequence[int] = (),
   ) -> list[Array]:
     """Predicts ``num_steps`` next tokens after ``prompt``, one at a time.
 
@@ -175,10 +182,11 @@ class Sampler:
       num_steps: how many next tokens to predict.
       choose: ``choose(t, log_probs [V]) -> token`` picks token t (sampling,
         or the known next token for scoring).
+      stop_ids: ids that end the run once chosen.
 
     Returns:
-      The ``num_steps`` log-probability vectors [V] the choices were made
-      from.
+      The log-probability vectors [V] the choices were made from:
+      ``num_steps``, fewer when a stop id was chosen.
     """
     buffer = [int(t) for t in prompt]
     if not buffer:
@@ -199,6 +207,7 @@ class Sampler:
       return buffer, memory
 
     buffer, memory = settle(buffer, memory)
+    stop = {int(i) for i in stop_ids}
     out = []
     for t in range(num_steps):
       k = len(buffer)
@@ -206,13 +215,23 @@ class Sampler:
       segment[0, :k] = buffer
       logp = self._log_probs(params, memory, jnp.asarray(segment), jnp.int32(k))
       out.append(logp)
-      buffer, memory = settle(buffer + [int(choose(t, logp))], memory)
+      chosen = int(choose(t, logp))
+      if chosen in stop:
+        break
+      buffer, memory = settle(buffer + [chosen], memory)
     return out
 
   def generate(
-      self, params: Any, prompt: np.ndarray, num_tokens: int, seed: int
+      self,
+      params: Any,
+      prompt: np.ndarray,
+      num_tokens: int,
+      seed: int,
+      stop_ids: Sequence[int] = (),
   ) -> np.ndarray:
-    """Returns [num_tokens] int32 tokens that continue ``prompt`` [n >= 1]."""
+    """Returns [<= num_tokens] int32 tokens that continue ``prompt``
+    [n >= 1]: ``num_tokens``, or up to and with the first of ``stop_ids``
+    drawn."""
     key = jax.random.PRNGKey(seed)
     tokens = []
 
@@ -220,7 +239,9 @@ class Sampler:
       tokens.append(int(self._sample(logp, jax.random.fold_in(key, t))))
       return tokens[-1]
 
-    self.run(params, np.asarray(prompt).reshape(-1), num_tokens, choose)
+    self.run(
+        params, np.asarray(prompt).reshape(-1), num_tokens, choose, stop_ids
+    )
     return np.asarray(tokens, np.int32)
 
   def score(self, params: Any, tokens: np.ndarray) -> np.ndarray:
@@ -233,6 +254,12 @@ class Sampler:
     return np.asarray(
         [float(lp[tokens[t + 1]]) for t, lp in enumerate(logps)], np.float32
     )
+
+
+def stop_ids(vocab: Any) -> tuple[int, ...]:
+  """The ids a continuation stops at: an imported tokenizer's EOS ids
+  (``eos_ids``); none for memjax's own vocabularies."""
+  return tuple(int(i) for i in getattr(vocab, "eos_ids", ()))
 
 
 def decode(vocab: Any, ids: np.ndarray) -> str:
@@ -282,10 +309,14 @@ def generate(run: spec.Run) -> dict[str, Any]:
       seg,
       model.cfg.mem_len if model.carries_memory() else 0,
   )
-  new = sampler.generate(
-      restored.variables, prompt, int(g.num_tokens), int(g.seed)
-  )
   vocab = restored.vocab
+  new = sampler.generate(
+      restored.variables,
+      prompt,
+      int(g.num_tokens),
+      int(g.seed),
+      stop_ids(vocab),
+  )
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
       f"model {s.name}, step {restored.step}; prompt "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import flax
 import jax
@@ -34,6 +34,7 @@ from memjax.pretrained import checkpoint
 from memjax.pretrained import families
 from memjax.pretrained import sizes
 from memjax.pretrained import to_hf
+from memjax.pretrained import special_ids
 from memjax.data import tokenizer_vocab as vocab_lib
 from memjax.run import spec
 from memjax.run import state as state_lib
@@ -79,14 +80,6 @@ def _read_json(folder: str, name: str) -> dict[str, Any]:
     return json.loads(text)
   except ValueError as e:
     raise errors.DataError(f"{folder}/{name} is not JSON ({e})") from None
-
-
-def _special_id(value: Any) -> Optional[int]:
-  """config.json's bos/eos id: an int, a list (Llama 3 lists its end
-  tokens: the first is taken) or None."""
-  if isinstance(value, (list, tuple)):
-    value = value[0] if value else None
-  return None if value is None else int(value)
 
 
 def _folder(run: spec.Run) -> str:
@@ -186,8 +179,7 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   vocab = vocab_lib.TokenizerVocabulary(
       _read_text(folder, vocab_lib.FILE),
       vocab_size,
-      _special_id(hf.get("bos_token_id")),
-      _special_id(hf.get("eos_token_id")),
+      *special_ids.read(folder, hf),
   )
   new = _imported_run(run, model)
   dtype = np.dtype(

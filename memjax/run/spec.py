@@ -24,6 +24,7 @@ from memjax import settings as settings_lib
 from memjax.checkpoints import convert
 from memjax.checkpoints import runfiles
 from memjax.data import corpus as corpus_lib
+from memjax.data import text_streams
 from memjax.eval import rows
 from memjax.run import hooks as hooks_lib
 from memjax.run import optim
@@ -170,6 +171,8 @@ class Run:
       step: the training step of the parameters.
     """
     s = self.settings
+    source = path or self.workdir
+    bos = text_streams.window_bos(text_streams.tokenizer_dir(s.data, source))
     return rows.Scoring(
         model=model,
         mesh=self.mesh if mesh is None else mesh,
@@ -186,6 +189,7 @@ class Run:
         signature=self.signature(model.cfg.vocab_size),
         step=int(step),
         datastore_corpus=s.of(settings_lib.Datastore).corpus,
+        window_bos=bos,
     )
 
   def hooks(self, states: Any = None, **context: Any) -> hooks_lib.HookRunner:

@@ -108,3 +108,31 @@ def test_corpora_and_vocabularies_must_agree(imported_gpt2, tmp_path):
         str(tmp_path / "w"),
         train=False,
     )
+
+
+def test_documents_carry_the_bos_their_tokenizer_adds(imported_gpt2, tmp_path):
+  bos_dir = tmp_path / "llama_bos"
+  shutil.copytree(imported_gpt2, bos_dir)
+  shutil.copy(
+      os.path.join(FIXTURE.replace("gpt2", "llama_bos"), "tokenizer.json"),
+      bos_dir / "tokenizer.json",
+  )
+  data_dir, texts = _text_dir(tmp_path / "text")
+  plain = text_streams.load_stream(
+      "text", data_dir, "valid", str(tmp_path / "c1"), imported_gpt2
+  )
+  led = text_streams.load_stream(
+      "text", data_dir, "valid", str(tmp_path / "c2"), str(bos_dir)
+  )
+  np.testing.assert_array_equal(led.tokens, np.r_[1, plain.tokens])
+  np.testing.assert_array_equal(led.doc_starts, [0])
+  # The BOS windows begin with: the tokenizer's, none for GPT-2's or none.
+  assert text_streams.window_bos(str(bos_dir)) == 1
+  assert text_streams.window_bos(imported_gpt2) is None
+  assert text_streams.window_bos("") is None
+  assert (
+      "v2 "
+      in text_streams.stream_path(
+          "text", data_dir, "valid", str(tmp_path / "c2"), str(bos_dir)
+      )[1]
+  )

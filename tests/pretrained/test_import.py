@@ -21,7 +21,7 @@ import pytest
 
 import memjax
 from memjax import errors
-from memjax.pretrained import mode as pretrained_mode
+from memjax.eval import windows
 from tests.conftest import REPO
 from tests.conftest import run_main
 
@@ -193,13 +193,96 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
   assert left == (["notes.txt"] if case == "workdir not empty" else [])
 
 
-def test_special_ids_of_config_json():  # pylint: disable=protected-access
-  # Llama 3 lists its end tokens; the first is the vocabulary's eos.
-  assert pretrained_mode._special_id([128001, 128009]) == 128001
-  assert (
-      pretrained_mode._special_id(2) == 2
-      and pretrained_mode._special_id(None) is None
+@pytest.fixture(scope="module")
+def imported_bos(tmp_path_factory):
+  """The workdir of llama_bos imported (its tokenizer adds BOS)."""
+  workdir = str(tmp_path_factory.mktemp("imported") / "llama_bos")
+  memjax.run_mode(
+      "import", _config(os.path.join(FIXTURES, "llama_bos")), workdir
   )
+  return workdir
+
+
+def test_text_is_scored_with_the_bos_its_tokenizer_adds(imported_bos):
+  expected = np.load(os.path.join(FIXTURES, "llama_bos", "expected.npz"))
+  lm = memjax.load(imported_bos)
+  text, ids = str(expected["text"]), expected["text_ids"][0]
+  # Hugging Face's tok(text): BOS first, as the post-processor adds it.
+  assert ids[0] == 1
+  np.testing.assert_array_equal(lm.encode(text), ids)
+  # score(text) is model(**tok(text))'s log-probabilities.
+  text_lp = jax.nn.log_softmax(
+      expected["text_logits"][0].astype(np.float64), axis=-1
+  )
+  want = text_lp[np.arange(len(ids) - 1), ids[1:]]
+  np.testing.assert_allclose(
+      lm.score(text)["logprobs"][0], want, atol=1e-5, rtol=0
+  )
+
+
+def test_windows_inside_a_document_begin_with_bos(imported_bos):
+  expected = np.load(os.path.join(FIXTURES, "llama_bos", "expected.npz"))
+  lm = memjax.load(imported_bos)
+  scoring = lm.restored.scoring()
+  assert scoring.window_bos == 1
+  window, score = (int(x) for x in expected["rolling"])
+  scorer = windows.WindowScorer(scoring, window_len=window, score_len=score)
+  ids = expected["text_ids"][0]
+  # Hugging Face's model on BOS + the windows' tokens after their first.
+  want = expected["rolling_logprobs"]
+  got = scorer.stream_logprobs(lm.restored.variables, ids)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  summary = scorer.score(lm.restored.variables, ids)
+  assert summary["tokens"] == len(want)
+  np.testing.assert_allclose(summary["nll"], -np.mean(want), rtol=1e-5)
+
+
+def test_the_import_keeps_every_eos_id_and_each_stops_generation(
+    imported_bos, tmp_path
+):
+  expected = np.load(os.path.join(FIXTURES, "llama_bos", "expected.npz"))
+  with open(os.path.join(imported_bos, "vocab.json")) as f:
+    info = json.load(f)
+  # generation_config.json's two ids, not config.json's one.
+  assert info["eos_ids"] == [2, 31] and info["eos"] == 2
+  lm = memjax.load(imported_bos)
+  assert lm.vocab.eos_ids == (2, 31)
+  out = memjax.export(imported_bos, str(tmp_path / "export"))
+  assert memjax.load(out).vocab.eos_ids == (2, 31)
+  # Hugging Face's greedy search stops on the second id: so does memjax's.
+  prompt, greedy = expected["greedy"][0][:5], expected["greedy"][0][5:]
+  assert greedy[-1] == 31 and len(greedy) < 8
+  np.testing.assert_array_equal(lm.generate(prompt, 8, top_p=1e-6), greedy)
+  # Another stored list stops at its own ids.
+  free = expected["greedy_free"]
+  copy = tmp_path / "copy"
+  shutil.copytree(imported_bos, copy)
+  info["eos_ids"] = [int(free[1]), 2]
+  (copy / "vocab.json").write_text(json.dumps(info))
+  got = memjax.load(str(copy)).generate(prompt, 8, top_p=1e-6)
+  np.testing.assert_array_equal(got, free[:2])
+  # An export written before eos_ids: its one eos is kept.
+  del info["eos_ids"]
+  (copy / "vocab.json").write_text(json.dumps(info))
+  assert memjax.load(str(copy)).vocab.eos_ids == (2,)
+
+
+def test_generate_mode_stops_at_an_eos_id(imported_bos, tmp_path):
+  expected = np.load(os.path.join(FIXTURES, "llama_bos", "expected.npz"))
+  workdir = tmp_path / "w"
+  shutil.copytree(imported_bos, workdir)
+  data = tmp_path / "text"
+  data.mkdir()
+  for split in ("train", "valid", "test"):
+    (data / f"{split}.txt").write_text(str(expected["text"]), encoding="utf-8")
+  c = _config(os.path.join(FIXTURES, "llama_bos"))
+  c.data.corpus, c.data.data_dir = "text", str(data)
+  c.generate.split, c.generate.prompt_len, c.generate.num_tokens = "test", 5, 8
+  c.generate.top_p = 1e-6  # The top token only: Hugging Face's greedy search.
+  got = memjax.run_mode("generate", c, str(workdir))
+  prompt, greedy = expected["greedy"][0][:5], expected["greedy"][0][5:]
+  assert got["prompt_ids"] == prompt.tolist()  # The split's BOS first.
+  assert got["ids"] == greedy.tolist() and len(greedy) < 8
 
 
 def _bfloat16_copy(tmp_path, name, shards):

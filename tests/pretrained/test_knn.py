@@ -123,3 +123,50 @@ def test_knn_lm_of_an_imported_gpt2_is_numpys(imported_gpt2, tmp_path):
   )
   np.testing.assert_allclose(got["memory"]["nll"], nll, rtol=1e-4)
   assert got["memory"]["nll"] < got["plain"]["nll"]
+
+
+def test_a_datastore_of_a_tokenizer_adding_bos_is_built_with_it(tmp_path):
+  fixture = os.path.join(REPO, "tests", "fixtures", "pretrained", "llama_bos")
+  expected = np.load(os.path.join(fixture, "expected.npz"))
+  window, score = (int(x) for x in expected["rolling"])
+  workdir, data = str(tmp_path / "llama"), tmp_path / "text"
+  data.mkdir()
+  for split in ("train", "valid", "test"):
+    (data / f"{split}.txt").write_text(str(expected["text"]), encoding="utf-8")
+  flags = (
+      "--config=configs/pretrained.py:gpt2_knn",
+      "--config.data.corpus=text",
+      f"--config.data.data_dir={data}",
+      f"--config.eval.window_len={window}",
+      f"--config.eval.score_len={score}",
+      f"--config.eval_memory.ext_k={K}",
+      "--config.eval.splits=('valid',)",
+      f"--workdir={workdir}",
+  )
+  proc = run_main(
+      *flags, f"--config.pretrained.path={fixture}", "--mode=import"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for mode in ("datastore", "index", "memeval"):
+    proc = run_main(*flags, f"--mode={mode}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  path = os.path.join(workdir, "datastore")
+  store = ds_lib.open_datastore(path)
+  ids = expected["text_ids"][0]
+  np.testing.assert_array_equal(np.concatenate(store.values), ids[1:])
+  assert store.manifest["context"]["window_bos"] == 1
+  # The plain model in the memory windows: Hugging Face's BOS-led scores.
+  with open(os.path.join(workdir, "memeval.json"), encoding="utf-8") as f:
+    got = json.load(f)["valid"]
+  want = expected["rolling_logprobs"].astype(np.float64)
+  np.testing.assert_allclose(got["plain"]["nll"], -want.mean(), rtol=1e-5)
+  # A datastore built without the BOS (an earlier version) is refused.
+  manifest = os.path.join(path, "manifest.json")
+  with open(manifest, encoding="utf-8") as f:
+    m = json.load(f)
+  del m["context"]["window_bos"]
+  with open(manifest, "w", encoding="utf-8") as f:
+    json.dump(m, f)
+  proc = run_main(*flags, "--mode=memeval")
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "built from text without the BOS" in proc.stderr

@@ -66,6 +66,7 @@ def datastore(run: spec.Run) -> dict:
       batch_size=bs,
       shard_batches=max(1, int(dc.shard_keys) // (bs * c.eval.score_len)),
       num_tokens=int(len(tokens)),
+      window_bos=scoring.window_bos,
   )
   path = external_lib.datastore_path(scoring, workdir)
   ds_lib.check_build_dir(path, build)
@@ -152,6 +153,7 @@ def _load_store(
       signature=scoring.signature,
       dim=loaded.model.cfg.d_model,
       checkpoint=external_lib.datastore_checkpoint(scoring),
+      window_bos=scoring.window_bos,
   )
   return loaded, store
 
@@ -203,6 +205,7 @@ def held_out_queries(
       c.eval.window_len,
       c.eval.score_len,
       -(-int(c.eval_memory.batch_size) // dp) * dp,
+      loaded.scoring().window_bos,
   ):
     g, tgt, pos = jax.device_get(
         fn(loaded.variables, sharding_lib.put_global_batch(batch, loaded.mesh))

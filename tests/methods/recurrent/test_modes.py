@@ -105,6 +105,7 @@ def test_extrapolation_with_m1_equals_recurrent_evaluation(tmp_path):
   mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
   run = build.build(config, str(tmp_path), mesh={"data": 1})
   scoring = run.scoring(model, mesh=mesh, unit="ppl")
+  assert scoring.window_bos is None  # memjax's own vocabulary: no BOS.
   tokens = stream_tokens(60, seed=1)
   rows = extrapolate.extrapolation_rows(
       scoring, run.settings.of(recurrent_config.Extrapolate), params, tokens
