@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
 from memjax import extend
 from memjax.models import multihead
 from memjax.models import rotary
@@ -144,6 +145,8 @@ class VanillaOptions:
       (``rotary.inverse_frequencies``).
     rope_high_freq_factor: its high-frequency factor.
     rope_original_max_len: its original context length.
+    sliding_window: each query attends to the last ``sliding_window``
+      positions only, itself included (Mistral's); 0 = every earlier one.
   """
 
   num_kv_heads: int = 0
@@ -154,6 +157,7 @@ class VanillaOptions:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  sliding_window: int = 0
 
 
 class CausalSelfAttention(AttentionKind):
@@ -225,6 +229,11 @@ def core_options(options: Any) -> dict[str, Any]:
         options,
         "model.attention_options of attention kind 'vanilla'",
     )
+  if options.sliding_window < 0:
+    raise errors.ConfigError(
+        "model.attention_options.sliding_window must be >= 0 (0 = none), got "
+        f"{options.sliding_window}"
+    )
   rope = None
   if options.rope_theta:
     rope = rotary.Rope(
@@ -239,6 +248,7 @@ def core_options(options: Any) -> dict[str, Any]:
       "qkv_bias": bool(options.qkv_bias),
       "out_bias": bool(options.out_bias),
       "rope": rope,
+      "sliding_window": int(options.sliding_window),
   }
 
 

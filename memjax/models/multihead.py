@@ -97,6 +97,9 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: biases on the query, key and value projections ('param').
     out_bias: a bias on the output projection ('param').
     rope: the rotary positions' settings (``rotary.Rope``), or None.
+    sliding_window: a causal query reads only the last ``sliding_window``
+      positions, itself included (Hugging Face's ``kv_idx > q_idx -
+      sliding_window``); 0 = every earlier position.
     relative: '' (none), or the relative positions' scheme: 'xl' (R of the
       signed distance, one position bias v) or 'disentangled' (R of |i - j|,
       biases v_plus for i >= j and v_minus for i < j; LaMemo Eq. 12).
@@ -114,6 +117,7 @@ class MultiHeadAttention(nn.Module):
   qkv_bias: bool = False
   out_bias: bool = False
   rope: Optional[rotary.Rope] = None
+  sliding_window: int = 0
   relative: str = ""
   projections: str = "param"
   dropout_name: str = "Dropout_0"
@@ -413,7 +417,8 @@ class MultiHeadAttention(nn.Module):
       deterministic: disables dropout.
       mask: bool broadcastable to [B, H, T, S]; True = may attend; None =
         every key.
-      causal: also mask keys after the query (self-attention).
+      causal: also mask keys after the query (self-attention), and those
+        ``sliding_window`` or more positions before it.
       kv: cross-attention: keys and values [B, S, H_kv, d_h] (``kv``).
       bias: float32 broadcastable to [B, H, T, S], added to the scores.
       pos: with a cache: scalar int32 position of x.
@@ -437,13 +442,21 @@ class MultiHeadAttention(nn.Module):
     k = nn.with_logical_constraint(k, HEADS_AXES)
     keep = jnp.ones((), bool) if mask is None else mask
     if causal:
-      t = x.shape[1]
-      keep = keep & jnp.tril(jnp.ones((t, t), bool))[None, None]
+      keep = keep & causal_mask(x.shape[1], self.sliding_window)[None, None]
     s = self.scores(q, k, bias=bias)
     c, _, _ = self.attend(
         s, keep, v, deterministic, empty_rows=mask is not None
     )
     return self.output(c), cache
+
+
+def causal_mask(length: int, window: int = 0) -> Array:
+  """[T, T] bool: query i may read key j <= i, and with a ``window`` > 0
+  only j > i - window (the last ``window`` positions, i's own included)."""
+  keep = jnp.tril(jnp.ones((length, length), bool))
+  if window > 0:
+    keep = keep & ~jnp.tril(jnp.ones((length, length), bool), -window)
+  return keep
 
 
 def core_of(layer: nn.Module, **options: Any) -> MultiHeadAttention:

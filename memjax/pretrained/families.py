@@ -7,10 +7,11 @@ the decoder LM's parts (``docs/pretrained.md`` has the table):
 * ``gpt2``: learned positions, pre-LayerNorm, the tanh GELU, biases
   everywhere, tied embeddings. Its Conv1D weights are stored [in, out],
   the transpose of ``nn.Linear``'s [out, in].
-* ``llama`` and ``qwen2``: rotary positions (``rope_theta``, Llama 3's
-  rope scaling), RMSNorm, SwiGLU, grouped-query attention, tied or untied
-  embeddings; q/k/v biases (Qwen2, or Llama's ``attention_bias``, which
-  biases the output projection too).
+* ``llama``, ``mistral`` and ``qwen2``: rotary positions (``rope_theta``,
+  Llama 3's rope scaling), RMSNorm, SwiGLU, grouped-query attention, tied
+  or untied embeddings; q/k/v biases (Qwen2, or Llama's
+  ``attention_bias``, which biases the output projection too); Mistral's
+  sliding window (``attention_options.sliding_window``).
 
 The tensors go into the tree ``decoder_lm`` makes: per layer
 ``layer_<i>/attention/{query,key,value}`` [D, H, d_h] (+ ``*_bias``
@@ -188,7 +189,7 @@ def rope_options(hf: dict[str, Any]) -> Tree:
 
 
 def llama_settings(hf: dict[str, Any]) -> Tree:
-  """``config.model`` of a Llama or Qwen2 config.json."""
+  """``config.model`` of a Llama, Mistral or Qwen2 config.json."""
   qwen = hf.get("model_type") == "qwen2"
   if hf.get("mlp_bias") or (qwen and hf.get("use_sliding_window")):
     raise errors.DataError(
@@ -210,6 +211,7 @@ def llama_settings(hf: dict[str, Any]) -> Tree:
           num_kv_heads=int(hf.get("num_key_value_heads") or heads),
           qkv_bias=qwen or bias,
           out_bias=bias and not qwen,
+          **_window(hf),
       ),
       family_options={
           "positions": "none",
@@ -217,6 +219,14 @@ def llama_settings(hf: dict[str, Any]) -> Tree:
           "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
       },
   )
+
+
+def _window(hf: dict[str, Any]) -> Tree:
+  """Mistral's ``sliding_window`` (every layer; null = none) as the
+  attention's option, or nothing."""
+  if hf.get("model_type") != "mistral" or not hf.get("sliding_window"):
+    return {}
+  return {"sliding_window": int(hf["sliding_window"])}
 
 
 def llama_params(m: Tree, take: Callable[..., np.ndarray]) -> Tree:
@@ -273,6 +283,7 @@ def llama_params(m: Tree, take: Callable[..., np.ndarray]) -> Tree:
 FAMILIES: dict[str, tuple[Callable[..., Tree], Callable[..., Tree], str]] = {
     "gpt2": (gpt2_settings, gpt2_params, "transformer."),
     "llama": (llama_settings, llama_params, "model."),
+    "mistral": (llama_settings, llama_params, "model."),
     "qwen2": (llama_settings, llama_params, "model."),
 }
 

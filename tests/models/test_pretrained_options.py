@@ -49,9 +49,10 @@ def llama3_inv_freq(dh, theta, factor, low, high, old_len):
   return np.array(out)
 
 
-def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias):
+def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0):
   """Causal GQA in float64: query head h reads kv head h // (H / kv); the
-  rotary pairs are features (i, i + dh/2) of a head, turned by t inv[i]."""
+  rotary pairs are features (i, i + dh/2) of a head, turned by t inv[i];
+  with a window query t reads keys t - window + 1 .. t only."""
   x = x.astype(np.float64)
   p = {k: np.asarray(v, np.float64) for k, v in p.items()}
   half, kv = DH // 2, p["key"].shape[1]
@@ -70,10 +71,11 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias):
               u, w = a[t, i], a[t, i + half]
               a[t, i], a[t, i + half] = u * c - w * s, w * c + u * s
       for t in range(T):
-        sc = q[t] @ k[: t + 1].T / math.sqrt(DH)
+        lo = max(0, t - window + 1) if window else 0
+        sc = q[t] @ k[lo : t + 1].T / math.sqrt(DH)
         pr = np.exp(sc - sc.max())
         pr /= pr.sum()
-        y[b, t] += (pr @ v[: t + 1]) @ p["out"][h]
+        y[b, t] += (pr @ v[lo : t + 1]) @ p["out"][h]
   return y + (p["out_bias"] if out_bias else 0)
 
 
@@ -90,6 +92,7 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias):
             rope_original_max_len=256,
         ),
         dict(num_kv_heads=H, qkv_bias=True, out_bias=True),
+        dict(num_kv_heads=KV, rope_theta=10000.0, sliding_window=2),
     ],
 )
 def test_attention_options_match_numpy(options):
@@ -115,7 +118,12 @@ def test_attention_options_match_numpy(options):
         options.get("rope_original_max_len", 1),
     )
   want = numpy_gqa(
-      p, x, inv, options.get("qkv_bias", False), options.get("out_bias", False)
+      p,
+      x,
+      inv,
+      options.get("qkv_bias", False),
+      options.get("out_bias", False),
+      window=options.get("sliding_window", 0),
   )
   np.testing.assert_allclose(np.asarray(y), want, atol=2e-5, rtol=2e-5)
 

@@ -51,6 +51,24 @@ def test_llama_and_qwen2_biases():
   assert qwen["attention_options"]["out_bias"] is False
 
 
+def test_mistral_sliding_window():
+  hf = dict(
+      model_type="mistral",
+      hidden_size=32,
+      num_attention_heads=4,
+      num_hidden_layers=2,
+      intermediate_size=48,
+      vocab_size=64,
+  )
+  got = families.llama_settings(dict(hf, sliding_window=4096))
+  assert got["attention_options"]["sliding_window"] == 4096
+  assert got["attention_options"]["qkv_bias"] is False
+  # A null window (Mistral 7B v0.2 on) attends to every earlier position.
+  got = families.llama_settings(dict(hf, sliding_window=None))
+  assert "sliding_window" not in got["attention_options"]
+  assert families.family_of(hf)[0] is families.llama_settings
+
+
 def test_unsupported_settings_are_named():
   with pytest.raises(errors.DataError, match="activation 'quick_gelu'"):
     families.gpt2_settings(

@@ -2,7 +2,8 @@
 
 The fixtures (tests/fixtures/pretrained/, ``make fixtures``) are tiny
 random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
-(rope scaling) and Qwen2 (q/k/v biases) models saved by Hugging Face's
+(rope scaling), Qwen2 (q/k/v biases) and Mistral (a sliding window of 4
+positions, shorter than the inputs) models saved by Hugging Face's
 PyTorch classes, with their tokenizer and their logits on fixed inputs.
 Each is imported (GPT-2 through ``python -m memjax.main``, the others
 through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
@@ -26,7 +27,7 @@ from tests.conftest import REPO
 from tests.conftest import run_main
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
-NAMES = ("gpt2", "llama_gqa", "llama3_scaled", "qwen2")
+NAMES = ("gpt2", "llama_gqa", "llama3_scaled", "qwen2", "mistral_window")
 CONFIG = "configs/pretrained.py:import"
 
 
@@ -110,6 +111,9 @@ def test_the_export_holds_the_tokenizer_and_the_families_options(imported):
     options = json.load(f)["model"]["attention_options"]
   assert options["rope_scaling_factor"] == 8.0
   assert options["rope_original_max_len"] == 256
+  with open(os.path.join(imported["mistral_window"], "config.json")) as f:
+    options = json.load(f)["model"]["attention_options"]
+  assert options["sliding_window"] == 4 and options["num_kv_heads"] == 2
   with open(os.path.join(imported["gpt2"], "vocab.json")) as f:
     assert json.load(f)["kind"] == "tokenizer"
 
