@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import extend
 from memjax.models import multihead
+from memjax.models import norms
 from memjax.models import rotary
 
 Array = jax.Array
@@ -145,6 +146,10 @@ class VanillaOptions:
       (``rotary.inverse_frequencies``).
     rope_high_freq_factor: its high-frequency factor.
     rope_original_max_len: its original context length.
+    qk_norm: 'none', or the norm of each head's queries and keys over d_h
+      before rotary positions: 'rms' (Qwen3's q_norm and k_norm; the
+      parameters ``query_norm/scale`` and ``key_norm/scale``).
+    qk_norm_epsilon: their epsilon.
     sliding_window: each query attends to the last ``sliding_window``
       positions only, itself included (Mistral's); 0 = every earlier one.
   """
@@ -157,6 +162,8 @@ class VanillaOptions:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  qk_norm: str = "none"
+  qk_norm_epsilon: float = 1e-6
   sliding_window: int = 0
 
 
@@ -234,6 +241,11 @@ def core_options(options: Any) -> dict[str, Any]:
         "model.attention_options.sliding_window must be >= 0 (0 = none), got "
         f"{options.sliding_window}"
     )
+  if options.qk_norm != "none" and options.qk_norm not in norms.NORMS:
+    raise errors.ConfigError(
+        "model.attention_options.qk_norm must be 'none' or one of "
+        f"{', '.join(norms.NORMS)}, got {options.qk_norm!r}"
+    )
   rope = None
   if options.rope_theta:
     rope = rotary.Rope(
@@ -248,6 +260,8 @@ def core_options(options: Any) -> dict[str, Any]:
       "qkv_bias": bool(options.qkv_bias),
       "out_bias": bool(options.out_bias),
       "rope": rope,
+      "qk_norm": "" if options.qk_norm == "none" else str(options.qk_norm),
+      "qk_norm_epsilon": float(options.qk_norm_epsilon),
       "sliding_window": int(options.sliding_window),
   }
 

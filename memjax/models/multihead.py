@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
+from memjax.models import norms
 from memjax.models import positions as positions_lib
 from memjax.models import projections as projections_lib
 from memjax.models import rotary
@@ -97,6 +98,11 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: biases on the query, key and value projections ('param').
     out_bias: a bias on the output projection ('param').
     rope: the rotary positions' settings (``rotary.Rope``), or None.
+    qk_norm: '' (none) or a norm kind (``norms.NORMS``: 'rms') applied to
+      each head's queries and keys over d_h, after their biases and before
+      rotary positions (Qwen3's q_norm and k_norm), its scale
+      ``query_norm/scale`` and ``key_norm/scale`` [d_h].
+    qk_norm_epsilon: those norms' epsilon.
     sliding_window: a causal query reads only the last ``sliding_window``
       positions, itself included (Hugging Face's ``kv_idx > q_idx -
       sliding_window``); 0 = every earlier position.
@@ -117,6 +123,8 @@ class MultiHeadAttention(nn.Module):
   qkv_bias: bool = False
   out_bias: bool = False
   rope: Optional[rotary.Rope] = None
+  qk_norm: str = ""
+  qk_norm_epsilon: float = 1e-6
   sliding_window: int = 0
   relative: str = ""
   projections: str = "param"
@@ -136,6 +144,16 @@ class MultiHeadAttention(nn.Module):
       self._param_layout(kv)
     else:
       self._module_layout(kv)
+    if self.qk_norm:
+      make = functools.partial(
+          norms.make_norm,
+          self.qk_norm,
+          None,
+          self.dtype,
+          self.qk_norm_epsilon,
+          axis="kv",
+      )
+      self.query_norm, self.key_norm = make(), make()
     setattr(self, self.dropout_name, nn.Dropout(self.dropout_rate))
 
   def _param_layout(self, kv: int) -> None:
@@ -218,13 +236,16 @@ class MultiHeadAttention(nn.Module):
 
   def project(self, x: Array, name: str) -> Array:
     """x [B, T, D] -> [B, T, heads, d_h] by the projection ``name``
-    ('query', 'key', 'value')."""
+    ('query', 'key', 'value'), queries and keys normalised (``qk_norm``)."""
     x = x.astype(self.dtype)
     if self.projections == "module":
-      return getattr(self, name)(x)
-    y = jnp.einsum("btd,dhk->bthk", x, self.weights[name].astype(self.dtype))
-    if name in self.biases:
-      y = y + self.biases[name].astype(self.dtype)
+      y = getattr(self, name)(x)
+    else:
+      y = jnp.einsum("btd,dhk->bthk", x, self.weights[name].astype(self.dtype))
+      if name in self.biases:
+        y = y + self.biases[name].astype(self.dtype)
+    if self.qk_norm and name in ("query", "key"):
+      y = getattr(self, f"{name}_norm")(y).astype(self.dtype)
     return y
 
   def kv(self, y: Array) -> tuple[Array, Array]:

@@ -9,7 +9,7 @@ it). Both are Flax's own modules, their parameters named ``scale`` (and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import flax.linen as nn
 
@@ -27,31 +27,41 @@ def check_norm(kind: str) -> None:
     )
 
 
-def layer_norm(name: str, dtype: Any, epsilon: float = 1e-6) -> nn.LayerNorm:
-  """A LayerNorm over [..., D] whose scale and bias have the 'embed' axis."""
+def layer_norm(
+    name: Optional[str], dtype: Any, epsilon: float = 1e-6, axis: str = "embed"
+) -> nn.LayerNorm:
+  """A LayerNorm over [..., D] whose scale and bias have the logical axis
+  ``axis``; ``name`` None leaves the name to the parent's ``setup``."""
   return nn.LayerNorm(
       epsilon=epsilon,
       dtype=dtype,
-      name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis,)),
+      **({} if name is None else {"name": name}),
   )
 
 
 def make_norm(
-    kind: str, name: str, dtype: Any, epsilon: float = 1e-6
+    kind: str,
+    name: Optional[str],
+    dtype: Any,
+    epsilon: float = 1e-6,
+    axis: str = "embed",
 ) -> nn.Module:
-  """The normalisation ``kind`` ('layer' or 'rms') over [..., D].
+  """The normalisation ``kind`` (``NORMS``) over the last axis of [..., N],
+  its parameters of logical axis ``axis`` (the model's 'embed'; 'kv' for a
+  head's features); ``name`` None leaves the name to the parent's
+  ``setup``.
 
   Raises:
     errors.ConfigError: an unknown kind.
   """
   check_norm(kind)
   if kind == "layer":
-    return layer_norm(name, dtype, epsilon)
+    return layer_norm(name, dtype, epsilon, axis)
   return nn.RMSNorm(
       epsilon=epsilon,
       dtype=dtype,
-      name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis,)),
+      **({} if name is None else {"name": name}),
   )

@@ -7,16 +7,18 @@ the decoder LM's parts (``docs/pretrained.md`` has the table):
 * ``gpt2``: learned positions, pre-LayerNorm, the tanh GELU, biases
   everywhere, tied embeddings. Its Conv1D weights are stored [in, out],
   the transpose of ``nn.Linear``'s [out, in].
-* ``llama``, ``mistral`` and ``qwen2``: rotary positions (``rope_theta``,
-  Llama 3's rope scaling), RMSNorm, SwiGLU, grouped-query attention, tied
-  or untied embeddings; q/k/v biases (Qwen2, or Llama's
-  ``attention_bias``, which biases the output projection too); Mistral's
-  sliding window (``attention_options.sliding_window``).
+* ``llama``, ``mistral``, ``qwen2`` and ``qwen3``: rotary positions
+  (``rope_theta``, Llama 3's rope scaling), RMSNorm, SwiGLU, grouped-query
+  attention, tied or untied embeddings; q/k/v biases (Qwen2, or Llama's
+  and Qwen3's ``attention_bias``, which biases the output projection
+  too); Mistral's sliding window (``attention_options.sliding_window``);
+  Qwen3's RMSNorm of each head's queries and keys
+  (``attention_options.qk_norm``: ``query_norm``, ``key_norm`` [d_h]).
 
 The tensors go into the tree ``decoder_lm`` makes: per layer
 ``layer_<i>/attention/{query,key,value}`` [D, H, d_h] (+ ``*_bias``
-[H, d_h]), ``out`` [H, d_h, D] (+ ``out_bias``), ``ln_attn``, ``ln_ffn``,
-``ffn``; ``embedder/embed_0`` [V, D] (+ ``output`` when untied),
+[H, d_h]), ``out`` [H, d_h, D] (+ ``out_bias``), ``{query,key}_norm``,
+``ln_attn``, ``ln_ffn``, ``ffn``; ``embedder/embed_0`` [V, D] (+ ``output`` when untied),
 ``pos_embed``, ``final_norm``.
 """
 
@@ -189,30 +191,37 @@ def rope_options(hf: dict[str, Any]) -> Tree:
 
 
 def llama_settings(hf: dict[str, Any]) -> Tree:
-  """``config.model`` of a Llama, Mistral or Qwen2 config.json."""
-  qwen = hf.get("model_type") == "qwen2"
-  if hf.get("mlp_bias") or (qwen and hf.get("use_sliding_window")):
+  """``config.model`` of a Llama, Mistral, Qwen2 or Qwen3 config.json."""
+  kind = hf.get("model_type")
+  if hf.get("mlp_bias") or (
+      kind in ("qwen2", "qwen3") and hf.get("use_sliding_window")
+  ):
     raise errors.DataError(
         "config.json sets mlp_bias or use_sliding_window, which memjax lacks"
     )
   d, heads = int(get(hf, "hidden_size")), int(get(hf, "num_attention_heads"))
   bias = bool(hf.get("attention_bias", False))
+  eps = float(get(hf, "rms_norm_eps", 1e-6))
+  attention = dict(
+      rope_options(hf),
+      num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+      # Qwen2 biases q, k and v always and never the output.
+      qkv_bias=kind == "qwen2" or bias,
+      out_bias=bias and kind != "qwen2",
+      **_window(hf),
+  )
+  if kind == "qwen3":
+    attention.update(qk_norm="rms", qk_norm_epsilon=eps)
   return dict(
       _base(get(hf, "num_hidden_layers"), d, heads),
       head_dim=int(hf.get("head_dim") or d // heads),
       d_ff=int(get(hf, "intermediate_size")),
       max_len=int(get(hf, "max_position_embeddings", 4096)),
-      norm_epsilon=float(get(hf, "rms_norm_eps", 1e-6)),
+      norm_epsilon=eps,
       activation=_activation(get(hf, "hidden_act", "silu")),
       feed_forward="glu",
       feed_forward_options={},
-      attention_options=dict(
-          rope_options(hf),
-          num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-          qkv_bias=qwen or bias,
-          out_bias=bias and not qwen,
-          **_window(hf),
-      ),
+      attention_options=attention,
       family_options={
           "positions": "none",
           "norm": "rms",
@@ -230,7 +239,7 @@ def _window(hf: dict[str, Any]) -> Tree:
 
 
 def llama_params(m: Tree, take: Callable[..., np.ndarray]) -> Tree:
-  """The parameter tree of a Llama or Qwen2 checkpoint.
+  """The parameter tree of a Llama, Mistral, Qwen2 or Qwen3 checkpoint.
 
   Args:
     m: the model settings (``llama_settings``) and ``vocab_size``.
@@ -267,6 +276,9 @@ def llama_params(m: Tree, take: Callable[..., np.ndarray]) -> Tree:
     )
     if m["attention_options"]["out_bias"]:
       attn["out_bias"] = take(p + "self_attn.o_proj.bias", (d,))
+    if m["attention_options"].get("qk_norm", "none") != "none":
+      for name, n in (("query_norm", "q_norm"), ("key_norm", "k_norm")):
+        attn[name] = {"scale": take(f"{p}self_attn.{n}.weight", (dh,))}
     tree[f"layer_{i}"] = {
         "attention": attn,
         "ln_attn": {"scale": take(p + "input_layernorm.weight", (d,))},
@@ -285,6 +297,7 @@ FAMILIES: dict[str, tuple[Callable[..., Tree], Callable[..., Tree], str]] = {
     "llama": (llama_settings, llama_params, "model."),
     "mistral": (llama_settings, llama_params, "model."),
     "qwen2": (llama_settings, llama_params, "model."),
+    "qwen3": (llama_settings, llama_params, "model."),
 }
 
 

@@ -49,12 +49,22 @@ def llama3_inv_freq(dh, theta, factor, low, high, old_len):
   return np.array(out)
 
 
-def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0):
+def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0, qk_eps=None):
   """Causal GQA in float64: query head h reads kv head h // (H / kv); the
   rotary pairs are features (i, i + dh/2) of a head, turned by t inv[i];
-  with a window query t reads keys t - window + 1 .. t only."""
+  with a window query t reads keys t - window + 1 .. t only; with
+  ``qk_eps`` each head's q and k are RMS-normalised before rotation."""
   x = x.astype(np.float64)
-  p = {k: np.asarray(v, np.float64) for k, v in p.items()}
+  p = {
+      k: np.asarray(v["scale"] if isinstance(v, dict) else v, np.float64)
+      for k, v in p.items()
+  }
+
+  def rms(a, scale):
+    if qk_eps is None:
+      return a
+    return a / np.sqrt((a * a).mean(-1, keepdims=True) + qk_eps) * scale
+
   half, kv = DH // 2, p["key"].shape[1]
   y = np.zeros((B, T, D))
   for b in range(B):
@@ -63,6 +73,7 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0):
       q = x[b] @ p["query"][:, h] + (p["query_bias"][h] if qkv_bias else 0)
       k = x[b] @ p["key"][:, g] + (p["key_bias"][g] if qkv_bias else 0)
       v = x[b] @ p["value"][:, g] + (p["value_bias"][g] if qkv_bias else 0)
+      q, k = rms(q, p.get("query_norm")), rms(k, p.get("key_norm"))
       if inv_freq is not None:
         for a in (q, k):
           for t in range(T):
@@ -93,6 +104,13 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0):
         ),
         dict(num_kv_heads=H, qkv_bias=True, out_bias=True),
         dict(num_kv_heads=KV, rope_theta=10000.0, sliding_window=2),
+        dict(
+            num_kv_heads=KV,
+            qkv_bias=True,
+            rope_theta=10000.0,
+            qk_norm="rms",
+            qk_norm_epsilon=1e-5,
+        ),
     ],
 )
 def test_attention_options_match_numpy(options):
@@ -124,6 +142,7 @@ def test_attention_options_match_numpy(options):
       options.get("qkv_bias", False),
       options.get("out_bias", False),
       window=options.get("sliding_window", 0),
+      qk_eps=options.get("qk_norm_epsilon") if "qk_norm" in options else None,
   )
   np.testing.assert_allclose(np.asarray(y), want, atol=2e-5, rtol=2e-5)
 
@@ -237,6 +256,8 @@ def test_learned_positions_and_untied_softmax():
         (dict(family_options=dict(positions="alibi")), "positions must be"),
         (dict(family_options=dict(norm="batch")), "norm must be one of"),
         (dict(family_options=dict(rope=1)), "does not take"),
+        (dict(attention_options=dict(qk_norm="l2")), "qk_norm must be"),
+        (dict(attention_options=dict(sliding_window=-1)), "sliding_window"),
         (
             dict(cutoffs=(4,), family_options=dict(tie_embeddings=False)),
             "set model.cutoffs to",

@@ -49,6 +49,19 @@ def test_llama_and_qwen2_biases():
   qwen = families.llama_settings(dict(hf, model_type="qwen2"))
   assert qwen["attention_options"]["qkv_bias"] is True
   assert qwen["attention_options"]["out_bias"] is False
+  # Qwen3: no biases unless attention_bias (then on the output too); q/k
+  # RMSNorm with the model's epsilon.
+  qwen3 = families.llama_settings(
+      dict(hf, model_type="qwen3", head_dim=16, rms_norm_eps=1e-5)
+  )
+  assert qwen3["attention_options"]["qkv_bias"] is False
+  assert qwen3["attention_options"]["qk_norm"] == "rms"
+  assert qwen3["attention_options"]["qk_norm_epsilon"] == 1e-5
+  assert qwen3["head_dim"] == 16
+  qwen3 = families.llama_settings(
+      dict(hf, model_type="qwen3", attention_bias=True)
+  )
+  assert qwen3["attention_options"]["out_bias"] is True
 
 
 def test_mistral_sliding_window():

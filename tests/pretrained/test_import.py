@@ -2,8 +2,9 @@
 
 The fixtures (tests/fixtures/pretrained/, ``make fixtures``) are tiny
 random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
-(rope scaling), Qwen2 (q/k/v biases) and Mistral (a sliding window of 4
-positions, shorter than the inputs) models saved by Hugging Face's
+(rope scaling), Qwen2 (q/k/v biases), Mistral (a sliding window of 4
+positions, shorter than the inputs) and Qwen3 (q/k RMSNorm, head_dim 16 of
+hidden size 32 and 4 heads) models saved by Hugging Face's
 PyTorch classes, with their tokenizer and their logits on fixed inputs.
 Each is imported (GPT-2 through ``python -m memjax.main``, the others
 through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
@@ -27,7 +28,14 @@ from tests.conftest import REPO
 from tests.conftest import run_main
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
-NAMES = ("gpt2", "llama_gqa", "llama3_scaled", "qwen2", "mistral_window")
+NAMES = (
+    "gpt2",
+    "llama_gqa",
+    "llama3_scaled",
+    "qwen2",
+    "mistral_window",
+    "qwen3",
+)
 CONFIG = "configs/pretrained.py:import"
 
 
@@ -114,6 +122,13 @@ def test_the_export_holds_the_tokenizer_and_the_families_options(imported):
   with open(os.path.join(imported["mistral_window"], "config.json")) as f:
     options = json.load(f)["model"]["attention_options"]
   assert options["sliding_window"] == 4 and options["num_kv_heads"] == 2
+  with open(os.path.join(imported["qwen3"], "config.json")) as f:
+    model = json.load(f)["model"]
+  assert model["attention_options"]["qk_norm"] == "rms"
+  assert model["head_dim"] == 16
+  lm = memjax.load(imported["qwen3"])
+  scale = lm.restored.params["layer_0"]["attention"]["query_norm"]["scale"]
+  assert scale.shape == (16,)
   with open(os.path.join(imported["gpt2"], "vocab.json")) as f:
     assert json.load(f)["kind"] == "tokenizer"
 
