@@ -141,11 +141,14 @@ class VanillaOptions:
     qkv_bias: biases on the query, key and value projections.
     out_bias: a bias on the output projection.
     rope_theta: rotary positions' base; 0 = no rotary positions.
-    rope_scaling_factor: Llama 3 rope scaling's factor; 0 = none.
-    rope_low_freq_factor: its low-frequency factor
+    rope_scaling_factor: rope scaling's factor; 0 = none.
+    rope_low_freq_factor: Llama 3 scaling's low-frequency factor
       (``rotary.inverse_frequencies``).
     rope_high_freq_factor: its high-frequency factor.
     rope_original_max_len: its original context length.
+    rope_scaling_type: the scaling ``rope_scaling_factor`` applies:
+      'llama3' or 'linear' (every speed divided by the factor, i.e. the
+      positions: Hugging Face's rope type 'linear').
     qk_norm: 'none', or the norm of each head's queries and keys over d_h
       before rotary positions: 'rms' (Qwen3's q_norm and k_norm; the
       parameters ``query_norm/scale`` and ``key_norm/scale``).
@@ -162,6 +165,7 @@ class VanillaOptions:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  rope_scaling_type: str = "llama3"
   qk_norm: str = "none"
   qk_norm_epsilon: float = 1e-6
   sliding_window: int = 0
@@ -254,6 +258,7 @@ def core_options(options: Any) -> dict[str, Any]:
         low_freq_factor=options.rope_low_freq_factor,
         high_freq_factor=options.rope_high_freq_factor,
         original_max_len=options.rope_original_max_len,
+        scaling_type=options.rope_scaling_type,
     )
   return {
       "num_kv_heads": int(options.num_kv_heads),

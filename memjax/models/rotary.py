@@ -8,7 +8,10 @@ paper, 500,000 in Llama 3). This is the "rotate half" layout of Hugging
 Face's Llama and Qwen2 (their checkpoints' q/k projections are stored for
 it), not the interleaved pairs of the paper.
 
-Llama 3's rope scaling stretches the long wavelengths for longer contexts:
+Two rope scalings are applied to the speeds (Hugging Face's
+``ROPE_INIT_FUNCTIONS``): 'linear' divides every speed by ``factor``
+(positions divided by it; Gemma 3's global layers), and Llama 3's
+('llama3') stretches the long wavelengths for longer contexts:
 wavelengths past ``original_max_len / low_freq_factor`` are slowed by
 ``factor``, those under ``original_max_len / high_freq_factor`` kept, and
 those between interpolated (Hugging Face's ``_compute_llama3_parameters``).
@@ -29,6 +32,9 @@ from memjax import errors
 
 Array = jax.Array
 
+# The rope scalings (``inverse_frequencies``' ``scaling_type``).
+SCALINGS = ("llama3", "linear")
+
 
 def inverse_frequencies(
     head_dim: int,
@@ -37,20 +43,23 @@ def inverse_frequencies(
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
     original_max_len: int = 8192,
+    scaling_type: str = "llama3",
 ) -> np.ndarray:
-  """[d_h / 2] float64 rotation speeds, Llama-3-scaled if ``scaling_factor``.
+  """[d_h / 2] float64 rotation speeds, scaled if ``scaling_factor``.
 
   Args:
     head_dim: d_h (even).
     theta: the base (``rope_theta``).
-    scaling_factor: Llama 3's ``factor``; 0 = no scaling.
+    scaling_factor: the scaling's ``factor``; 0 = no scaling.
     low_freq_factor, high_freq_factor, original_max_len: Llama 3's
       ``low_freq_factor``, ``high_freq_factor`` and
       ``original_max_position_embeddings``.
+    scaling_type: ``SCALINGS``: 'llama3' or 'linear' (speeds divided by
+      ``scaling_factor``; the other settings unused).
 
   Raises:
-    errors.ConfigError: an odd d_h, a theta <= 0, or scaling factors that
-      do not order the wavelengths.
+    errors.ConfigError: an odd d_h, a theta <= 0, an unknown scaling, or
+      scaling factors that do not order the wavelengths.
   """
   if head_dim % 2 or theta <= 0:
     raise errors.ConfigError(
@@ -60,6 +69,13 @@ def inverse_frequencies(
   inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
   if not scaling_factor:
     return inv
+  if scaling_type not in SCALINGS:
+    raise errors.ConfigError(
+        "model.attention_options.rope_scaling_type must be one of "
+        f"{', '.join(SCALINGS)}, got {scaling_type!r}"
+    )
+  if scaling_type == "linear":
+    return inv / scaling_factor
   if not 0 < low_freq_factor < high_freq_factor or original_max_len <= 0:
     raise errors.ConfigError(
         "model.attention_options: Llama 3 rope scaling needs 0 < "
@@ -101,9 +117,10 @@ class Rope:
 
   Attributes:
     theta: the base (``rope_theta``).
-    scaling_factor: Llama 3's ``factor``; 0 = no scaling.
+    scaling_factor: the scaling's ``factor``; 0 = no scaling.
     low_freq_factor, high_freq_factor, original_max_len: Llama 3's other
       settings.
+    scaling_type: 'llama3' or 'linear' (``SCALINGS``).
   """
 
   theta: float
@@ -111,6 +128,7 @@ class Rope:
   low_freq_factor: float = 1.0
   high_freq_factor: float = 4.0
   original_max_len: int = 8192
+  scaling_type: str = "llama3"
 
   def inverse_frequencies(self, head_dim: int) -> np.ndarray:
     """[d_h / 2] float64 rotation speeds (``inverse_frequencies``)."""
@@ -121,4 +139,5 @@ class Rope:
         self.low_freq_factor,
         self.high_freq_factor,
         self.original_max_len,
+        self.scaling_type,
     )

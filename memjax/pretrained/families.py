@@ -24,7 +24,7 @@ The tensors go into the tree ``decoder_lm`` makes: per layer
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -167,19 +167,41 @@ def gpt2_params(m: Tree, take: Callable[..., np.ndarray]) -> Tree:
 # ----------------------------------------------------------------------------
 
 
-def rope_options(hf: dict[str, Any]) -> Tree:
+# config.json's rope types memjax takes.
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_options(hf: dict[str, Any], rope: Optional[Tree] = None) -> Tree:
   """The attention's rotary options of a config.json: ``rope_parameters``
-  (transformers 5) or ``rope_theta`` and ``rope_scaling`` (earlier)."""
-  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+  (transformers 5) or ``rope_theta`` and ``rope_scaling`` (earlier), or of
+  ``rope`` (one layer type's ``rope_parameters``, Gemma 3's) if given.
+
+  Raises:
+    errors.DataError: a rope type memjax lacks, or a partial rotation.
+  """
+  if rope is None:
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
   theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
   kind = rope.get("rope_type", rope.get("type", "default"))
+  if kind not in ROPE_TYPES:
+    raise errors.DataError(
+        f"config.json's rope type {kind!r} is not supported; memjax takes "
+        f"{', '.join(map(repr, ROPE_TYPES))}"
+    )
+  partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+  if partial not in (None, 1, 1.0):
+    raise errors.DataError(
+        f"config.json's partial_rotary_factor {partial} is not supported; "
+        "memjax rotates every feature of a head (1.0)"
+    )
   out = {"rope_theta": float(theta)}
   if kind == "default":
     return out
-  if kind != "llama3":
-    raise errors.DataError(
-        f"config.json's rope type {kind!r} is not supported; memjax takes "
-        "'default' and 'llama3'"
+  if kind == "linear":
+    return dict(
+        out,
+        rope_scaling_factor=float(rope["factor"]),
+        rope_scaling_type="linear",
     )
   return dict(
       out,

@@ -106,6 +106,12 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0, qk_eps=None):
         dict(num_kv_heads=KV, rope_theta=10000.0, sliding_window=2),
         dict(
             num_kv_heads=KV,
+            rope_theta=10000.0,
+            rope_scaling_factor=4.0,
+            rope_scaling_type="linear",
+        ),
+        dict(
+            num_kv_heads=KV,
             qkv_bias=True,
             rope_theta=10000.0,
             qk_norm="rms",
@@ -126,7 +132,9 @@ def test_attention_options_match_numpy(options):
   p = jax.tree_util.tree_map(np.asarray, flax_unbox(params)["params"])
   assert p["key"].shape == (D, options["num_kv_heads"], DH)
   inv = None
-  if options.get("rope_theta"):
+  if options.get("rope_scaling_type") == "linear":  # Positions / factor.
+    inv = llama3_inv_freq(DH, options["rope_theta"], 0, 1, 4, 1) / 4.0
+  elif options.get("rope_theta"):
     inv = llama3_inv_freq(
         DH,
         options["rope_theta"],
@@ -258,6 +266,16 @@ def test_learned_positions_and_untied_softmax():
         (dict(family_options=dict(rope=1)), "does not take"),
         (dict(attention_options=dict(qk_norm="l2")), "qk_norm must be"),
         (dict(attention_options=dict(sliding_window=-1)), "sliding_window"),
+        (
+            dict(
+                attention_options=dict(
+                    rope_theta=1e4,
+                    rope_scaling_factor=2.0,
+                    rope_scaling_type="yarn",
+                )
+            ),
+            "rope_scaling_type must be one of llama3, linear",
+        ),
         (
             dict(cutoffs=(4,), family_options=dict(tie_embeddings=False)),
             "set model.cutoffs to",

@@ -30,6 +30,25 @@ def test_rope_options_read_both_config_formats():
   assert families.rope_options({"rope_scaling": None, "rope_theta": 1e6}) == {
       "rope_theta": 1e6
   }
+  linear = {"rope_theta": 1e4, "rope_scaling_factor": 8.0}
+  linear["rope_scaling_type"] = "linear"
+  old = {"rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 8}}
+  new = {"rope_parameters": {"rope_type": "linear", "factor": 8.0}}
+  assert families.rope_options(old) == linear
+  assert families.rope_options(new) == linear
+
+
+@pytest.mark.parametrize(
+    "rope, message",
+    [
+        ({"rope_type": "yarn", "factor": 2.0}, "rope type 'yarn' is not"),
+        ({"rope_type": "dynamic", "factor": 2.0}, "'default', 'linear', "),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+    ],
+)
+def test_unsupported_rope_is_one_line(rope, message):
+  with pytest.raises(errors.DataError, match=message):
+    families.rope_options({"rope_parameters": rope})
 
 
 def test_llama_and_qwen2_biases():

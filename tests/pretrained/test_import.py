@@ -4,7 +4,8 @@ The fixtures (tests/fixtures/pretrained/, ``make fixtures``) are tiny
 random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
 (rope scaling), Qwen2 (q/k/v biases), Mistral (a sliding window of 4
 positions, shorter than the inputs) and Qwen3 (q/k RMSNorm, head_dim 16 of
-hidden size 32 and 4 heads) models saved by Hugging Face's
+hidden size 32 and 4 heads) and Llama with linear rope scaling (factor 4)
+models saved by Hugging Face's
 PyTorch classes, with their tokenizer and their logits on fixed inputs.
 Each is imported (GPT-2 through ``python -m memjax.main``, the others
 through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
@@ -35,6 +36,7 @@ NAMES = (
     "qwen2",
     "mistral_window",
     "qwen3",
+    "llama_linear",
 )
 CONFIG = "configs/pretrained.py:import"
 
@@ -129,6 +131,10 @@ def test_the_export_holds_the_tokenizer_and_the_families_options(imported):
   lm = memjax.load(imported["qwen3"])
   scale = lm.restored.params["layer_0"]["attention"]["query_norm"]["scale"]
   assert scale.shape == (16,)
+  with open(os.path.join(imported["llama_linear"], "config.json")) as f:
+    options = json.load(f)["model"]["attention_options"]
+  assert options["rope_scaling_type"] == "linear"
+  assert options["rope_scaling_factor"] == 4.0
   with open(os.path.join(imported["gpt2"], "vocab.json")) as f:
     assert json.load(f)["kind"] == "tokenizer"
 
