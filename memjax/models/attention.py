@@ -150,9 +150,12 @@ class VanillaOptions:
       'llama3' or 'linear' (every speed divided by the factor, i.e. the
       positions: Hugging Face's rope type 'linear').
     qk_norm: 'none', or the norm of each head's queries and keys over d_h
-      before rotary positions: 'rms' (Qwen3's q_norm and k_norm; the
-      parameters ``query_norm/scale`` and ``key_norm/scale``).
+      before rotary positions (``norms.NORMS``): 'rms' (Qwen3's q_norm and
+      k_norm) or 'rms_plus_one' (Gemma 3's); the parameters
+      ``query_norm/scale`` and ``key_norm/scale``.
     qk_norm_epsilon: their epsilon.
+    query_pre_attn_scalar: scores are divided by its square root (Gemma
+      3's ``query_pre_attn_scalar``); 0 = by sqrt(d_h).
     sliding_window: each query attends to the last ``sliding_window``
       positions only, itself included (Mistral's); 0 = every earlier one.
   """
@@ -168,6 +171,7 @@ class VanillaOptions:
   rope_scaling_type: str = "llama3"
   qk_norm: str = "none"
   qk_norm_epsilon: float = 1e-6
+  query_pre_attn_scalar: float = 0.0
   sliding_window: int = 0
 
 
@@ -267,6 +271,7 @@ def core_options(options: Any) -> dict[str, Any]:
       "rope": rope,
       "qk_norm": "" if options.qk_norm == "none" else str(options.qk_norm),
       "qk_norm_epsilon": float(options.qk_norm_epsilon),
+      "query_pre_attn_scalar": float(options.query_pre_attn_scalar),
       "sliding_window": int(options.sliding_window),
   }
 

@@ -103,6 +103,8 @@ class MultiHeadAttention(nn.Module):
       rotary positions (Qwen3's q_norm and k_norm), its scale
       ``query_norm/scale`` and ``key_norm/scale`` [d_h].
     qk_norm_epsilon: those norms' epsilon.
+    query_pre_attn_scalar: the plain scores are divided by its square
+      root (Gemma's); 0 = by sqrt(d_h).
     sliding_window: a causal query reads only the last ``sliding_window``
       positions, itself included (Hugging Face's ``kv_idx > q_idx -
       sliding_window``); 0 = every earlier position.
@@ -125,6 +127,7 @@ class MultiHeadAttention(nn.Module):
   rope: Optional[rotary.Rope] = None
   qk_norm: str = ""
   qk_norm_epsilon: float = 1e-6
+  query_pre_attn_scalar: float = 0.0
   sliding_window: int = 0
   relative: str = ""
   projections: str = "param"
@@ -330,7 +333,8 @@ class MultiHeadAttention(nn.Module):
       past_only: bool = True,
       bias: Optional[Array] = None,
   ) -> Array:
-    """Scaled scores: (q.k + the relative terms) / sqrt(d_h) + bias.
+    """Scaled scores: (q.k + the relative terms) / sqrt(d_h) + bias (q.k
+    / sqrt(``query_pre_attn_scalar``) + bias if that is set).
 
     Args:
       q: [B, Q, H, dh] queries.
@@ -345,7 +349,7 @@ class MultiHeadAttention(nn.Module):
     f32 = jnp.float32
     if not self.relative:  # As the plain paths have always computed it.
       s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(f32)
-      s = s / jnp.sqrt(f32(self.head_dim))
+      s = s / jnp.sqrt(f32(self.query_pre_attn_scalar or self.head_dim))
       return s if bias is None else s + bias
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=f32)
     # The global content bias u . k_j, then the position terms, scaled as

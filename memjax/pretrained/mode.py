@@ -3,8 +3,8 @@
     python -m memjax.main --config=configs/pretrained.py:import \\
         --config.pretrained.path=DIR --workdir=W --mode=import
 
-reads DIR's ``config.json`` (the model's sizes and options:
-``families``), its safetensors checkpoint (``checkpoint``) and
+reads DIR's ``config.json`` (the model's sizes and options: its
+family in ``registry``), its safetensors checkpoint (``checkpoint``) and
 ``tokenizer.json`` (``vocab``), and writes into W an export (export.json,
 config.json, vocab.json, tokenizer.json, params/), which ``memjax.load``,
 ``--mode=eval`` and ``train.init_from`` take as they take any export. The
@@ -28,7 +28,8 @@ from memjax.checkpoints import runfiles
 from memjax.io import console
 from memjax.io import paths
 from memjax.pretrained import checkpoint
-from memjax.pretrained import families
+from memjax.pretrained import hf_config
+from memjax.pretrained import registry
 from memjax.pretrained import sizes
 from memjax.data import tokenizer_vocab as vocab_lib
 from memjax.run import spec
@@ -151,19 +152,20 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   """
   folder = _folder(run)
   hf = _read_json(folder, "config.json")
-  settings_fn, params_fn, prefix = families.family_of(hf)
-  model = settings_fn(hf)
-  vocab_size = int(families.get(hf, "vocab_size"))
+  family = registry.family_of(hf)
+  text = family.text(hf)
+  model = family.settings(text)
+  vocab_size = int(hf_config.get(text, "vocab_size"))
   vocab = vocab_lib.TokenizerVocabulary(
       _read_text(folder, vocab_lib.FILE),
       vocab_size,
-      _special_id(hf.get("bos_token_id")),
-      _special_id(hf.get("eos_token_id")),
+      _special_id(text.get("bos_token_id")),
+      _special_id(text.get("eos_token_id")),
   )
   tensors = checkpoint.read_tensors(folder)
   used: set[str] = set()
-  take = families.taker(tensors, prefix, used)
-  tree = params_fn(dict(model, vocab_size=vocab_size), take)
+  take = registry.taker(tensors, family.prefixes, used)
+  tree = family.params(dict(model, vocab_size=vocab_size), take)
   unused = sorted(set(tensors) - used)
   if unused:
     console.info("import: %d tensors left unused: %s", len(unused), unused[:5])

@@ -49,11 +49,22 @@ def llama3_inv_freq(dh, theta, factor, low, high, old_len):
   return np.array(out)
 
 
-def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0, qk_eps=None):
+def numpy_gqa(
+    p,
+    x,
+    inv_freq,
+    qkv_bias,
+    out_bias,
+    window=0,
+    qk_eps=None,
+    plus_one=False,
+    scalar=DH,
+):
   """Causal GQA in float64: query head h reads kv head h // (H / kv); the
   rotary pairs are features (i, i + dh/2) of a head, turned by t inv[i];
   with a window query t reads keys t - window + 1 .. t only; with
-  ``qk_eps`` each head's q and k are RMS-normalised before rotation."""
+  ``qk_eps`` each head's q and k are RMS-normalised before rotation, by
+  scale or (``plus_one``) 1 + scale; scores are divided by sqrt(scalar)."""
   x = x.astype(np.float64)
   p = {
       k: np.asarray(v["scale"] if isinstance(v, dict) else v, np.float64)
@@ -63,6 +74,7 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0, qk_eps=None):
   def rms(a, scale):
     if qk_eps is None:
       return a
+    scale = 1 + scale if plus_one else scale
     return a / np.sqrt((a * a).mean(-1, keepdims=True) + qk_eps) * scale
 
   half, kv = DH // 2, p["key"].shape[1]
@@ -83,7 +95,7 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0, qk_eps=None):
               a[t, i], a[t, i + half] = u * c - w * s, w * c + u * s
       for t in range(T):
         lo = max(0, t - window + 1) if window else 0
-        sc = q[t] @ k[lo : t + 1].T / math.sqrt(DH)
+        sc = q[t] @ k[lo : t + 1].T / math.sqrt(scalar)
         pr = np.exp(sc - sc.max())
         pr /= pr.sum()
         y[b, t] += (pr @ v[lo : t + 1]) @ p["out"][h]
@@ -116,6 +128,14 @@ def numpy_gqa(p, x, inv_freq, qkv_bias, out_bias, window=0, qk_eps=None):
             rope_theta=10000.0,
             qk_norm="rms",
             qk_norm_epsilon=1e-5,
+        ),
+        dict(  # Gemma 3's.
+            num_kv_heads=KV,
+            rope_theta=10000.0,
+            qk_norm="rms_plus_one",
+            qk_norm_epsilon=1e-6,
+            query_pre_attn_scalar=24.0,
+            sliding_window=3,
         ),
     ],
 )
@@ -151,6 +171,8 @@ def test_attention_options_match_numpy(options):
       options.get("out_bias", False),
       window=options.get("sliding_window", 0),
       qk_eps=options.get("qk_norm_epsilon") if "qk_norm" in options else None,
+      plus_one=options.get("qk_norm") == "rms_plus_one",
+      scalar=options.get("query_pre_attn_scalar", DH),
   )
   np.testing.assert_allclose(np.asarray(y), want, atol=2e-5, rtol=2e-5)
 
@@ -194,6 +216,20 @@ def test_rms_norm_matches_numpy():
   np.testing.assert_allclose(np.asarray(y), want, atol=1e-5, rtol=1e-5)
   with pytest.raises(errors.ConfigError, match="norm must be one of"):
     norms.make_norm("batch", "n", jnp.float32)
+
+
+def test_rms_plus_one_norm_is_gemmas():
+  x = normal(2, (B, T, D))
+  norm = norms.make_norm("rms_plus_one", "n", jnp.float32, 1e-6, axis="kv")
+  params = norm.init(jax.random.PRNGKey(0), x)
+  # It starts as a plain RMSNorm: its scale is 0, the factor 1 + 0.
+  assert not np.any(np.asarray(flax_unbox(params)["params"]["scale"]))
+  params = random_like(params, 3)
+  y = norm.apply(params, jnp.asarray(x))
+  scale = np.asarray(flax_unbox(params)["params"]["scale"], np.float64)
+  x64 = x.astype(np.float64)
+  want = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * (1 + scale)
+  np.testing.assert_allclose(np.asarray(y), want, atol=1e-5, rtol=1e-5)
 
 
 def test_gated_feed_forward_is_swiglu_without_biases():
@@ -256,6 +292,73 @@ def test_learned_positions_and_untied_softmax():
   logits = h.astype(np.float64) @ np.asarray(p["embedder"]["output"]).T
   want = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   np.testing.assert_allclose(np.asarray(lp), want, atol=1e-5)
+
+
+def gemma_like(local_layers, **changes):
+  return transformer.decoder_lm(
+      model_settings(
+          num_layers=3,
+          feed_forward="glu",
+          activation="gelu_tanh",
+          attention_options={"rope_theta": 10000.0, "num_kv_heads": KV},
+          family_options=dict(
+              positions="none",
+              norm="rms_plus_one",
+              post_norms=True,
+              local_layers=local_layers,
+              local_attention_options={"sliding_window": 2, "rope_theta": 1e2},
+          ),
+          **changes,
+      ),
+      vocab_size=11,
+      parts=catalog.parts(),
+  )
+
+
+def test_post_norms_and_local_layers():
+  # 1-based layers, -1 the last: layers 0 and 2 (0-based) are local.
+  model = gemma_like([1, -1])
+  assert model.attention_options_at(0) == {
+      "rope_theta": 1e2,
+      "num_kv_heads": KV,
+      "sliding_window": 2,
+  }
+  assert model.attention_options_at(1) == {
+      "rope_theta": 10000.0,
+      "num_kv_heads": KV,
+  }
+  ids = np.array([[1, 4, 9, 2, 0, 3]], np.int32)
+  params = model.init(jax.random.PRNGKey(0), ids)
+  p = flax_unbox(params)["params"]
+  assert sorted(p["layer_0"]) == [
+      "attention",
+      "ffn",
+      "ln_attn",
+      "ln_attn_post",
+      "ln_ffn",
+      "ln_ffn_post",
+  ]
+  # The local options change what layers 0 and 2 compute: the same
+  # parameters with every layer global give the same first position (no
+  # rotation, no key outside the window) and others after it.
+  params = random_like(params, 4)
+  h = model.apply(params, ids, method=model.hidden_states)[0]
+  h_global = gemma_like([]).apply(params, ids, method=model.hidden_states)[0]
+  np.testing.assert_allclose(h[:, :1], h_global[:, :1], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(h[:, 1:], h_global[:, 1:], atol=1e-3)
+  # Scanned, only consecutive layers alike share a run.
+  names = lambda m: [r.name for r in m.layer_runs()]
+  assert names(gemma_like([1, 3], scan_layers=True)) == [
+      "layer_0",
+      "layer_1",
+      "layer_2",
+  ]
+  assert names(gemma_like([2, 3], scan_layers=True)) == [
+      "layer_0",
+      "layer_1_to_2",
+  ]
+  with pytest.raises(errors.ConfigError, match=r"local_layers \[4, 0\]"):
+    gemma_like([4, 0]).init(jax.random.PRNGKey(0), ids)
 
 
 @pytest.mark.parametrize(

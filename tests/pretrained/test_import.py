@@ -37,6 +37,8 @@ NAMES = (
     "mistral_window",
     "qwen3",
     "llama_linear",
+    "gemma3_text",
+    "gemma3",
 )
 CONFIG = "configs/pretrained.py:import"
 
