@@ -12,7 +12,9 @@ the decoder LM's parts (``docs/pretrained.md`` has the table):
   (``rope_theta``, Llama 3's or linear rope scaling), RMSNorm, SwiGLU, grouped-query
   attention, tied or untied embeddings; q/k/v biases (Qwen2, or Llama's
   and Qwen3's ``attention_bias``, which biases the output projection
-  too); Mistral's sliding window (``attention_options.sliding_window``);
+  too); Mistral's sliding window (``attention_options.sliding_window``),
+  and Qwen's on the layers from ``max_window_layers`` on
+  (``family_options.local_layers``);
   Qwen3's RMSNorm of each head's queries and keys
   (``attention_options.qk_norm``: ``query_norm``, ``key_norm`` [d_h]).
 
@@ -128,12 +130,8 @@ def gpt2_params(m: Tree, take: Callable[..., np.ndarray]) -> Tree:
 def llama_settings(hf: dict[str, Any]) -> Tree:
   """``config.model`` of a Llama, Mistral, Qwen2 or Qwen3 config.json."""
   kind = hf.get("model_type")
-  if hf.get("mlp_bias") or (
-      kind in ("qwen2", "qwen3") and hf.get("use_sliding_window")
-  ):
-    raise errors.DataError(
-        "config.json sets mlp_bias or use_sliding_window, which memjax lacks"
-    )
+  if hf.get("mlp_bias"):
+    raise errors.DataError("config.json sets mlp_bias, which memjax lacks")
   d, heads = int(hf_config.get(hf, "hidden_size")), int(
       hf_config.get(hf, "num_attention_heads")
   )
@@ -163,6 +161,7 @@ def llama_settings(hf: dict[str, Any]) -> Tree:
           "positions": "none",
           "norm": "rms",
           "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+          **_qwen_window(hf),
       },
   )
 
@@ -173,6 +172,29 @@ def _window(hf: dict[str, Any]) -> Tree:
   if hf.get("model_type") != "mistral" or not hf.get("sliding_window"):
     return {}
   return {"sliding_window": int(hf["sliding_window"])}
+
+
+def _qwen_window(hf: dict[str, Any]) -> Tree:
+  """Qwen2's and Qwen3's ``use_sliding_window`` as family options: the
+  layers ``layer_types`` marks 'sliding_attention' (by default those from
+  ``max_window_layers`` on, 0-based) attend to the last ``sliding_window``
+  positions; nothing without it."""
+  if hf.get("model_type") not in ("qwen2", "qwen3"):
+    return {}
+  if not (hf.get("use_sliding_window") and hf.get("sliding_window")):
+    return {}
+  n = int(hf_config.get(hf, "num_hidden_layers"))
+  start = int(hf_config.get(hf, "max_window_layers", n))
+  types = hf.get("layer_types") or [
+      "sliding_attention" if i >= start else "full_attention" for i in range(n)
+  ]
+  local = [i + 1 for i, t in enumerate(types) if t == "sliding_attention"]
+  if not local:
+    return {}
+  return {
+      "local_layers": local,
+      "local_attention_options": {"sliding_window": int(hf["sliding_window"])},
+  }
 
 
 def attention_params(m: Tree, take: Callable[..., np.ndarray], p: str) -> Tree:

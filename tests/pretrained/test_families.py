@@ -55,6 +55,29 @@ def test_mistral_sliding_window():
   assert "sliding_window" not in got["attention_options"]
 
 
+def test_qwen_sliding_window_from_max_window_layers():
+  hf = dict(
+      model_type="qwen3",
+      hidden_size=32,
+      num_attention_heads=4,
+      num_hidden_layers=4,
+      intermediate_size=48,
+      use_sliding_window=True,
+      sliding_window=8,
+      max_window_layers=2,
+  )
+  family = families.llama_settings(hf)["family_options"]
+  # Layers 3 and 4 (1-based): from 0-based max_window_layers on.
+  assert family["local_layers"] == [3, 4]
+  assert family["local_attention_options"] == {"sliding_window": 8}
+  # Without use_sliding_window, every layer attends to every position.
+  family = families.llama_settings(dict(hf, use_sliding_window=False))
+  assert "local_layers" not in family["family_options"]
+  types = ["sliding_attention", "full_attention"] * 2
+  family = families.llama_settings(dict(hf, layer_types=types))
+  assert family["family_options"]["local_layers"] == [1, 3]
+
+
 def test_unsupported_settings_are_named():
   with pytest.raises(errors.DataError, match="activation 'quick_gelu'"):
     families.gpt2_settings(

@@ -4,8 +4,9 @@ The fixtures (tests/fixtures/pretrained/, ``make fixtures``) are tiny
 random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
 (rope scaling), Qwen2 (q/k/v biases), Mistral (a sliding window of 4
 positions, shorter than the inputs) and Qwen3 (q/k RMSNorm, head_dim 16 of
-hidden size 32 and 4 heads) and Llama with linear rope scaling (factor 4)
-models saved by Hugging Face's
+hidden size 32 and 4 heads) Llama with linear rope scaling (factor 4), Gemma 3 (both model
+types: a local and a global layer) and Qwen2 with a sliding window on its
+second layer (``max_window_layers``) models saved by Hugging Face's
 PyTorch classes, with their tokenizer and their logits on fixed inputs.
 Each is imported (GPT-2 through ``python -m memjax.main``, the others
 through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
@@ -39,6 +40,7 @@ NAMES = (
     "llama_linear",
     "gemma3_text",
     "gemma3",
+    "qwen2_window",
 )
 CONFIG = "configs/pretrained.py:import"
 
