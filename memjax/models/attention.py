@@ -147,8 +147,13 @@ class VanillaOptions:
     rope_high_freq_factor: its high-frequency factor.
     rope_original_max_len: its original context length.
     rope_scaling_type: the scaling ``rope_scaling_factor`` applies:
-      'llama3' or 'linear' (every speed divided by the factor, i.e. the
-      positions: Hugging Face's rope type 'linear').
+      'llama3', 'linear' (every speed divided by the factor, i.e. the
+      positions: Hugging Face's rope type 'linear') or 'yarn'
+      (``rotary.yarn``, over ``rope_original_max_len`` positions).
+    rope_beta_fast, rope_beta_slow, rope_truncate: YaRN's ``beta_fast``,
+      ``beta_slow`` and ``truncate``.
+    rope_attention_factor: the rotary tables' factor (YaRN's
+      ``attention_factor``; the queries and keys are scaled by it).
     qk_norm: 'none', or the norm of each head's queries and keys over d_h
       before rotary positions (``norms.NORMS``): 'rms' (Qwen3's q_norm and
       k_norm) or 'rms_plus_one' (Gemma 3's); the parameters
@@ -169,6 +174,10 @@ class VanillaOptions:
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
   rope_scaling_type: str = "llama3"
+  rope_beta_fast: float = 32.0
+  rope_beta_slow: float = 1.0
+  rope_truncate: bool = True
+  rope_attention_factor: float = 1.0
   qk_norm: str = "none"
   qk_norm_epsilon: float = 1e-6
   query_pre_attn_scalar: float = 0.0
@@ -263,6 +272,10 @@ def core_options(options: Any) -> dict[str, Any]:
         high_freq_factor=options.rope_high_freq_factor,
         original_max_len=options.rope_original_max_len,
         scaling_type=options.rope_scaling_type,
+        beta_fast=options.rope_beta_fast,
+        beta_slow=options.rope_beta_slow,
+        truncate=bool(options.rope_truncate),
+        attention_factor=options.rope_attention_factor,
     )
   return {
       "num_kv_heads": int(options.num_kv_heads),

@@ -261,7 +261,7 @@ class MultiHeadAttention(nn.Module):
     if self.rope is None:
       return q, k
     inv = self.rope.inverse_frequencies(self.head_dim)
-    cos, sin = rotary.tables(q.shape[1], inv)
+    cos, sin = rotary.tables(q.shape[1], inv, self.rope.attention_factor)
     return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
 
   def output(self, c: Array) -> Array:

@@ -9,14 +9,14 @@ the decoder LM's parts (``docs/pretrained.md`` has the table):
   everywhere, tied embeddings. Its Conv1D weights are stored [in, out],
   the transpose of ``nn.Linear``'s [out, in].
 * ``llama``, ``mistral``, ``qwen2`` and ``qwen3``: rotary positions
-  (``rope_theta``, Llama 3's or linear rope scaling), RMSNorm, SwiGLU, grouped-query
-  attention, tied or untied embeddings; q/k/v biases (Qwen2, or Llama's
-  and Qwen3's ``attention_bias``, which biases the output projection
-  too); Mistral's sliding window (``attention_options.sliding_window``),
-  and Qwen's on the layers from ``max_window_layers`` on
-  (``family_options.local_layers``);
-  Qwen3's RMSNorm of each head's queries and keys
-  (``attention_options.qk_norm``: ``query_norm``, ``key_norm`` [d_h]).
+  (``rope_theta``; Llama 3's, linear or YaRN rope scaling), RMSNorm,
+  SwiGLU, grouped-query attention, tied or untied embeddings; q/k/v
+  biases (Qwen2, or Llama's and Qwen3's ``attention_bias``, which biases
+  the output projection too); Mistral's sliding window
+  (``attention_options.sliding_window``), and Qwen's on the layers from
+  ``max_window_layers`` on (``family_options.local_layers``); Qwen3's
+  RMSNorm of each head's queries and keys (``attention_options.qk_norm``:
+  ``query_norm``, ``key_norm`` [d_h]).
 
 The tensors go into the tree ``decoder_lm`` makes: per layer
 ``layer_<i>/attention/{query,key,value}`` [D, H, d_h] (+ ``*_bias``

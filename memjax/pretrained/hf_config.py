@@ -6,6 +6,7 @@ of its formats (``rope_parameters``, transformers 5; ``rope_theta`` and
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from memjax import errors
@@ -67,7 +68,7 @@ def base(layers: int, d: int, heads: int) -> Tree:
 
 
 # config.json's rope types memjax takes.
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_options(hf: dict[str, Any], rope: Optional[Tree] = None) -> Tree:
@@ -99,13 +100,51 @@ def rope_options(hf: dict[str, Any], rope: Optional[Tree] = None) -> Tree:
   if kind == "linear":
     return dict(
         out,
-        rope_scaling_factor=float(rope["factor"]),
+        rope_scaling_factor=float(get(rope, "factor")),
         rope_scaling_type="linear",
     )
+  if kind == "yarn":
+    return dict(out, **_yarn(hf, rope))
   return dict(
       out,
-      rope_scaling_factor=float(rope["factor"]),
+      rope_scaling_factor=float(get(rope, "factor")),
       rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
       rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-      rope_original_max_len=int(rope["original_max_position_embeddings"]),
+      rope_original_max_len=int(get(rope, "original_max_position_embeddings")),
   )
+
+
+def _mscale(factor: float, mscale: float = 1.0) -> float:
+  """YaRN's attention-factor term (Hugging Face's ``get_mscale``)."""
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(hf: dict[str, Any], rope: Tree) -> Tree:
+  """YaRN's options, read as Hugging Face's ``_compute_yarn_parameters``
+  and ``standardize_rope_params`` read them: the original length from the
+  top level, the rope settings or ``max_position_embeddings``; a missing
+  factor their ratio; a missing attention factor from ``mscale``."""
+  original = int(
+      hf.get("original_max_position_embeddings")
+      or rope.get("original_max_position_embeddings")
+      or get(hf, "max_position_embeddings")
+  )
+  factor = rope.get("factor")
+  if factor is None:
+    factor = get(hf, "max_position_embeddings") / original
+  attention = rope.get("attention_factor")
+  if attention is None:
+    mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
+    if mscale and mscale_all:
+      attention = _mscale(factor, mscale) / _mscale(factor, mscale_all)
+    else:
+      attention = _mscale(factor)
+  return {
+      "rope_scaling_factor": float(factor),
+      "rope_scaling_type": "yarn",
+      "rope_original_max_len": original,
+      "rope_beta_fast": float(rope.get("beta_fast") or 32),
+      "rope_beta_slow": float(rope.get("beta_slow") or 1),
+      "rope_truncate": bool(rope.get("truncate", True)),
+      "rope_attention_factor": float(attention),
+  }

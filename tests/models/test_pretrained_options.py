@@ -194,6 +194,23 @@ def test_llama3_scaling_changes_the_long_wavelengths_only():
   assert plain[1] / 8.0 < scaled[1] < plain[1]  # Interpolated.
 
 
+def test_yarn_speeds_and_tables():
+  from memjax.models import rotary  # pylint: disable=g-import-not-at-top
+
+  # d_h 8, base 10,000, factor 4, an original 2,048 positions: the pair
+  # turning beta_fast (32) times over them is 1.008, the one turning
+  # beta_slow (1) time 2.51, so the ramp runs from pair 1 to pair 3: pairs
+  # 0 and 1 kept, pair 2 half way (0.01 -> 0.00625), pair 3 slowed 4 times
+  # (as Hugging Face's _compute_yarn_parameters gives them).
+  got = rotary.inverse_frequencies(
+      8, 1e4, 4.0, original_max_len=2048, scaling_type="yarn"
+  )
+  np.testing.assert_allclose(got, [1.0, 0.1, 0.00625, 0.00025], rtol=1e-12)
+  cos, sin = rotary.tables(3, got, 1.5)
+  assert cos[0, 0] == 1.5 and sin[0, 0] == 0.0
+  np.testing.assert_allclose(sin[2, 1], 1.5 * math.sin(0.2), rtol=1e-6)
+
+
 def test_kv_heads_must_divide_the_heads():
   layer = attention.CausalSelfAttention(
       d_model=D,
@@ -374,10 +391,10 @@ def test_post_norms_and_local_layers():
                 attention_options=dict(
                     rope_theta=1e4,
                     rope_scaling_factor=2.0,
-                    rope_scaling_type="yarn",
+                    rope_scaling_type="ntk",
                 )
             ),
-            "rope_scaling_type must be one of llama3, linear",
+            "rope_scaling_type must be one of llama3, linear, yarn",
         ),
         (
             dict(cutoffs=(4,), family_options=dict(tie_embeddings=False)),

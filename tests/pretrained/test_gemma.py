@@ -136,7 +136,7 @@ def test_the_hubs_defaults_and_pattern():
         (dict(attn_logit_softcapping=50.0), "sets attn_logit_softcapping"),
         (dict(use_bidirectional_attention=True), "use_bidirectional"),
         (dict(layer_types=["full_attention"]), "layer_types must give each"),
-        (dict(rope_scaling={"rope_type": "yarn", "factor": 8}), "'yarn'"),
+        (dict(rope_scaling={"rope_type": "dynamic", "factor": 8}), "'dynamic'"),
     ],
 )
 def test_what_memjax_lacks_is_one_line(change, message):

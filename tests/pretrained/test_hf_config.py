@@ -1,5 +1,7 @@
 """memjax.pretrained.hf_config: reading a config.json."""
 
+import math
+
 import pytest
 
 from memjax import errors
@@ -38,12 +40,44 @@ def test_rope_options_read_both_config_formats():
   assert hf_config.rope_options(new) == linear
 
 
+def test_yarn_as_hugging_face_reads_it():
+  rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}
+  hf = {"max_position_embeddings": 8192}
+  want = {
+      "rope_theta": 1e4,
+      "rope_scaling_factor": 4.0,
+      "rope_scaling_type": "yarn",
+      # No original length: max_position_embeddings.
+      "rope_original_max_len": 8192,
+      "rope_beta_fast": 32.0,
+      "rope_beta_slow": 1.0,
+      "rope_truncate": True,
+      # 0.1 ln(4) + 1.
+      "rope_attention_factor": 1.1386294361119890,
+  }
+  got = hf_config.rope_options(dict(hf, rope_parameters=rope))
+  factor = got.pop("rope_attention_factor")
+  assert factor == pytest.approx(want.pop("rope_attention_factor"), rel=1e-15)
+  assert got == want
+  rope.update(original_max_position_embeddings=2048, beta_fast=16)
+  got = hf_config.rope_options(dict(hf, rope_parameters=rope))
+  assert got["rope_original_max_len"] == 2048
+  assert got["rope_beta_fast"] == 16.0
+  # The factor left out: the lengths' ratio; mscale / mscale_all_dim.
+  rope = dict(rope, factor=None, mscale=2.0, mscale_all_dim=1.0)
+  got = hf_config.rope_options(dict(hf, rope_parameters=rope))
+  assert got["rope_scaling_factor"] == 4.0
+  ratio = (0.2 * math.log(4) + 1) / (0.1 * math.log(4) + 1)
+  assert got["rope_attention_factor"] == pytest.approx(ratio, rel=1e-15)
+
+
 @pytest.mark.parametrize(
     "rope, message",
     [
-        ({"rope_type": "yarn", "factor": 2.0}, "rope type 'yarn' is not"),
-        ({"rope_type": "dynamic", "factor": 2.0}, "'default', 'linear', "),
+        ({"rope_type": "longrope", "factor": 2.0}, "type 'longrope' is not"),
+        ({"rope_type": "dynamic", "factor": 2.0}, "'linear', 'llama3', 'yarn'"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+        ({"rope_type": "linear"}, "config.json has no factor"),
     ],
 )
 def test_unsupported_rope_is_one_line(rope, message):

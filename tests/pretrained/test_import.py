@@ -6,7 +6,7 @@ random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
 positions, shorter than the inputs) and Qwen3 (q/k RMSNorm, head_dim 16 of
 hidden size 32 and 4 heads) Llama with linear rope scaling (factor 4), Gemma 3 (both model
 types: a local and a global layer) and Qwen2 with a sliding window on its
-second layer (``max_window_layers``) models saved by Hugging Face's
+second layer (``max_window_layers``) and Llama with YaRN models saved by Hugging Face's
 PyTorch classes, with their tokenizer and their logits on fixed inputs.
 Each is imported (GPT-2 through ``python -m memjax.main``, the others
 through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
@@ -41,6 +41,7 @@ NAMES = (
     "gemma3_text",
     "gemma3",
     "qwen2_window",
+    "llama_yarn",
 )
 CONFIG = "configs/pretrained.py:import"
 
@@ -188,7 +189,7 @@ def _drop_tensor(folder, name):
         ("model_type", "model_type 'bert' is not supported"),
         ("missing tensor", "no tensor transformer.h.1.ln_2.bias"),
         ("shape", "wte.weight has shape (64, 32) but config.json makes it"),
-        ("rope type", "rope type 'yarn' is not supported"),
+        ("rope type", "rope type 'dynamic' is not supported"),
         ("no path", "needs --config.pretrained.path=DIR"),
         ("no safetensors", "has no model.safetensors"),
         ("no tokenizer", "has no tokenizer.json"),
@@ -205,7 +206,9 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
   elif case == "shape":
     _edit_config(folder, vocab_size=80)
   elif case == "rope type":
-    _edit_config(folder, rope_parameters={"rope_type": "yarn", "factor": 2.0})
+    _edit_config(
+        folder, rope_parameters={"rope_type": "dynamic", "factor": 2.0}
+    )
   elif case == "no safetensors":
     os.remove(folder / "model.safetensors")
   elif case == "no tokenizer":
