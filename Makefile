@@ -127,17 +127,38 @@ accelerator-check: ## ~5 min: a lent GPU/TPU measured beside --mode=plan (docs/p
 	PYTHONPATH=.$(if $(ACCEL_PATH),:$(ACCEL_PATH)) $(ACCEL_PYTHON) benchmarks/accelerator_check.py $(ACCEL_ARGS)
 
 # The pretrained-model fixtures (tests/fixtures/pretrained/): tiny random
-# GPT-2, Llama and Qwen2 models built by Hugging Face's PyTorch classes, with
-# their outputs, the oracle of memjax's import. Its own virtual environment,
-# outside the locks (the suite needs neither package): CPU torch from
-# PyTorch's index, since the PyPI torch wheel brings several GB of CUDA wheels.
+# GPT-2, Llama, Mistral, Qwen2, Qwen3 and Gemma 3 models built by Hugging
+# Face's PyTorch classes, with their outputs, the oracle of memjax's import;
+# CASES="qwen3 gemma3" rebuilds those folders only (the others are left as
+# they are). Its own virtual environment, outside the locks (the suite needs
+# neither package), with CPU torch, since the PyPI torch wheel brings
+# several GB of CUDA wheels: from PyTorch's CPU index where it can be
+# reached; else the newest '+cpu' build the configured indexes and
+# find-links hold (`pip index versions torch`); else, with a warning, plain
+# `torch` from the configured indexes (CUDA's wheels with it). It prints
+# the torch it installed (a '+cpu' version is a CPU build).
 FIXTURES_VENV ?= .venv-fixtures
-fixtures: ## minutes not recorded (downloads): rebuild tests/fixtures/pretrained/ with transformers and CPU torch
+FIXTURES_PIP = $(FIXTURES_VENV)/bin/python -m pip
+CASES ?=
+fixtures: ## minutes not recorded (downloads): rebuild tests/fixtures/pretrained/ (CASES=... only those) with transformers and CPU torch
 	test -x $(FIXTURES_VENV)/bin/python || $(PYTHON) -m venv $(FIXTURES_VENV)
-	$(FIXTURES_VENV)/bin/python -m pip install -q --upgrade pip
-	$(FIXTURES_VENV)/bin/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-	$(FIXTURES_VENV)/bin/python -m pip install -q transformers tokenizers safetensors numpy
-	$(FIXTURES_VENV)/bin/python tests/fixtures/pretrained/make_hf_fixtures.py
+	$(FIXTURES_PIP) install -q --upgrade pip
+	if $(FIXTURES_PIP) install -q --timeout 20 --retries 1 torch \
+	    --index-url https://download.pytorch.org/whl/cpu; then :; \
+	else \
+	  v=$$($(FIXTURES_PIP) index versions torch 2>/dev/null \
+	    | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' \
+	    | grep '+cpu$$' | head -1); \
+	  if [ -n "$$v" ]; then \
+	    echo "fixtures: PyTorch's index unreachable; torch $$v from the configured indexes"; \
+	  else \
+	    echo "fixtures: warning: no +cpu torch build found; plain torch from the configured indexes (with CUDA's wheels)"; \
+	  fi; \
+	  $(FIXTURES_PIP) install -q "torch$${v:+==$$v}"; \
+	fi
+	$(FIXTURES_PIP) show torch | sed -n 's/^Version: /fixtures: torch /p'
+	$(FIXTURES_PIP) install -q transformers tokenizers safetensors numpy
+	$(FIXTURES_VENV)/bin/python tests/fixtures/pretrained/make_hf_fixtures.py tests/fixtures/pretrained $(CASES)
 
 clean-venv: ## seconds: remove the virtual environment
 	rm -rf $(VENV)

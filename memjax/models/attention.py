@@ -18,8 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from memjax import errors
 from memjax import extend
 from memjax.models import multihead
+from memjax.models import norms
 from memjax.models import rotary
 
 Array = jax.Array
@@ -139,11 +141,28 @@ class VanillaOptions:
     qkv_bias: biases on the query, key and value projections.
     out_bias: a bias on the output projection.
     rope_theta: rotary positions' base; 0 = no rotary positions.
-    rope_scaling_factor: Llama 3 rope scaling's factor; 0 = none.
-    rope_low_freq_factor: its low-frequency factor
+    rope_scaling_factor: rope scaling's factor; 0 = none.
+    rope_low_freq_factor: Llama 3 scaling's low-frequency factor
       (``rotary.inverse_frequencies``).
     rope_high_freq_factor: its high-frequency factor.
     rope_original_max_len: its original context length.
+    rope_scaling_type: the scaling ``rope_scaling_factor`` applies:
+      'llama3', 'linear' (every speed divided by the factor, i.e. the
+      positions: Hugging Face's rope type 'linear') or 'yarn'
+      (``rotary.yarn``, over ``rope_original_max_len`` positions).
+    rope_beta_fast, rope_beta_slow, rope_truncate: YaRN's ``beta_fast``,
+      ``beta_slow`` and ``truncate``.
+    rope_attention_factor: the rotary tables' factor (YaRN's
+      ``attention_factor``; the queries and keys are scaled by it).
+    qk_norm: 'none', or the norm of each head's queries and keys over d_h
+      before rotary positions (``norms.NORMS``): 'rms' (Qwen3's q_norm and
+      k_norm) or 'rms_plus_one' (Gemma 3's); the parameters
+      ``query_norm/scale`` and ``key_norm/scale``.
+    qk_norm_epsilon: their epsilon.
+    query_pre_attn_scalar: scores are divided by its square root (Gemma
+      3's ``query_pre_attn_scalar``); 0 = by sqrt(d_h).
+    sliding_window: each query attends to the last ``sliding_window``
+      positions only, itself included (Mistral's); 0 = every earlier one.
   """
 
   num_kv_heads: int = 0
@@ -154,6 +173,15 @@ class VanillaOptions:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  rope_scaling_type: str = "llama3"
+  rope_beta_fast: float = 32.0
+  rope_beta_slow: float = 1.0
+  rope_truncate: bool = True
+  rope_attention_factor: float = 1.0
+  qk_norm: str = "none"
+  qk_norm_epsilon: float = 1e-6
+  query_pre_attn_scalar: float = 0.0
+  sliding_window: int = 0
 
 
 class CausalSelfAttention(AttentionKind):
@@ -225,6 +253,16 @@ def core_options(options: Any) -> dict[str, Any]:
         options,
         "model.attention_options of attention kind 'vanilla'",
     )
+  if options.sliding_window < 0:
+    raise errors.ConfigError(
+        "model.attention_options.sliding_window must be >= 0 (0 = none), got "
+        f"{options.sliding_window}"
+    )
+  if options.qk_norm != "none" and options.qk_norm not in norms.NORMS:
+    raise errors.ConfigError(
+        "model.attention_options.qk_norm must be 'none' or one of "
+        f"{', '.join(norms.NORMS)}, got {options.qk_norm!r}"
+    )
   rope = None
   if options.rope_theta:
     rope = rotary.Rope(
@@ -233,12 +271,21 @@ def core_options(options: Any) -> dict[str, Any]:
         low_freq_factor=options.rope_low_freq_factor,
         high_freq_factor=options.rope_high_freq_factor,
         original_max_len=options.rope_original_max_len,
+        scaling_type=options.rope_scaling_type,
+        beta_fast=options.rope_beta_fast,
+        beta_slow=options.rope_beta_slow,
+        truncate=bool(options.rope_truncate),
+        attention_factor=options.rope_attention_factor,
     )
   return {
       "num_kv_heads": int(options.num_kv_heads),
       "qkv_bias": bool(options.qkv_bias),
       "out_bias": bool(options.out_bias),
       "rope": rope,
+      "qk_norm": "" if options.qk_norm == "none" else str(options.qk_norm),
+      "qk_norm_epsilon": float(options.qk_norm_epsilon),
+      "query_pre_attn_scalar": float(options.query_pre_attn_scalar),
+      "sliding_window": int(options.sliding_window),
   }
 
 

@@ -13,11 +13,12 @@ feed-forward sub-layers).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
 
+from memjax import errors
 from memjax import extend
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
@@ -43,12 +44,22 @@ class BlockStack(nn.Module):
       dropouts, attention and feed-forward kinds and their options,
       LayerNorm placement, ``max_len``, remat and scan settings, the
       vocabulary size and the compute dtype).
-    norm_kind: 'layer' (LayerNorm) or 'rms' (RMSNorm), every norm's (a
-      family option).
+    norm_kind: 'layer' (LayerNorm), 'rms' (RMSNorm) or 'rms_plus_one'
+      (``norms.NORMS``), every norm's (a family option).
+    post_norms: each block also normalises its sub-layers' outputs
+      (``blocks.ResidualBlock``; a family option).
+    local_layers: 1-based layers (negative: counted from the end, -1 the
+      last) whose self-attention takes ``local_attention_options`` over
+      ``cfg.attention_options`` (a family option): Gemma 3's local
+      layers, with their own sliding window and rotary base.
+    local_attention_options: those layers' attention options that differ.
   """
 
   cfg: model_config.ModelConfig
   norm_kind: str = "layer"
+  post_norms: bool = False
+  local_layers: Sequence[int] = ()
+  local_attention_options: Optional[Mapping[str, Any]] = None
 
   def with_settings(self, **changes: Any) -> "BlockStack":
     """An unbound copy whose ``cfg`` has ``changes`` (``mem_len=128``)."""
@@ -167,6 +178,29 @@ class BlockStack(nn.Module):
         **self.attention_settings(),
     )
 
+  def local_layer_indices(self) -> frozenset[int]:
+    """The 0-based layers of ``local_layers``.
+
+    Raises:
+      errors.ConfigError: a layer outside the stack.
+    """
+    n = self.cfg.num_layers
+    bad = [i for i in self.local_layers if not (-n <= i <= n and i)]
+    if bad:
+      raise errors.ConfigError(
+          f"model.family_options.local_layers {bad} must lie in 1..{n} or "
+          f"-{n}..-1"
+      )
+    return frozenset(i - 1 if i > 0 else n + i for i in self.local_layers)
+
+  def attention_options_at(self, layer: int) -> dict[str, Any]:
+    """The self-attention options of the 0-based ``layer``: the model's,
+    updated by ``local_attention_options`` at a local layer."""
+    options = dict(self.cfg.attention_options or {})
+    if layer in self.local_layer_indices():
+      options.update(self.local_attention_options or {})
+    return options
+
   def feed_forward_sublayer(self, layer: int) -> blocks.Sublayer:
     """The feed-forward of the 0-based ``layer``: the model's kind at its
     ``feed_forward_layers``, else the plain one with the options it takes.
@@ -249,6 +283,7 @@ class BlockStack(nn.Module):
         norm_position=self.cfg.norm_position,
         norm_kind=self.norm_kind,
         norm_epsilon=self.cfg.norm_epsilon,
+        post_norms=self.post_norms,
         dropout_rate=self.cfg.dropout,
     )
 
@@ -258,13 +293,19 @@ class BlockStack(nn.Module):
       layers: int,
       cross: Optional[Callable[[int], Optional[blocks.Sublayer]]] = None,
       breaks: Sequence[int] = (),
+      attention: Optional[Callable[[int], blocks.Sublayer]] = None,
   ) -> list[stack.LayerRun]:
     """The runs (``stack.runs``: of identical layers when ``scan_layers``,
     else one per layer) of ``layers`` blocks named ``prefix_<i>``, with
-    the cross-attention ``cross(i)`` (or none) and runs starting at
+    the cross-attention ``cross(i)`` (or none), the self-attention
+    ``attention(i)`` where layers differ in it, and runs starting at
     ``breaks``. Works on an unbound module."""
     keys = [
-        (self.feed_forward_sublayer(i), cross(i) if cross else None)
+        (
+            self.feed_forward_sublayer(i),
+            cross(i) if cross else None,
+            attention(i) if attention else None,
+        )
         for i in range(layers)
     ]
     return stack.runs(prefix, keys, self.cfg.scan_layers, breaks)
@@ -277,17 +318,23 @@ class BlockStack(nn.Module):
   def make_stack(
       self,
       runs: Sequence[stack.LayerRun],
-      attention: blocks.Sublayer,
+      attention: Union[blocks.Sublayer, Callable[[int], blocks.Sublayer]],
       cross: Optional[Callable[[int], Optional[blocks.Sublayer]]] = None,
   ) -> list[tuple[stack.LayerRun, blocks.ResidualBlock]]:
-    """(run, its block) of each run (``make_block``)."""
+    """(run, its block) of each run (``make_block``); ``attention`` is
+    every layer's self-attention, or ``attention(i)`` layer i's."""
+    at = (
+        (lambda i: attention)
+        if isinstance(attention, blocks.Sublayer)
+        else attention
+    )
     return [
         (
             r,
             self.make_block(
                 r.name,
                 r.first,
-                attention,
+                at(r.first),
                 cross=cross(r.first) if cross else None,
             ),
         )

@@ -15,7 +15,10 @@ layers (MARGE). A block runs up to three residual sub-layers, in order:
 Each sub-layer is ``x + Drop(f(LN(x)))`` (``norm_position='pre'``) or
 ``LN(x + Drop(f(x)))`` (``'post'``), with its norm (``norms``) ``ln_attn``,
 ``ln_cross`` or ``ln_ffn`` and one residual dropout (``Dropout_0``) for
-all three. Flax derives the parameter paths (``layer_0/ln_attn/scale``),
+all three. With ``post_norms`` each sub-layer's output is normalised
+too before it is added (``x + Drop(LN'(f(LN(x))))``: Gemma 2 and 3's four
+norms a block), by ``ln_attn_post`` and ``ln_ffn_post``. Flax derives
+the parameter paths (``layer_0/ln_attn/scale``),
 the initial weights and the dropout streams from these names. Besides its
 output the block returns g, the feed-forward sub-layer's input as that
 sub-layer sees it (``LN_ffn(h)`` pre, ``h`` post): TRIME's memory key.
@@ -151,6 +154,8 @@ class ResidualBlock(nn.Module):
     norm_position: 'pre' or 'post'.
     norm_kind: 'layer' or 'rms' (``norms.NORMS``).
     norm_epsilon: the norms' epsilon.
+    post_norms: normalise each sub-layer's output before adding it
+      (``<norm>_post``).
     dropout_rate: residual dropout.
     dtype: compute dtype of the LayerNorms.
   """
@@ -161,6 +166,7 @@ class ResidualBlock(nn.Module):
   norm_position: NormPosition = "pre"
   norm_kind: str = "layer"
   norm_epsilon: float = 1e-6
+  post_norms: bool = False
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
 
@@ -217,6 +223,10 @@ class ResidualBlock(nn.Module):
       ln = norms.make_norm(self.norm_kind, norm, self.dtype, self.norm_epsilon)
       y = ln(h) if self.norm_position == "pre" else h
       out, f_state = f(y)
+      if self.post_norms:
+        out = norms.make_norm(
+            self.norm_kind, norm + "_post", self.dtype, self.norm_epsilon
+        )(out)
       h = h + drop(out, deterministic=deterministic)
       return (h if self.norm_position == "pre" else ln(h)), f_state, y
 

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
+from memjax.models import norms
 from memjax.models import positions as positions_lib
 from memjax.models import projections as projections_lib
 from memjax.models import rotary
@@ -97,6 +98,16 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: biases on the query, key and value projections ('param').
     out_bias: a bias on the output projection ('param').
     rope: the rotary positions' settings (``rotary.Rope``), or None.
+    qk_norm: '' (none) or a norm kind (``norms.NORMS``: 'rms') applied to
+      each head's queries and keys over d_h, after their biases and before
+      rotary positions (Qwen3's q_norm and k_norm), its scale
+      ``query_norm/scale`` and ``key_norm/scale`` [d_h].
+    qk_norm_epsilon: those norms' epsilon.
+    query_pre_attn_scalar: the plain scores are divided by its square
+      root (Gemma's); 0 = by sqrt(d_h).
+    sliding_window: a causal query reads only the last ``sliding_window``
+      positions, itself included (Hugging Face's ``kv_idx > q_idx -
+      sliding_window``); 0 = every earlier position.
     relative: '' (none), or the relative positions' scheme: 'xl' (R of the
       signed distance, one position bias v) or 'disentangled' (R of |i - j|,
       biases v_plus for i >= j and v_minus for i < j; LaMemo Eq. 12).
@@ -114,6 +125,10 @@ class MultiHeadAttention(nn.Module):
   qkv_bias: bool = False
   out_bias: bool = False
   rope: Optional[rotary.Rope] = None
+  qk_norm: str = ""
+  qk_norm_epsilon: float = 1e-6
+  query_pre_attn_scalar: float = 0.0
+  sliding_window: int = 0
   relative: str = ""
   projections: str = "param"
   dropout_name: str = "Dropout_0"
@@ -132,6 +147,16 @@ class MultiHeadAttention(nn.Module):
       self._param_layout(kv)
     else:
       self._module_layout(kv)
+    if self.qk_norm:
+      make = functools.partial(
+          norms.make_norm,
+          self.qk_norm,
+          None,
+          self.dtype,
+          self.qk_norm_epsilon,
+          axis="kv",
+      )
+      self.query_norm, self.key_norm = make(), make()
     setattr(self, self.dropout_name, nn.Dropout(self.dropout_rate))
 
   def _param_layout(self, kv: int) -> None:
@@ -214,13 +239,16 @@ class MultiHeadAttention(nn.Module):
 
   def project(self, x: Array, name: str) -> Array:
     """x [B, T, D] -> [B, T, heads, d_h] by the projection ``name``
-    ('query', 'key', 'value')."""
+    ('query', 'key', 'value'), queries and keys normalised (``qk_norm``)."""
     x = x.astype(self.dtype)
     if self.projections == "module":
-      return getattr(self, name)(x)
-    y = jnp.einsum("btd,dhk->bthk", x, self.weights[name].astype(self.dtype))
-    if name in self.biases:
-      y = y + self.biases[name].astype(self.dtype)
+      y = getattr(self, name)(x)
+    else:
+      y = jnp.einsum("btd,dhk->bthk", x, self.weights[name].astype(self.dtype))
+      if name in self.biases:
+        y = y + self.biases[name].astype(self.dtype)
+    if self.qk_norm and name in ("query", "key"):
+      y = getattr(self, f"{name}_norm")(y).astype(self.dtype)
     return y
 
   def kv(self, y: Array) -> tuple[Array, Array]:
@@ -233,7 +261,7 @@ class MultiHeadAttention(nn.Module):
     if self.rope is None:
       return q, k
     inv = self.rope.inverse_frequencies(self.head_dim)
-    cos, sin = rotary.tables(q.shape[1], inv)
+    cos, sin = rotary.tables(q.shape[1], inv, self.rope.attention_factor)
     return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
 
   def output(self, c: Array) -> Array:
@@ -305,7 +333,8 @@ class MultiHeadAttention(nn.Module):
       past_only: bool = True,
       bias: Optional[Array] = None,
   ) -> Array:
-    """Scaled scores: (q.k + the relative terms) / sqrt(d_h) + bias.
+    """Scaled scores: (q.k + the relative terms) / sqrt(d_h) + bias (q.k
+    / sqrt(``query_pre_attn_scalar``) + bias if that is set).
 
     Args:
       q: [B, Q, H, dh] queries.
@@ -320,7 +349,7 @@ class MultiHeadAttention(nn.Module):
     f32 = jnp.float32
     if not self.relative:  # As the plain paths have always computed it.
       s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(f32)
-      s = s / jnp.sqrt(f32(self.head_dim))
+      s = s / jnp.sqrt(f32(self.query_pre_attn_scalar or self.head_dim))
       return s if bias is None else s + bias
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=f32)
     # The global content bias u . k_j, then the position terms, scaled as
@@ -413,7 +442,8 @@ class MultiHeadAttention(nn.Module):
       deterministic: disables dropout.
       mask: bool broadcastable to [B, H, T, S]; True = may attend; None =
         every key.
-      causal: also mask keys after the query (self-attention).
+      causal: also mask keys after the query (self-attention), and those
+        ``sliding_window`` or more positions before it.
       kv: cross-attention: keys and values [B, S, H_kv, d_h] (``kv``).
       bias: float32 broadcastable to [B, H, T, S], added to the scores.
       pos: with a cache: scalar int32 position of x.
@@ -437,13 +467,21 @@ class MultiHeadAttention(nn.Module):
     k = nn.with_logical_constraint(k, HEADS_AXES)
     keep = jnp.ones((), bool) if mask is None else mask
     if causal:
-      t = x.shape[1]
-      keep = keep & jnp.tril(jnp.ones((t, t), bool))[None, None]
+      keep = keep & causal_mask(x.shape[1], self.sliding_window)[None, None]
     s = self.scores(q, k, bias=bias)
     c, _, _ = self.attend(
         s, keep, v, deterministic, empty_rows=mask is not None
     )
     return self.output(c), cache
+
+
+def causal_mask(length: int, window: int = 0) -> Array:
+  """[T, T] bool: query i may read key j <= i, and with a ``window`` > 0
+  only j > i - window (the last ``window`` positions, i's own included)."""
+  keep = jnp.tril(jnp.ones((length, length), bool))
+  if window > 0:
+    keep = keep & ~jnp.tril(jnp.ones((length, length), bool), -window)
+  return keep
 
 
 def core_of(layer: nn.Module, **options: Any) -> MultiHeadAttention:

@@ -112,15 +112,8 @@ class TransformerLM(block_stack.BlockStack):
         dtype=self.cfg.compute_dtype,
         tied=self.tie_embeddings,
     )
-    attend = blocks.make_sublayer(
-        self.cfg.attention_kind,
-        self.cfg.attention_options,
-        "model.attention_options of attention kind " f"{self.cfg.attention!r}",
-        mem_len=self.cfg.mem_len,
-        **self.attention_settings(),
-    )
     self.blocks = self.make_stack(
-        self.layer_runs(), attend, self.cross_sublayer
+        self.layer_runs(), self.attention_sublayer, self.cross_sublayer
     )
     self.ffn_shared = self.shared_params()
     # Post-LN blocks end normalised: no final LayerNorm (Transformer-XL).
@@ -132,7 +125,22 @@ class TransformerLM(block_stack.BlockStack):
   def layer_runs(self) -> list[stack.LayerRun]:
     """The runs of its blocks (``stack``); works on an unbound module."""
     return self.stack_runs(
-        "layer", self.cfg.num_layers, self.cross_sublayer, self.stack_breaks()
+        "layer",
+        self.cfg.num_layers,
+        self.cross_sublayer,
+        self.stack_breaks(),
+        attention=self.attention_sublayer,
+    )
+
+  def attention_sublayer(self, layer: int) -> blocks.Sublayer:
+    """The self-attention of the 0-based ``layer``: the attention kind
+    with its options there (``attention_options_at``)."""
+    return blocks.make_sublayer(
+        self.cfg.attention_kind,
+        self.attention_options_at(layer),
+        "model.attention_options of attention kind " f"{self.cfg.attention!r}",
+        mem_len=self.cfg.mem_len,
+        **self.attention_settings(),
     )
 
   def stack_breaks(self) -> tuple[int, ...]:
@@ -268,7 +276,14 @@ class TransformerLM(block_stack.BlockStack):
 
 # ``model.family_options`` of 'decoder_lm' (``decoder_lm``).
 POSITIONS = ("sinusoid", "learned", "none")
-DECODER_OPTIONS = ("positions", "norm", "tie_embeddings")
+DECODER_OPTIONS = (
+    "positions",
+    "norm",
+    "tie_embeddings",
+    "post_norms",
+    "local_layers",
+    "local_attention_options",
+)
 
 
 def family_options(
@@ -295,8 +310,10 @@ def decoder_lm(
   """The ``TransformerLM`` that a model's settings describe ('decoder_lm').
 
   Its ``model.family_options`` (``DECODER_OPTIONS``): ``positions``
-  ('sinusoid', 'learned' or 'none'), ``norm`` ('layer' or 'rms') and
-  ``tie_embeddings`` (default True).
+  ('sinusoid', 'learned' or 'none'), ``norm`` ('layer', 'rms' or
+  'rms_plus_one'), ``tie_embeddings`` (default True), ``post_norms``
+  (default False), ``local_layers`` (1-based, default none) and
+  ``local_attention_options`` (``block_stack.BlockStack``'s).
 
   Args:
     model: the model settings (``config.model``).
@@ -316,4 +333,7 @@ def decoder_lm(
       positions=str(opts.get("positions", "sinusoid")),
       norm_kind=norm,
       tie_embeddings=bool(opts.get("tie_embeddings", True)),
+      post_norms=bool(opts.get("post_norms", False)),
+      local_layers=tuple(int(i) for i in opts.get("local_layers", ())),
+      local_attention_options=dict(opts.get("local_attention_options", {})),
   )

@@ -1,15 +1,21 @@
 """Pretrained causal LMs from local Hugging Face folders (``--mode=import``).
 
 An engine feature, not a method: it adds no attention kind, feed-forward
-or objective of its own. The families it reads (GPT-2, Llama, Qwen2) are
-options of the decoder LM's existing parts (``memjax.models``:
-``family_options.positions`` / ``norm`` / ``tie_embeddings``, the
-attention's rotary positions, grouped-query heads and biases, the 'glu'
-feed-forward), so what a method does to a memjax decoder LM it does to an
-imported one.
+or objective of its own. The families it reads (GPT-2, Llama, Mistral,
+Qwen2, Qwen3, Gemma 3) are options of the decoder LM's existing parts
+(``memjax.models``: ``family_options.positions`` / ``norm`` /
+``tie_embeddings`` / ``post_norms`` / ``local_layers``, the attention's
+rotary positions, grouped-query heads, biases, q/k norms and sliding
+window, the 'glu' feed-forward), so what a method does to a memjax
+decoder LM it does to an imported one.
 
-* ``families``: a ``config.json`` -> the memjax model settings, and the
-  checkpoint's tensors -> memjax's parameter tree (per ``model_type``).
+* ``hf_config``: reading a ``config.json`` (keys, activations, rotary
+  settings in both formats).
+* ``families`` (GPT-2, Llama, Mistral, Qwen2, Qwen3) and ``gemma`` (Gemma
+  3): a ``config.json`` -> the memjax model settings, and the
+  checkpoint's tensors -> memjax's parameter tree.
+* ``registry``: the families by ``model_type``, and the tensor reader
+  their parameter functions use.
 * ``checkpoint``: the tensors of ``model.safetensors`` or a sharded index.
 * ``memjax.data.tokenizer_vocab`` (beside the other vocabularies):
   ``tokenizer.json`` as a memjax vocabulary.

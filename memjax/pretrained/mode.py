@@ -3,8 +3,8 @@
     python -m memjax.main --config=configs/pretrained.py:import \\
         --config.pretrained.path=DIR --workdir=W --mode=import
 
-reads DIR's ``config.json`` (the model's sizes and options:
-``families``), its safetensors checkpoint (``checkpoint``) and
+reads DIR's ``config.json`` (the model's sizes and options: its
+family in ``registry``), its safetensors checkpoint (``checkpoint``) and
 ``tokenizer.json`` (``vocab``), and writes into W an export (export.json,
 config.json, vocab.json, tokenizer.json, params/, and hf/: DIR's own
 config files, ``to_hf.keep_source``), which ``memjax.load``,
@@ -31,7 +31,8 @@ from memjax.io import paths
 from memjax.models import blocks
 from memjax.models import stack
 from memjax.pretrained import checkpoint
-from memjax.pretrained import families
+from memjax.pretrained import hf_config
+from memjax.pretrained import registry
 from memjax.pretrained import sizes
 from memjax.pretrained import to_hf
 from memjax.pretrained import special_ids
@@ -80,6 +81,12 @@ def _read_json(folder: str, name: str) -> dict[str, Any]:
     return json.loads(text)
   except ValueError as e:
     raise errors.DataError(f"{folder}/{name} is not JSON ({e})") from None
+
+
+def _ids_of(hf: dict[str, Any]) -> dict[str, Any]:
+  """config.json's own bos/eos ids, those it sets."""
+  keys = ("bos_token_id", "eos_token_id")
+  return {k: hf[k] for k in keys if hf.get(k) is not None}
 
 
 def _folder(run: spec.Run) -> str:
@@ -173,13 +180,15 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   """
   folder = _folder(run)
   hf = _read_json(folder, "config.json")
-  settings_fn, params_fn, prefix = families.family_of(hf)
-  model = settings_fn(hf)
-  vocab_size = int(families.get(hf, "vocab_size"))
+  family = registry.family_of(hf)
+  text = family.text(hf)
+  model = family.settings(text)
+  vocab_size = int(hf_config.get(text, "vocab_size"))
   vocab = vocab_lib.TokenizerVocabulary(
       _read_text(folder, vocab_lib.FILE),
       vocab_size,
-      *special_ids.read(folder, hf),
+      # A nested text_config (Gemma 3 4B+) may hold the ids, or the top.
+      *special_ids.read(folder, {**text, **_ids_of(hf)}),
   )
   new = _imported_run(run, model)
   dtype = np.dtype(
@@ -188,8 +197,8 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   tensors = checkpoint.open_tensors(folder)
   used: set[str] = set()
   try:
-    take = families.taker(tensors, prefix, used, dtype)
-    tree = params_fn(dict(model, vocab_size=vocab_size), take)
+    take = registry.taker(tensors, family.prefixes, used, dtype)
+    tree = family.params(dict(model, vocab_size=vocab_size), take)
   finally:
     tensors.close()
   unused = sorted(set(tensors) - used)

@@ -10,7 +10,7 @@ writes them back with the parameters in Hugging Face's layout
 ``generation_config.json``.
 
 The layout is the inverse of the import's, derived from the family's own
-params function (``families.FAMILIES``), which only rearranges tensors
+params function (``registry.FAMILIES``), which only rearranges tensors
 (reshape, transpose, slice): called with a ``take`` that hands each
 checkpoint tensor out as the integers ``offset .. offset + size`` (disjoint
 ranges), it returns memjax's tree in which every element says which
@@ -33,7 +33,7 @@ import by following ``train.init_from`` and ``export.json``'s ``source``
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import flax
 import jax
@@ -44,8 +44,9 @@ from memjax.checkpoints import convert
 from memjax.checkpoints import runfiles
 from memjax.io import paths
 from memjax.models import blocks
-from memjax.pretrained import families
+from memjax.pretrained import hf_config
 from memjax.pretrained import hf_writer
+from memjax.pretrained import registry
 from memjax.pretrained import sizes
 from memjax.run import restore
 from memjax.run import spec
@@ -120,8 +121,8 @@ def differences(model: dict[str, Any], hf: dict[str, Any]) -> list[str]:
   from those the family makes of ``hf`` (a config.json), the
   ``sizes.CONFIG_KEYS`` and options at their kinds' defaults aside: as
   'key=value (config.json makes it value)'."""
-  settings_fn = families.family_of(hf)[0]
-  want = json.loads(json.dumps(settings_fn(hf)))
+  family = registry.family_of(hf)
+  want = json.loads(json.dumps(family.settings(family.text(hf))))
   got = json.loads(json.dumps(model))
   want_n, got_n = convert.without_defaults(want), convert.without_defaults(got)
   return [
@@ -141,7 +142,7 @@ def probe(
   """Where each memjax parameter element comes from in the checkpoint.
 
   Args:
-    params_fn: a family's params function (``families.FAMILIES``).
+    params_fn: a family's params function (``registry.FAMILIES``).
     m: the model settings and ``vocab_size`` it is called with.
     dtype: the integers' dtype (int64 is taken when uint32 is too small).
 
@@ -222,20 +223,22 @@ def checkpoint_arrays(
 
 
 def checkpoint_names(
-    taken: Iterable[str], prefix: str, stored: Optional[list[str]]
+    taken: Iterable[str], prefixes: Sequence[str], stored: Optional[list[str]]
 ) -> dict[str, str]:
   """{name as taken: the checkpoint's name}: the one the import read
-  (``stored``, the ``tensors.json`` list), else ``prefix + name`` (an
-  ``lm_head.`` without it, as Hugging Face's causal LMs save it)."""
+  (``stored``, the ``tensors.json`` list: a name under any of the family's
+  ``prefixes``, or bare), else the first prefix + name (an ``lm_head.``
+  without it, as Hugging Face's causal LMs save it)."""
   have = set(stored or ())
   out = {}
   for name in taken:
-    if prefix + name in have:
-      out[name] = prefix + name
+    read = [p + name for p in prefixes if p + name in have]
+    if read:
+      out[name] = read[0]
     elif name in have or name.startswith("lm_head."):
       out[name] = name
     else:
-      out[name] = prefix + name
+      out[name] = prefixes[0] + name
   return out
 
 
@@ -275,9 +278,12 @@ def _tensors(
   Raises:
     errors.ConfigError: parameters that are not the family's.
   """
-  settings_fn, params_fn, prefix = families.family_of(hf)
-  m = dict(settings_fn(hf), vocab_size=int(families.get(hf, "vocab_size")))
-  positions, records, total = probe(params_fn, m)
+  family = registry.family_of(hf)
+  text = family.text(hf)
+  m = dict(
+      family.settings(text), vocab_size=int(hf_config.get(text, "vocab_size"))
+  )
+  positions, records, total = probe(family.params, m)
   values = {
       k: np.asarray(jax.device_get(v))
       for k, v in flax.traverse_util.flatten_dict(
@@ -297,7 +303,9 @@ def _tensors(
   arrays = checkpoint_arrays(values, positions, records, total, dtype)
   stored = paths.join(source, HF_DIR, TENSORS_FILE)
   names = checkpoint_names(
-      records, prefix, paths.read_json(stored) if paths.isfile(stored) else None
+      records,
+      family.prefixes,
+      paths.read_json(stored) if paths.isfile(stored) else None,
   )
   return {names[n]: a for n, a in arrays.items()}
 

@@ -2,7 +2,11 @@
 
 The fixtures (tests/fixtures/pretrained/, ``make fixtures``) are tiny
 random GPT-2, Llama (grouped-query attention, rope_theta 50,000), Llama 3
-(rope scaling) and Qwen2 (q/k/v biases) models saved by Hugging Face's
+(rope scaling), Qwen2 (q/k/v biases), Mistral (a sliding window of 4
+positions, shorter than the inputs) and Qwen3 (q/k RMSNorm, head_dim 16 of
+hidden size 32 and 4 heads) Llama with linear rope scaling (factor 4), Gemma 3 (both model
+types: a local and a global layer) and Qwen2 with a sliding window on its
+second layer (``max_window_layers``) and Llama with YaRN models saved by Hugging Face's
 PyTorch classes, with their tokenizer and their logits on fixed inputs.
 Each is imported (GPT-2 through ``python -m memjax.main``, the others
 through ``memjax.run_mode``, the same dispatch), loaded by ``memjax.load``
@@ -26,7 +30,19 @@ from tests.conftest import REPO
 from tests.conftest import run_main
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
-NAMES = ("gpt2", "llama_gqa", "llama3_scaled", "qwen2")
+NAMES = (
+    "gpt2",
+    "llama_gqa",
+    "llama3_scaled",
+    "qwen2",
+    "mistral_window",
+    "qwen3",
+    "llama_linear",
+    "gemma3_text",
+    "gemma3",
+    "qwen2_window",
+    "llama_yarn",
+)
 CONFIG = "configs/pretrained.py:import"
 
 
@@ -110,6 +126,20 @@ def test_the_export_holds_the_tokenizer_and_the_families_options(imported):
     options = json.load(f)["model"]["attention_options"]
   assert options["rope_scaling_factor"] == 8.0
   assert options["rope_original_max_len"] == 256
+  with open(os.path.join(imported["mistral_window"], "config.json")) as f:
+    options = json.load(f)["model"]["attention_options"]
+  assert options["sliding_window"] == 4 and options["num_kv_heads"] == 2
+  with open(os.path.join(imported["qwen3"], "config.json")) as f:
+    model = json.load(f)["model"]
+  assert model["attention_options"]["qk_norm"] == "rms"
+  assert model["head_dim"] == 16
+  lm = memjax.load(imported["qwen3"])
+  scale = lm.restored.params["layer_0"]["attention"]["query_norm"]["scale"]
+  assert scale.shape == (16,)
+  with open(os.path.join(imported["llama_linear"], "config.json")) as f:
+    options = json.load(f)["model"]["attention_options"]
+  assert options["rope_scaling_type"] == "linear"
+  assert options["rope_scaling_factor"] == 4.0
   with open(os.path.join(imported["gpt2"], "vocab.json")) as f:
     assert json.load(f)["kind"] == "tokenizer"
 
@@ -159,7 +189,7 @@ def _drop_tensor(folder, name):
         ("model_type", "model_type 'bert' is not supported"),
         ("missing tensor", "no tensor transformer.h.1.ln_2.bias"),
         ("shape", "wte.weight has shape (64, 32) but config.json makes it"),
-        ("rope type", "rope type 'yarn' is not supported"),
+        ("rope type", "rope type 'dynamic' is not supported"),
         ("no path", "needs --config.pretrained.path=DIR"),
         ("no safetensors", "has no model.safetensors"),
         ("no tokenizer", "has no tokenizer.json"),
@@ -176,7 +206,9 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, case, message):
   elif case == "shape":
     _edit_config(folder, vocab_size=80)
   elif case == "rope type":
-    _edit_config(folder, rope_parameters={"rope_type": "yarn", "factor": 2.0})
+    _edit_config(
+        folder, rope_parameters={"rope_type": "dynamic", "factor": 2.0}
+    )
   elif case == "no safetensors":
     os.remove(folder / "model.safetensors")
   elif case == "no tokenizer":

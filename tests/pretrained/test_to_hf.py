@@ -308,13 +308,13 @@ def test_an_element_written_twice_or_never_is_a_bug():
 def test_checkpoint_names_are_the_imports():
   taken = ("wte.weight", "lm_head.weight", "h.0.w")
   # Without the import's list: the prefix, but lm_head at the top.
-  assert to_hf.checkpoint_names(taken, "transformer.", None) == {
+  assert to_hf.checkpoint_names(taken, ("transformer.",), None) == {
       "wte.weight": "transformer.wte.weight",
       "lm_head.weight": "lm_head.weight",
       "h.0.w": "transformer.h.0.w",
   }
   stored = ["transformer.lm_head.weight", "wte.weight", "transformer.h.0.w"]
-  assert to_hf.checkpoint_names(taken, "transformer.", stored) == {
+  assert to_hf.checkpoint_names(taken, ("transformer.",), stored) == {
       "wte.weight": "wte.weight",
       "lm_head.weight": "transformer.lm_head.weight",
       "h.0.w": "transformer.h.0.w",

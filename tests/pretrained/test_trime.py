@@ -88,7 +88,9 @@ def test_bfloat16_weights_train_build_a_datastore_and_export(
   losses = _losses(workdir)
   assert sorted(losses) == [1, 2] and all(np.isfinite(list(losses.values())))
   run = build.restore(workdir, with_optimizer=True)
-  assert {x.dtype for x in jax.tree.leaves(run.params)} == {np.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree.leaves(run.params)} == {
+      np.dtype(jnp.bfloat16)
+  }
   moments = [
       x
       for x in jax.tree.leaves(run.opt_state)
