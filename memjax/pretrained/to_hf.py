@@ -350,6 +350,22 @@ def _write(
   return written
 
 
+# Multimodal model types whose language model Hugging Face also has alone:
+# an import of one (which reads only the language model) is written as that
+# text model.
+TEXT_MODELS = {"gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+
+
+def text_model_config(hf: dict[str, Any]) -> dict[str, Any]:
+  """The config.json to write for an import of ``hf``: itself, or for a
+  multimodal model (``TEXT_MODELS``) its language model's, whole."""
+  if hf.get("model_type") not in TEXT_MODELS:
+    return hf
+  kind, architecture = TEXT_MODELS[hf["model_type"]]
+  text = registry.family_of(hf).text(hf)
+  return dict(text, model_type=kind, architectures=[architecture])
+
+
 def export_hf(
     run: spec.Run,
     files: runfiles.RunFiles,
@@ -377,6 +393,7 @@ def export_hf(
         f"{out} already exists: remove it or pass another export directory"
     )
   source, hf = check_exportable(files)
+  hf = text_model_config(hf)
   restored = restore.restore(run, files)
   if not hasattr(restored.vocab, "json_text"):
     raise errors.ConfigError(

@@ -26,7 +26,18 @@ from tests.conftest import REPO
 from tests.conftest import run_main
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
-NAMES = ("gpt2", "llama_gqa", "llama3_scaled", "qwen2")
+NAMES = (
+    "gpt2",
+    "llama_gqa",
+    "llama3_scaled",
+    "qwen2",
+    "mistral_window",
+    "qwen3",
+    "llama_linear",
+    "gemma3_text",
+    "qwen2_window",
+    "llama_yarn",
+)
 
 
 def _import(folder: str, workdir: str) -> str:
@@ -319,3 +330,33 @@ def test_checkpoint_names_are_the_imports():
       "lm_head.weight": "transformer.lm_head.weight",
       "h.0.w": "transformer.h.0.w",
   }
+
+
+def test_a_multimodal_import_exports_its_language_model(tmp_path):
+  """gemma3 (Gemma3ForConditionalGeneration): the import reads the
+  language model only, and the export writes it as a gemma3_text
+  (Gemma3ForCausalLM) folder, which imports to the same model."""
+  first = _import(os.path.join(FIXTURES, "gemma3"), str(tmp_path / "first"))
+  folder = _export(first, str(tmp_path / "hf"))
+  with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+    config = json.load(f)
+  assert config["model_type"] == "gemma3_text"
+  assert config["architectures"] == ["Gemma3ForCausalLM"]
+  names = st_numpy.load_file(os.path.join(folder, "model.safetensors"))
+  want = {
+      k[len("language_model.") :]: v
+      for k, v in _fixture_tensors("gemma3").items()
+      if k.startswith("language_model.")
+  }
+  assert sorted(names) == sorted(want)
+  for key in want:
+    np.testing.assert_array_equal(names[key], want[key], err_msg=key)
+  again = _import(folder, str(tmp_path / "again"))
+  a, b = _flat_params(first), _flat_params(again)
+  assert sorted(a) == sorted(b)
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+  expected = np.load(os.path.join(FIXTURES, "gemma3", "expected.npz"))
+  got = _log_probs(again, expected["input_ids"])
+  want_lp = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
+  np.testing.assert_allclose(got, want_lp, atol=1e-5, rtol=0)
