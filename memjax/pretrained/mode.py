@@ -152,6 +152,7 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   folder = _folder(run)
   hf = _read_json(folder, "config.json")
   settings_fn, params_fn, prefix = families.family_of(hf)
+  checkpoint.check_weights(folder)
   model = settings_fn(hf)
   vocab_size = int(families.get(hf, "vocab_size"))
   vocab = vocab_lib.TokenizerVocabulary(
