@@ -156,7 +156,7 @@ class Step:
     return self._compiled
 
 
-def _per_device_bytes(tree: Any) -> int:
+def per_device_bytes(tree: Any) -> int:
   """Bytes of one device's shards of a tree of sharded ShapeDtypeStructs."""
   total = 0
   for x in jax.tree.leaves(tree):
@@ -205,8 +205,8 @@ def build_step(run: spec.Run, devices: list[Any]) -> Step:
       (state, batch, rng),
       num_params,
       {
-          "params": _per_device_bytes(state.params),
-          "opt_state": _per_device_bytes(state.opt_state),
+          "params": per_device_bytes(state.params),
+          "opt_state": per_device_bytes(state.opt_state),
       },
       int(np.prod(batch["inputs"].shape)),
   )
