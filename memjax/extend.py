@@ -90,10 +90,8 @@ class Mode:
     outputs: glob patterns, relative to the workdir, of the files the mode
       writes with the default settings (each matches at least one file
       after a run; the mode matrix test reads every match back).
-    shape_only: the mode needs the model's shape, not its weights: a
-      config naming a Hugging Face folder (``pretrained.path``) takes the
-      model's settings from its config.json alone
-      (``pretrained.sizes.apply_folder``).
+    shape_only: the mode needs a model's shape, not its weights (taken
+      from a pretrained folder's config.json: ``pretrained.sizes``).
   """
 
   run: Callable[[Any], dict[str, Any]]

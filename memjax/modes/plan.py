@@ -339,10 +339,7 @@ def rows(results: dict[str, Any]) -> list[str]:
       f"({f['with_recompute'] / 1e9:.4g}; model {f['model'] / 1e9:.4g})"
   )
   target = _target(results)
-  # Per-device FLOPs x devices over the program's: 1 when no work repeats.
-  # (Unknown, "-", where the compiler analyses compiled programs only.)
-  fl = results["flops"]
-  repeated = f"{fl['repeated']:.2f}" if "repeated" in fl else "-"
+  repeated = _repeated(results["flops"])
   out = []
   for dtype, r in results["dtypes"].items():
     m = r["memory"]
@@ -368,6 +365,13 @@ EVAL_HEADER = (
     "GiB | fits | repeated | step s | tokens/s | compile s |\n"
     "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"
 )
+
+
+def _repeated(flops: dict[str, Any]) -> str:
+  """Per-device FLOPs x devices over the program's: 1 when no work
+  repeats; "-" where unknown (no compiled program: the compiler refused
+  it)."""
+  return f"{flops['repeated']:.2f}" if "repeated" in flops else "-"
 
 
 def _target(results: dict[str, Any]) -> str:
@@ -400,7 +404,7 @@ def eval_rows(results: dict[str, Any]) -> list[str]:
         f"| {results['name']} | {_target(results)} | {dtype} | "
         f"{e['rows']} x {e['length']} | {e['flops_per_token'] / 1e9:.4g} "
         f"({formula / 1e9:.4g}) | {mem} | {'yes' if e['fits'] else 'no'} | "
-        f"{e['flops']['repeated']:.2f} | {e['step_time_s']:.3g} | "
+        f"{_repeated(e['flops'])} | {e['step_time_s']:.3g} | "
         f"{e['tokens_per_s']:.3g} | {m['seconds']:.0f} |"
     )
   return out
@@ -416,8 +420,18 @@ def markdown(results: dict[str, Any]) -> str:
       for dtype, r in results["dtypes"].items()
       if "proposal" in r
   ]
-  if proposals:
-    lines += ["", *(f"* {p}" for p in proposals)]
+  refused = [
+      f"{dtype}{step}: the device's compiler refused the step: "
+      f"{m['out_of_memory']}"
+      for dtype, r in results["dtypes"].items()
+      for step, m in (
+          ("", r["memory"]),
+          (" eval", r.get("eval", {}).get("memory", {})),
+      )
+      if "out_of_memory" in m
+  ]
+  if proposals or refused:
+    lines += ["", *(f"* {p}" for p in refused + proposals)]
   evals = eval_rows(results)
   if evals:
     lines += ["", EVAL_HEADER, *evals]
