@@ -47,6 +47,12 @@ bfloat16):
   for the per-device FLOPs of the compiled, partitioned step (work repeated
   on every device included; "repeated" in the table is the per-device FLOPs
   times the devices over the program's, 1 when no work is repeated).
+* with ``plan.eval_step``, the same for the evaluation step, the forward
+  the scorers run (``memjax.modes.plan_eval``), next to a third of the
+  formula at its batch, in a second table.
+
+A pretrained model is planned from its ``config.json`` alone
+(``config.pretrained.path``; ``memjax.pretrained.sizes.apply_folder``).
 
 Figures compiled on CPU for a GPU or TPU are estimates (``estimate: true``):
 XLA's CPU backend fuses and lays out differently.
