@@ -131,6 +131,9 @@ class Plans:
         f"--config.plan.platform={self.platform}",
         "--config.plan.devices=1",
         "--config.plan.fit_batch=False",
+        # The check measures train steps: the plan's evaluation step is
+        # not compiled.
+        "--config.plan.eval_step=False",
         # On fake CPU devices: a libtpu topology could reach for the TPU
         # that the items use.
         "--config.plan.tpu_topology=False",

@@ -46,6 +46,27 @@ with the model, not its sizes:
   are reported as not used; the memory starts as Lample et al. initialise
   it (random values), so unlike ``llama_pkm`` the model does not start as
   the import.
+
+``--mode=plan`` (docs/plan.md) sizes a variant against the hardware before
+the weights are fetched: ``--config.pretrained.path=DIR`` with DIR holding
+the model's ``config.json`` alone. What it proposes for Llama-3-8B
+(``tests/fixtures/pretrained/llama3_8b_config``; float32 parameters and
+Adam state, ``--config.model.dtype=bfloat16``,
+``--config.model.scan_layers=True``; the default mesh puts a full copy of
+the parameters and optimiser state on every device):
+
+* ``gpt2_knn`` evaluation and datastore on one H100: as configured (32.9
+  GiB of 55.9 usable).
+* ``gpt2_trime`` on 8 H100s: ``--config.data.batch_size=32`` (whole lanes
+  per device) ``--config.mesh.data=1 --config.mesh.fsdp=8
+  --config.model.remat=True --config.model.remat_policy=dots_no_batch``
+  (36.5 GiB per device; 212 as configured).
+* ``gpt2_trime`` on TPU v5e: a ``v5litepod-8`` (16 GiB chips) does not
+  hold it; a ``v5litepod-16`` does with ``--config.data.batch_size=64
+  --config.mesh.data=1 --config.mesh.fsdp=16 --config.model.remat=True
+  --config.model.remat_policy=full`` (10.6 GiB per chip). Evaluation on a
+  ``v5litepod-8``: ``--config.mesh.data=1 --config.mesh.fsdp=8`` (5.7 GiB
+  per chip).
 """
 
 from memjax import config as base

@@ -190,7 +190,10 @@ def resolve(
   """The config a mode runs with: ``config``, else the one the workdir's
   run or export saved, with ``overrides`` ({'export.dir': ...}) set. A
   config given for an imported model (in the workdir or
-  ``train.init_from``) takes its model settings (``pretrained.sizes``).
+  ``train.init_from``) takes its model settings (``pretrained.sizes``);
+  for a mode that needs no weights (``extend.Mode.shape_only``:
+  ``--mode=plan``) so does a config naming a Hugging Face folder holding
+  only its config.json (``pretrained.path``).
 
   Raises:
     errors.ConfigError: no config given and none saved.
@@ -207,7 +210,8 @@ def resolve(
       ) from None
   else:  # An imported model's sizes, whatever the config says.
     tree = json.loads(config_lib.to_json(config))
-    if sizes.apply(tree, workdir):
+    shape_only = mode_of(name).shape_only
+    if (sizes.apply_folder if shape_only else sizes.apply)(tree, workdir):
       config = config_lib.from_json(json.dumps(tree))
   if overrides:
     config = config.copy_and_resolve_references()

@@ -188,6 +188,7 @@ ENGINE = extend.Method(
             writes=("plan.json", "plan.md"),
             before_jax=platforms.set_device_flags,
             outputs=("plan.json", "plan.md"),
+            shape_only=True,
         ),
     },
     settings=settings.ENGINE

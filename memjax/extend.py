@@ -90,6 +90,8 @@ class Mode:
     outputs: glob patterns, relative to the workdir, of the files the mode
       writes with the default settings (each matches at least one file
       after a run; the mode matrix test reads every match back).
+    shape_only: the mode needs a model's shape, not its weights (taken
+      from a pretrained folder's config.json: ``pretrained.sizes``).
   """
 
   run: Callable[[Any], dict[str, Any]]
@@ -99,6 +101,7 @@ class Mode:
   before_jax: Callable[[Any], None] | None = None
   training: bool = False
   outputs: tuple[str, ...] = ()
+  shape_only: bool = False
 
   def takes(self, kind: str) -> bool:
     """Whether a run of ``kind`` ('<task>/<model.family>') fits."""

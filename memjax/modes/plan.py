@@ -47,6 +47,12 @@ bfloat16):
   for the per-device FLOPs of the compiled, partitioned step (work repeated
   on every device included; "repeated" in the table is the per-device FLOPs
   times the devices over the program's, 1 when no work is repeated).
+* with ``plan.eval_step``, the same for the evaluation step, the forward
+  the scorers run (``memjax.modes.plan_eval``), next to a third of the
+  formula at its batch, in a second table.
+
+A pretrained model is planned from its ``config.json`` alone
+(``config.pretrained.path``; ``memjax.pretrained.sizes.apply_folder``).
 
 Figures compiled on CPU for a GPU or TPU are estimates (``estimate: true``):
 XLA's CPU backend fuses and lays out differently.
@@ -67,6 +73,7 @@ from memjax.io import console
 from memjax.io import paths
 from memjax.models import adaptive
 from memjax.modes import plan_compile
+from memjax.modes import plan_eval
 from memjax.modes import plan_fit
 from memjax.modes import platforms
 from memjax.run import spec
@@ -163,8 +170,9 @@ def formula_flops(
   }
 
 
-def step_formula(step: plan_compile.Step) -> dict[str, Any]:
-  """``formula_flops`` of a step built by ``plan_compile.build_step``."""
+def _flops_shape(step: plan_compile.Step) -> extend.FlopsShape:
+  """The batch's and the parameters' sizes of a train step built by
+  ``plan_compile.build_step``."""
   inputs = step.args[1]["inputs"].shape
   accum = int(step.run.settings.train.grad_accum)
   embedder = step.args[0].params.get("embedder", {})
@@ -174,7 +182,7 @@ def step_formula(step: plan_compile.Step) -> dict[str, Any]:
       if k.startswith("proj_")
       for x in jax.tree.leaves(v)
   )
-  shape = extend.FlopsShape(
+  return extend.FlopsShape(
       seq_len=int(inputs[1]),
       rows=int(inputs[0]) // accum,
       num_params=step.num_params,
@@ -182,7 +190,23 @@ def step_formula(step: plan_compile.Step) -> dict[str, Any]:
       projection_params=projections,
       vocab_size=plan_compile.vocab_size(step.run.settings),
   )
-  return formula_flops(step.run.settings, shape, step.run.parts.flops)
+
+
+def step_formula(step: plan_compile.Step) -> dict[str, Any]:
+  """``formula_flops`` of a step built by ``plan_compile.build_step``."""
+  return formula_flops(
+      step.run.settings, _flops_shape(step), step.run.parts.flops
+  )
+
+
+def eval_formula(step: plan_compile.Step, rows: int, length: int) -> float:
+  """Forward FLOPs per position of the evaluation step by formula: a third
+  of ``formula_flops``'s 'model' (forward, backward: 1 + 2) at the
+  evaluation batch's ``rows`` x ``length`` (``2 N + 4 n_layer T d_attn``
+  and the forward of the methods' terms)."""
+  shape = dataclasses.replace(_flops_shape(step), seq_len=length, rows=rows)
+  s = step.run.settings
+  return formula_flops(s, shape, step.run.parts.flops)["model"] / 3.0
 
 
 def _fit(run: spec.Run, devices, step, memory, usable: float) -> dict[str, Any]:
@@ -241,6 +265,8 @@ def plan_dtype(
   )
   out["step_time_s"] = seconds
   out["tokens_per_s"] = step.tokens / seconds
+  if s.of(platforms.Plan).eval_step:
+    out["eval"] = plan_eval.plan_eval(variant, devices, usable, peak)
   return out
 
 
@@ -282,6 +308,11 @@ def plan(run: spec.Run) -> dict[str, Any]:
     results["dtypes"][dtype] = plan_dtype(
         run, devices, dtype, flops, usable, compiled=step
     )
+  evals = [r["eval"] for r in results["dtypes"].values() if "eval" in r]
+  if evals:
+    results["eval_formula_flops_per_token"] = eval_formula(
+        step, evals[0]["rows"], evals[0]["length"]
+    )
   results["seconds"] = time.time() - start
   return write(results, run.workdir)
 
@@ -313,16 +344,8 @@ def rows(results: dict[str, Any]) -> list[str]:
       f"{results['flops_per_token'] / 1e9:.4g} "
       f"({f['with_recompute'] / 1e9:.4g}; model {f['model'] / 1e9:.4g})"
   )
-  target = f"{results['devices']}x {results['platform']}"
-  slice_name = results.get("target", "").split(":")[0]
-  if platforms.cloud_tpu(slice_name) is not None:
-    target = f"{slice_name} = {target}"
-  # Per-device FLOPs x devices over the program's: 1 when no work repeats.
-  # (Unknown, "-", where the compiler analyses compiled programs only.)
-  fl = results["flops"]
-  repeated = f"{fl['repeated']:.2f}" if "repeated" in fl else "-"
-  if results["estimate"]:
-    target += " (est.)"
+  target = _target(results)
+  repeated = _repeated(results["flops"])
   out = []
   for dtype, r in results["dtypes"].items():
     m = r["memory"]
@@ -342,15 +365,80 @@ def rows(results: dict[str, Any]) -> list[str]:
   return out
 
 
+EVAL_HEADER = (
+    "| config | target | dtype | eval step: rows x positions | "
+    "GFLOPs/token XLA (forward formula) | per device: params + temp = total "
+    "GiB | fits | repeated | step s | tokens/s | compile s |\n"
+    "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"
+)
+
+
+def _repeated(flops: dict[str, Any]) -> str:
+  """Per-device FLOPs x devices over the program's: 1 when no work
+  repeats; "-" where unknown (no compiled program: the compiler refused
+  it)."""
+  return f"{flops['repeated']:.2f}" if "repeated" in flops else "-"
+
+
+def _target(results: dict[str, Any]) -> str:
+  """'8x h100 (est.)', 'v4-8 = 4x tpu_v4': what a row plans for."""
+  target = f"{results['devices']}x {results['platform']}"
+  slice_name = results.get("target", "").split(":")[0]
+  if platforms.cloud_tpu(slice_name) is not None:
+    target = f"{slice_name} = {target}"
+  if results["estimate"]:
+    target += " (est.)"
+  return target
+
+
+def eval_rows(results: dict[str, Any]) -> list[str]:
+  """The evaluation step's table rows, one per dtype (``EVAL_HEADER``);
+  none when the plan left it out (``plan.eval_step``)."""
+  gib = 2.0**30
+  formula = results.get("eval_formula_flops_per_token", 0.0)
+  out = []
+  for dtype, r in results["dtypes"].items():
+    e = r.get("eval")
+    if e is None:
+      continue
+    m = e["memory"]
+    mem = (
+        f"{m['params'] / gib:.2f} + {m['temporaries'] / gib:.2f} = "
+        f"{m['total'] / gib:.2f}"
+    )
+    out.append(
+        f"| {results['name']} | {_target(results)} | {dtype} | "
+        f"{e['rows']} x {e['length']} | {e['flops_per_token'] / 1e9:.4g} "
+        f"({formula / 1e9:.4g}) | {mem} | {'yes' if e['fits'] else 'no'} | "
+        f"{_repeated(e['flops'])} | {e['step_time_s']:.3g} | "
+        f"{e['tokens_per_s']:.3g} | {m['seconds']:.0f} |"
+    )
+  return out
+
+
 def markdown(results: dict[str, Any]) -> str:
   """The plan as a markdown table (``HEADER`` and ``rows``), then what fits
-  where a dtype does not as configured."""
+  where a dtype does not as configured, then the evaluation step's table
+  (``EVAL_HEADER`` and ``eval_rows``)."""
   lines = [HEADER] + rows(results)
   proposals = [
       plan_fit.describe(dtype, r["proposal"])
       for dtype, r in results["dtypes"].items()
       if "proposal" in r
   ]
-  if proposals:
-    lines += ["", *(f"* {p}" for p in proposals)]
+  refused = [
+      f"{dtype}{step}: the device's compiler refused the step: "
+      f"{m['out_of_memory']}"
+      for dtype, r in results["dtypes"].items()
+      for step, m in (
+          ("", r["memory"]),
+          (" eval", r.get("eval", {}).get("memory", {})),
+      )
+      if "out_of_memory" in m
+  ]
+  if proposals or refused:
+    lines += ["", *(f"* {p}" for p in refused + proposals)]
+  evals = eval_rows(results)
+  if evals:
+    lines += ["", EVAL_HEADER, *evals]
   return "\n".join(lines)

@@ -21,6 +21,7 @@ so the TPU compiler compiles the program once, as it would for training.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any
 
@@ -150,13 +151,49 @@ class Step:
 
   def compiled(self) -> Any:
     """The step compiled for its mesh (once): the looping program training
-    runs, whose FLOPs and memory the plan reports."""
+    runs, whose FLOPs and memory the plan reports.
+
+    Raises:
+      OutOfMemory: the device's compiler refused it for want of memory.
+    """
     if self._compiled is None:
-      self._compiled = self.lowered().compile()
+      try:
+        self._compiled = self.lowered().compile()
+      except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+          raise
+        self._compiled = OutOfMemory(str(e))
+    if isinstance(self._compiled, OutOfMemory):
+      raise self._compiled
     return self._compiled
 
 
-def _per_device_bytes(tree: Any) -> int:
+# libtpu's refusal: "... the total memory required for HLO temporaries
+# (157.89G) exceeds available HBM (15.75G)." (binary units).
+_REQUIRED = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+class OutOfMemory(Exception):
+  """The device's compiler (libtpu) refused to compile a step that needs
+  more memory than the device has (XLA's RESOURCE_EXHAUSTED).
+
+  Attributes:
+    temporaries: the bytes it said the step's temporaries need (inf where
+      it did not say).
+  """
+
+  def __init__(self, message: str) -> None:
+    super().__init__(message.strip().splitlines()[-1])
+    found = _REQUIRED.search(message)
+    self.temporaries = (
+        float(found.group(1)) * _UNITS[found.group(2)]
+        if found
+        else float("inf")
+    )
+
+
+def per_device_bytes(tree: Any) -> int:
   """Bytes of one device's shards of a tree of sharded ShapeDtypeStructs."""
   total = 0
   for x in jax.tree.leaves(tree):
@@ -205,8 +242,8 @@ def build_step(run: spec.Run, devices: list[Any]) -> Step:
       (state, batch, rng),
       num_params,
       {
-          "params": _per_device_bytes(state.params),
-          "opt_state": _per_device_bytes(state.opt_state),
+          "params": per_device_bytes(state.params),
+          "opt_state": per_device_bytes(state.opt_state),
       },
       int(np.prod(batch["inputs"].shape)),
   )
@@ -243,7 +280,9 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
     compiled step (``device_flops``); 'repeated': ``repeated`` of the two;
     'uncounted_loops': loops whose trip count could not be read (counted
     once; 0 normally); 'compile_seconds': the compilation's share of
-    'seconds', the time all this took. ``per_device``
+    'seconds', the time all this took. Where the device's compiler refused
+    the step for want of memory: 'flops_per_device' the whole program's
+    even share, no 'repeated', and its message ('out_of_memory'). ``per_device``
     False leaves out the compilation, 'flops_per_device' and 'repeated'.
   """
   start = time.time()
@@ -255,14 +294,21 @@ def step_flops(step: Step, per_device: bool = True) -> dict[str, float]:
   uncounted = list(whole.uncounted_loops)
   if per_device:
     began = time.time()
-    compiled = step.compiled()
-    out["compile_seconds"] = time.time() - began
-    device = device_flops(compiled)
-    out["flops_per_device"] = device.total()
-    out["repeated"] = repeated(
-        out["flops_per_device"], step.mesh.size, out["flops"]
-    )
-    uncounted += device.uncounted_loops
+    try:
+      compiled = step.compiled()
+    except OutOfMemory as e:
+      # No partitioned program to count: the whole program's even share.
+      out["compile_seconds"] = time.time() - began
+      out["flops_per_device"] = out["flops"] / step.mesh.size
+      out["out_of_memory"] = str(e)
+    else:
+      out["compile_seconds"] = time.time() - began
+      device = device_flops(compiled)
+      out["flops_per_device"] = device.total()
+      out["repeated"] = repeated(
+          out["flops_per_device"], step.mesh.size, out["flops"]
+      )
+      uncounted += device.uncounted_loops
   out["uncounted_loops"] = len(uncounted)
   out["seconds"] = time.time() - start
   return out
@@ -290,11 +336,27 @@ def step_memory(step: Step) -> dict[str, float]:
     bytes of 'params' and 'opt_state' (their shards), 'arguments',
     'outputs', 'aliased' (donated state written in place), 'temporaries',
     'total' (arguments + outputs + temporaries - aliased), and 'seconds'
-    the compilation took.
+    the compilation took. Where the device's compiler refused the step
+    for want of memory (``OutOfMemory``): the state, the temporaries it
+    said the step needs, and its message ('out_of_memory').
   """
   start = time.time()
-  ma = step.compiled().memory_analysis()
   out = dict(step.state_bytes)
+  try:
+    ma = step.compiled().memory_analysis()
+  except OutOfMemory as e:
+    # The state and the temporaries the compiler said the step needs.
+    state = float(sum(step.state_bytes.values()))
+    out.update(
+        arguments=state,
+        outputs=state,
+        aliased=state,
+        temporaries=e.temporaries,
+        total=state + e.temporaries,
+        out_of_memory=str(e),
+        seconds=time.time() - start,
+    )
+    return out
   out.update(
       arguments=int(ma.argument_size_in_bytes),
       outputs=int(ma.output_size_in_bytes),

@@ -140,14 +140,13 @@ def propose(run: spec.Run, devices: list[Any], usable: float) -> dict[str, Any]:
   remat = [((), {})] + (list(REMAT_OPTIONS) if not s.model.remat else [])
   state = _state_bytes(run, devices)
   for mesh_flags, mesh in mesh_options(s, devices):
+    if state is not None and state / (mesh.get("fsdp") or 1) > usable:
+      # The state's shards, arguments of the step, alone do not fit:
+      # nothing compiled. (The rest of the total is not bounded below by
+      # the run's own mesh: a device's compiler that refuses a step counts
+      # its temporaries differently, so each option is compiled.)
+      continue
     for flags, model in remat:
-      if mesh and state is not None:
-        # Sharding saves at most the state's share on the other devices:
-        # skip the compilation when that cannot bring the total under.
-        own = _total(_with(run, batch // unit, **model), devices)
-        saved = state * (1 - 1 / (mesh["fsdp"] or 1))
-        if own is not None and own - saved > usable:
-          continue
       found = _largest_micro_batch(run, devices, usable, mesh, model)
       if found is None:
         continue

@@ -44,6 +44,7 @@ class Plan:
     memory_fraction: usable share of memory; 0 = the platform's.
     dtypes: the compute dtypes planned.
     fit_batch: also compile a micro-batch twice as large.
+    eval_step: also compile the evaluation step (the scorer's forward).
   """
 
   SECTION: ClassVar[str] = "plan"
@@ -56,6 +57,7 @@ class Plan:
   memory_fraction: float = 0.0
   dtypes: tuple[str, ...] = ("float32", "bfloat16")
   fit_batch: bool = True
+  eval_step: bool = True
 
 
 TFLOPS = 1e12

@@ -119,6 +119,18 @@ class Tensors:
       self._open = None
 
 
+def check_weights(folder: str) -> None:
+  """Raises ``errors.DataError`` (one line) when ``folder`` holds neither
+  checkpoint file: no weights to import (``--mode=plan`` plans the model
+  from its config.json alone)."""
+  if not any(paths.isfile(paths.join(folder, f)) for f in (SINGLE, INDEX)):
+    raise errors.DataError(
+        f"{folder} has no {SINGLE} or {INDEX}, no weights to import: fetch "
+        "the model's safetensors files into it (docs/pretrained.md); "
+        "--mode=plan plans the model from its config.json alone"
+    )
+
+
 def shard_paths(folder: str) -> list[str]:
   """The safetensors files of the checkpoint in ``folder``.
 
@@ -129,11 +141,7 @@ def shard_paths(folder: str) -> list[str]:
   single, index = paths.join(folder, SINGLE), paths.join(folder, INDEX)
   if paths.isfile(single):
     return [single]
-  if not paths.isfile(index):
-    raise errors.DataError(
-        f"{folder} has no {SINGLE} or {INDEX}: fetch the model's safetensors "
-        "files into it (docs/pretrained.md)"
-    )
+  check_weights(folder)
   try:
     weight_map = json.loads(paths.read_text(index))["weight_map"]
   except (ValueError, KeyError, TypeError):

@@ -184,6 +184,7 @@ def import_model(run: spec.Run) -> dict[str, Any]:
   text = family.text(hf)
   model = family.settings(text)
   vocab_size = int(hf_config.get(text, "vocab_size"))
+  checkpoint.check_weights(folder)
   vocab = vocab_lib.TokenizerVocabulary(
       _read_text(folder, vocab_lib.FILE),
       vocab_size,

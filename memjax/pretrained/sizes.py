@@ -9,16 +9,26 @@ the import read from the checkpoint's ``config.json`` (export.json's
 the config inserts at chosen layers stays, ``_inserted``), fits the segment and window lengths to the model's positions
 and, for a run trained from the export, reads raw-text corpora through
 its tokenizer (``data.tokenizer``). Every other setting is the config's.
+
+A mode that needs the model's shape and not its weights (``--mode=plan``)
+also takes it from a folder holding a ``config.json`` alone
+(``config.pretrained.path``; ``apply_folder``), read by the import's own
+functions (``families``): a model is planned before its weights are
+downloaded. The vocabulary size is config.json's (``plan.vocab_size``, as
+it is the import's signature's for a plan of an import).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from memjax import errors
 from memjax import settings as settings_lib
 from memjax.checkpoints import convert
 from memjax.checkpoints import runfiles
 from memjax.io import paths
+from memjax.pretrained import hf_config
+from memjax.pretrained import registry
 
 # Model settings a config keeps over the import's: how it is trained, not
 # what the checkpoint is.
@@ -89,17 +99,95 @@ def _inserted(config: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
   }
 
 
+def imported_vocab_size(directory: str) -> int:
+  """The vocabulary size of the imported export in ``directory`` (its
+  signature's), 0 when it records none."""
+  meta = paths.read_json(paths.join(directory, runfiles.EXPORT_FILE))
+  return int(meta.get("signature", {}).get("model", {}).get("vocab_size", 0))
+
+
+def folder_model(folder: str) -> tuple[dict[str, Any], int]:
+  """(model settings, vocabulary size) of a Hugging Face folder's
+  ``config.json`` alone, as ``--mode=import`` reads them (``registry``).
+
+  Raises:
+    errors.DataError: no folder or no config.json, a config.json that is
+      not JSON, or a model_type or option memjax does not take.
+  """
+  path = paths.join(folder, "config.json")
+  if not paths.isfile(path):
+    raise errors.DataError(
+        f"config.pretrained.path {folder} has no config.json: a plan reads "
+        "the model's sizes from it (docs/pretrained.md)"
+    )
+  try:
+    hf = paths.read_json(path)
+  except ValueError as e:
+    raise errors.DataError(f"{path} is not JSON ({e})") from None
+  family = registry.family_of(hf)
+  text = family.text(hf)
+  return family.settings(text), int(hf_config.get(text, "vocab_size"))
+
+
+def _planned_vocab(tree: dict[str, Any], vocab_size: int) -> None:
+  """Sets ``plan.vocab_size`` to ``vocab_size`` where the config leaves it
+  0 (the model's own)."""
+  plan = tree.get("plan")
+  if vocab_size and plan is not None and not int(plan.get("vocab_size", 0)):
+    plan["vocab_size"] = int(vocab_size)
+
+
+def _source(tree: dict[str, Any], workdir: str) -> str:
+  """The imported export the config is given for: ``workdir``, else
+  ``train.init_from`` (resolved); '' when neither holds one."""
+  if imported_model(workdir) is not None:
+    return workdir
+  source = str(tree.get("train", {}).get("init_from", ""))
+  source = paths.resolve(source) if source else ""
+  return source if imported_model(source) is not None else ""
+
+
 def apply(tree: dict[str, Any], workdir: str) -> bool:
   """Sets in a config's tree (its JSON form) the model settings of the
   imported export in ``workdir`` or ``train.init_from``; False (``tree``
   unchanged) when neither holds one."""
-  source = workdir
-  model = imported_model(workdir)
-  if model is None:
-    source = str(tree.get("train", {}).get("init_from", ""))
-    model = imported_model(paths.resolve(source) if source else "")
-  if model is None:
+  source = _source(tree, workdir)
+  if not source:
     return False
+  _set_model(tree, imported_model(source))
+  if source != workdir and not tree["data"].get("tokenizer"):
+    tree["data"]["tokenizer"] = source
+  return True
+
+
+def apply_folder(tree: dict[str, Any], workdir: str) -> bool:
+  """For a mode that needs the model's shape and not its weights
+  (``--mode=plan``): ``apply``, else the model settings of the folder
+  ``pretrained.path`` names, from its ``config.json`` alone; and the
+  vocabulary size (``plan.vocab_size``, where the config leaves it 0) of
+  the import or of that config.json. False (``tree`` unchanged) when the
+  config names neither.
+
+  Raises:
+    errors.DataError: see ``folder_model``.
+  """
+  source = _source(tree, workdir)
+  if source:
+    apply(tree, workdir)
+    _planned_vocab(tree, imported_vocab_size(source))
+    return True
+  folder = str(tree.get("pretrained", {}).get("path", ""))
+  if not folder:
+    return False
+  model, vocab_size = folder_model(paths.resolve(folder))
+  _set_model(tree, model)
+  _planned_vocab(tree, vocab_size)
+  return True
+
+
+def _set_model(tree: dict[str, Any], model: dict[str, Any]) -> None:
+  """The import's model settings in the config's tree, with the
+  feed-forward it inserts and the lengths fitted to its positions."""
   inserted = _inserted(tree["model"], model)
   tree["model"].update({k: v for k, v in model.items() if k not in CONFIG_KEYS})
   tree["model"].update(inserted)
@@ -110,6 +198,3 @@ def apply(tree: dict[str, Any], workdir: str) -> bool:
       tree["data"]["seq_len"],
   ).items():
     tree[section].update(values)
-  if source != workdir and not tree["data"].get("tokenizer"):
-    tree["data"]["tokenizer"] = paths.resolve(source)
-  return True

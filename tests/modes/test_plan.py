@@ -1,13 +1,16 @@
 """``--mode=plan``: the 7m model's parameters counted from an initialised
 model, its FLOPs per token against the textbook formula, FLOPs per step that
 double with the micro-batches, TPU slice shapes, the device flags set
-before JAX starts, and a run of the mode through ``memjax.main`` that
-writes nothing but the plan."""
+before JAX starts, a run of the mode through ``memjax.main`` that
+writes nothing but the plan, a pretrained model planned from its
+config.json alone, and a step the device's compiler refuses for want of
+memory."""
 
 import dataclasses
 import importlib
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +26,7 @@ from memjax import extend
 from memjax.modes import plan
 from memjax.modes import plan_compile
 from memjax.modes import platforms
+from tests.conftest import REPO
 from tests.conftest import run_main
 
 
@@ -320,3 +324,94 @@ def test_xla_counts_the_encoder_decoders_rpe_terms():
   )
   assert added > 0
   assert 0.95 < (xla["rpe"] - xla["vanilla"]) / added < 1.05, (xla, formula)
+
+
+def _plan_json(workdir, *flags):
+  """plan.json of ``--mode=plan`` on one fake device (float32, no second
+  compile), run through ``memjax.main``."""
+  r = run_main(
+      "--config=configs/pretrained.py:import",
+      f"--workdir={workdir}",
+      "--mode=plan",
+      "--config.plan.devices=1",
+      "--config.plan.fit_batch=False",
+      "--config.plan.dtypes=('float32',)",
+      *flags,
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  with open(os.path.join(workdir, "plan.json")) as f:
+    return json.load(f)
+
+
+def test_main_plans_a_pretrained_model_from_its_config_json_alone(tmp_path):
+  # The tiny Llama's config.json alone (no weights, no tokenizer) plans the
+  # model the import of its whole folder plans: the same parameters,
+  # vocabulary and FLOPs of both steps.
+  fixture = os.path.join(REPO, "tests", "fixtures", "pretrained", "llama_gqa")
+  folder = tmp_path / "config_only"
+  folder.mkdir()
+  shutil.copy(os.path.join(fixture, "config.json"), folder)
+  alone = _plan_json(
+      str(tmp_path / "alone"), f"--config.pretrained.path={folder}"
+  )
+  imported = str(tmp_path / "imported")
+  r = run_main(
+      "--config=configs/pretrained.py:import",
+      f"--config.pretrained.path={fixture}",
+      f"--workdir={imported}",
+      "--mode=import",
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  after = _plan_json(imported)
+  # 2 layers of D 32, 4 heads (2 KV) of 8, SwiGLU 48, V 64, untied: by hand.
+  d, v, f, kv = 32, 64, 48, 2 * 8
+  layer = d * 32 + 2 * d * kv + 32 * d + 3 * d * f + 2 * d
+  assert alone["num_params"] == 2 * layer + 2 * v * d + d == 19_616
+  assert alone["vocab_size"] == after["vocab_size"] == 64
+  assert alone["num_params"] == after["num_params"]
+  assert alone["flops"]["flops"] == after["flops"]["flops"]
+  got, want = (
+      p["dtypes"]["float32"]["eval"]["flops"]["flops"] for p in (alone, after)
+  )
+  assert got == want > 0
+
+
+def _refused(message: str):
+  """The smoke step, its compilation refused with ``message``."""
+  step = _smoke(16, 2)
+  text = step.lowered().as_text(dialect="hlo")
+
+  class Refused:
+
+    def compile(self):
+      raise jax.errors.JaxRuntimeError(message)
+
+    def as_text(self, dialect=None):
+      del dialect
+      return text
+
+  step._lowered = Refused()  # pylint: disable=protected-access
+  return step
+
+
+def test_a_step_the_device_compiler_refuses_is_planned_as_not_fitting():
+  # libtpu refuses to compile a step that needs more memory than a chip
+  # has (RESOURCE_EXHAUSTED); the plan reports the temporaries it names
+  # beside the state, and the whole program's even share of the FLOPs.
+  message = (
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+      "required for HLO temporaries (157.89G) exceeds available HBM "
+      "(15.75G)."
+  )
+  step = _refused(message)
+  memory = plan_compile.step_memory(step)
+  state = sum(step.state_bytes.values())
+  assert memory["temporaries"] == pytest.approx(157.89 * 2**30)
+  assert memory["total"] == pytest.approx(state + 157.89 * 2**30)
+  assert memory["out_of_memory"] == message
+  flops = plan_compile.step_flops(step)
+  assert flops["flops_per_device"] == pytest.approx(flops["flops"] / 8)
+  assert "repeated" not in flops and flops["out_of_memory"] == message
+  # Another runtime error is a bug, its traceback kept.
+  with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+    plan_compile.step_memory(_refused("INTERNAL: something else"))

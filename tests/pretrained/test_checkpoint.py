@@ -1,7 +1,9 @@
-"""memjax.pretrained.checkpoint: single and sharded safetensors, bfloat16."""
+"""memjax.pretrained.checkpoint: single and sharded safetensors, bfloat16;
+a folder without weights."""
 
 import json
 import os
+import shutil
 
 import ml_dtypes
 import numpy as np
@@ -11,6 +13,7 @@ from safetensors import numpy as st
 from memjax import errors
 from memjax.pretrained import checkpoint
 from tests.conftest import REPO
+from tests.conftest import run_main
 
 GPT2 = os.path.join(REPO, "tests", "fixtures", "pretrained", "gpt2")
 
@@ -89,3 +92,22 @@ def test_tensors_are_read_on_demand_one_shard_mapped_at_a_time(tmp_path):
   np.testing.assert_array_equal(tensors.read(names[3]), whole[names[3]])
   tensors.close()
   assert _mapped(files) == 0
+
+
+def test_a_folder_with_config_json_alone_is_one_line_naming_the_plan(
+    tmp_path,
+):
+  # --mode=import through memjax.main: exit status 2, one line saying there
+  # are no weights and that --mode=plan takes the folder as it is.
+  shutil.copy(os.path.join(GPT2, "config.json"), tmp_path)
+  r = run_main(
+      "--config=configs/pretrained.py:import",
+      f"--config.pretrained.path={tmp_path}",
+      f"--workdir={tmp_path / 'w'}",
+      "--mode=import",
+  )
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("memjax: error: "), lines
+  assert "no weights to import" in lines[0] and "--mode=plan" in lines[0]
+  assert not (tmp_path / "w").exists()
