@@ -33,6 +33,7 @@ from memjax import sharding
 from memjax.checkpoints import runfiles
 from memjax.io import paths
 from memjax.io import workdirs
+from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import model_config
 from memjax.models import stack
@@ -100,6 +101,7 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   family = parts.families.get(s.model.family)
   attention = parts.attention.get(s.model.attention)
   family.check_attention(s.model.family, s.model.attention, attention)
+  attention_lib.check_sliding_window(s.model, family.refuses_attention)
   kind = parts.feed_forward.get(s.model.feed_forward)
   # feed_forward_layers in range, the base kind known.
   model_config.ModelConfig.of(s.model, vocab_size=0, parts=parts)

@@ -7,6 +7,7 @@ an export written on one device must load on eight and score the same;
 ``init_from`` restores the shared parameters only.
 """
 
+import importlib
 import dataclasses
 import json
 import os
@@ -325,3 +326,21 @@ def test_paper_size_configs_follow_the_authors_layer_norm():
   m = trime_wt103.get_config("247m").model
   assert not m.final_layer_norm
   assert m.feed_forward_options.activation_dropout == 0.1
+
+
+@pytest.mark.parametrize(
+    "config_file, variant",
+    [("pkm_bert", "pkm_smoke"), ("trime_iwslt", "smoke")],
+)
+def test_a_sliding_window_on_a_family_that_reads_sequences_whole_is_refused(
+    tmp_path, config_file, variant
+):
+  module = importlib.import_module(f"configs.{config_file}")
+  config = module.get_config(variant)
+  config.model.attention_options.sliding_window = 4
+  workdir = tmp_path / "run"
+  with pytest.raises(
+      errors.ConfigError, match="does not take a sliding window"
+  ):
+    build.run_mode("train", config, str(workdir))
+  assert not workdir.exists()

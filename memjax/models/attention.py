@@ -303,6 +303,31 @@ def reads_whole_sequences(name: str, kind: type) -> Optional[str]:
   return None
 
 
+def check_sliding_window(model: Any, refuses: Optional[Callable]) -> None:
+  """Refuses a sliding window (``attention_options.sliding_window``, or
+  ``family_options.local_attention_options``'s: Mistral's, Gemma 3's local
+  layers) in a family that reads each sequence whole (``refuses`` is
+  ``reads_whole_sequences``: the encoder, and the encoder-decoder, whose
+  decoder also decodes with a cache the window does not cut). A decoder
+  LM's causal self-attention applies it.
+
+  Raises:
+    errors.ConfigError: naming the setting and why.
+  """
+  local = dict(model.family_options or {}).get("local_attention_options")
+  windows = (
+      dict(model.attention_options or {}).get("sliding_window", 0),
+      dict(local or {}).get("sliding_window", 0),
+  )
+  if any(windows) and refuses is reads_whole_sequences:
+    raise errors.ConfigError(
+        f"model.family {model.family!r} does not take a sliding window "
+        f"(model.attention_options.sliding_window {max(windows)}): it "
+        "applies to a decoder LM's causal self-attention (decoder_lm); "
+        "set it to 0"
+    )
+
+
 # Why a family that reads each sequence whole refuses a recurrent kind.
 RECURRENT_REFUSAL = (
     "a recurrent memory is carried from one segment of a stream to the "
