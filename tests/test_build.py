@@ -201,13 +201,15 @@ def test_bfloat16_export_is_half_the_size(smoke_workdir, tmp_path):
   assert meta["dtype"] == "bfloat16"
   model = memjax.load(out)
   leaves = jax.tree.leaves(model.restored.params)
-  assert all(x.dtype == np.float32 for x in leaves)  # Cast back on load.
+  # Restored in the dtype it was written in (its config's param_dtype).
+  assert all(x.dtype == jnp.bfloat16 for x in leaves)
+  assert model.restored.run.settings.model.param_dtype == "bfloat16"
   run = memjax.load(smoke_workdir)
   params = jax.tree.leaves(run.restored.params)
   for x, y in zip(params, leaves):
     # Each value is the run's float32 rounded to the nearest bfloat16.
     np.testing.assert_array_equal(
-        np.asarray(x).astype(jnp.bfloat16).astype(np.float32), np.asarray(y)
+        np.asarray(x).astype(jnp.bfloat16), np.asarray(y)
     )
   # On disk every array is stored as bfloat16 (Orbax's own metadata), and
   # the export is smaller than the same export in float32 by at least one

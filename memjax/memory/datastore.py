@@ -276,7 +276,8 @@ def check_build_dir(path: str, spec: BuildSpec) -> None:
       )
     return
   old = paths.read_json(bpath)
-  old.setdefault("window_bos", None)  # A build from before the field.
+  if "window_bos" in spec.to_json():  # A build from before the field.
+    old.setdefault("window_bos", None)
   if "signature" in old:  # As today's signature reads an earlier one.
     old["signature"] = convert.upgrade(old["signature"])
   if old.get("signature", {}).get("model") != spec.signature["model"]:
