@@ -56,6 +56,7 @@ class LanguageModel(base.Loaded):
     self.memory = memory_setting(restored)
     self._scorers: dict[str, Any] = {}
     self._samplers: dict[tuple[float, float], Any] = {}
+    self._decoder: Any = None
 
   # -------------------------------------------------------------- text
   def encode(self, text: str) -> np.ndarray:
@@ -183,19 +184,28 @@ class LanguageModel(base.Loaded):
       top_p: float = 0.95,
       temperature: float = 1.0,
       seed: int = 0,
+      greedy: bool = False,
+      top_k: int = 0,
   ) -> Any:
-    """Continues each prompt by top-p sampling (memory carried by segments).
+    """Continues each prompt: greedy, or sampled (temperature, top-k, top-p).
 
-    The sampler runs [1, T] segments (T the run's segment length), so it
-    compiles once for all prompts and lengths and is kept for later calls
-    with the same ``top_p`` and ``temperature``.
+    A decoder LM with the 'vanilla' attention kind (no recurrent memory)
+    decodes every prompt in one batch with a key/value cache
+    (``memjax.models.lm_decoding``: prefill, then one cached step per
+    token); other models run ``memjax.modes.generate.Sampler`` prompt by
+    prompt ([1, T] segments, the memory carried), which takes top-p and
+    temperature only.
 
     Args:
       prompts: a text or a token array [n >= 1], or a list of either.
-      num_tokens: new tokens to draw per prompt.
+      num_tokens: new tokens per prompt (at most).
       top_p: nucleus mass in (0, 1].
       temperature: divides the log-probabilities before filtering.
       seed: one seed gives one continuation (prompt i draws with seed + i).
+      greedy: take the most likely token (cached decoding; elsewhere a
+        nucleus of no mass does the same).
+      top_k: keep the k most likely tokens before top-p (0 = all; cached
+        decoding only).
 
     Returns:
       Per prompt, the continuation as text for a text prompt, else
@@ -203,32 +213,47 @@ class LanguageModel(base.Loaded):
       of its EOS ids: the continuation ends with it); a list for a list of
       prompts.
     """
+    from memjax.models import lm_decoding  # pylint: disable=g-import-not-at-top
+    from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
+
     many = isinstance(prompts, (list, tuple)) and not (
         prompts and isinstance(prompts[0], (int, np.integer))
     )
-    sampler = self._sampler(float(top_p), float(temperature))
-    out = []
-    from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
-
-    stop = generate_lib.stop_ids(self.vocab)
-    for i, prompt in enumerate(prompts if many else [prompts]):
-      ids = self._prompt(prompt)
-      if not len(ids):
+    items = list(prompts if many else [prompts])
+    ids = [self._prompt(p) for p in items]
+    for i, x in enumerate(ids):
+      if not len(x):
         raise ValueError(
-            f"generate: prompt {i} is empty ({prompt!r}); give each prompt at "
-            "least one token of text"
+            f"generate: prompt {i} is empty ({items[i]!r}); give each prompt "
+            "at least one token of text"
         )
-      new = sampler.generate(
-          self.restored.variables, ids, int(num_tokens), int(seed) + i, stop
+    stop = generate_lib.stop_ids(self.vocab)
+    seeds = [int(seed) + i for i in range(len(ids))]
+    if lm_decoding.unsupported(self.restored.model) is None:
+      if self._decoder is None:
+        self._decoder = lm_decoding.CachedDecoder(self.restored.model)
+      sampling = lm_decoding.Sampling(
+          bool(greedy), int(top_k), float(top_p), float(temperature)
       )
-      out.append(self.decode(new) if isinstance(prompt, str) else new)
+      new = self._decoder.generate(
+          self.restored.variables, ids, int(num_tokens), sampling, seeds, stop
+      )
+    else:
+      sampler = self._sampler(1e-9 if greedy else float(top_p), temperature)
+      new = [
+          sampler.generate(self.restored.variables, x, int(num_tokens), s, stop)
+          for x, s in zip(ids, seeds)
+      ]
+    out = [
+        self.decode(n) if isinstance(p, str) else n for p, n in zip(items, new)
+    ]
     return out if many else out[0]
 
   def _sampler(self, top_p: float, temperature: float) -> Any:
     """The kept ``modes.generate.Sampler`` of these settings."""
     from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
 
-    key = (top_p, temperature)
+    key = (float(top_p), float(temperature))
     if key not in self._samplers:
       model, s = self.restored.model, self.settings
       mem_len = int(s.of(generate_lib.Generate).mem_len or s.model.mem_len)

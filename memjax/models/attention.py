@@ -222,21 +222,43 @@ class CausalSelfAttention(AttentionKind):
     nn.share_scope(self, self.core)
 
   def __call__(
-      self, x: Array, memory: Any = None, *, deterministic: bool = True
-  ) -> tuple[Array, None]:
-    """Attends causally within the segment.
+      self,
+      x: Array,
+      memory: Any = None,
+      *,
+      deterministic: bool = True,
+      mask: Optional[Array] = None,
+      pos: Optional[Array] = None,
+      positions: Optional[Array] = None,
+  ) -> tuple[Array, Any]:
+    """Attends causally within the segment, or over a key/value cache.
 
     Args:
       x: [B, T, D] pre-normalised layer input.
-      memory: unused (no recurrence); must be None.
+      memory: None (no recurrence), or in cached decoding
+        (``memjax.models.lm_decoding``) this layer's (keys, values)
+        [B, L, H_kv, d_h], x's rows going to slots ``pos``..``pos`` + T - 1.
       deterministic: disables dropout.
+      mask: with a cache: [B, 1, 1, L] bool, the slots a row may read.
+      pos: with a cache: scalar int32, x's first slot.
+      positions: with a cache: [B, T] int32 x's rotary positions.
 
     Returns:
-      ([B, T, D] output after the output projection, None).
+      ([B, T, D] output after the output projection, the updated cache or
+      None).
     """
-    del memory
-    y, _ = self.core(x, deterministic=deterministic, causal=True)
-    return y, None
+    if memory is None:
+      y, _ = self.core(x, deterministic=deterministic, causal=True)
+      return y, None
+    return self.core(
+        x,
+        memory,
+        deterministic=deterministic,
+        causal=True,
+        mask=mask,
+        pos=pos,
+        positions=positions,
+    )
 
 
 def core_options(options: Any) -> dict[str, Any]:

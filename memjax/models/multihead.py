@@ -256,14 +256,6 @@ class MultiHeadAttention(nn.Module):
     computed once per source)."""
     return self.project(y, "key"), self.project(y, "value")
 
-  def rotate(self, q: Array, k: Array) -> tuple[Array, Array]:
-    """q, k with rotary positions 0..T-1 (unchanged without ``rope``)."""
-    if self.rope is None:
-      return q, k
-    inv = self.rope.inverse_frequencies(self.head_dim)
-    cos, sin = rotary.tables(q.shape[1], inv, self.rope.attention_factor)
-    return rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
-
   def output(self, c: Array) -> Array:
     """[B, T, H, d_h] head outputs -> [B, T, D] (compute dtype)."""
     c = c.astype(self.dtype)
@@ -430,6 +422,7 @@ class MultiHeadAttention(nn.Module):
       kv: Optional[tuple[Array, Array]] = None,
       bias: Optional[Array] = None,
       pos: Optional[Array] = None,
+      positions: Optional[Array] = None,
   ) -> tuple[Array, Optional[tuple[Array, Array]]]:
     """Self-attention of x, or (``kv`` given) cross-attention: the calling
     convention of a block's attention sub-layers (``blocks.ResidualBlock``).
@@ -446,7 +439,9 @@ class MultiHeadAttention(nn.Module):
         ``sliding_window`` or more positions before it.
       kv: cross-attention: keys and values [B, S, H_kv, d_h] (``kv``).
       bias: float32 broadcastable to [B, H, T, S], added to the scores.
-      pos: with a cache: scalar int32 position of x.
+      pos: with a cache: scalar int32, the slot of x's first row (a causal
+        query at slot i reads slots <= i, within ``sliding_window``).
+      positions: [B, T] int32 x's rotary positions; None = the slots.
 
     Returns:
       ([B, T, D], the cache with x's keys and values at ``pos``, or None
@@ -456,7 +451,13 @@ class MultiHeadAttention(nn.Module):
     q = self.project(x, "query")
     if kv is None:
       k, v = self.kv(x)
-      q, k = self.rotate(q, k)
+      if self.rope is not None:  # Positions: 0..T-1, the slots, or given.
+        if positions is None and cache is not None:
+          positions = jnp.broadcast_to(
+              pos + jnp.arange(x.shape[1]), x.shape[:2]
+          )
+        table = x.shape[1] if cache is None else cache[0].shape[1]
+        q, k = rotary.rotate_qk(self.rope, q, k, positions, table)
       if cache is not None:
         k = jax.lax.dynamic_update_slice_in_dim(cache[0], k, pos, axis=1)
         v = jax.lax.dynamic_update_slice_in_dim(cache[1], v, pos, axis=1)
@@ -466,22 +467,16 @@ class MultiHeadAttention(nn.Module):
     q = nn.with_logical_constraint(q, HEADS_AXES)
     k = nn.with_logical_constraint(k, HEADS_AXES)
     keep = jnp.ones((), bool) if mask is None else mask
-    if causal:
-      keep = keep & causal_mask(x.shape[1], self.sliding_window)[None, None]
+    if causal:  # Query slot pos + i reads key slots j <= pos + i.
+      at, w = (0 if cache is None else pos), self.sliding_window
+      keep = keep & positions_lib.cached_causal_mask(
+          x.shape[1], k.shape[1], at, w
+      )
     s = self.scores(q, k, bias=bias)
     c, _, _ = self.attend(
         s, keep, v, deterministic, empty_rows=mask is not None
     )
     return self.output(c), cache
-
-
-def causal_mask(length: int, window: int = 0) -> Array:
-  """[T, T] bool: query i may read key j <= i, and with a ``window`` > 0
-  only j > i - window (the last ``window`` positions, i's own included)."""
-  keep = jnp.tril(jnp.ones((length, length), bool))
-  if window > 0:
-    keep = keep & ~jnp.tril(jnp.ones((length, length), bool), -window)
-  return keep
 
 
 def core_of(layer: nn.Module, **options: Any) -> MultiHeadAttention:

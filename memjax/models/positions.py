@@ -74,3 +74,16 @@ def rel_shift(x: Array) -> Array:
   x = x.reshape(*lead, p_len + 1, q_len)
   x = x[..., 1:, :]
   return x.reshape(*lead, q_len, p_len)
+
+
+def cached_causal_mask(
+    length: int, cache_len: int, pos: Array, window: int = 0
+) -> Array:
+  """[1, 1, T, L] bool: the query at slot pos + i reads cache slots j <=
+  pos + i, and with a ``window`` > 0 only j > pos + i - window."""
+  q = pos + jnp.arange(length)[:, None]
+  j = jnp.arange(cache_len)[None, :]
+  keep = j <= q
+  if window > 0:
+    keep = keep & (j > q - window)
+  return keep[None, None]

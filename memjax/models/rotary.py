@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -173,6 +174,15 @@ def rotate(x: Array, cos: np.ndarray, sin: np.ndarray) -> Array:
   return x * c + turned * s
 
 
+def rotate_rows(x: Array, cos: Array, sin: Array) -> Array:
+  """Rotates x [B, T, H, d_h] by per-row tables [B, T, d_h] (each row's
+  own positions, gathered from ``tables``)."""
+  half = x.shape[-1] // 2
+  turned = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  c, s = cos.astype(x.dtype)[:, :, None], sin.astype(x.dtype)[:, :, None]
+  return x * c + turned * s
+
+
 @dataclasses.dataclass(frozen=True)
 class Rope:
   """Rotary positions' settings (``inverse_frequencies``'s arguments).
@@ -212,3 +222,22 @@ class Rope:
         self.beta_slow,
         self.truncate,
     )
+
+
+def rotate_qk(
+    rope: "Rope",
+    q: Array,
+    k: Array,
+    positions: Optional[Array] = None,
+    table_len: int = 0,
+) -> tuple[Array, Array]:
+  """q, k [B, T, ., d_h] rotated by ``rope`` at positions 0..T-1, or at
+  ``positions`` [B, T] int32 (each below ``table_len``: the tables are
+  computed for that many positions and gathered)."""
+  inv = rope.inverse_frequencies(q.shape[-1])
+  length = table_len if positions is not None else q.shape[1]
+  cos, sin = tables(length, inv, rope.attention_factor)
+  if positions is None:
+    return rotate(q, cos, sin), rotate(k, cos, sin)
+  cos, sin = jnp.asarray(cos)[positions], jnp.asarray(sin)[positions]
+  return rotate_rows(q, cos, sin), rotate_rows(k, cos, sin)

@@ -20,8 +20,10 @@ the new token starts the next segment. Every token is therefore predicted
 with the context it would have in a recurrent evaluation. Each step costs one
 forward pass over M + T rows; two programs are compiled (predict, commit).
 
-Models without memory (vanilla, Transformer+RPE) slide a window of the last
-T tokens instead.
+Models without memory (Transformer+RPE) slide a window of the last T
+tokens instead. A decoder LM with the 'vanilla' kind decodes with a
+key/value cache instead (``memjax.models.lm_decoding``: the prompt whole
+in one call, then one cached step per token, the same PRNG keys).
 
 A model imported with its tokenizer stops a continuation at the first
 token that is one of its end-of-sequence ids (``stop_ids``: every EOS id
@@ -47,6 +49,7 @@ from memjax.data import corpus as corpus_lib
 from memjax.data import vocab as vocab_lib
 from memjax.io import console
 from memjax.io import paths
+from memjax.models import lm_decoding
 from memjax.models import state as model_state
 from memjax.run import restore
 from memjax.run import spec
@@ -80,30 +83,8 @@ class Generate:
 Array = jax.Array
 
 
-def top_p_filter(logits: Array, top_p: float) -> Array:
-  """Keeps the smallest set of tokens whose probability reaches ``top_p``.
-
-  Tokens are ranked by probability; a token is kept when the probability of
-  the tokens ranked before it is below ``top_p`` (so the most likely token is
-  always kept, and the set is the shortest prefix whose mass is >= top_p).
-
-  Args:
-    logits: [..., V] float.
-    top_p: in (0, 1]; 1 keeps every token.
-
-  Returns:
-    [..., V] float32 logits with -inf outside the set.
-  """
-  if not 0.0 < top_p <= 1.0:
-    raise errors.ConfigError(f"generate.top_p must be in (0, 1], got {top_p}")
-  logits = jnp.asarray(logits, jnp.float32)
-  order = jnp.argsort(-logits, axis=-1)
-  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-  probs = jax.nn.softmax(sorted_logits, axis=-1)
-  before = jnp.cumsum(probs, axis=-1) - probs
-  keep_sorted = before < top_p
-  keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
-  return jnp.where(keep, logits, -jnp.inf)
+# Keeps the smallest set of tokens whose probability reaches top_p.
+top_p_filter = lm_decoding.top_p_filter
 
 
 def sample_token(
@@ -270,6 +251,33 @@ def decode(vocab: Any, ids: np.ndarray) -> str:
   return vocab_lib.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
+def _continue(
+    model: Any,
+    variables: Any,
+    prompt: np.ndarray,
+    g: Generate,
+    segment_len: int,
+    stops: Sequence[int],
+) -> np.ndarray:
+  """[<= num_tokens] int32 tokens after ``prompt``: by key/value-cache
+  decoding where the model has it (``lm_decoding``), else by ``Sampler``."""
+  if lm_decoding.unsupported(model) is None:
+    console.info("decoding with a key/value cache")
+    sampling = lm_decoding.Sampling(
+        top_p=float(g.top_p), temperature=float(g.temperature)
+    )
+    decoder = lm_decoding.CachedDecoder(model)
+    return decoder.generate(
+        variables, [prompt], int(g.num_tokens), sampling, [int(g.seed)], stops
+    )[0]
+  sampler = Sampler(
+      model, segment_len, top_p=float(g.top_p), temperature=float(g.temperature)
+  )
+  return sampler.generate(
+      variables, prompt, int(g.num_tokens), int(g.seed), stops
+  )
+
+
 def generate(run: spec.Run) -> dict[str, Any]:
   """``--mode=generate``: continues a prompt from a split (see module doc)."""
   s, workdir = run.settings, run.workdir
@@ -294,9 +302,6 @@ def generate(run: spec.Run) -> dict[str, Any]:
   if model.carries_memory() and mem_len != model.cfg.mem_len:
     model = model.with_settings(mem_len=mem_len)
   seg = int(s.eval.segment_len or s.data.seq_len)
-  sampler = Sampler(
-      model, seg, top_p=float(g.top_p), temperature=float(g.temperature)
-  )
   console.info(
       "generating %d tokens after a %d-token prompt (%s[%d:%d]), "
       "top-p %.2f, segments of %d, memory %d",
@@ -310,13 +315,7 @@ def generate(run: spec.Run) -> dict[str, Any]:
       model.cfg.mem_len if model.carries_memory() else 0,
   )
   vocab = restored.vocab
-  new = sampler.generate(
-      restored.variables,
-      prompt,
-      int(g.num_tokens),
-      int(g.seed),
-      stop_ids(vocab),
-  )
+  new = _continue(model, restored.variables, prompt, g, seg, stop_ids(vocab))
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
       f"model {s.name}, step {restored.step}; prompt "

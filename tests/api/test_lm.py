@@ -50,14 +50,16 @@ def test_scoring_many_inputs_compiles_once(model, count_lowerings):
 def test_generate_takes_a_batch_of_prompts_and_compiles_once(
     model, count_lowerings
 ):
+  # Key/value-cache decoding compiles once per batch size and cache length.
   prompts = ["the history of", "in 1990", "music is"]
   with count_lowerings() as first:
-    one = model.generate(prompts[1], num_tokens=4, seed=1)
-  with count_lowerings() as batch:
     out = model.generate(prompts, num_tokens=4, seed=0)
-  assert first() >= 1 and batch() == 0
+  with count_lowerings() as batch:
+    again = model.generate(["a b", "the city of london", "x"], 4, seed=0)
+  assert first() >= 1 and batch() == 0 and len(again) == 3
   assert isinstance(out, list) and len(out) == 3
   assert all(isinstance(t, str) and len(t.split()) == 4 for t in out)
+  one = model.generate(prompts[1], num_tokens=4, seed=1)
   assert out[1] == one  # Prompt i draws with seed + i.
   ids = model.generate([model.encode("the history of")], num_tokens=5)
   assert ids[0].shape == (5,) and ids[0].dtype == np.int32

@@ -1,0 +1,365 @@
+"""Key/value-cache decoding of a decoder LM ('decoder_lm', 'vanilla').
+
+``CachedDecoder`` continues a batch of prompts: the prompts are
+left-padded to a common length P (a multiple of ``BUCKET``), one call
+(prefill) runs them and writes every layer's keys and values into a cache
+of L slots (P + the new tokens, rounded up to ``BUCKET``: one compilation
+per batch size, P and L), then one cached step per new token runs the
+last token alone, all steps in one compiled loop. Row b's real tokens sit
+at slots P - n_b .. P - 1 and its positions start at 0 at its first real
+token (``left_align`` derives them from any padding mask); a row reads
+only its own slots (``key_valid``), causally, and a sliding-window layer
+only its last ``sliding_window`` positions (the full-length cache masked,
+not a rolling buffer).
+
+What it covers: the 'decoder_lm' family with the 'vanilla' attention kind
+and no recurrent memory, with rotary positions (every scaling of
+``rotary``), learned or sinusoid absolute positions, grouped-query heads
+(the cache holds H_kv heads), sliding windows and Gemma 3's local/global
+layers, any position-wise feed-forward (FFN, GLU, product-key memory),
+scanned layers (``stack.apply`` scans the per-layer caches). Other
+families and kinds (Transformer-XL, LaMemo, 'rpe', MARGE, the encoders)
+use ``memjax.modes.generate.Sampler``.
+
+Sampling: greedy, or temperature, top-k and top-p filtering; row b draws
+token t with ``fold_in(PRNGKey(seeds[b]), t)`` as the ``Sampler`` does. A
+row stops after drawing one of ``stop_ids`` (the id included) and emits
+nothing more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from memjax import errors
+from memjax.io import console
+from memjax.models import attention as attention_lib
+from memjax.models import positions as positions_lib
+from memjax.models import stack
+from memjax.models import state as model_state
+from memjax.models import transformer
+
+Array = jax.Array
+# Prompt and cache lengths are rounded up to a multiple of this.
+BUCKET = 64
+
+
+def unsupported(model: Any) -> Optional[str]:
+  """Why ``model`` cannot decode with a cache, or None when it can."""
+  if type(model) is not transformer.TransformerLM:  # pylint: disable=unidiomatic-typecheck
+    return f"family {type(model).__name__} is not decoder_lm"
+  if model.attention_kind() is not attention_lib.CausalSelfAttention:
+    return f"attention kind {model.cfg.attention!r} is not 'vanilla'"
+  if model.carries_memory():
+    return "the model carries a recurrent memory"
+  return None
+
+
+def bucket(n: int) -> int:
+  """n rounded up to a multiple of ``BUCKET``."""
+  return -(-int(n) // BUCKET) * BUCKET
+
+
+def left_align(tokens: np.ndarray, mask: np.ndarray, width: int) -> tuple:
+  """Each row's real tokens (``mask``, left- or right-padded) moved to the
+  right end of ``width`` slots.
+
+  Args:
+    tokens: [B, S] int ids.
+    mask: [B, S] bool, True = a real token (contiguous in each row).
+    width: the padded length P >= every row's count.
+
+  Returns:
+    (tokens [B, P] int32 (0 at padding), positions [B, P] int32 (0 at a
+     row's first real token, 0 at padding), lengths [B] int32).
+  """
+  tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+  b = tokens.shape[0]
+  out = np.zeros((b, width), np.int32)
+  lengths = mask.sum(axis=1).astype(np.int32)
+  for i in range(b):
+    out[i, width - lengths[i] :] = tokens[i][mask[i]]
+  slots = np.arange(width)[None, :]
+  positions = np.maximum(slots - (width - lengths[:, None]), 0)
+  return out, positions.astype(np.int32), lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How a token is chosen: greedy (argmax), else temperature, then top-k
+  (0 = off) and top-p filtering of the log-probabilities."""
+
+  greedy: bool = False
+  top_k: int = 0
+  top_p: float = 1.0
+  temperature: float = 1.0
+
+  def check(self) -> None:
+    """Raises errors.ConfigError on a value out of range."""
+    if not 0.0 < self.top_p <= 1.0:
+      raise errors.ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.temperature <= 0:
+      raise errors.ConfigError(
+          f"temperature must be > 0, got {self.temperature}"
+      )
+    if self.top_k < 0:
+      raise errors.ConfigError(f"top_k must be >= 0, got {self.top_k}")
+
+  def choose(self, logp: Array, keys: Array) -> Array:
+    """[B, V] log-probabilities, [B] keys -> [B] int32 tokens."""
+    if self.greedy:
+      return jnp.argmax(logp, axis=-1).astype(jnp.int32)
+    logits = logp / self.temperature
+    if self.top_k:
+      kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
+      logits = jnp.where(logits < kth, -jnp.inf, logits)
+    logits = top_p_filter(logits, self.top_p)
+    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+
+
+def top_p_filter(logits: Array, top_p: float) -> Array:
+  """Keeps the smallest set of tokens whose probability reaches ``top_p``.
+
+  Tokens are ranked by probability; a token is kept when the probability of
+  the tokens ranked before it is below ``top_p`` (so the most likely token is
+  always kept, and the set is the shortest prefix whose mass is >= top_p).
+
+  Args:
+    logits: [..., V] float.
+    top_p: in (0, 1]; 1 keeps every token.
+
+  Returns:
+    [..., V] float32 logits with -inf outside the set.
+  """
+  if not 0.0 < top_p <= 1.0:
+    raise errors.ConfigError(f"generate.top_p must be in (0, 1], got {top_p}")
+  logits = jnp.asarray(logits, jnp.float32)
+  order = jnp.argsort(-logits, axis=-1)
+  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  before = jnp.cumsum(probs, axis=-1) - probs
+  keep_sorted = before < top_p
+  keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
+  return jnp.where(keep, logits, -jnp.inf)
+
+
+def _forward(
+    mdl: transformer.TransformerLM,
+    tokens: Array,
+    positions: Array,
+    key_valid: Array,
+    slot: Array,
+    cache: Any,
+) -> tuple[Array, Any]:
+  """Runs [B, T] tokens at slots slot..slot+T-1 over the cache.
+
+  Args:
+    mdl: the bound model.
+    tokens: [B, T] int32.
+    positions: [B, T] int32 their positions.
+    key_valid: [B, L] bool, the slots each row may read.
+    slot: scalar int32, the first slot.
+    cache: per layer (keys, values) [B, L, H_kv, d_h].
+
+  Returns:
+    ([B, T, D] final hidden states, the updated cache).
+  """
+  x = mdl.embedder.embed(tokens)
+  length = cache[0][0].shape[1]
+  if mdl.positions != "none":
+    if mdl.pos_embed is not None:
+      table = mdl.pos_embed
+    else:
+      table = positions_lib.sinusoid_table(length, mdl.cfg.d_model)
+    x = x + jnp.asarray(table, mdl.cfg.compute_dtype)[positions]
+  shared = {} if mdl.ffn_shared is None else {"ffn_shared": mdl.ffn_shared()}
+  inputs = {"mask": key_valid[:, None, None, :], "pos": slot}
+  inputs["positions"] = positions
+  h, _, new = stack.apply(
+      mdl.blocks, x, cache, True, attend_inputs=inputs, **shared
+  )
+  h = mdl.final_norm(h) if mdl.final_norm else h
+  return h, tuple(new)
+
+
+class CachedDecoder:
+  """Prefill and cached steps of a decoder LM (see the module doc)."""
+
+  def __init__(self, model: transformer.TransformerLM):
+    why = unsupported(model)
+    if why:
+      raise ValueError(f"no cached decoding: {why}")
+    self.model = model
+
+  def init_cache(self, batch: int, length: int) -> tuple:
+    """Zero keys and values [B, L, H_kv, d_h] per layer."""
+    cfg, out = self.model.cfg, []
+    for i in range(cfg.num_layers):
+      opts = attention_lib.core_options(self.model.attention_options_at(i))
+      shape = (batch, length, opts["num_kv_heads"] or cfg.num_heads)
+      zeros = jnp.zeros(shape + (cfg.head_dim,), cfg.compute_dtype)
+      out.append((zeros, zeros))
+    return tuple(out)
+
+  @functools.partial(jax.jit, static_argnums=(0, 5))
+  def prefill(self, params, tokens, positions, key_valid, length):
+    """[B, P] tokens into a fresh cache of ``length`` slots -> ([B, P, V]
+    float32 log-probabilities, cache)."""
+
+    def fn(mdl):
+      cache = self.init_cache(tokens.shape[0], length)
+      h, cache = _forward(mdl, tokens, positions, key_valid, 0, cache)
+      return mdl.log_probs(h), cache
+
+    return self.model.apply(model_state.as_variables(params), method=fn)
+
+  def step(self, params, cache, token, position, key_valid, slot):
+    """[B] tokens at ``slot`` (positions [B]) -> ([B, V] log-probs, cache)."""
+
+    def fn(mdl):
+      h, new = _forward(
+          mdl, token[:, None], position[:, None], key_valid, slot, cache
+      )
+      return mdl.log_probs(h[:, 0]), new
+
+    return self.model.apply(model_state.as_variables(params), method=fn)
+
+  @functools.partial(jax.jit, static_argnums=(0, 1, 2))
+  def _loop(
+      self,
+      sampling,
+      width,
+      params,
+      cache,
+      logp,
+      lengths,
+      key_valid,
+      seeds,
+      stops,
+      num,
+  ):
+    """Draws up to ``num`` tokens per row after a prefill of ``width``
+    slots -> [B, L - width] int32 (-1 after a row's stop), all steps in
+    one while loop."""
+    b, length = key_valid.shape
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
+    out = jnp.full((b, length - width), -1, jnp.int32)
+
+    def body(carry):
+      t, cache, logp, done, out = carry
+      step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, t)
+      token = jnp.where(done, -1, sampling.choose(logp, step_keys))
+      out = out.at[:, t].set(token)
+      done = done | jnp.isin(token, stops) | (t + 1 >= num)
+      logp, cache = self.step(
+          params,
+          cache,
+          jnp.maximum(token, 0),
+          lengths + t,
+          key_valid,
+          width + t,
+      )
+      return t + 1, cache, logp, done, out
+
+    def cond(carry):
+      t, _, _, done, _ = carry
+      return (t < num) & ~jnp.all(done)
+
+    init = (jnp.int32(0), cache, logp, jnp.zeros((b,), bool), out)
+    return jax.lax.while_loop(cond, body, init)[4]
+
+  def forced_log_probs(
+      self, params: Any, prompts: Sequence[np.ndarray], forced: np.ndarray
+  ) -> np.ndarray:
+    """Teacher forcing through the cache: [B, N + 1, V] float32, the
+    log-probabilities after each prompt and after each of ``forced``'s
+    [B, N] tokens, fed one cached step at a time."""
+    forced = np.asarray(forced, np.int32)
+    num = forced.shape[1] + 1
+    tokens, positions, lengths, key_valid = self._prepare(prompts, num)
+    logp, cache = self.prefill(
+        params, tokens, positions, key_valid, key_valid.shape[1]
+    )
+    step = jax.jit(self.step)
+    out, width = [logp[:, -1]], tokens.shape[1]
+    for t in range(forced.shape[1]):
+      lp, cache = step(
+          params,
+          cache,
+          jnp.asarray(forced[:, t]),
+          jnp.asarray(lengths + t),
+          jnp.asarray(key_valid),
+          jnp.int32(width + t),
+      )
+      out.append(lp)
+    return np.asarray(jnp.stack(out, axis=1))
+
+  def _prepare(self, prompts: Sequence[np.ndarray], num: int) -> tuple:
+    """Left-padded prompts (each cut to the positions the model has, with
+    a notice) -> (tokens [B, P], positions, lengths, key_valid [B, L])."""
+    prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+    if any(not len(p) for p in prompts):
+      raise errors.ConfigError("generate: every prompt needs >= 1 token")
+    if self.model.positions != "none":  # Absolute positions stop at max_len.
+      room = self.model.cfg.max_len - num + 1
+      if room < 1:
+        raise errors.ConfigError(
+            f"generate: {num} new tokens do not fit model.max_len "
+            f"{self.model.cfg.max_len}"
+        )
+      if any(len(p) > room for p in prompts):
+        console.info(
+            "generate: prompts longer than %d tokens keep their last %d "
+            "(model.max_len %d)",
+            room,
+            room,
+            self.model.cfg.max_len,
+        )
+        prompts = [p[-room:] for p in prompts]
+    width = bucket(max(len(p) for p in prompts))
+    length = bucket(width + num)
+    mask = np.zeros((len(prompts), width), bool)
+    padded = np.zeros((len(prompts), width), np.int32)
+    for i, p in enumerate(prompts):
+      padded[i, : len(p)], mask[i, : len(p)] = p, True
+    tokens, positions, lengths = left_align(padded, mask, width)
+    key_valid = np.arange(length)[None, :] >= (width - lengths)[:, None]
+    return tokens, positions, lengths, key_valid
+
+  def generate(
+      self,
+      params: Any,
+      prompts: Sequence[np.ndarray],
+      num: int,
+      sampling: Sampling,
+      seeds: Sequence[int],
+      stop_ids: Sequence[int] = (),
+  ) -> list[np.ndarray]:
+    """Per prompt, up to ``num`` new int32 tokens (to and with the first
+    of ``stop_ids``)."""
+    sampling.check()
+    if num < 1:
+      return [np.zeros((0,), np.int32) for _ in prompts]
+    tokens, positions, lengths, key_valid = self._prepare(prompts, num)
+    logp, cache = self.prefill(
+        params, tokens, positions, key_valid, key_valid.shape[1]
+    )
+    out = self._loop(
+        sampling,
+        tokens.shape[1],
+        params,
+        cache,
+        logp[:, -1],
+        jnp.asarray(lengths),
+        jnp.asarray(key_valid),
+        jnp.asarray(seeds, jnp.int32),
+        jnp.asarray(list(stop_ids) or [-2], jnp.int32),
+        jnp.int32(num),
+    )
+    return [row[row >= 0] for row in np.asarray(out)]

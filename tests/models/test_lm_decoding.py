@@ -1,0 +1,120 @@
+"""Key/value-cache decoding (memjax.models.lm_decoding) against the
+model's full forward pass and Hugging Face's stored greedy continuations."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import memjax
+from memjax.models import lm_decoding
+from memjax.models import state as model_state
+from memjax.models import transformer
+from tests.conftest import REPO
+from tests.models import helpers
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
+
+
+def _full_log_probs(model, variables, tokens):
+  """[n, V] log-probabilities of the full forward over [n] tokens."""
+
+  def fn(mdl, x):
+    return mdl.log_probs(mdl(x, None, None, deterministic=True).hidden)
+
+  x = np.asarray(tokens, np.int32)[None]
+  out = model.apply(model_state.as_variables(variables), x, method=fn)
+  return np.asarray(out[0])
+
+
+def _check_forced(model, variables, prompts, forced):
+  """Cached teacher-forced log-probabilities equal the full forward's."""
+  dec = lm_decoding.CachedDecoder(model)
+  got = dec.forced_log_probs(variables, prompts, forced)
+  for b, prompt in enumerate(prompts):
+    seq = np.concatenate([prompt, forced[b]])
+    want = _full_log_probs(model, variables, seq)[len(prompt) - 1 :]
+    np.testing.assert_allclose(got[b], want, atol=1e-5, rtol=0)
+
+
+def test_a_tiny_sinusoid_lm_decodes_as_it_scores():
+  model = transformer.TransformerLM(cfg=helpers.tiny(32, num_layers=2))
+  x = np.zeros((1, 8), np.int32)
+  variables = helpers.random_params(model, x, None)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 32, n) for n in (5, 2, 9)]
+  forced = rng.integers(0, 32, (3, 6))
+  _check_forced(model, variables, prompts, forced)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+  """{fixture name: its imported LanguageModel}."""
+  from configs import pretrained  # pylint: disable=g-import-not-at-top
+
+  root, out = tmp_path_factory.mktemp("imported"), {}
+  for name in ("llama_gqa", "mistral_window", "gemma3_text", "gpt2"):
+    c = pretrained.get_config("import")
+    c.pretrained.path = os.path.join(FIXTURES, name)
+    memjax.run_mode("import", c, str(root / name))
+    out[name] = memjax.load(str(root / name))
+  return out
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_window", "gemma3_text"])
+def test_an_imported_model_decodes_as_it_scores(imported, name):
+  lm = imported[name]
+  rng = np.random.default_rng(1)
+  v = lm.restored.vocab_size
+  prompts = [rng.integers(0, v, n) for n in (7, 3)]
+  forced = rng.integers(0, v, (2, 6))  # Past Mistral's window of 4.
+  _check_forced(lm.restored.model, lm.restored.variables, prompts, forced)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_greedy_gives_hugging_faces_continuation(imported, name):
+  lm = imported[name]
+  expected = np.load(os.path.join(FIXTURES, name, "expected.npz"))
+  prompt, greedy = expected["greedy"][0][:5], expected["greedy"][0][5:]
+  dec = lm_decoding.CachedDecoder(lm.restored.model)
+  got = dec.generate(
+      lm.restored.variables,
+      [prompt],
+      len(greedy),
+      lm_decoding.Sampling(greedy=True),
+      [0],
+  )
+  np.testing.assert_array_equal(got[0], greedy)
+
+
+def test_a_batch_gives_each_prompt_what_it_gives_alone(imported):
+  lm = imported["llama_gqa"]
+  rng = np.random.default_rng(2)
+  prompts = [rng.integers(0, lm.restored.vocab_size, n) for n in (2, 9, 5)]
+  alone = [lm.generate(p, 7, greedy=True) for p in prompts]
+  together = lm.generate(prompts, 7, greedy=True)
+  for a, b in zip(alone, together):
+    np.testing.assert_array_equal(a, b)
+  # Sampled rows draw with seed + i, alone or in a batch.
+  drawn = lm.generate(prompts, 5, top_k=5, seed=3)
+  np.testing.assert_array_equal(
+      drawn[1], lm.generate(prompts[1], 5, seed=4, top_k=5)
+  )
+
+
+def test_left_align_derives_positions_from_a_right_padded_mask():
+  tokens = np.array([[5, 6, 0, 0], [7, 8, 9, 1]])
+  mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool)
+  out, positions, lengths = lm_decoding.left_align(tokens, mask, 5)
+  np.testing.assert_array_equal(out, [[0, 0, 0, 5, 6], [0, 7, 8, 9, 1]])
+  np.testing.assert_array_equal(positions, [[0, 0, 0, 0, 1], [0, 0, 1, 2, 3]])
+  np.testing.assert_array_equal(lengths, [2, 4])
+
+
+def test_models_it_does_not_cover_are_named():
+  model = transformer.TransformerLM(
+      cfg=helpers.tiny(32, attention="xl", mem_len=4)
+  )
+  assert "xl" in lm_decoding.unsupported(model)
+  jax.block_until_ready(jax.numpy.zeros(1))
