@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import memjax
+from memjax import errors
 from memjax.models import lm_decoding
 from memjax.models import state as model_state
 from memjax.models import transformer
@@ -118,3 +119,47 @@ def test_models_it_does_not_cover_are_named():
   )
   assert "xl" in lm_decoding.unsupported(model)
   jax.block_until_ready(jax.numpy.zeros(1))
+
+
+def test_scanned_layers_decode_as_they_score():
+  model = transformer.TransformerLM(
+      cfg=helpers.tiny(32, num_layers=3, scan_layers=True)
+  )
+  variables = helpers.random_params(model, np.zeros((1, 8), np.int32), None)
+  assert "layer_0_to_2" in variables["params"]
+  rng = np.random.default_rng(4)
+  prompts = [rng.integers(0, 32, n) for n in (4, 6)]
+  _check_forced(model, variables, prompts, rng.integers(0, 32, (2, 5)))
+
+
+def test_learned_positions_keep_a_long_prompts_last_tokens():
+  model = transformer.TransformerLM(
+      cfg=helpers.tiny(32, max_len=16), positions="learned"
+  )
+  variables = helpers.random_params(model, np.zeros((1, 8), np.int32), None)
+  dec = lm_decoding.CachedDecoder(model)
+  prompt = np.random.default_rng(5).integers(0, 32, 20)
+  greedy = lm_decoding.Sampling(greedy=True)
+  long = dec.generate(variables, [prompt], 4, greedy, [0])[0]
+  cut = dec.generate(variables, [prompt[-13:]], 4, greedy, [0])[0]
+  np.testing.assert_array_equal(long, cut)  # 13 + 4 - 1 = 16 positions.
+  with pytest.raises(errors.ConfigError, match="max_len 16"):
+    dec.generate(variables, [prompt], 17, greedy, [0])
+
+
+def test_a_row_stops_at_any_eos_id_and_the_others_go_on(tmp_path):
+  from configs import pretrained  # pylint: disable=g-import-not-at-top
+
+  fixture = os.path.join(FIXTURES, "llama_bos")
+  c = pretrained.get_config("import")
+  c.pretrained.path = fixture
+  memjax.run_mode("import", c, str(tmp_path / "bos"))
+  lm = memjax.load(str(tmp_path / "bos"))
+  assert lm.vocab.eos_ids == (2, 31)
+  expected = np.load(os.path.join(fixture, "expected.npz"))
+  prompt, greedy = expected["greedy"][0][:5], expected["greedy"][0][5:]
+  other = expected["text_ids"][0][:3]
+  got = lm.generate([prompt, other], 8, greedy=True)
+  np.testing.assert_array_equal(got[0], greedy)  # Stopped by id 31.
+  np.testing.assert_array_equal(got[1], lm.generate(other, 8, greedy=True))
+  assert greedy[-1] == 31 and len(got[0]) == 3 and len(got[1]) == 8
