@@ -1,0 +1,163 @@
+"""Decoder-LM generation speed: the segment sampler against key/value-cache
+decoding.
+
+    python benchmarks/lm_decoding.py [--prompt=256] [--new=64] \
+        [--batches=1,8] [--d_model=384] [--layers=4] [--heads=6] \
+        [--kv_heads=2] [--d_ff=1024] [--vocab=16000] [--rounds=2] [--out=FILE]
+
+A randomly initialised Llama-shaped decoder LM (rotary positions, grouped
+key/value heads, RMSNorm, a GLU feed-forward, untied embeddings) continues
+``--batches`` random prompts of ``--prompt`` tokens by ``--new`` tokens
+(top-p 0.95), with today's ``memjax.modes.generate.Sampler`` (each token
+one forward pass over a [1, T] segment, T = prompt + new, prompt by prompt)
+and with ``memjax.models.lm_decoding.CachedDecoder`` (the batch's prompts
+prefilled in one call, then one cached step per token). Each method's
+warm-up compiles it (the sampler's on a 2-token continuation); the two
+alternate within each round (the median round is reported). Prints one
+JSON object with the machine, new tokens/s of each and the ratios; the
+full-size setting is ``--d_model=1024 --layers=4 --heads=16 --kv_heads=4
+--d_ff=2816 --vocab=32000 --prompt=768 --new=256`` (about 53M parameters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from benchmarks import harness  # pylint: disable=g-import-not-at-top
+
+
+class GenerateBench:
+  """Times one generation method on a fixed batch of prompts."""
+
+  def __init__(self, name, fn, prompts, new):
+    self.name, self.fn, self.prompts, self.new = name, fn, prompts, new
+    self.times: list[float] = []
+
+  def warm_up(self, steps: int) -> None:
+    for _ in range(steps):  # Compiles what ``new`` tokens run (T, L).
+      self.fn(self.prompts, 2)
+
+  def run(self, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+      out = self.fn(self.prompts, self.new)
+      assert all(len(o) == self.new for o in out), "a row stopped early"
+    return (time.perf_counter() - start) / steps
+
+
+def _model(args):
+  """(model, variables): a random Llama-shaped decoder LM."""
+  # pylint: disable=g-import-not-at-top
+  from memjax import catalog
+  from memjax import settings
+  from memjax.models import transformer
+
+  cfg = settings.Model(
+      num_layers=args.layers,
+      d_model=args.d_model,
+      num_heads=args.heads,
+      head_dim=args.d_model // args.heads,
+      d_ff=args.d_ff,
+      cutoffs=(),
+      scale_embedding=False,
+      dropout=0.0,
+      attention_dropout=0.0,
+      feed_forward="glu",
+      max_len=args.prompt + args.new,
+      attention_options={"rope_theta": 10000.0, "num_kv_heads": args.kv_heads},
+      family_options={
+          "positions": "none",
+          "norm": "rms",
+          "tie_embeddings": False,
+      },
+  )
+  model = transformer.decoder_lm(
+      cfg, vocab_size=args.vocab, parts=catalog.parts()
+  )
+  x = np.zeros((1, 8), np.int32)
+  variables = jax.jit(lambda k: model.init(k, x, deterministic=True))(
+      jax.random.PRNGKey(0)
+  )
+  return model, variables
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add = parser.add_argument
+  for name, default in (
+      ("prompt", 256),
+      ("new", 64),
+      ("d_model", 384),
+      ("layers", 4),
+      ("heads", 6),
+      ("kv_heads", 2),
+      ("d_ff", 1024),
+      ("vocab", 16000),
+  ):
+    add(f"--{name}", type=int, default=default)
+  add("--batches", default="1,8", help="comma-separated batch sizes")
+  harness.add_timing_args(parser, steps=1, warmup=1, rounds=2)
+  args = parser.parse_args()
+  # pylint: disable=g-import-not-at-top
+  from memjax.models import lm_decoding
+  from memjax.modes import generate
+
+  model, variables = _model(args)
+  params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(variables))
+  harness.log(f"model: {params / 1e6:.1f}M parameters")
+  sampler = generate.Sampler(model, args.prompt + args.new, top_p=0.95)
+  decoder = lm_decoding.CachedDecoder(model)
+  sampling = lm_decoding.Sampling(top_p=0.95)
+
+  def old(prompts, new):
+    return [
+        sampler.generate(variables, p, new, i) for i, p in enumerate(prompts)
+    ]
+
+  def cached(prompts, new):
+    seeds = list(range(len(prompts)))
+    return decoder.generate(variables, prompts, new, sampling, seeds)
+
+  rng = np.random.default_rng(0)
+  benches = []
+  for b in (int(x) for x in args.batches.split(",")):
+    prompts = list(rng.integers(0, args.vocab, (b, args.prompt)))
+    benches.append(GenerateBench(f"sampler batch {b}", old, prompts, args.new))
+    benches.append(
+        GenerateBench(f"cached batch {b}", cached, prompts, args.new)
+    )
+  harness.run_rounds(
+      benches, rounds=args.rounds, steps=args.steps, warmup=args.warmup
+  )
+  results = []
+  for bench in benches:
+    s = harness.summarize(bench.times, len(bench.prompts) * args.new)
+    results.append(
+        {
+            "name": bench.name,
+            "new_tokens_per_s": s.get("tokens_per_s"),
+            "seconds_per_pass_median": s.get("seconds_per_step_median"),
+            "seconds_per_pass_all_rounds": s.get("seconds_per_step_all_rounds"),
+        }
+    )
+  harness.finish(
+      results,
+      args,
+      ratio_keys=("new_tokens_per_s",),
+      parameters=params,
+      prompt_len=args.prompt,
+      new_tokens=args.new,
+  )
+
+
+if __name__ == "__main__":
+  main()
