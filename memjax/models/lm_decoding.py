@@ -128,7 +128,10 @@ def top_p_filter(logits: Array, top_p: float) -> Array:
 
   Tokens are ranked by probability; a token is kept when the probability of
   the tokens ranked before it is below ``top_p`` (so the most likely token is
-  always kept, and the set is the shortest prefix whose mass is >= top_p).
+  always kept, and the set is the shortest prefix whose mass is >= top_p;
+  tokens tied with its last are kept too). Found without sorting: the
+  threshold is bisected over the logits' range (``THRESHOLD_STEPS`` halvings,
+  to float32 resolution), the largest whose tokens' mass reaches top_p.
 
   Args:
     logits: [..., V] float.
@@ -140,13 +143,27 @@ def top_p_filter(logits: Array, top_p: float) -> Array:
   if not 0.0 < top_p <= 1.0:
     raise errors.ConfigError(f"generate.top_p must be in (0, 1], got {top_p}")
   logits = jnp.asarray(logits, jnp.float32)
-  order = jnp.argsort(-logits, axis=-1)
-  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-  probs = jax.nn.softmax(sorted_logits, axis=-1)
-  before = jnp.cumsum(probs, axis=-1) - probs
-  keep_sorted = before < top_p
-  keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
-  return jnp.where(keep, logits, -jnp.inf)
+  if top_p == 1.0:
+    return logits
+  probs = jax.nn.softmax(logits, axis=-1)
+  finite = jnp.isfinite(logits)
+  lo = jnp.where(finite, logits, jnp.inf).min(axis=-1, keepdims=True)
+  hi = jnp.where(finite, logits, -jnp.inf).max(axis=-1, keepdims=True) + 1.0
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) / 2
+    mass = jnp.where(logits >= mid, probs, 0.0).sum(axis=-1, keepdims=True)
+    ok = mass >= top_p
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  lo, _ = jax.lax.fori_loop(0, THRESHOLD_STEPS, halve, (lo, hi))
+  return jnp.where(logits >= lo, logits, -jnp.inf)
+
+
+# Halvings of the top-p threshold's interval: float32 resolution over any
+# range of logits a model gives.
+THRESHOLD_STEPS = 64
 
 
 def _forward(
@@ -209,13 +226,13 @@ class CachedDecoder:
 
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def prefill(self, params, tokens, positions, key_valid, length):
-    """[B, P] tokens into a fresh cache of ``length`` slots -> ([B, P, V]
-    float32 log-probabilities, cache)."""
+    """[B, P] left-padded tokens into a fresh cache of ``length`` slots
+    -> ([B, V] float32 log-probabilities after the last, cache)."""
 
     def fn(mdl):
       cache = self.init_cache(tokens.shape[0], length)
       h, cache = _forward(mdl, tokens, positions, key_valid, 0, cache)
-      return mdl.log_probs(h), cache
+      return mdl.log_probs(h[:, -1]), cache
 
     return self.model.apply(model_state.as_variables(params), method=fn)
 
@@ -287,7 +304,7 @@ class CachedDecoder:
         params, tokens, positions, key_valid, key_valid.shape[1]
     )
     step = jax.jit(self.step)
-    out, width = [logp[:, -1]], tokens.shape[1]
+    out, width = [logp], tokens.shape[1]
     for t in range(forced.shape[1]):
       lp, cache = step(
           params,
@@ -355,7 +372,7 @@ class CachedDecoder:
         tokens.shape[1],
         params,
         cache,
-        logp[:, -1],
+        logp,
         jnp.asarray(lengths),
         jnp.asarray(key_valid),
         jnp.asarray(seeds, jnp.int32),

@@ -163,3 +163,22 @@ def test_a_row_stops_at_any_eos_id_and_the_others_go_on(tmp_path):
   np.testing.assert_array_equal(got[0], greedy)  # Stopped by id 31.
   np.testing.assert_array_equal(got[1], lm.generate(other, 8, greedy=True))
   assert greedy[-1] == 31 and len(got[0]) == 3 and len(got[1]) == 8
+
+
+def test_top_p_keeps_the_shortest_sorted_prefix_and_top_k_the_k_best():
+  rng = np.random.default_rng(6)
+  logits = 3.0 * rng.normal(size=(30, 40)).astype(np.float32)
+  logits[:5, :20] = -np.inf  # Rows already cut (top-k first).
+  for p in (0.3, 0.9, 0.999):
+    got = np.isfinite(np.asarray(lm_decoding.top_p_filter(logits, p)))
+    for row, keep in zip(logits, got):
+      order = np.argsort(-row)
+      probs = np.exp(row[order] - row.max())
+      probs /= probs.sum()
+      n = int(np.searchsorted(np.cumsum(probs), p)) + 1  # Mass >= p.
+      assert set(np.flatnonzero(keep)) == set(order[:n])
+  sampling = lm_decoding.Sampling(top_k=3)
+  keys = jax.vmap(jax.random.PRNGKey)(np.arange(30))
+  drawn = np.asarray(sampling.choose(jax.numpy.asarray(logits), keys))
+  best = np.argsort(-logits, axis=1)[:, :3]
+  assert all(d in b for d, b in zip(drawn, best))
