@@ -1,0 +1,34 @@
+"""benchmarks/lm_decoding.py at a tiny size: both methods time a batch and
+the report gives each one's new tokens/s against the sampler's."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_the_benchmark_reports_both_methods_and_their_ratios(tmp_path):
+  out = tmp_path / "report.json"
+  flags = "--prompt=10 --new=4 --d_model=32 --layers=1 --heads=2 --kv_heads=1"
+  flags += f" --d_ff=64 --vocab=64 --batches=1,2 --rounds=1 --out={out}"
+  proc = subprocess.run(
+      [sys.executable, "benchmarks/lm_decoding.py", *flags.split()],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.loads(out.read_text())
+  names = [r["name"] for r in report["results"]]
+  assert names == [
+      "sampler batch 1",
+      "cached batch 1",
+      "sampler batch 2",
+      "cached batch 2",
+  ]
+  assert all(r["new_tokens_per_s"] > 0 for r in report["results"])
+  assert report["results"][0]["vs_baseline"]["new_tokens_per_s"] == 1.0
+  assert report["machine"]["cpu_count"] >= 1 and report["new_tokens"] == 4
