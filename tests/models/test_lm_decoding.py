@@ -182,3 +182,20 @@ def test_top_p_keeps_the_shortest_sorted_prefix_and_top_k_the_k_best():
   drawn = np.asarray(sampling.choose(jax.numpy.asarray(logits), keys))
   best = np.argsort(-logits, axis=1)[:, :3]
   assert all(d in b for d, b in zip(drawn, best))
+
+
+@pytest.mark.parametrize("kind", ["pkm", "resm"])
+def test_product_key_memories_decode_as_they_score(kind):
+  model = transformer.TransformerLM(
+      cfg=helpers.tiny(
+          32,
+          num_layers=2,
+          feed_forward=kind,
+          feed_forward_layers=(2,),
+          feed_forward_options=dict(num_keys=4, heads=2, topk=2, k_dim=8),
+      )
+  )
+  variables = helpers.random_params(model, np.zeros((1, 8), np.int32), None)
+  rng = np.random.default_rng(7)
+  prompts = [rng.integers(0, 32, n) for n in (3, 6)]
+  _check_forced(model, variables, prompts, rng.integers(0, 32, (2, 4)))
