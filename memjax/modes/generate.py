@@ -83,23 +83,6 @@ class Generate:
 Array = jax.Array
 
 
-# Keeps the smallest set of tokens whose probability reaches top_p.
-top_p_filter = lm_decoding.top_p_filter
-
-
-def sample_token(
-    log_probs: Array, key: Array, top_p: float, temperature: float = 1.0
-) -> Array:
-  """Draws one token per row from top-p filtered ``log_probs`` [..., V]."""
-  if temperature <= 0:
-    raise errors.ConfigError(
-        f"generate.temperature must be > 0, got {temperature}"
-    )
-  return jax.random.categorical(
-      key, top_p_filter(log_probs / temperature, top_p)
-  )
-
-
 class Sampler:
   """Token-by-token sampling with the memory carried by segments."""
 
@@ -143,8 +126,13 @@ class Sampler:
 
     self._log_probs = jax.jit(log_probs)
     self._commit = jax.jit(commit)
+    # One row of the cached decoder's sampling (top-p, temperature).
+    sampling = lm_decoding.Sampling(
+        top_p=self.top_p, temperature=self.temperature
+    )
+    sampling.check()
     self._sample = jax.jit(
-        lambda logp, key: sample_token(logp, key, self.top_p, self.temperature)
+        lambda logp, key: sampling.choose(logp[None], key[None])[0]
     )
 
   def run(

@@ -21,6 +21,7 @@ import optax
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
+from memjax.run import state as state_lib
 
 Optim = settings_lib.Optim
 
@@ -271,15 +272,7 @@ def float32_state(
   this wrapper.
   """
 
-  def up(tree: Any) -> Any:
-    return jax.tree.map(
-        lambda x: (
-            x.astype(jnp.float32)
-            if jnp.issubdtype(x.dtype, jnp.floating)
-            else x
-        ),
-        tree,
-    )
+  up = lambda tree: state_lib.as_param_dtype(tree, jnp.float32)  # noqa: E731
 
   def init(params: Any) -> Any:
     return tx.init(up(params))
