@@ -12,16 +12,15 @@ import json
 import os
 import shutil
 
-import jax
 import numpy as np
 import pytest
 
 import memjax
 from memjax import errors
 from memjax.pretrained import gemma
-from tests.conftest import REPO
+from tests.pretrained import helpers
 
-FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
+FIXTURES = helpers.FIXTURES
 # The tiny gemma3 fixture's language model as the Hub writes a 4B+
 # config.json (google/gemma-3-4b-it's keys; the defaults left out: rope
 # theta 1,000,000 and the local base 10,000).
@@ -158,10 +157,6 @@ def test_the_hubs_gemma3_config_imports_and_matches_hugging_face(tmp_path):
   memjax.run_mode("import", config, str(tmp_path / "w"))
   expected = np.load(folder / "expected.npz")
   r = memjax.load(str(tmp_path / "w")).restored
-  params = {"params": r.params}
-  hidden, _, _ = r.model.apply(
-      params, expected["input_ids"], method=r.model.hidden_states
-  )
-  got = np.asarray(r.model.apply(params, hidden, method=r.model.log_probs))
-  want = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
+  got = helpers.log_probs(r, expected["input_ids"])
+  want = helpers.hf_log_probs(expected)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

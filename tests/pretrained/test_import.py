@@ -26,23 +26,10 @@ import pytest
 import memjax
 from memjax import errors
 from memjax.eval import windows
-from tests.conftest import REPO
+from tests.pretrained import helpers
 from tests.conftest import run_main
 
-FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
-NAMES = (
-    "gpt2",
-    "llama_gqa",
-    "llama3_scaled",
-    "qwen2",
-    "mistral_window",
-    "qwen3",
-    "llama_linear",
-    "gemma3_text",
-    "gemma3",
-    "qwen2_window",
-    "llama_yarn",
-)
+FIXTURES, NAMES = helpers.FIXTURES, helpers.NAMES
 CONFIG = "configs/pretrained.py:import"
 
 
@@ -80,13 +67,8 @@ def imported(tmp_path_factory):
 def test_imported_model_gives_hugging_faces_log_probabilities(imported, name):
   expected = np.load(os.path.join(FIXTURES, name, "expected.npz"))
   lm = memjax.load(imported[name])
-  r = lm.restored
-  params = {"params": r.params}
-  hidden, _, _ = r.model.apply(
-      params, expected["input_ids"], method=r.model.hidden_states
-  )
-  got = np.asarray(r.model.apply(params, hidden, method=r.model.log_probs))
-  want = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
+  got = helpers.log_probs(lm.restored, expected["input_ids"])
+  want = helpers.hf_log_probs(expected)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   # The text through the imported tokenizer, scored as memjax scores text.
   text, ids = str(expected["text"]), expected["text_ids"][0]
@@ -376,16 +358,8 @@ def test_bfloat16_parameters_score_as_float32_on_their_values(
   ids = np.load(os.path.join(FIXTURES, "llama_gqa", "expected.npz"))[
       "input_ids"
   ]
-
-  def log_probs(r, params):
-    h, _, _ = r.model.apply(
-        {"params": params}, ids, method=r.model.hidden_states
-    )
-    return np.asarray(
-        r.model.apply({"params": params}, h, method=r.model.log_probs)
-    )
-
-  got, want = log_probs(low, low.params), log_probs(full, rounded)
+  got = helpers.log_probs(low, ids)
+  want = helpers.log_probs(full, ids, rounded)
   assert got.dtype == np.float32  # Computed in model.dtype.
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
@@ -403,9 +377,5 @@ def test_an_import_into_scanned_layers_scores_as_hugging_face(tmp_path):
   r = memjax.load(workdir).restored
   assert "layer_0_to_1" in r.params and "layer_0" not in r.params
   expected = np.load(os.path.join(FIXTURES, "llama_gqa", "expected.npz"))
-  h, _, _ = r.model.apply(
-      {"params": r.params}, expected["input_ids"], method=r.model.hidden_states
-  )
-  got = r.model.apply({"params": r.params}, h, method=r.model.log_probs)
-  want = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
-  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
+  got = helpers.log_probs(r, expected["input_ids"])
+  np.testing.assert_allclose(got, helpers.hf_log_probs(expected), atol=1e-5)

@@ -12,7 +12,6 @@ import json
 import os
 
 import flax
-import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -22,10 +21,10 @@ from configs import pretrained
 import memjax
 from memjax.pretrained import checkpoint
 from memjax.pretrained import to_hf
-from tests.conftest import REPO
+from tests.pretrained import helpers
 from tests.conftest import run_main
 
-FIXTURES = os.path.join(REPO, "tests", "fixtures", "pretrained")
+FIXTURES, NAMES = helpers.FIXTURES, helpers.TEXT_NAMES
 NAMES = (
     "gpt2",
     "llama_gqa",
@@ -61,10 +60,7 @@ def _flat_params(workdir: str) -> dict[str, np.ndarray]:
 
 
 def _log_probs(workdir: str, ids: np.ndarray) -> np.ndarray:
-  r = memjax.load(workdir).restored
-  params = {"params": r.params}
-  hidden, _, _ = r.model.apply(params, ids, method=r.model.hidden_states)
-  return np.asarray(r.model.apply(params, hidden, method=r.model.log_probs))
+  return helpers.log_probs(memjax.load(workdir).restored, ids)
 
 
 def _fixture_tensors(name: str) -> dict[str, np.ndarray]:
@@ -106,7 +102,7 @@ def test_import_export_import_is_the_same_model(round_trips, name):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
   expected = np.load(os.path.join(FIXTURES, name, "expected.npz"))
   got = _log_probs(again, expected["input_ids"])
-  want = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
+  want = helpers.hf_log_probs(expected)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
@@ -358,5 +354,5 @@ def test_a_multimodal_import_exports_its_language_model(tmp_path):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
   expected = np.load(os.path.join(FIXTURES, "gemma3", "expected.npz"))
   got = _log_probs(again, expected["input_ids"])
-  want_lp = jax.nn.log_softmax(expected["logits"].astype(np.float64), axis=-1)
+  want_lp = helpers.hf_log_probs(expected)
   np.testing.assert_allclose(got, want_lp, atol=1e-5, rtol=0)
