@@ -129,9 +129,9 @@ def measure(
     out["xla"] = flops / step.tokens / 1e9
     out["ratio"] = out["xla"] / out["formula"]
   if xla and matmuls:
-    from memjax.models import unroll  # pylint: disable=g-import-not-at-top
+    from memjax.models import stack  # pylint: disable=g-import-not-at-top
 
-    with unroll.unrolled():
+    with stack.unrolled():
       hlo = step.make_fn().lower(*step.args).as_text(dialect="hlo")
     out["xla_matmuls"] = matmul_flops(hlo) / step.tokens / 1e9
   out["seconds"] = time.perf_counter() - start

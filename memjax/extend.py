@@ -31,7 +31,7 @@ passes it to ``add`` before the run is built (a config file may do it);
 | ``eval_memories`` | ``eval_memory.kind`` | a ``memory.evaluation.EvalMemory`` |
 | ``hooks`` | ``train.hooks`` | a ``run.hooks.StepHook`` class |
 | ``optimizer_transforms`` | ``optim.transform`` | ``make(group, schedule) -> optax transformation`` |
-| ``sum_reports`` | (every one is collected) | a ``models.stats.SumReport`` |
+| ``sum_reports`` | (every one is collected) | a ``models.variables.SumReport`` |
 | ``tasks`` | ``task`` | a ``tasks.base.Task`` class, built with the run's settings |
 | ``modes`` | ``--mode`` | a ``Mode`` |
 | ``checks`` | (every one runs) | ``check(settings)`` raising ``errors.ConfigError`` |

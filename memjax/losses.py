@@ -26,7 +26,7 @@ import numpy as np
 
 from memjax import errors
 from memjax import settings as settings_lib
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.models.transformer import LMOutput
 
 Array = jax.Array
@@ -115,7 +115,7 @@ def interval_scalars(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   """What the training loop logs for the steps since its last log, each a
   mean over those steps: 'train/loss', 'train/grad_norm', 'train/<aux>'
   (``summarize_aux`` of each step) and 'train/aux/<module path>/<name>'
-  (the module statistics' weighted sums over the steps, ``stats.means``).
+  (the module statistics' weighted sums over the steps, ``model_vars.means``).
 
   Args:
     steps: the host metrics of each step: scalar 'loss' and 'grad_norm',
@@ -131,6 +131,6 @@ def interval_scalars(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     out[f"train/{k}"] = float(np.mean([a[k] for a in per_step if k in a]))
   names = steps[-1].get("stats", {})
   interval = {k: np.stack([m["stats"][k] for m in steps]) for k in names}
-  for k, v in stats.means(interval).items():
+  for k, v in model_vars.means(interval).items():
     out[f"train/aux/{k}"] = v
   return out

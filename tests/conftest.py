@@ -84,7 +84,7 @@ LONGEST_FIRST = (
     "tests/modes/test_plan.py",
     "tests/models/test_family_fixtures.py",
     "tests/test_main.py",
-    "tests/models/test_state.py",
+    "tests/models/test_variables.py",
     "tests/models/test_transformer_memory.py",
     "tests/test_multihost.py",
     "tests/methods/recurrent/test_modes.py",

@@ -12,7 +12,7 @@ Both score through ``memjax.eval``'s rows scorer as the tasks' evaluations
 do (``memjax.tasks.mlm``, ``memjax.tasks.classification``): sentences are
 padded to a few length buckets in batches of ``eval.batch_size``, so N
 sentences compile once per bucket. Memory usage is what every registered
-sum report (``memjax.models.stats.SumReport``) says, e.g. MU, top-1 MU and KL of
+sum report (``memjax.models.variables.SumReport``) says, e.g. MU, top-1 MU and KL of
 each product-key memory layer.
 """
 
@@ -28,7 +28,7 @@ from memjax.data import glue
 from memjax.data import mlm
 from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.run import restore
 from memjax.tasks import classification
 from memjax.tasks import config as task_config
@@ -48,7 +48,9 @@ def _reports(
   for report in reports:
     collection = sums.get(report.collection) or {}
     by_module = (
-        stats.module_sums(collection) if raw else report.by_module(collection)
+        model_vars.module_sums(collection)
+        if raw
+        else report.by_module(collection)
     )
     if by_module:
       out[report.key] = by_module

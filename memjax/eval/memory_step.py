@@ -38,7 +38,7 @@ from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
 from memjax.memory.evaluation import Bank
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 
 Array = jax.Array
 
@@ -149,7 +149,7 @@ def _forward(
   [W, T, D] of every position, the plain outputs ('lm' [W, S] log p, 0 where
   not scored; 'weights', 'targets', 'positions' [W, S]), log Z [W, S])."""
   out = model.apply(
-      model_state.as_variables(params),
+      model_vars.as_variables(params),
       batch["inputs"],
       batch["targets"],
       deterministic=True,

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from memjax.io import console
-from memjax.models import stats
+from memjax.models import variables as model_vars
 
 
 def summarize(nll_sum: float, tokens: float, unit: str) -> dict[str, float]:
@@ -28,8 +28,8 @@ def with_stats(
     result: dict[str, float], sums: Mapping[str, Any]
 ) -> dict[str, float]:
   """``result`` plus 'aux/<path>': the mean of each statistic the modules
-  reported (``sums``: {path: [..., 2]} from ``memjax.models.stats``)."""
-  result.update({f"aux/{k}": v for k, v in stats.means(sums).items()})
+  reported (``sums``: {path: [..., 2]} from ``memjax.models.variables``)."""
+  result.update({f"aux/{k}": v for k, v in model_vars.means(sums).items()})
   return result
 
 

@@ -29,7 +29,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
 from memjax.eval import metrics
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Scoring:
     mem_len: its evaluation memory length.
     path: the run or export the parameters come from (its ``tune.json``
       and datastore).
-    sum_reports: the per-slot sums collected (``stats.SumReport``).
+    sum_reports: the per-slot sums collected (``variables.SumReport``).
     signature: the model's signature (a datastore built from it must
       match it).
     step: the training step of the parameters scored.
@@ -285,7 +285,7 @@ class Scorer:
       def fn(params, batch):
         extra = {k: batch[k] for k in names_in if k in batch}
         out, state = model.apply(
-            model_state.as_variables(params),
+            model_vars.as_variables(params),
             batch["inputs"],
             batch.get("targets"),
             mutable=list(collections),

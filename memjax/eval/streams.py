@@ -29,10 +29,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from memjax.io import console
 from memjax import errors
 from memjax import sharding as sharding_lib
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.data import windows
 from memjax.eval import rows
-from memjax.models import state as model_state
 
 _KEYS = ("inputs", "targets", "weights", "reset")
 
@@ -129,9 +128,9 @@ class StreamScorer(rows.Scorer):
   ) -> tuple[Any, dict[str, jax.Array]]:
     """One segment: [lanes, L] arrays -> (new memory, per-lane sums)."""
     memory = self.model.reset_memory(memory, segment["reset"])
-    out, sums = stats.apply(
+    out, sums = model_vars.apply(
         self.model,
-        model_state.as_variables(params),
+        model_vars.as_variables(params),
         segment["inputs"],
         segment["targets"],
         memory=memory,
@@ -142,7 +141,7 @@ class StreamScorer(rows.Scorer):
         "nll_sum": -jnp.sum(out.target_logprob * w, axis=1),
         "tokens": jnp.sum(w, axis=1),
     }
-    # Module statistics of the segment ([2] each; ``memjax.models.stats``).
+    # Module statistics of the segment ([2] each; ``memjax.models.variables``).
     res.update({f"aux/{k}": v for k, v in sums.items()})
     if self.keep_tokens:
       res["logprob"] = out.target_logprob * w
@@ -239,7 +238,7 @@ class StreamScorer(rows.Scorer):
     Returns:
       {'nll_sum', 'tokens'}: [S, lanes] float64 sums per segment and lane;
       'aux/<path>': [S, 2] sums of the statistics the modules report
-      (``memjax.models.stats``).
+      (``memjax.models.variables``).
     """
     num, lanes = segments["inputs"].shape[:2]
     out = self.run_segments(params, segments, desc)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.data import windows
 from memjax.eval import rows
 
@@ -56,12 +56,12 @@ class WindowScorer(rows.Scorer):
     out = self.apply(
         params,
         ((b, self.batch_size) for b in batches),
-        collections=(stats.COLLECTION,),
+        collections=(model_vars.COLLECTION,),
     )
     return (
         float(out.get("nll_sum", 0.0)),
         float(out.get("tokens", 0.0)),
-        stats.flatten(out[stats.COLLECTION]),
+        model_vars.flatten(out[model_vars.COLLECTION]),
     )
 
   def document_logprobs(

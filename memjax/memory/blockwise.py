@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from memjax.models import unroll
+from memjax.models import stack
 
 Array = jax.Array
 VisibleFn = Callable[[Any, Any], Array]
@@ -288,7 +288,7 @@ def _blockwise_logsumexp(
   bq, bk = _block_sizes(block_size, num_q, num_k)
   nq = -(-num_q // bq)
   nk = -(-num_k // bk)
-  ku, qu = unroll.factor(nk), unroll.factor(nq)  # see memjax.models.unroll
+  ku, qu = stack.unroll_factor(nk), stack.unroll_factor(nq)
 
   # Queries: pad to nq * bq, then strided blocks [nq, bq, ...].
   def to_q_blocks(x):

@@ -42,7 +42,7 @@ from memjax import sharding as sharding_lib
 from memjax.data import windows
 from memjax.memory import evaluation
 from memjax.memory import shards
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 
 KEY_DTYPE = shards.KEY_DTYPE
 VALUE_DTYPE = shards.VALUE_DTYPE
@@ -219,7 +219,7 @@ def make_feature_fn(model: Any, score_len: int) -> Callable:
 
   def fn(params, batch):
     out = model.apply(
-        model_state.as_variables(params),
+        model_vars.as_variables(params),
         batch["inputs"],
         batch["targets"],
         deterministic=True,

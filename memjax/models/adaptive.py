@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax.models import unroll
+from memjax.models import stack
 
 Array = jax.Array
 
@@ -295,7 +295,7 @@ class AdaptiveEmbed(nn.Module):
         variable_broadcast="params",
         split_rngs={"params": False, "dropout": True},
         length=hs.shape[0],
-        unroll=unroll.factor(hs.shape[0]),
+        unroll=stack.unroll_factor(hs.shape[0]),
     )(self, None, (hs, ys))
 
     def unchunk(x: Array) -> Array:

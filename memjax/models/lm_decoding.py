@@ -42,7 +42,7 @@ from memjax.io import console
 from memjax.models import attention as attention_lib
 from memjax.models import positions as positions_lib
 from memjax.models import stack
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 from memjax.models import transformer
 
 Array = jax.Array
@@ -234,7 +234,7 @@ class CachedDecoder:
       h, cache = _forward(mdl, tokens, positions, key_valid, 0, cache)
       return mdl.log_probs(h[:, -1]), cache
 
-    return self.model.apply(model_state.as_variables(params), method=fn)
+    return self.model.apply(model_vars.as_variables(params), method=fn)
 
   def step(self, params, cache, token, position, key_valid, slot):
     """[B] tokens at ``slot`` (positions [B]) -> ([B, V] log-probs, cache)."""
@@ -245,7 +245,7 @@ class CachedDecoder:
       )
       return mdl.log_probs(h[:, 0]), new
 
-    return self.model.apply(model_state.as_variables(params), method=fn)
+    return self.model.apply(model_vars.as_variables(params), method=fn)
 
   @functools.partial(jax.jit, static_argnums=(0, 1, 2))
   def _loop(

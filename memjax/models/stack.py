@@ -27,6 +27,8 @@ per-layer tuple outside the scan.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -38,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
-from memjax.models import unroll
 
 Array = jax.Array
 
@@ -57,6 +58,34 @@ REMAT_POLICIES = {
 RUN_NAME = re.compile(r"^(.+)_(\d+)_to_(\d+)$")
 # '<prefix>_<layer>': the block of one layer.
 BLOCK_NAME = re.compile(r"^.+_\d+$")
+
+# Unrolling every scan while the train step is traced: XLA's cost analysis
+# counts the body of a loop once, whatever its trip count, and the step
+# loops (``lax.scan``) over micro-batches, segments, scanned layers, softmax
+# chunks and memory blocks. Inside ``unrolled()`` each of these scans passes
+# ``unroll=length``, so the lowered program holds every iteration and XLA's
+# own count is the step's. ``--mode=plan`` counts the looping program's trip
+# counts instead (``memjax.modes.hlo_flops``: unrolled programs compile
+# slowly and hold more temporaries); this switch builds the reference that
+# count is tested against. Training never sets it.
+_UNROLL = contextvars.ContextVar("memjax_unroll_scans", default=False)
+
+
+@contextlib.contextmanager
+def unrolled():
+  """Within the block, ``unroll_factor(n)`` is ``n``: scans traced here
+  unroll."""
+  token = _UNROLL.set(True)
+  try:
+    yield
+  finally:
+    _UNROLL.reset(token)
+
+
+def unroll_factor(length: int) -> int:
+  """The ``unroll`` of a scan of ``length`` steps: all of them inside
+  ``unrolled()``, else 1 (an ordinary loop)."""
+  return max(int(length), 1) if _UNROLL.get() else 1
 
 
 def remat_policy(name: str) -> Any:
@@ -169,7 +198,7 @@ def scan(
       split_rngs={True: True},
       in_axes=(0, nn.broadcast),
       length=run.count,
-      unroll=unroll.factor(run.count),
+      unroll=unroll_factor(run.count),
       metadata_params={nn.PARTITION_NAME: LAYERS_AXIS},
   )
   return scanned(block, carry, per_layer, shared)

@@ -50,7 +50,7 @@ from memjax.data import vocab as vocab_lib
 from memjax.io import console
 from memjax.io import paths
 from memjax.models import lm_decoding
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 from memjax.run import restore
 from memjax.run import spec
 
@@ -112,12 +112,12 @@ class Sampler:
         return mdl.log_probs(h)[0]
 
       return model.apply(
-          model_state.as_variables(params), segment, memory, method=fn
+          model_vars.as_variables(params), segment, memory, method=fn
       )
 
     def commit(params, memory, segment):
       return model.apply(
-          model_state.as_variables(params),
+          model_vars.as_variables(params),
           segment,
           None,
           memory,

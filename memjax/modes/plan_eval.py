@@ -35,7 +35,7 @@ from memjax.eval import scorer as scorer_lib
 from memjax.eval import streams
 from memjax.modes import plan_compile
 from memjax.modes import platforms
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 from memjax.run import spec
 from memjax.run import state as state_lib
 
@@ -101,7 +101,7 @@ def build_eval_step(run: spec.Run, devices: list[Any]) -> plan_compile.Step:
   params, state = state_lib.abstract_variables(
       model, mesh, run.state_collections()
   )
-  variables = model_state.as_variables(params, state)
+  variables = model_vars.as_variables(params, state)
   scorer = scorer_lib.scorer_for(run.scoring(model, mesh))
   if isinstance(scorer, streams.StreamScorer):
     scorer.chunk = 1

@@ -103,7 +103,7 @@ class StepHook(abc.ABC):
   def __call__(self, step: int, params: Any) -> None:
     """Runs after update ``step`` (1-based) with the current variables:
     the parameter tree, or {'params': ..., <collection>: ...} when the
-    model carries state (``models.state.params_of`` gives the tree)."""
+    model carries state (``models.variables.params_of`` gives the tree)."""
 
 
 def _options(train: settings_lib.Train, name: str) -> Any:

@@ -36,7 +36,7 @@ from memjax.data import corpus as corpus_lib
 from memjax.io import console
 from memjax.io import events
 from memjax.io import paths
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.run import init_from
 from memjax.run import ownership
 from memjax.run import position as position_lib
@@ -124,7 +124,7 @@ def _log_steps(
         "loss": float(m["loss"]),
         "grad_norm": float(m["grad_norm"]),
     }
-    aux = stats.means(m.get("stats", {}))
+    aux = model_vars.means(m.get("stats", {}))
     if aux:
       record["aux"] = aux
     lines.append(json.dumps(record) + "\n")

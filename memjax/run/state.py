@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 
 from memjax.checkpoints import checkpointing
 from memjax import sharding as sharding_lib
-from memjax.models import state as model_state_lib
+from memjax.models import variables as model_vars
 
 Array = jax.Array
 
@@ -48,7 +48,7 @@ class TrainState(WithVariables):
     memory: carried recurrent memory (per-layer pytrees with a leading batch
       axis) or None for models without recurrence.
     model_state: {collection: tree} of the mutable collections the model
-      declares and made (``memjax.models.state``, e.g. a BatchNorm's
+      declares and made (``memjax.models.variables``, e.g. a BatchNorm's
       'batch_stats'), replicated; None when there are none (every
       checkpoint written before the field existed).
   """
@@ -65,7 +65,7 @@ def variables_of(params: Any, model_state: Any) -> Any:
   carries state: what every scoring path takes as its parameters."""
   if not model_state:
     return params
-  return model_state_lib.as_variables(params, model_state)
+  return model_vars.as_variables(params, model_state)
 
 
 def as_param_dtype(params: Any, dtype: Any) -> Any:
@@ -93,7 +93,7 @@ def _init_variables(
   variables = model.init(
       {"params": key, "dropout": key}, tokens, tokens, deterministic=True
   )
-  params, state = model_state_lib.split(variables, collections)
+  params, state = model_vars.split(variables, collections)
   return as_param_dtype(params, model.cfg.weight_dtype), state
 
 

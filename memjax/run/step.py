@@ -16,10 +16,9 @@ from jax.sharding import Mesh
 
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax.models import state as model_state_lib
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.models import transformer
-from memjax.models import unroll
+from memjax.models import stack
 from memjax.run import state as state_lib
 
 Array = jax.Array
@@ -89,7 +88,7 @@ def run_lane_segments_with_stats(
     model_state: Any = None,
 ) -> tuple[transformer.LMOutput, dict[str, Array], Any]:
   """``run_lane_segments`` that also returns the auxiliary statistics the
-  modules report (``memjax.models.stats``), summed over the m segments:
+  modules report (``memjax.models.variables``), summed over the m segments:
   {path: [2] float32 (weighted sum, weight)}, and the model state (see
   ``make_train_step``) after the m segments, updated in their order."""
   m = segments_per_lane
@@ -105,9 +104,9 @@ def run_lane_segments_with_stats(
   def body(carry, xs):
     mem, ms = carry
     inputs, targets, k = xs
-    out, sums, new_ms = stats.apply_with_state(
+    out, sums, new_ms = model_vars.apply_with_state(
         model,
-        model_state_lib.as_variables(params, ms),
+        model_vars.as_variables(params, ms),
         () if deterministic else names,
         inputs,
         targets,
@@ -125,10 +124,10 @@ def run_lane_segments_with_stats(
           to_segments(batch["targets"]),
           jnp.arange(m),
       ),
-      unroll=unroll.factor(m),
+      unroll=stack.unroll_factor(m),
   )
   outs = jax.tree.map(to_rows, outs).replace(memory=new_memory)
-  return outs, stats.total(sums), new_state
+  return outs, model_vars.total(sums), new_state
 
 
 def _accumulate(
@@ -193,7 +192,7 @@ def _accumulate(
       body,
       (zeros, init_m, state.model_state),
       (micro, mem_micro, jnp.arange(grad_accum)),
-      unroll=unroll.factor(grad_accum),
+      unroll=stack.unroll_factor(grad_accum),
   )
   if new_mem is not None:
     new_mem = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), new_mem)
@@ -216,9 +215,9 @@ def _micro_grads_fn(
       return run_lane_segments_with_stats(
           model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
       )
-    out, sums, new_ms = stats.apply_with_state(
+    out, sums, new_ms = model_vars.apply_with_state(
         model,
-        model_state_lib.as_variables(p, ms),
+        model_vars.as_variables(p, ms),
         names(ms),
         mb["inputs"],
         mb["targets"],
@@ -271,11 +270,11 @@ def make_train_step(
 
   The metrics are float32 scalars (``loss``, ``grad_norm``, ``finite``, the
   loss's sums) and ``stats``: the auxiliary statistics the modules report
-  (``memjax.models.stats``), {path: [2] (weighted sum, weight)} summed over the
+  (``memjax.models.variables``), {path: [2] (weighted sum, weight)} summed over the
   micro-batches, segments and devices of the step.
 
   The model state (``TrainState.model_state``: the collections the model
-  declares, ``memjax.models.state``) is mutable in every forward pass and
+  declares, ``memjax.models.variables``) is mutable in every forward pass and
   passes through the micro-batches (and segments) in order; a step that is
   not finite keeps the old one.
   """

@@ -15,7 +15,7 @@ Evaluation: accuracy on ``classification.select_split`` (dev) at every
 best dev accuracy (earliest on ties) as an export in ``<workdir>/best_dev``
 (``memjax.build.restore`` restores it; a resumed run starts from it) and scores
 ``test_split`` once, with those. The final results also hold, at the best
-parameters, what every registered sum report (``memjax.models.stats.SumReport``)
+parameters, what every registered sum report (``memjax.models.variables.SumReport``)
 says over ``usage_split`` and its comparison of the positive and negative
 examples: with product-key memory layers, each layer's usage (MU, top-1
 MU, KL_u, KL_w; Kim & Jung's Table 6) and the top-1 usage KL and IOU of
@@ -40,7 +40,7 @@ from memjax.eval import rows
 from memjax.eval import scorer as scorer_lib
 from memjax.io import console
 from memjax.io import paths
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 from memjax.run import restore as restore_lib
 from memjax.run import spec
 from memjax.tasks import base as task
@@ -84,8 +84,8 @@ def save_best(run: spec.Run, data: ClassData) -> None:
       run.settings.of(Classes).select_split: {"accuracy": b["accuracy"]},
   }
   # ``params`` is what the evaluation scored: the parameters, or a
-  # variables dict with the model state (``memjax.models.state``).
-  variables = model_state.as_variables(b["params"])
+  # variables dict with the model state (``memjax.models.variables``).
+  variables = model_vars.as_variables(b["params"])
   params = variables.pop("params")
   runfiles.write_export(
       data.best_dir,
@@ -115,7 +115,7 @@ def best_params(run: spec.Run, model: Any, data: ClassData) -> Any:
   if data.best["params"] is None:
     files = runfiles.find(data.best_dir)
     params, state, _ = restore_lib.export_variables(run, files, model)
-    data.best["params"] = model_state.as_variables(params, state)
+    data.best["params"] = model_vars.as_variables(params, state)
   return data.best["params"]
 
 

@@ -12,7 +12,7 @@ the chosen tokens over the non-overlapping windows of each split in
 ``eval.splits``, masked with a fixed draw (``mlm.eval_seed``), so every
 checkpoint and every model sees the same corrupted inputs. The same pass
 adds up the per-slot sums of every registered sum report
-(``memjax.models.stats.SumReport``) and puts what each says in the results: with
+(``memjax.models.variables.SumReport``) and puts what each says in the results: with
 product-key memory layers, MU, top-1 MU, KL_u and KL_w per memory layer
 (Kim & Jung's Table 2).
 """

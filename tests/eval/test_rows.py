@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from memjax import sharding as sharding_lib
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.eval import rows
 from memjax.models import transformer
 from tests.models import helpers
@@ -61,7 +61,7 @@ def test_rows_equal_one_direct_call(lm, devices):
       arrays,
       batch_size=4,
       keep=("target_logprob",),
-      collections=(stats.COLLECTION,),
+      collections=(model_vars.COLLECTION,),
   )
   want = model.apply(
       {"params": params}, arrays["inputs"], arrays["targets"]
@@ -70,7 +70,7 @@ def test_rows_equal_one_direct_call(lm, devices):
   w = arrays["weights"]
   assert out["tokens"] == pytest.approx(w.sum())
   assert out["nll_sum"] == pytest.approx(-(np.asarray(want) * w).sum(), 1e-5)
-  assert out[stats.COLLECTION] == {}  # the plain model reports nothing
+  assert out[model_vars.COLLECTION] == {}  # the plain model reports nothing
 
 
 def test_apply_takes_batches_of_their_own_lengths(lm):

@@ -10,7 +10,7 @@ import pytest
 import memjax
 from memjax import errors
 from memjax.models import lm_decoding
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 from memjax.models import transformer
 from tests.conftest import REPO
 from tests.models import helpers
@@ -25,7 +25,7 @@ def _full_log_probs(model, variables, tokens):
     return mdl.log_probs(mdl(x, None, None, deterministic=True).hidden)
 
   x = np.asarray(tokens, np.int32)[None]
-  out = model.apply(model_state.as_variables(variables), x, method=fn)
+  out = model.apply(model_vars.as_variables(variables), x, method=fn)
   return np.asarray(out[0])
 
 

@@ -1,6 +1,6 @@
 """``hlo_flops``: XLA's own count where a program has no loop to repeat,
 and every iteration counted where it has: the looping program against the
-same program unrolled (``memjax.models.unroll``, the switch the plan used
+same program unrolled (``memjax.models.stack.unrolled``, the switch the plan used
 before it counted trip counts)."""
 
 import jax
@@ -9,7 +9,7 @@ import pytest
 
 from configs import trime_wt103
 from memjax import build
-from memjax.models import unroll
+from memjax.models import stack
 from memjax.modes import hlo_flops
 from memjax.modes import plan_compile
 
@@ -83,7 +83,7 @@ def test_smoke_step_counted_as_unrolled(tmp_path):
   c.data.batch_size, c.train.grad_accum = 16, 2
   step = plan_compile.build_step(build.build(c, str(tmp_path)), jax.devices())
   flops = plan_compile.step_flops(step)
-  with unroll.unrolled():
+  with stack.unrolled():
     lowered = step.make_fn().lower(*step.args)
   assert flops["flops"] == pytest.approx(
       lowered.cost_analysis()["flops"], rel=0.01

@@ -34,7 +34,7 @@ from memjax.memory import datastore_batches
 from memjax.memory import search as search_lib
 from memjax.memory import shards
 from memjax.methods.external import config as ext_config
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 from memjax.tasks import config as task_config
 from memjax.tasks.translation import parts
 
@@ -95,7 +95,7 @@ def make_teacher_forced_fn(model: Any):
 
   def fn(params, batch):
     out = model.apply(
-        model_state.as_variables(params),
+        model_vars.as_variables(params),
         batch["inputs"],
         batch["targets"],
         source=batch["source"],

@@ -29,7 +29,7 @@ from memjax import sharding as sharding_lib
 from memjax.io import paths
 from memjax.run import hooks
 from memjax.methods.marge import model as marge_model
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 
 
 @functools.lru_cache(maxsize=8)
@@ -39,7 +39,7 @@ def _embed_fn(model: Any, mesh: Any) -> Any:
 
   def fn(p, toks):
     e = model.apply(
-        model_state.as_variables(p),
+        model_vars.as_variables(p),
         toks,
         method=marge_model.MargeLM.embed_segments,
     )
@@ -131,7 +131,7 @@ class MargeReindex(hooks.StepHook):
       paths.np_save(path, np.asarray(emb))
     history = list(self.state.get("staleness", [])) + [[step, stale]]
     beta = float(
-        np.asarray(jax.device_get(model_state.params_of(params)["beta"]))
+        np.asarray(jax.device_get(model_vars.params_of(params)["beta"]))
     )
     self.state.update(index=path, staleness=history, embedder=self._embedder())
     print(

@@ -32,7 +32,7 @@ with logical axes ('memory_slots', 'embed'): the table shards over the
 
 Usage statistics: with the ``'aux'`` collection mutable the memory reports,
 per call, MU, top-1 MU, KL_u and KL_w of that call's reads
-(``memjax.models.stats``); with ``'pkm_usage'`` mutable it sows per-slot sums
+(``memjax.models.variables``); with ``'pkm_usage'`` mutable it sows per-slot sums
 (read counts, top-1 counts, weights; the counts per token as Kim & Jung
 define them, and per head as ``reads_per_head``, ``top1_per_head``) that
 ``--mode=memory_usage`` adds over held-out data
@@ -56,7 +56,7 @@ from memjax.methods.pkm import bag
 from memjax.methods.pkm import counts
 from memjax.methods.pkm import sharded
 from memjax.models import feed_forward
-from memjax.models import stats
+from memjax.models import variables as model_vars
 
 Array = jax.Array
 USAGE_COLLECTION = "pkm_usage"
@@ -311,7 +311,7 @@ class ProductKeyMemory(nn.Module):
 
   def _report(self, slots: Array, weights: Array, valid: Array) -> None:
     """Usage statistics and per-slot sums, when their collection is mutable."""
-    want_aux = self.is_mutable_collection(stats.COLLECTION)
+    want_aux = self.is_mutable_collection(model_vars.COLLECTION)
     want_sums = self.is_mutable_collection(USAGE_COLLECTION)
     if not (want_aux or want_sums):
       return
@@ -321,7 +321,7 @@ class ProductKeyMemory(nn.Module):
     sums = counts.usage_counts(slots, weights, valid, slots_total)
     if want_aux:
       for name, value in counts.usage_metrics(*sums).items():
-        stats.report_mean(self, name, value)
+        model_vars.report_mean(self, name, value)
     if want_sums:
       heads = counts.usage_counts(slots, weights, valid, slots_total, "head")
       named = dict(zip(("reads", "top1", "weights"), sums))

@@ -44,7 +44,7 @@ from memjax.methods.pkm import class_usage
 from memjax.methods.pkm import config as pkm_config
 from memjax.methods.pkm import counts
 from memjax.methods.pkm import layer as pkm_layer
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.run import restore
 from memjax.run import spec
 
@@ -89,7 +89,7 @@ def slot_sums(
       collections=(pkm_layer.USAGE_COLLECTION,),
       drop_remainder=True,
   )
-  return stats.module_sums(out[pkm_layer.USAGE_COLLECTION])
+  return model_vars.module_sums(out[pkm_layer.USAGE_COLLECTION])
 
 
 def metrics(
@@ -247,13 +247,13 @@ def plot(results: dict[str, Any], reads: dict[str, np.ndarray], workdir: str):
 
 def top1_by_layer(sums: Any) -> dict[str, np.ndarray]:
   """{memory layer: top-1 counts [|K|]} of summed 'pkm_usage' sums."""
-  return {k: v["top1"] for k, v in stats.module_sums(sums).items()}
+  return {k: v["top1"] for k, v in model_vars.module_sums(sums).items()}
 
 
-# What evaluation reports of the memory layers (``memjax.models.stats.SumReport``):
+# What evaluation reports of the memory layers (``memjax.models.variables.SumReport``):
 # the MLM and classification tasks add it to their results under 'memory',
 # and the classifier compares the top-1 usage of its two classes.
-REPORT = stats.SumReport(
+REPORT = model_vars.SumReport(
     collection=pkm_layer.USAGE_COLLECTION,
     key="memory",
     metrics=metrics,

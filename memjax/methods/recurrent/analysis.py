@@ -36,7 +36,7 @@ from memjax.io import console
 from memjax.io import paths
 from memjax.methods.recurrent import config as recurrent_config
 from memjax.models import stack
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 from memjax.run import restore
 from memjax.run import spec
 
@@ -83,7 +83,7 @@ class AttentionAnalyzer(streams_eval.StreamScorer):
   ) -> tuple[Any, dict[str, Array]]:
     memory = self.model.reset_memory(memory, segment["reset"])
     out, state = self.model.apply(
-        model_state.as_variables(params),
+        model_vars.as_variables(params),
         segment["inputs"],
         segment["targets"],
         memory=memory,

@@ -52,7 +52,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.models import attention as attention_lib
 from memjax.models import recurrence
 from memjax.methods.recurrent import segment_memory as rmemory
@@ -255,7 +255,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
         alpha: [B, M, H] float32 interpolation weights of the old memory
             (when refreshing; 0 on invalid slots).
 
-    Reports (collection 'aux', ``memjax.models.stats``): ``alpha``, the mean
+    Reports (collection 'aux', ``memjax.models.variables``): ``alpha``, the mean
     interpolation weight over valid memory slots and heads (when
     refreshing).
     """
@@ -420,5 +420,5 @@ class LaMemoAttention(relative.RelativeAttentionBase):
       alpha = jnp.zeros_like(lse_new)
     alpha = jnp.where(mem_valid[:, :, None], alpha, 0.0)
     self.sow("intermediates", "alpha", alpha)
-    stats.report_mean(self, "alpha", alpha, mem_valid[:, :, None])
+    model_vars.report_mean(self, "alpha", alpha, mem_valid[:, :, None])
     return c, lse

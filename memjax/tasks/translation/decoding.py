@@ -38,7 +38,7 @@ import numpy as np
 
 from memjax.data import token_batching
 from memjax.data import vocab
-from memjax.models import state as model_state
+from memjax.models import variables as model_vars
 
 Array = jax.Array
 LogProbHook = Callable[[Array, Array, Array], Array]
@@ -54,13 +54,13 @@ def max_target_len(src_len: int, max_len_a: float, max_len_b: int) -> int:
 def _start(model, params, source, rows_per_sentence, max_len):
   """Encodes and builds the cache for ``rows_per_sentence`` rows each."""
   enc, mask = model.apply(
-      model_state.as_variables(params), source, method=model.encode
+      model_vars.as_variables(params), source, method=model.encode
   )
   if rows_per_sentence > 1:
     rep = lambda x: jnp.repeat(x, rows_per_sentence, axis=0)
     enc, mask = rep(enc), rep(mask)
   cache = model.apply(
-      model_state.as_variables(params), enc, max_len, method=model.init_cache
+      model_vars.as_variables(params), enc, max_len, method=model.init_cache
   )
   return cache, mask
 
@@ -68,7 +68,7 @@ def _start(model, params, source, rows_per_sentence, max_len):
 def _step(model, params, hook, token, t, cache, mask):
   if getattr(hook, "takes_log_z", False):
     logp, g, cache, log_z = model.apply(
-        model_state.as_variables(params),
+        model_vars.as_variables(params),
         token,
         t,
         cache,
@@ -78,7 +78,7 @@ def _step(model, params, hook, token, t, cache, mask):
     )
     return _never_pad(hook(logp, g, t, log_z)), cache
   logp, g, cache = model.apply(
-      model_state.as_variables(params),
+      model_vars.as_variables(params),
       token,
       t,
       cache,

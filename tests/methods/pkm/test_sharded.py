@@ -11,7 +11,7 @@ import pytest
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax.methods.pkm import layer as pkm
-from memjax.models import stats
+from memjax.models import variables as model_vars
 from memjax.models import transformer
 from memjax.run import state as state_lib
 from memjax.run import step as train_step
@@ -40,7 +40,7 @@ def test_layer_sharded_equals_unsharded(spec):
 
   def loss_and_grads(params, x):
     def f(p):
-      y, sums = stats.apply(layer, {"params": p}, x, deterministic=True)
+      y, sums = model_vars.apply(layer, {"params": p}, x, deterministic=True)
       return jnp.sum(jnp.sin(y)), sums
 
     return jax.value_and_grad(f, has_aux=True)(params)
@@ -57,7 +57,7 @@ def test_layer_sharded_equals_unsharded(spec):
   (l1, s1), g1 = want
   (l2, s2), g2 = got
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
-  m1, m2 = stats.means(s1), stats.means(s2)
+  m1, m2 = model_vars.means(s1), model_vars.means(s2)
   assert set(m1) == {f"memory/{k}" for k in ("mu", "top1_mu", "kl_u", "kl_w")}
   for k in m1:
     np.testing.assert_allclose(m1[k], m2[k], rtol=1e-5, atol=1e-6)
