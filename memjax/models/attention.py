@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax import extend
+from memjax.models import blocks
 from memjax.models import multihead
-from memjax.models import norms
 from memjax.models import rotary
 
 Array = jax.Array
@@ -155,7 +155,7 @@ class VanillaOptions:
     rope_attention_factor: the rotary tables' factor (YaRN's
       ``attention_factor``; the queries and keys are scaled by it).
     qk_norm: 'none', or the norm of each head's queries and keys over d_h
-      before rotary positions (``norms.NORMS``): 'rms' (Qwen3's q_norm and
+      before rotary positions (``blocks.NORMS``): 'rms' (Qwen3's q_norm and
       k_norm) or 'rms_plus_one' (Gemma 3's); the parameters
       ``query_norm/scale`` and ``key_norm/scale``.
     qk_norm_epsilon: their epsilon.
@@ -280,10 +280,10 @@ def core_options(options: Any) -> dict[str, Any]:
         "model.attention_options.sliding_window must be >= 0 (0 = none), got "
         f"{options.sliding_window}"
     )
-  if options.qk_norm != "none" and options.qk_norm not in norms.NORMS:
+  if options.qk_norm != "none" and options.qk_norm not in blocks.NORMS:
     raise errors.ConfigError(
         "model.attention_options.qk_norm must be 'none' or one of "
-        f"{', '.join(norms.NORMS)}, got {options.qk_norm!r}"
+        f"{', '.join(blocks.NORMS)}, got {options.qk_norm!r}"
     )
   rope = None
   if options.rope_theta:

@@ -25,7 +25,6 @@ from memjax.models import blocks
 from memjax.models import feed_forward as feed_forward_lib
 from memjax.models import model_config
 from memjax.models import multihead
-from memjax.models import norms
 from memjax.models import stack
 
 Array = jax.Array
@@ -45,7 +44,7 @@ class BlockStack(nn.Module):
       LayerNorm placement, ``max_len``, remat and scan settings, the
       vocabulary size and the compute dtype).
     norm_kind: 'layer' (LayerNorm), 'rms' (RMSNorm) or 'rms_plus_one'
-      (``norms.NORMS``), every norm's (a family option).
+      (``blocks.NORMS``), every norm's (a family option).
     post_norms: each block also normalises its sub-layers' outputs
       (``blocks.ResidualBlock``; a family option).
     local_layers: 1-based layers (negative: counted from the end, -1 the
@@ -132,7 +131,7 @@ class BlockStack(nn.Module):
 
   def norm(self, name: str) -> nn.Module:
     """A norm named ``name`` of the model's kind, epsilon and dtype."""
-    return norms.make_norm(
+    return blocks.make_norm(
         self.norm_kind, name, self.cfg.compute_dtype, self.cfg.norm_epsilon
     )
 

@@ -1,4 +1,5 @@
-"""The residual block every model family builds on, and the pieces they share.
+"""The residual block every model family builds on, and the pieces they share
+(the normalisation kinds among them).
 
 One ``ResidualBlock`` serves the decoder LM (``transformer.TransformerLM``),
 the translation encoder and decoder (``seq2seq.EncoderDecoder``), the
@@ -13,7 +14,7 @@ layers (MARGE). A block runs up to three residual sub-layers, in order:
    (product-key memory).
 
 Each sub-layer is ``x + Drop(f(LN(x)))`` (``norm_position='pre'``) or
-``LN(x + Drop(f(x)))`` (``'post'``), with its norm (``norms``) ``ln_attn``,
+``LN(x + Drop(f(x)))`` (``'post'``), with its norm (``make_norm``) ``ln_attn``,
 ``ln_cross`` or ``ln_ffn`` and one residual dropout (``Dropout_0``) for
 all three. With ``post_norms`` each sub-layer's output is normalised
 too before it is added (``x + Drop(LN'(f(LN(x))))``: Gemma 2 and 3's four
@@ -46,7 +47,6 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax import extend
-from memjax.models import norms
 
 Array = jax.Array
 
@@ -77,6 +77,97 @@ def check_norm_position(norm_position: str) -> None:
         f"model.norm_position must be one of {NORM_POSITIONS}, got "
         f"{norm_position!r}"
     )
+
+
+# The normalisation kinds of a block and of a model's last hidden states.
+# ``model.family_options.norm`` picks one for every normalisation of a
+# decoder LM: 'layer' (LayerNorm, scale and bias), 'rms' (RMSNorm, a scale
+# only: ``x / sqrt(mean(x^2) + eps) * scale``, as Llama-family models have
+# it) or 'rms_plus_one' (Gemma's RMSNorm: ``x / sqrt(mean(x^2) + eps) *
+# (1 + scale)`` in float32, its scale starting at 0). The first two are
+# Flax's own modules; each names its parameters ``scale`` (and ``bias``),
+# with the logical axis 'embed' (or another one given, as 'kv' for a head's
+# features).
+NORMS = ("layer", "rms", "rms_plus_one")
+
+
+def check_norm(kind: str) -> None:
+  """Raises ConfigError unless ``kind`` is one of ``NORMS``."""
+  if kind not in NORMS:
+    raise errors.ConfigError(
+        f"model.family_options.norm must be one of {', '.join(NORMS)}, got "
+        f"{kind!r}"
+    )
+
+
+class RMSNormPlusOne(nn.Module):
+  """Gemma's RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * (1 +
+  scale)``, computed in float32 and cast to ``dtype`` (Hugging Face's
+  ``Gemma3RMSNorm``), its ``scale`` [N] starting at 0.
+
+  Attributes:
+    epsilon: added to the mean square.
+    dtype: the output's dtype.
+    axis: the scale's logical axis.
+  """
+
+  epsilon: float = 1e-6
+  dtype: Any = jnp.float32
+  axis: str = "embed"
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., N] -> [..., N] normalised."""
+    init = nn.with_logical_partitioning(nn.initializers.zeros, (self.axis,))
+    scale = self.param("scale", init, (x.shape[-1],), jnp.float32)
+    x = x.astype(jnp.float32)
+    y = x * jax.lax.rsqrt(
+        jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon
+    )
+    return (y * (1.0 + scale.astype(jnp.float32))).astype(self.dtype)
+
+
+def layer_norm(
+    name: Optional[str], dtype: Any, epsilon: float = 1e-6, axis: str = "embed"
+) -> nn.LayerNorm:
+  """A LayerNorm over [..., D] whose scale and bias have the logical axis
+  ``axis``; ``name`` None leaves the name to the parent's ``setup``."""
+  return nn.LayerNorm(
+      epsilon=epsilon,
+      dtype=dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis,)),
+      **({} if name is None else {"name": name}),
+  )
+
+
+def make_norm(
+    kind: str,
+    name: Optional[str],
+    dtype: Any,
+    epsilon: float = 1e-6,
+    axis: str = "embed",
+) -> nn.Module:
+  """The normalisation ``kind`` (``NORMS``) over the last axis of [..., N],
+  its parameters of logical axis ``axis`` (the model's 'embed'; 'kv' for a
+  head's features); ``name`` None leaves the name to the parent's
+  ``setup``.
+
+  Raises:
+    errors.ConfigError: an unknown kind.
+  """
+  check_norm(kind)
+  if kind == "layer":
+    return layer_norm(name, dtype, epsilon, axis)
+  if kind == "rms_plus_one":
+    named = {} if name is None else {"name": name}
+    return RMSNormPlusOne(epsilon=epsilon, dtype=dtype, axis=axis, **named)
+  return nn.RMSNorm(
+      epsilon=epsilon,
+      dtype=dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis,)),
+      **({} if name is None else {"name": name}),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +243,7 @@ class ResidualBlock(nn.Module):
     feed_forward: the feed-forward sub-layer.
     cross: the cross-attention sub-layer, or None (no cross-attention).
     norm_position: 'pre' or 'post'.
-    norm_kind: 'layer' or 'rms' (``norms.NORMS``).
+    norm_kind: 'layer' or 'rms' (``NORMS``).
     norm_epsilon: the norms' epsilon.
     post_norms: normalise each sub-layer's output before adding it
       (``<norm>_post``).
@@ -220,11 +311,11 @@ class ResidualBlock(nn.Module):
 
     def residual(h, norm, f):
       """One sub-layer: (its output, f's state, f's input)."""
-      ln = norms.make_norm(self.norm_kind, norm, self.dtype, self.norm_epsilon)
+      ln = make_norm(self.norm_kind, norm, self.dtype, self.norm_epsilon)
       y = ln(h) if self.norm_position == "pre" else h
       out, f_state = f(y)
       if self.post_norms:
-        out = norms.make_norm(
+        out = make_norm(
             self.norm_kind, norm + "_post", self.dtype, self.norm_epsilon
         )(out)
       h = h + drop(out, deterministic=deterministic)

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from memjax import errors
-from memjax.models import norms
+from memjax.models import blocks
 from memjax.models import positions as positions_lib
 from memjax.models import projections as projections_lib
 from memjax.models import rotary
@@ -98,7 +98,7 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: biases on the query, key and value projections ('param').
     out_bias: a bias on the output projection ('param').
     rope: the rotary positions' settings (``rotary.Rope``), or None.
-    qk_norm: '' (none) or a norm kind (``norms.NORMS``: 'rms') applied to
+    qk_norm: '' (none) or a norm kind (``blocks.NORMS``: 'rms') applied to
       each head's queries and keys over d_h, after their biases and before
       rotary positions (Qwen3's q_norm and k_norm), its scale
       ``query_norm/scale`` and ``key_norm/scale`` [d_h].
@@ -149,7 +149,7 @@ class MultiHeadAttention(nn.Module):
       self._module_layout(kv)
     if self.qk_norm:
       make = functools.partial(
-          norms.make_norm,
+          blocks.make_norm,
           self.qk_norm,
           None,
           self.dtype,

@@ -44,7 +44,6 @@ from memjax.models import block_stack
 from memjax.models import model_config
 from memjax.models import blocks
 from memjax.models import positions as positions_lib
-from memjax.models import norms
 from memjax.models import recurrence
 from memjax.models import stack
 
@@ -325,7 +324,7 @@ def decoder_lm(
   """
   opts = family_options(model, "decoder_lm", DECODER_OPTIONS)
   norm = str(opts.get("norm", "layer"))
-  norms.check_norm(norm)
+  blocks.check_norm(norm)
   return TransformerLM(
       cfg=model_config.ModelConfig.of(
           model, vocab_size=vocab_size, parts=parts

@@ -15,7 +15,7 @@ from memjax import errors
 from memjax import settings as settings_lib
 from memjax.models import attention
 from memjax.models import feed_forward
-from memjax.models import norms
+from memjax.models import blocks
 from memjax.models import transformer
 
 B, T, D, H, KV, DH = 2, 6, 16, 4, 2, 8
@@ -224,7 +224,7 @@ def test_kv_heads_must_divide_the_heads():
 
 def test_rms_norm_matches_numpy():
   x = normal(2, (B, T, D))
-  norm = norms.make_norm("rms", "n", jnp.float32, 1e-5)
+  norm = blocks.make_norm("rms", "n", jnp.float32, 1e-5)
   params = random_like(norm.init(jax.random.PRNGKey(0), x), 3)
   y = norm.apply(params, jnp.asarray(x))
   scale = np.asarray(flax_unbox(params)["params"]["scale"], np.float64)
@@ -232,12 +232,12 @@ def test_rms_norm_matches_numpy():
   want = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * scale
   np.testing.assert_allclose(np.asarray(y), want, atol=1e-5, rtol=1e-5)
   with pytest.raises(errors.ConfigError, match="norm must be one of"):
-    norms.make_norm("batch", "n", jnp.float32)
+    blocks.make_norm("batch", "n", jnp.float32)
 
 
 def test_rms_plus_one_norm_is_gemmas():
   x = normal(2, (B, T, D))
-  norm = norms.make_norm("rms_plus_one", "n", jnp.float32, 1e-6, axis="kv")
+  norm = blocks.make_norm("rms_plus_one", "n", jnp.float32, 1e-6, axis="kv")
   params = norm.init(jax.random.PRNGKey(0), x)
   # It starts as a plain RMSNorm: its scale is 0, the factor 1 + 0.
   assert not np.any(np.asarray(flax_unbox(params)["params"]["scale"]))
