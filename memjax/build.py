@@ -35,7 +35,7 @@ from memjax.io import paths
 from memjax.io import workdirs
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
-from memjax.models import model_config
+from memjax.models import block_stack
 from memjax.models import stack
 from memjax.pretrained import sizes
 from memjax.run import hooks
@@ -104,7 +104,7 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   attention_lib.check_sliding_window(s.model, family.refuses_attention)
   kind = parts.feed_forward.get(s.model.feed_forward)
   # feed_forward_layers in range, the base kind known.
-  model_config.ModelConfig.of(s.model, vocab_size=0, parts=parts)
+  block_stack.ModelConfig.of(s.model, vocab_size=0, parts=parts)
   stack.remat_policy(s.model.remat_policy)  # Named right even with remat off.
   blocks.compute_dtype(s.model.dtype)
   blocks.compute_dtype(s.model.param_dtype, "model.param_dtype")

@@ -42,7 +42,6 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import block_stack
-from memjax.models import model_config
 from memjax.models import feed_forward as feed_forward_lib
 from memjax.models import stack
 from memjax.models import transformer
@@ -214,9 +213,7 @@ def build(
   ``head`` ('mlm' or 'classify') and ``num_classes``."""
   opts = transformer.family_options(model, "encoder", ["head", "num_classes"])
   return Encoder(
-      cfg=model_config.ModelConfig.of(
-          model, vocab_size=vocab_size, parts=parts
-      ),
+      cfg=block_stack.ModelConfig.of(model, vocab_size=vocab_size, parts=parts),
       head=str(opts.get("head", "mlm")),
       num_classes=int(opts.get("num_classes", 2)),
   )

@@ -36,7 +36,6 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import block_stack
 from memjax.models import blocks
-from memjax.models import model_config
 from memjax.models import positions as positions_lib
 from memjax.models import stack
 from memjax.models import transformer
@@ -355,7 +354,7 @@ def encoder_decoder(
         "encoder-decoder's attention takes no options (its decoding cache "
         "holds every head at sinusoid absolute positions)"
     )
-  cfg = model_config.ModelConfig.of(model, vocab_size=vocab_size, parts=parts)
+  cfg = block_stack.ModelConfig.of(model, vocab_size=vocab_size, parts=parts)
   return EncoderDecoder(
       # Every layer of each stack uses model.feed_forward.
       cfg=cfg.replace(feed_forward_layers=()),

@@ -11,7 +11,7 @@ Blocks are ``blocks.ResidualBlock`` (pre-LN:
 ``h = x + Dropout(Attn(LN1(x), mem)); out = h + Dropout(FFN(LN2(h)))``),
 with sub-layers named ``attention``, ``ln_attn``, ``ffn`` and ``ln_ffn``.
 The model takes its settings whole, ``cfg`` (a
-``model_config.ModelConfig``), whose attention kind and feed-forward kind
+``block_stack.ModelConfig``), whose attention kind and feed-forward kind
 are resolved once (``ModelConfig.of`` looks up the names
 ``model.attention`` and ``model.feed_forward`` in the run's parts), with
 their options; see ``attention.AttentionKind`` and
@@ -41,7 +41,6 @@ from memjax import settings as settings_lib
 from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import block_stack
-from memjax.models import model_config
 from memjax.models import blocks
 from memjax.models import positions as positions_lib
 from memjax.models import recurrence
@@ -326,9 +325,7 @@ def decoder_lm(
   norm = str(opts.get("norm", "layer"))
   blocks.check_norm(norm)
   return TransformerLM(
-      cfg=model_config.ModelConfig.of(
-          model, vocab_size=vocab_size, parts=parts
-      ),
+      cfg=block_stack.ModelConfig.of(model, vocab_size=vocab_size, parts=parts),
       positions=str(opts.get("positions", "sinusoid")),
       norm_kind=norm,
       tie_embeddings=bool(opts.get("tie_embeddings", True)),

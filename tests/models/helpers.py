@@ -8,7 +8,7 @@ import numpy as np
 
 from memjax import catalog
 from memjax import settings
-from memjax.models import model_config
+from memjax.models import block_stack
 
 # A small model: the settings where the tests' models differ from
 # ``settings.Model``'s defaults (a plain softmax, no dropout).
@@ -29,7 +29,7 @@ def config(vocab_size, parts=None, **model):
   ``settings.Model`` keys ``model`` (kinds by name: ``attention='xl'``),
   its kinds looked up in ``parts`` (default: the catalog's)."""
   given = settings.Model(**dict(SMALL, **model))
-  return model_config.ModelConfig.of(
+  return block_stack.ModelConfig.of(
       given, vocab_size=vocab_size, parts=parts or catalog.parts()
   )
 

@@ -38,7 +38,7 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
-from memjax.models import model_config
+from memjax.models import block_stack
 from memjax.models import multihead
 from memjax.models import stack
 from memjax.models import transformer
@@ -281,7 +281,7 @@ def marge_lm(
   opts = transformer.family_options(model, "marge", OPTIONS)
   if "cross_layers" in opts:
     opts["cross_layers"] = tuple(opts["cross_layers"])
-  cfg = model_config.ModelConfig.of(model, vocab_size=vocab_size, parts=parts)
+  cfg = block_stack.ModelConfig.of(model, vocab_size=vocab_size, parts=parts)
   cfg = cfg.replace(attention_options={}, mem_len=0, remat=False)
   return MargeLM(cfg=cfg, **opts)
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax.models import model_config
+from memjax.models import block_stack
 from memjax.models import seq2seq
 from memjax.tasks.translation import decoding
 from tests.models import helpers
@@ -24,7 +24,7 @@ class TableModel(nn.Module):
   before the length limit.
   """
 
-  cfg: model_config.ModelConfig = model_config.ModelConfig(max_len=64)
+  cfg: block_stack.ModelConfig = block_stack.ModelConfig(max_len=64)
 
   def encode(self, source):
     return jnp.zeros(source.shape + (1,)), source != 0
