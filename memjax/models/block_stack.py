@@ -12,12 +12,13 @@ run's parts and the vocabulary size. A family reads ``cfg.dropout``,
 ``ModelConfig`` is frozen and hashable (its option dicts are frozen), so it
 is a fine Flax module attribute; it holds no mesh and no ConfigDict.
 
-``BlockStack`` holds what the families share: the model interface ``model(inputs, targets, memory,
-deterministic=..., **extra_inputs)`` that the train step and the
-evaluations call (each family implements ``forward``; its
-``extend.Family`` names the extra inputs), and the blocks it builds
-(``make_block``: ``blocks.ResidualBlock`` with the family's attention and
-feed-forward sub-layers).
+``BlockStack`` holds what the families share: the model interface
+``model(inputs, targets, memory, deterministic=..., **extra_inputs)`` that
+the train step and the evaluations call (each family implements
+``forward``; its ``extend.Family`` names the extra inputs), and the blocks
+it builds (``make_block``: ``blocks.ResidualBlock`` with the family's
+attention and feed-forward sub-layers). ``sinusoid_table`` is the families'
+absolute positions (Vaswani et al.).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import flax
 import flax.linen as nn
 import jax
+import numpy as np
 
 from memjax import errors
 from memjax import extend
@@ -39,6 +41,17 @@ from memjax.models import multihead
 from memjax.models import stack
 
 Array = jax.Array
+
+
+def sinusoid_table(length: int, dim: int) -> np.ndarray:
+  """[length, dim] sinusoidal absolute position table (Vaswani et al.)."""
+  pos = np.arange(length, dtype=np.float64)[:, None]
+  inv = 1.0 / (10000 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+  ang = pos * inv[None]
+  table = np.zeros((length, dim), np.float32)
+  table[:, 0::2] = np.sin(ang)
+  table[:, 1::2] = np.cos(ang)[:, : dim // 2]
+  return table
 
 
 def _frozen(value: Any) -> Any:

@@ -40,7 +40,7 @@ import numpy as np
 from memjax import errors
 from memjax.io import console
 from memjax.models import attention as attention_lib
-from memjax.models import positions as positions_lib
+from memjax.models import block_stack
 from memjax.models import stack
 from memjax.models import variables as model_vars
 from memjax.models import transformer
@@ -193,7 +193,7 @@ def _forward(
     if mdl.pos_embed is not None:
       table = mdl.pos_embed
     else:
-      table = positions_lib.sinusoid_table(length, mdl.cfg.d_model)
+      table = block_stack.sinusoid_table(length, mdl.cfg.d_model)
     x = x + jnp.asarray(table, mdl.cfg.compute_dtype)[positions]
   shared = {} if mdl.ffn_shared is None else {"ffn_shared": mdl.ffn_shared()}
   inputs = {"mask": key_valid[:, None, None, :], "pos": slot}

@@ -12,8 +12,9 @@ with their options:
   families' biases and grouped heads;
 * the relative kinds ('rpe', 'xl', LaMemo's 'lamemo' in
   ``memjax/methods/recurrent``): Transformer-XL's four score terms
-  (``relative_scores``) in the 'xl' or 'disentangled' scheme, over a memory
-  and the segment or in both directions (LaMemo's look-ahead);
+  (``relative_positions.relative_scores``) in the 'xl' or 'disentangled'
+  scheme, over a memory and the segment or in both directions (LaMemo's
+  look-ahead);
 * the encoders' and the translation model's attention (``seq2seq``): a
   padding mask, a causal decoder with its decoding cache, and
   cross-attention to keys and values computed once per source (``kv``);
@@ -24,7 +25,7 @@ Scores are computed, masked and normalised in float32 whatever the compute
 dtype; a query that may attend to no key gets zero probabilities (MARGE's
 lanes without a retrieved source).
 
-Parameter layouts (``projections``), kept as the runs of each path saved
+Parameter layouts, kept as the runs of each path saved
 them, with the initialisers those paths have always used:
 
 * 'param': query, key, value [D, H, d_h] ('embed', 'heads', 'kv') and out
@@ -52,8 +53,7 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax.models import blocks
-from memjax.models import positions as positions_lib
-from memjax.models import projections as projections_lib
+from memjax.models import relative_positions
 from memjax.models import rotary
 
 Array = jax.Array
@@ -83,6 +83,33 @@ def masked_softmax(scores: Array, mask: Array) -> tuple[Array, Array]:
   probs = jnp.exp(scores - lse[..., None])
   any_key = jnp.broadcast_to(mask, scores.shape).any(axis=-1, keepdims=True)
   return jnp.where(any_key, probs, 0.0), lse
+
+
+def qkv_init() -> nn.initializers.Initializer:
+  """Glorot-uniform for a [D, H, d_h] input projection."""
+  return nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2)
+  )
+
+
+def out_init() -> nn.initializers.Initializer:
+  """Glorot-uniform for a [H, d_h, D] output projection."""
+  return nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform", in_axis=(0, 1), out_axis=2
+  )
+
+
+def cached_causal_mask(
+    length: int, cache_len: int, pos: Array, window: int = 0
+) -> Array:
+  """[1, 1, T, L] bool: the query at slot pos + i reads cache slots j <=
+  pos + i, and with a ``window`` > 0 only j > pos + i - window."""
+  q = pos + jnp.arange(length)[:, None]
+  j = jnp.arange(cache_len)[None, :]
+  keep = j <= q
+  if window > 0:
+    keep = keep & (j > q - window)
+  return keep[None, None]
 
 
 class MultiHeadAttention(nn.Module):
@@ -168,7 +195,7 @@ class MultiHeadAttention(nn.Module):
     for name, heads in (("query", self.num_heads), ("key", kv), ("value", kv)):
       w[name] = self.param(
           name,
-          nn.with_logical_partitioning(projections_lib.qkv_init(), axes),
+          nn.with_logical_partitioning(qkv_init(), axes),
           (self.d_model, heads, self.head_dim),
       )
       if self.qkv_bias:
@@ -179,9 +206,7 @@ class MultiHeadAttention(nn.Module):
         )
     w["out"] = self.param(
         "out",
-        nn.with_logical_partitioning(
-            projections_lib.out_init(), ("heads", "kv", "embed")
-        ),
+        nn.with_logical_partitioning(out_init(), ("heads", "kv", "embed")),
         (self.num_heads, self.head_dim, self.d_model),
     )
     if self.out_bias:
@@ -195,7 +220,7 @@ class MultiHeadAttention(nn.Module):
   def _module_layout(self, kv: int) -> None:
     """Sub-layers query, key, value, pos_key, out; biases u and v."""
     proj = functools.partial(
-        projections_lib.HeadProjection,
+        relative_positions.HeadProjection,
         head_dim=self.head_dim,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -205,7 +230,7 @@ class MultiHeadAttention(nn.Module):
     self.value = proj(num_heads=kv)
     if self.relative:
       self.pos_key = proj(num_heads=self.num_heads)
-    self.out = projections_lib.OutputProjection(
+    self.out = relative_positions.OutputProjection(
         d_model=self.d_model, dtype=self.dtype, param_dtype=self.param_dtype
     )
     if not self.relative:
@@ -269,53 +294,6 @@ class MultiHeadAttention(nn.Module):
 
   # -- scores and normalisation ----------------------------------------------
 
-  def relative_scores(
-      self, q: Array, k: Array, delta_top: int, past_only: bool
-  ) -> Array:
-    """Transformer-XL's position terms (Dai et al. Eq. 6; LaMemo Eq. 12):
-    ``q_i . r_ij + b_ij . r_ij``, unscaled (``scores`` adds u . k_j).
-
-    Queries and keys are consecutive runs of positions; query i and key j
-    are ``delta_top - (Q - 1 - i) - j`` positions apart.
-
-    Args:
-      q: [B, Q, H, dh] queries.
-      k: [B, K, H, dh] content keys.
-      delta_top: distance (query minus key position) of the last query and
-        the first key (a traced scalar: at most K - 1, past keys only).
-      past_only: whether only keys at or before the query (distance >= 0)
-        will be read; then fewer distances are encoded and the other
-        entries of the result are junk (to be masked).
-
-    Returns:
-      [B, H, Q, K] float32.
-    """
-    q_len, k_len = q.shape[1], k.shape[1]
-    if not past_only:
-      num_cols = k_len + q_len - 1
-    elif isinstance(delta_top, int):
-      num_cols = max(k_len, delta_top + 1)
-    else:  # A decoding step's position (traced): at most the last key's.
-      num_cols = k_len
-    deltas = delta_top - jnp.arange(num_cols, dtype=jnp.int32)
-    shape = (num_cols, self.num_heads, self.head_dim)
-    f32 = jnp.float32
-    if self.relative == "xl":
-      positions = deltas
-      bias = jnp.broadcast_to(jnp.asarray(self.v, f32), shape)
-    else:
-      positions = jnp.abs(deltas)
-      bias = jnp.where(
-          (deltas >= 0)[:, None, None],
-          jnp.asarray(self.v_plus, f32),
-          jnp.asarray(self.v_minus, f32),
-      )
-    enc = positions_lib.sinusoid_positions(positions.astype(f32), self.d_model)
-    r = self.pos_key(enc.astype(self.dtype))
-    position = jnp.einsum("bqhd,phd->bhqp", q, r, preferred_element_type=f32)
-    position += jnp.einsum("phd,phd->hp", bias, r.astype(f32))[None, :, None]
-    return positions_lib.rel_shift(position)[..., :k_len]
-
   def scores(
       self,
       q: Array,
@@ -331,7 +309,8 @@ class MultiHeadAttention(nn.Module):
     Args:
       q: [B, Q, H, dh] queries.
       k: [B, K, H_kv, dh] keys (repeated to H heads here).
-      delta_top, past_only: the relative terms' (``relative_scores``).
+      delta_top, past_only: the relative terms'
+        (``relative_positions.relative_scores``).
       bias: float32 broadcastable to [B, H, Q, K], added after scaling.
 
     Returns:
@@ -348,7 +327,7 @@ class MultiHeadAttention(nn.Module):
     # Transformer-XL's code scales them.
     u = jnp.asarray(self.u, f32)
     s += jnp.einsum("hd,bkhd->bhk", u, k.astype(f32))[:, :, None, :]
-    s = s + self.relative_scores(q, k, delta_top, past_only)
+    s = s + relative_positions.relative_scores(self, q, k, delta_top, past_only)
     s = s * (1.0 / math.sqrt(self.head_dim))
     return s if bias is None else s + bias
 
@@ -469,9 +448,7 @@ class MultiHeadAttention(nn.Module):
     keep = jnp.ones((), bool) if mask is None else mask
     if causal:  # Query slot pos + i reads key slots j <= pos + i.
       at, w = (0 if cache is None else pos), self.sliding_window
-      keep = keep & positions_lib.cached_causal_mask(
-          x.shape[1], k.shape[1], at, w
-      )
+      keep = keep & cached_causal_mask(x.shape[1], k.shape[1], at, w)
     s = self.scores(q, k, bias=bias)
     c, _, _ = self.attend(
         s, keep, v, deterministic, empty_rows=mask is not None

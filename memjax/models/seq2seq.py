@@ -36,7 +36,6 @@ from memjax import extend
 from memjax import settings as settings_lib
 from memjax.models import block_stack
 from memjax.models import blocks
-from memjax.models import positions as positions_lib
 from memjax.models import stack
 from memjax.models import transformer
 
@@ -165,7 +164,7 @@ class EncoderDecoder(block_stack.BlockStack):
     if (
         self.cfg.attention_kind.ABSOLUTE_POSITIONS
     ):  # A relative kind has its own.
-      pos = positions_lib.sinusoid_table(self.cfg.max_len, self.cfg.d_model)
+      pos = block_stack.sinusoid_table(self.cfg.max_len, self.cfg.d_model)
       pos = jax.lax.dynamic_slice_in_dim(jnp.asarray(pos), offset, t, axis=0)
       x = x + pos[None].astype(self.cfg.compute_dtype)
     x = self.drop(x, deterministic=deterministic)

@@ -42,7 +42,6 @@ from memjax.models import adaptive
 from memjax.models import attention as attention_lib
 from memjax.models import block_stack
 from memjax.models import blocks
-from memjax.models import positions as positions_lib
 from memjax.models import recurrence
 from memjax.models import stack
 
@@ -235,7 +234,7 @@ class TransformerLM(block_stack.BlockStack):
       if self.pos_embed is not None:
         table = self.pos_embed[:t]
       else:
-        table = positions_lib.sinusoid_table(t, self.cfg.d_model)
+        table = block_stack.sinusoid_table(t, self.cfg.d_model)
       x = x + jnp.asarray(table, self.cfg.compute_dtype)[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))

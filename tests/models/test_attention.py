@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from memjax.models import attention
-from memjax.models import positions
+from memjax.models import block_stack
 from tests.models import helpers
 
 B, T, D, H, DH = 2, 7, 16, 2, 8
@@ -175,7 +175,7 @@ def test_post_layer_norm_block_matches_numpy():
               method=lambda m, t: m.embedder.embed(t),
           )
       )
-      + positions.sinusoid_table(5, 16)[None]
+      + block_stack.sinusoid_table(5, 16)[None]
   )
   h = ln(x + attn(x), block["ln_attn"])
   want = ln(h + ffn(h), block["ln_ffn"])

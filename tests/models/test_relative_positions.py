@@ -1,17 +1,19 @@
-"""memjax.models.positions: the sinusoid encodings of relative distances
-and Transformer-XL's relative shift, against their definitions."""
+"""memjax.models.relative_positions: the sinusoid encodings of relative
+distances and Transformer-XL's relative shift, against their definitions;
+the absolute sinusoid table (``block_stack.sinusoid_table``)."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax.models import positions
+from memjax.models import block_stack
+from memjax.models import relative_positions
 from tests.models import reference
 
 
 def test_sinusoid_positions_match_reference():
   dist = np.array([-3.0, 0.0, 1.0, 7.5, 40.0])
-  got = positions.sinusoid_positions(jnp.asarray(dist), 10)
+  got = relative_positions.sinusoid_positions(jnp.asarray(dist), 10)
   want = np.stack([reference.sinusoid(p, 10) for p in dist])
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
@@ -19,7 +21,7 @@ def test_sinusoid_positions_match_reference():
 @pytest.mark.parametrize("q_len,p_len", [(4, 4), (3, 7), (5, 9), (1, 3)])
 def test_rel_shift_matches_definition(q_len, p_len):
   x = np.arange(q_len * p_len, dtype=np.float32).reshape(q_len, p_len) + 1
-  got = np.asarray(positions.rel_shift(jnp.asarray(x)))
+  got = np.asarray(relative_positions.rel_shift(jnp.asarray(x)))
   want = reference.rel_shift(x)
   defined = ~np.isnan(want)
   # Every entry with j <= i + P - Q is defined and must match.
@@ -28,12 +30,12 @@ def test_rel_shift_matches_definition(q_len, p_len):
   np.testing.assert_array_equal(got[defined], want[defined])
   # Batched leading axes shift every matrix the same way.
   xb = np.stack([x, 2 * x])[:, None]
-  gotb = np.asarray(positions.rel_shift(jnp.asarray(xb)))
+  gotb = np.asarray(relative_positions.rel_shift(jnp.asarray(xb)))
   np.testing.assert_array_equal(gotb[1, 0][defined], 2 * want[defined])
 
 
 def test_the_absolute_table_is_vaswanis():
-  table = positions.sinusoid_table(6, 8)
+  table = block_stack.sinusoid_table(6, 8)
   pos, i = np.arange(6)[:, None], np.arange(4)[None]
   angle = pos / 10000 ** (2 * i / 8)
   np.testing.assert_allclose(table[:, 0::2], np.sin(angle), atol=1e-6)
