@@ -258,7 +258,11 @@ def run_mode(
     mode.before_jax(s)
   # A mode that trains uses every device; one that reads a trained run may
   # name a smaller mesh ({'data': 1}: the first device).
-  run = build(config, workdir, mesh=None if mode.training else s.mesh.spec())
+  run = build(
+      config,
+      workdir,
+      mesh=None if mode.training else dataclasses.asdict(s.mesh),
+  )
   if not mode.training:
     return mode.run(run)  # Readers take no lease.
   with ownership.sole_writer(workdir):  # One training job per workdir.

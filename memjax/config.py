@@ -27,7 +27,6 @@ from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax.checkpoints import convert
-from memjax.settings import renames
 
 
 def _as_config(value: Any) -> Any:
@@ -251,7 +250,7 @@ def from_json(text: str) -> ml_collections.ConfigDict:
   that moved since are read at their new place (``renames``); keys it
   does not know are kept as saved."""
   config = base_config()
-  saved = renames.translate_tree(json.loads(text), catalog.parts().renames)
+  saved = settings_lib.translate_tree(json.loads(text), catalog.parts().renames)
   _merge(config, saved)
   settle_options(config)
   config.lock()

@@ -321,7 +321,7 @@ class Method:
       ({'trime.memory': 'trime.memory'}; a key that held a whole dict maps
       its keys: {'marge': 'marge'}): configs, command lines and
       saved runs written with the old keys still read
-      (``memjax.settings.renames``).
+      (``memjax.settings.translate_tree``).
     flops: ``flops(settings, FlopsShape) -> {term: FLOPs per token}``,
       what a run using the method's parts computes per token, forward and
       backward, beyond ``--mode=plan``'s formula ``6 N + 12 n_layer T

@@ -186,14 +186,14 @@ def _translate_moved_keys(argv: list[str]) -> list[str]:
   if not any(a.startswith("--config.") for a in argv):
     return argv
   from memjax import catalog  # pylint: disable=g-import-not-at-top
-  from memjax.settings import renames  # pylint: disable=g-import-not-at-top
+  from memjax import settings as settings_lib  # pylint: disable=g-import-not-at-top
 
   table = catalog.parts().renames
-  out = renames.translate_argv(argv, table)
+  out = settings_lib.translate_argv(argv, table)
   if sys.argv[1:] == list(argv[1:]):
     sys.argv[1:] = out[1:]
   else:
-    sys.argv[:] = renames.translate_argv(sys.argv, table)
+    sys.argv[:] = settings_lib.translate_argv(sys.argv, table)
   return out
 
 

@@ -21,6 +21,7 @@ so activations [batch, length, embed] are split on batch only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
@@ -107,7 +108,7 @@ def mesh_of(
   """The mesh of the ``mesh`` settings, or of ``spec``: an explicit
   ``spec`` without -1 may use the first devices only (e.g. {'data': 1})."""
   if spec is None:
-    return make_mesh(mesh.spec())
+    return make_mesh(dataclasses.asdict(mesh))
   sizes = [int(spec.get(a, 1)) for a in MESH_AXES]
   devices = jax.devices()
   if -1 not in sizes and 0 < int(np.prod(sizes)) < len(devices):

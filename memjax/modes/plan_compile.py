@@ -209,7 +209,7 @@ def build_step(run: spec.Run, devices: list[Any]) -> Step:
     errors.UserError: settings the run itself would refuse.
   """
   s = run.settings
-  mesh = sharding_lib.make_mesh(s.mesh.spec(), devices)
+  mesh = sharding_lib.make_mesh(dataclasses.asdict(s.mesh), devices)
   run.task.check_batch_fits(mesh, run.carries_memory())
   batch = abstract_batch(run, mesh)
   model = run.model(vocab_size(s))
@@ -324,7 +324,7 @@ def module_params(step: Step, name: str) -> int:
 
 def data_parallel(s: settings_lib.Settings, devices: list[Any]) -> int:
   """Devices a micro-batch is split over (``sharding.BATCH_AXES``)."""
-  sizes = sharding_lib.mesh_shape(s.mesh.spec(), len(devices))
+  sizes = sharding_lib.mesh_shape(dataclasses.asdict(s.mesh), len(devices))
   shape = dict(zip(sharding_lib.MESH_AXES, sizes))
   return int(np.prod([shape[a] for a in sharding_lib.BATCH_AXES]))
 

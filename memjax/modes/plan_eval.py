@@ -24,6 +24,7 @@ a datastore (which keeps the keys the forward computes).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -96,7 +97,7 @@ def build_eval_step(run: spec.Run, devices: list[Any]) -> plan_compile.Step:
   take it; its ``state_bytes`` hold the parameters' shards, no optimiser
   state; ``tokens`` the positions it runs)."""
   s = run.settings
-  mesh = sharding_lib.make_mesh(s.mesh.spec(), devices)
+  mesh = sharding_lib.make_mesh(dataclasses.asdict(s.mesh), devices)
   model = run.model(plan_compile.vocab_size(s))
   params, state = state_lib.abstract_variables(
       model, mesh, run.state_collections()

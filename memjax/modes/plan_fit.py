@@ -74,7 +74,7 @@ def mesh_options(
   sizes = dict(
       zip(
           sharding_lib.MESH_AXES,
-          sharding_lib.mesh_shape(s.mesh.spec(), len(devices)),
+          sharding_lib.mesh_shape(dataclasses.asdict(s.mesh), len(devices)),
       )
   )
   dp = sizes["data"] * sizes["fsdp"]

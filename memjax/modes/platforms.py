@@ -285,7 +285,7 @@ def planned_devices(s: settings_lib.Settings) -> int:
       )
     n = cloud[1]
   if not n:
-    n = _product(max(int(v), 1) for v in s.mesh.spec().values())
+    n = _product(max(int(v), 1) for v in dataclasses.asdict(s.mesh).values())
   if p.tpu_shape:
     if not get(str(p.platform)).topology:
       raise errors.ConfigError(

@@ -365,10 +365,6 @@ class Mesh:
   # Data-parallel, and the axis a memory table's rows are split over.
   memory: int = 1
 
-  def spec(self) -> dict[str, int]:
-    """{'data': ..., 'fsdp': ..., 'tensor': ..., 'memory': ...}."""
-    return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class Datastore:
@@ -412,12 +408,6 @@ class Datastore:
   recall_queries: int = 1000
   recall_leaves: tuple[int, ...] = ()
   recall_examples: int = 0
-
-
-def layers_from_the_start(layers: Any, num_layers: int) -> tuple[int, ...]:
-  """``model.feed_forward_layers`` with each negative number counted from
-  the end (-1: layer ``num_layers``); the others as given."""
-  return tuple(int(i) if i >= 0 else num_layers + 1 + int(i) for i in layers)
 
 
 # The engine's sections every run reads, in the order the base config lists

@@ -1,5 +1,5 @@
 """Keys that moved read at their new place: config files, command lines and
-saved runs (``memjax.settings.renames``)."""
+saved runs (``memjax.settings.translate_tree``)."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from memjax import config as config_lib
 from memjax.methods.external import config as ext_config
 from memjax.methods.marge import config as marge_config
 from memjax.methods.trime import config as trime_config
-from memjax.settings import renames
+from memjax import settings as settings_lib
 from tests.conftest import REPO
 from tests.conftest import run_main
 
@@ -21,10 +21,10 @@ TABLE = {"loss.memory": "trime.memory", "data.marge": "marge"}
 
 
 def test_a_moved_key_and_the_keys_below_a_moved_dict_are_renamed():
-  assert renames.new_key("loss.memory", TABLE) == "trime.memory"
-  assert renames.new_key("data.marge.search", TABLE) == "marge.search"
-  assert renames.new_key("loss.name", TABLE) is None
-  assert renames.new_key("loss.memory_x", TABLE) is None  # not below it
+  assert settings_lib.new_key("loss.memory", TABLE) == "trime.memory"
+  assert settings_lib.new_key("data.marge.search", TABLE) == "marge.search"
+  assert settings_lib.new_key("loss.name", TABLE) is None
+  assert settings_lib.new_key("loss.memory_x", TABLE) is None  # not below it
 
 
 def test_a_tree_moves_values_over_the_new_sections_defaults(capsys):
@@ -34,7 +34,7 @@ def test_a_tree_moves_values_over_the_new_sections_defaults(capsys):
       "trime": {"memory": "local", "block_size": 4},
       "marge": {"search": "exact", "sub_batch": 4},
   }
-  got = renames.translate_tree(tree, TABLE)
+  got = settings_lib.translate_tree(tree, TABLE)
   assert got == {
       "loss": {"name": "trime"},
       "data": {"seq_len": 8},
@@ -46,7 +46,9 @@ def test_a_tree_moves_values_over_the_new_sections_defaults(capsys):
 
 
 def test_a_command_line_is_rewritten_before_it_is_parsed(capsys, monkeypatch):
-  monkeypatch.setattr(renames, "_NOTED", set())  # each named once a process
+  monkeypatch.setattr(
+      settings_lib, "_NOTED", set()
+  )  # each named once a process
   argv = [
       "prog",
       "--config=c.py:smoke",
@@ -55,7 +57,7 @@ def test_a_command_line_is_rewritten_before_it_is_parsed(capsys, monkeypatch):
       "--config.loss.name=trime",
       "--mode=train",
   ]
-  assert renames.translate_argv(argv, TABLE) == [
+  assert settings_lib.translate_argv(argv, TABLE) == [
       "prog",
       "--config=c.py:smoke",
       "--config.trime.memory=long",
