@@ -38,10 +38,8 @@ from memjax.models import blocks
 from memjax.models import block_stack
 from memjax.models import stack
 from memjax.pretrained import sizes
-from memjax.run import hooks
 from memjax.run import optim
 from memjax.run import ownership
-from memjax.run import profiling
 from memjax.run import restore as restore_lib
 from memjax.run import spec
 
@@ -117,10 +115,38 @@ def check(s: settings_lib.Settings, parts: extend.Parts) -> None:
   if s.optim.transform:
     parts.optimizer_transforms.get(s.optim.transform)
   optim.group_settings(s.optim)  # ConfigError for a malformed group.
-  profiling.profile_steps(s.train)
-  hooks.check(s.train, parts.hooks)
+  _check_hooks(s.train, parts.hooks)
   for method_check in parts.checks:
     method_check(s)
+
+
+def _check_hooks(train: settings_lib.Train, hooks: extend.Lookup[type]) -> None:
+  """Raises errors.ConfigError for an unknown step hook, a hook listed
+  twice, or a ``hook_options.<name>`` that is not a ConfigDict whose
+  ``every`` (default 1, ``memjax.run.hooks.every_of``) is a positive
+  integer."""
+  names = tuple(train.hooks or ())
+  for name in names:
+    if name not in hooks:
+      raise errors.ConfigError(
+          f"unknown step hook {name!r} in train.hooks; there are: "
+          f"{', '.join(hooks.names()) or 'none'} (a method declares its "
+          "hooks; one defined outside memjax joins with extend.add, e.g. "
+          "from the config file)"
+      )
+    options = (train.hook_options or {}).get(name)
+    if options is not None and not isinstance(options, Mapping):
+      raise errors.ConfigError(
+          f"train.hook_options.{name} must be a ConfigDict, got {options!r}"
+      )
+    every = (options or {}).get("every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+      raise errors.ConfigError(
+          f"train.hook_options.{name}.every must be a positive integer, "
+          f"got {every!r}"
+      )
+  if len(set(names)) != len(names):
+    raise errors.ConfigError(f"train.hooks lists a hook twice: {names}")
 
 
 def build(

@@ -47,7 +47,6 @@ from typing import Any, Mapping, Optional
 
 import jax
 
-from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 
@@ -117,33 +116,6 @@ def every_of(train: settings_lib.Train, name: str) -> int:
   return 1 if options is None else options.get("every", 1)
 
 
-def check(train: settings_lib.Train, hooks: extend.Lookup[type]) -> None:
-  """Raises errors.ConfigError for an unknown hook name, a name listed
-  twice, or an ``every`` that is not a positive integer."""
-  names = tuple(train.hooks or ())
-  for name in names:
-    if name not in hooks:
-      raise errors.ConfigError(
-          f"unknown step hook {name!r} in train.hooks; there are: "
-          f"{', '.join(hooks.names()) or 'none'} (a method declares its "
-          "hooks; one defined outside memjax joins with extend.add, e.g. "
-          "from the config file)"
-      )
-    options = _options(train, name)
-    if options is not None and not isinstance(options, Mapping):
-      raise errors.ConfigError(
-          f"train.hook_options.{name} must be a ConfigDict, got {options!r}"
-      )
-    every = every_of(train, name)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-      raise errors.ConfigError(
-          f"train.hook_options.{name}.every must be a positive integer, "
-          f"got {every!r}"
-      )
-  if len(set(names)) != len(names):
-    raise errors.ConfigError(f"train.hooks lists a hook twice: {names}")
-
-
 class HookRunner:
   """The configured hooks of a run, their schedule and their state."""
 
@@ -154,7 +126,7 @@ class HookRunner:
       states: Optional[Mapping[str, Any]] = None,
       **context: Any,
   ) -> None:
-    """Creates the hooks of ``train.hooks``.
+    """Creates the hooks of ``train.hooks`` (checked by ``build.check``).
 
     Args:
       settings: the run's settings.
@@ -163,7 +135,6 @@ class HookRunner:
       **context: the other ``HookContext`` fields (workdir, model, ...).
     """
     train = settings.train
-    check(train, hooks)
     states = dict(states or {})
     self.hooks: list[tuple[StepHook, int]] = []
     for name in tuple(train.hooks or ()):

@@ -17,26 +17,8 @@ from typing import Any, Callable
 
 import jax
 
-from memjax import errors
 from memjax import settings as settings_lib
 from memjax.io import console
-
-
-def profile_steps(train: settings_lib.Train) -> tuple[int, ...]:
-  """``train.profile_steps``: () or (first, count), checked.
-
-  Raises:
-    errors.ConfigError: not () or two positive integers.
-  """
-  steps = tuple(train.profile_steps or ())
-  if steps and (
-      len(steps) != 2 or not all(isinstance(v, int) and v >= 1 for v in steps)
-  ):
-    raise errors.ConfigError(
-        f"train.profile_steps must be () or (FIRST,COUNT), two positive "
-        f"integers (e.g. --config.train.profile_steps='(10,5)'), got {steps!r}"
-    )
-  return steps
 
 
 class StepTrace:
@@ -47,7 +29,7 @@ class StepTrace:
   """
 
   def __init__(self, train: settings_lib.Train, workdir: str):
-    steps = profile_steps(train)
+    steps = tuple(train.profile_steps or ())  # Checked: settings ranges.
     self.first, self.last = (steps[0], sum(steps) - 1) if steps else (1, 0)
     self.enabled = bool(steps) and jax.process_index() == 0
     self.directory = os.path.join(workdir, "profile")

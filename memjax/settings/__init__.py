@@ -191,6 +191,10 @@ def _in_range(rule: str, v: Any) -> bool:
     return number and v >= 0
   if rule == sections.DROPOUT:
     return number and 0 <= v < 1
+  if rule == sections.STEP_SPAN:
+    steps = tuple(v or ())
+    positive = all(isinstance(n, int) and n >= 1 for n in steps)
+    return not steps or (len(steps) == 2 and positive)
   raise ValueError(f"unknown range {rule!r}")
 
 

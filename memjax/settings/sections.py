@@ -17,6 +17,7 @@ POSITIVE = "a positive integer"
 NON_NEGATIVE = "an integer >= 0"
 NON_NEGATIVE_REAL = "a number >= 0"
 DROPOUT = "in [0, 1)"
+STEP_SPAN = "() or (FIRST,COUNT), two positive integers"
 
 
 def ranged(default: Any, rule: str) -> Any:
@@ -249,7 +250,7 @@ class Train:
   restart_if_damaged: bool = False
   hooks: tuple[str, ...] = ()
   hook_options: dict[str, Any] = frozen_dict()
-  profile_steps: tuple[int, ...] = ()
+  profile_steps: tuple[int, ...] = ranged((), STEP_SPAN)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from memjax import build
+from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax import settings as settings_lib
@@ -27,8 +29,12 @@ def _config(steps):
 
 @pytest.mark.parametrize("steps", [(0, 2), (3,), (1, 2, 3), (2.0, 1), (2, -1)])
 def test_malformed_profile_steps_are_one_line(steps):
-  with pytest.raises(errors.ConfigError, match="train.profile_steps"):
-    profiling.profile_steps(_config(steps))
+  c = config_lib.base_config()
+  c.train.profile_steps = steps
+  parts = catalog.parts()
+  s = build.read(c, parts)
+  with pytest.raises(errors.ConfigError, match="train.profile_steps must be"):
+    build.check(s, parts)
 
 
 def test_traces_only_the_chosen_updates_and_leaves_them_unchanged(tmp_path):
