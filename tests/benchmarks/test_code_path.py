@@ -1,0 +1,52 @@
+"""``benchmarks/code_path.py``: the modules and classes from a config to one
+lowered train step, counted, and held at today's numbers so the path a
+maintainer follows does not grow back unnoticed."""
+
+import os
+import sys
+
+from benchmarks import code_path
+from configs import trime_wt103
+from memjax.models import stack
+
+# The path of configs/trime_wt103.py:trime_7m (docs/design.md lists it).
+# Lower these when the path shrinks; a change that lengthens it says why.
+MAX_MODULES = 27
+MAX_CLASSES = 19
+
+
+def test_the_path_of_trime_7m_stays_short(tmp_path):
+  workdir = str(tmp_path / "run")
+  path = code_path.trace(trime_wt103.get_config("trime_7m"), workdir)
+  modules, classes = path.modules(), path.class_names()
+  report = code_path.report(path)
+  assert len(modules) <= MAX_MODULES, report
+  assert len(classes) <= MAX_CLASSES, report
+  # The steps a reader follows are all on it: the run built, the model's
+  # attention core, TRIME's loss, the train step; storage is left out.
+  for module in (
+      "memjax/build.py",
+      "memjax/models/multihead.py",
+      "memjax/methods/trime/in_batch.py",
+      "memjax/run/step.py",
+  ):
+    assert module in modules, report
+  assert not [m for m in modules if m.startswith(code_path.LEFT_OUT)]
+  assert "memjax/models/transformer.py:TransformerLM" in classes
+  assert not os.path.exists(workdir)  # Building a run writes nothing.
+
+
+def test_a_call_is_counted_under_its_module_and_class():
+  path = code_path.Path()
+  sys.setprofile(path.record)
+  try:
+    stack.unroll_factor(3)
+    _ = stack.LayerRun("layer", 0, 2, True).name
+  finally:
+    sys.setprofile(None)
+  assert path.functions["memjax/models/stack.py"] == {
+      "unroll_factor": 1,
+      "LayerRun.name": 1,
+  }
+  assert path.class_names() == ["memjax/models/stack.py:LayerRun"]
+  assert path.modules() == ["memjax/models/stack.py"]
