@@ -52,7 +52,7 @@ def test_the_old_keys_read_as_the_new_ones_in_every_variant():
   today's, but for the sections that had no keys then (the external
   memory of translation, MARGE's batches) holding their defaults."""
   from memjax import catalog  # pylint: disable=g-import-not-at-top
-  from memjax.settings import renames  # pylint: disable=g-import-not-at-top
+  from memjax import settings as settings_lib  # pylint: disable=g-import-not-at-top
 
   table = catalog.parts().renames
   with open(OLD, encoding="utf-8") as f:
@@ -64,8 +64,8 @@ def test_the_old_keys_read_as_the_new_ones_in_every_variant():
   for variant in old:
     got = {}
     for key, value in _full(old, variant).items():
-      got[renames.new_key(key, table) or key] = value
-      moved += renames.new_key(key, table) is not None
+      got[settings_lib.new_key(key, table) or key] = value
+      moved += settings_lib.new_key(key, table) is not None
     want = _full(new, variant)
     for key in FILLED_OPTIONS:  # an empty leaf then, the kind's options now
       if got.get(key[:-1]) == {} and key[:-1] not in want:
