@@ -25,18 +25,6 @@ from tests.pretrained import helpers
 from tests.conftest import run_main
 
 FIXTURES, NAMES = helpers.FIXTURES, helpers.TEXT_NAMES
-NAMES = (
-    "gpt2",
-    "llama_gqa",
-    "llama3_scaled",
-    "qwen2",
-    "mistral_window",
-    "qwen3",
-    "llama_linear",
-    "gemma3_text",
-    "qwen2_window",
-    "llama_yarn",
-)
 
 
 def _import(folder: str, workdir: str) -> str:
