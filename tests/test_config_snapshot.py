@@ -37,6 +37,9 @@ def test_the_snapshot_covers_every_config_file():
 
 
 FILLED_OPTIONS = ("model.attention_options.", "model.feed_forward_options.")
+# Keys added since the old snapshot was written: every variant holds their
+# defaults.
+ADDED = ("plan.buffers",)
 OLD = os.path.join(os.path.dirname(snap.OUT), "snapshot_old_keys.json")
 
 
@@ -74,8 +77,8 @@ def test_the_old_keys_read_as_the_new_ones_in_every_variant():
     for key in set(want) - set(got):
       new_section = key.split(".")[0] in ("mt_memory", "marge")
       filled_option = key.startswith(FILLED_OPTIONS)
-      assert new_section or filled_option, (variant, key)
-      if new_section:
+      assert new_section or filled_option or key in ADDED, (variant, key)
+      if new_section or key in ADDED:
         assert want[key] == new["base"][key], (variant, key)
   assert moved > 100  # every variant moves some (TRIME's, the cache's...)
 

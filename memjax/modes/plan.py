@@ -60,7 +60,10 @@ XLA's CPU backend fuses and lays out differently.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -72,6 +75,7 @@ from memjax import settings as settings_lib
 from memjax.io import console
 from memjax.io import paths
 from memjax.models import adaptive
+from memjax.modes import plan_buffers
 from memjax.modes import plan_compile
 from memjax.modes import plan_eval
 from memjax.modes import plan_fit
@@ -232,6 +236,11 @@ def _fit(run: spec.Run, devices, step, memory, usable: float) -> dict[str, Any]:
   return {"max_micro_batch": max(rows, 0), "bytes_per_row": slope}
 
 
+def _dump_dir(root: str, name: str) -> str:
+  """A step's own dump directory under ``root`` ('' = no dump)."""
+  return os.path.join(root, name) if root else ""
+
+
 def plan_dtype(
     run: spec.Run,
     devices,
@@ -239,20 +248,25 @@ def plan_dtype(
     flops: dict,
     usable: float,
     compiled: Any = None,
+    dumps: str = "",
 ) -> dict[str, Any]:
   """Memory, fit and speed of the step in ``dtype`` (model.dtype).
   ``compiled``: the run's own step (``plan_compile.Step``), already
-  compiled for its FLOPs, reused when ``dtype`` is the run's."""
+  compiled for its FLOPs, reused when ``dtype`` is the run's. ``dumps``:
+  where the steps dump their buffer assignments (``plan.buffers``)."""
   s = run.settings
   variant = run.replace(dataclasses.replace(s.model, dtype=dtype))
   if compiled is not None and dtype == s.model.dtype:
     step = compiled
   else:
-    step = plan_compile.build_step(variant, devices)
+    step = plan_compile.build_step(variant, devices, _dump_dir(dumps, dtype))
   memory = plan_compile.step_memory(step)
   if step is compiled:  # compiled for the FLOPs: that compilation's time
     memory["seconds"] = flops.get("compile_seconds", memory["seconds"])
   out = {"memory": memory, "fits": memory["total"] <= usable}
+  if step.dump_dir and "out_of_memory" not in memory:
+    n = int(s.of(platforms.Plan).buffers)
+    out["buffers"] = plan_buffers.largest(step.dump_dir, n)
   if s.of(platforms.Plan).fit_batch:
     out.update(_fit(variant, devices, step, memory, usable))
   if not out["fits"]:
@@ -278,7 +292,22 @@ def plan(run: spec.Run) -> dict[str, Any]:
   platform = platforms.get(s.of(platforms.Plan).platform)
   devices, where = plan_compile.plan_devices(s)
   console.info("plan: %s on %s for %s", s.name, where, platforms.describe(s))
-  step = plan_compile.build_step(run, devices)
+  with contextlib.ExitStack() as stack:
+    dumps = ""
+    if int(s.of(platforms.Plan).buffers):
+      dumps = stack.enter_context(tempfile.TemporaryDirectory())
+    results = _plan(run, devices, where, platform, dumps)
+  results["seconds"] = time.time() - start
+  return write(results, run.workdir)
+
+
+def _plan(
+    run: spec.Run, devices: list[Any], where: str, platform: Any, dumps: str
+) -> dict[str, Any]:
+  """The plan's results (``plan``), the steps' buffer assignments dumped
+  under ``dumps`` when it is set."""
+  s = run.settings
+  step = plan_compile.build_step(run, devices, _dump_dir(dumps, "step"))
   flops = plan_compile.step_flops(step)
   formula = step_formula(step)
   fraction = (
@@ -306,15 +335,14 @@ def plan(run: spec.Run) -> dict[str, Any]:
   }
   for dtype in s.of(platforms.Plan).dtypes:
     results["dtypes"][dtype] = plan_dtype(
-        run, devices, dtype, flops, usable, compiled=step
+        run, devices, dtype, flops, usable, compiled=step, dumps=dumps
     )
   evals = [r["eval"] for r in results["dtypes"].values() if "eval" in r]
   if evals:
     results["eval_formula_flops_per_token"] = eval_formula(
         step, evals[0]["rows"], evals[0]["length"]
     )
-  results["seconds"] = time.time() - start
-  return write(results, run.workdir)
+  return results
 
 
 def write(results: dict[str, Any], workdir: str) -> dict[str, Any]:
@@ -441,4 +469,7 @@ def markdown(results: dict[str, Any]) -> str:
   evals = eval_rows(results)
   if evals:
     lines += ["", EVAL_HEADER, *evals]
+  for dtype, r in results["dtypes"].items():
+    if r.get("buffers"):
+      lines += ["", *plan_buffers.rows(r["buffers"], dtype)]
   return "\n".join(lines)

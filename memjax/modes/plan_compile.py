@@ -35,6 +35,7 @@ from memjax import sharding as sharding_lib
 from memjax.checkpoints import checkpointing
 from memjax.data import sources
 from memjax.modes import hlo_flops
+from memjax.modes import plan_buffers
 from memjax.modes import platforms
 from memjax.run import spec
 from memjax.run import state as state_lib
@@ -131,6 +132,8 @@ class Step:
     num_params: parameters.
     state_bytes: per-device bytes of 'params' and 'opt_state'.
     tokens: positions per step (the batch's 'inputs').
+    dump_dir: where the compiler dumps its buffer assignment
+      (``plan_buffers``); '' = nowhere.
   """
 
   run: spec.Run
@@ -140,6 +143,7 @@ class Step:
   num_params: int
   state_bytes: dict[str, int]
   tokens: int
+  dump_dir: str = ""
   _lowered: Any = None
   _compiled: Any = None
 
@@ -158,7 +162,13 @@ class Step:
     """
     if self._compiled is None:
       try:
-        self._compiled = self.lowered().compile()
+        lowered = self.lowered()
+        if self.dump_dir:  # A dump of this compilation alone.
+          self._compiled = plan_buffers.compile_with_dump(
+              lowered, self.dump_dir
+          )
+        else:
+          self._compiled = lowered.compile()
       except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" not in str(e):
           raise
@@ -202,8 +212,9 @@ def per_device_bytes(tree: Any) -> int:
   return total
 
 
-def build_step(run: spec.Run, devices: list[Any]) -> Step:
-  """The train step of ``run`` on ``devices``, with abstract arguments.
+def build_step(run: spec.Run, devices: list[Any], dump_dir: str = "") -> Step:
+  """The train step of ``run`` on ``devices``, with abstract arguments
+  (compiled, later, with a dump of its buffer assignment in ``dump_dir``).
 
   Raises:
     errors.UserError: settings the run itself would refuse.
@@ -246,6 +257,7 @@ def build_step(run: spec.Run, devices: list[Any]) -> Step:
           "opt_state": per_device_bytes(state.opt_state),
       },
       int(np.prod(batch["inputs"].shape)),
+      dump_dir,
   )
 
 

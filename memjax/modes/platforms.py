@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from memjax import errors
 from memjax import settings as settings_lib
+from memjax.settings import sections
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Plan:
     dtypes: the compute dtypes planned.
     fit_batch: also compile a micro-batch twice as large.
     eval_step: also compile the evaluation step (the scorer's forward).
+    buffers: list this many of the largest buffers of each dtype's train
+      step, from the compiler's buffer assignment (``plan_buffers``); 0 =
+      none.
   """
 
   SECTION: ClassVar[str] = "plan"
@@ -58,6 +62,7 @@ class Plan:
   dtypes: tuple[str, ...] = ("float32", "bfloat16")
   fit_batch: bool = True
   eval_step: bool = True
+  buffers: int = sections.ranged(0, sections.NON_NEGATIVE)
 
 
 TFLOPS = 1e12
