@@ -67,7 +67,8 @@ def _makers(text: str) -> dict[str, tuple[str, str]]:
     made = _MADE_BY.match(line)
     if made and current is not None:
       name = _OP_NAME.search(line)
-      out[current] = (made.group(3), name.group(1) if name else "")
+      op_name = name.group(1).replace("\\'", "'") if name else ""
+      out[current] = (made.group(3), op_name)
   return out
 
 
