@@ -265,8 +265,16 @@ def plan_dtype(
     memory["seconds"] = flops.get("compile_seconds", memory["seconds"])
   out = {"memory": memory, "fits": memory["total"] <= usable}
   if step.dump_dir and "out_of_memory" not in memory:
-    n = int(s.of(platforms.Plan).buffers)
-    out["buffers"] = plan_buffers.largest(step.dump_dir, n)
+    try:
+      n = int(s.of(platforms.Plan).buffers)
+      out["buffers"] = plan_buffers.largest(step.dump_dir, n)
+    except FileNotFoundError:
+      console.warn(
+          "plan: the %s step came from the persistent compilation cache and "
+          "dumped no buffer assignment: plan in a new process (memjax.main) "
+          "to list its buffers",
+          dtype,
+      )
   if s.of(platforms.Plan).fit_batch:
     out.update(_fit(variant, devices, step, memory, usable))
   if not out["fits"]:

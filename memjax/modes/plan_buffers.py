@@ -2,7 +2,7 @@
 
 ``--config.plan.buffers=N`` compiles each planned train step with
 ``xla_dump_to`` (a compiler option of that compilation alone, so it works
-for the TPU compiler as for XLA:CPU) and reads back what the compiler
+for the TPU compiler as for XLA:CPU; the persistent compilation cache off) and reads back what the compiler
 decided: every allocation of the step (its parameters, outputs and
 temporaries) and the values that live in it, with their shapes and the
 instruction that made each (``*after_optimizations-buffer-assignment.txt``
@@ -29,19 +29,14 @@ _VALUE = re.compile(
 _MADE_BY = re.compile(r"^ from instruction: %(\S+) = (.*?) ([\w-]+)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _FIRST_VALUE = re.compile(r"^<(\d+) (\S+) @\d+>$")
-# What a compilation adds to its options besides the dump's directory. The
-# persistent compilation cache leaves the dump options out of its key, so a
-# cached executable would come back with nothing compiled and no buffer
-# assignment dumped; this dump option, which changes no code, is part of
-# the key.
-DUMP_OPTIONS = {"xla_dump_large_constants": True}
 
 
 def compile_with_dump(lowered: Any, dump_dir: str) -> Any:
   """``lowered.compile()``, the compiler dumping its buffer assignment (and
-  the optimised HLO) into ``dump_dir``."""
-  options = dict(DUMP_OPTIONS, xla_dump_to=dump_dir)
-  return lowered.compile(compiler_options=options)
+  the optimised HLO) into ``dump_dir``. A step served by the persistent
+  compilation cache is not compiled and dumps nothing: the plan turns the
+  cache off when it lists buffers (``platforms.set_device_flags``)."""
+  return lowered.compile(compiler_options={"xla_dump_to": dump_dir})
 
 
 def _kind(header: str) -> str:
@@ -121,7 +116,8 @@ def largest(dump_dir: str, n: int) -> list[dict[str, Any]]:
   several).
 
   Raises:
-    FileNotFoundError: the compiler wrote no buffer assignment there.
+    FileNotFoundError: the compiler wrote no buffer assignment there (the
+      step came from the persistent compilation cache).
   """
   files = glob.glob(
       os.path.join(dump_dir, "*after_optimizations-buffer-assignment.txt")

@@ -314,7 +314,9 @@ def set_device_flags(s: settings_lib.Settings, environ=None) -> None:
   ``JAX_PLATFORMS=cpu`` in ``environ`` (default ``os.environ``; JAX read
   that variable when it was imported, so its setting is changed too); must
   run before JAX initialises its backends. A TPU platform compiled against
-  a libtpu topology needs no fake devices and keeps JAX's platforms.
+  a libtpu topology needs no fake devices and keeps JAX's platforms. With
+  ``plan.buffers`` the persistent compilation cache is turned off: a
+  cached step would be loaded, not compiled, and dump nothing.
   """
   own = environ is None
   environ = os.environ if environ is None else environ
@@ -331,6 +333,10 @@ def set_device_flags(s: settings_lib.Settings, environ=None) -> None:
     environ["JAX_PLATFORMS"] = "cpu"
     if own and "jax" in sys.modules:
       sys.modules["jax"].config.update("jax_platforms", "cpu")
+  if s.of(Plan).buffers:  # Compiled anew, to dump (``plan_buffers``).
+    environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    if own and "jax" in sys.modules:
+      sys.modules["jax"].config.update("jax_enable_compilation_cache", False)
 
 
 def uses_topology(s: settings_lib.Settings) -> bool:

@@ -3,11 +3,17 @@ from XLA's own buffer assignment, on programs whose buffers are known."""
 
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
+import pytest
 
+from configs import trime_wt103
+from memjax import build
+from memjax import catalog
 from memjax.modes import plan_buffers
+from memjax.modes import platforms
 from tests.conftest import run_main
 
 # A buffer assignment as XLA:CPU writes it (two allocations cut short).
@@ -44,10 +50,12 @@ def test_parse_reads_sizes_shapes_kinds_and_ops():
 def test_largest_lists_a_compiled_programs_buffers(tmp_path):
   # tanh(x @ w) is returned, so its [256, 1024] float32 output exists, and
   # the product is a temporary of the same shape; x and w are parameters.
-  f = jax.jit(lambda x, w: (jnp.tanh(x @ w), (x @ w).sum()))
+  # A constant of its own (a program no earlier run compiled): the suite's
+  # persistent cache would serve a known one, compiling and dumping nothing.
+  salt = float(time.time_ns() % 1_000_003)
+  f = jax.jit(lambda x, w: (jnp.tanh(x @ w) + salt, (x @ w).sum()))
   dump = str(tmp_path / "dump")
   lowered = f.lower(jnp.ones((256, 512)), jnp.ones((512, 1024)))
-  lowered.compile()  # Cached (the suite's persistent cache): no dump.
   plan_buffers.compile_with_dump(lowered, dump)
   got = plan_buffers.largest(dump, 3)
   assert len(got) == 3
@@ -58,7 +66,7 @@ def test_largest_lists_a_compiled_programs_buffers(tmp_path):
   top = got[0]
   assert top["bytes"] == 256 * 1024 * 4
   assert top["shape"].startswith("f32[256,1024]")
-  assert any("tanh" in v["op_name"] for v in got[:2])
+  assert any("dot_general" in v["op_name"] for v in got[:2])
   rows = plan_buffers.rows(got, "float32")
   assert rows[0].startswith("Largest buffers of the float32 step")
   assert "| 1.00 | `f32[256,1024]" in rows[4]
@@ -95,3 +103,19 @@ def test_main_plans_with_the_largest_buffers(tmp_path):
   )
   assert bad.returncode == 2
   assert "plan.buffers must be an integer >= 0" in bad.stderr
+
+
+def test_a_step_that_dumped_nothing_is_named(tmp_path):
+  # A step served by the persistent compilation cache is not compiled.
+  with pytest.raises(FileNotFoundError, match="no buffer assignment"):
+    plan_buffers.largest(str(tmp_path), 3)
+
+
+def test_listing_buffers_turns_the_compilation_cache_off():
+  config = trime_wt103.get_config("smoke")
+  environ = {}
+  platforms.set_device_flags(build.read(config, catalog.parts()), environ)
+  assert "JAX_ENABLE_COMPILATION_CACHE" not in environ
+  config.plan.buffers = 2
+  platforms.set_device_flags(build.read(config, catalog.parts()), environ)
+  assert environ["JAX_ENABLE_COMPILATION_CACHE"] == "false"
