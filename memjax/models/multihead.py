@@ -112,6 +112,40 @@ def cached_causal_mask(
   return keep[None, None]
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def narrow_softmax(
+    scores: Array, mask: Array, dtype: Any
+) -> tuple[Array, Array]:
+  """``masked_softmax`` computed in float32 whose probabilities are returned
+  and kept for the backward pass in ``dtype`` (bfloat16: half the bytes of
+  the attention residuals); the gradient is computed in float32.
+
+  Returns:
+    (probs [..., K] in ``dtype``, lse [...] float32).
+  """
+  probs, lse = masked_softmax(scores, mask)
+  return probs.astype(dtype), lse
+
+
+def _narrow_fwd(scores, mask, dtype):
+  probs, lse = narrow_softmax(scores, mask, dtype)
+  return (probs, lse), (probs, mask)
+
+
+def _narrow_bwd(dtype, saved, grads):
+  del dtype
+  probs, mask = saved
+  g_probs, g_lse = grads
+  y = probs.astype(jnp.float32)
+  g = g_probs.astype(jnp.float32)
+  # d probs_k / d s_j = y_k (delta_kj - y_j); d lse / d s_j = y_j.
+  d = y * (g - jnp.sum(g * y, axis=-1, keepdims=True) + g_lse[..., None])
+  return jnp.where(mask, d, 0.0), None
+
+
+narrow_softmax.defvjp(_narrow_fwd, _narrow_bwd)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention (see the module docstring).
 
@@ -379,7 +413,10 @@ class MultiHeadAttention(nn.Module):
           "bhqk,bkhd->bqhd", dropped.astype(self.dtype), self.repeat_kv(v)
       )
       return c, None, probs
-    probs, lse = masked_softmax(scores, mask)
+    if self.dtype == jnp.float32:
+      probs, lse = masked_softmax(scores, mask)
+    else:  # Residuals in the compute dtype (``narrow_softmax``).
+      probs, lse = narrow_softmax(scores, mask, self.dtype)
     c = jnp.einsum(
         "bhqk,bkhd->bqhd",
         drop(probs, deterministic=deterministic).astype(self.dtype),
