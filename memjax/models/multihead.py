@@ -58,31 +58,10 @@ from memjax.models import rotary
 
 Array = jax.Array
 
-# Masked scores get this value: exp(NEG_INF - anything finite) is exactly 0
-# in float32, and a fully masked row stays finite (never NaN).
-NEG_INF: float = -1e30
+NEG_INF = relative_positions.NEG_INF
 PROJECTIONS = ("param", "module")
 RELATIVE = ("", "xl", "disentangled")
 HEADS_AXES = ("batch", "length", "heads", "kv")
-
-
-def masked_softmax(scores: Array, mask: Array) -> tuple[Array, Array]:
-  """Softmax over the last axis with a mask, and its log-normaliser.
-
-  Args:
-    scores: [..., K] float32 scaled scores.
-    mask: bool, broadcastable to ``scores``; False entries are excluded.
-
-  Returns:
-    (probs [..., K] float32 with exact zeros where masked, and zeros in a
-     row with no key at all; lse [...] float32 logsumexp of the unmasked
-     scores).
-  """
-  scores = jnp.where(mask, scores, NEG_INF)
-  lse = jax.nn.logsumexp(scores, axis=-1)
-  probs = jnp.exp(scores - lse[..., None])
-  any_key = jnp.broadcast_to(mask, scores.shape).any(axis=-1, keepdims=True)
-  return jnp.where(any_key, probs, 0.0), lse
 
 
 def qkv_init() -> nn.initializers.Initializer:
@@ -110,40 +89,6 @@ def cached_causal_mask(
   if window > 0:
     keep = keep & (j > q - window)
   return keep[None, None]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def narrow_softmax(
-    scores: Array, mask: Array, dtype: Any
-) -> tuple[Array, Array]:
-  """``masked_softmax`` computed in float32 whose probabilities are returned
-  and kept for the backward pass in ``dtype`` (bfloat16: half the bytes of
-  the attention residuals); the gradient is computed in float32.
-
-  Returns:
-    (probs [..., K] in ``dtype``, lse [...] float32).
-  """
-  probs, lse = masked_softmax(scores, mask)
-  return probs.astype(dtype), lse
-
-
-def _narrow_fwd(scores, mask, dtype):
-  probs, lse = narrow_softmax(scores, mask, dtype)
-  return (probs, lse), (probs, mask)
-
-
-def _narrow_bwd(dtype, saved, grads):
-  del dtype
-  probs, mask = saved
-  g_probs, g_lse = grads
-  y = probs.astype(jnp.float32)
-  g = g_probs.astype(jnp.float32)
-  # d probs_k / d s_j = y_k (delta_kj - y_j); d lse / d s_j = y_j.
-  d = y * (g - jnp.sum(g * y, axis=-1, keepdims=True) + g_lse[..., None])
-  return jnp.where(mask, d, 0.0), None
-
-
-narrow_softmax.defvjp(_narrow_fwd, _narrow_bwd)
 
 
 class MultiHeadAttention(nn.Module):
@@ -414,9 +359,9 @@ class MultiHeadAttention(nn.Module):
       )
       return c, None, probs
     if self.dtype == jnp.float32:
-      probs, lse = masked_softmax(scores, mask)
-    else:  # Residuals in the compute dtype (``narrow_softmax``).
-      probs, lse = narrow_softmax(scores, mask, self.dtype)
+      probs, lse = relative_positions.masked_softmax(scores, mask)
+    else:  # Residuals in the compute dtype.
+      probs, lse = relative_positions.narrow_softmax(scores, mask, self.dtype)
     c = jnp.einsum(
         "bhqk,bkhd->bqhd",
         drop(probs, deterministic=deterministic).astype(self.dtype),

@@ -1,11 +1,14 @@
 """The attention core's relative positions (``multihead``'s ``relative``):
 Transformer-XL's position terms in its 'xl' scheme and LaMemo's
 'disentangled' one, the sinusoid encodings of distances and the relative
-shift they use, and the 'module' parameter layout the relative kinds saved
-their runs in (a LeCun-normal ``kernel`` per projection)."""
+shift they use, the 'module' parameter layout the relative kinds saved
+their runs in (a LeCun-normal ``kernel`` per projection), and their masked
+softmax with its log-normaliser (LaMemo interpolates with it), whose
+probabilities a bfloat16 step keeps in bfloat16 (``narrow_softmax``)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -13,6 +16,10 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+
+# Masked scores get this value: exp(NEG_INF - anything finite) is exactly 0
+# in float32, and a fully masked row stays finite (never NaN).
+NEG_INF: float = -1e30
 
 
 def sinusoid_positions(positions: Array, dim: int) -> Array:
@@ -166,3 +173,56 @@ class OutputProjection(nn.Module):
     return jnp.einsum(
         "...hk,hkd->...d", x.astype(self.dtype), kernel.astype(self.dtype)
     )
+
+
+def masked_softmax(scores: Array, mask: Array) -> tuple[Array, Array]:
+  """Softmax over the last axis with a mask, and its log-normaliser.
+
+  Args:
+    scores: [..., K] float32 scaled scores.
+    mask: bool, broadcastable to ``scores``; False entries are excluded.
+
+  Returns:
+    (probs [..., K] float32 with exact zeros where masked, and zeros in a
+     row with no key at all; lse [...] float32 logsumexp of the unmasked
+     scores).
+  """
+  scores = jnp.where(mask, scores, NEG_INF)
+  lse = jax.nn.logsumexp(scores, axis=-1)
+  probs = jnp.exp(scores - lse[..., None])
+  any_key = jnp.broadcast_to(mask, scores.shape).any(axis=-1, keepdims=True)
+  return jnp.where(any_key, probs, 0.0), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def narrow_softmax(
+    scores: Array, mask: Array, dtype: Any
+) -> tuple[Array, Array]:
+  """``masked_softmax`` computed in float32 whose probabilities are returned
+  and kept for the backward pass in ``dtype`` (bfloat16: half the bytes of
+  the attention residuals); the gradient is computed in float32.
+
+  Returns:
+    (probs [..., K] in ``dtype``, lse [...] float32).
+  """
+  probs, lse = masked_softmax(scores, mask)
+  return probs.astype(dtype), lse
+
+
+def _narrow_fwd(scores, mask, dtype):
+  probs, lse = narrow_softmax(scores, mask, dtype)
+  return (probs, lse), (probs, mask)
+
+
+def _narrow_bwd(dtype, saved, grads):
+  del dtype
+  probs, mask = saved
+  g_probs, g_lse = grads
+  y = probs.astype(jnp.float32)
+  g = g_probs.astype(jnp.float32)
+  # d probs_k / d s_j = y_k (delta_kj - y_j); d lse / d s_j = y_j.
+  d = y * (g - jnp.sum(g * y, axis=-1, keepdims=True) + g_lse[..., None])
+  return jnp.where(mask, d, 0.0), None
+
+
+narrow_softmax.defvjp(_narrow_fwd, _narrow_bwd)

@@ -2,6 +2,7 @@
 distances and Transformer-XL's relative shift, against their definitions;
 the absolute sinusoid table (``block_stack.sinusoid_table``)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -40,3 +41,32 @@ def test_the_absolute_table_is_vaswanis():
   angle = pos / 10000 ** (2 * i / 8)
   np.testing.assert_allclose(table[:, 0::2], np.sin(angle), atol=1e-6)
   np.testing.assert_allclose(table[:, 1::2], np.cos(angle), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)]
+)
+def test_narrow_softmax_is_masked_softmax_with_its_gradient(dtype, atol):
+  key = jax.random.PRNGKey(0)
+  scores = jax.random.normal(key, (2, 3, 5, 7))
+  mask = jnp.tril(jnp.ones((5, 7), bool), 2)[None, None]
+  w = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 5, 7))
+  u = jax.random.normal(jax.random.PRNGKey(2), (2, 3, 5))
+
+  def loss(fn):
+    def f(s):
+      probs, lse = fn(s)
+      return jnp.sum(probs.astype(jnp.float32) * w) + jnp.sum(lse * u)
+
+    return f
+
+  want = relative_positions.masked_softmax(scores, mask)
+  got = relative_positions.narrow_softmax(scores, mask, dtype)
+  assert got[0].dtype == dtype and got[1].dtype == jnp.float32
+  np.testing.assert_allclose(got[0].astype(jnp.float32), want[0], atol=atol)
+  np.testing.assert_allclose(got[1], want[1], atol=1e-6)
+  g_want = jax.grad(loss(lambda s: relative_positions.masked_softmax(s, mask)))
+  g_got = jax.grad(
+      loss(lambda s: relative_positions.narrow_softmax(s, mask, dtype))
+  )
+  np.testing.assert_allclose(g_got(scores), g_want(scores), atol=atol)
