@@ -347,6 +347,12 @@ class MultiHeadAttention(nn.Module):
        on the plain paths), probs [B, H, Q, K] float32 before dropout).
     """
     drop = getattr(self, self.dropout_name)
+    if not self.relative and self.dtype != jnp.float32:
+      # Residuals in the compute dtype; a row with no key gets zeros.
+      probs, _ = relative_positions.narrow_softmax(scores, mask, self.dtype)
+      dropped = drop(probs, deterministic=deterministic)
+      c = jnp.einsum("bhqk,bkhd->bqhd", dropped, self.repeat_kv(v))
+      return c, None, probs
     if not self.relative:
       probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1)
       if empty_rows:
