@@ -8,7 +8,7 @@ decoding.
 A randomly initialised Llama-shaped decoder LM (rotary positions, grouped
 key/value heads, RMSNorm, a GLU feed-forward, untied embeddings) continues
 ``--batches`` random prompts of ``--prompt`` tokens by ``--new`` tokens
-(top-p 0.95), with today's ``memjax.modes.generate.Sampler`` (each token
+(top-p 0.95), with today's ``memjax.models.segment_decoding.Sampler`` (each token
 one forward pass over a [1, T] segment, T = prompt + new, prompt by prompt)
 and with ``memjax.models.lm_decoding.CachedDecoder`` (the batch's prompts
 prefilled in one call, then one cached step per token). Each method's
@@ -109,12 +109,12 @@ def main() -> None:
   args = parser.parse_args()
   # pylint: disable=g-import-not-at-top
   from memjax.models import lm_decoding
-  from memjax.modes import generate
+  from memjax.models import segment_decoding
 
   model, variables = _model(args)
   params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(variables))
   harness.log(f"model: {params / 1e6:.1f}M parameters")
-  sampler = generate.Sampler(model, args.prompt + args.new, top_p=0.95)
+  sampler = segment_decoding.Sampler(model, args.prompt + args.new, top_p=0.95)
   decoder = lm_decoding.CachedDecoder(model)
   sampling = lm_decoding.Sampling(top_p=0.95)
 

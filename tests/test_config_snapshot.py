@@ -39,7 +39,13 @@ def test_the_snapshot_covers_every_config_file():
 FILLED_OPTIONS = ("model.attention_options.", "model.feed_forward_options.")
 # Keys added since the old snapshot was written: every variant holds their
 # defaults.
-ADDED = ("plan.buffers",)
+ADDED = (
+    "plan.buffers",
+    "generate.prompts",
+    "generate.batch_size",
+    "generate.greedy",
+    "generate.top_k",
+)
 OLD = os.path.join(os.path.dirname(snap.OUT), "snapshot_old_keys.json")
 
 

@@ -55,18 +55,15 @@ class LanguageModel(base.Loaded):
     self.unit = restored.unit
     self.memory = memory_setting(restored)
     self._scorers: dict[str, Any] = {}
-    self._samplers: dict[tuple[float, float], Any] = {}
-    self._decoder: Any = None
+    self._decoders: dict[Any, Any] = {}  # Kept compilations (generate).
 
   # -------------------------------------------------------------- text
   def encode(self, text: str) -> np.ndarray:
     """Text -> [n] int32 token ids (words split on spaces, UTF-8 bytes, or
     an imported tokenizer's ids with the BOS/EOS its post-processor adds)."""
-    from memjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+    from memjax.modes import generate  # pylint: disable=g-import-not-at-top
 
-    if hasattr(self.vocab, "tokens"):
-      return np.asarray(self.vocab.encode(text), np.int32)
-    return vocab_lib.encode_bytes(text.encode("utf-8"))
+    return generate.encode(self.vocab, text)
 
   def decode(self, ids: Union[np.ndarray, Sequence[int]]) -> str:
     """[n] token ids -> text."""
@@ -82,8 +79,10 @@ class LanguageModel(base.Loaded):
   def _prompt(self, x: TextOrTokens) -> np.ndarray:
     """A prompt's ids: a text encoded as ``encode`` does, less an EOS the
     tokenizer puts after a text (``encode_prompt``)."""
-    if isinstance(x, str) and hasattr(self.vocab, "encode_prompt"):
-      return np.asarray(self.vocab.encode_prompt(x), np.int32)
+    from memjax.modes import generate  # pylint: disable=g-import-not-at-top
+
+    if isinstance(x, str):
+      return generate.encode_prompt(self.vocab, x)
     return self._tokens(x)
 
   # -------------------------------------------------------------- score
@@ -109,7 +108,15 @@ class LanguageModel(base.Loaded):
     many = isinstance(inputs, (list, tuple)) and not (
         inputs and isinstance(inputs[0], (int, np.integer))
     )
-    items = [self._tokens(x) for x in (inputs if many else [inputs])]
+    given = list(inputs if many else [inputs])
+    items = [self._tokens(x) for x in given]
+    for i, t in enumerate(items):
+      if len(t) < 2:
+        raise ValueError(
+            f"score: input {i} ({given[i]!r}) has {len(t)} token(s) and "
+            "nothing to score: the first token (a BOS where the tokenizer "
+            "adds one) is context only; give at least two"
+        )
     setting = self.memory if memory else {"kind": "none"}
     scorer = self._scorer(setting)
     logprobs = [
@@ -186,15 +193,17 @@ class LanguageModel(base.Loaded):
       seed: int = 0,
       greedy: bool = False,
       top_k: int = 0,
+      batch_size: int = 0,
   ) -> Any:
     """Continues each prompt: greedy, or sampled (temperature, top-k, top-p).
 
-    A decoder LM with the 'vanilla' attention kind (no recurrent memory)
-    decodes every prompt in one batch with a key/value cache
+    As ``--mode=generate`` (``memjax.modes.generate.continue_prompts``): a
+    decoder LM with the 'vanilla' attention kind (no recurrent memory)
+    decodes the prompts in batches with a key/value cache
     (``memjax.models.lm_decoding``: prefill, then one cached step per
-    token); other models run ``memjax.modes.generate.Sampler`` prompt by
-    prompt ([1, T] segments, the memory carried), which takes top-p and
-    temperature only.
+    token); other models decode prompt by prompt by segments, the memory
+    carried (``memjax.models.segment_decoding.Sampler``), which takes top-p
+    and temperature only.
 
     Args:
       prompts: a text or a token array [n >= 1], or a list of either.
@@ -202,16 +211,22 @@ class LanguageModel(base.Loaded):
       top_p: nucleus mass in (0, 1].
       temperature: divides the log-probabilities before filtering.
       seed: one seed gives one continuation (prompt i draws with seed + i).
-      greedy: take the most likely token (cached decoding; elsewhere a
-        nucleus of no mass does the same).
+      greedy: take the most likely token (by segments: a nucleus of no
+        mass, the same).
       top_k: keep the k most likely tokens before top-p (0 = all; cached
         decoding only).
+      batch_size: prompts decoded together (0 = all of them).
 
     Returns:
       Per prompt, the continuation as text for a text prompt, else
       [num_tokens] int32 token ids (fewer when an imported model draws one
       of its EOS ids: the continuation ends with it); a list for a list of
       prompts.
+
+    Raises:
+      ValueError: an empty prompt.
+      errors.ConfigError: a sampling setting out of range, or top-k on a
+        model without cached decoding.
     """
     from memjax.models import lm_decoding  # pylint: disable=g-import-not-at-top
     from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
@@ -227,45 +242,30 @@ class LanguageModel(base.Loaded):
             f"generate: prompt {i} is empty ({items[i]!r}); give each prompt "
             "at least one token of text"
         )
-    stop = generate_lib.stop_ids(self.vocab)
-    seeds = [int(seed) + i for i in range(len(ids))]
-    if lm_decoding.unsupported(self.restored.model) is None:
-      if self._decoder is None:
-        self._decoder = lm_decoding.CachedDecoder(self.restored.model)
-      sampling = lm_decoding.Sampling(
-          bool(greedy), int(top_k), float(top_p), float(temperature)
-      )
-      new = self._decoder.generate(
-          self.restored.variables, ids, int(num_tokens), sampling, seeds, stop
-      )
-    else:
-      sampler = self._sampler(1e-9 if greedy else float(top_p), temperature)
-      new = [
-          sampler.generate(self.restored.variables, x, int(num_tokens), s, stop)
-          for x, s in zip(ids, seeds)
-      ]
+    sampling = lm_decoding.Sampling(
+        bool(greedy), int(top_k), float(top_p), float(temperature)
+    )
+    sampling.check()
+    model, s = self.restored.model, self.settings
+    mem_len = int(s.of(generate_lib.Generate).mem_len or s.model.mem_len)
+    if model.carries_memory() and mem_len != model.cfg.mem_len:
+      model = model.with_settings(mem_len=mem_len)
+    new = generate_lib.continue_prompts(
+        model,
+        self.restored.variables,
+        ids,
+        int(num_tokens),
+        sampling,
+        [int(seed) + i for i in range(len(ids))],
+        generate_lib.stop_ids(self.vocab),
+        self.restored.scoring().segment_len,
+        batch_size=int(batch_size),
+        kept=self._decoders,
+    )
     out = [
         self.decode(n) if isinstance(p, str) else n for p, n in zip(items, new)
     ]
     return out if many else out[0]
-
-  def _sampler(self, top_p: float, temperature: float) -> Any:
-    """The kept ``modes.generate.Sampler`` of these settings."""
-    from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
-
-    key = (float(top_p), float(temperature))
-    if key not in self._samplers:
-      model, s = self.restored.model, self.settings
-      mem_len = int(s.of(generate_lib.Generate).mem_len or s.model.mem_len)
-      if model.carries_memory() and mem_len != model.cfg.mem_len:
-        model = model.with_settings(mem_len=mem_len)
-      self._samplers[key] = generate_lib.Sampler(
-          model,
-          self.restored.scoring().segment_len,
-          top_p=top_p,
-          temperature=temperature,
-      )
-    return self._samplers[key]
 
   def __repr__(self) -> str:
     r = self.restored

@@ -19,7 +19,7 @@ and no recurrent memory, with rotary positions (every scaling of
 layers, any position-wise feed-forward (FFN, GLU, product-key memory),
 scanned layers (``stack.apply`` scans the per-layer caches). Other
 families and kinds (Transformer-XL, LaMemo, 'rpe', MARGE, the encoders)
-use ``memjax.modes.generate.Sampler``.
+use ``memjax.models.segment_decoding.Sampler``.
 
 Sampling: greedy, or temperature, top-k and top-p filtering; row b draws
 token t with ``fold_in(PRNGKey(seeds[b]), t)`` as the ``Sampler`` does. A
@@ -100,16 +100,19 @@ class Sampling:
   top_p: float = 1.0
   temperature: float = 1.0
 
-  def check(self) -> None:
-    """Raises errors.ConfigError on a value out of range."""
+  def check(self, where: str = "") -> None:
+    """Raises errors.ConfigError on a value out of range, naming it with
+    the prefix ``where`` ('generate.': the config's keys)."""
     if not 0.0 < self.top_p <= 1.0:
-      raise errors.ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+      raise errors.ConfigError(
+          f"{where}top_p must be in (0, 1], got {self.top_p}"
+      )
     if self.temperature <= 0:
       raise errors.ConfigError(
-          f"temperature must be > 0, got {self.temperature}"
+          f"{where}temperature must be > 0, got {self.temperature}"
       )
     if self.top_k < 0:
-      raise errors.ConfigError(f"top_k must be >= 0, got {self.top_k}")
+      raise errors.ConfigError(f"{where}top_k must be >= 0, got {self.top_k}")
 
   def choose(self, logp: Array, keys: Array) -> Array:
     """[B, V] log-probabilities, [B] keys -> [B] int32 tokens."""

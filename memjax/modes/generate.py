@@ -1,29 +1,20 @@
-"""Top-p sampling with the recurrent memory carried (``--mode=generate``).
+"""``--mode=generate``: continuations of prompts, by key/value-cache decoding
+or by segments with the recurrent memory carried.
 
-The prompt is a window of a split (``generate.split``, ``prompt_offset``,
-``prompt_len``); the continuation has ``generate.num_tokens`` tokens drawn by
-top-p (nucleus) sampling (Holtzman et al. 2020; p = 0.95 in the LaMemo
-paper, App. D), with PRNG keys ``fold_in(PRNGKey(seed), t)``, so a seed gives
-one continuation.
+The prompts: a window of a split (``generate.split``, ``prompt_offset``,
+``prompt_len``), or every prompt of a file (``generate.prompts``: one text
+per line, or JSON lines with a ``"prompt"`` each), decoded in batches of
+``generate.batch_size``. Each continuation has up to
+``generate.num_tokens`` tokens, greedy (``generate.greedy``) or drawn with
+temperature, top-k and top-p (nucleus) filtering (Holtzman et al. 2020; p =
+0.95 in the LaMemo paper, App. D), prompt i with PRNG keys
+``fold_in(PRNGKey(seed + i), t)``, so a seed gives one continuation.
 
-How the memory is carried: by segments, exactly as in training and
-evaluation. The text is cut into segments of T tokens (``eval.segment_len``
-or ``data.seq_len``). Completed segments live only in the memory (M =
-``generate.mem_len`` or ``model.mem_len``); the current, partial segment of
-k tokens (1 <= k <= T) is run with that memory, padded to T, and the next
-token is drawn from position k - 1 (attention is causal, and LaMemo's
-look-ahead reads only the segment's first token, so the padding changes
-nothing). When the segment is full and the next token has been drawn, the
-segment is committed: the model runs it once more to update the memory
-(Transformer-XL's push, LaMemo's look-ahead refresh and interpolation), and
-the new token starts the next segment. Every token is therefore predicted
-with the context it would have in a recurrent evaluation. Each step costs one
-forward pass over M + T rows; two programs are compiled (predict, commit).
-
-Models without memory (Transformer+RPE) slide a window of the last T
-tokens instead. A decoder LM with the 'vanilla' kind decodes with a
-key/value cache instead (``memjax.models.lm_decoding``: the prompt whole
-in one call, then one cached step per token, the same PRNG keys).
+A decoder LM with the 'vanilla' attention kind decodes with a key/value
+cache (``memjax.models.lm_decoding``: the prompts in one call, then one
+cached step per token); the other models by segments with their recurrent
+memory carried, as in training and evaluation
+(``memjax.models.segment_decoding``), prompt by prompt.
 
 A model imported with its tokenizer stops a continuation at the first
 token that is one of its end-of-sequence ids (``stop_ids``: every EOS id
@@ -31,17 +22,18 @@ of its generation_config.json or config.json), that token included, as
 Hugging Face's ``generate`` stops; memjax's own vocabularies stop nowhere
 (WikiText's <eos> is a line break).
 
-Writes ``<workdir>/generation.txt`` (settings, prompt, continuation),
-``generation.json``, and prints the text.
+Writes ``<workdir>/generation.txt`` (settings, prompt, continuation) and
+``generation.json`` for a split's prompt and prints the text; writes
+``<workdir>/generations.jsonl`` for a file of prompts (one line per prompt:
+its index, text, ids, continuation and why it stopped) and prints each.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Sequence
+import json
+from typing import Any, ClassVar, Optional, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
@@ -50,23 +42,28 @@ from memjax.data import vocab as vocab_lib
 from memjax.io import console
 from memjax.io import paths
 from memjax.models import lm_decoding
-from memjax.models import variables as model_vars
+from memjax.models import segment_decoding
 from memjax.run import restore
 from memjax.run import spec
 
 
 @dataclasses.dataclass(frozen=True)
 class Generate:
-  """``config.generate``: --mode=generate, top-p sampling after a prompt
-  from a split.
+  """``config.generate``: --mode=generate, continuations of prompts.
 
   Attributes:
-    split: where the prompt comes from.
+    split: where the prompt comes from (without ``prompts``).
     prompt_offset: its first token in the split.
     prompt_len, num_tokens: the prompt's and the continuation's lengths.
+    prompts: a file of prompts (a local path or a URL): one text per line,
+      or, for a ``.jsonl`` file, one JSON object with a ``"prompt"`` text
+      per line; '' = the split's window above.
+    batch_size: prompts decoded together (key/value-cache decoding).
+    greedy: take the most likely token.
+    top_k: keep the k most likely tokens (0 = all; cached decoding only).
     top_p, temperature: the sampling.
     mem_len: memory length (0 = model.mem_len).
-    seed: the sampling's seed.
+    seed: the sampling's seed (prompt i draws with seed + i).
   """
 
   SECTION: ClassVar[str] = "generate"
@@ -74,155 +71,25 @@ class Generate:
   prompt_offset: int = 0
   prompt_len: int = 512
   num_tokens: int = 256
+  prompts: str = ""
+  batch_size: int = 8
+  greedy: bool = False
+  top_k: int = 0
   top_p: float = 0.95
   temperature: float = 1.0
   mem_len: int = 0
   seed: int = 0
 
-
-Array = jax.Array
-
-
-class Sampler:
-  """Token-by-token sampling with the memory carried by segments."""
-
-  def __init__(
-      self, model, segment_len: int, *, top_p: float, temperature: float = 1.0
-  ):
-    """Creates the sampler.
-
-    Args:
-      model: a ``TransformerLM`` (with its memory length set).
-      segment_len: T.
-      top_p: nucleus mass.
-      temperature: divides the log-probabilities before filtering.
-    """
-    self.model = model
-    self.segment_len = int(segment_len)
-    self.top_p = float(top_p)
-    self.temperature = float(temperature)
-    self.recurrent = model.carries_memory()
-
-    def log_probs(params, memory, segment, k):
-      def fn(mdl, segment, memory):
-        out = mdl(segment, None, memory, deterministic=True)
-        h = jax.lax.dynamic_index_in_dim(
-            out.hidden, k - 1, axis=1, keepdims=False
-        )  # [1, D]
-        return mdl.log_probs(h)[0]
-
-      return model.apply(
-          model_vars.as_variables(params), segment, memory, method=fn
-      )
-
-    def commit(params, memory, segment):
-      return model.apply(
-          model_vars.as_variables(params),
-          segment,
-          None,
-          memory,
-          deterministic=True,
-      ).memory
-
-    self._log_probs = jax.jit(log_probs)
-    self._commit = jax.jit(commit)
-    # One row of the cached decoder's sampling (top-p, temperature).
-    sampling = lm_decoding.Sampling(
-        top_p=self.top_p, temperature=self.temperature
+  def sampling(self) -> lm_decoding.Sampling:
+    """The token choice these settings give (checked)."""
+    out = lm_decoding.Sampling(
+        bool(self.greedy),
+        int(self.top_k),
+        float(self.top_p),
+        float(self.temperature),
     )
-    sampling.check()
-    self._sample = jax.jit(
-        lambda logp, key: sampling.choose(logp[None], key[None])[0]
-    )
-
-  def run(
-      self,
-      params: Any,
-      prompt: Sequence[int],
-      num_steps: int,
-      choose: Callable[[int, Array], int],
-      stop_ids: Sequence[int] = (),
-  ) -> list[Array]:
-    """Predicts ``num_steps`` next tokens after ``prompt``, one at a time.
-
-    Args:
-      params: model parameters.
-      prompt: n >= 1 token ids.
-      num_steps: how many next tokens to predict.
-      choose: ``choose(t, log_probs [V]) -> token`` picks token t (sampling,
-        or the known next token for scoring).
-      stop_ids: ids that end the run once chosen.
-
-    Returns:
-      The log-probability vectors [V] the choices were made from:
-      ``num_steps``, fewer when a stop id was chosen.
-    """
-    buffer = [int(t) for t in prompt]
-    if not buffer:
-      raise errors.ConfigError("generate.prompt_len must be >= 1")
-    t_len = self.segment_len
-    memory = self.model.init_memory(1)
-
-    def settle(buffer, memory):
-      """Commits full segments so that 1 <= len(buffer) <= T."""
-      while len(buffer) > t_len:
-        if self.recurrent:
-          memory = self._commit(
-              params, memory, jnp.asarray([buffer[:t_len]], jnp.int32)
-          )
-          buffer = buffer[t_len:]
-        else:
-          buffer = buffer[-t_len:]
-      return buffer, memory
-
-    buffer, memory = settle(buffer, memory)
-    stop = {int(i) for i in stop_ids}
-    out = []
-    for t in range(num_steps):
-      k = len(buffer)
-      segment = np.zeros((1, t_len), np.int32)
-      segment[0, :k] = buffer
-      logp = self._log_probs(params, memory, jnp.asarray(segment), jnp.int32(k))
-      out.append(logp)
-      chosen = int(choose(t, logp))
-      if chosen in stop:
-        break
-      buffer, memory = settle(buffer + [chosen], memory)
+    out.check("generate.")
     return out
-
-  def generate(
-      self,
-      params: Any,
-      prompt: np.ndarray,
-      num_tokens: int,
-      seed: int,
-      stop_ids: Sequence[int] = (),
-  ) -> np.ndarray:
-    """Returns [<= num_tokens] int32 tokens that continue ``prompt``
-    [n >= 1]: ``num_tokens``, or up to and with the first of ``stop_ids``
-    drawn."""
-    key = jax.random.PRNGKey(seed)
-    tokens = []
-
-    def choose(t, logp):
-      tokens.append(int(self._sample(logp, jax.random.fold_in(key, t))))
-      return tokens[-1]
-
-    self.run(
-        params, np.asarray(prompt).reshape(-1), num_tokens, choose, stop_ids
-    )
-    return np.asarray(tokens, np.int32)
-
-  def score(self, params: Any, tokens: np.ndarray) -> np.ndarray:
-    """[n - 1] float32 log p(tokens[i + 1] | tokens[:i + 1]), predicted the
-    way ``generate`` predicts (for checking it against evaluation)."""
-    tokens = np.asarray(tokens).reshape(-1)
-    logps = self.run(
-        params, tokens[:1], len(tokens) - 1, lambda t, _: int(tokens[t + 1])
-    )
-    return np.asarray(
-        [float(lp[tokens[t + 1]]) for t, lp in enumerate(logps)], np.float32
-    )
 
 
 def stop_ids(vocab: Any) -> tuple[int, ...]:
@@ -239,37 +106,156 @@ def decode(vocab: Any, ids: np.ndarray) -> str:
   return vocab_lib.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
-def _continue(
+def continue_prompts(
     model: Any,
     variables: Any,
-    prompt: np.ndarray,
-    g: Generate,
-    segment_len: int,
+    prompts: Sequence[np.ndarray],
+    num_tokens: int,
+    sampling: lm_decoding.Sampling,
+    seeds: Sequence[int],
     stops: Sequence[int],
-) -> np.ndarray:
-  """[<= num_tokens] int32 tokens after ``prompt``: by key/value-cache
-  decoding where the model has it (``lm_decoding``), else by ``Sampler``."""
-  if lm_decoding.unsupported(model) is None:
-    console.info("decoding with a key/value cache")
-    sampling = lm_decoding.Sampling(
-        top_p=float(g.top_p), temperature=float(g.temperature)
+    segment_len: int,
+    *,
+    batch_size: int = 0,
+    kept: Optional[dict[Any, Any]] = None,
+) -> list[np.ndarray]:
+  """Per prompt [n >= 1], up to ``num_tokens`` int32 tokens (to and with
+  the first of ``stops``): by key/value-cache decoding where the model has
+  it (``lm_decoding``, ``batch_size`` prompts at a time; 0 = all), else
+  prompt by prompt by ``segment_decoding.Sampler`` (greedy as a nucleus of one token).
+
+  Args:
+    model: the restored model.
+    variables: its variables.
+    prompts: token ids per prompt.
+    num_tokens: new tokens per prompt, at most.
+    sampling: the token choice (checked by the caller).
+    seeds: one per prompt.
+    stops: ids that end a continuation.
+    segment_len: the sampler's T.
+    batch_size: prompts decoded together.
+    kept: a dict to keep the compiled decoder and samplers in between
+      calls (``memjax.load(W).generate``), or None.
+
+  Raises:
+    errors.ConfigError: top-k asked of a model without cached decoding.
+  """
+  kept = {} if kept is None else kept
+  why = lm_decoding.unsupported(model)
+  if why is None:
+    decoder = kept.setdefault("decoder", None) or lm_decoding.CachedDecoder(
+        model
     )
-    decoder = lm_decoding.CachedDecoder(model)
-    return decoder.generate(
-        variables, [prompt], int(g.num_tokens), sampling, [int(g.seed)], stops
-    )[0]
-  sampler = Sampler(
-      model, segment_len, top_p=float(g.top_p), temperature=float(g.temperature)
-  )
-  return sampler.generate(
-      variables, prompt, int(g.num_tokens), int(g.seed), stops
-  )
+    kept["decoder"] = decoder
+    size = int(batch_size) or len(prompts)
+    out = []
+    for b in range(0, len(prompts), size):
+      out += decoder.generate(
+          variables,
+          prompts[b : b + size],
+          int(num_tokens),
+          sampling,
+          seeds[b : b + size],
+          stops,
+      )
+    return out
+  if sampling.top_k:
+    raise errors.ConfigError(
+        f"generate.top_k needs key/value-cache decoding, and this model has "
+        f"none ({why}): set top_k=0"
+    )
+  top_p = 1e-9 if sampling.greedy else sampling.top_p
+  key = ("sampler", top_p, sampling.temperature, int(segment_len))
+  if key not in kept:
+    kept[key] = segment_decoding.Sampler(
+        model, segment_len, top_p=top_p, temperature=sampling.temperature
+    )
+  return [
+      kept[key].generate(variables, p, int(num_tokens), int(seed), stops)
+      for p, seed in zip(prompts, seeds)
+  ]
+
+
+def read_prompts(path: str) -> list[str]:
+  """The texts of a prompts file: its non-empty lines, or for a ``.jsonl``
+  file each line's ``"prompt"``.
+
+  Raises:
+    errors.DataError: no such file, a line that is not a JSON object with
+      a "prompt" text, or no prompt at all.
+  """
+  if not paths.isfile(path):
+    raise errors.DataError(f"generate.prompts: no file {path}")
+  lines = [line for line in paths.read_text(path).splitlines() if line.strip()]
+  if not path.endswith(".jsonl"):
+    texts = lines
+  else:
+    texts = []
+    for n, line in enumerate(lines, 1):
+      try:
+        item = json.loads(line)
+      except json.JSONDecodeError:
+        item = None
+      if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+        raise errors.DataError(
+            f"generate.prompts: line {n} of {path} is not a JSON object "
+            f'with a "prompt" text: {line[:80]!r}'
+        )
+      texts.append(item["prompt"])
+  if not texts:
+    raise errors.DataError(f"generate.prompts: {path} holds no prompt")
+  return texts
+
+
+def encode(vocab: Any, text: str) -> np.ndarray:
+  """Text -> [n] int32 ids: words split on spaces, UTF-8 bytes, or an
+  imported tokenizer's ids with the BOS/EOS its post-processor adds."""
+  if hasattr(vocab, "tokens") or hasattr(vocab, "encode_prompt"):
+    return np.asarray(vocab.encode(text), np.int32).reshape(-1)
+  return vocab_lib.encode_bytes(text.encode("utf-8"))
+
+
+def encode_prompt(vocab: Any, text: str) -> np.ndarray:
+  """A prompt's ids: as ``encode``, less an EOS the tokenizer puts after a
+  text (``encode_prompt``)."""
+  if hasattr(vocab, "encode_prompt"):
+    return np.asarray(vocab.encode_prompt(text), np.int32)
+  return encode(vocab, text)
+
+
+def _model(restored: Any, s: Any, g: Generate) -> Any:
+  """The restored model, with ``generate.mem_len`` where it carries memory."""
+  model = restored.model
+  mem_len = int(g.mem_len or s.model.mem_len)
+  if model.carries_memory() and mem_len != model.cfg.mem_len:
+    model = model.with_settings(mem_len=mem_len)
+  return model
+
+
+def _describe(g: Generate) -> str:
+  """The token choice in words."""
+  if g.greedy:
+    return "greedy"
+  top_k = f"top-k {int(g.top_k)}, " if g.top_k else ""
+  return f"{top_k}top-p {float(g.top_p)}, temperature {float(g.temperature)}"
 
 
 def generate(run: spec.Run) -> dict[str, Any]:
-  """``--mode=generate``: continues a prompt from a split (see module doc)."""
+  """``--mode=generate``: continues the prompts (see module doc)."""
+  g = run.settings.of(Generate)
+  sampling = g.sampling()  # Bad settings: one line before the restore.
+  if g.prompts:
+    texts = read_prompts(g.prompts)
+    return _from_file(run, g, sampling, texts)
+  return _from_split(run, g, sampling)
+
+
+def _from_split(
+    run: spec.Run, g: Generate, sampling: lm_decoding.Sampling
+) -> dict[str, Any]:
+  """Continues the window of ``generate.split``; writes generation.txt and
+  generation.json."""
   s, workdir = run.settings, run.workdir
-  g = s.of(Generate)
   restored = restore.restore_source(run)
   corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
   if g.split not in corpus.splits:
@@ -285,32 +271,37 @@ def generate(run: spec.Run) -> dict[str, Any]:
         f"within the {g.split} split's {len(tokens)} tokens"
     )
   prompt = np.asarray(tokens[start : start + length])
-  model = restored.model
-  mem_len = int(g.mem_len or s.model.mem_len)
-  if model.carries_memory() and mem_len != model.cfg.mem_len:
-    model = model.with_settings(mem_len=mem_len)
+  model = _model(restored, s, g)
   seg = int(s.eval.segment_len or s.data.seq_len)
+  memory = model.cfg.mem_len if model.carries_memory() else 0
   console.info(
-      "generating %d tokens after a %d-token prompt (%s[%d:%d]), "
-      "top-p %.2f, segments of %d, memory %d",
+      "generating %d tokens after a %d-token prompt (%s[%d:%d]), %s, "
+      "segments of %d, memory %d",
       int(g.num_tokens),
       length,
       g.split,
       start,
       start + length,
-      float(g.top_p),
+      _describe(g),
       seg,
-      model.cfg.mem_len if model.carries_memory() else 0,
+      memory,
   )
   vocab = restored.vocab
-  new = _continue(model, restored.variables, prompt, g, seg, stop_ids(vocab))
+  new = continue_prompts(
+      model,
+      restored.variables,
+      [prompt],
+      int(g.num_tokens),
+      sampling,
+      [int(g.seed)],
+      stop_ids(vocab),
+      seg,
+  )[0]
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
       f"model {s.name}, step {restored.step}; prompt "
       f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
-      f"top-p {float(g.top_p)}, temperature {float(g.temperature)}, "
-      f"seed {int(g.seed)}, segments of {seg}, memory "
-      f"{model.cfg.mem_len if model.carries_memory() else 0}"
+      f"{_describe(g)}, seed {int(g.seed)}, segments of {seg}, memory {memory}"
   )
   text = (
       f"{header}\n\n=== prompt ===\n{prompt_text}\n\n"
@@ -334,3 +325,61 @@ def generate(run: spec.Run) -> dict[str, Any]:
   print(text, flush=True)
   result["files"] = files
   return result
+
+
+def _from_file(
+    run: spec.Run,
+    g: Generate,
+    sampling: lm_decoding.Sampling,
+    texts: Sequence[str],
+) -> dict[str, Any]:
+  """Continues every prompt of ``generate.prompts``, ``batch_size`` at a
+  time; writes generations.jsonl."""
+  s, workdir = run.settings, run.workdir
+  restored = restore.restore_source(run)
+  vocab = restored.vocab
+  ids = [encode_prompt(vocab, t) for t in texts]
+  empty = [n for n, x in enumerate(ids, 1) if not len(x)]
+  if empty:
+    raise errors.DataError(
+        f"generate.prompts: prompt {empty[0]} of {g.prompts} encodes to no "
+        "token; give each prompt some text"
+    )
+  model = _model(restored, s, g)
+  seg = int(s.eval.segment_len or s.data.seq_len)
+  console.info(
+      "generating up to %d tokens after each of %d prompts (%s), %s",
+      int(g.num_tokens),
+      len(ids),
+      g.prompts,
+      _describe(g),
+  )
+  stops = stop_ids(vocab)
+  new = continue_prompts(
+      model,
+      restored.variables,
+      ids,
+      int(g.num_tokens),
+      sampling,
+      [int(g.seed) + i for i in range(len(ids))],
+      stops,
+      seg,
+      batch_size=int(g.batch_size),
+  )
+  rows = []
+  for i, (text, x, y) in enumerate(zip(texts, ids, new)):
+    stopped = bool(len(y)) and int(y[-1]) in set(stops)
+    rows.append(
+        {
+            "index": i,
+            "prompt": text,
+            "prompt_ids": x.tolist(),
+            "continuation": decode(vocab, y),
+            "ids": y.tolist(),
+            "stop": "eos" if stopped else "length",
+        }
+    )
+    print(f"=== {i}: {text}\n{rows[-1]['continuation']}\n", flush=True)
+  out = paths.join(workdir, "generations.jsonl")
+  paths.write_text(out, "".join(json.dumps(r) + "\n" for r in rows))
+  return {"name": s.name, "step": restored.step, "rows": rows, "files": [out]}

@@ -6,6 +6,7 @@ import pytest
 import memjax
 from configs import trime_wt103
 from memjax import build
+from memjax import errors
 from memjax.api import lm as lm_api
 
 TEXTS = [
@@ -63,6 +64,23 @@ def test_generate_takes_a_batch_of_prompts_and_compiles_once(
   assert out[1] == one  # Prompt i draws with seed + i.
   ids = model.generate([model.encode("the history of")], num_tokens=5)
   assert ids[0].shape == (5,) and ids[0].dtype == np.int32
+
+
+@pytest.mark.parametrize("text", ["", "word"])
+def test_a_text_with_nothing_to_score_is_a_value_error(model, text):
+  # '' has no token and 'word' one: its first token is context only.
+  with pytest.raises(ValueError, match="nothing to score"):
+    model.score(text)
+  with pytest.raises(ValueError, match="input 1"):
+    model.score(["the history of", text])
+
+
+def test_generate_in_batches_gives_what_one_batch_gives(model):
+  prompts = ["the history of", "in 1990", "music is"]
+  whole = model.generate(prompts, num_tokens=4, greedy=True)
+  assert model.generate(prompts, 4, greedy=True, batch_size=2) == whole
+  with pytest.raises(errors.ConfigError, match="top_p must be"):
+    model.generate(prompts, 4, top_p=0.0)
 
 
 def _datastore_config(smoke_workdir):

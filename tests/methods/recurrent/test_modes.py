@@ -21,7 +21,7 @@ from memjax.data import corpus as corpus_lib
 from memjax.eval import rows as rows_lib
 from memjax.eval import scorer as scorer_lib
 from memjax.models import lm_decoding
-from memjax.modes import generate as generate_lib
+from memjax.models import segment_decoding
 from memjax.eval import streams as recurrent_eval
 from memjax import sharding as sharding_lib
 from memjax.methods.recurrent import analysis
@@ -150,7 +150,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 def test_generation_is_deterministic_and_predicts_like_evaluation():
   model, params = tiny()
-  sampler = generate_lib.Sampler(model, T, top_p=0.95)
+  sampler = segment_decoding.Sampler(model, T, top_p=0.95)
   prompt = stream_tokens(7, seed=2)
   a = sampler.generate(params, prompt, 9, seed=3)
   b = sampler.generate(params, prompt, 9, seed=3)
