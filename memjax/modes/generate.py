@@ -232,6 +232,15 @@ def _model(restored: Any, s: Any, g: Generate) -> Any:
   return model
 
 
+def _note_decoding(model: Any) -> None:
+  """Says on the console which decoding the model gets."""
+  why = lm_decoding.unsupported(model)
+  if why is None:
+    console.info("decoding with a key/value cache")
+  else:
+    console.info("decoding by segments, the memory carried (%s)", why)
+
+
 def _describe(g: Generate) -> str:
   """The token choice in words."""
   if g.greedy:
@@ -287,6 +296,7 @@ def _from_split(
       memory,
   )
   vocab = restored.vocab
+  _note_decoding(model)
   new = continue_prompts(
       model,
       restored.variables,
@@ -355,6 +365,7 @@ def _from_file(
       _describe(g),
   )
   stops = stop_ids(vocab)
+  _note_decoding(model)
   new = continue_prompts(
       model,
       restored.variables,

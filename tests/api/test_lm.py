@@ -12,9 +12,9 @@ from memjax.api import lm as lm_api
 TEXTS = [
     "the cat sat on the mat",
     "in 1990 the city of london was",
-    "a",
+    "a b",
     "the history of the roman empire is long and the empire fell",
-    "music",
+    "music is",
     "he said that the team won the game in the last minute",
 ]
 
