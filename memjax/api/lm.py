@@ -246,12 +246,8 @@ class LanguageModel(base.Loaded):
         bool(greedy), int(top_k), float(top_p), float(temperature)
     )
     sampling.check()
-    model, s = self.restored.model, self.settings
-    mem_len = int(s.of(generate_lib.Generate).mem_len or s.model.mem_len)
-    if model.carries_memory() and mem_len != model.cfg.mem_len:
-      model = model.with_settings(mem_len=mem_len)
     new = generate_lib.continue_prompts(
-        model,
+        generate_lib.generation_model(self.restored.model, self.settings),
         self.restored.variables,
         ids,
         int(num_tokens),

@@ -223,10 +223,10 @@ def encode_prompt(vocab: Any, text: str) -> np.ndarray:
   return encode(vocab, text)
 
 
-def _model(restored: Any, s: Any, g: Generate) -> Any:
-  """The restored model, with ``generate.mem_len`` where it carries memory."""
-  model = restored.model
-  mem_len = int(g.mem_len or s.model.mem_len)
+def generation_model(model: Any, s: Any) -> Any:
+  """``model`` with ``generate.mem_len`` (of the settings ``s``) where it
+  carries memory."""
+  mem_len = int(s.of(Generate).mem_len or s.model.mem_len)
   if model.carries_memory() and mem_len != model.cfg.mem_len:
     model = model.with_settings(mem_len=mem_len)
   return model
@@ -280,7 +280,7 @@ def _from_split(
         f"within the {g.split} split's {len(tokens)} tokens"
     )
   prompt = np.asarray(tokens[start : start + length])
-  model = _model(restored, s, g)
+  model = generation_model(restored.model, s)
   seg = int(s.eval.segment_len or s.data.seq_len)
   memory = model.cfg.mem_len if model.carries_memory() else 0
   console.info(
@@ -355,7 +355,7 @@ def _from_file(
         f"generate.prompts: prompt {empty[0]} of {g.prompts} encodes to no "
         "token; give each prompt some text"
     )
-  model = _model(restored, s, g)
+  model = generation_model(restored.model, s)
   seg = int(s.eval.segment_len or s.data.seq_len)
   console.info(
       "generating up to %d tokens after each of %d prompts (%s), %s",
