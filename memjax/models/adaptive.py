@@ -31,6 +31,50 @@ from memjax.models import stack
 Array = jax.Array
 
 
+@jax.custom_vjp
+def narrow_target_log_softmax(logits: Array, index: Array) -> Array:
+  """``log_softmax(logits)[index]`` in float32 from logits in a narrow dtype.
+
+  The normaliser is reduced in float32 without keeping a float32 copy of
+  the logits, and the backward pass forms the gradient of the logits,
+  ``g * (onehot(index) - softmax(logits))``, in float32 arithmetic but
+  writes it in the logits' dtype: no [N, V] float32 buffer in either pass.
+  (Written by hand because the autodiff of ``log_softmax`` keeps its
+  float32 output, then converts the float32 gradient.)
+
+  Args:
+    logits: [N, V] logits in the compute dtype.
+    index: [N] int positions in [0, V).
+
+  Returns:
+    [N] float32 log-probabilities.
+  """
+  return _pick_target(logits, index)[0]
+
+
+def _pick_target(logits: Array, index: Array) -> tuple[Array, Array]:
+  """(log p [N], lse [N]) float32 of ``narrow_target_log_softmax``."""
+  lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+  picked = jnp.take_along_axis(logits, index[..., None], axis=-1)[..., 0]
+  return picked.astype(jnp.float32) - lse, lse
+
+
+def _narrow_target_fwd(logits, index):
+  out, lse = _pick_target(logits, index)
+  return out, (logits, index, lse)
+
+
+def _narrow_target_bwd(saved, g):
+  logits, index, lse = saved
+  probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+  onehot = index[..., None] == jnp.arange(logits.shape[-1])
+  d = g[..., None] * (onehot.astype(jnp.float32) - probs)
+  return d.astype(logits.dtype), None
+
+
+narrow_target_log_softmax.defvjp(_narrow_target_fwd, _narrow_target_bwd)
+
+
 def chunk_layout(rows: int, positions: int, chunk_size: int) -> tuple[int, int]:
   """(positions per chunk, chunks) the adaptive softmax scores a row in.
 
@@ -197,15 +241,35 @@ class AdaptiveEmbed(nn.Module):
       logits = jnp.concatenate([logits, clusters], axis=-1)
     return logits.astype(jnp.float32)
 
+  def _tail_logits(self, i: int, h: Array, deterministic: bool = True) -> Array:
+    """[..., D] -> [..., V_i] logits of tail cluster i, in ``dtype``."""
+    hi_ = self._project_out(i, h)
+    if self.tail_dropout > 0:
+      hi_ = self.dropout(hi_, deterministic=deterministic)
+    return jnp.dot(hi_, self.tables[i].astype(self.dtype).T)
+
   def _tail_log_softmax(
       self, i: int, h: Array, deterministic: bool = True
   ) -> Array:
     """[..., D] -> [..., V_i] float32 log-softmax within tail cluster i."""
-    hi_ = self._project_out(i, h)
-    if self.tail_dropout > 0:
-      hi_ = self.dropout(hi_, deterministic=deterministic)
-    logits = jnp.dot(hi_, self.tables[i].astype(self.dtype).T)
+    logits = self._tail_logits(i, h, deterministic)
     return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+  def _tail_target(
+      self, i: int, h: Array, index: Array, deterministic: bool = True
+  ) -> Array:
+    """h [N, D], index [N] within cluster i -> [N] float32 log-probability.
+
+    In float32 it picks from the whole log-softmax (the reference). In a
+    narrower compute dtype it never forms the [N, V_i] float32 log-softmax
+    (the largest buffer of a bfloat16 step of a large vocabulary):
+    ``narrow_target_log_softmax``.
+    """
+    if jnp.dtype(self.dtype) == jnp.float32:
+      tail = self._tail_log_softmax(i, h, deterministic)
+      return jnp.take_along_axis(tail, index[..., None], axis=-1)[..., 0]
+    logits = self._tail_logits(i, h, deterministic)
+    return narrow_target_log_softmax(logits, index)
 
   def _score_chunk(
       self, h: Array, y: Array, deterministic: bool = True
@@ -223,10 +287,9 @@ class AdaptiveEmbed(nn.Module):
     for i in range(1, len(self.bounds)):
       lo, hi = self.bounds[i]
       in_c = (y >= lo) & (y < hi)
-      tail = self._tail_log_softmax(i, h, deterministic)
-      tail_lp = jnp.take_along_axis(
-          tail, jnp.clip(y - lo, 0, hi - lo - 1)[..., None], axis=-1
-      )[..., 0]
+      tail_lp = self._tail_target(
+          i, h, jnp.clip(y - lo, 0, hi - lo - 1), deterministic
+      )
       lp = jnp.where(in_c, head_lp[..., hi0 + i - 1] + tail_lp, lp)
     return lp, log_z
 

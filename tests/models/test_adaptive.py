@@ -177,3 +177,53 @@ def test_tail_dropout_touches_only_tail_clusters_in_training():
   # Reproducible for one key, different for another.
   np.testing.assert_array_equal(tr, train(0)[0])
   assert np.any(np.asarray(train(1)[0])[tail] != np.asarray(tr)[tail])
+
+
+@pytest.mark.parametrize(
+    "dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)]
+)
+def test_narrow_target_log_softmax_against_numpy(dtype, atol):
+  logits = jax.random.normal(jax.random.PRNGKey(0), (6, 9)) * 3
+  index = jnp.array([0, 8, 3, 3, 5, 1])
+  g = jax.random.normal(jax.random.PRNGKey(1), (6,))
+  x = np.asarray(logits.astype(dtype).astype(jnp.float32), np.float64)
+  lse = np.log(np.exp(x).sum(-1))
+  want = x[np.arange(6), index] - lse
+  # d/dx of sum(g * log p[index]) = g * (onehot - softmax), by hand.
+  onehot = np.eye(9)[np.asarray(index)]
+  want_grad = np.asarray(g)[:, None] * (onehot - np.exp(x - lse[:, None]))
+
+  def f(z):
+    return jnp.sum(g * adaptive.narrow_target_log_softmax(z, index))
+
+  got = adaptive.narrow_target_log_softmax(logits.astype(dtype), index)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  grad = jax.grad(f)(logits.astype(dtype))
+  assert grad.dtype == dtype
+  np.testing.assert_allclose(grad.astype(jnp.float32), want_grad, atol=atol)
+
+
+def test_bfloat16_score_follows_float32_with_its_gradient():
+  """A bfloat16 module's tail goes through ``narrow_target_log_softmax``;
+  its scores and gradients stay within bfloat16 rounding of float32's."""
+  kw = dict(vocab_size=60, d_model=16, cutoffs=(10, 30), factor=2)
+  f32 = adaptive.AdaptiveEmbed(**kw)
+  bf16 = adaptive.AdaptiveEmbed(**kw, dtype=jnp.bfloat16)
+  h = jax.random.normal(jax.random.PRNGKey(1), (3, 7, 16))
+  y = jnp.arange(21).reshape(3, 7) * 3 % 60  # Every cluster has targets.
+  v = _init(f32, h, y)
+
+  def loss(params, mod):
+    return -mod.apply({"params": params}, h, y, method=mod.score)[0].mean()
+
+  l1, g1 = jax.value_and_grad(loss)(v["params"], f32)
+  l2, g2 = jax.value_and_grad(loss)(v["params"], bf16)
+  np.testing.assert_allclose(l2, l1, rtol=2e-2)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(
+          b, a, atol=2e-2 * np.abs(a).max()
+      ),
+      g1,
+      g2,
+  )
