@@ -18,9 +18,11 @@ from typing import Any, Callable, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from memjax import errors
 from memjax import extend
+from memjax.models import stack
 
 Array = jax.Array
 
@@ -120,6 +122,7 @@ class FeedForward(nn.Module):
     )(x)
     h = ACTIVATIONS[self.activation](h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    h = checkpoint_name(h, stack.FFN_HIDDEN)
     rate = self.options.activation_dropout
     rate = self.dropout_rate if rate < 0 else rate
     h = nn.Dropout(rate)(h, deterministic=deterministic)
@@ -179,6 +182,7 @@ class GatedFeedForward(nn.Module):
     up = _kernel("up", self.d_ff, ("embed", "mlp"), self.dtype)
     h = ACTIVATIONS[self.activation](gate(x)) * up(x)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    h = checkpoint_name(h, stack.FFN_HIDDEN)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return _kernel("down", self.d_model, ("mlp", "embed"), self.dtype)(h)
 

@@ -50,11 +50,13 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from memjax import errors
 from memjax.models import blocks
 from memjax.models import relative_positions
 from memjax.models import rotary
+from memjax.models import stack
 
 Array = jax.Array
 
@@ -350,6 +352,7 @@ class MultiHeadAttention(nn.Module):
     if not self.relative and self.dtype != jnp.float32:
       # Residuals in the compute dtype; a row with no key gets zeros.
       probs, _ = relative_positions.narrow_softmax(scores, mask, self.dtype)
+      probs = checkpoint_name(probs, stack.ATTENTION_PROBS)
       dropped = drop(probs, deterministic=deterministic)
       c = jnp.einsum("bhqk,bkhd->bqhd", dropped, self.repeat_kv(v))
       return c, None, probs
@@ -359,6 +362,7 @@ class MultiHeadAttention(nn.Module):
         keys = jnp.broadcast_to(mask, scores.shape)
         any_key = keys.any(axis=-1, keepdims=True)
         probs = jnp.where(any_key, probs, 0.0)
+      probs = checkpoint_name(probs, stack.ATTENTION_PROBS)
       dropped = drop(probs, deterministic=deterministic)
       c = jnp.einsum(
           "bhqk,bkhd->bqhd", dropped.astype(self.dtype), self.repeat_kv(v)
@@ -368,6 +372,7 @@ class MultiHeadAttention(nn.Module):
       probs, lse = relative_positions.masked_softmax(scores, mask)
     else:  # Residuals in the compute dtype.
       probs, lse = relative_positions.narrow_softmax(scores, mask, self.dtype)
+    probs = checkpoint_name(probs, stack.ATTENTION_PROBS)
     c = jnp.einsum(
         "bhqk,bkhd->bqhd",
         drop(probs, deterministic=deterministic).astype(self.dtype),

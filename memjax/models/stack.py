@@ -45,14 +45,28 @@ Array = jax.Array
 
 # The logical axis of stacked layers (``sharding.LOGICAL_RULES``).
 LAYERS_AXIS = "layers"
+# Residuals the blocks name (``jax.ad_checkpoint.checkpoint_name``) for the
+# policies below to keep: the attention probabilities before dropout
+# [B, H, Q, K] (in the compute dtype where it is not float32:
+# ``relative_positions.narrow_softmax``) and the feed-forward's activated
+# hidden layer [B, T, d_ff].
+ATTENTION_PROBS = "attention_probs"
+FFN_HIDDEN = "ffn_hidden"
 # What a rematerialised block keeps for the backward pass
 # (``model.remat_policy``): nothing ('full': its forward pass is run
 # again), every matmul's output ('dots'), or those without batch
-# dimensions, i.e. not attention's ('dots_no_batch', MaxText's 'minimal').
+# dimensions, i.e. not attention's ('dots_no_batch', MaxText's 'minimal'),
+# the attention probabilities alone ('probs': the backward pass skips the
+# scores' products and the softmax), or those and the feed-forward's
+# hidden layer ('probs_ffn').
 REMAT_POLICIES = {
     "full": None,
     "dots": jax.checkpoint_policies.dots_saveable,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "probs": jax.checkpoint_policies.save_only_these_names(ATTENTION_PROBS),
+    "probs_ffn": jax.checkpoint_policies.save_only_these_names(
+        ATTENTION_PROBS, FFN_HIDDEN
+    ),
 }
 # '<prefix>_<first>_to_<last>': the block of a scanned run.
 RUN_NAME = re.compile(r"^(.+)_(\d+)_to_(\d+)$")

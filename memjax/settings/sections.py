@@ -89,8 +89,10 @@ class Model:
     max_len: longest input (position table).
     remat: rematerialise each block in the backward pass.
     remat_policy: what a rematerialised block keeps: full (nothing, its
-      forward pass runs again), dots (every matmul's output) or
-      dots_no_batch (those without batch dimensions: not attention's).
+      forward pass runs again), dots (every matmul's output),
+      dots_no_batch (those without batch dimensions: not attention's),
+      probs (the attention probabilities, named in the blocks) or
+      probs_ffn (those and the feed-forward's hidden layer).
     scan_layers: scan runs of identical layers, their parameters stacked
       on a 'layers' axis (``memjax.models.stack``); a checkpoint restores
       into either layout.

@@ -191,3 +191,58 @@ def test_scanned_equals_unscanned(family, tmp_path):
     np.testing.assert_allclose(
         flat_s[key], value, rtol=1e-4, atol=1e-5, err_msg=key
     )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize(
+    "policy,kept",
+    [
+        ("full", set()),
+        ("probs", {stack.ATTENTION_PROBS}),
+        ("probs_ffn", {stack.ATTENTION_PROBS, stack.FFN_HIDDEN}),
+    ],
+)
+def test_named_policies_keep_the_named_residuals(policy, kept, dtype):
+  """An attention and a feed-forward sub-layer under ``jax.checkpoint``
+  with each policy: the residuals kept are the named ones, the attention
+  probabilities in the compute dtype, and the gradient is the
+  unrematerialised one."""
+  from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
+  from memjax.models import feed_forward  # pylint: disable=g-import-not-at-top
+  from memjax.models import multihead  # pylint: disable=g-import-not-at-top
+
+  attn = multihead.MultiHeadAttention(
+      d_model=8, num_heads=2, head_dim=4, dtype=dtype
+  )
+  ffn = feed_forward.FeedForward(d_model=8, d_ff=12, dtype=dtype)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 8))
+  pa = flax.core.meta.unbox(
+      attn.init(jax.random.PRNGKey(1), x, deterministic=True, causal=True)
+  )
+  pf = flax.core.meta.unbox(
+      ffn.init(jax.random.PRNGKey(2), x, deterministic=True)
+  )
+
+  def block(x, pa, pf):
+    y, _ = attn.apply(pa, x, deterministic=True, causal=True)
+    out = ffn.apply(pf, x + y, deterministic=True).astype(jnp.float32)
+    return jnp.sum(out**2)
+
+  remat = jax.checkpoint(block, policy=stack.remat_policy(policy))
+  saved = ad_checkpoint.saved_residuals(remat, x, pa, pf)
+  names = {
+      n
+      for n in (stack.ATTENTION_PROBS, stack.FFN_HIDDEN)
+      for _, s in saved
+      if f"'{n}'" in s
+  }
+  assert names == kept
+  for aval, source in saved:
+    if f"'{stack.ATTENTION_PROBS}'" in source:
+      assert aval.shape == (2, 2, 5, 5) and aval.dtype == dtype
+  grads = lambda f: jax.grad(f, argnums=(0, 1, 2))(x, pa, pf)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6),
+      grads(remat),
+      grads(block),
+  )
