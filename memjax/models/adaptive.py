@@ -32,47 +32,56 @@ Array = jax.Array
 
 
 @jax.custom_vjp
-def narrow_target_log_softmax(logits: Array, index: Array) -> Array:
-  """``log_softmax(logits)[index]`` in float32 from logits in a narrow dtype.
+def narrow_log_softmax_stats(
+    logits: Array, index: Array
+) -> tuple[Array, Array, Array]:
+  """A softmax's statistics in float32 from logits in a narrow dtype.
 
-  The normaliser is reduced in float32 without keeping a float32 copy of
-  the logits, and the backward pass forms the gradient of the logits,
-  ``g * (onehot(index) - softmax(logits))``, in float32 arithmetic but
-  writes it in the logits' dtype: no [N, V] float32 buffer in either pass.
-  (Written by hand because the autodiff of ``log_softmax`` keeps its
-  float32 output, then converts the float32 gradient.)
+  The normaliser and the mean are reduced in float32 without keeping a
+  float32 copy of the logits, and the backward pass forms the logits'
+  gradient in float32 arithmetic but writes it in the logits' dtype: no
+  [..., V] float32 buffer in either pass. (Written by hand because the
+  autodiff of ``log_softmax`` keeps its float32 output, then a float32
+  gradient of the same size.)
 
   Args:
-    logits: [N, V] logits in the compute dtype.
-    index: [N] int positions in [0, V).
+    logits: [..., V] logits in the compute dtype.
+    index: [...] int positions in [0, V) (the targets).
 
   Returns:
-    [N] float32 log-probabilities.
+    (log p(index), log-normaliser, mean over V of log p), each [...]
+    float32.
   """
-  return _pick_target(logits, index)[0]
+  return _log_softmax_stats(logits, index)
 
 
-def _pick_target(logits: Array, index: Array) -> tuple[Array, Array]:
-  """(log p [N], lse [N]) float32 of ``narrow_target_log_softmax``."""
-  lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+def _log_softmax_stats(logits: Array, index: Array) -> tuple[Array, ...]:
+  x = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(x, axis=-1)
   picked = jnp.take_along_axis(logits, index[..., None], axis=-1)[..., 0]
-  return picked.astype(jnp.float32) - lse, lse
+  return picked.astype(jnp.float32) - lse, lse, jnp.mean(x, axis=-1) - lse
 
 
-def _narrow_target_fwd(logits, index):
-  out, lse = _pick_target(logits, index)
-  return out, (logits, index, lse)
+def _stats_fwd(logits, index):
+  out = _log_softmax_stats(logits, index)
+  return out, (logits, index, out[1])
 
 
-def _narrow_target_bwd(saved, g):
+def _stats_bwd(saved, grads):
   logits, index, lse = saved
+  g_target, g_lse, g_mean = (g[..., None] for g in grads)
   probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
   onehot = index[..., None] == jnp.arange(logits.shape[-1])
-  d = g[..., None] * (onehot.astype(jnp.float32) - probs)
+  # d log p_i = onehot - p; d lse = p; d mean log p = 1 / V - p.
+  d = (
+      g_target * onehot.astype(jnp.float32)
+      + (g_lse - g_target - g_mean) * probs
+      + g_mean / logits.shape[-1]
+  )
   return d.astype(logits.dtype), None
 
 
-narrow_target_log_softmax.defvjp(_narrow_target_fwd, _narrow_target_bwd)
+narrow_log_softmax_stats.defvjp(_stats_fwd, _stats_bwd)
 
 
 def chunk_layout(rows: int, positions: int, chunk_size: int) -> tuple[int, int]:
@@ -263,13 +272,13 @@ class AdaptiveEmbed(nn.Module):
     In float32 it picks from the whole log-softmax (the reference). In a
     narrower compute dtype it never forms the [N, V_i] float32 log-softmax
     (the largest buffer of a bfloat16 step of a large vocabulary):
-    ``narrow_target_log_softmax``.
+    ``narrow_log_softmax_stats``.
     """
     if jnp.dtype(self.dtype) == jnp.float32:
       tail = self._tail_log_softmax(i, h, deterministic)
       return jnp.take_along_axis(tail, index[..., None], axis=-1)[..., 0]
     logits = self._tail_logits(i, h, deterministic)
-    return narrow_target_log_softmax(logits, index)
+    return narrow_log_softmax_stats(logits, index)[0]
 
   def _score_chunk(
       self, h: Array, y: Array, deterministic: bool = True

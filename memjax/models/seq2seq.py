@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
+from memjax.models import adaptive
 from memjax.models import block_stack
 from memjax.models import blocks
 from memjax.models import stack
@@ -218,6 +219,18 @@ class EncoderDecoder(block_stack.BlockStack):
     )
     return h, nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
+  def _narrow_decoder_out(self, h: Array) -> tuple[Array, Array]:
+    """``_decoder_out`` of a step in a narrower compute dtype: the logits
+    [.., V] in that dtype, their statistics left to
+    ``adaptive.narrow_log_softmax_stats`` (no float32 [.., V] buffer)."""
+    if self.decoder_norm is not None:
+      h = self.decoder_norm(h)
+    dtype = self.cfg.compute_dtype
+    logits = jnp.einsum(
+        "...d,vd->...v", h.astype(dtype), self.tgt_embed.astype(dtype)
+    )
+    return h, nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
   def forward(
       self,
       inputs: Array,
@@ -253,6 +266,14 @@ class EncoderDecoder(block_stack.BlockStack):
         attend_inputs={"mask": causal},
         cross_inputs={"mask": src_mask[:, None, None, :]},
     )
+    narrow = jnp.dtype(self.cfg.compute_dtype) != jnp.float32
+    if targets is not None and narrow:
+      hidden, logits = self._narrow_decoder_out(x)
+      g = self._memory_g(g, hidden)
+      lp, log_z, mean = adaptive.narrow_log_softmax_stats(logits, targets)
+      return Seq2SeqOutput(
+          lp, log_z, g, hidden, None, mean, self.cfg.vocab_size
+      )
     hidden, logits = self._decoder_out(x)
     g = self._memory_g(g, hidden)
     if targets is None:

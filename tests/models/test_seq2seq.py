@@ -3,6 +3,8 @@ positions ('rpe'): causal decoder, padding-invariant encoder, cached
 decoding equal to teacher forcing, sharded equal to unsharded, and label
 smoothing against a NumPy reference."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -296,3 +298,35 @@ def test_sharded_equals_unsharded(setup):
   np.testing.assert_allclose(
       np.asarray(sharded), np.tile(single.target_logprob, (2, 1)), atol=1e-5
   )
+
+
+def test_bfloat16_output_statistics_and_their_gradient(setup):
+  """A bfloat16 step's output statistics come from bfloat16 logits through
+  ``adaptive.narrow_log_softmax_stats``: the loss and every parameter's
+  gradient equal autodiff's of ``log_softmax`` on the same logits (up to
+  rounding), and the loss is within bfloat16 rounding of float32's."""
+  model, params, b, _ = setup
+  narrow = model.clone(cfg=dataclasses.replace(model.cfg, dtype="bfloat16"))
+  w = b["weights"]
+
+  def loss(p, m):
+    out = m.apply({"params": p}, b["inputs"], b["targets"], source=b["source"])
+    assert out.target_logprob.dtype == jnp.float32
+    lp = out.target_logprob + 0.1 * out.mean_logprob
+    return -jnp.sum(lp * w) / w.sum()
+
+  def autodiff_loss(p):
+    """The same statistics by autodiff from the decoder's final hidden."""
+    out = narrow.apply({"params": p}, b["inputs"], None, source=b["source"])
+    emb = p["target_embedding"].astype(jnp.bfloat16)
+    logits = jnp.einsum("btd,vd->btv", out.hidden.astype(jnp.bfloat16), emb)
+    lps = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    tgt = jnp.take_along_axis(lps, b["targets"][..., None], -1)[..., 0]
+    return -jnp.sum((tgt + 0.1 * lps.mean(-1)) * w) / w.sum()
+
+  l16, g16 = jax.value_and_grad(loss)(params, narrow)
+  l_ref, g_ref = jax.value_and_grad(autodiff_loss)(params)
+  np.testing.assert_allclose(l16, l_ref, rtol=1e-5)
+  for a, c in zip(jax.tree.leaves(g_ref), jax.tree.leaves(g16)):
+    assert np.linalg.norm(c - a) <= 1e-3 * np.linalg.norm(a) + 1e-6
+  np.testing.assert_allclose(l16, loss(params, model), rtol=2e-2)
