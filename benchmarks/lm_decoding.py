@@ -17,6 +17,12 @@ alternate within each round (the median round is reported). Prints one
 JSON object with the machine, new tokens/s of each and the ratios; the
 full-size setting is ``--d_model=1024 --layers=4 --heads=16 --kv_heads=4
 --d_ff=2816 --vocab=32000 --prompt=768 --new=256`` (about 53M parameters).
+
+``--config=configs/trime_wt103.py:trime_150m`` times a paper config's
+model instead (randomly initialised, its corpus's published vocabulary as
+``--mode=plan`` takes it; ``--vocab`` and the shape flags are then
+unused): the TRIME 150M LM, 53M parameters with its adaptive softmax over
+267,735 words.
 """
 
 from __future__ import annotations
@@ -90,6 +96,23 @@ def _model(args):
   return model, variables
 
 
+def _config_model(args):
+  """(model, variables, vocabulary size): ``--config``'s model, randomly
+  initialised, its ``max_len`` at least prompt + new."""
+  from memjax.modes import plan_compile  # pylint: disable=g-import-not-at-top
+
+  config = harness.load_config(args.config)
+  config.model.max_len = max(config.model.max_len, args.prompt + args.new)
+  run = harness._build(config, mesh={"data": 1})  # pylint: disable=protected-access
+  vocab = plan_compile.vocab_size(run.settings)
+  model = run.model(vocab)
+  x = np.zeros((1, 8), np.int32)
+  variables = jax.jit(lambda k: model.init(k, x, deterministic=True))(
+      jax.random.PRNGKey(0)
+  )
+  return model, variables, vocab
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add = parser.add_argument
@@ -105,13 +128,17 @@ def main() -> None:
   ):
     add(f"--{name}", type=int, default=default)
   add("--batches", default="1,8", help="comma-separated batch sizes")
+  add("--config", default="", help="a paper config's model instead")
   harness.add_timing_args(parser, steps=1, warmup=1, rounds=2)
   args = parser.parse_args()
   # pylint: disable=g-import-not-at-top
   from memjax.models import lm_decoding
   from memjax.models import segment_decoding
 
-  model, variables = _model(args)
+  if args.config:
+    model, variables, args.vocab = _config_model(args)
+  else:
+    model, variables = _model(args)
   params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(variables))
   harness.log(f"model: {params / 1e6:.1f}M parameters")
   sampler = segment_decoding.Sampler(model, args.prompt + args.new, top_p=0.95)
@@ -153,6 +180,7 @@ def main() -> None:
       results,
       args,
       ratio_keys=("new_tokens_per_s",),
+      model=args.config or "random Llama-shaped (the shape flags)",
       parameters=params,
       prompt_len=args.prompt,
       new_tokens=args.new,

@@ -32,3 +32,27 @@ def test_the_benchmark_reports_both_methods_and_their_ratios(tmp_path):
   assert all(r["new_tokens_per_s"] > 0 for r in report["results"])
   assert report["results"][0]["vs_baseline"]["new_tokens_per_s"] == 1.0
   assert report["machine"]["cpu_count"] >= 1 and report["new_tokens"] == 4
+
+
+def test_a_paper_configs_model(tmp_path):
+  """``--config``: the config's model (here TRIME's smoke LM, adaptive
+  softmax and all) decodes both ways, and the report names it."""
+  out = tmp_path / "report.json"
+  flags = "--config=configs/trime_wt103.py:trime_smoke --prompt=10 --new=4"
+  flags += f" --batches=2 --rounds=1 --out={out}"
+  proc = subprocess.run(
+      [sys.executable, "benchmarks/lm_decoding.py", *flags.split()],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.loads(out.read_text())
+  assert report["model"] == "configs/trime_wt103.py:trime_smoke"
+  assert [r["name"] for r in report["results"]] == [
+      "sampler batch 2",
+      "cached batch 2",
+  ]
+  assert all(r["new_tokens_per_s"] > 0 for r in report["results"])
