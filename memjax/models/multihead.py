@@ -346,7 +346,8 @@ class MultiHeadAttention(nn.Module):
     Returns:
       (c [B, Q, H, dh] head outputs (float32 for the relative kinds, the
        compute dtype otherwise), lse [B, Q, H] float32 log-normalisers (None
-       on the plain paths), probs [B, H, Q, K] float32 before dropout).
+       on the plain paths), probs [B, H, Q, K] before dropout: float32, or
+       the compute dtype where that is narrower).
     """
     drop = getattr(self, self.dropout_name)
     if not self.relative and self.dtype != jnp.float32:
