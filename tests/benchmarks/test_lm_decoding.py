@@ -8,12 +8,12 @@ import sys
 from tests.conftest import REPO
 
 
-def test_the_benchmark_reports_both_methods_and_their_ratios(tmp_path):
+def _report(flags: str, tmp_path) -> dict:
+  """Runs the benchmark with ``flags`` and returns its JSON report."""
   out = tmp_path / "report.json"
-  flags = "--prompt=10 --new=4 --d_model=32 --layers=1 --heads=2 --kv_heads=1"
-  flags += f" --d_ff=64 --vocab=64 --batches=1,2 --rounds=1 --out={out}"
   proc = subprocess.run(
-      [sys.executable, "benchmarks/lm_decoding.py", *flags.split()],
+      [sys.executable, "benchmarks/lm_decoding.py", *flags.split()]
+      + [f"--out={out}"],
       cwd=REPO,
       capture_output=True,
       text=True,
@@ -21,7 +21,13 @@ def test_the_benchmark_reports_both_methods_and_their_ratios(tmp_path):
       check=False,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  report = json.loads(out.read_text())
+  return json.loads(out.read_text())
+
+
+def test_the_benchmark_reports_both_methods_and_their_ratios(tmp_path):
+  flags = "--prompt=10 --new=4 --d_model=32 --layers=1 --heads=2 --kv_heads=1"
+  flags += " --d_ff=64 --vocab=64 --batches=1,2 --rounds=1"
+  report = _report(flags, tmp_path)
   names = [r["name"] for r in report["results"]]
   assert names == [
       "sampler batch 1",
@@ -37,19 +43,8 @@ def test_the_benchmark_reports_both_methods_and_their_ratios(tmp_path):
 def test_a_paper_configs_model(tmp_path):
   """``--config``: the config's model (here TRIME's smoke LM, adaptive
   softmax and all) decodes both ways, and the report names it."""
-  out = tmp_path / "report.json"
   flags = "--config=configs/trime_wt103.py:trime_smoke --prompt=10 --new=4"
-  flags += f" --batches=2 --rounds=1 --out={out}"
-  proc = subprocess.run(
-      [sys.executable, "benchmarks/lm_decoding.py", *flags.split()],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  report = json.loads(out.read_text())
+  report = _report(flags + " --batches=2 --rounds=1", tmp_path)
   assert report["model"] == "configs/trime_wt103.py:trime_smoke"
   assert [r["name"] for r in report["results"]] == [
       "sampler batch 2",
