@@ -208,24 +208,15 @@ class EncoderDecoder(block_stack.BlockStack):
         f"'final_output', got {self.memory_feature!r}"
     )
 
-  def _decoder_out(self, h: Array) -> tuple[Array, Array]:
-    """Final hidden -> (hidden, [.., V] float32 logits of the tied output)."""
+  def _decoder_out(
+      self, h: Array, dtype: Any = jnp.float32
+  ) -> tuple[Array, Array]:
+    """Final hidden -> (hidden, [.., V] logits of the tied output in
+    ``dtype``: float32, or a narrower compute dtype whose statistics
+    ``adaptive.narrow_log_softmax_stats`` takes without a float32 [.., V]
+    buffer)."""
     if self.decoder_norm is not None:
       h = self.decoder_norm(h)
-    logits = jnp.einsum(
-        "...d,vd->...v",
-        h.astype(jnp.float32),
-        self.tgt_embed.astype(jnp.float32),
-    )
-    return h, nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
-
-  def _narrow_decoder_out(self, h: Array) -> tuple[Array, Array]:
-    """``_decoder_out`` of a step in a narrower compute dtype: the logits
-    [.., V] in that dtype, their statistics left to
-    ``adaptive.narrow_log_softmax_stats`` (no float32 [.., V] buffer)."""
-    if self.decoder_norm is not None:
-      h = self.decoder_norm(h)
-    dtype = self.cfg.compute_dtype
     logits = jnp.einsum(
         "...d,vd->...v", h.astype(dtype), self.tgt_embed.astype(dtype)
     )
@@ -268,7 +259,7 @@ class EncoderDecoder(block_stack.BlockStack):
     )
     narrow = jnp.dtype(self.cfg.compute_dtype) != jnp.float32
     if targets is not None and narrow:
-      hidden, logits = self._narrow_decoder_out(x)
+      hidden, logits = self._decoder_out(x, self.cfg.compute_dtype)
       g = self._memory_g(g, hidden)
       lp, log_z, mean = adaptive.narrow_log_softmax_stats(logits, targets)
       return Seq2SeqOutput(
