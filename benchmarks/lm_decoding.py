@@ -133,6 +133,7 @@ def main() -> None:
   args = parser.parse_args()
   # pylint: disable=g-import-not-at-top
   from memjax.models import lm_decoding
+  from memjax.models import sampling as sampling_lib
   from memjax.models import segment_decoding
 
   if args.config:
@@ -143,7 +144,7 @@ def main() -> None:
   harness.log(f"model: {params / 1e6:.1f}M parameters")
   sampler = segment_decoding.Sampler(model, args.prompt + args.new, top_p=0.95)
   decoder = lm_decoding.CachedDecoder(model)
-  sampling = lm_decoding.Sampling(top_p=0.95)
+  sampling = sampling_lib.Sampling(top_p=0.95)
 
   def old(prompts, new):
     return [

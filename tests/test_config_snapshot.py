@@ -45,6 +45,7 @@ ADDED = (
     "generate.batch_size",
     "generate.greedy",
     "generate.top_k",
+    "generate.memory",
 )
 OLD = os.path.join(os.path.dirname(snap.OUT), "snapshot_old_keys.json")
 

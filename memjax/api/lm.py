@@ -194,6 +194,7 @@ class LanguageModel(base.Loaded):
       greedy: bool = False,
       top_k: int = 0,
       batch_size: int = 0,
+      memory: Union[bool, dict[str, Any]] = False,
   ) -> Any:
     """Continues each prompt: greedy, or sampled (temperature, top-k, top-p).
 
@@ -216,6 +217,10 @@ class LanguageModel(base.Loaded):
       top_k: keep the k most likely tokens before top-p (0 = all; cached
         decoding only).
       batch_size: prompts decoded together (0 = all of them).
+      memory: draw each token from the distribution ``score`` gives its
+        prefix with an evaluation memory (``memjax.memory.generation``):
+        True, the run's (``self.memory``), or a setting ({'kind': 'trime',
+        'temperature': 1.0}); one window of ``eval.window_len`` at most.
 
     Returns:
       Per prompt, the continuation as text for a text prompt, else
@@ -225,24 +230,18 @@ class LanguageModel(base.Loaded):
 
     Raises:
       ValueError: an empty prompt.
-      errors.ConfigError: a sampling setting out of range, or top-k on a
-        model without cached decoding.
+      errors.ConfigError: a sampling setting out of range, top-k or a
+        memory without cached decoding, a context past the window.
     """
-    from memjax.models import lm_decoding  # pylint: disable=g-import-not-at-top
+    from memjax.models import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
     from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
 
     many = isinstance(prompts, (list, tuple)) and not (
         prompts and isinstance(prompts[0], (int, np.integer))
     )
     items = list(prompts if many else [prompts])
-    ids = [self._prompt(p) for p in items]
-    for i, x in enumerate(ids):
-      if not len(x):
-        raise ValueError(
-            f"generate: prompt {i} is empty ({items[i]!r}); give each prompt "
-            "at least one token of text"
-        )
-    sampling = lm_decoding.Sampling(
+    ids = self._prompt_ids(items)
+    sampling = sampling_lib.Sampling(
         bool(greedy), int(top_k), float(top_p), float(temperature)
     )
     sampling.check()
@@ -257,11 +256,37 @@ class LanguageModel(base.Loaded):
         self.restored.scoring().segment_len,
         batch_size=int(batch_size),
         kept=self._decoders,
+        reader=self._reader(memory),
     )
     out = [
         self.decode(n) if isinstance(p, str) else n for p, n in zip(items, new)
     ]
     return out if many else out[0]
+
+  def _prompt_ids(self, items: Sequence[TextOrTokens]) -> list[np.ndarray]:
+    """Each prompt's ids (``_prompt``); ValueError for an empty one."""
+    ids = [self._prompt(p) for p in items]
+    for i, x in enumerate(ids):
+      if not len(x):
+        raise ValueError(
+            f"generate: prompt {i} is empty ({items[i]!r}); give each prompt "
+            "at least one token of text"
+        )
+    return ids
+
+  def _reader(self, memory: Union[bool, dict[str, Any]]) -> Any:
+    """``generate``'s memory reader (``modes.generate.memory_reader``):
+    None for False; ValueError for True on a run without a memory."""
+    from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
+
+    setting = self.memory if memory is True else (memory or None)
+    reader = generate_lib.memory_reader(self.restored.scoring(), setting)
+    if memory is True and reader is None:
+      raise ValueError(
+          "generate(memory=True): this run has no evaluation memory; pass "
+          "a setting, e.g. memory={'kind': 'trime', 'temperature': 1.0}"
+      )
+    return reader
 
   def __repr__(self) -> str:
     r = self.restored

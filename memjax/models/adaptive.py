@@ -19,7 +19,7 @@ the target's logit. With one cluster this is exactly the plain softmax's
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -375,23 +375,28 @@ class AdaptiveEmbed(nn.Module):
 
     return unchunk(lp), unchunk(lz)
 
-  def log_probs(self, h: Array) -> Array:
+  def log_probs(self, h: Array, with_log_z: bool = False) -> Any:
     """Full log-distribution over the vocabulary.
 
     Args:
       h: [..., D] hidden states (keep the leading size small: this
         materialises [..., V]).
+      with_log_z: also return the head's log-normaliser (``score``'s).
 
     Returns:
-      [..., V] float32 log-probabilities.
+      [..., V] float32 log-probabilities; with ``with_log_z``, the pair of
+      them and [...] float32 log Z_head.
     """
     lead = h.shape[:-1]
     hf = h.reshape(-1, h.shape[-1])
-    head = jax.nn.log_softmax(self._head_logits(hf), axis=-1)
+    logits = self._head_logits(hf)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    head = logits - log_z[:, None]
     hi0 = self.bounds[0][1]
     parts = [head[:, :hi0]]
     for i in range(1, len(self.bounds)):
       parts.append(
           head[:, hi0 + i - 1 : hi0 + i] + self._tail_log_softmax(i, hf)
       )
-    return jnp.concatenate(parts, axis=-1).reshape(lead + (self.vocab_size,))
+    out = jnp.concatenate(parts, axis=-1).reshape(lead + (self.vocab_size,))
+    return (out, log_z.reshape(lead)) if with_log_z else out

@@ -21,18 +21,24 @@ scanned layers (``stack.apply`` scans the per-layer caches). Other
 families and kinds (Transformer-XL, LaMemo, 'rpe', MARGE, the encoders)
 use ``memjax.models.segment_decoding.Sampler``.
 
-Sampling: greedy, or temperature, top-k and top-p filtering; row b draws
-token t with ``fold_in(PRNGKey(seeds[b]), t)`` as the ``Sampler`` does. A
-row stops after drawing one of ``stop_ids`` (the id included) and emits
-nothing more.
+Sampling (``memjax.models.sampling``): greedy, or temperature, top-k and
+top-p filtering; row b draws token t with ``fold_in(PRNGKey(seeds[b]), t)``
+as the ``Sampler`` does. A row stops after drawing one of ``stop_ids`` (the
+id included) and emits nothing more.
+
+With an evaluation memory (``reader``, a
+``memjax.memory.generation.MemoryReader``), every step's distribution is
+the memory's: the decoder keeps each slot's memory feature g and the token
+that followed it (``Context``) beside the cache, and the query at the last
+slot reads the slots before it, as ``--mode=memeval`` reads M_local.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Optional, Sequence
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,6 +47,7 @@ from memjax import errors
 from memjax.io import console
 from memjax.models import attention as attention_lib
 from memjax.models import block_stack
+from memjax.models import sampling as sampling_lib
 from memjax.models import stack
 from memjax.models import variables as model_vars
 from memjax.models import transformer
@@ -90,85 +97,6 @@ def left_align(tokens: np.ndarray, mask: np.ndarray, width: int) -> tuple:
   return out, positions.astype(np.int32), lengths
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-  """How a token is chosen: greedy (argmax), else temperature, then top-k
-  (0 = off) and top-p filtering of the log-probabilities."""
-
-  greedy: bool = False
-  top_k: int = 0
-  top_p: float = 1.0
-  temperature: float = 1.0
-
-  def check(self, where: str = "") -> None:
-    """Raises errors.ConfigError on a value out of range, naming it with
-    the prefix ``where`` ('generate.': the config's keys)."""
-    if not 0.0 < self.top_p <= 1.0:
-      raise errors.ConfigError(
-          f"{where}top_p must be in (0, 1], got {self.top_p}"
-      )
-    if self.temperature <= 0:
-      raise errors.ConfigError(
-          f"{where}temperature must be > 0, got {self.temperature}"
-      )
-    if self.top_k < 0:
-      raise errors.ConfigError(f"{where}top_k must be >= 0, got {self.top_k}")
-
-  def choose(self, logp: Array, keys: Array) -> Array:
-    """[B, V] log-probabilities, [B] keys -> [B] int32 tokens."""
-    if self.greedy:
-      return jnp.argmax(logp, axis=-1).astype(jnp.int32)
-    logits = logp / self.temperature
-    if self.top_k:
-      kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
-      logits = jnp.where(logits < kth, -jnp.inf, logits)
-    logits = top_p_filter(logits, self.top_p)
-    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
-
-
-def top_p_filter(logits: Array, top_p: float) -> Array:
-  """Keeps the smallest set of tokens whose probability reaches ``top_p``.
-
-  Tokens are ranked by probability; a token is kept when the probability of
-  the tokens ranked before it is below ``top_p`` (so the most likely token is
-  always kept, and the set is the shortest prefix whose mass is >= top_p;
-  tokens tied with its last are kept too). Found without sorting: the
-  threshold is bisected over the logits' range (``THRESHOLD_STEPS`` halvings,
-  to float32 resolution), the largest whose tokens' mass reaches top_p.
-
-  Args:
-    logits: [..., V] float.
-    top_p: in (0, 1]; 1 keeps every token.
-
-  Returns:
-    [..., V] float32 logits with -inf outside the set.
-  """
-  if not 0.0 < top_p <= 1.0:
-    raise errors.ConfigError(f"generate.top_p must be in (0, 1], got {top_p}")
-  logits = jnp.asarray(logits, jnp.float32)
-  if top_p == 1.0:
-    return logits
-  probs = jax.nn.softmax(logits, axis=-1)
-  finite = jnp.isfinite(logits)
-  lo = jnp.where(finite, logits, jnp.inf).min(axis=-1, keepdims=True)
-  hi = jnp.where(finite, logits, -jnp.inf).max(axis=-1, keepdims=True) + 1.0
-
-  def halve(_, bounds):
-    lo, hi = bounds
-    mid = lo + (hi - lo) / 2
-    mass = jnp.where(logits >= mid, probs, 0.0).sum(axis=-1, keepdims=True)
-    ok = mass >= top_p
-    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
-
-  lo, _ = jax.lax.fori_loop(0, THRESHOLD_STEPS, halve, (lo, hi))
-  return jnp.where(logits >= lo, logits, -jnp.inf)
-
-
-# Halvings of the top-p threshold's interval: float32 resolution over any
-# range of logits a model gives.
-THRESHOLD_STEPS = 64
-
-
 def _forward(
     mdl: transformer.TransformerLM,
     tokens: Array,
@@ -176,7 +104,7 @@ def _forward(
     key_valid: Array,
     slot: Array,
     cache: Any,
-) -> tuple[Array, Any]:
+) -> tuple[Array, Array, Any]:
   """Runs [B, T] tokens at slots slot..slot+T-1 over the cache.
 
   Args:
@@ -188,7 +116,8 @@ def _forward(
     cache: per layer (keys, values) [B, L, H_kv, d_h].
 
   Returns:
-    ([B, T, D] final hidden states, the updated cache).
+    ([B, T, D] final hidden states, [B, T, D] their memory features g,
+     the updated cache).
   """
   x = mdl.embedder.embed(tokens)
   length = cache[0][0].shape[1]
@@ -201,21 +130,43 @@ def _forward(
   shared = {} if mdl.ffn_shared is None else {"ffn_shared": mdl.ffn_shared()}
   inputs = {"mask": key_valid[:, None, None, :], "pos": slot}
   inputs["positions"] = positions
-  h, _, new = stack.apply(
+  h, g, new = stack.apply(
       mdl.blocks, x, cache, True, attend_inputs=inputs, **shared
   )
   h = mdl.final_norm(h) if mdl.final_norm else h
-  return h, tuple(new)
+  return h, g, tuple(new)
+
+
+@flax.struct.dataclass
+class Context:
+  """What a memory reads of the decoded context, slot by slot.
+
+  Attributes:
+    features: [B, L, D] float32 memory features g of the slots so far.
+    next_tokens: [B, L] int32 the token that followed each (0 until known).
+  """
+
+  features: Array
+  next_tokens: Array
 
 
 class CachedDecoder:
-  """Prefill and cached steps of a decoder LM (see the module doc)."""
+  """Prefill and cached steps of a decoder LM (see the module doc).
 
-  def __init__(self, model: transformer.TransformerLM):
+  Attributes:
+    model: the decoder LM.
+    reader: an evaluation memory read at every step
+      (``memjax.memory.generation.MemoryReader``: M_local over the decoded
+      context, as ``--mode=memeval`` reads it), or None for the plain
+      model.
+  """
+
+  def __init__(self, model: transformer.TransformerLM, reader: Any = None):
     why = unsupported(model)
     if why:
       raise ValueError(f"no cached decoding: {why}")
     self.model = model
+    self.reader = reader
 
   def init_cache(self, batch: int, length: int) -> tuple:
     """Zero keys and values [B, L, H_kv, d_h] per layer."""
@@ -227,28 +178,75 @@ class CachedDecoder:
       out.append((zeros, zeros))
     return tuple(out)
 
+  def _read(self, scores, context, key_valid, slot):
+    """The next-token log-probabilities [B, V] of the query at ``slot``:
+    the plain model's (``scores``: log p [B, V], log Z [B]), read with the
+    memory over the slots before it."""
+    logp, log_z = scores
+    if self.reader is None:
+      return logp
+    query = jax.lax.dynamic_index_in_dim(
+        context.features, slot, axis=1, keepdims=False
+    )
+    before = jnp.arange(key_valid.shape[1])[None, :] < slot
+    return self.reader.log_probs(
+        logp,
+        log_z,
+        query,
+        context.features,
+        context.next_tokens,
+        key_valid & before,
+    )
+
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def prefill(self, params, tokens, positions, key_valid, length):
     """[B, P] left-padded tokens into a fresh cache of ``length`` slots
-    -> ([B, V] float32 log-probabilities after the last, cache)."""
+    -> ([B, V] float32 log-probabilities after the last, cache, the
+    memory's ``Context``, None without a reader)."""
 
     def fn(mdl):
       cache = self.init_cache(tokens.shape[0], length)
-      h, cache = _forward(mdl, tokens, positions, key_valid, 0, cache)
-      return mdl.log_probs(h[:, -1]), cache
+      h, g, cache = _forward(mdl, tokens, positions, key_valid, 0, cache)
+      return mdl.log_probs(h[:, -1], with_log_z=True), g, cache
 
-    return self.model.apply(model_vars.as_variables(params), method=fn)
+    scores, g, cache = self.model.apply(
+        model_vars.as_variables(params), method=fn
+    )
+    if self.reader is None:
+      return scores[0], cache, None
+    b, p = tokens.shape
+    feats = jnp.zeros((b, length, g.shape[-1]), jnp.float32)
+    nxt = jnp.zeros((b, length), jnp.int32)
+    context = Context(
+        feats.at[:, :p].set(g.astype(jnp.float32)),
+        nxt.at[:, : p - 1].set(tokens[:, 1:]),
+    )
+    return self._read(scores, context, key_valid, p - 1), cache, context
 
-  def step(self, params, cache, token, position, key_valid, slot):
-    """[B] tokens at ``slot`` (positions [B]) -> ([B, V] log-probs, cache)."""
+  def step(self, params, cache, context, token, position, key_valid, slot):
+    """[B] tokens at ``slot`` (positions [B]) -> ([B, V] log-probs, cache,
+    context)."""
 
     def fn(mdl):
-      h, new = _forward(
+      h, g, new = _forward(
           mdl, token[:, None], position[:, None], key_valid, slot, cache
       )
-      return mdl.log_probs(h[:, 0]), new
+      return mdl.log_probs(h[:, 0], with_log_z=True), g, new
 
-    return self.model.apply(model_vars.as_variables(params), method=fn)
+    scores, g, cache = self.model.apply(
+        model_vars.as_variables(params), method=fn
+    )
+    if self.reader is None:
+      return scores[0], cache, None
+    context = Context(
+        jax.lax.dynamic_update_slice_in_dim(
+            context.features, g.astype(jnp.float32), slot, axis=1
+        ),
+        jax.lax.dynamic_update_slice_in_dim(
+            context.next_tokens, token[:, None], slot - 1, axis=1
+        ),
+    )
+    return self._read(scores, context, key_valid, slot), cache, context
 
   @functools.partial(jax.jit, static_argnums=(0, 1, 2))
   def _loop(
@@ -256,8 +254,7 @@ class CachedDecoder:
       sampling,
       width,
       params,
-      cache,
-      logp,
+      state,
       lengths,
       key_valid,
       seeds,
@@ -265,34 +262,35 @@ class CachedDecoder:
       num,
   ):
     """Draws up to ``num`` tokens per row after a prefill of ``width``
-    slots -> [B, L - width] int32 (-1 after a row's stop), all steps in
-    one while loop."""
+    slots (``state``: its log-probabilities, cache and context) -> [B,
+    L - width] int32 (-1 after a row's stop), all steps in one while loop."""
     b, length = key_valid.shape
     keys = jax.vmap(jax.random.PRNGKey)(seeds)
     out = jnp.full((b, length - width), -1, jnp.int32)
 
     def body(carry):
-      t, cache, logp, done, out = carry
+      t, (logp, cache, context), done, out = carry
       step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, t)
       token = jnp.where(done, -1, sampling.choose(logp, step_keys))
       out = out.at[:, t].set(token)
       done = done | jnp.isin(token, stops) | (t + 1 >= num)
-      logp, cache = self.step(
+      state = self.step(
           params,
           cache,
+          context,
           jnp.maximum(token, 0),
           lengths + t,
           key_valid,
           width + t,
       )
-      return t + 1, cache, logp, done, out
+      return t + 1, state, done, out
 
     def cond(carry):
-      t, _, _, done, _ = carry
+      t, _, done, _ = carry
       return (t < num) & ~jnp.all(done)
 
-    init = (jnp.int32(0), cache, logp, jnp.zeros((b,), bool), out)
-    return jax.lax.while_loop(cond, body, init)[4]
+    init = (jnp.int32(0), state, jnp.zeros((b,), bool), out)
+    return jax.lax.while_loop(cond, body, init)[3]
 
   def forced_log_probs(
       self, params: Any, prompts: Sequence[np.ndarray], forced: np.ndarray
@@ -303,15 +301,16 @@ class CachedDecoder:
     forced = np.asarray(forced, np.int32)
     num = forced.shape[1] + 1
     tokens, positions, lengths, key_valid = self._prepare(prompts, num)
-    logp, cache = self.prefill(
+    logp, cache, context = self.prefill(
         params, tokens, positions, key_valid, key_valid.shape[1]
     )
     step = jax.jit(self.step)
     out, width = [logp], tokens.shape[1]
     for t in range(forced.shape[1]):
-      lp, cache = step(
+      lp, cache, context = step(
           params,
           cache,
+          context,
           jnp.asarray(forced[:, t]),
           jnp.asarray(lengths + t),
           jnp.asarray(key_valid),
@@ -326,6 +325,8 @@ class CachedDecoder:
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
     if any(not len(p) for p in prompts):
       raise errors.ConfigError("generate: every prompt needs >= 1 token")
+    if self.reader is not None:  # Before any cut: evaluation reads it whole.
+      self.reader.check_length(max(len(p) for p in prompts) + num - 1)
     if self.model.positions != "none":  # Absolute positions stop at max_len.
       room = self.model.cfg.max_len - num + 1
       if room < 1:
@@ -357,7 +358,7 @@ class CachedDecoder:
       params: Any,
       prompts: Sequence[np.ndarray],
       num: int,
-      sampling: Sampling,
+      sampling: sampling_lib.Sampling,
       seeds: Sequence[int],
       stop_ids: Sequence[int] = (),
   ) -> list[np.ndarray]:
@@ -367,15 +368,14 @@ class CachedDecoder:
     if num < 1:
       return [np.zeros((0,), np.int32) for _ in prompts]
     tokens, positions, lengths, key_valid = self._prepare(prompts, num)
-    logp, cache = self.prefill(
+    state = self.prefill(
         params, tokens, positions, key_valid, key_valid.shape[1]
     )
     out = self._loop(
         sampling,
         tokens.shape[1],
         params,
-        cache,
-        logp,
+        state,
         jnp.asarray(lengths),
         jnp.asarray(key_valid),
         jnp.asarray(seeds, jnp.int32),

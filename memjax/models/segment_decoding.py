@@ -22,7 +22,7 @@ in one call, then one cached step per token, the same PRNG keys).
 
 Models without memory (Transformer+RPE) slide a window of the last T
 tokens instead. Tokens are chosen as the cached decoder chooses them
-(``lm_decoding.Sampling``: top-p and temperature), token t with
+(``sampling.Sampling``: top-p and temperature), token t with
 ``fold_in(PRNGKey(seed), t)``.
 """
 
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memjax import errors
-from memjax.models import lm_decoding
+from memjax.models import sampling as sampling_lib
 from memjax.models import variables as model_vars
 
 Array = jax.Array
@@ -85,7 +85,7 @@ class Sampler:
     self._log_probs = jax.jit(log_probs)
     self._commit = jax.jit(commit)
     # One row of the cached decoder's sampling (top-p, temperature).
-    sampling = lm_decoding.Sampling(
+    sampling = sampling_lib.Sampling(
         top_p=self.top_p, temperature=self.temperature
     )
     sampling.check()

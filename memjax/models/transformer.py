@@ -266,9 +266,10 @@ class TransformerLM(block_stack.BlockStack):
       )
     return (self.final_norm(h) if self.final_norm else h), g, new_memory
 
-  def log_probs(self, hidden: Array) -> Array:
-    """[..., D] final hidden states -> [..., V] float32 log-probabilities."""
-    return self.embedder.log_probs(hidden)
+  def log_probs(self, hidden: Array, with_log_z: bool = False) -> Any:
+    """[..., D] final hidden states -> [..., V] float32 log-probabilities
+    (with ``with_log_z``, and [...] the head's log-normaliser)."""
+    return self.embedder.log_probs(hidden, with_log_z)
 
 
 # ``model.family_options`` of 'decoder_lm' (``decoder_lm``).

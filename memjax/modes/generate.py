@@ -16,6 +16,14 @@ cached step per token); the other models by segments with their recurrent
 memory carried, as in training and evaluation
 (``memjax.models.segment_decoding``), prompt by prompt.
 
+With ``generate.memory`` (``memjax.load(W).generate(..., memory=True)``),
+every step reads the run's evaluation memory (``memjax.memory.generation``):
+TRIME's testing memory or the continuous cache over the decoded context,
+so the distribution each token is drawn from is the one ``--mode=memeval``
+gives that prefix. It needs key/value-cache decoding, and a prompt and its
+continuation within one evaluation window (``eval.window_len``
+predictions); a longer one is refused in one line.
+
 A model imported with its tokenizer stops a continuation at the first
 token that is one of its end-of-sequence ids (``stop_ids``: every EOS id
 of its generation_config.json or config.json), that token included, as
@@ -39,9 +47,13 @@ import numpy as np
 from memjax import errors
 from memjax.data import corpus as corpus_lib
 from memjax.data import vocab as vocab_lib
+from memjax.eval import grid as grid_lib
+from memjax.eval import scorer as scorer_lib
 from memjax.io import console
 from memjax.io import paths
+from memjax.memory import generation
 from memjax.models import lm_decoding
+from memjax.models import sampling as sampling_lib
 from memjax.models import segment_decoding
 from memjax.run import restore
 from memjax.run import spec
@@ -64,6 +76,11 @@ class Generate:
     top_p, temperature: the sampling.
     mem_len: memory length (0 = model.mem_len).
     seed: the sampling's seed (prompt i draws with seed + i).
+    memory: read the run's evaluation memory at every step (the setting
+      ``memjax.load(W).score`` uses: ``tune.json``'s choice, else
+      ``eval_memory.kind`` at its method's settings), so each step's
+      distribution is the one ``--mode=memeval`` scores; kinds that read
+      the context (trime, cache), within one evaluation window.
   """
 
   SECTION: ClassVar[str] = "generate"
@@ -79,10 +96,11 @@ class Generate:
   temperature: float = 1.0
   mem_len: int = 0
   seed: int = 0
+  memory: bool = False
 
-  def sampling(self) -> lm_decoding.Sampling:
+  def sampling(self) -> sampling_lib.Sampling:
     """The token choice these settings give (checked)."""
-    out = lm_decoding.Sampling(
+    out = sampling_lib.Sampling(
         bool(self.greedy),
         int(self.top_k),
         float(self.top_p),
@@ -111,13 +129,14 @@ def continue_prompts(
     variables: Any,
     prompts: Sequence[np.ndarray],
     num_tokens: int,
-    sampling: lm_decoding.Sampling,
+    sampling: sampling_lib.Sampling,
     seeds: Sequence[int],
     stops: Sequence[int],
     segment_len: int,
     *,
     batch_size: int = 0,
     kept: Optional[dict[Any, Any]] = None,
+    reader: Optional[generation.MemoryReader] = None,
 ) -> list[np.ndarray]:
   """Per prompt [n >= 1], up to ``num_tokens`` int32 tokens (to and with
   the first of ``stops``): by key/value-cache decoding where the model has
@@ -136,17 +155,25 @@ def continue_prompts(
     batch_size: prompts decoded together.
     kept: a dict to keep the compiled decoder and samplers in between
       calls (``memjax.load(W).generate``), or None.
+    reader: an evaluation memory read at every step (``memory_reader``),
+      or None.
 
   Raises:
-    errors.ConfigError: top-k asked of a model without cached decoding.
+    errors.ConfigError: top-k or a memory asked of a model without cached
+      decoding; a context longer than the memory's evaluation window.
   """
   kept = {} if kept is None else kept
   why = lm_decoding.unsupported(model)
-  if why is None:
-    decoder = kept.setdefault("decoder", None) or lm_decoding.CachedDecoder(
-        model
+  if why is not None and reader is not None:
+    raise errors.ConfigError(
+        f"generate with the {reader.kind} memory needs key/value-cache "
+        f"decoding, and this model has none ({why})"
     )
-    kept["decoder"] = decoder
+  if why is None:
+    key = ("decoder", reader)
+    if key not in kept:
+      kept[key] = lm_decoding.CachedDecoder(model, reader)
+    decoder = kept[key]
     size = int(batch_size) or len(prompts)
     out = []
     for b in range(0, len(prompts), size):
@@ -174,6 +201,34 @@ def continue_prompts(
       kept[key].generate(variables, p, int(num_tokens), int(seed), stops)
       for p, seed in zip(prompts, seeds)
   ]
+
+
+def memory_reader(
+    scoring: Any, setting: Optional[dict[str, Any]]
+) -> Optional[generation.MemoryReader]:
+  """The reader of an evaluation-memory setting ({'kind', <axis keys>...},
+  as ``scorer.memory_setting`` gives it) for a restored run's ``scoring``;
+  None for kind 'none'."""
+  if not setting or setting.get("kind", "none") == "none":
+    return None
+  grid = grid_lib.grid_of(setting, scoring.memories)
+  return generation.MemoryReader.of(grid, int(scoring.eval.window_len))
+
+
+def run_memory(restored: Any) -> generation.MemoryReader:
+  """``generate.memory``: the reader of the run's evaluation memory.
+
+  Raises:
+    errors.ConfigError: the run has none.
+  """
+  scoring = restored.scoring()
+  reader = memory_reader(scoring, scorer_lib.memory_setting(scoring))
+  if reader is None:
+    raise errors.ConfigError(
+        "generate.memory: this run has no evaluation memory (set "
+        "eval_memory.kind to trime or cache)"
+    )
+  return reader
 
 
 def read_prompts(path: str) -> list[str]:
@@ -232,10 +287,18 @@ def generation_model(model: Any, s: Any) -> Any:
   return model
 
 
-def _note_decoding(model: Any) -> None:
+def _note_decoding(
+    model: Any, reader: Optional[generation.MemoryReader]
+) -> None:
   """Says on the console which decoding the model gets."""
   why = lm_decoding.unsupported(model)
-  if why is None:
+  if why is None and reader is not None:
+    console.info(
+        "decoding with a key/value cache and the %s memory (%s)",
+        reader.kind,
+        ", ".join(f"{k} {v[0]:g}" for k, v in reader.settings),
+    )
+  elif why is None:
     console.info("decoding with a key/value cache")
   else:
     console.info("decoding by segments, the memory carried (%s)", why)
@@ -260,12 +323,13 @@ def generate(run: spec.Run) -> dict[str, Any]:
 
 
 def _from_split(
-    run: spec.Run, g: Generate, sampling: lm_decoding.Sampling
+    run: spec.Run, g: Generate, sampling: sampling_lib.Sampling
 ) -> dict[str, Any]:
   """Continues the window of ``generate.split``; writes generation.txt and
   generation.json."""
   s, workdir = run.settings, run.workdir
   restored = restore.restore_source(run)
+  reader = run_memory(restored) if g.memory else None
   corpus = corpus_lib.load_corpus(s.data, s.eval, workdir, train=False)
   if g.split not in corpus.splits:
     raise errors.ConfigError(
@@ -296,7 +360,7 @@ def _from_split(
       memory,
   )
   vocab = restored.vocab
-  _note_decoding(model)
+  _note_decoding(model, reader)
   new = continue_prompts(
       model,
       restored.variables,
@@ -306,6 +370,7 @@ def _from_split(
       [int(g.seed)],
       stop_ids(vocab),
       seg,
+      reader=reader,
   )[0]
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
@@ -313,6 +378,8 @@ def _from_split(
       f"{g.split}[{start}:{start + length}]; {int(g.num_tokens)} tokens, "
       f"{_describe(g)}, seed {int(g.seed)}, segments of {seg}, memory {memory}"
   )
+  if reader is not None:
+    header += f"; reading the {reader.kind} memory"
   text = (
       f"{header}\n\n=== prompt ===\n{prompt_text}\n\n"
       f"=== continuation ===\n{new_text}\n"
@@ -340,13 +407,14 @@ def _from_split(
 def _from_file(
     run: spec.Run,
     g: Generate,
-    sampling: lm_decoding.Sampling,
+    sampling: sampling_lib.Sampling,
     texts: Sequence[str],
 ) -> dict[str, Any]:
   """Continues every prompt of ``generate.prompts``, ``batch_size`` at a
   time; writes generations.jsonl."""
   s, workdir = run.settings, run.workdir
   restored = restore.restore_source(run)
+  reader = run_memory(restored) if g.memory else None
   vocab = restored.vocab
   ids = [encode_prompt(vocab, t) for t in texts]
   empty = [n for n, x in enumerate(ids, 1) if not len(x)]
@@ -365,7 +433,7 @@ def _from_file(
       _describe(g),
   )
   stops = stop_ids(vocab)
-  _note_decoding(model)
+  _note_decoding(model, reader)
   new = continue_prompts(
       model,
       restored.variables,
@@ -376,6 +444,7 @@ def _from_file(
       stops,
       seg,
       batch_size=int(g.batch_size),
+      reader=reader,
   )
   rows = []
   for i, (text, x, y) in enumerate(zip(texts, ids, new)):

@@ -10,6 +10,7 @@ import pytest
 import memjax
 from memjax import errors
 from memjax.models import lm_decoding
+from memjax.models import sampling as sampling_lib
 from memjax.models import variables as model_vars
 from memjax.models import transformer
 from tests.conftest import REPO
@@ -83,7 +84,7 @@ def test_greedy_gives_hugging_faces_continuation(imported, name):
       lm.restored.variables,
       [prompt],
       len(greedy),
-      lm_decoding.Sampling(greedy=True),
+      sampling_lib.Sampling(greedy=True),
       [0],
   )
   np.testing.assert_array_equal(got[0], greedy)
@@ -139,7 +140,7 @@ def test_learned_positions_keep_a_long_prompts_last_tokens():
   variables = helpers.random_params(model, np.zeros((1, 8), np.int32), None)
   dec = lm_decoding.CachedDecoder(model)
   prompt = np.random.default_rng(5).integers(0, 32, 20)
-  greedy = lm_decoding.Sampling(greedy=True)
+  greedy = sampling_lib.Sampling(greedy=True)
   long = dec.generate(variables, [prompt], 4, greedy, [0])[0]
   cut = dec.generate(variables, [prompt[-13:]], 4, greedy, [0])[0]
   np.testing.assert_array_equal(long, cut)  # 13 + 4 - 1 = 16 positions.
@@ -170,14 +171,14 @@ def test_top_p_keeps_the_shortest_sorted_prefix_and_top_k_the_k_best():
   logits = 3.0 * rng.normal(size=(30, 40)).astype(np.float32)
   logits[:5, :20] = -np.inf  # Rows already cut (top-k first).
   for p in (0.3, 0.9, 0.999):
-    got = np.isfinite(np.asarray(lm_decoding.top_p_filter(logits, p)))
+    got = np.isfinite(np.asarray(sampling_lib.top_p_filter(logits, p)))
     for row, keep in zip(logits, got):
       order = np.argsort(-row)
       probs = np.exp(row[order] - row.max())
       probs /= probs.sum()
       n = int(np.searchsorted(np.cumsum(probs), p)) + 1  # Mass >= p.
       assert set(np.flatnonzero(keep)) == set(order[:n])
-  sampling = lm_decoding.Sampling(top_k=3)
+  sampling = sampling_lib.Sampling(top_k=3)
   keys = jax.vmap(jax.random.PRNGKey)(np.arange(30))
   drawn = np.asarray(sampling.choose(jax.numpy.asarray(logits), keys))
   best = np.argsort(-logits, axis=1)[:, :3]

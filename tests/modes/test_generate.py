@@ -109,6 +109,7 @@ def test_a_file_of_prompts_is_decoded_in_batches(imported, tmp_path, suffix):
         ("--config.generate.prompts={bad}", "line 2 of"),
         ("--config.generate.top_p=0.0", "generate.top_p must be in (0, 1]"),
         ("--config.generate.top_k=-1", "generate.top_k must be >= 0"),
+        ("--config.generate.memory=True", "this run has no evaluation memory"),
     ],
 )
 def test_bad_generate_settings_are_one_line_with_exit_2(

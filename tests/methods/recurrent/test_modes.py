@@ -20,7 +20,7 @@ from memjax import config as config_lib
 from memjax.data import corpus as corpus_lib
 from memjax.eval import rows as rows_lib
 from memjax.eval import scorer as scorer_lib
-from memjax.models import lm_decoding
+from memjax.models import sampling as sampling_lib
 from memjax.models import segment_decoding
 from memjax.eval import streams as recurrent_eval
 from memjax import sharding as sharding_lib
@@ -123,7 +123,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
   logits = jnp.log(jnp.asarray(probs, jnp.float32))
   kept = lambda p: set(
       np.flatnonzero(
-          np.isfinite(np.asarray(lm_decoding.top_p_filter(logits, p)))
+          np.isfinite(np.asarray(sampling_lib.top_p_filter(logits, p)))
       )
   )
   assert kept(0.45) == {1}
@@ -131,21 +131,21 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
   assert kept(0.9) == {1, 3, 2}
   assert kept(0.99) == kept(1.0) == {0, 1, 2, 3}
   # Kept logits are unchanged.
-  filtered = np.asarray(lm_decoding.top_p_filter(logits, 0.75))
+  filtered = np.asarray(sampling_lib.top_p_filter(logits, 0.75))
   np.testing.assert_array_equal(filtered[[1, 3]], np.asarray(logits)[[1, 3]])
   # Random distributions, batched: the kept set is the most likely tokens,
   # its mass reaches p, and it would not without its least likely member.
   rng = np.random.default_rng(0)
   logits = 2.0 * rng.normal(size=(20, 50)).astype(np.float32)
   p = 0.95
-  keep = np.isfinite(np.asarray(lm_decoding.top_p_filter(logits, p)))
+  keep = np.isfinite(np.asarray(sampling_lib.top_p_filter(logits, p)))
   probs = np.asarray(jax.nn.softmax(logits, axis=-1))
   for row, k in zip(probs, keep):
     assert row[k].min() >= row[~k].max(initial=0.0)
     assert row[k].sum() >= p - 1e-6
     assert row[k].sum() - row[k].min() < p
   with pytest.raises(ValueError, match="top_p"):
-    lm_decoding.top_p_filter(logits, 0.0)
+    sampling_lib.top_p_filter(logits, 0.0)
 
 
 def test_generation_is_deterministic_and_predicts_like_evaluation():

@@ -1,0 +1,168 @@
+"""Evaluation memories read while generating (memjax.memory.generation):
+the per-token sums against a NumPy loop, and, on the shared smoke run, each
+step's distribution against what scoring (the --mode=memeval path) gives
+the same prefix."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import memjax
+from memjax import errors
+from memjax.memory import generation
+from memjax.methods.cache import continuous_cache
+from memjax.methods.external import memories as external
+from memjax.methods.trime import in_batch
+from memjax.models import lm_decoding
+from memjax.modes import generate as generate_lib
+from tests.conftest import run_main
+
+TRIME = {"kind": "trime", "temperature": 1.0}
+CACHE = {"kind": "cache", "cache_theta": 0.5, "cache_lambda": 0.3}
+# At least 32 tokens: the smoke run's whole first window (eval.window_len
+# 32, its second half scored in a second copy, eval.score_len 16).
+TEXT = (
+    "the cat sat on the mat and the dog sat on the mat and the cat ran to "
+    "the house of the man who sat on a big red mat in the house"
+)
+
+
+def test_token_logsumexp_is_a_log_sum_exp_per_token():
+  rng = np.random.default_rng(0)
+  scores = rng.normal(size=(3, 7)).astype(np.float32) * 30
+  tokens = rng.integers(0, 5, (3, 7))
+  valid = rng.random((3, 7)) < 0.7
+  got = np.asarray(generation.token_logsumexp(scores, tokens, valid, 6))
+  for b in range(3):
+    for w in range(6):
+      s = scores[b][valid[b] & (tokens[b] == w)].astype(np.float64)
+      want = np.log(np.exp(s - s.max()).sum()) + s.max() if len(s) else -np.inf
+      np.testing.assert_allclose(got[b, w], want, rtol=1e-6, atol=1e-5)
+
+
+def test_a_distribution_with_memory_sums_to_one_and_reads_only_visible():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(2, 9)).astype(np.float32)
+  log_z = np.log(np.exp(logits).sum(-1))
+  logp = logits - log_z[:, None]
+  keys = rng.normal(size=(2, 5, 4)).astype(np.float32)
+  tokens = rng.integers(0, 9, (2, 5))
+  visible = np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], bool)
+  reader = generation.MemoryReader(
+      "trime", in_batch.TrimeMemory(), (("temperatures", (1.0,)),), 32
+  )
+  out = np.asarray(
+      reader.log_probs(logp, log_z, keys[:, 0], keys, tokens, visible)
+  )
+  np.testing.assert_allclose(np.exp(out).sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(out[1], logp[1], atol=1e-6)  # Nothing visible.
+  # Eq. 6 by hand for row 0: exp(logits) and exp(sim / sqrt(d)) share one
+  # normaliser.
+  sim = keys[0, :3] @ keys[0, 0] / 2.0
+  mass = np.exp(logits[0]).astype(np.float64)
+  np.add.at(mass, tokens[0, :3], np.exp(sim))
+  np.testing.assert_allclose(out[0], np.log(mass / mass.sum()), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "memory, settings, needle",
+    [
+        (external.KnnMemory(), (), "external datastore"),
+        (
+            continuous_cache.CacheMemory(),
+            (("thetas", (0.1, 0.2)), ("lambdas", (0.1,))),
+            "one value of thetas",
+        ),
+    ],
+)
+def test_memories_generation_cannot_read_are_named(memory, settings, needle):
+  with pytest.raises(errors.ConfigError, match=needle):
+    generation.MemoryReader("x", memory, settings, 32)
+
+
+@pytest.fixture(scope="module")
+def model(smoke_workdir):
+  return memjax.load(smoke_workdir)
+
+
+def _forced(model, setting, prompts, forced):
+  reader = generate_lib.memory_reader(model.restored.scoring(), setting)
+  dec = lm_decoding.CachedDecoder(model.restored.model, reader)
+  return dec.forced_log_probs(model.restored.variables, prompts, forced)
+
+
+@pytest.mark.parametrize("setting", [TRIME, CACHE], ids=["trime", "cache"])
+def test_each_step_reads_the_memory_as_scoring_does(model, setting):
+  window = model.settings.eval.window_len
+  tokens = model.encode(TEXT)[:window]
+  assert len(tokens) == window
+  prompts, n = [tokens[:6], tokens[:3]], len(tokens) - 6
+  forced = np.stack([tokens[6:], np.resize(tokens[3:], n)])
+  got = _forced(model, setting, prompts, forced)
+  lm = memjax.load(model.restored.path)
+  lm.memory = setting
+  for b, prompt in enumerate(prompts):
+    seq = np.concatenate([prompt, forced[b]])
+    want = lm.score(seq)["logprobs"][0][len(prompt) - 1 :]
+    picked = got[b, np.arange(n), forced[b]]
+    np.testing.assert_allclose(picked, want, atol=1e-5, rtol=0)
+    plain = lm.score(seq, memory=False)["logprobs"][0][len(prompt) - 1 :]
+    assert np.abs(plain - want).max() > 0.1  # The memory counts.
+  np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-4)
+
+
+def test_greedy_generation_with_memory_takes_each_steps_best(model):
+  prompt = model.encode("the cat sat on the")
+  new = model.generate(prompt, 8, greedy=True, memory=CACHE)
+  got = _forced(model, CACHE, [prompt], new[None, :-1])[0]
+  np.testing.assert_array_equal(got.argmax(-1), new)
+
+
+def test_a_context_longer_than_the_window_is_refused(model):
+  window = model.settings.eval.window_len
+  with pytest.raises(errors.ConfigError, match="eval.window_len"):
+    model.generate([1, 2, 3], window, memory=True)
+  bare = memjax.load(model.restored.path)
+  bare.memory = {"kind": "none"}
+  with pytest.raises(ValueError, match="no evaluation memory"):
+    bare.generate([1, 2, 3], 2, memory=True)
+
+
+def test_generate_mode_reads_the_runs_memory(smoke_workdir, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(smoke_workdir, workdir)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("the cat sat on the\nand the dog\n")
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      f"--config.generate.prompts={prompts}",
+      "--config.generate.num_tokens=6",
+      "--config.generate.greedy=True",
+      "--config.generate.memory=True",
+      "--mode=generate",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "and the cache memory" in proc.stdout + proc.stderr
+  rows = [
+      json.loads(line)
+      for line in (workdir / "generations.jsonl").read_text().splitlines()
+  ]
+  lm = memjax.load(str(workdir))
+  for row in rows:
+    assert row["ids"] == list(
+        lm.generate(row["prompt_ids"], 6, greedy=True, memory=True)
+    )
+  proc = run_main(
+      "--config=configs/trime_wt103.py:smoke",
+      f"--workdir={workdir}",
+      f"--config.generate.prompts={prompts}",
+      "--config.generate.num_tokens=40",
+      "--config.generate.memory=True",
+      "--mode=generate",
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "eval.window_len 32" in proc.stderr
+  assert "Traceback" not in proc.stderr
