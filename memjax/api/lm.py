@@ -171,6 +171,7 @@ class LanguageModel(base.Loaded):
     self.settings = s
     self.memory = dict(setting or self.memory)
     self._scorers.clear()
+    self._decoders.clear()  # A reader holds the datastore it searches.
     return self
 
   def _scorer(self, setting: dict[str, Any]) -> Any:

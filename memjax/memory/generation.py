@@ -19,9 +19,12 @@ what ``--mode=memeval`` reads in the stream's first window, so a context of
 at most ``window_len`` predictions (``eval.window_len``) is scored exactly as
 evaluation scores it; the decoder refuses a longer one in one line. The
 long-term memory M_long holds the pairs before a window, and the first
-window has none, so its size N changes nothing here. Kinds with an external
-memory (kNN-LM, TRIMELM_ext) search a datastore per query on the host and
-are not read while generating.
+window has none, so its size N changes nothing here. A kind with an
+external memory (kNN-LM, TRIMELM_ext, kNN-LM with the cache) also reads the
+K nearest pairs of a datastore: the query goes to the host
+(``jax.pure_callback``), where ``search`` (``eval.external.ExternalSearch``,
+the one evaluation uses) returns their scores and tokens, and the external
+sums join the local ones as ``eval.external.make_combine_fn`` joins them.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from memjax import errors
+from memjax.memory import blockwise
 from memjax.memory import evaluation
 
 Array = jax.Array
@@ -90,12 +95,16 @@ class MemoryReader:
     settings: (axis values name, (one value,)) per axis of the kind.
     window_len: the predictions one evaluation window holds; a context
       longer than that is refused.
+    search: for a kind with an external memory, the host's search
+      (``neighbours(queries [B, D]) -> (scores [B, K] float32, -inf for
+      none; tokens [B, K] int)``) and its ``k``; None otherwise.
   """
 
   kind: str
   memory: evaluation.EvalMemory = dataclasses.field(compare=False)
   settings: tuple[tuple[str, tuple[float, ...]], ...]
   window_len: int
+  search: Any = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self) -> None:
     if not self.memory.uses_memory:
@@ -103,11 +112,10 @@ class MemoryReader:
           f"evaluation memory {self.kind!r} reads no memory: generate "
           "without one"
       )
-    if self.memory.external_metric:
+    if self.memory.external_metric and self.search is None:
       raise errors.ConfigError(
           f"evaluation memory {self.kind!r} searches an external datastore, "
-          "which generation does not read; take a kind that reads the "
-          "context (trime, cache)"
+          "and none was given"
       )
     many = [name for name, v in self.settings if len(v) != 1]
     if many:
@@ -118,9 +126,9 @@ class MemoryReader:
     self.memory.check(self.values())
 
   @classmethod
-  def of(cls, grid: Any, window_len: int) -> "MemoryReader":
+  def of(cls, grid: Any, window_len: int, search: Any = None) -> "MemoryReader":
     """The reader of a one-setting ``eval.grid.Grid``."""
-    return cls(grid.kind, grid.memory, grid.settings, int(window_len))
+    return cls(grid.kind, grid.memory, grid.settings, int(window_len), search)
 
   def values(self) -> Mapping[str, Sequence[float]]:
     """The kind's ``AxisValues``."""
@@ -162,15 +170,54 @@ class MemoryReader:
     b, v = logp.shape
     values = self.values()
     scales = self.memory.scales(values, query.shape[-1])
-    sim = jnp.einsum(
-        "bd,bld->bl", query.astype(jnp.float32), keys.astype(jnp.float32)
-    )
-    lse_all = jnp.stack([_logsumexp(sim * c, visible) for c in scales])
-    lse_pos = jnp.stack(
-        [token_logsumexp(sim * c, key_tokens, visible, v) for c in scales]
-    )  # [G, B, V]
-    sums = [(jnp.broadcast_to(lse_all[..., None], lse_pos.shape), lse_pos)]
+    sums = []
+    if self.memory.reads_local:
+      sim = jnp.einsum(
+          "bd,bld->bl", query.astype(jnp.float32), keys.astype(jnp.float32)
+      )
+      sums.append(_sums(sim, key_tokens, visible, scales, v))
+    if self.memory.external_metric:
+      scores, tokens = self._neighbours(query)
+      found = jnp.isfinite(scores)
+      sums.append(
+          _sums(jnp.where(found, scores, 0.0), tokens, found, scales, v)
+      )
+    if len(sums) == 2 and self.memory.joins_local:
+      sums = [tuple(blockwise.logaddexp(a, e) for a, e in zip(*sums))]
+    elif len(sums) == 2:  # Two distributions of their own.
+      sums = [sums[0] + sums[1]]
     z = jnp.broadcast_to(log_z[:, None], (b, v))
     out = self.memory.combine(values, logp, z, sums)
     assert math.prod(out.shape[:-2]) == 1, out.shape  # One setting.
     return out.reshape(b, v)
+
+  def _neighbours(self, query: Array) -> tuple[Array, Array]:
+    """The K nearest datastore entries of queries [B, D], from the host:
+    (scores [B, K] float32, -inf for none; tokens [B, K] int32)."""
+    shapes = (
+        jax.ShapeDtypeStruct((query.shape[0], self.search.k), jnp.float32),
+        jax.ShapeDtypeStruct((query.shape[0], self.search.k), jnp.int32),
+    )
+
+    def host(q):
+      scores, tokens = self.search.neighbours(np.asarray(q))
+      return scores.astype(np.float32), tokens.astype(np.int32)
+
+    return jax.pure_callback(
+        host, shapes, query.astype(jnp.float32), vmap_method="sequential"
+    )
+
+
+def _sums(
+    sim: Array, tokens: Array, valid: Array, scales: Sequence[float], v: int
+) -> tuple[Array, Array]:
+  """(lse_all, lse_pos), each [G, B, V], of entries' similarities [B, L]
+  at each scale: over the valid entries, and per token."""
+  if sim.shape[1] == 0:  # No entry (an empty datastore).
+    empty = jnp.full((len(scales), sim.shape[0], v), -jnp.inf, jnp.float32)
+    return empty, empty
+  lse_all = jnp.stack([_logsumexp(sim * c, valid) for c in scales])
+  lse_pos = jnp.stack(
+      [token_logsumexp(sim * c, tokens, valid, v) for c in scales]
+  )
+  return jnp.broadcast_to(lse_all[..., None], lse_pos.shape), lse_pos

@@ -19,6 +19,7 @@ memory carried, as in training and evaluation
 With ``generate.memory`` (``memjax.load(W).generate(..., memory=True)``),
 every step reads the run's evaluation memory (``memjax.memory.generation``):
 TRIME's testing memory or the continuous cache over the decoded context,
+or a datastore's neighbours (kNN-LM, TRIMELM_ext: searched on the host),
 so the distribution each token is drawn from is the one ``--mode=memeval``
 gives that prefix. It needs key/value-cache decoding, and a prompt and its
 continuation within one evaluation window (``eval.window_len``
@@ -47,6 +48,7 @@ import numpy as np
 from memjax import errors
 from memjax.data import corpus as corpus_lib
 from memjax.data import vocab as vocab_lib
+from memjax.eval import external as external_lib
 from memjax.eval import grid as grid_lib
 from memjax.eval import scorer as scorer_lib
 from memjax.io import console
@@ -79,8 +81,8 @@ class Generate:
     memory: read the run's evaluation memory at every step (the setting
       ``memjax.load(W).score`` uses: ``tune.json``'s choice, else
       ``eval_memory.kind`` at its method's settings), so each step's
-      distribution is the one ``--mode=memeval`` scores; kinds that read
-      the context (trime, cache), within one evaluation window.
+      distribution is the one ``--mode=memeval`` scores, within one
+      evaluation window.
   """
 
   SECTION: ClassVar[str] = "generate"
@@ -212,7 +214,10 @@ def memory_reader(
   if not setting or setting.get("kind", "none") == "none":
     return None
   grid = grid_lib.grid_of(setting, scoring.memories)
-  return generation.MemoryReader.of(grid, int(scoring.eval.window_len))
+  metric, search = grid.memory.external_metric, None
+  if metric:  # The datastore and search evaluation reads.
+    search = external_lib.external_search(scoring, metric, scoring.path)
+  return generation.MemoryReader.of(grid, int(scoring.eval.window_len), search)
 
 
 def run_memory(restored: Any) -> generation.MemoryReader:

@@ -69,7 +69,11 @@ def test_a_distribution_with_memory_sums_to_one_and_reads_only_visible():
 @pytest.mark.parametrize(
     "memory, settings, needle",
     [
-        (external.KnnMemory(), (), "external datastore"),
+        (
+            external.KnnMemory(),
+            (("knn_temperatures", (1.0,)), ("knn_lambdas", (0.5,))),
+            "external datastore",
+        ),
         (
             continuous_cache.CacheMemory(),
             (("thetas", (0.1, 0.2)), ("lambdas", (0.1,))),
@@ -128,6 +132,64 @@ def test_a_context_longer_than_the_window_is_refused(model):
   bare.memory = {"kind": "none"}
   with pytest.raises(ValueError, match="no evaluation memory"):
     bare.generate([1, 2, 3], 2, memory=True)
+
+
+KNN = {"kind": "knn", "knn_temperature": 1.0, "knn_lambda": 0.5}
+EXTERNAL = {
+    "knn": (KNN, 2e-5),
+    "trime_ext": (
+        {
+            "kind": "trime_ext",
+            "temperature": 1.0,
+            "ext_temperature": 1.0,
+            "ext_lambda": 0.3,
+            "ext_interp_local": 0,
+        },
+        1e-5,
+    ),
+    "knn_cache": (
+        {**KNN, **CACHE, "kind": "knn_cache"},
+        2e-5,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def datastore(smoke_workdir, tmp_path_factory):
+  """A datastore of the smoke run's features (20 windows of train)."""
+  from configs import trime_wt103  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax.methods.external import modes as external_modes  # pylint: disable=g-import-not-at-top
+
+  c = trime_wt103.get_config("smoke")
+  c.train.init_from = smoke_workdir
+  c.datastore.max_windows = 20
+  c.datastore.shard_keys = 256
+  c.eval_memory.kind = "knn"
+  run = build.build(c, str(tmp_path_factory.mktemp("ext") / "run"))
+  return external_modes.datastore(run)["path"]
+
+
+@pytest.mark.parametrize("kind", sorted(EXTERNAL))
+def test_each_step_reads_a_datastore_as_scoring_does(model, datastore, kind):
+  setting, atol = EXTERNAL[kind]
+  lm = memjax.load(model.restored.path)
+  lm.attach(datastore, setting, search="exact", ext_k=8)
+  tokens = lm.encode(TEXT)[: lm.settings.eval.window_len]
+  prompts, n = [tokens[:5], tokens[:2]], len(tokens) - 5
+  forced = np.stack([tokens[5:], np.resize(tokens[2:], n)])
+  got = _forced(lm, lm.memory, prompts, forced)
+  for b, prompt in enumerate(prompts):
+    seq = np.concatenate([prompt, forced[b]])
+    want = lm.score(seq)["logprobs"][0][len(prompt) - 1 :]
+    picked = got[b, np.arange(n), forced[b]]
+    np.testing.assert_allclose(picked, want, atol=atol, rtol=0)
+    plain = lm.score(seq, memory=False)["logprobs"][0][len(prompt) - 1 :]
+    assert np.abs(plain - want).max() > 0.1  # The memory counts.
+  np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-4)
+  new = lm.generate(prompts[0], 4, greedy=True, memory=True)
+  steps = _forced(lm, lm.memory, [prompts[0]], new[None, :-1])[0]
+  np.testing.assert_array_equal(steps.argmax(-1), new)
 
 
 def test_generate_mode_reads_the_runs_memory(smoke_workdir, tmp_path):

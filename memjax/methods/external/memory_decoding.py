@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from memjax import errors
 from memjax.memory import blockwise
+from memjax.memory import generation
 from memjax.methods.trime import in_batch as trime
 
 Array = jax.Array
@@ -68,14 +69,8 @@ def vocab_sums(logits: Array, values: Array, vocab_size: int):
     vocab_size: V.
   """
   valid = jnp.isfinite(logits)
-  lse_all = _masked_lse(logits, valid)
-  shift = jnp.where(jnp.isfinite(lse_all), lse_all, 0.0)[:, None]
-  w = jnp.where(valid, jnp.exp(logits - shift), 0.0)
-  rows = jnp.arange(logits.shape[0])[:, None]
-  mass = jnp.zeros((logits.shape[0], vocab_size), jnp.float32)
-  mass = mass.at[rows, values].add(w)
-  lse_v = jnp.where(mass > 0, jnp.log(jnp.where(mass > 0, mass, 1.0)), -jnp.inf)
-  return lse_all, lse_v + shift
+  lse_v = generation.token_logsumexp(logits, values, valid, vocab_size)
+  return _masked_lse(logits, valid), lse_v
 
 
 def target_sums(logits: Array, values: Array, targets: Array):
