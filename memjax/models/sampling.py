@@ -49,8 +49,58 @@ class Sampling:
     if self.top_k:
       kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
       logits = jnp.where(logits < kth, -jnp.inf, logits)
-    logits = top_p_filter(logits, self.top_p)
-    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+    return draw(keys, top_p_filter(logits, self.top_p))
+
+
+# Tokens per block of ``draw``'s two-level inverse CDF.
+DRAW_BLOCK = 512
+
+
+def _last_positive(x: Array) -> Array:
+  """[B, N] >= 0 -> [B] int32 the index of each row's last positive entry
+  (0 for a row without one)."""
+  n = x.shape[-1]
+  flipped = jnp.argmax(x[:, ::-1] > 0, axis=-1)
+  return jnp.where(jnp.any(x > 0, axis=-1), n - 1 - flipped, 0).astype(
+      jnp.int32
+  )
+
+
+def draw(keys: Array, logits: Array) -> Array:
+  """One token per row drawn from softmax(logits), by inverse CDF.
+
+  Written here rather than ``jax.random.categorical`` because that draws a
+  Gumbel variate for every vocabulary entry (two logarithms each): 7.2 ms
+  per row over a 267,735-word vocabulary on a 2-core CPU, more than a
+  cached step's model. This draws one uniform u per row, finds the block
+  of ``DRAW_BLOCK`` tokens where the cumulative mass passes u, then the
+  token in it: two short cumulative sums, 0.25 ms. A token of zero
+  probability (logit -inf) is never drawn, whatever the rounding.
+
+  Args:
+    keys: [B] PRNG keys.
+    logits: [B, V] float, -inf for tokens that may not be drawn (at least
+      one finite per row).
+
+  Returns:
+    [B] int32 tokens.
+  """
+  b, v = logits.shape
+  logits = jnp.asarray(logits, jnp.float32)
+  probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+  blocks = jnp.pad(probs, ((0, 0), (0, (-v) % DRAW_BLOCK)))
+  blocks = blocks.reshape(b, -1, DRAW_BLOCK)
+  mass = blocks.sum(axis=-1)  # [B, blocks]
+  upto = jnp.cumsum(mass, axis=-1)
+  u = jax.vmap(jax.random.uniform)(keys) * upto[:, -1]
+  j = jnp.minimum(jnp.sum(upto <= u[:, None], -1), _last_positive(mass))
+  pick = lambda x: jnp.take_along_axis(x, j[:, None], axis=1)[:, 0]  # noqa: E731
+  row = jnp.take_along_axis(blocks, j[:, None, None], axis=1)[:, 0]
+  rest = u - (pick(upto) - pick(mass))
+  i = jnp.sum(jnp.cumsum(row, axis=-1) <= rest[:, None], -1)
+  return (j * DRAW_BLOCK + jnp.minimum(i, _last_positive(row))).astype(
+      jnp.int32
+  )
 
 
 def top_p_filter(logits: Array, top_p: float) -> Array:
@@ -60,8 +110,9 @@ def top_p_filter(logits: Array, top_p: float) -> Array:
   the tokens ranked before it is below ``top_p`` (so the most likely token is
   always kept, and the set is the shortest prefix whose mass is >= top_p;
   tokens tied with its last are kept too). Found without sorting: the
-  threshold is bisected over the logits' range (``THRESHOLD_STEPS`` halvings,
-  to float32 resolution), the largest whose tokens' mass reaches top_p.
+  threshold is bisected over the logits' range, to float32 resolution (at
+  most ``THRESHOLD_STEPS`` halvings), the largest whose tokens' mass reaches
+  top_p.
 
   Args:
     logits: [..., V] float.
@@ -80,17 +131,24 @@ def top_p_filter(logits: Array, top_p: float) -> Array:
   lo = jnp.where(finite, logits, jnp.inf).min(axis=-1, keepdims=True)
   hi = jnp.where(finite, logits, -jnp.inf).max(axis=-1, keepdims=True) + 1.0
 
-  def halve(_, bounds):
-    lo, hi = bounds
+  def halve(state):
+    step, lo, hi = state
     mid = lo + (hi - lo) / 2
     mass = jnp.where(logits >= mid, probs, 0.0).sum(axis=-1, keepdims=True)
     ok = mass >= top_p
-    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+    return step + 1, jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-  lo, _ = jax.lax.fori_loop(0, THRESHOLD_STEPS, halve, (lo, hi))
+  def splittable(state):
+    # Once no float32 lies strictly between lo and hi, lo stays as it is:
+    # the halvings stop there (about 30 for a model's logits, not 64).
+    step, lo, hi = state
+    mid = lo + (hi - lo) / 2
+    return (step < THRESHOLD_STEPS) & jnp.any((mid > lo) & (mid < hi))
+
+  _, lo, _ = jax.lax.while_loop(splittable, halve, (0, lo, hi))
   return jnp.where(logits >= lo, logits, -jnp.inf)
 
 
-# Halvings of the top-p threshold's interval: float32 resolution over any
-# range of logits a model gives.
+# Halvings of the top-p threshold's interval, at most: float32 resolution
+# over any range of logits a model gives.
 THRESHOLD_STEPS = 64
