@@ -13,26 +13,43 @@ entries' tokens, the maximum taken per token as ``evaluation.local_sums``
 takes it). Whichever token follows, its log-probability is then exactly the
 one evaluation gives it: same kind, same settings, same sums.
 
-What a step reads (``MemoryReader``): M_local, the (g, next token) pairs of
-every earlier position of the context, g computed in that context. It is
-what ``--mode=memeval`` reads in the stream's first window, so a context of
-at most ``window_len`` predictions (``eval.window_len``) is scored exactly as
-evaluation scores it; the decoder refuses a longer one in one line. The
-long-term memory M_long holds the pairs before a window, and the first
-window has none, so its size N changes nothing here. A kind with an
-external memory (kNN-LM, TRIMELM_ext, kNN-LM with the cache) also reads the
-K nearest pairs of a datastore: the query goes to the host
-(``jax.pure_callback``), where ``search`` (``eval.external.ExternalSearch``,
-the one evaluation uses) returns their scores and tokens, and the external
-sums join the local ones as ``eval.external.make_combine_fn`` joins them.
+What a step reads: what ``--mode=memeval`` reads for the same prediction,
+in evaluation's sliding windows of ``eval.window_len`` T predictions that
+score their last ``eval.score_len`` S (``data.windows.eval_windows``).
+Prediction p (the query at stream token x_p, predicting x_{p+1}) is in
+the window [0, p] while p < T, else in the window that starts at
+s = p - (p - T) % S - (T - S): when p reaches T + kS the window slides,
+and the decoder (``lm_decoding.CachedDecoder``) runs that row's T - S
+context tokens and x_p again as a window of their own (positions from 0;
+BOS first where evaluation puts one, ``data.windows.begin_with_bos``). It
+reads M_local, the (g, next token) pairs of the window's positions before
+the query, with g from this window (``Context.features``), and M_long,
+the ``eval_memory.long_mem_tokens`` N pairs before the window (or before
+its first scored position: ``long_span`` 'last_scored'), each with the g
+of the window that scored it (``Context.scored``), as
+``memory.evaluation`` reads them. A prompt must fit the first window (at
+most T tokens); its continuation runs on through any number of windows.
+
+Slots: row b's stream token i sits at the decoder's cache slot
+``offset[b] + i`` for the whole decoding (the slots only grow), so a
+slide rewrites the row's slots in place and masks the ones before its
+window; the rows of a batch slide on their own steps.
+
+A kind with an external memory (kNN-LM, TRIMELM_ext, kNN-LM with the
+cache) also reads the K nearest pairs of a datastore: the query goes to
+the host (``jax.pure_callback``), where ``search``
+(``eval.external.ExternalSearch``, the one evaluation uses) returns their
+scores and tokens, and the external sums join the local ones as
+``eval.external.make_combine_fn`` joins them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,6 +102,30 @@ def _logsumexp(scores: Array, valid: Array) -> Array:
   )
 
 
+@flax.struct.dataclass
+class Context:
+  """The decoded context a memory reads (see the module doc).
+
+  Attributes:
+    features: [B, L, D] float32 g of each slot, computed in the row's
+      current window (M_local's keys).
+    scored: [B, L, D] float32 g of each slot, as the window that scored it
+      computed it (M_long's keys).
+    next_tokens: [B, L] int32 the token that followed each slot (0 until
+      known).
+    tokens: [B, H] int32 each row's stream so far, by stream index.
+    offset: [B] int32 the slot of each row's stream token 0.
+    start: [B] int32 the stream index each row's window starts at.
+  """
+
+  features: Array
+  scored: Array
+  next_tokens: Array
+  tokens: Array
+  offset: Array
+  start: Array
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryReader:
   """One setting of an evaluation memory, read at each generation step.
@@ -93,8 +134,13 @@ class MemoryReader:
     kind: the memory's name (``eval_memory.kind``).
     memory: the evaluation memory (it reads M_local, no external memory).
     settings: (axis values name, (one value,)) per axis of the kind.
-    window_len: the predictions one evaluation window holds; a context
-      longer than that is refused.
+    window_len: T, the predictions of an evaluation window
+      (``eval.window_len``).
+    score_len: S, the predictions a window after the first scores.
+    long_tokens: N, the pairs of M_long (``eval_memory.long_mem_tokens``).
+    long_span: which N pairs (``evaluation.LONG_SPANS``).
+    bos: the BOS id evaluation's windows after the first begin with
+      (``data.windows.begin_with_bos``), or None.
     search: for a kind with an external memory, the host's search
       (``neighbours(queries [B, D]) -> (scores [B, K] float32, -inf for
       none; tokens [B, K] int)``) and its ``k``; None otherwise.
@@ -104,6 +150,10 @@ class MemoryReader:
   memory: evaluation.EvalMemory = dataclasses.field(compare=False)
   settings: tuple[tuple[str, tuple[float, ...]], ...]
   window_len: int
+  score_len: int
+  long_tokens: int = 0
+  long_span: str = "before_window"
+  bos: Optional[int] = None
   search: Any = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self) -> None:
@@ -124,26 +174,151 @@ class MemoryReader:
           f"{', '.join(many)}, got {dict(self.settings)}"
       )
     self.memory.check(self.values())
+    if not 1 <= self.score_len <= self.window_len or self.long_tokens < 0:
+      raise errors.ConfigError(
+          f"generate with a memory needs 1 <= eval.score_len "
+          f"({self.score_len}) <= eval.window_len ({self.window_len}) and "
+          f"eval_memory.long_mem_tokens ({self.long_tokens}) >= 0"
+      )
+    evaluation.long_memory_end(0, 0, self.long_span)  # Checks the name.
 
   @classmethod
-  def of(cls, grid: Any, window_len: int, search: Any = None) -> "MemoryReader":
-    """The reader of a one-setting ``eval.grid.Grid``."""
-    return cls(grid.kind, grid.memory, grid.settings, int(window_len), search)
+  def of(cls, grid: Any, scoring: Any, search: Any = None) -> "MemoryReader":
+    """The reader of a one-setting ``eval.grid.Grid`` for a restored run's
+    ``scoring`` (``eval.rows.Scoring``: its windows, span and BOS)."""
+    return cls(
+        grid.kind,
+        grid.memory,
+        grid.settings,
+        int(scoring.eval.window_len),
+        int(scoring.eval.score_len),
+        int(grid.long_sizes[0]),
+        str(scoring.memory.long_mem_span),
+        scoring.window_bos,
+        search,
+    )
 
   def values(self) -> Mapping[str, Sequence[float]]:
     """The kind's ``AxisValues``."""
     return dict(self.settings)
 
-  def check_length(self, predictions: int) -> None:
-    """Raises errors.ConfigError when a context of ``predictions``
-    predictions does not fit one evaluation window."""
-    if predictions > self.window_len:
+  def check_prompt(self, length: int) -> None:
+    """Raises errors.ConfigError for a prompt of ``length`` tokens that
+    does not fit the first evaluation window."""
+    if length > self.window_len:
       raise errors.ConfigError(
-          f"generate with the {self.kind} memory reads one evaluation "
-          f"window: a prompt and its new tokens make {predictions} "
-          f"predictions, more than eval.window_len {self.window_len}; "
-          "shorten the prompt or num_tokens, or raise eval.window_len"
+          f"generate with the {self.kind} memory: a prompt of {length} "
+          f"tokens is longer than the first evaluation window "
+          f"(eval.window_len {self.window_len}); shorten the prompt or "
+          "raise eval.window_len"
       )
+
+  @staticmethod
+  def init_context(
+      g: Array, tokens: Array, lengths: Array, length: int, stream_len: int
+  ) -> Context:
+    """The context after a prefill of the first window.
+
+    Args:
+      g: [B, P, D] features of the prefilled slots.
+      tokens: [B, P] int32 left-padded prompts (row b's at P - n_b ..).
+      lengths: [B] int32 prompt lengths n_b.
+      length: L, the cache's slots.
+      stream_len: H, the longest stream (prompt + new tokens).
+    """
+    b, p, d = g.shape
+    offset = (p - lengths).astype(jnp.int32)
+    feats = jnp.zeros((b, length, d), jnp.float32).at[:, :p].set(g)
+    nxt = jnp.zeros((b, length), jnp.int32).at[:, : p - 1].set(tokens[:, 1:])
+    idx = jnp.clip(offset[:, None] + jnp.arange(stream_len)[None, :], 0, p - 1)
+    stream = jnp.take_along_axis(tokens, idx, axis=1)
+    stream = jnp.where(
+        jnp.arange(stream_len)[None, :] < lengths[:, None], stream, 0
+    )
+    return Context(
+        features=feats,
+        scored=feats,
+        next_tokens=nxt,
+        tokens=stream,
+        offset=offset,
+        start=jnp.zeros((b,), jnp.int32),
+    )
+
+  @staticmethod
+  def window_valid(context: Context, key_valid: Array) -> Array:
+    """[B, L] bool: the row's slots from its window's start on."""
+    slots = jnp.arange(key_valid.shape[1])[None, :]
+    return key_valid & (slots >= (context.offset + context.start)[:, None])
+
+  @staticmethod
+  def record(context: Context, g: Array, token: Array, slot: Array) -> Context:
+    """The context after a step that ran ``token`` [B] at ``slot``, its
+    feature ``g`` [B, 1, D] (scored there: the step's query)."""
+    g = g.astype(jnp.float32)
+    put = lambda x, v, at: jax.lax.dynamic_update_slice_in_dim(x, v, at, axis=1)  # noqa: E731
+    rows = jnp.arange(token.shape[0])
+    return context.replace(
+        features=put(context.features, g, slot),
+        scored=put(context.scored, g, slot),
+        next_tokens=put(context.next_tokens, token[:, None], slot - 1),
+        tokens=context.tokens.at[rows, slot - context.offset].set(token),
+    )
+
+  def slides(self, context: Context, slot: Array) -> Array:
+    """[B] bool: the rows whose query at ``slot`` starts a new window."""
+    t, s = self.window_len, self.score_len
+    p = slot - context.offset
+    return (p >= t) & ((p - t) % s == 0)
+
+  def window_tokens(self, context: Context, row: Array, slot: Array):
+    """Row ``row``'s new window at a slide, its query at ``slot``: (tokens
+    [C] int32, the stream index it starts at), C = T - S + 1."""
+    c = self.window_len - self.score_len + 1
+    p = slot - context.offset[row]
+    start = p - (c - 1)
+    tokens = jax.lax.dynamic_slice_in_dim(context.tokens[row], start, c)
+    if self.bos is not None:  # As evaluation's windows after the first.
+      tokens = tokens.at[0].set(self.bos)
+    return tokens, start
+
+  def read(
+      self,
+      scores: tuple[Array, Array],
+      context: Context,
+      key_valid: Array,
+      slot: Array,
+  ) -> Array:
+    """The memory's next-token log-probabilities [B, V] of the query at
+    ``slot``, from the plain model's (log p [B, V], log Z [B]).
+
+    M_local: the window's slots before the query; M_long: the N stream
+    positions before ``evaluation.long_memory_end`` of the window.
+    """
+    logp, log_z = scores
+    slots = jnp.arange(key_valid.shape[1])[None, :]
+    local = self.window_valid(context, key_valid) & (slots < slot)
+    ends = evaluation.long_memory_end(
+        context.start,
+        jnp.full_like(context.start, self.window_len - self.score_len),
+        self.long_span,
+    )
+    stream = slots - context.offset[:, None]
+    long = (
+        key_valid
+        & (stream < ends[:, None])
+        & (stream >= ends[:, None] - self.long_tokens)
+    )
+    query = jax.lax.dynamic_index_in_dim(
+        context.features, slot, axis=1, keepdims=False
+    )
+    return self.log_probs(
+        logp,
+        log_z,
+        query,
+        jnp.concatenate([context.features, context.scored], axis=1),
+        jnp.concatenate([context.next_tokens] * 2, axis=1),
+        jnp.concatenate([local, long], axis=1),
+    )
 
   def log_probs(
       self,

@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional, Sequence
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,19 +136,6 @@ def _forward(
   return h, g, tuple(new)
 
 
-@flax.struct.dataclass
-class Context:
-  """What a memory reads of the decoded context, slot by slot.
-
-  Attributes:
-    features: [B, L, D] float32 memory features g of the slots so far.
-    next_tokens: [B, L] int32 the token that followed each (0 until known).
-  """
-
-  features: Array
-  next_tokens: Array
-
-
 class CachedDecoder:
   """Prefill and cached steps of a decoder LM (see the module doc).
 
@@ -178,26 +164,6 @@ class CachedDecoder:
       out.append((zeros, zeros))
     return tuple(out)
 
-  def _read(self, scores, context, key_valid, slot):
-    """The next-token log-probabilities [B, V] of the query at ``slot``:
-    the plain model's (``scores``: log p [B, V], log Z [B]), read with the
-    memory over the slots before it."""
-    logp, log_z = scores
-    if self.reader is None:
-      return logp
-    query = jax.lax.dynamic_index_in_dim(
-        context.features, slot, axis=1, keepdims=False
-    )
-    before = jnp.arange(key_valid.shape[1])[None, :] < slot
-    return self.reader.log_probs(
-        logp,
-        log_z,
-        query,
-        context.features,
-        context.next_tokens,
-        key_valid & before,
-    )
-
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def prefill(self, params, tokens, positions, key_valid, length):
     """[B, P] left-padded tokens into a fresh cache of ``length`` slots
@@ -214,22 +180,27 @@ class CachedDecoder:
     )
     if self.reader is None:
       return scores[0], cache, None
-    b, p = tokens.shape
-    feats = jnp.zeros((b, length, g.shape[-1]), jnp.float32)
-    nxt = jnp.zeros((b, length), jnp.int32)
-    context = Context(
-        feats.at[:, :p].set(g.astype(jnp.float32)),
-        nxt.at[:, : p - 1].set(tokens[:, 1:]),
+    p = tokens.shape[1]
+    lengths = jnp.sum(key_valid[:, :p], axis=1).astype(jnp.int32)
+    context = self.reader.init_context(
+        g.astype(jnp.float32), tokens, lengths, length, length
     )
-    return self._read(scores, context, key_valid, p - 1), cache, context
+    logp = self.reader.read(scores, context, key_valid, p - 1)
+    return logp, cache, context
 
   def step(self, params, cache, context, token, position, key_valid, slot):
     """[B] tokens at ``slot`` (positions [B]) -> ([B, V] log-probs, cache,
-    context)."""
+    context). With a reader, the positions and the slots read are the
+    rows' windows' (``generation.MemoryReader``), and a row whose query starts a
+    new window runs that window again (``_slide``)."""
+    mask = key_valid
+    if self.reader is not None:
+      mask = self.reader.window_valid(context, key_valid)
+      position = slot - context.offset - context.start
 
     def fn(mdl):
       h, g, new = _forward(
-          mdl, token[:, None], position[:, None], key_valid, slot, cache
+          mdl, token[:, None], position[:, None], mask, slot, cache
       )
       return mdl.log_probs(h[:, 0], with_log_z=True), g, new
 
@@ -238,15 +209,65 @@ class CachedDecoder:
     )
     if self.reader is None:
       return scores[0], cache, None
-    context = Context(
-        jax.lax.dynamic_update_slice_in_dim(
-            context.features, g.astype(jnp.float32), slot, axis=1
-        ),
-        jax.lax.dynamic_update_slice_in_dim(
-            context.next_tokens, token[:, None], slot - 1, axis=1
-        ),
+    context = self.reader.record(context, g, token, slot)
+    cache, context, scores = self._slide(
+        params, cache, context, scores, key_valid, slot
     )
-    return self._read(scores, context, key_valid, slot), cache, context
+    logp = self.reader.read(scores, context, key_valid, slot)
+    return logp, cache, context
+
+  def _slide(self, params, cache, context, scores, key_valid, slot):
+    """Runs again, as a window of its own, the new window of each row
+    whose query at ``slot`` starts one (``MemoryReader.slides``): its
+    keys, values and features, and the query's scores. -> (cache,
+    context, scores)."""
+    moving = self.reader.slides(context, slot)
+    length = key_valid.shape[1]
+    variables = model_vars.as_variables(params)
+
+    def redo(row, state):
+      cache, context, (logp, log_z) = state
+      tokens, start = self.reader.window_tokens(context, row, slot)
+      first = context.offset[row] + start
+      valid = key_valid[row] & (jnp.arange(length) >= first)
+      take = lambda x: jax.lax.dynamic_slice_in_dim(x, row, 1)  # noqa: E731
+
+      def fn(mdl):
+        h, g, new = _forward(
+            mdl,
+            tokens[None],
+            jnp.arange(tokens.shape[0])[None],
+            valid[None],
+            first,
+            jax.tree.map(take, cache),
+        )
+        return mdl.log_probs(h[:, -1], with_log_z=True), g, new
+
+      (lp, lz), g, new = self.model.apply(variables, method=fn)
+      put = lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, row, 0)  # noqa: E731
+      g = g[0].astype(jnp.float32)
+      feats = jax.lax.dynamic_update_slice_in_dim(
+          context.features[row], g, first, axis=0
+      )
+      context = context.replace(
+          features=context.features.at[row].set(feats),
+          scored=context.scored.at[row, slot].set(g[-1]),
+          start=context.start.at[row].set(start),
+      )
+      scores = (logp.at[row].set(lp[0]), log_z.at[row].set(lz[0]))
+      return jax.tree.map(put, cache, new), context, scores
+
+    def each(row, state):
+      return jax.lax.cond(
+          moving[row], lambda s: redo(row, s), lambda s: s, state
+      )
+
+    return jax.lax.cond(
+        jnp.any(moving),
+        lambda s: jax.lax.fori_loop(0, moving.shape[0], each, s),
+        lambda s: s,
+        (cache, context, scores),
+    )
 
   @functools.partial(jax.jit, static_argnums=(0, 1, 2))
   def _loop(
@@ -325,9 +346,9 @@ class CachedDecoder:
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
     if any(not len(p) for p in prompts):
       raise errors.ConfigError("generate: every prompt needs >= 1 token")
-    if self.reader is not None:  # Before any cut: evaluation reads it whole.
-      self.reader.check_length(max(len(p) for p in prompts) + num - 1)
-    if self.model.positions != "none":  # Absolute positions stop at max_len.
+    if self.reader is not None:  # Windows keep positions below T.
+      self.reader.check_prompt(max(len(p) for p in prompts))
+    elif self.model.positions != "none":  # Absolute positions stop there.
       room = self.model.cfg.max_len - num + 1
       if room < 1:
         raise errors.ConfigError(

@@ -21,9 +21,12 @@ every step reads the run's evaluation memory (``memjax.memory.generation``):
 TRIME's testing memory or the continuous cache over the decoded context,
 or a datastore's neighbours (kNN-LM, TRIMELM_ext: searched on the host),
 so the distribution each token is drawn from is the one ``--mode=memeval``
-gives that prefix. It needs key/value-cache decoding, and a prompt and its
-continuation within one evaluation window (``eval.window_len``
-predictions); a longer one is refused in one line.
+gives that prefix: the context of evaluation's sliding windows
+(``eval.window_len`` / ``score_len``) and the long-term memory of
+``eval_memory.long_mem_tokens`` pairs before a window. It needs
+key/value-cache decoding and a prompt within the first window (at most
+``eval.window_len`` tokens; a longer one is refused in one line); the
+continuation runs on through any number of windows.
 
 A model imported with its tokenizer stops a continuation at the first
 token that is one of its end-of-sequence ids (``stop_ids``: every EOS id
@@ -81,8 +84,8 @@ class Generate:
     memory: read the run's evaluation memory at every step (the setting
       ``memjax.load(W).score`` uses: ``tune.json``'s choice, else
       ``eval_memory.kind`` at its method's settings), so each step's
-      distribution is the one ``--mode=memeval`` scores, within one
-      evaluation window.
+      distribution is the one ``--mode=memeval`` scores (its windows and
+      long-term memory); prompts of at most ``eval.window_len`` tokens.
   """
 
   SECTION: ClassVar[str] = "generate"
@@ -162,7 +165,7 @@ def continue_prompts(
 
   Raises:
     errors.ConfigError: top-k or a memory asked of a model without cached
-      decoding; a context longer than the memory's evaluation window.
+      decoding; with a memory, a prompt longer than its first window.
   """
   kept = {} if kept is None else kept
   why = lm_decoding.unsupported(model)
@@ -217,7 +220,7 @@ def memory_reader(
   metric, search = grid.memory.external_metric, None
   if metric:  # The datastore and search evaluation reads.
     search = external_lib.external_search(scoring, metric, scoring.path)
-  return generation.MemoryReader.of(grid, int(scoring.eval.window_len), search)
+  return generation.MemoryReader.of(grid, scoring, search)
 
 
 def run_memory(restored: Any) -> generation.MemoryReader:

@@ -3,6 +3,7 @@ the per-token sums against a NumPy loop, and, on the shared smoke run, each
 step's distribution against what scoring (the --mode=memeval path) gives
 the same prefix."""
 
+import dataclasses
 import json
 import shutil
 
@@ -11,6 +12,7 @@ import pytest
 
 import memjax
 from memjax import errors
+from memjax import settings as settings_lib
 from memjax.memory import generation
 from memjax.methods.cache import continuous_cache
 from memjax.methods.external import memories as external
@@ -51,7 +53,7 @@ def test_a_distribution_with_memory_sums_to_one_and_reads_only_visible():
   tokens = rng.integers(0, 9, (2, 5))
   visible = np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], bool)
   reader = generation.MemoryReader(
-      "trime", in_batch.TrimeMemory(), (("temperatures", (1.0,)),), 32
+      "trime", in_batch.TrimeMemory(), (("temperatures", (1.0,)),), 32, 16
   )
   out = np.asarray(
       reader.log_probs(logp, log_z, keys[:, 0], keys, tokens, visible)
@@ -83,7 +85,7 @@ def test_a_distribution_with_memory_sums_to_one_and_reads_only_visible():
 )
 def test_memories_generation_cannot_read_are_named(memory, settings, needle):
   with pytest.raises(errors.ConfigError, match=needle):
-    generation.MemoryReader("x", memory, settings, 32)
+    generation.MemoryReader("x", memory, settings, 32, 16)
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +99,41 @@ def _forced(model, setting, prompts, forced):
   return dec.forced_log_probs(model.restored.variables, prompts, forced)
 
 
-@pytest.mark.parametrize("setting", [TRIME, CACHE], ids=["trime", "cache"])
-def test_each_step_reads_the_memory_as_scoring_does(model, setting):
-  window = model.settings.eval.window_len
-  tokens = model.encode(TEXT)[:window]
-  assert len(tokens) == window
+def _with_span(workdir, span):
+  """The run loaded with ``eval_memory.long_mem_span`` = ``span``."""
+  lm = memjax.load(workdir)
+  s = lm.settings.replace(
+      settings_lib.replaced(lm.settings.eval_memory, long_mem_span=span)
+  )
+  run = lm.restored.run.replace(*s.sections.values())
+  lm.restored, lm.settings = dataclasses.replace(lm.restored, run=run), s
+  return lm
+
+
+@pytest.mark.parametrize(
+    "setting, span, windows",
+    [
+        (TRIME, "before_window", 1),
+        (CACHE, "before_window", 1),
+        ({**TRIME, "long_mem_tokens": 16}, "before_window", 3),
+        ({**CACHE, "long_mem_tokens": 24}, "last_scored", 3),
+    ],
+    ids=["trime", "cache", "trime-long", "cache-long-last-scored"],
+)
+def test_each_step_reads_the_memory_as_scoring_does(
+    smoke_workdir, setting, span, windows
+):
+  """The smoke run's windows: T = 32 predictions, the first window's second
+  half scored in a copy, then windows of S = 16; M_long of N pairs."""
+  lm = _with_span(smoke_workdir, span)
+  size = (
+      lm.settings.eval.window_len + (windows - 1) * lm.settings.eval.score_len
+  )
+  tokens = lm.encode(TEXT * windows)[: size + 1]
+  assert len(tokens) == size + 1
   prompts, n = [tokens[:6], tokens[:3]], len(tokens) - 6
   forced = np.stack([tokens[6:], np.resize(tokens[3:], n)])
-  got = _forced(model, setting, prompts, forced)
-  lm = memjax.load(model.restored.path)
+  got = _forced(lm, setting, prompts, forced)
   lm.memory = setting
   for b, prompt in enumerate(prompts):
     seq = np.concatenate([prompt, forced[b]])
@@ -114,20 +142,28 @@ def test_each_step_reads_the_memory_as_scoring_does(model, setting):
     np.testing.assert_allclose(picked, want, atol=1e-5, rtol=0)
     plain = lm.score(seq, memory=False)["logprobs"][0][len(prompt) - 1 :]
     assert np.abs(plain - want).max() > 0.1  # The memory counts.
+    if setting.get("long_mem_tokens"):  # And M_long, past the first window.
+      lm.memory = {**setting, "long_mem_tokens": 0}
+      local = lm.score(seq)["logprobs"][0][len(prompt) - 1 :]
+      lm.memory = setting
+      assert np.abs(local - want).max() > 1e-3
   np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-4)
 
 
-def test_greedy_generation_with_memory_takes_each_steps_best(model):
-  prompt = model.encode("the cat sat on the")
-  new = model.generate(prompt, 8, greedy=True, memory=CACHE)
-  got = _forced(model, CACHE, [prompt], new[None, :-1])[0]
+def test_greedy_generation_with_memory_runs_on_through_the_windows(model):
+  """40 new tokens after 6: the windows slide at predictions 32 and 48."""
+  setting = {**CACHE, "long_mem_tokens": 16}
+  prompt = model.encode(TEXT)[:6]
+  new = model.generate(prompt, 40, greedy=True, memory=setting)
+  assert len(new) == 40
+  got = _forced(model, setting, [prompt], new[None, :-1])[0]
   np.testing.assert_array_equal(got.argmax(-1), new)
 
 
-def test_a_context_longer_than_the_window_is_refused(model):
+def test_a_prompt_longer_than_the_first_window_is_refused(model):
   window = model.settings.eval.window_len
-  with pytest.raises(errors.ConfigError, match="eval.window_len"):
-    model.generate([1, 2, 3], window, memory=True)
+  with pytest.raises(errors.ConfigError, match="eval.window_len 32"):
+    model.generate(np.arange(window + 1) % 50, 2, memory=True)
   bare = memjax.load(model.restored.path)
   bare.memory = {"kind": "none"}
   with pytest.raises(ValueError, match="no evaluation memory"):
@@ -217,14 +253,16 @@ def test_generate_mode_reads_the_runs_memory(smoke_workdir, tmp_path):
     assert row["ids"] == list(
         lm.generate(row["prompt_ids"], 6, greedy=True, memory=True)
     )
+  written = (workdir / "generations.jsonl").read_text()
+  prompts.write_text(TEXT + "\n")  # Longer than the first window.
   proc = run_main(
       "--config=configs/trime_wt103.py:smoke",
       f"--workdir={workdir}",
       f"--config.generate.prompts={prompts}",
-      "--config.generate.num_tokens=40",
       "--config.generate.memory=True",
       "--mode=generate",
   )
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "eval.window_len 32" in proc.stderr
   assert "Traceback" not in proc.stderr
+  assert (workdir / "generations.jsonl").read_text() == written
