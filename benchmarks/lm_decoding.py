@@ -22,7 +22,19 @@ full-size setting is ``--d_model=1024 --layers=4 --heads=16 --kv_heads=4
 model instead (randomly initialised, its corpus's published vocabulary as
 ``--mode=plan`` takes it; ``--vocab`` and the shape flags are then
 unused): the TRIME 150M LM, 53M parameters with its adaptive softmax over
-267,735 words.
+267,735 words. ``--sampler_batches=1`` times the sampler at batch 1 only:
+it runs the prompts one by one, so its batch-8 speed is its batch-1 speed.
+
+``--workdir=W`` times a trained run's cached decoding without and with an
+evaluation memory read at every step (``memjax.memory.generation``):
+``--memory`` (a setting as JSON; '' = the run's), with ``--datastore``
+attached for kNN-LM or TRIMELM_ext (``--ext_k``, ``--search``). The report
+adds the datastore's queries (one per row and token) and the search's
+milliseconds per query, e.g. over the kNN-LM demo's datastore::
+
+    python benchmarks/lm_decoding.py --workdir=runs/extmem_demo/vanilla \
+        --datastore=runs/extmem_demo/vanilla/datastore \
+        --memory='{"kind": "knn", "knn_temperature": 1, "knn_lambda": 0.25}'
 """
 
 from __future__ import annotations
@@ -113,7 +125,7 @@ def _config_model(args):
   return model, variables, vocab
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add = parser.add_argument
   for name, default in (
@@ -128,9 +140,35 @@ def main() -> None:
   ):
     add(f"--{name}", type=int, default=default)
   add("--batches", default="1,8", help="comma-separated batch sizes")
+  add(
+      "--sampler_batches",
+      default="",
+      help="batch sizes the segment sampler is timed at ('' = --batches)",
+  )
   add("--config", default="", help="a paper config's model instead")
+  add(
+      "--workdir",
+      default="",
+      help="a trained run: its cached decoding with and without --memory",
+  )
+  add("--datastore", default="", help="with --workdir: attach this datastore")
+  add(
+      "--memory",
+      default="",
+      help="with --workdir: the evaluation memory, as JSON ('' = the run's)",
+  )
+  add("--ext_k", type=int, default=0, help="neighbours (0 = the run's)")
+  add("--search", default="scann", help="the datastore's search: scann|exact")
   harness.add_timing_args(parser, steps=1, warmup=1, rounds=2)
-  args = parser.parse_args()
+  return parser
+
+
+def _batches(text: str) -> list[int]:
+  return [int(x) for x in text.split(",") if x]
+
+
+def _random_model_benches(args, rng) -> tuple[list, dict]:
+  """The segment sampler and the cached decoder on a random model."""
   # pylint: disable=g-import-not-at-top
   from memjax.models import lm_decoding
   from memjax.models import sampling as sampling_lib
@@ -155,14 +193,75 @@ def main() -> None:
     seeds = list(range(len(prompts)))
     return decoder.generate(variables, prompts, new, sampling, seeds)
 
-  rng = np.random.default_rng(0)
   benches = []
-  for b in (int(x) for x in args.batches.split(",")):
+  old_batches = _batches(args.sampler_batches or args.batches)
+  for b in _batches(args.batches):
     prompts = list(rng.integers(0, args.vocab, (b, args.prompt)))
-    benches.append(GenerateBench(f"sampler batch {b}", old, prompts, args.new))
+    if b in old_batches:
+      benches.append(
+          GenerateBench(f"sampler batch {b}", old, prompts, args.new)
+      )
     benches.append(
         GenerateBench(f"cached batch {b}", cached, prompts, args.new)
     )
+  model_name = args.config or "random Llama-shaped (the shape flags)"
+  return benches, {"model": model_name, "parameters": params}
+
+
+def _memory_benches(args, rng) -> tuple[list, dict]:
+  """A trained run's cached decoding without and with its evaluation
+  memory (``--memory``, e.g. kNN-LM over ``--datastore``)."""
+  # pylint: disable=g-import-not-at-top
+  import json
+
+  import memjax
+  from memjax.models import lm_decoding
+  from memjax.models import sampling as sampling_lib
+  from memjax.modes import generate as generate_lib
+
+  lm = memjax.load(args.workdir)
+  setting = json.loads(args.memory) if args.memory else None
+  if args.datastore:
+    more = {"ext_k": args.ext_k} if args.ext_k else {}
+    lm.attach(args.datastore, setting, search=args.search, **more)
+  setting = setting or lm.memory
+  reader = generate_lib.memory_reader(lm.restored.scoring(), setting)
+  model, variables = lm.restored.model, lm.restored.variables
+  plain = lm_decoding.CachedDecoder(model)
+  read = lm_decoding.CachedDecoder(model, reader)
+  sampling = sampling_lib.Sampling(top_p=0.95)
+
+  def run(decoder):
+    def fn(prompts, new):
+      seeds = list(range(len(prompts)))
+      return decoder.generate(variables, prompts, new, sampling, seeds)
+
+    return fn
+
+  benches = []
+  for b in _batches(args.batches):
+    prompts = list(rng.integers(0, lm.restored.vocab_size, (b, args.prompt)))
+    benches.append(
+        GenerateBench(f"cached batch {b}", run(plain), prompts, args.new)
+    )
+    benches.append(
+        GenerateBench(
+            f"cached + {reader.kind} batch {b}", run(read), prompts, args.new
+        )
+    )
+  search = reader.search
+  extra = {"model": args.workdir, "memory": setting, "search": args.search}
+  return benches, {**extra, "searcher": search}
+
+
+def main() -> None:
+  args = _parser().parse_args()
+  rng = np.random.default_rng(0)
+  if args.workdir:
+    benches, extra = _memory_benches(args, rng)
+  else:
+    benches, extra = _random_model_benches(args, rng)
+  search = extra.pop("searcher", None)
   harness.run_rounds(
       benches, rounds=args.rounds, steps=args.steps, warmup=args.warmup
   )
@@ -177,14 +276,18 @@ def main() -> None:
             "seconds_per_pass_all_rounds": s.get("seconds_per_step_all_rounds"),
         }
     )
+  if search is not None:  # Warm-up and timed passes: one query a token.
+    extra["search_queries"] = search.queries
+    extra["search_ms_per_query"] = (
+        1e3 * search.search_seconds / max(search.queries, 1)
+    )
   harness.finish(
       results,
       args,
       ratio_keys=("new_tokens_per_s",),
-      model=args.config or "random Llama-shaped (the shape flags)",
-      parameters=params,
       prompt_len=args.prompt,
       new_tokens=args.new,
+      **extra,
   )
 
 

@@ -105,6 +105,8 @@ class ExternalSearch:
     pipeline: search batch t in a thread while t + 1 runs forward.
     rescore: recompute the scores from the stored keys; False: the
       searcher's scores as returned (``eval_memory.rescore``).
+    search_seconds, queries: the time spent searching and the queries
+      searched so far.
   """
 
   searcher: Any
@@ -112,6 +114,7 @@ class ExternalSearch:
   pipeline: bool = True
   search_seconds: float = 0.0
   rescore: bool = True
+  queries: int = 0
 
   def neighbours(self, queries: np.ndarray):
     """(scores [Q, K], values [Q, K]): recomputed from the stored keys, or
@@ -130,6 +133,7 @@ class ExternalSearch:
       scores = np.where(idx >= 0, found, -np.inf).astype(np.float32)
       values = self.searcher.store.gather_values(idx)
     self.search_seconds += time.perf_counter() - start
+    self.queries += int(queries.shape[0])
     return scores, values
 
 

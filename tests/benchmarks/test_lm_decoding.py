@@ -44,10 +44,43 @@ def test_a_paper_configs_model(tmp_path):
   """``--config``: the config's model (here TRIME's smoke LM, adaptive
   softmax and all) decodes both ways, and the report names it."""
   flags = "--config=configs/trime_wt103.py:trime_smoke --prompt=10 --new=4"
-  report = _report(flags + " --batches=2 --rounds=1", tmp_path)
+  flags += " --batches=1,2 --sampler_batches=1 --rounds=1"
+  report = _report(flags, tmp_path)
   assert report["model"] == "configs/trime_wt103.py:trime_smoke"
   assert [r["name"] for r in report["results"]] == [
-      "sampler batch 2",
+      "sampler batch 1",
+      "cached batch 1",
       "cached batch 2",
   ]
   assert all(r["new_tokens_per_s"] > 0 for r in report["results"])
+
+
+def test_a_runs_decoding_with_and_without_its_datastore(
+    smoke_workdir, tmp_path
+):
+  """``--workdir`` with ``--datastore``: the smoke run decodes without and
+  with kNN-LM over a datastore of its features; the report gives the
+  search's queries and milliseconds per query."""
+  from configs import trime_wt103  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax.methods.external import modes as external_modes  # pylint: disable=g-import-not-at-top
+
+  c = trime_wt103.get_config("smoke")
+  c.train.init_from = smoke_workdir
+  c.datastore.max_windows = 8
+  c.eval_memory.kind = "knn"
+  store = external_modes.datastore(build.build(c, str(tmp_path / "ext")))
+  memory = '{"kind":"knn","knn_temperature":1.0,"knn_lambda":0.25}'
+  flags = f"--workdir={smoke_workdir} --datastore={store['path']}"
+  flags += f" --memory={memory} --ext_k=8 --search=exact"
+  flags += " --prompt=6 --new=4 --batches=2 --rounds=1"
+  report = _report(flags, tmp_path)
+  assert [r["name"] for r in report["results"]] == [
+      "cached batch 2",
+      "cached + knn batch 2",
+  ]
+  assert report["memory"]["kind"] == "knn"
+  # Two rows, a warm-up of 2 tokens and a pass of 4: one query per row
+  # at the prefill and at each step.
+  assert report["search_queries"] == 2 * (3 + 5)
+  assert report["search_ms_per_query"] > 0
