@@ -200,8 +200,8 @@ class LanguageModel(base.Loaded):
     """Continues each prompt: greedy, or sampled (temperature, top-k, top-p).
 
     As ``--mode=generate`` (``memjax.modes.generate.continue_prompts``): a
-    decoder LM with the 'vanilla' attention kind (no recurrent memory)
-    decodes the prompts in batches with a key/value cache
+    decoder LM with the 'vanilla' attention kind, or Transformer-XL with
+    its memory, decodes the prompts in batches with a key/value cache
     (``memjax.models.lm_decoding``: prefill, then one cached step per
     token); other models decode prompt by prompt by segments, the memory
     carried (``memjax.models.segment_decoding.Sampler``), which takes top-p

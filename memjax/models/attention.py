@@ -73,12 +73,42 @@ class AttentionKind(nn.Module):
     segment's rows of the last block's output and g, and the stack's new
     memory: by default (h, g, tuple of the layers' new memories).
 
+  * ``decodes_cached(mem_len)`` and ``cached_context(query, segment_len,
+    mem_len)``: whether the kind decodes with a key/value cache
+    (``lm_decoding``; called with ``pos``, the cache's first slot, and a
+    ``mask`` of the slots each query reads), and the first stream position
+    a query reads there, as training and evaluation give it.
+
   A kind whose memory is not one entry per layer (LaMemo prepends memory
   rows to the segment) overrides the three stack hooks.
   """
 
   ABSOLUTE_POSITIONS: ClassVar[bool] = False
   RECURRENT: ClassVar[bool] = False
+
+  @classmethod
+  def decodes_cached(cls, mem_len: int) -> bool:
+    """Whether a model of this kind (memory length ``mem_len``) decodes
+    with a key/value cache; by default not."""
+    del mem_len
+    return False
+
+  @classmethod
+  def cached_context(
+      cls, query: Array, segment_len: int, mem_len: int
+  ) -> Array:
+    """The first stream position each query reads in cached decoding.
+
+    Args:
+      query: int array, the queries' stream positions.
+      segment_len: T, the segments of evaluation and generation.
+      mem_len: M, the model's memory length.
+
+    Returns:
+      int array like ``query``; by default 0, every earlier position.
+    """
+    del segment_len, mem_len
+    return jnp.zeros_like(query)
 
   @classmethod
   def carries_memory(cls, mem_len: int) -> bool:
@@ -214,6 +244,11 @@ class CausalSelfAttention(AttentionKind):
   options: VanillaOptions = VanillaOptions()
 
   ABSOLUTE_POSITIONS: ClassVar[bool] = True
+
+  @classmethod
+  def decodes_cached(cls, mem_len: int) -> bool:
+    del mem_len
+    return True
 
   def setup(self) -> None:
     # The core's parameters sit directly in this layer's scope (query,

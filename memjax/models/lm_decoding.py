@@ -1,4 +1,4 @@
-"""Key/value-cache decoding of a decoder LM ('decoder_lm', 'vanilla').
+"""Key/value-cache decoding of a decoder LM ('decoder_lm': 'vanilla', 'xl').
 
 ``CachedDecoder`` continues a batch of prompts: the prompts are
 left-padded to a common length P (a multiple of ``BUCKET``), one call
@@ -12,14 +12,18 @@ only its own slots (``key_valid``), causally, and a sliding-window layer
 only its last ``sliding_window`` positions (the full-length cache masked,
 not a rolling buffer).
 
-What it covers: the 'decoder_lm' family with the 'vanilla' attention kind
-and no recurrent memory, with rotary positions (every scaling of
-``rotary``), learned or sinusoid absolute positions, grouped-query heads
-(the cache holds H_kv heads), sliding windows and Gemma 3's local/global
-layers, any position-wise feed-forward (FFN, GLU, product-key memory),
-scanned layers (``stack.apply`` scans the per-layer caches). Other
-families and kinds (Transformer-XL, LaMemo, 'rpe', MARGE, the encoders)
-use ``memjax.models.segment_decoding.Sampler``.
+What it covers: the 'decoder_lm' family with an attention kind that
+decodes with a cache (``AttentionKind.decodes_cached``): 'vanilla', with
+rotary positions (every scaling of ``rotary``), learned or sinusoid
+absolute positions, grouped-query heads (the cache holds H_kv heads),
+sliding windows and Gemma 3's local/global layers; and Transformer-XL with
+its memory of M, whose queries read the positions from M before their
+segment of T (``segment_len``) on (``AttentionKind.cached_context``): the
+memory's keys and values are those the cache keeps of those positions. Any
+position-wise feed-forward (FFN, GLU, product-key memory), scanned layers
+(``stack.apply`` scans the per-layer caches). Other families and kinds
+(LaMemo, 'rpe', MARGE, the encoders) use
+``memjax.models.segment_decoding.Sampler``.
 
 Sampling (``memjax.models.sampling``): greedy, or temperature, top-k and
 top-p filtering; row b draws token t with ``fold_in(PRNGKey(seeds[b]), t)``
@@ -44,7 +48,6 @@ import numpy as np
 
 from memjax import errors
 from memjax.io import console
-from memjax.models import attention as attention_lib
 from memjax.models import block_stack
 from memjax.models import sampling as sampling_lib
 from memjax.models import stack
@@ -60,10 +63,11 @@ def unsupported(model: Any) -> Optional[str]:
   """Why ``model`` cannot decode with a cache, or None when it can."""
   if type(model) is not transformer.TransformerLM:  # pylint: disable=unidiomatic-typecheck
     return f"family {type(model).__name__} is not decoder_lm"
-  if model.attention_kind() is not attention_lib.CausalSelfAttention:
-    return f"attention kind {model.cfg.attention!r} is not 'vanilla'"
-  if model.carries_memory():
-    return "the model carries a recurrent memory"
+  if not model.attention_kind().decodes_cached(model.cfg.mem_len):
+    return (
+        f"attention kind {model.cfg.attention!r} (memory {model.cfg.mem_len})"
+        " has no cached decoding"
+    )
   return None
 
 
@@ -100,7 +104,7 @@ def _forward(
     mdl: transformer.TransformerLM,
     tokens: Array,
     positions: Array,
-    key_valid: Array,
+    mask: Array,
     slot: Array,
     cache: Any,
 ) -> tuple[Array, Array, Any]:
@@ -109,8 +113,9 @@ def _forward(
   Args:
     mdl: the bound model.
     tokens: [B, T] int32.
-    positions: [B, T] int32 their positions.
-    key_valid: [B, L] bool, the slots each row may read.
+    positions: [B, T] int32 their positions (absolute and rotary kinds).
+    mask: [B, 1, T or 1, L] bool, the slots each query may read (besides
+      the causal rule).
     slot: scalar int32, the first slot.
     cache: per layer (keys, values) [B, L, H_kv, d_h].
 
@@ -120,14 +125,14 @@ def _forward(
   """
   x = mdl.embedder.embed(tokens)
   length = cache[0][0].shape[1]
-  if mdl.positions != "none":
+  if mdl.attention_kind().ABSOLUTE_POSITIONS and mdl.positions != "none":
     if mdl.pos_embed is not None:
       table = mdl.pos_embed
     else:
       table = block_stack.sinusoid_table(length, mdl.cfg.d_model)
     x = x + jnp.asarray(table, mdl.cfg.compute_dtype)[positions]
   shared = {} if mdl.ffn_shared is None else {"ffn_shared": mdl.ffn_shared()}
-  inputs = {"mask": key_valid[:, None, None, :], "pos": slot}
+  inputs = {"mask": mask, "pos": slot}
   inputs["positions"] = positions
   h, g, new = stack.apply(
       mdl.blocks, x, cache, True, attend_inputs=inputs, **shared
@@ -147,19 +152,45 @@ class CachedDecoder:
       model.
   """
 
-  def __init__(self, model: transformer.TransformerLM, reader: Any = None):
+  def __init__(
+      self,
+      model: transformer.TransformerLM,
+      reader: Any = None,
+      segment_len: int = 0,
+  ):
     why = unsupported(model)
     if why:
       raise ValueError(f"no cached decoding: {why}")
     self.model = model
     self.reader = reader
+    self.segment_len = int(segment_len)
+
+  def _context_mask(self, key_valid, slot, queries, stream):
+    """[B, 1, Q, L] bool: the slots each of the Q queries at slots
+    ``slot`` .. reads besides the causal rule: its row's real slots from
+    the first stream position its attention kind reads
+    (``AttentionKind.cached_context``) on.
+
+    Args:
+      key_valid: [B, L] bool, the rows' real slots.
+      slot: scalar int32, the first query's slot.
+      queries: Q.
+      stream: [B] int32, the first query's stream position.
+    """
+    kind, cfg = self.model.attention_kind(), self.model.cfg
+    offset = slot - stream  # [B] the slot of stream position 0
+    query = stream[:, None] + jnp.arange(queries)[None, :]  # [B, Q]
+    first = kind.cached_context(query, self.segment_len, cfg.mem_len)
+    slots = jnp.arange(key_valid.shape[1])[None, None, :]
+    keep = slots >= (offset[:, None] + first)[:, :, None]  # [B, Q, L]
+    return (key_valid[:, None, :] & keep)[:, None]
 
   def init_cache(self, batch: int, length: int) -> tuple:
     """Zero keys and values [B, L, H_kv, d_h] per layer."""
     cfg, out = self.model.cfg, []
     for i in range(cfg.num_layers):
-      opts = attention_lib.core_options(self.model.attention_options_at(i))
-      shape = (batch, length, opts["num_kv_heads"] or cfg.num_heads)
+      opts = self.model.attention_options_at(i)
+      shape = (batch, length, opts.get("num_kv_heads") or cfg.num_heads)
       zeros = jnp.zeros(shape + (cfg.head_dim,), cfg.compute_dtype)
       out.append((zeros, zeros))
     return tuple(out)
@@ -170,9 +201,16 @@ class CachedDecoder:
     -> ([B, V] float32 log-probabilities after the last, cache, the
     memory's ``Context``, None without a reader)."""
 
+    p = tokens.shape[1]
+    lengths = jnp.sum(key_valid[:, :p], axis=1).astype(jnp.int32)
+    if self.reader is None:
+      mask = self._context_mask(key_valid, 0, p, lengths - p)
+    else:  # The first window: the whole prompt.
+      mask = key_valid[:, None, None, :]
+
     def fn(mdl):
       cache = self.init_cache(tokens.shape[0], length)
-      h, g, cache = _forward(mdl, tokens, positions, key_valid, 0, cache)
+      h, g, cache = _forward(mdl, tokens, positions, mask, 0, cache)
       return mdl.log_probs(h[:, -1], with_log_z=True), g, cache
 
     scores, g, cache = self.model.apply(
@@ -180,8 +218,6 @@ class CachedDecoder:
     )
     if self.reader is None:
       return scores[0], cache, None
-    p = tokens.shape[1]
-    lengths = jnp.sum(key_valid[:, :p], axis=1).astype(jnp.int32)
     context = self.reader.init_context(
         g.astype(jnp.float32), tokens, lengths, length, length
     )
@@ -193,9 +229,10 @@ class CachedDecoder:
     context). With a reader, the positions and the slots read are the
     rows' windows' (``generation.MemoryReader``), and a row whose query starts a
     new window runs that window again (``_slide``)."""
-    mask = key_valid
-    if self.reader is not None:
-      mask = self.reader.window_valid(context, key_valid)
+    if self.reader is None:
+      mask = self._context_mask(key_valid, slot, 1, position)
+    else:
+      mask = self.reader.window_valid(context, key_valid)[:, None, None, :]
       position = slot - context.offset - context.start
 
     def fn(mdl):
@@ -237,7 +274,7 @@ class CachedDecoder:
             mdl,
             tokens[None],
             jnp.arange(tokens.shape[0])[None],
-            valid[None],
+            valid[None, None, None],
             first,
             jax.tree.map(take, cache),
         )
@@ -348,7 +385,10 @@ class CachedDecoder:
       raise errors.ConfigError("generate: every prompt needs >= 1 token")
     if self.reader is not None:  # Windows keep positions below T.
       self.reader.check_prompt(max(len(p) for p in prompts))
-    elif self.model.positions != "none":  # Absolute positions stop there.
+    elif (
+        self.model.attention_kind().ABSOLUTE_POSITIONS
+        and self.model.positions != "none"
+    ):  # Absolute positions stop at max_len.
       room = self.model.cfg.max_len - num + 1
       if room < 1:
         raise errors.ConfigError(

@@ -1,5 +1,6 @@
 """Decoding by segments, the recurrent memory carried (``Sampler``): the
-models without a key/value cache (Transformer-XL, LaMemo, 'rpe', MARGE).
+models without a key/value cache (LaMemo, 'rpe', MARGE), and the reference
+Transformer-XL's cached decoding is tested against.
 
 How the memory is carried: by segments, exactly as in training and
 evaluation. The text is cut into segments of T tokens (``eval.segment_len``
@@ -16,12 +17,12 @@ with the context it would have in a recurrent evaluation. Each step costs one
 forward pass over M + T rows; two programs are compiled (predict, commit).
 
 Models without memory (Transformer+RPE) slide a window of the last T
-tokens instead. A decoder LM with the 'vanilla' kind decodes with a
-key/value cache instead (``memjax.models.lm_decoding``: the prompt whole
-in one call, then one cached step per token, the same PRNG keys).
+tokens instead, re-encoded at every step. A decoder LM with the 'vanilla'
+kind, or Transformer-XL with its memory, decodes with a key/value cache
+instead (``memjax.models.lm_decoding``: the prompt whole in one call, then
+one cached step per token, the same PRNG keys).
 
-Models without memory (Transformer+RPE) slide a window of the last T
-tokens instead. Tokens are chosen as the cached decoder chooses them
+Tokens are chosen as the cached decoder chooses them
 (``sampling.Sampling``: top-p and temperature), token t with
 ``fold_in(PRNGKey(seed), t)``.
 """

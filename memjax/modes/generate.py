@@ -10,11 +10,14 @@ temperature, top-k and top-p (nucleus) filtering (Holtzman et al. 2020; p =
 0.95 in the LaMemo paper, App. D), prompt i with PRNG keys
 ``fold_in(PRNGKey(seed + i), t)``, so a seed gives one continuation.
 
-A decoder LM with the 'vanilla' attention kind decodes with a key/value
-cache (``memjax.models.lm_decoding``: the prompts in one call, then one
-cached step per token); the other models by segments with their recurrent
-memory carried, as in training and evaluation
-(``memjax.models.segment_decoding``), prompt by prompt.
+A decoder LM with the 'vanilla' attention kind, or Transformer-XL with
+its memory, decodes with a key/value cache (``memjax.models.lm_decoding``:
+the prompts in one call, then one cached step per token; Transformer-XL's
+queries read the memory of M positions before their segment of
+``eval.segment_len`` or ``data.seq_len`` T, as in training and
+evaluation); the other models (LaMemo, 'rpe', MARGE) by segments with their
+recurrent memory carried (``memjax.models.segment_decoding``), prompt by
+prompt.
 
 With ``generate.memory`` (``memjax.load(W).generate(..., memory=True)``),
 every step reads the run's evaluation memory (``memjax.memory.generation``):
@@ -156,7 +159,8 @@ def continue_prompts(
     sampling: the token choice (checked by the caller).
     seeds: one per prompt.
     stops: ids that end a continuation.
-    segment_len: the sampler's T.
+    segment_len: T, the segments of a recurrent model (the sampler's and
+      Transformer-XL's cached decoding's).
     batch_size: prompts decoded together.
     kept: a dict to keep the compiled decoder and samplers in between
       calls (``memjax.load(W).generate``), or None.
@@ -169,15 +173,11 @@ def continue_prompts(
   """
   kept = {} if kept is None else kept
   why = lm_decoding.unsupported(model)
-  if why is not None and reader is not None:
-    raise errors.ConfigError(
-        f"generate with the {reader.kind} memory needs key/value-cache "
-        f"decoding, and this model has none ({why})"
-    )
+  _check_reader(model, reader, why)
   if why is None:
-    key = ("decoder", reader)
+    key = ("decoder", reader, int(segment_len))
     if key not in kept:
-      kept[key] = lm_decoding.CachedDecoder(model, reader)
+      kept[key] = lm_decoding.CachedDecoder(model, reader, segment_len)
     decoder = kept[key]
     size = int(batch_size) or len(prompts)
     out = []
@@ -206,6 +206,26 @@ def continue_prompts(
       kept[key].generate(variables, p, int(num_tokens), int(seed), stops)
       for p, seed in zip(prompts, seeds)
   ]
+
+
+def _check_reader(
+    model: Any, reader: Optional[generation.MemoryReader], why: Optional[str]
+) -> None:
+  """Raises errors.ConfigError for a memory a model cannot decode with:
+  one without cached decoding (``why`` it has none) or with a recurrent
+  memory of its own."""
+  if reader is None:
+    return
+  if why is not None:
+    raise errors.ConfigError(
+        f"generate with the {reader.kind} memory needs key/value-cache "
+        f"decoding, and this model has none ({why})"
+    )
+  if model.carries_memory():
+    raise errors.ConfigError(
+        f"generate with the {reader.kind} memory: this model carries its "
+        "own memory; set generate.memory=False"
+    )
 
 
 def memory_reader(

@@ -11,6 +11,7 @@ import memjax
 from memjax import errors
 from memjax.models import lm_decoding
 from memjax.models import sampling as sampling_lib
+from memjax.models import segment_decoding
 from memjax.models import variables as model_vars
 from memjax.models import transformer
 from tests.conftest import REPO
@@ -114,12 +115,43 @@ def test_left_align_derives_positions_from_a_right_padded_mask():
   np.testing.assert_array_equal(lengths, [2, 4])
 
 
-def test_models_it_does_not_cover_are_named():
+@pytest.mark.parametrize(
+    "attention, mem_len", [("lamemo", 4), ("rpe", 0), ("xl", 0)]
+)
+def test_models_it_does_not_cover_are_named(attention, mem_len):
   model = transformer.TransformerLM(
-      cfg=helpers.tiny(32, attention="xl", mem_len=4)
+      cfg=helpers.tiny(32, attention=attention, mem_len=mem_len)
   )
-  assert "xl" in lm_decoding.unsupported(model)
-  jax.block_until_ready(jax.numpy.zeros(1))
+  assert f"{attention!r} (memory {mem_len})" in lm_decoding.unsupported(model)
+
+
+@pytest.mark.parametrize(
+    "attention, mem_len",
+    [("xl", 4), ("xl", 9)],
+    ids=["xl-memory-4", "xl-memory-9"],
+)
+def test_transformer_xl_decodes_as_the_segment_sampler_predicts(
+    attention, mem_len
+):
+  """Transformer-XL by segments of T = 6 with its memory of M (4 < T, and
+  9 > T, reaching over two segments): two prompts of other lengths (one
+  longer than a segment) in a batch, each step against
+  ``segment_decoding.Sampler.score``."""
+  model = transformer.TransformerLM(
+      cfg=helpers.tiny(32, num_layers=2, attention=attention, mem_len=mem_len)
+  )
+  variables = helpers.random_params(model, np.zeros((1, 6), np.int32), None)
+  rng = np.random.default_rng(3)
+  prompts = [rng.integers(0, 32, 3), rng.integers(0, 32, 10)]
+  forced = rng.integers(0, 32, (2, 14))
+  dec = lm_decoding.CachedDecoder(model, segment_len=6)
+  got = dec.forced_log_probs(variables, prompts, forced)
+  sampler = segment_decoding.Sampler(model, 6, top_p=1.0)
+  for b, prompt in enumerate(prompts):
+    seq = np.concatenate([prompt, forced[b]])
+    want = sampler.score(variables, seq)[len(prompt) - 1 :]
+    picked = got[b, np.arange(14), forced[b]]
+    np.testing.assert_allclose(picked, want, atol=1e-5, rtol=0)
 
 
 def test_scanned_layers_decode_as_they_score():

@@ -106,9 +106,36 @@ def _heads_constraint(x: jax.Array) -> jax.Array:
 
 
 class _SegmentAttention(RelativeAttentionBase):
-  """Relative attention of the current segment over (memory, segment)."""
+  """Relative attention of the current segment over (memory, segment).
+
+  A recurrent kind with a memory decodes with a key/value cache
+  (``decode_step``): its memory holds the layer inputs of the M positions
+  before the segment, whose keys and values are those the cache keeps of
+  them, so a query at stream position p reads positions (p // T) * T - M
+  .. p. Without a memory, the segment sampler re-encodes a window of the
+  last T tokens at every step, which a cache of keys computed once cannot
+  give: those kinds keep the sampler.
+  """
+
+  @classmethod
+  def decodes_cached(cls, mem_len: int) -> bool:
+    return cls.carries_memory(mem_len)
+
+  @classmethod
+  def cached_context(
+      cls, query: jax.Array, segment_len: int, mem_len: int
+  ) -> jax.Array:
+    return (query // segment_len) * segment_len - mem_len
 
   causal: bool = True
+
+  @classmethod
+  def cached_context(
+      cls, query: jax.Array, segment_len: int, mem_len: int
+  ) -> jax.Array:
+    if cls.carries_memory(mem_len):
+      return (query // segment_len) * segment_len - mem_len
+    return query - segment_len + 1
 
   @classmethod
   def init_layer_memory(
@@ -138,6 +165,7 @@ class _SegmentAttention(RelativeAttentionBase):
       deterministic: bool,
       mask: jax.Array | None = None,
       pos: jax.Array | None = None,
+      positions: jax.Array | None = None,
   ) -> tuple[jax.Array, rmemory.XLMemory | None]:
     """Attends from the segment over the memory and the segment.
 
@@ -150,6 +178,8 @@ class _SegmentAttention(RelativeAttentionBase):
         mask: bool broadcastable to [B, H, T, M + T], True = may attend (an
             encoder's padding mask), or None.
         pos: one decoding step's position (``decode_step``), or None.
+        positions: ignored (the cached decoder's absolute positions: the
+            relative terms read slot distances).
 
     Returns:
         (y [B, T, D] compute dtype, after the output projection;
@@ -159,6 +189,7 @@ class _SegmentAttention(RelativeAttentionBase):
     Sows (collection 'intermediates', only when it is mutable):
         attention_probs: [B, H, T, M + T] float32.
     """
+    del positions
     if pos is not None:
       return self.decode_step(x, memory, pos, mask)
     x = nn.with_logical_constraint(
@@ -205,20 +236,21 @@ class _SegmentAttention(RelativeAttentionBase):
       pos: jax.Array,
       mask: jax.Array | None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """One causal decoding step from a cache of content keys and values
-    (the translation decoder's): the token at ``pos`` reads the keys at
-    distances ``pos - j`` (the relative terms need no more than the
+    """Causal decoding steps from a cache of content keys and values (the
+    translation decoder's, one token at a time; the LM's, a prefill then
+    one token at a time): the token at slot ``pos + i`` reads the keys at
+    distances ``pos + i - j`` (the relative terms need no more than the
     cached keys).
 
     Args:
-        x: [B, 1, D] the step's normed input.
+        x: [B, Q, D] the normed inputs at slots pos .. pos + Q - 1.
         cache: (keys, values) [B, T_max, H, dh] of the steps so far.
-        pos: scalar int32 position of x.
-        mask: bool broadcastable to [B, H, 1, T_max], True = may attend
-            (the positions up to ``pos``), or None.
+        pos: scalar int32 slot of x's first row.
+        mask: bool broadcastable to [B, H, Q, T_max], True = may attend
+            (besides the causal rule), or None.
 
     Returns:
-        ([B, 1, D], the cache with x's keys and values at ``pos``).
+        ([B, Q, D], the cache with x's keys and values from ``pos`` on).
     """
     q = self.core.project(x, "query")
     k, v = (
@@ -227,10 +259,12 @@ class _SegmentAttention(RelativeAttentionBase):
         )
         for c, name in zip(cache, ("key", "value"))
     )
-    keep = jnp.arange(k.shape[1])[None, None, None, :] <= pos
+    rows = pos + jnp.arange(x.shape[1])[:, None]
+    keep = (jnp.arange(k.shape[1])[None, :] <= rows)[None, None]
     if mask is not None:
       keep = keep & mask
-    scores = self.core.scores(q, k, delta_top=pos, past_only=True)
+    delta_top = pos + x.shape[1] - 1
+    scores = self.core.scores(q, k, delta_top=delta_top, past_only=True)
     c, _, _ = self.core.attend(scores, keep, v, True)
     return self._project(c), (k, v)
 

@@ -20,6 +20,7 @@ from memjax import config as config_lib
 from memjax.data import corpus as corpus_lib
 from memjax.eval import rows as rows_lib
 from memjax.eval import scorer as scorer_lib
+from memjax.models import lm_decoding
 from memjax.models import sampling as sampling_lib
 from memjax.models import segment_decoding
 from memjax.eval import streams as recurrent_eval
@@ -287,6 +288,19 @@ def test_txl_smoke_config_trains_end_to_end(tmp_path):
   workdir = str(tmp_path / "run")
   results = memjax.train(config, workdir)
   _check_results(results, workdir, steps=6)
+  # --mode=generate decodes Transformer-XL with a key/value cache, its
+  # memory read as the segment sampler carries it: the same greedy tokens.
+  config.generate.num_tokens, config.generate.prompt_len = 24, 20
+  config.generate.greedy = True
+  res = memjax.run_mode("generate", config, workdir)
+  lm = memjax.load(workdir)
+  model = lm.restored.model
+  assert lm_decoding.unsupported(model) is None and model.carries_memory()
+  seg = int(lm.settings.eval.segment_len or lm.settings.data.seq_len)
+  sampler = segment_decoding.Sampler(model, seg, top_p=1e-9)
+  prompt = np.asarray(res["prompt_ids"], np.int32)
+  want = sampler.generate(lm.restored.variables, prompt, 24, seed=0)
+  assert res["ids"] == want.tolist() and seg < 20 + 24
 
 
 def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
