@@ -16,7 +16,8 @@ warm-up compiles it (the sampler's on a 2-token continuation); the two
 alternate within each round (the median round is reported). Prints one
 JSON object with the machine, new tokens/s of each and the ratios; the
 full-size setting is ``--d_model=1024 --layers=4 --heads=16 --kv_heads=4
---d_ff=2816 --vocab=32000 --prompt=768 --new=256`` (about 53M parameters).
+--d_ff=2816 --vocab=32000 --prompt=768 --new=256`` (110.6M parameters,
+45M of them in the layers).
 
 ``--config=configs/trime_wt103.py:trime_150m`` times a paper config's
 model instead (randomly initialised, its corpus's published vocabulary as
