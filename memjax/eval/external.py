@@ -35,16 +35,6 @@ from memjax.memory import search as search_lib
 Array = jax.Array
 
 
-def masked_lse(scores: Array, mask: Array) -> Array:
-  """log sum_{mask} exp(scores) over the last axis; -inf where empty."""
-  s = jnp.where(mask, scores, -jnp.inf)
-  m = jnp.max(s, axis=-1, keepdims=True)
-  m = jnp.where(jnp.isfinite(m), m, 0.0)
-  total = jnp.sum(jnp.where(mask, jnp.exp(s - m), 0.0), axis=-1)
-  ok = total > 0
-  return jnp.where(ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)
-
-
 def external_sums(
     scores: Array, values: Array, targets: Array, scales: Array
 ) -> tuple[Array, Array]:
@@ -65,7 +55,9 @@ def external_sums(
 
   def one(scale):
     s = jnp.where(valid, scores, 0.0) * scale
-    return masked_lse(s, valid), masked_lse(s, pos)
+    return blockwise.masked_logsumexp(s, valid), blockwise.masked_logsumexp(
+        s, pos
+    )
 
   return jax.vmap(one)(scales)
 

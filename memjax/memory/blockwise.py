@@ -384,3 +384,22 @@ def logaddexp(a: Array, b: Array) -> Array:
   return jnp.where(
       finite, hi_safe + softplus(lo_safe - hi_safe), jax.lax.stop_gradient(hi)
   )
+
+
+def masked_logsumexp(x: Array, mask: Array) -> Array:
+  """log sum_{mask} exp(x) over the last axis; -inf where nothing is
+  masked in. The gradient is NaN-free: masked-out entries are replaced
+  before the exp, and the shift is a constant.
+
+  Args:
+    x: [..., K] float.
+    mask: bool broadcastable to ``x``.
+
+  Returns:
+    [...] float.
+  """
+  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=-1, keepdims=True)
+  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+  total = jnp.sum(jnp.where(mask, jnp.exp(jnp.where(mask, x, m) - m), 0.0), -1)
+  ok = total > 0
+  return jnp.where(ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)

@@ -90,18 +90,6 @@ def token_logsumexp(
   return out[:, :vocab_size]
 
 
-def _logsumexp(scores: Array, valid: Array) -> Array:
-  """[B, L] -> [B] over the valid entries, -inf where there is none."""
-  s = jnp.where(valid, scores, -jnp.inf)
-  peak = jnp.max(s, axis=-1, keepdims=True)
-  shift = jnp.where(jnp.isfinite(peak), peak, 0.0)
-  total = jnp.sum(jnp.where(valid, jnp.exp(s - shift), 0.0), axis=-1)
-  ok = total > 0
-  return jnp.where(
-      ok, shift[:, 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf
-  )
-
-
 @flax.struct.dataclass
 class Context:
   """The decoded context a memory reads (see the module doc).
@@ -391,7 +379,9 @@ def _sums(
   if sim.shape[1] == 0:  # No entry (an empty datastore).
     empty = jnp.full((len(scales), sim.shape[0], v), -jnp.inf, jnp.float32)
     return empty, empty
-  lse_all = jnp.stack([_logsumexp(sim * c, valid) for c in scales])
+  lse_all = jnp.stack(
+      [blockwise.masked_logsumexp(sim * c, valid) for c in scales]
+  )
   lse_pos = jnp.stack(
       [token_logsumexp(sim * c, tokens, valid, v) for c in scales]
   )

@@ -50,15 +50,6 @@ def metric_of(kind: str) -> str:
   return "squared_l2" if kind == "knn" else "dot_product"
 
 
-def _masked_lse(x: Array, mask: Array) -> Array:
-  """log sum_{mask} exp(x) over the last axis; -inf where empty."""
-  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=-1, keepdims=True)
-  m = jnp.where(jnp.isfinite(m), m, 0.0)
-  total = jnp.sum(jnp.where(mask, jnp.exp(x - m), 0.0), axis=-1)
-  ok = total > 0
-  return jnp.where(ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)
-
-
 def vocab_sums(logits: Array, values: Array, vocab_size: int):
   """(lse_all [N], lse_v [N, V]): log sum of exp(memory logits) over all
   neighbours and over those whose token is v (-inf where none).
@@ -70,7 +61,7 @@ def vocab_sums(logits: Array, values: Array, vocab_size: int):
   """
   valid = jnp.isfinite(logits)
   lse_v = generation.token_logsumexp(logits, values, valid, vocab_size)
-  return _masked_lse(logits, valid), lse_v
+  return blockwise.masked_logsumexp(logits, valid), lse_v
 
 
 def target_sums(logits: Array, values: Array, targets: Array):
@@ -78,7 +69,9 @@ def target_sums(logits: Array, values: Array, targets: Array):
   target token only."""
   valid = jnp.isfinite(logits)
   pos = valid & (values == targets[..., None])
-  return _masked_lse(logits, valid), _masked_lse(logits, pos)
+  return blockwise.masked_logsumexp(logits, valid), blockwise.masked_logsumexp(
+      logits, pos
+  )
 
 
 def interpolate(logp: Array, lse_all: Array, lse_pos: Array, lam) -> Array:

@@ -55,6 +55,7 @@ from memjax import settings as settings_lib
 from memjax.data import token_batching
 from memjax.io import console
 from memjax.io import paths
+from memjax.memory import blockwise
 from memjax.methods.trime import bm25
 from memjax.methods.trime import config as trime_config
 from memjax.methods.trime import in_batch as trime
@@ -63,16 +64,6 @@ from memjax.tasks import config as task_config
 Array = jax.Array
 
 _OPTIONS = ("epsilon", "temperature", "topk_memory")
-
-
-def _masked_lse(x: Array, mask: Array) -> Array:
-  """log sum_{mask} exp(x) over the last axis; -inf where empty (NaN-free
-  gradients: masked entries are replaced before the exp)."""
-  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=-1, keepdims=True)
-  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-  total = jnp.sum(jnp.where(mask, jnp.exp(jnp.where(mask, x, m) - m), 0.0), -1)
-  ok = total > 0
-  return jnp.where(ok, m[..., 0] + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)
 
 
 def topk_memory_log_prob(
@@ -111,8 +102,8 @@ def topk_memory_log_prob(
   vis = (row[:, None] != row[None, :]) & (weights.reshape(-1) > 0)[None, :]
   top, idx = jax.lax.top_k(jnp.where(vis, sim, -jnp.inf), min(k, b * t))
   ok = jnp.isfinite(top)
-  lse_all = _masked_lse(top, ok)
-  lse_pos = _masked_lse(top, ok & (y[idx] == y[:, None]))
+  lse_all = blockwise.masked_logsumexp(top, ok)
+  lse_pos = blockwise.masked_logsumexp(top, ok & (y[idx] == y[:, None]))
   logp = trime.combine_log_prob(
       output.target_logprob.reshape(-1),
       output.log_z.reshape(-1),
