@@ -125,3 +125,13 @@ def test_attach_scores_with_a_datastore(smoke_workdir, tmp_path):
   assert model.score(TEXTS[:2], memory=False)["nll"] == pytest.approx(
       plain["nll"], rel=1e-6
   )
+
+
+def test_generate_refuses_a_model_that_reads_more_than_tokens(
+    marge_smoke_workdir,
+):
+  """MARGE reads retrieved sources besides the tokens: generating without
+  them would be another model, so it is refused in one line."""
+  lm = memjax.load(marge_smoke_workdir)
+  with pytest.raises(errors.ConfigError, match="reads sources, source_mask"):
+    lm.generate("the cat", 2)
