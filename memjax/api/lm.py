@@ -221,7 +221,7 @@ class LanguageModel(base.Loaded):
       memory: draw each token from the distribution ``score`` gives its
         prefix with an evaluation memory (``memjax.memory.generation``):
         True, the run's (``self.memory``), or a setting ({'kind': 'trime',
-        'temperature': 1.0}); a prompt of ``eval.window_len`` at most.
+        'temperature': 1.0}), through evaluation's windows.
 
     Returns:
       Per prompt, the continuation as text for a text prompt, else
@@ -232,7 +232,7 @@ class LanguageModel(base.Loaded):
     Raises:
       ValueError: an empty prompt.
       errors.ConfigError: a sampling setting out of range, top-k or a
-        memory without cached decoding, a prompt past the window.
+        memory without cached decoding.
     """
     from memjax.models import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
     from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top

@@ -27,8 +27,10 @@ the query, with g from this window (``Context.features``), and M_long,
 the ``eval_memory.long_mem_tokens`` N pairs before the window (or before
 its first scored position: ``long_span`` 'last_scored'), each with the g
 of the window that scored it (``Context.scored``), as
-``memory.evaluation`` reads them. A prompt must fit the first window (at
-most T tokens); its continuation runs on through any number of windows.
+``memory.evaluation`` reads them. The decoder prefills a prompt's first
+window and feeds the rest of it one cached step at a time, the windows
+sliding over it as over the continuation, so a prompt of any length reads
+what evaluation reads.
 
 Slots: row b's stream token i sits at the decoder's cache slot
 ``offset[b] + i`` for the whole decoding (the slots only grow), so a
@@ -189,17 +191,6 @@ class MemoryReader:
   def values(self) -> Mapping[str, Sequence[float]]:
     """The kind's ``AxisValues``."""
     return dict(self.settings)
-
-  def check_prompt(self, length: int) -> None:
-    """Raises errors.ConfigError for a prompt of ``length`` tokens that
-    does not fit the first evaluation window."""
-    if length > self.window_len:
-      raise errors.ConfigError(
-          f"generate with the {self.kind} memory: a prompt of {length} "
-          f"tokens is longer than the first evaluation window "
-          f"(eval.window_len {self.window_len}); shorten the prompt or "
-          "raise eval.window_len"
-      )
 
   @staticmethod
   def init_context(

@@ -32,9 +32,10 @@ id included) and emits nothing more.
 
 With an evaluation memory (``reader``, a
 ``memjax.memory.generation.MemoryReader``), every step's distribution is
-the memory's: the decoder keeps each slot's memory feature g and the token
-that followed it (``Context``) beside the cache, and the query at the last
-slot reads the slots before it, as ``--mode=memeval`` reads M_local.
+the memory's, in evaluation's windows (``generation.MemoryReader`` keeps
+each slot's memory features beside the cache; a row whose query starts a
+window runs it again, ``_slide``); a prompt's first window is prefilled
+and its rest fed one step at a time.
 """
 
 from __future__ import annotations
@@ -327,23 +328,32 @@ class CachedDecoder:
       state,
       lengths,
       key_valid,
+      rest,
       seeds,
       stops,
       num,
   ):
     """Draws up to ``num`` tokens per row after a prefill of ``width``
-    slots (``state``: its log-probabilities, cache and context) -> [B,
-    L - width] int32 (-1 after a row's stop), all steps in one while loop."""
+    slots (``state``: its log-probabilities, cache and context) and the
+    rest of each row's prompt (``rest``: [B, R] tokens fed first, [B]
+    counts) -> [B, L - width] int32 (-1 after a row's stop), all steps in
+    one while loop. Row b draws its token g with ``fold_in(key_b, g)``."""
     b, length = key_valid.shape
     keys = jax.vmap(jax.random.PRNGKey)(seeds)
     out = jnp.full((b, length - width), -1, jnp.int32)
+    rest, rest_len = rest
+    rows = jnp.arange(b)
 
     def body(carry):
       t, (logp, cache, context), done, out = carry
-      step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, t)
+      g = t - rest_len  # [B] each row's new token, < 0 while fed
+      step_keys = jax.vmap(jax.random.fold_in)(keys, jnp.maximum(g, 0))
       token = jnp.where(done, -1, sampling.choose(logp, step_keys))
-      out = out.at[:, t].set(token)
-      done = done | jnp.isin(token, stops) | (t + 1 >= num)
+      fed = rest[:, jnp.minimum(t, rest.shape[1] - 1)] if rest.shape[1] else 0
+      at = jnp.maximum(g, 0)
+      out = out.at[rows, at].set(jnp.where(g >= 0, token, out[rows, at]))
+      token = jnp.where(g < 0, fed, token)
+      done = done | ((g >= 0) & (jnp.isin(token, stops) | (g + 1 >= num)))
       state = self.step(
           params,
           cache,
@@ -357,7 +367,7 @@ class CachedDecoder:
 
     def cond(carry):
       t, _, done, _ = carry
-      return (t < num) & ~jnp.all(done)
+      return (t < jnp.max(rest_len) + num) & ~jnp.all(done)
 
     init = (jnp.int32(0), state, jnp.zeros((b,), bool), out)
     return jax.lax.while_loop(cond, body, init)[3]
@@ -367,37 +377,55 @@ class CachedDecoder:
   ) -> np.ndarray:
     """Teacher forcing through the cache: [B, N + 1, V] float32, the
     log-probabilities after each prompt and after each of ``forced``'s
-    [B, N] tokens, fed one cached step at a time."""
+    [B, N] tokens, fed one cached step at a time (after, with a reader,
+    the rest of a prompt longer than its first window)."""
     forced = np.asarray(forced, np.int32)
     params = self._layers(params)
     num = forced.shape[1] + 1
-    tokens, positions, lengths, key_valid = self._prepare(prompts, num)
+    tokens, positions, lengths, key_valid, (rest, rest_len) = self._prepare(
+        prompts, num
+    )
     logp, cache, context = self.prefill(
         params, tokens, positions, key_valid, key_valid.shape[1]
     )
     step = jax.jit(self.step)
+    feed = np.zeros((len(prompts), rest.shape[1] + num), np.int32)
+    for b, r in enumerate(rest_len):  # The prompt's rest, then ``forced``.
+      feed[b, :r], feed[b, r : r + num - 1] = rest[b, :r], forced[b]
     out, width = [logp], tokens.shape[1]
-    for t in range(forced.shape[1]):
+    for t in range(int(rest_len.max()) + num - 1):
       lp, cache, context = step(
           params,
           cache,
           context,
-          jnp.asarray(forced[:, t]),
+          jnp.asarray(feed[:, t]),
           jnp.asarray(lengths + t),
           jnp.asarray(key_valid),
           jnp.int32(width + t),
       )
       out.append(lp)
-    return np.asarray(jnp.stack(out, axis=1))
+    out = np.asarray(jnp.stack(out, axis=1))
+    return np.stack([out[b, r : r + num] for b, r in enumerate(rest_len)])
 
   def _prepare(self, prompts: Sequence[np.ndarray], num: int) -> tuple:
     """Left-padded prompts (each cut to the positions the model has, with
-    a notice) -> (tokens [B, P], positions, lengths, key_valid [B, L])."""
+    a notice) -> (tokens [B, P], positions, lengths, key_valid [B, L],
+    (rest [B, R], rest lengths [B])). With a reader, the prefill takes a
+    prompt's first window (``window_len`` tokens) and ``rest`` holds the
+    remainder, fed one step at a time (evaluation's windows slide over
+    it); else R = 0."""
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
     if any(not len(p) for p in prompts):
       raise errors.ConfigError("generate: every prompt needs >= 1 token")
+    rest_len = np.zeros((len(prompts),), np.int32)
+    rest = np.zeros((len(prompts), 0), np.int32)
     if self.reader is not None:  # Windows keep positions below T.
-      self.reader.check_prompt(max(len(p) for p in prompts))
+      t = self.reader.window_len
+      rest_len = np.asarray([max(len(p) - t, 0) for p in prompts], np.int32)
+      rest = np.zeros((len(prompts), int(rest_len.max())), np.int32)
+      for b, p in enumerate(prompts):
+        rest[b, : rest_len[b]] = p[t:]
+      prompts = [p[:t] for p in prompts]
     elif (
         self.model.attention_kind().ABSOLUTE_POSITIONS
         and self.model.positions != "none"
@@ -418,14 +446,14 @@ class CachedDecoder:
         )
         prompts = [p[-room:] for p in prompts]
     width = bucket(max(len(p) for p in prompts))
-    length = bucket(width + num)
+    length = bucket(width + rest.shape[1] + num)
     mask = np.zeros((len(prompts), width), bool)
     padded = np.zeros((len(prompts), width), np.int32)
     for i, p in enumerate(prompts):
       padded[i, : len(p)], mask[i, : len(p)] = p, True
     tokens, positions, lengths = left_align(padded, mask, width)
     key_valid = np.arange(length)[None, :] >= (width - lengths)[:, None]
-    return tokens, positions, lengths, key_valid
+    return tokens, positions, lengths, key_valid, (rest, rest_len)
 
   def generate(
       self,
@@ -442,7 +470,7 @@ class CachedDecoder:
     if num < 1:
       return [np.zeros((0,), np.int32) for _ in prompts]
     params = self._layers(params)
-    tokens, positions, lengths, key_valid = self._prepare(prompts, num)
+    tokens, positions, lengths, key_valid, rest = self._prepare(prompts, num)
     state = self.prefill(
         params, tokens, positions, key_valid, key_valid.shape[1]
     )
@@ -453,6 +481,7 @@ class CachedDecoder:
         state,
         jnp.asarray(lengths),
         jnp.asarray(key_valid),
+        tuple(jnp.asarray(x) for x in rest),
         jnp.asarray(seeds, jnp.int32),
         jnp.asarray(list(stop_ids) or [-2], jnp.int32),
         jnp.int32(num),

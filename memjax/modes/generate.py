@@ -26,10 +26,8 @@ or a datastore's neighbours (kNN-LM, TRIMELM_ext: searched on the host),
 so the distribution each token is drawn from is the one ``--mode=memeval``
 gives that prefix: the context of evaluation's sliding windows
 (``eval.window_len`` / ``score_len``) and the long-term memory of
-``eval_memory.long_mem_tokens`` pairs before a window. It needs
-key/value-cache decoding and a prompt within the first window (at most
-``eval.window_len`` tokens; a longer one is refused in one line); the
-continuation runs on through any number of windows.
+``eval_memory.long_mem_tokens`` pairs before a window, for a prompt and
+a continuation of any length. It needs key/value-cache decoding.
 
 A model imported with its tokenizer stops a continuation at the first
 token that is one of its end-of-sequence ids (``stop_ids``: every EOS id
@@ -88,7 +86,7 @@ class Generate:
       ``memjax.load(W).score`` uses: ``tune.json``'s choice, else
       ``eval_memory.kind`` at its method's settings), so each step's
       distribution is the one ``--mode=memeval`` scores (its windows and
-      long-term memory); prompts of at most ``eval.window_len`` tokens.
+      long-term memory).
   """
 
   SECTION: ClassVar[str] = "generate"
@@ -169,7 +167,7 @@ def continue_prompts(
 
   Raises:
     errors.ConfigError: top-k or a memory asked of a model without cached
-      decoding; with a memory, a prompt longer than its first window.
+      decoding, or a memory with a model that carries its own.
   """
   kept = {} if kept is None else kept
   why = lm_decoding.unsupported(model)
