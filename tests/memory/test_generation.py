@@ -164,6 +164,18 @@ def test_greedy_generation_with_memory_runs_on_through_the_windows(model):
   np.testing.assert_array_equal(got.argmax(-1), new)
 
 
+def test_a_batch_with_memory_gives_each_prompt_what_it_gives_alone(model):
+  """Sampled with top-p, a prompt longer than the first window among
+  them: each row draws with its own seed and slides on its own steps."""
+  setting = {**TRIME, "long_mem_tokens": 16}
+  tokens = model.encode(TEXT * 2)
+  prompts = [tokens[:5], tokens[:40], tokens[:17]]
+  together = model.generate(prompts, 24, top_p=0.9, seed=5, memory=setting)
+  for i, prompt in enumerate(prompts):
+    alone = model.generate(prompt, 24, top_p=0.9, seed=5 + i, memory=setting)
+    np.testing.assert_array_equal(together[i], alone)
+
+
 def test_memory_true_needs_a_run_with_a_memory(model):
   bare = memjax.load(model.restored.path)
   bare.memory = {"kind": "none"}
