@@ -102,8 +102,7 @@ class Context:
     scored: [B, L, D] float32 g of each slot, as the window that scored it
       computed it (M_long's keys).
     next_tokens: [B, L] int32 the token that followed each slot (0 until
-      known).
-    tokens: [B, H] int32 each row's stream so far, by stream index.
+      known): slot j + 1's token, so also the stream the windows re-run.
     offset: [B] int32 the slot of each row's stream token 0.
     start: [B] int32 the stream index each row's window starts at.
   """
@@ -111,7 +110,6 @@ class Context:
   features: Array
   scored: Array
   next_tokens: Array
-  tokens: Array
   offset: Array
   start: Array
 
@@ -122,7 +120,7 @@ class MemoryReader:
 
   Attributes:
     kind: the memory's name (``eval_memory.kind``).
-    memory: the evaluation memory (it reads M_local, no external memory).
+    memory: the evaluation memory.
     settings: (axis values name, (one value,)) per axis of the kind.
     window_len: T, the predictions of an evaluation window
       (``eval.window_len``).
@@ -194,7 +192,7 @@ class MemoryReader:
 
   @staticmethod
   def init_context(
-      g: Array, tokens: Array, lengths: Array, length: int, stream_len: int
+      g: Array, tokens: Array, lengths: Array, length: int
   ) -> Context:
     """The context after a prefill of the first window.
 
@@ -203,23 +201,15 @@ class MemoryReader:
       tokens: [B, P] int32 left-padded prompts (row b's at P - n_b ..).
       lengths: [B] int32 prompt lengths n_b.
       length: L, the cache's slots.
-      stream_len: H, the longest stream (prompt + new tokens).
     """
     b, p, d = g.shape
-    offset = (p - lengths).astype(jnp.int32)
     feats = jnp.zeros((b, length, d), jnp.float32).at[:, :p].set(g)
     nxt = jnp.zeros((b, length), jnp.int32).at[:, : p - 1].set(tokens[:, 1:])
-    idx = jnp.clip(offset[:, None] + jnp.arange(stream_len)[None, :], 0, p - 1)
-    stream = jnp.take_along_axis(tokens, idx, axis=1)
-    stream = jnp.where(
-        jnp.arange(stream_len)[None, :] < lengths[:, None], stream, 0
-    )
     return Context(
         features=feats,
         scored=feats,
         next_tokens=nxt,
-        tokens=stream,
-        offset=offset,
+        offset=(p - lengths).astype(jnp.int32),
         start=jnp.zeros((b,), jnp.int32),
     )
 
@@ -235,12 +225,10 @@ class MemoryReader:
     feature ``g`` [B, 1, D] (scored there: the step's query)."""
     g = g.astype(jnp.float32)
     put = lambda x, v, at: jax.lax.dynamic_update_slice_in_dim(x, v, at, axis=1)  # noqa: E731
-    rows = jnp.arange(token.shape[0])
     return context.replace(
         features=put(context.features, g, slot),
         scored=put(context.scored, g, slot),
         next_tokens=put(context.next_tokens, token[:, None], slot - 1),
-        tokens=context.tokens.at[rows, slot - context.offset].set(token),
     )
 
   def slides(self, context: Context, slot: Array) -> Array:
@@ -253,9 +241,10 @@ class MemoryReader:
     """Row ``row``'s new window at a slide, its query at ``slot``: (tokens
     [C] int32, the stream index it starts at), C = T - S + 1."""
     c = self.window_len - self.score_len + 1
-    p = slot - context.offset[row]
-    start = p - (c - 1)
-    tokens = jax.lax.dynamic_slice_in_dim(context.tokens[row], start, c)
+    start = slot - context.offset[row] - (c - 1)
+    # The tokens at slots slot - c + 1 .. slot: each the one after the
+    # slot before (start >= S >= 1, so that slot is the row's).
+    tokens = jax.lax.dynamic_slice_in_dim(context.next_tokens[row], slot - c, c)
     if self.bos is not None:  # As evaluation's windows after the first.
       tokens = tokens.at[0].set(self.bos)
     return tokens, start
@@ -290,11 +279,12 @@ class MemoryReader:
     query = jax.lax.dynamic_index_in_dim(
         context.features, slot, axis=1, keepdims=False
     )
+    sim = lambda keys: jnp.einsum("bd,bld->bl", query, keys)  # noqa: E731
     return self.log_probs(
         logp,
         log_z,
         query,
-        jnp.concatenate([context.features, context.scored], axis=1),
+        jnp.concatenate([sim(context.features), sim(context.scored)], axis=1),
         jnp.concatenate([context.next_tokens] * 2, axis=1),
         jnp.concatenate([local, long], axis=1),
     )
@@ -304,7 +294,7 @@ class MemoryReader:
       logp: Array,
       log_z: Array,
       query: Array,
-      keys: Array,
+      sim: Array,
       key_tokens: Array,
       visible: Array,
   ) -> Array:
@@ -313,10 +303,12 @@ class MemoryReader:
     Args:
       logp: [B, V] float32 the plain model's log-probabilities.
       log_z: [B] float32 its (head) log-normaliser.
-      query: [B, D] g of the position that predicts.
-      keys: [B, L, D] g of the context's positions.
+      query: [B, D] g of the position that predicts (an external kind's
+        search key).
+      sim: [B, L] float32 g . g_j of the query and the context's entries.
       key_tokens: [B, L] int the token that followed each.
-      visible: [B, L] bool, the entries the query reads (M_local).
+      visible: [B, L] bool, the entries the query reads (M_local and
+        M_long).
 
     Returns:
       [B, V] float32 log-probabilities, as ``combine`` gives each target.
@@ -326,9 +318,6 @@ class MemoryReader:
     scales = self.memory.scales(values, query.shape[-1])
     sums = []
     if self.memory.reads_local:
-      sim = jnp.einsum(
-          "bd,bld->bl", query.astype(jnp.float32), keys.astype(jnp.float32)
-      )
       sums.append(_sums(sim, key_tokens, visible, scales, v))
     if self.memory.external_metric:
       scores, tokens = self._neighbours(query)

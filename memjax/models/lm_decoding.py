@@ -232,7 +232,7 @@ class CachedDecoder:
     if self.reader is None:
       return scores[0], cache, None
     context = self.reader.init_context(
-        g.astype(jnp.float32), tokens, lengths, length, length
+        g.astype(jnp.float32), tokens, lengths, length
     )
     logp = self.reader.read(scores, context, key_valid, p - 1)
     return logp, cache, context

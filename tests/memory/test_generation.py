@@ -55,8 +55,9 @@ def test_a_distribution_with_memory_sums_to_one_and_reads_only_visible():
   reader = generation.MemoryReader(
       "trime", in_batch.TrimeMemory(), (("temperatures", (1.0,)),), 32, 16
   )
+  sim = np.einsum("bd,bld->bl", keys[:, 0], keys)
   out = np.asarray(
-      reader.log_probs(logp, log_z, keys[:, 0], keys, tokens, visible)
+      reader.log_probs(logp, log_z, keys[:, 0], sim, tokens, visible)
   )
   np.testing.assert_allclose(np.exp(out).sum(-1), 1.0, atol=1e-5)
   np.testing.assert_allclose(out[1], logp[1], atol=1e-6)  # Nothing visible.

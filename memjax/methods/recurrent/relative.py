@@ -130,14 +130,6 @@ class _SegmentAttention(RelativeAttentionBase):
   causal: bool = True
 
   @classmethod
-  def cached_context(
-      cls, query: jax.Array, segment_len: int, mem_len: int
-  ) -> jax.Array:
-    if cls.carries_memory(mem_len):
-      return (query // segment_len) * segment_len - mem_len
-    return query - segment_len + 1
-
-  @classmethod
   def init_layer_memory(
       cls, batch_size: int, dims: attention_lib.StackDims
   ) -> rmemory.XLMemory:
