@@ -32,6 +32,7 @@ from memjax.data import windows
 from memjax.models import transformer
 from tests.models import helpers
 from tests import shared_runs
+from tests.conftest import run_main
 
 V, T = 64, 4
 
@@ -288,11 +289,21 @@ def test_txl_smoke_config_trains_end_to_end(tmp_path):
   workdir = str(tmp_path / "run")
   results = memjax.train(config, workdir)
   _check_results(results, workdir, steps=6)
-  # --mode=generate decodes Transformer-XL with a key/value cache, its
-  # memory read as the segment sampler carries it: the same greedy tokens.
-  config.generate.num_tokens, config.generate.prompt_len = 24, 20
-  config.generate.greedy = True
-  res = memjax.run_mode("generate", config, workdir)
+  # python -m memjax.main --mode=generate decodes Transformer-XL with a
+  # key/value cache, its memory read as the segment sampler carries it:
+  # the same greedy tokens.
+  proc = run_main(
+      *shared_runs.recurrent_smoke_flags("txl_wt103", str(tmp_path / "cache")),
+      f"--workdir={workdir}",
+      "--config.generate.num_tokens=24",
+      "--config.generate.prompt_len=20",
+      "--config.generate.greedy=True",
+      "--mode=generate",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "decoding with a key/value cache" in proc.stdout + proc.stderr
+  with open(os.path.join(workdir, "generation.json")) as f:
+    res = json.load(f)
   lm = memjax.load(workdir)
   model = lm.restored.model
   assert lm_decoding.unsupported(model) is None and model.carries_memory()
@@ -303,58 +314,20 @@ def test_txl_smoke_config_trains_end_to_end(tmp_path):
   assert res["ids"] == want.tolist() and seg < 20 + 24
 
 
-def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
-  """The shared LaMemo smoke run (6 steps), then its modes on a copy."""
-  _check_saved_results(lamemo_smoke_workdir, steps=6)
-  assert "valid: ppl" in shared_runs.shared_stdout(lamemo_smoke_workdir)
-  workdir = str(tmp_path / "run")
-  shutil.copytree(lamemo_smoke_workdir, workdir)
-  config = shared_runs.recurrent_smoke_config(
-      "lamemo_wt103", shared_runs.lamemo_smoke_cache(lamemo_smoke_workdir)
+def test_a_translation_model_with_relative_positions_decodes(tmp_path):
+  """The encoder-decoder with 'rpe' attention, trained through python -m
+  memjax.main: its evaluation translates valid sentences, its decoder
+  stepping through the relative attention's cached ``decode_step``."""
+  proc = run_main(
+      "--config=configs/trime_iwslt.py:smoke",
+      "--config.model.attention=rpe",
+      f"--workdir={tmp_path / 'run'}",
+      "--config.train.num_steps=4",
+      "--config.translation.eval_max_sentences=8",
+      "--config.translation.buckets=(32,)",
   )
-
-  # The Python API scores as --mode=eval does, memory carried in lanes.
-  model = memjax.load(workdir)
-  run = build.build(config, workdir)
-  stream = corpus_lib.load_corpus(
-      run.settings.data, run.settings.eval, workdir, ("valid",), train=False
-  )
-  tokens = stream.splits["valid"].tokens[:300]
-  ev = scorer_lib.scorer_for(model.restored.scoring())
-  want = ev.score(model.restored.params, tokens, 0, "valid prefix")
-  got = model.score(tokens)
-  assert got["tokens"] == want["tokens"] == 299
-  assert got["nll"] == pytest.approx(want["nll"], rel=1e-5)
-  assert len(got["logprobs"][0]) == 299
-
-  config.extrapolate.ratios = (1, 2)
-  config.extrapolate.max_segments = 3
-  res = memjax.run_mode("extrapolate", config, workdir)
-  assert [r["m"] for r in res["rows"]] == [1, 2]
-  config.analyze.num_segments = 3
-  res = memjax.run_mode("analyze", config, workdir)
-  dist = np.load(os.path.join(workdir, "attention_by_distance.npy"))
-  assert dist.shape == (2, 32)
-  alpha = np.load(os.path.join(workdir, "alpha.npy"))
-  assert alpha.shape == (2, 16)
-  assert ((alpha >= 0) & (alpha <= 1)).all()
-  # The same run restored with its layers scanned: the per-layer sows of
-  # the scanned blocks are read layer by layer, to the same figures.
-  config.model.scan_layers = True
-  memjax.run_mode("analyze", config, workdir)
-  config.model.scan_layers = False
-  for name, want in (("attention_by_distance.npy", dist), ("alpha.npy", alpha)):
-    np.testing.assert_allclose(
-        np.load(os.path.join(workdir, name)), want, rtol=1e-5, atol=1e-7
-    )
-  config.generate.num_tokens = 5
-  config.generate.prompt_len = 20
-  res = memjax.run_mode("generate", config, workdir)
-  assert len(res["ids"]) == 5
-  for name in (
-      "extrapolation.csv",
-      "extrapolation.png",
-      "attention_by_distance.png",
-      "generation.txt",
-  ):
-    assert os.path.isfile(os.path.join(workdir, name)), name
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / "run" / "config.json") as f:
+    assert json.load(f)["model"]["attention"] == "rpe"
+  assert "decoding: 8/8 sentences" in proc.stdout + proc.stderr
+  assert "valid: BLEU" in proc.stdout

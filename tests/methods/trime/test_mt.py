@@ -275,3 +275,31 @@ def test_trime_mt_paper_config_is_the_authors_architecture():
   }
   vanilla = trime_iwslt.get_config("paper").model
   assert "decoder_norm_position" not in vanilla.family_options
+
+
+def test_trime_mt_trains_and_decodes_with_its_memory_through_main(tmp_path):
+  """TRIMEMT (top-k in-batch memory, the authors' criterion) trained
+  through python -m memjax.main, then TRIMEMT_ext: a datastore of its
+  features and a decode with the joint softmax over the neighbours."""
+  from tests.conftest import run_main  # pylint: disable=g-import-not-at-top
+
+  flags = (
+      "--config=configs/trime_iwslt.py:trime_mt_smoke",
+      f"--workdir={tmp_path / 'run'}",
+      "--config.train.num_steps=4",
+      "--config.translation.eval_max_sentences=4",
+      "--config.translation.buckets=(32,)",
+      "--config.translation.max_len_a=0.0",
+      "--config.translation.max_len_b=6",
+      "--config.mt_memory.k=8",
+      "--config.mt_memory.search=exact",
+  )
+  proc = run_main(*flags)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "valid: BLEU" in proc.stdout
+  for mode in ("mt_datastore", "mt_translate"):
+    proc = run_main(*flags, f"--mode={mode}")
+    assert proc.returncode == 0, (mode, proc.stderr[-3000:])
+  assert "test (trime memory): BLEU" in proc.stdout
+  lines = (tmp_path / "run" / "translations" / "test.trime.txt").read_text()
+  assert len(lines.split("\n")) == 5  # Four sentences and the last newline.
