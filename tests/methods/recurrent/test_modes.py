@@ -331,3 +331,60 @@ def test_a_translation_model_with_relative_positions_decodes(tmp_path):
     assert json.load(f)["model"]["attention"] == "rpe"
   assert "decoding: 8/8 sentences" in proc.stdout + proc.stderr
   assert "valid: BLEU" in proc.stdout
+
+
+def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
+  """The shared LaMemo smoke run (6 steps), then its modes on a copy."""
+  _check_saved_results(lamemo_smoke_workdir, steps=6)
+  assert "valid: ppl" in shared_runs.shared_stdout(lamemo_smoke_workdir)
+  workdir = str(tmp_path / "run")
+  shutil.copytree(lamemo_smoke_workdir, workdir)
+  config = shared_runs.recurrent_smoke_config(
+      "lamemo_wt103", shared_runs.lamemo_smoke_cache(lamemo_smoke_workdir)
+  )
+
+  # The Python API scores as --mode=eval does, memory carried in lanes.
+  model = memjax.load(workdir)
+  run = build.build(config, workdir)
+  stream = corpus_lib.load_corpus(
+      run.settings.data, run.settings.eval, workdir, ("valid",), train=False
+  )
+  tokens = stream.splits["valid"].tokens[:300]
+  ev = scorer_lib.scorer_for(model.restored.scoring())
+  want = ev.score(model.restored.params, tokens, 0, "valid prefix")
+  got = model.score(tokens)
+  assert got["tokens"] == want["tokens"] == 299
+  assert got["nll"] == pytest.approx(want["nll"], rel=1e-5)
+  assert len(got["logprobs"][0]) == 299
+
+  config.extrapolate.ratios = (1, 2)
+  config.extrapolate.max_segments = 3
+  res = memjax.run_mode("extrapolate", config, workdir)
+  assert [r["m"] for r in res["rows"]] == [1, 2]
+  config.analyze.num_segments = 3
+  res = memjax.run_mode("analyze", config, workdir)
+  dist = np.load(os.path.join(workdir, "attention_by_distance.npy"))
+  assert dist.shape == (2, 32)
+  alpha = np.load(os.path.join(workdir, "alpha.npy"))
+  assert alpha.shape == (2, 16)
+  assert ((alpha >= 0) & (alpha <= 1)).all()
+  # The same run restored with its layers scanned: the per-layer sows of
+  # the scanned blocks are read layer by layer, to the same figures.
+  config.model.scan_layers = True
+  memjax.run_mode("analyze", config, workdir)
+  config.model.scan_layers = False
+  for name, want in (("attention_by_distance.npy", dist), ("alpha.npy", alpha)):
+    np.testing.assert_allclose(
+        np.load(os.path.join(workdir, name)), want, rtol=1e-5, atol=1e-7
+    )
+  config.generate.num_tokens = 5
+  config.generate.prompt_len = 20
+  res = memjax.run_mode("generate", config, workdir)
+  assert len(res["ids"]) == 5
+  for name in (
+      "extrapolation.csv",
+      "extrapolation.png",
+      "attention_by_distance.png",
+      "generation.txt",
+  ):
+    assert os.path.isfile(os.path.join(workdir, name)), name
