@@ -234,6 +234,7 @@ class LanguageModel(base.Loaded):
       errors.ConfigError: a sampling setting out of range, top-k or a
         memory without cached decoding.
     """
+    from memjax.models import decode_windows  # pylint: disable=g-import-not-at-top
     from memjax.models import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
     from memjax.modes import generate as generate_lib  # pylint: disable=g-import-not-at-top
 
@@ -259,6 +260,7 @@ class LanguageModel(base.Loaded):
         batch_size=int(batch_size),
         kept=self._decoders,
         reader=self._reader(memory),
+        windows=decode_windows.Windows.of(self.restored.scoring()),
     )
     out = [
         self.decode(n) if isinstance(p, str) else n for p, n in zip(items, new)

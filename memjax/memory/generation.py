@@ -15,27 +15,17 @@ one evaluation gives it: same kind, same settings, same sums.
 
 What a step reads: what ``--mode=memeval`` reads for the same prediction,
 in evaluation's sliding windows of ``eval.window_len`` T predictions that
-score their last ``eval.score_len`` S (``data.windows.eval_windows``).
-Prediction p (the query at stream token x_p, predicting x_{p+1}) is in
-the window [0, p] while p < T, else in the window that starts at
-s = p - (p - T) % S - (T - S): when p reaches T + kS the window slides,
-and the decoder (``lm_decoding.CachedDecoder``) runs that row's T - S
-context tokens and x_p again as a window of their own (positions from 0;
-BOS first where evaluation puts one, ``data.windows.begin_with_bos``). It
-reads M_local, the (g, next token) pairs of the window's positions before
-the query, with g from this window (``Context.features``), and M_long,
-the ``eval_memory.long_mem_tokens`` N pairs before the window (or before
-its first scored position: ``long_span`` 'last_scored'), each with the g
-of the window that scored it (``Context.scored``), as
-``memory.evaluation`` reads them. The decoder prefills a prompt's first
-window and feeds the rest of it one cached step at a time, the windows
-sliding over it as over the continuation, so a prompt of any length reads
-what evaluation reads.
-
-Slots: row b's stream token i sits at the decoder's cache slot
-``offset[b] + i`` for the whole decoding (the slots only grow), so a
-slide rewrites the row's slots in place and masks the ones before its
-window; the rows of a batch slide on their own steps.
+score their last ``eval.score_len`` S, which the decoder keeps
+(``models.decode_windows``: a row's window slides when its prediction
+reaches T + kS, and is run again in place). It reads M_local, the
+(g, next token) pairs of the window's positions before the query, with g
+from this window (``Context.features``), and M_long, the
+``eval_memory.long_mem_tokens`` N pairs before the window (or before its
+first scored position: ``long_span`` 'last_scored'), each with the g of
+the window that scored it (``Context.scored``), as ``memory.evaluation``
+reads them. The decoder prefills a prompt's first window and feeds the
+rest of it one cached step at a time, the windows sliding over it as over
+the continuation, so a prompt of any length reads what evaluation reads.
 
 A kind with an external memory (kNN-LM, TRIMELM_ext, kNN-LM with the
 cache) also reads the K nearest pairs of a datastore: the query goes to
@@ -51,7 +41,6 @@ import dataclasses
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +48,7 @@ import numpy as np
 from memjax import errors
 from memjax.memory import blockwise
 from memjax.memory import evaluation
+from memjax.models import decode_windows
 
 Array = jax.Array
 
@@ -90,28 +80,6 @@ def token_logsumexp(
   ok = total > 0
   out = jnp.where(ok, shift + jnp.log(jnp.where(ok, total, 1.0)), -jnp.inf)
   return out[:, :vocab_size]
-
-
-@flax.struct.dataclass
-class Context:
-  """The decoded context a memory reads (see the module doc).
-
-  Attributes:
-    features: [B, L, D] float32 g of each slot, computed in the row's
-      current window (M_local's keys).
-    scored: [B, L, D] float32 g of each slot, as the window that scored it
-      computed it (M_long's keys).
-    next_tokens: [B, L] int32 the token that followed each slot (0 until
-      known): slot j + 1's token, so also the stream the windows re-run.
-    offset: [B] int32 the slot of each row's stream token 0.
-    start: [B] int32 the stream index each row's window starts at.
-  """
-
-  features: Array
-  scored: Array
-  next_tokens: Array
-  offset: Array
-  start: Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,69 +158,15 @@ class MemoryReader:
     """The kind's ``AxisValues``."""
     return dict(self.settings)
 
-  @staticmethod
-  def init_context(
-      g: Array, tokens: Array, lengths: Array, length: int
-  ) -> Context:
-    """The context after a prefill of the first window.
-
-    Args:
-      g: [B, P, D] features of the prefilled slots.
-      tokens: [B, P] int32 left-padded prompts (row b's at P - n_b ..).
-      lengths: [B] int32 prompt lengths n_b.
-      length: L, the cache's slots.
-    """
-    b, p, d = g.shape
-    feats = jnp.zeros((b, length, d), jnp.float32).at[:, :p].set(g)
-    nxt = jnp.zeros((b, length), jnp.int32).at[:, : p - 1].set(tokens[:, 1:])
-    return Context(
-        features=feats,
-        scored=feats,
-        next_tokens=nxt,
-        offset=(p - lengths).astype(jnp.int32),
-        start=jnp.zeros((b,), jnp.int32),
-    )
-
-  @staticmethod
-  def window_valid(context: Context, key_valid: Array) -> Array:
-    """[B, L] bool: the row's slots from its window's start on."""
-    slots = jnp.arange(key_valid.shape[1])[None, :]
-    return key_valid & (slots >= (context.offset + context.start)[:, None])
-
-  @staticmethod
-  def record(context: Context, g: Array, token: Array, slot: Array) -> Context:
-    """The context after a step that ran ``token`` [B] at ``slot``, its
-    feature ``g`` [B, 1, D] (scored there: the step's query)."""
-    g = g.astype(jnp.float32)
-    put = lambda x, v, at: jax.lax.dynamic_update_slice_in_dim(x, v, at, axis=1)  # noqa: E731
-    return context.replace(
-        features=put(context.features, g, slot),
-        scored=put(context.scored, g, slot),
-        next_tokens=put(context.next_tokens, token[:, None], slot - 1),
-    )
-
-  def slides(self, context: Context, slot: Array) -> Array:
-    """[B] bool: the rows whose query at ``slot`` starts a new window."""
-    t, s = self.window_len, self.score_len
-    p = slot - context.offset
-    return (p >= t) & ((p - t) % s == 0)
-
-  def window_tokens(self, context: Context, row: Array, slot: Array):
-    """Row ``row``'s new window at a slide, its query at ``slot``: (tokens
-    [C] int32, the stream index it starts at), C = T - S + 1."""
-    c = self.window_len - self.score_len + 1
-    start = slot - context.offset[row] - (c - 1)
-    # The tokens at slots slot - c + 1 .. slot: each the one after the
-    # slot before (start >= S >= 1, so that slot is the row's).
-    tokens = jax.lax.dynamic_slice_in_dim(context.next_tokens[row], slot - c, c)
-    if self.bos is not None:  # As evaluation's windows after the first.
-      tokens = tokens.at[0].set(self.bos)
-    return tokens, start
+  @property
+  def windows(self) -> decode_windows.Windows:
+    """The windows the reader reads in: evaluation's."""
+    return decode_windows.Windows(self.window_len, self.score_len, self.bos)
 
   def read(
       self,
       scores: tuple[Array, Array],
-      context: Context,
+      context: decode_windows.Context,
       key_valid: Array,
       slot: Array,
   ) -> Array:
@@ -264,7 +178,7 @@ class MemoryReader:
     """
     logp, log_z = scores
     slots = jnp.arange(key_valid.shape[1])[None, :]
-    local = self.window_valid(context, key_valid) & (slots < slot)
+    local = self.windows.window_valid(context, key_valid) & (slots < slot)
     ends = evaluation.long_memory_end(
         context.start,
         jnp.full_like(context.start, self.window_len - self.score_len),

@@ -50,6 +50,7 @@ import numpy as np
 from memjax import errors
 from memjax.io import console
 from memjax.models import block_stack
+from memjax.models import decode_windows
 from memjax.models import sampling as sampling_lib
 from memjax.models import stack
 from memjax.models import variables as model_vars
@@ -160,16 +161,20 @@ class CachedDecoder:
       model: transformer.TransformerLM,
       reader: Any = None,
       segment_len: int = 0,
+      windows: Optional[decode_windows.Windows] = None,
   ):
     why = unsupported(model)
     if why:
       raise ValueError(f"no cached decoding: {why}")
+    if (reader or windows) and model.carries_memory():
+      raise ValueError("a model with recurrent memory decodes by segments")
     self.scanned = bool(model.cfg.scan_layers)
     if self.scanned:  # See ``_layers``.
       model = model.with_settings(scan_layers=False)
     self.model = model
     self.reader = reader
     self.segment_len = int(segment_len)
+    self.windows = reader.windows if reader is not None else windows
 
   def _layers(self, params: Any) -> Any:
     """``params`` with one entry per layer. The decoder runs the layers of
@@ -213,10 +218,10 @@ class CachedDecoder:
   def prefill(self, params, tokens, positions, key_valid, length):
     """[B, P] left-padded tokens into a fresh cache of ``length`` slots
     -> ([B, V] float32 log-probabilities after the last, cache, the
-    memory's ``Context``, None without a reader)."""
+    windows' ``Context``, None without windows)."""
     p = tokens.shape[1]
     lengths = jnp.sum(key_valid[:, :p], axis=1).astype(jnp.int32)
-    if self.reader is None:
+    if self.windows is None:
       mask = self._context_mask(key_valid, 0, p, lengths - p)
     else:  # The first window: the whole prompt.
       mask = key_valid[:, None, None, :]
@@ -229,24 +234,36 @@ class CachedDecoder:
     scores, g, cache = self.model.apply(
         model_vars.as_variables(params), method=fn
     )
-    if self.reader is None:
+    if self.windows is None:
       return scores[0], cache, None
-    context = self.reader.init_context(
-        g.astype(jnp.float32), tokens, lengths, length
+    context = self.windows.init_context(
+        self._features(g), tokens, lengths, length
     )
-    logp = self.reader.read(scores, context, key_valid, p - 1)
-    return logp, cache, context
+    return self._read(scores, context, key_valid, p - 1), cache, context
+
+  def _features(self, g: Array) -> Array:
+    """[..., D] float32 memory features g, kept for a reader; width 0
+    without one."""
+    g = g.astype(jnp.float32)
+    return g if self.reader is not None else g[..., :0]
+
+  def _read(self, scores, context, key_valid, slot) -> Array:
+    """[B, V] the step's log-probabilities: the reader's, else the
+    model's."""
+    if self.reader is None:
+      return scores[0]
+    return self.reader.read(scores, context, key_valid, slot)
 
   def step(self, params, cache, context, token, position, key_valid, slot):
     """[B] tokens at ``slot`` (positions [B]) -> ([B, V] log-probs, cache,
-    context). With a reader, the positions and the slots read are the
-    rows' windows' (``generation.MemoryReader``), and a row whose query
-    starts a new window runs that window again (``_slide``)."""
-    if self.reader is None:
+    context). In windows, the positions and the slots read are the rows'
+    windows' (``decode_windows``), and a row whose query starts a new
+    window runs that window again (``_slide``)."""
+    if self.windows is None:
       mask = self._context_mask(key_valid, slot, 1, position)
     else:
-      mask = self.reader.window_valid(context, key_valid)[:, None, None, :]
-      position = slot - context.offset - context.start
+      mask = self.windows.window_valid(context, key_valid)[:, None, None, :]
+      position = self.windows.positions(context, slot)
 
     def fn(mdl):
       h, g, new = _forward(
@@ -257,27 +274,26 @@ class CachedDecoder:
     scores, g, cache = self.model.apply(
         model_vars.as_variables(params), method=fn
     )
-    if self.reader is None:
+    if self.windows is None:
       return scores[0], cache, None
-    context = self.reader.record(context, g, token, slot)
+    context = self.windows.record(context, self._features(g), token, slot)
     cache, context, scores = self._slide(
         params, cache, context, scores, key_valid, slot
     )
-    logp = self.reader.read(scores, context, key_valid, slot)
-    return logp, cache, context
+    return self._read(scores, context, key_valid, slot), cache, context
 
   def _slide(self, params, cache, context, scores, key_valid, slot):
     """Runs again, as a window of its own, the new window of each row
-    whose query at ``slot`` starts one (``MemoryReader.slides``): its
-    keys, values and features, and the query's scores. -> (cache,
-    context, scores)."""
-    moving = self.reader.slides(context, slot)
+    whose query at ``slot`` starts one (``Windows.slides``): its keys,
+    values and features, and the query's scores. -> (cache, context,
+    scores)."""
+    moving = self.windows.slides(context, slot)
     length = key_valid.shape[1]
     variables = model_vars.as_variables(params)
 
     def redo(row, state):
       cache, context, (logp, log_z) = state
-      tokens, start = self.reader.window_tokens(context, row, slot)
+      tokens, start = self.windows.window_tokens(context, row, slot)
       first = context.offset[row] + start
       valid = key_valid[row] & (jnp.arange(length) >= first)
       take = lambda x: jax.lax.dynamic_slice_in_dim(x, row, 1)  # noqa: E731
@@ -295,14 +311,8 @@ class CachedDecoder:
 
       (lp, lz), g, new = self.model.apply(variables, method=fn)
       put = lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, row, 0)  # noqa: E731
-      g = g[0].astype(jnp.float32)
-      feats = jax.lax.dynamic_update_slice_in_dim(
-          context.features[row], g, first, axis=0
-      )
-      context = context.replace(
-          features=context.features.at[row].set(feats),
-          scored=context.scored.at[row, slot].set(g[-1]),
-          start=context.start.at[row].set(start),
+      context = self.windows.moved(
+          context, row, first, self._features(g[0]), start
       )
       scores = (logp.at[row].set(lp[0]), log_z.at[row].set(lz[0]))
       return jax.tree.map(put, cache, new), context, scores
@@ -419,8 +429,8 @@ class CachedDecoder:
       raise errors.ConfigError("generate: every prompt needs >= 1 token")
     rest_len = np.zeros((len(prompts),), np.int32)
     rest = np.zeros((len(prompts), 0), np.int32)
-    if self.reader is not None:  # Windows keep positions below T.
-      t = self.reader.window_len
+    if self.windows is not None:  # Windows keep positions below T.
+      t = self.windows.window_len
       rest_len = np.asarray([max(len(p) - t, 0) for p in prompts], np.int32)
       rest = np.zeros((len(prompts), int(rest_len.max())), np.int32)
       for b, p in enumerate(prompts):

@@ -58,6 +58,7 @@ from memjax.eval import scorer as scorer_lib
 from memjax.io import console
 from memjax.io import paths
 from memjax.memory import generation
+from memjax.models import decode_windows
 from memjax.models import lm_decoding
 from memjax.models import sampling as sampling_lib
 from memjax.models import segment_decoding
@@ -143,6 +144,7 @@ def continue_prompts(
     batch_size: int = 0,
     kept: Optional[dict[Any, Any]] = None,
     reader: Optional[generation.MemoryReader] = None,
+    windows: Optional[decode_windows.Windows] = None,
 ) -> list[np.ndarray]:
   """Per prompt [n >= 1], up to ``num_tokens`` int32 tokens (to and with
   the first of ``stops``): by key/value-cache decoding where the model has
@@ -164,6 +166,9 @@ def continue_prompts(
       calls (``memjax.load(W).generate``), or None.
     reader: an evaluation memory read at every step (``memory_reader``),
       or None.
+    windows: evaluation's windows (``decode_windows.Windows.of``), which a
+      model without recurrent memory keeps (a reader keeps its own); None
+      reads every earlier position.
 
   Raises:
     errors.ConfigError: top-k or a memory asked of a model without cached
@@ -173,9 +178,13 @@ def continue_prompts(
   why = lm_decoding.unsupported(model)
   _check_reader(model, reader, why)
   if why is None:
-    key = ("decoder", reader, int(segment_len))
+    if model.carries_memory():
+      windows = None  # Segments, as recurrent evaluation runs them.
+    key = ("decoder", reader, int(segment_len), windows)
     if key not in kept:
-      kept[key] = lm_decoding.CachedDecoder(model, reader, segment_len)
+      kept[key] = lm_decoding.CachedDecoder(
+          model, reader, segment_len, windows
+      )
     decoder = kept[key]
     size = int(batch_size) or len(prompts)
     out = []
@@ -397,6 +406,7 @@ def _from_split(
       stop_ids(vocab),
       seg,
       reader=reader,
+      windows=decode_windows.Windows.of(restored.scoring()),
   )[0]
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
@@ -471,6 +481,7 @@ def _from_file(
       seg,
       batch_size=int(g.batch_size),
       reader=reader,
+      windows=decode_windows.Windows.of(restored.scoring()),
   )
   rows = []
   for i, (text, x, y) in enumerate(zip(texts, ids, new)):

@@ -159,6 +159,11 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     return self.options.position
 
   @classmethod
+  def decodes_cached(cls, mem_len: int) -> bool:
+    """Without a memory: a relative kind's cache (``decode_step``)."""
+    return not cls.carries_memory(mem_len)
+
+  @classmethod
   def init_layer_memory(
       cls, batch_size: int, dims: attention_lib.StackDims
   ) -> rmemory.LaMemoMemory:
@@ -229,6 +234,9 @@ class LaMemoAttention(relative.RelativeAttentionBase):
       memory: rmemory.LaMemoMemory | None,
       *,
       deterministic: bool,
+      mask: jax.Array | None = None,
+      pos: jax.Array | None = None,
+      positions: jax.Array | None = None,
   ) -> tuple[jax.Array, rmemory.LaMemoMemory | None]:
     """Causal attention of the segment and look-ahead refresh of memory.
 
@@ -240,6 +248,9 @@ class LaMemoAttention(relative.RelativeAttentionBase):
         memory: ``LaMemoMemory`` with M slots, or None (no memory:
             Transformer+RPE behaviour).
         deterministic: disables attention dropout.
+        mask, pos: cached decoding's (``decode_step``); with ``pos``,
+            ``memory`` is this layer's (keys, values) cache.
+        positions: ignored (the relative terms read slot distances).
 
     Returns:
         (y: same shape as x, compute dtype, after the output projection;
@@ -259,6 +270,9 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     interpolation weight over valid memory slots and heads (when
     refreshing).
     """
+    del positions
+    if pos is not None:
+      return self.decode_step(x, memory, pos, mask)
     x = nn.with_logical_constraint(
         x.astype(self.dtype), ("batch", "length", "embed")
     )

@@ -100,6 +100,45 @@ class RelativeAttentionBase(attention_lib.AttentionKind):
     """Output projection of [B, L, H, dh] vectors to [B, L, D] (dtype)."""
     return self.core.output(x)
 
+  def decode_step(
+      self,
+      x: jax.Array,
+      cache: tuple[jax.Array, jax.Array],
+      pos: jax.Array,
+      mask: jax.Array | None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """Causal decoding steps from a cache of content keys and values (the
+    translation decoder's, one token at a time; the LM's, a prefill then
+    one token at a time): the token at slot ``pos + i`` reads the keys at
+    distances ``pos + i - j`` (the relative terms need no more than the
+    cached keys).
+
+    Args:
+        x: [B, Q, D] the normed inputs at slots pos .. pos + Q - 1.
+        cache: (keys, values) [B, T_max, H, dh] of the steps so far.
+        pos: scalar int32 slot of x's first row.
+        mask: bool broadcastable to [B, H, Q, T_max], True = may attend
+            (besides the causal rule), or None.
+
+    Returns:
+        ([B, Q, D], the cache with x's keys and values from ``pos`` on).
+    """
+    q = self.core.project(x, "query")
+    k, v = (
+        jax.lax.dynamic_update_slice_in_dim(
+            c, self.core.project(x, name), pos, axis=1
+        )
+        for c, name in zip(cache, ("key", "value"))
+    )
+    rows = pos + jnp.arange(x.shape[1])[:, None]
+    keep = (jnp.arange(k.shape[1])[None, :] <= rows)[None, None]
+    if mask is not None:
+      keep = keep & mask
+    delta_top = pos + x.shape[1] - 1
+    scores = self.core.scores(q, k, delta_top=delta_top, past_only=True)
+    c, _, _ = self.core.attend(scores, keep, v, True)
+    return self._project(c), (k, v)
+
 
 def _heads_constraint(x: jax.Array) -> jax.Array:
   return nn.with_logical_constraint(x, ("batch", "length", "heads", "kv"))
@@ -108,23 +147,25 @@ def _heads_constraint(x: jax.Array) -> jax.Array:
 class _SegmentAttention(RelativeAttentionBase):
   """Relative attention of the current segment over (memory, segment).
 
-  A recurrent kind with a memory decodes with a key/value cache
-  (``decode_step``): its memory holds the layer inputs of the M positions
-  before the segment, whose keys and values are those the cache keeps of
-  them, so a query at stream position p reads positions (p // T) * T - M
-  .. p. Without a memory, the segment sampler re-encodes a window of the
-  last T tokens at every step, which a cache of keys computed once cannot
-  give: those kinds keep the sampler.
+  Both decode with a key/value cache (``decode_step``). A recurrent kind's
+  memory holds the layer inputs of the M positions before the segment,
+  whose keys and values are those the cache keeps of them, so a query at
+  stream position p reads positions (p // T) * T - M .. p. Without a
+  memory a query reads every cached position of its row; the decoder
+  keeps evaluation's windows (``models.decode_windows``).
   """
 
   @classmethod
   def decodes_cached(cls, mem_len: int) -> bool:
-    return cls.carries_memory(mem_len)
+    del mem_len
+    return True
 
   @classmethod
   def cached_context(
       cls, query: jax.Array, segment_len: int, mem_len: int
   ) -> jax.Array:
+    if not cls.carries_memory(mem_len):
+      return jnp.zeros_like(query)
     return (query // segment_len) * segment_len - mem_len
 
   causal: bool = True
@@ -220,46 +261,6 @@ class _SegmentAttention(RelativeAttentionBase):
       return y, None
     new_len = self.mem_len if self.mem_len > 0 else mem_len
     return y, rmemory.push_xl_memory(memory, x, new_len)
-
-  def decode_step(
-      self,
-      x: jax.Array,
-      cache: tuple[jax.Array, jax.Array],
-      pos: jax.Array,
-      mask: jax.Array | None,
-  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """Causal decoding steps from a cache of content keys and values (the
-    translation decoder's, one token at a time; the LM's, a prefill then
-    one token at a time): the token at slot ``pos + i`` reads the keys at
-    distances ``pos + i - j`` (the relative terms need no more than the
-    cached keys).
-
-    Args:
-        x: [B, Q, D] the normed inputs at slots pos .. pos + Q - 1.
-        cache: (keys, values) [B, T_max, H, dh] of the steps so far.
-        pos: scalar int32 slot of x's first row.
-        mask: bool broadcastable to [B, H, Q, T_max], True = may attend
-            (besides the causal rule), or None.
-
-    Returns:
-        ([B, Q, D], the cache with x's keys and values from ``pos`` on).
-    """
-    q = self.core.project(x, "query")
-    k, v = (
-        jax.lax.dynamic_update_slice_in_dim(
-            c, self.core.project(x, name), pos, axis=1
-        )
-        for c, name in zip(cache, ("key", "value"))
-    )
-    rows = pos + jnp.arange(x.shape[1])[:, None]
-    keep = (jnp.arange(k.shape[1])[None, :] <= rows)[None, None]
-    if mask is not None:
-      keep = keep & mask
-    delta_top = pos + x.shape[1] - 1
-    scores = self.core.scores(q, k, delta_top=delta_top, past_only=True)
-    c, _, _ = self.core.attend(scores, keep, v, True)
-    return self._project(c), (k, v)
-
 
 class XLAttention(_SegmentAttention):
   """Transformer-XL relative attention (Dai et al. 2019; LaMemo Eq. 6).
