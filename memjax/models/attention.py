@@ -77,7 +77,9 @@ class AttentionKind(nn.Module):
     mem_len)``: whether the kind decodes with a key/value cache
     (``lm_decoding``; called with ``pos``, the cache's first slot, and a
     ``mask`` of the slots each query reads), and the first stream position
-    a query reads there, as training and evaluation give it.
+    a query reads there, as training and evaluation give it;
+    ``cached_decoder(mem_len)``: the decoder of a kind whose memory is not
+    the keys a cache keeps (LaMemo's), None for the engine's.
 
   A kind whose memory is not one entry per layer (LaMemo prepends memory
   rows to the segment) overrides the three stack hooks.
@@ -92,6 +94,14 @@ class AttentionKind(nn.Module):
     with a key/value cache; by default not."""
     del mem_len
     return False
+
+  @classmethod
+  def cached_decoder(cls, mem_len: int) -> Any:
+    """A ``lm_decoding.CachedDecoder`` subclass of the kind's own (one
+    whose memory is not the keys a cache keeps), or None for the engine's
+    decoder."""
+    del mem_len
+    return None
 
   @classmethod
   def cached_context(

@@ -73,6 +73,18 @@ def unsupported(model: Any) -> Optional[str]:
   return None
 
 
+def decoder(
+    model: transformer.TransformerLM,
+    reader: Any = None,
+    segment_len: int = 0,
+    windows: Optional[decode_windows.Windows] = None,
+) -> "CachedDecoder":
+  """The cached decoder of ``model``: its attention kind's own
+  (``AttentionKind.cached_decoder``), else ``CachedDecoder``."""
+  own = model.attention_kind().cached_decoder(model.cfg.mem_len)
+  return (own or CachedDecoder)(model, reader, segment_len, windows)
+
+
 def bucket(n: int) -> int:
   """n rounded up to a multiple of ``BUCKET``."""
   return -(-int(n) // BUCKET) * BUCKET

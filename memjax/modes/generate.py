@@ -182,9 +182,7 @@ def continue_prompts(
       windows = None  # Segments, as recurrent evaluation runs them.
     key = ("decoder", reader, int(segment_len), windows)
     if key not in kept:
-      kept[key] = lm_decoding.CachedDecoder(
-          model, reader, segment_len, windows
-      )
+      kept[key] = lm_decoding.decoder(model, reader, segment_len, windows)
     decoder = kept[key]
     size = int(batch_size) or len(prompts)
     out = []

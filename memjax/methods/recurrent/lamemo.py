@@ -160,8 +160,19 @@ class LaMemoAttention(relative.RelativeAttentionBase):
 
   @classmethod
   def decodes_cached(cls, mem_len: int) -> bool:
-    """Without a memory: a relative kind's cache (``decode_step``)."""
-    return not cls.carries_memory(mem_len)
+    """With a memory by ``lamemo_decoding.LaMemoDecoder``, without one as
+    a relative kind (``decode_step``)."""
+    del mem_len
+    return True
+
+  @classmethod
+  def cached_decoder(cls, mem_len: int) -> Any:
+    """``lamemo_decoding.LaMemoDecoder`` for a model with a memory."""
+    if not cls.carries_memory(mem_len):
+      return None
+    from memjax.methods.recurrent import lamemo_decoding  # pylint: disable=g-import-not-at-top
+
+    return lamemo_decoding.LaMemoDecoder
 
   @classmethod
   def init_layer_memory(
@@ -271,12 +282,16 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     refreshing).
     """
     del positions
+    if isinstance(memory, rmemory.LaMemoCache):
+      from memjax.methods.recurrent import lamemo_decoding  # pylint: disable=g-import-not-at-top
+
+      return lamemo_decoding.cached_attention(self, x, memory, pos)
     if pos is not None:
       return self.decode_step(x, memory, pos, mask)
     x = nn.with_logical_constraint(
         x.astype(self.dtype), ("batch", "length", "embed")
     )
-    q, k, v, c_seg, lse_seg, seg_len = self._segment_attention(
+    q, k, v, c_seg, lse_seg, seg_len = self.segment_attention(
         x, memory, deterministic
     )
     if memory is None:
@@ -285,7 +300,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
         q, k, v, memory, c_seg, lse_seg, seg_len, deterministic
     )
 
-  def _segment_attention(
+  def segment_attention(
       self,
       x: jax.Array,
       memory: rmemory.LaMemoMemory | None,
@@ -354,7 +369,43 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     """
     mem_len, mem_valid = memory.c.shape[1], memory.valid
     batch = q.shape[0]
-    # 2. Look-ahead refresh of the memory rows.
+    c_mem, lse_mem = self.refreshed_memory(
+        q, k, v, memory, seg_len, deterministic
+    )
+    y = self._project(jnp.concatenate([c_mem, c_seg], axis=1))
+
+    new_len = self.mem_len if self.mem_len > 0 else mem_len
+    seg_valid = jnp.ones((batch, seg_len), jnp.bool_)
+    new_memory = rmemory.LaMemoMemory(
+        c=recurrence.fifo_append(c_mem, c_seg, new_len),
+        lse=recurrence.fifo_append(lse_mem, lse_seg, new_len),
+        valid=recurrence.fifo_append(mem_valid, seg_valid, new_len),
+    )
+    return y, jax.lax.stop_gradient(new_memory)
+
+  def refreshed_memory(
+      self,
+      q: jax.Array,
+      k: jax.Array,
+      v: jax.Array,
+      memory: rmemory.LaMemoMemory,
+      seg_len: int,
+      deterministic: bool,
+  ) -> tuple[jax.Array, jax.Array]:
+    """The memory rows refreshed by look-ahead (zero on invalid slots).
+
+    Args:
+        q, k, v: [B, M + R, H, dh] projections of the memory rows and R >= 1
+            segment rows (the look-ahead reads the first).
+        memory: the layer's ``LaMemoMemory`` with M slots.
+        seg_len: T, the segment length (the look-ahead window's width is
+            min(M, T)).
+        deterministic: disables attention dropout.
+
+    Returns:
+        (c [B, M, H, dh] float32, lse [B, M, H] float32).
+    """
+    mem_len, mem_valid = memory.c.shape[1], memory.valid
     c_old = jax.lax.stop_gradient(memory.c).astype(jnp.float32)
     lse_old = jax.lax.stop_gradient(memory.lse).astype(jnp.float32)
     if self.options.look_ahead and mem_len > 0:
@@ -367,17 +418,7 @@ class LaMemoAttention(relative.RelativeAttentionBase):
     lse_mem = jnp.where(mem_valid[:, :, None], lse_mem, 0.0)
     c_mem = nn.with_logical_constraint(c_mem, ("batch", "mem", "heads", "kv"))
     lse_mem = nn.with_logical_constraint(lse_mem, ("batch", "mem", "heads"))
-
-    y = self._project(jnp.concatenate([c_mem, c_seg], axis=1))
-
-    new_len = self.mem_len if self.mem_len > 0 else mem_len
-    seg_valid = jnp.ones((batch, seg_len), jnp.bool_)
-    new_memory = rmemory.LaMemoMemory(
-        c=recurrence.fifo_append(c_mem, c_seg, new_len),
-        lse=recurrence.fifo_append(lse_mem, lse_seg, new_len),
-        valid=recurrence.fifo_append(mem_valid, seg_valid, new_len),
-    )
-    return y, jax.lax.stop_gradient(new_memory)
+    return c_mem, lse_mem
 
   def _refresh(
       self,

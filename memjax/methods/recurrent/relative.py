@@ -262,6 +262,7 @@ class _SegmentAttention(RelativeAttentionBase):
     new_len = self.mem_len if self.mem_len > 0 else mem_len
     return y, rmemory.push_xl_memory(memory, x, new_len)
 
+
 class XLAttention(_SegmentAttention):
   """Transformer-XL relative attention (Dai et al. 2019; LaMemo Eq. 6).
 

@@ -16,6 +16,9 @@ Types:
 * ``LaMemoMemory``: one LaMemo layer's attention outputs (before the output
   projection) ``c: [B, M, H, dh]`` and their log-normalisers
   ``lse: [B, M, H]``, both float32.
+* ``LaMemoCache``: one LaMemo layer's key/value cache in decoding
+  (``lamemo_decoding``): the current segment's rows and the memory it
+  entered with.
 """
 
 from __future__ import annotations
@@ -61,6 +64,30 @@ class LaMemoMemory:
   c: jax.Array
   lse: jax.Array
   valid: jax.Array
+
+
+@flax.struct.dataclass
+class LaMemoCache:
+  """One LaMemo layer's cache while decoding a segment of T (the memory
+  rows at slots 0 .. M - 1, segment token i at slot M + i).
+
+  Attributes:
+      k, v: [B, M + T, H, dh] keys and values of the memory rows (their
+          states refreshed at the segment's start) and of the segment's
+          tokens so far.
+      c: [B, M + T, H, dh] float32 the rows' attention outputs: the
+          refreshed memory vectors, then the tokens' causal ones.
+      lse: [B, M + T, H] float32 their log-normalisers.
+      valid: [B, M + T] bool, the rows that hold something.
+      old: the ``LaMemoMemory`` the segment started with (M slots).
+  """
+
+  k: jax.Array
+  v: jax.Array
+  c: jax.Array
+  lse: jax.Array
+  valid: jax.Array
+  old: LaMemoMemory
 
 
 def init_xl_memory(
