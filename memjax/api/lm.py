@@ -199,13 +199,11 @@ class LanguageModel(base.Loaded):
   ) -> Any:
     """Continues each prompt: greedy, or sampled (temperature, top-k, top-p).
 
-    As ``--mode=generate`` (``memjax.modes.generate.continue_prompts``): a
-    decoder LM with the 'vanilla' attention kind, or Transformer-XL with
-    its memory, decodes the prompts in batches with a key/value cache
-    (``memjax.models.lm_decoding``: prefill, then one cached step per
-    token); other models decode prompt by prompt by segments, the memory
-    carried (``memjax.models.segment_decoding.Sampler``), which takes top-p
-    and temperature only.
+    As ``--mode=generate`` (``memjax.modes.generate.continue_prompts``):
+    the prompts are decoded in batches with a key/value cache
+    (``memjax.models.lm_decoding.decoder``: prefill, then one cached step
+    per token), each token reading the context evaluation gives its prefix
+    (evaluation's windows, or the recurrent memory by segments).
 
     Args:
       prompts: a text or a token array [n >= 1], or a list of either.
@@ -213,10 +211,8 @@ class LanguageModel(base.Loaded):
       top_p: nucleus mass in (0, 1].
       temperature: divides the log-probabilities before filtering.
       seed: one seed gives one continuation (prompt i draws with seed + i).
-      greedy: take the most likely token (by segments: a nucleus of no
-        mass, the same).
-      top_k: keep the k most likely tokens before top-p (0 = all; cached
-        decoding only).
+      greedy: take the most likely token.
+      top_k: keep the k most likely tokens before top-p (0 = all).
       batch_size: prompts decoded together (0 = all of them).
       memory: draw each token from the distribution ``score`` gives its
         prefix with an evaluation memory (``memjax.memory.generation``):
@@ -231,8 +227,9 @@ class LanguageModel(base.Loaded):
 
     Raises:
       ValueError: an empty prompt.
-      errors.ConfigError: a sampling setting out of range, top-k or a
-        memory without cached decoding.
+      errors.ConfigError: a sampling setting out of range, a model that
+        is not a decoder LM, or a memory with a model that carries its
+        own.
     """
     from memjax.models import decode_windows  # pylint: disable=g-import-not-at-top
     from memjax.models import sampling as sampling_lib  # pylint: disable=g-import-not-at-top

@@ -1,4 +1,4 @@
-"""Key/value-cache decoding of a decoder LM ('decoder_lm': 'vanilla', 'xl').
+"""Key/value-cache decoding of a decoder LM (model.family 'decoder_lm').
 
 ``CachedDecoder`` continues a batch of prompts: the prompts are
 left-padded to a common length P (a multiple of ``BUCKET``), one call
@@ -12,30 +12,37 @@ only its own slots (``key_valid``), causally, and a sliding-window layer
 only its last ``sliding_window`` positions (the full-length cache masked,
 not a rolling buffer).
 
-What it covers: the 'decoder_lm' family with an attention kind that
-decodes with a cache (``AttentionKind.decodes_cached``): 'vanilla', with
-rotary positions (every scaling of ``rotary``), learned or sinusoid
-absolute positions, grouped-query heads (the cache holds H_kv heads),
-sliding windows and Gemma 3's local/global layers; and Transformer-XL with
-its memory of M, whose queries read the positions from M before their
-segment of T (``segment_len``) on (``AttentionKind.cached_context``): the
-memory's keys and values are those the cache keeps of those positions. Any
-position-wise feed-forward (FFN, GLU, product-key memory), scanned layers
-(``stack.apply`` scans the per-layer caches). Other families and kinds
-(LaMemo, 'rpe', MARGE, the encoders) use
-``memjax.models.segment_decoding.Sampler``.
+What a query reads (``decoder`` picks the decoder):
+
+* A model without recurrent memory, given ``windows``
+  (``decode_windows.Windows``, as the front doors give it): evaluation's
+  sliding windows, so each prefix gets evaluation's distribution; a
+  prompt's first window is prefilled and its rest fed one step at a time,
+  and a row whose query starts a window runs it again (``_slide``).
+  Without ``windows``: every earlier position of its row (a prompt longer
+  than absolute positions allow keeps its last tokens, with a notice).
+* Transformer-XL with its memory of M: the positions from M before its
+  segment of T (``segment_len``) on (``AttentionKind.cached_context``):
+  the memory's keys and values are those the cache keeps of them.
+* A kind whose memory is not the keys a cache keeps has a decoder of its
+  own (``AttentionKind.cached_decoder``: LaMemo's).
+
+Covered: 'vanilla' with rotary positions (every scaling of ``rotary``),
+learned or sinusoid absolute positions, grouped-query heads (the cache
+holds H_kv heads), sliding windows and Gemma 3's local/global layers; the
+relative kinds ('rpe', 'xl', 'lamemo'); any position-wise feed-forward
+(FFN, GLU, product-key memory); scanned layers (decoded unrolled,
+``_layers``). Other families (MARGE, the encoders) are ``unsupported``.
 
 Sampling (``memjax.models.sampling``): greedy, or temperature, top-k and
-top-p filtering; row b draws token t with ``fold_in(PRNGKey(seeds[b]), t)``
-as the ``Sampler`` does. A row stops after drawing one of ``stop_ids`` (the
-id included) and emits nothing more.
+top-p filtering; row b draws token t with ``fold_in(PRNGKey(seeds[b]),
+t)``. A row stops after drawing one of ``stop_ids`` (the id included) and
+emits nothing more.
 
 With an evaluation memory (``reader``, a
 ``memjax.memory.generation.MemoryReader``), every step's distribution is
-the memory's, in evaluation's windows (``generation.MemoryReader`` keeps
-each slot's memory features beside the cache; a row whose query starts a
-window runs it again, ``_slide``); a prompt's first window is prefilled
-and its rest fed one step at a time.
+the memory's, in the reader's windows (evaluation's), the memory features
+of each slot kept beside the cache (``decode_windows.Context``).
 """
 
 from __future__ import annotations
@@ -289,9 +296,10 @@ class CachedDecoder:
     if self.windows is None:
       return scores[0], cache, None
     context = self.windows.record(context, self._features(g), token, slot)
-    cache, context, scores = self._slide(
-        params, cache, context, scores, key_valid, slot
-    )
+    if key_valid.shape[1] > self.windows.window_len:  # Else none slides.
+      cache, context, scores = self._slide(
+          params, cache, context, scores, key_valid, slot
+      )
     return self._read(scores, context, key_valid, slot), cache, context
 
   def _slide(self, params, cache, context, scores, key_valid, slot):

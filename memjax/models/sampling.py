@@ -1,8 +1,7 @@
 """How a decoder chooses the next token: greedy, or temperature, top-k and
 top-p (nucleus) filtering (Holtzman et al. 2020) of the log-probabilities.
 
-Shared by key/value-cache decoding (``lm_decoding``) and decoding by
-segments (``segment_decoding``).
+Used by key/value-cache decoding (``lm_decoding``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""``--mode=generate``: continuations of prompts, by key/value-cache decoding
-or by segments with the recurrent memory carried.
+"""``--mode=generate``: continuations of prompts, by key/value-cache decoding.
 
 The prompts: a window of a split (``generate.split``, ``prompt_offset``,
 ``prompt_len``), or every prompt of a file (``generate.prompts``: one text
@@ -10,14 +9,15 @@ temperature, top-k and top-p (nucleus) filtering (Holtzman et al. 2020; p =
 0.95 in the LaMemo paper, App. D), prompt i with PRNG keys
 ``fold_in(PRNGKey(seed + i), t)``, so a seed gives one continuation.
 
-A decoder LM with the 'vanilla' attention kind, or Transformer-XL with
-its memory, decodes with a key/value cache (``memjax.models.lm_decoding``:
-the prompts in one call, then one cached step per token; Transformer-XL's
-queries read the memory of M positions before their segment of
-``eval.segment_len`` or ``data.seq_len`` T, as in training and
-evaluation); the other models (LaMemo, 'rpe', MARGE) by segments with their
-recurrent memory carried (``memjax.models.segment_decoding``), prompt by
-prompt.
+Every decoder LM decodes with a key/value cache (``lm_decoding.decoder``:
+a prefill, then one cached step per token, all in one compiled loop), and
+each token reads the context evaluation gives its prefix: a model without
+recurrent memory evaluation's sliding windows (``eval.window_len`` /
+``score_len``, ``models.decode_windows``); Transformer-XL the memory of M
+positions before its segment of ``eval.segment_len`` or ``data.seq_len``
+T; LaMemo its memory refreshed by look-ahead at each segment's start
+(``methods.recurrent.lamemo_decoding``). Other families (MARGE, which
+reads retrieved sources, and the encoders) are refused in one line.
 
 With ``generate.memory`` (``memjax.load(W).generate(..., memory=True)``),
 every step reads the run's evaluation memory (``memjax.memory.generation``):
@@ -27,7 +27,7 @@ so the distribution each token is drawn from is the one ``--mode=memeval``
 gives that prefix: the context of evaluation's sliding windows
 (``eval.window_len`` / ``score_len``) and the long-term memory of
 ``eval_memory.long_mem_tokens`` pairs before a window, for a prompt and
-a continuation of any length. It needs key/value-cache decoding.
+a continuation of any length.
 
 A model imported with its tokenizer stops a continuation at the first
 token that is one of its end-of-sequence ids (``stop_ids``: every EOS id
@@ -61,7 +61,6 @@ from memjax.memory import generation
 from memjax.models import decode_windows
 from memjax.models import lm_decoding
 from memjax.models import sampling as sampling_lib
-from memjax.models import segment_decoding
 from memjax.run import restore
 from memjax.run import spec
 
@@ -147,9 +146,8 @@ def continue_prompts(
     windows: Optional[decode_windows.Windows] = None,
 ) -> list[np.ndarray]:
   """Per prompt [n >= 1], up to ``num_tokens`` int32 tokens (to and with
-  the first of ``stops``): by key/value-cache decoding where the model has
-  it (``lm_decoding``, ``batch_size`` prompts at a time; 0 = all), else
-  prompt by prompt by ``segment_decoding.Sampler`` (greedy as a nucleus of one token).
+  the first of ``stops``), by key/value-cache decoding
+  (``lm_decoding.decoder``, ``batch_size`` prompts at a time; 0 = all).
 
   Args:
     model: the restored model.
@@ -159,11 +157,10 @@ def continue_prompts(
     sampling: the token choice (checked by the caller).
     seeds: one per prompt.
     stops: ids that end a continuation.
-    segment_len: T, the segments of a recurrent model (the sampler's and
-      Transformer-XL's cached decoding's).
+    segment_len: T, the segments of a model with recurrent memory.
     batch_size: prompts decoded together.
-    kept: a dict to keep the compiled decoder and samplers in between
-      calls (``memjax.load(W).generate``), or None.
+    kept: a dict to keep the compiled decoders in between calls
+      (``memjax.load(W).generate``), or None.
     reader: an evaluation memory read at every step (``memory_reader``),
       or None.
     windows: evaluation's windows (``decode_windows.Windows.of``), which a
@@ -171,62 +168,43 @@ def continue_prompts(
       reads every earlier position.
 
   Raises:
-    errors.ConfigError: top-k or a memory asked of a model without cached
-      decoding, or a memory with a model that carries its own.
+    errors.ConfigError: a model that is not a decoder LM (MARGE, an
+      encoder), or a memory with a model that carries its own.
   """
   kept = {} if kept is None else kept
   why = lm_decoding.unsupported(model)
-  _check_reader(model, reader, why)
-  if why is None:
-    if model.carries_memory():
-      windows = None  # Segments, as recurrent evaluation runs them.
-    key = ("decoder", reader, int(segment_len), windows)
-    if key not in kept:
-      kept[key] = lm_decoding.decoder(model, reader, segment_len, windows)
-    decoder = kept[key]
-    size = int(batch_size) or len(prompts)
-    out = []
-    for b in range(0, len(prompts), size):
-      out += decoder.generate(
-          variables,
-          prompts[b : b + size],
-          int(num_tokens),
-          sampling,
-          seeds[b : b + size],
-          stops,
-      )
-    return out
-  if sampling.top_k:
+  if why is not None:
     raise errors.ConfigError(
-        f"generate.top_k needs key/value-cache decoding, and this model has "
-        f"none ({why}): set top_k=0"
+        f"generate: {why}; generation decodes decoder LMs (model.family "
+        "'decoder_lm')"
     )
-  top_p = 1e-9 if sampling.greedy else sampling.top_p
-  key = ("sampler", top_p, sampling.temperature, int(segment_len))
+  _check_reader(model, reader)
+  if model.carries_memory():
+    windows = None  # Segments, as recurrent evaluation runs them.
+  key = ("decoder", reader, int(segment_len), windows)
   if key not in kept:
-    kept[key] = segment_decoding.Sampler(
-        model, segment_len, top_p=top_p, temperature=sampling.temperature
+    kept[key] = lm_decoding.decoder(model, reader, segment_len, windows)
+  decoder = kept[key]
+  size = int(batch_size) or len(prompts)
+  out = []
+  for b in range(0, len(prompts), size):
+    out += decoder.generate(
+        variables,
+        prompts[b : b + size],
+        int(num_tokens),
+        sampling,
+        seeds[b : b + size],
+        stops,
     )
-  return [
-      kept[key].generate(variables, p, int(num_tokens), int(seed), stops)
-      for p, seed in zip(prompts, seeds)
-  ]
+  return out
 
 
 def _check_reader(
-    model: Any, reader: Optional[generation.MemoryReader], why: Optional[str]
+    model: Any, reader: Optional[generation.MemoryReader]
 ) -> None:
-  """Raises errors.ConfigError for a memory a model cannot decode with:
-  one without cached decoding (``why`` it has none) or with a recurrent
-  memory of its own."""
-  if reader is None:
-    return
-  if why is not None:
-    raise errors.ConfigError(
-        f"generate with the {reader.kind} memory needs key/value-cache "
-        f"decoding, and this model has none ({why})"
-    )
-  if model.carries_memory():
+  """Raises errors.ConfigError for a memory with a model that carries a
+  recurrent memory of its own."""
+  if reader is not None and model.carries_memory():
     raise errors.ConfigError(
         f"generate with the {reader.kind} memory: this model carries its "
         "own memory; set generate.memory=False"
@@ -321,20 +299,28 @@ def generation_model(model: Any, s: Any) -> Any:
 
 
 def _note_decoding(
-    model: Any, reader: Optional[generation.MemoryReader]
+    model: Any, reader: Optional[generation.MemoryReader], s: Any
 ) -> None:
-  """Says on the console which decoding the model gets."""
-  why = lm_decoding.unsupported(model)
-  if why is None and reader is not None:
+  """Says on the console which context the decoding reads."""
+  if reader is not None:
     console.info(
         "decoding with a key/value cache and the %s memory (%s)",
         reader.kind,
         ", ".join(f"{k} {v[0]:g}" for k, v in reader.settings),
     )
-  elif why is None:
-    console.info("decoding with a key/value cache")
+  elif model.carries_memory():
+    console.info(
+        "decoding with a key/value cache, segments of %d, memory %d",
+        int(s.eval.segment_len or s.data.seq_len),
+        model.cfg.mem_len,
+    )
   else:
-    console.info("decoding by segments, the memory carried (%s)", why)
+    console.info(
+        "decoding with a key/value cache in evaluation's windows of %d "
+        "scoring %d",
+        int(s.eval.window_len),
+        int(s.eval.score_len),
+    )
 
 
 def _describe(g: Generate) -> str:
@@ -393,7 +379,7 @@ def _from_split(
       memory,
   )
   vocab = restored.vocab
-  _note_decoding(model, reader)
+  _note_decoding(model, reader, s)
   new = continue_prompts(
       model,
       restored.variables,
@@ -467,7 +453,7 @@ def _from_file(
       _describe(g),
   )
   stops = stop_ids(vocab)
-  _note_decoding(model, reader)
+  _note_decoding(model, reader, s)
   new = continue_prompts(
       model,
       restored.variables,

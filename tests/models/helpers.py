@@ -73,3 +73,56 @@ def normal(seed, shape, scale=1.0):
   """A float32 standard-normal array from NumPy (compiles nothing)."""
   rng = np.random.default_rng(seed)
   return jnp.asarray(scale * rng.normal(size=shape), jnp.float32)
+
+
+def recurrent_log_probs(model, variables, tokens, segment_len):
+  """[n, V] float32 log-probabilities after each of ``tokens`` [n], as
+  recurrent evaluation gives them: segments of T from the first token (the
+  last one padded: attention is causal), the model's memory carried."""
+  from memjax.models import variables as model_vars  # pylint: disable=g-import-not-at-top
+
+  n, t = len(tokens), int(segment_len)
+  x = np.zeros((1, -(-n // t) * t), np.int32)
+  x[0, :n] = tokens
+
+  def fn(mdl, seg, memory):
+    out = mdl(seg, None, memory, deterministic=True)
+    return mdl.log_probs(out.hidden), out.memory
+
+  step = jax.jit(
+      lambda s, m: model.apply(
+          model_vars.as_variables(variables), s, m, method=fn
+      )
+  )
+  memory, out = model.init_memory(1), []
+  for s in range(0, x.shape[1], t):
+    lp, memory = step(x[:, s : s + t], memory)
+    out.append(np.asarray(lp[0]))
+  return np.concatenate(out)[:n]
+
+
+def window_log_probs(model, variables, tokens, window_len, score_len, bos):
+  """[n - 1, V] float32 log-probabilities of each prediction of
+  ``tokens`` [n], as evaluation's sliding windows give them
+  (``data.windows.eval_windows``; BOS first in a window after the first
+  where ``bos`` is an id)."""
+  from memjax.data import windows  # pylint: disable=g-import-not-at-top
+  from memjax.models import variables as model_vars  # pylint: disable=g-import-not-at-top
+
+  def fn(mdl, x):
+    return mdl.log_probs(mdl(x, None, None, deterministic=True).hidden)
+
+  out = None
+  for start, length, first in windows.eval_windows(
+      len(tokens) - 1, window_len, score_len
+  ):
+    x = np.array(tokens[start : start + length], np.int32)
+    if bos is not None and start > 0:
+      x[0] = bos
+    lp = np.asarray(
+        model.apply(model_vars.as_variables(variables), x[None], method=fn)[0]
+    )
+    if out is None:
+      out = np.zeros((len(tokens) - 1, lp.shape[-1]), np.float32)
+    out[start + first : start + length] = lp[first:]
+  return out

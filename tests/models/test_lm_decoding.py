@@ -9,9 +9,9 @@ import pytest
 
 import memjax
 from memjax import errors
+from memjax.models import decode_windows
 from memjax.models import lm_decoding
 from memjax.models import sampling as sampling_lib
-from memjax.models import segment_decoding
 from memjax.models import variables as model_vars
 from memjax.models import transformer
 from tests.conftest import REPO
@@ -115,14 +115,37 @@ def test_left_align_derives_positions_from_a_right_padded_mask():
   np.testing.assert_array_equal(lengths, [2, 4])
 
 
+def test_a_model_that_is_not_a_decoder_lm_is_named():
+  assert "is not decoder_lm" in lm_decoding.unsupported(object())
+
+
+@pytest.mark.parametrize("bos", [None, 5], ids=["no-bos", "bos"])
 @pytest.mark.parametrize(
-    "attention, mem_len", [("lamemo", 4), ("rpe", 0), ("xl", 0)]
+    "attention, mem_len",
+    [("vanilla", 0), ("rpe", 0), ("xl", 0), ("lamemo", 0)],
 )
-def test_models_it_does_not_cover_are_named(attention, mem_len):
+def test_models_without_memory_decode_in_evaluations_windows(
+    attention, mem_len, bos
+):
+  """Windows of T = 8 scoring S = 3: three prompts (3, 13 and 7 tokens,
+  one longer than a window) and 20 forced tokens each, every step against
+  evaluation's windows of the same text."""
   model = transformer.TransformerLM(
-      cfg=helpers.tiny(32, attention=attention, mem_len=mem_len)
+      cfg=helpers.tiny(32, num_layers=2, attention=attention, mem_len=mem_len)
   )
-  assert f"{attention!r} (memory {mem_len})" in lm_decoding.unsupported(model)
+  variables = helpers.random_params(model, np.zeros((1, 8), np.int32), None)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 32, n) for n in (3, 13, 7)]
+  forced = rng.integers(0, 32, (3, 20))
+  windows = decode_windows.Windows(8, 3, bos)
+  dec = lm_decoding.decoder(model, windows=windows)
+  got = dec.forced_log_probs(variables, prompts, forced)
+  for b, prompt in enumerate(prompts):
+    seq = np.concatenate([prompt, forced[b]])
+    want = helpers.window_log_probs(model, variables, seq, 8, 3, bos)
+    np.testing.assert_allclose(
+        got[b, :-1], want[len(prompt) - 1 :], atol=1e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize(
@@ -130,13 +153,13 @@ def test_models_it_does_not_cover_are_named(attention, mem_len):
     [("xl", 4), ("xl", 9)],
     ids=["xl-memory-4", "xl-memory-9"],
 )
-def test_transformer_xl_decodes_as_the_segment_sampler_predicts(
+def test_transformer_xl_decodes_as_recurrent_evaluation_predicts(
     attention, mem_len
 ):
   """Transformer-XL by segments of T = 6 with its memory of M (4 < T, and
   9 > T, reaching over two segments): two prompts of other lengths (one
-  longer than a segment) in a batch, each step against
-  ``segment_decoding.Sampler.score``."""
+  longer than a segment) in a batch, each step against the recurrent
+  forward by segments, the memory carried."""
   model = transformer.TransformerLM(
       cfg=helpers.tiny(32, num_layers=2, attention=attention, mem_len=mem_len)
   )
@@ -144,14 +167,15 @@ def test_transformer_xl_decodes_as_the_segment_sampler_predicts(
   rng = np.random.default_rng(3)
   prompts = [rng.integers(0, 32, 3), rng.integers(0, 32, 10)]
   forced = rng.integers(0, 32, (2, 14))
-  dec = lm_decoding.CachedDecoder(model, segment_len=6)
+  dec = lm_decoding.decoder(model, segment_len=6)
+  assert type(dec) is lm_decoding.CachedDecoder  # pylint: disable=unidiomatic-typecheck
   got = dec.forced_log_probs(variables, prompts, forced)
-  sampler = segment_decoding.Sampler(model, 6, top_p=1.0)
   for b, prompt in enumerate(prompts):
     seq = np.concatenate([prompt, forced[b]])
-    want = sampler.score(variables, seq)[len(prompt) - 1 :]
-    picked = got[b, np.arange(14), forced[b]]
-    np.testing.assert_allclose(picked, want, atol=1e-5, rtol=0)
+    want = helpers.recurrent_log_probs(model, variables, seq, 6)
+    np.testing.assert_allclose(
+        got[b], want[len(prompt) - 1 :], atol=1e-5, rtol=0
+    )
 
 
 def test_scanned_layers_decode_as_they_score():

@@ -1,5 +1,5 @@
 """--mode=generate on an imported decoder LM: key/value-cache decoding,
-token for token what the segment sampler draws; a file of prompts decoded
+token for token the argmax of the full forward pass; a file of prompts decoded
 in batches, each row what its prompt gives alone; bad input in one line."""
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import memjax
-from memjax.models import segment_decoding
+from memjax.models import variables as model_vars
 from memjax.modes import generate as generate_lib
 from tests.conftest import REPO
 from tests.conftest import run_main
@@ -49,7 +49,7 @@ def _generate(imported, *flags):
   )
 
 
-def test_generate_mode_decodes_with_a_cache_as_the_sampler_does(imported):
+def test_generate_mode_decodes_with_a_cache_as_the_model_scores(imported):
   proc = _generate(
       imported,
       "--config.generate.prompt_len=6",
@@ -62,11 +62,17 @@ def test_generate_mode_decodes_with_a_cache_as_the_sampler_does(imported):
   with open(os.path.join(workdir, "generation.json"), encoding="utf-8") as f:
     out = json.load(f)
   assert len(out["prompt_ids"]) == 6 and len(out["ids"]) == 9
-  # The uncached sampler, a nucleus of one token: the same continuation.
+  # A nucleus of one token: each token the argmax of the full forward
+  # pass over the prompt and the tokens before it.
   lm = memjax.load(workdir)
-  sampler = segment_decoding.Sampler(lm.restored.model, 32, top_p=1e-6)
-  want = sampler.generate(lm.restored.variables, out["prompt_ids"], 9, 0)
-  np.testing.assert_array_equal(out["ids"], want)
+  seq = np.asarray([out["prompt_ids"] + out["ids"]], np.int32)
+
+  def fn(mdl, x):
+    return mdl.log_probs(mdl(x, None, None, deterministic=True).hidden)
+
+  variables = model_vars.as_variables(lm.restored.variables)
+  lp = np.asarray(lm.restored.model.apply(variables, seq, method=fn))[0]
+  np.testing.assert_array_equal(out["ids"], lp[5:-1].argmax(-1))
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".jsonl"])

@@ -22,7 +22,6 @@ from memjax.eval import rows as rows_lib
 from memjax.eval import scorer as scorer_lib
 from memjax.models import lm_decoding
 from memjax.models import sampling as sampling_lib
-from memjax.models import segment_decoding
 from memjax.eval import streams as recurrent_eval
 from memjax import sharding as sharding_lib
 from memjax.methods.recurrent import analysis
@@ -152,18 +151,20 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 def test_generation_is_deterministic_and_predicts_like_evaluation():
   model, params = tiny()
-  sampler = segment_decoding.Sampler(model, T, top_p=0.95)
-  prompt = stream_tokens(7, seed=2)
-  a = sampler.generate(params, prompt, 9, seed=3)
-  b = sampler.generate(params, prompt, 9, seed=3)
-  c = sampler.generate(params, prompt, 9, seed=4)
+  dec = lm_decoding.decoder(model, segment_len=T)
+  prompt = [stream_tokens(7, seed=2)]
+  top_p = sampling_lib.Sampling(top_p=0.95)
+  a = dec.generate(params, prompt, 9, top_p, [3])[0]
+  b = dec.generate(params, prompt, 9, top_p, [3])[0]
+  c = dec.generate(params, prompt, 9, top_p, [4])[0]
   assert a.shape == (9,) and a.dtype == np.int32
   np.testing.assert_array_equal(a, b)
   assert (a != c).any()
-  # The segment-wise memory of generation gives the log-probabilities of
-  # a recurrent evaluation of the same stream.
+  # The decoder's segments give the log-probabilities of a recurrent
+  # evaluation of the same stream (its Python loop over segments).
   tokens = stream_tokens(3 * T + 2, seed=5)
-  got = sampler.score(params, tokens)
+  got = dec.forced_log_probs(params, [tokens[:1]], tokens[None, 1:])[0]
+  got = got[np.arange(len(tokens) - 1), tokens[1:]]
   _, logps = loop_scores(model, params, tokens, 1)
   want = logps[:, 0].reshape(-1)[: len(tokens) - 1]
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -290,8 +291,8 @@ def test_txl_smoke_config_trains_end_to_end(tmp_path):
   results = memjax.train(config, workdir)
   _check_results(results, workdir, steps=6)
   # python -m memjax.main --mode=generate decodes Transformer-XL with a
-  # key/value cache, its memory read as the segment sampler carries it:
-  # the same greedy tokens.
+  # key/value cache, its memory read as recurrent evaluation carries it:
+  # each greedy token is the argmax of evaluation's prediction.
   proc = run_main(
       *shared_runs.recurrent_smoke_flags("txl_wt103", str(tmp_path / "cache")),
       f"--workdir={workdir}",
@@ -308,10 +309,9 @@ def test_txl_smoke_config_trains_end_to_end(tmp_path):
   model = lm.restored.model
   assert lm_decoding.unsupported(model) is None and model.carries_memory()
   seg = int(lm.settings.eval.segment_len or lm.settings.data.seq_len)
-  sampler = segment_decoding.Sampler(model, seg, top_p=1e-9)
-  prompt = np.asarray(res["prompt_ids"], np.int32)
-  want = sampler.generate(lm.restored.variables, prompt, 24, seed=0)
-  assert res["ids"] == want.tolist() and seg < 20 + 24
+  seq = np.asarray(res["prompt_ids"] + res["ids"], np.int32)
+  lp = helpers.recurrent_log_probs(model, lm.restored.variables, seq, seg)
+  assert res["ids"] == lp[19:-1].argmax(-1).tolist() and seg < 20 + 24
 
 
 def test_a_translation_model_with_relative_positions_decodes(tmp_path):
@@ -377,10 +377,20 @@ def test_lamemo_smoke_run_and_its_modes(lamemo_smoke_workdir, tmp_path):
     np.testing.assert_allclose(
         np.load(os.path.join(workdir, name)), want, rtol=1e-5, atol=1e-7
     )
+  # Generation: the key/value cache, the memory refreshed by look-ahead
+  # as recurrent evaluation refreshes it (greedy: its argmax).
   config.generate.num_tokens = 5
   config.generate.prompt_len = 20
+  config.generate.greedy = True
   res = memjax.run_mode("generate", config, workdir)
   assert len(res["ids"]) == 5
+  seq = np.asarray(res["prompt_ids"] + res["ids"], np.int32)
+  seg = int(config.eval.segment_len or config.data.seq_len)
+  lm = memjax.load(workdir)
+  lp = helpers.recurrent_log_probs(
+      lm.restored.model, lm.restored.variables, seq, seg
+  )
+  assert res["ids"] == lp[19:-1].argmax(-1).tolist() and seg < 25
   for name in (
       "extrapolation.csv",
       "extrapolation.png",
