@@ -1,5 +1,5 @@
-"""Decoder-LM generation speed: the segment sampler against key/value-cache
-decoding.
+"""Decoder-LM generation speed: recomputing the context for every token
+against key/value-cache decoding.
 
     python benchmarks/lm_decoding.py [--prompt=256] [--new=64] \
         [--batches=1,8] [--d_model=384] [--layers=4] [--heads=6] \
@@ -8,11 +8,12 @@ decoding.
 A randomly initialised Llama-shaped decoder LM (rotary positions, grouped
 key/value heads, RMSNorm, a GLU feed-forward, untied embeddings) continues
 ``--batches`` random prompts of ``--prompt`` tokens by ``--new`` tokens
-(top-p 0.95), with today's ``memjax.models.segment_decoding.Sampler`` (each token
-one forward pass over a [1, T] segment, T = prompt + new, prompt by prompt)
-and with ``memjax.models.lm_decoding.CachedDecoder`` (the batch's prompts
+(top-p 0.95), by recomputing (``Recompute``, the baseline: each token one
+forward pass over a [1, T] segment, T = prompt + new, prompt by prompt, as
+generation ran before the cache) and with
+``memjax.models.lm_decoding.CachedDecoder`` (the batch's prompts
 prefilled in one call, then one cached step per token). Each method's
-warm-up compiles it (the sampler's on a 2-token continuation); the two
+warm-up compiles it (the baseline's on a 2-token continuation); the two
 alternate within each round (the median round is reported). Prints one
 JSON object with the machine, new tokens/s of each and the ratios; the
 full-size setting is ``--d_model=1024 --layers=4 --heads=16 --kv_heads=4
@@ -23,8 +24,9 @@ full-size setting is ``--d_model=1024 --layers=4 --heads=16 --kv_heads=4
 model instead (randomly initialised, its corpus's published vocabulary as
 ``--mode=plan`` takes it; ``--vocab`` and the shape flags are then
 unused): the TRIME 150M LM, 53M parameters with its adaptive softmax over
-267,735 words. ``--sampler_batches=1`` times the sampler at batch 1 only:
-it runs the prompts one by one, so its batch-8 speed is its batch-1 speed.
+267,735 words. ``--baseline_batches=1`` times the baseline at batch 1
+only: it runs the prompts one by one, so its batch-8 speed is its batch-1
+speed.
 
 ``--workdir=W`` times a trained run's cached decoding without and with an
 evaluation memory read at every step (``memjax.memory.generation``):
@@ -52,6 +54,45 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from benchmarks import harness  # pylint: disable=g-import-not-at-top
+
+
+class Recompute:
+  """The baseline: each new token is one forward pass of the model over
+  the prompt and the tokens so far, padded to ``length`` (one
+  compilation), drawn from the last real position; prompt by prompt.
+
+  Kept here, not in the library: key/value-cache decoding replaced it.
+  """
+
+  def __init__(self, model, length, sampling):
+    # pylint: disable=g-import-not-at-top
+    from memjax.models import variables as model_vars
+
+    def log_probs(variables, x, n):
+      def fn(mdl, x):
+        h = mdl(x, None, None, deterministic=True).hidden
+        last = jax.lax.dynamic_index_in_dim(h, n - 1, axis=1, keepdims=False)
+        return mdl.log_probs(last)[0]
+
+      return model.apply(model_vars.as_variables(variables), x, method=fn)
+
+    self.length = int(length)
+    self._log_probs = jax.jit(log_probs)
+    self._choose = jax.jit(
+        lambda lp, key: sampling.choose(lp[None], key[None])[0]
+    )
+
+  def generate(self, variables, prompt, new, seed):
+    """[new] int32 tokens after ``prompt`` [n]."""
+    x = np.zeros((1, self.length), np.int32)
+    n = len(prompt)
+    x[0, :n] = prompt
+    key, out = jax.random.PRNGKey(seed), []
+    for t in range(new):
+      lp = self._log_probs(variables, x, np.int32(n))
+      out.append(int(self._choose(lp, jax.random.fold_in(key, t))))
+      x[0, n], n = out[-1], n + 1
+    return np.asarray(out, np.int32)
 
 
 class GenerateBench:
@@ -142,9 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     add(f"--{name}", type=int, default=default)
   add("--batches", default="1,8", help="comma-separated batch sizes")
   add(
-      "--sampler_batches",
+      "--baseline_batches",
       default="",
-      help="batch sizes the segment sampler is timed at ('' = --batches)",
+      help="batch sizes the recomputing baseline is timed at ('' = --batches)",
   )
   add("--config", default="", help="a paper config's model instead")
   add(
@@ -169,11 +210,10 @@ def _batches(text: str) -> list[int]:
 
 
 def _random_model_benches(args, rng) -> tuple[list, dict]:
-  """The segment sampler and the cached decoder on a random model."""
+  """The recomputing baseline and the cached decoder on a random model."""
   # pylint: disable=g-import-not-at-top
   from memjax.models import lm_decoding
   from memjax.models import sampling as sampling_lib
-  from memjax.models import segment_decoding
 
   if args.config:
     model, variables, args.vocab = _config_model(args)
@@ -181,13 +221,13 @@ def _random_model_benches(args, rng) -> tuple[list, dict]:
     model, variables = _model(args)
   params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(variables))
   harness.log(f"model: {params / 1e6:.1f}M parameters")
-  sampler = segment_decoding.Sampler(model, args.prompt + args.new, top_p=0.95)
-  decoder = lm_decoding.CachedDecoder(model)
   sampling = sampling_lib.Sampling(top_p=0.95)
+  baseline = Recompute(model, args.prompt + args.new, sampling)
+  decoder = lm_decoding.CachedDecoder(model)
 
   def old(prompts, new):
     return [
-        sampler.generate(variables, p, new, i) for i, p in enumerate(prompts)
+        baseline.generate(variables, p, new, i) for i, p in enumerate(prompts)
     ]
 
   def cached(prompts, new):
@@ -195,12 +235,12 @@ def _random_model_benches(args, rng) -> tuple[list, dict]:
     return decoder.generate(variables, prompts, new, sampling, seeds)
 
   benches = []
-  old_batches = _batches(args.sampler_batches or args.batches)
+  old_batches = _batches(args.baseline_batches or args.batches)
   for b in _batches(args.batches):
     prompts = list(rng.integers(0, args.vocab, (b, args.prompt)))
     if b in old_batches:
       benches.append(
-          GenerateBench(f"sampler batch {b}", old, prompts, args.new)
+          GenerateBench(f"recompute batch {b}", old, prompts, args.new)
       )
     benches.append(
         GenerateBench(f"cached batch {b}", cached, prompts, args.new)

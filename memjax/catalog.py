@@ -129,7 +129,7 @@ ENGINE = extend.Method(
         ),
         "generate": extend.Mode(
             generate.generate,
-            "top-p sampling after a prompt from a split, memory carried",
+            "continue prompts (a split's window or a file), key/value cache",
             _LM,
             outputs=("generation.txt", "generation.json"),
         ),

@@ -1,13 +1,12 @@
 """Key/value-cache decoding of a decoder LM (model.family 'decoder_lm').
 
 ``CachedDecoder`` continues a batch of prompts: the prompts are
-left-padded to a common length P (a multiple of ``BUCKET``), one call
-(prefill) runs them and writes every layer's keys and values into a cache
-of L slots (P + the new tokens, rounded up to ``BUCKET``: one compilation
-per batch size, P and L), then one cached step per new token runs the
-last token alone, all steps in one compiled loop. Row b's real tokens sit
-at slots P - n_b .. P - 1 and its positions start at 0 at its first real
-token (``left_align`` derives them from any padding mask); a row reads
+left-padded to a common length P (``decode_prompts``: one compilation per
+batch size, P and the cache's L slots), one call (prefill) runs them and
+writes every layer's keys and values into the cache, then one cached
+step per new token runs the last token alone, all steps in one compiled
+loop. Row b's real tokens sit at slots P - n_b .. P - 1 and its
+positions start at 0 at its first real token; a row reads
 only its own slots (``key_valid``), causally, and a sliding-window layer
 only its last ``sliding_window`` positions (the full-length cache masked,
 not a rolling buffer).
@@ -54,9 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from memjax import errors
-from memjax.io import console
 from memjax.models import block_stack
+from memjax.models import decode_prompts
 from memjax.models import decode_windows
 from memjax.models import sampling as sampling_lib
 from memjax.models import stack
@@ -64,8 +62,6 @@ from memjax.models import variables as model_vars
 from memjax.models import transformer
 
 Array = jax.Array
-# Prompt and cache lengths are rounded up to a multiple of this.
-BUCKET = 64
 
 
 def unsupported(model: Any) -> Optional[str]:
@@ -90,35 +86,6 @@ def decoder(
   (``AttentionKind.cached_decoder``), else ``CachedDecoder``."""
   own = model.attention_kind().cached_decoder(model.cfg.mem_len)
   return (own or CachedDecoder)(model, reader, segment_len, windows)
-
-
-def bucket(n: int) -> int:
-  """n rounded up to a multiple of ``BUCKET``."""
-  return -(-int(n) // BUCKET) * BUCKET
-
-
-def left_align(tokens: np.ndarray, mask: np.ndarray, width: int) -> tuple:
-  """Each row's real tokens (``mask``, left- or right-padded) moved to the
-  right end of ``width`` slots.
-
-  Args:
-    tokens: [B, S] int ids.
-    mask: [B, S] bool, True = a real token (contiguous in each row).
-    width: the padded length P >= every row's count.
-
-  Returns:
-    (tokens [B, P] int32 (0 at padding), positions [B, P] int32 (0 at a
-     row's first real token, 0 at padding), lengths [B] int32).
-  """
-  tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
-  b = tokens.shape[0]
-  out = np.zeros((b, width), np.int32)
-  lengths = mask.sum(axis=1).astype(np.int32)
-  for i in range(b):
-    out[i, width - lengths[i] :] = tokens[i][mask[i]]
-  slots = np.arange(width)[None, :]
-  positions = np.maximum(slots - (width - lengths[:, None]), 0)
-  return out, positions.astype(np.int32), lengths
 
 
 def _forward(
@@ -438,52 +405,8 @@ class CachedDecoder:
     return np.stack([out[b, r : r + num] for b, r in enumerate(rest_len)])
 
   def _prepare(self, prompts: Sequence[np.ndarray], num: int) -> tuple:
-    """Left-padded prompts (each cut to the positions the model has, with
-    a notice) -> (tokens [B, P], positions, lengths, key_valid [B, L],
-    (rest [B, R], rest lengths [B])). With a reader, the prefill takes a
-    prompt's first window (``window_len`` tokens) and ``rest`` holds the
-    remainder, fed one step at a time (evaluation's windows slide over
-    it); else R = 0."""
-    prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
-    if any(not len(p) for p in prompts):
-      raise errors.ConfigError("generate: every prompt needs >= 1 token")
-    rest_len = np.zeros((len(prompts),), np.int32)
-    rest = np.zeros((len(prompts), 0), np.int32)
-    if self.windows is not None:  # Windows keep positions below T.
-      t = self.windows.window_len
-      rest_len = np.asarray([max(len(p) - t, 0) for p in prompts], np.int32)
-      rest = np.zeros((len(prompts), int(rest_len.max())), np.int32)
-      for b, p in enumerate(prompts):
-        rest[b, : rest_len[b]] = p[t:]
-      prompts = [p[:t] for p in prompts]
-    elif (
-        self.model.attention_kind().ABSOLUTE_POSITIONS
-        and self.model.positions != "none"
-    ):  # Absolute positions stop at max_len.
-      room = self.model.cfg.max_len - num + 1
-      if room < 1:
-        raise errors.ConfigError(
-            f"generate: {num} new tokens do not fit model.max_len "
-            f"{self.model.cfg.max_len}"
-        )
-      if any(len(p) > room for p in prompts):
-        console.info(
-            "generate: prompts longer than %d tokens keep their last %d "
-            "(model.max_len %d)",
-            room,
-            room,
-            self.model.cfg.max_len,
-        )
-        prompts = [p[-room:] for p in prompts]
-    width = bucket(max(len(p) for p in prompts))
-    length = bucket(width + rest.shape[1] + num)
-    mask = np.zeros((len(prompts), width), bool)
-    padded = np.zeros((len(prompts), width), np.int32)
-    for i, p in enumerate(prompts):
-      padded[i, : len(p)], mask[i, : len(p)] = p, True
-    tokens, positions, lengths = left_align(padded, mask, width)
-    key_valid = np.arange(length)[None, :] >= (width - lengths)[:, None]
-    return tokens, positions, lengths, key_valid, (rest, rest_len)
+    """The prompts' layout in the cache (``decode_prompts.lay_out``)."""
+    return decode_prompts.lay_out(prompts, num, self.model, self.windows)
 
   def generate(
       self,

@@ -379,19 +379,7 @@ def _from_split(
       memory,
   )
   vocab = restored.vocab
-  _note_decoding(model, reader, s)
-  new = continue_prompts(
-      model,
-      restored.variables,
-      [prompt],
-      int(g.num_tokens),
-      sampling,
-      [int(g.seed)],
-      stop_ids(vocab),
-      seg,
-      reader=reader,
-      windows=decode_windows.Windows.of(restored.scoring()),
-  )[0]
+  new = _continue(restored, s, g, sampling, [prompt], reader)[0]
   prompt_text, new_text = decode(vocab, prompt), decode(vocab, new)
   header = (
       f"model {s.name}, step {restored.step}; prompt "
@@ -424,6 +412,34 @@ def _from_split(
   return result
 
 
+def _continue(
+    restored: Any,
+    s: Any,
+    g: Generate,
+    sampling: sampling_lib.Sampling,
+    ids: Sequence[np.ndarray],
+    reader: Optional[generation.MemoryReader],
+) -> list[np.ndarray]:
+  """``continue_prompts`` with the restored run's model (``generate.
+  mem_len``), segments, windows and stop ids; says which context it
+  reads."""
+  model = generation_model(restored.model, s)
+  _note_decoding(model, reader, s)
+  return continue_prompts(
+      model,
+      restored.variables,
+      ids,
+      int(g.num_tokens),
+      sampling,
+      [int(g.seed) + i for i in range(len(ids))],
+      stop_ids(restored.vocab),
+      int(s.eval.segment_len or s.data.seq_len),
+      batch_size=int(g.batch_size),
+      reader=reader,
+      windows=decode_windows.Windows.of(restored.scoring()),
+  )
+
+
 def _from_file(
     run: spec.Run,
     g: Generate,
@@ -443,8 +459,6 @@ def _from_file(
         f"generate.prompts: prompt {empty[0]} of {g.prompts} encodes to no "
         "token; give each prompt some text"
     )
-  model = generation_model(restored.model, s)
-  seg = int(s.eval.segment_len or s.data.seq_len)
   console.info(
       "generating up to %d tokens after each of %d prompts (%s), %s",
       int(g.num_tokens),
@@ -453,20 +467,7 @@ def _from_file(
       _describe(g),
   )
   stops = stop_ids(vocab)
-  _note_decoding(model, reader, s)
-  new = continue_prompts(
-      model,
-      restored.variables,
-      ids,
-      int(g.num_tokens),
-      sampling,
-      [int(g.seed) + i for i in range(len(ids))],
-      stops,
-      seg,
-      batch_size=int(g.batch_size),
-      reader=reader,
-      windows=decode_windows.Windows.of(restored.scoring()),
-  )
+  new = _continue(restored, s, g, sampling, ids, reader)
   rows = []
   for i, (text, x, y) in enumerate(zip(texts, ids, new)):
     stopped = bool(len(y)) and int(y[-1]) in set(stops)

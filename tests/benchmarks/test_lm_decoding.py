@@ -1,5 +1,6 @@
 """benchmarks/lm_decoding.py at a tiny size: both methods time a batch and
-the report gives each one's new tokens/s against the sampler's."""
+the report gives each one's new tokens/s against the recomputing
+baseline's."""
 
 import json
 import subprocess
@@ -30,9 +31,9 @@ def test_the_benchmark_reports_both_methods_and_their_ratios(tmp_path):
   report = _report(flags, tmp_path)
   names = [r["name"] for r in report["results"]]
   assert names == [
-      "sampler batch 1",
+      "recompute batch 1",
       "cached batch 1",
-      "sampler batch 2",
+      "recompute batch 2",
       "cached batch 2",
   ]
   assert all(r["new_tokens_per_s"] > 0 for r in report["results"])
@@ -44,11 +45,11 @@ def test_a_paper_configs_model(tmp_path):
   """``--config``: the config's model (here TRIME's smoke LM, adaptive
   softmax and all) decodes both ways, and the report names it."""
   flags = "--config=configs/trime_wt103.py:trime_smoke --prompt=10 --new=4"
-  flags += " --batches=1,2 --sampler_batches=1 --rounds=1"
+  flags += " --batches=1,2 --baseline_batches=1 --rounds=1"
   report = _report(flags, tmp_path)
   assert report["model"] == "configs/trime_wt103.py:trime_smoke"
   assert [r["name"] for r in report["results"]] == [
-      "sampler batch 1",
+      "recompute batch 1",
       "cached batch 1",
       "cached batch 2",
   ]

@@ -106,15 +106,6 @@ def test_a_batch_gives_each_prompt_what_it_gives_alone(imported):
   )
 
 
-def test_left_align_derives_positions_from_a_right_padded_mask():
-  tokens = np.array([[5, 6, 0, 0], [7, 8, 9, 1]])
-  mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool)
-  out, positions, lengths = lm_decoding.left_align(tokens, mask, 5)
-  np.testing.assert_array_equal(out, [[0, 0, 0, 5, 6], [0, 7, 8, 9, 1]])
-  np.testing.assert_array_equal(positions, [[0, 0, 0, 0, 1], [0, 0, 1, 2, 3]])
-  np.testing.assert_array_equal(lengths, [2, 4])
-
-
 def test_a_model_that_is_not_a_decoder_lm_is_named():
   assert "is not decoder_lm" in lm_decoding.unsupported(object())
 

@@ -4,6 +4,7 @@ in batches, each row what its prompt gives alone; bad input in one line."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -130,3 +131,24 @@ def test_bad_generate_settings_are_one_line_with_exit_2(
   assert needle in proc.stderr
   assert "Traceback" not in proc.stderr
   assert sorted(os.listdir(imported[0])) == before  # Nothing written.
+
+
+def test_a_marge_run_is_refused_in_one_line(marge_smoke_workdir, tmp_path):
+  """MARGE reads retrieved sources, which generation does not retrieve:
+  exit status 2, one line, nothing written."""
+  workdir = str(tmp_path / "marge")
+  shutil.copytree(marge_smoke_workdir, workdir)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("the cat\n")
+  proc = run_main(
+      "--config=configs/marge_wt103.py:smoke",
+      f"--workdir={workdir}",
+      f"--config.generate.prompts={prompts}",
+      "--config.generate.num_tokens=2",
+      "--mode=generate",
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert "--mode=generate takes a run of kind lm/decoder_lm" in last
+  assert "Traceback" not in proc.stderr
+  assert not os.path.exists(os.path.join(workdir, "generations.jsonl"))

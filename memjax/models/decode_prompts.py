@@ -1,0 +1,123 @@
+"""How a batch of prompts sits in a decoder's key/value cache.
+
+The prompts are left-padded to a common length P (a multiple of
+``BUCKET``) and the cache has L slots (P, the rest of prompts longer than
+a window, and the new tokens, rounded up to ``BUCKET``), so a model
+compiles once per (batch size, P, L). Row b's real tokens sit at slots
+P - n_b .. P - 1 and its positions start at 0 at its first real token
+(``left_align`` derives them from any padding mask).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from memjax import errors
+from memjax.io import console
+from memjax.models import decode_windows
+
+# Prompt and cache lengths are rounded up to a multiple of this.
+BUCKET = 64
+
+
+def bucket(n: int) -> int:
+  """n rounded up to a multiple of ``BUCKET``."""
+  return -(-int(n) // BUCKET) * BUCKET
+
+
+def left_align(tokens: np.ndarray, mask: np.ndarray, width: int) -> tuple:
+  """Each row's real tokens (``mask``, left- or right-padded) moved to the
+  right end of ``width`` slots.
+
+  Args:
+    tokens: [B, S] int ids.
+    mask: [B, S] bool, True = a real token (contiguous in each row).
+    width: the padded length P >= every row's count.
+
+  Returns:
+    (tokens [B, P] int32 (0 at padding), positions [B, P] int32 (0 at a
+     row's first real token, 0 at padding), lengths [B] int32).
+  """
+  tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+  b = tokens.shape[0]
+  out = np.zeros((b, width), np.int32)
+  lengths = mask.sum(axis=1).astype(np.int32)
+  for i in range(b):
+    out[i, width - lengths[i] :] = tokens[i][mask[i]]
+  slots = np.arange(width)[None, :]
+  positions = np.maximum(slots - (width - lengths[:, None]), 0)
+  return out, positions.astype(np.int32), lengths
+
+
+def lay_out(
+    prompts: Sequence[np.ndarray],
+    num: int,
+    model: Any,
+    windows: Optional[decode_windows.Windows],
+) -> tuple:
+  """The prompts laid out for a prefill and ``num`` new tokens.
+
+  Args:
+    prompts: [n_b >= 1] int token ids per row.
+    num: new tokens at most.
+    model: the decoder LM (its positions).
+    windows: evaluation's windows the decoder keeps, or None.
+
+  Returns:
+    (tokens [B, P] left-padded, positions [B, P], lengths [B], key_valid
+    [B, L] bool, (rest [B, R], rest lengths [B])). In windows the prefill
+    takes a prompt's first window (``window_len`` tokens) and ``rest``
+    holds the remainder, fed one step at a time (the windows slide over
+    it); else R = 0, and with absolute positions a prompt keeps the last
+    tokens the model's positions leave room for, with a notice.
+
+  Raises:
+    errors.ConfigError: an empty prompt, or more new tokens than absolute
+      positions allow.
+  """
+  prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+  if any(not len(p) for p in prompts):
+    raise errors.ConfigError("generate: every prompt needs >= 1 token")
+  rest_len = np.zeros((len(prompts),), np.int32)
+  rest = np.zeros((len(prompts), 0), np.int32)
+  if windows is not None:  # Windows keep positions below T.
+    t = windows.window_len
+    rest_len = np.asarray([max(len(p) - t, 0) for p in prompts], np.int32)
+    rest = np.zeros((len(prompts), int(rest_len.max())), np.int32)
+    for b, p in enumerate(prompts):
+      rest[b, : rest_len[b]] = p[t:]
+    prompts = [p[:t] for p in prompts]
+  elif model.attention_kind().ABSOLUTE_POSITIONS and model.positions != "none":
+    prompts = _fit_positions(prompts, num, model.cfg.max_len)
+  width = bucket(max(len(p) for p in prompts))
+  length = bucket(width + rest.shape[1] + num)
+  mask = np.zeros((len(prompts), width), bool)
+  padded = np.zeros((len(prompts), width), np.int32)
+  for i, p in enumerate(prompts):
+    padded[i, : len(p)], mask[i, : len(p)] = p, True
+  tokens, positions, lengths = left_align(padded, mask, width)
+  key_valid = np.arange(length)[None, :] >= (width - lengths)[:, None]
+  return tokens, positions, lengths, key_valid, (rest, rest_len)
+
+
+def _fit_positions(
+    prompts: list[np.ndarray], num: int, max_len: int
+) -> list[np.ndarray]:
+  """Each prompt's last tokens that leave room for ``num`` new ones in
+  ``max_len`` absolute positions (a notice when one is cut)."""
+  room = max_len - num + 1
+  if room < 1:
+    raise errors.ConfigError(
+        f"generate: {num} new tokens do not fit model.max_len {max_len}"
+    )
+  if any(len(p) > room for p in prompts):
+    console.info(
+        "generate: prompts longer than %d tokens keep their last %d "
+        "(model.max_len %d)",
+        room,
+        room,
+        max_len,
+    )
+  return [p[-room:] for p in prompts]
