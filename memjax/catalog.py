@@ -130,7 +130,7 @@ ENGINE = extend.Method(
         "generate": extend.Mode(
             generate.generate,
             "continue prompts (a split's window or a file), key/value cache",
-            _LM,
+            ("lm",),
             outputs=("generation.txt", "generation.json"),
         ),
         # Evaluation with testing memories (memjax/modes/memory_eval.py).

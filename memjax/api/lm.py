@@ -239,7 +239,6 @@ class LanguageModel(base.Loaded):
         prompts and isinstance(prompts[0], (int, np.integer))
     )
     items = list(prompts if many else [prompts])
-    self._check_generates()
     ids = self._prompt_ids(items)
     sampling = sampling_lib.Sampling(
         bool(greedy), int(top_k), float(top_p), float(temperature)
@@ -258,24 +257,12 @@ class LanguageModel(base.Loaded):
         kept=self._decoders,
         reader=self._reader(memory),
         windows=decode_windows.Windows.of(self.restored.scoring()),
+        restored=self.restored,
     )
     out = [
         self.decode(n) if isinstance(p, str) else n for p, n in zip(items, new)
     ]
     return out if many else out[0]
-
-  def _check_generates(self) -> None:
-    """Raises errors.ConfigError for a model that reads more than the
-    tokens (MARGE's retrieved sources): generation would run it without
-    them, silently another model."""
-    extra = tuple(self.restored.scoring().extra_inputs)
-    if extra:
-      raise errors.ConfigError(
-          f"generate: this model (model.family "
-          f"{self.settings.model.family!r}) reads {', '.join(extra)} "
-          "besides the tokens, which generation does not give it; score it "
-          "instead"
-      )
 
   def _prompt_ids(self, items: Sequence[TextOrTokens]) -> list[np.ndarray]:
     """Each prompt's ids (``_prompt``); ValueError for an empty one."""

@@ -66,8 +66,8 @@ Array = jax.Array
 
 def unsupported(model: Any) -> Optional[str]:
   """Why ``model`` cannot decode with a cache, or None when it can."""
-  if type(model) is not transformer.TransformerLM:  # pylint: disable=unidiomatic-typecheck
-    return f"family {type(model).__name__} is not decoder_lm"
+  if not isinstance(model, transformer.TransformerLM):
+    return f"family {type(model).__name__} is not a decoder LM"
   if not model.attention_kind().decodes_cached(model.cfg.mem_len):
     return (
         f"attention kind {model.cfg.attention!r} (memory {model.cfg.mem_len})"
@@ -82,9 +82,10 @@ def decoder(
     segment_len: int = 0,
     windows: Optional[decode_windows.Windows] = None,
 ) -> "CachedDecoder":
-  """The cached decoder of ``model``: its attention kind's own
-  (``AttentionKind.cached_decoder``), else ``CachedDecoder``."""
-  own = model.attention_kind().cached_decoder(model.cfg.mem_len)
+  """The cached decoder of ``model``: its own
+  (``TransformerLM.cached_decoder``: its family's or its attention
+  kind's), else ``CachedDecoder``."""
+  own = model.cached_decoder()
   return (own or CachedDecoder)(model, reader, segment_len, windows)
 
 
@@ -95,6 +96,7 @@ def _forward(
     mask: Array,
     slot: Array,
     cache: Any,
+    cross: Optional[dict[str, Array]] = None,
 ) -> tuple[Array, Array, Any]:
   """Runs [B, T] tokens at slots slot..slot+T-1 over the cache.
 
@@ -106,6 +108,8 @@ def _forward(
       the causal rule).
     slot: scalar int32, the first slot.
     cache: per layer (keys, values) [B, L, H_kv, d_h].
+    cross: the cross-attention's inputs of a family that has one (MARGE's
+      retrieved sources), or None.
 
   Returns:
     ([B, T, D] final hidden states, [B, T, D] their memory features g,
@@ -122,6 +126,8 @@ def _forward(
   shared = {} if mdl.ffn_shared is None else {"ffn_shared": mdl.ffn_shared()}
   inputs = {"mask": mask, "pos": slot}
   inputs["positions"] = positions
+  if cross is not None:
+    shared["cross_inputs"] = cross
   h, g, new = stack.apply(
       mdl.blocks, x, cache, True, attend_inputs=inputs, **shared
   )
@@ -161,6 +167,11 @@ class CachedDecoder:
     self.reader = reader
     self.segment_len = int(segment_len)
     self.windows = reader.windows if reader is not None else windows
+
+  def prepare_run(self, restored: Any, variables: Any) -> None:
+    """Reads what a family's decoder needs of its run besides the
+    parameters (MARGE: its index); nothing here."""
+    del restored, variables
 
   def _layers(self, params: Any) -> Any:
     """``params`` with one entry per layer. The decoder runs the layers of

@@ -266,6 +266,12 @@ class TransformerLM(block_stack.BlockStack):
       )
     return (self.final_norm(h) if self.final_norm else h), g, new_memory
 
+  def cached_decoder(self) -> Any:
+    """The ``lm_decoding.CachedDecoder`` subclass of this model's own, or
+    None for the engine's: by default its attention kind's
+    (``AttentionKind.cached_decoder``)."""
+    return self.attention_kind().cached_decoder(self.cfg.mem_len)
+
   def log_probs(self, hidden: Array, with_log_z: bool = False) -> Any:
     """[..., D] final hidden states -> [..., V] float32 log-probabilities
     (with ``with_log_z``, and [...] the head's log-normaliser)."""

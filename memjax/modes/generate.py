@@ -144,6 +144,7 @@ def continue_prompts(
     kept: Optional[dict[Any, Any]] = None,
     reader: Optional[generation.MemoryReader] = None,
     windows: Optional[decode_windows.Windows] = None,
+    restored: Any = None,
 ) -> list[np.ndarray]:
   """Per prompt [n >= 1], up to ``num_tokens`` int32 tokens (to and with
   the first of ``stops``), by key/value-cache decoding
@@ -166,10 +167,12 @@ def continue_prompts(
     windows: evaluation's windows (``decode_windows.Windows.of``), which a
       model without recurrent memory keeps (a reader keeps its own); None
       reads every earlier position.
+    restored: the restored run, for a decoder that reads more of it
+      (``CachedDecoder.prepare_run``: MARGE's index), or None.
 
   Raises:
-    errors.ConfigError: a model that is not a decoder LM (MARGE, an
-      encoder), or a memory with a model that carries its own.
+    errors.ConfigError: a model that is not a decoder LM, or a memory with
+      a model that carries its own or reads retrieved sources.
   """
   kept = {} if kept is None else kept
   why = lm_decoding.unsupported(model)
@@ -185,6 +188,8 @@ def continue_prompts(
   if key not in kept:
     kept[key] = lm_decoding.decoder(model, reader, segment_len, windows)
   decoder = kept[key]
+  if restored is not None:
+    decoder.prepare_run(restored, variables)
   size = int(batch_size) or len(prompts)
   out = []
   for b in range(0, len(prompts), size):
@@ -437,6 +442,7 @@ def _continue(
       batch_size=int(g.batch_size),
       reader=reader,
       windows=decode_windows.Windows.of(restored.scoring()),
+      restored=restored,
   )
 
 

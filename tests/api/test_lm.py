@@ -127,11 +127,17 @@ def test_attach_scores_with_a_datastore(smoke_workdir, tmp_path):
   )
 
 
-def test_generate_refuses_a_model_that_reads_more_than_tokens(
-    marge_smoke_workdir,
-):
-  """MARGE reads retrieved sources besides the tokens: generating without
-  them would be another model, so it is refused in one line."""
+def test_a_marge_run_generates_with_its_retrieval(marge_smoke_workdir):
+  """MARGE generates with the sources its windows retrieve
+  (tests/methods/marge/test_decoding.py checks them against marge_eval);
+  an evaluation memory besides them is refused in one line."""
   lm = memjax.load(marge_smoke_workdir)
-  with pytest.raises(errors.ConfigError, match="reads sources, source_mask"):
-    lm.generate("the cat", 2)
+  text = lm.generate("the cat", 20, greedy=True)
+  assert isinstance(text, str) and len(text.split()) == 20
+  assert lm.generate("the cat", 20, greedy=True) == text
+  with pytest.raises(errors.ConfigError, match="MARGE reads its retrieved"):
+    lm.generate(
+        "the cat",
+        2,
+        memory={"kind": "cache", "cache_theta": 1, "cache_lambda": 0.1},
+    )

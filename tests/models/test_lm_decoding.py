@@ -107,7 +107,7 @@ def test_a_batch_gives_each_prompt_what_it_gives_alone(imported):
 
 
 def test_a_model_that_is_not_a_decoder_lm_is_named():
-  assert "is not decoder_lm" in lm_decoding.unsupported(object())
+  assert "is not a decoder LM" in lm_decoding.unsupported(object())
 
 
 @pytest.mark.parametrize("bos", [None, 5], ids=["no-bos", "bos"])

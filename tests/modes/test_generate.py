@@ -133,22 +133,26 @@ def test_bad_generate_settings_are_one_line_with_exit_2(
   assert sorted(os.listdir(imported[0])) == before  # Nothing written.
 
 
-def test_a_marge_run_is_refused_in_one_line(marge_smoke_workdir, tmp_path):
-  """MARGE reads retrieved sources, which generation does not retrieve:
-  exit status 2, one line, nothing written."""
+def test_a_marge_run_generates_through_main(marge_smoke_workdir, tmp_path):
+  """MARGE through python -m memjax.main --mode=generate: its windows
+  retrieve their sources from the run's index, row for row what
+  ``lm.generate`` gives."""
   workdir = str(tmp_path / "marge")
   shutil.copytree(marge_smoke_workdir, workdir)
   prompts = tmp_path / "prompts.txt"
-  prompts.write_text("the cat\n")
+  prompts.write_text("the cat\nin 1990 the team\n")
   proc = run_main(
       "--config=configs/marge_wt103.py:smoke",
       f"--workdir={workdir}",
       f"--config.generate.prompts={prompts}",
-      "--config.generate.num_tokens=2",
+      "--config.generate.num_tokens=20",
+      "--config.generate.greedy=True",
       "--mode=generate",
   )
-  assert proc.returncode == 2, proc.stderr[-3000:]
-  last = proc.stderr.strip().splitlines()[-1]
-  assert "--mode=generate takes a run of kind lm/decoder_lm" in last
-  assert "Traceback" not in proc.stderr
-  assert not os.path.exists(os.path.join(workdir, "generations.jsonl"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(os.path.join(workdir, "generations.jsonl"), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  lm = memjax.load(workdir)
+  want = lm.generate(["the cat", "in 1990 the team"], 20, greedy=True)
+  assert [r["continuation"] for r in rows] == want
+  assert all(len(r["ids"]) == 20 for r in rows)

@@ -154,6 +154,12 @@ class MargeLM(transformer.TransformerLM):
       return None
     return blocks.Sublayer(BiasedCrossAttention, self.attention_settings())
 
+  def cached_decoder(self) -> Any:
+    """``decoding.MargeDecoder``: windows that retrieve their sources."""
+    from memjax.methods.marge import decoding  # pylint: disable=g-import-not-at-top
+
+    return decoding.MargeDecoder
+
   def stack_breaks(self) -> tuple[int, ...]:
     """The embedder's half and the decoder's are scanned apart."""
     return (self.half(),)

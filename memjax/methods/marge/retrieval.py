@@ -179,18 +179,20 @@ class SegmentIndex:
           self.emb, "dot_product", self.fetch
       )
 
-  def topk(self, query: np.ndarray, k: int) -> np.ndarray:
-    """[Q] query segment ids -> [Q, k] causal top-k segment ids (-1 pads)."""
-    q = self.emb[query]
-    fetch = min(len(self.table), self.fetch + k)
+  def nearest(self, q: np.ndarray, fetch: int) -> tuple[np.ndarray, ...]:
+    """Queries [Q, D] -> (scores [Q, C] float32, segment ids [Q, C]
+    int64) of their ``fetch`` best segments by dot product, best first."""
+    fetch = min(len(self.table), fetch)
     if self._scann is None:
       s, c = search_lib.exact_topk(q, self.emb, fetch, "dot_product")
     else:
       c, s = self._scann.search_batched(q, final_num_neighbors=fetch)
-      c, s = np.asarray(c, np.int64), np.asarray(s, np.float32)
-    return causal_topk(
-        self.table, np.asarray(s), np.asarray(c), query, k, self.pool
-    )
+    return np.asarray(s, np.float32), np.asarray(c, np.int64)
+
+  def topk(self, query: np.ndarray, k: int) -> np.ndarray:
+    """[Q] query segment ids -> [Q, k] causal top-k segment ids (-1 pads)."""
+    s, c = self.nearest(self.emb[query], self.fetch + k)
+    return causal_topk(self.table, s, c, query, k, self.pool)
 
 
 def window_arrays(
