@@ -28,7 +28,6 @@ from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.io import paths
 from memjax.run import hooks
-from memjax.methods.marge import model as marge_model
 from memjax.models import variables as model_vars
 
 
@@ -41,7 +40,7 @@ def _embed_fn(model: Any, mesh: Any) -> Any:
     e = model.apply(
         model_vars.as_variables(p),
         toks,
-        method=marge_model.MargeLM.embed_segments,
+        method=lambda mdl, x: mdl.embed_segments(x),
     )
     return jax.lax.stop_gradient(e)
 
