@@ -9,20 +9,23 @@ look-ahead reads no later token (``lamemo.look_ahead_window``). So
 ``LaMemoDecoder`` decodes a segment as
 
 * its start: the stack runs the M memory rows (the layer-0 inputs of the
-  last M tokens) and the segment's first token, [B, M + 1, D], as
-  training runs a segment, and every layer keeps the rows' keys, values,
-  attention outputs C and log-normalisers (``segment_memory.LaMemoCache``,
-  slots 0 .. M);
+  last M tokens) and the segment's first token (or its first tokens, in a
+  prefill), [B, M + Q, D], as training runs a segment, and every layer
+  keeps the rows' keys, values, attention outputs C and log-normalisers
+  (``segment_memory.LaMemoCache``, slots 0 .. M + Q - 1);
 * each later token: one cached step at slot M + i, reading the slots
   before it with the relative terms of their slot distances;
 * its end: the memory the next segment starts with is the last M rows of
   (C, log-normaliser, valid) of every layer and of the layer-0 inputs,
   exactly the ``fifo_append`` of training's update.
 
-A row's stream starts at the decoding's first step, and every prompt is fed
-one step at a time (no prefill of many tokens), so the rows of a batch are
-at the same segment position at every step: prompts of different lengths
-share the segment starts, and a row draws once its prompt is fed.
+Every row's stream starts at the decoding's first step: the whole
+segments of the shortest prompt are prefilled, segment by segment as
+training runs them ([B, M + T] rows each), and the rest of every prompt is
+fed one step at a time, so the rows of a batch are at the same segment
+position at every step: prompts of different lengths share the segment
+starts, and a row draws once its prompt is fed.
+
 Every prediction thus reads what recurrent evaluation (segments of T from
 the stream's start, the memory carried) gives it. Cost per token: one row
 per layer, plus M + 1 rows at each segment's start.
@@ -53,18 +56,18 @@ def cached_attention(
 
   Args:
     layer: the bound ``LaMemoAttention``.
-    x: [B, M + 1, D] normed rows at a segment's start (the memory rows,
-      then its first token), else [B, 1, D] the token at slot ``pos``.
+    x: [B, M + Q, D] normed rows at a segment's start (the memory rows,
+      then its first Q tokens), else [B, 1, D] the token at slot ``pos``.
     cache: the layer's ``LaMemoCache`` (M + T slots).
     pos: scalar int32, the token's slot M + i (ignored at a start).
 
   Returns:
-    ([B, M + 1 or 1, D] after the output projection, the cache with the
+    ([B, M + Q or 1, D] after the output projection, the cache with the
     rows written).
   """
   x = x.astype(layer.dtype)
   mem_len, total = cache.old.c.shape[1], cache.k.shape[1]
-  if x.shape[1] == mem_len + 1:  # A segment's start, as training runs it.
+  if x.shape[1] > 1:  # A segment's start, as training runs it.
     q, k, v, c_seg, lse_seg, _ = layer.segment_attention(x, cache.old, True)
     c_mem, lse_mem = layer.refreshed_memory(
         q, k, v, cache.old, total - mem_len, True
@@ -76,7 +79,11 @@ def cached_attention(
         "c": c,
         "lse": jnp.concatenate([lse_mem, lse_seg], axis=1),
         "valid": jnp.concatenate(
-            [cache.old.valid, jnp.ones((x.shape[0], 1), bool)], axis=1
+            [
+                cache.old.valid,
+                jnp.ones((x.shape[0], x.shape[1] - mem_len), bool),
+            ],
+            axis=1,
         ),
     }
     fresh = {n: jnp.zeros_like(getattr(cache, n)) for n in rows}
@@ -140,13 +147,14 @@ class LaMemoDecoder(lm_decoding.CachedDecoder):
     )
     return tuple(one for _ in range(cfg.num_layers))
 
-  def _run(self, params, cache, inputs, token, slot, start):
-    """The token [B] at ``slot`` (a start: the memory rows and it) ->
-    ([B, V] log-probabilities, cache, inputs)."""
+  def _run(self, params, cache, inputs, tokens, slot, start):
+    """Tokens [B, Q] from ``slot`` on (a start: the memory rows and a
+    segment's first Q tokens) -> ([B, V] log-probabilities after the last,
+    cache, inputs)."""
     m = self.model.cfg.mem_len
 
     def fn(mdl):
-      x = mdl.embedder.embed(token[:, None])
+      x = mdl.embedder.embed(tokens)
       rows = (
           jnp.concatenate([inputs.x[:, :m].astype(x.dtype), x], 1)
           if start
@@ -172,8 +180,9 @@ class LaMemoDecoder(lm_decoding.CachedDecoder):
     )
     return logp, cache, inputs
 
-  def _start(self, params, cache, inputs, token):
-    """A segment's start: the last segment's rows become the memory."""
+  def _start(self, params, cache, inputs, tokens):
+    """A segment's start, its first tokens [B, Q]: the last segment's rows
+    become the memory."""
     m = self.model.cfg.mem_len
     tail = lambda a: jnp.zeros_like(a).at[:, :m].set(a[:, -m:])  # noqa: E731
     cache = tuple(
@@ -185,19 +194,23 @@ class LaMemoDecoder(lm_decoding.CachedDecoder):
         for c in cache
     )
     inputs = rmemory.XLMemory(x=tail(inputs.x), valid=tail(inputs.valid))
-    return self._run(params, cache, inputs, token, jnp.int32(m), True)
+    return self._run(params, cache, inputs, tokens, jnp.int32(m), True)
 
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def prefill(self, params, tokens, positions, key_valid, length):
-    """The rows' first tokens [B, 1] (each a stream's first segment's
-    start) -> ([B, V] log-probabilities, cache, layer-0 inputs)."""
+    """The rows' first P tokens [B, P] (the same number for every row),
+    segment by segment as training runs them -> ([B, V] log-probabilities
+    after the last, cache, layer-0 inputs)."""
     del positions, key_valid
     cfg, batch = self.model.cfg, tokens.shape[0]
     cache = self.init_cache(batch, length)
     inputs = rmemory.init_xl_memory(
         batch, cfg.mem_len + self.segment_len, cfg.d_model, cfg.compute_dtype
     )
-    return self._start(params, cache, inputs, tokens[:, 0])
+    for a in range(0, tokens.shape[1], self.segment_len):
+      chunk = tokens[:, a : a + self.segment_len]
+      logp, cache, inputs = self._start(params, cache, inputs, chunk)
+    return logp, cache, inputs
 
   def step(self, params, cache, context, token, position, key_valid, slot):
     """[B] tokens at stream ``position`` (the same for every row) ->
@@ -207,22 +220,26 @@ class LaMemoDecoder(lm_decoding.CachedDecoder):
     m = self.model.cfg.mem_len
     return jax.lax.cond(
         i == 0,
-        lambda: self._start(params, cache, context, token),
-        lambda: self._run(params, cache, context, token, m + i, False),
+        lambda: self._start(params, cache, context, token[:, None]),
+        lambda: self._run(params, cache, context, token[:, None], m + i, False),
     )
 
   def _prepare(self, prompts: Sequence[np.ndarray], num: int) -> tuple:
-    """Every row's first token (the prefill), and the rest of its prompt
-    fed one step at a time (``CachedDecoder._prepare``'s layout)."""
+    """The prefill: every row's first P tokens, P the whole segments of
+    the shortest prompt (one compilation per number of segments; its
+    first token when that is shorter than a segment); the rest of each
+    prompt is fed one step at a time (``CachedDecoder._prepare``'s
+    layout)."""
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
     if any(not len(p) for p in prompts):
       raise errors.ConfigError("generate: every prompt needs >= 1 token")
-    b = len(prompts)
-    rest_len = np.asarray([len(p) - 1 for p in prompts], np.int32)
+    b, t = len(prompts), self.segment_len
+    p = max(min(len(x) for x in prompts) // t * t, 1)
+    rest_len = np.asarray([len(x) - p for x in prompts], np.int32)
     rest = np.zeros((b, int(rest_len.max())), np.int32)
-    for i, p in enumerate(prompts):
-      rest[i, : rest_len[i]] = p[1:]
-    tokens = np.asarray([p[:1] for p in prompts], np.int32)
-    ones = np.ones((b,), np.int32)
-    key_valid = np.ones((b, 1 + rest.shape[1] + num), bool)
-    return tokens, 0 * tokens, ones, key_valid, (rest, rest_len)
+    for i, x in enumerate(prompts):
+      rest[i, : rest_len[i]] = x[p:]
+    tokens = np.asarray([x[:p] for x in prompts], np.int32)
+    lengths = np.full((b,), p, np.int32)
+    key_valid = np.ones((b, p + rest.shape[1] + num), bool)
+    return tokens, 0 * tokens, lengths, key_valid, (rest, rest_len)

@@ -28,19 +28,36 @@ def _model(mem_len, **options):
 
 
 @pytest.mark.parametrize(
-    "mem_len, options",
-    [(4, {}), (9, {}), (4, {"position": "xl", "interpolate": False})],
-    ids=["memory-4", "memory-9", "xl-positions-no-interpolation"],
+    "mem_len, options, lengths",
+    [
+        (4, {}, (3, 10)),
+        (9, {}, (3, 10)),
+        (4, {"position": "xl", "interpolate": False}, (3, 10)),
+        (4, {}, (13, 20)),
+        (9, {}, (12, 12)),
+    ],
+    ids=[
+        "memory-4",
+        "memory-9",
+        "xl-positions-no-interpolation",
+        "memory-4-prefill-2-segments",
+        "memory-9-prefill-whole-prompts",
+    ],
 )
-def test_each_step_predicts_as_recurrent_evaluation(mem_len, options):
+def test_each_step_predicts_as_recurrent_evaluation(mem_len, options, lengths):
   """M = 4 < T and M = 9 > T (the memory reaches over two segments), and
   the paper's switches: two prompts of other lengths (one longer than a
-  segment) in a batch, 14 forced tokens each (three segment starts)."""
+  segment) in a batch, 14 forced tokens each (three segment starts); with
+  prompts of two segments or more, their common whole segments
+  prefilled."""
   model, variables = _model(mem_len, **options)
   dec = lm_decoding.decoder(model, segment_len=T)
   assert isinstance(dec, lamemo_decoding.LaMemoDecoder)
   rng = np.random.default_rng(3)
-  prompts = [rng.integers(0, 32, 3), rng.integers(0, 32, 10)]
+  prompts = [rng.integers(0, 32, n) for n in lengths]
+  assert dec._prepare(prompts, 1)[0].shape[1] == max(  # pylint: disable=protected-access
+      min(lengths) // T * T, 1
+  )
   forced = rng.integers(0, 32, (2, 14))
   got = dec.forced_log_probs(variables, prompts, forced)
   for b, prompt in enumerate(prompts):
