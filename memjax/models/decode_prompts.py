@@ -1,4 +1,5 @@
-"""How a batch of prompts sits in a decoder's key/value cache.
+"""How a batch of prompts sits in a decoder's key/value cache, and the
+cache on the run's mesh.
 
 The prompts are left-padded to a common length P (a multiple of
 ``BUCKET``) and the cache has L slots (P, the rest of prompts longer than
@@ -6,20 +7,56 @@ a window, and the new tokens, rounded up to ``BUCKET``), so a model
 compiles once per (batch size, P, L). Row b's real tokens sit at slots
 P - n_b .. P - 1 and its positions start at 0 at its first real token
 (``left_align`` derives them from any padding mask).
+
+On a run's mesh (``on_mesh``) a batch is padded to a multiple of the
+mesh's data axes and the cache's arrays carry ``CACHE_AXES`` (``constrain_cache``): its rows
+split over the data axes, its heads over 'tensor'.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import contextlib
+
+import flax.linen as nn
+import jax
 import numpy as np
 
 from memjax import errors
+from memjax import sharding as sharding_lib
 from memjax.io import console
 from memjax.models import decode_windows
 
 # Prompt and cache lengths are rounded up to a multiple of this.
 BUCKET = 64
+
+# The logical axes of a cache's arrays by rank (their first axis is the
+# batch's rows, their second the slots): keys and values [B, L, H, d_h],
+# log-normalisers [B, L, H], masks [B, L].
+CACHE_AXES = {
+    4: ("batch", "length", "heads", "kv"),
+    3: ("batch", "length", "heads"),
+    2: ("batch", "length"),
+}
+
+
+def constrain_cache(cache: Any) -> Any:
+  """``cache`` with its arrays constrained to ``CACHE_AXES`` (the run's
+  mesh under ``sharding.mesh_rules``; no-ops otherwise)."""
+  return jax.tree.map(
+      lambda x: nn.with_logical_constraint(x, CACHE_AXES[x.ndim]), cache
+  )
+
+
+def on_mesh(mesh: Any, rows: int) -> tuple[Any, int]:
+  """(the context that lays the decoder's arrays out on ``mesh``, or a
+  null context for None; the rows a batch of ``rows`` is padded to: a
+  multiple of the mesh's data axes)."""
+  if mesh is None:
+    return contextlib.nullcontext(), rows
+  dp = sharding_lib.data_parallel(mesh)
+  return sharding_lib.mesh_rules(mesh), -(-rows // dp) * dp
 
 
 def bucket(n: int) -> int:

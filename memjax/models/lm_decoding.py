@@ -132,7 +132,7 @@ def _forward(
       mdl.blocks, x, cache, True, attend_inputs=inputs, **shared
   )
   h = mdl.final_norm(h) if mdl.final_norm else h
-  return h, g, tuple(new)
+  return h, g, decode_prompts.constrain_cache(tuple(new))
 
 
 class CachedDecoder:
@@ -167,11 +167,19 @@ class CachedDecoder:
     self.reader = reader
     self.segment_len = int(segment_len)
     self.windows = reader.windows if reader is not None else windows
+    self.mesh = None  # The run's (``prepare_run``), or None.
 
   def prepare_run(self, restored: Any, variables: Any) -> None:
-    """Reads what a family's decoder needs of its run besides the
-    parameters (MARGE: its index); nothing here."""
-    del restored, variables
+    """Reads what the decoder needs of its run besides the parameters:
+    here its mesh, which the cache is laid out on (``decode_prompts.CACHE_AXES``:
+    the rows over the data axes, the heads over 'tensor'); a family's decoder
+    may read more (MARGE: its index)."""
+    del variables
+    self.mesh = restored.mesh
+
+  def _on_mesh(self, rows: int) -> tuple[Any, int]:
+    """``decode_prompts.on_mesh`` of the run's mesh."""
+    return decode_prompts.on_mesh(self.mesh, rows)
 
   def _layers(self, params: Any) -> Any:
     """``params`` with one entry per layer. The decoder runs the layers of
@@ -209,7 +217,7 @@ class CachedDecoder:
       shape = (batch, length, opts.get("num_kv_heads") or cfg.num_heads)
       zeros = jnp.zeros(shape + (cfg.head_dim,), cfg.compute_dtype)
       out.append((zeros, zeros))
-    return tuple(out)
+    return decode_prompts.constrain_cache(tuple(out))
 
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def prefill(self, params, tokens, positions, key_valid, length):
@@ -388,7 +396,16 @@ class CachedDecoder:
     [B, N] tokens, fed one cached step at a time (after, with a reader,
     the rest of a prompt longer than its first window)."""
     forced = np.asarray(forced, np.int32)
-    params = self._layers(params)
+    rows = len(prompts)
+    on_mesh, padded = self._on_mesh(rows)
+    prompts = list(prompts) + [prompts[0]] * (padded - rows)
+    forced = np.concatenate([forced, forced[:1].repeat(padded - rows, 0)])
+    with on_mesh:
+      out = self._forced(self._layers(params), prompts, forced)
+    return out[:rows]
+
+  def _forced(self, params, prompts, forced) -> np.ndarray:
+    """``forced_log_probs`` of a batch of whole mesh rows."""
     num = forced.shape[1] + 1
     tokens, positions, lengths, key_valid, (rest, rest_len) = self._prepare(
         prompts, num
@@ -433,21 +450,26 @@ class CachedDecoder:
     sampling.check()
     if num < 1:
       return [np.zeros((0,), np.int32) for _ in prompts]
+    rows = len(prompts)
+    on_mesh, padded = self._on_mesh(rows)
+    prompts = list(prompts) + [prompts[0]] * (padded - rows)
+    seeds = list(seeds) + [seeds[0]] * (padded - rows)
     params = self._layers(params)
     tokens, positions, lengths, key_valid, rest = self._prepare(prompts, num)
-    state = self.prefill(
-        params, tokens, positions, key_valid, key_valid.shape[1]
-    )
-    out = self._loop(
-        sampling,
-        tokens.shape[1],
-        params,
-        state,
-        jnp.asarray(lengths),
-        jnp.asarray(key_valid),
-        tuple(jnp.asarray(x) for x in rest),
-        jnp.asarray(seeds, jnp.int32),
-        jnp.asarray(list(stop_ids) or [-2], jnp.int32),
-        jnp.int32(num),
-    )
-    return [row[row >= 0] for row in np.asarray(out)]
+    with on_mesh:
+      state = self.prefill(
+          params, tokens, positions, key_valid, key_valid.shape[1]
+      )
+      out = self._loop(
+          sampling,
+          tokens.shape[1],
+          params,
+          state,
+          jnp.asarray(lengths),
+          jnp.asarray(key_valid),
+          tuple(jnp.asarray(x) for x in rest),
+          jnp.asarray(seeds, jnp.int32),
+          jnp.asarray(list(stop_ids) or [-2], jnp.int32),
+          jnp.int32(num),
+      )
+    return [row[row >= 0] for row in np.asarray(out)[:rows]]

@@ -247,3 +247,45 @@ def test_product_key_memories_decode_as_they_score(kind):
   rng = np.random.default_rng(7)
   prompts = [rng.integers(0, 32, n) for n in (3, 6)]
   _check_forced(model, variables, prompts, rng.integers(0, 32, (2, 4)))
+
+
+def test_on_a_runs_mesh_the_cache_splits_rows_and_heads(tmp_path):
+  """The import restored on 8 fake devices, data 4 x tensor 2: the
+  cache's rows are split over 'data' (3 prompts padded to 4) and its
+  key/value heads over 'tensor', and the log-probabilities and greedy
+  tokens are those of the decoding off the mesh."""
+  from configs import pretrained  # pylint: disable=g-import-not-at-top
+
+  c = pretrained.get_config("import")
+  c.pretrained.path = os.path.join(FIXTURES, "llama_gqa")
+  memjax.run_mode("import", c, str(tmp_path / "llama"))
+  lm = memjax.load(str(tmp_path / "llama"), mesh={"data": 4, "tensor": 2})
+  r = lm.restored
+  plain = lm_decoding.CachedDecoder(r.model)
+  meshed = lm_decoding.CachedDecoder(r.model)
+  meshed.prepare_run(r, r.variables)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, r.vocab_size, n) for n in (5, 9, 2)]
+  forced = rng.integers(0, r.vocab_size, (3, 6))
+  np.testing.assert_allclose(
+      meshed.forced_log_probs(r.variables, prompts, forced),
+      plain.forced_log_probs(r.variables, prompts, forced),
+      atol=1e-5,
+      rtol=0,
+  )
+  greedy = sampling_lib.Sampling(greedy=True)
+  for a, b in zip(
+      meshed.generate(r.variables, prompts, 8, greedy, [0, 1, 2]),
+      plain.generate(r.variables, prompts, 8, greedy, [0, 1, 2]),
+  ):
+    np.testing.assert_array_equal(a, b)
+  on_mesh, rows = meshed._on_mesh(3)  # pylint: disable=protected-access
+  assert rows == 4
+  tokens, positions, _, valid, _ = meshed._prepare(prompts + prompts[:1], 4)  # pylint: disable=protected-access
+  with on_mesh:
+    _, cache, _ = meshed.prefill(
+        r.variables, tokens, positions, valid, valid.shape[1]
+    )
+  keys = cache[0][0]
+  assert keys.shape[2] % 2 == 0
+  assert tuple(keys.sharding.spec)[:3] == ("data", None, "tensor")

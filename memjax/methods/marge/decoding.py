@@ -165,7 +165,8 @@ class MargeDecoder(lm_decoding.CachedDecoder):
     self.retriever: Optional[Retriever] = None
 
   def prepare_run(self, restored: Any, variables: Any) -> None:
-    """Builds the run's index (``Retriever.of_run``) once."""
+    """The run's mesh, and its index (``Retriever.of_run``) once."""
+    super().prepare_run(restored, variables)
     if self.retriever is None:
       self.retriever = Retriever.of_run(restored, variables)
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from memjax import errors
 from memjax.methods.recurrent import segment_memory as rmemory
+from memjax.models import decode_prompts
 from memjax.models import lm_decoding
 from memjax.models import stack
 from memjax.models import variables as model_vars
@@ -145,7 +146,9 @@ class LaMemoDecoder(lm_decoding.CachedDecoder):
         valid=jnp.zeros((batch, m + t), bool),
         old=old,
     )
-    return tuple(one for _ in range(cfg.num_layers))
+    return decode_prompts.constrain_cache(
+        tuple(one for _ in range(cfg.num_layers))
+    )
 
   def _run(self, params, cache, inputs, tokens, slot, start):
     """Tokens [B, Q] from ``slot`` on (a start: the memory rows and a
@@ -168,7 +171,7 @@ class LaMemoDecoder(lm_decoding.CachedDecoder):
       )
       h = h[:, -1]
       h = mdl.final_norm(h) if mdl.final_norm else h
-      return mdl.log_probs(h), x, tuple(new)
+      return mdl.log_probs(h), x, decode_prompts.constrain_cache(tuple(new))
 
     logp, x, cache = self.model.apply(
         model_vars.as_variables(params), method=fn
