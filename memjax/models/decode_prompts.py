@@ -158,3 +158,32 @@ def _fit_positions(
         max_len,
     )
   return [p[-room:] for p in prompts]
+
+
+def from_start(prompts: Sequence[np.ndarray], num: int, width: int) -> tuple:
+  """The layout of a decoder whose rows all start their stream at the
+  first step (LaMemo's segments, MARGE's windows): every row's first
+  ``width`` tokens (at most the shortest prompt's length) for the
+  prefill, and the rest of each prompt fed one step at a time.
+
+  Returns:
+    ``lay_out``'s tuple: tokens [B, width], positions (zeros: unused),
+    lengths [B] (all ``width``), key_valid [B, width + R + num] (all
+    True: the slots of the stream, its shape alone read), (rest [B, R],
+    rest lengths [B]).
+
+  Raises:
+    errors.ConfigError: an empty prompt.
+  """
+  prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+  if any(not len(p) for p in prompts):
+    raise errors.ConfigError("generate: every prompt needs >= 1 token")
+  b = len(prompts)
+  rest_len = np.asarray([len(p) - width for p in prompts], np.int32)
+  rest = np.zeros((b, int(rest_len.max())), np.int32)
+  for i, p in enumerate(prompts):
+    rest[i, : rest_len[i]] = p[width:]
+  tokens = np.asarray([p[:width] for p in prompts], np.int32)
+  lengths = np.full((b,), width, np.int32)
+  key_valid = np.ones((b, width + rest.shape[1] + num), bool)
+  return tokens, 0 * tokens, lengths, key_valid, (rest, rest_len)

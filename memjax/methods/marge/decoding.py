@@ -37,6 +37,7 @@ import numpy as np
 
 from memjax import errors
 from memjax.methods.marge import retrieval
+from memjax.models import decode_prompts
 from memjax.models import lm_decoding
 from memjax.models import variables as model_vars
 
@@ -302,24 +303,5 @@ class MargeDecoder(lm_decoding.CachedDecoder):
 
   def _prepare(self, prompts: Sequence[np.ndarray], num: int) -> tuple:
     """Every row's first token, the rest of its prompt fed one step at a
-    time (``CachedDecoder._prepare``'s layout)."""
-    prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
-    if any(not len(p) for p in prompts):
-      raise errors.ConfigError("generate: every prompt needs >= 1 token")
-    b = len(prompts)
-    rest_len = np.asarray([len(p) - 1 for p in prompts], np.int32)
-    rest = np.zeros((b, int(rest_len.max())), np.int32)
-    for i, p in enumerate(prompts):
-      rest[i, : rest_len[i]] = p[1:]
-    tokens = np.asarray([p[:1] for p in prompts], np.int32)
-    key_valid = np.ones((b, 1 + rest.shape[1] + num), bool)
-    return (
-        tokens,
-        0 * tokens,
-        np.ones((b,), np.int32),
-        key_valid,
-        (
-            rest,
-            rest_len,
-        ),
-    )
+    time (``decode_prompts.from_start``)."""
+    return decode_prompts.from_start(prompts, num, 1)

@@ -231,18 +231,7 @@ class LaMemoDecoder(lm_decoding.CachedDecoder):
     """The prefill: every row's first P tokens, P the whole segments of
     the shortest prompt (one compilation per number of segments; its
     first token when that is shorter than a segment); the rest of each
-    prompt is fed one step at a time (``CachedDecoder._prepare``'s
-    layout)."""
-    prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
-    if any(not len(p) for p in prompts):
-      raise errors.ConfigError("generate: every prompt needs >= 1 token")
-    b, t = len(prompts), self.segment_len
-    p = max(min(len(x) for x in prompts) // t * t, 1)
-    rest_len = np.asarray([len(x) - p for x in prompts], np.int32)
-    rest = np.zeros((b, int(rest_len.max())), np.int32)
-    for i, x in enumerate(prompts):
-      rest[i, : rest_len[i]] = x[p:]
-    tokens = np.asarray([x[:p] for x in prompts], np.int32)
-    lengths = np.full((b,), p, np.int32)
-    key_valid = np.ones((b, p + rest.shape[1] + num), bool)
-    return tokens, 0 * tokens, lengths, key_valid, (rest, rest_len)
+    prompt is fed one step at a time (``decode_prompts.from_start``)."""
+    shortest = min(len(np.reshape(p, -1)) for p in prompts)
+    width = max(shortest // self.segment_len * self.segment_len, 1)
+    return decode_prompts.from_start(prompts, num, width)
