@@ -8,8 +8,8 @@ step per new token runs the last token alone, all steps in one compiled
 loop. Row b's real tokens sit at slots P - n_b .. P - 1 and its
 positions start at 0 at its first real token; a row reads
 only its own slots (``key_valid``), causally, and a sliding-window layer
-only its last ``sliding_window`` positions (the full-length cache masked,
-not a rolling buffer).
+only its last ``sliding_window`` W positions, from a rolling cache of W
+slots (``rolling_cache``).
 
 What a query reads (``decoder`` picks the decoder):
 
@@ -56,6 +56,7 @@ import numpy as np
 from memjax.models import block_stack
 from memjax.models import decode_prompts
 from memjax.models import decode_windows
+from memjax.models import rolling_cache
 from memjax.models import sampling as sampling_lib
 from memjax.models import stack
 from memjax.models import variables as model_vars
@@ -116,7 +117,7 @@ def _forward(
      the updated cache).
   """
   x = mdl.embedder.embed(tokens)
-  length = cache[0][0].shape[1]
+  length = mask.shape[-1]  # The text's slots (a layer's cache may roll).
   if mdl.attention_kind().ABSOLUTE_POSITIONS and mdl.positions != "none":
     if mdl.pos_embed is not None:
       table = mdl.pos_embed
@@ -210,12 +211,22 @@ class CachedDecoder:
     return (key_valid[:, None, :] & keep)[:, None]
 
   def init_cache(self, batch: int, length: int) -> tuple:
-    """Zero keys and values [B, L, H_kv, d_h] per layer."""
+    """Zero keys and values [B, L, H_kv, d_h] per layer; a layer whose
+    sliding window W is shorter than L keeps W rolling slots
+    (``rolling_cache``)."""
     cfg, out = self.model.cfg, []
     for i in range(cfg.num_layers):
       opts = self.model.attention_options_at(i)
-      shape = (batch, length, opts.get("num_kv_heads") or cfg.num_heads)
-      zeros = jnp.zeros(shape + (cfg.head_dim,), cfg.compute_dtype)
+      heads = opts.get("num_kv_heads") or cfg.num_heads
+      window = int(opts.get("sliding_window") or 0)
+      if 0 < window < length:
+        out.append(
+            rolling_cache.init(
+                batch, window, heads, cfg.head_dim, cfg.compute_dtype
+            )
+        )
+        continue
+      zeros = jnp.zeros((batch, length, heads, cfg.head_dim), cfg.compute_dtype)
       out.append((zeros, zeros))
     return decode_prompts.constrain_cache(tuple(out))
 

@@ -55,6 +55,7 @@ from jax.ad_checkpoint import checkpoint_name
 from memjax import errors
 from memjax.models import blocks
 from memjax.models import relative_positions
+from memjax.models import rolling_cache
 from memjax.models import rotary
 from memjax.models import stack
 
@@ -407,8 +408,9 @@ class MultiHeadAttention(nn.Module):
     Args:
       x: [B, T, D] the queries' inputs (normalised).
       cache: self-attention, one decoder step: the (keys, values)
-        [B, T_max, H_kv, d_h] so far, x being the token at ``pos``; else
-        None.
+        [B, T_max, H_kv, d_h] so far, x being the token at ``pos``, or a
+        sliding-window layer's ``rolling_cache`` (keys, values, slots);
+        else None.
       deterministic: disables dropout.
       mask: bool broadcastable to [B, H, T, S]; True = may attend; None =
         every key.
@@ -426,6 +428,7 @@ class MultiHeadAttention(nn.Module):
     """
     x = x.astype(self.dtype)
     q = self.project(x, "query")
+    rolling, keep = rolling_cache.is_rolling(cache), None
     if kv is None:
       k, v = self.kv(x)
       if self.rope is not None:  # Positions: 0..T-1, the slots, or given.
@@ -434,8 +437,14 @@ class MultiHeadAttention(nn.Module):
               pos + jnp.arange(x.shape[1]), x.shape[:2]
           )
         table = x.shape[1] if cache is None else cache[0].shape[1]
+        if rolling:  # The text's positions, which its mask spans.
+          table = mask.shape[-1]
         q, k = rotary.rotate_qk(self.rope, q, k, positions, table)
-      if cache is not None:
+      if rolling:  # Its own mask: causal, windowed, by position.
+        k, v, keep, cache = rolling_cache.extend(
+            cache, k, v, pos, mask, self.sliding_window
+        )
+      elif cache is not None:
         k = jax.lax.dynamic_update_slice_in_dim(cache[0], k, pos, axis=1)
         v = jax.lax.dynamic_update_slice_in_dim(cache[1], v, pos, axis=1)
         cache = (k, v)
@@ -443,8 +452,9 @@ class MultiHeadAttention(nn.Module):
       k, v = kv
     q = nn.with_logical_constraint(q, HEADS_AXES)
     k = nn.with_logical_constraint(k, HEADS_AXES)
-    keep = jnp.ones((), bool) if mask is None else mask
-    if causal:  # Query slot pos + i reads key slots j <= pos + i.
+    if keep is None:
+      keep = jnp.ones((), bool) if mask is None else mask
+    if causal and not rolling:  # Query slot pos + i reads slots <= pos + i.
       at, w = (0 if cache is None else pos), self.sliding_window
       keep = keep & cached_causal_mask(x.shape[1], k.shape[1], at, w)
     s = self.scores(q, k, bias=bias)

@@ -112,17 +112,32 @@ def test_a_model_that_is_not_a_decoder_lm_is_named():
 
 @pytest.mark.parametrize("bos", [None, 5], ids=["no-bos", "bos"])
 @pytest.mark.parametrize(
-    "attention, mem_len",
-    [("vanilla", 0), ("rpe", 0), ("xl", 0), ("lamemo", 0)],
+    "attention, options",
+    [
+        ("vanilla", {}),
+        ("vanilla", {"sliding_window": 3}),
+        ("rpe", {}),
+        ("xl", {}),
+        ("lamemo", {}),
+    ],
+    ids=["vanilla", "vanilla-rolling-window-3", "rpe", "xl", "lamemo"],
 )
 def test_models_without_memory_decode_in_evaluations_windows(
-    attention, mem_len, bos
+    attention, options, bos
 ):
   """Windows of T = 8 scoring S = 3: three prompts (3, 13 and 7 tokens,
   one longer than a window) and 20 forced tokens each, every step against
-  evaluation's windows of the same text."""
+  evaluation's windows of the same text; with a sliding window of 3, its
+  rolling cache through the prefill, the steps and the windows run
+  again."""
   model = transformer.TransformerLM(
-      cfg=helpers.tiny(32, num_layers=2, attention=attention, mem_len=mem_len)
+      cfg=helpers.tiny(
+          32,
+          num_layers=2,
+          attention=attention,
+          mem_len=0,
+          attention_options=options,
+      )
   )
   variables = helpers.random_params(model, np.zeros((1, 8), np.int32), None)
   rng = np.random.default_rng(0)
