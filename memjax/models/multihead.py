@@ -428,7 +428,9 @@ class MultiHeadAttention(nn.Module):
     """
     x = x.astype(self.dtype)
     q = self.project(x, "query")
-    rolling, keep = rolling_cache.is_rolling(cache), None
+    # Only a decoder's cache may roll (training never reaches the module).
+    rolling = cache is not None and rolling_cache.is_rolling(cache)
+    keep = None
     if kv is None:
       k, v = self.kv(x)
       if self.rope is not None:  # Positions: 0..T-1, the slots, or given.
