@@ -254,26 +254,22 @@ class MargeDecoder(lm_decoding.CachedDecoder):
     return self._step_at(params, self.init_cache(b, 0), context, 0)
 
   def _step_at(self, params, cache, context, p):
-    """The query at stream position p (its token already in the text)."""
+    """The query at stream position p (its token already in the text):
+    a window's start, else one cached step at its slot in S_0 (retrieval
+    off: ``context``'s cross inputs are empty there) or in S_{t+1}."""
     n = self.n
-    text, own, cross = context
+    text, _, cross = context
 
-    def plain():  # Inside S_0: retrieval off.
-      token = jax.lax.dynamic_slice_in_dim(text, p, 1, axis=1)
-      logp, new = self._run(params, cache, token, p, cross)
-      return logp, new, context
-
-    def within():  # A later query of window t.
-      slot = n - 1 + (p + 1) % n
+    def cached():
+      slot = jnp.where(p < n - 1, p, n - 1 + (p + 1) % n)
       token = jax.lax.dynamic_slice_in_dim(text, p, 1, axis=1)
       logp, new = self._run(params, cache, token, slot, cross)
       return logp, new, context
 
-    start = (p + 1) % n == 0
-    branch = jnp.where(p < n - 1, 0, jnp.where(start, 1, 2))
-    return jax.lax.switch(
-        branch,
-        [plain, lambda: self._start(params, context, (p + 1) // n - 1), within],
+    return jax.lax.cond(
+        (p + 1) % n == 0,  # S_t complete: window t starts.
+        lambda: self._start(params, context, (p + 1) // n - 1),
+        cached,
     )
 
   def step(self, params, cache, context, token, position, key_valid, slot):
