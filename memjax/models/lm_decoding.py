@@ -178,9 +178,20 @@ class CachedDecoder:
     del variables
     self.mesh = restored.mesh
 
-  def _on_mesh(self, rows: int) -> tuple[Any, int]:
-    """``decode_prompts.on_mesh`` of the run's mesh."""
-    return decode_prompts.on_mesh(self.mesh, rows)
+  def describe(self) -> str:
+    """What a token reads, in words (after "decoding with a key/value
+    cache")."""
+    if self.reader is not None:
+      values = ", ".join(f"{k} {v[0]:g}" for k, v in self.reader.settings)
+      return f" and the {self.reader.kind} memory ({values})"
+    if self.model.carries_memory():
+      return (
+          f", segments of {self.segment_len}, memory {self.model.cfg.mem_len}"
+      )
+    if self.windows is not None:
+      w = self.windows
+      return f" in evaluation's windows of {w.window_len} scoring {w.score_len}"
+    return ", every earlier position"
 
   def _layers(self, params: Any) -> Any:
     """``params`` with one entry per layer. The decoder runs the layers of
@@ -408,7 +419,7 @@ class CachedDecoder:
     the rest of a prompt longer than its first window)."""
     forced = np.asarray(forced, np.int32)
     rows = len(prompts)
-    on_mesh, padded = self._on_mesh(rows)
+    on_mesh, padded = decode_prompts.on_mesh(self.mesh, rows)
     prompts = list(prompts) + [prompts[0]] * (padded - rows)
     forced = np.concatenate([forced, forced[:1].repeat(padded - rows, 0)])
     with on_mesh:
@@ -462,7 +473,7 @@ class CachedDecoder:
     if num < 1:
       return [np.zeros((0,), np.int32) for _ in prompts]
     rows = len(prompts)
-    on_mesh, padded = self._on_mesh(rows)
+    on_mesh, padded = decode_prompts.on_mesh(self.mesh, rows)
     prompts = list(prompts) + [prompts[0]] * (padded - rows)
     seeds = list(seeds) + [seeds[0]] * (padded - rows)
     params = self._layers(params)

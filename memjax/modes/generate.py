@@ -145,6 +145,7 @@ def continue_prompts(
     reader: Optional[generation.MemoryReader] = None,
     windows: Optional[decode_windows.Windows] = None,
     restored: Any = None,
+    say: bool = False,
 ) -> list[np.ndarray]:
   """Per prompt [n >= 1], up to ``num_tokens`` int32 tokens (to and with
   the first of ``stops``), by key/value-cache decoding
@@ -169,6 +170,8 @@ def continue_prompts(
       reads every earlier position.
     restored: the restored run, for a decoder that reads more of it
       (``CachedDecoder.prepare_run``: MARGE's index), or None.
+    say: say on the console what each token reads
+      (``CachedDecoder.describe``).
 
   Raises:
     errors.ConfigError: a model that is not a decoder LM, or a memory with
@@ -190,6 +193,8 @@ def continue_prompts(
   decoder = kept[key]
   if restored is not None:
     decoder.prepare_run(restored, variables)
+  if say:
+    console.info("decoding with a key/value cache%s", decoder.describe())
   size = int(batch_size) or len(prompts)
   out = []
   for b in range(0, len(prompts), size):
@@ -303,31 +308,6 @@ def generation_model(model: Any, s: Any) -> Any:
   return model
 
 
-def _note_decoding(
-    model: Any, reader: Optional[generation.MemoryReader], s: Any
-) -> None:
-  """Says on the console which context the decoding reads."""
-  if reader is not None:
-    console.info(
-        "decoding with a key/value cache and the %s memory (%s)",
-        reader.kind,
-        ", ".join(f"{k} {v[0]:g}" for k, v in reader.settings),
-    )
-  elif model.carries_memory():
-    console.info(
-        "decoding with a key/value cache, segments of %d, memory %d",
-        int(s.eval.segment_len or s.data.seq_len),
-        model.cfg.mem_len,
-    )
-  else:
-    console.info(
-        "decoding with a key/value cache in evaluation's windows of %d "
-        "scoring %d",
-        int(s.eval.window_len),
-        int(s.eval.score_len),
-    )
-
-
 def _describe(g: Generate) -> str:
   """The token choice in words."""
   if g.greedy:
@@ -429,7 +409,6 @@ def _continue(
   mem_len``), segments, windows and stop ids; says which context it
   reads."""
   model = generation_model(restored.model, s)
-  _note_decoding(model, reader, s)
   return continue_prompts(
       model,
       restored.variables,
@@ -443,6 +422,7 @@ def _continue(
       reader=reader,
       windows=decode_windows.Windows.of(restored.scoring()),
       restored=restored,
+      say=True,
   )
 
 

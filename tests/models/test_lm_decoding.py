@@ -9,6 +9,7 @@ import pytest
 
 import memjax
 from memjax import errors
+from memjax.models import decode_prompts
 from memjax.models import decode_windows
 from memjax.models import lm_decoding
 from memjax.models import sampling as sampling_lib
@@ -294,7 +295,7 @@ def test_on_a_runs_mesh_the_cache_splits_rows_and_heads(tmp_path):
       plain.generate(r.variables, prompts, 8, greedy, [0, 1, 2]),
   ):
     np.testing.assert_array_equal(a, b)
-  on_mesh, rows = meshed._on_mesh(3)  # pylint: disable=protected-access
+  on_mesh, rows = decode_prompts.on_mesh(meshed.mesh, 3)
   assert rows == 4
   tokens, positions, _, valid, _ = meshed._prepare(prompts + prompts[:1], 4)  # pylint: disable=protected-access
   with on_mesh:

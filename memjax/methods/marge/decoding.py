@@ -171,6 +171,13 @@ class MargeDecoder(lm_decoding.CachedDecoder):
     if self.retriever is None:
       self.retriever = Retriever.of_run(restored, variables)
 
+  def describe(self) -> str:
+    k = self.model.num_sources
+    return (
+        f", windows of {2 * self.n} from the text's start, {k} sources "
+        "retrieved per window"
+    )
+
   def init_cache(self, batch: int, length: int) -> tuple:
     """The window's keys and values: 2N slots per layer."""
     del length
