@@ -24,7 +24,9 @@ full-size setting is ``--d_model=1024 --layers=4 --heads=16 --kv_heads=4
 model instead (randomly initialised, its corpus's published vocabulary as
 ``--mode=plan`` takes it; ``--vocab`` and the shape flags are then
 unused): the TRIME 150M LM, 53M parameters with its adaptive softmax over
-267,735 words. ``--baseline_batches=1`` times the baseline at batch 1
+267,735 words; a recurrent config's model decodes with its own decoder
+by segments of its ``data.seq_len`` (LaMemo's), without the baseline,
+which would drop its memory. ``--baseline_batches=1`` times the baseline at batch 1
 only: it runs the prompts one by one, so its batch-8 speed is its batch-1
 speed.
 
@@ -151,8 +153,8 @@ def _model(args):
 
 
 def _config_model(args):
-  """(model, variables, vocabulary size): ``--config``'s model, randomly
-  initialised, its ``max_len`` at least prompt + new."""
+  """(model, variables, vocabulary size, data.seq_len): ``--config``'s
+  model, randomly initialised, its ``max_len`` at least prompt + new."""
   from memjax.modes import plan_compile  # pylint: disable=g-import-not-at-top
 
   config = harness.load_config(args.config)
@@ -164,7 +166,7 @@ def _config_model(args):
   variables = jax.jit(lambda k: model.init(k, x, deterministic=True))(
       jax.random.PRNGKey(0)
   )
-  return model, variables, vocab
+  return model, variables, vocab, int(config.data.seq_len)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -215,15 +217,21 @@ def _random_model_benches(args, rng) -> tuple[list, dict]:
   from memjax.models import lm_decoding
   from memjax.models import sampling as sampling_lib
 
+  segment_len = 0
   if args.config:
-    model, variables, args.vocab = _config_model(args)
+    model, variables, args.vocab, segment_len = _config_model(args)
   else:
     model, variables = _model(args)
   params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(variables))
   harness.log(f"model: {params / 1e6:.1f}M parameters")
   sampling = sampling_lib.Sampling(top_p=0.95)
   baseline = Recompute(model, args.prompt + args.new, sampling)
-  decoder = lm_decoding.CachedDecoder(model)
+  # A recurrent model's own decoder (LaMemo's), by segments of the
+  # config's data.seq_len; the baseline would drop its memory, so it is
+  # not timed for one.
+  decoder = lm_decoding.decoder(model, segment_len=segment_len)
+  if model.carries_memory():
+    harness.log("a recurrent model: the recomputing baseline is not timed")
 
   def old(prompts, new):
     return [
@@ -236,6 +244,8 @@ def _random_model_benches(args, rng) -> tuple[list, dict]:
 
   benches = []
   old_batches = _batches(args.baseline_batches or args.batches)
+  if model.carries_memory():
+    old_batches = []
   for b in _batches(args.batches):
     prompts = list(rng.integers(0, args.vocab, (b, args.prompt)))
     if b in old_batches:

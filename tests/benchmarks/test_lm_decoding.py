@@ -56,6 +56,19 @@ def test_a_paper_configs_model(tmp_path):
   assert all(r["new_tokens_per_s"] > 0 for r in report["results"])
 
 
+def test_a_recurrent_configs_model_decodes_with_its_own_decoder(tmp_path):
+  """``--config`` of LaMemo: its decoder by segments, no recomputing
+  baseline (it would drop the memory)."""
+  flags = "--config=configs/lamemo_wt103.py:smoke --prompt=20 --new=4"
+  flags += " --batches=1,2 --rounds=1"
+  report = _report(flags, tmp_path)
+  assert [r["name"] for r in report["results"]] == [
+      "cached batch 1",
+      "cached batch 2",
+  ]
+  assert all(r["new_tokens_per_s"] > 0 for r in report["results"])
+
+
 def test_a_runs_decoding_with_and_without_its_datastore(
     smoke_workdir, tmp_path
 ):
