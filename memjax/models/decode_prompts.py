@@ -168,9 +168,10 @@ def from_start(prompts: Sequence[np.ndarray], num: int, width: int) -> tuple:
 
   Returns:
     ``lay_out``'s tuple: tokens [B, width], positions (zeros: unused),
-    lengths [B] (all ``width``), key_valid [B, width + R + num] (all
-    True: the slots of the stream, its shape alone read), (rest [B, R],
-    rest lengths [B]).
+    lengths [B] (all ``width``), key_valid [B, L] (all True: the slots
+    of the stream, L = width + R + num rounded up to ``BUCKET`` as
+    ``lay_out`` rounds it, one compilation per bucket; its shape alone
+    is read), (rest [B, R], rest lengths [B]).
 
   Raises:
     errors.ConfigError: an empty prompt.
@@ -185,5 +186,5 @@ def from_start(prompts: Sequence[np.ndarray], num: int, width: int) -> tuple:
     rest[i, : rest_len[i]] = p[width:]
   tokens = np.asarray([p[:width] for p in prompts], np.int32)
   lengths = np.full((b,), width, np.int32)
-  key_valid = np.ones((b, width + rest.shape[1] + num), bool)
+  key_valid = np.ones((b, bucket(width + rest.shape[1] + num)), bool)
   return tokens, 0 * tokens, lengths, key_valid, (rest, rest_len)
