@@ -94,7 +94,7 @@ def test_a_runs_decoding_with_and_without_its_datastore(
       "cached + knn batch 2",
   ]
   assert report["memory"]["kind"] == "knn"
-  # Two rows, a warm-up of 2 tokens and a pass of 4: one query per row
+  # Two rows, a warm-up and a pass of 4 tokens each: one query per row
   # at the prefill and at each step.
-  assert report["search_queries"] == 2 * (3 + 5)
+  assert report["search_queries"] == 2 * (5 + 5)
   assert report["search_ms_per_query"] > 0
