@@ -19,6 +19,11 @@ product-key memories at layers 4 and 8 of 12 scans ``layer_0_to_2``,
 the two layouts; ``memjax.checkpoints.convert`` applies them at every
 restore.
 
+In a compute dtype narrower than float32 a scanned block reads its
+kernels already cast (``narrow_kernels``), so that the scan stacks their
+gradients in that dtype, not in float32 (the same values: the layers cast
+them anyway; ``docs/plan.md``, "bfloat16").
+
 Blocks see the recurrent state of their layer (a Transformer-XL memory, a
 decoder's key/value cache) as the scan's per-layer input and output, and
 the hidden state as its carry; the state of the whole stack keeps its
@@ -215,6 +220,11 @@ def scan(
       unroll=unroll_factor(run.count),
       metadata_params={nn.PARTITION_NAME: LAYERS_AXIS},
   )
+  dtype = getattr(block, "dtype", jnp.float32)
+  if jnp.finfo(dtype).bits < 32 and not block.is_initializing():
+    scanned = nn.map_variables(
+        scanned, "params", lambda v: narrow_kernels(v, dtype)
+    )
   return scanned(block, carry, per_layer, shared)
 
 
@@ -295,6 +305,20 @@ def parse_name(name: str) -> Optional[tuple[str, int, int]]:
   if not match:
     return None
   return match.group(1), int(match.group(2)), int(match.group(3))
+
+
+def narrow_kernels(params: Any, dtype: Any) -> Any:
+  """``params`` with their floating ``kernel`` leaves in ``dtype``: a
+  scanned block's (``scan``), whose dense layers cast them to the compute
+  dtype themselves."""
+
+  def cast(path, x):
+    name = str(getattr(path[-1], "key", "")) if path else ""
+    if name == "kernel" and jnp.issubdtype(x.dtype, jnp.floating):
+      return x.astype(dtype)
+    return x
+
+  return jax.tree_util.tree_map_with_path(cast, params)
 
 
 # Trees of a model's variables (parameters, optimiser states, sown

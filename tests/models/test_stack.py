@@ -108,13 +108,13 @@ DEEPER = {
 }
 
 
-def _models(family: str, tmp_path):
-  """(unscanned, scanned) models of the deepened fixture config, and the
-  fixture's batch."""
+def _models(family: str, tmp_path, **model):
+  """(unscanned, scanned) models of the deepened fixture config (and the
+  model keys ``model``), and the fixture's batch."""
   root = os.path.join(fixtures.FIXTURES, "families", family)
   config = _scanned_config(root)
   with config.unlocked():
-    for key, value in DEEPER[family].items():
+    for key, value in dict(DEEPER[family], **model).items():
       if key == "family_options":
         config.model.family_options.update(value)
       else:
@@ -143,23 +143,26 @@ def _sum_logprob(family, model, params, state, batch):
   return sum(jnp.sum(o.target_logprob) for o in outs.values())
 
 
+def _init(model, run):
+  """The model's (params, state) init as one compiled program, not one per
+  operation."""
+  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
+
+  return jax.jit(
+      lambda key: flax.core.meta.unbox(
+          state_lib._init_variables(  # pylint: disable=protected-access
+              model, run.state_collections(), 8, key
+          )
+      )
+  )
+
+
 @pytest.mark.parametrize("family", sorted(DEEPER))
 def test_scanned_equals_unscanned(family, tmp_path):
   plain, scanned, run, batch = _models(family, tmp_path)
   from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
 
-  collections = run.state_collections()
-
-  def init(model):
-    """The init as one compiled program, not one per operation."""
-    return jax.jit(
-        lambda key: flax.core.meta.unbox(
-            state_lib._init_variables(  # pylint: disable=protected-access
-                model, collections, 8, key
-            )
-        )
-    )
-
+  init = lambda model: _init(model, run)  # noqa: E731
   params, state = init(plain)(jax.random.PRNGKey(3))
   runs = tuple(r.name for r in scanned.layer_runs() if r.scanned)
   assert runs
@@ -246,3 +249,39 @@ def test_named_policies_keep_the_named_residuals(policy, kept, dtype):
       grads(remat),
       grads(block),
   )
+
+
+# Kernels a layer applies twice, whose two bfloat16 gradients the narrowed
+# scan adds in bfloat16 where the layer's own casts add them in float32:
+# LaMemo's position keys (the look-ahead and the segment's scores).
+TWICE = ("decoder_lamemo", "/attention/pos_key/kernel")
+
+
+@pytest.mark.parametrize("family", sorted(DEEPER))
+def test_narrowed_kernels_give_the_same_gradients_in_bfloat16(
+    family, tmp_path, monkeypatch
+):
+  """A bfloat16 model's scanned blocks read their kernels already cast to
+  bfloat16 (``stack.narrow_kernels``, so that the scan stacks their
+  gradients in bfloat16): every gradient is bit for bit the one the
+  layers' own casts give, except a kernel used twice in a layer, whose two
+  terms are added in bfloat16 (within bfloat16's rounding)."""
+  _, scanned, run, batch = _models(family, tmp_path, dtype="bfloat16")
+  params, state = _init(scanned, run)(jax.random.PRNGKey(3))
+
+  def grads():
+    fn = lambda p, s: _sum_logprob(family, scanned, p, s, batch)  # noqa: E731
+    g = jax.jit(jax.grad(fn))(params, state)
+    return flax.traverse_util.flatten_dict(g, sep="/")
+
+  got = grads()
+  monkeypatch.setattr(stack, "narrow_kernels", lambda tree, dtype: tree)
+  want = grads()
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    assert got[key].dtype == value.dtype == jnp.float32, key
+    if family == TWICE[0] and key.endswith(TWICE[1]):
+      scale = np.abs(value).max()
+      np.testing.assert_allclose(got[key], value, atol=scale * 2**-8)
+    else:
+      np.testing.assert_array_equal(got[key], value, err_msg=key)
