@@ -313,7 +313,9 @@ def narrow_kernels(params: Any, dtype: Any) -> Any:
   dtype themselves."""
 
   def cast(path, x):
-    name = str(getattr(path[-1], "key", "")) if path else ""
+    # The last dict key: a boxed leaf's path ends in the box's field.
+    keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    name = str(keys[-1]) if keys else ""
     if name == "kernel" and jnp.issubdtype(x.dtype, jnp.floating):
       return x.astype(dtype)
     return x

@@ -11,6 +11,7 @@ convert both ways.
 import os
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -285,3 +286,26 @@ def test_narrowed_kernels_give_the_same_gradients_in_bfloat16(
       np.testing.assert_allclose(got[key], value, atol=scale * 2**-8)
     else:
       np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_narrow_kernels_casts_kernels_only_boxed_or_not():
+  tree = {
+      "attention": {
+          "query": {"kernel": nn.Partitioned(jnp.ones((2, 3)), ("a", "b"))},
+          "u": jnp.ones((2,)),
+      },
+      "ffn": {"wi": {"kernel": jnp.ones((3, 4)), "bias": jnp.ones((4,))}},
+      "steps": jnp.ones((2,), jnp.int32),
+  }
+  got = stack.narrow_kernels(tree, jnp.bfloat16)
+  dtypes = flax.traverse_util.flatten_dict(
+      nn.meta.unbox(jax.tree.map(lambda x: x.dtype, got)), sep="/"
+  )
+  assert dtypes == {
+      "attention/query/kernel": jnp.bfloat16,
+      "attention/u": jnp.float32,
+      "ffn/wi/kernel": jnp.bfloat16,
+      "ffn/wi/bias": jnp.float32,
+      "steps": jnp.int32,
+  }
+  assert isinstance(got["attention"]["query"]["kernel"], nn.Partitioned)
