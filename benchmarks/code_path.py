@@ -40,7 +40,6 @@ from memjax import build
 from memjax import sharding
 from memjax.checkpoints import checkpointing
 from memjax.modes import plan_compile
-from memjax.run import state as state_lib
 from memjax.run import step as step_lib
 
 # pylint: enable=g-import-not-at-top,g-bad-import-order
@@ -110,7 +109,7 @@ def trace(config: Any, workdir: str) -> Path:
     model = run.model(vocab)
     tx, _ = run.optimizer()
     loss_fn = run.objective()
-    _, abstract, shardings = state_lib.abstract_state(
+    _, abstract, shardings = step_lib.abstract_state(
         model, tx, run.mesh, batch, run.state_collections()
     )
     state = checkpointing.abstract_with_sharding(abstract, shardings)

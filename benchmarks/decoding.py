@@ -85,7 +85,7 @@ def _model(args, config):
   # pylint: disable=g-import-not-at-top
   from memjax import build
   from memjax.data import parallel
-  from memjax.run import state as state_lib
+  from memjax.run import step as step_lib
 
   if args.workdir:
     r = build.restore(args.workdir, config=config)
@@ -99,7 +99,7 @@ def _model(args, config):
   run = build.build(config, cache)
   model = run.model(int(vocab.vocab_size))
   sample = {"inputs": np.zeros((1, 8), np.int32)}
-  state, _ = state_lib.create_state(
+  state, _ = step_lib.create_state(
       model, None, run.mesh, sample, jax.random.PRNGKey(0)
   )
   return model, state.params, vocab

@@ -267,7 +267,6 @@ class TrainBench:
       mesh: Mapping[str, int] | None = None,
   ):
     # pylint: disable=g-import-not-at-top
-    from memjax.run import state as state_lib
     from memjax.run import step as step_lib
 
     t0 = time.time()
@@ -280,7 +279,7 @@ class TrainBench:
     self.model = run.model(vocab_size)
     tx, _ = run.optimizer()
     loss_fn = run.objective()
-    self.state, shardings = state_lib.create_state(
+    self.state, shardings = step_lib.create_state(
         self.model,
         tx,
         self.mesh,

@@ -49,7 +49,7 @@ def read(
 ) -> settings_lib.Settings:
   """The typed settings of ``config``: every declared section (keys that
   moved read at their new place), the model's kinds with every option
-  (``config.settled_model``) and its feed-forward layers counted from the
+  (``settings.settled_model``) and its feed-forward layers counted from the
   start.
 
   Raises:
@@ -57,7 +57,7 @@ def read(
       declare.
   """
   s = settings_lib.read_all(config, parts.settings, parts.renames)
-  model = config_lib.settled_model(s.model, parts)
+  model = settings_lib.settled_model(s.model, parts)
   layers = settings_lib.layers_from_the_start(
       model.feed_forward_layers, model.num_layers
   )
@@ -177,7 +177,7 @@ def build(
       task=task,
       mesh=sharding.mesh_of(s.mesh, mesh),
       workdir=workdir,
-      config_json=config_lib.to_json(config),
+      config_json=settings_lib.to_json(config),
   )
 
 
@@ -237,7 +237,7 @@ def resolve(
           "run or export whose saved config.json could be used"
       ) from None
   else:  # An imported model's sizes, whatever the config says.
-    tree = json.loads(config_lib.to_json(config))
+    tree = json.loads(settings_lib.to_json(config))
     shape_only = mode_of(name).shape_only
     if (sizes.apply_folder if shape_only else sizes.apply)(tree, workdir):
       config = config_lib.from_json(json.dumps(tree))

@@ -38,9 +38,9 @@ from memjax.pretrained import mode as pretrained
 from memjax.run import hooks
 from memjax.run import loop
 from memjax.run import optim
+from memjax.tasks import base as task_base
 from memjax.tasks import classification
 from memjax.tasks import config as task_config
-from memjax.tasks import lm
 from memjax.tasks import mlm
 from memjax.tasks.translation import task as translation
 
@@ -86,7 +86,7 @@ ENGINE = extend.Method(
     eval_memories={"none": evaluation.PlainModel()},
     optimizer_transforms={"frozen": optim.frozen},
     tasks={
-        "lm": lm.LanguageModelling,
+        "lm": task_base.LanguageModelling,
         "translation": translation.Translation,
         "mlm": mlm.MaskedLanguageModelling,
         "classification": classification.Classification,

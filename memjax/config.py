@@ -9,13 +9,12 @@ sections, ``memjax/tasks/config.py`` for the tasks', each method's
 ``memjax.build`` reads a config back into those classes. Experiment files
 (``configs/*.py``) set values and name variants.
 
-A run saves its config as ``config.json`` (``to_json``); ``from_json``
+A run saves its config as ``config.json`` (``settings.to_json``); ``from_json``
 reads one back with the base config's types.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 from typing import Any, Mapping
@@ -59,63 +58,12 @@ def base_config() -> ml_collections.ConfigDict:
   return settle_options(c)
 
 
-# The model's kinds with options: (kind key, options key, what a kind is).
-KIND_SLOTS = (
-    ("attention", "attention_options", "attention kind"),
-    ("feed_forward", "feed_forward_options", "feed-forward kind"),
-)
-# Options every feed-forward kind is given, read by the engine: the kind of
-# the layers outside ``model.feed_forward_layers``.
-ENGINE_OPTIONS = ("base",)
-
-
-def _modules(slot: str, parts: extend.Parts) -> dict[str, type]:
-  """{kind name: its module class} of ``slot``."""
-  lookup = getattr(parts, slot)
-  if slot == "attention":
-    return dict(lookup.items())
-  return {name: kind.module for name, kind in lookup.items()}
-
-
-def kind_defaults(
-    slot: str, name: str, parts: extend.Parts | None = None
-) -> dict[str, Any] | None:
-  """{option: default} of the kind ``name`` of ``slot`` ('attention' or
-  'feed_forward'): its options dataclass's (``extend.option_defaults``);
-  None for no kind of that name, or one of the older form."""
-  modules = _modules(slot, parts or catalog.parts())
-  return extend.option_defaults(modules[name]) if name in modules else None
+def kind_defaults(slot: str, name: str) -> dict[str, Any] | None:
+  """``settings.kind_defaults`` with every part there is."""
+  return settings_lib.kind_defaults(slot, name, catalog.parts())
 
 
 convert.use_kind_defaults(kind_defaults)
-
-
-def settled_options(
-    slot: str,
-    name: str,
-    given: Mapping[str, Any] | None,
-    parts: extend.Parts | None = None,
-) -> dict[str, Any]:
-  """The options of the kind ``name``: ``given`` with every option the
-  kind declares at its default where unset, less the options of other
-  kinds left at their defaults (those a kind picked before filled in)."""
-  parts = parts or catalog.parts()
-  defaults = kind_defaults(slot, name, parts)
-  module = _modules(slot, parts).get(name)
-  if defaults is None and module is not None:  # The older form: its fields.
-    fields = {f.name for f in dataclasses.fields(module)}
-  else:
-    fields = set(defaults or ())
-  others = [
-      extend.option_defaults(m) or {} for m in _modules(slot, parts).values()
-  ]
-  out = {}
-  for k, v in settings_lib.plain(dict(given or {})).items():
-    own = module is None or k in fields or k in ENGINE_OPTIONS
-    if own or not any(k in d and d[k] == v for d in others):
-      out[k] = v
-  out.update({k: v for k, v in (defaults or {}).items() if k not in out})
-  return out
 
 
 def settle_options(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -125,8 +73,10 @@ def settle_options(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   can set any of them; returns ``c``. ``base_config`` calls it, and a
   config file after picking a kind (``use_kinds``)."""
   model = c.model
-  for slot, key, _ in KIND_SLOTS:
-    options = settled_options(slot, model[slot], model[key])
+  for slot, key, _ in settings_lib.KIND_SLOTS:
+    options = settings_lib.settled_options(
+        slot, model[slot], model[key], catalog.parts()
+    )
     with model.unlocked():
       model[key] = _as_config(options)
   return c
@@ -146,28 +96,6 @@ def use_kinds(
   return settle_options(c)
 
 
-def settled_model(
-    model: settings_lib.Model, parts: extend.Parts
-) -> settings_lib.Model:
-  """The model settings with every option of its kinds (``settled_options``).
-
-  Raises:
-    errors.ConfigError: an unknown kind, or an option its kind does not
-      declare (one line naming the ones it does).
-  """
-  changes = {}
-  for slot, key, what in KIND_SLOTS:
-    name = getattr(model, slot)
-    getattr(parts, slot).get(name)  # An unknown kind: its own message.
-    options = settled_options(slot, name, getattr(model, key), parts)
-    defaults = kind_defaults(slot, name, parts)
-    if defaults is not None:
-      own = {k: v for k, v in options.items() if k not in ENGINE_OPTIONS}
-      extend.check_options(own, defaults, f"model.{key} of {what} {name!r}")
-    changes[key] = options
-  return dataclasses.replace(model, **changes)
-
-
 def check_overrides(argv: list[str]) -> str | None:
   """Why a command line's override of a kind's option fails, in one line
   naming the kind's options, or None (every such override names one).
@@ -184,7 +112,7 @@ def check_overrides(argv: list[str]) -> str | None:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   model = (module.get_config(arg) if arg else module.get_config()).model
-  for slot, key, what in KIND_SLOTS:
+  for slot, key, what in settings_lib.KIND_SLOTS:
     prefix = f"--config.model.{key}."
     given = {
         a[len(prefix) :].partition("=")[0]: None
@@ -224,11 +152,6 @@ def parse_variant(
   )
 
 
-def to_json(config: ml_collections.ConfigDict) -> str:
-  """The text of a run's ``config.json``."""
-  return config.to_json_best_effort(indent=2, sort_keys=True)
-
-
 def _merge(base: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
   for k, v in values.items():
     if k in base and isinstance(base[k], ml_collections.ConfigDict):
@@ -246,7 +169,7 @@ def _merge(base: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
 
 
 def from_json(text: str) -> ml_collections.ConfigDict:
-  """A config saved by ``to_json``, with the base config's types: keys
+  """A config saved by ``settings.to_json``, with the base config's types: keys
   that moved since are read at their new place (``renames``); keys it
   does not know are kept as saved."""
   config = base_config()

@@ -29,7 +29,7 @@ from memjax.data import windows
 from memjax.modes import evaluation as evaluation_mode
 from memjax.modes import memory_eval as memory_modes
 from memjax.run import init_from
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 from tests.conftest import run_main
 
 
@@ -232,7 +232,7 @@ def _fresh_state(run, seed):
   model = run.model(12907)
   tx, _ = run.optimizer()
   sample = {"inputs": np.zeros((8, 16), np.int32)}
-  return state_lib.create_state(
+  return step_lib.create_state(
       model,
       tx,
       run.mesh,

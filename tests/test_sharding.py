@@ -8,7 +8,6 @@ import pytest
 from memjax import losses
 from memjax import sharding as sharding_lib
 from memjax.models import transformer
-from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from tests.models import helpers
 
@@ -47,7 +46,7 @@ def reference():
   model = _model()
   batch = _batch()
   one = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-  state, _ = state_lib.create_state(
+  state, _ = train_step.create_state(
       model, optax.sgd(0.1), one, batch, jax.random.PRNGKey(0)
   )
   params = jax.device_get(state.params)
@@ -66,7 +65,7 @@ def test_loss_and_grads_equal_sharded(reference, mesh_spec):
   assert len(jax.devices()) == 8
   model, batch, params, ref_loss, ref_grads = reference
   mesh = sharding_lib.make_mesh(mesh_spec)
-  state, shardings = state_lib.create_state(
+  state, shardings = train_step.create_state(
       model, optax.sgd(0.1), mesh, batch, jax.random.PRNGKey(0)
   )
   # The parameters really are split over the mesh.
@@ -99,7 +98,7 @@ def test_train_step_sharded_with_accumulation_equals_unsharded():
       ({"data": 2, "fsdp": 2, "tensor": 2}, 2, None),
   ]:
     mesh = sharding_lib.make_mesh(spec, devices)
-    state, shardings = state_lib.create_state(
+    state, shardings = train_step.create_state(
         model, tx, mesh, batch, jax.random.PRNGKey(0)
     )
     step = train_step.make_train_step(

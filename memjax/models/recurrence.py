@@ -9,7 +9,9 @@ like a lane with no memory. The memory types of the recurrent attention
 kinds (Transformer-XL, LaMemo) are in ``memjax/methods/recurrent/segment_memory.py``.
 
 Helpers: ``reset_memory``, ``fifo_append``, ``split_segments``,
-``merge_segments`` and ``scan_segments``.
+``merge_segments`` and ``scan_segments``; ``run_lane_segments`` runs the
+consecutive segments of each lane of a training batch in order (the train
+step's forward pass for such a model).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Any, Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
+
+from memjax.models import stack
+from memjax.models import variables as model_vars
 
 Carry = TypeVar("Carry")
 PyTree = Any
@@ -133,3 +138,100 @@ def scan_segments(
       (final carry, outputs stacked on axis 0).
   """
   return jax.lax.scan(step_fn, carry, segments, unroll=unroll)
+
+
+def run_lane_segments(
+    model,
+    params: Any,
+    batch: dict[str, jax.Array],
+    memory: Any,
+    segments_per_lane: int,
+    *,
+    rng: jax.Array,
+    deterministic: bool = False,
+) -> Any:
+  """Runs the m consecutive segments of every lane in order, carrying memory.
+
+  A consecutive batch holds ``lanes * m`` rows, lane-major (lane 0's m
+  segments, then lane 1's, ...). Segment k of every lane is run with the
+  memory left by segment k - 1 (``jax.lax.scan`` over the m segments), and
+  the outputs are stacked back into the batch's row order, so a loss sees
+  each lane's whole stream with gradients into every segment's outputs.
+
+  Args:
+    model: a ``TransformerLM`` that carries memory.
+    params: its parameters.
+    batch: 'inputs', 'targets' [lanes * m, L] int32.
+    memory: the memory of the lanes ([lanes, ...] leaves).
+    segments_per_lane: m.
+    rng: dropout key; segment k uses ``fold_in(rng, k)``.
+    deterministic: disables dropout.
+
+  Returns:
+    The model's output (``memjax.models.transformer.LMOutput``) with
+    [lanes * m, L(, D)] arrays in the batch's row order
+    and the memory after each lane's last segment.
+  """
+  return run_lane_segments_with_stats(
+      model,
+      params,
+      batch,
+      memory,
+      segments_per_lane,
+      rng=rng,
+      deterministic=deterministic,
+  )[0]
+
+
+def run_lane_segments_with_stats(
+    model,
+    params: Any,
+    batch: dict[str, jax.Array],
+    memory: Any,
+    segments_per_lane: int,
+    *,
+    rng: jax.Array,
+    deterministic: bool = False,
+    model_state: Any = None,
+) -> tuple[Any, dict[str, jax.Array], Any]:
+  """``run_lane_segments`` that also returns the auxiliary statistics the
+  modules report (``memjax.models.variables``), summed over the m segments:
+  {path: [2] float32 (weighted sum, weight)}, and the model state (see
+  ``make_train_step``) after the m segments, updated in their order."""
+  m = segments_per_lane
+  names = tuple(model_state or ())
+
+  def to_segments(x):  # [lanes * m, ...] -> [m, lanes, ...]
+    return jnp.swapaxes(x.reshape((-1, m) + x.shape[1:]), 0, 1)
+
+  def to_rows(x):  # [m, lanes, ...] -> [lanes * m, ...]
+    x = jnp.swapaxes(x, 0, 1)
+    return x.reshape((-1,) + x.shape[2:])
+
+  def body(carry, xs):
+    mem, ms = carry
+    inputs, targets, k = xs
+    out, sums, new_ms = model_vars.apply_with_state(
+        model,
+        model_vars.as_variables(params, ms),
+        () if deterministic else names,
+        inputs,
+        targets,
+        memory=mem,
+        deterministic=deterministic,
+        rngs={"dropout": jax.random.fold_in(rng, k)},
+    )
+    return (out.memory, new_ms or ms), (out.replace(memory=None), sums)
+
+  (new_memory, new_state), (outs, sums) = jax.lax.scan(
+      body,
+      (memory, model_state),
+      (
+          to_segments(batch["inputs"]),
+          to_segments(batch["targets"]),
+          jnp.arange(m),
+      ),
+      unroll=stack.unroll_factor(m),
+  )
+  outs = jax.tree.map(to_rows, outs).replace(memory=new_memory)
+  return outs, model_vars.total(sums), new_state

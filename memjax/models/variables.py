@@ -9,7 +9,7 @@ mean and variance in Flax's ``'batch_stats'``) is a feed-forward kind that
 declares the collection (``extend.FeedForward.state_collections``); so may
 a model family (``extend.Family.state_collections``); the run gathers them
 (``memjax.run.spec.Run.state_collections``). The train state carries those
-collections (``memjax.run.state.TrainState.model_state``):
+collections (``memjax.run.step.TrainState.model_state``):
 every training step applies the model with them mutable and keeps what it
 wrote; evaluation reads them (``deterministic=True``: BatchNorm uses its
 running averages) and never writes them.

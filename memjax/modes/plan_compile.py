@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of a config's train step for ``--mode=plan``.
 
 Everything is abstract: the train state comes from
-``run.state.abstract_state`` (``jax.eval_shape`` of the initialiser), the
+``run.step.abstract_state`` (``jax.eval_shape`` of the initialiser), the
 batch from the batcher's declared shapes (``extend.Batcher.shapes``), so no
 corpus is read and nothing is allocated. The step is the one training runs
 (``run.step.make_train_step``) on a mesh of the planned devices: fake CPU
@@ -38,7 +38,6 @@ from memjax.modes import hlo_flops
 from memjax.modes import plan_buffers
 from memjax.modes import platforms
 from memjax.run import spec
-from memjax.run import state as state_lib
 from memjax.run import step as step_lib
 
 # Published vocabularies of the word corpora (V = word types + <pad> and
@@ -226,7 +225,7 @@ def build_step(run: spec.Run, devices: list[Any], dump_dir: str = "") -> Step:
   model = run.model(vocab_size(s))
   tx, _ = run.optimizer()
   loss_fn = run.objective()
-  _, abstract, shardings = state_lib.abstract_state(
+  _, abstract, shardings = step_lib.abstract_state(
       model, tx, mesh, batch, run.state_collections()
   )
   state = checkpointing.abstract_with_sharding(abstract, shardings)

@@ -38,7 +38,7 @@ from memjax.modes import plan_compile
 from memjax.modes import platforms
 from memjax.models import variables as model_vars
 from memjax.run import spec
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 
 def _shaped(shape: tuple[int, ...], dtype: Any, mesh: Any, lead: int = 0):
@@ -99,7 +99,7 @@ def build_eval_step(run: spec.Run, devices: list[Any]) -> plan_compile.Step:
   s = run.settings
   mesh = sharding_lib.make_mesh(dataclasses.asdict(s.mesh), devices)
   model = run.model(plan_compile.vocab_size(s))
-  params, state = state_lib.abstract_variables(
+  params, state = step_lib.abstract_variables(
       model, mesh, run.state_collections()
   )
   variables = model_vars.as_variables(params, state)

@@ -38,7 +38,7 @@ from memjax.pretrained import to_hf
 from memjax.pretrained import special_ids
 from memjax.data import tokenizer_vocab as vocab_lib
 from memjax.run import spec
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 # What --mode=import writes into its workdir.
 OUTPUTS = (
@@ -145,7 +145,7 @@ def _params(run: spec.Run, vocab_size: int, tree: dict[str, Any]) -> Any:
   placed one of the whole model never coexist.
   """
   model = run.model(vocab_size)
-  abstract = state_lib.abstract_params(model, run.mesh)
+  abstract = step_lib.abstract_params(model, run.mesh)
   runs = stack.stacked_blocks(abstract)
   if runs:  # The layers stacked in place: the per-layer arrays go.
     stacked = stack.stack_layers(tree, runs)

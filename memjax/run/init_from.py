@@ -23,7 +23,7 @@ from memjax.io import console
 from memjax.io import paths
 from memjax.models import stack
 from memjax.run import spec
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 
 def _layout(files: runfiles.RunFiles) -> convert.Layout:
@@ -47,8 +47,8 @@ def _saved_shapes(
 
 
 def init_params_from(
-    run: spec.Run, source: str, state: state_lib.TrainState, shardings: Any
-) -> state_lib.TrainState:
+    run: spec.Run, source: str, state: step_lib.TrainState, shardings: Any
+) -> step_lib.TrainState:
   """Takes the parameters this model shares with the run at ``source``.
 
   Parameters with the same path and shape are restored (so is the model
@@ -121,7 +121,7 @@ def init_params_from(
 
 
 def _model_state_from(
-    files: runfiles.RunFiles, state: state_lib.TrainState, shardings: Any
+    files: runfiles.RunFiles, state: step_lib.TrainState, shardings: Any
 ) -> Any:
   """``state``'s model state with what the source holds at the same path
   and shape restored over it (e.g. a pretrained BatchNorm's statistics for

@@ -43,10 +43,9 @@ from memjax.run import position as position_lib
 from memjax.run import preemption
 from memjax.run import profiling
 from memjax.run import spec
-from memjax.run import state as state_lib
 from memjax.run import step as step_lib
 
-TrainState = state_lib.TrainState
+TrainState = step_lib.TrainState
 NonFiniteLossError = errors.NonFiniteLossError
 Hook = Callable[[int, TrainState], None]
 
@@ -206,7 +205,7 @@ def _prepare(run: spec.Run) -> Setup:
     tx, schedule = run.optimizer()
     loss_fn = run.objective()
     sample = run.host_batch(batcher, 0)
-    state, shardings = state_lib.create_state(
+    state, shardings = step_lib.create_state(
         model,
         tx,
         run.mesh,

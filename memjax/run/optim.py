@@ -21,7 +21,7 @@ import optax
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 Optim = settings_lib.Optim
 
@@ -272,7 +272,7 @@ def float32_state(
   this wrapper.
   """
 
-  up = lambda tree: state_lib.as_param_dtype(tree, jnp.float32)  # noqa: E731
+  up = lambda tree: step_lib.as_param_dtype(tree, jnp.float32)  # noqa: E731
 
   def init(params: Any) -> Any:
     return tx.init(up(params))

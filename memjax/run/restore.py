@@ -37,11 +37,11 @@ from memjax.io import console
 from memjax.io import paths
 from memjax.models import blocks
 from memjax.run import spec
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 
 @dataclasses.dataclass
-class Restored(state_lib.WithVariables):
+class Restored(step_lib.WithVariables):
   """A trained model restored from a run or an export.
 
   Attributes:
@@ -104,7 +104,7 @@ def export_variables(
   """
   meta = files.read_json(runfiles.EXPORT_FILE)
   layout = convert.Layout.of(meta["signature"])
-  abstract, abstract_state = state_lib.abstract_variables(
+  abstract, abstract_state = step_lib.abstract_variables(
       model, run.mesh, run.state_collections()
   )
   vocab_size = int(model.cfg.vocab_size)
@@ -126,7 +126,7 @@ def _run_variables(
     run: spec.Run, files: runfiles.RunFiles, model: Any, step: Optional[int]
 ) -> tuple[Any, Any, int]:
   """(params, model state or None, step) of a workdir's checkpoint."""
-  abstract, abstract_state = state_lib.abstract_variables(
+  abstract, abstract_state = step_lib.abstract_variables(
       model, run.mesh, run.state_collections()
   )
   ckpt = checkpointing.Checkpointer(
@@ -198,7 +198,7 @@ def _with_optimizer(run, files, model, step):
   rows = sharding_lib.data_parallel(run.mesh)
   sample = {"inputs": jax.ShapeDtypeStruct((rows, 8), np.int32)}
   # The restore's template: shapes and shardings only, nothing allocated.
-  _, shapes, shardings = state_lib.abstract_state(
+  _, shapes, shardings = step_lib.abstract_state(
       model, tx, run.mesh, sample, run.state_collections()
   )
   ckpt = checkpointing.Checkpointer(

@@ -1,28 +1,229 @@
-"""The jitted train step: forward, loss, gradients (accumulated), update.
+"""The train state and the jitted train step.
+
+``TrainState`` (step, parameters, optimiser state, carried recurrent memory,
+model state) is what a step updates; ``abstract_state`` / ``create_state``
+build it on the mesh without allocating (its shapes and shardings from the
+model's logical axes; initialised directly on the mesh), and
+``abstract_params`` / ``abstract_variables`` give what a restore fills in.
+``collections`` is the run's state collections
+(``memjax.run.spec.Run.state_collections``).
 
 ``make_train_step`` builds ``(state, batch, rng) -> (state, metrics)`` for
-any model and any loss of ``memjax.losses``; ``run_lane_segments`` runs the
-consecutive segments of each lane in order, carrying recurrent memory.
+any model and any objective (``memjax.losses``): forward, loss, gradients
+(accumulated over micro-batches), update. A model that carries memory runs
+the consecutive segments of each lane in order
+(``memjax.models.recurrence.run_lane_segments``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
+import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
 from memjax import losses
 from memjax import sharding as sharding_lib
-from memjax.models import variables as model_vars
-from memjax.models import transformer
+from memjax.checkpoints import checkpointing
+from memjax.models import recurrence
 from memjax.models import stack
-from memjax.run import state as state_lib
+from memjax.models import variables as model_vars
 
 Array = jax.Array
-TrainState = state_lib.TrainState
+
+
+class WithVariables:
+  """``variables`` of a class with ``params`` and ``model_state``: the
+  parameters, or with the model state a variables dict (``variables_of``):
+  what every scoring path takes."""
+
+  @property
+  def variables(self) -> Any:
+    return variables_of(self.params, self.model_state)
+
+
+@flax.struct.dataclass
+class TrainState(WithVariables):
+  """Everything a step updates.
+
+  Attributes:
+    step: scalar int32 update counter.
+    params: model parameters.
+    opt_state: optimiser state (None when restored for inference).
+    memory: carried recurrent memory (per-layer pytrees with a leading batch
+      axis) or None for models without recurrence.
+    model_state: {collection: tree} of the mutable collections the model
+      declares and made (``memjax.models.variables``, e.g. a BatchNorm's
+      'batch_stats'), replicated; None when there are none (every
+      checkpoint written before the field existed).
+  """
+
+  step: Array
+  params: Any
+  opt_state: Any
+  memory: Any = None
+  model_state: Any = None
+
+
+def variables_of(params: Any, model_state: Any) -> Any:
+  """``params`` alone, or {'params': params, **model_state} when the model
+  carries state: what every scoring path takes as its parameters."""
+  if not model_state:
+    return params
+  return model_vars.as_variables(params, model_state)
+
+
+def as_param_dtype(params: Any, dtype: Any) -> Any:
+  """``params`` (arrays, boxed or ``jax.ShapeDtypeStruct`` leaves) with their
+  floating leaves in ``dtype``; integer leaves are kept."""
+
+  def cast(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
+      return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+    return x.astype(dtype)
+
+  return jax.tree.map(cast, params)
+
+
+def _init_variables(
+    model, collections: Sequence[str], seq_len: int, key: Array
+) -> tuple[Any, Any]:
+  """(params in ``model.param_dtype``, model state or None) of a fresh
+  model. The modules make float32 parameters (their initialisers sample
+  in float32); they are rounded once here, so every module computes with
+  weights of either dtype (``model.dtype`` sets the compute dtype)."""
+  tokens = jnp.zeros((1, seq_len), jnp.int32)
+  variables = model.init(
+      {"params": key, "dropout": key}, tokens, tokens, deterministic=True
+  )
+  params, state = model_vars.split(variables, collections)
+  return as_param_dtype(params, model.cfg.weight_dtype), state
+
+
+def abstract_state(
+    model,
+    tx: Optional[optax.GradientTransformation],
+    mesh: Mesh,
+    sample: dict[str, Any],
+    collections: Sequence[str] = (),
+) -> tuple[Callable[[Array], TrainState], TrainState, Any]:
+  """The train state's shapes and shardings, without allocating it.
+
+  Args:
+    model: the model.
+    tx: the optimiser, or None for parameters only (``opt_state`` None).
+    mesh: device mesh.
+    sample: a batch, arrays or ``jax.ShapeDtypeStruct`` ('inputs' [B, L];
+      'reset' [lanes] for lane batches).
+    collections: the model's state collections.
+
+  Returns:
+    (init_fn, abstract, shardings): ``init_fn(key)`` builds the boxed
+    state, ``abstract`` its unboxed ``jax.ShapeDtypeStruct`` tree, and the
+    shardings follow the model's logical axis names through
+    ``sharding.LOGICAL_RULES``.
+  """
+  seq_len = sample["inputs"].shape[1]
+  # The carried memory has one row per lane ('reset' is [lanes]).
+  batch = sample["reset" if "reset" in sample else "inputs"].shape[0]
+
+  def init_fn(key):
+    params, model_state = _init_variables(model, collections, seq_len, key)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=None if tx is None else tx.init(params),
+        memory=model.init_memory(batch),
+        model_state=model_state,
+    )
+
+  with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
+    abstract = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+    logical = nn.get_partition_spec(abstract)
+    shardings = sharding_lib.divisible(
+        sharding_lib.logical_sharding(mesh, logical), nn.meta.unbox(abstract)
+    )
+  if abstract.memory is not None:
+    mem_shard = jax.tree.map(
+        lambda x: sharding_lib.batch_sharding(mesh, x.ndim),
+        nn.meta.unbox(abstract.memory),
+    )
+    shardings = shardings.replace(memory=mem_shard)
+  if abstract.model_state is not None:
+    # Running statistics are small: every device holds them whole.
+    shardings = shardings.replace(
+        model_state=jax.tree.map(
+            lambda _: sharding_lib.replicated(mesh),
+            nn.meta.unbox(abstract.model_state),
+        )
+    )
+  # A boxed parameter whose optimiser state is empty in a parameter group
+  # (optax's MaskedNode inside the box) got a sharding leaf: give the
+  # shardings the state's own structure, which checkpoint restores pair
+  # leaf by leaf.
+  shardings = jax.tree.broadcast(
+      shardings,
+      nn.meta.unbox(abstract),
+      is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+  )
+  return init_fn, nn.meta.unbox(abstract), shardings
+
+
+def create_state(
+    model,
+    tx: Optional[optax.GradientTransformation],
+    mesh: Mesh,
+    sample: dict[str, np.ndarray],
+    rng: Array,
+    collections: Sequence[str] = (),
+) -> tuple[TrainState, Any]:
+  """(state, state_shardings): the train state initialised from ``rng``
+  directly on the mesh (the other arguments as ``abstract_state``'s)."""
+  init_fn, _, shardings = abstract_state(model, tx, mesh, sample, collections)
+  with sharding_lib.mesh_rules(mesh):
+    state = jax.jit(
+        lambda k: nn.meta.unbox(init_fn(k)), out_shardings=shardings
+    )(rng)
+  return state, shardings
+
+
+def abstract_params(model, mesh: Mesh, seq_len: int = 8) -> Any:
+  """The parameters' shapes and shardings, as ``jax.ShapeDtypeStruct``."""
+  return abstract_variables(model, mesh, (), seq_len)[0]
+
+
+def abstract_variables(
+    model, mesh: Mesh, collections: Sequence[str] = (), seq_len: int = 8
+) -> tuple[Any, Any]:
+  """(parameters, model state or None) as ``jax.ShapeDtypeStruct`` with
+  shardings; the model state (of ``collections``) replicated."""
+  key = jax.random.PRNGKey(0)
+  with nn.logical_axis_rules(sharding_lib.LOGICAL_RULES):
+    params, state = jax.eval_shape(
+        lambda k: _init_variables(model, collections, seq_len, k), key
+    )
+    shardings = sharding_lib.divisible(
+        sharding_lib.logical_sharding(mesh, nn.get_partition_spec(params)),
+        nn.meta.unbox(params),
+    )
+  params = checkpointing.abstract_with_sharding(
+      nn.meta.unbox(params), shardings
+  )
+  if state is not None:
+    state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=sharding_lib.replicated(mesh)
+        ),
+        nn.meta.unbox(state),
+    )
+  return params, state
 
 
 # ----------------------------------------------------------------------------
@@ -32,102 +233,6 @@ TrainState = state_lib.TrainState
 
 def _split_micro(x: Array, n: int) -> Array:
   return x.reshape((n, x.shape[0] // n) + x.shape[1:])
-
-
-def run_lane_segments(
-    model,
-    params: Any,
-    batch: dict[str, Array],
-    memory: Any,
-    segments_per_lane: int,
-    *,
-    rng: Array,
-    deterministic: bool = False,
-) -> transformer.LMOutput:
-  """Runs the m consecutive segments of every lane in order, carrying memory.
-
-  A consecutive batch holds ``lanes * m`` rows, lane-major (lane 0's m
-  segments, then lane 1's, ...). Segment k of every lane is run with the
-  memory left by segment k - 1 (``jax.lax.scan`` over the m segments), and
-  the outputs are stacked back into the batch's row order, so a loss sees
-  each lane's whole stream with gradients into every segment's outputs.
-
-  Args:
-    model: a ``TransformerLM`` that carries memory.
-    params: its parameters.
-    batch: 'inputs', 'targets' [lanes * m, L] int32.
-    memory: the memory of the lanes ([lanes, ...] leaves).
-    segments_per_lane: m.
-    rng: dropout key; segment k uses ``fold_in(rng, k)``.
-    deterministic: disables dropout.
-
-  Returns:
-    ``LMOutput`` with [lanes * m, L(, D)] arrays in the batch's row order
-    and the memory after each lane's last segment.
-  """
-  return run_lane_segments_with_stats(
-      model,
-      params,
-      batch,
-      memory,
-      segments_per_lane,
-      rng=rng,
-      deterministic=deterministic,
-  )[0]
-
-
-def run_lane_segments_with_stats(
-    model,
-    params: Any,
-    batch: dict[str, Array],
-    memory: Any,
-    segments_per_lane: int,
-    *,
-    rng: Array,
-    deterministic: bool = False,
-    model_state: Any = None,
-) -> tuple[transformer.LMOutput, dict[str, Array], Any]:
-  """``run_lane_segments`` that also returns the auxiliary statistics the
-  modules report (``memjax.models.variables``), summed over the m segments:
-  {path: [2] float32 (weighted sum, weight)}, and the model state (see
-  ``make_train_step``) after the m segments, updated in their order."""
-  m = segments_per_lane
-  names = tuple(model_state or ())
-
-  def to_segments(x):  # [lanes * m, ...] -> [m, lanes, ...]
-    return jnp.swapaxes(x.reshape((-1, m) + x.shape[1:]), 0, 1)
-
-  def to_rows(x):  # [m, lanes, ...] -> [lanes * m, ...]
-    x = jnp.swapaxes(x, 0, 1)
-    return x.reshape((-1,) + x.shape[2:])
-
-  def body(carry, xs):
-    mem, ms = carry
-    inputs, targets, k = xs
-    out, sums, new_ms = model_vars.apply_with_state(
-        model,
-        model_vars.as_variables(params, ms),
-        () if deterministic else names,
-        inputs,
-        targets,
-        memory=mem,
-        deterministic=deterministic,
-        rngs={"dropout": jax.random.fold_in(rng, k)},
-    )
-    return (out.memory, new_ms or ms), (out.replace(memory=None), sums)
-
-  (new_memory, new_state), (outs, sums) = jax.lax.scan(
-      body,
-      (memory, model_state),
-      (
-          to_segments(batch["inputs"]),
-          to_segments(batch["targets"]),
-          jnp.arange(m),
-      ),
-      unroll=stack.unroll_factor(m),
-  )
-  outs = jax.tree.map(to_rows, outs).replace(memory=new_memory)
-  return outs, model_vars.total(sums), new_state
 
 
 def _accumulate(
@@ -212,7 +317,7 @@ def _micro_grads_fn(
 
   def forward(p, ms, mb, memory, rng):
     if memory is not None and segments_per_lane > 1:
-      return run_lane_segments_with_stats(
+      return recurrence.run_lane_segments_with_stats(
           model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
       )
     out, sums, new_ms = model_vars.apply_with_state(
@@ -266,7 +371,7 @@ def make_train_step(
   state unchanged and reports ``finite = 0``, so the host can stop and name
   the step. The state argument is donated. When the state carries a memory
   and ``segments_per_lane`` m > 1, the m segments of each lane run in order
-  (``run_lane_segments``); micro-batches then hold whole lanes.
+  (``memjax.models.recurrence.run_lane_segments``); micro-batches then hold whole lanes.
 
   The metrics are float32 scalars (``loss``, ``grad_norm``, ``finite``, the
   loss's sums) and ``stats``: the auxiliary statistics the modules report

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, TypeVar
 import ml_collections
 
 from memjax import errors
+from memjax import extend
 from memjax.settings import sections
 from memjax.settings.sections import Data
 from memjax.settings.sections import Datastore
@@ -59,6 +60,9 @@ __all__ = [
     "read_all",
     "replaced",
     "section_defaults",
+    "settled_model",
+    "settled_options",
+    "to_json",
 ]
 
 T = TypeVar("T")
@@ -377,3 +381,87 @@ def translate_argv(
         arg = f"{prefix}{new}{eq}{value}"
     out.append(arg)
   return out
+
+
+# ----------------------------------------------------------------------------
+# The options of the model's kinds, settled
+# ----------------------------------------------------------------------------
+
+# The model's kinds with options: (kind key, options key, what a kind is).
+KIND_SLOTS = (
+    ("attention", "attention_options", "attention kind"),
+    ("feed_forward", "feed_forward_options", "feed-forward kind"),
+)
+# Options every feed-forward kind is given, read by the engine: the kind of
+# the layers outside ``model.feed_forward_layers``.
+ENGINE_OPTIONS = ("base",)
+
+
+def _modules(slot: str, parts: extend.Parts) -> dict[str, type]:
+  """{kind name: its module class} of ``slot``."""
+  lookup = getattr(parts, slot)
+  if slot == "attention":
+    return dict(lookup.items())
+  return {name: kind.module for name, kind in lookup.items()}
+
+
+def kind_defaults(
+    slot: str, name: str, parts: extend.Parts
+) -> dict[str, Any] | None:
+  """{option: default} of the kind ``name`` of ``slot`` ('attention' or
+  'feed_forward'): its options dataclass's (``extend.option_defaults``);
+  None for no kind of that name, or one of the older form."""
+  modules = _modules(slot, parts)
+  return extend.option_defaults(modules[name]) if name in modules else None
+
+
+def settled_options(
+    slot: str,
+    name: str,
+    given: Mapping[str, Any] | None,
+    parts: extend.Parts,
+) -> dict[str, Any]:
+  """The options of the kind ``name``: ``given`` with every option the
+  kind declares at its default where unset, less the options of other
+  kinds left at their defaults (those a kind picked before filled in)."""
+  defaults = kind_defaults(slot, name, parts)
+  module = _modules(slot, parts).get(name)
+  if defaults is None and module is not None:  # The older form: its fields.
+    fields = {f.name for f in dataclasses.fields(module)}
+  else:
+    fields = set(defaults or ())
+  others = [
+      extend.option_defaults(m) or {} for m in _modules(slot, parts).values()
+  ]
+  out = {}
+  for k, v in plain(dict(given or {})).items():
+    own = module is None or k in fields or k in ENGINE_OPTIONS
+    if own or not any(k in d and d[k] == v for d in others):
+      out[k] = v
+  out.update({k: v for k, v in (defaults or {}).items() if k not in out})
+  return out
+
+
+def settled_model(model: Model, parts: extend.Parts) -> Model:
+  """The model settings with every option of its kinds (``settled_options``).
+
+  Raises:
+    errors.ConfigError: an unknown kind, or an option its kind does not
+      declare (one line naming the ones it does).
+  """
+  changes = {}
+  for slot, key, what in KIND_SLOTS:
+    name = getattr(model, slot)
+    getattr(parts, slot).get(name)  # An unknown kind: its own message.
+    options = settled_options(slot, name, getattr(model, key), parts)
+    defaults = kind_defaults(slot, name, parts)
+    if defaults is not None:
+      own = {k: v for k, v in options.items() if k not in ENGINE_OPTIONS}
+      extend.check_options(own, defaults, f"model.{key} of {what} {name!r}")
+    changes[key] = options
+  return dataclasses.replace(model, **changes)
+
+
+def to_json(config: ml_collections.ConfigDict) -> str:
+  """The text of a run's ``config.json``."""
+  return config.to_json_best_effort(indent=2, sort_keys=True)

@@ -15,6 +15,7 @@ import pytest
 from memjax import build
 from memjax import catalog
 from memjax import config as config_lib
+from memjax import settings as settings_lib
 from memjax import errors
 from memjax.io import paths
 from memjax.io import workdirs
@@ -103,7 +104,7 @@ def test_run_files_config_and_vocabulary_on_memory(mem):
 
   config = _config()
   words = vocab_lib.WordVocabulary(["<pad>", "<eos>", "<unk>", "the", "cat"])
-  runfiles.write_run_files(mem, config_lib.to_json(config), words)
+  runfiles.write_run_files(mem, settings_lib.to_json(config), words)
   assert paths.listdir(mem) == ["config.json", "vocab.json", "vocab.txt"]
   files = runfiles.RunFiles("run", mem)
   saved = config_lib.from_json(runfiles.read_config_text(files))
@@ -149,7 +150,7 @@ def test_export_metadata_on_memory(mem, monkeypatch):
   for _ in range(2):  # The second export replaces the first whole.
     runfiles.write_export(
         out,
-        config_lib.to_json(_config()),
+        settings_lib.to_json(_config()),
         vocab_lib.byte_vocabulary(),
         params,
         {"step": 7},

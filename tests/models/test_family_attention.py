@@ -20,7 +20,7 @@ from configs import trime_wt103
 from memjax import build
 from memjax import catalog
 from memjax import errors
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 FAMILIES = {
     "decoder_lm": lambda: trime_wt103.get_config("smoke"),
@@ -89,7 +89,7 @@ def test_each_family_applies_or_refuses_each_attention_kind(
   run = build.build(config, str(workdir))
   model = run.model(8000)
   params = jax.eval_shape(
-      lambda k: state_lib._init_variables(  # pylint: disable=protected-access
+      lambda k: step_lib._init_variables(  # pylint: disable=protected-access
           model, (), 8, k
       )[0],
       jax.random.PRNGKey(0),

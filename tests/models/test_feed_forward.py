@@ -13,6 +13,7 @@ from configs import pkm_bert
 from configs import trime_wt103
 from memjax import build
 from memjax import config as config_lib
+from memjax import settings as settings_lib
 from memjax import errors
 from memjax.checkpoints import checkpointing
 from memjax.checkpoints import convert
@@ -137,7 +138,7 @@ def test_encoder_configs_use_gelu_and_old_signatures_still_match():
   # A config saved before the key existed (ReLU) keeps its signature.
   config.model.activation = "relu"
   relu = _signature(config)
-  saved = json.loads(config_lib.to_json(config))
+  saved = json.loads(settings_lib.to_json(config))
   del saved["model"]["activation"]
   assert _signature(config_lib.from_json(json.dumps(saved))) == relu
   lm = trime_wt103.get_config("smoke")

@@ -17,7 +17,7 @@ from memjax import config as config_lib
 from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.data import token_batching
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 V = 40
 
@@ -277,7 +277,7 @@ def test_sharded_equals_unsharded(setup):
       _config(), "unused", mesh={"data": 2, "fsdp": 2, "tensor": 2}
   )
   mesh = run.mesh
-  state, _ = state_lib.create_state(
+  state, _ = step_lib.create_state(
       model, None, mesh, b, jax.random.PRNGKey(3), run.state_collections()
   )
 

@@ -137,9 +137,9 @@ def _outputs(family, model, variables, batch):
 
 
 def _sum_logprob(family, model, params, state, batch):
-  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
+  from memjax.run import step as step_lib  # pylint: disable=g-import-not-at-top
 
-  variables = state_lib.variables_of(params, state)
+  variables = step_lib.variables_of(params, state)
   outs = make_family_fixtures.model_outputs(family, model, variables, batch)
   return sum(jnp.sum(o.target_logprob) for o in outs.values())
 
@@ -147,11 +147,11 @@ def _sum_logprob(family, model, params, state, batch):
 def _init(model, run):
   """The model's (params, state) init as one compiled program, not one per
   operation."""
-  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
+  from memjax.run import step as step_lib  # pylint: disable=g-import-not-at-top
 
   return jax.jit(
       lambda key: flax.core.meta.unbox(
-          state_lib._init_variables(  # pylint: disable=protected-access
+          step_lib._init_variables(  # pylint: disable=protected-access
               model, run.state_collections(), 8, key
           )
       )
@@ -161,7 +161,7 @@ def _init(model, run):
 @pytest.mark.parametrize("family", sorted(DEEPER))
 def test_scanned_equals_unscanned(family, tmp_path):
   plain, scanned, run, batch = _models(family, tmp_path)
-  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
+  from memjax.run import step as step_lib  # pylint: disable=g-import-not-at-top
 
   init = lambda model: _init(model, run)  # noqa: E731
   params, state = init(plain)(jax.random.PRNGKey(3))
@@ -175,9 +175,9 @@ def test_scanned_equals_unscanned(family, tmp_path):
   shapes = lambda t: jax.tree.map(lambda x: x.shape, t)
   assert shapes((s_params, s_state)) == shapes(fresh)
   # Outputs (and the LaMemo memory carried to the next segment).
-  want = _outputs(family, plain, state_lib.variables_of(params, state), batch)
+  want = _outputs(family, plain, step_lib.variables_of(params, state), batch)
   got = _outputs(
-      family, scanned, state_lib.variables_of(s_params, s_state), batch
+      family, scanned, step_lib.variables_of(s_params, s_state), batch
   )
   assert sorted(got) == sorted(want)
   for key in want:

@@ -16,8 +16,8 @@ import pytest
 
 from memjax import losses
 from memjax import sharding as sharding_lib
+from memjax.models import recurrence
 from memjax.models import transformer
-from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from tests.models import helpers
 
@@ -99,7 +99,7 @@ def _run_train_steps(kind, m, mesh_spec, devices, steps=2):
   tx = optax.sgd(0.5)  # Adam would amplify rounding in ~0 gradients.
   _, batches = _batches(B, m, steps)
   mesh = sharding_lib.make_mesh(mesh_spec, devices)
-  state, shardings = state_lib.create_state(
+  state, shardings = train_step.create_state(
       model, tx, mesh, batches[0], jax.random.PRNGKey(0)
   )
   step = train_step.make_train_step(
@@ -186,7 +186,7 @@ def test_segments_per_lane_run_in_order_with_gradients_into_every_segment():
 
   # The per-lane scan itself: outputs back in lane-major row order.
   got = jax.jit(
-      lambda p: train_step.run_lane_segments(
+      lambda p: recurrence.run_lane_segments(
           model,
           p,
           batch,

@@ -26,7 +26,7 @@ from memjax.models import variables as model_vars
 from memjax.run import init_from
 from memjax.run import loop
 from memjax.run import restore as restore_lib
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 from tests import conftest
 from tests import shared_runs
 from tests.models import helpers
@@ -164,7 +164,7 @@ def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
   tx, _ = run.optimizer()
   sample = {"inputs": np.zeros((2, 8), np.int32)}
   for source in (straight, out):
-    state, shardings = state_lib.create_state(
+    state, shardings = step_lib.create_state(
         model,
         tx,
         run.mesh,

@@ -19,7 +19,6 @@ from memjax import settings as settings_lib
 from memjax import sharding as sharding_lib
 from memjax.run import optim
 from memjax.run import position
-from memjax.run import state as state_lib
 from memjax.run import step as train_step_lib
 
 
@@ -181,7 +180,7 @@ def test_group_with_zero_learning_rate_stays_bit_identical(tmp_path):
   batcher = run.batcher(corpus.train, corpus.cache_dir)
   model = run.model(corpus.vocab_size)
   tx, schedule = run.optimizer(10)
-  state, shardings = state_lib.create_state(
+  state, shardings = train_step_lib.create_state(
       model,
       tx,
       mesh,

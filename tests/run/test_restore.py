@@ -9,7 +9,7 @@ import orbax.checkpoint as ocp
 
 from memjax import build
 from memjax.models import stack
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 
 
 def test_lamemo_run_restores_with_its_optimizer(
@@ -22,7 +22,7 @@ def test_lamemo_run_restores_with_its_optimizer(
   def no_fresh_state(*args, **kwargs):
     raise AssertionError("a train state was initialised to restore into")
 
-  monkeypatch.setattr(state_lib, "create_state", no_fresh_state)
+  monkeypatch.setattr(step_lib, "create_state", no_fresh_state)
   plain = build.restore(lamemo_smoke_workdir)
   full = build.restore(lamemo_smoke_workdir, with_optimizer=True)
   assert full.step == plain.step == 6

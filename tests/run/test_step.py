@@ -10,7 +10,6 @@ from memjax import catalog
 from memjax import config as config_lib
 from memjax import sharding as sharding_lib
 from memjax.models import encoder
-from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from tests.models import helpers
 
@@ -39,7 +38,7 @@ def _encoder():
 
 def _create_state(model, tx, mesh, batch):
   """The train state with the collections the residual memory keeps."""
-  return state_lib.create_state(
+  return train_step.create_state(
       model, tx, mesh, batch, jax.random.PRNGKey(0), RESM.state_collections
   )
 

@@ -205,7 +205,7 @@ def test_sharded_equals_unsharded(tmp_path):
   from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
   from memjax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-  from memjax.run import state as state_lib  # pylint: disable=g-import-not-at-top
+  from memjax.run import step as step_lib  # pylint: disable=g-import-not-at-top
 
   c = config_lib.base_config()
   m = c.model
@@ -226,7 +226,7 @@ def test_sharded_equals_unsharded(tmp_path):
   assert jax.device_count() == 8
   mesh = run.mesh
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2, "memory": 1}
-  state, _ = state_lib.create_state(
+  state, _ = step_lib.create_state(
       model, None, mesh, b, jax.random.key(3), run.state_collections()
   )
 

@@ -26,7 +26,7 @@ from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax import losses
 from memjax.run import init_from
-from memjax.run import state as state_lib
+from memjax.run import step as step_lib
 from memjax.methods.pkm import class_usage
 from memjax.tasks import config as task_config
 from memjax.tasks.classification import accuracy
@@ -231,7 +231,7 @@ def test_partial_init_restores_every_shared_parameter(
   model = run.model(source.vocab_size)
   tx, _ = run.optimizer()
   sample = {"inputs": np.zeros((16, 32), np.int32)}
-  state, shardings = state_lib.create_state(
+  state, shardings = step_lib.create_state(
       model,
       tx,
       run.mesh,

@@ -13,7 +13,6 @@ from memjax import sharding as sharding_lib
 from memjax.methods.pkm import layer as pkm
 from memjax.models import variables as model_vars
 from memjax.models import transformer
-from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from tests.models import helpers
 
@@ -94,7 +93,7 @@ def test_train_step_and_eval_sharded_equal_unsharded(spec):
   results = []
   for mesh_spec, devices in (({"data": 1}, jax.devices()[:1]), (spec, None)):
     mesh = sharding_lib.make_mesh(mesh_spec, devices)
-    state, shardings = state_lib.create_state(
+    state, shardings = train_step.create_state(
         model, tx, mesh, batch, jax.random.PRNGKey(0)
     )
     step = train_step.make_train_step(

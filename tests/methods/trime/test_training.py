@@ -14,7 +14,6 @@ from memjax import config as config_lib
 from memjax import losses
 from memjax.methods.trime import objective
 from memjax import sharding as sharding_lib
-from memjax.run import state as state_lib
 from memjax.run import step as train_step
 from memjax.methods.trime import in_batch as trime
 from memjax.models import transformer
@@ -76,7 +75,7 @@ def _run_step(memory, mesh_spec, devices=None, grad_accum=1):
   batch = _batch()
   tx = optax.adam(1e-2)
   mesh = sharding_lib.make_mesh(mesh_spec, devices)
-  state, shardings = state_lib.create_state(
+  state, shardings = train_step.create_state(
       model, tx, mesh, batch, jax.random.PRNGKey(0)
   )
   step = train_step.make_train_step(

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from memjax import config as config_lib
+from memjax import settings as settings_lib
 from memjax import errors
 from memjax.checkpoints import runfiles
 from memjax.data import parallel
@@ -148,7 +148,7 @@ def test_vocabulary_of_another_run_is_refused(data, tmp_path):
   other = parallel.train_vocabulary(d, "de", "en", 70, cache)
   runfiles.write_run_files(
       run,
-      config_lib.to_json(trainer_config()),
+      settings_lib.to_json(trainer_config()),
       parallel.load_vocabulary(other),
   )
   with pytest.raises(
