@@ -170,7 +170,6 @@ def resolve(item: report_lib.Item, args: argparse.Namespace) -> Planned:
   # pylint: disable=g-import-not-at-top
   from benchmarks import harness
   from memjax import build
-  from memjax import catalog
   from memjax import errors
   from memjax.modes import plan_compile
 
@@ -181,7 +180,7 @@ def resolve(item: report_lib.Item, args: argparse.Namespace) -> Planned:
     extra.append(f"data.batch_size={rows}")
   try:
     cfg = harness.load_config(config, extra + args.set)
-    vocab = plan_compile.vocab_size(build.read(cfg, catalog.parts()))
+    vocab = plan_compile.vocab_size(build.read(cfg, build.parts()))
   except (harness.ConfigError, errors.UserError) as e:
     raise BadInput(f"{item.name}: {e}") from e
   if args.tiny:

@@ -84,11 +84,12 @@ def _model(args, config):
   """(model, params, vocab): the run at --workdir, or a fresh model."""
   # pylint: disable=g-import-not-at-top
   from memjax import build
+  from memjax import dispatch
   from memjax.data import parallel
   from memjax.run import step as step_lib
 
   if args.workdir:
-    r = build.restore(args.workdir, config=config)
+    r = dispatch.restore(args.workdir, config=config)
     return r.model, r.params, r.vocab
   t = config.translation
   cache = tempfile.mkdtemp(prefix="decoding_bench_")

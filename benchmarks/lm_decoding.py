@@ -124,7 +124,7 @@ class GenerateBench:
 def _model(args):
   """(model, variables): a random Llama-shaped decoder LM."""
   # pylint: disable=g-import-not-at-top
-  from memjax import catalog
+  from memjax import build
   from memjax import settings
   from memjax.models import transformer
 
@@ -148,7 +148,7 @@ def _model(args):
       },
   )
   model = transformer.decoder_lm(
-      cfg, vocab_size=args.vocab, parts=catalog.parts()
+      cfg, vocab_size=args.vocab, parts=build.parts()
   )
   x = np.zeros((1, 8), np.int32)
   variables = jax.jit(lambda k: model.init(k, x, deterministic=True))(

@@ -41,14 +41,14 @@ def main() -> None:
   args = parser.parse_args()
   config = harness.load_config(args.config, args.set)
   # pylint: disable=g-import-not-at-top
-  from memjax import build
+  from memjax import dispatch
   from memjax.data import parallel
   from memjax.methods.external import mt_datastore
   from memjax.methods.external import mt_modes as tm
   from memjax.tasks import config as task_config
   from memjax.tasks.translation import parts
 
-  restored = build.restore(args.workdir, config=config)
+  restored = dispatch.restore(args.workdir, config=config)
   s = restored.settings
   kind = config.mt_memory.kind
   store = mt_datastore.open_store(

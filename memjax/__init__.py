@@ -22,13 +22,13 @@ _LAZY = {
     "load": "memjax.api",
     "export": "memjax.api",
     "train": "memjax.api",
-    "run_mode": "memjax.build",
+    "run_mode": "memjax.dispatch",
 }
 
 
 def __getattr__(name: str) -> Any:
   """``memjax.load``, ``export``, ``train`` (``memjax.api``) and
-  ``run_mode`` (``memjax.build``), imported when first read."""
+  ``run_mode`` (``memjax.dispatch``), imported when first read."""
   if name not in _LAZY:
     raise AttributeError(f"module 'memjax' has no attribute {name!r}")
   import importlib  # pylint: disable=g-import-not-at-top

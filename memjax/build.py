@@ -1,46 +1,43 @@
-"""A run built once from its config, and the one dispatch of the modes.
+"""A run built once from its config.
 
     run = build.build(config, workdir)          # a memjax.run.spec.Run
-    results = build.run_mode("tune", config, workdir)
-    restored = build.restore("runs/demo/trimelm")  # a run or an export
 
 ``build`` reads the ConfigDict once into typed settings
-(``memjax.settings``), looks up the parts they name in the engine's and
-the methods' specs (``memjax.catalog``), checks everything that can be
-checked before anything is written (names, numbers, the task's and the
-methods' checks), binds the task to the settings and makes the mesh.
-``run_mode`` is what ``python -m memjax.main`` and ``memjax.run_mode``
-both call: the workdir checked once, the config resolved (the one given,
-else the one the workdir saved), the mode's run kind checked, then the
-mode run on the built run. ``restore`` restores a saved run or export from
-its directory alone, reading its config once.
+(``memjax.settings``), looks up the parts they name (``parts()``: the
+engine's spec, ``memjax.catalog.ENGINE``, and every method's), checks
+everything that can be checked before anything is written (names,
+numbers, the task's and the methods' checks), binds the task to the
+settings and makes the mesh. The modes run on it through
+``memjax.dispatch``.
+
+The methods are found, not listed: every package under ``memjax/methods/``
+exports a ``METHOD`` (``memjax.extend.Method``), so nothing here names
+one; methods defined outside memjax join through ``memjax.extend.add``.
+``parts()`` merges them all into an ``extend.Parts``, in this one place.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any, Mapping, Optional
+import functools
+import importlib
+import os
+import pkgutil
+from typing import Mapping, Optional
 
 import ml_collections
 
 from memjax import catalog
-from memjax import config as config_lib
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
 from memjax import sharding
-from memjax.checkpoints import runfiles
-from memjax.io import paths
-from memjax.io import workdirs
 from memjax.models import attention as attention_lib
 from memjax.models import blocks
 from memjax.models import block_stack
 from memjax.models import stack
-from memjax.pretrained import sizes
+from memjax.run import hooks as hooks_lib
 from memjax.run import optim
-from memjax.run import ownership
-from memjax.run import restore as restore_lib
 from memjax.run import spec
 
 
@@ -166,14 +163,14 @@ def build(
   Raises:
     errors.UserError: bad input, one line naming what to fix.
   """
-  parts = catalog.parts()
-  s = read(config, parts)
-  check(s, parts)
-  task = parts.tasks.get(s.task)(s)
+  known = parts()
+  s = read(config, known)
+  check(s, known)
+  task = known.tasks.get(s.task)(s)
   task.check_settings()
   return spec.Run(
       settings=s,
-      parts=parts,
+      parts=known,
       task=task,
       mesh=sharding.mesh_of(s.mesh, mesh),
       workdir=workdir,
@@ -181,151 +178,59 @@ def build(
   )
 
 
-def saved_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run or export in ``workdir`` saved.
+# ----------------------------------------------------------------------------
+# The parts: the engine's and every method's
+# ----------------------------------------------------------------------------
+
+
+# Where the methods are: every package in this folder is one.
+METHODS_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "methods"
+)
+
+
+@functools.cache
+def found() -> tuple[extend.Method, ...]:
+  """The ``METHOD`` of every package under ``memjax/methods/``, by name.
 
   Raises:
-    errors.MissingRunError: nothing there to take one from.
+    TypeError: a package exports no ``extend.Method`` (a bug).
   """
-  files = runfiles.find(workdir)
-  return config_lib.from_json(runfiles.read_config_text(files))
+  out = []
+  for info in sorted(pkgutil.iter_modules([METHODS_DIR]), key=lambda i: i.name):
+    if not info.ispkg:
+      continue
+    package = importlib.import_module(f"{__package__}.methods.{info.name}")
+    method = getattr(package, "METHOD", None)
+    if not isinstance(method, extend.Method):
+      raise TypeError(f"{package.__name__} exports no extend.Method METHOD")
+    out.append(method)
+  return tuple(out)
 
 
-def check_workdir(workdir: str, training: bool) -> None:
-  """Refuses, before anything is read or written, a workdir whose storage
-  cannot be opened or that holds something other than a run.
-
-  Raises:
-    errors.StorageError, errors.WorkdirError: one line naming what to fix.
-  """
-  workdirs.check_workdir(workdir, writes=True, checkpoints=training)
-  runfiles.check_workdir(
-      workdir, training, catalog.parts().files_before_training()
-  )
+def methods() -> tuple[extend.Method, ...]:
+  """The engine, the methods found and those added, in that order."""
+  return (catalog.ENGINE,) + found() + extend.added()
 
 
-def mode_of(name: str) -> extend.Mode:
-  """The mode ``name`` (ConfigError naming the modes there are)."""
-  return catalog.parts().modes.get(name)
+def parts() -> extend.Parts:
+  """Every part of ``methods()`` by kind and name."""
+  return _parts(methods())
 
 
-def resolve(
-    name: str,
-    config: Optional[ml_collections.ConfigDict],
-    workdir: str,
-    overrides: Optional[Mapping[str, Any]] = None,
-) -> ml_collections.ConfigDict:
-  """The config a mode runs with: ``config``, else the one the workdir's
-  run or export saved, with ``overrides`` ({'export.dir': ...}) set. A
-  config given for an imported model (in the workdir or
-  ``train.init_from``) takes its model settings (``pretrained.sizes``);
-  for a mode that needs no weights (``extend.Mode.shape_only``:
-  ``--mode=plan``) so does a config naming a Hugging Face folder holding
-  only its config.json (``pretrained.path``).
-
-  Raises:
-    errors.ConfigError: no config given and none saved.
-  """
-  if config is None:
-    try:
-      config = saved_config(workdir)
-    except errors.MissingRunError:
-      if paths.isfile(paths.join(workdir, runfiles.CONFIG_FILE)):
-        raise  # A run with no finished checkpoint: its own message.
-      raise errors.ConfigError(
-          f"--mode={name} needs --config=FILE:VARIANT: {workdir} holds no "
-          "run or export whose saved config.json could be used"
-      ) from None
-  else:  # An imported model's sizes, whatever the config says.
-    tree = json.loads(settings_lib.to_json(config))
-    shape_only = mode_of(name).shape_only
-    if (sizes.apply_folder if shape_only else sizes.apply)(tree, workdir):
-      config = config_lib.from_json(json.dumps(tree))
-  if overrides:
-    config = config.copy_and_resolve_references()
-    with config.unlocked():
-      for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
-  return config
+_PARTS: dict[tuple[int, ...], extend.Parts] = {}
 
 
-def run_mode(
-    name: str,
-    config: Optional[ml_collections.ConfigDict],
-    workdir: str,
-    overrides: Optional[Mapping[str, Any]] = None,
-) -> dict[str, Any]:
-  """Runs ``--mode=name`` on the run ``config`` describes: the one
-  dispatch of ``memjax.main`` and ``memjax.run_mode``.
-
-  Args:
-    name: a mode (``--mode=list`` shows them).
-    config: the config, or None for the one the workdir saved.
-    workdir: where the mode reads the run and writes its results.
-    overrides: {'section.key': value} set on the config (the command
-      line's --export_dir).
-
-  Returns:
-    The mode's results dict.
-
-  Raises:
-    errors.UserError: an unknown mode, a run of a kind the mode does not
-      take, or other bad input (one line naming what to fix).
-  """
-  mode = mode_of(name)
-  check_workdir(workdir, training=mode.training)
-  config = resolve(name, config, workdir, overrides)
-  s = read(config, catalog.parts())
-  # The run's kind, from the settings alone: a mode given a kind it does not
-  # take is one line before anything is built or written.
-  mode.check(name, f"{s.task}/{s.model.family}")
-  if mode.before_jax is not None:  # Before the mesh starts JAX's backends.
-    mode.before_jax(s)
-  # A mode that trains uses every device; one that reads a trained run may
-  # name a smaller mesh ({'data': 1}: the first device).
-  run = build(
-      config,
-      workdir,
-      mesh=None if mode.training else dataclasses.asdict(s.mesh),
-  )
-  if not mode.training:
-    return mode.run(run)  # Readers take no lease.
-  with ownership.sole_writer(workdir):  # One training job per workdir.
-    return mode.run(run)
-
-
-def restore(
-    path: str,
-    step: Optional[int] = None,
-    *,
-    config: Optional[ml_collections.ConfigDict] = None,
-    mesh: Optional[Mapping[str, int]] = None,
-    with_optimizer: bool = False,
-) -> restore_lib.Restored:
-  """Restores a workdir or an export from what it saved.
-
-  Args:
-    path: a training workdir (``config.json`` + ``checkpoints/``) or an
-      export directory (``export.json``).
-    step: the checkpoint step of a workdir (None = latest).
-    config: use this config instead of the saved one (e.g. other evaluation
-      settings); its model must match the saved signature.
-    mesh: mesh axis sizes, e.g. {'data': 8}; default: all devices on 'data'.
-    with_optimizer: also restore the optimiser state (workdirs only).
-
-  Raises:
-    errors.MissingRunError: no run or export at ``path``.
-    errors.CheckpointMismatchError: ``config`` describes another model.
-  """
-  path = paths.resolve(path)
-  # A bucket that does not answer (no credentials, no network) is one line
-  # within the probe's timeout, not minutes of the backend's retries.
-  workdirs.check_workdir(path, name="load")
-  files = runfiles.find(path)
-  if config is None:
-    config = config_lib.from_json(runfiles.read_config_text(files))
-  run = build(config, path, mesh=mesh or {"data": -1, "fsdp": 1, "tensor": 1})
-  return restore_lib.restore(
-      run, files, step=step, with_optimizer=with_optimizer
-  )
+def _parts(specs: tuple[extend.Method, ...]) -> extend.Parts:
+  """The parts of ``specs``, kept per set of specs."""
+  key = tuple(id(m) for m in specs)
+  if key not in _PARTS:
+    made = extend.Parts(specs)
+    for name, hook in made.hooks.items():
+      if not (isinstance(hook, type) and issubclass(hook, hooks_lib.StepHook)):
+        raise TypeError(
+            f"step hook {name!r} is not a memjax.run.hooks.StepHook "
+            f"subclass: {hook!r}"
+        )
+    _PARTS[key] = made
+  return _PARTS[key]

@@ -1,19 +1,12 @@
-"""The one place the methods' specs become the lookups a run is built from.
+"""The engine's own parts, declared as a method declares its own.
 
-``ENGINE`` is the engine's own spec: its attention and feed-forward kinds,
-model families, objectives, batchers, tasks, modes and settings. The
-methods are found, not listed: every package under ``memjax/methods/``
-exports a ``METHOD`` (``memjax.extend.Method``), so nothing here names
-one; methods defined outside memjax join through ``memjax.extend.add``.
-``parts()`` merges them all into an ``extend.Parts``.
+``ENGINE`` is the engine's spec (``memjax.extend.Method``): its attention
+and feed-forward kinds, model families, objectives, batchers, tasks, modes
+and settings. ``memjax.build.parts`` merges it with every method's spec
+into the lookups a run is built from.
 """
 
 from __future__ import annotations
-
-import functools
-import importlib
-import os
-import pkgutil
 
 from memjax import extend
 from memjax import losses
@@ -35,7 +28,6 @@ from memjax.modes import position_loss
 from memjax.modes import tokenize
 from memjax.modes import translation as translate_mode
 from memjax.pretrained import mode as pretrained
-from memjax.run import hooks
 from memjax.run import loop
 from memjax.run import optim
 from memjax.tasks import base as task_base
@@ -202,55 +194,3 @@ ENGINE = extend.Method(
     )
     + task_config.SETTINGS,
 )
-
-# Where the methods are: every package in this folder is one.
-METHODS_DIR = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "methods"
-)
-
-
-@functools.cache
-def found() -> tuple[extend.Method, ...]:
-  """The ``METHOD`` of every package under ``memjax/methods/``, by name.
-
-  Raises:
-    TypeError: a package exports no ``extend.Method`` (a bug).
-  """
-  out = []
-  for info in sorted(pkgutil.iter_modules([METHODS_DIR]), key=lambda i: i.name):
-    if not info.ispkg:
-      continue
-    package = importlib.import_module(f"{__package__}.methods.{info.name}")
-    method = getattr(package, "METHOD", None)
-    if not isinstance(method, extend.Method):
-      raise TypeError(f"{package.__name__} exports no extend.Method METHOD")
-    out.append(method)
-  return tuple(out)
-
-
-def methods() -> tuple[extend.Method, ...]:
-  """The engine, the methods found and those added, in that order."""
-  return (ENGINE,) + found() + extend.added()
-
-
-def parts() -> extend.Parts:
-  """Every part of ``methods()`` by kind and name."""
-  return _parts(methods())
-
-
-_PARTS: dict[tuple[int, ...], extend.Parts] = {}
-
-
-def _parts(specs: tuple[extend.Method, ...]) -> extend.Parts:
-  """The parts of ``specs``, kept per set of specs."""
-  key = tuple(id(m) for m in specs)
-  if key not in _PARTS:
-    made = extend.Parts(specs)
-    for name, hook in made.hooks.items():
-      if not (isinstance(hook, type) and issubclass(hook, hooks.StepHook)):
-        raise TypeError(
-            f"step hook {name!r} is not a memjax.run.hooks.StepHook "
-            f"subclass: {hook!r}"
-        )
-    _PARTS[key] = made
-  return _PARTS[key]

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from memjax import catalog
+from memjax import build
 from memjax import errors
 from memjax import extend
 from memjax import settings as settings_lib
@@ -48,7 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
     ValueError: two settings classes declare one section (a bug).
   """
   c = ml_collections.ConfigDict(dict(settings_lib.TOP_KEYS))
-  parts = catalog.parts()
+  parts = build.parts()
   settings_lib.check_owners(parts.settings)
   for cls in parts.settings:
     c[cls.SECTION] = _as_config(settings_lib.section_defaults(cls))
@@ -60,7 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def kind_defaults(slot: str, name: str) -> dict[str, Any] | None:
   """``settings.kind_defaults`` with every part there is."""
-  return settings_lib.kind_defaults(slot, name, catalog.parts())
+  return settings_lib.kind_defaults(slot, name, build.parts())
 
 
 convert.use_kind_defaults(kind_defaults)
@@ -75,7 +75,7 @@ def settle_options(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   model = c.model
   for slot, key, _ in settings_lib.KIND_SLOTS:
     options = settings_lib.settled_options(
-        slot, model[slot], model[key], catalog.parts()
+        slot, model[slot], model[key], build.parts()
     )
     with model.unlocked():
       model[key] = _as_config(options)
@@ -173,7 +173,7 @@ def from_json(text: str) -> ml_collections.ConfigDict:
   that moved since are read at their new place (``renames``); keys it
   does not know are kept as saved."""
   config = base_config()
-  saved = settings_lib.translate_tree(json.loads(text), catalog.parts().renames)
+  saved = settings_lib.translate_tree(json.loads(text), build.parts().renames)
   _merge(config, saved)
   settle_options(config)
   config.lock()

@@ -51,18 +51,18 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 
 def _mode_help() -> str:
   """--mode's help: every mode with the run kinds it takes
-  (``memjax.catalog``)."""
-  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  (``memjax.build.parts``)."""
+  from memjax import build  # pylint: disable=g-import-not-at-top
 
-  lines = "\n".join(catalog.parts().modes_table())
+  lines = "\n".join(build.parts().modes_table())
   return (
       "What to do with the run; 'list' prints the modes with the kinds of run "
       "(task/model.family) each takes:\n" + lines
   )
 
 
-# The modes are the engine's and the methods' (memjax.catalog), each run on
-# the run built from the config by memjax.build.run_mode, which returns its
+# The modes are the engine's and the methods' (memjax.build.parts), each run on
+# the run built from the config by memjax.dispatch.run_mode, which returns its
 # results dict.
 _MODE = flags.DEFINE_string("mode", "train", _mode_help())
 _MULTIHOST = flags.DEFINE_bool(
@@ -185,10 +185,10 @@ def _translate_moved_keys(argv: list[str]) -> list[str]:
   their new keys, each named on one line."""
   if not any(a.startswith("--config.") for a in argv):
     return argv
-  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax import settings as settings_lib  # pylint: disable=g-import-not-at-top
 
-  table = catalog.parts().renames
+  table = build.parts().renames
   out = settings_lib.translate_argv(argv, table)
   if sys.argv[1:] == list(argv[1:]):
     sys.argv[1:] = out[1:]
@@ -242,11 +242,11 @@ def _results_path(workdir: str) -> str:
 
 def print_modes() -> None:
   """``--mode=list``: every mode, the run kinds it takes and what it does."""
-  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax import extend  # pylint: disable=g-import-not-at-top
 
   print("modes (--mode=NAME), the runs they take, what they do:")
-  for line in catalog.parts().modes_table():
+  for line in build.parts().modes_table():
     print(f"  {line}")
   print("run kinds (task/model.family):")
   for kind, text in extend.RUN_KINDS.items():
@@ -273,20 +273,22 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   import jax  # pylint: disable=g-import-not-at-top
 
-  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax import dispatch  # pylint: disable=g-import-not-at-top
   from memjax import errors  # pylint: disable=g-import-not-at-top
   from memjax.run import preemption  # pylint: disable=g-import-not-at-top
 
   workdir = _WORKDIR.value
   try:
-    build.mode_of(_MODE.value)  # An unknown mode: one line, before JAX.
+    dispatch.mode_of(_MODE.value)  # An unknown mode: one line, before JAX.
     if _MULTIHOST.value:
       jax.distributed.initialize(
           coordinator_address=_COORDINATOR.value,
           num_processes=_NUM_PROCESSES.value,
           process_id=_PROCESS_ID.value,
       )
-    results = build.run_mode(_MODE.value, _CONFIG.value, workdir, overrides())
+    results = dispatch.run_mode(
+        _MODE.value, _CONFIG.value, workdir, overrides()
+    )
   except errors.UserError as e:
     # Input problems: one line. Any other exception is a bug in our code and
     # keeps its traceback.

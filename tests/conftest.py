@@ -185,12 +185,12 @@ def run_main(*args, timeout=600, devices=1, env=None, fresh=False):
 def _needs_fresh(args) -> bool:
   """Whether a command line must start its own interpreter: ``--multihost``
   or a mode with a ``before_jax`` step (``extend.Mode``)."""
-  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax import dispatch  # pylint: disable=g-import-not-at-top
   from memjax import errors  # pylint: disable=g-import-not-at-top
 
   modes = [a.split("=", 1)[1] for a in args if a.startswith("--mode=")]
   try:
-    mode = build.mode_of(modes[-1] if modes else "train")
+    mode = dispatch.mode_of(modes[-1] if modes else "train")
   except errors.UserError:  # The command itself says so, in one line.
     return "--multihost" in args
   return mode.before_jax is not None or "--multihost" in args

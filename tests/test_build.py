@@ -22,6 +22,7 @@ import pytest
 import memjax
 from configs import trime_wt103
 from memjax import build
+from memjax import dispatch
 from memjax import errors
 from memjax import settings as settings_lib
 from memjax.data import corpus as corpus_lib
@@ -45,7 +46,7 @@ def _valid_prefix(config, workdir):
 
 
 def test_saved_config_round_trips(smoke_workdir):
-  saved = build.saved_config(smoke_workdir)
+  saved = dispatch.saved_config(smoke_workdir)
   config = trime_wt103.get_config("smoke")
   assert saved.to_dict() == config.to_dict()
   assert isinstance(saved.model.cutoffs, tuple)
@@ -94,19 +95,19 @@ def test_a_bad_config_is_refused_before_anything_is_written(
   config[section][name] = value
   workdir = tmp_path / "run"
   with pytest.raises(errors.UserError, match=message):
-    build.run_mode("train", config, str(workdir))
+    dispatch.run_mode("train", config, str(workdir))
   assert not workdir.exists()
 
 
 def test_a_mode_without_a_config_takes_the_saved_one_with_overrides(
     smoke_workdir, tmp_path
 ):
-  config = build.resolve("eval", None, smoke_workdir, {"eval.batch_size": 2})
+  config = dispatch.resolve("eval", None, smoke_workdir, {"eval.batch_size": 2})
   saved = trime_wt103.get_config("smoke")
   assert config.eval.batch_size == 2 and config.name == saved.name
   assert config.eval.window_len == saved.eval.window_len
   with pytest.raises(errors.ConfigError, match="--mode=eval needs --config"):
-    build.resolve("eval", None, str(tmp_path), None)
+    dispatch.resolve("eval", None, str(tmp_path), None)
 
 
 def test_score_reproduces_eval_and_memeval(smoke_workdir, tmp_path):
@@ -163,7 +164,7 @@ def test_export_on_one_device_loads_on_eight(smoke_workdir, tmp_path):
   exported = memjax.load(out)
   assert exported.restored.mesh.size == 8 and exported.step == 20
   run = memjax.load(smoke_workdir, mesh={"data": 1})
-  tokens = _valid_prefix(build.saved_config(smoke_workdir), smoke_workdir)
+  tokens = _valid_prefix(dispatch.saved_config(smoke_workdir), smoke_workdir)
   tokens = tokens[:300]
   a = run.score(tokens, memory=False)["logprobs"][0]
   b = exported.score(tokens, memory=False)["logprobs"][0]
@@ -283,11 +284,11 @@ def test_load_with_a_config_of_another_model_is_refused(smoke_workdir):
   config = trime_wt103.get_config("smoke")
   config.model.d_model = 48
   with pytest.raises(errors.CheckpointMismatchError, match="d_model"):
-    build.restore(smoke_workdir, config=config)
+    dispatch.restore(smoke_workdir, config=config)
   # Another runtime key is taken: the same model evaluated in bfloat16.
   config = trime_wt103.get_config("smoke")
   config.model.dtype = "bfloat16"
-  restored = build.restore(smoke_workdir, config=config)
+  restored = dispatch.restore(smoke_workdir, config=config)
   assert restored.settings.model.dtype == "bfloat16" and restored.step == 20
 
 
@@ -344,5 +345,5 @@ def test_a_sliding_window_on_a_family_that_reads_sequences_whole_is_refused(
   with pytest.raises(
       errors.ConfigError, match="does not take a sliding window"
   ):
-    build.run_mode("train", config, str(workdir))
+    dispatch.run_mode("train", config, str(workdir))
   assert not workdir.exists()

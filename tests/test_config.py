@@ -13,7 +13,6 @@ import pytest
 
 from configs import pkm_wt103
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax.methods.pkm import layer as pkm
@@ -83,7 +82,7 @@ def test_an_unknown_option_fails_naming_the_kinds_options():
   c = config_lib.base_config()
   c.model.attention_options.position = "xl"  # LaMemo's, not vanilla's.
   with pytest.raises(errors.ConfigError, match="its options: num_kv_heads"):
-    build.read(c, catalog.parts())
+    build.read(c, build.parts())
 
 
 def test_an_unknown_option_on_the_command_line_is_one_line(tmp_path):

@@ -61,10 +61,10 @@ def test_the_old_keys_read_as_the_new_ones_in_every_variant():
   ...): each of its variants, its keys translated by the one table, is
   today's, but for the sections that had no keys then (the external
   memory of translation, MARGE's batches) holding their defaults."""
-  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax import settings as settings_lib  # pylint: disable=g-import-not-at-top
 
-  table = catalog.parts().renames
+  table = build.parts().renames
   with open(OLD, encoding="utf-8") as f:
     old = json.load(f)
   with open(snap.OUT, encoding="utf-8") as f:

@@ -22,6 +22,7 @@ import pytest
 import memjax
 from configs import trime_wt103
 from memjax import build
+from memjax import dispatch
 from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
@@ -91,7 +92,7 @@ def test_the_documented_method_trains_restores_and_runs_its_mode(toy, tmp_path):
   assert penalty and all(np.isfinite(p) and p > 0 for p in penalty)
   # The run restores from its directory alone, with the kind's own
   # parameters built with its options and the method's section read back.
-  restored = build.restore(workdir)
+  restored = dispatch.restore(workdir)
   ffn = restored.params["layer_0"]["ffn"]
   assert set(ffn) == {"wi_gate", "wi", "wo"}
   assert ffn["wi_gate"]["kernel"].shape == (32, 48)
@@ -186,13 +187,13 @@ def test_an_unknown_task_evaluation_memory_and_mode_list_the_declared_ones():
       match="unknown task 'nope'.*: classification, lm, mlm, translation",
   ):
     build.build(config, "unused")
-  parts = catalog.parts()
+  parts = build.parts()
   with pytest.raises(
       errors.ConfigError, match="cache, knn, knn_cache, none, trime, trime_ext"
   ):
     parts.eval_memories.get("nope")
   with pytest.raises(errors.ConfigError, match="--mode 'nope'.*memeval"):
-    build.mode_of("nope")
+    dispatch.mode_of("nope")
 
 
 def test_an_option_the_kind_does_not_take_is_refused(toy):
@@ -236,12 +237,12 @@ def test_two_specs_declaring_one_name_or_key_are_refused():
 def test_a_hook_must_be_a_step_hook():
   bad = extend.Method(name="bad_hook", hooks={"nope": object})
   with pytest.raises(TypeError, match="not a memjax.run.hooks.StepHook"):
-    catalog._parts((catalog.ENGINE, bad))  # pylint: disable=protected-access
-  assert issubclass(catalog.parts().hooks.get("marge_reindex"), hooks.StepHook)
+    build._parts((catalog.ENGINE, bad))  # pylint: disable=protected-access
+  assert issubclass(build.parts().hooks.get("marge_reindex"), hooks.StepHook)
 
 
 def test_the_methods_are_found_with_what_they_declare():
-  found = catalog.found()
+  found = build.found()
   assert [m.name for m in found] == [
       "cache",
       "external",
@@ -251,14 +252,14 @@ def test_the_methods_are_found_with_what_they_declare():
       "trime",
   ]
   for method in found:
-    folder = os.path.join(catalog.METHODS_DIR, method.name)
+    folder = os.path.join(build.METHODS_DIR, method.name)
     assert os.path.isfile(os.path.join(folder, "__init__.py"))
     for mode in method.modes.values():
       assert callable(mode.run) and mode.help, method.name
     for name in method.builds_on:
       assert name in {m.name for m in found}
   assert {m.name for m in found if m.builds_on} == {"external"}
-  parts = catalog.parts()
+  parts = build.parts()
   assert {"lamemo", "xl"} <= set(parts.attention.names())
   assert {"pkm", "resm"} <= set(parts.feed_forward.names())
   assert "marge_reindex" in parts.hooks.names()
@@ -270,7 +271,7 @@ def test_each_section_has_one_owner():
   # Every section of the base config is declared by one settings class: the
   # engine's sections hold none of a method's keys, a method's keys sit in
   # its own sections.
-  parts = catalog.parts()
+  parts = build.parts()
   owners: dict[str, list[str]] = {}
   for cls in parts.settings:
     owners.setdefault(cls.SECTION, []).append(cls.__name__)
@@ -301,8 +302,8 @@ def test_finding_the_methods_starts_no_jax_backend():
   # --mode=plan sets XLA's fake device count after the specs are read and
   # before the first backend starts: reading them must start none.
   script = (
-      "from memjax import catalog, config\n"
-      "catalog.parts(); config.base_config()\n"
+      "from memjax import build, config\n"
+      "build.parts(); config.base_config()\n"
       "from jax._src import xla_bridge\n"
       "assert not xla_bridge.backends_are_initialized(), 'started'\n"
       "print('ok')\n"

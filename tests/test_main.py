@@ -14,7 +14,6 @@ import pytest
 import memjax
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax.run import loop
 from tests.conftest import run_main
 from tests import shared_runs
@@ -285,7 +284,7 @@ def test_mode_list_and_help_show_every_mode_with_its_kinds(tmp_path):
   end = lines.index("run kinds (task/model.family):")
   rows = {l.split()[0]: l.split()[1] for l in lines[1:end]}
   # Every mode the methods and the engine declare, and no other.
-  modes = catalog.parts().modes.names()
+  modes = build.parts().modes.names()
   assert set(rows) == set(modes) and len(rows) >= 22
   assert rows["train"] == "any" and rows["translate"] == "translation"
   assert rows["marge_eval"] == "lm/marge" and rows["memeval"] == "lm/decoder_lm"

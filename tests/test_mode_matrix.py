@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from memjax import build
-from memjax import catalog
+
+from memjax import dispatch
 from memjax import extend
 from tests import shared_runs
 from tests.conftest import REPO
@@ -83,7 +84,7 @@ SINGLE = [
         (m, ANY_RUN[k])
         for m in ("eval", "export", "tokenize", "plan", "train")
         for k in extend.RUN_KINDS
-        if catalog.parts().modes.get(m).takes(RUNS[ANY_RUN[k]][1])
+        if build.parts().modes.get(m).takes(RUNS[ANY_RUN[k]][1])
     ],
     *[
         (m, "lm")
@@ -222,7 +223,7 @@ def _read_back(path: str) -> None:
 
 def _check_outputs(mode: str, workdir: str, started: float) -> None:
   """Each declared pattern matches a file this mode wrote, read back."""
-  spec = catalog.parts().modes.get(mode)
+  spec = build.parts().modes.get(mode)
   assert spec.outputs, f"--mode={mode} declares no outputs"
   for pattern in spec.outputs:
     found = glob.glob(os.path.join(workdir, pattern))
@@ -275,10 +276,10 @@ def test_the_mode_runs_on_its_kind_and_writes_what_it_declares(
   if mode == "train":  # The new checkpoint restores, one step on.
     with open(os.path.join(workdir, "config.json")) as f:
       steps = json.load(f)["train"]["num_steps"]
-    assert build.restore(workdir).step == steps
+    assert dispatch.restore(workdir).step == steps
   elif mode == "export":  # The export restores on its own; said once.
     assert proc.stdout.count("exported step") == 1, proc.stdout
-    assert build.restore(os.path.join(workdir, "export")).params
+    assert dispatch.restore(os.path.join(workdir, "export")).params
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
@@ -301,8 +302,8 @@ def test_the_matrix_covers_every_mode_on_every_kind_it_declares():
   covered = {}
   for mode, kind in cells:
     covered.setdefault(mode, set()).add(kind)
-  for name in catalog.parts().modes.names():
-    spec = catalog.parts().modes.get(name)
+  for name in build.parts().modes.names():
+    spec = build.parts().modes.get(name)
     assert name in covered, f"--mode={name} is not in the matrix"
     wanted = spec.kinds or tuple(extend.RUN_KINDS)
     for kind in wanted:
@@ -318,8 +319,8 @@ def _refusal_cases():
   """(mode, the first shared run of a kind it does not take) per mode that
   names its kinds."""
   cases = []
-  for name in sorted(catalog.parts().modes.names()):
-    spec = catalog.parts().modes.get(name)
+  for name in sorted(build.parts().modes.names()):
+    spec = build.parts().modes.get(name)
     if spec.kinds:
       other = next(r for r, v in RUNS.items() if not spec.takes(v[1]))
       cases.append((name, other))

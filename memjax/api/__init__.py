@@ -29,6 +29,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from memjax import build
+
+from memjax import dispatch
 from memjax.api.base import export
 from memjax.api.encoder import Classifier
 from memjax.api.encoder import MaskedLM
@@ -82,7 +84,7 @@ def load(
   workdirs.check_workdir(path, name="memjax.load")
   files = runfiles.find(path)
   run = build.build(
-      build.saved_config(files.path),
+      dispatch.saved_config(files.path),
       files.path,
       mesh=mesh or {"data": -1, "fsdp": 1, "tensor": 1},
   )
@@ -108,4 +110,4 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     errors.UserError: bad input (one line naming what to fix), before
       anything is written.
   """
-  return build.run_mode("train", config, workdir)
+  return dispatch.run_mode("train", config, workdir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from memjax import build
+from memjax import dispatch
 from memjax import config as config_lib
 from memjax.io import paths
 from memjax.run import restore
@@ -59,7 +59,7 @@ def export(
     errors.ConfigError: a bad dtype, or ``out_dir`` exists.
   """
   out_dir = paths.resolve(out_dir or paths.join(path, "export"))
-  restored = build.restore(
+  restored = dispatch.restore(
       path, step, mesh={"data": -1, "fsdp": 1, "tensor": 1}
   )
   out = restore.export(restored, out_dir, dtype=dtype)

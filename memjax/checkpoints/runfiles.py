@@ -283,7 +283,7 @@ def write_export(
     *,
     model_state: Any = None,
 ) -> None:
-  """Writes an export of ``params`` (``memjax.build.restore`` restores it), and
+  """Writes an export of ``params`` (``memjax.dispatch.restore`` restores it), and
   of ``model_state`` in ``model_state/`` when the model carries one.
 
   ``export.json`` holds ``meta`` (signature, step, dtype, source, ...) and

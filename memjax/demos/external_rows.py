@@ -186,10 +186,10 @@ def format_table(models: list[dict]) -> str:
 
 def em_setting(best: dict) -> str:
   # pylint: disable=g-import-not-at-top
-  from memjax import catalog
+  from memjax import build
   from memjax.eval import grid as grid_lib
 
-  words = grid_lib.setting_str(best, catalog.parts().eval_memories)
+  words = grid_lib.setting_str(best, build.parts().eval_memories)
   return words.replace("long_mem_tokens", "N")
 
 

@@ -48,7 +48,7 @@ def _knn_memory(cfg: Any, run: str) -> None:
   ``eval_memory.datastore`` (``<run>/datastore`` by default, as
   ``--mode=datastore`` places it)."""
   # pylint: disable=g-import-not-at-top
-  from memjax import catalog
+  from memjax import build
   from memjax.memory import search
 
   other = cfg.datastore.corpus
@@ -56,7 +56,7 @@ def _knn_memory(cfg: Any, run: str) -> None:
   path = cfg.eval_memory.datastore or paths.join(run, name)
   if not paths.exists(paths.join(path, "manifest.json")):
     memjax.run_mode("datastore", cfg, run)
-  kind = catalog.parts().eval_memories.get(cfg.eval_memory.kind)
+  kind = build.parts().eval_memories.get(cfg.eval_memory.kind)
   if not paths.isdir(search.index_dir(path, kind.external_metric)):
     memjax.run_mode("index", cfg, run)
 

@@ -72,12 +72,12 @@ def _scores(config: Any, workdir: str, trained: dict) -> tuple[dict, dict, int]:
   """The valid rows (copy, greedy, beam), the test scores (beam) and the
   number of valid pairs."""
   # pylint: disable=g-import-not-at-top
-  from memjax import build
+  from memjax import dispatch
   from memjax.tasks import config as task_config
   from memjax.tasks.translation import bleu
   from memjax.tasks.translation import parts
 
-  restored = build.restore(workdir, config=config)
+  restored = dispatch.restore(workdir, config=config)
   s = restored.settings
   tr = parts.make_translator(
       s.of(task_config.Translation),

@@ -67,7 +67,7 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   """Trains one model, builds its memory, tunes, and scores test with and
   without the memory; returns its rows and timings."""
   # pylint: disable=g-import-not-at-top
-  from memjax import build
+  from memjax import dispatch
   from memjax.tasks import config as task_config
   from memjax.tasks.translation import parts
 
@@ -84,7 +84,7 @@ def run_method(method, workdir, size, steps, test_sentences, data_dir=""):
   tic = time.time()
   tuned = memjax.run_mode("mt_tune", config, workdir)
   times["tune"] = time.time() - tic
-  restored = build.restore(workdir, config=config)
+  restored = dispatch.restore(workdir, config=config)
   s = restored.settings
   test = parts.read_split(s, "test", paths.join(workdir, "spm.model"), workdir)
   tr = parts.make_translator(

@@ -22,7 +22,7 @@ decoder LM it does to an imported one.
 * ``mode``: ``config.pretrained`` and ``--mode=import``, which writes an
   export (``memjax.load``, ``--mode=eval``, ``train.init_from`` take it).
 * ``sizes``: a config given for an import (or trained from one) takes its
-  model settings and tokenizer (``memjax.build.resolve``).
+  model settings and tokenizer (``memjax.dispatch.resolve``).
 * ``to_hf``: ``--mode=export --config.export.format=hf``, an import (or a
   model trained from one) written back as a Hugging Face folder, its
   layout the inverse of the family's params function; ``hf_writer``: the

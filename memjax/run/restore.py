@@ -3,7 +3,7 @@
 ``restore(run, files)`` restores the parameters (and the model state, and
 on request the optimiser state) that a run or an export at ``files``
 saved, for the model ``run`` describes; the run is built from the saved
-config by ``memjax.build.restore``. ``export`` writes a self-contained export
+config by ``memjax.dispatch.restore``. ``export`` writes a self-contained export
 of restored parameters (``memjax.run.init_from`` takes the parameters two
 models share, ``train.init_from``). Every restore reads arrays in today's
 layout, whatever the layout they were written in

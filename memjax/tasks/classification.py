@@ -13,7 +13,7 @@ trained on the MLM corpus (a classifier from scratch).
 Evaluation: accuracy on ``classification.select_split`` (dev) at every
 ``train.eval_every`` and at the end; the run keeps the parameters of the
 best dev accuracy (earliest on ties) as an export in ``<workdir>/best_dev``
-(``memjax.build.restore`` restores it; a resumed run starts from it) and scores
+(``memjax.dispatch.restore`` restores it; a resumed run starts from it) and scores
 ``test_split`` once, with those. The final results also hold, at the best
 parameters, what every registered sum report (``memjax.models.variables.SumReport``)
 says over ``usage_split`` and its comparison of the positive and negative

@@ -40,9 +40,9 @@ def test_memeval_in_process_reads_the_run_named_by_init_from(
 def test_the_package_names_are_the_functions_themselves():
   """One run_mode, one load: no layer that only hands on."""
   from memjax import api  # pylint: disable=g-import-not-at-top
-  from memjax import build  # pylint: disable=g-import-not-at-top
+  from memjax import dispatch  # pylint: disable=g-import-not-at-top
 
-  assert memjax.run_mode is build.run_mode
+  assert memjax.run_mode is dispatch.run_mode
   assert memjax.load is api.load and memjax.train is api.train
   assert memjax.export is api.export
   assert {"load", "export", "train", "run_mode"} <= set(dir(memjax))

@@ -11,8 +11,8 @@ from memjax.models import stack
 
 # The path of configs/trime_wt103.py:trime_7m (docs/design.md lists it).
 # Lower these when the path shrinks; a change that lengthens it says why.
-MAX_MODULES = 27
-MAX_CLASSES = 19
+MAX_MODULES = 23
+MAX_CLASSES = 18
 
 
 def test_the_path_of_trime_7m_stays_short(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import memjax
-from memjax import catalog
+from memjax import build
 from memjax import errors
 from memjax.checkpoints import runfiles
 from memjax.memory import datastore as ds
@@ -55,7 +55,7 @@ def test_what_a_directory_holds(tmp_path):
 
 def test_training_refuses_what_other_modes_read(tmp_path):
   # What a mode declares it leaves before training (extend.Mode.writes).
-  before = catalog.parts().files_before_training()
+  before = build.parts().files_before_training()
 
   def check(workdir, training):
     runfiles.check_workdir(workdir, training, before)

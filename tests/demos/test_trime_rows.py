@@ -6,7 +6,6 @@ import json
 
 import memjax
 from memjax import build
-from memjax import catalog
 from memjax.demos import common
 from memjax.demos import trime_rows
 from memjax.eval import grid as grid_lib
@@ -25,7 +24,7 @@ def _sizes(demo, row):
   cfg = demo.config(row.config, row.variant)
   if "memory" in row.options:
     trime_rows.tuned_memory(demo, row, cfg)
-  parts = catalog.parts()
+  parts = build.parts()
   s = build.read(cfg, parts)
   kind = s.eval_memory.kind
   grid = grid_lib.tuning_grid(s, parts.eval_memories, kind)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax import catalog
+from memjax import build
 from memjax import errors
 from memjax import sharding as sharding_lib
 from memjax.data import windows as data_windows
@@ -45,9 +45,7 @@ def _model():
 
 def _grid(kind, long_sizes, **values):
   """The grid of the evaluation memory ``kind`` (the run's memories)."""
-  return grid_lib.make(
-      catalog.parts().eval_memories, kind, long_sizes, **values
-  )
+  return grid_lib.make(build.parts().eval_memories, kind, long_sizes, **values)
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +302,6 @@ def test_fifo_bank_keeps_exactly_the_last_pairs():
     assert np.all(got[: 5 - len(last)] == -1)
     np.testing.assert_array_equal(np.asarray(bank.tokens)[got >= 0], last + 100)
     np.testing.assert_array_equal(np.asarray(bank.keys)[got >= 0, 0], last)
-  trime = catalog.parts().eval_memories.get("trime")
+  trime = build.parts().eval_memories.get("trime")
   assert evaluation.bank_capacity(trime, (0, 100, 50), 8, 3) == 105
   assert evaluation.bank_capacity(trime, (0,), 8, 3) == 0

@@ -43,7 +43,7 @@ _SCRIPT = textwrap.dedent("""
     args = json.loads(sys.argv[1])
     sys.path.insert(0, args["repo"])
     import memjax
-    from memjax import api, build
+    from memjax import api, build, dispatch
     from memjax.modes import evaluation
     from memjax.run import loop
     from tests import shared_runs
@@ -65,7 +65,7 @@ _SCRIPT = textwrap.dedent("""
       res = memjax.train(config, workdir)  # ... it resumes.
       ev = evaluation.evaluate_run(build.build(config, workdir))
       exported = api.export(workdir, workdir + "_export")
-      restored = build.restore(exported)
+      restored = dispatch.restore(exported)
       out[family] = {"step": int(res["step"]), "eval": ev,
                      "num_params": int(res["num_params"]),
                      "vocab": type(restored.vocab).__name__}

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import settings as settings_lib
 from memjax import errors
@@ -115,7 +114,7 @@ def test_run_files_config_and_vocabulary_on_memory(mem):
       "file": "vocab.txt",
       "size": 5,
   }
-  data = build.read(saved, catalog.parts()).data
+  data = build.read(saved, build.parts()).data
   back = runfiles.read_vocabulary(files, data)
   assert list(back.tokens) == ["<pad>", "<eos>", "<unk>", "the", "cat"]
 

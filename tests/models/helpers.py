@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from memjax import catalog
+from memjax import build
 from memjax import settings
 from memjax.models import block_stack
 
@@ -30,7 +30,7 @@ def config(vocab_size, parts=None, **model):
   its kinds looked up in ``parts`` (default: the catalog's)."""
   given = settings.Model(**dict(SMALL, **model))
   return block_stack.ModelConfig.of(
-      given, vocab_size=vocab_size, parts=parts or catalog.parts()
+      given, vocab_size=vocab_size, parts=parts or build.parts()
   )
 
 

@@ -132,7 +132,7 @@ def test_bfloat16_compute_is_close_to_float32(
 def test_post_layer_norm_block_matches_numpy():
   """Post-LN: h = LN1(x + Attn(x)); out = LN2(h + FFN(h)); g = h; the
   model has no final LayerNorm. Pre-LN keeps its final LayerNorm."""
-  from memjax import catalog  # pylint: disable=g-import-not-at-top
+  from memjax import build  # pylint: disable=g-import-not-at-top
   from memjax.models import transformer  # pylint: disable=g-import-not-at-top
 
   kw = dict(num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32)
@@ -153,7 +153,7 @@ def test_post_layer_norm_block_matches_numpy():
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
-  vanilla = catalog.parts().attention.get("vanilla")
+  vanilla = build.parts().attention.get("vanilla")
 
   def attn(x):
     return np.asarray(

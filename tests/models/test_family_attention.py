@@ -18,7 +18,6 @@ from configs import pkm_bert
 from configs import trime_iwslt
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax import errors
 from memjax.run import step as step_lib
 
@@ -51,8 +50,8 @@ RELATIVE = {"pos_key", "u", "v", "v_plus", "v_minus"}
 
 
 def test_the_kinds_are_the_ones_declared():
-  assert set(catalog.parts().attention.names()) == set(KINDS)
-  assert set(catalog.parts().families.names()) == set(FAMILIES)
+  assert set(build.parts().attention.names()) == set(KINDS)
+  assert set(build.parts().families.names()) == set(FAMILIES)
 
 
 def _attention_names(params) -> set[str]:

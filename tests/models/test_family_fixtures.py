@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from memjax import build
+from memjax import dispatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures")
@@ -62,8 +62,8 @@ def test_run_and_export_restore_with_the_same_outputs(family):
   root = os.path.join(FIXTURES, "families", family)
   batch = dict(np.load(os.path.join(root, "batch.npz")))
   want = dict(np.load(os.path.join(root, "outputs.npz")))
-  run = build.restore(os.path.join(root, "run"))
-  export = build.restore(os.path.join(root, "export"))
+  run = dispatch.restore(os.path.join(root, "run"))
+  export = dispatch.restore(os.path.join(root, "export"))
   assert (run.kind, export.kind) == ("run", "export")
   # Run eagerly, as the fixtures were written: the outputs agree to the
   # last bits of float32 (a jitted program may fuse differently). The suite
@@ -88,7 +88,7 @@ def test_optimizer_state_restores(family):
   memory values) restores into today's optimiser, leaf by leaf, under
   today's sub-layer names."""
   root = os.path.join(FIXTURES, "families", family)
-  restored = build.restore(os.path.join(root, "run"), with_optimizer=True)
+  restored = dispatch.restore(os.path.join(root, "run"), with_optimizer=True)
   assert restored.step == 2
   saved = dict(np.load(os.path.join(root, "opt_state.npz")))
   renames = _renames(family, root)

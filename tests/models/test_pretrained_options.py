@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memjax import catalog
+from memjax import build
 from memjax import errors
 from memjax import settings as settings_lib
 from memjax.models import attention
@@ -293,7 +293,7 @@ def test_learned_positions_and_untied_softmax():
           ),
       ),
       vocab_size=11,
-      parts=catalog.parts(),
+      parts=build.parts(),
   )
   ids = np.array([[1, 4, 9, 2, 0]], np.int32)
   params = random_like(model.init(jax.random.PRNGKey(0), ids), 6)
@@ -328,7 +328,7 @@ def gemma_like(local_layers, **changes):
           **changes,
       ),
       vocab_size=11,
-      parts=catalog.parts(),
+      parts=build.parts(),
   )
 
 
@@ -405,6 +405,6 @@ def test_post_norms_and_local_layers():
 def test_bad_options_are_one_line(changes, message):
   with pytest.raises(errors.ConfigError, match=message):
     model = transformer.decoder_lm(
-        model_settings(**changes), vocab_size=11, parts=catalog.parts()
+        model_settings(**changes), vocab_size=11, parts=build.parts()
     )
     model.init(jax.random.PRNGKey(0), np.zeros((1, 3), np.int32))

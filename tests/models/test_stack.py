@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from memjax import build
+
+from memjax import dispatch
 from memjax import config as config_lib
 from memjax.checkpoints import convert
 from memjax.checkpoints import runfiles
@@ -75,7 +77,7 @@ def test_fixtures_restore_scanned_with_the_same_outputs(family):
   want = dict(np.load(os.path.join(root, "outputs.npz")))
   config = _scanned_config(root)
   for kind in ("run", "export"):
-    restored = build.restore(os.path.join(root, kind), config=config)
+    restored = dispatch.restore(os.path.join(root, kind), config=config)
     runs = [r.name for r in restored.model.layer_runs() if r.scanned]
     assert _stacked(restored.params) == runs
     # Stacked where the fixture has runs (the relative-attention LMs' and
@@ -123,7 +125,7 @@ def _models(family: str, tmp_path, **model):
   scanned = build.build(config, str(tmp_path / "s"))
   config.model.scan_layers = False
   plain = build.build(config, str(tmp_path / "u"))
-  vocab = build.restore(os.path.join(root, "export")).model.cfg.vocab_size
+  vocab = dispatch.restore(os.path.join(root, "export")).model.cfg.vocab_size
   batch = dict(np.load(os.path.join(root, "batch.npz")))
   return plain.model(vocab), scanned.model(vocab), plain, batch
 

@@ -21,6 +21,7 @@ from tensorboard.util import tensor_util
 import memjax
 from configs import pkm_wt103
 from memjax import build
+from memjax import dispatch
 from memjax.models import transformer
 from memjax.models import variables as model_vars
 from memjax.run import init_from
@@ -91,14 +92,16 @@ def bert_runs(tmp_path_factory):
 def test_the_query_batchnorm_trains_and_resumes_bit_identically(bert_runs):
   straight, parts, states, _ = bert_runs
   assert (
-      build.restore(straight).settings.model.feed_forward_options["query_norm"]
+      dispatch.restore(straight).settings.model.feed_forward_options[
+          "query_norm"
+      ]
       == "batch"
   )
   # Every update moves the running statistics.
   seen = [_norm(states[s])["mean"] for s in (1, 2, 3, 4)]
   for a, b in zip(seen, seen[1:]):
     assert np.abs(a - b).max() > 0
-  a, b = build.restore(straight), build.restore(parts)
+  a, b = dispatch.restore(straight), dispatch.restore(parts)
   assert a.step == b.step == 4
   for x, y in ((a.params, b.params), (a.model_state, b.model_state)):
     jax.tree.map(np.testing.assert_array_equal, x, y)
@@ -107,7 +110,7 @@ def test_the_query_batchnorm_trains_and_resumes_bit_identically(bert_runs):
 
 def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   straight, _, states, results = bert_runs
-  restored = build.restore(straight)
+  restored = dispatch.restore(straight)
   before = _norm(restored.model_state)
   # The final evaluation ran after step 4 and the checkpoint kept step 4's.
   np.testing.assert_array_equal(before["mean"], _norm(states[4])["mean"])
@@ -137,7 +140,7 @@ def test_evaluation_reads_the_statistics_and_leaves_them(bert_runs, tmp_path):
   assert results["valid"]  # the final evaluation ran with them
   # Exported and loaded: the same statistics and scores.
   out = restore_lib.export(restored, str(tmp_path / "export"))
-  loaded = build.restore(out)
+  loaded = dispatch.restore(out)
   assert loaded.kind == "export"
   jax.tree.map(
       np.testing.assert_array_equal, loaded.model_state, restored.model_state
@@ -157,7 +160,7 @@ def test_init_from_takes_the_statistics_of_a_run_and_of_its_export(
     bert_runs, tmp_path
 ):
   straight, _, _, _ = bert_runs
-  restored = build.restore(straight)
+  restored = dispatch.restore(straight)
   out = restore_lib.export(restored, str(tmp_path / "export"))
   run = restored.run
   model = run.model(restored.vocab_size)
@@ -205,7 +208,7 @@ def test_the_leak_switch_trains_a_causal_model_with_batch_stats(tmp_path):
   config.eval.max_windows = 4
   config.eval.splits = ("valid",)
   memjax.train(config, str(tmp_path / "run"))
-  restored = build.restore(str(tmp_path / "run"))
+  restored = dispatch.restore(str(tmp_path / "run"))
   stats_ = jax.tree.leaves(restored.model_state)
   assert stats_ and any(np.abs(np.asarray(x)).max() > 0 for x in stats_)
 

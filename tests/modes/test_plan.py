@@ -20,7 +20,6 @@ import pytest
 from configs import trime_wt103
 from configs import txl_wt103
 from memjax import build
-from memjax import catalog
 from memjax import errors
 from memjax import extend
 from memjax.modes import plan
@@ -112,7 +111,7 @@ def test_doubling_grad_accum_doubles_flops_per_step():
 
 def _settings(config):
   """The typed settings of ``config`` (what runs before JAX starts)."""
-  return build.read(config, catalog.parts())
+  return build.read(config, build.parts())
 
 
 def test_tpu_slices_and_device_flags():

@@ -11,7 +11,6 @@ import pytest
 
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax.modes import plan_buffers
 from memjax.modes import platforms
 from tests.conftest import run_main
@@ -114,8 +113,8 @@ def test_a_step_that_dumped_nothing_is_named(tmp_path):
 def test_listing_buffers_turns_the_compilation_cache_off():
   config = trime_wt103.get_config("smoke")
   environ = {}
-  platforms.set_device_flags(build.read(config, catalog.parts()), environ)
+  platforms.set_device_flags(build.read(config, build.parts()), environ)
   assert "JAX_ENABLE_COMPILATION_CACHE" not in environ
   config.plan.buffers = 2
-  platforms.set_device_flags(build.read(config, catalog.parts()), environ)
+  platforms.set_device_flags(build.read(config, build.parts()), environ)
   assert environ["JAX_ENABLE_COMPILATION_CACHE"] == "false"

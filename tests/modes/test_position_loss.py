@@ -8,7 +8,6 @@ import jax
 import numpy as np
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import sharding as sharding_lib
 from memjax.data import windows
@@ -116,7 +115,7 @@ def _restored(model, x, config=None, path=""):
 
 def _memories():
   """The evaluation memories of a run."""
-  return catalog.parts().eval_memories
+  return build.parts().eval_memories
 
 
 def _stream(lengths, seed=0):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import memjax
-from memjax import build
+from memjax import dispatch
 from tests.conftest import run_main
 
 
@@ -87,7 +87,7 @@ def test_bfloat16_weights_train_build_a_datastore_and_export(
   assert proc.returncode == 0, proc.stderr[-3000:]
   losses = _losses(workdir)
   assert sorted(losses) == [1, 2] and all(np.isfinite(list(losses.values())))
-  run = build.restore(workdir, with_optimizer=True)
+  run = dispatch.restore(workdir, with_optimizer=True)
   assert {x.dtype for x in jax.tree.leaves(run.params)} == {
       np.dtype(jnp.bfloat16)
   }

@@ -11,7 +11,6 @@ import pytest
 import memjax
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax import errors
 from memjax import extend
 from memjax.checkpoints import checkpointing
@@ -169,7 +168,7 @@ def test_every_defaults_to_one_and_hooks_run_in_order():
         extend.Method(name="test_order_again", hooks={"test_order_a": B})
     )
     with pytest.raises(ValueError, match="'test_order_a' is declared twice"):
-      catalog.parts()
+      build.parts()
   finally:
     extend.remove("test_order")
     extend.remove("test_order_again")

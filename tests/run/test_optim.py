@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from memjax import catalog
+from memjax import build
 from memjax import config as config_lib
 from memjax import settings as settings_lib
 from memjax.run import optim
@@ -31,7 +31,7 @@ def make_optimizer(
     cfg: settings_lib.Optim, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """``optim.make_optimizer`` with the declared transforms."""
-  transforms = catalog.parts().optimizer_transforms
+  transforms = build.parts().optimizer_transforms
   return optim.make_optimizer(cfg, num_steps, transforms)
 
 
@@ -267,7 +267,7 @@ def test_clipping_comes_before_weight_decay() -> None:
 def test_bfloat16_parameters_get_float32_state_and_rounded_float32_updates():
   cfg = optim_cfg(optimizer="adam", schedule="constant", warmup_steps=0)
   tx, _ = optim.make_optimizer(
-      cfg, 10, catalog.parts().optimizer_transforms, "bfloat16"
+      cfg, 10, build.parts().optimizer_transforms, "bfloat16"
   )
   rng = np.random.default_rng(0)
   p32 = {"a": rng.normal(size=3).astype(np.float32)}

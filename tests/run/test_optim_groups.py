@@ -11,7 +11,6 @@ import pytest
 
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax import extend
@@ -44,7 +43,7 @@ def _optim(**groups):
 
 def _make_optimizer(cfg, num_steps):
   """``optim.make_optimizer`` with the declared transforms."""
-  transforms = catalog.parts().optimizer_transforms
+  transforms = build.parts().optimizer_transforms
   return optim.make_optimizer(cfg, num_steps, transforms)
 
 

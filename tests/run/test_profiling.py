@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax import settings as settings_lib
@@ -31,7 +30,7 @@ def _config(steps):
 def test_malformed_profile_steps_are_one_line(steps):
   c = config_lib.base_config()
   c.train.profile_steps = steps
-  parts = catalog.parts()
+  parts = build.parts()
   s = build.read(c, parts)
   with pytest.raises(errors.ConfigError, match="train.profile_steps must be"):
     build.check(s, parts)

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from memjax import build
+from memjax import dispatch
 from memjax.models import stack
 from memjax.run import step as step_lib
 
@@ -23,8 +23,8 @@ def test_lamemo_run_restores_with_its_optimizer(
     raise AssertionError("a train state was initialised to restore into")
 
   monkeypatch.setattr(step_lib, "create_state", no_fresh_state)
-  plain = build.restore(lamemo_smoke_workdir)
-  full = build.restore(lamemo_smoke_workdir, with_optimizer=True)
+  plain = dispatch.restore(lamemo_smoke_workdir)
+  full = dispatch.restore(lamemo_smoke_workdir, with_optimizer=True)
   assert full.step == plain.step == 6
   for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(full.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -71,7 +71,7 @@ def _smoke_config(steps: int, scanned: bool):
 
 
 def _params(workdir):
-  restored = build.restore(workdir)
+  restored = dispatch.restore(workdir)
   return restored.step, stack.unstack_layers(restored.params)
 
 
@@ -84,7 +84,7 @@ def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
   memjax.train(_smoke_config(4, False), straight)
   memjax.train(_smoke_config(2, False), mixed)
   memjax.train(_smoke_config(4, True), mixed)
-  step, params = build.restore(mixed).step, build.restore(mixed).params
+  step, params = dispatch.restore(mixed).step, dispatch.restore(mixed).params
   assert step == 4 and "layer_0_to_1" in params
   for a, b in ((_params(straight), _params(mixed)),):
     assert a[0] == b[0] == 4
@@ -95,7 +95,7 @@ def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
     )
   memjax.train(_smoke_config(6, False), mixed)
   memjax.train(_smoke_config(6, False), straight)
-  assert "layer_0" in build.restore(mixed).params
+  assert "layer_0" in dispatch.restore(mixed).params
   a, b = _params(straight), _params(mixed)
   assert a[0] == b[0] == 6
   jax.tree.map(
@@ -109,11 +109,11 @@ def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):
   c.train.init_from, c.optim.learning_rate = straight, 0.0
   taken = str(tmp_path / "taken")
   memjax.train(c, taken)
-  assert "layer_0_to_1" in build.restore(taken).params
+  assert "layer_0_to_1" in dispatch.restore(taken).params
   jax.tree.map(np.testing.assert_array_equal, _params(taken)[1], a[1])
   # An export of the scanned run loads into the unscanned model.
   memjax.run_mode("export", c, taken)
   plain = _smoke_config(1, False)
-  exported = build.restore(os.path.join(taken, "export"), config=plain)
+  exported = dispatch.restore(os.path.join(taken, "export"), config=plain)
   assert "layer_0" in exported.params and exported.kind == "export"
   jax.tree.map(np.testing.assert_array_equal, exported.params, a[1])

@@ -6,7 +6,6 @@ import numpy as np
 import optax
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import sharding as sharding_lib
 from memjax.models import encoder
@@ -17,7 +16,7 @@ KD, HEADS = 8, 2  # the memory's k_dim and heads: the query has 16 features
 
 
 # The residual memory kind: its query's BatchNorm keeps 'batch_stats'.
-RESM = catalog.parts().feed_forward.get("resm")
+RESM = build.parts().feed_forward.get("resm")
 
 
 def _encoder():

@@ -7,7 +7,6 @@ import os
 import ml_collections
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax.methods.external import config as ext_config
 from memjax.methods.marge import config as marge_config
@@ -104,7 +103,7 @@ def test_a_config_file_written_with_old_keys_builds_the_same_settings():
   new.loss.name = "trime"
   new.trime.memory, new.trime.bm25_k, new.trime.temperature = "long", 7, 1.25
   new.mt_memory.k = 8
-  parts = catalog.parts()
+  parts = build.parts()
   assert build.read(old, parts) == build.read(new, parts)
   got = build.read(old, parts)
   assert got.of(trime_config.Trime).memory == "long"
@@ -112,7 +111,7 @@ def test_a_config_file_written_with_old_keys_builds_the_same_settings():
 
 
 def test_saved_runs_of_every_family_read_their_old_keys():
-  parts = catalog.parts()
+  parts = build.parts()
   for family in sorted(os.listdir(FAMILIES)):
     path = os.path.join(FAMILIES, family, "run", "config.json")
     with open(path, encoding="utf-8") as f:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax.eval import grid as grid_lib
@@ -453,7 +452,7 @@ def test_rescore_or_the_scores_as_the_index_returns_them(tmp_path, metric):
 
 def _grid(kind, **values):
   """The grid of the evaluation memory ``kind`` (the run's memories)."""
-  return grid_lib.make(catalog.parts().eval_memories, kind, **values)
+  return grid_lib.make(build.parts().eval_memories, kind, **values)
 
 
 def _score(setup, grid, ext, **kw):
@@ -701,7 +700,7 @@ def test_trime_ext_default_memory_scale_at_d_1024_is_the_authors():
 
   c = config_lib.base_config()
   c.eval_memory.kind = "trime_ext"
-  parts = catalog.parts()
+  parts = build.parts()
   s = build.read(c, parts)
   memories = parts.eval_memories
   grid = grid_lib.configured_grid(s, memories)

@@ -12,7 +12,8 @@ import pytest
 import memjax
 
 from memjax import build
-from memjax import catalog
+
+from memjax import dispatch
 from memjax import errors
 from memjax.checkpoints import runfiles
 from memjax.data import parallel
@@ -32,7 +33,7 @@ SHOWN_2 = "Öffnen Sie die Datei."
 @pytest.fixture(scope="module")
 def built(mt_smoke_workdir, tmp_path_factory):
   out = tmp_path_factory.mktemp("mt_memory_modes")
-  config = build.saved_config(mt_smoke_workdir)
+  config = dispatch.saved_config(mt_smoke_workdir)
   with config.unlocked():
     config.train.init_from = mt_smoke_workdir
     mem = config.mt_memory
@@ -211,7 +212,7 @@ def test_datastore_built_as_two_shares_equals_the_one_process_build(built):
 
   def settings():
     """The settings of ``config`` as the test has changed it so far."""
-    return build.read(config, catalog.parts())
+    return build.read(config, build.parts())
 
   train = tm._split(settings(), restored, "train")  # pylint: disable=protected-access
   mem = config.mt_memory

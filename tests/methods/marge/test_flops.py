@@ -5,7 +5,6 @@ by hand from ``model.py`` on the smoke size (2 layers, D = 32, 2 heads x
 from configs import marge_wt103
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax import extend
 from memjax.methods.marge import flops
 
@@ -13,7 +12,7 @@ D, DA, T, S, K = 32, 32, 16, 16, 2
 
 
 def _settings(config):
-  return build.read(config, catalog.parts())
+  return build.read(config, build.parts())
 
 
 def test_sources_and_cross_attention_by_hand():

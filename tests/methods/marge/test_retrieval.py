@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import errors
 from memjax.methods.marge import evaluation as marge_eval
@@ -107,7 +106,7 @@ def test_bad_settings():
   train = type("S", (), dict(tokens=TOKENS, doc_starts=DOCS))
 
   def batcher():  # The batcher of the config's settings as they are now.
-    return marge.marge_batcher(build.read(c, catalog.parts()), train, "")
+    return marge.marge_batcher(build.read(c, build.parts()), train, "")
 
   with pytest.raises(errors.ConfigError, match="seq_len 8 must be 2"):
     batcher()
@@ -135,7 +134,7 @@ def test_index_of_another_embedder_refused(tmp_path, table):
   ctx = hooks.HookContext(
       name="marge_reindex",
       options={},
-      settings=build.read(config_lib.base_config(), catalog.parts()),
+      settings=build.read(config_lib.base_config(), build.parts()),
       workdir=str(tmp_path),
       model=model,
       batcher=marge.MargeBatcher(table, 2, 2),

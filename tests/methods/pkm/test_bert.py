@@ -22,6 +22,7 @@ import pytest
 from configs import pkm_bert
 import memjax
 from memjax import build
+from memjax import dispatch
 from memjax.checkpoints import checkpointing
 from memjax import errors
 from memjax import losses
@@ -226,7 +227,7 @@ def test_partial_init_restores_every_shared_parameter(
   vanilla_run = bert_mlm_smoke_workdir
   config = pkm_bert.get_config("init_resm_smoke")
   config.train.init_from = vanilla_run
-  source = build.restore(vanilla_run, mesh={"data": 1})
+  source = dispatch.restore(vanilla_run, mesh={"data": 1})
   run = build.build(config, str(tmp_path))
   model = run.model(source.vocab_size)
   tx, _ = run.optimizer()
@@ -285,7 +286,7 @@ def test_finetune_reports_accuracy_and_class_usage(bert_cls_smoke_workdir):
   with open(os.path.join(bert_cls_smoke_workdir, "results.json")) as f:
     res = json.load(f)
   assert res["best_step"] in (1, 2)
-  best = build.restore(
+  best = dispatch.restore(
       os.path.join(bert_cls_smoke_workdir, "best_dev"), mesh={"data": 1}
   )
   assert best.step == res["best_step"]
@@ -355,15 +356,15 @@ def test_resumed_finetune_keeps_the_best_dev_parameters(
   run = bert_cls_smoke_workdir
   with open(os.path.join(run, "results.json")) as f:
     first = json.load(f)
-  best = build.restore(os.path.join(run, "best_dev"), mesh={"data": 1})
+  best = dispatch.restore(os.path.join(run, "best_dev"), mesh={"data": 1})
   assert best.step == first["best_step"]
-  final = build.restore(run, mesh={"data": 1})
+  final = dispatch.restore(run, mesh={"data": 1})
   if best.step != final.step:
     leaves = zip(jax.tree.leaves(best.params), jax.tree.leaves(final.params))
     assert any(not np.array_equal(a, b) for a, b in leaves)
   workdir = tmp_path / "resumed"
   shutil.copytree(run, workdir)
   os.remove(workdir / "results.json")
-  res = memjax.train(build.saved_config(run), str(workdir))
+  res = memjax.train(dispatch.saved_config(run), str(workdir))
   for key in ("best_step", "dev", "test", "class_divergence", "memory"):
     assert res[key] == first[key], key

@@ -4,13 +4,12 @@ memories of 8^2 slots of 32 values, 2 heads, k = 2)."""
 
 from configs import pkm_bert
 from memjax import build
-from memjax import catalog
 from memjax import extend
 from memjax.methods.pkm import flops
 
 
 def _settings(config):
-  return build.read(config, catalog.parts())
+  return build.read(config, build.parts())
 
 
 def test_values_read_by_hand():

@@ -11,8 +11,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-
-from memjax import catalog
+from memjax import build
 from memjax import errors
 from memjax.methods.pkm import layer as pkm
 from memjax.models import transformer
@@ -350,7 +349,7 @@ def test_lazy_adam_group_through_make_optimizer_against_numpy():
   tx, _ = optim.make_optimizer(
       settings_lib.read(settings_lib.Optim, cfg),
       num_steps=20,
-      transforms=catalog.parts().optimizer_transforms,
+      transforms=build.parts().optimizer_transforms,
   )
   rng = np.random.default_rng(7)
   p = rng.normal(size=(8, 3)).astype(np.float32)

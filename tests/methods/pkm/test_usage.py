@@ -14,6 +14,7 @@ import memjax
 
 from configs import pkm_wt103
 from memjax import build
+from memjax import dispatch
 from memjax import errors
 from memjax.data import corpus as corpus_lib
 
@@ -112,7 +113,7 @@ def test_memory_usage_mode_over_held_out_data(resm_smoke_workdir, tmp_path):
 def _sown_sums(run, step, windows):
   """{layer: {'reads', 'top1', 'weights'} [K] float64} that the model at
   ``step`` sows over ``windows`` [N, T] in one batch."""
-  r = build.restore(run, step=step, mesh={"data": 1})
+  r = dispatch.restore(run, step=step, mesh={"data": 1})
   _, sown = r.model.apply(
       {"params": r.params},
       windows,

@@ -9,7 +9,6 @@ from configs import pkm_bert
 from configs import trime_iwslt
 from configs import txl_wt103
 from memjax import build
-from memjax import catalog
 from memjax import extend
 from memjax.methods.recurrent import flops
 
@@ -18,7 +17,7 @@ K = M + T  # keys: memory and segment
 
 
 def _settings(config):
-  return build.read(config, catalog.parts())
+  return build.read(config, build.parts())
 
 
 def _relative_per_layer(biases: int) -> float:

@@ -10,7 +10,7 @@ import pytest
 
 import memjax
 from configs import trime_wt103
-from memjax import build
+from memjax import dispatch
 from memjax.io import events
 from memjax.modes import frequency
 
@@ -184,7 +184,7 @@ def test_trime_ext_packs_offline_then_trains(tmp_path):
   summary = memjax.run_mode("pack", config, run)  # then train, one workdir
   assert summary["segments"] == -(-483571 // 256)
   assert os.listdir(run) == ["bm25_pack.json"]
-  build.check_workdir(run, training=True)  # What main runs first.
+  dispatch.check_workdir(run, training=True)  # What main runs first.
   order_files = os.listdir(os.path.join(config.data.cache_dir, "bm25"))
   res = memjax.train(config, run)
   assert res["step"] == 6 and np.isfinite(res["valid"]["ppl"])

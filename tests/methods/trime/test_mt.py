@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax.data import token_batching
 from memjax.methods.trime import bm25
@@ -32,17 +31,17 @@ def _loss_config():
 
 def _settings(c):
   """The typed settings of config ``c``."""
-  return build.read(c, catalog.parts())
+  return build.read(c, build.parts())
 
 
 def _objective(name, c, num_steps=100):
   """The loss function of objective ``name`` with config ``c``'s settings."""
-  return catalog.parts().objectives.get(name)(_settings(c), num_steps)
+  return build.parts().objectives.get(name)(_settings(c), num_steps)
 
 
 def _batcher(name, c, train, cache_dir):
   """The batcher ``name`` over ``train`` with config ``c``'s settings."""
-  return catalog.parts().batchers.get(name).make(_settings(c), train, cache_dir)
+  return build.parts().batchers.get(name).make(_settings(c), train, cache_dir)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import pytest
 
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax.data import sources
 from memjax.data import tasks
 from memjax.methods.trime import bm25
@@ -53,7 +52,7 @@ def _config():
 
 def _settings(cfg):
   """The typed settings the packing functions take, of config ``cfg``."""
-  return build.read(cfg, catalog.parts())
+  return build.read(cfg, build.parts())
 
 
 SETTINGS = pack_beam.PackSettings(SEQ_LEN, K, 0)

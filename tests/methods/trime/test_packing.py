@@ -5,7 +5,6 @@ import pytest
 
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax.methods.trime import bm25
 from memjax.methods.trime import bm25_order
 from memjax.methods.trime import packing
@@ -78,7 +77,7 @@ def test_bm25_batcher_reads_the_cached_order(tmp_path, monkeypatch):
   stream = tasks.TokenStream(
       tokens=tokens, doc_starts=np.zeros(1, np.int64), vocab_size=400
   )
-  settings = build.read(cfg, catalog.parts())
+  settings = build.read(cfg, build.parts())
   batcher = packing.bm25_batcher(settings, stream, str(tmp_path))
   files = list((tmp_path / "bm25").glob("bm25_order_*.npy"))
   assert len(files) == 1

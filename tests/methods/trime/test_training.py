@@ -9,7 +9,6 @@ import pytest
 
 from configs import trime_wt103
 from memjax import build
-from memjax import catalog
 from memjax import config as config_lib
 from memjax import losses
 from memjax.methods.trime import objective
@@ -52,7 +51,7 @@ def _loss_cfg(memory, **kw):
 def _make_loss(cfg, num_steps):
   """The objective ``cfg.loss.name`` of ``cfg``'s settings over
   ``num_steps`` updates (what ``Run.objective`` builds)."""
-  parts = catalog.parts()
+  parts = build.parts()
   settings = build.read(cfg, parts)
   return parts.objectives.get(settings.loss.name)(settings, num_steps)
 

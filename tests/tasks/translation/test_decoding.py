@@ -224,13 +224,12 @@ def test_translator_decodes_at_most_a_times_source_plus_b(a, b, tokens):
 
 def test_translator_passes_the_config_to_beam_search():
   from memjax import build  # pylint: disable=g-import-not-at-top
-  from memjax import catalog  # pylint: disable=g-import-not-at-top
   from memjax import config as config_lib  # pylint: disable=g-import-not-at-top
   from memjax.tasks import config as task_config  # pylint: disable=g-import-not-at-top
   from memjax.tasks.translation import parts  # pylint: disable=g-import-not-at-top
 
   def translator(config):
-    s = build.read(config, catalog.parts())
+    s = build.read(config, build.parts())
     t = s.of(task_config.Translation)
     return parts.make_translator(t, FlipModel(), {}, FakeVocab())
 

@@ -11,6 +11,7 @@ import sacrebleu
 
 import memjax
 from memjax import build
+from memjax import dispatch
 from memjax import errors
 from memjax.run import loop
 from memjax.run import position
@@ -68,7 +69,7 @@ def _greedy_by_teacher_forcing(model, params, sources, t) -> list[list[int]]:
 def test_periodic_evaluation_scores_the_first_sentences(run, mt_smoke_config):
   workdir, data = run
   config = mt_smoke_config(data, beam_size=1)
-  restored = build.restore(workdir, config=config)
+  restored = dispatch.restore(workdir, config=config)
   task = restored.run.task
   corpus = task.load(workdir, train=False)
   evaluator = task.evaluator(restored.run, restored.model, corpus)
