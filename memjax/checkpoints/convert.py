@@ -43,7 +43,7 @@ import json
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from memjax.models import stack
+from memjax.models import layer_layout
 
 VERSION = 3
 
@@ -227,7 +227,9 @@ class Layout:
   def into(self, tree: Any) -> "Layout":
     """This layout restored into the model whose tree (or abstract tree)
     ``tree`` is: its stacked blocks are the current ones."""
-    return dataclasses.replace(self, current_runs=stack.stacked_blocks(tree))
+    return dataclasses.replace(
+        self, current_runs=layer_layout.stacked_blocks(tree)
+    )
 
   @property
   def current(self) -> bool:
@@ -239,13 +241,13 @@ class Layout:
     if self.renames:
       tree = _rename_tree(tree, self.renames)
     if self.saved_runs != self.current_runs:
-      tree = stack.stack_layers(tree, self.current_runs)
+      tree = layer_layout.stack_layers(tree, self.current_runs)
     return tree
 
   def to_saved(self, tree: Any) -> Any:
     """A tree in the restoring model's layout, in the saved one."""
     if self.saved_runs != self.current_runs:
-      tree = stack.stack_layers(tree, self.saved_runs)
+      tree = layer_layout.stack_layers(tree, self.saved_runs)
     if not self.renames:
       return tree
     return _rename_tree(tree, {v: k for k, v in self.renames.items()})
@@ -258,7 +260,7 @@ class Layout:
     """{saved path: shape} as {the restoring model's path: shape}."""
     out = {self.path_to_current(k): v for k, v in shapes.items()}
     if self.saved_runs != self.current_runs:
-      out = stack.restack_shapes(out, self.current_runs)
+      out = layer_layout.restack_shapes(out, self.current_runs)
     return out
 
 

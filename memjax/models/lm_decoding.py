@@ -58,6 +58,7 @@ from memjax.models import decode_prompts
 from memjax.models import decode_windows
 from memjax.models import rolling_cache
 from memjax.models import sampling as sampling_lib
+from memjax.models import layer_layout
 from memjax.models import stack
 from memjax.models import variables as model_vars
 from memjax.models import transformer
@@ -199,7 +200,7 @@ class CachedDecoder:
     the scan's stacked outputs, written anew at every step, where unrolled
     layers update their caches in place (trime_150m at batch 8, 768 + 32
     tokens: 140 ms a step scanned, 47 ms unrolled)."""
-    return stack.unstack_layers(params) if self.scanned else params
+    return layer_layout.unstack_layers(params) if self.scanned else params
 
   def _context_mask(self, key_valid, slot, queries, stream):
     """[B, 1, Q, L] bool: the slots each of the Q queries at slots

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from memjax.models import stack
+from memjax.models import layer_layout
 
 Array = jax.Array
 COLLECTION = "aux"
@@ -129,7 +129,7 @@ def flatten(collection: Mapping[str, Any]) -> dict[str, Array]:
   if not collection:
     return {}
   flat = flax.traverse_util.flatten_dict(
-      stack.unstack_layers(flax.core.unfreeze(collection)), sep="/"
+      layer_layout.unstack_layers(flax.core.unfreeze(collection)), sep="/"
   )
   return dict(flat)
 
@@ -216,7 +216,9 @@ def module_sums(sums: Any) -> dict[str, dict[str, np.ndarray]]:
   """{'layer_1/ffn/memory': {'reads': [K], ...}} of a nested collection
   (one entry per layer where layers were scanned)."""
   flat = (
-      flax.traverse_util.flatten_dict(stack.unstack_layers(dict(sums)), sep="/")
+      flax.traverse_util.flatten_dict(
+          layer_layout.unstack_layers(dict(sums)), sep="/"
+      )
       if sums
       else {}
   )

@@ -29,7 +29,7 @@ from memjax.checkpoints import runfiles
 from memjax.io import console
 from memjax.io import paths
 from memjax.models import blocks
-from memjax.models import stack
+from memjax.models import layer_layout
 from memjax.pretrained import checkpoint
 from memjax.pretrained import hf_config
 from memjax.pretrained import registry
@@ -146,9 +146,9 @@ def _params(run: spec.Run, vocab_size: int, tree: dict[str, Any]) -> Any:
   """
   model = run.model(vocab_size)
   abstract = step_lib.abstract_params(model, run.mesh)
-  runs = stack.stacked_blocks(abstract)
+  runs = layer_layout.stacked_blocks(abstract)
   if runs:  # The layers stacked in place: the per-layer arrays go.
-    stacked = stack.stack_layers(tree, runs)
+    stacked = layer_layout.stack_layers(tree, runs)
     tree.clear()
     tree.update(stacked)
     del stacked

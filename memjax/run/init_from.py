@@ -21,7 +21,7 @@ from memjax.checkpoints import params as params_lib
 from memjax.checkpoints import runfiles
 from memjax.io import console
 from memjax.io import paths
-from memjax.models import stack
+from memjax.models import layer_layout
 from memjax.run import spec
 from memjax.run import step as step_lib
 
@@ -65,8 +65,8 @@ def init_params_from(
   files = runfiles.find(paths.resolve(source))
   # Matched layer by layer: stacked blocks (model.scan_layers) are
   # unstacked here and stacked again at the end.
-  runs = stack.stacked_blocks(state.params)
-  abstract = stack.unstack_layers(
+  runs = layer_layout.stacked_blocks(state.params)
+  abstract = layer_layout.unstack_layers(
       checkpointing.abstract_with_sharding(state.params, shardings.params)
   )
   saved = _saved_shapes(files, abstract)
@@ -96,7 +96,7 @@ def init_params_from(
     restored, step = params_lib.restore_params(files.checkpoints, sub)
   new_flat = flax.traverse_util.flatten_dict(restored, sep="/")
   params = flax.traverse_util.flatten_dict(
-      stack.unstack_layers(state.params), sep="/"
+      layer_layout.unstack_layers(state.params), sep="/"
   )
   for k, src in src_of.items():
     params[k] = new_flat[src].astype(params[k].dtype)
@@ -111,7 +111,7 @@ def init_params_from(
       ", ".join(fresh) or "none",
       ", ".join(unused) or "none",
   )
-  params = stack.stack_layers(
+  params = layer_layout.stack_layers(
       flax.traverse_util.unflatten_dict(params, sep="/"), runs
   )
   return state.replace(
@@ -128,8 +128,8 @@ def _model_state_from(
   a fine-tune); the fresh state where the source has none."""
   if state.model_state is None:
     return None
-  runs = stack.stacked_blocks(state.model_state)
-  abstract = stack.unstack_layers(
+  runs = layer_layout.stacked_blocks(state.model_state)
+  abstract = layer_layout.unstack_layers(
       checkpointing.abstract_with_sharding(
           state.model_state, shardings.model_state
       )
@@ -147,10 +147,10 @@ def _model_state_from(
   else:
     _, got, _ = params_lib.restore_variables(files.checkpoints, None, None, sub)
   fresh = flax.traverse_util.flatten_dict(
-      stack.unstack_layers(state.model_state), sep="/"
+      layer_layout.unstack_layers(state.model_state), sep="/"
   )
   fresh.update(flax.traverse_util.flatten_dict(got, sep="/"))
-  model_state = stack.stack_layers(
+  model_state = layer_layout.stack_layers(
       flax.traverse_util.unflatten_dict(fresh, sep="/"), runs
   )
   return jax.device_put(model_state, shardings.model_state)

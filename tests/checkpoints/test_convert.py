@@ -19,7 +19,7 @@ import pytest
 from memjax import build
 from memjax import config as config_lib
 from memjax.checkpoints import convert
-from memjax.models import stack
+from memjax.models import layer_layout
 from tests.conftest import REPO
 
 FIXTURES = sorted(
@@ -168,7 +168,7 @@ def test_scanned_layers_stack_and_unstack_both_ways():
   np.testing.assert_array_equal(
       scanned["layer_0_to_2"]["ln_attn"]["scale"][:, 0], [0, 1, 2]
   )
-  assert stack.stacked_blocks(scanned) == ("layer_0_to_2",)
+  assert layer_layout.stacked_blocks(scanned) == ("layer_0_to_2",)
   # Back, and inside an optimiser state (Adam's moments hold the tree).
   back = convert.Layout(saved_runs=("layer_0_to_2",)).to_current(scanned)
   assert sorted(back) == sorted(plain)
@@ -176,8 +176,8 @@ def test_scanned_layers_stack_and_unstack_both_ways():
     for a, b in zip(jax.tree.leaves(plain[k]), jax.tree.leaves(back[k])):
       np.testing.assert_array_equal(a, b)
   adam = optax.adam(1e-3).init(scanned)
-  assert stack.stacked_blocks(adam) == ("layer_0_to_2",)
-  assert "layer_2" in stack.unstack_layers(adam)[0].mu
+  assert layer_layout.stacked_blocks(adam) == ("layer_0_to_2",)
+  assert "layer_2" in layer_layout.unstack_layers(adam)[0].mu
   # Abstract trees: a stacked leaf gets an unsharded leading axis.
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("tensor",))
   spec = NamedSharding(mesh, P(None, "tensor"))
@@ -185,15 +185,15 @@ def test_scanned_layers_stack_and_unstack_both_ways():
       "kernel": jax.ShapeDtypeStruct((4, 6), np.float32, sharding=spec)
   }
   abstract = {"layer_0": sds(), "layer_1": sds()}
-  stacked = stack.stack_layers(abstract, ("layer_0_to_1",))
+  stacked = layer_layout.stack_layers(abstract, ("layer_0_to_1",))
   leaf = stacked["layer_0_to_1"]["kernel"]
   assert leaf.shape == (2, 4, 6)
   assert leaf.sharding.spec == P(None, None, "tensor")
-  again = stack.unstack_layers(stacked)["layer_1"]["kernel"]
+  again = layer_layout.unstack_layers(stacked)["layer_1"]["kernel"]
   assert again.shape == (4, 6) and again.sharding.spec == P(None, "tensor")
   # A partial target (one layer lacks a leaf) stacks what any layer has.
   partial = {"layer_0": sds(), "layer_1": {}}
-  assert stack.stack_layers(partial, ("layer_0_to_1",))["layer_0_to_1"][
+  assert layer_layout.stack_layers(partial, ("layer_0_to_1",))["layer_0_to_1"][
       "kernel"
   ].shape == (2, 4, 6)
   # Shapes by path, as init_from reads a checkpoint's.

@@ -23,6 +23,7 @@ from memjax import dispatch
 from memjax import config as config_lib
 from memjax.checkpoints import convert
 from memjax.checkpoints import runfiles
+from memjax.models import layer_layout
 from memjax.models import stack
 from tests.models import test_family_fixtures as fixtures
 
@@ -38,7 +39,7 @@ def _scanned_config(root: str):
 
 
 def _stacked(tree) -> list[str]:
-  return sorted(k for k in tree if stack.parse_name(k))
+  return sorted(k for k in tree if layer_layout.parse_name(k))
 
 
 def test_runs_of_identical_layers():

@@ -8,7 +8,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from memjax import dispatch
-from memjax.models import stack
+from memjax.models import layer_layout
 from memjax.run import step as step_lib
 
 
@@ -72,7 +72,7 @@ def _smoke_config(steps: int, scanned: bool):
 
 def _params(workdir):
   restored = dispatch.restore(workdir)
-  return restored.step, stack.unstack_layers(restored.params)
+  return restored.step, layer_layout.unstack_layers(restored.params)
 
 
 def test_runs_resume_across_scanned_and_unscanned_layers(tmp_path):

@@ -35,7 +35,7 @@ from memjax.eval import streams as streams_eval
 from memjax.io import console
 from memjax.io import paths
 from memjax.methods.recurrent import config as recurrent_config
-from memjax.models import stack
+from memjax.models import layer_layout
 from memjax.models import variables as model_vars
 from memjax.run import restore
 from memjax.run import spec
@@ -90,7 +90,7 @@ class AttentionAnalyzer(streams_eval.StreamScorer):
         deterministic=True,
         mutable=["intermediates"],
     )
-    inter = stack.unstack_layers(dict(state["intermediates"]))
+    inter = layer_layout.unstack_layers(dict(state["intermediates"]))
     mem_valid = memory[0].valid  # [B, M]
     batch, seg_len = segment["inputs"].shape
     key_valid = jnp.concatenate(
