@@ -149,7 +149,8 @@ def run_lane_segments(
     *,
     rng: jax.Array,
     deterministic: bool = False,
-) -> Any:
+    model_state: Any = None,
+) -> tuple[Any, dict[str, jax.Array], Any]:
   """Runs the m consecutive segments of every lane in order, carrying memory.
 
   A consecutive batch holds ``lanes * m`` rows, lane-major (lane 0's m
@@ -166,38 +167,18 @@ def run_lane_segments(
     segments_per_lane: m.
     rng: dropout key; segment k uses ``fold_in(rng, k)``.
     deterministic: disables dropout.
+    model_state: {collection: tree} of the model's mutable collections
+      (``memjax.run.step.make_train_step``), or None.
 
   Returns:
-    The model's output (``memjax.models.transformer.LMOutput``) with
-    [lanes * m, L(, D)] arrays in the batch's row order
-    and the memory after each lane's last segment.
+    (output, sums, model_state): the model's output
+    (``memjax.models.transformer.LMOutput``) with [lanes * m, L(, D)]
+    arrays in the batch's row order and the memory after each lane's last
+    segment; the auxiliary statistics the modules report
+    (``memjax.models.variables``) summed over the m segments, {path: [2]
+    float32 (weighted sum, weight)}; the model state after the m segments,
+    updated in their order.
   """
-  return run_lane_segments_with_stats(
-      model,
-      params,
-      batch,
-      memory,
-      segments_per_lane,
-      rng=rng,
-      deterministic=deterministic,
-  )[0]
-
-
-def run_lane_segments_with_stats(
-    model,
-    params: Any,
-    batch: dict[str, jax.Array],
-    memory: Any,
-    segments_per_lane: int,
-    *,
-    rng: jax.Array,
-    deterministic: bool = False,
-    model_state: Any = None,
-) -> tuple[Any, dict[str, jax.Array], Any]:
-  """``run_lane_segments`` that also returns the auxiliary statistics the
-  modules report (``memjax.models.variables``), summed over the m segments:
-  {path: [2] float32 (weighted sum, weight)}, and the model state (see
-  ``make_train_step``) after the m segments, updated in their order."""
   m = segments_per_lane
   names = tuple(model_state or ())
 

@@ -317,7 +317,7 @@ def _micro_grads_fn(
 
   def forward(p, ms, mb, memory, rng):
     if memory is not None and segments_per_lane > 1:
-      return recurrence.run_lane_segments_with_stats(
+      return recurrence.run_lane_segments(
           model, p, mb, memory, segments_per_lane, rng=rng, model_state=ms
       )
     out, sums, new_ms = model_vars.apply_with_state(
@@ -371,7 +371,8 @@ def make_train_step(
   state unchanged and reports ``finite = 0``, so the host can stop and name
   the step. The state argument is donated. When the state carries a memory
   and ``segments_per_lane`` m > 1, the m segments of each lane run in order
-  (``memjax.models.recurrence.run_lane_segments``); micro-batches then hold whole lanes.
+  (``memjax.models.recurrence.run_lane_segments``); micro-batches then hold
+  whole lanes.
 
   The metrics are float32 scalars (``loss``, ``grad_norm``, ``finite``, the
   loss's sums) and ``stats``: the auxiliary statistics the modules report

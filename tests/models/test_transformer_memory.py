@@ -194,7 +194,7 @@ def test_segments_per_lane_run_in_order_with_gradients_into_every_segment():
           m,
           rng=jax.random.PRNGKey(0),
           deterministic=True,
-      )
+      )[0]
   )(params)
   for j in range(m):
     for name in ("features", "target_logprob"):
