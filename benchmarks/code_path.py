@@ -13,20 +13,24 @@ stand in for the data the loop reads.
 A module counts when one of its functions runs; a class when one of its
 methods does. Records whose fields are only read (the settings sections,
 an ``extend.Method``) do not count, though a reader looks them up.
+``--lines`` also counts the lines that ran in each module beside the lines
+it holds (``sys.settrace``; slower), which says how much of a module on the
+path the path itself uses.
 
     python benchmarks/code_path.py --config=configs/trime_wt103.py:trime_7m \\
-        [--functions] [--out=path.json]
+        [--functions] [--lines] [--out=path.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import json
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,13 +55,17 @@ LEFT_OUT = ("memjax/io/", "memjax/checkpoints/")
 
 @dataclasses.dataclass
 class Path:
-  """What ran: {module: {function: calls}} and {(module, class): calls}."""
+  """What ran: {module: {function: calls}}, {(module, class): calls} and,
+  when lines are recorded, {module: line numbers that ran}."""
 
   functions: dict[str, collections.Counter] = dataclasses.field(
       default_factory=lambda: collections.defaultdict(collections.Counter)
   )
   classes: collections.Counter = dataclasses.field(
       default_factory=collections.Counter
+  )
+  lines: dict[str, set[int]] = dataclasses.field(
+      default_factory=lambda: collections.defaultdict(set)
   )
 
   def modules(self) -> list[str]:
@@ -81,31 +89,66 @@ class Path:
     if len(parts) > 1 and parts[1] != "<locals>":  # Class.method
       self.classes[(module, parts[0])] += 1
 
+  def trace_lines(self, frame: Any, event: str, arg: Any) -> Any:
+    """A ``sys.settrace`` hook: records the memjax lines that run."""
+    del event, arg
+    filename = frame.f_code.co_filename
+    if not filename.startswith(PACKAGE):
+      return None
+    ran = self.lines["memjax/" + filename[len(PACKAGE) :]]
 
-def trace(config: Any, workdir: str) -> Path:
+    def local(frame: Any, event: str, arg: Any) -> Any:
+      del arg
+      if event == "line":
+        ran.add(frame.f_lineno)
+      return local
+
+    return local
+
+  def line_counts(self) -> dict[str, tuple[int, int]]:
+    """{module: (lines it holds, lines that ran)} of the path's modules."""
+    out = {}
+    for m in self.modules():
+      with open(PACKAGE + m[len("memjax/") :], encoding="utf-8") as f:
+        out[m] = (sum(1 for _ in f), len(self.lines.get(m, ())))
+    return out
+
+
+@contextlib.contextmanager
+def recording(path: Path, lines: bool = False) -> Iterator[None]:
+  """Records into ``path`` the memjax calls (and lines) made inside."""
+  sys.setprofile(path.record)
+  if lines:
+    sys.settrace(path.trace_lines)
+  try:
+    yield
+  finally:
+    sys.setprofile(None)
+    if lines:
+      sys.settrace(None)
+
+
+def trace(config: Any, workdir: str, lines: bool = False) -> Path:
   """The path from ``config`` to one lowered train step.
 
   Args:
     config: a run's ConfigDict.
     workdir: where the run would write (nothing is written).
+    lines: also record the lines that ran.
 
   Returns:
-    The functions and classes that ran.
+    The functions and classes (and lines) that ran.
   """
   path = Path()
-  sys.setprofile(path.record)
-  try:
+  with recording(path, lines):
     run = build.build(config, workdir)
-  finally:
-    sys.setprofile(None)
   s = run.settings
   batch = plan_compile.abstract_batch(run, run.mesh)
   vocab = plan_compile.vocab_size(s)
   rng = jax.ShapeDtypeStruct(
       (2,), jnp.uint32, sharding=sharding.replicated(run.mesh)
   )
-  sys.setprofile(path.record)
-  try:
+  with recording(path, lines):
     model = run.model(vocab)
     tx, _ = run.optimizer()
     loss_fn = run.objective()
@@ -124,19 +167,26 @@ def trace(config: Any, workdir: str) -> Path:
         extra_inputs=run.extra_inputs,
     )
     step.lower(state, batch, rng)
-  finally:
-    sys.setprofile(None)
   return path
 
 
 def report(path: Path, functions: bool = False) -> str:
-  """The modules (with their calls) and classes, as text."""
+  """The modules (with their calls, and their lines when recorded) and
+  classes, as text."""
   modules = path.modules()
+  counts = path.line_counts() if path.lines else {}
   lines = [f"modules: {len(modules)} (besides {', '.join(LEFT_OUT)})"]
   for m in modules:
-    lines.append(f"  {m}  {sum(path.functions[m].values())} calls")
+    ran = ""
+    if counts:
+      ran = f", {counts[m][1]} of its {counts[m][0]} lines ran"
+    lines.append(f"  {m}  {sum(path.functions[m].values())} calls{ran}")
     if functions:
       lines.extend(f"      {f} {n}" for f, n in path.functions[m].items())
+  if counts:
+    held = sum(n for n, _ in counts.values())
+    ran = sum(r for _, r in counts.values())
+    lines.append(f"lines: {ran} ran of the {held} these modules hold")
   names = path.class_names()
   lines.append(f"classes whose methods ran: {len(names)}")
   lines.extend(f"  {c}" for c in names)
@@ -147,9 +197,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="configs/trime_wt103.py:trime_7m")
   parser.add_argument("--functions", action="store_true")
+  parser.add_argument("--lines", action="store_true")
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
-  path = trace(harness.load_config(args.config), "/tmp/memjax_code_path_unused")
+  path = trace(
+      harness.load_config(args.config),
+      "/tmp/memjax_code_path_unused",
+      lines=args.lines,
+  )
   print(report(path, args.functions))
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
@@ -158,6 +213,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "config": args.config,
               "modules": path.modules(),
               "classes": path.class_names(),
+              "lines": {m: list(c) for m, c in path.line_counts().items()}
+              if args.lines
+              else {},
           },
           f,
           indent=2,

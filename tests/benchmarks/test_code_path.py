@@ -2,6 +2,7 @@
 lowered train step, counted, and held at today's numbers so the path a
 maintainer follows does not grow back unnoticed."""
 
+import inspect
 import os
 import sys
 
@@ -50,3 +51,17 @@ def test_a_call_is_counted_under_its_module_and_class():
   }
   assert path.class_names() == ["memjax/models/stack.py:LayerRun"]
   assert path.modules() == ["memjax/models/stack.py"]
+
+
+def test_the_lines_that_ran_are_counted_against_the_lines_held():
+  path = code_path.Path()
+  with code_path.recording(path, lines=True):
+    stack.unroll_factor(3)
+  # unroll_factor's one statement is its return (the docstring is no line).
+  source, first = inspect.getsourcelines(stack.unroll_factor)
+  returns = [first + i for i, t in enumerate(source) if "return" in t]
+  assert path.lines == {"memjax/models/stack.py": set(returns)}
+  with open(inspect.getsourcefile(stack), encoding="utf-8") as f:
+    held = len(f.readlines())
+  assert path.line_counts() == {"memjax/models/stack.py": (held, 1)}
+  assert "1 of its" in code_path.report(path)

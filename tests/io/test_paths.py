@@ -120,7 +120,6 @@ def test_run_files_config_and_vocabulary_on_memory(mem):
 
 
 def test_training_log_and_results_on_memory(mem):
-  from memjax.checkpoints import runfiles  # pylint: disable=g-import-not-at-top
   from memjax.run import loop  # pylint: disable=g-import-not-at-top
 
   log = paths.join(mem, "train_log.jsonl")

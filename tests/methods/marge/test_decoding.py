@@ -2,8 +2,6 @@
 retrieval on a hand-made index, and on the shared smoke run each step
 against ``--mode=marge_eval``'s retrieval and scoring of the same text."""
 
-import types
-
 import numpy as np
 import pytest
 
