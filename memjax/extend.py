@@ -7,7 +7,7 @@ the names configs pick them by::
     METHOD = extend.Method(
         name="trime",
         objectives={"trime": objective.make_trime_loss},
-        eval_memories={"trime": memory.TrimeMemory()},
+        eval_memories={"trime": in_batch.TrimeMemory()},
         batchers={"bm25": extend.Batcher(packing.bm25_batcher)},
         modes={"pack": extend.Mode(packing.pack, "pack the corpus ...",
                                    kinds=("lm",))},
@@ -15,7 +15,7 @@ the names configs pick them by::
     )
 
 The engine's own parts are one more spec (``memjax.catalog.ENGINE``), and
-``memjax.catalog`` turns the specs into lookups (``Parts``) in one place:
+``memjax.build.parts`` turns the specs into lookups (``Parts``) in one place:
 it finds the methods by looking in ``memjax/methods/``, so the engine
 names none. Code outside memjax builds a ``Method`` the same way and
 passes it to ``add`` before the run is built (a config file may do it);

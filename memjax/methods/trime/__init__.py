@@ -2,7 +2,7 @@
 
 * ``objective``: the TRIME loss (Eq. 5) with the local, long and external
   training memories ('trime');
-* ``memory``: its maths, and the evaluation memory of Eq. 6 ('trime');
+* ``in_batch``: its maths, and the evaluation memory of Eq. 6 ('trime');
 * ``bm25``, ``bm25_order``, ``packing``: BM25 batches (Algorithm 1), the
   offline packing (``--mode=pack``) and the 'blocks' and 'bm25' batchers;
 * ``mt``: TRIMEMT_ext's objective and BM25 token batches for translation;
