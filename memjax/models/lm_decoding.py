@@ -56,9 +56,9 @@ import numpy as np
 from memjax.models import block_stack
 from memjax.models import decode_prompts
 from memjax.models import decode_windows
+from memjax.models import layer_layout
 from memjax.models import rolling_cache
 from memjax.models import sampling as sampling_lib
-from memjax.models import layer_layout
 from memjax.models import stack
 from memjax.models import variables as model_vars
 from memjax.models import transformer
