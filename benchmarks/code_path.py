@@ -15,7 +15,9 @@ methods does. Records whose fields are only read (the settings sections,
 an ``extend.Method``) do not count, though a reader looks them up.
 ``--lines`` also counts the lines that ran in each module beside the lines
 it holds (``sys.settrace``; slower), which says how much of a module on the
-path the path itself uses.
+path the path itself uses, and the lines of the functions that ran: what a
+reader following the calls reads (each function whole, its docstring and
+decorators too).
 
     python benchmarks/code_path.py --config=configs/trime_wt103.py:trime_7m \\
         [--functions] [--lines] [--out=path.json]
@@ -24,6 +26,7 @@ path the path itself uses.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import contextlib
 import dataclasses
@@ -113,6 +116,32 @@ class Path:
         out[m] = (sum(1 for _ in f), len(self.lines.get(m, ())))
     return out
 
+  def function_lines(self) -> dict[str, int]:
+    """{module: lines of its functions that ran}, of the path's modules.
+
+    A function counts whole (signature, docstring, decorators, the branches
+    that did not run) when any of its lines ran; one nested in another is
+    inside its span, counted once.
+    """
+    out = {}
+    for m in self.modules():
+      with open(PACKAGE + m[len("memjax/") :], encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+      ran = self.lines.get(m, set())
+      out[m] = sum(len(s) for s in function_spans(tree.body) if s & ran)
+    return out
+
+
+def function_spans(nodes: Sequence[ast.stmt]) -> Iterator[set[int]]:
+  """The line numbers of each outermost function (methods included) among
+  ``nodes``, a module's or a class's body."""
+  for node in nodes:
+    if isinstance(node, ast.ClassDef):
+      yield from function_spans(node.body)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+      yield set(range(first, node.end_lineno + 1))
+
 
 @contextlib.contextmanager
 def recording(path: Path, lines: bool = False) -> Iterator[None]:
@@ -175,11 +204,15 @@ def report(path: Path, functions: bool = False) -> str:
   classes, as text."""
   modules = path.modules()
   counts = path.line_counts() if path.lines else {}
+  read = path.function_lines() if path.lines else {}
   lines = [f"modules: {len(modules)} (besides {', '.join(LEFT_OUT)})"]
   for m in modules:
     ran = ""
     if counts:
-      ran = f", {counts[m][1]} of its {counts[m][0]} lines ran"
+      ran = (
+          f", {counts[m][1]} of its {counts[m][0]} lines ran, in functions"
+          f" of {read[m]}"
+      )
     lines.append(f"  {m}  {sum(path.functions[m].values())} calls{ran}")
     if functions:
       lines.extend(f"      {f} {n}" for f, n in path.functions[m].items())
@@ -187,6 +220,7 @@ def report(path: Path, functions: bool = False) -> str:
     held = sum(n for n, _ in counts.values())
     ran = sum(r for _, r in counts.values())
     lines.append(f"lines: {ran} ran of the {held} these modules hold")
+    lines.append(f"the functions that ran hold {sum(read.values())} lines")
   names = path.class_names()
   lines.append(f"classes whose methods ran: {len(names)}")
   lines.extend(f"  {c}" for c in names)
@@ -216,6 +250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "lines": {m: list(c) for m, c in path.line_counts().items()}
               if args.lines
               else {},
+              "function_lines": path.function_lines() if args.lines else {},
           },
           f,
           indent=2,
