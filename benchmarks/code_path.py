@@ -110,11 +110,10 @@ class Path:
 
   def line_counts(self) -> dict[str, tuple[int, int]]:
     """{module: (lines it holds, lines that ran)} of the path's modules."""
-    out = {}
-    for m in self.modules():
-      with open(PACKAGE + m[len("memjax/") :], encoding="utf-8") as f:
-        out[m] = (sum(1 for _ in f), len(self.lines.get(m, ())))
-    return out
+    return {
+        m: (len(source(m).splitlines()), len(self.lines.get(m, ())))
+        for m in self.modules()
+    }
 
   def function_lines(self) -> dict[str, int]:
     """{module: lines of its functions that ran}, of the path's modules.
@@ -123,13 +122,22 @@ class Path:
     that did not run) when any of its lines ran; one nested in another is
     inside its span, counted once.
     """
-    out = {}
-    for m in self.modules():
-      with open(PACKAGE + m[len("memjax/") :], encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-      ran = self.lines.get(m, set())
-      out[m] = sum(len(s) for s in function_spans(tree.body) if s & ran)
-    return out
+    return {
+        m: lines_read(source(m), self.lines.get(m, set()))
+        for m in self.modules()
+    }
+
+
+def source(module: str) -> str:
+  """The text of ``module`` ('memjax/...py')."""
+  with open(PACKAGE + module[len("memjax/") :], encoding="utf-8") as f:
+    return f.read()
+
+
+def lines_read(text: str, ran: set[int]) -> int:
+  """The lines of the functions in ``text`` (a module's source) of which a
+  line in ``ran`` ran, each function whole."""
+  return sum(len(s) for s in function_spans(ast.parse(text).body) if s & ran)
 
 
 def function_spans(nodes: Sequence[ast.stmt]) -> Iterator[set[int]]:

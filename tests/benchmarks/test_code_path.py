@@ -93,5 +93,6 @@ def test_a_function_is_read_whole_once_with_its_nested_functions():
   )
   spans = list(code_path.function_spans(ast.parse(source).body))
   assert spans == [{2, 3, 4, 5}, {6, 7}, {8, 9, 10}]
-  ran = {4, 5}
-  assert sum(len(s) for s in spans if s & ran) == 4
+  assert code_path.lines_read(source, {4, 5}) == 4
+  assert code_path.lines_read(source, {7, 10}) == 5
+  assert code_path.lines_read(source, set()) == 0
